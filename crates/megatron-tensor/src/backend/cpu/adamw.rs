@@ -1,0 +1,38 @@
+use rayon::prelude::*;
+
+/// AdamW with decoupled weight decay and bias correction (Megatron's / torch's `AdamW`).
+#[derive(Clone, Copy, Debug)]
+pub struct AdamWParams {
+    pub lr: f32,
+    pub beta1: f32,
+    pub beta2: f32,
+    pub eps: f32,
+    pub weight_decay: f32,
+    /// 1-based step count, for bias correction.
+    pub step: u64,
+}
+
+const CHUNK: usize = 1 << 14;
+
+pub fn adamw_update(params: &mut [f32], grads: &[f32], m: &mut [f32], v: &mut [f32], h: AdamWParams) {
+    assert_eq!(params.len(), grads.len());
+    assert_eq!(params.len(), m.len());
+    assert_eq!(params.len(), v.len());
+    let bc1 = 1.0 - h.beta1.powi(h.step as i32);
+    let bc2 = 1.0 - h.beta2.powi(h.step as i32);
+    params
+        .par_chunks_mut(CHUNK)
+        .zip(grads.par_chunks(CHUNK))
+        .zip(m.par_chunks_mut(CHUNK))
+        .zip(v.par_chunks_mut(CHUNK))
+        .for_each(|(((p, g), m), v)| {
+            for i in 0..p.len() {
+                let gi = g[i];
+                m[i] = h.beta1 * m[i] + (1.0 - h.beta1) * gi;
+                v[i] = h.beta2 * v[i] + (1.0 - h.beta2) * gi * gi;
+                let mhat = m[i] / bc1;
+                let vhat = v[i] / bc2;
+                p[i] -= h.lr * (mhat / (vhat.sqrt() + h.eps) + h.weight_decay * p[i]);
+            }
+        });
+}

@@ -1,0 +1,303 @@
+//! Causal self-attention, blockwise with an online softmax (FlashAttention-2 on the CPU).
+//!
+//! The full `T x T` score matrix is never held: each task works on one `(batch, head, query
+//! block)` and keeps a `BQ x BK` tile. Forward saves the log-sum-exp per query row; backward
+//! recomputes the tiles from it. Attention dropout draws its mask from the counter-based RNG keyed
+//! by `(b, h, i, j)`, so backward regenerates it.
+//!
+//! Layout: `qkv` is `[b, t, heads, 3, head_dim]` (Megatron's fused QKV, so that a tensor-parallel
+//! split is a contiguous slice of heads); `out` is `[b, t, heads, head_dim]`; `lse` is
+//! `[b, heads, t]`.
+
+use super::matmul::matmul_strided;
+use super::sync_ptr::SyncPtr;
+use crate::rng::RngKey;
+use rayon::prelude::*;
+
+const BQ: usize = 64;
+const BK: usize = 64;
+
+#[derive(Clone, Copy, Debug)]
+pub struct AttentionDims {
+    pub b: usize,
+    pub t: usize,
+    pub heads: usize,
+    pub head_dim: usize,
+    pub causal: bool,
+    pub dropout: f32,
+}
+
+impl AttentionDims {
+    fn qkv_row(&self) -> usize {
+        self.heads * 3 * self.head_dim
+    }
+    fn out_row(&self) -> usize {
+        self.heads * self.head_dim
+    }
+    fn scale(&self) -> f32 {
+        1.0 / (self.head_dim as f32).sqrt()
+    }
+}
+
+#[inline(always)]
+fn masked(d: &AttentionDims, key_len: usize, i: usize, j: usize) -> bool {
+    (d.causal && j > i) || j >= key_len
+}
+
+#[inline(always)]
+fn drop_index(d: &AttentionDims, b: usize, h: usize, i: usize, j: usize) -> u64 {
+    (((b * d.heads + h) * d.t + i) * d.t + j) as u64
+}
+
+/// `key_lens[b]` (optional) masks keys at positions `>= key_lens[b]` (padding).
+pub fn attention_forward(
+    out: &mut [f32],
+    lse: &mut [f32],
+    qkv: &[f32],
+    key_lens: Option<&[usize]>,
+    d: AttentionDims,
+    key: RngKey,
+) {
+    let (t, hd) = (d.t, d.head_dim);
+    assert_eq!(qkv.len(), d.b * t * d.qkv_row());
+    assert_eq!(out.len(), d.b * t * d.out_row());
+    assert_eq!(lse.len(), d.b * d.heads * t);
+    let nqb = t.div_ceil(BQ);
+    let out_p = SyncPtr(out.as_mut_ptr());
+    let lse_p = SyncPtr(lse.as_mut_ptr());
+    let scale = d.scale();
+    let keep_scale = if d.dropout > 0.0 { 1.0 / (1.0 - d.dropout) } else { 1.0 };
+    (0..d.b * d.heads * nqb).into_par_iter().for_each(|task| {
+        let qb = task % nqb;
+        let h = (task / nqb) % d.heads;
+        let b = task / (nqb * d.heads);
+        let klen = key_lens.map_or(t, |l| l[b].min(t));
+        let i0 = qb * BQ;
+        let nq = BQ.min(t - i0);
+        let qrs = d.qkv_row();
+        let q = &qkv[(b * t + i0) * qrs + h * 3 * hd..];
+        let kbase = &qkv[b * t * qrs + h * 3 * hd + hd..];
+        let vbase = &qkv[b * t * qrs + h * 3 * hd + 2 * hd..];
+        let mut s = vec![0.0f32; BQ * BK];
+        let mut acc = vec![0.0f32; BQ * hd];
+        let mut m = vec![f32::NEG_INFINITY; BQ];
+        let mut l = vec![0.0f32; BQ];
+        let kend = if d.causal { (i0 + nq).min(klen) } else { klen };
+        let mut j0 = 0;
+        while j0 < kend {
+            let nk = BK.min(kend - j0);
+            matmul_strided(&mut s, BK, q, qrs, 1, &kbase[j0 * qrs..], 1, qrs, nq, nk, hd, scale, false);
+            for r in 0..nq {
+                let i = i0 + r;
+                let row = &mut s[r * BK..r * BK + nk];
+                let mut mx = m[r];
+                for (c, v) in row.iter_mut().enumerate() {
+                    if masked(&d, klen, i, j0 + c) {
+                        *v = f32::NEG_INFINITY;
+                    } else if *v > mx {
+                        mx = *v;
+                    }
+                }
+                if mx == f32::NEG_INFINITY {
+                    row.fill(0.0);
+                    continue;
+                }
+                let corr = (m[r] - mx).exp();
+                let mut sum = 0.0f32;
+                for (c, v) in row.iter_mut().enumerate() {
+                    let pv = (*v - mx).exp();
+                    sum += pv;
+                    *v = if d.dropout > 0.0 {
+                        if key.keep(drop_index(&d, b, h, i, j0 + c), d.dropout) {
+                            pv * keep_scale
+                        } else {
+                            0.0
+                        }
+                    } else {
+                        pv
+                    };
+                }
+                l[r] = l[r] * corr + sum;
+                m[r] = mx;
+                for a in &mut acc[r * hd..(r + 1) * hd] {
+                    *a *= corr;
+                }
+            }
+            matmul_strided(&mut acc, hd, &s, BK, 1, &vbase[j0 * qrs..], qrs, 1, nq, hd, nk, 1.0, true);
+            j0 += BK;
+        }
+        for r in 0..nq {
+            let i = i0 + r;
+            // SAFETY: each task owns rows i0..i0+nq of head h in batch b.
+            let o = unsafe { out_p.slice((b * t + i) * d.out_row() + h * hd, hd) };
+            let lrow = unsafe { lse_p.slice((b * d.heads + h) * t + i, 1) };
+            if l[r] > 0.0 {
+                let inv = 1.0 / l[r];
+                for (ov, av) in o.iter_mut().zip(&acc[r * hd..(r + 1) * hd]) {
+                    *ov = av * inv;
+                }
+                lrow[0] = m[r] + l[r].ln();
+            } else {
+                o.fill(0.0);
+                lrow[0] = f32::INFINITY;
+            }
+        }
+    });
+}
+
+/// Writes the whole of `dqkv`.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_backward(
+    dqkv: &mut [f32],
+    dout: &[f32],
+    out: &[f32],
+    lse: &[f32],
+    qkv: &[f32],
+    key_lens: Option<&[usize]>,
+    d: AttentionDims,
+    key: RngKey,
+) {
+    let (t, hd) = (d.t, d.head_dim);
+    assert_eq!(dqkv.len(), qkv.len());
+    let qrs = d.qkv_row();
+    let ors = d.out_row();
+    let dq_p = SyncPtr(dqkv.as_mut_ptr());
+    let scale = d.scale();
+    let keep_scale = if d.dropout > 0.0 { 1.0 / (1.0 - d.dropout) } else { 1.0 };
+    (0..d.b * d.heads).into_par_iter().for_each(|task| {
+        let h = task % d.heads;
+        let b = task / d.heads;
+        let klen = key_lens.map_or(t, |l| l[b].min(t));
+        let base = b * t * qrs + h * 3 * hd;
+        let q = &qkv[base..];
+        let k = &qkv[base + hd..];
+        let v = &qkv[base + 2 * hd..];
+        let o = &out[b * t * ors + h * hd..];
+        let dout_h = &dout[b * t * ors + h * hd..];
+        let lse_h = &lse[(b * d.heads + h) * t..(b * d.heads + h + 1) * t];
+        // D_i = rowsum(dO_i * O_i)
+        let dsum: Vec<f32> = (0..t)
+            .map(|i| {
+                let orow = &o[i * ors..i * ors + hd];
+                let drow = &dout_h[i * ors..i * ors + hd];
+                orow.iter().zip(drow).map(|(a, b)| a * b).sum()
+            })
+            .collect();
+        // dQ accumulates over key blocks in a private buffer, then is written once.
+        let mut dq = vec![0.0f32; t * hd];
+        let mut dk = vec![0.0f32; BK * hd];
+        let mut dv = vec![0.0f32; BK * hd];
+        let mut p = vec![0.0f32; BQ * BK];
+        let mut pd = vec![0.0f32; BQ * BK];
+        let mut dp = vec![0.0f32; BQ * BK];
+        let mut j0 = 0;
+        while j0 < t {
+            let nk = BK.min(t - j0);
+            dk.fill(0.0);
+            dv.fill(0.0);
+            let istart = if d.causal { j0 } else { 0 };
+            let mut i0 = istart - istart % BQ;
+            if j0 < klen {
+                while i0 < t {
+                    let nq = BQ.min(t - i0);
+                    matmul_strided(&mut p, BK, &q[i0 * qrs..], qrs, 1, &k[j0 * qrs..], 1, qrs, nq, nk, hd, scale, false);
+                    for r in 0..nq {
+                        let i = i0 + r;
+                        for c in 0..nk {
+                            let idx = r * BK + c;
+                            let j = j0 + c;
+                            let pv = if masked(&d, klen, i, j) { 0.0 } else { (p[idx] - lse_h[i]).exp() };
+                            p[idx] = pv;
+                            pd[idx] = if d.dropout > 0.0 {
+                                if key.keep(drop_index(&d, b, h, i, j), d.dropout) {
+                                    pv * keep_scale
+                                } else {
+                                    0.0
+                                }
+                            } else {
+                                pv
+                            };
+                        }
+                    }
+                    // dV_j += Pd^T dO_i
+                    matmul_strided(&mut dv, hd, &pd, 1, BK, &dout_h[i0 * ors..], ors, 1, nk, hd, nq, 1.0, true);
+                    // dP = dO_i V_j^T
+                    matmul_strided(&mut dp, BK, &dout_h[i0 * ors..], ors, 1, &v[j0 * qrs..], 1, qrs, nq, nk, hd, 1.0, false);
+                    for r in 0..nq {
+                        let i = i0 + r;
+                        for c in 0..nk {
+                            let idx = r * BK + c;
+                            let mut g = dp[idx];
+                            if d.dropout > 0.0 {
+                                g = if key.keep(drop_index(&d, b, h, i, j0 + c), d.dropout) {
+                                    g * keep_scale
+                                } else {
+                                    0.0
+                                };
+                            }
+                            // dS, pre-multiplied by the softmax scale
+                            dp[idx] = p[idx] * (g - dsum[i]) * scale;
+                        }
+                    }
+                    // dQ_i += dS K_j ; dK_j += dS^T Q_i
+                    matmul_strided(&mut dq[i0 * hd..], hd, &dp, BK, 1, &k[j0 * qrs..], qrs, 1, nq, hd, nk, 1.0, true);
+                    matmul_strided(&mut dk, hd, &dp, 1, BK, &q[i0 * qrs..], qrs, 1, nk, hd, nq, 1.0, true);
+                    i0 += BQ;
+                }
+            }
+            for c in 0..nk {
+                let row = base + (j0 + c) * qrs;
+                // SAFETY: each task owns head h of batch b in dqkv.
+                unsafe {
+                    dq_p.write(row + hd, &dk[c * hd..(c + 1) * hd]);
+                    dq_p.write(row + 2 * hd, &dv[c * hd..(c + 1) * hd]);
+                }
+            }
+            j0 += BK;
+        }
+        for i in 0..t {
+            // SAFETY: as above.
+            unsafe { dq_p.write(base + i * qrs, &dq[i * hd..(i + 1) * hd]) };
+        }
+    });
+}
+
+/// One new query per sequence against a KV cache, for generation.
+/// `q` is `[b, heads, head_dim]`, `k_cache`/`v_cache` are `[b, heads, max_t, head_dim]` with the
+/// first `len` positions valid; `out` is `[b, heads, head_dim]`.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_decode_forward(
+    out: &mut [f32],
+    q: &[f32],
+    k_cache: &[f32],
+    v_cache: &[f32],
+    b: usize,
+    heads: usize,
+    head_dim: usize,
+    max_t: usize,
+    len: usize,
+) {
+    let scale = 1.0 / (head_dim as f32).sqrt();
+    out.par_chunks_mut(head_dim).enumerate().for_each(|(bh, o)| {
+        debug_assert!(bh < b * heads);
+        let qv = &q[bh * head_dim..(bh + 1) * head_dim];
+        let kc = &k_cache[bh * max_t * head_dim..];
+        let vc = &v_cache[bh * max_t * head_dim..];
+        let scores: Vec<f32> = (0..len)
+            .map(|j| {
+                let kr = &kc[j * head_dim..(j + 1) * head_dim];
+                qv.iter().zip(kr).map(|(a, b)| a * b).sum::<f32>() * scale
+            })
+            .collect();
+        let mx = scores.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+        let e: Vec<f32> = scores.iter().map(|s| (s - mx).exp()).collect();
+        let sum: f32 = e.iter().sum();
+        o.fill(0.0);
+        for (j, w) in e.iter().enumerate() {
+            let vr = &vc[j * head_dim..(j + 1) * head_dim];
+            for (ov, vv) in o.iter_mut().zip(vr) {
+                *ov += w / sum * vv;
+            }
+        }
+    });
+}

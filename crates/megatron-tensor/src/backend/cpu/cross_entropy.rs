@@ -1,0 +1,85 @@
+//! Output layer + softmax cross-entropy fused and chunked over tokens.
+//!
+//! Only a `[chunk_rows, vocab]` tile of logits exists at a time (never `[tokens, vocab]`). Because
+//! the gradient of the loss with respect to each token's loss (`dloss`) is known before the
+//! forward pass (mean over the micro-batch's unmasked tokens), the same tile is turned into
+//! `dlogits` in place and consumed by the two backward GEMMs right away: three GEMMs, like an
+//! unfused layer, and no recompute (llm.c's `fused_classifier`, Liger's fused linear CE).
+
+use super::matmul::{matmul, MatmulDims};
+use rayon::prelude::*;
+
+/// Target id that contributes neither loss nor gradient.
+pub const IGNORE_INDEX: u32 = u32::MAX;
+
+#[derive(Clone, Copy, Debug)]
+pub struct ClassifierDims {
+    /// Tokens.
+    pub n: usize,
+    /// Hidden size.
+    pub c: usize,
+    /// (Padded) vocabulary size: rows of the output weight.
+    pub v: usize,
+    /// Tokens per logits tile.
+    pub chunk_rows: usize,
+}
+
+/// `losses[i] = logsumexp(x_i W^T) - (x_i W^T)[target_i]` (0 for `IGNORE_INDEX`).
+/// With `grads = Some((dx, dweight))`: writes `dx = dlogits · W` and accumulates
+/// `dweight += dlogits^T · x`, where `dlogits_i = (softmax_i - onehot_i) · dloss[i]`.
+#[allow(clippy::type_complexity)]
+pub fn fused_classifier(
+    losses: &mut [f32],
+    mut grads: Option<(&mut [f32], &mut [f32])>,
+    x: &[f32],
+    weight: &[f32],
+    targets: &[u32],
+    dloss: &[f32],
+    d: ClassifierDims,
+) {
+    let ClassifierDims { n, c, v, .. } = d;
+    assert_eq!(x.len(), n * c);
+    assert_eq!(weight.len(), v * c);
+    assert_eq!(targets.len(), n);
+    assert_eq!(losses.len(), n);
+    let rows = d.chunk_rows.max(1).min(n.max(1));
+    let mut logits = crate::pool::take_zeroed(rows * v);
+    let mut r0 = 0;
+    while r0 < n {
+        let nr = rows.min(n - r0);
+        let tile = &mut logits[..nr * v];
+        let xr = &x[r0 * c..(r0 + nr) * c];
+        matmul(tile, xr, weight, MatmulDims::new(nr, v, c).tb());
+        let want_grad = grads.is_some();
+        tile.par_chunks_mut(v)
+            .zip(losses[r0..r0 + nr].par_iter_mut())
+            .enumerate()
+            .for_each(|(i, (row, loss))| {
+                let tgt = targets[r0 + i];
+                let mx = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+                let sum: f32 = row.iter().map(|z| (z - mx).exp()).sum();
+                let lse = mx + sum.ln();
+                if tgt == IGNORE_INDEX {
+                    *loss = 0.0;
+                    if want_grad {
+                        row.fill(0.0);
+                    }
+                    return;
+                }
+                *loss = lse - row[tgt as usize];
+                if want_grad {
+                    let g = dloss[r0 + i];
+                    for z in row.iter_mut() {
+                        *z = (*z - lse).exp() * g;
+                    }
+                    row[tgt as usize] -= g;
+                }
+            });
+        if let Some((dx, dw)) = grads.as_mut() {
+            matmul(&mut dx[r0 * c..(r0 + nr) * c], tile, weight, MatmulDims::new(nr, c, v));
+            matmul(dw, tile, xr, MatmulDims::new(v, c, nr).ta().acc());
+        }
+        r0 += nr;
+    }
+    crate::pool::give_back(logits);
+}

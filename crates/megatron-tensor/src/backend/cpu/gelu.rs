@@ -1,0 +1,64 @@
+//! Bias + GELU (tanh approximation) fused, as Megatron's `bias_gelu_impl`. The pre-bias input is
+//! what backward needs; the activation itself is recomputed there instead of stored.
+
+use rayon::prelude::*;
+
+const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+const CHUNK: usize = 1 << 14;
+
+#[inline(always)]
+fn gelu(x: f32) -> f32 {
+    0.5 * x * (1.0 + (SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)).tanh())
+}
+
+#[inline(always)]
+fn gelu_grad(x: f32) -> f32 {
+    let cube = 0.044715 * x * x * x;
+    let t = (SQRT_2_OVER_PI * (x + cube)).tanh();
+    let sech2 = 1.0 - t * t;
+    0.5 * (1.0 + t) + 0.5 * x * sech2 * SQRT_2_OVER_PI * (1.0 + 3.0 * 0.044715 * x * x)
+}
+
+/// `out = gelu(inp + bias)`, `inp` is `[rows, bias.len()]`.
+pub fn bias_gelu_forward(out: &mut [f32], inp: &[f32], bias: &[f32]) {
+    let c = bias.len();
+    assert_eq!(out.len(), inp.len());
+    assert_eq!(inp.len() % c, 0);
+    let chunk = (CHUNK / c).max(1) * c;
+    out.par_chunks_mut(chunk)
+        .zip(inp.par_chunks(chunk))
+        .for_each(|(o, x)| {
+            for (orow, xrow) in o.chunks_exact_mut(c).zip(x.chunks_exact(c)) {
+                for j in 0..c {
+                    orow[j] = gelu(xrow[j] + bias[j]);
+                }
+            }
+        });
+}
+
+/// `dinp = dout * gelu'(inp + bias)` (overwrites); the bias gradient is `bias_backward(dinp)`.
+pub fn bias_gelu_backward(dinp: &mut [f32], dout: &[f32], inp: &[f32], bias: &[f32]) {
+    let c = bias.len();
+    assert_eq!(dinp.len(), inp.len());
+    assert_eq!(dout.len(), inp.len());
+    let chunk = (CHUNK / c).max(1) * c;
+    dinp.par_chunks_mut(chunk)
+        .zip(dout.par_chunks(chunk))
+        .zip(inp.par_chunks(chunk))
+        .for_each(|((di, dy), x)| {
+            for ((dirow, dyrow), xrow) in di
+                .chunks_exact_mut(c)
+                .zip(dy.chunks_exact(c))
+                .zip(x.chunks_exact(c))
+            {
+                for j in 0..c {
+                    dirow[j] = dyrow[j] * gelu_grad(xrow[j] + bias[j]);
+                }
+            }
+        });
+}
+
+/// Recomputes `gelu(inp + bias)` into `out` (backward needs it for the fc2 weight gradient).
+pub fn bias_gelu_recompute(out: &mut [f32], inp: &[f32], bias: &[f32]) {
+    bias_gelu_forward(out, inp, bias)
+}

@@ -1,0 +1,171 @@
+//! Matrix multiply on the `gemm` crate (AVX-512 kernels through its `x86-v4` feature; measured in
+//! BENCHMARKS.md against matrixmultiply and OpenBLAS).
+
+use crate::threads::gemm_threads;
+use gemm::Parallelism;
+use rayon::prelude::*;
+
+/// `out[m, n] (= or +=) op(a)[m, k] · op(b)[k, n]`, all row-major. With `trans_a`, `a` is stored
+/// `[k, m]`; with `trans_b`, `b` is stored `[n, k]` (a Megatron `[out, in]` weight).
+#[derive(Clone, Copy, Debug)]
+pub struct MatmulDims {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub trans_a: bool,
+    pub trans_b: bool,
+    pub accumulate: bool,
+}
+
+impl MatmulDims {
+    pub fn new(m: usize, n: usize, k: usize) -> Self {
+        MatmulDims {
+            m,
+            n,
+            k,
+            trans_a: false,
+            trans_b: false,
+            accumulate: false,
+        }
+    }
+    pub fn ta(mut self) -> Self {
+        self.trans_a = true;
+        self
+    }
+    pub fn tb(mut self) -> Self {
+        self.trans_b = true;
+        self
+    }
+    pub fn acc(mut self) -> Self {
+        self.accumulate = true;
+        self
+    }
+}
+
+/// Matmul with the calling thread's GEMM budget.
+pub fn matmul(out: &mut [f32], a: &[f32], b: &[f32], d: MatmulDims) {
+    matmul_with_threads(out, a, b, d, gemm_threads());
+}
+
+/// Matmul with an explicit thread count (1 inside already-parallel kernels).
+pub fn matmul_with_threads(out: &mut [f32], a: &[f32], b: &[f32], d: MatmulDims, threads: usize) {
+    let MatmulDims { m, n, k, .. } = d;
+    assert_eq!(out.len(), m * n, "matmul out");
+    assert_eq!(a.len(), m * k, "matmul a");
+    assert_eq!(b.len(), k * n, "matmul b");
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        if !d.accumulate {
+            out.fill(0.0);
+        }
+        return;
+    }
+    let (a_cs, a_rs) = if d.trans_a { (m, 1) } else { (1, k) };
+    let (b_cs, b_rs) = if d.trans_b { (k, 1) } else { (1, n) };
+    // Small products do not pay for thread start-up.
+    let par = if threads > 1 && m * n * k >= 1 << 18 {
+        Parallelism::Rayon(threads)
+    } else {
+        Parallelism::None
+    };
+    // SAFETY: the strides above describe exactly the asserted buffer sizes.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            out.as_mut_ptr(),
+            1,
+            n as isize,
+            d.accumulate,
+            a.as_ptr(),
+            a_cs as isize,
+            a_rs as isize,
+            b.as_ptr(),
+            b_cs as isize,
+            b_rs as isize,
+            1.0,
+            1.0,
+            false,
+            false,
+            false,
+            par,
+        );
+    }
+}
+
+/// Strided matmul for kernels that work on views of larger buffers (attention blocks).
+/// Row and column strides are in elements; `beta` scales the product.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn matmul_strided(
+    out: &mut [f32],
+    out_rs: usize,
+    a: &[f32],
+    a_rs: usize,
+    a_cs: usize,
+    b: &[f32],
+    b_rs: usize,
+    b_cs: usize,
+    m: usize,
+    n: usize,
+    k: usize,
+    beta: f32,
+    accumulate: bool,
+) {
+    if m == 0 || n == 0 || k == 0 {
+        return;
+    }
+    debug_assert!(out.len() > (m - 1) * out_rs + n - 1);
+    debug_assert!(a.len() > (m - 1) * a_rs + (k - 1) * a_cs);
+    debug_assert!(b.len() > (k - 1) * b_rs + (n - 1) * b_cs);
+    // SAFETY: the debug assertions state the bounds the callers guarantee.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            out.as_mut_ptr(),
+            1,
+            out_rs as isize,
+            accumulate,
+            a.as_ptr(),
+            a_cs as isize,
+            a_rs as isize,
+            b.as_ptr(),
+            b_cs as isize,
+            b_rs as isize,
+            1.0,
+            beta,
+            false,
+            false,
+            false,
+            Parallelism::None,
+        );
+    }
+}
+
+/// `dbias[c] += Σ_rows dout[row, c]`, with a fixed row chunking so the sum is deterministic.
+pub fn bias_backward(dbias: &mut [f32], dout: &[f32], rows: usize, cols: usize) {
+    assert_eq!(dout.len(), rows * cols);
+    assert_eq!(dbias.len(), cols);
+    const CHUNK: usize = 64;
+    let partials: Vec<Vec<f32>> = dout
+        .par_chunks(CHUNK * cols)
+        .map(|chunk| {
+            let mut p = vec![0.0f32; cols];
+            for row in chunk.chunks_exact(cols) {
+                for (a, b) in p.iter_mut().zip(row) {
+                    *a += b;
+                }
+            }
+            p
+        })
+        .collect();
+    for p in partials {
+        for (a, b) in dbias.iter_mut().zip(&p) {
+            *a += b;
+        }
+    }
+}

@@ -1,0 +1,30 @@
+//! CPU kernels, one family per file. Names follow llm.c: outputs first, `d`-prefixed gradients,
+//! dims in a small `Copy` struct. Every backward accumulates (`+=`) into parameter gradients and
+//! overwrites input gradients unless its doc says otherwise.
+
+pub mod adamw;
+pub mod attention;
+pub mod cast;
+pub mod cross_entropy;
+pub mod dropout;
+pub mod embedding;
+pub mod gelu;
+pub mod layernorm;
+pub mod matmul;
+pub mod reduce;
+pub mod sync_ptr;
+
+pub use adamw::{adamw_update, AdamWParams};
+pub use attention::{attention_backward, attention_decode_forward, attention_forward, AttentionDims};
+pub use cross_entropy::{fused_classifier, ClassifierDims, IGNORE_INDEX};
+pub use dropout::{bias_dropout_add_backward, bias_dropout_add_forward};
+pub use embedding::{embedding_backward, embedding_forward};
+pub use gelu::{bias_gelu_backward, bias_gelu_forward};
+pub use layernorm::{layernorm_backward, layernorm_forward};
+pub use matmul::{bias_backward, matmul, matmul_with_threads, MatmulDims};
+pub use reduce::{global_norm_squared, scale_inplace};
+
+/// Rows per parallel task for row-wise elementwise kernels: big enough to amortize scheduling,
+/// small enough to balance two to a few dozen cores. Fixed (not derived from the thread count) so
+/// results are identical whatever the thread count.
+pub(crate) const ROWS_PER_TASK: usize = 16;

@@ -1,0 +1,2 @@
+//! Device backends. Only the CPU exists today; a CUDA backend slots in beside it.
+pub mod cpu;

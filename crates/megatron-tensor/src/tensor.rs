@@ -1,0 +1,173 @@
+use crate::dtype::DType;
+use crate::pool;
+use half::{bf16, f16};
+use std::fmt;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Device {
+    Cpu,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TensorError {
+    #[error("shape mismatch: expected {expected:?}, got {got:?}")]
+    Shape {
+        expected: Vec<usize>,
+        got: Vec<usize>,
+    },
+    #[error("tensor holds {got}, operation needs {expected}")]
+    DType { expected: DType, got: DType },
+}
+
+enum Storage {
+    F32(Vec<f32>),
+    BF16(Vec<bf16>),
+    F16(Vec<f16>),
+}
+
+/// A dense row-major tensor. f32 buffers come from the per-thread pool and go back to it on drop.
+pub struct Tensor {
+    shape: Vec<usize>,
+    storage: Storage,
+    device: Device,
+}
+
+impl Tensor {
+    pub fn zeros(shape: &[usize]) -> Tensor {
+        let n = shape.iter().product();
+        Tensor {
+            shape: shape.to_vec(),
+            storage: Storage::F32(pool::take_zeroed(n)),
+            device: Device::Cpu,
+        }
+    }
+
+    pub fn from_vec(shape: &[usize], data: Vec<f32>) -> Result<Tensor, TensorError> {
+        let n: usize = shape.iter().product();
+        if n != data.len() {
+            return Err(TensorError::Shape {
+                expected: shape.to_vec(),
+                got: vec![data.len()],
+            });
+        }
+        Ok(Tensor {
+            shape: shape.to_vec(),
+            storage: Storage::F32(data),
+            device: Device::Cpu,
+        })
+    }
+
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+    pub fn device(&self) -> Device {
+        self.device
+    }
+    pub fn dtype(&self) -> DType {
+        match self.storage {
+            Storage::F32(_) => DType::F32,
+            Storage::BF16(_) => DType::BF16,
+            Storage::F16(_) => DType::F16,
+        }
+    }
+    pub fn size_in_bytes(&self) -> usize {
+        self.numel() * self.dtype().size_in_bytes()
+    }
+
+    /// The f32 elements. Panics on a half-precision tensor: that is a programming error in the
+    /// caller (it must `to_dtype(F32)` first), never a user error.
+    pub fn data(&self) -> &[f32] {
+        match &self.storage {
+            Storage::F32(v) => v,
+            _ => panic!("data() on a {} tensor", self.dtype()),
+        }
+    }
+    pub fn data_mut(&mut self) -> &mut [f32] {
+        match &mut self.storage {
+            Storage::F32(v) => v,
+            _ => panic!("data_mut() on a non-f32 tensor"),
+        }
+    }
+
+    pub fn reshape(mut self, shape: &[usize]) -> Result<Tensor, TensorError> {
+        if shape.iter().product::<usize>() != self.numel() {
+            return Err(TensorError::Shape {
+                expected: self.shape.clone(),
+                got: shape.to_vec(),
+            });
+        }
+        self.shape = shape.to_vec();
+        Ok(self)
+    }
+
+    /// Casts to another storage type (round-to-nearest-even into half types).
+    pub fn to_dtype(&self, dtype: DType) -> Tensor {
+        let f32_data: Vec<f32> = match &self.storage {
+            Storage::F32(v) => v.clone(),
+            Storage::BF16(v) => {
+                let mut out = vec![0.0; v.len()];
+                crate::cpu::cast::bf16_to_f32(&mut out, v);
+                out
+            }
+            Storage::F16(v) => {
+                let mut out = vec![0.0; v.len()];
+                crate::cpu::cast::f16_to_f32(&mut out, v);
+                out
+            }
+        };
+        let storage = match dtype {
+            DType::F32 => Storage::F32(f32_data),
+            DType::BF16 => {
+                let mut out = vec![bf16::ZERO; f32_data.len()];
+                crate::cpu::cast::f32_to_bf16(&mut out, &f32_data);
+                Storage::BF16(out)
+            }
+            DType::F16 => {
+                let mut out = vec![f16::ZERO; f32_data.len()];
+                crate::cpu::cast::f32_to_f16(&mut out, &f32_data);
+                Storage::F16(out)
+            }
+        };
+        Tensor {
+            shape: self.shape.clone(),
+            storage,
+            device: self.device,
+        }
+    }
+}
+
+impl Clone for Tensor {
+    fn clone(&self) -> Tensor {
+        let storage = match &self.storage {
+            Storage::F32(v) => {
+                let mut n = pool::take_zeroed(v.len());
+                n.copy_from_slice(v);
+                Storage::F32(n)
+            }
+            Storage::BF16(v) => Storage::BF16(v.clone()),
+            Storage::F16(v) => Storage::F16(v.clone()),
+        };
+        Tensor {
+            shape: self.shape.clone(),
+            storage,
+            device: self.device,
+        }
+    }
+}
+
+impl Drop for Tensor {
+    fn drop(&mut self) {
+        if let Storage::F32(v) = &mut self.storage {
+            pool::give_back(std::mem::take(v));
+        }
+    }
+}
+
+impl fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Tensor({:?}, {})", self.shape, self.dtype())
+    }
+}

@@ -1,0 +1,102 @@
+mod common;
+use common::*;
+use megatron_tensor::cpu::{bias_backward, matmul, matmul_with_threads, MatmulDims};
+
+#[test]
+fn matmul_all_transposes_match_naive() {
+    let (m, n, k) = (37, 53, 29);
+    let a = randn(m * k, 1, 1.0);
+    let b = randn(k * n, 2, 1.0);
+    let want = naive_matmul(&a, &b, m, n, k);
+    let at = transpose(&a, m, k);
+    let bt = transpose(&b, k, n);
+    for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
+        let mut out = vec![0.0; m * n];
+        let mut d = MatmulDims::new(m, n, k);
+        d.trans_a = ta;
+        d.trans_b = tb;
+        matmul(&mut out, if ta { &at } else { &a }, if tb { &bt } else { &b }, d);
+        assert_close(&out, &want, 1e-4, 1e-4, &format!("ta={ta} tb={tb}"));
+    }
+}
+
+#[test]
+fn matmul_accumulate_adds_to_output() {
+    let (m, n, k) = (64, 96, 128);
+    let a = randn(m * k, 3, 1.0);
+    let b = randn(k * n, 4, 1.0);
+    let prod = naive_matmul(&a, &b, m, n, k);
+    let init = randn(m * n, 5, 1.0);
+    let mut out = init.clone();
+    matmul(&mut out, &a, &b, MatmulDims::new(m, n, k).acc());
+    let want: Vec<f32> = prod.iter().zip(&init).map(|(p, i)| p + i).collect();
+    assert_close(&out, &want, 1e-3, 1e-4, "accumulate");
+}
+
+#[test]
+fn matmul_thread_count_does_not_change_result_beyond_rounding() {
+    let (m, n, k) = (256, 192, 160);
+    let a = randn(m * k, 6, 1.0);
+    let b = randn(k * n, 7, 1.0);
+    let mut o1 = vec![0.0; m * n];
+    let mut o2 = vec![0.0; m * n];
+    matmul_with_threads(&mut o1, &a, &b, MatmulDims::new(m, n, k), 1);
+    matmul_with_threads(&mut o2, &a, &b, MatmulDims::new(m, n, k), 2);
+    assert_close(&o1, &o2, 1e-4, 1e-5, "threads");
+}
+
+#[test]
+fn batched_matmul_by_offsets_matches_naive() {
+    // Batched products are expressed as matmuls on sub-slices.
+    let (bsz, m, n, k) = (3, 8, 5, 7);
+    let a = randn(bsz * m * k, 8, 1.0);
+    let b = randn(bsz * k * n, 9, 1.0);
+    let mut out = vec![0.0; bsz * m * n];
+    for i in 0..bsz {
+        matmul(
+            &mut out[i * m * n..(i + 1) * m * n],
+            &a[i * m * k..(i + 1) * m * k],
+            &b[i * k * n..(i + 1) * k * n],
+            MatmulDims::new(m, n, k),
+        );
+        let want = naive_matmul(&a[i * m * k..(i + 1) * m * k], &b[i * k * n..(i + 1) * k * n], m, n, k);
+        assert_close(&out[i * m * n..(i + 1) * m * n], &want, 1e-4, 1e-4, "batch");
+    }
+}
+
+#[test]
+fn matmul_backward_matches_finite_difference() {
+    // y = x W^T (Megatron linear); dx = dy W, dW = dy^T x.
+    let (n, i, o) = (6, 5, 4);
+    let mut x = randn(n * i, 10, 1.0);
+    let mut w = randn(o * i, 11, 1.0);
+    let r = randn(n * o, 12, 1.0);
+    let mut dx = vec![0.0; n * i];
+    let mut dw = vec![0.0; o * i];
+    matmul(&mut dx, &r, &w, MatmulDims::new(n, i, o));
+    matmul(&mut dw, &r, &x, MatmulDims::new(o, i, n).ta());
+    let wc = w.clone();
+    check_grad(&mut x, &dx, |x| {
+        let mut y = vec![0.0; n * o];
+        matmul(&mut y, x, &wc, MatmulDims::new(n, o, i).tb());
+        dot(&y, &r)
+    }, 1e-2, 1e-3, 1e-3, 30, "dx");
+    let xc = x.clone();
+    check_grad(&mut w, &dw, |w| {
+        let mut y = vec![0.0; n * o];
+        matmul(&mut y, &xc, w, MatmulDims::new(n, o, i).tb());
+        dot(&y, &r)
+    }, 1e-2, 1e-3, 1e-3, 20, "dW");
+}
+
+#[test]
+fn bias_backward_sums_rows() {
+    let (rows, cols) = (300, 7);
+    let dout = randn(rows * cols, 13, 1.0);
+    let mut db = vec![1.0; cols];
+    bias_backward(&mut db, &dout, rows, cols);
+    for j in 0..cols {
+        let s: f64 = (0..rows).map(|r| dout[r * cols + j] as f64).sum();
+        assert!((db[j] as f64 - 1.0 - s).abs() < 1e-3, "col {j}");
+    }
+}

@@ -1,0 +1,87 @@
+#![allow(dead_code)]
+//! Naive references and a finite-difference checker shared by the kernel tests.
+
+use megatron_tensor::RngKey;
+
+pub fn randn(n: usize, seed: u64, std: f32) -> Vec<f32> {
+    let k = RngKey::new(seed);
+    (0..n).map(|i| k.normal(i as u64) * std).collect()
+}
+
+pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}
+
+pub fn assert_close(a: &[f32], b: &[f32], atol: f32, rtol: f32, what: &str) {
+    assert_eq!(a.len(), b.len(), "{what}: lengths");
+    for (i, (x, y)) in a.iter().zip(b).enumerate() {
+        let tol = atol + rtol * y.abs();
+        assert!((x - y).abs() <= tol, "{what}[{i}]: {x} vs {y} (tol {tol})");
+    }
+}
+
+/// Naive `[m,k] x [k,n]` in f64.
+pub fn naive_matmul(a: &[f32], b: &[f32], m: usize, n: usize, k: usize) -> Vec<f32> {
+    let mut out = vec![0.0f32; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            let mut s = 0.0f64;
+            for p in 0..k {
+                s += a[i * k + p] as f64 * b[p * n + j] as f64;
+            }
+            out[i * n + j] = s as f32;
+        }
+    }
+    out
+}
+
+pub fn transpose(a: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    let mut t = vec![0.0; a.len()];
+    for i in 0..rows {
+        for j in 0..cols {
+            t[j * rows + i] = a[i * cols + j];
+        }
+    }
+    t
+}
+
+/// Central-difference check of `analytic` (the gradient of scalar `f` w.r.t. `x`) at `count`
+/// coordinates spread over `x`. Tolerance: `|fd - an| <= atol + rtol * |an|`.
+pub fn check_grad(
+    x: &mut [f32],
+    analytic: &[f32],
+    mut f: impl FnMut(&[f32]) -> f64,
+    eps: f32,
+    atol: f64,
+    rtol: f64,
+    count: usize,
+    what: &str,
+) {
+    let n = x.len();
+    let step = (n / count.max(1)).max(1);
+    let mut i = step / 2;
+    let mut checked = 0;
+    while i < n && checked < count {
+        let orig = x[i];
+        x[i] = orig + eps;
+        let fp = f(x);
+        x[i] = orig - eps;
+        let fm = f(x);
+        x[i] = orig;
+        let fd = (fp - fm) / (2.0 * eps as f64);
+        let an = analytic[i] as f64;
+        assert!(
+            (fd - an).abs() <= atol + rtol * an.abs(),
+            "{what}[{i}]: finite difference {fd} vs analytic {an}"
+        );
+        i += step;
+        checked += 1;
+    }
+    assert!(checked > 0, "{what}: no coordinate checked");
+}
+
+/// Σ out * r, the scalar whose gradient w.r.t. out is r.
+pub fn dot(out: &[f32], r: &[f32]) -> f64 {
+    out.iter().zip(r).map(|(a, b)| *a as f64 * *b as f64).sum()
+}
