@@ -1,0 +1,127 @@
+mod common;
+use common::*;
+use megatron_tensor::cpu::{attention_backward, attention_decode_forward, attention_forward, AttentionDims};
+use megatron_tensor::RngKey;
+
+/// Naive attention over the full T x T score matrix, in f64.
+fn naive_attention(qkv: &[f32], lens: Option<&[usize]>, d: AttentionDims) -> Vec<f32> {
+    let (t, nh, hd) = (d.t, d.heads, d.head_dim);
+    let qrs = nh * 3 * hd;
+    let mut out = vec![0.0f32; d.b * t * nh * hd];
+    for b in 0..d.b {
+        let klen = lens.map_or(t, |l| l[b]);
+        for h in 0..nh {
+            for i in 0..t {
+                let q = &qkv[(b * t + i) * qrs + h * 3 * hd..][..hd];
+                let mut s = vec![f64::NEG_INFINITY; t];
+                for j in 0..t {
+                    if (d.causal && j > i) || j >= klen {
+                        continue;
+                    }
+                    let k = &qkv[(b * t + j) * qrs + h * 3 * hd + hd..][..hd];
+                    s[j] = q.iter().zip(k).map(|(a, b)| *a as f64 * *b as f64).sum::<f64>() / (hd as f64).sqrt();
+                }
+                let mx = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                if mx == f64::NEG_INFINITY {
+                    continue;
+                }
+                let e: Vec<f64> = s.iter().map(|v| (v - mx).exp()).collect();
+                let sum: f64 = e.iter().sum();
+                for j in 0..t {
+                    let v = &qkv[(b * t + j) * qrs + h * 3 * hd + 2 * hd..][..hd];
+                    for c in 0..hd {
+                        out[(b * t + i) * nh * hd + h * hd + c] += (e[j] / sum * v[c] as f64) as f32;
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+fn dims(b: usize, t: usize, heads: usize, head_dim: usize, causal: bool, dropout: f32) -> AttentionDims {
+    AttentionDims { b, t, heads, head_dim, causal, dropout }
+}
+
+fn run_forward(qkv: &[f32], lens: Option<&[usize]>, d: AttentionDims, key: RngKey) -> (Vec<f32>, Vec<f32>) {
+    let mut out = vec![0.0; d.b * d.t * d.heads * d.head_dim];
+    let mut lse = vec![0.0; d.b * d.heads * d.t];
+    attention_forward(&mut out, &mut lse, qkv, lens, d, key);
+    (out, lse)
+}
+
+#[test]
+fn attention_forward_matches_naive_across_several_blocks() {
+    // t = 150 spans three 64-row blocks with a ragged last one.
+    for causal in [true, false] {
+        let d = dims(2, 150, 3, 16, causal, 0.0);
+        let qkv = randn(d.b * d.t * d.heads * 3 * d.head_dim, 1, 1.0);
+        let (out, _) = run_forward(&qkv, None, d, RngKey::new(0));
+        assert_close(&out, &naive_attention(&qkv, None, d), 1e-4, 1e-4, &format!("causal={causal}"));
+    }
+}
+
+#[test]
+fn attention_forward_applies_padding_mask() {
+    let d = dims(2, 70, 2, 8, true, 0.0);
+    let qkv = randn(d.b * d.t * d.heads * 3 * d.head_dim, 2, 1.0);
+    let lens = [70usize, 33];
+    let (out, _) = run_forward(&qkv, Some(&lens), d, RngKey::new(0));
+    assert_close(&out, &naive_attention(&qkv, Some(&lens), d), 1e-4, 1e-4, "padding");
+}
+
+fn attention_fd_check(d: AttentionDims, lens: Option<&[usize]>, seed: u64) {
+    let key = RngKey::new(5);
+    let mut qkv = randn(d.b * d.t * d.heads * 3 * d.head_dim, seed, 1.0);
+    let r = randn(d.b * d.t * d.heads * d.head_dim, seed + 1, 1.0);
+    let (out, lse) = run_forward(&qkv, lens, d, key);
+    let mut dqkv = vec![f32::NAN; qkv.len()];
+    attention_backward(&mut dqkv, &r, &out, &lse, &qkv, lens, d, key);
+    check_grad(&mut qkv, &dqkv, |x| dot(&run_forward(x, lens, d, key).0, &r), 1e-2, 2e-3, 1e-2, 200, "dqkv");
+}
+
+#[test]
+fn attention_backward_matches_finite_difference() {
+    attention_fd_check(dims(2, 80, 2, 8, true, 0.0), None, 3);
+}
+
+#[test]
+fn attention_backward_non_causal_with_padding_matches_finite_difference() {
+    attention_fd_check(dims(2, 70, 2, 8, false, 0.0), Some(&[70, 40]), 7);
+}
+
+#[test]
+fn attention_backward_with_dropout_matches_finite_difference() {
+    attention_fd_check(dims(1, 66, 2, 8, true, 0.2), None, 9);
+}
+
+#[test]
+fn attention_decode_matches_last_row_of_full_attention() {
+    let d = dims(2, 20, 2, 8, true, 0.0);
+    let qkv = randn(d.b * d.t * d.heads * 3 * d.head_dim, 4, 1.0);
+    let (out, _) = run_forward(&qkv, None, d, RngKey::new(0));
+    let (hd, nh, t) = (d.head_dim, d.heads, d.t);
+    let max_t = 32;
+    let mut kc = vec![0.0; d.b * nh * max_t * hd];
+    let mut vc = kc.clone();
+    let mut q = vec![0.0; d.b * nh * hd];
+    for b in 0..d.b {
+        for h in 0..nh {
+            for j in 0..t {
+                let row = &qkv[((b * t + j) * nh + h) * 3 * hd..][..3 * hd];
+                let dst = ((b * nh + h) * max_t + j) * hd;
+                kc[dst..dst + hd].copy_from_slice(&row[hd..2 * hd]);
+                vc[dst..dst + hd].copy_from_slice(&row[2 * hd..]);
+                if j == t - 1 {
+                    q[(b * nh + h) * hd..][..hd].copy_from_slice(&row[..hd]);
+                }
+            }
+        }
+    }
+    let mut o = vec![0.0; d.b * nh * hd];
+    attention_decode_forward(&mut o, &q, &kc, &vc, d.b, nh, hd, max_t, t);
+    for b in 0..d.b {
+        let want = &out[(b * t + t - 1) * nh * hd..][..nh * hd];
+        assert_close(&o[b * nh * hd..(b + 1) * nh * hd], want, 1e-5, 1e-4, "decode");
+    }
+}

@@ -1,0 +1,39 @@
+mod common;
+use common::*;
+use megatron_tensor::cpu::{embedding_backward, embedding_forward};
+
+#[test]
+fn embedding_forward_adds_token_and_position_rows() {
+    let (b, t, c, v) = (2, 3, 4, 5);
+    let wte = randn(v * c, 1, 1.0);
+    let wpe = randn(t * c, 2, 1.0);
+    let tokens = [4u32, 0, 2, 2, 1, 3];
+    let mut out = vec![0.0; b * t * c];
+    embedding_forward(&mut out, &tokens, &wte, &wpe, t);
+    for i in 0..b * t {
+        for j in 0..c {
+            let want = wte[tokens[i] as usize * c + j] + wpe[(i % t) * c + j];
+            assert!((out[i * c + j] - want).abs() < 1e-7);
+        }
+    }
+}
+
+#[test]
+fn embedding_backward_matches_finite_difference() {
+    let (b, t, c, v) = (2, 3, 4, 5);
+    let mut wte = randn(v * c, 3, 1.0);
+    let mut wpe = randn(t * c, 4, 1.0);
+    let tokens = [4u32, 0, 2, 2, 1, 2];
+    let r = randn(b * t * c, 5, 1.0);
+    let (mut dwte, mut dwpe) = (vec![0.0; v * c], vec![0.0; t * c]);
+    embedding_backward(&mut dwte, &mut dwpe, &r, &tokens, t);
+    let f = |wte: &[f32], wpe: &[f32]| {
+        let mut o = vec![0.0; b * t * c];
+        embedding_forward(&mut o, &tokens, wte, wpe, t);
+        dot(&o, &r)
+    };
+    let wpec = wpe.clone();
+    check_grad(&mut wte, &dwte, |w| f(w, &wpec), 1e-2, 1e-3, 1e-3, 20, "dwte");
+    let wtec = wte.clone();
+    check_grad(&mut wpe, &dwpe, |w| f(&wtec, w), 1e-2, 1e-3, 1e-3, 12, "dwpe");
+}

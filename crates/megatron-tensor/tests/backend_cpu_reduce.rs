@@ -1,0 +1,49 @@
+mod common;
+use common::*;
+use megatron_tensor::cpu::reduce::all_finite;
+use megatron_tensor::cpu::{global_norm_squared, scale_inplace};
+use megatron_tensor::{DType, Tensor};
+
+#[test]
+fn global_norm_squared_matches_naive_sum() {
+    let x = randn(300_001, 1, 1.0);
+    let want: f64 = x.iter().map(|&v| v as f64 * v as f64).sum();
+    assert!((global_norm_squared(&x) - want).abs() < 1e-6 * want);
+}
+
+#[test]
+fn scale_and_finiteness() {
+    let mut x = vec![2.0f32; 10];
+    scale_inplace(&mut x, 0.5);
+    assert_eq!(x, vec![1.0; 10]);
+    assert!(all_finite(&x));
+    x[3] = f32::NAN;
+    assert!(!all_finite(&x));
+}
+
+#[test]
+fn casts_round_trip_within_half_precision() {
+    let x = randn(1000, 2, 3.0);
+    let t = Tensor::from_vec(&[10, 100], x.clone()).unwrap();
+    for (dt, rel) in [(DType::BF16, 1.0 / 128.0), (DType::F16, 1.0 / 1024.0)] {
+        let h = t.to_dtype(dt);
+        assert_eq!(h.dtype(), dt);
+        assert_eq!(h.size_in_bytes(), 2000);
+        let back = h.to_dtype(DType::F32);
+        for (a, b) in back.data().iter().zip(&x) {
+            assert!((a - b).abs() <= rel * b.abs() + 1e-4, "{dt}: {a} vs {b}");
+        }
+    }
+}
+
+#[test]
+fn pooled_tensors_are_zeroed_when_reused() {
+    let n = 1 << 14;
+    {
+        let mut t = Tensor::zeros(&[n]);
+        t.data_mut().fill(7.0);
+    }
+    assert!(megatron_tensor::pool::pooled_bytes() >= n * 4);
+    let t = Tensor::zeros(&[n]);
+    assert!(t.data().iter().all(|&v| v == 0.0));
+}
