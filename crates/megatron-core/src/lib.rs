@@ -1,0 +1,12 @@
+//! Megatron-core in Rust: transformer layers with explicit forward/backward pairs, models,
+//! parameter storage and the optimizer.
+
+pub mod inference;
+pub mod models;
+pub mod optimizer;
+pub mod params;
+pub mod transformer;
+
+pub use models::gpt::{Batch, GPTModel};
+pub use params::{Grads, ParamId, ParamMeta, Params};
+pub use transformer::config::{ConfigError, TransformerConfig};

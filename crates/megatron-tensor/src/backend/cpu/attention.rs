@@ -301,3 +301,30 @@ pub fn attention_decode_forward(
         }
     });
 }
+
+/// Appends the K and V of one new position per sequence from a fused `qkv` row
+/// (`[b, heads, 3, head_dim]`) into caches `[b, heads, max_t, head_dim]` at `pos`, and extracts
+/// the queries into `q` (`[b, heads, head_dim]`).
+#[allow(clippy::too_many_arguments)]
+pub fn kv_cache_append(
+    k_cache: &mut [f32],
+    v_cache: &mut [f32],
+    q: &mut [f32],
+    qkv: &[f32],
+    b: usize,
+    heads: usize,
+    head_dim: usize,
+    max_t: usize,
+    pos: usize,
+) {
+    assert!(pos < max_t);
+    for bi in 0..b {
+        for h in 0..heads {
+            let src = &qkv[(bi * heads + h) * 3 * head_dim..][..3 * head_dim];
+            let dst = ((bi * heads + h) * max_t + pos) * head_dim;
+            q[(bi * heads + h) * head_dim..][..head_dim].copy_from_slice(&src[..head_dim]);
+            k_cache[dst..dst + head_dim].copy_from_slice(&src[head_dim..2 * head_dim]);
+            v_cache[dst..dst + head_dim].copy_from_slice(&src[2 * head_dim..]);
+        }
+    }
+}

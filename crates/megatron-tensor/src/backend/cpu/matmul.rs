@@ -169,3 +169,38 @@ pub fn bias_backward(dbias: &mut [f32], dout: &[f32], rows: usize, cols: usize) 
         }
     }
 }
+
+/// Linear layer forward, Megatron layout: `out[n, o] = inp[n, i] · weight[o, i]^T (+ bias[o])`.
+pub fn matmul_forward(out: &mut [f32], inp: &[f32], weight: &[f32], bias: Option<&[f32]>, n: usize, i: usize, o: usize) {
+    let acc = if let Some(b) = bias {
+        out.par_chunks_mut(o).for_each(|row| row.copy_from_slice(b));
+        true
+    } else {
+        false
+    };
+    let mut d = MatmulDims::new(n, o, i).tb();
+    d.accumulate = acc;
+    matmul(out, inp, weight, d);
+}
+
+/// Linear layer backward: writes `dinp` (if given), accumulates `dweight` and `dbias`.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_backward(
+    dinp: Option<&mut [f32]>,
+    dweight: &mut [f32],
+    dbias: Option<&mut [f32]>,
+    dout: &[f32],
+    inp: &[f32],
+    weight: &[f32],
+    n: usize,
+    i: usize,
+    o: usize,
+) {
+    if let Some(di) = dinp {
+        matmul(di, dout, weight, MatmulDims::new(n, i, o));
+    }
+    matmul(dweight, dout, inp, MatmulDims::new(o, i, n).ta().acc());
+    if let Some(db) = dbias {
+        bias_backward(db, dout, n, o);
+    }
+}

@@ -1,0 +1,129 @@
+//! `GPTModel`: embedding, decoder block of `TransformerLayer`s, final LayerNorm, output layer
+//! (tied to the word embedding unless untied), fused vocabulary-chunked cross-entropy.
+
+use super::embedding::LanguageModelEmbedding;
+use crate::params::{Grads, Init, ParamId, Params};
+use crate::transformer::config::TransformerConfig;
+use crate::transformer::layer::{LayerNorm, TransformerLayer};
+use crate::transformer::step::StepContext;
+use megatron_tensor::cpu::{fused_classifier, ClassifierDims};
+use megatron_tensor::Tensor;
+
+/// One micro-batch: `tokens` and `labels` are `[b, t]` flattened; `loss_mask` weights each label.
+pub struct Batch<'a> {
+    pub tokens: &'a [u32],
+    pub labels: &'a [u32],
+    pub loss_mask: &'a [f32],
+    pub b: usize,
+    pub t: usize,
+}
+
+/// Result of one micro-batch's forward and backward.
+#[derive(Clone, Copy, Debug)]
+pub struct MicroBatchResult {
+    /// Mean loss over the unmasked labels.
+    pub loss: f32,
+    /// Number of unmasked labels.
+    pub tokens: f32,
+    /// Bytes held by saved activations at the peak (after the last layer's forward).
+    pub activation_bytes: usize,
+}
+
+pub struct GPTModel {
+    pub config: TransformerConfig,
+    pub embedding: LanguageModelEmbedding,
+    pub layers: Vec<TransformerLayer>,
+    pub final_layernorm: LayerNorm,
+    pub output_layer: Option<ParamId>,
+}
+
+/// Tokens per logits tile in the fused output layer.
+const CLASSIFIER_CHUNK_ROWS: usize = 256;
+
+impl GPTModel {
+    /// Builds the model and its parameters, initialized from `seed`.
+    pub fn new(config: TransformerConfig, seed: u64) -> (GPTModel, Params) {
+        let mut params = Params::default();
+        let mut inits = Vec::new();
+        let model = Self::build(config, &mut params, &mut inits);
+        params.initialize(seed, &inits);
+        (model, params)
+    }
+
+    /// Registers the parameters (no values yet).
+    pub fn build(config: TransformerConfig, params: &mut Params, inits: &mut Vec<Init>) -> GPTModel {
+        let embedding = LanguageModelEmbedding::new(&config, params, inits);
+        let layers = (0..config.num_layers).map(|l| TransformerLayer::new(&config, l, params, inits)).collect();
+        let final_layernorm = LayerNorm::new("decoder.final_layernorm", config.hidden_size, config.layernorm_epsilon, params, inits);
+        let output_layer = if config.untie_embeddings_and_output_weights {
+            inits.push(Init::Normal(config.init_method_std));
+            Some(params.register("output_layer.weight".into(), &[config.padded_vocab_size, config.hidden_size], true))
+        } else {
+            None
+        };
+        GPTModel { config, embedding, layers, final_layernorm, output_layer }
+    }
+
+    fn output_weight(&self) -> ParamId {
+        self.output_layer.unwrap_or(self.embedding.word_embeddings)
+    }
+
+    fn classifier_dims(&self, n: usize) -> ClassifierDims {
+        ClassifierDims {
+            n,
+            c: self.config.hidden_size,
+            v: self.config.padded_vocab_size,
+            chunk_rows: CLASSIFIER_CHUNK_ROWS,
+        }
+    }
+
+    /// Forward and backward of one micro-batch. Gradients accumulate into `grads`, scaled by
+    /// `grad_scale` (1 / number of micro-batches for Megatron's mean over micro-batches).
+    pub fn forward_backward(&self, params: &Params, grads: &mut Grads, batch: &Batch, grad_scale: f32, ctx: &StepContext) -> MicroBatchResult {
+        let (b, t) = (batch.b, batch.t);
+        let n = b * t;
+        let mut x = self.embedding.forward(params, batch.tokens, t, ctx);
+        let mut saved = Vec::with_capacity(self.layers.len());
+        for layer in &self.layers {
+            let (y, s) = layer.forward(params, x, b, t, ctx);
+            saved.push(s);
+            x = y;
+        }
+        let activation_bytes = saved.iter().map(|s| s.size_in_bytes()).sum::<usize>() + x.size_in_bytes();
+        let (xf, lnf) = self.final_layernorm.forward(params, &x);
+        let total: f32 = batch.loss_mask.iter().sum();
+        let denom = total.max(1.0);
+        let dloss: Vec<f32> = batch.loss_mask.iter().map(|m| m / denom * grad_scale).collect();
+        let mut losses = vec![0.0f32; n];
+        let mut dxf = Tensor::zeros(&[n, self.config.hidden_size]);
+        let wid = self.output_weight();
+        fused_classifier(&mut losses, Some((dxf.data_mut(), grads.get_mut(wid))), xf.data(), params.get(wid), batch.labels, &dloss, self.classifier_dims(n));
+        drop(xf);
+        let mut dx = self.final_layernorm.backward(params, grads, &lnf, &x, &dxf);
+        drop(dxf);
+        drop(x);
+        for (layer, s) in self.layers.iter().zip(saved.into_iter()).rev() {
+            dx = layer.backward(params, grads, s, dx, b, t, ctx);
+        }
+        self.embedding.backward(grads, batch.tokens, t, dx, ctx);
+        let loss = losses.iter().zip(batch.loss_mask).map(|(l, m)| (*l as f64) * (*m as f64)).sum::<f64>() / denom as f64;
+        MicroBatchResult { loss: loss as f32, tokens: total, activation_bytes }
+    }
+
+    /// Mean loss over the unmasked labels, without dropout and without keeping activations.
+    pub fn forward_loss(&self, params: &Params, batch: &Batch) -> f32 {
+        let (b, t) = (batch.b, batch.t);
+        let n = b * t;
+        let ctx = StepContext::eval();
+        let mut x = self.embedding.forward(params, batch.tokens, t, &ctx);
+        for layer in &self.layers {
+            x = layer.forward_no_grad(params, x, b, t, &ctx);
+        }
+        let (xf, _) = self.final_layernorm.forward(params, &x);
+        let mut losses = vec![0.0f32; n];
+        let wid = self.output_weight();
+        fused_classifier(&mut losses, None, xf.data(), params.get(wid), batch.labels, &[], self.classifier_dims(n));
+        let total: f32 = batch.loss_mask.iter().sum();
+        (losses.iter().zip(batch.loss_mask).map(|(l, m)| (*l as f64) * (*m as f64)).sum::<f64>() / total.max(1.0) as f64) as f32
+    }
+}

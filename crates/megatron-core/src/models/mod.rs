@@ -1,0 +1,2 @@
+pub mod embedding;
+pub mod gpt;

@@ -1,0 +1,5 @@
+pub mod attention;
+pub mod config;
+pub mod layer;
+pub mod mlp;
+pub mod step;
