@@ -1,0 +1,51 @@
+//! Data for megatron-rs: tokenizers and GPT sample sources. Until Megatron's `.bin/.idx` path
+//! lands, training reads mock sequences or raw text tokenized byte by byte, both through the
+//! [`GPTSampleSource`] trait that the indexed datasets will implement too.
+
+pub mod mock_dataset;
+pub mod text_dataset;
+pub mod tokenizer;
+
+pub use mock_dataset::MockGPTDataset;
+pub use text_dataset::{parse_split, TextDataset};
+pub use tokenizer::{build_tokenizer, ByteLevelTokenizer, NullTokenizer, Tokenizer};
+
+#[derive(Debug, thiserror::Error)]
+pub enum DataError {
+    #[error("{path}: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("--split '{0}': expected up to three comma-separated non-negative weights with a positive sum, e.g. 969,30,1")]
+    BadSplit(String),
+    #[error("{path}: the {split} split holds {tokens} tokens, fewer than one sample of --seq-length {seq} + 1")]
+    TooSmall { path: String, split: &'static str, tokens: usize, seq: usize },
+    #[error("--tokenizer-type {0} is not known (expected NullTokenizer or ByteLevelTokenizer)")]
+    UnknownTokenizer(String),
+    #[error("--tokenizer-type NullTokenizer needs --vocab-size")]
+    NullNeedsVocab,
+    #[error("token '{token}' is not an integer id below the vocabulary size {vocab}")]
+    BadNullToken { token: String, vocab: usize },
+}
+
+/// Which split a sample comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Split {
+    Train,
+    Valid,
+    Test,
+}
+
+/// A source of fixed-length GPT samples (`seq_length + 1` tokens each), addressed by index so
+/// that a resumed run continues exactly where it stopped.
+pub trait GPTSampleSource: Send + Sync {
+    fn seq_length(&self) -> usize;
+    /// Number of distinct samples; indices wrap around beyond it (epochs).
+    fn num_samples(&self, split: Split) -> u64;
+    /// Writes sample `idx` (`seq_length + 1` tokens) into `out`.
+    fn sample(&self, split: Split, idx: u64, out: &mut [u32]);
+    /// Id whose label is masked out of the loss (Megatron's `--eod-mask-loss`), if any.
+    fn eod(&self) -> Option<u32>;
+}

@@ -1,0 +1,37 @@
+//! The training loop of megatron-rs with Megatron's flags and semantics, checkpoints, logging and
+//! generation.
+
+pub mod arguments;
+pub mod checkpointing;
+pub mod flops;
+pub mod generate;
+pub mod logging;
+pub mod training;
+
+pub use arguments::{GenerateArgs, TrainArgs};
+pub use training::{pretrain, TrainSummary};
+
+/// Everything that can stop a run; each message names the flag, file or iteration at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum TrainError {
+    #[error("{0}")]
+    Args(String),
+    #[error(transparent)]
+    Config(#[from] megatron_core::ConfigError),
+    #[error(transparent)]
+    Data(#[from] megatron_data::DataError),
+    #[error("checkpoint {path}: {msg}")]
+    Checkpoint { path: String, msg: String },
+    #[error("{path}: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("iteration {iteration}: {what} is {value}; stopping (the last saved checkpoint is left untouched)")]
+    NonFinite { iteration: u64, what: &'static str, value: f64 },
+}
+
+pub(crate) fn io_err(path: &std::path::Path) -> impl FnOnce(std::io::Error) -> TrainError + '_ {
+    move |source| TrainError::Io { path: path.display().to_string(), source }
+}

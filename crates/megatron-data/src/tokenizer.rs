@@ -1,0 +1,70 @@
+use crate::DataError;
+
+/// Megatron's tokenizer interface, the part training and generation need.
+pub trait Tokenizer: Send + Sync {
+    fn name(&self) -> &'static str;
+    fn vocab_size(&self) -> usize;
+    fn encode(&self, text: &str) -> Result<Vec<u32>, DataError>;
+    fn decode(&self, ids: &[u32]) -> String;
+    /// End-of-document id.
+    fn eod(&self) -> u32;
+}
+
+/// Bytes as tokens (0..=255) plus an end-of-document id 256.
+pub struct ByteLevelTokenizer;
+
+impl Tokenizer for ByteLevelTokenizer {
+    fn name(&self) -> &'static str {
+        "ByteLevelTokenizer"
+    }
+    fn vocab_size(&self) -> usize {
+        257
+    }
+    fn encode(&self, text: &str) -> Result<Vec<u32>, DataError> {
+        Ok(text.bytes().map(u32::from).collect())
+    }
+    fn decode(&self, ids: &[u32]) -> String {
+        let bytes: Vec<u8> = ids.iter().filter(|&&i| i < 256).map(|&i| i as u8).collect();
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+    fn eod(&self) -> u32 {
+        256
+    }
+}
+
+/// Megatron's `NullTokenizer`: the text is whitespace-separated integer ids; the end-of-document
+/// id is `vocab_size` (the vocabulary is one larger than given).
+pub struct NullTokenizer {
+    pub vocab_size: usize,
+}
+
+impl Tokenizer for NullTokenizer {
+    fn name(&self) -> &'static str {
+        "NullTokenizer"
+    }
+    fn vocab_size(&self) -> usize {
+        self.vocab_size + 1
+    }
+    fn encode(&self, text: &str) -> Result<Vec<u32>, DataError> {
+        text.split_whitespace()
+            .map(|t| match t.parse::<u32>() {
+                Ok(v) if (v as usize) < self.vocab_size() => Ok(v),
+                _ => Err(DataError::BadNullToken { token: t.to_string(), vocab: self.vocab_size() }),
+            })
+            .collect()
+    }
+    fn decode(&self, ids: &[u32]) -> String {
+        ids.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(" ")
+    }
+    fn eod(&self) -> u32 {
+        self.vocab_size as u32
+    }
+}
+
+pub fn build_tokenizer(kind: &str, vocab_size: Option<usize>) -> Result<Box<dyn Tokenizer>, DataError> {
+    match kind {
+        "ByteLevelTokenizer" => Ok(Box::new(ByteLevelTokenizer)),
+        "NullTokenizer" => Ok(Box::new(NullTokenizer { vocab_size: vocab_size.ok_or(DataError::NullNeedsVocab)? })),
+        other => Err(DataError::UnknownTokenizer(other.to_string())),
+    }
+}

@@ -1,0 +1,249 @@
+//! Command-line arguments with Megatron's flag names and defaults, and the checks that refuse a
+//! bad configuration before any work starts.
+
+use crate::TrainError;
+use clap::Args;
+use megatron_core::optimizer::{LrDecayStyle, WsdDecayStyle};
+use megatron_core::TransformerConfig;
+
+#[derive(Args, Clone, Debug)]
+pub struct TrainArgs {
+    // Model.
+    #[arg(long, default_value_t = 2)]
+    pub num_layers: usize,
+    #[arg(long, default_value_t = 128)]
+    pub hidden_size: usize,
+    #[arg(long, default_value_t = 4)]
+    pub num_attention_heads: usize,
+    /// Defaults to 4 * hidden size.
+    #[arg(long)]
+    pub ffn_hidden_size: Option<usize>,
+    #[arg(long, default_value_t = 128)]
+    pub seq_length: usize,
+    /// Defaults to --seq-length.
+    #[arg(long)]
+    pub max_position_embeddings: Option<usize>,
+    #[arg(long, default_value_t = 128)]
+    pub make_vocab_size_divisible_by: usize,
+    #[arg(long, default_value_t = 0.1)]
+    pub hidden_dropout: f32,
+    #[arg(long, default_value_t = 0.1)]
+    pub attention_dropout: f32,
+    #[arg(long, default_value_t = 0.02)]
+    pub init_method_std: f32,
+    #[arg(long, default_value_t = 1e-5)]
+    pub layernorm_epsilon: f32,
+    #[arg(long)]
+    pub untie_embeddings_and_output_weights: bool,
+
+    // Batches and iterations.
+    #[arg(long, default_value_t = 4)]
+    pub micro_batch_size: usize,
+    /// Defaults to --micro-batch-size (no gradient accumulation).
+    #[arg(long)]
+    pub global_batch_size: Option<usize>,
+    #[arg(long)]
+    pub train_iters: Option<u64>,
+    #[arg(long)]
+    pub train_samples: Option<u64>,
+
+    // Optimizer and schedule.
+    #[arg(long, default_value_t = 1e-3)]
+    pub lr: f64,
+    #[arg(long, default_value_t = 0.0)]
+    pub min_lr: f64,
+    #[arg(long, default_value = "linear")]
+    pub lr_decay_style: String,
+    #[arg(long)]
+    pub lr_decay_iters: Option<u64>,
+    #[arg(long)]
+    pub lr_warmup_iters: Option<u64>,
+    #[arg(long)]
+    pub lr_warmup_fraction: Option<f64>,
+    #[arg(long, default_value_t = 0.0)]
+    pub lr_warmup_init: f64,
+    #[arg(long)]
+    pub lr_wsd_decay_iters: Option<u64>,
+    #[arg(long, default_value = "exponential")]
+    pub lr_wsd_decay_style: String,
+    #[arg(long, default_value_t = 0.01)]
+    pub weight_decay: f32,
+    #[arg(long, default_value_t = 0.9)]
+    pub adam_beta1: f32,
+    #[arg(long, default_value_t = 0.999)]
+    pub adam_beta2: f32,
+    #[arg(long, default_value_t = 1e-8)]
+    pub adam_eps: f32,
+    #[arg(long, default_value_t = 1.0)]
+    pub clip_grad: f32,
+    #[arg(long, default_value_t = 1234)]
+    pub seed: u64,
+
+    // Data.
+    #[arg(long)]
+    pub mock_data: bool,
+    /// Text files or directories of `.txt` files (tokenized whole until the `.bin/.idx` pipeline).
+    #[arg(long, num_args = 1..)]
+    pub data_path: Vec<String>,
+    #[arg(long, default_value = "969,30,1")]
+    pub split: String,
+    #[arg(long, default_value = "ByteLevelTokenizer")]
+    pub tokenizer_type: String,
+    #[arg(long)]
+    pub vocab_size: Option<usize>,
+
+    // Evaluation, logging, checkpoints.
+    #[arg(long, default_value_t = 1000)]
+    pub eval_interval: u64,
+    #[arg(long, default_value_t = 100)]
+    pub eval_iters: u64,
+    #[arg(long, default_value_t = 100)]
+    pub log_interval: u64,
+    #[arg(long)]
+    pub metrics_file: Option<String>,
+    #[arg(long)]
+    pub save: Option<String>,
+    #[arg(long)]
+    pub save_interval: Option<u64>,
+    #[arg(long)]
+    pub load: Option<String>,
+    /// Hardware peak for MFU; measured with an FMA loop (and cached) when absent.
+    #[arg(long)]
+    pub peak_tflops: Option<f64>,
+    /// GEMM threads (defaults to all cores).
+    #[arg(long)]
+    pub num_threads: Option<usize>,
+    /// Plain log lines even on a terminal.
+    #[arg(long)]
+    pub no_progress_bar: bool,
+}
+
+#[derive(Args, Clone, Debug)]
+pub struct GenerateArgs {
+    /// Checkpoint directory (as given to --save).
+    #[arg(long)]
+    pub load: String,
+    #[arg(long, default_value = "")]
+    pub prompt: String,
+    #[arg(long, default_value_t = 200)]
+    pub max_new_tokens: usize,
+    /// 0 means greedy.
+    #[arg(long, default_value_t = 1.0)]
+    pub temperature: f32,
+    /// 0 means no top-k filtering.
+    #[arg(long, default_value_t = 0)]
+    pub top_k: usize,
+    /// 1.0 means no nucleus filtering.
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f32,
+    #[arg(long, default_value_t = 1234)]
+    pub seed: u64,
+    #[arg(long)]
+    pub greedy: bool,
+}
+
+/// The validated configuration of a run.
+#[derive(Clone, Debug)]
+pub struct TrainConfig {
+    pub args: TrainArgs,
+    pub model: TransformerConfig,
+    pub global_batch_size: usize,
+    pub num_microbatches: usize,
+    pub train_iters: u64,
+    pub lr_decay_iters: u64,
+    pub lr_warmup_iters: u64,
+    pub lr_decay_style: LrDecayStyle,
+    pub lr_wsd_decay_style: WsdDecayStyle,
+    pub vocab_size: usize,
+}
+
+fn bad(msg: String) -> TrainError {
+    TrainError::Args(msg)
+}
+
+impl TrainArgs {
+    /// Checks the flags against each other (the layout checklist) and derives the rest.
+    pub fn validate(&self, vocab_size: usize) -> Result<TrainConfig, TrainError> {
+        if self.micro_batch_size == 0 {
+            return Err(bad("--micro-batch-size must be positive, got 0".into()));
+        }
+        let gbs = self.global_batch_size.unwrap_or(self.micro_batch_size);
+        if gbs == 0 || gbs % self.micro_batch_size != 0 {
+            return Err(bad(format!(
+                "--global-batch-size ({gbs}) must be a positive multiple of --micro-batch-size ({}) times the data-parallel size (1)",
+                self.micro_batch_size
+            )));
+        }
+        let train_iters = match (self.train_iters, self.train_samples) {
+            (Some(_), Some(_)) => return Err(bad("give only one of --train-iters and --train-samples".into())),
+            (Some(0), None) | (None, Some(0)) => return Err(bad("--train-iters / --train-samples must be positive".into())),
+            (Some(i), None) => i,
+            (None, Some(s)) => s.div_ceil(gbs as u64),
+            (None, None) => return Err(bad("one of --train-iters or --train-samples is required".into())),
+        };
+        let lr_decay_style = LrDecayStyle::parse(&self.lr_decay_style).ok_or_else(|| {
+            bad(format!("--lr-decay-style '{}': expected constant, linear, cosine, inverse-square-root or WSD", self.lr_decay_style))
+        })?;
+        let lr_wsd_decay_style = WsdDecayStyle::parse(&self.lr_wsd_decay_style).ok_or_else(|| {
+            bad(format!("--lr-wsd-decay-style '{}': expected linear, cosine, exponential or minus_sqrt", self.lr_wsd_decay_style))
+        })?;
+        if self.lr < 0.0 || self.min_lr < 0.0 || self.min_lr > self.lr {
+            return Err(bad(format!("--min-lr ({}) must be between 0 and --lr ({})", self.min_lr, self.lr)));
+        }
+        let lr_decay_iters = self.lr_decay_iters.unwrap_or(train_iters);
+        let lr_warmup_iters = match (self.lr_warmup_iters, self.lr_warmup_fraction) {
+            (Some(_), Some(_)) => return Err(bad("give only one of --lr-warmup-iters and --lr-warmup-fraction".into())),
+            (Some(w), None) => w,
+            (None, Some(f)) if (0.0..=1.0).contains(&f) => (f * lr_decay_iters as f64) as u64,
+            (None, Some(f)) => return Err(bad(format!("--lr-warmup-fraction must be in [0, 1], got {f}"))),
+            (None, None) => 0,
+        };
+        if lr_warmup_iters > lr_decay_iters {
+            return Err(bad(format!("--lr-warmup-iters ({lr_warmup_iters}) exceeds --lr-decay-iters ({lr_decay_iters})")));
+        }
+        for (flag, v) in [("--log-interval", self.log_interval), ("--eval-interval", self.eval_interval)] {
+            if v == 0 {
+                return Err(bad(format!("{flag} must be positive, got 0")));
+            }
+        }
+        if self.save_interval == Some(0) {
+            return Err(bad("--save-interval must be positive, got 0".into()));
+        }
+        if self.save_interval.is_some() && self.save.is_none() {
+            return Err(bad("--save-interval needs --save DIR".into()));
+        }
+        if !self.mock_data && self.data_path.is_empty() {
+            return Err(bad("give --data-path FILE|DIR ... or --mock-data".into()));
+        }
+        if self.num_threads == Some(0) {
+            return Err(bad("--num-threads must be positive, got 0".into()));
+        }
+        let model = TransformerConfig {
+            num_layers: self.num_layers,
+            hidden_size: self.hidden_size,
+            num_attention_heads: self.num_attention_heads,
+            ffn_hidden_size: self.ffn_hidden_size.unwrap_or(4 * self.hidden_size),
+            seq_length: self.seq_length,
+            max_position_embeddings: self.max_position_embeddings.unwrap_or(self.seq_length),
+            padded_vocab_size: TransformerConfig::pad_vocab(vocab_size, self.make_vocab_size_divisible_by),
+            hidden_dropout: self.hidden_dropout,
+            attention_dropout: self.attention_dropout,
+            init_method_std: self.init_method_std,
+            layernorm_epsilon: self.layernorm_epsilon,
+            untie_embeddings_and_output_weights: self.untie_embeddings_and_output_weights,
+        };
+        model.validate()?;
+        Ok(TrainConfig {
+            args: self.clone(),
+            model,
+            global_batch_size: gbs,
+            num_microbatches: gbs / self.micro_batch_size,
+            train_iters,
+            lr_decay_iters,
+            lr_warmup_iters,
+            lr_decay_style,
+            lr_wsd_decay_style,
+            vocab_size,
+        })
+    }
+}

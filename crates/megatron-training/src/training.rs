@@ -1,0 +1,315 @@
+//! `pretrain`: Megatron's training loop on one rank.
+
+use crate::arguments::{TrainArgs, TrainConfig};
+use crate::checkpointing::{load_checkpoint, restore, save_checkpoint, CheckpointMeta};
+use crate::flops::{num_floating_point_operations, peak_flops};
+use crate::logging::{peak_rss_bytes, EvalMetrics, IterationMetrics, MetricsFile};
+use crate::{io_err, TrainError};
+use megatron_core::optimizer::{clip_grad_norm, Adam, OptimizerParamScheduler};
+use megatron_core::transformer::step::StepContext;
+use megatron_core::{Batch, GPTModel, Grads, Params};
+use megatron_data::{build_tokenizer, GPTSampleSource, MockGPTDataset, Split, TextDataset, Tokenizer};
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+#[derive(Clone, Debug, Default)]
+pub struct TrainSummary {
+    pub start_iteration: u64,
+    pub final_iteration: u64,
+    /// `(iteration, lm loss)` of every iteration run.
+    pub losses: Vec<(u64, f64)>,
+    /// `(iteration, validation loss)` of every evaluation.
+    pub val_losses: Vec<(u64, f64)>,
+    pub last_checkpoint: Option<PathBuf>,
+    pub peak_activation_bytes: usize,
+}
+
+/// Where log lines go: through the progress bar on a terminal, else plain stdout.
+struct Reporter {
+    bar: Option<indicatif::ProgressBar>,
+}
+
+impl Reporter {
+    fn new(total: u64, start: u64, plain: bool) -> Self {
+        let bar = if !plain && std::io::stderr().is_terminal() {
+            let pb = indicatif::ProgressBar::new(total);
+            pb.set_style(
+                indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} iters [{elapsed_precise}<{eta_precise}] {msg}")
+                    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+            );
+            pb.set_position(start);
+            Some(pb)
+        } else {
+            None
+        };
+        Reporter { bar }
+    }
+    fn line(&self, s: &str) {
+        match &self.bar {
+            Some(pb) => pb.println(s),
+            None => println!("{s}"),
+        }
+    }
+    fn tick(&self, iteration: u64, loss: f64) {
+        if let Some(pb) = &self.bar {
+            pb.set_position(iteration);
+            pb.set_message(format!("lm loss {loss:.4}"));
+        }
+    }
+    fn finish(&self) {
+        if let Some(pb) = &self.bar {
+            pb.finish_and_clear();
+        }
+    }
+}
+
+/// Text files named directly, and every `.txt` file (sorted) inside named directories.
+pub fn expand_data_paths(paths: &[String]) -> Result<Vec<String>, TrainError> {
+    let mut out = Vec::new();
+    for p in paths {
+        let path = Path::new(p);
+        if path.is_dir() {
+            let mut files: Vec<String> = std::fs::read_dir(path)
+                .map_err(io_err(path))?
+                .filter_map(|e| e.ok())
+                .map(|e| e.path())
+                .filter(|f| f.extension().is_some_and(|x| x == "txt"))
+                .map(|f| f.display().to_string())
+                .collect();
+            files.sort();
+            if files.is_empty() {
+                return Err(TrainError::Args(format!("--data-path {p}: directory holds no .txt files")));
+            }
+            out.extend(files);
+        } else if path.is_file() {
+            out.push(p.clone());
+        } else {
+            return Err(TrainError::Args(format!("--data-path {p}: no such file or directory")));
+        }
+    }
+    Ok(out)
+}
+
+fn build_data(cfg: &TrainConfig, tok: &dyn Tokenizer) -> Result<Box<dyn GPTSampleSource>, TrainError> {
+    let a = &cfg.args;
+    if a.mock_data {
+        return Ok(Box::new(MockGPTDataset { vocab_size: tok.vocab_size(), seq_length: a.seq_length, seed: a.seed }));
+    }
+    let files = expand_data_paths(&a.data_path)?;
+    let ds = TextDataset::from_files(&files, tok, &a.split, a.seq_length, a.seed)?;
+    println!(
+        "data: {} files, {} tokens | samples train/valid/test {}/{}/{} | unigram entropy of the train split: {:.4} nats",
+        files.len(),
+        ds.num_tokens(),
+        ds.num_samples(Split::Train),
+        ds.num_samples(Split::Valid),
+        ds.num_samples(Split::Test),
+        ds.unigram_entropy()
+    );
+    Ok(Box::new(ds))
+}
+
+fn scheduler(cfg: &TrainConfig) -> OptimizerParamScheduler {
+    let gbs = cfg.global_batch_size as u64;
+    OptimizerParamScheduler {
+        init_lr: cfg.args.lr_warmup_init,
+        max_lr: cfg.args.lr,
+        min_lr: cfg.args.min_lr,
+        warmup_steps: cfg.lr_warmup_iters * gbs,
+        decay_steps: cfg.lr_decay_iters * gbs,
+        decay_style: cfg.lr_decay_style,
+        wsd_decay_steps: cfg.args.lr_wsd_decay_iters.unwrap_or(0) * gbs,
+        wsd_decay_style: cfg.lr_wsd_decay_style,
+        num_steps: 0,
+    }
+}
+
+/// Micro-batch buffers: tokens, labels and loss mask for `b` samples.
+struct MicroBatch {
+    tokens: Vec<u32>,
+    labels: Vec<u32>,
+    mask: Vec<f32>,
+    sample: Vec<u32>,
+}
+
+impl MicroBatch {
+    fn new(b: usize, t: usize) -> Self {
+        MicroBatch { tokens: vec![0; b * t], labels: vec![0; b * t], mask: vec![1.0; b * t], sample: vec![0; t + 1] }
+    }
+    fn fill(&mut self, data: &dyn GPTSampleSource, split: Split, first: u64, b: usize, t: usize) {
+        for j in 0..b {
+            data.sample(split, first + j as u64, &mut self.sample);
+            self.tokens[j * t..(j + 1) * t].copy_from_slice(&self.sample[..t]);
+            self.labels[j * t..(j + 1) * t].copy_from_slice(&self.sample[1..]);
+        }
+    }
+    fn batch(&self, b: usize, t: usize) -> Batch<'_> {
+        Batch { tokens: &self.tokens, labels: &self.labels, loss_mask: &self.mask, b, t }
+    }
+}
+
+fn evaluate(model: &GPTModel, params: &Params, data: &dyn GPTSampleSource, cfg: &TrainConfig) -> Option<f64> {
+    if data.num_samples(Split::Valid) == 0 || cfg.args.eval_iters == 0 {
+        return None;
+    }
+    let (b, t) = (cfg.args.micro_batch_size, cfg.args.seq_length);
+    let mut mb = MicroBatch::new(b, t);
+    let mut total = 0.0f64;
+    let mut count = 0u64;
+    // The same validation samples at every evaluation, so that curves are comparable.
+    for k in 0..cfg.args.eval_iters * cfg.num_microbatches as u64 {
+        mb.fill(data, Split::Valid, k * b as u64, b, t);
+        total += model.forward_loss(params, &mb.batch(b, t)) as f64;
+        count += 1;
+    }
+    Some(total / count as f64)
+}
+
+/// Trains as `megatron train` does; returns the per-iteration losses.
+pub fn pretrain(args: &TrainArgs) -> Result<TrainSummary, TrainError> {
+    let tok = build_tokenizer(&args.tokenizer_type, args.vocab_size)?;
+    let cfg = args.validate(tok.vocab_size())?;
+    let threads = args.num_threads.unwrap_or_else(megatron_tensor::threads::available_cores);
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .map_err(|e| TrainError::Args(format!("--num-threads {threads}: {e}")))?;
+    pool.install(|| {
+        megatron_tensor::threads::set_gemm_threads(threads);
+        run(&cfg, tok.as_ref(), threads)
+    })
+}
+
+fn run(cfg: &TrainConfig, tok: &dyn Tokenizer, threads: usize) -> Result<TrainSummary, TrainError> {
+    let a = &cfg.args;
+    let (b, t) = (a.micro_batch_size, a.seq_length);
+    let gbs = cfg.global_batch_size as u64;
+    let (model, mut params) = GPTModel::new(cfg.model.clone(), a.seed);
+    let mut adam = Adam::new(&params, a.adam_beta1, a.adam_beta2, a.adam_eps);
+    let mut sched = scheduler(cfg);
+    let mut iteration = 0u64;
+    let mut consumed = 0u64;
+    if let Some(load) = &a.load {
+        let ck = load_checkpoint(Path::new(load), None)?;
+        if ck.meta.model != cfg.model {
+            return Err(TrainError::Checkpoint {
+                path: ck.dir.display().to_string(),
+                msg: format!("was saved for another model configuration ({:?}); the flags give {:?}", ck.meta.model, cfg.model),
+            });
+        }
+        restore(&ck, &mut params, Some(&mut adam))?;
+        iteration = ck.meta.iteration;
+        consumed = ck.meta.consumed_train_samples;
+        sched.num_steps = ck.meta.scheduler.num_steps;
+        println!("loaded checkpoint {} at iteration {iteration} ({consumed} consumed samples)", ck.dir.display());
+    }
+    let data = build_data(cfg, tok)?;
+    let mut grads = Grads::zeros_like(&params);
+    let flops_per_iter = num_floating_point_operations(&cfg.model, cfg.global_batch_size);
+    let peak = peak_flops(a.peak_tflops, threads);
+    let mut metrics = MetricsFile::open(a.metrics_file.as_deref()).map_err(|e| TrainError::Io { path: a.metrics_file.clone().unwrap_or_default(), source: e })?;
+    println!(
+        "model: {} parameters, {} layers, hidden {}, heads {}, seq {}, padded vocab {} | global batch {} = {} micro-batches of {} | {} threads | peak {:.1} GFLOP/s",
+        params.numel(),
+        cfg.model.num_layers,
+        cfg.model.hidden_size,
+        cfg.model.num_attention_heads,
+        t,
+        cfg.model.padded_vocab_size,
+        gbs,
+        cfg.num_microbatches,
+        b,
+        threads,
+        peak / 1e9
+    );
+    let rep = Reporter::new(cfg.train_iters, iteration, a.no_progress_bar);
+    let mut summary = TrainSummary { start_iteration: iteration, ..Default::default() };
+    let mut mb = MicroBatch::new(b, t);
+    let (mut interval_loss, mut interval_iters, mut interval_time) = (0.0f64, 0u64, 0.0f64);
+    let grad_scale = 1.0 / cfg.num_microbatches as f32;
+    let save_dir = a.save.as_ref().map(PathBuf::from);
+    while iteration < cfg.train_iters {
+        let started = Instant::now();
+        iteration += 1;
+        grads.zero();
+        let mut loss_sum = 0.0f64;
+        for m in 0..cfg.num_microbatches {
+            mb.fill(data.as_ref(), Split::Train, consumed + (m * b) as u64, b, t);
+            let ctx = StepContext::train(a.seed, iteration, m as u64);
+            let r = model.forward_backward(&params, &mut grads, &mb.batch(b, t), grad_scale, &ctx);
+            summary.peak_activation_bytes = summary.peak_activation_bytes.max(r.activation_bytes);
+            loss_sum += r.loss as f64;
+        }
+        let loss = loss_sum / cfg.num_microbatches as f64;
+        if !loss.is_finite() {
+            rep.finish();
+            return Err(TrainError::NonFinite { iteration, what: "lm loss", value: loss });
+        }
+        let grad_norm = clip_grad_norm(&mut grads, a.clip_grad);
+        if !grad_norm.is_finite() {
+            rep.finish();
+            return Err(TrainError::NonFinite { iteration, what: "grad norm", value: grad_norm });
+        }
+        let lr = sched.get_lr();
+        adam.step(&mut params, &grads, lr as f32, a.weight_decay);
+        sched.step(gbs);
+        consumed += gbs;
+        let secs = started.elapsed().as_secs_f64();
+        summary.losses.push((iteration, loss));
+        interval_loss += loss;
+        interval_iters += 1;
+        interval_time += secs;
+        rep.tick(iteration, loss);
+        if iteration % a.log_interval == 0 || iteration == cfg.train_iters {
+            let per_iter = interval_time / interval_iters as f64;
+            let m = IterationMetrics {
+                iteration,
+                consumed_samples: consumed,
+                lm_loss: interval_loss / interval_iters as f64,
+                lr,
+                grad_norm,
+                ms_per_iter: per_iter * 1e3,
+                tokens_per_sec: (gbs as f64 * t as f64) / per_iter,
+                tflops: flops_per_iter / per_iter / 1e12,
+                mfu: flops_per_iter / per_iter / peak,
+                peak_mem_bytes: peak_rss_bytes(),
+            };
+            rep.line(&m.line(cfg.train_iters));
+            metrics.write(&m).map_err(|e| TrainError::Io { path: a.metrics_file.clone().unwrap_or_default(), source: e })?;
+            (interval_loss, interval_iters, interval_time) = (0.0, 0, 0.0);
+        }
+        if iteration % a.eval_interval == 0 || iteration == cfg.train_iters {
+            if let Some(val) = evaluate(&model, &params, data.as_ref(), cfg) {
+                rep.line(&format!(" validation loss at iteration {iteration} | lm loss value: {val:.6E} | lm loss PPL: {:.3E}", val.exp()));
+                metrics.write(&EvalMetrics { iteration, val_loss: val }).map_err(|e| TrainError::Io { path: a.metrics_file.clone().unwrap_or_default(), source: e })?;
+                summary.val_losses.push((iteration, val));
+            }
+        }
+        let due = a.save_interval.is_some_and(|s| iteration % s == 0) || iteration == cfg.train_iters;
+        if let (Some(dir), true) = (&save_dir, due) {
+            let meta = CheckpointMeta {
+                format: String::new(),
+                iteration,
+                consumed_train_samples: consumed,
+                scheduler: sched.clone(),
+                optimizer_step: adam.step,
+                adam_beta1: a.adam_beta1,
+                adam_beta2: a.adam_beta2,
+                adam_eps: a.adam_eps,
+                seed: a.seed,
+                model: cfg.model.clone(),
+                tokenizer_type: tok.name().to_string(),
+                vocab_size: a.vocab_size.unwrap_or(tok.vocab_size()),
+                tensors: Vec::new(),
+                shard_bytes: 0,
+            };
+            let path = save_checkpoint(dir, meta, &params, &adam)?;
+            rep.line(&format!(" saved checkpoint at iteration {iteration} to {}", path.display()));
+            summary.last_checkpoint = Some(path);
+        }
+    }
+    rep.finish();
+    summary.final_iteration = iteration;
+    Ok(summary)
+}
