@@ -26,7 +26,9 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
     if a.what != "gemm" {
         anyhow::bail!("bench {}: only `gemm` is available", a.what);
     }
-    let threads = a.threads.unwrap_or_else(megatron_tensor::threads::available_cores);
+    let threads = a
+        .threads
+        .unwrap_or_else(megatron_tensor::threads::available_cores);
     let (n, h, f) = (a.tokens, a.hidden, a.ffn);
     // (label, m, n, k, trans_a, trans_b): y = x W^T, dx = dy W, dW = dy^T x.
     let cases = [
@@ -34,7 +36,10 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
         ("dgrad dy[N,f]·W[f,h]", n, h, f, false, false),
         ("wgrad dy[N,f]^T·x[N,h]", f, h, n, true, false),
     ];
-    println!("gemm crate (x86-v4), {threads} threads, median of {} calls", a.repeats);
+    println!(
+        "gemm crate (x86-v4), {threads} threads, median of {} calls",
+        a.repeats
+    );
     for (label, m, nn, k, ta, tb) in cases {
         let x = vec![0.5f32; m * k];
         let w = vec![0.25f32; k * nn];
@@ -52,7 +57,10 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
             .collect();
         times.sort_by(f64::total_cmp);
         let med = times[times.len() / 2];
-        println!("{label:<26} {m}x{nn}x{k}: {:.1} GFLOP/s", 2.0 * (m * nn * k) as f64 / med / 1e9);
+        println!(
+            "{label:<26} {m}x{nn}x{k}: {:.1} GFLOP/s",
+            2.0 * (m * nn * k) as f64 / med / 1e9
+        );
     }
     Ok(())
 }

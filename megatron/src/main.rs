@@ -9,7 +9,11 @@ use std::process::ExitCode;
 mod bench;
 
 #[derive(Parser)]
-#[command(name = "megatron", version, about = "Megatron-LM's way of training large transformers, in Rust")]
+#[command(
+    name = "megatron",
+    version,
+    about = "Megatron-LM's way of training large transformers, in Rust"
+)]
 // Like argparse in Megatron's launch scripts, a repeated flag takes its last value.
 #[command(args_override_self = true)]
 struct Cli {
@@ -30,12 +34,19 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result: anyhow::Result<()> = match cli.command {
-        Command::Train(args) => pretrain(&args).map(|s| {
-            if let (Some(first), Some(last)) = (s.losses.first(), s.losses.last()) {
-                println!("done: iterations {}..{} | first lm loss {:.4} | last lm loss {:.4}", first.0, last.0, first.1, last.1);
-            }
-        }).map_err(Into::into),
-        Command::Generate(args) => generate(&args).map(|text| println!("{}{}", args.prompt, text)).map_err(Into::into),
+        Command::Train(args) => pretrain(&args)
+            .map(|s| {
+                if let (Some(first), Some(last)) = (s.losses.first(), s.losses.last()) {
+                    println!(
+                        "done: iterations {}..{} | first lm loss {:.4} | last lm loss {:.4}",
+                        first.0, last.0, first.1, last.1
+                    );
+                }
+            })
+            .map_err(Into::into),
+        Command::Generate(args) => generate(&args)
+            .map(|text| println!("{}{}", args.prompt, text))
+            .map_err(Into::into),
         Command::Bench(args) => bench::run(&args),
     };
     match result {

@@ -96,7 +96,9 @@ impl Params {
 
 /// FNV-1a: a stable hash of a parameter name for its RNG stream.
 pub fn name_hash(s: &str) -> u64 {
-    s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3))
+    s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+    })
 }
 
 /// Gradients, laid out exactly like [`Params`].

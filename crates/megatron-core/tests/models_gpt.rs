@@ -22,7 +22,9 @@ fn tiny(untie: bool, dropout: f32) -> TransformerConfig {
 fn data(b: usize, t: usize) -> (Vec<u32>, Vec<u32>, Vec<f32>) {
     let tokens: Vec<u32> = (0..b * t).map(|i| ((i * 37 + 11) % 64) as u32).collect();
     let labels: Vec<u32> = (0..b * t).map(|i| ((i * 53 + 5) % 64) as u32).collect();
-    let mask: Vec<f32> = (0..b * t).map(|i| if i % 5 == 4 { 0.0 } else { 1.0 }).collect();
+    let mask: Vec<f32> = (0..b * t)
+        .map(|i| if i % 5 == 4 { 0.0 } else { 1.0 })
+        .collect();
     (tokens, labels, mask)
 }
 
@@ -31,11 +33,22 @@ fn gradient_check(untie: bool) {
     let (model, mut params) = GPTModel::new(cfg, 42);
     let (b, t) = (2, 8);
     let (tokens, labels, mask) = data(b, t);
-    let batch = Batch { tokens: &tokens, labels: &labels, loss_mask: &mask, b, t };
+    let batch = Batch {
+        tokens: &tokens,
+        labels: &labels,
+        loss_mask: &mask,
+        b,
+        t,
+    };
     let mut grads = Grads::zeros_like(&params);
     let r = model.forward_backward(&params, &mut grads, &batch, 1.0, &StepContext::eval());
     let l0 = model.forward_loss(&params, &batch);
-    assert!((r.loss - l0).abs() < 1e-5, "forward_backward loss {} vs forward_loss {}", r.loss, l0);
+    assert!(
+        (r.loss - l0).abs() < 1e-5,
+        "forward_backward loss {} vs forward_loss {}",
+        r.loss,
+        l0
+    );
     let eps = 1e-2f32;
     let mut checked = 0;
     let mut max_rel = 0.0f64;
@@ -52,7 +65,12 @@ fn gradient_check(untie: bool) {
             let fd = (fp - fm) / (2.0 * eps as f64);
             let an = grads.data[i] as f64;
             // Tolerance: f32 forward noise (~1e-6 of the loss) over 2*eps, plus 5% relative.
-            assert!((fd - an).abs() <= 1e-3 + 5e-2 * an.abs(), "{}[{}]: finite difference {fd} vs analytic {an}", meta.name, i - meta.offset);
+            assert!(
+                (fd - an).abs() <= 1e-3 + 5e-2 * an.abs(),
+                "{}[{}]: finite difference {fd} vs analytic {an}",
+                meta.name,
+                i - meta.offset
+            );
             if an.abs() > 1e-2 {
                 max_rel = max_rel.max((fd - an).abs() / an.abs());
             }
@@ -86,12 +104,21 @@ fn gpt_parameters_carry_megatron_names_and_decay_flags() {
     ] {
         assert!(names.contains(&want), "missing {want}");
     }
-    assert!(!names.contains(&"output_layer.weight"), "tied model has no output layer");
+    assert!(
+        !names.contains(&"output_layer.weight"),
+        "tied model has no output layer"
+    );
     for m in &params.metas {
         let is_vector = m.shape.len() == 1;
-        assert_eq!(m.weight_decay, !is_vector, "{}: decay only on matrices", m.name);
+        assert_eq!(
+            m.weight_decay, !is_vector,
+            "{}: decay only on matrices",
+            m.name
+        );
     }
-    let qkv = params.find("decoder.layers.0.self_attention.linear_qkv.weight").unwrap();
+    let qkv = params
+        .find("decoder.layers.0.self_attention.linear_qkv.weight")
+        .unwrap();
     assert_eq!(params.metas[qkv.0].shape, vec![48, 16]);
 }
 
@@ -109,9 +136,22 @@ fn gpt_init_scales_output_projections() {
     let qkv = std_of("decoder.layers.0.self_attention.linear_qkv.weight");
     let proj = std_of("decoder.layers.0.self_attention.linear_proj.weight");
     assert!((qkv - 0.02).abs() < 0.001, "qkv std {qkv}");
-    assert!((proj - 0.01).abs() < 0.001, "proj std {proj} (0.02 / sqrt(2 * 2 layers))");
-    assert!(params.get(params.find("decoder.layers.0.mlp.linear_fc1.bias").unwrap()).iter().all(|v| *v == 0.0));
-    assert!(params.get(params.find("decoder.layers.0.input_layernorm.weight").unwrap()).iter().all(|v| *v == 1.0));
+    assert!(
+        (proj - 0.01).abs() < 0.001,
+        "proj std {proj} (0.02 / sqrt(2 * 2 layers))"
+    );
+    assert!(params
+        .get(params.find("decoder.layers.0.mlp.linear_fc1.bias").unwrap())
+        .iter()
+        .all(|v| *v == 0.0));
+    assert!(params
+        .get(
+            params
+                .find("decoder.layers.0.input_layernorm.weight")
+                .unwrap()
+        )
+        .iter()
+        .all(|v| *v == 1.0));
 }
 
 #[test]
@@ -119,14 +159,29 @@ fn gpt_dropout_changes_loss_in_training_but_not_in_eval() {
     let (model, params) = GPTModel::new(tiny(false, 0.3), 7);
     let (b, t) = (2, 8);
     let (tokens, labels, mask) = data(b, t);
-    let batch = Batch { tokens: &tokens, labels: &labels, loss_mask: &mask, b, t };
+    let batch = Batch {
+        tokens: &tokens,
+        labels: &labels,
+        loss_mask: &mask,
+        b,
+        t,
+    };
     let mut g = Grads::zeros_like(&params);
-    let a = model.forward_backward(&params, &mut g, &batch, 1.0, &StepContext::train(1, 1, 0)).loss;
-    let a2 = model.forward_backward(&params, &mut g, &batch, 1.0, &StepContext::train(1, 1, 0)).loss;
-    let c = model.forward_backward(&params, &mut g, &batch, 1.0, &StepContext::train(1, 2, 0)).loss;
+    let a = model
+        .forward_backward(&params, &mut g, &batch, 1.0, &StepContext::train(1, 1, 0))
+        .loss;
+    let a2 = model
+        .forward_backward(&params, &mut g, &batch, 1.0, &StepContext::train(1, 1, 0))
+        .loss;
+    let c = model
+        .forward_backward(&params, &mut g, &batch, 1.0, &StepContext::train(1, 2, 0))
+        .loss;
     assert_eq!(a, a2, "same key, same masks");
     assert_ne!(a, c, "another iteration draws other masks");
-    assert_eq!(model.forward_loss(&params, &batch), model.forward_loss(&params, &batch));
+    assert_eq!(
+        model.forward_loss(&params, &batch),
+        model.forward_loss(&params, &batch)
+    );
 }
 
 #[test]
@@ -135,7 +190,13 @@ fn kv_cache_decoding_reproduces_full_sequence_loss() {
     let (b, t) = (2, 8);
     let (tokens, labels, _) = data(b, t);
     let mask = vec![1.0f32; b * t];
-    let batch = Batch { tokens: &tokens, labels: &labels, loss_mask: &mask, b, t };
+    let batch = Batch {
+        tokens: &tokens,
+        labels: &labels,
+        loss_mask: &mask,
+        b,
+        t,
+    };
     let full = model.forward_loss(&params, &batch) as f64;
     let mut cache = KVCache::new(&model, b, t);
     let mut total = 0.0f64;
@@ -151,5 +212,8 @@ fn kv_cache_decoding_reproduces_full_sequence_loss() {
         }
     }
     let decoded = total / (b * t) as f64;
-    assert!((decoded - full).abs() < 1e-4, "decode {decoded} vs full {full}");
+    assert!(
+        (decoded - full).abs() < 1e-4,
+        "decode {decoded} vs full {full}"
+    );
 }

@@ -34,7 +34,10 @@ fn decay_styles_follow_megatron_formulas() {
     assert!((at(lin.clone(), 110) - 0.1).abs() < 1e-12);
     assert!((at(lin, 500) - 0.1).abs() < 1e-12);
     let cos = sched(LrDecayStyle::Cosine);
-    assert!((at(cos, 60) - 0.55).abs() < 1e-12, "cosine midpoint is the mean");
+    assert!(
+        (at(cos, 60) - 0.55).abs() < 1e-12,
+        "cosine midpoint is the mean"
+    );
     let c = sched(LrDecayStyle::Constant);
     assert_eq!(at(c, 80), 1.0);
     let isr = sched(LrDecayStyle::InverseSquareRoot);

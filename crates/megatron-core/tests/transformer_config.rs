@@ -28,24 +28,41 @@ fn heads_not_dividing_hidden_is_refused_naming_both_flags() {
     c.num_attention_heads = 3;
     let e = c.validate().unwrap_err();
     let msg = e.to_string();
-    assert!(msg.contains("--num-attention-heads") && msg.contains("--hidden-size"), "{msg}");
+    assert!(
+        msg.contains("--num-attention-heads") && msg.contains("--hidden-size"),
+        "{msg}"
+    );
 }
 
 #[test]
 fn seq_longer_than_positions_is_refused() {
     let mut c = ok();
     c.seq_length = 16;
-    assert_eq!(c.validate(), Err(ConfigError::SeqLongerThanPositions { seq: 16, max_pos: 8 }));
+    assert_eq!(
+        c.validate(),
+        Err(ConfigError::SeqLongerThanPositions {
+            seq: 16,
+            max_pos: 8
+        })
+    );
 }
 
 #[test]
 fn zero_sizes_are_refused() {
     let mut c = ok();
     c.num_layers = 0;
-    assert!(c.validate().unwrap_err().to_string().contains("--num-layers"));
+    assert!(c
+        .validate()
+        .unwrap_err()
+        .to_string()
+        .contains("--num-layers"));
     let mut c = ok();
     c.hidden_dropout = 1.0;
-    assert!(c.validate().unwrap_err().to_string().contains("--hidden-dropout"));
+    assert!(c
+        .validate()
+        .unwrap_err()
+        .to_string()
+        .contains("--hidden-dropout"));
 }
 
 #[test]

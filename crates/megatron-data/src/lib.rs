@@ -21,7 +21,12 @@ pub enum DataError {
     #[error("--split '{0}': expected up to three comma-separated non-negative weights with a positive sum, e.g. 969,30,1")]
     BadSplit(String),
     #[error("{path}: the {split} split holds {tokens} tokens, fewer than one sample of --seq-length {seq} + 1")]
-    TooSmall { path: String, split: &'static str, tokens: usize, seq: usize },
+    TooSmall {
+        path: String,
+        split: &'static str,
+        tokens: usize,
+        seq: usize,
+    },
     #[error("--tokenizer-type {0} is not known (expected NullTokenizer or ByteLevelTokenizer)")]
     UnknownTokenizer(String),
     #[error("--tokenizer-type NullTokenizer needs --vocab-size")]

@@ -10,7 +10,9 @@ pub fn parse_split(s: &str) -> Result<[f64; 3], DataError> {
     }
     let mut w = [0.0f64; 3];
     for (i, p) in parts.iter().enumerate() {
-        w[i] = p.parse::<f64>().map_err(|_| DataError::BadSplit(s.into()))?;
+        w[i] = p
+            .parse::<f64>()
+            .map_err(|_| DataError::BadSplit(s.into()))?;
         if !(w[i] >= 0.0 && w[i].is_finite()) {
             return Err(DataError::BadSplit(s.into()));
         }
@@ -34,11 +36,20 @@ pub struct TextDataset {
 }
 
 impl TextDataset {
-    pub fn from_files(paths: &[String], tokenizer: &dyn Tokenizer, split: &str, seq_length: usize, seed: u64) -> Result<Self, DataError> {
+    pub fn from_files(
+        paths: &[String],
+        tokenizer: &dyn Tokenizer,
+        split: &str,
+        seq_length: usize,
+        seed: u64,
+    ) -> Result<Self, DataError> {
         let weights = parse_split(split)?;
         let mut tokens = Vec::new();
         for p in paths {
-            let text = std::fs::read(p).map_err(|e| DataError::Io { path: p.clone(), source: e })?;
+            let text = std::fs::read(p).map_err(|e| DataError::Io {
+                path: p.clone(),
+                source: e,
+            })?;
             let text = String::from_utf8_lossy(&text);
             tokens.extend(tokenizer.encode(&text)?);
             tokens.push(tokenizer.eod());
@@ -49,7 +60,11 @@ impl TextDataset {
         let mut acc = 0.0;
         for (i, w) in weights.iter().enumerate() {
             acc += w;
-            let end = if i == 2 { n } else { ((acc * n as f64).round() as usize).min(n) };
+            let end = if i == 2 {
+                n
+            } else {
+                ((acc * n as f64).round() as usize).min(n)
+            };
             ranges[i] = (start, end);
             start = end;
         }
@@ -58,9 +73,18 @@ impl TextDataset {
         let mut perms: [Vec<u32>; 3] = Default::default();
         for (i, (s, e)) in ranges.iter().enumerate() {
             let len = e - s;
-            let windows = if len > seq_length { (len - 1) / seq_length } else { 0 };
+            let windows = if len > seq_length {
+                (len - 1) / seq_length
+            } else {
+                0
+            };
             if windows == 0 && weights[i] > 0.0 && i == 0 {
-                return Err(DataError::TooSmall { path: name, split: "train", tokens: len, seq: seq_length });
+                return Err(DataError::TooSmall {
+                    path: name,
+                    split: "train",
+                    tokens: len,
+                    seq: seq_length,
+                });
             }
             let mut perm: Vec<u32> = (0..windows as u32).collect();
             // Fisher-Yates with the counter-based RNG: the order depends only on the seed.
@@ -71,7 +95,13 @@ impl TextDataset {
             }
             perms[i] = perm;
         }
-        Ok(TextDataset { tokens, ranges, perms, seq_length, eod: tokenizer.eod() })
+        Ok(TextDataset {
+            tokens,
+            ranges,
+            perms,
+            seq_length,
+            eod: tokenizer.eod(),
+        })
     }
 
     pub fn num_tokens(&self) -> usize {
@@ -87,10 +117,13 @@ impl TextDataset {
             *counts.entry(t).or_default() += 1;
         }
         let n = (e - s) as f64;
-        counts.values().map(|&c| {
-            let p = c as f64 / n;
-            -p * p.ln()
-        }).sum()
+        counts
+            .values()
+            .map(|&c| {
+                let p = c as f64 / n;
+                -p * p.ln()
+            })
+            .sum()
     }
 }
 

@@ -49,22 +49,33 @@ impl Tokenizer for NullTokenizer {
         text.split_whitespace()
             .map(|t| match t.parse::<u32>() {
                 Ok(v) if (v as usize) < self.vocab_size() => Ok(v),
-                _ => Err(DataError::BadNullToken { token: t.to_string(), vocab: self.vocab_size() }),
+                _ => Err(DataError::BadNullToken {
+                    token: t.to_string(),
+                    vocab: self.vocab_size(),
+                }),
             })
             .collect()
     }
     fn decode(&self, ids: &[u32]) -> String {
-        ids.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(" ")
+        ids.iter()
+            .map(|i| i.to_string())
+            .collect::<Vec<_>>()
+            .join(" ")
     }
     fn eod(&self) -> u32 {
         self.vocab_size as u32
     }
 }
 
-pub fn build_tokenizer(kind: &str, vocab_size: Option<usize>) -> Result<Box<dyn Tokenizer>, DataError> {
+pub fn build_tokenizer(
+    kind: &str,
+    vocab_size: Option<usize>,
+) -> Result<Box<dyn Tokenizer>, DataError> {
     match kind {
         "ByteLevelTokenizer" => Ok(Box::new(ByteLevelTokenizer)),
-        "NullTokenizer" => Ok(Box::new(NullTokenizer { vocab_size: vocab_size.ok_or(DataError::NullNeedsVocab)? })),
+        "NullTokenizer" => Ok(Box::new(NullTokenizer {
+            vocab_size: vocab_size.ok_or(DataError::NullNeedsVocab)?,
+        })),
         other => Err(DataError::UnknownTokenizer(other.to_string())),
     }
 }

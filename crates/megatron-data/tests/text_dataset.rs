@@ -1,9 +1,14 @@
-use megatron_data::{parse_split, ByteLevelTokenizer, GPTSampleSource, MockGPTDataset, NullTokenizer, Split, TextDataset, Tokenizer};
+use megatron_data::{
+    parse_split, ByteLevelTokenizer, GPTSampleSource, MockGPTDataset, NullTokenizer, Split,
+    TextDataset, Tokenizer,
+};
 
 #[test]
 fn split_parses_megatron_weights() {
     let w = parse_split("969,30,1").unwrap();
-    assert!((w[0] - 0.969).abs() < 1e-12 && (w[1] - 0.03).abs() < 1e-12 && (w[2] - 0.001).abs() < 1e-12);
+    assert!(
+        (w[0] - 0.969).abs() < 1e-12 && (w[1] - 0.03).abs() < 1e-12 && (w[2] - 0.001).abs() < 1e-12
+    );
     assert_eq!(parse_split("1").unwrap(), [1.0, 0.0, 0.0]);
     for bad in ["", "a,b", "1,2,3,4", "0,0,0", "-1,2"] {
         let e = parse_split(bad).unwrap_err().to_string();
@@ -13,7 +18,9 @@ fn split_parses_megatron_weights() {
 
 fn corpus(dir: &std::path::Path) -> String {
     let p = dir.join("corpus.txt");
-    let text: String = (0..400).map(|i| format!("line {i} of the corpus.\n")).collect();
+    let text: String = (0..400)
+        .map(|i| format!("line {i} of the corpus.\n"))
+        .collect();
     std::fs::write(&p, text).unwrap();
     p.display().to_string()
 }
@@ -23,22 +30,48 @@ fn text_samples_are_windows_of_the_corpus_with_shifted_labels() {
     let dir = std::env::temp_dir().join(format!("mrs-text-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let p = corpus(&dir);
-    let ds = TextDataset::from_files(std::slice::from_ref(&p), &ByteLevelTokenizer, "90,10,0", 32, 7).unwrap();
-    let all = ByteLevelTokenizer.encode(&std::fs::read_to_string(&p).unwrap()).unwrap();
+    let ds = TextDataset::from_files(
+        std::slice::from_ref(&p),
+        &ByteLevelTokenizer,
+        "90,10,0",
+        32,
+        7,
+    )
+    .unwrap();
+    let all = ByteLevelTokenizer
+        .encode(&std::fs::read_to_string(&p).unwrap())
+        .unwrap();
     let mut s = vec![0u32; 33];
     let n = ds.num_samples(Split::Train);
     assert!(n > 100);
     let mut starts = std::collections::HashSet::new();
     for i in 0..n {
         ds.sample(Split::Train, i, &mut s);
-        let pos = all.windows(33).position(|w| w == s.as_slice()).expect("sample is a window of the corpus");
+        let pos = all
+            .windows(33)
+            .position(|w| w == s.as_slice())
+            .expect("sample is a window of the corpus");
         assert_eq!(pos % 32, 0, "windows overlap by exactly one token");
         starts.insert(pos);
     }
     assert_eq!(starts.len() as u64, n, "an epoch visits every window once");
     // Same seed, same order; another seed, another order.
-    let again = TextDataset::from_files(std::slice::from_ref(&p), &ByteLevelTokenizer, "90,10,0", 32, 7).unwrap();
-    let other = TextDataset::from_files(std::slice::from_ref(&p), &ByteLevelTokenizer, "90,10,0", 32, 8).unwrap();
+    let again = TextDataset::from_files(
+        std::slice::from_ref(&p),
+        &ByteLevelTokenizer,
+        "90,10,0",
+        32,
+        7,
+    )
+    .unwrap();
+    let other = TextDataset::from_files(
+        std::slice::from_ref(&p),
+        &ByteLevelTokenizer,
+        "90,10,0",
+        32,
+        8,
+    )
+    .unwrap();
     let (mut a, mut b, mut c) = (vec![0; 33], vec![0; 33], vec![0; 33]);
     ds.sample(Split::Train, 5, &mut a);
     again.sample(Split::Train, 5, &mut b);
@@ -56,7 +89,10 @@ fn corpus_smaller_than_one_sample_is_refused_with_its_path() {
     std::fs::create_dir_all(&dir).unwrap();
     let p = dir.join("tiny.txt");
     std::fs::write(&p, "hello").unwrap();
-    let e = TextDataset::from_files(&[p.display().to_string()], &ByteLevelTokenizer, "1", 32, 1).err().unwrap().to_string();
+    let e = TextDataset::from_files(&[p.display().to_string()], &ByteLevelTokenizer, "1", 32, 1)
+        .err()
+        .unwrap()
+        .to_string();
     assert!(e.contains("tiny.txt") && e.contains("--seq-length"), "{e}");
     let _ = std::fs::remove_dir_all(dir);
 }
@@ -73,7 +109,11 @@ fn tokenizers_round_trip() {
 
 #[test]
 fn mock_samples_are_consecutive_ids() {
-    let m = MockGPTDataset { vocab_size: 50, seq_length: 8, seed: 3 };
+    let m = MockGPTDataset {
+        vocab_size: 50,
+        seq_length: 8,
+        seed: 3,
+    };
     let mut s = vec![0u32; 9];
     m.sample(Split::Train, 17, &mut s);
     for w in s.windows(2) {

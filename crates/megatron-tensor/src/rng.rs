@@ -22,7 +22,9 @@ impl RngKey {
 
     /// Derives a sub-key; `key.fold(a).fold(b)` names an independent stream per (a, b).
     pub fn fold(self, x: u64) -> Self {
-        RngKey(splitmix64(self.0 ^ splitmix64(x.wrapping_add(0x1234_5678_9ABC_DEF1))))
+        RngKey(splitmix64(
+            self.0 ^ splitmix64(x.wrapping_add(0x1234_5678_9ABC_DEF1)),
+        ))
     }
 
     #[inline(always)]

@@ -14,7 +14,20 @@ fn adamw_matches_reference_formula_over_several_steps() {
     let (lr, b1, b2, eps, wd) = (1e-2, 0.9, 0.95, 1e-8, 0.1);
     for step in 1..=5u64 {
         let g = randn(n, 10 + step, 1.0);
-        adamw_update(&mut p, &g, &mut m, &mut v, AdamWParams { lr, beta1: b1, beta2: b2, eps, weight_decay: wd, step });
+        adamw_update(
+            &mut p,
+            &g,
+            &mut m,
+            &mut v,
+            AdamWParams {
+                lr,
+                beta1: b1,
+                beta2: b2,
+                eps,
+                weight_decay: wd,
+                step,
+            },
+        );
         for i in 0..n {
             let gi = g[i] as f64;
             mr[i] = b1 as f64 * mr[i] + (1.0 - b1 as f64) * gi;
@@ -32,6 +45,19 @@ fn adamw_matches_reference_formula_over_several_steps() {
 fn adamw_without_weight_decay_leaves_zero_gradient_params_alone() {
     let mut p = vec![3.0f32; 8];
     let (mut m, mut v) = (vec![0.0; 8], vec![0.0; 8]);
-    adamw_update(&mut p, &[0.0; 8], &mut m, &mut v, AdamWParams { lr: 0.1, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0, step: 1 });
+    adamw_update(
+        &mut p,
+        &[0.0; 8],
+        &mut m,
+        &mut v,
+        AdamWParams {
+            lr: 0.1,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.0,
+            step: 1,
+        },
+    );
     assert_eq!(p, vec![3.0; 8]);
 }

@@ -1,6 +1,8 @@
 mod common;
 use common::*;
-use megatron_tensor::cpu::{attention_backward, attention_decode_forward, attention_forward, AttentionDims};
+use megatron_tensor::cpu::{
+    attention_backward, attention_decode_forward, attention_forward, AttentionDims,
+};
 use megatron_tensor::RngKey;
 
 /// Naive attention over the full T x T score matrix, in f64.
@@ -19,7 +21,12 @@ fn naive_attention(qkv: &[f32], lens: Option<&[usize]>, d: AttentionDims) -> Vec
                         continue;
                     }
                     let k = &qkv[(b * t + j) * qrs + h * 3 * hd + hd..][..hd];
-                    s[j] = q.iter().zip(k).map(|(a, b)| *a as f64 * *b as f64).sum::<f64>() / (hd as f64).sqrt();
+                    s[j] = q
+                        .iter()
+                        .zip(k)
+                        .map(|(a, b)| *a as f64 * *b as f64)
+                        .sum::<f64>()
+                        / (hd as f64).sqrt();
                 }
                 let mx = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
                 if mx == f64::NEG_INFINITY {
@@ -30,7 +37,8 @@ fn naive_attention(qkv: &[f32], lens: Option<&[usize]>, d: AttentionDims) -> Vec
                 for j in 0..t {
                     let v = &qkv[(b * t + j) * qrs + h * 3 * hd + 2 * hd..][..hd];
                     for c in 0..hd {
-                        out[(b * t + i) * nh * hd + h * hd + c] += (e[j] / sum * v[c] as f64) as f32;
+                        out[(b * t + i) * nh * hd + h * hd + c] +=
+                            (e[j] / sum * v[c] as f64) as f32;
                     }
                 }
             }
@@ -39,11 +47,30 @@ fn naive_attention(qkv: &[f32], lens: Option<&[usize]>, d: AttentionDims) -> Vec
     out
 }
 
-fn dims(b: usize, t: usize, heads: usize, head_dim: usize, causal: bool, dropout: f32) -> AttentionDims {
-    AttentionDims { b, t, heads, head_dim, causal, dropout }
+fn dims(
+    b: usize,
+    t: usize,
+    heads: usize,
+    head_dim: usize,
+    causal: bool,
+    dropout: f32,
+) -> AttentionDims {
+    AttentionDims {
+        b,
+        t,
+        heads,
+        head_dim,
+        causal,
+        dropout,
+    }
 }
 
-fn run_forward(qkv: &[f32], lens: Option<&[usize]>, d: AttentionDims, key: RngKey) -> (Vec<f32>, Vec<f32>) {
+fn run_forward(
+    qkv: &[f32],
+    lens: Option<&[usize]>,
+    d: AttentionDims,
+    key: RngKey,
+) -> (Vec<f32>, Vec<f32>) {
     let mut out = vec![0.0; d.b * d.t * d.heads * d.head_dim];
     let mut lse = vec![0.0; d.b * d.heads * d.t];
     attention_forward(&mut out, &mut lse, qkv, lens, d, key);
@@ -57,7 +84,13 @@ fn attention_forward_matches_naive_across_several_blocks() {
         let d = dims(2, 150, 3, 16, causal, 0.0);
         let qkv = randn(d.b * d.t * d.heads * 3 * d.head_dim, 1, 1.0);
         let (out, _) = run_forward(&qkv, None, d, RngKey::new(0));
-        assert_close(&out, &naive_attention(&qkv, None, d), 1e-4, 1e-4, &format!("causal={causal}"));
+        assert_close(
+            &out,
+            &naive_attention(&qkv, None, d),
+            1e-4,
+            1e-4,
+            &format!("causal={causal}"),
+        );
     }
 }
 
@@ -67,7 +100,13 @@ fn attention_forward_applies_padding_mask() {
     let qkv = randn(d.b * d.t * d.heads * 3 * d.head_dim, 2, 1.0);
     let lens = [70usize, 33];
     let (out, _) = run_forward(&qkv, Some(&lens), d, RngKey::new(0));
-    assert_close(&out, &naive_attention(&qkv, Some(&lens), d), 1e-4, 1e-4, "padding");
+    assert_close(
+        &out,
+        &naive_attention(&qkv, Some(&lens), d),
+        1e-4,
+        1e-4,
+        "padding",
+    );
 }
 
 fn attention_fd_check(d: AttentionDims, lens: Option<&[usize]>, seed: u64) {
@@ -77,7 +116,16 @@ fn attention_fd_check(d: AttentionDims, lens: Option<&[usize]>, seed: u64) {
     let (out, lse) = run_forward(&qkv, lens, d, key);
     let mut dqkv = vec![f32::NAN; qkv.len()];
     attention_backward(&mut dqkv, &r, &out, &lse, &qkv, lens, d, key);
-    check_grad(&mut qkv, &dqkv, |x| dot(&run_forward(x, lens, d, key).0, &r), 1e-2, 2e-3, 1e-2, 200, "dqkv");
+    check_grad(
+        &mut qkv,
+        &dqkv,
+        |x| dot(&run_forward(x, lens, d, key).0, &r),
+        1e-2,
+        2e-3,
+        1e-2,
+        200,
+        "dqkv",
+    );
 }
 
 #[test]
@@ -122,6 +170,12 @@ fn attention_decode_matches_last_row_of_full_attention() {
     attention_decode_forward(&mut o, &q, &kc, &vc, d.b, nh, hd, max_t, t);
     for b in 0..d.b {
         let want = &out[(b * t + t - 1) * nh * hd..][..nh * hd];
-        assert_close(&o[b * nh * hd..(b + 1) * nh * hd], want, 1e-5, 1e-4, "decode");
+        assert_close(
+            &o[b * nh * hd..(b + 1) * nh * hd],
+            want,
+            1e-5,
+            1e-4,
+            "decode",
+        );
     }
 }

@@ -9,7 +9,11 @@ fn naive_losses(x: &[f32], w: &[f32], tg: &[u32], n: usize, c: usize, v: usize) 
                 return 0.0;
             }
             let logits: Vec<f64> = (0..v)
-                .map(|j| (0..c).map(|p| x[i * c + p] as f64 * w[j * c + p] as f64).sum())
+                .map(|j| {
+                    (0..c)
+                        .map(|p| x[i * c + p] as f64 * w[j * c + p] as f64)
+                        .sum()
+                })
                 .collect();
             let mx = logits.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
             let lse = mx + logits.iter().map(|z| (z - mx).exp()).sum::<f64>().ln();
@@ -21,7 +25,15 @@ fn naive_losses(x: &[f32], w: &[f32], tg: &[u32], n: usize, c: usize, v: usize) 
 fn setup(n: usize, c: usize, v: usize, seed: u64) -> (Vec<f32>, Vec<f32>, Vec<u32>) {
     let x = randn(n * c, seed, 1.0);
     let w = randn(v * c, seed + 1, 0.5);
-    let tg: Vec<u32> = (0..n).map(|i| if i % 7 == 3 { IGNORE_INDEX } else { ((i * 13 + 5) % v) as u32 }).collect();
+    let tg: Vec<u32> = (0..n)
+        .map(|i| {
+            if i % 7 == 3 {
+                IGNORE_INDEX
+            } else {
+                ((i * 13 + 5) % v) as u32
+            }
+        })
+        .collect();
     (x, w, tg)
 }
 
@@ -32,7 +44,12 @@ fn fused_classifier_losses_match_naive_for_any_chunking() {
     let want = naive_losses(&x, &w, &tg, n, c, v);
     for chunk in [1, 5, 23, 64] {
         let mut losses = vec![0.0; n];
-        let d = ClassifierDims { n, c, v, chunk_rows: chunk };
+        let d = ClassifierDims {
+            n,
+            c,
+            v,
+            chunk_rows: chunk,
+        };
         fused_classifier(&mut losses, None, &x, &w, &tg, &vec![0.0; n], d);
         assert_close(&losses, &want, 1e-4, 1e-4, &format!("chunk {chunk}"));
     }
@@ -43,13 +60,30 @@ fn fused_classifier_backward_matches_finite_difference() {
     let (n, c, v) = (9, 6, 11);
     let (mut x, mut w, tg) = setup(n, c, v, 2);
     let dloss: Vec<f32> = (0..n).map(|i| 0.5 + 0.1 * i as f32).collect();
-    let d = ClassifierDims { n, c, v, chunk_rows: 4 };
+    let d = ClassifierDims {
+        n,
+        c,
+        v,
+        chunk_rows: 4,
+    };
     let mut losses = vec![0.0; n];
     let mut dx = vec![0.0; n * c];
     let mut dw = vec![0.0; v * c];
-    fused_classifier(&mut losses, Some((&mut dx, &mut dw)), &x, &w, &tg, &dloss, d);
+    fused_classifier(
+        &mut losses,
+        Some((&mut dx, &mut dw)),
+        &x,
+        &w,
+        &tg,
+        &dloss,
+        d,
+    );
     let f = |x: &[f32], w: &[f32]| -> f64 {
-        naive_losses(x, w, &tg, n, c, v).iter().zip(&dloss).map(|(l, g)| *l as f64 * *g as f64).sum()
+        naive_losses(x, w, &tg, n, c, v)
+            .iter()
+            .zip(&dloss)
+            .map(|(l, g)| *l as f64 * *g as f64)
+            .sum()
     };
     let wc = w.clone();
     check_grad(&mut x, &dx, |x| f(x, &wc), 1e-2, 1e-3, 1e-2, 54, "dx");
@@ -61,7 +95,12 @@ fn fused_classifier_backward_matches_finite_difference() {
 fn fused_classifier_accumulates_weight_gradient() {
     let (n, c, v) = (5, 4, 6);
     let (x, w, tg) = setup(n, c, v, 3);
-    let d = ClassifierDims { n, c, v, chunk_rows: 2 };
+    let d = ClassifierDims {
+        n,
+        c,
+        v,
+        chunk_rows: 2,
+    };
     let dloss = vec![1.0; n];
     let mut l = vec![0.0; n];
     let (mut dx, mut dw1) = (vec![0.0; n * c], vec![0.0; v * c]);

@@ -24,7 +24,9 @@ fn dropout_drops_the_requested_fraction_and_rescales() {
     dropout_forward(&mut out, &x, 0.3, RngKey::new(7));
     let kept = out.iter().filter(|&&v| v != 0.0).count() as f64 / n as f64;
     assert!((kept - 0.7).abs() < 0.01, "kept fraction {kept}");
-    assert!(out.iter().all(|&v| v == 0.0 || (v - 1.0 / 0.7).abs() < 1e-6));
+    assert!(out
+        .iter()
+        .all(|&v| v == 0.0 || (v - 1.0 / 0.7).abs() < 1e-6));
     // Same key, same mask: reproducible regardless of threading.
     let mut again = vec![0.0; n];
     dropout_forward(&mut again, &x, 0.3, RngKey::new(7));
@@ -39,7 +41,10 @@ fn dropout_mask_is_the_same_in_one_and_two_threads() {
     let n = 100_000;
     let x = randn(n, 4, 1.0);
     let run = |threads: usize| {
-        let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
         pool.install(|| {
             let mut o = vec![0.0; n];
             dropout_forward(&mut o, &x, 0.5, RngKey::new(3));
@@ -72,5 +77,11 @@ fn bias_dropout_add_backward_matches_finite_difference() {
     check_grad(&mut b, &db, |b| f(&xc, b), 1e-2, 1e-3, 1e-3, 8, "db");
     let mut di = vec![0.0; rows * c];
     dropout_backward(&mut di, &r, p, key);
-    assert_close(&di, &dx, 0.0, 0.0, "plain dropout backward uses the same mask");
+    assert_close(
+        &di,
+        &dx,
+        0.0,
+        0.0,
+        "plain dropout backward uses the same mask",
+    );
 }

@@ -33,7 +33,25 @@ fn embedding_backward_matches_finite_difference() {
         dot(&o, &r)
     };
     let wpec = wpe.clone();
-    check_grad(&mut wte, &dwte, |w| f(w, &wpec), 1e-2, 1e-3, 1e-3, 20, "dwte");
+    check_grad(
+        &mut wte,
+        &dwte,
+        |w| f(w, &wpec),
+        1e-2,
+        1e-3,
+        1e-3,
+        20,
+        "dwte",
+    );
     let wtec = wte.clone();
-    check_grad(&mut wpe, &dwpe, |w| f(&wtec, w), 1e-2, 1e-3, 1e-3, 12, "dwpe");
+    check_grad(
+        &mut wpe,
+        &dwpe,
+        |w| f(&wtec, w),
+        1e-2,
+        1e-3,
+        1e-3,
+        12,
+        "dwpe",
+    );
 }

@@ -13,7 +13,11 @@ fn bias_gelu_forward_matches_naive() {
     let b = randn(c, 2, 1.0);
     let mut out = vec![0.0; rows * c];
     bias_gelu_forward(&mut out, &x, &b);
-    let want: Vec<f32> = x.iter().enumerate().map(|(i, &v)| naive_gelu(v as f64 + b[i % c] as f64) as f32).collect();
+    let want: Vec<f32> = x
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| naive_gelu(v as f64 + b[i % c] as f64) as f32)
+        .collect();
     assert_close(&out, &want, 1e-5, 1e-5, "gelu");
 }
 

@@ -21,7 +21,11 @@ fn layernorm_forward_matches_naive() {
     let x = randn(rows * c, 1, 2.0);
     let w = randn(c, 2, 1.0);
     let b = randn(c, 3, 1.0);
-    let d = LayerNormDims { rows, cols: c, eps: 1e-5 };
+    let d = LayerNormDims {
+        rows,
+        cols: c,
+        eps: 1e-5,
+    };
     let (mut out, mut mean, mut rstd) = (vec![0.0; rows * c], vec![0.0; rows], vec![0.0; rows]);
     layernorm_forward(&mut out, &mut mean, &mut rstd, &x, &w, &b, d);
     assert_close(&out, &naive_layernorm(&x, &w, &b, c), 1e-4, 1e-4, "ln");
@@ -34,7 +38,11 @@ fn layernorm_backward_matches_finite_difference() {
     let mut w = randn(c, 5, 1.0);
     let mut bias = randn(c, 6, 1.0);
     let r = randn(rows * c, 7, 1.0);
-    let d = LayerNormDims { rows, cols: c, eps: 1e-5 };
+    let d = LayerNormDims {
+        rows,
+        cols: c,
+        eps: 1e-5,
+    };
     let (mut out, mut mean, mut rstd) = (vec![0.0; rows * c], vec![0.0; rows], vec![0.0; rows]);
     layernorm_forward(&mut out, &mut mean, &mut rstd, &x, &w, &bias, d);
     let (mut dx, mut dw, mut db) = (vec![0.0; rows * c], vec![0.0; c], vec![0.0; c]);
@@ -45,5 +53,14 @@ fn layernorm_backward_matches_finite_difference() {
     let (xc, bc) = (x.clone(), bias.clone());
     check_grad(&mut w, &dw, |w| f(&xc, w, &bc), 1e-2, 2e-3, 1e-2, 12, "dw");
     let (xc, wc) = (x.clone(), w.clone());
-    check_grad(&mut bias, &db, |b| f(&xc, &wc, b), 1e-2, 2e-3, 1e-2, 12, "db");
+    check_grad(
+        &mut bias,
+        &db,
+        |b| f(&xc, &wc, b),
+        1e-2,
+        2e-3,
+        1e-2,
+        12,
+        "db",
+    );
 }

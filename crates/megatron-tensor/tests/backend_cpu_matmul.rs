@@ -15,7 +15,12 @@ fn matmul_all_transposes_match_naive() {
         let mut d = MatmulDims::new(m, n, k);
         d.trans_a = ta;
         d.trans_b = tb;
-        matmul(&mut out, if ta { &at } else { &a }, if tb { &bt } else { &b }, d);
+        matmul(
+            &mut out,
+            if ta { &at } else { &a },
+            if tb { &bt } else { &b },
+            d,
+        );
         assert_close(&out, &want, 1e-4, 1e-4, &format!("ta={ta} tb={tb}"));
     }
 }
@@ -59,7 +64,13 @@ fn batched_matmul_by_offsets_matches_naive() {
             &b[i * k * n..(i + 1) * k * n],
             MatmulDims::new(m, n, k),
         );
-        let want = naive_matmul(&a[i * m * k..(i + 1) * m * k], &b[i * k * n..(i + 1) * k * n], m, n, k);
+        let want = naive_matmul(
+            &a[i * m * k..(i + 1) * m * k],
+            &b[i * k * n..(i + 1) * k * n],
+            m,
+            n,
+            k,
+        );
         assert_close(&out[i * m * n..(i + 1) * m * n], &want, 1e-4, 1e-4, "batch");
     }
 }
@@ -76,17 +87,35 @@ fn matmul_backward_matches_finite_difference() {
     matmul(&mut dx, &r, &w, MatmulDims::new(n, i, o));
     matmul(&mut dw, &r, &x, MatmulDims::new(o, i, n).ta());
     let wc = w.clone();
-    check_grad(&mut x, &dx, |x| {
-        let mut y = vec![0.0; n * o];
-        matmul(&mut y, x, &wc, MatmulDims::new(n, o, i).tb());
-        dot(&y, &r)
-    }, 1e-2, 1e-3, 1e-3, 30, "dx");
+    check_grad(
+        &mut x,
+        &dx,
+        |x| {
+            let mut y = vec![0.0; n * o];
+            matmul(&mut y, x, &wc, MatmulDims::new(n, o, i).tb());
+            dot(&y, &r)
+        },
+        1e-2,
+        1e-3,
+        1e-3,
+        30,
+        "dx",
+    );
     let xc = x.clone();
-    check_grad(&mut w, &dw, |w| {
-        let mut y = vec![0.0; n * o];
-        matmul(&mut y, &xc, w, MatmulDims::new(n, o, i).tb());
-        dot(&y, &r)
-    }, 1e-2, 1e-3, 1e-3, 20, "dW");
+    check_grad(
+        &mut w,
+        &dw,
+        |w| {
+            let mut y = vec![0.0; n * o];
+            matmul(&mut y, &xc, w, MatmulDims::new(n, o, i).tb());
+            dot(&y, &r)
+        },
+        1e-2,
+        1e-3,
+        1e-3,
+        20,
+        "dW",
+    );
 }
 
 #[test]

@@ -168,40 +168,72 @@ impl TrainArgs {
             return Err(bad("--micro-batch-size must be positive, got 0".into()));
         }
         let gbs = self.global_batch_size.unwrap_or(self.micro_batch_size);
-        if gbs == 0 || gbs % self.micro_batch_size != 0 {
+        if gbs == 0 || !gbs.is_multiple_of(self.micro_batch_size) {
             return Err(bad(format!(
                 "--global-batch-size ({gbs}) must be a positive multiple of --micro-batch-size ({}) times the data-parallel size (1)",
                 self.micro_batch_size
             )));
         }
         let train_iters = match (self.train_iters, self.train_samples) {
-            (Some(_), Some(_)) => return Err(bad("give only one of --train-iters and --train-samples".into())),
-            (Some(0), None) | (None, Some(0)) => return Err(bad("--train-iters / --train-samples must be positive".into())),
+            (Some(_), Some(_)) => {
+                return Err(bad(
+                    "give only one of --train-iters and --train-samples".into()
+                ))
+            }
+            (Some(0), None) | (None, Some(0)) => {
+                return Err(bad(
+                    "--train-iters / --train-samples must be positive".into()
+                ))
+            }
             (Some(i), None) => i,
             (None, Some(s)) => s.div_ceil(gbs as u64),
-            (None, None) => return Err(bad("one of --train-iters or --train-samples is required".into())),
+            (None, None) => {
+                return Err(bad(
+                    "one of --train-iters or --train-samples is required".into()
+                ))
+            }
         };
         let lr_decay_style = LrDecayStyle::parse(&self.lr_decay_style).ok_or_else(|| {
             bad(format!("--lr-decay-style '{}': expected constant, linear, cosine, inverse-square-root or WSD", self.lr_decay_style))
         })?;
-        let lr_wsd_decay_style = WsdDecayStyle::parse(&self.lr_wsd_decay_style).ok_or_else(|| {
-            bad(format!("--lr-wsd-decay-style '{}': expected linear, cosine, exponential or minus_sqrt", self.lr_wsd_decay_style))
-        })?;
+        let lr_wsd_decay_style =
+            WsdDecayStyle::parse(&self.lr_wsd_decay_style).ok_or_else(|| {
+                bad(format!(
+                    "--lr-wsd-decay-style '{}': expected linear, cosine, exponential or minus_sqrt",
+                    self.lr_wsd_decay_style
+                ))
+            })?;
         if self.lr < 0.0 || self.min_lr < 0.0 || self.min_lr > self.lr {
-            return Err(bad(format!("--min-lr ({}) must be between 0 and --lr ({})", self.min_lr, self.lr)));
+            return Err(bad(format!(
+                "--min-lr ({}) must be between 0 and --lr ({})",
+                self.min_lr, self.lr
+            )));
         }
         let lr_decay_iters = self.lr_decay_iters.unwrap_or(train_iters);
         let lr_warmup_iters = match (self.lr_warmup_iters, self.lr_warmup_fraction) {
-            (Some(_), Some(_)) => return Err(bad("give only one of --lr-warmup-iters and --lr-warmup-fraction".into())),
+            (Some(_), Some(_)) => {
+                return Err(bad(
+                    "give only one of --lr-warmup-iters and --lr-warmup-fraction".into(),
+                ))
+            }
             (Some(w), None) => w,
             (None, Some(f)) if (0.0..=1.0).contains(&f) => (f * lr_decay_iters as f64) as u64,
-            (None, Some(f)) => return Err(bad(format!("--lr-warmup-fraction must be in [0, 1], got {f}"))),
+            (None, Some(f)) => {
+                return Err(bad(format!(
+                    "--lr-warmup-fraction must be in [0, 1], got {f}"
+                )))
+            }
             (None, None) => 0,
         };
         if lr_warmup_iters > lr_decay_iters {
-            return Err(bad(format!("--lr-warmup-iters ({lr_warmup_iters}) exceeds --lr-decay-iters ({lr_decay_iters})")));
+            return Err(bad(format!(
+                "--lr-warmup-iters ({lr_warmup_iters}) exceeds --lr-decay-iters ({lr_decay_iters})"
+            )));
         }
-        for (flag, v) in [("--log-interval", self.log_interval), ("--eval-interval", self.eval_interval)] {
+        for (flag, v) in [
+            ("--log-interval", self.log_interval),
+            ("--eval-interval", self.eval_interval),
+        ] {
             if v == 0 {
                 return Err(bad(format!("{flag} must be positive, got 0")));
             }
@@ -225,7 +257,10 @@ impl TrainArgs {
             ffn_hidden_size: self.ffn_hidden_size.unwrap_or(4 * self.hidden_size),
             seq_length: self.seq_length,
             max_position_embeddings: self.max_position_embeddings.unwrap_or(self.seq_length),
-            padded_vocab_size: TransformerConfig::pad_vocab(vocab_size, self.make_vocab_size_divisible_by),
+            padded_vocab_size: TransformerConfig::pad_vocab(
+                vocab_size,
+                self.make_vocab_size_divisible_by,
+            ),
             hidden_dropout: self.hidden_dropout,
             attention_dropout: self.attention_dropout,
             init_method_std: self.init_method_std,

@@ -65,18 +65,32 @@ fn to_bytes(x: &[f32]) -> Vec<u8> {
 }
 
 fn from_bytes(b: &[u8]) -> Vec<f32> {
-    b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+    b.chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
 }
 
 fn ckpt_err(path: &Path, msg: impl Into<String>) -> TrainError {
-    TrainError::Checkpoint { path: path.display().to_string(), msg: msg.into() }
+    TrainError::Checkpoint {
+        path: path.display().to_string(),
+        msg: msg.into(),
+    }
 }
 
 /// Saves parameters, optimizer moments and `meta` for `meta.iteration`.
-pub fn save_checkpoint(save: &Path, mut meta: CheckpointMeta, params: &Params, adam: &Adam) -> Result<PathBuf, TrainError> {
+pub fn save_checkpoint(
+    save: &Path,
+    mut meta: CheckpointMeta,
+    params: &Params,
+    adam: &Adam,
+) -> Result<PathBuf, TrainError> {
     std::fs::create_dir_all(save).map_err(io_err(save))?;
     let final_dir = iteration_dir(save, meta.iteration);
-    let tmp_dir = save.join(format!(".iter_{:07}.tmp-{}", meta.iteration, std::process::id()));
+    let tmp_dir = save.join(format!(
+        ".iter_{:07}.tmp-{}",
+        meta.iteration,
+        std::process::id()
+    ));
     if tmp_dir.exists() {
         std::fs::remove_dir_all(&tmp_dir).map_err(io_err(&tmp_dir))?;
     }
@@ -85,26 +99,51 @@ pub fn save_checkpoint(save: &Path, mut meta: CheckpointMeta, params: &Params, a
     let mut blobs: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
     for m in &params.metas {
         let r = m.offset..m.offset + m.numel;
-        blobs.push((m.name.clone(), m.shape.clone(), to_bytes(&params.data[r.clone()])));
-        blobs.push((format!("optimizer.exp_avg.{}", m.name), m.shape.clone(), to_bytes(&adam.exp_avg[r.clone()])));
-        blobs.push((format!("optimizer.exp_avg_sq.{}", m.name), m.shape.clone(), to_bytes(&adam.exp_avg_sq[r])));
+        blobs.push((
+            m.name.clone(),
+            m.shape.clone(),
+            to_bytes(&params.data[r.clone()]),
+        ));
+        blobs.push((
+            format!("optimizer.exp_avg.{}", m.name),
+            m.shape.clone(),
+            to_bytes(&adam.exp_avg[r.clone()]),
+        ));
+        blobs.push((
+            format!("optimizer.exp_avg_sq.{}", m.name),
+            m.shape.clone(),
+            to_bytes(&adam.exp_avg_sq[r]),
+        ));
     }
     let views: Vec<(String, TensorView)> = blobs
         .iter()
-        .map(|(n, s, b)| (n.clone(), TensorView::new(Dtype::F32, s.clone(), b).expect("shape matches bytes")))
+        .map(|(n, s, b)| {
+            (
+                n.clone(),
+                TensorView::new(Dtype::F32, s.clone(), b).expect("shape matches bytes"),
+            )
+        })
         .collect();
     let shard = tmp_dir.join(SHARD);
     let mut info = HashMap::new();
     info.insert("format".to_string(), FORMAT.to_string());
-    safetensors::serialize_to_file(views, Some(info), &shard).map_err(|e| ckpt_err(&shard, e.to_string()))?;
+    safetensors::serialize_to_file(views, Some(info), &shard)
+        .map_err(|e| ckpt_err(&shard, e.to_string()))?;
     meta.shard_bytes = std::fs::metadata(&shard).map_err(io_err(&shard))?.len();
     meta.tensors = blobs
         .iter()
-        .map(|(n, s, _)| TensorEntry { name: n.clone(), shape: s.clone(), dtype: "F32".into(), file: SHARD.into(), global_offset: vec![0; s.len()] })
+        .map(|(n, s, _)| TensorEntry {
+            name: n.clone(),
+            shape: s.clone(),
+            dtype: "F32".into(),
+            file: SHARD.into(),
+            global_offset: vec![0; s.len()],
+        })
         .collect();
     meta.format = FORMAT.into();
     let manifest = tmp_dir.join(MANIFEST);
-    let json = serde_json::to_string_pretty(&meta).map_err(|e| ckpt_err(&manifest, e.to_string()))?;
+    let json =
+        serde_json::to_string_pretty(&meta).map_err(|e| ckpt_err(&manifest, e.to_string()))?;
     write_synced(&manifest, json.as_bytes())?;
 
     if final_dir.exists() {
@@ -132,33 +171,69 @@ pub struct LoadedCheckpoint {
 }
 
 /// Reads the iteration named by the tracker file (or `iteration` if given).
-pub fn load_checkpoint(load: &Path, iteration: Option<u64>) -> Result<LoadedCheckpoint, TrainError> {
+pub fn load_checkpoint(
+    load: &Path,
+    iteration: Option<u64>,
+) -> Result<LoadedCheckpoint, TrainError> {
     let iteration = match iteration {
         Some(i) => i,
         None => {
             let tracker = load.join(TRACKER);
-            let s = std::fs::read_to_string(&tracker).map_err(|e| ckpt_err(&tracker, format!("cannot read the tracker file: {e}")))?;
-            s.trim().parse::<u64>().map_err(|_| ckpt_err(&tracker, format!("tracker holds '{}', not an iteration number", s.trim())))?
+            let s = std::fs::read_to_string(&tracker)
+                .map_err(|e| ckpt_err(&tracker, format!("cannot read the tracker file: {e}")))?;
+            s.trim().parse::<u64>().map_err(|_| {
+                ckpt_err(
+                    &tracker,
+                    format!("tracker holds '{}', not an iteration number", s.trim()),
+                )
+            })?
         }
     };
     let dir = iteration_dir(load, iteration);
     let manifest = dir.join(MANIFEST);
-    let json = std::fs::read_to_string(&manifest).map_err(|e| ckpt_err(&manifest, format!("missing or unreadable manifest, the checkpoint is incomplete: {e}")))?;
-    let meta: CheckpointMeta = serde_json::from_str(&json).map_err(|e| ckpt_err(&manifest, format!("corrupt manifest: {e}")))?;
+    let json = std::fs::read_to_string(&manifest).map_err(|e| {
+        ckpt_err(
+            &manifest,
+            format!("missing or unreadable manifest, the checkpoint is incomplete: {e}"),
+        )
+    })?;
+    let meta: CheckpointMeta = serde_json::from_str(&json)
+        .map_err(|e| ckpt_err(&manifest, format!("corrupt manifest: {e}")))?;
     if meta.format != FORMAT {
-        return Err(ckpt_err(&manifest, format!("format '{}' is not '{FORMAT}'", meta.format)));
+        return Err(ckpt_err(
+            &manifest,
+            format!("format '{}' is not '{FORMAT}'", meta.format),
+        ));
     }
     let shard = dir.join(SHARD);
     let bytes = std::fs::read(&shard).map_err(|e| ckpt_err(&shard, format!("cannot read: {e}")))?;
     if bytes.len() as u64 != meta.shard_bytes {
-        return Err(ckpt_err(&shard, format!("truncated or altered: {} bytes, the manifest records {}", bytes.len(), meta.shard_bytes)));
+        return Err(ckpt_err(
+            &shard,
+            format!(
+                "truncated or altered: {} bytes, the manifest records {}",
+                bytes.len(),
+                meta.shard_bytes
+            ),
+        ));
     }
-    let st = SafeTensors::deserialize(&bytes).map_err(|e| ckpt_err(&shard, format!("not a valid safetensors file: {e}")))?;
+    let st = SafeTensors::deserialize(&bytes)
+        .map_err(|e| ckpt_err(&shard, format!("not a valid safetensors file: {e}")))?;
     let mut tensors = HashMap::new();
     for t in &meta.tensors {
-        let v = st.tensor(&t.name).map_err(|e| ckpt_err(&shard, format!("tensor {}: {e}", t.name)))?;
+        let v = st
+            .tensor(&t.name)
+            .map_err(|e| ckpt_err(&shard, format!("tensor {}: {e}", t.name)))?;
         if v.shape() != t.shape.as_slice() || v.dtype() != Dtype::F32 {
-            return Err(ckpt_err(&shard, format!("tensor {} has shape {:?}, the manifest records {:?}", t.name, v.shape(), t.shape)));
+            return Err(ckpt_err(
+                &shard,
+                format!(
+                    "tensor {} has shape {:?}, the manifest records {:?}",
+                    t.name,
+                    v.shape(),
+                    t.shape
+                ),
+            ));
         }
         tensors.insert(t.name.clone(), from_bytes(v.data()));
     }
@@ -166,12 +241,25 @@ pub fn load_checkpoint(load: &Path, iteration: Option<u64>) -> Result<LoadedChec
 }
 
 /// Copies the checkpoint's tensors into `params` and `adam`, checking every name and shape.
-pub fn restore(ck: &LoadedCheckpoint, params: &mut Params, adam: Option<&mut Adam>) -> Result<(), TrainError> {
+pub fn restore(
+    ck: &LoadedCheckpoint,
+    params: &mut Params,
+    adam: Option<&mut Adam>,
+) -> Result<(), TrainError> {
     let shard = ck.dir.join(SHARD);
     let get = |name: &str, numel: usize| -> Result<&Vec<f32>, TrainError> {
-        let v = ck.tensors.get(name).ok_or_else(|| ckpt_err(&shard, format!("has no tensor {name}")))?;
+        let v = ck
+            .tensors
+            .get(name)
+            .ok_or_else(|| ckpt_err(&shard, format!("has no tensor {name}")))?;
         if v.len() != numel {
-            return Err(ckpt_err(&shard, format!("tensor {name} has {} elements, the model needs {numel}", v.len())));
+            return Err(ckpt_err(
+                &shard,
+                format!(
+                    "tensor {name} has {} elements, the model needs {numel}",
+                    v.len()
+                ),
+            ));
         }
         Ok(v)
     };
@@ -183,8 +271,10 @@ pub fn restore(ck: &LoadedCheckpoint, params: &mut Params, adam: Option<&mut Ada
     if let Some(adam) = adam {
         for m in &metas {
             let r = m.offset..m.offset + m.numel;
-            adam.exp_avg[r.clone()].copy_from_slice(get(&format!("optimizer.exp_avg.{}", m.name), m.numel)?);
-            adam.exp_avg_sq[r].copy_from_slice(get(&format!("optimizer.exp_avg_sq.{}", m.name), m.numel)?);
+            adam.exp_avg[r.clone()]
+                .copy_from_slice(get(&format!("optimizer.exp_avg.{}", m.name), m.numel)?);
+            adam.exp_avg_sq[r]
+                .copy_from_slice(get(&format!("optimizer.exp_avg_sq.{}", m.name), m.numel)?);
         }
         adam.step = ck.meta.optimizer_step;
     }

@@ -6,7 +6,11 @@ use std::time::Instant;
 /// FLOPs of one iteration of `batch` sequences (forward + both backward GEMMs), GPT with MHA,
 /// GELU MLP, causal attention (the `s²` term already halved as Megatron now does).
 pub fn num_floating_point_operations(c: &TransformerConfig, batch: usize) -> f64 {
-    let (h, l, s) = (c.hidden_size as f64, c.num_layers as f64, c.seq_length as f64);
+    let (h, l, s) = (
+        c.hidden_size as f64,
+        c.num_layers as f64,
+        c.seq_length as f64,
+    );
     let ffn = c.ffn_hidden_size as f64;
     let v = c.padded_vocab_size as f64;
     let q = h;
@@ -28,7 +32,9 @@ pub fn measure_peak_flops(threads: usize) -> f64 {
         let flops = fma_loop(iters);
         flops / t.elapsed().as_secs_f64()
     };
-    let handles: Vec<_> = (0..threads.max(1)).map(|_| std::thread::spawn(run)).collect();
+    let handles: Vec<_> = (0..threads.max(1))
+        .map(|_| std::thread::spawn(run))
+        .collect();
     handles.into_iter().map(|h| h.join().unwrap_or(0.0)).sum()
 }
 
@@ -65,9 +71,24 @@ mod x86 {
     pub unsafe fn fma_avx512(iters: u64) -> f64 {
         let m = _mm512_set1_ps(std::hint::black_box(0.999_999));
         let a = _mm512_set1_ps(std::hint::black_box(1e-7));
-        let (mut r0, mut r1, mut r2, mut r3) = (_mm512_set1_ps(1.0), _mm512_set1_ps(1.1), _mm512_set1_ps(1.2), _mm512_set1_ps(1.3));
-        let (mut r4, mut r5, mut r6, mut r7) = (_mm512_set1_ps(1.4), _mm512_set1_ps(1.5), _mm512_set1_ps(1.6), _mm512_set1_ps(1.7));
-        let (mut r8, mut r9, mut r10, mut r11) = (_mm512_set1_ps(1.8), _mm512_set1_ps(1.9), _mm512_set1_ps(2.0), _mm512_set1_ps(2.1));
+        let (mut r0, mut r1, mut r2, mut r3) = (
+            _mm512_set1_ps(1.0),
+            _mm512_set1_ps(1.1),
+            _mm512_set1_ps(1.2),
+            _mm512_set1_ps(1.3),
+        );
+        let (mut r4, mut r5, mut r6, mut r7) = (
+            _mm512_set1_ps(1.4),
+            _mm512_set1_ps(1.5),
+            _mm512_set1_ps(1.6),
+            _mm512_set1_ps(1.7),
+        );
+        let (mut r8, mut r9, mut r10, mut r11) = (
+            _mm512_set1_ps(1.8),
+            _mm512_set1_ps(1.9),
+            _mm512_set1_ps(2.0),
+            _mm512_set1_ps(2.1),
+        );
         let n = iters / 12;
         for _ in 0..n {
             r0 = _mm512_fmadd_ps(r0, m, a);
@@ -91,8 +112,18 @@ mod x86 {
     pub unsafe fn fma_avx2(iters: u64) -> f64 {
         let m = _mm256_set1_ps(std::hint::black_box(0.999_999));
         let a = _mm256_set1_ps(std::hint::black_box(1e-7));
-        let (mut r0, mut r1, mut r2, mut r3) = (_mm256_set1_ps(1.0), _mm256_set1_ps(1.1), _mm256_set1_ps(1.2), _mm256_set1_ps(1.3));
-        let (mut r4, mut r5, mut r6, mut r7) = (_mm256_set1_ps(1.4), _mm256_set1_ps(1.5), _mm256_set1_ps(1.6), _mm256_set1_ps(1.7));
+        let (mut r0, mut r1, mut r2, mut r3) = (
+            _mm256_set1_ps(1.0),
+            _mm256_set1_ps(1.1),
+            _mm256_set1_ps(1.2),
+            _mm256_set1_ps(1.3),
+        );
+        let (mut r4, mut r5, mut r6, mut r7) = (
+            _mm256_set1_ps(1.4),
+            _mm256_set1_ps(1.5),
+            _mm256_set1_ps(1.6),
+            _mm256_set1_ps(1.7),
+        );
         let n = iters / 8;
         for _ in 0..n {
             r0 = _mm256_fmadd_ps(r0, m, a);
@@ -119,9 +150,14 @@ pub fn peak_flops(flag_tflops: Option<f64>, threads: usize) -> f64 {
         .map(std::path::PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".cache")))
         .map(|d| d.join("megatron-rs"));
-    let file = dir.as_ref().map(|d| d.join(format!("peak_fp32_flops_{threads}t.txt")));
+    let file = dir
+        .as_ref()
+        .map(|d| d.join(format!("peak_fp32_flops_{threads}t.txt")));
     if let Some(f) = &file {
-        if let Some(v) = std::fs::read_to_string(f).ok().and_then(|s| s.trim().parse::<f64>().ok()) {
+        if let Some(v) = std::fs::read_to_string(f)
+            .ok()
+            .and_then(|s| s.trim().parse::<f64>().ok())
+        {
             return v;
         }
     }

@@ -11,7 +11,15 @@ use megatron_tensor::RngKey;
 use std::path::Path;
 
 /// Picks the next id from `logits` (only the first `vocab` entries are real tokens).
-pub fn sample_next(logits: &[f32], vocab: usize, temperature: f32, top_k: usize, top_p: f32, key: RngKey, step: u64) -> u32 {
+pub fn sample_next(
+    logits: &[f32],
+    vocab: usize,
+    temperature: f32,
+    top_k: usize,
+    top_p: f32,
+    key: RngKey,
+    step: u64,
+) -> u32 {
     let logits = &logits[..vocab];
     if temperature <= 0.0 {
         return argmax(logits);
@@ -22,7 +30,10 @@ pub fn sample_next(logits: &[f32], vocab: usize, temperature: f32, top_k: usize,
         idx.truncate(top_k);
     }
     let mx = logits[idx[0]];
-    let mut probs: Vec<f64> = idx.iter().map(|&i| (((logits[i] - mx) / temperature) as f64).exp()).collect();
+    let mut probs: Vec<f64> = idx
+        .iter()
+        .map(|&i| (((logits[i] - mx) / temperature) as f64).exp())
+        .collect();
     let sum: f64 = probs.iter().sum();
     probs.iter_mut().for_each(|p| *p /= sum);
     if top_p < 1.0 {
@@ -89,7 +100,15 @@ pub fn generate(args: &GenerateArgs) -> Result<String, TrainError> {
     let mut out = Vec::new();
     for step in 0..new_tokens {
         let l = logits.take().expect("prompt is never empty");
-        let next = sample_next(l.data(), tok.vocab_size(), temperature, args.top_k, args.top_p, key, step as u64);
+        let next = sample_next(
+            l.data(),
+            tok.vocab_size(),
+            temperature,
+            args.top_k,
+            args.top_p,
+            key,
+            step as u64,
+        );
         if next == tok.eod() {
             break;
         }

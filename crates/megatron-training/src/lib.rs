@@ -29,9 +29,16 @@ pub enum TrainError {
         source: std::io::Error,
     },
     #[error("iteration {iteration}: {what} is {value}; stopping (the last saved checkpoint is left untouched)")]
-    NonFinite { iteration: u64, what: &'static str, value: f64 },
+    NonFinite {
+        iteration: u64,
+        what: &'static str,
+        value: f64,
+    },
 }
 
 pub(crate) fn io_err(path: &std::path::Path) -> impl FnOnce(std::io::Error) -> TrainError + '_ {
-    move |source| TrainError::Io { path: path.display().to_string(), source }
+    move |source| TrainError::Io {
+        path: path.display().to_string(),
+        source,
+    }
 }

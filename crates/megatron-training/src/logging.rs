@@ -49,10 +49,16 @@ impl MetricsFile {
     pub fn open(path: Option<&str>) -> std::io::Result<Self> {
         Ok(MetricsFile(match path {
             Some(p) => Some({
-                if let Some(parent) = std::path::Path::new(p).parent().filter(|d| !d.as_os_str().is_empty()) {
+                if let Some(parent) = std::path::Path::new(p)
+                    .parent()
+                    .filter(|d| !d.as_os_str().is_empty())
+                {
                     std::fs::create_dir_all(parent)?;
                 }
-                std::fs::OpenOptions::new().create(true).append(true).open(p)?
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(p)?
             }),
             None => None,
         }))
@@ -73,9 +79,11 @@ pub fn peak_rss_bytes() -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
-                .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse::<u64>().ok()))
+            s.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| {
+                l.split_whitespace()
+                    .nth(1)
+                    .and_then(|v| v.parse::<u64>().ok())
+            })
         })
         .map_or(0, |kb| kb * 1024)
 }

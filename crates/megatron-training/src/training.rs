@@ -8,7 +8,9 @@ use crate::{io_err, TrainError};
 use megatron_core::optimizer::{clip_grad_norm, Adam, OptimizerParamScheduler};
 use megatron_core::transformer::step::StepContext;
 use megatron_core::{Batch, GPTModel, Grads, Params};
-use megatron_data::{build_tokenizer, GPTSampleSource, MockGPTDataset, Split, TextDataset, Tokenizer};
+use megatron_data::{
+    build_tokenizer, GPTSampleSource, MockGPTDataset, Split, TextDataset, Tokenizer,
+};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -35,8 +37,10 @@ impl Reporter {
         let bar = if !plain && std::io::stderr().is_terminal() {
             let pb = indicatif::ProgressBar::new(total);
             pb.set_style(
-                indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} iters [{elapsed_precise}<{eta_precise}] {msg}")
-                    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+                indicatif::ProgressStyle::with_template(
+                    "{bar:40} {pos}/{len} iters [{elapsed_precise}<{eta_precise}] {msg}",
+                )
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
             );
             pb.set_position(start);
             Some(pb)
@@ -79,22 +83,33 @@ pub fn expand_data_paths(paths: &[String]) -> Result<Vec<String>, TrainError> {
                 .collect();
             files.sort();
             if files.is_empty() {
-                return Err(TrainError::Args(format!("--data-path {p}: directory holds no .txt files")));
+                return Err(TrainError::Args(format!(
+                    "--data-path {p}: directory holds no .txt files"
+                )));
             }
             out.extend(files);
         } else if path.is_file() {
             out.push(p.clone());
         } else {
-            return Err(TrainError::Args(format!("--data-path {p}: no such file or directory")));
+            return Err(TrainError::Args(format!(
+                "--data-path {p}: no such file or directory"
+            )));
         }
     }
     Ok(out)
 }
 
-fn build_data(cfg: &TrainConfig, tok: &dyn Tokenizer) -> Result<Box<dyn GPTSampleSource>, TrainError> {
+fn build_data(
+    cfg: &TrainConfig,
+    tok: &dyn Tokenizer,
+) -> Result<Box<dyn GPTSampleSource>, TrainError> {
     let a = &cfg.args;
     if a.mock_data {
-        return Ok(Box::new(MockGPTDataset { vocab_size: tok.vocab_size(), seq_length: a.seq_length, seed: a.seed }));
+        return Ok(Box::new(MockGPTDataset {
+            vocab_size: tok.vocab_size(),
+            seq_length: a.seq_length,
+            seed: a.seed,
+        }));
     }
     let files = expand_data_paths(&a.data_path)?;
     let ds = TextDataset::from_files(&files, tok, &a.split, a.seq_length, a.seed)?;
@@ -135,7 +150,12 @@ struct MicroBatch {
 
 impl MicroBatch {
     fn new(b: usize, t: usize) -> Self {
-        MicroBatch { tokens: vec![0; b * t], labels: vec![0; b * t], mask: vec![1.0; b * t], sample: vec![0; t + 1] }
+        MicroBatch {
+            tokens: vec![0; b * t],
+            labels: vec![0; b * t],
+            mask: vec![1.0; b * t],
+            sample: vec![0; t + 1],
+        }
     }
     fn fill(&mut self, data: &dyn GPTSampleSource, split: Split, first: u64, b: usize, t: usize) {
         for j in 0..b {
@@ -145,11 +165,22 @@ impl MicroBatch {
         }
     }
     fn batch(&self, b: usize, t: usize) -> Batch<'_> {
-        Batch { tokens: &self.tokens, labels: &self.labels, loss_mask: &self.mask, b, t }
+        Batch {
+            tokens: &self.tokens,
+            labels: &self.labels,
+            loss_mask: &self.mask,
+            b,
+            t,
+        }
     }
 }
 
-fn evaluate(model: &GPTModel, params: &Params, data: &dyn GPTSampleSource, cfg: &TrainConfig) -> Option<f64> {
+fn evaluate(
+    model: &GPTModel,
+    params: &Params,
+    data: &dyn GPTSampleSource,
+    cfg: &TrainConfig,
+) -> Option<f64> {
     if data.num_samples(Split::Valid) == 0 || cfg.args.eval_iters == 0 {
         return None;
     }
@@ -170,7 +201,9 @@ fn evaluate(model: &GPTModel, params: &Params, data: &dyn GPTSampleSource, cfg: 
 pub fn pretrain(args: &TrainArgs) -> Result<TrainSummary, TrainError> {
     let tok = build_tokenizer(&args.tokenizer_type, args.vocab_size)?;
     let cfg = args.validate(tok.vocab_size())?;
-    let threads = args.num_threads.unwrap_or_else(megatron_tensor::threads::available_cores);
+    let threads = args
+        .num_threads
+        .unwrap_or_else(megatron_tensor::threads::available_cores);
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .build()
@@ -195,20 +228,29 @@ fn run(cfg: &TrainConfig, tok: &dyn Tokenizer, threads: usize) -> Result<TrainSu
         if ck.meta.model != cfg.model {
             return Err(TrainError::Checkpoint {
                 path: ck.dir.display().to_string(),
-                msg: format!("was saved for another model configuration ({:?}); the flags give {:?}", ck.meta.model, cfg.model),
+                msg: format!(
+                    "was saved for another model configuration ({:?}); the flags give {:?}",
+                    ck.meta.model, cfg.model
+                ),
             });
         }
         restore(&ck, &mut params, Some(&mut adam))?;
         iteration = ck.meta.iteration;
         consumed = ck.meta.consumed_train_samples;
         sched.num_steps = ck.meta.scheduler.num_steps;
-        println!("loaded checkpoint {} at iteration {iteration} ({consumed} consumed samples)", ck.dir.display());
+        println!(
+            "loaded checkpoint {} at iteration {iteration} ({consumed} consumed samples)",
+            ck.dir.display()
+        );
     }
     let data = build_data(cfg, tok)?;
     let mut grads = Grads::zeros_like(&params);
     let flops_per_iter = num_floating_point_operations(&cfg.model, cfg.global_batch_size);
     let peak = peak_flops(a.peak_tflops, threads);
-    let mut metrics = MetricsFile::open(a.metrics_file.as_deref()).map_err(|e| TrainError::Io { path: a.metrics_file.clone().unwrap_or_default(), source: e })?;
+    let mut metrics = MetricsFile::open(a.metrics_file.as_deref()).map_err(|e| TrainError::Io {
+        path: a.metrics_file.clone().unwrap_or_default(),
+        source: e,
+    })?;
     println!(
         "model: {} parameters, {} layers, hidden {}, heads {}, seq {}, padded vocab {} | global batch {} = {} micro-batches of {} | {} threads | peak {:.1} GFLOP/s",
         params.numel(),
@@ -224,7 +266,10 @@ fn run(cfg: &TrainConfig, tok: &dyn Tokenizer, threads: usize) -> Result<TrainSu
         peak / 1e9
     );
     let rep = Reporter::new(cfg.train_iters, iteration, a.no_progress_bar);
-    let mut summary = TrainSummary { start_iteration: iteration, ..Default::default() };
+    let mut summary = TrainSummary {
+        start_iteration: iteration,
+        ..Default::default()
+    };
     let mut mb = MicroBatch::new(b, t);
     let (mut interval_loss, mut interval_iters, mut interval_time) = (0.0f64, 0u64, 0.0f64);
     let grad_scale = 1.0 / cfg.num_microbatches as f32;
@@ -244,12 +289,20 @@ fn run(cfg: &TrainConfig, tok: &dyn Tokenizer, threads: usize) -> Result<TrainSu
         let loss = loss_sum / cfg.num_microbatches as f64;
         if !loss.is_finite() {
             rep.finish();
-            return Err(TrainError::NonFinite { iteration, what: "lm loss", value: loss });
+            return Err(TrainError::NonFinite {
+                iteration,
+                what: "lm loss",
+                value: loss,
+            });
         }
         let grad_norm = clip_grad_norm(&mut grads, a.clip_grad);
         if !grad_norm.is_finite() {
             rep.finish();
-            return Err(TrainError::NonFinite { iteration, what: "grad norm", value: grad_norm });
+            return Err(TrainError::NonFinite {
+                iteration,
+                what: "grad norm",
+                value: grad_norm,
+            });
         }
         let lr = sched.get_lr();
         adam.step(&mut params, &grads, lr as f32, a.weight_decay);
@@ -261,7 +314,7 @@ fn run(cfg: &TrainConfig, tok: &dyn Tokenizer, threads: usize) -> Result<TrainSu
         interval_iters += 1;
         interval_time += secs;
         rep.tick(iteration, loss);
-        if iteration % a.log_interval == 0 || iteration == cfg.train_iters {
+        if iteration.is_multiple_of(a.log_interval) || iteration == cfg.train_iters {
             let per_iter = interval_time / interval_iters as f64;
             let m = IterationMetrics {
                 iteration,
@@ -276,17 +329,29 @@ fn run(cfg: &TrainConfig, tok: &dyn Tokenizer, threads: usize) -> Result<TrainSu
                 peak_mem_bytes: peak_rss_bytes(),
             };
             rep.line(&m.line(cfg.train_iters));
-            metrics.write(&m).map_err(|e| TrainError::Io { path: a.metrics_file.clone().unwrap_or_default(), source: e })?;
+            metrics.write(&m).map_err(|e| TrainError::Io {
+                path: a.metrics_file.clone().unwrap_or_default(),
+                source: e,
+            })?;
             (interval_loss, interval_iters, interval_time) = (0.0, 0, 0.0);
         }
-        if iteration % a.eval_interval == 0 || iteration == cfg.train_iters {
+        if iteration.is_multiple_of(a.eval_interval) || iteration == cfg.train_iters {
             if let Some(val) = evaluate(&model, &params, data.as_ref(), cfg) {
                 rep.line(&format!(" validation loss at iteration {iteration} | lm loss value: {val:.6E} | lm loss PPL: {:.3E}", val.exp()));
-                metrics.write(&EvalMetrics { iteration, val_loss: val }).map_err(|e| TrainError::Io { path: a.metrics_file.clone().unwrap_or_default(), source: e })?;
+                metrics
+                    .write(&EvalMetrics {
+                        iteration,
+                        val_loss: val,
+                    })
+                    .map_err(|e| TrainError::Io {
+                        path: a.metrics_file.clone().unwrap_or_default(),
+                        source: e,
+                    })?;
                 summary.val_losses.push((iteration, val));
             }
         }
-        let due = a.save_interval.is_some_and(|s| iteration % s == 0) || iteration == cfg.train_iters;
+        let due = a.save_interval.is_some_and(|s| iteration.is_multiple_of(s))
+            || iteration == cfg.train_iters;
         if let (Some(dir), true) = (&save_dir, due) {
             let meta = CheckpointMeta {
                 format: String::new(),
@@ -305,7 +370,10 @@ fn run(cfg: &TrainConfig, tok: &dyn Tokenizer, threads: usize) -> Result<TrainSu
                 shard_bytes: 0,
             };
             let path = save_checkpoint(dir, meta, &params, &adam)?;
-            rep.line(&format!(" saved checkpoint at iteration {iteration} to {}", path.display()));
+            rep.line(&format!(
+                " saved checkpoint at iteration {iteration} to {}",
+                path.display()
+            ));
             summary.last_checkpoint = Some(path);
         }
     }

@@ -12,11 +12,41 @@ struct Wrap {
 
 fn args(extra: &[&str]) -> TrainArgs {
     let mut v = vec![
-        "megatron", "--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "61",
-        "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
-        "--micro-batch-size", "2", "--global-batch-size", "4", "--lr", "3e-3", "--lr-warmup-iters", "2",
-        "--lr-decay-style", "cosine", "--eval-iters", "1", "--eval-interval", "3", "--log-interval", "1",
-        "--peak-tflops", "1", "--no-progress-bar", "--num-threads", "2",
+        "megatron",
+        "--mock-data",
+        "--tokenizer-type",
+        "NullTokenizer",
+        "--vocab-size",
+        "61",
+        "--num-layers",
+        "2",
+        "--hidden-size",
+        "32",
+        "--num-attention-heads",
+        "4",
+        "--seq-length",
+        "16",
+        "--micro-batch-size",
+        "2",
+        "--global-batch-size",
+        "4",
+        "--lr",
+        "3e-3",
+        "--lr-warmup-iters",
+        "2",
+        "--lr-decay-style",
+        "cosine",
+        "--eval-iters",
+        "1",
+        "--eval-interval",
+        "3",
+        "--log-interval",
+        "1",
+        "--peak-tflops",
+        "1",
+        "--no-progress-bar",
+        "--num-threads",
+        "2",
     ];
     v.extend_from_slice(extra);
     Wrap::try_parse_from(v).expect("flags parse").args
@@ -31,11 +61,22 @@ fn tmpdir(name: &str) -> PathBuf {
 
 #[test]
 fn mock_data_loss_falls() {
-    let s = pretrain(&args(&["--train-iters", "40", "--hidden-dropout", "0", "--attention-dropout", "0"])).unwrap();
+    let s = pretrain(&args(&[
+        "--train-iters",
+        "40",
+        "--hidden-dropout",
+        "0",
+        "--attention-dropout",
+        "0",
+    ]))
+    .unwrap();
     let first = s.losses[0].1;
     let last = s.losses.last().unwrap().1;
     assert!(first > 3.5, "starts near ln(vocab): {first}");
-    assert!(last < first - 1.0, "loss should fall clearly: {first} -> {last}");
+    assert!(
+        last < first - 1.0,
+        "loss should fall clearly: {first} -> {last}"
+    );
 }
 
 #[test]
@@ -43,7 +84,15 @@ fn resumed_run_logs_bit_identical_losses() {
     let dir = tmpdir("resume");
     let save = dir.join("ckpt");
     let s = save.to_str().unwrap();
-    let full = pretrain(&args(&["--train-iters", "6", "--save", s, "--save-interval", "3"])).unwrap();
+    let full = pretrain(&args(&[
+        "--train-iters",
+        "6",
+        "--save",
+        s,
+        "--save-interval",
+        "3",
+    ]))
+    .unwrap();
     assert_eq!(full.losses.len(), 6);
     // Point the tracker back at iteration 3 and continue from there.
     std::fs::write(save.join(TRACKER), "3\n").unwrap();
@@ -52,7 +101,14 @@ fn resumed_run_logs_bit_identical_losses() {
     assert_eq!(resumed.losses.len(), 3);
     for (a, b) in full.losses[3..].iter().zip(&resumed.losses) {
         assert_eq!(a.0, b.0);
-        assert_eq!(a.1.to_bits(), b.1.to_bits(), "iteration {}: {} vs {}", a.0, a.1, b.1);
+        assert_eq!(
+            a.1.to_bits(),
+            b.1.to_bits(),
+            "iteration {}: {} vs {}",
+            a.0,
+            a.1,
+            b.1
+        );
     }
     let _ = std::fs::remove_dir_all(dir);
 }
@@ -61,7 +117,10 @@ fn resumed_run_logs_bit_identical_losses() {
 fn global_batch_not_divisible_by_micro_batch_is_refused() {
     let e = pretrain(&args(&["--train-iters", "2", "--global-batch-size", "5"])).unwrap_err();
     let msg = e.to_string();
-    assert!(msg.contains("--global-batch-size") && msg.contains("--micro-batch-size"), "{msg}");
+    assert!(
+        msg.contains("--global-batch-size") && msg.contains("--micro-batch-size"),
+        "{msg}"
+    );
 }
 
 #[test]
@@ -73,7 +132,13 @@ fn heads_not_dividing_hidden_is_refused_before_work() {
 
 #[test]
 fn seq_longer_than_positions_and_zero_sizes_are_refused() {
-    let e = pretrain(&args(&["--train-iters", "2", "--max-position-embeddings", "8"])).unwrap_err();
+    let e = pretrain(&args(&[
+        "--train-iters",
+        "2",
+        "--max-position-embeddings",
+        "8",
+    ]))
+    .unwrap_err();
     assert!(e.to_string().contains("--max-position-embeddings"), "{e}");
     let e = pretrain(&args(&["--train-iters", "2", "--micro-batch-size", "0"])).unwrap_err();
     assert!(e.to_string().contains("--micro-batch-size"), "{e}");
@@ -89,13 +154,36 @@ fn nan_loss_stops_the_run_and_keeps_the_last_checkpoint() {
     let save = dir.join("ckpt");
     let s = save.to_str().unwrap();
     // An absurd learning rate without clipping blows the parameters up after the first step.
-    let e = pretrain(&args(&["--train-iters", "10", "--lr", "1e30", "--lr-warmup-iters", "0", "--clip-grad", "0", "--save", s, "--save-interval", "1"])).unwrap_err();
-    let TrainError::NonFinite { iteration, .. } = e else { panic!("expected a non-finite error, got {e}") };
+    let e = pretrain(&args(&[
+        "--train-iters",
+        "10",
+        "--lr",
+        "1e30",
+        "--lr-warmup-iters",
+        "0",
+        "--clip-grad",
+        "0",
+        "--save",
+        s,
+        "--save-interval",
+        "1",
+    ]))
+    .unwrap_err();
+    let TrainError::NonFinite { iteration, .. } = e else {
+        panic!("expected a non-finite error, got {e}")
+    };
     assert!(iteration >= 2, "{iteration}");
     assert!(e.to_string().contains(&format!("iteration {iteration}")));
     let tracker = std::fs::read_to_string(save.join(TRACKER)).unwrap();
-    assert_eq!(tracker.trim().parse::<u64>().unwrap(), iteration - 1, "the tracker names the last good iteration");
-    assert!(load_checkpoint(&save, None).is_ok(), "the last good checkpoint still loads");
+    assert_eq!(
+        tracker.trim().parse::<u64>().unwrap(),
+        iteration - 1,
+        "the tracker names the last good iteration"
+    );
+    assert!(
+        load_checkpoint(&save, None).is_ok(),
+        "the last good checkpoint still loads"
+    );
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -103,22 +191,56 @@ fn nan_loss_stops_the_run_and_keeps_the_last_checkpoint() {
 fn missing_and_truncated_checkpoints_are_refused_with_their_path() {
     let dir = tmpdir("bad-ckpt");
     let missing = dir.join("nothing-here");
-    let e = pretrain(&args(&["--train-iters", "2", "--load", missing.to_str().unwrap()])).unwrap_err();
+    let e = pretrain(&args(&[
+        "--train-iters",
+        "2",
+        "--load",
+        missing.to_str().unwrap(),
+    ]))
+    .unwrap_err();
     assert!(e.to_string().contains("nothing-here"), "{e}");
 
     let save = dir.join("ckpt");
-    pretrain(&args(&["--train-iters", "1", "--lr-warmup-iters", "0", "--save", save.to_str().unwrap()])).unwrap();
-    let shard = save.join("iter_0000001").join("model_optim_rng.safetensors");
+    pretrain(&args(&[
+        "--train-iters",
+        "1",
+        "--lr-warmup-iters",
+        "0",
+        "--save",
+        save.to_str().unwrap(),
+    ]))
+    .unwrap();
+    let shard = save
+        .join("iter_0000001")
+        .join("model_optim_rng.safetensors");
     let len = std::fs::metadata(&shard).unwrap().len();
-    let f = std::fs::OpenOptions::new().write(true).open(&shard).unwrap();
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&shard)
+        .unwrap();
     f.set_len(len / 2).unwrap();
-    let e = pretrain(&args(&["--train-iters", "2", "--load", save.to_str().unwrap()])).unwrap_err();
+    let e = pretrain(&args(&[
+        "--train-iters",
+        "2",
+        "--load",
+        save.to_str().unwrap(),
+    ]))
+    .unwrap_err();
     let msg = e.to_string();
-    assert!(msg.contains("model_optim_rng.safetensors") && msg.contains("truncated"), "{msg}");
+    assert!(
+        msg.contains("model_optim_rng.safetensors") && msg.contains("truncated"),
+        "{msg}"
+    );
 
     // A directory without its manifest is incomplete, whatever else it holds.
     std::fs::remove_file(save.join("iter_0000001").join("metadata.json")).unwrap();
-    let e = pretrain(&args(&["--train-iters", "2", "--load", save.to_str().unwrap()])).unwrap_err();
+    let e = pretrain(&args(&[
+        "--train-iters",
+        "2",
+        "--load",
+        save.to_str().unwrap(),
+    ]))
+    .unwrap_err();
     assert!(e.to_string().contains("incomplete"), "{e}");
     let _ = std::fs::remove_dir_all(dir);
 }
@@ -127,8 +249,24 @@ fn missing_and_truncated_checkpoints_are_refused_with_their_path() {
 fn checkpoint_of_another_model_is_refused() {
     let dir = tmpdir("other-model");
     let save = dir.join("ckpt");
-    pretrain(&args(&["--train-iters", "1", "--lr-warmup-iters", "0", "--save", save.to_str().unwrap()])).unwrap();
-    let e = pretrain(&args(&["--train-iters", "2", "--hidden-size", "64", "--load", save.to_str().unwrap()])).unwrap_err();
+    pretrain(&args(&[
+        "--train-iters",
+        "1",
+        "--lr-warmup-iters",
+        "0",
+        "--save",
+        save.to_str().unwrap(),
+    ]))
+    .unwrap();
+    let e = pretrain(&args(&[
+        "--train-iters",
+        "2",
+        "--hidden-size",
+        "64",
+        "--load",
+        save.to_str().unwrap(),
+    ]))
+    .unwrap_err();
     assert!(e.to_string().contains("another model configuration"), "{e}");
     let _ = std::fs::remove_dir_all(dir);
 }
@@ -137,16 +275,40 @@ fn checkpoint_of_another_model_is_refused() {
 fn metrics_file_has_one_json_object_per_logged_iteration_and_evaluation() {
     let dir = tmpdir("metrics");
     let f = dir.join("metrics.jsonl");
-    pretrain(&args(&["--train-iters", "3", "--metrics-file", f.to_str().unwrap()])).unwrap();
+    pretrain(&args(&[
+        "--train-iters",
+        "3",
+        "--metrics-file",
+        f.to_str().unwrap(),
+    ]))
+    .unwrap();
     let text = std::fs::read_to_string(&f).unwrap();
-    let rows: Vec<serde_json::Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
-    let iters: Vec<&serde_json::Value> = rows.iter().filter(|r| r.get("lm_loss").is_some()).collect();
+    let rows: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let iters: Vec<&serde_json::Value> =
+        rows.iter().filter(|r| r.get("lm_loss").is_some()).collect();
     assert_eq!(iters.len(), 3);
-    for key in ["iteration", "consumed_samples", "lm_loss", "lr", "grad_norm", "ms_per_iter", "tokens_per_sec", "tflops", "mfu", "peak_mem_bytes"] {
+    for key in [
+        "iteration",
+        "consumed_samples",
+        "lm_loss",
+        "lr",
+        "grad_norm",
+        "ms_per_iter",
+        "tokens_per_sec",
+        "tflops",
+        "mfu",
+        "peak_mem_bytes",
+    ] {
         assert!(iters[0].get(key).is_some(), "missing {key}");
     }
     assert_eq!(iters[2]["consumed_samples"], 12);
-    let evals: Vec<&serde_json::Value> = rows.iter().filter(|r| r.get("val_loss").is_some()).collect();
+    let evals: Vec<&serde_json::Value> = rows
+        .iter()
+        .filter(|r| r.get("val_loss").is_some())
+        .collect();
     assert_eq!(evals.len(), 1);
     assert_eq!(evals[0]["iteration"], 3);
     let _ = std::fs::remove_dir_all(dir);
@@ -156,7 +318,16 @@ fn metrics_file_has_one_json_object_per_logged_iteration_and_evaluation() {
 fn gradient_accumulation_matches_one_big_micro_batch() {
     // Megatron's loss is the mean over micro-batches of per-micro-batch means; with equal-sized
     // unmasked micro-batches this equals one micro-batch of the whole global batch.
-    let base = ["--train-iters", "3", "--hidden-dropout", "0", "--attention-dropout", "0", "--global-batch-size", "4"];
+    let base = [
+        "--train-iters",
+        "3",
+        "--hidden-dropout",
+        "0",
+        "--attention-dropout",
+        "0",
+        "--global-batch-size",
+        "4",
+    ];
     let mut a1 = base.to_vec();
     a1.extend(["--micro-batch-size", "1"]);
     let mut a4 = base.to_vec();
@@ -164,7 +335,13 @@ fn gradient_accumulation_matches_one_big_micro_batch() {
     let s1 = pretrain(&args(&a1)).unwrap();
     let s4 = pretrain(&args(&a4)).unwrap();
     for (x, y) in s1.losses.iter().zip(&s4.losses) {
-        assert!((x.1 - y.1).abs() < 1e-4, "iteration {}: {} vs {}", x.0, x.1, y.1);
+        assert!(
+            (x.1 - y.1).abs() < 1e-4,
+            "iteration {}: {} vs {}",
+            x.0,
+            x.1,
+            y.1
+        );
     }
 }
 

@@ -22,9 +22,17 @@ impl LanguageModelEmbedding {
     pub fn new(cfg: &TransformerConfig, params: &mut Params, inits: &mut Vec<Init>) -> Self {
         let h = cfg.hidden_size;
         inits.push(Init::Normal(cfg.init_method_std));
-        let word_embeddings = params.register("embedding.word_embeddings.weight".into(), &[cfg.padded_vocab_size, h], true);
+        let word_embeddings = params.register(
+            "embedding.word_embeddings.weight".into(),
+            &[cfg.padded_vocab_size, h],
+            true,
+        );
         inits.push(Init::Normal(cfg.init_method_std));
-        let position_embeddings = params.register("embedding.position_embeddings.weight".into(), &[cfg.max_position_embeddings, h], true);
+        let position_embeddings = params.register(
+            "embedding.position_embeddings.weight".into(),
+            &[cfg.max_position_embeddings, h],
+            true,
+        );
         LanguageModelEmbedding {
             word_embeddings,
             position_embeddings,
@@ -36,21 +44,44 @@ impl LanguageModelEmbedding {
     pub fn forward(&self, params: &Params, tokens: &[u32], t: usize, ctx: &StepContext) -> Tensor {
         let n = tokens.len();
         let mut out = Tensor::zeros(&[n, self.hidden]);
-        embedding_forward(out.data_mut(), tokens, params.get(self.word_embeddings), params.get(self.position_embeddings), t);
+        embedding_forward(
+            out.data_mut(),
+            tokens,
+            params.get(self.word_embeddings),
+            params.get(self.position_embeddings),
+            t,
+        );
         let p = ctx.p(self.dropout);
         if p > 0.0 {
             let mut d = Tensor::zeros(&[n, self.hidden]);
-            dropout_forward(d.data_mut(), out.data(), p, ctx.site(EMBEDDING_LAYER, SITE_EMBEDDING_DROPOUT));
+            dropout_forward(
+                d.data_mut(),
+                out.data(),
+                p,
+                ctx.site(EMBEDDING_LAYER, SITE_EMBEDDING_DROPOUT),
+            );
             out = d;
         }
         out
     }
 
-    pub fn backward(&self, grads: &mut Grads, tokens: &[u32], t: usize, dout: Tensor, ctx: &StepContext) {
+    pub fn backward(
+        &self,
+        grads: &mut Grads,
+        tokens: &[u32],
+        t: usize,
+        dout: Tensor,
+        ctx: &StepContext,
+    ) {
         let p = ctx.p(self.dropout);
         let dout = if p > 0.0 {
             let mut d = Tensor::zeros(dout.shape());
-            dropout_backward(d.data_mut(), dout.data(), p, ctx.site(EMBEDDING_LAYER, SITE_EMBEDDING_DROPOUT));
+            dropout_backward(
+                d.data_mut(),
+                dout.data(),
+                p,
+                ctx.site(EMBEDDING_LAYER, SITE_EMBEDDING_DROPOUT),
+            );
             d
         } else {
             dout

@@ -51,17 +51,39 @@ impl GPTModel {
     }
 
     /// Registers the parameters (no values yet).
-    pub fn build(config: TransformerConfig, params: &mut Params, inits: &mut Vec<Init>) -> GPTModel {
+    pub fn build(
+        config: TransformerConfig,
+        params: &mut Params,
+        inits: &mut Vec<Init>,
+    ) -> GPTModel {
         let embedding = LanguageModelEmbedding::new(&config, params, inits);
-        let layers = (0..config.num_layers).map(|l| TransformerLayer::new(&config, l, params, inits)).collect();
-        let final_layernorm = LayerNorm::new("decoder.final_layernorm", config.hidden_size, config.layernorm_epsilon, params, inits);
+        let layers = (0..config.num_layers)
+            .map(|l| TransformerLayer::new(&config, l, params, inits))
+            .collect();
+        let final_layernorm = LayerNorm::new(
+            "decoder.final_layernorm",
+            config.hidden_size,
+            config.layernorm_epsilon,
+            params,
+            inits,
+        );
         let output_layer = if config.untie_embeddings_and_output_weights {
             inits.push(Init::Normal(config.init_method_std));
-            Some(params.register("output_layer.weight".into(), &[config.padded_vocab_size, config.hidden_size], true))
+            Some(params.register(
+                "output_layer.weight".into(),
+                &[config.padded_vocab_size, config.hidden_size],
+                true,
+            ))
         } else {
             None
         };
-        GPTModel { config, embedding, layers, final_layernorm, output_layer }
+        GPTModel {
+            config,
+            embedding,
+            layers,
+            final_layernorm,
+            output_layer,
+        }
     }
 
     fn output_weight(&self) -> ParamId {
@@ -79,7 +101,14 @@ impl GPTModel {
 
     /// Forward and backward of one micro-batch. Gradients accumulate into `grads`, scaled by
     /// `grad_scale` (1 / number of micro-batches for Megatron's mean over micro-batches).
-    pub fn forward_backward(&self, params: &Params, grads: &mut Grads, batch: &Batch, grad_scale: f32, ctx: &StepContext) -> MicroBatchResult {
+    pub fn forward_backward(
+        &self,
+        params: &Params,
+        grads: &mut Grads,
+        batch: &Batch,
+        grad_scale: f32,
+        ctx: &StepContext,
+    ) -> MicroBatchResult {
         let (b, t) = (batch.b, batch.t);
         let n = b * t;
         let mut x = self.embedding.forward(params, batch.tokens, t, ctx);
@@ -89,25 +118,47 @@ impl GPTModel {
             saved.push(s);
             x = y;
         }
-        let activation_bytes = saved.iter().map(|s| s.size_in_bytes()).sum::<usize>() + x.size_in_bytes();
+        let activation_bytes =
+            saved.iter().map(|s| s.size_in_bytes()).sum::<usize>() + x.size_in_bytes();
         let (xf, lnf) = self.final_layernorm.forward(params, &x);
         let total: f32 = batch.loss_mask.iter().sum();
         let denom = total.max(1.0);
-        let dloss: Vec<f32> = batch.loss_mask.iter().map(|m| m / denom * grad_scale).collect();
+        let dloss: Vec<f32> = batch
+            .loss_mask
+            .iter()
+            .map(|m| m / denom * grad_scale)
+            .collect();
         let mut losses = vec![0.0f32; n];
         let mut dxf = Tensor::zeros(&[n, self.config.hidden_size]);
         let wid = self.output_weight();
-        fused_classifier(&mut losses, Some((dxf.data_mut(), grads.get_mut(wid))), xf.data(), params.get(wid), batch.labels, &dloss, self.classifier_dims(n));
+        fused_classifier(
+            &mut losses,
+            Some((dxf.data_mut(), grads.get_mut(wid))),
+            xf.data(),
+            params.get(wid),
+            batch.labels,
+            &dloss,
+            self.classifier_dims(n),
+        );
         drop(xf);
         let mut dx = self.final_layernorm.backward(params, grads, &lnf, &x, &dxf);
         drop(dxf);
         drop(x);
-        for (layer, s) in self.layers.iter().zip(saved.into_iter()).rev() {
+        for (layer, s) in self.layers.iter().zip(saved).rev() {
             dx = layer.backward(params, grads, s, dx, b, t, ctx);
         }
         self.embedding.backward(grads, batch.tokens, t, dx, ctx);
-        let loss = losses.iter().zip(batch.loss_mask).map(|(l, m)| (*l as f64) * (*m as f64)).sum::<f64>() / denom as f64;
-        MicroBatchResult { loss: loss as f32, tokens: total, activation_bytes }
+        let loss = losses
+            .iter()
+            .zip(batch.loss_mask)
+            .map(|(l, m)| (*l as f64) * (*m as f64))
+            .sum::<f64>()
+            / denom as f64;
+        MicroBatchResult {
+            loss: loss as f32,
+            tokens: total,
+            activation_bytes,
+        }
     }
 
     /// Mean loss over the unmasked labels, without dropout and without keeping activations.
@@ -122,8 +173,21 @@ impl GPTModel {
         let (xf, _) = self.final_layernorm.forward(params, &x);
         let mut losses = vec![0.0f32; n];
         let wid = self.output_weight();
-        fused_classifier(&mut losses, None, xf.data(), params.get(wid), batch.labels, &[], self.classifier_dims(n));
+        fused_classifier(
+            &mut losses,
+            None,
+            xf.data(),
+            params.get(wid),
+            batch.labels,
+            &[],
+            self.classifier_dims(n),
+        );
         let total: f32 = batch.loss_mask.iter().sum();
-        (losses.iter().zip(batch.loss_mask).map(|(l, m)| (*l as f64) * (*m as f64)).sum::<f64>() / total.max(1.0) as f64) as f32
+        (losses
+            .iter()
+            .zip(batch.loss_mask)
+            .map(|(l, m)| (*l as f64) * (*m as f64))
+            .sum::<f64>()
+            / total.max(1.0) as f64) as f32
     }
 }

@@ -4,7 +4,9 @@
 use super::config::TransformerConfig;
 use super::step::StepContext;
 use crate::params::{Grads, Init, ParamId, Params};
-use megatron_tensor::cpu::{attention_backward, attention_forward, matmul_backward, matmul_forward, AttentionDims};
+use megatron_tensor::cpu::{
+    attention_backward, attention_forward, matmul_backward, matmul_forward, AttentionDims,
+};
 use megatron_tensor::Tensor;
 
 pub struct SelfAttention {
@@ -34,7 +36,12 @@ impl SelfAttentionSaved {
 const SITE_ATTN_DROPOUT: u64 = 1;
 
 impl SelfAttention {
-    pub fn new(cfg: &TransformerConfig, layer: usize, params: &mut Params, inits: &mut Vec<Init>) -> Self {
+    pub fn new(
+        cfg: &TransformerConfig,
+        layer: usize,
+        params: &mut Params,
+        inits: &mut Vec<Init>,
+    ) -> Self {
         let h = cfg.hidden_size;
         let p = format!("decoder.layers.{layer}.self_attention");
         let out_std = cfg.init_method_std / (2.0 * cfg.num_layers as f32).sqrt();
@@ -44,7 +51,12 @@ impl SelfAttention {
         };
         SelfAttention {
             layer,
-            qkv_weight: reg("linear_qkv.weight", &[3 * h, h], true, Init::Normal(cfg.init_method_std)),
+            qkv_weight: reg(
+                "linear_qkv.weight",
+                &[3 * h, h],
+                true,
+                Init::Normal(cfg.init_method_std),
+            ),
             qkv_bias: reg("linear_qkv.bias", &[3 * h], false, Init::Const(0.0)),
             proj_weight: reg("linear_proj.weight", &[h, h], true, Init::Normal(out_std)),
             proj_bias: reg("linear_proj.bias", &[h], false, Init::Const(0.0)),
@@ -66,16 +78,46 @@ impl SelfAttention {
     }
 
     /// `x` is the layer-normed input `[b*t, h]`; returns the output projection without its bias.
-    pub fn forward(&self, params: &Params, x: &Tensor, b: usize, t: usize, ctx: &StepContext) -> (Tensor, SelfAttentionSaved) {
+    pub fn forward(
+        &self,
+        params: &Params,
+        x: &Tensor,
+        b: usize,
+        t: usize,
+        ctx: &StepContext,
+    ) -> (Tensor, SelfAttentionSaved) {
         let (n, h) = (b * t, self.hidden);
         let mut qkv = Tensor::zeros(&[n, 3 * h]);
-        matmul_forward(qkv.data_mut(), x.data(), params.get(self.qkv_weight), Some(params.get(self.qkv_bias)), n, h, 3 * h);
+        matmul_forward(
+            qkv.data_mut(),
+            x.data(),
+            params.get(self.qkv_weight),
+            Some(params.get(self.qkv_bias)),
+            n,
+            h,
+            3 * h,
+        );
         let mut attn = Tensor::zeros(&[n, h]);
         let mut lse = Tensor::zeros(&[b, self.heads, t]);
         let key = ctx.site(self.layer, SITE_ATTN_DROPOUT);
-        attention_forward(attn.data_mut(), lse.data_mut(), qkv.data(), None, self.dims(b, t, ctx), key);
+        attention_forward(
+            attn.data_mut(),
+            lse.data_mut(),
+            qkv.data(),
+            None,
+            self.dims(b, t, ctx),
+            key,
+        );
         let mut out = Tensor::zeros(&[n, h]);
-        matmul_forward(out.data_mut(), attn.data(), params.get(self.proj_weight), None, n, h, h);
+        matmul_forward(
+            out.data_mut(),
+            attn.data(),
+            params.get(self.proj_weight),
+            None,
+            n,
+            h,
+            h,
+        );
         (out, SelfAttentionSaved { qkv, attn, lse })
     }
 
@@ -95,14 +137,43 @@ impl SelfAttention {
     ) -> Tensor {
         let (n, h) = (b * t, self.hidden);
         let mut dattn = Tensor::zeros(&[n, h]);
-        matmul_backward(Some(dattn.data_mut()), grads.get_mut(self.proj_weight), None, dout.data(), saved.attn.data(), params.get(self.proj_weight), n, h, h);
+        matmul_backward(
+            Some(dattn.data_mut()),
+            grads.get_mut(self.proj_weight),
+            None,
+            dout.data(),
+            saved.attn.data(),
+            params.get(self.proj_weight),
+            n,
+            h,
+            h,
+        );
         let mut dqkv = Tensor::zeros(&[n, 3 * h]);
         let key = ctx.site(self.layer, SITE_ATTN_DROPOUT);
-        attention_backward(dqkv.data_mut(), dattn.data(), saved.attn.data(), saved.lse.data(), saved.qkv.data(), None, self.dims(b, t, ctx), key);
+        attention_backward(
+            dqkv.data_mut(),
+            dattn.data(),
+            saved.attn.data(),
+            saved.lse.data(),
+            saved.qkv.data(),
+            None,
+            self.dims(b, t, ctx),
+            key,
+        );
         drop(dattn);
         let mut dx = Tensor::zeros(&[n, h]);
         let [dw, db] = grads.many_mut([self.qkv_weight, self.qkv_bias]);
-        matmul_backward(Some(dx.data_mut()), dw, Some(db), dqkv.data(), x.data(), params.get(self.qkv_weight), n, h, 3 * h);
+        matmul_backward(
+            Some(dx.data_mut()),
+            dw,
+            Some(db),
+            dqkv.data(),
+            x.data(),
+            params.get(self.qkv_weight),
+            n,
+            h,
+            3 * h,
+        );
         dx
     }
 }

@@ -50,7 +50,7 @@ impl TransformerConfig {
                 return Err(ConfigError::NotPositive { flag, value: 0 });
             }
         }
-        if self.hidden_size % self.num_attention_heads != 0 {
+        if !self.hidden_size.is_multiple_of(self.num_attention_heads) {
             return Err(ConfigError::HeadsDoNotDivideHidden {
                 heads: self.num_attention_heads,
                 hidden: self.hidden_size,
@@ -62,7 +62,10 @@ impl TransformerConfig {
                 max_pos: self.max_position_embeddings,
             });
         }
-        for (flag, p) in [("--hidden-dropout", self.hidden_dropout), ("--attention-dropout", self.attention_dropout)] {
+        for (flag, p) in [
+            ("--hidden-dropout", self.hidden_dropout),
+            ("--attention-dropout", self.attention_dropout),
+        ] {
             if !(0.0..1.0).contains(&p) {
                 return Err(ConfigError::BadProbability { flag, value: p });
             }

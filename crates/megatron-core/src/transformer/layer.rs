@@ -8,7 +8,9 @@ use super::mlp::{MLPSaved, MLP};
 use super::step::StepContext;
 use crate::params::{Grads, Init, ParamId, Params};
 use megatron_tensor::cpu::layernorm::LayerNormDims;
-use megatron_tensor::cpu::{bias_dropout_add_backward, bias_dropout_add_forward, layernorm_backward, layernorm_forward};
+use megatron_tensor::cpu::{
+    bias_dropout_add_backward, bias_dropout_add_forward, layernorm_backward, layernorm_forward,
+};
 use megatron_tensor::Tensor;
 
 /// A LayerNorm's parameters.
@@ -39,17 +41,50 @@ impl LayerNorm {
         let mut out = Tensor::zeros(&[n, h]);
         let mut mean = Tensor::zeros(&[n]);
         let mut rstd = Tensor::zeros(&[n]);
-        let d = LayerNormDims { rows: n, cols: h, eps: self.eps };
-        layernorm_forward(out.data_mut(), mean.data_mut(), rstd.data_mut(), x.data(), params.get(self.weight), params.get(self.bias), d);
+        let d = LayerNormDims {
+            rows: n,
+            cols: h,
+            eps: self.eps,
+        };
+        layernorm_forward(
+            out.data_mut(),
+            mean.data_mut(),
+            rstd.data_mut(),
+            x.data(),
+            params.get(self.weight),
+            params.get(self.bias),
+            d,
+        );
         (out, LayerNormSaved { mean, rstd })
     }
 
-    pub fn backward(&self, params: &Params, grads: &mut Grads, saved: &LayerNormSaved, x: &Tensor, dout: &Tensor) -> Tensor {
+    pub fn backward(
+        &self,
+        params: &Params,
+        grads: &mut Grads,
+        saved: &LayerNormSaved,
+        x: &Tensor,
+        dout: &Tensor,
+    ) -> Tensor {
         let (n, h) = (x.shape()[0], x.shape()[1]);
         let mut dx = Tensor::zeros(&[n, h]);
         let [dw, db] = grads.many_mut([self.weight, self.bias]);
-        let d = LayerNormDims { rows: n, cols: h, eps: self.eps };
-        layernorm_backward(dx.data_mut(), dw, db, dout.data(), x.data(), params.get(self.weight), saved.mean.data(), saved.rstd.data(), d);
+        let d = LayerNormDims {
+            rows: n,
+            cols: h,
+            eps: self.eps,
+        };
+        layernorm_backward(
+            dx.data_mut(),
+            dw,
+            db,
+            dout.data(),
+            x.data(),
+            params.get(self.weight),
+            saved.mean.data(),
+            saved.rstd.data(),
+            d,
+        );
         dx
     }
 }
@@ -88,12 +123,29 @@ const SITE_ATTN_RESIDUAL: u64 = 2;
 const SITE_MLP_RESIDUAL: u64 = 3;
 
 impl TransformerLayer {
-    pub fn new(cfg: &TransformerConfig, layer: usize, params: &mut Params, inits: &mut Vec<Init>) -> Self {
+    pub fn new(
+        cfg: &TransformerConfig,
+        layer: usize,
+        params: &mut Params,
+        inits: &mut Vec<Init>,
+    ) -> Self {
         let h = cfg.hidden_size;
         let p = format!("decoder.layers.{layer}");
-        let input_layernorm = LayerNorm::new(&format!("{p}.input_layernorm"), h, cfg.layernorm_epsilon, params, inits);
+        let input_layernorm = LayerNorm::new(
+            &format!("{p}.input_layernorm"),
+            h,
+            cfg.layernorm_epsilon,
+            params,
+            inits,
+        );
         let self_attention = SelfAttention::new(cfg, layer, params, inits);
-        let pre_mlp_layernorm = LayerNorm::new(&format!("{p}.pre_mlp_layernorm"), h, cfg.layernorm_epsilon, params, inits);
+        let pre_mlp_layernorm = LayerNorm::new(
+            &format!("{p}.pre_mlp_layernorm"),
+            h,
+            cfg.layernorm_epsilon,
+            params,
+            inits,
+        );
         let mlp = MLP::new(cfg, layer, params, inits);
         TransformerLayer {
             layer,
@@ -105,7 +157,14 @@ impl TransformerLayer {
         }
     }
 
-    pub fn forward(&self, params: &Params, x: Tensor, b: usize, t: usize, ctx: &StepContext) -> (Tensor, TransformerLayerSaved) {
+    pub fn forward(
+        &self,
+        params: &Params,
+        x: Tensor,
+        b: usize,
+        t: usize,
+        ctx: &StepContext,
+    ) -> (Tensor, TransformerLayerSaved) {
         let n = b * t;
         let h = x.shape()[1];
         let p = ctx.p(self.hidden_dropout);
@@ -114,42 +173,102 @@ impl TransformerLayer {
         drop(ln1_out);
         let mut mid = Tensor::zeros(&[n, h]);
         let key = ctx.site(self.layer, SITE_ATTN_RESIDUAL);
-        bias_dropout_add_forward(mid.data_mut(), proj.data(), params.get(self.self_attention.proj_bias), x.data(), p, key);
+        bias_dropout_add_forward(
+            mid.data_mut(),
+            proj.data(),
+            params.get(self.self_attention.proj_bias),
+            x.data(),
+            p,
+            key,
+        );
         drop(proj);
         let (ln2_out, ln2) = self.pre_mlp_layernorm.forward(params, &mid);
         let (y, mlp) = self.mlp.forward(params, &ln2_out, n);
         drop(ln2_out);
         let mut out = Tensor::zeros(&[n, h]);
         let key = ctx.site(self.layer, SITE_MLP_RESIDUAL);
-        bias_dropout_add_forward(out.data_mut(), y.data(), params.get(self.mlp.fc2_bias), mid.data(), p, key);
-        (out, TransformerLayerSaved { input: x, ln1, attn, mid, ln2, mlp })
+        bias_dropout_add_forward(
+            out.data_mut(),
+            y.data(),
+            params.get(self.mlp.fc2_bias),
+            mid.data(),
+            p,
+            key,
+        );
+        (
+            out,
+            TransformerLayerSaved {
+                input: x,
+                ln1,
+                attn,
+                mid,
+                ln2,
+                mlp,
+            },
+        )
     }
 
     /// Forward without keeping anything for backward (evaluation).
-    pub fn forward_no_grad(&self, params: &Params, x: Tensor, b: usize, t: usize, ctx: &StepContext) -> Tensor {
+    pub fn forward_no_grad(
+        &self,
+        params: &Params,
+        x: Tensor,
+        b: usize,
+        t: usize,
+        ctx: &StepContext,
+    ) -> Tensor {
         self.forward(params, x, b, t, ctx).0
     }
 
-    pub fn backward(&self, params: &Params, grads: &mut Grads, saved: TransformerLayerSaved, dout: Tensor, b: usize, t: usize, ctx: &StepContext) -> Tensor {
+    pub fn backward(
+        &self,
+        params: &Params,
+        grads: &mut Grads,
+        saved: TransformerLayerSaved,
+        dout: Tensor,
+        b: usize,
+        t: usize,
+        ctx: &StepContext,
+    ) -> Tensor {
         let n = b * t;
         let h = dout.shape()[1];
         let p = ctx.p(self.hidden_dropout);
         // MLP residual: d(mid) gets dout directly plus the MLP branch.
         let mut dy = Tensor::zeros(&[n, h]);
-        bias_dropout_add_backward(dy.data_mut(), grads.get_mut(self.mlp.fc2_bias), dout.data(), p, ctx.site(self.layer, SITE_MLP_RESIDUAL));
+        bias_dropout_add_backward(
+            dy.data_mut(),
+            grads.get_mut(self.mlp.fc2_bias),
+            dout.data(),
+            p,
+            ctx.site(self.layer, SITE_MLP_RESIDUAL),
+        );
         let (ln2_out, _) = self.pre_mlp_layernorm.forward(params, &saved.mid);
-        let dln2 = self.mlp.backward(params, grads, &saved.mlp, &ln2_out, &dy, n);
+        let dln2 = self
+            .mlp
+            .backward(params, grads, &saved.mlp, &ln2_out, &dy, n);
         drop(ln2_out);
-        let mut dmid = self.pre_mlp_layernorm.backward(params, grads, &saved.ln2, &saved.mid, &dln2);
+        let mut dmid = self
+            .pre_mlp_layernorm
+            .backward(params, grads, &saved.ln2, &saved.mid, &dln2);
         add_inplace(&mut dmid, &dout);
         drop(dout);
         // Attention residual.
         let mut dproj = dy;
-        bias_dropout_add_backward(dproj.data_mut(), grads.get_mut(self.self_attention.proj_bias), dmid.data(), p, ctx.site(self.layer, SITE_ATTN_RESIDUAL));
+        bias_dropout_add_backward(
+            dproj.data_mut(),
+            grads.get_mut(self.self_attention.proj_bias),
+            dmid.data(),
+            p,
+            ctx.site(self.layer, SITE_ATTN_RESIDUAL),
+        );
         let (ln1_out, _) = self.input_layernorm.forward(params, &saved.input);
-        let dln1 = self.self_attention.backward(params, grads, &saved.attn, &ln1_out, &dproj, b, t, ctx);
+        let dln1 =
+            self.self_attention
+                .backward(params, grads, &saved.attn, &ln1_out, &dproj, b, t, ctx);
         drop(ln1_out);
-        let mut dx = self.input_layernorm.backward(params, grads, &saved.ln1, &saved.input, &dln1);
+        let mut dx = self
+            .input_layernorm
+            .backward(params, grads, &saved.ln1, &saved.input, &dln1);
         add_inplace(&mut dx, &dmid);
         dx
     }

@@ -12,7 +12,10 @@ impl StepContext {
     pub fn train(seed: u64, iteration: u64, microbatch: u64) -> Self {
         StepContext {
             training: true,
-            key: RngKey::new(seed).fold(0xD0).fold(iteration).fold(microbatch),
+            key: RngKey::new(seed)
+                .fold(0xD0)
+                .fold(iteration)
+                .fold(microbatch),
         }
     }
 

@@ -10,7 +10,10 @@ pub fn randn(n: usize, seed: u64, std: f32) -> Vec<f32> {
 
 pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
 }
 
 pub fn assert_close(a: &[f32], b: &[f32], atol: f32, rtol: f32, what: &str) {

@@ -14,7 +14,13 @@ pub struct AdamWParams {
 
 const CHUNK: usize = 1 << 14;
 
-pub fn adamw_update(params: &mut [f32], grads: &[f32], m: &mut [f32], v: &mut [f32], h: AdamWParams) {
+pub fn adamw_update(
+    params: &mut [f32],
+    grads: &[f32],
+    m: &mut [f32],
+    v: &mut [f32],
+    h: AdamWParams,
+) {
     assert_eq!(params.len(), grads.len());
     assert_eq!(params.len(), m.len());
     assert_eq!(params.len(), v.len());

@@ -66,7 +66,11 @@ pub fn attention_forward(
     let out_p = SyncPtr(out.as_mut_ptr());
     let lse_p = SyncPtr(lse.as_mut_ptr());
     let scale = d.scale();
-    let keep_scale = if d.dropout > 0.0 { 1.0 / (1.0 - d.dropout) } else { 1.0 };
+    let keep_scale = if d.dropout > 0.0 {
+        1.0 / (1.0 - d.dropout)
+    } else {
+        1.0
+    };
     (0..d.b * d.heads * nqb).into_par_iter().for_each(|task| {
         let qb = task % nqb;
         let h = (task / nqb) % d.heads;
@@ -86,7 +90,21 @@ pub fn attention_forward(
         let mut j0 = 0;
         while j0 < kend {
             let nk = BK.min(kend - j0);
-            matmul_strided(&mut s, BK, q, qrs, 1, &kbase[j0 * qrs..], 1, qrs, nq, nk, hd, scale, false);
+            matmul_strided(
+                &mut s,
+                BK,
+                q,
+                qrs,
+                1,
+                &kbase[j0 * qrs..],
+                1,
+                qrs,
+                nq,
+                nk,
+                hd,
+                scale,
+                false,
+            );
             for r in 0..nq {
                 let i = i0 + r;
                 let row = &mut s[r * BK..r * BK + nk];
@@ -123,7 +141,21 @@ pub fn attention_forward(
                     *a *= corr;
                 }
             }
-            matmul_strided(&mut acc, hd, &s, BK, 1, &vbase[j0 * qrs..], qrs, 1, nq, hd, nk, 1.0, true);
+            matmul_strided(
+                &mut acc,
+                hd,
+                &s,
+                BK,
+                1,
+                &vbase[j0 * qrs..],
+                qrs,
+                1,
+                nq,
+                hd,
+                nk,
+                1.0,
+                true,
+            );
             j0 += BK;
         }
         for r in 0..nq {
@@ -163,7 +195,11 @@ pub fn attention_backward(
     let ors = d.out_row();
     let dq_p = SyncPtr(dqkv.as_mut_ptr());
     let scale = d.scale();
-    let keep_scale = if d.dropout > 0.0 { 1.0 / (1.0 - d.dropout) } else { 1.0 };
+    let keep_scale = if d.dropout > 0.0 {
+        1.0 / (1.0 - d.dropout)
+    } else {
+        1.0
+    };
     (0..d.b * d.heads).into_par_iter().for_each(|task| {
         let h = task % d.heads;
         let b = task / d.heads;
@@ -200,13 +236,31 @@ pub fn attention_backward(
             if j0 < klen {
                 while i0 < t {
                     let nq = BQ.min(t - i0);
-                    matmul_strided(&mut p, BK, &q[i0 * qrs..], qrs, 1, &k[j0 * qrs..], 1, qrs, nq, nk, hd, scale, false);
+                    matmul_strided(
+                        &mut p,
+                        BK,
+                        &q[i0 * qrs..],
+                        qrs,
+                        1,
+                        &k[j0 * qrs..],
+                        1,
+                        qrs,
+                        nq,
+                        nk,
+                        hd,
+                        scale,
+                        false,
+                    );
                     for r in 0..nq {
                         let i = i0 + r;
                         for c in 0..nk {
                             let idx = r * BK + c;
                             let j = j0 + c;
-                            let pv = if masked(&d, klen, i, j) { 0.0 } else { (p[idx] - lse_h[i]).exp() };
+                            let pv = if masked(&d, klen, i, j) {
+                                0.0
+                            } else {
+                                (p[idx] - lse_h[i]).exp()
+                            };
                             p[idx] = pv;
                             pd[idx] = if d.dropout > 0.0 {
                                 if key.keep(drop_index(&d, b, h, i, j), d.dropout) {
@@ -220,9 +274,37 @@ pub fn attention_backward(
                         }
                     }
                     // dV_j += Pd^T dO_i
-                    matmul_strided(&mut dv, hd, &pd, 1, BK, &dout_h[i0 * ors..], ors, 1, nk, hd, nq, 1.0, true);
+                    matmul_strided(
+                        &mut dv,
+                        hd,
+                        &pd,
+                        1,
+                        BK,
+                        &dout_h[i0 * ors..],
+                        ors,
+                        1,
+                        nk,
+                        hd,
+                        nq,
+                        1.0,
+                        true,
+                    );
                     // dP = dO_i V_j^T
-                    matmul_strided(&mut dp, BK, &dout_h[i0 * ors..], ors, 1, &v[j0 * qrs..], 1, qrs, nq, nk, hd, 1.0, false);
+                    matmul_strided(
+                        &mut dp,
+                        BK,
+                        &dout_h[i0 * ors..],
+                        ors,
+                        1,
+                        &v[j0 * qrs..],
+                        1,
+                        qrs,
+                        nq,
+                        nk,
+                        hd,
+                        1.0,
+                        false,
+                    );
                     for r in 0..nq {
                         let i = i0 + r;
                         for c in 0..nk {
@@ -240,8 +322,36 @@ pub fn attention_backward(
                         }
                     }
                     // dQ_i += dS K_j ; dK_j += dS^T Q_i
-                    matmul_strided(&mut dq[i0 * hd..], hd, &dp, BK, 1, &k[j0 * qrs..], qrs, 1, nq, hd, nk, 1.0, true);
-                    matmul_strided(&mut dk, hd, &dp, 1, BK, &q[i0 * qrs..], qrs, 1, nk, hd, nq, 1.0, true);
+                    matmul_strided(
+                        &mut dq[i0 * hd..],
+                        hd,
+                        &dp,
+                        BK,
+                        1,
+                        &k[j0 * qrs..],
+                        qrs,
+                        1,
+                        nq,
+                        hd,
+                        nk,
+                        1.0,
+                        true,
+                    );
+                    matmul_strided(
+                        &mut dk,
+                        hd,
+                        &dp,
+                        1,
+                        BK,
+                        &q[i0 * qrs..],
+                        qrs,
+                        1,
+                        nk,
+                        hd,
+                        nq,
+                        1.0,
+                        true,
+                    );
                     i0 += BQ;
                 }
             }
@@ -278,28 +388,30 @@ pub fn attention_decode_forward(
     len: usize,
 ) {
     let scale = 1.0 / (head_dim as f32).sqrt();
-    out.par_chunks_mut(head_dim).enumerate().for_each(|(bh, o)| {
-        debug_assert!(bh < b * heads);
-        let qv = &q[bh * head_dim..(bh + 1) * head_dim];
-        let kc = &k_cache[bh * max_t * head_dim..];
-        let vc = &v_cache[bh * max_t * head_dim..];
-        let scores: Vec<f32> = (0..len)
-            .map(|j| {
-                let kr = &kc[j * head_dim..(j + 1) * head_dim];
-                qv.iter().zip(kr).map(|(a, b)| a * b).sum::<f32>() * scale
-            })
-            .collect();
-        let mx = scores.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-        let e: Vec<f32> = scores.iter().map(|s| (s - mx).exp()).collect();
-        let sum: f32 = e.iter().sum();
-        o.fill(0.0);
-        for (j, w) in e.iter().enumerate() {
-            let vr = &vc[j * head_dim..(j + 1) * head_dim];
-            for (ov, vv) in o.iter_mut().zip(vr) {
-                *ov += w / sum * vv;
+    out.par_chunks_mut(head_dim)
+        .enumerate()
+        .for_each(|(bh, o)| {
+            debug_assert!(bh < b * heads);
+            let qv = &q[bh * head_dim..(bh + 1) * head_dim];
+            let kc = &k_cache[bh * max_t * head_dim..];
+            let vc = &v_cache[bh * max_t * head_dim..];
+            let scores: Vec<f32> = (0..len)
+                .map(|j| {
+                    let kr = &kc[j * head_dim..(j + 1) * head_dim];
+                    qv.iter().zip(kr).map(|(a, b)| a * b).sum::<f32>() * scale
+                })
+                .collect();
+            let mx = scores.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+            let e: Vec<f32> = scores.iter().map(|s| (s - mx).exp()).collect();
+            let sum: f32 = e.iter().sum();
+            o.fill(0.0);
+            for (j, w) in e.iter().enumerate() {
+                let vr = &vc[j * head_dim..(j + 1) * head_dim];
+                for (ov, vv) in o.iter_mut().zip(vr) {
+                    *ov += w / sum * vv;
+                }
             }
-        }
-    });
+        });
 }
 
 /// Appends the K and V of one new position per sequence from a fused `qkv` row

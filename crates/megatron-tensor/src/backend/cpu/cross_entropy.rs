@@ -76,7 +76,12 @@ pub fn fused_classifier(
                 }
             });
         if let Some((dx, dw)) = grads.as_mut() {
-            matmul(&mut dx[r0 * c..(r0 + nr) * c], tile, weight, MatmulDims::new(nr, c, v));
+            matmul(
+                &mut dx[r0 * c..(r0 + nr) * c],
+                tile,
+                weight,
+                MatmulDims::new(nr, c, v),
+            );
             matmul(dw, tile, xr, MatmulDims::new(v, c, nr).ta().acc());
         }
         r0 += nr;

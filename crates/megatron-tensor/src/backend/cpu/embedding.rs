@@ -19,7 +19,13 @@ pub fn embedding_forward(out: &mut [f32], tokens: &[u32], wte: &[f32], wpe: &[f3
 
 /// Accumulates `dwte[tokens[i]] += dout[i]` and `dwpe[i % t] += dout[i]`. Serial over tokens so
 /// repeated tokens sum in a fixed order.
-pub fn embedding_backward(dwte: &mut [f32], dwpe: &mut [f32], dout: &[f32], tokens: &[u32], t: usize) {
+pub fn embedding_backward(
+    dwte: &mut [f32],
+    dwpe: &mut [f32],
+    dout: &[f32],
+    tokens: &[u32],
+    t: usize,
+) {
     let c = dout.len() / tokens.len().max(1);
     for (i, g) in dout.chunks_exact(c).enumerate() {
         let tok = tokens[i] as usize;

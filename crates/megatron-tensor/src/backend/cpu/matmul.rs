@@ -171,7 +171,15 @@ pub fn bias_backward(dbias: &mut [f32], dout: &[f32], rows: usize, cols: usize) 
 }
 
 /// Linear layer forward, Megatron layout: `out[n, o] = inp[n, i] · weight[o, i]^T (+ bias[o])`.
-pub fn matmul_forward(out: &mut [f32], inp: &[f32], weight: &[f32], bias: Option<&[f32]>, n: usize, i: usize, o: usize) {
+pub fn matmul_forward(
+    out: &mut [f32],
+    inp: &[f32],
+    weight: &[f32],
+    bias: Option<&[f32]>,
+    n: usize,
+    i: usize,
+    o: usize,
+) {
     let acc = if let Some(b) = bias {
         out.par_chunks_mut(o).for_each(|row| row.copy_from_slice(b));
         true

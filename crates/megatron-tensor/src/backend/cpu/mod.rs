@@ -15,13 +15,17 @@ pub mod reduce;
 pub mod sync_ptr;
 
 pub use adamw::{adamw_update, AdamWParams};
-pub use attention::{attention_backward, attention_decode_forward, attention_forward, kv_cache_append, AttentionDims};
+pub use attention::{
+    attention_backward, attention_decode_forward, attention_forward, kv_cache_append, AttentionDims,
+};
 pub use cross_entropy::{fused_classifier, ClassifierDims, IGNORE_INDEX};
 pub use dropout::{bias_dropout_add_backward, bias_dropout_add_forward};
 pub use embedding::{embedding_backward, embedding_forward};
 pub use gelu::{bias_gelu_backward, bias_gelu_forward};
 pub use layernorm::{layernorm_backward, layernorm_forward};
-pub use matmul::{bias_backward, matmul, matmul_backward, matmul_forward, matmul_with_threads, MatmulDims};
+pub use matmul::{
+    bias_backward, matmul, matmul_backward, matmul_forward, matmul_with_threads, MatmulDims,
+};
 pub use reduce::{global_norm_squared, scale_inplace};
 
 /// Rows per parallel task for row-wise elementwise kernels: big enough to amortize scheduling,

@@ -27,9 +27,11 @@ pub fn all_finite(x: &[f32]) -> bool {
 /// `a += b` (residual-stream gradient accumulation).
 pub fn add_inplace(a: &mut [f32], b: &[f32]) {
     assert_eq!(a.len(), b.len());
-    a.par_chunks_mut(CHUNK).zip(b.par_chunks(CHUNK)).for_each(|(x, y)| {
-        for (p, q) in x.iter_mut().zip(y) {
-            *p += q;
-        }
-    });
+    a.par_chunks_mut(CHUNK)
+        .zip(b.par_chunks(CHUNK))
+        .for_each(|(x, y)| {
+            for (p, q) in x.iter_mut().zip(y) {
+                *p += q;
+            }
+        });
 }

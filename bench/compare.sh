@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Side-by-side benchmark: `megatron train` against the PyTorch eager reference (bench/torch_gpt.py)
+# on the same GPT shapes, alternating runs in one invocation so that both see the same machine
+# load. Usage: bench/compare.sh [S|M] [runs] ; PYTHON=path/to/python with torch installed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+CFG=${1:-S}; RUNS=${2:-2}; PYTHON=${PYTHON:-python3}
+case "$CFG" in
+  S) L=4;  H=256; A=4;  T=256; B=8; V=8192;  WARM=3; STEPS=15 ;;
+  M) L=12; H=768; A=12; T=512; B=4; V=50304; WARM=2; STEPS=6 ;;
+  *) echo "config S or M" >&2; exit 2 ;;
+esac
+cargo build --release --quiet
+OUT=$(mktemp -d)
+echo "# config $CFG: layers $L hidden $H heads $A seq $T micro-batch $B vocab $V; $RUNS runs each, alternating"
+echo "# load before start: $(cut -d' ' -f1-3 /proc/loadavg)"
+for r in $(seq 1 "$RUNS"); do
+  rm -f "$OUT/m.jsonl"
+  # NullTokenizer's vocabulary is --vocab-size + 1 (its end-of-document id), padded to V.
+  /usr/bin/time -f "%M" -o "$OUT/rss" ./target/release/megatron train --mock-data --tokenizer-type NullTokenizer \
+    --vocab-size $((V - 1)) --num-layers $L --hidden-size $H --num-attention-heads $A --seq-length $T \
+    --micro-batch-size $B --global-batch-size $B --train-iters $((WARM + STEPS)) --lr 3e-4 \
+    --adam-beta2 0.95 --weight-decay 0.1 --clip-grad 1.0 --hidden-dropout 0 --attention-dropout 0 \
+    --log-interval 1 --eval-interval 100000 --eval-iters 0 --metrics-file "$OUT/m.jsonl" \
+    --no-progress-bar --num-threads 2 > "$OUT/log"
+  python3 - "$OUT/m.jsonl" "$WARM" "$B" "$T" "$(cat "$OUT/rss")" <<'PY'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if '"lm_loss"' in l]
+warm, b, t, rss_kb = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+ms = statistics.median(r["ms_per_iter"] for r in rows[warm:])
+print(json.dumps({"impl": "megatron-rs", "step_s": ms / 1e3, "tokens_per_sec": b * t / (ms / 1e3),
+                  "peak_rss_bytes": rss_kb * 1024, "mfu_vs_fma_peak": statistics.median(r["mfu"] for r in rows[warm:]),
+                  "first_loss": rows[0]["lm_loss"], "last_loss": rows[-1]["lm_loss"]}))
+PY
+  /usr/bin/time -f "%M" -o "$OUT/rss" "$PYTHON" bench/torch_gpt.py --layers $L --hidden $H --heads $A \
+    --seq $T --batch $B --vocab $V --warmup $WARM --steps $STEPS --threads 2
+done
+rm -rf "$OUT"

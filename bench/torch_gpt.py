@@ -1,0 +1,101 @@
+"""PyTorch reference of megatron-rs's GPT for side-by-side benchmarks (bench/compare.sh).
+
+Same model as `megatron train`: learned token + position embeddings, pre-LayerNorm blocks with a
+fused QKV projection, causal attention (F.scaled_dot_product_attention), GELU(tanh) MLP, final
+LayerNorm, output layer tied to the word embedding; normal(0, 0.02) init with output projections
+scaled by 1/sqrt(2L); AdamW (betas 0.9/0.95, wd 0.1 on matrices only), grad clipping 1.0; fp32,
+eager mode, dropout 0. Data: random token batches (no data-loading cost).
+Prints one JSON line: median step seconds, tokens/s, peak RSS.
+"""
+import argparse, json, math, resource, statistics, time
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Block(nn.Module):
+    def __init__(self, h, heads, ffn, layers):
+        super().__init__()
+        self.heads = heads
+        self.ln1 = nn.LayerNorm(h, eps=1e-5)
+        self.qkv = nn.Linear(h, 3 * h)
+        self.proj = nn.Linear(h, h)
+        self.ln2 = nn.LayerNorm(h, eps=1e-5)
+        self.fc1 = nn.Linear(h, ffn)
+        self.fc2 = nn.Linear(ffn, h)
+        for lin, std in ((self.qkv, 0.02), (self.proj, 0.02 / math.sqrt(2 * layers)),
+                         (self.fc1, 0.02), (self.fc2, 0.02 / math.sqrt(2 * layers))):
+            nn.init.normal_(lin.weight, 0.0, std)
+            nn.init.zeros_(lin.bias)
+
+    def forward(self, x):
+        b, t, h = x.shape
+        qkv = self.qkv(self.ln1(x)).view(b, t, self.heads, 3, h // self.heads)
+        q, k, v = (qkv[:, :, :, i].transpose(1, 2) for i in range(3))
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(a.transpose(1, 2).reshape(b, t, h))
+        return x + self.fc2(F.gelu(self.fc1(self.ln2(x)), approximate="tanh"))
+
+
+class GPT(nn.Module):
+    def __init__(self, layers, h, heads, seq, vocab):
+        super().__init__()
+        self.wte = nn.Embedding(vocab, h)
+        self.wpe = nn.Embedding(seq, h)
+        nn.init.normal_(self.wte.weight, 0.0, 0.02)
+        nn.init.normal_(self.wpe.weight, 0.0, 0.02)
+        self.blocks = nn.ModuleList(Block(h, heads, 4 * h, layers) for _ in range(layers))
+        self.lnf = nn.LayerNorm(h, eps=1e-5)
+
+    def forward(self, idx, labels):
+        t = idx.shape[1]
+        x = self.wte(idx) + self.wpe(torch.arange(t))
+        for blk in self.blocks:
+            x = blk(x)
+        logits = self.lnf(x) @ self.wte.weight.t()
+        return F.cross_entropy(logits.view(-1, logits.shape[-1]), labels.view(-1))
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--layers", type=int, required=True)
+    p.add_argument("--hidden", type=int, required=True)
+    p.add_argument("--heads", type=int, required=True)
+    p.add_argument("--seq", type=int, required=True)
+    p.add_argument("--batch", type=int, required=True)
+    p.add_argument("--vocab", type=int, required=True)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--threads", type=int, default=2)
+    a = p.parse_args()
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(0)
+    model = GPT(a.layers, a.hidden, a.heads, a.seq, a.vocab)
+    decay = [p_ for n, p_ in model.named_parameters() if p_.dim() >= 2]
+    no_decay = [p_ for n, p_ in model.named_parameters() if p_.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=3e-4, betas=(0.9, 0.95))
+    g = torch.Generator().manual_seed(1)
+    times, losses = [], []
+    for step in range(a.warmup + a.steps):
+        data = torch.randint(0, a.vocab, (a.batch, a.seq + 1), generator=g)
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        loss = model(data[:, :-1], data[:, 1:])
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        dt = time.perf_counter() - t0
+        losses.append(loss.item())
+        if step >= a.warmup:
+            times.append(dt)
+    med = statistics.median(times)
+    print(json.dumps({
+        "impl": "pytorch-eager", "step_s": med, "tokens_per_sec": a.batch * a.seq / med,
+        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "first_loss": losses[0], "last_loss": losses[-1], "torch": torch.__version__,
+    }))
+
+
+if __name__ == "__main__":
+    main()
