@@ -53,7 +53,7 @@ class GPT(nn.Module):
         for blk in self.blocks:
             x = blk(x)
         logits = self.lnf(x) @ self.wte.weight.t()
-        return F.cross_entropy(logits.view(-1, logits.shape[-1]), labels.view(-1))
+        return F.cross_entropy(logits.view(-1, logits.shape[-1]), labels.reshape(-1))
 
 
 def main():

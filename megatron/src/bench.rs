@@ -7,7 +7,8 @@ use std::time::Instant;
 
 #[derive(Args)]
 pub struct BenchArgs {
-    /// What to benchmark (only `gemm` today).
+    /// `gemm` (the three GEMMs of a linear layer) or `kernels` (every kernel of one GPT layer
+    /// at --tokens x --hidden with --seq-length and --heads, plus the output layer at --vocab).
     #[arg(default_value = "gemm")]
     pub what: String,
     #[arg(long, default_value_t = 4096)]
@@ -20,11 +21,169 @@ pub struct BenchArgs {
     pub repeats: usize,
     #[arg(long)]
     pub threads: Option<usize>,
+    #[arg(long, default_value_t = 512)]
+    pub seq_length: usize,
+    #[arg(long, default_value_t = 12)]
+    pub heads: usize,
+    #[arg(long, default_value_t = 50304)]
+    pub vocab: usize,
+}
+
+fn time_median(repeats: usize, mut f: impl FnMut()) -> f64 {
+    f();
+    let mut t: Vec<f64> = (0..repeats)
+        .map(|_| {
+            let s = Instant::now();
+            f();
+            s.elapsed().as_secs_f64()
+        })
+        .collect();
+    t.sort_by(f64::total_cmp);
+    t[t.len() / 2]
+}
+
+fn kernels(a: &BenchArgs) -> anyhow::Result<()> {
+    use megatron_tensor::cpu::layernorm::LayerNormDims;
+    use megatron_tensor::cpu::*;
+    use megatron_tensor::RngKey;
+    let threads = a
+        .threads
+        .unwrap_or_else(megatron_tensor::threads::available_cores);
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()?;
+    pool.install(|| {
+        megatron_tensor::threads::set_gemm_threads(threads);
+        let (n, h, f, t, v) = (a.tokens, a.hidden, a.ffn, a.seq_length, a.vocab);
+        let b = n / t;
+        let r = a.repeats;
+        let x = vec![0.01f32; n * h];
+        let mut y = vec![0.0f32; n * h];
+        let w = vec![0.01f32; f * h];
+        let mut big = vec![0.0f32; n * f];
+        let big2 = vec![0.01f32; n * f];
+        let bias = vec![0.0f32; f];
+        let mut total = 0.0;
+        let mut report = |name: &str, secs: f64| {
+            total += secs;
+            println!("{name:<34} {:>9.2} ms", secs * 1e3);
+        };
+        report(
+            "matmul fwd  [N,h]x[f,h]^T",
+            time_median(r, || matmul_forward(&mut big, &x, &w, None, n, h, f)),
+        );
+        let mut dw = vec![0.0f32; f * h];
+        report(
+            "matmul wgrad [N,f]^T[N,h]",
+            time_median(r, || {
+                matmul(&mut dw, &big2, &x, MatmulDims::new(f, h, n).ta().acc())
+            }),
+        );
+        report(
+            "matmul dgrad [N,f]x[f,h]",
+            time_median(r, || matmul(&mut y, &big2, &w, MatmulDims::new(n, h, f))),
+        );
+        report(
+            "bias_gelu_forward [N,f]",
+            time_median(r, || bias_gelu_forward(&mut big, &big2, &bias)),
+        );
+        report(
+            "bias_gelu_backward [N,f]",
+            time_median(r, || bias_gelu_backward(&mut big, &big2, &big2, &bias)),
+        );
+        let mut mean = vec![0.0f32; n];
+        let mut rstd = vec![0.0f32; n];
+        let ones = vec![1.0f32; h];
+        let zeros = vec![0.0f32; h];
+        let d = LayerNormDims {
+            rows: n,
+            cols: h,
+            eps: 1e-5,
+        };
+        report(
+            "layernorm_forward [N,h]",
+            time_median(r, || {
+                layernorm_forward(&mut y, &mut mean, &mut rstd, &x, &ones, &zeros, d)
+            }),
+        );
+        let (mut dwl, mut dbl) = (vec![0.0f32; h], vec![0.0f32; h]);
+        let mut dx = vec![0.0f32; n * h];
+        report(
+            "layernorm_backward [N,h]",
+            time_median(r, || {
+                layernorm_backward(&mut dx, &mut dwl, &mut dbl, &y, &x, &ones, &mean, &rstd, d)
+            }),
+        );
+        let mut res = vec![0.0f32; n * h];
+        report(
+            "bias_dropout_add_forward [N,h]",
+            time_median(r, || {
+                bias_dropout_add_forward(&mut res, &x, &zeros, &y, 0.0, RngKey::new(1))
+            }),
+        );
+        let qkv = vec![0.01f32; n * 3 * h];
+        let mut dqkv = vec![0.0f32; n * 3 * h];
+        let mut lse = vec![0.0f32; b * a.heads * t];
+        let ad = AttentionDims {
+            b,
+            t,
+            heads: a.heads,
+            head_dim: h / a.heads,
+            causal: true,
+            dropout: 0.0,
+        };
+        report(
+            "attention_forward",
+            time_median(r, || {
+                attention_forward(&mut y, &mut lse, &qkv, None, ad, RngKey::new(1))
+            }),
+        );
+        report(
+            "attention_backward",
+            time_median(r, || {
+                attention_backward(&mut dqkv, &x, &y, &lse, &qkv, None, ad, RngKey::new(1))
+            }),
+        );
+        let wv = vec![0.01f32; v * h];
+        let mut dwv = vec![0.0f32; v * h];
+        let tg: Vec<u32> = (0..n as u32).map(|i| i % v as u32).collect();
+        let dl = vec![1.0f32 / n as f32; n];
+        let mut losses = vec![0.0f32; n];
+        let chunk = std::env::var("CHUNK")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(256);
+        let cd = ClassifierDims {
+            n,
+            c: h,
+            v,
+            chunk_rows: chunk,
+        };
+        report(
+            "fused_classifier fwd+bwd",
+            time_median(r, || {
+                fused_classifier(
+                    &mut losses,
+                    Some((&mut dx, &mut dwv)),
+                    &x,
+                    &wv,
+                    &tg,
+                    &dl,
+                    cd,
+                )
+            }),
+        );
+        println!("{:<34} {:>9.2} ms", "sum", total * 1e3);
+    });
+    Ok(())
 }
 
 pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
+    if a.what == "kernels" {
+        return kernels(a);
+    }
     if a.what != "gemm" {
-        anyhow::bail!("bench {}: only `gemm` is available", a.what);
+        anyhow::bail!("bench {}: expected `gemm` or `kernels`", a.what);
     }
     let threads = a
         .threads

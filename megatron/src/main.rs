@@ -8,6 +8,12 @@ use std::process::ExitCode;
 
 mod bench;
 
+/// GEMM packing buffers and activations are large, short-lived allocations; glibc hands them
+/// back to the kernel after each call (munmap + page faults + TLB shootdowns across rank and
+/// GEMM threads). mimalloc keeps them.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(
     name = "megatron",

@@ -47,3 +47,25 @@ fn pooled_tensors_are_zeroed_when_reused() {
     let t = Tensor::zeros(&[n]);
     assert!(t.data().iter().all(|&v| v == 0.0));
 }
+
+#[test]
+fn fast_exp_and_tanh_match_libm() {
+    use megatron_tensor::cpu::simd::{exp, tanh};
+    let mut x = -100.0f32;
+    while x < 88.0 {
+        let want = x.exp();
+        let got = exp(x);
+        assert!(
+            (got - want).abs() <= 4.0 * f32::EPSILON * want + 1e-37,
+            "exp({x}) = {got}, libm {want}"
+        );
+        let tw = x.tanh();
+        assert!(
+            (tanh(x) - tw).abs() <= 2e-7 + 2.0 * f32::EPSILON * tw.abs(),
+            "tanh({x})"
+        );
+        x += 0.0137;
+    }
+    assert_eq!(exp(f32::NEG_INFINITY), 0.0);
+    assert_eq!(tanh(0.0), 0.0);
+}

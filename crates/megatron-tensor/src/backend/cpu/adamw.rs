@@ -1,3 +1,4 @@
+use super::simd::multiversion;
 use rayon::prelude::*;
 
 /// AdamW with decoupled weight decay and bias correction (Megatron's / torch's `AdamW`).
@@ -31,7 +32,11 @@ pub fn adamw_update(
         .zip(grads.par_chunks(CHUNK))
         .zip(m.par_chunks_mut(CHUNK))
         .zip(v.par_chunks_mut(CHUNK))
-        .for_each(|(((p, g), m), v)| {
+        .for_each(|(((p, g), m), v)| adamw_chunk(p, g, m, v, h, bc1, bc2));
+}
+
+multiversion! {
+    fn adamw_chunk(p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32], h: AdamWParams, bc1: f32, bc2: f32) {
             for i in 0..p.len() {
                 let gi = g[i];
                 m[i] = h.beta1 * m[i] + (1.0 - h.beta1) * gi;
@@ -40,5 +45,5 @@ pub fn adamw_update(
                 let vhat = v[i] / bc2;
                 p[i] -= h.lr * (mhat / (vhat.sqrt() + h.eps) + h.weight_decay * p[i]);
             }
-        });
+    }
 }

@@ -9,7 +9,8 @@
 //! split is a contiguous slice of heads); `out` is `[b, t, heads, head_dim]`; `lse` is
 //! `[b, heads, t]`.
 
-use super::matmul::matmul_strided;
+use super::attention_tile::tile_matmul;
+use super::simd::{exp, multiversion};
 use super::sync_ptr::SyncPtr;
 use crate::rng::RngKey;
 use rayon::prelude::*;
@@ -39,14 +40,78 @@ impl AttentionDims {
     }
 }
 
+/// Keys `j0..j0 + valid_len` of the tile are visible to query `i` (masks are prefixes: causal
+/// and padding both cut a row at some key).
 #[inline(always)]
-fn masked(d: &AttentionDims, key_len: usize, i: usize, j: usize) -> bool {
-    (d.causal && j > i) || j >= key_len
+fn valid_len(d: &AttentionDims, key_len: usize, i: usize, j0: usize, nk: usize) -> usize {
+    let mut end = key_len.min(j0 + nk);
+    if d.causal {
+        end = end.min(i + 1);
+    }
+    end.saturating_sub(j0)
 }
 
 #[inline(always)]
 fn drop_index(d: &AttentionDims, b: usize, h: usize, i: usize, j: usize) -> u64 {
     (((b * d.heads + h) * d.t + i) * d.t + j) as u64
+}
+
+/// Multiplies the visible part of a row of probabilities by the dropout mask / (1 - p).
+#[inline(always)]
+fn apply_dropout(
+    row: &mut [f32],
+    d: &AttentionDims,
+    key: RngKey,
+    b: usize,
+    h: usize,
+    i: usize,
+    j0: usize,
+) {
+    let keep_scale = 1.0 / (1.0 - d.dropout);
+    for (c, v) in row.iter_mut().enumerate() {
+        *v = if key.keep(drop_index(d, b, h, i, j0 + c), d.dropout) {
+            *v * keep_scale
+        } else {
+            0.0
+        };
+    }
+}
+
+/// Max over a slice with 16 independent lanes (so it vectorizes).
+#[inline(always)]
+fn max16(x: &[f32]) -> f32 {
+    let mut m = [f32::NEG_INFINITY; 16];
+    let chunks = x.chunks_exact(16);
+    let rem = chunks.remainder();
+    for c in chunks {
+        for k in 0..16 {
+            m[k] = m[k].max(c[k]);
+        }
+    }
+    let mut r = f32::NEG_INFINITY;
+    for v in m.iter().chain(rem) {
+        r = r.max(*v);
+    }
+    r
+}
+
+/// `x = exp(x - shift)` in place; returns the sum, with 16 independent lanes.
+#[inline(always)]
+fn exp_shift_sum(x: &mut [f32], shift: f32) -> f32 {
+    let mut s = [0.0f32; 16];
+    let mut chunks = x.chunks_exact_mut(16);
+    for c in &mut chunks {
+        for k in 0..16 {
+            c[k] = exp(c[k] - shift);
+            s[k] += c[k];
+        }
+    }
+    let mut total: f32 = s.iter().sum();
+    for v in chunks.into_remainder() {
+        *v = exp(*v - shift);
+        total += *v;
+    }
+    total
 }
 
 /// `key_lens[b]` (optional) masks keys at positions `>= key_lens[b]` (padding).
@@ -58,20 +123,25 @@ pub fn attention_forward(
     d: AttentionDims,
     key: RngKey,
 ) {
-    let (t, hd) = (d.t, d.head_dim);
+    let t = d.t;
     assert_eq!(qkv.len(), d.b * t * d.qkv_row());
     assert_eq!(out.len(), d.b * t * d.out_row());
     assert_eq!(lse.len(), d.b * d.heads * t);
+    if let Some(l) = key_lens {
+        assert_eq!(l.len(), d.b);
+    }
     let nqb = t.div_ceil(BQ);
     let out_p = SyncPtr(out.as_mut_ptr());
     let lse_p = SyncPtr(lse.as_mut_ptr());
-    let scale = d.scale();
-    let keep_scale = if d.dropout > 0.0 {
-        1.0 / (1.0 - d.dropout)
-    } else {
-        1.0
-    };
-    (0..d.b * d.heads * nqb).into_par_iter().for_each(|task| {
+    (0..d.b * d.heads * nqb)
+        .into_par_iter()
+        .for_each(|task| forward_task(task, out_p, lse_p, qkv, key_lens, d, key));
+}
+
+multiversion! {
+    fn forward_task(task: usize, out_p: SyncPtr, lse_p: SyncPtr, qkv: &[f32], key_lens: Option<&[usize]>, d: AttentionDims, key: RngKey) {
+        let (t, hd) = (d.t, d.head_dim);
+        let nqb = t.div_ceil(BQ);
         let qb = task % nqb;
         let h = (task / nqb) % d.heads;
         let b = task / (nqb * d.heads);
@@ -82,58 +152,29 @@ pub fn attention_forward(
         let q = &qkv[(b * t + i0) * qrs + h * 3 * hd..];
         let kbase = &qkv[b * t * qrs + h * 3 * hd + hd..];
         let vbase = &qkv[b * t * qrs + h * 3 * hd + 2 * hd..];
+        let mut pack = Vec::with_capacity(BK.max(hd) * BK.max(hd));
         let mut s = vec![0.0f32; BQ * BK];
         let mut acc = vec![0.0f32; BQ * hd];
-        let mut m = vec![f32::NEG_INFINITY; BQ];
-        let mut l = vec![0.0f32; BQ];
+        let mut m = [f32::NEG_INFINITY; BQ];
+        let mut l = [0.0f32; BQ];
         let kend = if d.causal { (i0 + nq).min(klen) } else { klen };
         let mut j0 = 0;
         while j0 < kend {
             let nk = BK.min(kend - j0);
-            matmul_strided(
-                &mut s,
-                BK,
-                q,
-                qrs,
-                1,
-                &kbase[j0 * qrs..],
-                1,
-                qrs,
-                nq,
-                nk,
-                hd,
-                scale,
-                false,
-            );
+            tile_matmul(&mut pack, &mut s, BK, q, qrs, 1, &kbase[j0 * qrs..], 1, qrs, nq, nk, hd, d.scale(), false);
             for r in 0..nq {
-                let i = i0 + r;
+                let nv = valid_len(&d, klen, i0 + r, j0, nk);
                 let row = &mut s[r * BK..r * BK + nk];
-                let mut mx = m[r];
-                for (c, v) in row.iter_mut().enumerate() {
-                    if masked(&d, klen, i, j0 + c) {
-                        *v = f32::NEG_INFINITY;
-                    } else if *v > mx {
-                        mx = *v;
-                    }
-                }
-                if mx == f32::NEG_INFINITY {
-                    row.fill(0.0);
+                row[nv..].fill(0.0);
+                if nv == 0 {
                     continue;
                 }
-                let corr = (m[r] - mx).exp();
-                let mut sum = 0.0f32;
-                for (c, v) in row.iter_mut().enumerate() {
-                    let pv = (*v - mx).exp();
-                    sum += pv;
-                    *v = if d.dropout > 0.0 {
-                        if key.keep(drop_index(&d, b, h, i, j0 + c), d.dropout) {
-                            pv * keep_scale
-                        } else {
-                            0.0
-                        }
-                    } else {
-                        pv
-                    };
+                let visible = &mut row[..nv];
+                let mx = m[r].max(max16(visible));
+                let corr = exp(m[r] - mx);
+                let sum = exp_shift_sum(visible, mx);
+                if d.dropout > 0.0 {
+                    apply_dropout(visible, &d, key, b, h, i0 + r, j0);
                 }
                 l[r] = l[r] * corr + sum;
                 m[r] = mx;
@@ -141,21 +182,7 @@ pub fn attention_forward(
                     *a *= corr;
                 }
             }
-            matmul_strided(
-                &mut acc,
-                hd,
-                &s,
-                BK,
-                1,
-                &vbase[j0 * qrs..],
-                qrs,
-                1,
-                nq,
-                hd,
-                nk,
-                1.0,
-                true,
-            );
+            tile_matmul(&mut pack, &mut acc, hd, &s, BK, 1, &vbase[j0 * qrs..], qrs, 1, nq, hd, nk, 1.0, true);
             j0 += BK;
         }
         for r in 0..nq {
@@ -174,7 +201,7 @@ pub fn attention_forward(
                 lrow[0] = f32::INFINITY;
             }
         }
-    });
+    }
 }
 
 /// Writes the whole of `dqkv`.
@@ -189,18 +216,20 @@ pub fn attention_backward(
     d: AttentionDims,
     key: RngKey,
 ) {
-    let (t, hd) = (d.t, d.head_dim);
     assert_eq!(dqkv.len(), qkv.len());
-    let qrs = d.qkv_row();
-    let ors = d.out_row();
+    assert_eq!(dout.len(), out.len());
     let dq_p = SyncPtr(dqkv.as_mut_ptr());
-    let scale = d.scale();
-    let keep_scale = if d.dropout > 0.0 {
-        1.0 / (1.0 - d.dropout)
-    } else {
-        1.0
-    };
-    (0..d.b * d.heads).into_par_iter().for_each(|task| {
+    (0..d.b * d.heads)
+        .into_par_iter()
+        .for_each(|task| backward_task(task, dq_p, dout, out, lse, qkv, key_lens, d, key));
+}
+
+multiversion! {
+    fn backward_task(task: usize, dq_p: SyncPtr, dout: &[f32], out: &[f32], lse: &[f32], qkv: &[f32], key_lens: Option<&[usize]>, d: AttentionDims, key: RngKey) {
+        let (t, hd) = (d.t, d.head_dim);
+        let qrs = d.qkv_row();
+        let ors = d.out_row();
+        let scale = d.scale();
         let h = task % d.heads;
         let b = task / d.heads;
         let klen = key_lens.map_or(t, |l| l[b].min(t));
@@ -219,6 +248,7 @@ pub fn attention_backward(
                 orow.iter().zip(drow).map(|(a, b)| a * b).sum()
             })
             .collect();
+        let mut pack = Vec::with_capacity(BK.max(hd) * BK.max(hd));
         // dQ accumulates over key blocks in a private buffer, then is written once.
         let mut dq = vec![0.0f32; t * hd];
         let mut dk = vec![0.0f32; BK * hd];
@@ -233,127 +263,45 @@ pub fn attention_backward(
             dv.fill(0.0);
             let istart = if d.causal { j0 } else { 0 };
             let mut i0 = istart - istart % BQ;
-            if j0 < klen {
-                while i0 < t {
-                    let nq = BQ.min(t - i0);
-                    matmul_strided(
-                        &mut p,
-                        BK,
-                        &q[i0 * qrs..],
-                        qrs,
-                        1,
-                        &k[j0 * qrs..],
-                        1,
-                        qrs,
-                        nq,
-                        nk,
-                        hd,
-                        scale,
-                        false,
-                    );
-                    for r in 0..nq {
-                        let i = i0 + r;
-                        for c in 0..nk {
-                            let idx = r * BK + c;
-                            let j = j0 + c;
-                            let pv = if masked(&d, klen, i, j) {
-                                0.0
-                            } else {
-                                (p[idx] - lse_h[i]).exp()
-                            };
-                            p[idx] = pv;
-                            pd[idx] = if d.dropout > 0.0 {
-                                if key.keep(drop_index(&d, b, h, i, j), d.dropout) {
-                                    pv * keep_scale
-                                } else {
-                                    0.0
-                                }
-                            } else {
-                                pv
-                            };
-                        }
+            while j0 < klen && i0 < t {
+                let nq = BQ.min(t - i0);
+                tile_matmul(&mut pack, &mut p, BK, &q[i0 * qrs..], qrs, 1, &k[j0 * qrs..], 1, qrs, nq, nk, hd, scale, false);
+                for r in 0..nq {
+                    let i = i0 + r;
+                    let nv = valid_len(&d, klen, i, j0, nk);
+                    let prow = &mut p[r * BK..r * BK + nk];
+                    let shift = lse_h[i];
+                    for x in &mut prow[..nv] {
+                        *x = exp(*x - shift);
                     }
-                    // dV_j += Pd^T dO_i
-                    matmul_strided(
-                        &mut dv,
-                        hd,
-                        &pd,
-                        1,
-                        BK,
-                        &dout_h[i0 * ors..],
-                        ors,
-                        1,
-                        nk,
-                        hd,
-                        nq,
-                        1.0,
-                        true,
-                    );
-                    // dP = dO_i V_j^T
-                    matmul_strided(
-                        &mut dp,
-                        BK,
-                        &dout_h[i0 * ors..],
-                        ors,
-                        1,
-                        &v[j0 * qrs..],
-                        1,
-                        qrs,
-                        nq,
-                        nk,
-                        hd,
-                        1.0,
-                        false,
-                    );
-                    for r in 0..nq {
-                        let i = i0 + r;
-                        for c in 0..nk {
-                            let idx = r * BK + c;
-                            let mut g = dp[idx];
-                            if d.dropout > 0.0 {
-                                g = if key.keep(drop_index(&d, b, h, i, j0 + c), d.dropout) {
-                                    g * keep_scale
-                                } else {
-                                    0.0
-                                };
-                            }
-                            // dS, pre-multiplied by the softmax scale
-                            dp[idx] = p[idx] * (g - dsum[i]) * scale;
-                        }
+                    prow[nv..].fill(0.0);
+                    let pdrow = &mut pd[r * BK..r * BK + nk];
+                    pdrow.copy_from_slice(prow);
+                    if d.dropout > 0.0 {
+                        apply_dropout(&mut pdrow[..nv], &d, key, b, h, i, j0);
                     }
-                    // dQ_i += dS K_j ; dK_j += dS^T Q_i
-                    matmul_strided(
-                        &mut dq[i0 * hd..],
-                        hd,
-                        &dp,
-                        BK,
-                        1,
-                        &k[j0 * qrs..],
-                        qrs,
-                        1,
-                        nq,
-                        hd,
-                        nk,
-                        1.0,
-                        true,
-                    );
-                    matmul_strided(
-                        &mut dk,
-                        hd,
-                        &dp,
-                        1,
-                        BK,
-                        &q[i0 * qrs..],
-                        qrs,
-                        1,
-                        nk,
-                        hd,
-                        nq,
-                        1.0,
-                        true,
-                    );
-                    i0 += BQ;
                 }
+                // dV_j += Pd^T dO_i
+                tile_matmul(&mut pack, &mut dv, hd, &pd, 1, BK, &dout_h[i0 * ors..], ors, 1, nk, hd, nq, 1.0, true);
+                // dP = dO_i V_j^T
+                tile_matmul(&mut pack, &mut dp, BK, &dout_h[i0 * ors..], ors, 1, &v[j0 * qrs..], 1, qrs, nq, nk, hd, 1.0, false);
+                for r in 0..nq {
+                    let i = i0 + r;
+                    let nv = valid_len(&d, klen, i, j0, nk);
+                    let dprow = &mut dp[r * BK..r * BK + nk];
+                    if d.dropout > 0.0 {
+                        apply_dropout(&mut dprow[..nv], &d, key, b, h, i, j0);
+                    }
+                    // dS, pre-multiplied by the softmax scale.
+                    let di = dsum[i];
+                    for (g, pv) in dprow.iter_mut().zip(&p[r * BK..r * BK + nk]) {
+                        *g = pv * (*g - di) * scale;
+                    }
+                }
+                // dQ_i += dS K_j ; dK_j += dS^T Q_i
+                tile_matmul(&mut pack, &mut dq[i0 * hd..], hd, &dp, BK, 1, &k[j0 * qrs..], qrs, 1, nq, hd, nk, 1.0, true);
+                tile_matmul(&mut pack, &mut dk, hd, &dp, 1, BK, &q[i0 * qrs..], qrs, 1, nk, hd, nq, 1.0, true);
+                i0 += BQ;
             }
             for c in 0..nk {
                 let row = base + (j0 + c) * qrs;
@@ -369,7 +317,7 @@ pub fn attention_backward(
             // SAFETY: as above.
             unsafe { dq_p.write(base + i * qrs, &dq[i * hd..(i + 1) * hd]) };
         }
-    });
+    }
 }
 
 /// One new query per sequence against a KV cache, for generation.

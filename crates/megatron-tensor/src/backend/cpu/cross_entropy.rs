@@ -7,6 +7,7 @@
 //! unfused layer, and no recompute (llm.c's `fused_classifier`, Liger's fused linear CE).
 
 use super::matmul::{matmul, MatmulDims};
+use super::simd::{exp, multiversion};
 use rayon::prelude::*;
 
 /// Target id that contributes neither loss nor gradient.
@@ -56,9 +57,7 @@ pub fn fused_classifier(
             .enumerate()
             .for_each(|(i, (row, loss))| {
                 let tgt = targets[r0 + i];
-                let mx = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-                let sum: f32 = row.iter().map(|z| (z - mx).exp()).sum();
-                let lse = mx + sum.ln();
+                let lse = row_logsumexp(row);
                 if tgt == IGNORE_INDEX {
                     *loss = 0.0;
                     if want_grad {
@@ -69,9 +68,7 @@ pub fn fused_classifier(
                 *loss = lse - row[tgt as usize];
                 if want_grad {
                     let g = dloss[r0 + i];
-                    for z in row.iter_mut() {
-                        *z = (*z - lse).exp() * g;
-                    }
+                    row_softmax_scaled(row, lse, g);
                     row[tgt as usize] -= g;
                 }
             });
@@ -87,4 +84,53 @@ pub fn fused_classifier(
         r0 += nr;
     }
     crate::pool::give_back(logits);
+}
+
+/// Max-shifted log-sum-exp of one row, with 8 partial sums so the loop vectorizes.
+#[inline(always)]
+fn lse_impl(row: &[f32]) -> f32 {
+    let mut m = [f32::NEG_INFINITY; 16];
+    let chunks = row.chunks_exact(16);
+    let rem = chunks.remainder();
+    for c in chunks {
+        for k in 0..16 {
+            m[k] = m[k].max(c[k]);
+        }
+    }
+    let mut mx = m.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+    for &v in rem {
+        mx = mx.max(v);
+    }
+    let mut s = [0.0f32; 16];
+    let chunks = row.chunks_exact(16);
+    for c in chunks {
+        for k in 0..16 {
+            s[k] += exp(c[k] - mx);
+        }
+    }
+    let mut sum: f32 = s.iter().sum();
+    for &v in rem {
+        sum += exp(v - mx);
+    }
+    mx + sum.ln()
+}
+
+multiversion! {
+    fn row_logsumexp_into(out: &mut f32, row: &[f32]) {
+        *out = lse_impl(row);
+    }
+}
+
+fn row_logsumexp(row: &[f32]) -> f32 {
+    let mut v = 0.0;
+    row_logsumexp_into(&mut v, row);
+    v
+}
+
+multiversion! {
+    fn row_softmax_scaled(row: &mut [f32], lse: f32, g: f32) {
+        for z in row.iter_mut() {
+            *z = exp(*z - lse) * g;
+        }
+    }
 }

@@ -1,6 +1,7 @@
 //! Bias + GELU (tanh approximation) fused, as Megatron's `bias_gelu_impl`. The pre-bias input is
 //! what backward needs; the activation itself is recomputed there instead of stored.
 
+use super::simd::{multiversion, tanh};
 use rayon::prelude::*;
 
 const SQRT_2_OVER_PI: f32 = 0.797_884_6;
@@ -8,13 +9,13 @@ const CHUNK: usize = 1 << 14;
 
 #[inline(always)]
 fn gelu(x: f32) -> f32 {
-    0.5 * x * (1.0 + (SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)).tanh())
+    0.5 * x * (1.0 + tanh(SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)))
 }
 
 #[inline(always)]
 fn gelu_grad(x: f32) -> f32 {
     let cube = 0.044715 * x * x * x;
-    let t = (SQRT_2_OVER_PI * (x + cube)).tanh();
+    let t = tanh(SQRT_2_OVER_PI * (x + cube));
     let sech2 = 1.0 - t * t;
     0.5 * (1.0 + t) + 0.5 * x * sech2 * SQRT_2_OVER_PI * (1.0 + 3.0 * 0.044715 * x * x)
 }
@@ -27,13 +28,7 @@ pub fn bias_gelu_forward(out: &mut [f32], inp: &[f32], bias: &[f32]) {
     let chunk = (CHUNK / c).max(1) * c;
     out.par_chunks_mut(chunk)
         .zip(inp.par_chunks(chunk))
-        .for_each(|(o, x)| {
-            for (orow, xrow) in o.chunks_exact_mut(c).zip(x.chunks_exact(c)) {
-                for j in 0..c {
-                    orow[j] = gelu(xrow[j] + bias[j]);
-                }
-            }
-        });
+        .for_each(|(o, x)| gelu_rows(o, x, bias));
 }
 
 /// `dinp = dout * gelu'(inp + bias)` (overwrites); the bias gradient is `bias_backward(dinp)`.
@@ -45,20 +40,32 @@ pub fn bias_gelu_backward(dinp: &mut [f32], dout: &[f32], inp: &[f32], bias: &[f
     dinp.par_chunks_mut(chunk)
         .zip(dout.par_chunks(chunk))
         .zip(inp.par_chunks(chunk))
-        .for_each(|((di, dy), x)| {
-            for ((dirow, dyrow), xrow) in di
-                .chunks_exact_mut(c)
-                .zip(dy.chunks_exact(c))
-                .zip(x.chunks_exact(c))
-            {
-                for j in 0..c {
-                    dirow[j] = dyrow[j] * gelu_grad(xrow[j] + bias[j]);
-                }
-            }
-        });
+        .for_each(|((di, dy), x)| gelu_grad_rows(di, dy, x, bias));
 }
 
 /// Recomputes `gelu(inp + bias)` into `out` (backward needs it for the fc2 weight gradient).
 pub fn bias_gelu_recompute(out: &mut [f32], inp: &[f32], bias: &[f32]) {
     bias_gelu_forward(out, inp, bias)
+}
+
+multiversion! {
+    fn gelu_rows(o: &mut [f32], x: &[f32], bias: &[f32]) {
+        let c = bias.len();
+        for (orow, xrow) in o.chunks_exact_mut(c).zip(x.chunks_exact(c)) {
+            for ((ov, xv), bv) in orow.iter_mut().zip(xrow).zip(bias) {
+                *ov = gelu(xv + bv);
+            }
+        }
+    }
+}
+
+multiversion! {
+    fn gelu_grad_rows(di: &mut [f32], dy: &[f32], x: &[f32], bias: &[f32]) {
+        let c = bias.len();
+        for ((dirow, dyrow), xrow) in di.chunks_exact_mut(c).zip(dy.chunks_exact(c)).zip(x.chunks_exact(c)) {
+            for (((dv, yv), xv), bv) in dirow.iter_mut().zip(dyrow).zip(xrow).zip(bias) {
+                *dv = yv * gelu_grad(xv + bv);
+            }
+        }
+    }
 }

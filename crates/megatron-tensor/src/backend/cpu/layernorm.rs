@@ -1,3 +1,4 @@
+use super::simd::multiversion;
 use super::ROWS_PER_TASK;
 use rayon::prelude::*;
 
@@ -27,18 +28,7 @@ pub fn layernorm_forward(
         .zip(inp.par_chunks(ROWS_PER_TASK * c))
         .zip(mean.par_chunks_mut(ROWS_PER_TASK))
         .zip(rstd.par_chunks_mut(ROWS_PER_TASK))
-        .for_each(|(((o, x), m), r)| {
-            for (i, (orow, xrow)) in o.chunks_exact_mut(c).zip(x.chunks_exact(c)).enumerate() {
-                let mu = xrow.iter().sum::<f32>() / c as f32;
-                let var = xrow.iter().map(|v| (v - mu) * (v - mu)).sum::<f32>() / c as f32;
-                let rs = 1.0 / (var + d.eps).sqrt();
-                for j in 0..c {
-                    orow[j] = (xrow[j] - mu) * rs * weight[j] + bias[j];
-                }
-                m[i] = mu;
-                r[i] = rs;
-            }
-        });
+        .for_each(|(((o, x), m), r)| layernorm_rows(o, m, r, x, weight, bias, d.eps));
 }
 
 /// Writes `dinp`; accumulates into `dweight` and `dbias`.
@@ -65,31 +55,7 @@ pub fn layernorm_backward(
         .map(|((((di, dy), x), m), r)| {
             let mut dw = vec![0.0f32; c];
             let mut db = vec![0.0f32; c];
-            for (i, ((dirow, dyrow), xrow)) in di
-                .chunks_exact_mut(c)
-                .zip(dy.chunks_exact(c))
-                .zip(x.chunks_exact(c))
-                .enumerate()
-            {
-                let (mu, rs) = (m[i], r[i]);
-                let mut dnorm_mean = 0.0f32;
-                let mut dnorm_norm_mean = 0.0f32;
-                for j in 0..c {
-                    let norm = (xrow[j] - mu) * rs;
-                    let dnorm = weight[j] * dyrow[j];
-                    dnorm_mean += dnorm;
-                    dnorm_norm_mean += dnorm * norm;
-                    dw[j] += norm * dyrow[j];
-                    db[j] += dyrow[j];
-                }
-                dnorm_mean /= c as f32;
-                dnorm_norm_mean /= c as f32;
-                for j in 0..c {
-                    let norm = (xrow[j] - mu) * rs;
-                    let dnorm = weight[j] * dyrow[j];
-                    dirow[j] = (dnorm - dnorm_mean - norm * dnorm_norm_mean) * rs;
-                }
-            }
+            layernorm_backward_rows(di, &mut dw, &mut db, dy, x, weight, m, r);
             (dw, db)
         })
         .collect();
@@ -97,6 +63,54 @@ pub fn layernorm_backward(
         for j in 0..c {
             dweight[j] += dw[j];
             dbias[j] += db[j];
+        }
+    }
+}
+
+multiversion! {
+    fn layernorm_rows(o: &mut [f32], m: &mut [f32], r: &mut [f32], x: &[f32], weight: &[f32], bias: &[f32], eps: f32) {
+        let c = weight.len();
+        let d = LayerNormDims { rows: m.len(), cols: c, eps };
+            for (i, (orow, xrow)) in o.chunks_exact_mut(c).zip(x.chunks_exact(c)).enumerate() {
+            let mu = xrow.iter().sum::<f32>() / c as f32;
+            let var = xrow.iter().map(|v| (v - mu) * (v - mu)).sum::<f32>() / c as f32;
+            let rs = 1.0 / (var + d.eps).sqrt();
+            for j in 0..c {
+                orow[j] = (xrow[j] - mu) * rs * weight[j] + bias[j];
+            }
+            m[i] = mu;
+            r[i] = rs;
+        }
+    }
+}
+
+multiversion! {
+    fn layernorm_backward_rows(di: &mut [f32], dw: &mut [f32], db: &mut [f32], dy: &[f32], x: &[f32], weight: &[f32], m: &[f32], r: &[f32]) {
+        let c = weight.len();
+            for (i, ((dirow, dyrow), xrow)) in di
+            .chunks_exact_mut(c)
+            .zip(dy.chunks_exact(c))
+            .zip(x.chunks_exact(c))
+            .enumerate()
+        {
+            let (mu, rs) = (m[i], r[i]);
+            let mut dnorm_mean = 0.0f32;
+            let mut dnorm_norm_mean = 0.0f32;
+            for j in 0..c {
+                let norm = (xrow[j] - mu) * rs;
+                let dnorm = weight[j] * dyrow[j];
+                dnorm_mean += dnorm;
+                dnorm_norm_mean += dnorm * norm;
+                dw[j] += norm * dyrow[j];
+                db[j] += dyrow[j];
+            }
+            dnorm_mean /= c as f32;
+            dnorm_norm_mean /= c as f32;
+            for j in 0..c {
+                let norm = (xrow[j] - mu) * rs;
+                let dnorm = weight[j] * dyrow[j];
+                dirow[j] = (dnorm - dnorm_mean - norm * dnorm_norm_mean) * rs;
+            }
         }
     }
 }

@@ -96,56 +96,6 @@ pub fn matmul_with_threads(out: &mut [f32], a: &[f32], b: &[f32], d: MatmulDims,
     }
 }
 
-/// Strided matmul for kernels that work on views of larger buffers (attention blocks).
-/// Row and column strides are in elements; `beta` scales the product.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn matmul_strided(
-    out: &mut [f32],
-    out_rs: usize,
-    a: &[f32],
-    a_rs: usize,
-    a_cs: usize,
-    b: &[f32],
-    b_rs: usize,
-    b_cs: usize,
-    m: usize,
-    n: usize,
-    k: usize,
-    beta: f32,
-    accumulate: bool,
-) {
-    if m == 0 || n == 0 || k == 0 {
-        return;
-    }
-    debug_assert!(out.len() > (m - 1) * out_rs + n - 1);
-    debug_assert!(a.len() > (m - 1) * a_rs + (k - 1) * a_cs);
-    debug_assert!(b.len() > (k - 1) * b_rs + (n - 1) * b_cs);
-    // SAFETY: the debug assertions state the bounds the callers guarantee.
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            out.as_mut_ptr(),
-            1,
-            out_rs as isize,
-            accumulate,
-            a.as_ptr(),
-            a_cs as isize,
-            a_rs as isize,
-            b.as_ptr(),
-            b_cs as isize,
-            b_rs as isize,
-            1.0,
-            beta,
-            false,
-            false,
-            false,
-            Parallelism::None,
-        );
-    }
-}
-
 /// `dbias[c] += Σ_rows dout[row, c]`, with a fixed row chunking so the sum is deterministic.
 pub fn bias_backward(dbias: &mut [f32], dout: &[f32], rows: usize, cols: usize) {
     assert_eq!(dout.len(), rows * cols);

@@ -4,6 +4,7 @@
 
 pub mod adamw;
 pub mod attention;
+mod attention_tile;
 pub mod cast;
 pub mod cross_entropy;
 pub mod dropout;
@@ -12,6 +13,7 @@ pub mod gelu;
 pub mod layernorm;
 pub mod matmul;
 pub mod reduce;
+pub mod simd;
 pub mod sync_ptr;
 
 pub use adamw::{adamw_update, AdamWParams};
