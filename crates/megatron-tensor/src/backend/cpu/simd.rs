@@ -92,7 +92,7 @@ pub fn exp(x: f32) -> f32 {
     p = p.mul_add(r, 8.333_452e-3);
     p = p.mul_add(r, 4.166_579_6e-2);
     p = p.mul_add(r, 1.666_666_5e-1);
-    p = p.mul_add(r, 5.000_000_1e-1);
+    p = p.mul_add(r, 0.5);
     let y = p * r * r + r + 1.0;
     // SAFETY: after the clamp, n is within [-126, 128], so the conversion cannot overflow. The
     // unchecked conversion (unlike `as`, which saturates) vectorizes.
