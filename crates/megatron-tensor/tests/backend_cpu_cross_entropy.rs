@@ -110,3 +110,48 @@ fn fused_classifier_accumulates_weight_gradient() {
     let want: Vec<f32> = dw1.iter().map(|g| g + 1.0).collect();
     assert_close(&dw2, &want, 1e-6, 1e-6, "accumulate");
 }
+
+#[test]
+fn fused_classifier_rows_with_zero_dloss_contribute_no_gradient() {
+    let (n, c, v) = (6, 4, 9);
+    let (x, w, mut tg) = setup(n, c, v, 4);
+    tg.iter_mut().for_each(|t| *t %= v as u32);
+    let d = ClassifierDims {
+        n,
+        c,
+        v,
+        chunk_rows: 4,
+    };
+    let mut dloss = vec![0.0; n];
+    dloss[2] = 1.0;
+    let mut l = vec![0.0; n];
+    let (mut dx, mut dw) = (vec![0.0; n * c], vec![0.0; v * c]);
+    fused_classifier(&mut l, Some((&mut dx, &mut dw)), &x, &w, &tg, &dloss, d);
+    for i in 0..n {
+        let row_zero = dx[i * c..(i + 1) * c].iter().all(|g| *g == 0.0);
+        assert_eq!(row_zero, i != 2, "row {i}");
+        assert!(
+            l[i] > 0.0,
+            "loss is reported even where the gradient is zero"
+        );
+    }
+    // The weight gradient is exactly the outer product contribution of row 2 alone.
+    let mut only = vec![0.0; v * c];
+    let mut dx1 = vec![0.0; c];
+    let d1 = ClassifierDims {
+        n: 1,
+        c,
+        v,
+        chunk_rows: 1,
+    };
+    fused_classifier(
+        &mut [0.0],
+        Some((&mut dx1, &mut only)),
+        &x[2 * c..3 * c],
+        &w,
+        &tg[2..3],
+        &[1.0],
+        d1,
+    );
+    assert_close(&dw, &only, 1e-6, 1e-5, "dw");
+}

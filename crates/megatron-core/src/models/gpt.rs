@@ -37,8 +37,10 @@ pub struct GPTModel {
     pub output_layer: Option<ParamId>,
 }
 
-/// Tokens per logits tile in the fused output layer.
-const CLASSIFIER_CHUNK_ROWS: usize = 256;
+/// Bytes of one logits tile in the fused output layer. Larger tiles make the three output-layer
+/// GEMMs more efficient (measured: 2048 tokens x 8192 vocab, 162 ms at 1024 rows vs 182 ms at
+/// 256); the budget keeps the tile well below the full `[tokens, vocab]` logits of real runs.
+const CLASSIFIER_TILE_BYTES: usize = 32 << 20;
 
 impl GPTModel {
     /// Builds the model and its parameters, initialized from `seed`.
@@ -95,7 +97,8 @@ impl GPTModel {
             n,
             c: self.config.hidden_size,
             v: self.config.padded_vocab_size,
-            chunk_rows: CLASSIFIER_CHUNK_ROWS,
+            chunk_rows: (CLASSIFIER_TILE_BYTES / (4 * self.config.padded_vocab_size))
+                .clamp(64, n.max(64)),
         }
     }
 

@@ -57,7 +57,6 @@ pub fn fused_classifier(
             .enumerate()
             .for_each(|(i, (row, loss))| {
                 let tgt = targets[r0 + i];
-                let lse = row_logsumexp(row);
                 if tgt == IGNORE_INDEX {
                     *loss = 0.0;
                     if want_grad {
@@ -65,12 +64,8 @@ pub fn fused_classifier(
                     }
                     return;
                 }
-                *loss = lse - row[tgt as usize];
-                if want_grad {
-                    let g = dloss[r0 + i];
-                    row_softmax_scaled(row, lse, g);
-                    row[tgt as usize] -= g;
-                }
+                let g = want_grad.then(|| dloss[r0 + i]);
+                *loss = softmax_xent_row(row, tgt as usize, g);
             });
         if let Some((dx, dw)) = grads.as_mut() {
             matmul(
@@ -86,51 +81,53 @@ pub fn fused_classifier(
     crate::pool::give_back(logits);
 }
 
-/// Max-shifted log-sum-exp of one row, with 8 partial sums so the loop vectorizes.
+/// One row: `exp(z - max)` in place (one exp per logit), the loss `lse - z[target]`, and, when
+/// `g` is given, the row turned into `(softmax - onehot) * g`.
 #[inline(always)]
-fn lse_impl(row: &[f32]) -> f32 {
+fn xent_row_impl(row: &mut [f32], tgt: usize, g: Option<f32>) -> f32 {
+    let z_t = row[tgt];
     let mut m = [f32::NEG_INFINITY; 16];
-    let chunks = row.chunks_exact(16);
-    let rem = chunks.remainder();
-    for c in chunks {
+    let mut chunks = row.chunks_exact(16);
+    for c in &mut chunks {
         for k in 0..16 {
             m[k] = m[k].max(c[k]);
         }
     }
-    let mut mx = m.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-    for &v in rem {
+    let mut mx = f32::NEG_INFINITY;
+    for &v in m.iter().chain(chunks.remainder()) {
         mx = mx.max(v);
     }
     let mut s = [0.0f32; 16];
-    let chunks = row.chunks_exact(16);
-    for c in chunks {
+    let mut chunks = row.chunks_exact_mut(16);
+    for c in &mut chunks {
         for k in 0..16 {
-            s[k] += exp(c[k] - mx);
+            c[k] = exp(c[k] - mx);
+            s[k] += c[k];
         }
     }
     let mut sum: f32 = s.iter().sum();
-    for &v in rem {
-        sum += exp(v - mx);
+    for v in chunks.into_remainder() {
+        *v = exp(*v - mx);
+        sum += *v;
     }
-    mx + sum.ln()
-}
-
-multiversion! {
-    fn row_logsumexp_into(out: &mut f32, row: &[f32]) {
-        *out = lse_impl(row);
-    }
-}
-
-fn row_logsumexp(row: &[f32]) -> f32 {
-    let mut v = 0.0;
-    row_logsumexp_into(&mut v, row);
-    v
-}
-
-multiversion! {
-    fn row_softmax_scaled(row: &mut [f32], lse: f32, g: f32) {
-        for z in row.iter_mut() {
-            *z = exp(*z - lse) * g;
+    if let Some(g) = g {
+        let scale = g / sum;
+        for v in row.iter_mut() {
+            *v *= scale;
         }
+        row[tgt] -= g;
     }
+    mx + sum.ln() - z_t
+}
+
+multiversion! {
+    fn softmax_xent_row_into(loss: &mut f32, row: &mut [f32], tgt: usize, g: Option<f32>) {
+        *loss = xent_row_impl(row, tgt, g);
+    }
+}
+
+fn softmax_xent_row(row: &mut [f32], tgt: usize, g: Option<f32>) -> f32 {
+    let mut l = 0.0;
+    softmax_xent_row_into(&mut l, row, tgt, g);
+    l
 }
