@@ -7,7 +7,7 @@ use std::time::Instant;
 
 #[derive(Args)]
 pub struct BenchArgs {
-    /// `gemm` (the three GEMMs of a linear layer) or `kernels` (every kernel of one GPT layer
+    /// `gemm` (the three GEMMs of a linear layer), `peak` (the FMA-loop peak) or `kernels` (every kernel of one GPT layer
     /// at --tokens x --hidden with --seq-length and --heads, plus the output layer at --vocab).
     #[arg(default_value = "gemm")]
     pub what: String,
@@ -182,8 +182,24 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
     if a.what == "kernels" {
         return kernels(a);
     }
+    if a.what == "peak" {
+        let threads = a
+            .threads
+            .unwrap_or_else(megatron_tensor::threads::available_cores);
+        let mut v: Vec<f64> = (0..a.repeats)
+            .map(|_| megatron_training::flops::measure_peak_flops(threads))
+            .collect();
+        v.sort_by(f64::total_cmp);
+        println!(
+            "FMA peak, {threads} threads, {} runs: median {:.1} GFLOP/s, max {:.1} GFLOP/s",
+            v.len(),
+            v[v.len() / 2] / 1e9,
+            v[v.len() - 1] / 1e9
+        );
+        return Ok(());
+    }
     if a.what != "gemm" {
-        anyhow::bail!("bench {}: expected `gemm` or `kernels`", a.what);
+        anyhow::bail!("bench {}: expected `gemm`, `kernels` or `peak`", a.what);
     }
     let threads = a
         .threads

@@ -9,7 +9,7 @@
 //! split is a contiguous slice of heads); `out` is `[b, t, heads, head_dim]`; `lse` is
 //! `[b, heads, t]`.
 
-use super::attention_tile::tile_matmul;
+use super::attention_tile::{pack_rows, pack_transposed, tile_matmul};
 use super::simd::{exp, multiversion};
 use super::sync_ptr::SyncPtr;
 use crate::rng::RngKey;
@@ -130,10 +130,9 @@ pub fn attention_forward(
     if let Some(l) = key_lens {
         assert_eq!(l.len(), d.b);
     }
-    let nqb = t.div_ceil(BQ);
     let out_p = SyncPtr(out.as_mut_ptr());
     let lse_p = SyncPtr(lse.as_mut_ptr());
-    (0..d.b * d.heads * nqb)
+    (0..d.b * d.heads)
         .into_par_iter()
         .for_each(|task| forward_task(task, out_p, lse_p, qkv, key_lens, d, key));
 }
@@ -141,65 +140,70 @@ pub fn attention_forward(
 multiversion! {
     fn forward_task(task: usize, out_p: SyncPtr, lse_p: SyncPtr, qkv: &[f32], key_lens: Option<&[usize]>, d: AttentionDims, key: RngKey) {
         let (t, hd) = (d.t, d.head_dim);
-        let nqb = t.div_ceil(BQ);
-        let qb = task % nqb;
-        let h = (task / nqb) % d.heads;
-        let b = task / (nqb * d.heads);
+        let h = task % d.heads;
+        let b = task / d.heads;
         let klen = key_lens.map_or(t, |l| l[b].min(t));
-        let i0 = qb * BQ;
-        let nq = BQ.min(t - i0);
         let qrs = d.qkv_row();
-        let q = &qkv[(b * t + i0) * qrs + h * 3 * hd..];
-        let kbase = &qkv[b * t * qrs + h * 3 * hd + hd..];
-        let vbase = &qkv[b * t * qrs + h * 3 * hd + 2 * hd..];
-        let mut pack = Vec::with_capacity(BK.max(hd) * BK.max(hd));
+        let base = b * t * qrs + h * 3 * hd;
+        // K^T (pre-scaled) and V as contiguous panels, packed once per (batch, head).
+        let mut kt = Vec::new();
+        pack_transposed(&mut kt, &qkv[base + hd..], qrs, t, hd, d.scale());
+        let mut vv = Vec::new();
+        pack_rows(&mut vv, &qkv[base + 2 * hd..], qrs, t, hd);
         let mut s = vec![0.0f32; BQ * BK];
         let mut acc = vec![0.0f32; BQ * hd];
-        let mut m = [f32::NEG_INFINITY; BQ];
-        let mut l = [0.0f32; BQ];
-        let kend = if d.causal { (i0 + nq).min(klen) } else { klen };
-        let mut j0 = 0;
-        while j0 < kend {
-            let nk = BK.min(kend - j0);
-            tile_matmul(&mut pack, &mut s, BK, q, qrs, 1, &kbase[j0 * qrs..], 1, qrs, nq, nk, hd, d.scale(), false);
+        let mut i0 = 0;
+        while i0 < t {
+            let nq = BQ.min(t - i0);
+            let q = &qkv[base + i0 * qrs..];
+            let mut m = [f32::NEG_INFINITY; BQ];
+            let mut l = [0.0f32; BQ];
+            acc.fill(0.0);
+            let kend = if d.causal { (i0 + nq).min(klen) } else { klen };
+            let mut j0 = 0;
+            while j0 < kend {
+                let nk = BK.min(kend - j0);
+                tile_matmul(&mut s, BK, q, qrs, 1, &kt[j0..], t, nq, nk, hd, false);
+                for r in 0..nq {
+                    let nv = valid_len(&d, klen, i0 + r, j0, nk);
+                    let row = &mut s[r * BK..r * BK + nk];
+                    row[nv..].fill(0.0);
+                    if nv == 0 {
+                        continue;
+                    }
+                    let visible = &mut row[..nv];
+                    let mx = m[r].max(max16(visible));
+                    let corr = exp(m[r] - mx);
+                    let sum = exp_shift_sum(visible, mx);
+                    if d.dropout > 0.0 {
+                        apply_dropout(visible, &d, key, b, h, i0 + r, j0);
+                    }
+                    l[r] = l[r] * corr + sum;
+                    m[r] = mx;
+                    for a in &mut acc[r * hd..(r + 1) * hd] {
+                        *a *= corr;
+                    }
+                }
+                tile_matmul(&mut acc, hd, &s, BK, 1, &vv[j0 * hd..], hd, nq, hd, nk, true);
+                j0 += BK;
+            }
             for r in 0..nq {
-                let nv = valid_len(&d, klen, i0 + r, j0, nk);
-                let row = &mut s[r * BK..r * BK + nk];
-                row[nv..].fill(0.0);
-                if nv == 0 {
-                    continue;
-                }
-                let visible = &mut row[..nv];
-                let mx = m[r].max(max16(visible));
-                let corr = exp(m[r] - mx);
-                let sum = exp_shift_sum(visible, mx);
-                if d.dropout > 0.0 {
-                    apply_dropout(visible, &d, key, b, h, i0 + r, j0);
-                }
-                l[r] = l[r] * corr + sum;
-                m[r] = mx;
-                for a in &mut acc[r * hd..(r + 1) * hd] {
-                    *a *= corr;
+                let i = i0 + r;
+                // SAFETY: each task owns head h of batch b.
+                let o = unsafe { out_p.slice((b * t + i) * d.out_row() + h * hd, hd) };
+                let lrow = unsafe { lse_p.slice((b * d.heads + h) * t + i, 1) };
+                if l[r] > 0.0 {
+                    let inv = 1.0 / l[r];
+                    for (ov, av) in o.iter_mut().zip(&acc[r * hd..(r + 1) * hd]) {
+                        *ov = av * inv;
+                    }
+                    lrow[0] = m[r] + l[r].ln();
+                } else {
+                    o.fill(0.0);
+                    lrow[0] = f32::INFINITY;
                 }
             }
-            tile_matmul(&mut pack, &mut acc, hd, &s, BK, 1, &vbase[j0 * qrs..], qrs, 1, nq, hd, nk, 1.0, true);
-            j0 += BK;
-        }
-        for r in 0..nq {
-            let i = i0 + r;
-            // SAFETY: each task owns rows i0..i0+nq of head h in batch b.
-            let o = unsafe { out_p.slice((b * t + i) * d.out_row() + h * hd, hd) };
-            let lrow = unsafe { lse_p.slice((b * d.heads + h) * t + i, 1) };
-            if l[r] > 0.0 {
-                let inv = 1.0 / l[r];
-                for (ov, av) in o.iter_mut().zip(&acc[r * hd..(r + 1) * hd]) {
-                    *ov = av * inv;
-                }
-                lrow[0] = m[r] + l[r].ln();
-            } else {
-                o.fill(0.0);
-                lrow[0] = f32::INFINITY;
-            }
+            i0 += BQ;
         }
     }
 }
@@ -248,7 +252,14 @@ multiversion! {
                 orow.iter().zip(drow).map(|(a, b)| a * b).sum()
             })
             .collect();
-        let mut pack = Vec::with_capacity(BK.max(hd) * BK.max(hd));
+        // Contiguous panels, packed once per (batch, head): K^T (pre-scaled) and V^T for the
+        // recomputed scores and dP, K and Q for dQ and dK, dO for dV.
+        let (mut kt, mut vt, mut kk, mut qq, mut dd) = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        pack_transposed(&mut kt, k, qrs, t, hd, scale);
+        pack_transposed(&mut vt, v, qrs, t, hd, 1.0);
+        pack_rows(&mut kk, k, qrs, t, hd);
+        pack_rows(&mut qq, q, qrs, t, hd);
+        pack_rows(&mut dd, dout_h, ors, t, hd);
         // dQ accumulates over key blocks in a private buffer, then is written once.
         let mut dq = vec![0.0f32; t * hd];
         let mut dk = vec![0.0f32; BK * hd];
@@ -265,7 +276,7 @@ multiversion! {
             let mut i0 = istart - istart % BQ;
             while j0 < klen && i0 < t {
                 let nq = BQ.min(t - i0);
-                tile_matmul(&mut pack, &mut p, BK, &q[i0 * qrs..], qrs, 1, &k[j0 * qrs..], 1, qrs, nq, nk, hd, scale, false);
+                tile_matmul(&mut p, BK, &q[i0 * qrs..], qrs, 1, &kt[j0..], t, nq, nk, hd, false);
                 for r in 0..nq {
                     let i = i0 + r;
                     let nv = valid_len(&d, klen, i, j0, nk);
@@ -282,9 +293,9 @@ multiversion! {
                     }
                 }
                 // dV_j += Pd^T dO_i
-                tile_matmul(&mut pack, &mut dv, hd, &pd, 1, BK, &dout_h[i0 * ors..], ors, 1, nk, hd, nq, 1.0, true);
+                tile_matmul(&mut dv, hd, &pd, 1, BK, &dd[i0 * hd..], hd, nk, hd, nq, true);
                 // dP = dO_i V_j^T
-                tile_matmul(&mut pack, &mut dp, BK, &dout_h[i0 * ors..], ors, 1, &v[j0 * qrs..], 1, qrs, nq, nk, hd, 1.0, false);
+                tile_matmul(&mut dp, BK, &dout_h[i0 * ors..], ors, 1, &vt[j0..], t, nq, nk, hd, false);
                 for r in 0..nq {
                     let i = i0 + r;
                     let nv = valid_len(&d, klen, i, j0, nk);
@@ -299,8 +310,8 @@ multiversion! {
                     }
                 }
                 // dQ_i += dS K_j ; dK_j += dS^T Q_i
-                tile_matmul(&mut pack, &mut dq[i0 * hd..], hd, &dp, BK, 1, &k[j0 * qrs..], qrs, 1, nq, hd, nk, 1.0, true);
-                tile_matmul(&mut pack, &mut dk, hd, &dp, 1, BK, &q[i0 * qrs..], qrs, 1, nk, hd, nq, 1.0, true);
+                tile_matmul(&mut dq[i0 * hd..], hd, &dp, BK, 1, &kk[j0 * hd..], hd, nq, hd, nk, true);
+                tile_matmul(&mut dk, hd, &dp, 1, BK, &qq[i0 * hd..], hd, nk, hd, nq, true);
                 i0 += BQ;
             }
             for c in 0..nk {
