@@ -9,12 +9,12 @@ rm -rf "$OUT"
 ./target/release/megatron train \
   --data-path examples/sotu --tokenizer-type ByteLevelTokenizer --split 969,30,1 \
   --num-layers 4 --hidden-size 128 --num-attention-heads 4 --seq-length 128 \
-  --micro-batch-size 16 --global-batch-size 16 --train-iters ${TRAIN_ITERS:-400} \
-  --lr 2e-3 --min-lr 2e-4 --lr-decay-style cosine --lr-warmup-iters 40 \
+  --micro-batch-size 16 --global-batch-size 16 --train-iters ${TRAIN_ITERS:-800} \
+  --lr 3e-3 --min-lr 3e-4 --lr-decay-style cosine --lr-warmup-iters 50 \
   --weight-decay 0.1 --adam-beta2 0.95 --clip-grad 1.0 \
   --hidden-dropout 0.0 --attention-dropout 0.0 \
-  --log-interval 25 --eval-interval 100 --eval-iters 4 \
-  --save "$OUT" --save-interval 200 --metrics-file "$OUT/metrics.jsonl"
+  --log-interval 50 --eval-interval 200 --eval-iters 4 \
+  --save "$OUT" --save-interval 400 --metrics-file "$OUT/metrics.jsonl"
 echo
 echo "--- sample (megatron generate --load $OUT) ---"
 ./target/release/megatron generate --load "$OUT" --prompt "My fellow Americans, " \
