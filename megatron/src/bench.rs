@@ -21,6 +21,10 @@ pub struct BenchArgs {
     pub repeats: usize,
     #[arg(long)]
     pub threads: Option<usize>,
+    /// GEMM implementation for `bench gemm`: `gemm` (the crate the engine uses) or
+    /// `matrixmultiply` (for comparison; threads through MATMUL_NUM_THREADS).
+    #[arg(long, default_value = "gemm")]
+    pub gemm_impl: String,
     #[arg(long, default_value_t = 512)]
     pub seq_length: usize,
     #[arg(long, default_value_t = 12)]
@@ -211,8 +215,22 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
         ("dgrad dy[N,f]·W[f,h]", n, h, f, false, false),
         ("wgrad dy[N,f]^T·x[N,h]", f, h, n, true, false),
     ];
+    let use_mm = match a.gemm_impl.as_str() {
+        "gemm" => false,
+        "matrixmultiply" => true,
+        other => anyhow::bail!("--gemm-impl {other}: expected gemm or matrixmultiply"),
+    };
+    if use_mm {
+        // matrixmultiply reads its thread count from the environment.
+        std::env::set_var("MATMUL_NUM_THREADS", threads.to_string());
+    }
+    let label_impl = if use_mm {
+        "matrixmultiply 0.3 (threading)"
+    } else {
+        "gemm crate (x86-v4)"
+    };
     println!(
-        "gemm crate (x86-v4), {threads} threads, median of {} calls",
+        "{label_impl}, {threads} threads, median of {} calls",
         a.repeats
     );
     for (label, m, nn, k, ta, tb) in cases {
@@ -222,11 +240,18 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
         let mut d = MatmulDims::new(m, nn, k);
         d.trans_a = ta;
         d.trans_b = tb;
-        matmul_with_threads(&mut out, &x, &w, d, threads);
+        let run = |out: &mut [f32]| {
+            if use_mm {
+                mm_sgemm(out, &x, &w, d);
+            } else {
+                matmul_with_threads(out, &x, &w, d, threads);
+            }
+        };
+        run(&mut out);
         let mut times: Vec<f64> = (0..a.repeats)
             .map(|_| {
                 let t = Instant::now();
-                matmul_with_threads(&mut out, &x, &w, d, threads);
+                run(&mut out);
                 t.elapsed().as_secs_f64()
             })
             .collect();
@@ -238,4 +263,38 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// The same product through matrixmultiply's sgemm (BLAS semantics, explicit strides).
+fn mm_sgemm(out: &mut [f32], a: &[f32], b: &[f32], d: MatmulDims) {
+    let (m, n, k) = (d.m, d.n, d.k);
+    let (rsa, csa) = if d.trans_a {
+        (1, m as isize)
+    } else {
+        (k as isize, 1)
+    };
+    let (rsb, csb) = if d.trans_b {
+        (1, k as isize)
+    } else {
+        (n as isize, 1)
+    };
+    // SAFETY: the strides describe exactly the buffers' sizes.
+    unsafe {
+        matrixmultiply::sgemm(
+            m,
+            k,
+            n,
+            1.0,
+            a.as_ptr(),
+            rsa,
+            csa,
+            b.as_ptr(),
+            rsb,
+            csb,
+            0.0,
+            out.as_mut_ptr(),
+            n as isize,
+            1,
+        );
+    }
 }
