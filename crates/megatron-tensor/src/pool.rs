@@ -25,8 +25,16 @@ thread_local! {
 
 /// A zero-filled buffer of exactly `len` elements, reused from the pool when one is free.
 pub fn take_zeroed(len: usize) -> Vec<f32> {
+    let mut v = take_any(len);
+    v.fill(0.0);
+    v
+}
+
+/// A buffer of exactly `len` elements with arbitrary (stale but initialized) contents, for
+/// outputs that a kernel overwrites completely: it saves the memset of [`take_zeroed`].
+pub fn take_any(len: usize) -> Vec<f32> {
     if len >= MIN_POOLED_LEN {
-        if let Some(mut v) = POOL.with(|p| {
+        if let Some(v) = POOL.with(|p| {
             let mut p = p.borrow_mut();
             let v = p.free.get_mut(&len).and_then(|l| l.pop());
             if v.is_some() {
@@ -34,7 +42,6 @@ pub fn take_zeroed(len: usize) -> Vec<f32> {
             }
             v
         }) {
-            v.fill(0.0);
             return v;
         }
     }

@@ -42,6 +42,17 @@ impl Tensor {
         }
     }
 
+    /// A tensor whose contents are arbitrary (stale, never uninitialized memory): for outputs a
+    /// kernel overwrites completely, saving the zero fill.
+    pub fn for_overwrite(shape: &[usize]) -> Tensor {
+        let n = shape.iter().product();
+        Tensor {
+            shape: shape.to_vec(),
+            storage: Storage::F32(pool::take_any(n)),
+            device: Device::Cpu,
+        }
+    }
+
     pub fn from_vec(shape: &[usize], data: Vec<f32>) -> Result<Tensor, TensorError> {
         let n: usize = shape.iter().product();
         if n != data.len() {

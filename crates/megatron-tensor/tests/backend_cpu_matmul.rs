@@ -1,6 +1,8 @@
 mod common;
 use common::*;
-use megatron_tensor::cpu::{bias_backward, matmul, matmul_with_threads, MatmulDims};
+use megatron_tensor::cpu::{
+    bias_backward, matmul, matmul_batched, matmul_with_threads, BatchStrides, MatmulDims,
+};
 
 #[test]
 fn matmul_all_transposes_match_naive() {
@@ -51,19 +53,25 @@ fn matmul_thread_count_does_not_change_result_beyond_rounding() {
 }
 
 #[test]
-fn batched_matmul_by_offsets_matches_naive() {
-    // Batched products are expressed as matmuls on sub-slices.
+fn batched_matmul_matches_naive_and_broadcasts_a_shared_operand() {
     let (bsz, m, n, k) = (3, 8, 5, 7);
     let a = randn(bsz * m * k, 8, 1.0);
     let b = randn(bsz * k * n, 9, 1.0);
     let mut out = vec![0.0; bsz * m * n];
+    let d = MatmulDims::new(m, n, k);
+    matmul_batched(
+        &mut out,
+        &a,
+        &b,
+        d,
+        bsz,
+        BatchStrides {
+            out: m * n,
+            a: m * k,
+            b: k * n,
+        },
+    );
     for i in 0..bsz {
-        matmul(
-            &mut out[i * m * n..(i + 1) * m * n],
-            &a[i * m * k..(i + 1) * m * k],
-            &b[i * k * n..(i + 1) * k * n],
-            MatmulDims::new(m, n, k),
-        );
         let want = naive_matmul(
             &a[i * m * k..(i + 1) * m * k],
             &b[i * k * n..(i + 1) * k * n],
@@ -72,6 +80,29 @@ fn batched_matmul_by_offsets_matches_naive() {
             k,
         );
         assert_close(&out[i * m * n..(i + 1) * m * n], &want, 1e-4, 1e-4, "batch");
+    }
+    // Stride 0 on b: every batch entry multiplies by the same matrix.
+    matmul_batched(
+        &mut out,
+        &a,
+        &b[..k * n],
+        d,
+        bsz,
+        BatchStrides {
+            out: m * n,
+            a: m * k,
+            b: 0,
+        },
+    );
+    for i in 0..bsz {
+        let want = naive_matmul(&a[i * m * k..(i + 1) * m * k], &b[..k * n], m, n, k);
+        assert_close(
+            &out[i * m * n..(i + 1) * m * n],
+            &want,
+            1e-4,
+            1e-4,
+            "broadcast",
+        );
     }
 }
 

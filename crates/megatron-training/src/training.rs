@@ -379,5 +379,21 @@ fn run(cfg: &TrainConfig, tok: &dyn Tokenizer, threads: usize) -> Result<TrainSu
     }
     rep.finish();
     summary.final_iteration = iteration;
+    if summary.peak_activation_bytes > 0 {
+        // Korthikanti et al.'s per-layer activation bytes for 16-bit activations, doubled for f32.
+        let (s_, b_, h_, a_) = (
+            t as f64,
+            b as f64,
+            cfg.model.hidden_size as f64,
+            cfg.model.num_attention_heads as f64,
+        );
+        let formula =
+            2.0 * s_ * b_ * h_ * (34.0 + 5.0 * a_ * s_ / h_) * cfg.model.num_layers as f64;
+        println!(
+            "activations held per micro-batch: {:.1} MiB measured (f32); sbh(34 + 5as/h) per layer gives {:.1} MiB in f32",
+            summary.peak_activation_bytes as f64 / (1 << 20) as f64,
+            formula / (1 << 20) as f64
+        );
+    }
     Ok(summary)
 }

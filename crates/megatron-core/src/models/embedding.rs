@@ -43,7 +43,7 @@ impl LanguageModelEmbedding {
 
     pub fn forward(&self, params: &Params, tokens: &[u32], t: usize, ctx: &StepContext) -> Tensor {
         let n = tokens.len();
-        let mut out = Tensor::zeros(&[n, self.hidden]);
+        let mut out = Tensor::for_overwrite(&[n, self.hidden]);
         embedding_forward(
             out.data_mut(),
             tokens,
@@ -53,7 +53,7 @@ impl LanguageModelEmbedding {
         );
         let p = ctx.p(self.dropout);
         if p > 0.0 {
-            let mut d = Tensor::zeros(&[n, self.hidden]);
+            let mut d = Tensor::for_overwrite(&[n, self.hidden]);
             dropout_forward(
                 d.data_mut(),
                 out.data(),
@@ -75,7 +75,7 @@ impl LanguageModelEmbedding {
     ) {
         let p = ctx.p(self.dropout);
         let dout = if p > 0.0 {
-            let mut d = Tensor::zeros(dout.shape());
+            let mut d = Tensor::for_overwrite(dout.shape());
             dropout_backward(
                 d.data_mut(),
                 dout.data(),

@@ -134,7 +134,7 @@ impl GPTModel {
             .map(|m| m / denom * grad_scale)
             .collect();
         let mut losses = vec![0.0f32; n];
-        let mut dxf = Tensor::zeros(&[n, self.config.hidden_size]);
+        let mut dxf = Tensor::for_overwrite(&[n, self.config.hidden_size]);
         let wid = self.output_weight();
         fused_classifier(
             &mut losses,

@@ -87,7 +87,7 @@ impl SelfAttention {
         ctx: &StepContext,
     ) -> (Tensor, SelfAttentionSaved) {
         let (n, h) = (b * t, self.hidden);
-        let mut qkv = Tensor::zeros(&[n, 3 * h]);
+        let mut qkv = Tensor::for_overwrite(&[n, 3 * h]);
         matmul_forward(
             qkv.data_mut(),
             x.data(),
@@ -97,8 +97,8 @@ impl SelfAttention {
             h,
             3 * h,
         );
-        let mut attn = Tensor::zeros(&[n, h]);
-        let mut lse = Tensor::zeros(&[b, self.heads, t]);
+        let mut attn = Tensor::for_overwrite(&[n, h]);
+        let mut lse = Tensor::for_overwrite(&[b, self.heads, t]);
         let key = ctx.site(self.layer, SITE_ATTN_DROPOUT);
         attention_forward(
             attn.data_mut(),
@@ -108,7 +108,7 @@ impl SelfAttention {
             self.dims(b, t, ctx),
             key,
         );
-        let mut out = Tensor::zeros(&[n, h]);
+        let mut out = Tensor::for_overwrite(&[n, h]);
         matmul_forward(
             out.data_mut(),
             attn.data(),
@@ -136,7 +136,7 @@ impl SelfAttention {
         ctx: &StepContext,
     ) -> Tensor {
         let (n, h) = (b * t, self.hidden);
-        let mut dattn = Tensor::zeros(&[n, h]);
+        let mut dattn = Tensor::for_overwrite(&[n, h]);
         matmul_backward(
             Some(dattn.data_mut()),
             grads.get_mut(self.proj_weight),
@@ -148,7 +148,7 @@ impl SelfAttention {
             h,
             h,
         );
-        let mut dqkv = Tensor::zeros(&[n, 3 * h]);
+        let mut dqkv = Tensor::for_overwrite(&[n, 3 * h]);
         let key = ctx.site(self.layer, SITE_ATTN_DROPOUT);
         attention_backward(
             dqkv.data_mut(),
@@ -161,7 +161,7 @@ impl SelfAttention {
             key,
         );
         drop(dattn);
-        let mut dx = Tensor::zeros(&[n, h]);
+        let mut dx = Tensor::for_overwrite(&[n, h]);
         let [dw, db] = grads.many_mut([self.qkv_weight, self.qkv_bias]);
         matmul_backward(
             Some(dx.data_mut()),

@@ -38,9 +38,9 @@ impl LayerNorm {
 
     pub fn forward(&self, params: &Params, x: &Tensor) -> (Tensor, LayerNormSaved) {
         let (n, h) = (x.shape()[0], x.shape()[1]);
-        let mut out = Tensor::zeros(&[n, h]);
-        let mut mean = Tensor::zeros(&[n]);
-        let mut rstd = Tensor::zeros(&[n]);
+        let mut out = Tensor::for_overwrite(&[n, h]);
+        let mut mean = Tensor::for_overwrite(&[n]);
+        let mut rstd = Tensor::for_overwrite(&[n]);
         let d = LayerNormDims {
             rows: n,
             cols: h,
@@ -67,7 +67,7 @@ impl LayerNorm {
         dout: &Tensor,
     ) -> Tensor {
         let (n, h) = (x.shape()[0], x.shape()[1]);
-        let mut dx = Tensor::zeros(&[n, h]);
+        let mut dx = Tensor::for_overwrite(&[n, h]);
         let [dw, db] = grads.many_mut([self.weight, self.bias]);
         let d = LayerNormDims {
             rows: n,
@@ -171,7 +171,7 @@ impl TransformerLayer {
         let (ln1_out, ln1) = self.input_layernorm.forward(params, &x);
         let (proj, attn) = self.self_attention.forward(params, &ln1_out, b, t, ctx);
         drop(ln1_out);
-        let mut mid = Tensor::zeros(&[n, h]);
+        let mut mid = Tensor::for_overwrite(&[n, h]);
         let key = ctx.site(self.layer, SITE_ATTN_RESIDUAL);
         bias_dropout_add_forward(
             mid.data_mut(),
@@ -185,7 +185,7 @@ impl TransformerLayer {
         let (ln2_out, ln2) = self.pre_mlp_layernorm.forward(params, &mid);
         let (y, mlp) = self.mlp.forward(params, &ln2_out, n);
         drop(ln2_out);
-        let mut out = Tensor::zeros(&[n, h]);
+        let mut out = Tensor::for_overwrite(&[n, h]);
         let key = ctx.site(self.layer, SITE_MLP_RESIDUAL);
         bias_dropout_add_forward(
             out.data_mut(),
@@ -234,7 +234,7 @@ impl TransformerLayer {
         let h = dout.shape()[1];
         let p = ctx.p(self.hidden_dropout);
         // MLP residual: d(mid) gets dout directly plus the MLP branch.
-        let mut dy = Tensor::zeros(&[n, h]);
+        let mut dy = Tensor::for_overwrite(&[n, h]);
         bias_dropout_add_backward(
             dy.data_mut(),
             grads.get_mut(self.mlp.fc2_bias),

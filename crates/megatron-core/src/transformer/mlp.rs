@@ -53,7 +53,7 @@ impl MLP {
 
     pub fn forward(&self, params: &Params, x: &Tensor, n: usize) -> (Tensor, MLPSaved) {
         let (h, f) = (self.hidden, self.ffn);
-        let mut fc1_pre = Tensor::zeros(&[n, f]);
+        let mut fc1_pre = Tensor::for_overwrite(&[n, f]);
         matmul_forward(
             fc1_pre.data_mut(),
             x.data(),
@@ -63,9 +63,9 @@ impl MLP {
             h,
             f,
         );
-        let mut act = Tensor::zeros(&[n, f]);
+        let mut act = Tensor::for_overwrite(&[n, f]);
         bias_gelu_forward(act.data_mut(), fc1_pre.data(), params.get(self.fc1_bias));
-        let mut out = Tensor::zeros(&[n, h]);
+        let mut out = Tensor::for_overwrite(&[n, h]);
         matmul_forward(
             out.data_mut(),
             act.data(),
@@ -88,13 +88,13 @@ impl MLP {
         n: usize,
     ) -> Tensor {
         let (h, f) = (self.hidden, self.ffn);
-        let mut act = Tensor::zeros(&[n, f]);
+        let mut act = Tensor::for_overwrite(&[n, f]);
         bias_gelu_recompute(
             act.data_mut(),
             saved.fc1_pre.data(),
             params.get(self.fc1_bias),
         );
-        let mut dact = Tensor::zeros(&[n, f]);
+        let mut dact = Tensor::for_overwrite(&[n, f]);
         matmul_backward(
             Some(dact.data_mut()),
             grads.get_mut(self.fc2_weight),
@@ -116,7 +116,7 @@ impl MLP {
         );
         drop(dact);
         bias_backward(grads.get_mut(self.fc1_bias), dpre.data(), n, f);
-        let mut dx = Tensor::zeros(&[n, h]);
+        let mut dx = Tensor::for_overwrite(&[n, h]);
         matmul_backward(
             Some(dx.data_mut()),
             grads.get_mut(self.fc1_weight),

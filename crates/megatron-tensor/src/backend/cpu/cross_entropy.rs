@@ -44,7 +44,7 @@ pub fn fused_classifier(
     assert_eq!(targets.len(), n);
     assert_eq!(losses.len(), n);
     let rows = d.chunk_rows.max(1).min(n.max(1));
-    let mut logits = crate::pool::take_zeroed(rows * v);
+    let mut logits = crate::pool::take_any(rows * v);
     let mut r0 = 0;
     while r0 < n {
         let nr = rows.min(n - r0);

@@ -162,3 +162,33 @@ pub fn matmul_backward(
         bias_backward(db, dout, n, o);
     }
 }
+
+/// Strides of one operand in a batched matmul, in elements between consecutive batch entries.
+#[derive(Clone, Copy, Debug)]
+pub struct BatchStrides {
+    pub out: usize,
+    pub a: usize,
+    pub b: usize,
+}
+
+/// `batch` independent matmuls `out[i] (= or +=) op(a[i]) · op(b[i])`, entry `i` of each operand
+/// starting `i * stride` elements in. A stride of 0 broadcasts that operand (e.g. one weight for
+/// every batch entry).
+pub fn matmul_batched(
+    out: &mut [f32],
+    a: &[f32],
+    b: &[f32],
+    d: MatmulDims,
+    batch: usize,
+    s: BatchStrides,
+) {
+    let (on, an, bn) = (d.m * d.n, d.m * d.k, d.k * d.n);
+    for i in 0..batch {
+        matmul(
+            &mut out[i * s.out..i * s.out + on],
+            &a[i * s.a..i * s.a + an],
+            &b[i * s.b..i * s.b + bn],
+            d,
+        );
+    }
+}

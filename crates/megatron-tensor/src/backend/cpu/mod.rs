@@ -26,7 +26,8 @@ pub use embedding::{embedding_backward, embedding_forward};
 pub use gelu::{bias_gelu_backward, bias_gelu_forward};
 pub use layernorm::{layernorm_backward, layernorm_forward};
 pub use matmul::{
-    bias_backward, matmul, matmul_backward, matmul_forward, matmul_with_threads, MatmulDims,
+    bias_backward, matmul, matmul_backward, matmul_batched, matmul_forward, matmul_with_threads,
+    BatchStrides, MatmulDims,
 };
 pub use reduce::{global_norm_squared, scale_inplace};
 
