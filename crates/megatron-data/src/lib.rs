@@ -2,7 +2,10 @@
 //! lands, training reads mock sequences or raw text tokenized byte by byte, both through the
 //! [`GPTSampleSource`] trait that the indexed datasets will implement too.
 
+pub mod gpt_dataset;
+pub mod indexed_dataset;
 pub mod mock_dataset;
+pub mod numpy_rng;
 pub mod text_dataset;
 pub mod tokenizer;
 
@@ -31,6 +34,10 @@ pub enum DataError {
     UnknownTokenizer(String),
     #[error("--tokenizer-type NullTokenizer needs --vocab-size")]
     NullNeedsVocab,
+    #[error("token id {token} does not fit the dataset's {dtype} tokens")]
+    TokenTooLarge { token: u32, dtype: String },
+    #[error("{path}: {msg}")]
+    Format { path: String, msg: String },
     #[error("token '{token}' is not an integer id below the vocabulary size {vocab}")]
     BadNullToken { token: String, vocab: usize },
 }

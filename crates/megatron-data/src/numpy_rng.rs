@@ -1,0 +1,90 @@
+//! numpy's legacy `RandomState`: MT19937 seeded by `init_genrand`, and `shuffle` on a 1-D array.
+//! Reproduced exactly so that a GPTDataset built here visits samples in the same order as
+//! Megatron's for the same data, split and seed.
+
+pub struct RandomState {
+    mt: [u32; 624],
+    i: usize,
+}
+
+impl RandomState {
+    /// `numpy.random.RandomState(seed)` for an integer seed below 2^32.
+    pub fn new(seed: u32) -> Self {
+        let mut mt = [0u32; 624];
+        mt[0] = seed;
+        for i in 1..624 {
+            mt[i] = 1_812_433_253u32
+                .wrapping_mul(mt[i - 1] ^ (mt[i - 1] >> 30))
+                .wrapping_add(i as u32);
+        }
+        RandomState { mt, i: 624 }
+    }
+
+    fn twist(&mut self) {
+        const UPPER: u32 = 0x8000_0000;
+        const LOWER: u32 = 0x7fff_ffff;
+        for k in 0..624 {
+            let y = (self.mt[k] & UPPER) | (self.mt[(k + 1) % 624] & LOWER);
+            let mut v = self.mt[(k + 397) % 624] ^ (y >> 1);
+            if y & 1 != 0 {
+                v ^= 0x9908_b0df;
+            }
+            self.mt[k] = v;
+        }
+        self.i = 0;
+    }
+
+    pub fn next_u32(&mut self) -> u32 {
+        if self.i >= 624 {
+            self.twist();
+        }
+        let mut y = self.mt[self.i];
+        self.i += 1;
+        y ^= y >> 11;
+        y ^= (y << 7) & 0x9d2c_5680;
+        y ^= (y << 15) & 0xefc6_0000;
+        y ^ (y >> 18)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        let hi = self.next_u32() as u64;
+        (hi << 32) | self.next_u32() as u64
+    }
+
+    /// numpy's `random_interval`: uniform in `[0, max]` by masked rejection.
+    pub fn random_interval(&mut self, max: u64) -> u64 {
+        if max == 0 {
+            return 0;
+        }
+        let mut mask = max;
+        mask |= mask >> 1;
+        mask |= mask >> 2;
+        mask |= mask >> 4;
+        mask |= mask >> 8;
+        mask |= mask >> 16;
+        mask |= mask >> 32;
+        if max <= 0xffff_ffff {
+            loop {
+                let v = (self.next_u32() as u64) & mask;
+                if v <= max {
+                    return v;
+                }
+            }
+        } else {
+            loop {
+                let v = self.next_u64() & mask;
+                if v <= max {
+                    return v;
+                }
+            }
+        }
+    }
+
+    /// `RandomState.shuffle` of a 1-D array: Fisher-Yates from the end.
+    pub fn shuffle<T>(&mut self, x: &mut [T]) {
+        for i in (1..x.len()).rev() {
+            let j = self.random_interval(i as u64) as usize;
+            x.swap(i, j);
+        }
+    }
+}
