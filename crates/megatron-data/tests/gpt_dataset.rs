@@ -67,7 +67,7 @@ fn gpt_indices_and_samples_match_megatron_core() {
             .as_array()
             .unwrap()
             .iter()
-            .flat_map(|r| ints(r))
+            .flat_map(ints)
             .collect();
         assert_eq!(
             ix.sample_index
