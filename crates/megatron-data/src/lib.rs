@@ -3,6 +3,7 @@
 //! [`GPTSampleSource`] trait that the indexed datasets will implement too.
 
 pub mod gpt_dataset;
+pub mod hf_tokenizer;
 pub mod indexed_dataset;
 pub mod mock_dataset;
 pub mod numpy_rng;
@@ -11,7 +12,7 @@ pub mod tokenizer;
 
 pub use mock_dataset::MockGPTDataset;
 pub use text_dataset::{parse_split, TextDataset};
-pub use tokenizer::{build_tokenizer, ByteLevelTokenizer, NullTokenizer, Tokenizer};
+pub use tokenizer::{build_tokenizer, build_tokenizer_from, ByteLevelTokenizer, NullTokenizer, Tokenizer, TokenizerSpec};
 
 #[derive(Debug, thiserror::Error)]
 pub enum DataError {
@@ -30,8 +31,12 @@ pub enum DataError {
         tokens: usize,
         seq: usize,
     },
-    #[error("--tokenizer-type {0} is not known (expected NullTokenizer or ByteLevelTokenizer)")]
+    #[error("--tokenizer-type {0} is not known (expected GPT2BPETokenizer, HuggingFaceTokenizer, ByteLevelTokenizer or NullTokenizer)")]
     UnknownTokenizer(String),
+    #[error("--tokenizer-type {tokenizer} needs {flag}")]
+    MissingFlag { flag: &'static str, tokenizer: &'static str },
+    #[error("{path}: {msg}")]
+    Tokenizer { path: String, msg: String },
     #[error("--tokenizer-type NullTokenizer needs --vocab-size")]
     NullNeedsVocab,
     #[error("token id {token} does not fit the dataset's {dtype} tokens")]

@@ -120,3 +120,22 @@ fn mock_samples_are_consecutive_ids() {
         assert_eq!(w[1], (w[0] + 1) % 50);
     }
 }
+
+#[test]
+fn gpt2_bpe_encodes_hello_world_like_gpt2() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/gpt2");
+    let spec = megatron_data::TokenizerSpec {
+        tokenizer_type: "GPT2BPETokenizer".into(),
+        vocab_file: Some(format!("{dir}/vocab.json")),
+        merge_file: Some(format!("{dir}/merges.txt")),
+        ..Default::default()
+    };
+    let t = megatron_data::build_tokenizer_from(&spec).unwrap();
+    assert_eq!(t.encode("Hello world").unwrap(), vec![15496, 995]);
+    assert_eq!(t.eod(), 50256);
+    assert_eq!(t.vocab_size(), 50257);
+    let text = "The quick brown fox, naïve café — 2024!\n  indented";
+    assert_eq!(t.decode(&t.encode(text).unwrap()), text);
+    let missing = megatron_data::TokenizerSpec { tokenizer_type: "GPT2BPETokenizer".into(), ..Default::default() };
+    assert!(megatron_data::build_tokenizer_from(&missing).err().unwrap().to_string().contains("--vocab-file"));
+}

@@ -1,0 +1,70 @@
+//! BPE tokenizers on the Hugging Face `tokenizers` crate: Megatron's `GPT2BPETokenizer` (GPT-2
+//! `vocab.json` + `merges.txt`, byte-level, no prefix space) and `HuggingFaceTokenizer` (any
+//! `tokenizer.json`).
+
+use crate::tokenizer::Tokenizer;
+use crate::DataError;
+use tokenizers::models::bpe::BPE;
+use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+
+pub struct HFTokenizer {
+    inner: tokenizers::Tokenizer,
+    name: &'static str,
+    eod: u32,
+    vocab_size: usize,
+}
+
+/// End-of-document tokens tried in order (GPT-2 / Llama-3, SentencePiece, others).
+const EOD_TOKENS: [&str; 5] = ["<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|eot_id|>"];
+
+fn err(path: &str, e: impl std::fmt::Display) -> DataError {
+    DataError::Tokenizer { path: path.to_string(), msg: e.to_string() }
+}
+
+impl HFTokenizer {
+    pub fn gpt2(vocab: &str, merges: &str) -> Result<Self, DataError> {
+        let bpe = BPE::from_file(vocab, merges).build().map_err(|e| err(&format!("{vocab}, {merges}"), e))?;
+        let mut inner = tokenizers::Tokenizer::new(bpe);
+        inner.with_pre_tokenizer(Some(ByteLevel::default().add_prefix_space(false)));
+        inner.with_decoder(Some(ByteLevel::default()));
+        Self::wrap(inner, "GPT2BPETokenizer", vocab)
+    }
+
+    pub fn from_file(path: &str) -> Result<Self, DataError> {
+        let inner = tokenizers::Tokenizer::from_file(path).map_err(|e| err(path, e))?;
+        Self::wrap(inner, "HuggingFaceTokenizer", path)
+    }
+
+    fn wrap(inner: tokenizers::Tokenizer, name: &'static str, path: &str) -> Result<Self, DataError> {
+        let eod = EOD_TOKENS
+            .iter()
+            .find_map(|t| inner.token_to_id(t))
+            .ok_or_else(|| err(path, format!("no end-of-document token (looked for {EOD_TOKENS:?})")))?;
+        let vocab_size = inner.get_vocab_size(true);
+        Ok(HFTokenizer { inner, name, eod, vocab_size })
+    }
+
+    /// The underlying `tokenizers` object (for saving).
+    pub fn inner(&self) -> &tokenizers::Tokenizer {
+        &self.inner
+    }
+}
+
+impl Tokenizer for HFTokenizer {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+    fn vocab_size(&self) -> usize {
+        self.vocab_size
+    }
+    fn encode(&self, text: &str) -> Result<Vec<u32>, DataError> {
+        let enc = self.inner.encode_fast(text, false).map_err(|e| err(self.name, e))?;
+        Ok(enc.get_ids().to_vec())
+    }
+    fn decode(&self, ids: &[u32]) -> String {
+        self.inner.decode(ids, false).unwrap_or_default()
+    }
+    fn eod(&self) -> u32 {
+        self.eod
+    }
+}
