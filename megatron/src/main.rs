@@ -3,7 +3,7 @@
 
 use clap::{Parser, Subcommand};
 use megatron_training::generate::generate;
-use megatron_training::{pretrain, GenerateArgs, TrainArgs};
+use megatron_training::{pretrain, GenerateArgs, MergeArgs, PreprocessArgs, TrainArgs};
 use std::process::ExitCode;
 
 mod bench;
@@ -33,6 +33,10 @@ enum Command {
     Train(Box<TrainArgs>),
     /// Generate text from a checkpoint.
     Generate(GenerateArgs),
+    /// Tokenize JSON lines or text into Megatron's .bin/.idx (tools/preprocess_data.py).
+    Preprocess(PreprocessArgs),
+    /// Concatenate indexed datasets (tools/merge_datasets.py).
+    MergeDatasets(MergeArgs),
     /// Micro-benchmarks (GEMM throughput on transformer shapes).
     Bench(bench::BenchArgs),
 }
@@ -62,6 +66,12 @@ fn main() -> ExitCode {
         Command::Generate(args) => generate(&args)
             .map(|text| println!("{}{}", args.prompt, text))
             .map_err(Into::into),
+        Command::Preprocess(args) => run_preprocess(&args),
+        Command::MergeDatasets(args) => {
+            megatron_data::preprocess::merge_datasets(&args.input, &args.output_prefix)
+                .map(|()| println!("wrote {}.bin/.idx", args.output_prefix))
+                .map_err(Into::into)
+        }
         Command::Bench(args) => bench::run(&args),
     };
     match result {
@@ -71,4 +81,22 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+fn run_preprocess(args: &PreprocessArgs) -> anyhow::Result<()> {
+    let tok = megatron_data::build_tokenizer_from(&args.tokenizer_spec())?;
+    let s = megatron_data::preprocess::preprocess(&args.config(), tok.as_ref())?;
+    println!(
+        "wrote {} documents, {} tokens ({} MB in {:.1} s: {:.0} docs/s, {:.2} MB/s){}{} to {}_<key>_document.bin/.idx",
+        s.documents,
+        s.tokens,
+        s.bytes / 1_000_000,
+        s.seconds,
+        s.documents as f64 / s.seconds,
+        s.bytes as f64 / s.seconds / 1e6,
+        if s.empty_documents > 0 { format!(", {} empty documents skipped", s.empty_documents) } else { String::new() },
+        if s.skipped_bad_lines > 0 { format!(", {} bad lines skipped", s.skipped_bad_lines) } else { String::new() },
+        args.output_prefix
+    );
+    Ok(())
 }

@@ -15,15 +15,26 @@ pub struct HFTokenizer {
 }
 
 /// End-of-document tokens tried in order (GPT-2 / Llama-3, SentencePiece, others).
-const EOD_TOKENS: [&str; 5] = ["<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|eot_id|>"];
+const EOD_TOKENS: [&str; 5] = [
+    "<|endoftext|>",
+    "<|end_of_text|>",
+    "</s>",
+    "<eos>",
+    "<|eot_id|>",
+];
 
 fn err(path: &str, e: impl std::fmt::Display) -> DataError {
-    DataError::Tokenizer { path: path.to_string(), msg: e.to_string() }
+    DataError::Tokenizer {
+        path: path.to_string(),
+        msg: e.to_string(),
+    }
 }
 
 impl HFTokenizer {
     pub fn gpt2(vocab: &str, merges: &str) -> Result<Self, DataError> {
-        let bpe = BPE::from_file(vocab, merges).build().map_err(|e| err(&format!("{vocab}, {merges}"), e))?;
+        let bpe = BPE::from_file(vocab, merges)
+            .build()
+            .map_err(|e| err(&format!("{vocab}, {merges}"), e))?;
         let mut inner = tokenizers::Tokenizer::new(bpe);
         inner.with_pre_tokenizer(Some(ByteLevel::default().add_prefix_space(false)));
         inner.with_decoder(Some(ByteLevel::default()));
@@ -35,13 +46,27 @@ impl HFTokenizer {
         Self::wrap(inner, "HuggingFaceTokenizer", path)
     }
 
-    fn wrap(inner: tokenizers::Tokenizer, name: &'static str, path: &str) -> Result<Self, DataError> {
+    fn wrap(
+        inner: tokenizers::Tokenizer,
+        name: &'static str,
+        path: &str,
+    ) -> Result<Self, DataError> {
         let eod = EOD_TOKENS
             .iter()
             .find_map(|t| inner.token_to_id(t))
-            .ok_or_else(|| err(path, format!("no end-of-document token (looked for {EOD_TOKENS:?})")))?;
+            .ok_or_else(|| {
+                err(
+                    path,
+                    format!("no end-of-document token (looked for {EOD_TOKENS:?})"),
+                )
+            })?;
         let vocab_size = inner.get_vocab_size(true);
-        Ok(HFTokenizer { inner, name, eod, vocab_size })
+        Ok(HFTokenizer {
+            inner,
+            name,
+            eod,
+            vocab_size,
+        })
     }
 
     /// The underlying `tokenizers` object (for saving).
@@ -58,7 +83,10 @@ impl Tokenizer for HFTokenizer {
         self.vocab_size
     }
     fn encode(&self, text: &str) -> Result<Vec<u32>, DataError> {
-        let enc = self.inner.encode_fast(text, false).map_err(|e| err(self.name, e))?;
+        let enc = self
+            .inner
+            .encode_fast(text, false)
+            .map_err(|e| err(self.name, e))?;
         Ok(enc.get_ids().to_vec())
     }
     fn decode(&self, ids: &[u32]) -> String {

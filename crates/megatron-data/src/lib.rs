@@ -7,12 +7,16 @@ pub mod hf_tokenizer;
 pub mod indexed_dataset;
 pub mod mock_dataset;
 pub mod numpy_rng;
+pub mod preprocess;
 pub mod text_dataset;
 pub mod tokenizer;
 
 pub use mock_dataset::MockGPTDataset;
 pub use text_dataset::{parse_split, TextDataset};
-pub use tokenizer::{build_tokenizer, build_tokenizer_from, ByteLevelTokenizer, NullTokenizer, Tokenizer, TokenizerSpec};
+pub use tokenizer::{
+    build_tokenizer, build_tokenizer_from, ByteLevelTokenizer, NullTokenizer, Tokenizer,
+    TokenizerSpec,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum DataError {
@@ -34,7 +38,10 @@ pub enum DataError {
     #[error("--tokenizer-type {0} is not known (expected GPT2BPETokenizer, HuggingFaceTokenizer, ByteLevelTokenizer or NullTokenizer)")]
     UnknownTokenizer(String),
     #[error("--tokenizer-type {tokenizer} needs {flag}")]
-    MissingFlag { flag: &'static str, tokenizer: &'static str },
+    MissingFlag {
+        flag: &'static str,
+        tokenizer: &'static str,
+    },
     #[error("{path}: {msg}")]
     Tokenizer { path: String, msg: String },
     #[error("--tokenizer-type NullTokenizer needs --vocab-size")]

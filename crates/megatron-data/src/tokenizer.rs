@@ -78,22 +78,37 @@ pub struct TokenizerSpec {
     pub vocab_size: Option<usize>,
 }
 
-pub fn build_tokenizer(kind: &str, vocab_size: Option<usize>) -> Result<Box<dyn Tokenizer>, DataError> {
-    build_tokenizer_from(&TokenizerSpec { tokenizer_type: kind.to_string(), vocab_size, ..Default::default() })
+pub fn build_tokenizer(
+    kind: &str,
+    vocab_size: Option<usize>,
+) -> Result<Box<dyn Tokenizer>, DataError> {
+    build_tokenizer_from(&TokenizerSpec {
+        tokenizer_type: kind.to_string(),
+        vocab_size,
+        ..Default::default()
+    })
 }
 
 pub fn build_tokenizer_from(spec: &TokenizerSpec) -> Result<Box<dyn Tokenizer>, DataError> {
-    let need = |f: &Option<String>, flag: &'static str, tokenizer: &'static str| f.clone().ok_or(DataError::MissingFlag { flag, tokenizer });
+    let need = |f: &Option<String>, flag: &'static str, tokenizer: &'static str| {
+        f.clone().ok_or(DataError::MissingFlag { flag, tokenizer })
+    };
     match spec.tokenizer_type.as_str() {
         "ByteLevelTokenizer" => Ok(Box::new(ByteLevelTokenizer)),
-        "NullTokenizer" => Ok(Box::new(NullTokenizer { vocab_size: spec.vocab_size.ok_or(DataError::NullNeedsVocab)? })),
+        "NullTokenizer" => Ok(Box::new(NullTokenizer {
+            vocab_size: spec.vocab_size.ok_or(DataError::NullNeedsVocab)?,
+        })),
         "GPT2BPETokenizer" => {
             let v = need(&spec.vocab_file, "--vocab-file", "GPT2BPETokenizer")?;
             let m = need(&spec.merge_file, "--merge-file", "GPT2BPETokenizer")?;
             Ok(Box::new(crate::hf_tokenizer::HFTokenizer::gpt2(&v, &m)?))
         }
         "HuggingFaceTokenizer" => {
-            let t = need(&spec.tokenizer_model, "--tokenizer-model", "HuggingFaceTokenizer")?;
+            let t = need(
+                &spec.tokenizer_model,
+                "--tokenizer-model",
+                "HuggingFaceTokenizer",
+            )?;
             Ok(Box::new(crate::hf_tokenizer::HFTokenizer::from_file(&t)?))
         }
         other => Err(DataError::UnknownTokenizer(other.to_string())),

@@ -136,6 +136,13 @@ fn gpt2_bpe_encodes_hello_world_like_gpt2() {
     assert_eq!(t.vocab_size(), 50257);
     let text = "The quick brown fox, naïve café — 2024!\n  indented";
     assert_eq!(t.decode(&t.encode(text).unwrap()), text);
-    let missing = megatron_data::TokenizerSpec { tokenizer_type: "GPT2BPETokenizer".into(), ..Default::default() };
-    assert!(megatron_data::build_tokenizer_from(&missing).err().unwrap().to_string().contains("--vocab-file"));
+    let missing = megatron_data::TokenizerSpec {
+        tokenizer_type: "GPT2BPETokenizer".into(),
+        ..Default::default()
+    };
+    assert!(megatron_data::build_tokenizer_from(&missing)
+        .err()
+        .unwrap()
+        .to_string()
+        .contains("--vocab-file"));
 }

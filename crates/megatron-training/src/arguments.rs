@@ -282,3 +282,68 @@ impl TrainArgs {
         })
     }
 }
+
+/// `megatron preprocess` (Megatron's `tools/preprocess_data.py` flags).
+#[derive(Args, Clone, Debug)]
+pub struct PreprocessArgs {
+    /// JSON-lines files, plain text files, or directories of them.
+    #[arg(long, num_args = 1.., required = true)]
+    pub input: Vec<String>,
+    #[arg(long, num_args = 1.., default_value = "text")]
+    pub json_keys: Vec<String>,
+    #[arg(long)]
+    pub output_prefix: String,
+    #[arg(long)]
+    pub tokenizer_type: String,
+    #[arg(long)]
+    pub vocab_file: Option<String>,
+    #[arg(long)]
+    pub merge_file: Option<String>,
+    #[arg(long)]
+    pub tokenizer_model: Option<String>,
+    #[arg(long)]
+    pub vocab_size: Option<usize>,
+    #[arg(long)]
+    pub append_eod: bool,
+    #[arg(long, default_value_t = 1)]
+    pub workers: usize,
+    /// Count and report malformed lines instead of stopping at the first.
+    #[arg(long)]
+    pub skip_bad_lines: bool,
+    #[arg(long, default_value_t = 100000)]
+    pub log_interval: usize,
+}
+
+impl PreprocessArgs {
+    pub fn tokenizer_spec(&self) -> megatron_data::TokenizerSpec {
+        megatron_data::TokenizerSpec {
+            tokenizer_type: self.tokenizer_type.clone(),
+            vocab_file: self.vocab_file.clone(),
+            merge_file: self.merge_file.clone(),
+            tokenizer_model: self.tokenizer_model.clone(),
+            vocab_size: self.vocab_size,
+        }
+    }
+
+    pub fn config(&self) -> megatron_data::preprocess::PreprocessConfig {
+        megatron_data::preprocess::PreprocessConfig {
+            input: self.input.clone(),
+            json_keys: self.json_keys.clone(),
+            output_prefix: self.output_prefix.clone(),
+            append_eod: self.append_eod,
+            workers: self.workers,
+            skip_bad_lines: self.skip_bad_lines,
+            log_interval: self.log_interval,
+        }
+    }
+}
+
+/// `megatron merge-datasets`.
+#[derive(Args, Clone, Debug)]
+pub struct MergeArgs {
+    /// Dataset prefixes (without .bin/.idx).
+    #[arg(long, num_args = 1.., required = true)]
+    pub input: Vec<String>,
+    #[arg(long)]
+    pub output_prefix: String,
+}

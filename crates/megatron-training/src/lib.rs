@@ -8,7 +8,7 @@ pub mod generate;
 pub mod logging;
 pub mod training;
 
-pub use arguments::{GenerateArgs, TrainArgs};
+pub use arguments::{GenerateArgs, MergeArgs, PreprocessArgs, TrainArgs};
 pub use training::{pretrain, TrainSummary};
 
 /// Everything that can stop a run; each message names the flag, file or iteration at fault.

@@ -1,0 +1,149 @@
+use megatron_data::indexed_dataset::IndexedDataset;
+use megatron_data::preprocess::{preprocess, PreprocessConfig};
+use megatron_data::{build_tokenizer_from, Tokenizer, TokenizerSpec};
+
+fn gpt2() -> Box<dyn Tokenizer> {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/gpt2");
+    build_tokenizer_from(&TokenizerSpec {
+        tokenizer_type: "GPT2BPETokenizer".into(),
+        vocab_file: Some(format!("{dir}/vocab.json")),
+        merge_file: Some(format!("{dir}/merges.txt")),
+        ..Default::default()
+    })
+    .unwrap()
+}
+
+fn tmp(name: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("mrs-pre-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn cfg(input: &std::path::Path, out: &std::path::Path, workers: usize) -> PreprocessConfig {
+    PreprocessConfig {
+        input: vec![input.display().to_string()],
+        json_keys: vec!["text".into()],
+        output_prefix: out.display().to_string(),
+        append_eod: true,
+        workers,
+        skip_bad_lines: false,
+        log_interval: 0,
+    }
+}
+
+fn docs() -> Vec<String> {
+    (0..500)
+        .map(|i| {
+            format!(
+                "Document {i}: the State of the Union is {}.",
+                "strong ".repeat(i % 7)
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn preprocess_jsonl_round_trips_in_input_order_with_any_worker_count() {
+    let dir = tmp("rt");
+    let input = dir.join("in.jsonl");
+    let mut text = String::new();
+    for d in docs() {
+        text.push_str(&serde_json::json!({ "text": d, "id": 1 }).to_string());
+        text.push('\n');
+    }
+    text.push_str("{\"text\": \"\"}\n\n");
+    std::fs::write(&input, text).unwrap();
+    let tok = gpt2();
+    let mut outputs = Vec::new();
+    for workers in [1, 2, 3] {
+        let out = dir.join(format!("w{workers}"));
+        let s = preprocess(&cfg(&input, &out, workers), tok.as_ref()).unwrap();
+        assert_eq!(s.documents, 500);
+        assert_eq!(s.empty_documents, 1);
+        let prefix = format!("{}_text_document", out.display());
+        let ds = IndexedDataset::open(&prefix).unwrap();
+        assert_eq!(ds.len(), 500);
+        for (i, d) in docs().iter().enumerate() {
+            let mut want = tok.encode(d).unwrap();
+            want.push(50256);
+            assert_eq!(ds.item(i), want, "document {i}");
+        }
+        outputs.push((
+            std::fs::read(format!("{prefix}.bin")).unwrap(),
+            std::fs::read(format!("{prefix}.idx")).unwrap(),
+        ));
+    }
+    assert!(
+        outputs.windows(2).all(|w| w[0] == w[1]),
+        "output independent of --workers"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn bad_lines_are_refused_with_file_and_line_and_leave_no_index() {
+    let dir = tmp("bad");
+    let input = dir.join("in.jsonl");
+    std::fs::write(
+        &input,
+        "{\"text\": \"fine\"}\n{\"text\": \"fine\"}\n{not json\n{\"text\": \"x\"}\n",
+    )
+    .unwrap();
+    let out = dir.join("out");
+    let e = preprocess(&cfg(&input, &out, 2), gpt2().as_ref())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("in.jsonl:3") && e.contains("malformed JSON"),
+        "{e}"
+    );
+    let left: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().into_string().unwrap())
+        .collect();
+    assert!(
+        !left
+            .iter()
+            .any(|f| f.ends_with(".idx") || f.ends_with(".bin")),
+        "nothing that looks like a dataset: {left:?}"
+    );
+
+    let mut c = cfg(&input, &out, 1);
+    c.skip_bad_lines = true;
+    let s = preprocess(&c, gpt2().as_ref()).unwrap();
+    assert_eq!((s.documents, s.skipped_bad_lines), (3, 1));
+
+    std::fs::write(&input, "{\"body\": \"no text key\"}\n").unwrap();
+    let e = preprocess(&cfg(&input, &out, 1), gpt2().as_ref())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("in.jsonl:1") && e.contains("missing key 'text'"),
+        "{e}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn plain_text_files_are_one_document_each_and_non_utf8_is_named() {
+    let dir = tmp("txt");
+    let src = dir.join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("a.txt"), "first file").unwrap();
+    std::fs::write(src.join("b.txt"), "second file").unwrap();
+    let out = dir.join("out");
+    let s = preprocess(&cfg(&src, &out, 2), gpt2().as_ref()).unwrap();
+    assert_eq!(s.documents, 2);
+    let ds = IndexedDataset::open(&format!("{}_text_document", out.display())).unwrap();
+    let item = ds.item(1);
+    assert_eq!(item.last(), Some(&50256), "--append-eod");
+    assert_eq!(gpt2().decode(&item[..item.len() - 1]), "second file");
+    std::fs::write(src.join("c.txt"), [0x66u8, 0xff, 0xfe]).unwrap();
+    let e = preprocess(&cfg(&src, &out, 1), gpt2().as_ref())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("c.txt") && e.contains("UTF-8"), "{e}");
+    let _ = std::fs::remove_dir_all(dir);
+}
