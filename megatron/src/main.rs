@@ -3,7 +3,9 @@
 
 use clap::{Parser, Subcommand};
 use megatron_training::generate::generate;
-use megatron_training::{pretrain, GenerateArgs, MergeArgs, PreprocessArgs, TrainArgs};
+use megatron_training::{
+    inspect_data, pretrain, GenerateArgs, InspectArgs, MergeArgs, PreprocessArgs, TrainArgs,
+};
 use std::process::ExitCode;
 
 mod bench;
@@ -37,6 +39,8 @@ enum Command {
     Preprocess(PreprocessArgs),
     /// Concatenate indexed datasets (tools/merge_datasets.py).
     MergeDatasets(MergeArgs),
+    /// Print the token ids of training samples in the order training consumes them.
+    InspectData(Box<InspectArgs>),
     /// Micro-benchmarks (GEMM throughput on transformer shapes).
     Bench(bench::BenchArgs),
 }
@@ -72,6 +76,13 @@ fn main() -> ExitCode {
                 .map(|()| println!("wrote {}.bin/.idx", args.output_prefix))
                 .map_err(Into::into)
         }
+        Command::InspectData(args) => inspect_data(&args)
+            .map(|rows| {
+                for r in rows {
+                    println!("{}", serde_json::to_string(&r).unwrap_or_default());
+                }
+            })
+            .map_err(Into::into),
         Command::Bench(args) => bench::run(&args),
     };
     match result {

@@ -2,10 +2,13 @@
 //! lands, training reads mock sequences or raw text tokenized byte by byte, both through the
 //! [`GPTSampleSource`] trait that the indexed datasets will implement too.
 
+pub mod blended_dataset;
 pub mod gpt_dataset;
 pub mod hf_tokenizer;
 pub mod indexed_dataset;
+pub mod megatron_data;
 pub mod mock_dataset;
+pub mod npy;
 pub mod numpy_rng;
 pub mod preprocess;
 pub mod text_dataset;

@@ -91,6 +91,25 @@ pub struct TrainArgs {
     pub tokenizer_type: String,
     #[arg(long)]
     pub vocab_size: Option<usize>,
+    #[arg(long)]
+    pub vocab_file: Option<String>,
+    #[arg(long)]
+    pub merge_file: Option<String>,
+    #[arg(long)]
+    pub tokenizer_model: Option<String>,
+    /// One blend per split instead of --data-path + --split.
+    #[arg(long, num_args = 1..)]
+    pub train_data_path: Vec<String>,
+    #[arg(long, num_args = 1..)]
+    pub valid_data_path: Vec<String>,
+    #[arg(long, num_args = 1..)]
+    pub test_data_path: Vec<String>,
+    /// Where GPTDataset indices are cached (named by a hash of their description).
+    #[arg(long)]
+    pub data_cache_path: Option<String>,
+    /// Exclude end-of-document labels from the loss.
+    #[arg(long)]
+    pub eod_mask_loss: bool,
 
     // Evaluation, logging, checkpoints.
     #[arg(long, default_value_t = 1000)]
@@ -140,6 +159,18 @@ pub struct GenerateArgs {
     pub seed: u64,
     #[arg(long)]
     pub greedy: bool,
+}
+
+impl TrainArgs {
+    pub fn tokenizer_spec(&self) -> megatron_data::TokenizerSpec {
+        megatron_data::TokenizerSpec {
+            tokenizer_type: self.tokenizer_type.clone(),
+            vocab_file: self.vocab_file.clone(),
+            merge_file: self.merge_file.clone(),
+            tokenizer_model: self.tokenizer_model.clone(),
+            vocab_size: self.vocab_size,
+        }
+    }
 }
 
 /// The validated configuration of a run.
@@ -244,8 +275,8 @@ impl TrainArgs {
         if self.save_interval.is_some() && self.save.is_none() {
             return Err(bad("--save-interval needs --save DIR".into()));
         }
-        if !self.mock_data && self.data_path.is_empty() {
-            return Err(bad("give --data-path FILE|DIR ... or --mock-data".into()));
+        if !self.mock_data && self.data_path.is_empty() && self.train_data_path.is_empty() {
+            return Err(bad("give --data-path PREFIX|FILE|DIR ..., --train-data-path PREFIX ..., or --mock-data".into()));
         }
         if self.num_threads == Some(0) {
             return Err(bad("--num-threads must be positive, got 0".into()));
@@ -346,4 +377,17 @@ pub struct MergeArgs {
     pub input: Vec<String>,
     #[arg(long)]
     pub output_prefix: String,
+}
+
+/// `megatron inspect-data`: the same data flags as `train`, plus which samples to print.
+#[derive(Args, Clone, Debug)]
+pub struct InspectArgs {
+    #[command(flatten)]
+    pub train: TrainArgs,
+    #[arg(long, default_value = "train")]
+    pub split_name: String,
+    #[arg(long, default_value_t = 0)]
+    pub start: u64,
+    #[arg(long, default_value_t = 10)]
+    pub count: u64,
 }

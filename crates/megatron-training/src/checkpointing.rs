@@ -48,6 +48,12 @@ pub struct CheckpointMeta {
     pub model: TransformerConfig,
     pub tokenizer_type: String,
     pub vocab_size: usize,
+    #[serde(default)]
+    pub vocab_file: Option<String>,
+    #[serde(default)]
+    pub merge_file: Option<String>,
+    #[serde(default)]
+    pub tokenizer_model: Option<String>,
     pub tensors: Vec<TensorEntry>,
     pub shard_bytes: u64,
 }

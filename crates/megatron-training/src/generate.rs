@@ -6,7 +6,7 @@ use crate::TrainError;
 use megatron_core::inference::{decode_step, KVCache};
 use megatron_core::params::Params;
 use megatron_core::GPTModel;
-use megatron_data::build_tokenizer;
+use megatron_data::{build_tokenizer_from, TokenizerSpec};
 use megatron_tensor::RngKey;
 use std::path::Path;
 
@@ -74,7 +74,13 @@ fn argmax(x: &[f32]) -> u32 {
 /// Generates a continuation of `args.prompt`; returns only the new text.
 pub fn generate(args: &GenerateArgs) -> Result<String, TrainError> {
     let ck = load_checkpoint(Path::new(&args.load), None)?;
-    let tok = build_tokenizer(&ck.meta.tokenizer_type, Some(ck.meta.vocab_size))?;
+    let tok = build_tokenizer_from(&TokenizerSpec {
+        tokenizer_type: ck.meta.tokenizer_type.clone(),
+        vocab_file: ck.meta.vocab_file.clone(),
+        merge_file: ck.meta.merge_file.clone(),
+        tokenizer_model: ck.meta.tokenizer_model.clone(),
+        vocab_size: Some(ck.meta.vocab_size),
+    })?;
     let mut params = Params::default();
     let mut inits = Vec::new();
     let model = GPTModel::build(ck.meta.model.clone(), &mut params, &mut inits);

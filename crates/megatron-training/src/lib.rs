@@ -8,8 +8,8 @@ pub mod generate;
 pub mod logging;
 pub mod training;
 
-pub use arguments::{GenerateArgs, MergeArgs, PreprocessArgs, TrainArgs};
-pub use training::{pretrain, TrainSummary};
+pub use arguments::{GenerateArgs, InspectArgs, MergeArgs, PreprocessArgs, TrainArgs};
+pub use training::{inspect_data, pretrain, TrainSummary};
 
 /// Everything that can stop a run; each message names the flag, file or iteration at fault.
 #[derive(Debug, thiserror::Error)]

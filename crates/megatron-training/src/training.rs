@@ -8,8 +8,9 @@ use crate::{io_err, TrainError};
 use megatron_core::optimizer::{clip_grad_norm, Adam, OptimizerParamScheduler};
 use megatron_core::transformer::step::StepContext;
 use megatron_core::{Batch, GPTModel, Grads, Params};
+use megatron_data::megatron_data::{is_indexed_blend, MegatronDataConfig, MegatronGPTData};
 use megatron_data::{
-    build_tokenizer, GPTSampleSource, MockGPTDataset, Split, TextDataset, Tokenizer,
+    build_tokenizer_from, GPTSampleSource, MockGPTDataset, Split, TextDataset, Tokenizer,
 };
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -111,6 +112,35 @@ fn build_data(
             seed: a.seed,
         }));
     }
+    if !a.train_data_path.is_empty() || is_indexed_blend(&a.data_path) {
+        let gbs = cfg.global_batch_size as u64;
+        let eval = a.eval_iters * gbs;
+        let mcfg = MegatronDataConfig {
+            data_path: a.data_path.clone(),
+            per_split: [
+                a.train_data_path.clone(),
+                a.valid_data_path.clone(),
+                a.test_data_path.clone(),
+            ],
+            split: a.split.clone(),
+            seq_length: a.seq_length,
+            seed: a.seed,
+            // Megatron's sizes: every training sample, every evaluation, one test pass.
+            num_samples: [
+                cfg.train_iters * gbs,
+                (cfg.train_iters / a.eval_interval + 1) * eval,
+                eval,
+            ],
+            data_cache_path: a.data_cache_path.clone(),
+            tokenizer: format!("{}:{}", tok.name(), tok.vocab_size()),
+            eod: tok.eod(),
+        };
+        let data = MegatronGPTData::build(&mcfg)?;
+        for line in &data.report {
+            println!("data: {line}");
+        }
+        return Ok(Box::new(data));
+    }
     let files = expand_data_paths(&a.data_path)?;
     let ds = TextDataset::from_files(&files, tok, &a.split, a.seq_length, a.seed)?;
     println!(
@@ -157,11 +187,24 @@ impl MicroBatch {
             sample: vec![0; t + 1],
         }
     }
-    fn fill(&mut self, data: &dyn GPTSampleSource, split: Split, first: u64, b: usize, t: usize) {
+    fn fill(
+        &mut self,
+        data: &dyn GPTSampleSource,
+        split: Split,
+        first: u64,
+        b: usize,
+        t: usize,
+        eod_mask: Option<u32>,
+    ) {
         for j in 0..b {
             data.sample(split, first + j as u64, &mut self.sample);
             self.tokens[j * t..(j + 1) * t].copy_from_slice(&self.sample[..t]);
             self.labels[j * t..(j + 1) * t].copy_from_slice(&self.sample[1..]);
+        }
+        if let Some(eod) = eod_mask {
+            for (m, l) in self.mask.iter_mut().zip(&self.labels) {
+                *m = if *l == eod { 0.0 } else { 1.0 };
+            }
         }
     }
     fn batch(&self, b: usize, t: usize) -> Batch<'_> {
@@ -172,6 +215,15 @@ impl MicroBatch {
             b,
             t,
         }
+    }
+}
+
+/// The label id excluded from the loss under `--eod-mask-loss`.
+fn eod_mask(cfg: &TrainConfig, data: &dyn GPTSampleSource) -> Option<u32> {
+    if cfg.args.eod_mask_loss {
+        data.eod()
+    } else {
+        None
     }
 }
 
@@ -190,7 +242,7 @@ fn evaluate(
     let mut count = 0u64;
     // The same validation samples at every evaluation, so that curves are comparable.
     for k in 0..cfg.args.eval_iters * cfg.num_microbatches as u64 {
-        mb.fill(data, Split::Valid, k * b as u64, b, t);
+        mb.fill(data, Split::Valid, k * b as u64, b, t, eod_mask(cfg, data));
         total += model.forward_loss(params, &mb.batch(b, t)) as f64;
         count += 1;
     }
@@ -199,7 +251,7 @@ fn evaluate(
 
 /// Trains as `megatron train` does; returns the per-iteration losses.
 pub fn pretrain(args: &TrainArgs) -> Result<TrainSummary, TrainError> {
-    let tok = build_tokenizer(&args.tokenizer_type, args.vocab_size)?;
+    let tok = build_tokenizer_from(&args.tokenizer_spec())?;
     let cfg = args.validate(tok.vocab_size())?;
     let threads = args
         .num_threads
@@ -280,7 +332,14 @@ fn run(cfg: &TrainConfig, tok: &dyn Tokenizer, threads: usize) -> Result<TrainSu
         grads.zero();
         let mut loss_sum = 0.0f64;
         for m in 0..cfg.num_microbatches {
-            mb.fill(data.as_ref(), Split::Train, consumed + (m * b) as u64, b, t);
+            mb.fill(
+                data.as_ref(),
+                Split::Train,
+                consumed + (m * b) as u64,
+                b,
+                t,
+                eod_mask(cfg, data.as_ref()),
+            );
             let ctx = StepContext::train(a.seed, iteration, m as u64);
             let r = model.forward_backward(&params, &mut grads, &mb.batch(b, t), grad_scale, &ctx);
             summary.peak_activation_bytes = summary.peak_activation_bytes.max(r.activation_bytes);
@@ -366,6 +425,9 @@ fn run(cfg: &TrainConfig, tok: &dyn Tokenizer, threads: usize) -> Result<TrainSu
                 model: cfg.model.clone(),
                 tokenizer_type: tok.name().to_string(),
                 vocab_size: a.vocab_size.unwrap_or(tok.vocab_size()),
+                vocab_file: a.vocab_file.clone(),
+                merge_file: a.merge_file.clone(),
+                tokenizer_model: a.tokenizer_model.clone(),
                 tensors: Vec::new(),
                 shard_bytes: 0,
             };
@@ -396,4 +458,36 @@ fn run(cfg: &TrainConfig, tok: &dyn Tokenizer, threads: usize) -> Result<TrainSu
         );
     }
     Ok(summary)
+}
+
+/// Token ids of samples `start..start + count` of a split, in the order training consumes them
+/// (`megatron inspect-data`).
+pub fn inspect_data(args: &crate::arguments::InspectArgs) -> Result<Vec<Vec<u32>>, TrainError> {
+    let tok = build_tokenizer_from(&args.train.tokenizer_spec())?;
+    let cfg = args.train.validate(tok.vocab_size())?;
+    let split = match args.split_name.as_str() {
+        "train" => Split::Train,
+        "valid" => Split::Valid,
+        "test" => Split::Test,
+        other => {
+            return Err(TrainError::Args(format!(
+                "--split-name {other}: expected train, valid or test"
+            )))
+        }
+    };
+    let data = build_data(&cfg, tok.as_ref())?;
+    let n = data.num_samples(split);
+    if n == 0 {
+        return Err(TrainError::Args(format!(
+            "the {} split is empty",
+            args.split_name
+        )));
+    }
+    let mut buf = vec![0u32; cfg.args.seq_length + 1];
+    Ok((args.start..args.start + args.count)
+        .map(|i| {
+            data.sample(split, i, &mut buf);
+            buf.clone()
+        })
+        .collect())
 }

@@ -1,0 +1,295 @@
+//! Training data from Megatron indexed datasets: per split a `GPTDataset` over each dataset of
+//! the blend (indices built as Megatron builds them, cached under `--data-cache-path`), and a
+//! `BlendedDataset` on top when several datasets are blended.
+
+use crate::blended_dataset::{build_blending_indices, parse_blend, per_dataset_samples};
+use crate::gpt_dataset::{
+    build_indices, read_sample, split_indices, split_matrix, GPTDatasetIndices,
+};
+use crate::indexed_dataset::IndexedDataset;
+use crate::{npy, parse_split, DataError, GPTSampleSource, Split};
+use md5::{Digest, Md5};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+#[derive(Clone, Debug, Default)]
+pub struct MegatronDataConfig {
+    /// `--data-path`: `A B` or `0.3 A 0.7 B`, split by `--split`.
+    pub data_path: Vec<String>,
+    /// `--train-data-path` / `--valid-data-path` / `--test-data-path`: one blend per split
+    /// (each used whole), instead of `--data-path` + `--split`.
+    pub per_split: [Vec<String>; 3],
+    pub split: String,
+    pub seq_length: usize,
+    pub seed: u64,
+    /// Samples each split must provide.
+    pub num_samples: [u64; 3],
+    pub data_cache_path: Option<String>,
+    /// Identifies the tokenizer in the cache description.
+    pub tokenizer: String,
+    pub eod: u32,
+}
+
+const SURPLUS: f64 = 0.005;
+const SPLIT_NAMES: [&str; 3] = ["train", "valid", "test"];
+
+struct Part {
+    ds: Arc<IndexedDataset>,
+    ix: GPTDatasetIndices,
+}
+
+struct SplitData {
+    parts: Vec<Part>,
+    blend: Option<(Vec<i16>, Vec<i64>)>,
+    len: u64,
+}
+
+pub struct MegatronGPTData {
+    splits: [Option<SplitData>; 3],
+    seq_length: usize,
+    eod: u32,
+    /// One line per split describing what was built or loaded from the cache.
+    pub report: Vec<String>,
+}
+
+/// True when every dataset named in `--data-path` (weights skipped) has a `.idx` file.
+pub fn is_indexed_blend(args: &[String]) -> bool {
+    let prefixes: Vec<&String> = args.iter().filter(|a| a.parse::<f64>().is_err()).collect();
+    !prefixes.is_empty()
+        && prefixes
+            .iter()
+            .all(|p| Path::new(&format!("{p}.idx")).is_file())
+}
+
+impl MegatronGPTData {
+    pub fn build(cfg: &MegatronDataConfig) -> Result<Self, DataError> {
+        let mut opened: std::collections::HashMap<String, Arc<IndexedDataset>> = Default::default();
+        let mut open = |p: &str| -> Result<Arc<IndexedDataset>, DataError> {
+            if let Some(d) = opened.get(p) {
+                return Ok(d.clone());
+            }
+            let d = Arc::new(IndexedDataset::open(p)?);
+            opened.insert(p.to_string(), d.clone());
+            Ok(d)
+        };
+        let use_per_split = cfg.per_split.iter().any(|v| !v.is_empty());
+        let matrix = split_matrix(&parse_split(&cfg.split)?);
+        let mut splits: [Option<SplitData>; 3] = [None, None, None];
+        let mut report = Vec::new();
+        for s in 0..3 {
+            let (blend, bounds) = if use_per_split {
+                if cfg.per_split[s].is_empty() {
+                    continue;
+                }
+                (parse_blend(&cfg.per_split[s])?, Some((0.0, 1.0)))
+            } else {
+                (parse_blend(&cfg.data_path)?, matrix[s])
+            };
+            let Some(bounds) = bounds else { continue };
+            let size = cfg.num_samples[s];
+            if size == 0 {
+                continue;
+            }
+            let weights: Vec<f64> = blend.iter().map(|b| b.0).collect();
+            let want = if blend.len() == 1 {
+                vec![size]
+            } else {
+                per_dataset_samples(&weights, size as usize, SURPLUS)
+            };
+            let mut parts = Vec::new();
+            for ((_, prefix), n) in blend.iter().zip(&want) {
+                let ds = open(prefix)?;
+                let docs = split_indices(bounds, ds.len());
+                if docs.is_empty() {
+                    return Err(DataError::Format {
+                        path: prefix.clone(),
+                        msg: format!(
+                            "the {} split of --split {} holds no documents",
+                            SPLIT_NAMES[s], cfg.split
+                        ),
+                    });
+                }
+                let (ix, how) = cached_indices(cfg, prefix, &ds, &docs, bounds, s, *n)?;
+                report.push(format!(
+                    "{} split, {prefix}: {} documents, {} samples, {} epochs ({how})",
+                    SPLIT_NAMES[s],
+                    docs.len(),
+                    ix.len(),
+                    ix.num_epochs
+                ));
+                parts.push(Part { ds, ix });
+            }
+            let blend_ix =
+                (parts.len() > 1).then(|| build_blending_indices(&weights, size as usize));
+            if let Some((di, si)) = &blend_ix {
+                for (d, part) in parts.iter().enumerate() {
+                    let need = si
+                        .iter()
+                        .zip(di)
+                        .filter(|(_, &x)| x as usize == d)
+                        .map(|(&j, _)| j + 1)
+                        .max()
+                        .unwrap_or(0);
+                    if need as usize > part.ix.len() {
+                        return Err(DataError::Format {
+                            path: blend[d].1.clone(),
+                            msg: format!(
+                                "the blend needs {need} samples, the dataset has {}",
+                                part.ix.len()
+                            ),
+                        });
+                    }
+                }
+            }
+            let len = if blend_ix.is_some() {
+                size
+            } else {
+                parts[0].ix.len() as u64
+            };
+            splits[s] = Some(SplitData {
+                parts,
+                blend: blend_ix,
+                len,
+            });
+        }
+        if splits[0].is_none() {
+            return Err(DataError::Format {
+                path: "--data-path".into(),
+                msg: "no training data (check --split and the data paths)".into(),
+            });
+        }
+        Ok(MegatronGPTData {
+            splits,
+            seq_length: cfg.seq_length,
+            eod: cfg.eod,
+            report,
+        })
+    }
+}
+
+fn cached_indices(
+    cfg: &MegatronDataConfig,
+    prefix: &str,
+    ds: &IndexedDataset,
+    docs: &[i32],
+    bounds: (f64, f64),
+    split: usize,
+    num_samples: u64,
+) -> Result<(GPTDatasetIndices, &'static str), DataError> {
+    let build = || {
+        build_indices(
+            &ds.lengths(),
+            docs,
+            Some(num_samples),
+            cfg.seq_length,
+            cfg.seed as u32,
+            1,
+            true,
+        )
+    };
+    let Some(dir) = &cfg.data_cache_path else {
+        return Ok((build()?, "built"));
+    };
+    let description = serde_json::to_string_pretty(&serde_json::json!({
+        "class": "GPTDataset",
+        "dataset_path": prefix,
+        "num_samples": num_samples,
+        "index_split": SPLIT_NAMES[split],
+        "random_seed": cfg.seed,
+        "sequence_length": cfg.seq_length,
+        "split": cfg.split,
+        "split_bounds": [bounds.0, bounds.1],
+        "num_sequences": ds.len(),
+        "tokenizer": cfg.tokenizer,
+    }))
+    .expect("json");
+    let hash = format!("{:x}", Md5::digest(description.as_bytes()));
+    let dir = PathBuf::from(dir);
+    let base = |what: &str| dir.join(format!("{hash}-GPTDataset-{}-{what}", SPLIT_NAMES[split]));
+    let files = [
+        base("document_index.npy"),
+        base("sample_index.npy"),
+        base("shuffle_index.npy"),
+    ];
+    let desc_file = base("description.txt");
+    if desc_file.is_file() && files.iter().all(|f| f.is_file()) {
+        let (_, d) = npy::read_i64(&files[0])?;
+        let (_, s) = npy::read_i64(&files[1])?;
+        let (_, sh) = npy::read_i64(&files[2])?;
+        let ix = GPTDatasetIndices {
+            document_index: d.iter().map(|&v| v as i32).collect(),
+            sample_index: s.chunks_exact(2).map(|c| [c[0], c[1]]).collect(),
+            shuffle_index: sh,
+            num_epochs: 0,
+            separate_final_epoch: false,
+        };
+        let ix = GPTDatasetIndices {
+            num_epochs: (ix.document_index.len() / docs.len().max(1)).max(1),
+            ..ix
+        };
+        return Ok((ix, "loaded from --data-cache-path"));
+    }
+    let ix = build()?;
+    std::fs::create_dir_all(&dir).map_err(|e| DataError::Io {
+        path: dir.display().to_string(),
+        source: e,
+    })?;
+    npy::write_i64(
+        &files[0],
+        &[ix.document_index.len()],
+        &ix.document_index
+            .iter()
+            .map(|&v| v as i64)
+            .collect::<Vec<_>>(),
+    )?;
+    npy::write_i64(
+        &files[1],
+        &[ix.sample_index.len(), 2],
+        &ix.sample_index
+            .iter()
+            .flat_map(|r| r.iter().copied())
+            .collect::<Vec<_>>(),
+    )?;
+    npy::write_i64(&files[2], &[ix.shuffle_index.len()], &ix.shuffle_index)?;
+    // The description goes last: its presence marks a complete cache entry.
+    std::fs::write(&desc_file, description).map_err(|e| DataError::Io {
+        path: desc_file.display().to_string(),
+        source: e,
+    })?;
+    Ok((ix, "built and cached"))
+}
+
+impl GPTSampleSource for MegatronGPTData {
+    fn seq_length(&self) -> usize {
+        self.seq_length
+    }
+    fn num_samples(&self, split: Split) -> u64 {
+        self.splits[split as usize].as_ref().map_or(0, |s| s.len)
+    }
+    fn sample(&self, split: Split, idx: u64, out: &mut [u32]) {
+        let sd = self.splits[split as usize]
+            .as_ref()
+            .expect("split has data");
+        let idx = idx % sd.len;
+        let (part, j) = match &sd.blend {
+            Some((di, si)) => (
+                &sd.parts[di[idx as usize] as usize],
+                si[idx as usize] as usize,
+            ),
+            None => (&sd.parts[0], idx as usize),
+        };
+        let mut buf = Vec::with_capacity(out.len());
+        read_sample(
+            &part.ds,
+            &part.ix,
+            j % part.ix.len(),
+            self.seq_length,
+            1,
+            &mut buf,
+        );
+        out.copy_from_slice(&buf[..out.len()]);
+    }
+    fn eod(&self) -> Option<u32> {
+        Some(self.eod)
+    }
+}
