@@ -5,6 +5,7 @@ use clap::{Parser, Subcommand};
 use megatron_training::generate::generate;
 use megatron_training::{
     inspect_data, pretrain, GenerateArgs, InspectArgs, MergeArgs, PreprocessArgs, TrainArgs,
+    TrainTokenizerArgs,
 };
 use std::process::ExitCode;
 
@@ -37,6 +38,8 @@ enum Command {
     Generate(GenerateArgs),
     /// Tokenize JSON lines or text into Megatron's .bin/.idx (tools/preprocess_data.py).
     Preprocess(PreprocessArgs),
+    /// Train a byte-level BPE tokenizer (tokenizer.json, vocab.json, merges.txt).
+    TrainTokenizer(TrainTokenizerArgs),
     /// Concatenate indexed datasets (tools/merge_datasets.py).
     MergeDatasets(MergeArgs),
     /// Print the token ids of training samples in the order training consumes them.
@@ -71,6 +74,16 @@ fn main() -> ExitCode {
             .map(|text| println!("{}{}", args.prompt, text))
             .map_err(Into::into),
         Command::Preprocess(args) => run_preprocess(&args),
+        Command::TrainTokenizer(args) => {
+            megatron_data::train_tokenizer::train_tokenizer(&args.config())
+                .map(|()| {
+                    println!(
+                        "wrote {0}/tokenizer.json, {0}/vocab.json, {0}/merges.txt",
+                        args.output_dir
+                    )
+                })
+                .map_err(Into::into)
+        }
         Command::MergeDatasets(args) => {
             megatron_data::preprocess::merge_datasets(&args.input, &args.output_prefix)
                 .map(|()| println!("wrote {}.bin/.idx", args.output_prefix))

@@ -13,6 +13,7 @@ pub mod numpy_rng;
 pub mod preprocess;
 pub mod text_dataset;
 pub mod tokenizer;
+pub mod train_tokenizer;
 
 pub use mock_dataset::MockGPTDataset;
 pub use text_dataset::{parse_split, TextDataset};

@@ -97,27 +97,41 @@ impl MegatronGPTData {
                 per_dataset_samples(&weights, size as usize, SURPLUS)
             };
             let mut parts = Vec::new();
+            let mut empty = None;
             for ((_, prefix), n) in blend.iter().zip(&want) {
                 let ds = open(prefix)?;
                 let docs = split_indices(bounds, ds.len());
                 if docs.is_empty() {
-                    return Err(DataError::Format {
-                        path: prefix.clone(),
-                        msg: format!(
-                            "the {} split of --split {} holds no documents",
-                            SPLIT_NAMES[s], cfg.split
-                        ),
-                    });
+                    let msg = format!(
+                        "the {} split of --split {} holds no documents of {prefix}",
+                        SPLIT_NAMES[s], cfg.split
+                    );
+                    if s == 0 {
+                        return Err(DataError::Format {
+                            path: prefix.clone(),
+                            msg,
+                        });
+                    }
+                    empty = Some(msg);
+                    break;
                 }
                 let (ix, how) = cached_indices(cfg, prefix, &ds, &docs, bounds, s, *n)?;
+                let entropy = unigram_entropy(&ds, &docs)
+                    .map(|h| format!(", unigram entropy {h:.4} nats"))
+                    .unwrap_or_default();
                 report.push(format!(
-                    "{} split, {prefix}: {} documents, {} samples, {} epochs ({how})",
+                    "{} split, {prefix}: {} documents, {} samples, {} epochs ({how}){entropy}",
                     SPLIT_NAMES[s],
                     docs.len(),
                     ix.len(),
                     ix.num_epochs
                 ));
                 parts.push(Part { ds, ix });
+            }
+            if let Some(msg) = empty {
+                // Like Megatron, an empty validation or test split is simply not built.
+                report.push(format!("{msg}: skipped"));
+                continue;
             }
             let blend_ix =
                 (parts.len() > 1).then(|| build_blending_indices(&weights, size as usize));
@@ -165,6 +179,31 @@ impl MegatronGPTData {
             report,
         })
     }
+}
+
+/// Entropy (nats) of the split's unigram distribution, the loss of a context-free model; only for
+/// splits small enough to count in passing (up to 50M tokens).
+fn unigram_entropy(ds: &IndexedDataset, docs: &[i32]) -> Option<f64> {
+    let total: usize = docs.iter().map(|&d| ds.length(d as usize)).sum();
+    if total == 0 || total > 50_000_000 {
+        return None;
+    }
+    let mut counts = std::collections::HashMap::<u32, u64>::new();
+    let mut buf = Vec::new();
+    for &d in docs {
+        buf.clear();
+        ds.get(d as usize, 0, ds.length(d as usize), &mut buf);
+        for &t in &buf {
+            *counts.entry(t).or_default() += 1;
+        }
+    }
+    let n = total as f64;
+    Some(
+        counts
+            .values()
+            .map(|&c| -(c as f64 / n) * (c as f64 / n).ln())
+            .sum(),
+    )
 }
 
 fn cached_indices(

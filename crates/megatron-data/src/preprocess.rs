@@ -63,7 +63,7 @@ fn expand(inputs: &[String]) -> Result<Vec<PathBuf>, DataError> {
             let mut v: Vec<PathBuf> = std::fs::read_dir(&p)
                 .map_err(io(&p))?
                 .filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|f| f.is_file())
+                .filter(|f| f.is_file() && is_text_input(f))
                 .collect();
             v.sort();
             out.extend(v);
@@ -276,4 +276,13 @@ pub fn merge_datasets(inputs: &[String], output_prefix: &str) -> Result<(), Data
         b.add_index(&crate::indexed_dataset::IndexedDataset::open(p)?)?;
     }
     b.finalize()
+}
+
+/// Files taken from a directory input: text and JSON lines (not READMEs or licenses without an
+/// extension, nor binaries).
+fn is_text_input(p: &std::path::Path) -> bool {
+    matches!(
+        p.extension().and_then(|e| e.to_str()),
+        Some("txt" | "json" | "jsonl")
+    )
 }

@@ -391,3 +391,35 @@ pub struct InspectArgs {
     #[arg(long, default_value_t = 10)]
     pub count: u64,
 }
+
+/// `megatron train-tokenizer`: byte-level BPE.
+#[derive(Args, Clone, Debug)]
+pub struct TrainTokenizerArgs {
+    /// Text files, JSON-lines files, or directories of them.
+    #[arg(long, num_args = 1.., required = true)]
+    pub input: Vec<String>,
+    #[arg(long, default_value = "text")]
+    pub json_key: String,
+    #[arg(long)]
+    pub vocab_size: usize,
+    #[arg(long, default_value_t = 2)]
+    pub min_frequency: u64,
+    #[arg(long, num_args = 1.., default_value = "<|endoftext|>")]
+    pub special_tokens: Vec<String>,
+    /// Receives tokenizer.json, vocab.json and merges.txt.
+    #[arg(long)]
+    pub output_dir: String,
+}
+
+impl TrainTokenizerArgs {
+    pub fn config(&self) -> megatron_data::train_tokenizer::TrainTokenizerConfig {
+        megatron_data::train_tokenizer::TrainTokenizerConfig {
+            input: self.input.clone(),
+            json_key: self.json_key.clone(),
+            vocab_size: self.vocab_size,
+            min_frequency: self.min_frequency,
+            special_tokens: self.special_tokens.clone(),
+            output_dir: self.output_dir.clone(),
+        }
+    }
+}

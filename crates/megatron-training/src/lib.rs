@@ -8,7 +8,9 @@ pub mod generate;
 pub mod logging;
 pub mod training;
 
-pub use arguments::{GenerateArgs, InspectArgs, MergeArgs, PreprocessArgs, TrainArgs};
+pub use arguments::{
+    GenerateArgs, InspectArgs, MergeArgs, PreprocessArgs, TrainArgs, TrainTokenizerArgs,
+};
 pub use training::{inspect_data, pretrain, TrainSummary};
 
 /// Everything that can stop a run; each message names the flag, file or iteration at fault.
