@@ -101,7 +101,10 @@ pub fn build_tokenizer_from(spec: &TokenizerSpec) -> Result<Box<dyn Tokenizer>, 
         "GPT2BPETokenizer" => {
             let v = need(&spec.vocab_file, "--vocab-file", "GPT2BPETokenizer")?;
             let m = need(&spec.merge_file, "--merge-file", "GPT2BPETokenizer")?;
-            Ok(Box::new(crate::hf_tokenizer::HFTokenizer::gpt2(&v, &m)?))
+            match crate::gpt2_bpe::Gpt2Bpe::from_files(&v, &m)? {
+                Some(fast) => Ok(Box::new(fast)),
+                None => Ok(Box::new(crate::hf_tokenizer::HFTokenizer::gpt2(&v, &m)?)),
+            }
         }
         "HuggingFaceTokenizer" => {
             let t = need(

@@ -146,3 +146,29 @@ fn gpt2_bpe_encodes_hello_world_like_gpt2() {
         .to_string()
         .contains("--vocab-file"));
 }
+
+#[test]
+fn fast_gpt2_bpe_gives_the_same_ids_as_hugging_face_bpe() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/gpt2");
+    let (v, m) = (format!("{dir}/vocab.json"), format!("{dir}/merges.txt"));
+    let fast = megatron_data::gpt2_bpe::Gpt2Bpe::from_files(&v, &m)
+        .unwrap()
+        .expect("GPT-2 ids follow merge order");
+    let hf = megatron_data::hf_tokenizer::HFTokenizer::gpt2(&v, &m).unwrap();
+    let cases = [
+        "Hello world",
+        "  leading and trailing spaces   ",
+        "tabs\tand\nnewlines\n\n\n",
+        "I'll we've they're it's don't",
+        "numbers 1234567890 3.14159 -42",
+        "naïve café — “quotes” ünïcödé 日本語 🙂",
+        "int main(void) { return x->y[0] != 0x1F; }",
+        "<|endoftext|> is plain text here",
+        "",
+    ];
+    for c in cases {
+        assert_eq!(fast.encode(c).unwrap(), hf.encode(c).unwrap(), "{c:?}");
+        assert_eq!(fast.decode(&fast.encode(c).unwrap()), c);
+    }
+    assert_eq!(fast.eod(), 50256);
+}
