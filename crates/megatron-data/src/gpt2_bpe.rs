@@ -20,6 +20,8 @@ const EOD: &str = "<|endoftext|>";
 
 pub struct Gpt2Bpe {
     bpe: CoreBPE,
+    encoder: FxHashMap<Vec<u8>, u32>,
+    specials: FxHashMap<String, u32>,
     eod: u32,
     vocab_size: usize,
 }
@@ -96,9 +98,12 @@ impl Gpt2Bpe {
             .get(EOD)
             .ok_or_else(|| err(vocab, format!("no {EOD} token")))?;
         let vocab_size = v.len();
-        let bpe = CoreBPE::new(encoder, specials, GPT2_PATTERN).map_err(|e| err(vocab, e))?;
+        let bpe = CoreBPE::new(encoder.clone(), specials.clone(), GPT2_PATTERN)
+            .map_err(|e| err(vocab, e))?;
         Ok(Some(Gpt2Bpe {
             bpe,
+            encoder,
+            specials,
             eod,
             vocab_size,
         }))
@@ -122,5 +127,15 @@ impl Tokenizer for Gpt2Bpe {
     }
     fn eod(&self) -> u32 {
         self.eod
+    }
+    fn for_worker(&self) -> Option<Box<dyn Tokenizer>> {
+        let bpe = CoreBPE::new(self.encoder.clone(), self.specials.clone(), GPT2_PATTERN).ok()?;
+        Some(Box::new(Gpt2Bpe {
+            bpe,
+            encoder: self.encoder.clone(),
+            specials: self.specials.clone(),
+            eod: self.eod,
+            vocab_size: self.vocab_size,
+        }))
     }
 }

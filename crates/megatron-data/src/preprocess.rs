@@ -207,6 +207,11 @@ pub fn preprocess(
         next_file: 0,
         current: None,
     };
+    // One tokenizer per worker thread where the tokenizer asks for it, built on first use.
+    type Slot = std::sync::Mutex<Option<Option<Box<dyn Tokenizer>>>>;
+    let workers_tok: Vec<Slot> = (0..cfg.workers.max(1))
+        .map(|_| std::sync::Mutex::new(None))
+        .collect();
     let mut stats = PreprocessStats::default();
     let start = Instant::now();
     let mut last_log = 0u64;
@@ -220,7 +225,18 @@ pub fn preprocess(
         let results: Vec<Tokenized> = pool.install(|| {
             records
                 .par_iter()
-                .map(|r| tokenize(r, &cfg.json_keys, tok, cfg.append_eod))
+                .map(|r| {
+                    let slot = &workers_tok
+                        [rayon::current_thread_index().unwrap_or(0) % workers_tok.len()];
+                    let mut guard = slot.lock().expect("tokenizer slot");
+                    let t = guard.get_or_insert_with(|| tok.for_worker());
+                    tokenize(
+                        r,
+                        &cfg.json_keys,
+                        t.as_deref().unwrap_or(tok),
+                        cfg.append_eod,
+                    )
+                })
                 .collect()
         });
         for (rec, res) in records.iter().zip(results) {

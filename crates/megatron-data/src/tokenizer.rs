@@ -8,6 +8,11 @@ pub trait Tokenizer: Send + Sync {
     fn decode(&self, ids: &[u32]) -> String;
     /// End-of-document id.
     fn eod(&self) -> u32;
+    /// An independent copy for one worker thread, where sharing would contend (tiktoken's
+    /// regex keeps one scratch pool per regex, behind a lock). `None`: share `self`.
+    fn for_worker(&self) -> Option<Box<dyn Tokenizer>> {
+        None
+    }
 }
 
 /// Bytes as tokens (0..=255) plus an end-of-document id 256.
