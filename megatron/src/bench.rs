@@ -31,6 +31,11 @@ pub struct BenchArgs {
     pub heads: usize,
     #[arg(long, default_value_t = 50304)]
     pub vocab: usize,
+    /// For `bench index`: the dataset prefix and the number of samples to index.
+    #[arg(long)]
+    pub data_path: Option<String>,
+    #[arg(long, default_value_t = 10_000_000)]
+    pub num_samples: u64,
 }
 
 fn time_median(repeats: usize, mut f: impl FnMut()) -> f64 {
@@ -186,6 +191,22 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
     if a.what == "kernels" {
         return kernels(a);
     }
+    if a.what == "index" {
+        let prefix = a.data_path.as_deref().ok_or_else(|| anyhow::anyhow!("bench index needs --data-path PREFIX"))?;
+        let ds = megatron_data::indexed_dataset::IndexedDataset::open(prefix)?;
+        let docs: Vec<i32> = (0..ds.len() as i32).collect();
+        let t = Instant::now();
+        let ix = megatron_data::gpt_dataset::build_indices(&ds.lengths(), &docs, Some(a.num_samples), a.seq_length, 1234, 1, true)?;
+        println!(
+            "GPTDataset indices for {} samples (seq {}): {:.2} s ({} epochs, {} documents per epoch)",
+            a.num_samples,
+            a.seq_length,
+            t.elapsed().as_secs_f64(),
+            ix.num_epochs,
+            docs.len()
+        );
+        return Ok(());
+    }
     if a.what == "peak" {
         let threads = a
             .threads
@@ -203,7 +224,7 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     if a.what != "gemm" {
-        anyhow::bail!("bench {}: expected `gemm`, `kernels` or `peak`", a.what);
+        anyhow::bail!("bench {}: expected `gemm`, `kernels`, `peak` or `index`", a.what);
     }
     let threads = a
         .threads

@@ -23,14 +23,17 @@ impl RandomState {
     fn twist(&mut self) {
         const UPPER: u32 = 0x8000_0000;
         const LOWER: u32 = 0x7fff_ffff;
-        for k in 0..624 {
-            let y = (self.mt[k] & UPPER) | (self.mt[(k + 1) % 624] & LOWER);
-            let mut v = self.mt[(k + 397) % 624] ^ (y >> 1);
-            if y & 1 != 0 {
-                v ^= 0x9908_b0df;
-            }
-            self.mt[k] = v;
+        let mix = |a: u32, b: u32, c: u32| {
+            let y = (a & UPPER) | (b & LOWER);
+            c ^ (y >> 1) ^ if y & 1 != 0 { 0x9908_b0df } else { 0 }
+        };
+        for k in 0..227 {
+            self.mt[k] = mix(self.mt[k], self.mt[k + 1], self.mt[k + 397]);
         }
+        for k in 227..623 {
+            self.mt[k] = mix(self.mt[k], self.mt[k + 1], self.mt[k - 227]);
+        }
+        self.mt[623] = mix(self.mt[623], self.mt[0], self.mt[396]);
         self.i = 0;
     }
 
