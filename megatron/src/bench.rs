@@ -192,11 +192,22 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
         return kernels(a);
     }
     if a.what == "index" {
-        let prefix = a.data_path.as_deref().ok_or_else(|| anyhow::anyhow!("bench index needs --data-path PREFIX"))?;
+        let prefix = a
+            .data_path
+            .as_deref()
+            .ok_or_else(|| anyhow::anyhow!("bench index needs --data-path PREFIX"))?;
         let ds = megatron_data::indexed_dataset::IndexedDataset::open(prefix)?;
         let docs: Vec<i32> = (0..ds.len() as i32).collect();
         let t = Instant::now();
-        let ix = megatron_data::gpt_dataset::build_indices(&ds.lengths(), &docs, Some(a.num_samples), a.seq_length, 1234, 1, true)?;
+        let ix = megatron_data::gpt_dataset::build_indices(
+            &ds.lengths(),
+            &docs,
+            Some(a.num_samples),
+            a.seq_length,
+            1234,
+            1,
+            true,
+        )?;
         println!(
             "GPTDataset indices for {} samples (seq {}): {:.2} s ({} epochs, {} documents per epoch)",
             a.num_samples,
@@ -224,7 +235,10 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     if a.what != "gemm" {
-        anyhow::bail!("bench {}: expected `gemm`, `kernels`, `peak` or `index`", a.what);
+        anyhow::bail!(
+            "bench {}: expected `gemm`, `kernels`, `peak` or `index`",
+            a.what
+        );
     }
     let threads = a
         .threads

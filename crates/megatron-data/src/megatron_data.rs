@@ -257,8 +257,11 @@ fn cached_indices(
         let (_, sh) = npy::read_i64(&files[2])?;
         let ix = GPTDatasetIndices {
             document_index: d.iter().map(|&v| v as i32).collect(),
-            sample_index: s.chunks_exact(2).map(|c| [c[0], c[1]]).collect(),
-            shuffle_index: sh,
+            sample_index: s
+                .chunks_exact(2)
+                .map(|c| [c[0] as u32, c[1] as u32])
+                .collect(),
+            shuffle_index: sh.iter().map(|&v| v as u32).collect(),
             num_epochs: 0,
             separate_final_epoch: false,
         };
@@ -286,10 +289,17 @@ fn cached_indices(
         &[ix.sample_index.len(), 2],
         &ix.sample_index
             .iter()
-            .flat_map(|r| r.iter().copied())
+            .flat_map(|r| r.iter().map(|&v| v as i64))
             .collect::<Vec<_>>(),
     )?;
-    npy::write_i64(&files[2], &[ix.shuffle_index.len()], &ix.shuffle_index)?;
+    npy::write_i64(
+        &files[2],
+        &[ix.shuffle_index.len()],
+        &ix.shuffle_index
+            .iter()
+            .map(|&v| v as i64)
+            .collect::<Vec<_>>(),
+    )?;
     // The description goes last: its presence marks a complete cache entry.
     std::fs::write(&desc_file, description).map_err(|e| DataError::Io {
         path: desc_file.display().to_string(),

@@ -72,13 +72,16 @@ fn gpt_indices_and_samples_match_megatron_core() {
         assert_eq!(
             ix.sample_index
                 .iter()
-                .flat_map(|r| r.iter().copied())
+                .flat_map(|r| r.iter().map(|&v| v as i64))
                 .collect::<Vec<_>>(),
             want_si,
             "sample index, {what}"
         );
         assert_eq!(
-            ix.shuffle_index,
+            ix.shuffle_index
+                .iter()
+                .map(|&v| v as i64)
+                .collect::<Vec<_>>(),
             ints(&case["shuffle_index"]),
             "shuffle index, {what}"
         );
