@@ -3,6 +3,7 @@
 //! [`GPTSampleSource`] trait that the indexed datasets will implement too.
 
 pub mod blended_dataset;
+pub mod data_samplers;
 pub mod gpt2_bpe;
 pub mod gpt_dataset;
 pub mod hf_tokenizer;

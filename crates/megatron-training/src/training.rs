@@ -8,6 +8,7 @@ use crate::{io_err, TrainError};
 use megatron_core::optimizer::{clip_grad_norm, Adam, OptimizerParamScheduler};
 use megatron_core::transformer::step::StepContext;
 use megatron_core::{Batch, GPTModel, Grads, Params};
+use megatron_data::data_samplers::MegatronPretrainingSampler;
 use megatron_data::megatron_data::{is_indexed_blend, MegatronDataConfig, MegatronGPTData};
 use megatron_data::{
     build_tokenizer_from, GPTSampleSource, MockGPTDataset, Split, TextDataset, Tokenizer,
@@ -331,11 +332,23 @@ fn run(cfg: &TrainConfig, tok: &dyn Tokenizer, threads: usize) -> Result<TrainSu
         iteration += 1;
         grads.zero();
         let mut loss_sum = 0.0f64;
+        // One data-parallel rank today: the sampler hands out consecutive indices from the
+        // consumed-samples count, as Megatron's does for rank 0 of 1.
+        let mut sampler = MegatronPretrainingSampler {
+            total_samples: u64::MAX,
+            consumed_samples: consumed,
+            micro_batch_size: b as u64,
+            data_parallel_rank: 0,
+            data_parallel_size: 1,
+        };
         for m in 0..cfg.num_microbatches {
+            let indices = sampler
+                .next_micro_batch()
+                .expect("the sampler never runs dry");
             mb.fill(
                 data.as_ref(),
                 Split::Train,
-                consumed + (m * b) as u64,
+                indices[0],
                 b,
                 t,
                 eod_mask(cfg, data.as_ref()),
