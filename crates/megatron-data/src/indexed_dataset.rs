@@ -344,8 +344,42 @@ impl IndexedDataset {
         (0..self.n).map(|i| self.length(i) as i32).collect()
     }
 
+    /// Tokens `offset..offset + len` of sequence `i` as a typed view into the memory map, without
+    /// copying (`.bin` offsets are multiples of the token size and the map is page-aligned).
+    pub fn slice(&self, i: usize, offset: usize, len: usize) -> TokenSlice<'_> {
+        let sz = self.dtype.size();
+        let start = self.pointer(i) as usize + offset * sz;
+        let bytes = &self.bin[start..start + len * sz];
+        // SAFETY: every bit pattern is a valid integer; `align_to` only yields the aligned middle.
+        macro_rules! view {
+            ($t:ty, $v:ident) => {{
+                let (pre, mid, post) = unsafe { bytes.align_to::<$t>() };
+                if pre.is_empty() && post.is_empty() {
+                    return TokenSlice::$v(mid);
+                }
+            }};
+        }
+        if cfg!(target_endian = "little") {
+            match self.dtype {
+                TokenDType::U16 => view!(u16, U16),
+                TokenDType::I32 => view!(i32, I32),
+                TokenDType::I64 => view!(i64, I64),
+                TokenDType::I16 => view!(i16, I16),
+                TokenDType::U8 => return TokenSlice::U8(bytes),
+                TokenDType::I8 => view!(i8, I8),
+            }
+        }
+        TokenSlice::Bytes(self.dtype, bytes)
+    }
+
     /// Tokens `offset..offset + len` of sequence `i`, appended to `out`.
     pub fn get(&self, i: usize, offset: usize, len: usize, out: &mut Vec<u32>) {
+        match self.slice(i, offset, len) {
+            TokenSlice::U16(v) => return out.extend(v.iter().map(|&x| x as u32)),
+            TokenSlice::I32(v) => return out.extend(v.iter().map(|&x| x as u32)),
+            TokenSlice::U8(v) => return out.extend(v.iter().map(|&x| x as u32)),
+            _ => {}
+        }
         let sz = self.dtype.size();
         let start = self.pointer(i) as usize + offset * sz;
         let bytes = &self.bin[start..start + len * sz];
@@ -381,4 +415,17 @@ impl IndexedDataset {
         self.get(i, 0, self.length(i), &mut v);
         v
     }
+}
+
+/// A zero-copy view of tokens in their stored type; `Bytes` where the platform or alignment does
+/// not allow a typed view (decode with [`IndexedDataset::get`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum TokenSlice<'a> {
+    U8(&'a [u8]),
+    I8(&'a [i8]),
+    I16(&'a [i16]),
+    U16(&'a [u16]),
+    I32(&'a [i32]),
+    I64(&'a [i64]),
+    Bytes(TokenDType, &'a [u8]),
 }

@@ -19,6 +19,15 @@ fn reads_a_dataset_written_by_megatron_core() {
     assert_eq!(ds.dtype(), TokenDType::U16);
     for i in 0..ds.len() {
         let item = ds.item(i);
+        // The typed view reads the memory map in place and agrees with the decoded copy.
+        match ds.slice(i, 0, ds.length(i)) {
+            megatron_data::indexed_dataset::TokenSlice::U16(v) => {
+                assert_eq!(v.iter().map(|&x| x as u32).collect::<Vec<_>>(), item);
+                let bin_start = ds.pointer(i) as usize;
+                assert_eq!(bin_start % 2, 0);
+            }
+            other => panic!("expected a u16 view, got {other:?}"),
+        }
         assert_eq!(item.len(), ds.length(i));
         assert_eq!(
             *item.last().unwrap(),
