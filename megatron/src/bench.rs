@@ -144,13 +144,29 @@ fn kernels(a: &BenchArgs) -> anyhow::Result<()> {
         report(
             "attention_forward",
             time_median(r, || {
-                attention_forward(&mut y, &mut lse, &qkv, None, ad, RngKey::new(1))
+                attention_forward(
+                    &mut y,
+                    &mut lse,
+                    &qkv,
+                    AttentionMask::NONE,
+                    ad,
+                    RngKey::new(1),
+                )
             }),
         );
         report(
             "attention_backward",
             time_median(r, || {
-                attention_backward(&mut dqkv, &x, &y, &lse, &qkv, None, ad, RngKey::new(1))
+                attention_backward(
+                    &mut dqkv,
+                    &x,
+                    &y,
+                    &lse,
+                    &qkv,
+                    AttentionMask::NONE,
+                    ad,
+                    RngKey::new(1),
+                )
             }),
         );
         let wv = vec![0.01f32; v * h];

@@ -39,6 +39,8 @@ fn gradient_check(untie: bool) {
         loss_mask: &mask,
         b,
         t,
+        position_ids: None,
+        doc_start: None,
     };
     let mut grads = Grads::zeros_like(&params);
     let r = model.forward_backward(&params, &mut grads, &batch, 1.0, &StepContext::eval());
@@ -165,6 +167,8 @@ fn gpt_dropout_changes_loss_in_training_but_not_in_eval() {
         loss_mask: &mask,
         b,
         t,
+        position_ids: None,
+        doc_start: None,
     };
     let mut g = Grads::zeros_like(&params);
     let a = model
@@ -196,6 +200,8 @@ fn kv_cache_decoding_reproduces_full_sequence_loss() {
         loss_mask: &mask,
         b,
         t,
+        position_ids: None,
+        doc_start: None,
     };
     let full = model.forward_loss(&params, &batch) as f64;
     let mut cache = KVCache::new(&model, b, t);
@@ -215,5 +221,82 @@ fn kv_cache_decoding_reproduces_full_sequence_loss() {
     assert!(
         (decoded - full).abs() < 1e-4,
         "decode {decoded} vs full {full}"
+    );
+}
+
+#[test]
+fn reset_position_ids_and_attention_mask_isolate_documents() {
+    // Sequence 1 = [doc A (5 tokens incl. its end-of-document 63), doc B (11 tokens)];
+    // sequence 2 = [doc B, 5 filler tokens]. With positions and attention reset at the
+    // end-of-document token, B's losses are the same in both.
+    let mut cfg = tiny(false, 0.0);
+    cfg.seq_length = 16;
+    cfg.max_position_embeddings = 16;
+    let (model, params) = GPTModel::new(cfg, 5);
+    let t = 16;
+    let doc_a = [7u32, 8, 9, 10, 63];
+    let doc_b: Vec<u32> = (0..12).map(|i| (i * 5 + 3) % 60).collect();
+    let mut s1: Vec<u32> = doc_a.to_vec();
+    s1.extend(&doc_b[..]);
+    let (tok1, lab1) = (s1[..t].to_vec(), s1[1..=t].to_vec());
+    let mut s2: Vec<u32> = doc_b.clone();
+    s2.extend([1u32, 2, 3, 4, 5]);
+    let (tok2, lab2) = (s2[..t].to_vec(), s2[1..=t].to_vec());
+    let mut pos1 = vec![0u32; t];
+    let mut start1 = vec![0u32; t];
+    for q in 0..t {
+        if q >= 5 {
+            pos1[q] = (q - 5) as u32;
+            start1[q] = 5;
+        } else {
+            pos1[q] = q as u32;
+        }
+    }
+    // Losses on B's 11 labels only.
+    let mask1: Vec<f32> = (0..t).map(|q| if q >= 5 { 1.0 } else { 0.0 }).collect();
+    let mask2: Vec<f32> = (0..t).map(|q| if q < 11 { 1.0 } else { 0.0 }).collect();
+    let l1 = model.forward_loss(
+        &params,
+        &Batch {
+            tokens: &tok1,
+            labels: &lab1,
+            loss_mask: &mask1,
+            b: 1,
+            t,
+            position_ids: Some(&pos1),
+            doc_start: Some(&start1),
+        },
+    );
+    let l2 = model.forward_loss(
+        &params,
+        &Batch {
+            tokens: &tok2,
+            labels: &lab2,
+            loss_mask: &mask2,
+            b: 1,
+            t,
+            position_ids: None,
+            doc_start: None,
+        },
+    );
+    assert!(
+        (l1 - l2).abs() < 1e-5,
+        "document B alone {l2} vs after A with resets {l1}"
+    );
+    let l_no_reset = model.forward_loss(
+        &params,
+        &Batch {
+            tokens: &tok1,
+            labels: &lab1,
+            loss_mask: &mask1,
+            b: 1,
+            t,
+            position_ids: None,
+            doc_start: None,
+        },
+    );
+    assert!(
+        (l_no_reset - l2).abs() > 1e-4,
+        "without resets, document A leaks into B"
     );
 }

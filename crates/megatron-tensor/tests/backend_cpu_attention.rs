@@ -1,12 +1,21 @@
 mod common;
 use common::*;
 use megatron_tensor::cpu::{
-    attention_backward, attention_decode_forward, attention_forward, AttentionDims,
+    attention_backward, attention_decode_forward, attention_forward, AttentionDims, AttentionMask,
 };
 use megatron_tensor::RngKey;
 
 /// Naive attention over the full T x T score matrix, in f64.
 fn naive_attention(qkv: &[f32], lens: Option<&[usize]>, d: AttentionDims) -> Vec<f32> {
+    naive_attention_docs(qkv, lens, None, d)
+}
+
+fn naive_attention_docs(
+    qkv: &[f32],
+    lens: Option<&[usize]>,
+    docs: Option<&[u32]>,
+    d: AttentionDims,
+) -> Vec<f32> {
     let (t, nh, hd) = (d.t, d.heads, d.head_dim);
     let qrs = nh * 3 * hd;
     let mut out = vec![0.0f32; d.b * t * nh * hd];
@@ -17,7 +26,10 @@ fn naive_attention(qkv: &[f32], lens: Option<&[usize]>, d: AttentionDims) -> Vec
                 let q = &qkv[(b * t + i) * qrs + h * 3 * hd..][..hd];
                 let mut s = vec![f64::NEG_INFINITY; t];
                 for j in 0..t {
-                    if (d.causal && j > i) || j >= klen {
+                    if (d.causal && j > i)
+                        || j >= klen
+                        || docs.is_some_and(|s| (j as u32) < s[b * t + i])
+                    {
                         continue;
                     }
                     let k = &qkv[(b * t + j) * qrs + h * 3 * hd + hd..][..hd];
@@ -65,15 +77,32 @@ fn dims(
     }
 }
 
+fn mask<'a>(lens: Option<&'a [usize]>, docs: Option<&'a [u32]>) -> AttentionMask<'a> {
+    AttentionMask {
+        key_lens: lens,
+        doc_start: docs,
+    }
+}
+
 fn run_forward(
     qkv: &[f32],
     lens: Option<&[usize]>,
     d: AttentionDims,
     key: RngKey,
 ) -> (Vec<f32>, Vec<f32>) {
+    run_forward_docs(qkv, lens, None, d, key)
+}
+
+fn run_forward_docs(
+    qkv: &[f32],
+    lens: Option<&[usize]>,
+    docs: Option<&[u32]>,
+    d: AttentionDims,
+    key: RngKey,
+) -> (Vec<f32>, Vec<f32>) {
     let mut out = vec![0.0; d.b * d.t * d.heads * d.head_dim];
     let mut lse = vec![0.0; d.b * d.heads * d.t];
-    attention_forward(&mut out, &mut lse, qkv, lens, d, key);
+    attention_forward(&mut out, &mut lse, qkv, mask(lens, docs), d, key);
     (out, lse)
 }
 
@@ -110,22 +139,66 @@ fn attention_forward_applies_padding_mask() {
 }
 
 fn attention_fd_check(d: AttentionDims, lens: Option<&[usize]>, seed: u64) {
+    attention_fd_check_docs(d, lens, None, seed)
+}
+
+fn attention_fd_check_docs(
+    d: AttentionDims,
+    lens: Option<&[usize]>,
+    docs: Option<&[u32]>,
+    seed: u64,
+) {
     let key = RngKey::new(5);
     let mut qkv = randn(d.b * d.t * d.heads * 3 * d.head_dim, seed, 1.0);
     let r = randn(d.b * d.t * d.heads * d.head_dim, seed + 1, 1.0);
-    let (out, lse) = run_forward(&qkv, lens, d, key);
+    let (out, lse) = run_forward_docs(&qkv, lens, docs, d, key);
     let mut dqkv = vec![f32::NAN; qkv.len()];
-    attention_backward(&mut dqkv, &r, &out, &lse, &qkv, lens, d, key);
+    attention_backward(&mut dqkv, &r, &out, &lse, &qkv, mask(lens, docs), d, key);
     check_grad(
         &mut qkv,
         &dqkv,
-        |x| dot(&run_forward(x, lens, d, key).0, &r),
+        |x| dot(&run_forward_docs(x, lens, docs, d, key).0, &r),
         1e-2,
         2e-3,
         1e-2,
         200,
         "dqkv",
     );
+}
+
+/// Documents of a batch: sequence 0 has documents starting at 0, 30 and 71; sequence 1 at 0 and 5.
+fn doc_starts(b: usize, t: usize) -> Vec<u32> {
+    let cuts = [vec![0u32, 30, 71], vec![0u32, 5]];
+    (0..b * t)
+        .map(|k| {
+            let (bi, i) = (k / t, (k % t) as u32);
+            *cuts[bi % 2].iter().filter(|&&c| c <= i).max().unwrap()
+        })
+        .collect()
+}
+
+#[test]
+fn attention_forward_with_document_masks_matches_naive() {
+    let d = dims(2, 100, 2, 8, true, 0.0);
+    let qkv = randn(d.b * d.t * d.heads * 3 * d.head_dim, 12, 1.0);
+    let docs = doc_starts(d.b, d.t);
+    let (out, _) = run_forward_docs(&qkv, None, Some(&docs), d, RngKey::new(0));
+    assert_close(
+        &out,
+        &naive_attention_docs(&qkv, None, Some(&docs), d),
+        1e-4,
+        1e-4,
+        "documents",
+    );
+}
+
+#[test]
+fn attention_backward_with_document_masks_matches_finite_difference() {
+    let d = dims(2, 80, 2, 8, true, 0.0);
+    let docs = doc_starts(d.b, d.t);
+    attention_fd_check_docs(d, None, Some(&docs), 13);
+    let dd = dims(1, 80, 2, 8, true, 0.2);
+    attention_fd_check_docs(dd, None, Some(&docs[..80]), 14);
 }
 
 #[test]

@@ -9,7 +9,7 @@ fn embedding_forward_adds_token_and_position_rows() {
     let wpe = randn(t * c, 2, 1.0);
     let tokens = [4u32, 0, 2, 2, 1, 3];
     let mut out = vec![0.0; b * t * c];
-    embedding_forward(&mut out, &tokens, &wte, &wpe, t);
+    embedding_forward(&mut out, &tokens, None, &wte, &wpe, t);
     for i in 0..b * t {
         for j in 0..c {
             let want = wte[tokens[i] as usize * c + j] + wpe[(i % t) * c + j];
@@ -26,10 +26,10 @@ fn embedding_backward_matches_finite_difference() {
     let tokens = [4u32, 0, 2, 2, 1, 2];
     let r = randn(b * t * c, 5, 1.0);
     let (mut dwte, mut dwpe) = (vec![0.0; v * c], vec![0.0; t * c]);
-    embedding_backward(&mut dwte, &mut dwpe, &r, &tokens, t);
+    embedding_backward(&mut dwte, &mut dwpe, &r, &tokens, None, t);
     let f = |wte: &[f32], wpe: &[f32]| {
         let mut o = vec![0.0; b * t * c];
-        embedding_forward(&mut o, &tokens, wte, wpe, t);
+        embedding_forward(&mut o, &tokens, None, wte, wpe, t);
         dot(&o, &r)
     };
     let wpec = wpe.clone();
@@ -52,6 +52,44 @@ fn embedding_backward_matches_finite_difference() {
         1e-3,
         1e-3,
         12,
+        "dwpe",
+    );
+}
+
+#[test]
+fn embedding_with_explicit_positions_matches_finite_difference() {
+    let (b, t, c, v) = (1, 6, 3, 5);
+    let tokens = [1u32, 2, 3, 4, 0, 1];
+    let positions = [0u32, 1, 2, 0, 1, 2];
+    let wte = randn(v * c, 6, 1.0);
+    let mut wpe = randn(t * c, 7, 1.0);
+    let mut out = vec![0.0; b * t * c];
+    embedding_forward(&mut out, &tokens, Some(&positions), &wte, &wpe, t);
+    for i in 0..t {
+        for j in 0..c {
+            let want = wte[tokens[i] as usize * c + j] + wpe[positions[i] as usize * c + j];
+            assert!((out[i * c + j] - want).abs() < 1e-7);
+        }
+    }
+    let r = randn(b * t * c, 8, 1.0);
+    let (mut dwte, mut dwpe) = (vec![0.0; v * c], vec![0.0; t * c]);
+    embedding_backward(&mut dwte, &mut dwpe, &r, &tokens, Some(&positions), t);
+    assert!(
+        dwpe[3 * c..].iter().all(|g| *g == 0.0),
+        "positions 3.. are never used"
+    );
+    check_grad(
+        &mut wpe,
+        &dwpe,
+        |w| {
+            let mut o = vec![0.0; b * t * c];
+            embedding_forward(&mut o, &tokens, Some(&positions), &wte, w, t);
+            dot(&o, &r)
+        },
+        1e-2,
+        1e-3,
+        1e-3,
+        18,
         "dwpe",
     );
 }

@@ -110,6 +110,12 @@ pub struct TrainArgs {
     /// Exclude end-of-document labels from the loss.
     #[arg(long)]
     pub eod_mask_loss: bool,
+    /// Restart position ids after each end-of-document token.
+    #[arg(long)]
+    pub reset_position_ids: bool,
+    /// Let tokens attend only within their own document.
+    #[arg(long)]
+    pub reset_attention_mask: bool,
 
     // Evaluation, logging, checkpoints.
     #[arg(long, default_value_t = 1000)]

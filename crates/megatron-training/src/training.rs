@@ -177,17 +177,23 @@ struct MicroBatch {
     labels: Vec<u32>,
     mask: Vec<f32>,
     sample: Vec<u32>,
+    /// `--reset-position-ids` / `--reset-attention-mask`, derived from end-of-document tokens.
+    position_ids: Option<Vec<u32>>,
+    doc_start: Option<Vec<u32>>,
 }
 
 impl MicroBatch {
-    fn new(b: usize, t: usize) -> Self {
+    fn new(b: usize, t: usize, cfg: &TrainConfig) -> Self {
         MicroBatch {
             tokens: vec![0; b * t],
             labels: vec![0; b * t],
             mask: vec![1.0; b * t],
             sample: vec![0; t + 1],
+            position_ids: cfg.args.reset_position_ids.then(|| vec![0; b * t]),
+            doc_start: cfg.args.reset_attention_mask.then(|| vec![0; b * t]),
         }
     }
+
     fn fill(
         &mut self,
         data: &dyn GPTSampleSource,
@@ -207,7 +213,27 @@ impl MicroBatch {
                 *m = if *l == eod { 0.0 } else { 1.0 };
             }
         }
+        if self.position_ids.is_some() || self.doc_start.is_some() {
+            // Megatron's `_get_ltor_masks_and_position_ids`: a document starts after each
+            // end-of-document token of the inputs.
+            let eod = data.eod();
+            for j in 0..b {
+                let mut start = 0u32;
+                for q in 0..t {
+                    if let Some(p) = &mut self.position_ids {
+                        p[j * t + q] = q as u32 - start;
+                    }
+                    if let Some(d) = &mut self.doc_start {
+                        d[j * t + q] = start;
+                    }
+                    if Some(self.tokens[j * t + q]) == eod {
+                        start = q as u32 + 1;
+                    }
+                }
+            }
+        }
     }
+
     fn batch(&self, b: usize, t: usize) -> Batch<'_> {
         Batch {
             tokens: &self.tokens,
@@ -215,6 +241,8 @@ impl MicroBatch {
             loss_mask: &self.mask,
             b,
             t,
+            position_ids: self.position_ids.as_deref(),
+            doc_start: self.doc_start.as_deref(),
         }
     }
 }
@@ -238,7 +266,7 @@ fn evaluate(
         return None;
     }
     let (b, t) = (cfg.args.micro_batch_size, cfg.args.seq_length);
-    let mut mb = MicroBatch::new(b, t);
+    let mut mb = MicroBatch::new(b, t, cfg);
     let mut total = 0.0f64;
     let mut count = 0u64;
     // The same validation samples at every evaluation, so that curves are comparable.
@@ -323,7 +351,7 @@ fn run(cfg: &TrainConfig, tok: &dyn Tokenizer, threads: usize) -> Result<TrainSu
         start_iteration: iteration,
         ..Default::default()
     };
-    let mut mb = MicroBatch::new(b, t);
+    let mut mb = MicroBatch::new(b, t, cfg);
     let (mut interval_loss, mut interval_iters, mut interval_time) = (0.0f64, 0u64, 0.0f64);
     let grad_scale = 1.0 / cfg.num_microbatches as f32;
     let save_dir = a.save.as_ref().map(PathBuf::from);

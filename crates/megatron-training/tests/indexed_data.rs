@@ -183,6 +183,29 @@ fn trains_on_a_blend_of_indexed_datasets_with_cache_and_exact_resume() {
         assert_eq!(x.1.to_bits(), y.1.to_bits(), "iteration {}", x.0);
     }
 
+    // Document resets and end-of-document loss masking change what the model sees.
+    let plain = run(&[
+        "--train-iters",
+        "2",
+        "--hidden-dropout",
+        "0",
+        "--attention-dropout",
+        "0",
+    ]);
+    let reset = run(&[
+        "--train-iters",
+        "2",
+        "--hidden-dropout",
+        "0",
+        "--attention-dropout",
+        "0",
+        "--reset-position-ids",
+        "--reset-attention-mask",
+        "--eod-mask-loss",
+    ]);
+    assert!(reset.losses.iter().all(|l| l.1.is_finite()));
+    assert_ne!(plain.losses[0].1, reset.losses[0].1);
+
     // A new seed is a new description: new cache entries.
     run(&["--train-iters", "2", "--seed", "99"]);
     let n_after = std::fs::read_dir(&cache).unwrap().count();

@@ -57,6 +57,7 @@ pub fn decode_step(
     embedding_forward(
         x.data_mut(),
         tokens,
+        None,
         params.get(model.embedding.word_embeddings),
         wpe,
         1,

@@ -41,12 +41,21 @@ impl LanguageModelEmbedding {
         }
     }
 
-    pub fn forward(&self, params: &Params, tokens: &[u32], t: usize, ctx: &StepContext) -> Tensor {
+    /// `positions` (`[b, t]`) replaces the default `0..t` (Megatron's `--reset-position-ids`).
+    pub fn forward(
+        &self,
+        params: &Params,
+        tokens: &[u32],
+        positions: Option<&[u32]>,
+        t: usize,
+        ctx: &StepContext,
+    ) -> Tensor {
         let n = tokens.len();
         let mut out = Tensor::for_overwrite(&[n, self.hidden]);
         embedding_forward(
             out.data_mut(),
             tokens,
+            positions,
             params.get(self.word_embeddings),
             params.get(self.position_embeddings),
             t,
@@ -69,6 +78,7 @@ impl LanguageModelEmbedding {
         &self,
         grads: &mut Grads,
         tokens: &[u32],
+        positions: Option<&[u32]>,
         t: usize,
         dout: Tensor,
         ctx: &StepContext,
@@ -87,6 +97,6 @@ impl LanguageModelEmbedding {
             dout
         };
         let [dwte, dwpe] = grads.many_mut([self.word_embeddings, self.position_embeddings]);
-        embedding_backward(dwte, dwpe, dout.data(), tokens, t);
+        embedding_backward(dwte, dwpe, dout.data(), tokens, positions, t);
     }
 }

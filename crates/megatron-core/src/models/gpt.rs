@@ -6,7 +6,7 @@ use crate::params::{Grads, Init, ParamId, Params};
 use crate::transformer::config::TransformerConfig;
 use crate::transformer::layer::{LayerNorm, TransformerLayer};
 use crate::transformer::step::StepContext;
-use megatron_tensor::cpu::{fused_classifier, ClassifierDims};
+use megatron_tensor::cpu::{fused_classifier, AttentionMask, ClassifierDims};
 use megatron_tensor::Tensor;
 
 /// One micro-batch: `tokens` and `labels` are `[b, t]` flattened; `loss_mask` weights each label.
@@ -16,6 +16,19 @@ pub struct Batch<'a> {
     pub loss_mask: &'a [f32],
     pub b: usize,
     pub t: usize,
+    /// `[b, t]` position ids replacing `0..t` (Megatron's `--reset-position-ids`).
+    pub position_ids: Option<&'a [u32]>,
+    /// `[b, t]`: the first position each token may attend to (`--reset-attention-mask`).
+    pub doc_start: Option<&'a [u32]>,
+}
+
+impl Batch<'_> {
+    fn mask(&self) -> AttentionMask<'_> {
+        AttentionMask {
+            key_lens: None,
+            doc_start: self.doc_start,
+        }
+    }
 }
 
 /// Result of one micro-batch's forward and backward.
@@ -116,10 +129,12 @@ impl GPTModel {
     ) -> MicroBatchResult {
         let (b, t) = (batch.b, batch.t);
         let n = b * t;
-        let mut x = self.embedding.forward(params, batch.tokens, t, ctx);
+        let mut x = self
+            .embedding
+            .forward(params, batch.tokens, batch.position_ids, t, ctx);
         let mut saved = Vec::with_capacity(self.layers.len());
         for layer in &self.layers {
-            let (y, s) = layer.forward(params, x, b, t, ctx);
+            let (y, s) = layer.forward(params, x, b, t, ctx, batch.mask());
             saved.push(s);
             x = y;
         }
@@ -150,9 +165,10 @@ impl GPTModel {
         drop(dxf);
         drop(x);
         for (layer, s) in self.layers.iter().zip(saved).rev() {
-            dx = layer.backward(params, grads, s, dx, b, t, ctx);
+            dx = layer.backward(params, grads, s, dx, b, t, ctx, batch.mask());
         }
-        self.embedding.backward(grads, batch.tokens, t, dx, ctx);
+        self.embedding
+            .backward(grads, batch.tokens, batch.position_ids, t, dx, ctx);
         let loss = losses
             .iter()
             .zip(batch.loss_mask)
@@ -171,9 +187,11 @@ impl GPTModel {
         let (b, t) = (batch.b, batch.t);
         let n = b * t;
         let ctx = StepContext::eval();
-        let mut x = self.embedding.forward(params, batch.tokens, t, &ctx);
+        let mut x = self
+            .embedding
+            .forward(params, batch.tokens, batch.position_ids, t, &ctx);
         for layer in &self.layers {
-            x = layer.forward_no_grad(params, x, b, t, &ctx);
+            x = layer.forward_no_grad(params, x, b, t, &ctx, batch.mask());
         }
         let (xf, _) = self.final_layernorm.forward(params, &x);
         let mut losses = vec![0.0f32; n];

@@ -6,6 +6,7 @@ use super::step::StepContext;
 use crate::params::{Grads, Init, ParamId, Params};
 use megatron_tensor::cpu::{
     attention_backward, attention_forward, matmul_backward, matmul_forward, AttentionDims,
+    AttentionMask,
 };
 use megatron_tensor::Tensor;
 
@@ -85,6 +86,7 @@ impl SelfAttention {
         b: usize,
         t: usize,
         ctx: &StepContext,
+        mask: AttentionMask,
     ) -> (Tensor, SelfAttentionSaved) {
         let (n, h) = (b * t, self.hidden);
         let mut qkv = Tensor::for_overwrite(&[n, 3 * h]);
@@ -104,7 +106,7 @@ impl SelfAttention {
             attn.data_mut(),
             lse.data_mut(),
             qkv.data(),
-            None,
+            mask,
             self.dims(b, t, ctx),
             key,
         );
@@ -134,6 +136,7 @@ impl SelfAttention {
         b: usize,
         t: usize,
         ctx: &StepContext,
+        mask: AttentionMask,
     ) -> Tensor {
         let (n, h) = (b * t, self.hidden);
         let mut dattn = Tensor::for_overwrite(&[n, h]);
@@ -156,7 +159,7 @@ impl SelfAttention {
             saved.attn.data(),
             saved.lse.data(),
             saved.qkv.data(),
-            None,
+            mask,
             self.dims(b, t, ctx),
             key,
         );

@@ -10,6 +10,7 @@ use crate::params::{Grads, Init, ParamId, Params};
 use megatron_tensor::cpu::layernorm::LayerNormDims;
 use megatron_tensor::cpu::{
     bias_dropout_add_backward, bias_dropout_add_forward, layernorm_backward, layernorm_forward,
+    AttentionMask,
 };
 use megatron_tensor::Tensor;
 
@@ -164,12 +165,15 @@ impl TransformerLayer {
         b: usize,
         t: usize,
         ctx: &StepContext,
+        mask: AttentionMask,
     ) -> (Tensor, TransformerLayerSaved) {
         let n = b * t;
         let h = x.shape()[1];
         let p = ctx.p(self.hidden_dropout);
         let (ln1_out, ln1) = self.input_layernorm.forward(params, &x);
-        let (proj, attn) = self.self_attention.forward(params, &ln1_out, b, t, ctx);
+        let (proj, attn) = self
+            .self_attention
+            .forward(params, &ln1_out, b, t, ctx, mask);
         drop(ln1_out);
         let mut mid = Tensor::for_overwrite(&[n, h]);
         let key = ctx.site(self.layer, SITE_ATTN_RESIDUAL);
@@ -216,8 +220,9 @@ impl TransformerLayer {
         b: usize,
         t: usize,
         ctx: &StepContext,
+        mask: AttentionMask,
     ) -> Tensor {
-        self.forward(params, x, b, t, ctx).0
+        self.forward(params, x, b, t, ctx, mask).0
     }
 
     pub fn backward(
@@ -229,6 +234,7 @@ impl TransformerLayer {
         b: usize,
         t: usize,
         ctx: &StepContext,
+        mask: AttentionMask,
     ) -> Tensor {
         let n = b * t;
         let h = dout.shape()[1];
@@ -262,9 +268,17 @@ impl TransformerLayer {
             ctx.site(self.layer, SITE_ATTN_RESIDUAL),
         );
         let (ln1_out, _) = self.input_layernorm.forward(params, &saved.input);
-        let dln1 =
-            self.self_attention
-                .backward(params, grads, &saved.attn, &ln1_out, &dproj, b, t, ctx);
+        let dln1 = self.self_attention.backward(
+            params,
+            grads,
+            &saved.attn,
+            &ln1_out,
+            &dproj,
+            b,
+            t,
+            ctx,
+            mask,
+        );
         drop(ln1_out);
         let mut dx = self
             .input_layernorm

@@ -40,15 +40,54 @@ impl AttentionDims {
     }
 }
 
-/// Keys `j0..j0 + valid_len` of the tile are visible to query `i` (masks are prefixes: causal
-/// and padding both cut a row at some key).
+/// Which keys a query may see beyond the causal rule.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AttentionMask<'a> {
+    /// Per sequence: keys at positions `>= key_lens[b]` are padding.
+    pub key_lens: Option<&'a [usize]>,
+    /// Per query `[b, t]`: the first key it may see (Megatron's `--reset-attention-mask`: a token
+    /// attends only within its own document).
+    pub doc_start: Option<&'a [u32]>,
+}
+
+impl<'a> AttentionMask<'a> {
+    pub const NONE: AttentionMask<'static> = AttentionMask {
+        key_lens: None,
+        doc_start: None,
+    };
+    pub fn key_lens(l: &'a [usize]) -> Self {
+        AttentionMask {
+            key_lens: Some(l),
+            doc_start: None,
+        }
+    }
+    pub fn documents(doc_start: &'a [u32]) -> Self {
+        AttentionMask {
+            key_lens: None,
+            doc_start: Some(doc_start),
+        }
+    }
+}
+
+/// Keys `j0 + lo .. j0 + hi` of the tile are visible to query `i`: every mask here cuts a row
+/// into one contiguous range (document start, causal end, padding end).
 #[inline(always)]
-fn valid_len(d: &AttentionDims, key_len: usize, i: usize, j0: usize, nk: usize) -> usize {
+fn visible(
+    d: &AttentionDims,
+    mask: &AttentionMask,
+    b: usize,
+    key_len: usize,
+    i: usize,
+    j0: usize,
+    nk: usize,
+) -> (usize, usize) {
     let mut end = key_len.min(j0 + nk);
     if d.causal {
         end = end.min(i + 1);
     }
-    end.saturating_sub(j0)
+    let start = mask.doc_start.map_or(0, |s| s[b * d.t + i] as usize);
+    let hi = end.saturating_sub(j0);
+    (start.saturating_sub(j0).min(hi), hi)
 }
 
 #[inline(always)]
@@ -119,7 +158,7 @@ pub fn attention_forward(
     out: &mut [f32],
     lse: &mut [f32],
     qkv: &[f32],
-    key_lens: Option<&[usize]>,
+    mask: AttentionMask,
     d: AttentionDims,
     key: RngKey,
 ) {
@@ -127,22 +166,25 @@ pub fn attention_forward(
     assert_eq!(qkv.len(), d.b * t * d.qkv_row());
     assert_eq!(out.len(), d.b * t * d.out_row());
     assert_eq!(lse.len(), d.b * d.heads * t);
-    if let Some(l) = key_lens {
+    if let Some(l) = mask.key_lens {
         assert_eq!(l.len(), d.b);
+    }
+    if let Some(s) = mask.doc_start {
+        assert_eq!(s.len(), d.b * d.t);
     }
     let out_p = SyncPtr(out.as_mut_ptr());
     let lse_p = SyncPtr(lse.as_mut_ptr());
     (0..d.b * d.heads)
         .into_par_iter()
-        .for_each(|task| forward_task(task, out_p, lse_p, qkv, key_lens, d, key));
+        .for_each(|task| forward_task(task, out_p, lse_p, qkv, mask, d, key));
 }
 
 multiversion! {
-    fn forward_task(task: usize, out_p: SyncPtr, lse_p: SyncPtr, qkv: &[f32], key_lens: Option<&[usize]>, d: AttentionDims, key: RngKey) {
+    fn forward_task(task: usize, out_p: SyncPtr, lse_p: SyncPtr, qkv: &[f32], mask: AttentionMask, d: AttentionDims, key: RngKey) {
         let (t, hd) = (d.t, d.head_dim);
         let h = task % d.heads;
         let b = task / d.heads;
-        let klen = key_lens.map_or(t, |l| l[b].min(t));
+        let klen = mask.key_lens.map_or(t, |l| l[b].min(t));
         let qrs = d.qkv_row();
         let base = b * t * qrs + h * 3 * hd;
         // K^T (pre-scaled) and V as contiguous panels, packed once per (batch, head).
@@ -165,18 +207,19 @@ multiversion! {
                 let nk = BK.min(kend - j0);
                 tile_matmul(&mut s, BK, q, qrs, 1, &kt[j0..], t, nq, nk, hd, false);
                 for r in 0..nq {
-                    let nv = valid_len(&d, klen, i0 + r, j0, nk);
+                    let (lo, nv) = visible(&d, &mask, b, klen, i0 + r, j0, nk);
                     let row = &mut s[r * BK..r * BK + nk];
                     row[nv..].fill(0.0);
-                    if nv == 0 {
+                    row[..lo].fill(0.0);
+                    if nv == lo {
                         continue;
                     }
-                    let visible = &mut row[..nv];
+                    let visible = &mut row[lo..nv];
                     let mx = m[r].max(max16(visible));
                     let corr = exp(m[r] - mx);
                     let sum = exp_shift_sum(visible, mx);
                     if d.dropout > 0.0 {
-                        apply_dropout(visible, &d, key, b, h, i0 + r, j0);
+                        apply_dropout(visible, &d, key, b, h, i0 + r, j0 + lo);
                     }
                     l[r] = l[r] * corr + sum;
                     m[r] = mx;
@@ -216,7 +259,7 @@ pub fn attention_backward(
     out: &[f32],
     lse: &[f32],
     qkv: &[f32],
-    key_lens: Option<&[usize]>,
+    mask: AttentionMask,
     d: AttentionDims,
     key: RngKey,
 ) {
@@ -225,18 +268,18 @@ pub fn attention_backward(
     let dq_p = SyncPtr(dqkv.as_mut_ptr());
     (0..d.b * d.heads)
         .into_par_iter()
-        .for_each(|task| backward_task(task, dq_p, dout, out, lse, qkv, key_lens, d, key));
+        .for_each(|task| backward_task(task, dq_p, dout, out, lse, qkv, mask, d, key));
 }
 
 multiversion! {
-    fn backward_task(task: usize, dq_p: SyncPtr, dout: &[f32], out: &[f32], lse: &[f32], qkv: &[f32], key_lens: Option<&[usize]>, d: AttentionDims, key: RngKey) {
+    fn backward_task(task: usize, dq_p: SyncPtr, dout: &[f32], out: &[f32], lse: &[f32], qkv: &[f32], mask: AttentionMask, d: AttentionDims, key: RngKey) {
         let (t, hd) = (d.t, d.head_dim);
         let qrs = d.qkv_row();
         let ors = d.out_row();
         let scale = d.scale();
         let h = task % d.heads;
         let b = task / d.heads;
-        let klen = key_lens.map_or(t, |l| l[b].min(t));
+        let klen = mask.key_lens.map_or(t, |l| l[b].min(t));
         let base = b * t * qrs + h * 3 * hd;
         let q = &qkv[base..];
         let k = &qkv[base + hd..];
@@ -279,17 +322,18 @@ multiversion! {
                 tile_matmul(&mut p, BK, &q[i0 * qrs..], qrs, 1, &kt[j0..], t, nq, nk, hd, false);
                 for r in 0..nq {
                     let i = i0 + r;
-                    let nv = valid_len(&d, klen, i, j0, nk);
+                    let (lo, nv) = visible(&d, &mask, b, klen, i, j0, nk);
                     let prow = &mut p[r * BK..r * BK + nk];
                     let shift = lse_h[i];
-                    for x in &mut prow[..nv] {
+                    for x in &mut prow[lo..nv] {
                         *x = exp(*x - shift);
                     }
                     prow[nv..].fill(0.0);
+                    prow[..lo].fill(0.0);
                     let pdrow = &mut pd[r * BK..r * BK + nk];
                     pdrow.copy_from_slice(prow);
                     if d.dropout > 0.0 {
-                        apply_dropout(&mut pdrow[..nv], &d, key, b, h, i, j0);
+                        apply_dropout(&mut pdrow[lo..nv], &d, key, b, h, i, j0 + lo);
                     }
                 }
                 // dV_j += Pd^T dO_i
@@ -298,10 +342,10 @@ multiversion! {
                 tile_matmul(&mut dp, BK, &dout_h[i0 * ors..], ors, 1, &vt[j0..], t, nq, nk, hd, false);
                 for r in 0..nq {
                     let i = i0 + r;
-                    let nv = valid_len(&d, klen, i, j0, nk);
+                    let (lo, nv) = visible(&d, &mask, b, klen, i, j0, nk);
                     let dprow = &mut dp[r * BK..r * BK + nk];
                     if d.dropout > 0.0 {
-                        apply_dropout(&mut dprow[..nv], &d, key, b, h, i, j0);
+                        apply_dropout(&mut dprow[lo..nv], &d, key, b, h, i, j0 + lo);
                     }
                     // dS, pre-multiplied by the softmax scale.
                     let di = dsum[i];

@@ -18,7 +18,8 @@ pub mod sync_ptr;
 
 pub use adamw::{adamw_update, AdamWParams};
 pub use attention::{
-    attention_backward, attention_decode_forward, attention_forward, kv_cache_append, AttentionDims,
+    attention_backward, attention_decode_forward, attention_forward, kv_cache_append,
+    AttentionDims, AttentionMask,
 };
 pub use cross_entropy::{fused_classifier, ClassifierDims, IGNORE_INDEX};
 pub use dropout::{bias_dropout_add_backward, bias_dropout_add_forward};
