@@ -8,6 +8,7 @@ pub mod gpt2_bpe;
 pub mod gpt_dataset;
 pub mod hf_tokenizer;
 pub mod indexed_dataset;
+pub mod inputs;
 pub mod megatron_data;
 pub mod mock_dataset;
 pub mod npy;

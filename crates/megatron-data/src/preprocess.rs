@@ -55,40 +55,6 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> DataError + '_ {
     }
 }
 
-fn expand(inputs: &[String]) -> Result<Vec<PathBuf>, DataError> {
-    let mut out = Vec::new();
-    for i in inputs {
-        let p = PathBuf::from(i);
-        if p.is_dir() {
-            let mut v: Vec<PathBuf> = std::fs::read_dir(&p)
-                .map_err(io(&p))?
-                .filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|f| f.is_file() && is_text_input(f))
-                .collect();
-            v.sort();
-            out.extend(v);
-        } else if p.is_file() {
-            out.push(p);
-        } else {
-            return Err(DataError::Io {
-                path: i.clone(),
-                source: std::io::Error::new(
-                    std::io::ErrorKind::NotFound,
-                    "no such file or directory",
-                ),
-            });
-        }
-    }
-    Ok(out)
-}
-
-fn is_json(p: &Path) -> bool {
-    matches!(
-        p.extension().and_then(|e| e.to_str()),
-        Some("json" | "jsonl")
-    )
-}
-
 /// Tokenized output of one record: one token list per JSON key, or `Err` for a bad line.
 type Tokenized = Result<Vec<Vec<u32>>, DataError>;
 
@@ -141,7 +107,7 @@ impl RecordReader {
                 self.next_file += 1;
                 let name: std::sync::Arc<str> = p.display().to_string().into();
                 let mut f = std::fs::File::open(&p).map_err(io(&p))?;
-                if !is_json(&p) {
+                if !crate::inputs::is_json_lines(&p) {
                     let mut text = Vec::new();
                     f.read_to_end(&mut text).map_err(io(&p))?;
                     bytes += text.len();
@@ -188,7 +154,7 @@ pub fn preprocess(
     cfg: &PreprocessConfig,
     tok: &dyn Tokenizer,
 ) -> Result<PreprocessStats, DataError> {
-    let files = expand(&cfg.input)?;
+    let files = crate::inputs::expand_inputs(&cfg.input, crate::inputs::TEXT_AND_JSON, "--input")?;
     let dtype = TokenDType::optimal(tok.vocab_size());
     let mut builders: Vec<IndexedDatasetBuilder> = cfg
         .json_keys
@@ -292,13 +258,4 @@ pub fn merge_datasets(inputs: &[String], output_prefix: &str) -> Result<(), Data
         b.add_index(&crate::indexed_dataset::IndexedDataset::open(p)?)?;
     }
     b.finalize()
-}
-
-/// Files taken from a directory input: text and JSON lines (not READMEs or licenses without an
-/// extension, nor binaries).
-fn is_text_input(p: &std::path::Path) -> bool {
-    matches!(
-        p.extension().and_then(|e| e.to_str()),
-        Some("txt" | "json" | "jsonl")
-    )
 }

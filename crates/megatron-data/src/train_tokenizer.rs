@@ -28,21 +28,7 @@ fn err(path: &str, e: impl std::fmt::Display) -> DataError {
 
 /// Yields the training texts: whole plain-text files, or the `json_key` of each JSON line.
 fn texts(cfg: &TrainTokenizerConfig) -> Result<Vec<String>, DataError> {
-    let mut files = Vec::new();
-    for i in &cfg.input {
-        let p = Path::new(i);
-        if p.is_dir() {
-            let mut v: Vec<_> = std::fs::read_dir(p)
-                .map_err(|e| err(i, e))?
-                .filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|f| f.is_file() && is_text_input(f))
-                .collect();
-            v.sort();
-            files.extend(v);
-        } else {
-            files.push(p.to_path_buf());
-        }
-    }
+    let files = crate::inputs::expand_inputs(&cfg.input, crate::inputs::TEXT_AND_JSON, "--input")?;
     let mut out = Vec::new();
     for f in files {
         let name = f.display().to_string();
@@ -123,13 +109,4 @@ pub fn train_tokenizer(cfg: &TrainTokenizerConfig) -> Result<(), DataError> {
         .save(dir, None)
         .map_err(|e| err(&cfg.output_dir, e))?;
     Ok(())
-}
-
-/// Files taken from a directory input: text and JSON lines (not READMEs or licenses without an
-/// extension, nor binaries).
-fn is_text_input(p: &std::path::Path) -> bool {
-    matches!(
-        p.extension().and_then(|e| e.to_str()),
-        Some("txt" | "json" | "jsonl")
-    )
 }

@@ -4,7 +4,7 @@ use crate::arguments::{TrainArgs, TrainConfig};
 use crate::checkpointing::{load_checkpoint, restore, save_checkpoint, CheckpointMeta};
 use crate::flops::{num_floating_point_operations, peak_flops};
 use crate::logging::{peak_rss_bytes, EvalMetrics, IterationMetrics, MetricsFile};
-use crate::{io_err, TrainError};
+use crate::TrainError;
 use megatron_core::optimizer::{clip_grad_norm, Adam, OptimizerParamScheduler};
 use megatron_core::transformer::step::StepContext;
 use megatron_core::{Batch, GPTModel, Grads, Params};
@@ -70,37 +70,6 @@ impl Reporter {
     }
 }
 
-/// Text files named directly, and every `.txt` file (sorted) inside named directories.
-pub fn expand_data_paths(paths: &[String]) -> Result<Vec<String>, TrainError> {
-    let mut out = Vec::new();
-    for p in paths {
-        let path = Path::new(p);
-        if path.is_dir() {
-            let mut files: Vec<String> = std::fs::read_dir(path)
-                .map_err(io_err(path))?
-                .filter_map(|e| e.ok())
-                .map(|e| e.path())
-                .filter(|f| f.extension().is_some_and(|x| x == "txt"))
-                .map(|f| f.display().to_string())
-                .collect();
-            files.sort();
-            if files.is_empty() {
-                return Err(TrainError::Args(format!(
-                    "--data-path {p}: directory holds no .txt files"
-                )));
-            }
-            out.extend(files);
-        } else if path.is_file() {
-            out.push(p.clone());
-        } else {
-            return Err(TrainError::Args(format!(
-                "--data-path {p}: no such file or directory"
-            )));
-        }
-    }
-    Ok(out)
-}
-
 fn build_data(
     cfg: &TrainConfig,
     tok: &dyn Tokenizer,
@@ -142,7 +111,11 @@ fn build_data(
         }
         return Ok(Box::new(data));
     }
-    let files = expand_data_paths(&a.data_path)?;
+    let files: Vec<String> =
+        megatron_data::inputs::expand_inputs(&a.data_path, &["txt"], "--data-path")?
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect();
     let ds = TextDataset::from_files(&files, tok, &a.split, a.seq_length, a.seed)?;
     println!(
         "data: {} files, {} tokens | samples train/valid/test {}/{}/{} | unigram entropy of the train split: {:.4} nats",
