@@ -206,6 +206,24 @@ fn trains_on_a_blend_of_indexed_datasets_with_cache_and_exact_resume() {
     assert!(reset.losses.iter().all(|l| l.1.is_finite()));
     assert_ne!(plain.losses[0].1, reset.losses[0].1);
 
+    // One dataset per split instead of --split.
+    let mut args = base(&[
+        "--train-data-path",
+        &a,
+        "--valid-data-path",
+        &b,
+        "--train-iters",
+        "3",
+    ]);
+    args.retain(|x| x != "--split" && x != "90,10,0");
+    let per_split = pretrain(&Wrap::try_parse_from(args).unwrap().args).unwrap();
+    assert_eq!(per_split.losses.len(), 3);
+    assert_eq!(
+        per_split.val_losses.len(),
+        1,
+        "validation ran on the --valid-data-path dataset"
+    );
+
     // A new seed is a new description: new cache entries.
     run(&["--train-iters", "2", "--seed", "99"]);
     let n_after = std::fs::read_dir(&cache).unwrap().count();
