@@ -1,5 +1,9 @@
-//! Ranks, groups and (next) the communicators of megatron-rs.
+//! Ranks, groups and communicators of megatron-rs.
 
+pub mod communicator;
 pub mod parallel_state;
+pub mod thread_comm;
 
+pub use communicator::{CommError, CommStats, Communicator, ReduceOp};
 pub use parallel_state::{Axis, Coords, ParallelError, ParallelState};
+pub use thread_comm::{run_ranks, ThreadCommunicator};

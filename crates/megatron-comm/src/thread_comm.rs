@@ -1,0 +1,503 @@
+//! The thread backend: ranks are OS threads of one process; collectives work on the ranks' own
+//! buffers through shared memory. Each collective is a rendezvous (every rank publishes its
+//! buffer), a phase in which rank r reduces or copies its 1/N share (so the arithmetic is spread
+//! over ranks and summed in rank order: bit-identical from run to run), and a closing rendezvous
+//! before anyone returns (so no buffer changes while another rank reads it).
+
+use crate::communicator::{CommError, CommStats, Communicator, ReduceOp};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
+
+#[derive(Clone, Copy)]
+struct Ptr(usize, usize); // address, length (elements)
+
+#[derive(Default)]
+struct Slots {
+    /// Per rank: the sequence number it has reached, and the buffers it published.
+    arrived: Vec<u64>,
+    bufs: Vec<Option<(Ptr, Ptr)>>,
+    panicked: Option<usize>,
+    /// Point-to-point mailboxes keyed by (src, dst, tag).
+    mail: HashMap<(usize, usize, u64), VecDeque<Vec<f32>>>,
+    /// `split` proposals per sequence number: (rank, color, key).
+    splits: HashMap<u64, Vec<(usize, usize, usize)>>,
+    children: HashMap<(u64, usize), Arc<Shared>>,
+}
+
+struct Shared {
+    name: String,
+    size: usize,
+    state: Mutex<Slots>,
+    cv: Condvar,
+    /// Scratch for reductions (one vector, each rank writes its own chunk).
+    scratch: Mutex<Vec<f32>>,
+}
+
+pub struct ThreadCommunicator {
+    shared: Arc<Shared>,
+    rank: usize,
+    seq: u64,
+    timeout: Duration,
+    stats: CommStats,
+}
+
+/// Marks a rank as panicked in every group it belongs to when dropped during unwinding.
+pub struct PanicGuard(Vec<(Arc<Shared>, usize)>);
+
+impl Drop for PanicGuard {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            for (s, r) in &self.0 {
+                if let Ok(mut st) = s.state.lock() {
+                    st.panicked.get_or_insert(*r);
+                }
+                s.cv.notify_all();
+            }
+        }
+    }
+}
+
+impl ThreadCommunicator {
+    /// A world of `n` communicators, one per rank thread.
+    pub fn world(n: usize) -> Vec<ThreadCommunicator> {
+        let shared = Arc::new(Shared::new("world".into(), n));
+        (0..n)
+            .map(|rank| ThreadCommunicator {
+                shared: shared.clone(),
+                rank,
+                seq: 0,
+                timeout: DEFAULT_TIMEOUT,
+                stats: CommStats::default(),
+            })
+            .collect()
+    }
+
+    /// A guard that, if this rank's thread panics, fails every waiting peer of this group.
+    pub fn panic_guard(&self) -> PanicGuard {
+        PanicGuard(vec![(self.shared.clone(), self.rank)])
+    }
+
+    fn count(&mut self, op: &'static str, bytes: usize) {
+        *self.stats.calls.entry(op).or_default() += 1;
+        *self.stats.bytes.entry(op).or_default() += bytes as u64;
+    }
+
+    /// Waits until every rank reached `target` (or a peer panicked, or the timeout passed).
+    fn wait_all(
+        &self,
+        op: &'static str,
+        target: u64,
+    ) -> Result<std::sync::MutexGuard<'_, Slots>, CommError> {
+        let deadline = Instant::now() + self.timeout;
+        let mut st = self.shared.state.lock().expect("comm state");
+        loop {
+            if let Some(rank) = st.panicked {
+                return Err(CommError::PeerPanicked {
+                    group: self.shared.name.clone(),
+                    op,
+                    seq: self.seq,
+                    rank,
+                });
+            }
+            if st.arrived.iter().all(|&a| a >= target) {
+                return Ok(st);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                let missing = st
+                    .arrived
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, &a)| a < target)
+                    .map(|(r, _)| r)
+                    .collect();
+                return Err(CommError::Timeout {
+                    group: self.shared.name.clone(),
+                    op,
+                    seq: self.seq,
+                    timeout: self.timeout,
+                    missing,
+                });
+            }
+            let (g, _) = self
+                .shared
+                .cv
+                .wait_timeout(st, (deadline - now).min(Duration::from_millis(50)))
+                .expect("comm state");
+            st = g;
+        }
+    }
+
+    /// One rendezvous: publish `(input, output)`, wait for all; returns everyone's buffers.
+    fn rendezvous(
+        &mut self,
+        op: &'static str,
+        input: Ptr,
+        output: Ptr,
+    ) -> Result<Vec<(Ptr, Ptr)>, CommError> {
+        self.seq += 1;
+        let target = 2 * self.seq - 1;
+        {
+            let mut st = self.shared.state.lock().expect("comm state");
+            st.bufs[self.rank] = Some((input, output));
+            st.arrived[self.rank] = target;
+        }
+        self.shared.cv.notify_all();
+        let st = self.wait_all(op, target)?;
+        Ok(st.bufs.iter().map(|b| b.expect("published")).collect())
+    }
+
+    /// The closing rendezvous of a collective.
+    fn finish(&mut self, op: &'static str) -> Result<(), CommError> {
+        let target = 2 * self.seq;
+        {
+            let mut st = self.shared.state.lock().expect("comm state");
+            st.arrived[self.rank] = target;
+        }
+        self.shared.cv.notify_all();
+        self.wait_all(op, target).map(|_| ())
+    }
+
+    fn usage(&self, op: &'static str, msg: String) -> CommError {
+        CommError::Usage {
+            group: self.shared.name.clone(),
+            op,
+            msg,
+        }
+    }
+
+    /// Rank r's share `[lo, hi)` of `n` elements.
+    fn share(&self, n: usize) -> (usize, usize) {
+        let p = self.shared.size;
+        (self.rank * n / p, (self.rank + 1) * n / p)
+    }
+}
+
+impl Shared {
+    fn new(name: String, size: usize) -> Self {
+        Shared {
+            name,
+            size,
+            state: Mutex::new(Slots {
+                arrived: vec![0; size],
+                bufs: vec![None; size],
+                ..Default::default()
+            }),
+            cv: Condvar::new(),
+            scratch: Mutex::new(Vec::new()),
+        }
+    }
+}
+
+fn combine(acc: &mut [f32], x: &[f32], op: ReduceOp) {
+    match op {
+        ReduceOp::Sum | ReduceOp::Avg => acc.iter_mut().zip(x).for_each(|(a, b)| *a += b),
+        ReduceOp::Max => acc.iter_mut().zip(x).for_each(|(a, b)| *a = a.max(*b)),
+        ReduceOp::Min => acc.iter_mut().zip(x).for_each(|(a, b)| *a = a.min(*b)),
+    }
+}
+
+/// # Safety
+/// `p` must point to `p.1` live f32s that no one writes during the read.
+unsafe fn view<'a>(p: Ptr) -> &'a [f32] {
+    std::slice::from_raw_parts(p.0 as *const f32, p.1)
+}
+
+impl Communicator for ThreadCommunicator {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn size(&self) -> usize {
+        self.shared.size
+    }
+    fn name(&self) -> &str {
+        &self.shared.name
+    }
+    fn set_timeout(&mut self, timeout: Duration) {
+        self.timeout = timeout;
+    }
+
+    fn all_reduce(&mut self, buf: &mut [f32], op: ReduceOp) -> Result<(), CommError> {
+        let n = buf.len();
+        self.count("all_reduce", n * 4);
+        let me = Ptr(buf.as_mut_ptr() as usize, n);
+        let bufs = self.rendezvous("all_reduce", me, me)?;
+        if bufs.iter().any(|b| b.0 .1 != n) {
+            return Err(self.usage(
+                "all_reduce",
+                "ranks passed buffers of different lengths".into(),
+            ));
+        }
+        // Phase 1: rank r reduces its share of every rank's buffer, in rank order, into scratch.
+        let (lo, hi) = self.share(n);
+        let mut part: Vec<f32> = unsafe { view(bufs[0].0) }[lo..hi].to_vec();
+        for b in &bufs[1..] {
+            combine(&mut part, &unsafe { view(b.0) }[lo..hi], op);
+        }
+        if op == ReduceOp::Avg {
+            let s = 1.0 / self.shared.size as f32;
+            part.iter_mut().for_each(|v| *v *= s);
+        }
+        {
+            let mut scratch = self.shared.scratch.lock().expect("scratch");
+            if scratch.len() < n {
+                scratch.resize(n, 0.0);
+            }
+            scratch[lo..hi].copy_from_slice(&part);
+        }
+        // Everyone has read every input: results may now be written back.
+        self.finish("all_reduce")?;
+        let bufs = self.rendezvous("all_reduce", me, me)?;
+        let _ = bufs;
+        buf.copy_from_slice(&self.shared.scratch.lock().expect("scratch")[..n]);
+        self.finish("all_reduce")
+    }
+
+    fn all_gather(&mut self, input: &[f32], out: &mut [f32]) -> Result<(), CommError> {
+        let (n, p) = (input.len(), self.shared.size);
+        self.count("all_gather", n * 4 * p);
+        if out.len() != n * p {
+            return Err(self.usage(
+                "all_gather",
+                format!("output holds {} elements, expected {}", out.len(), n * p),
+            ));
+        }
+        let bufs = self.rendezvous(
+            "all_gather",
+            Ptr(input.as_ptr() as usize, n),
+            Ptr(out.as_mut_ptr() as usize, out.len()),
+        )?;
+        for (r, b) in bufs.iter().enumerate() {
+            if b.0 .1 != n {
+                return Err(self.usage(
+                    "all_gather",
+                    format!("rank {r} contributes {} elements, this rank {n}", b.0 .1),
+                ));
+            }
+            out[r * n..(r + 1) * n].copy_from_slice(unsafe { view(b.0) });
+        }
+        self.finish("all_gather")
+    }
+
+    fn reduce_scatter(
+        &mut self,
+        input: &[f32],
+        out: &mut [f32],
+        op: ReduceOp,
+    ) -> Result<(), CommError> {
+        let (n, p) = (out.len(), self.shared.size);
+        self.count("reduce_scatter", n * 4 * p);
+        if input.len() != n * p {
+            return Err(self.usage(
+                "reduce_scatter",
+                format!("input holds {} elements, expected {}", input.len(), n * p),
+            ));
+        }
+        let bufs = self.rendezvous(
+            "reduce_scatter",
+            Ptr(input.as_ptr() as usize, input.len()),
+            Ptr(out.as_mut_ptr() as usize, n),
+        )?;
+        let r = self.rank;
+        out.copy_from_slice(&unsafe { view(bufs[0].0) }[r * n..(r + 1) * n]);
+        for b in &bufs[1..] {
+            combine(out, &unsafe { view(b.0) }[r * n..(r + 1) * n], op);
+        }
+        if op == ReduceOp::Avg {
+            let s = 1.0 / p as f32;
+            out.iter_mut().for_each(|v| *v *= s);
+        }
+        self.finish("reduce_scatter")
+    }
+
+    fn broadcast(&mut self, buf: &mut [f32], root: usize) -> Result<(), CommError> {
+        if root >= self.shared.size {
+            return Err(self.usage(
+                "broadcast",
+                format!("root {root} outside the group of {}", self.shared.size),
+            ));
+        }
+        self.count("broadcast", buf.len() * 4);
+        let me = Ptr(buf.as_mut_ptr() as usize, buf.len());
+        let bufs = self.rendezvous("broadcast", me, me)?;
+        if self.rank != root {
+            let src = bufs[root].0;
+            if src.1 != buf.len() {
+                return Err(self.usage("broadcast", "buffers of different lengths".into()));
+            }
+            buf.copy_from_slice(unsafe { view(src) });
+        }
+        self.finish("broadcast")
+    }
+
+    fn send(&mut self, buf: &[f32], dst: usize, tag: u64) -> Result<(), CommError> {
+        if dst >= self.shared.size {
+            return Err(self.usage("send", format!("destination {dst} outside the group")));
+        }
+        self.count("send", buf.len() * 4);
+        let mut st = self.shared.state.lock().expect("comm state");
+        st.mail
+            .entry((self.rank, dst, tag))
+            .or_default()
+            .push_back(buf.to_vec());
+        drop(st);
+        self.shared.cv.notify_all();
+        Ok(())
+    }
+
+    fn recv(&mut self, buf: &mut [f32], src: usize, tag: u64) -> Result<(), CommError> {
+        self.count("recv", buf.len() * 4);
+        let deadline = Instant::now() + self.timeout;
+        let mut st = self.shared.state.lock().expect("comm state");
+        loop {
+            if let Some(msg) = st
+                .mail
+                .get_mut(&(src, self.rank, tag))
+                .and_then(|q| q.pop_front())
+            {
+                if msg.len() != buf.len() {
+                    return Err(self.usage(
+                        "recv",
+                        format!(
+                            "message of {} elements from rank {src}, buffer holds {}",
+                            msg.len(),
+                            buf.len()
+                        ),
+                    ));
+                }
+                buf.copy_from_slice(&msg);
+                return Ok(());
+            }
+            if let Some(rank) = st.panicked {
+                return Err(CommError::PeerPanicked {
+                    group: self.shared.name.clone(),
+                    op: "recv",
+                    seq: self.seq,
+                    rank,
+                });
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(CommError::Timeout {
+                    group: self.shared.name.clone(),
+                    op: "recv",
+                    seq: self.seq,
+                    timeout: self.timeout,
+                    missing: vec![src],
+                });
+            }
+            st = self
+                .shared
+                .cv
+                .wait_timeout(st, (deadline - now).min(Duration::from_millis(50)))
+                .expect("comm state")
+                .0;
+        }
+    }
+
+    fn barrier(&mut self) -> Result<(), CommError> {
+        self.count("barrier", 0);
+        let none = Ptr(0, 0);
+        self.rendezvous("barrier", none, none)?;
+        self.finish("barrier")
+    }
+
+    fn split(&mut self, color: usize, key: usize) -> Result<Box<dyn Communicator>, CommError> {
+        self.count("split", 0);
+        let seq = self.seq + 1;
+        {
+            let mut st = self.shared.state.lock().expect("comm state");
+            st.splits
+                .entry(seq)
+                .or_default()
+                .push((self.rank, color, key));
+        }
+        let none = Ptr(0, 0);
+        self.rendezvous("split", none, none)?;
+        let (members, child) = {
+            let mut st = self.shared.state.lock().expect("comm state");
+            let mut members: Vec<(usize, usize)> = st.splits[&seq]
+                .iter()
+                .filter(|m| m.1 == color)
+                .map(|m| (m.2, m.0))
+                .collect();
+            members.sort();
+            let ranks: Vec<usize> = members.iter().map(|m| m.1).collect();
+            let name = format!("{}/{}{:?}", self.shared.name, color, ranks);
+            let child = st
+                .children
+                .entry((seq, color))
+                .or_insert_with(|| Arc::new(Shared::new(name, ranks.len())))
+                .clone();
+            (ranks, child)
+        };
+        self.finish("split")?;
+        let new_rank = members
+            .iter()
+            .position(|&r| r == self.rank)
+            .expect("member of its color");
+        Ok(Box::new(ThreadCommunicator {
+            shared: child,
+            rank: new_rank,
+            seq: 0,
+            timeout: self.timeout,
+            stats: CommStats::default(),
+        }))
+    }
+
+    fn stats(&self) -> CommStats {
+        self.stats.clone()
+    }
+}
+
+/// Runs `f(rank, communicator)` on `n` rank threads and collects the results in rank order. A
+/// rank that panics makes its peers' collectives fail fast (`PeerPanicked`) instead of hanging;
+/// its panic is returned as an `Err` naming the rank.
+pub fn run_ranks<T: Send + 'static>(
+    n: usize,
+    f: impl Fn(usize, &mut ThreadCommunicator) -> T + Send + Sync + 'static,
+) -> Vec<Result<T, String>> {
+    let f = Arc::new(f);
+    let handles: Vec<_> = ThreadCommunicator::world(n)
+        .into_iter()
+        .enumerate()
+        .map(|(rank, mut comm)| {
+            let f = f.clone();
+            std::thread::Builder::new()
+                .name(format!("rank-{rank}"))
+                .spawn(move || {
+                    let _guard = comm.panic_guard();
+                    f(rank, &mut comm)
+                })
+                .expect("spawn rank thread")
+        })
+        .collect();
+    handles
+        .into_iter()
+        .enumerate()
+        .map(|(rank, h)| {
+            h.join().map_err(|e| {
+                let msg = e
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| e.downcast_ref::<String>().cloned())
+                    .unwrap_or_default();
+                format!("rank {rank} panicked: {msg}")
+            })
+        })
+        .collect()
+}
+
+/// Bytes moved per group name, merged over communicators (for reports).
+pub fn merge_stats(all: &[CommStats]) -> BTreeMap<&'static str, u64> {
+    let mut m = BTreeMap::new();
+    for s in all {
+        for (k, v) in &s.bytes {
+            *m.entry(*k).or_default() += v;
+        }
+    }
+    m
+}
