@@ -36,6 +36,9 @@ pub struct BenchArgs {
     pub data_path: Option<String>,
     #[arg(long, default_value_t = 10_000_000)]
     pub num_samples: u64,
+    /// For `bench comm`: rank counts to measure.
+    #[arg(long, num_args = 1.., default_values_t = vec![2usize, 4, 8])]
+    pub ranks: Vec<usize>,
 }
 
 fn time_median(repeats: usize, mut f: impl FnMut()) -> f64 {
@@ -207,6 +210,9 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
     if a.what == "kernels" {
         return kernels(a);
     }
+    if a.what == "comm" {
+        return comm(a);
+    }
     if a.what == "index" {
         let prefix = a
             .data_path
@@ -348,4 +354,74 @@ fn mm_sgemm(out: &mut [f32], a: &[f32], b: &[f32], d: MatmulDims) {
             1,
         );
     }
+}
+
+/// Single-thread memcpy bandwidth (GB/s, read + write bytes counted once each: 2 x size / time),
+/// median of `repeats` copies of 256 MiB.
+fn memcpy_bandwidth(repeats: usize) -> f64 {
+    let n = 64 << 20; // f32 elements = 256 MiB
+    let src = vec![1.0f32; n];
+    let mut dst = vec![0.0f32; n];
+    dst.copy_from_slice(&src);
+    let t = time_median(repeats, || dst.copy_from_slice(&src));
+    std::hint::black_box(&dst);
+    2.0 * (n * 4) as f64 / t / 1e9
+}
+
+/// nccl-tests' bus bandwidth of the thread backend's all-reduce: algbw x 2(n-1)/n.
+fn comm(a: &BenchArgs) -> anyhow::Result<()> {
+    use megatron_comm::{run_ranks, Communicator, ReduceOp};
+    let mem = memcpy_bandwidth(a.repeats.max(3));
+    println!("memcpy, 1 thread, 256 MiB: {mem:.1} GB/s (read + write)");
+    println!(
+        "{:>6} {:>10} {:>12} {:>12} {:>14}",
+        "ranks", "size", "time (ms)", "algbw GB/s", "busbw GB/s"
+    );
+    for &p in &a.ranks {
+        for &bytes in &[
+            1usize << 10,
+            1 << 16,
+            1 << 20,
+            16 << 20,
+            64 << 20,
+            256 << 20,
+        ] {
+            let n = bytes / 4;
+            let repeats = a.repeats.max(3);
+            let times = run_ranks(p, move |rank, c| {
+                let mut v = vec![rank as f32; n];
+                c.all_reduce(&mut v, ReduceOp::Sum).expect("warm-up");
+                let mut ts = Vec::new();
+                for _ in 0..repeats {
+                    c.barrier().expect("barrier");
+                    let t = Instant::now();
+                    c.all_reduce(&mut v, ReduceOp::Sum).expect("all_reduce");
+                    ts.push(t.elapsed().as_secs_f64());
+                }
+                ts
+            });
+            let mut per_call: Vec<f64> = (0..repeats)
+                .map(|i| {
+                    times
+                        .iter()
+                        .map(|t| t.as_ref().expect("rank ok")[i])
+                        .fold(0.0, f64::max)
+                })
+                .collect();
+            per_call.sort_by(f64::total_cmp);
+            let t = per_call[per_call.len() / 2];
+            let algbw = bytes as f64 / t / 1e9;
+            let busbw = algbw * 2.0 * (p - 1) as f64 / p as f64;
+            let size = if bytes >= 1 << 20 {
+                format!("{} MiB", bytes >> 20)
+            } else {
+                format!("{} KiB", bytes >> 10)
+            };
+            println!(
+                "{p:>6} {size:>10} {:>12.3} {algbw:>12.2} {busbw:>14.2}",
+                t * 1e3
+            );
+        }
+    }
+    Ok(())
 }

@@ -65,6 +65,9 @@ pub trait Communicator: Send {
         op: ReduceOp,
     ) -> Result<(), CommError>;
     fn broadcast(&mut self, buf: &mut [f32], root: usize) -> Result<(), CommError>;
+    /// Equal splits: part q of this rank's input goes to rank q; part q of the output came
+    /// from rank q.
+    fn all_to_all(&mut self, input: &[f32], out: &mut [f32]) -> Result<(), CommError>;
     fn send(&mut self, buf: &[f32], dst: usize, tag: u64) -> Result<(), CommError>;
     fn recv(&mut self, buf: &mut [f32], src: usize, tag: u64) -> Result<(), CommError>;
     fn barrier(&mut self) -> Result<(), CommError>;

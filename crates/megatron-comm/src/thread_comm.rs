@@ -1,8 +1,9 @@
 //! The thread backend: ranks are OS threads of one process; collectives work on the ranks' own
 //! buffers through shared memory. Each collective is a rendezvous (every rank publishes its
-//! buffer), a phase in which rank r reduces or copies its 1/N share (so the arithmetic is spread
+//! buffers), a phase in which rank r reduces or copies its 1/N share (so the arithmetic is spread
 //! over ranks and summed in rank order: bit-identical from run to run), and a closing rendezvous
-//! before anyone returns (so no buffer changes while another rank reads it).
+//! before anyone returns (so no buffer changes while another rank reads it). No lock is held
+//! while data moves; the state mutex only guards the rendezvous counters.
 
 use crate::communicator::{CommError, CommStats, Communicator, ReduceOp};
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -32,8 +33,6 @@ struct Shared {
     size: usize,
     state: Mutex<Slots>,
     cv: Condvar,
-    /// Scratch for reductions (one vector, each rank writes its own chunk).
-    scratch: Mutex<Vec<f32>>,
 }
 
 pub struct ThreadCommunicator {
@@ -187,7 +186,6 @@ impl Shared {
                 ..Default::default()
             }),
             cv: Condvar::new(),
-            scratch: Mutex::new(Vec::new()),
         }
     }
 }
@@ -231,29 +229,70 @@ impl Communicator for ThreadCommunicator {
                 "ranks passed buffers of different lengths".into(),
             ));
         }
-        // Phase 1: rank r reduces its share of every rank's buffer, in rank order, into scratch.
+        // Rank r owns elements [lo, hi) of every rank's buffer: it reads them from all ranks,
+        // reduces in rank order and writes the result back into all of them. No other rank
+        // touches that range, so one rendezvous and one closing barrier suffice; working in
+        // small chunks keeps the partial sums in cache.
+        const CHUNK: usize = 16 << 10;
         let (lo, hi) = self.share(n);
-        let mut part: Vec<f32> = unsafe { view(bufs[0].0) }[lo..hi].to_vec();
-        for b in &bufs[1..] {
-            combine(&mut part, &unsafe { view(b.0) }[lo..hi], op);
-        }
-        if op == ReduceOp::Avg {
-            let s = 1.0 / self.shared.size as f32;
-            part.iter_mut().for_each(|v| *v *= s);
-        }
-        {
-            let mut scratch = self.shared.scratch.lock().expect("scratch");
-            if scratch.len() < n {
-                scratch.resize(n, 0.0);
+        let mut acc = vec![0.0f32; CHUNK.min(hi - lo)];
+        let scale = 1.0 / self.shared.size as f32;
+        let mut c0 = lo;
+        while c0 < hi {
+            let c1 = (c0 + CHUNK).min(hi);
+            let part = &mut acc[..c1 - c0];
+            // SAFETY: [c0, c1) lies in this rank's range, which no other rank reads or writes
+            // during this collective, and every owner is parked in the protocol.
+            part.copy_from_slice(&unsafe { view(bufs[0].0) }[c0..c1]);
+            for b in &bufs[1..] {
+                combine(part, &unsafe { view(b.0) }[c0..c1], op);
             }
-            scratch[lo..hi].copy_from_slice(&part);
+            if op == ReduceOp::Avg {
+                part.iter_mut().for_each(|v| *v *= scale);
+            }
+            for b in &bufs {
+                let dst = unsafe { std::slice::from_raw_parts_mut(b.0 .0 as *mut f32, n) };
+                dst[c0..c1].copy_from_slice(part);
+            }
+            c0 = c1;
         }
-        // Everyone has read every input: results may now be written back.
-        self.finish("all_reduce")?;
-        let bufs = self.rendezvous("all_reduce", me, me)?;
-        let _ = bufs;
-        buf.copy_from_slice(&self.shared.scratch.lock().expect("scratch")[..n]);
         self.finish("all_reduce")
+    }
+
+    fn all_to_all(&mut self, input: &[f32], out: &mut [f32]) -> Result<(), CommError> {
+        let p = self.shared.size;
+        if input.len() % p != 0 || out.len() != input.len() {
+            return Err(self.usage(
+                "all_to_all",
+                format!(
+                    "input of {} elements must split into {p} equal parts, output of the same size",
+                    input.len()
+                ),
+            ));
+        }
+        let n = input.len() / p;
+        self.count("all_to_all", input.len() * 4);
+        let bufs = self.rendezvous(
+            "all_to_all",
+            Ptr(input.as_ptr() as usize, input.len()),
+            Ptr(out.as_mut_ptr() as usize, out.len()),
+        )?;
+        let r = self.rank;
+        for (q, b) in bufs.iter().enumerate() {
+            if b.0 .1 != input.len() {
+                return Err(self.usage(
+                    "all_to_all",
+                    format!(
+                        "rank {q} passed {} elements, this rank {}",
+                        b.0 .1,
+                        input.len()
+                    ),
+                ));
+            }
+            // Part r of rank q's input becomes part q of this rank's output.
+            out[q * n..(q + 1) * n].copy_from_slice(&unsafe { view(b.0) }[r * n..(r + 1) * n]);
+        }
+        self.finish("all_to_all")
     }
 
     fn all_gather(&mut self, input: &[f32], out: &mut [f32]) -> Result<(), CommError> {

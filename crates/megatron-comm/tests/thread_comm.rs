@@ -209,3 +209,36 @@ fn counters_record_calls_and_bytes_per_operation() {
     assert_eq!(s.bytes["all_reduce"], 2 * 256 * 4);
     assert_eq!(s.calls["barrier"], 1);
 }
+
+#[test]
+fn all_to_all_transposes_the_parts() {
+    for n in WORLDS {
+        let out = run_ranks(n, move |rank, c| {
+            let input: Vec<f32> = (0..2 * n).map(|i| (100 * rank + i) as f32).collect();
+            let mut out = vec![0.0; 2 * n];
+            c.all_to_all(&input, &mut out).unwrap();
+            out
+        });
+        for (rank, r) in out.into_iter().enumerate() {
+            let want: Vec<f32> = (0..n)
+                .flat_map(|q| (0..2).map(move |k| (100 * q + 2 * rank + k) as f32))
+                .collect();
+            assert_eq!(r.unwrap(), want, "world {n} rank {rank}");
+        }
+    }
+}
+
+#[test]
+fn consecutive_all_reduces_of_different_sizes_stay_correct() {
+    let out = run_ranks(3, |rank, c| {
+        let mut total = 0.0f32;
+        for len in [1usize, 1000, 7, 50_000, 3] {
+            let mut v = vec![(rank + 1) as f32; len];
+            c.all_reduce(&mut v, ReduceOp::Sum).unwrap();
+            assert!(v.iter().all(|&x| x == 6.0), "len {len}");
+            total += v[0];
+        }
+        total
+    });
+    assert!(out.into_iter().all(|r| r.unwrap() == 30.0));
+}
