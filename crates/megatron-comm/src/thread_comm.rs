@@ -261,7 +261,7 @@ impl Communicator for ThreadCommunicator {
 
     fn all_to_all(&mut self, input: &[f32], out: &mut [f32]) -> Result<(), CommError> {
         let p = self.shared.size;
-        if input.len() % p != 0 || out.len() != input.len() {
+        if !input.len().is_multiple_of(p) || out.len() != input.len() {
             return Err(self.usage(
                 "all_to_all",
                 format!(
