@@ -141,6 +141,17 @@ pub struct TrainArgs {
     /// Plain log lines even on a terminal.
     #[arg(long)]
     pub no_progress_bar: bool,
+    /// Ranks (threads of this process); with every other parallel size 1 they are data-parallel.
+    #[arg(long, default_value_t = 1)]
+    pub nproc_per_node: usize,
+    #[arg(long, default_value_t = 1)]
+    pub tensor_model_parallel_size: usize,
+    #[arg(long, default_value_t = 1)]
+    pub pipeline_model_parallel_size: usize,
+    #[arg(long, default_value_t = 1)]
+    pub context_parallel_size: usize,
+    #[arg(long, default_value_t = 1)]
+    pub expert_model_parallel_size: usize,
 }
 
 #[derive(Args, Clone, Debug)]
@@ -185,6 +196,9 @@ pub struct TrainConfig {
     pub args: TrainArgs,
     pub model: TransformerConfig,
     pub global_batch_size: usize,
+    /// Data-parallel size (ranks / model-parallel sizes).
+    pub dp: usize,
+    /// Micro-batches per data-parallel rank and iteration.
     pub num_microbatches: usize,
     pub train_iters: u64,
     pub lr_decay_iters: u64,
@@ -204,10 +218,33 @@ impl TrainArgs {
         if self.micro_batch_size == 0 {
             return Err(bad("--micro-batch-size must be positive, got 0".into()));
         }
-        let gbs = self.global_batch_size.unwrap_or(self.micro_batch_size);
-        if gbs == 0 || !gbs.is_multiple_of(self.micro_batch_size) {
+        if self.nproc_per_node == 0 {
+            return Err(bad("--nproc-per-node must be positive, got 0".into()));
+        }
+        for (flag, v) in [
+            (
+                "--tensor-model-parallel-size",
+                self.tensor_model_parallel_size,
+            ),
+            (
+                "--pipeline-model-parallel-size",
+                self.pipeline_model_parallel_size,
+            ),
+            ("--context-parallel-size", self.context_parallel_size),
+            (
+                "--expert-model-parallel-size",
+                self.expert_model_parallel_size,
+            ),
+        ] {
+            if v != 1 {
+                return Err(bad(format!("{flag} {v}: only data parallelism runs so far (tensor, pipeline, context and expert parallelism are later issues)")));
+            }
+        }
+        let dp = self.nproc_per_node;
+        let gbs = self.global_batch_size.unwrap_or(self.micro_batch_size * dp);
+        if gbs == 0 || !gbs.is_multiple_of(self.micro_batch_size * dp) {
             return Err(bad(format!(
-                "--global-batch-size ({gbs}) must be a positive multiple of --micro-batch-size ({}) times the data-parallel size (1)",
+                "--global-batch-size ({gbs}) must be a positive multiple of --micro-batch-size ({}) times the data-parallel size ({dp})",
                 self.micro_batch_size
             )));
         }
@@ -309,7 +346,8 @@ impl TrainArgs {
             args: self.clone(),
             model,
             global_batch_size: gbs,
-            num_microbatches: gbs / self.micro_batch_size,
+            dp,
+            num_microbatches: gbs / (self.micro_batch_size * dp),
             train_iters,
             lr_decay_iters,
             lr_warmup_iters,

@@ -30,6 +30,10 @@ pub enum TrainError {
         #[source]
         source: std::io::Error,
     },
+    #[error(transparent)]
+    Comm(#[from] megatron_comm::CommError),
+    #[error("rank {rank}: {msg}")]
+    Rank { rank: usize, msg: String },
     #[error("iteration {iteration}: {what} is {value}; stopping (the last saved checkpoint is left untouched)")]
     NonFinite {
         iteration: u64,

@@ -5,6 +5,7 @@ use crate::checkpointing::{load_checkpoint, restore, save_checkpoint, Checkpoint
 use crate::flops::{num_floating_point_operations, peak_flops};
 use crate::logging::{peak_rss_bytes, EvalMetrics, IterationMetrics, MetricsFile};
 use crate::TrainError;
+use megatron_comm::Communicator;
 use megatron_core::optimizer::{clip_grad_norm, Adam, OptimizerParamScheduler};
 use megatron_core::transformer::step::StepContext;
 use megatron_core::{Batch, GPTModel, Grads, Params};
@@ -32,11 +33,13 @@ pub struct TrainSummary {
 /// Where log lines go: through the progress bar on a terminal, else plain stdout.
 struct Reporter {
     bar: Option<indicatif::ProgressBar>,
+    /// Ranks other than 0 stay quiet.
+    silent: bool,
 }
 
 impl Reporter {
-    fn new(total: u64, start: u64, plain: bool) -> Self {
-        let bar = if !plain && std::io::stderr().is_terminal() {
+    fn new(total: u64, start: u64, plain: bool, silent: bool) -> Self {
+        let bar = if !silent && !plain && std::io::stderr().is_terminal() {
             let pb = indicatif::ProgressBar::new(total);
             pb.set_style(
                 indicatif::ProgressStyle::with_template(
@@ -49,9 +52,12 @@ impl Reporter {
         } else {
             None
         };
-        Reporter { bar }
+        Reporter { bar, silent }
     }
     fn line(&self, s: &str) {
+        if self.silent {
+            return;
+        }
         match &self.bar {
             Some(pb) => pb.println(s),
             None => println!("{s}"),
@@ -73,6 +79,7 @@ impl Reporter {
 fn build_data(
     cfg: &TrainConfig,
     tok: &dyn Tokenizer,
+    lead: bool,
 ) -> Result<Box<dyn GPTSampleSource>, TrainError> {
     let a = &cfg.args;
     if a.mock_data {
@@ -106,7 +113,7 @@ fn build_data(
             eod: tok.eod(),
         };
         let data = MegatronGPTData::build(&mcfg)?;
-        for line in &data.report {
+        for line in data.report.iter().filter(|_| lead) {
             println!("data: {line}");
         }
         return Ok(Box::new(data));
@@ -117,7 +124,8 @@ fn build_data(
             .map(|p| p.display().to_string())
             .collect();
     let ds = TextDataset::from_files(&files, tok, &a.split, a.seq_length, a.seed)?;
-    println!(
+    if lead {
+        println!(
         "data: {} files, {} tokens | samples train/valid/test {}/{}/{} | unigram entropy of the train split: {:.4} nats",
         files.len(),
         ds.num_tokens(),
@@ -126,6 +134,7 @@ fn build_data(
         ds.num_samples(Split::Test),
         ds.unigram_entropy()
     );
+    }
     Ok(Box::new(ds))
 }
 
@@ -262,14 +271,103 @@ pub fn pretrain(args: &TrainArgs) -> Result<TrainSummary, TrainError> {
         .num_threads(threads)
         .build()
         .map_err(|e| TrainError::Args(format!("--num-threads {threads}: {e}")))?;
-    pool.install(|| {
-        megatron_tensor::threads::set_gemm_threads(threads);
-        run(&cfg, tok.as_ref(), threads)
-    })
+    if cfg.dp == 1 {
+        return pool.install(|| {
+            megatron_tensor::threads::set_gemm_threads(threads);
+            run(&cfg, tok.as_ref(), threads, None)
+        });
+    }
+    drop(pool);
+    pretrain_ranks(cfg, args.tokenizer_spec(), threads)
 }
 
-fn run(cfg: &TrainConfig, tok: &dyn Tokenizer, threads: usize) -> Result<TrainSummary, TrainError> {
+/// Data-parallel training on `--nproc-per-node` rank threads: each rank owns a share of the cores,
+/// runs its micro-batches, and gradients are averaged over the ranks before every step.
+fn pretrain_ranks(
+    cfg: TrainConfig,
+    spec: megatron_data::TokenizerSpec,
+    threads: usize,
+) -> Result<TrainSummary, TrainError> {
+    let n = cfg.dp;
+    let per_rank = (threads / n).max(1);
+    let cfg = std::sync::Arc::new(cfg);
+    let results =
+        megatron_comm::run_ranks(n, move |rank, comm| -> Result<TrainSummary, TrainError> {
+            let tok = build_tokenizer_from(&spec)?;
+            let ps = megatron_comm::ParallelState::new(
+                n,
+                1,
+                1,
+                1,
+                1,
+                megatron_comm::ParallelState::DEFAULT_ORDER,
+            )
+            .map_err(|e| TrainError::Args(e.to_string()))?;
+            if rank == 0 {
+                println!("layout: {}", ps.describe());
+            }
+            // Health check: a small all-reduce with a known answer and a short timeout, before work.
+            comm.set_timeout(std::time::Duration::from_secs(10));
+            let mut probe = [1.0f32];
+            comm.all_reduce(&mut probe, megatron_comm::ReduceOp::Sum)?;
+            if probe[0] != n as f32 {
+                return Err(TrainError::Rank {
+                    rank,
+                    msg: format!(
+                        "health check of group world: all-reduce gave {}, expected {n}",
+                        probe[0]
+                    ),
+                });
+            }
+            comm.set_timeout(megatron_comm::thread_comm::DEFAULT_TIMEOUT);
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(per_rank)
+                .build()
+                .map_err(|e| TrainError::Rank {
+                    rank,
+                    msg: e.to_string(),
+                })?;
+            pool.install(|| {
+                megatron_tensor::threads::set_gemm_threads(per_rank);
+                run(&cfg, tok.as_ref(), per_rank, Some(comm))
+            })
+        });
+    let mut first_err = None;
+    let mut lead = None;
+    for (rank, r) in results.into_iter().enumerate() {
+        match r {
+            Ok(Ok(s)) if rank == 0 => lead = Some(s),
+            Ok(Ok(_)) => {}
+            // A peer's failure is the consequence; report the first root cause.
+            Ok(Err(TrainError::Comm(megatron_comm::CommError::PeerPanicked { .. })))
+                if first_err.is_some() => {}
+            Ok(Err(e)) => {
+                first_err.get_or_insert(e);
+            }
+            Err(msg) => {
+                first_err = Some(TrainError::Rank { rank, msg });
+            }
+        }
+    }
+    match (first_err, lead) {
+        (Some(e), _) => Err(e),
+        (None, Some(s)) => Ok(s),
+        (None, None) => Err(TrainError::Rank {
+            rank: 0,
+            msg: "finished without a result".into(),
+        }),
+    }
+}
+
+fn run(
+    cfg: &TrainConfig,
+    tok: &dyn Tokenizer,
+    threads: usize,
+    mut comm: Option<&mut megatron_comm::ThreadCommunicator>,
+) -> Result<TrainSummary, TrainError> {
     let a = &cfg.args;
+    let (dp_rank, dp) = comm.as_ref().map_or((0, 1), |c| (c.rank(), c.size()));
+    let lead = dp_rank == 0;
     let (b, t) = (a.micro_batch_size, a.seq_length);
     let gbs = cfg.global_batch_size as u64;
     let (model, mut params) = GPTModel::new(cfg.model.clone(), a.seed);
@@ -292,20 +390,26 @@ fn run(cfg: &TrainConfig, tok: &dyn Tokenizer, threads: usize) -> Result<TrainSu
         iteration = ck.meta.iteration;
         consumed = ck.meta.consumed_train_samples;
         sched.num_steps = ck.meta.scheduler.num_steps;
-        println!(
-            "loaded checkpoint {} at iteration {iteration} ({consumed} consumed samples)",
-            ck.dir.display()
-        );
+        if lead {
+            println!(
+                "loaded checkpoint {} at iteration {iteration} ({consumed} consumed samples)",
+                ck.dir.display()
+            );
+        }
     }
-    let data = build_data(cfg, tok)?;
+    let data = build_data(cfg, tok, lead)?;
     let mut grads = Grads::zeros_like(&params);
     let flops_per_iter = num_floating_point_operations(&cfg.model, cfg.global_batch_size);
     let peak = peak_flops(a.peak_tflops, threads);
-    let mut metrics = MetricsFile::open(a.metrics_file.as_deref()).map_err(|e| TrainError::Io {
-        path: a.metrics_file.clone().unwrap_or_default(),
-        source: e,
-    })?;
-    println!(
+    let mut metrics =
+        MetricsFile::open(a.metrics_file.as_deref().filter(|_| lead)).map_err(|e| {
+            TrainError::Io {
+                path: a.metrics_file.clone().unwrap_or_default(),
+                source: e,
+            }
+        })?;
+    if lead {
+        println!(
         "model: {} parameters, {} layers, hidden {}, heads {}, seq {}, padded vocab {} | global batch {} = {} micro-batches of {} | {} threads | peak {:.1} GFLOP/s",
         params.numel(),
         cfg.model.num_layers,
@@ -319,7 +423,8 @@ fn run(cfg: &TrainConfig, tok: &dyn Tokenizer, threads: usize) -> Result<TrainSu
         threads,
         peak / 1e9
     );
-    let rep = Reporter::new(cfg.train_iters, iteration, a.no_progress_bar);
+    }
+    let rep = Reporter::new(cfg.train_iters, iteration, a.no_progress_bar, !lead);
     let mut summary = TrainSummary {
         start_iteration: iteration,
         ..Default::default()
@@ -339,8 +444,8 @@ fn run(cfg: &TrainConfig, tok: &dyn Tokenizer, threads: usize) -> Result<TrainSu
             total_samples: u64::MAX,
             consumed_samples: consumed,
             micro_batch_size: b as u64,
-            data_parallel_rank: 0,
-            data_parallel_size: 1,
+            data_parallel_rank: dp_rank as u64,
+            data_parallel_size: dp as u64,
         };
         for m in 0..cfg.num_microbatches {
             let indices = sampler
@@ -359,7 +464,14 @@ fn run(cfg: &TrainConfig, tok: &dyn Tokenizer, threads: usize) -> Result<TrainSu
             summary.peak_activation_bytes = summary.peak_activation_bytes.max(r.activation_bytes);
             loss_sum += r.loss as f64;
         }
-        let loss = loss_sum / cfg.num_microbatches as f64;
+        let mut loss = loss_sum / cfg.num_microbatches as f64;
+        if let Some(c) = comm.as_deref_mut() {
+            // Data parallelism: the mean gradient and loss over all ranks' micro-batches.
+            c.all_reduce(&mut grads.data, megatron_comm::ReduceOp::Avg)?;
+            let mut l = [loss as f32];
+            c.all_reduce(&mut l, megatron_comm::ReduceOp::Avg)?;
+            loss = l[0] as f64;
+        }
         if !loss.is_finite() {
             rep.finish();
             return Err(TrainError::NonFinite {
@@ -408,7 +520,7 @@ fn run(cfg: &TrainConfig, tok: &dyn Tokenizer, threads: usize) -> Result<TrainSu
             })?;
             (interval_loss, interval_iters, interval_time) = (0.0, 0, 0.0);
         }
-        if iteration.is_multiple_of(a.eval_interval) || iteration == cfg.train_iters {
+        if lead && (iteration.is_multiple_of(a.eval_interval) || iteration == cfg.train_iters) {
             if let Some(val) = evaluate(&model, &params, data.as_ref(), cfg) {
                 rep.line(&format!(" validation loss at iteration {iteration} | lm loss value: {val:.6E} | lm loss PPL: {:.3E}", val.exp()));
                 metrics
@@ -425,7 +537,7 @@ fn run(cfg: &TrainConfig, tok: &dyn Tokenizer, threads: usize) -> Result<TrainSu
         }
         let due = a.save_interval.is_some_and(|s| iteration.is_multiple_of(s))
             || iteration == cfg.train_iters;
-        if let (Some(dir), true) = (&save_dir, due) {
+        if let (Some(dir), true, true) = (&save_dir, due, lead) {
             let meta = CheckpointMeta {
                 format: String::new(),
                 iteration,
@@ -465,11 +577,13 @@ fn run(cfg: &TrainConfig, tok: &dyn Tokenizer, threads: usize) -> Result<TrainSu
         );
         let formula =
             2.0 * s_ * b_ * h_ * (34.0 + 5.0 * a_ * s_ / h_) * cfg.model.num_layers as f64;
-        println!(
+        if lead {
+            println!(
             "activations held per micro-batch: {:.1} MiB measured (f32); sbh(34 + 5as/h) per layer gives {:.1} MiB in f32",
             summary.peak_activation_bytes as f64 / (1 << 20) as f64,
             formula / (1 << 20) as f64
         );
+        }
     }
     Ok(summary)
 }
@@ -489,7 +603,7 @@ pub fn inspect_data(args: &crate::arguments::InspectArgs) -> Result<Vec<Vec<u32>
             )))
         }
     };
-    let data = build_data(&cfg, tok.as_ref())?;
+    let data = build_data(&cfg, tok.as_ref(), true)?;
     let n = data.num_samples(split);
     if n == 0 {
         return Err(TrainError::Args(format!(

@@ -354,3 +354,91 @@ fn text_data_path_that_does_not_exist_is_named() {
     assert!(e.to_string().contains("/no/such/corpus.txt"), "{e}");
     let _ = Path::new("/");
 }
+
+#[test]
+fn data_parallel_worlds_2_and_4_train_the_same_model_as_world_1() {
+    // Same global batch (8) and sample order; dropout off (its masks are keyed by micro-batch,
+    // which the split into ranks changes). Tolerance: f32 reduction order differs.
+    let dir = tmpdir("dp");
+    let run = |world: usize, mbs: usize| {
+        let save = dir.join(format!("w{world}"));
+        let s = save.to_str().unwrap().to_string();
+        let w = world.to_string();
+        let m = mbs.to_string();
+        let summary = pretrain(&args(&[
+            "--train-iters",
+            "5",
+            "--global-batch-size",
+            "8",
+            "--micro-batch-size",
+            &m,
+            "--nproc-per-node",
+            &w,
+            "--hidden-dropout",
+            "0",
+            "--attention-dropout",
+            "0",
+            "--lr-warmup-iters",
+            "1",
+            "--save",
+            &s,
+        ]))
+        .unwrap();
+        (summary, load_checkpoint(&save, None).unwrap())
+    };
+    let (s1, c1) = run(1, 4);
+    for (world, mbs) in [(2, 2), (4, 1)] {
+        let (sn, cn) = run(world, mbs);
+        assert_eq!(sn.losses.len(), 5);
+        for (a, b) in s1.losses.iter().zip(&sn.losses) {
+            assert!(
+                (a.1 - b.1).abs() < 1e-5 * a.1.abs().max(1.0),
+                "world {world} iteration {}: {} vs {}",
+                a.0,
+                a.1,
+                b.1
+            );
+        }
+        let mut max_diff = 0.0f32;
+        for (name, v1) in &c1.tensors {
+            let vn = &cn.tensors[name];
+            for (x, y) in v1.iter().zip(vn) {
+                max_diff = max_diff.max((x - y).abs());
+            }
+        }
+        assert!(
+            max_diff < 1e-4,
+            "world {world}: parameters and moments differ by {max_diff}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn data_parallel_flags_are_checked() {
+    let e = pretrain(&args(&[
+        "--train-iters",
+        "2",
+        "--global-batch-size",
+        "6",
+        "--micro-batch-size",
+        "2",
+        "--nproc-per-node",
+        "2",
+    ]))
+    .unwrap_err();
+    assert!(e.to_string().contains("data-parallel size (2)"), "{e}");
+    let e = pretrain(&args(&[
+        "--train-iters",
+        "2",
+        "--tensor-model-parallel-size",
+        "2",
+        "--nproc-per-node",
+        "2",
+    ]))
+    .unwrap_err();
+    assert!(
+        e.to_string().contains("--tensor-model-parallel-size"),
+        "{e}"
+    );
+}
