@@ -3,7 +3,9 @@
 pub mod communicator;
 pub mod parallel_state;
 pub mod thread_comm;
+pub mod typed;
 
 pub use communicator::{CommError, CommStats, Communicator, ReduceOp};
 pub use parallel_state::{Axis, Coords, ParallelError, ParallelState};
 pub use thread_comm::{run_ranks, ThreadCommunicator};
+pub use typed::TypedCollectives;

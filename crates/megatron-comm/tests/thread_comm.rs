@@ -242,3 +242,46 @@ fn consecutive_all_reduces_of_different_sizes_stay_correct() {
     });
     assert!(out.into_iter().all(|r| r.unwrap() == 30.0));
 }
+
+#[test]
+fn typed_collectives_reduce_half_types_in_f32_and_integers_exactly() {
+    use half::{bf16, f16};
+    use megatron_comm::TypedCollectives;
+    for n in WORLDS {
+        let out = run_ranks(n, move |rank, c| {
+            let mut b = vec![bf16::from_f32(rank as f32 + 0.5); 5];
+            c.all_reduce_bf16(&mut b, ReduceOp::Sum).unwrap();
+            let mut h = vec![f16::from_f32(rank as f32); 3];
+            c.all_reduce_f16(&mut h, ReduceOp::Max).unwrap();
+            // Beyond f32's exact integer range: exact only if reduced as integers.
+            let big = (1i64 << 40) + rank as i64;
+            let mut i = vec![big, -(rank as i64)];
+            c.all_reduce_i64(&mut i, ReduceOp::Sum).unwrap();
+            let mut j = vec![rank as i32 * 3, 7];
+            c.all_reduce_i32(&mut j, ReduceOp::Min).unwrap();
+            let mut g = vec![0i64; 2 * n];
+            c.all_gather_i64(&[big, -big], &mut g).unwrap();
+            let mut bytes = if rank == 0 {
+                b"megatron-rs".to_vec()
+            } else {
+                vec![0u8; 11]
+            };
+            c.broadcast_u8(&mut bytes, 0).unwrap();
+            (b, h, i, j, g, bytes)
+        });
+        let tri = (n * (n - 1) / 2) as i64;
+        for r in out {
+            let (b, h, i, j, g, bytes) = r.unwrap();
+            let want_b = bf16::from_f32(tri as f32 + 0.5 * n as f32);
+            assert!(b.iter().all(|v| *v == want_b), "bf16 world {n}");
+            assert!(h.iter().all(|v| v.to_f32() == (n - 1) as f32));
+            assert_eq!(i, vec![(n as i64) * (1i64 << 40) + tri, -tri]);
+            assert_eq!(j, vec![0, 7]);
+            let want_g: Vec<i64> = (0..n)
+                .flat_map(|q| [(1i64 << 40) + q as i64, -((1i64 << 40) + q as i64)])
+                .collect();
+            assert_eq!(g, want_g);
+            assert_eq!(bytes, b"megatron-rs".to_vec());
+        }
+    }
+}
