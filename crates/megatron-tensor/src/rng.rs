@@ -4,8 +4,11 @@
 //! element index, so dropout masks can be regenerated in backward instead of stored, and results
 //! do not depend on how work is split across threads or ranks.
 
+/// A stream key plus an element offset: `key.offset(o).bits(i) == key.bits(o + i)`, so a kernel
+/// that numbers elements from 0 can draw the numbers of a slice that starts at `o` of a larger,
+/// globally numbered tensor (e.g. the samples of one data-parallel rank).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct RngKey(pub u64);
+pub struct RngKey(pub u64, pub u64);
 
 #[inline(always)]
 fn splitmix64(mut z: u64) -> u64 {
@@ -17,19 +20,26 @@ fn splitmix64(mut z: u64) -> u64 {
 
 impl RngKey {
     pub fn new(seed: u64) -> Self {
-        RngKey(splitmix64(seed ^ 0x6D65_6761_7472_6F6E))
+        RngKey(splitmix64(seed ^ 0x6D65_6761_7472_6F6E), 0)
     }
 
-    /// Derives a sub-key; `key.fold(a).fold(b)` names an independent stream per (a, b).
+    /// Derives a sub-key; `key.fold(a).fold(b)` names an independent stream per (a, b). The
+    /// new stream starts at offset 0.
     pub fn fold(self, x: u64) -> Self {
-        RngKey(splitmix64(
-            self.0 ^ splitmix64(x.wrapping_add(0x1234_5678_9ABC_DEF1)),
-        ))
+        RngKey(
+            splitmix64(self.0 ^ splitmix64(x.wrapping_add(0x1234_5678_9ABC_DEF1))),
+            0,
+        )
+    }
+
+    /// The same stream, with element numbers shifted by `o`.
+    pub fn offset(self, o: u64) -> Self {
+        RngKey(self.0, self.1.wrapping_add(o))
     }
 
     #[inline(always)]
     pub fn bits(self, idx: u64) -> u64 {
-        splitmix64(self.0 ^ idx.wrapping_mul(0xD6E8_FEB8_6659_FD93))
+        splitmix64(self.0 ^ idx.wrapping_add(self.1).wrapping_mul(0xD6E8_FEB8_6659_FD93))
     }
 
     /// Uniform in [0, 1) with 24 random bits.

@@ -447,7 +447,7 @@ fn run(
             data_parallel_rank: dp_rank as u64,
             data_parallel_size: dp as u64,
         };
-        for m in 0..cfg.num_microbatches {
+        for _ in 0..cfg.num_microbatches {
             let indices = sampler
                 .next_micro_batch()
                 .expect("the sampler never runs dry");
@@ -459,7 +459,7 @@ fn run(
                 t,
                 eod_mask(cfg, data.as_ref()),
             );
-            let ctx = StepContext::train(a.seed, iteration, m as u64);
+            let ctx = StepContext::train(a.seed, iteration, indices[0]);
             let r = model.forward_backward(&params, &mut grads, &mb.batch(b, t), grad_scale, &ctx);
             summary.peak_activation_bytes = summary.peak_activation_bytes.max(r.activation_bytes);
             loss_sum += r.loss as f64;

@@ -357,8 +357,8 @@ fn text_data_path_that_does_not_exist_is_named() {
 
 #[test]
 fn data_parallel_worlds_2_and_4_train_the_same_model_as_world_1() {
-    // Same global batch (8) and sample order; dropout off (its masks are keyed by micro-batch,
-    // which the split into ranks changes). Tolerance: f32 reduction order differs.
+    // Same global batch (8) and sample order, dropout on (masks are numbered by global sample,
+    // so every split draws the same ones). Tolerance: f32 reduction order differs.
     let dir = tmpdir("dp");
     let run = |world: usize, mbs: usize| {
         let save = dir.join(format!("w{world}"));

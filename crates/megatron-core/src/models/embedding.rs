@@ -67,7 +67,7 @@ impl LanguageModelEmbedding {
                 d.data_mut(),
                 out.data(),
                 p,
-                ctx.site(EMBEDDING_LAYER, SITE_EMBEDDING_DROPOUT),
+                ctx.site_for(EMBEDDING_LAYER, SITE_EMBEDDING_DROPOUT, t * self.hidden),
             );
             out = d;
         }
@@ -90,7 +90,7 @@ impl LanguageModelEmbedding {
                 d.data_mut(),
                 dout.data(),
                 p,
-                ctx.site(EMBEDDING_LAYER, SITE_EMBEDDING_DROPOUT),
+                ctx.site_for(EMBEDDING_LAYER, SITE_EMBEDDING_DROPOUT, t * self.hidden),
             );
             d
         } else {

@@ -101,7 +101,7 @@ impl SelfAttention {
         );
         let mut attn = Tensor::for_overwrite(&[n, h]);
         let mut lse = Tensor::for_overwrite(&[b, self.heads, t]);
-        let key = ctx.site(self.layer, SITE_ATTN_DROPOUT);
+        let key = ctx.site_for(self.layer, SITE_ATTN_DROPOUT, self.heads * t * t);
         attention_forward(
             attn.data_mut(),
             lse.data_mut(),
@@ -152,7 +152,7 @@ impl SelfAttention {
             h,
         );
         let mut dqkv = Tensor::for_overwrite(&[n, 3 * h]);
-        let key = ctx.site(self.layer, SITE_ATTN_DROPOUT);
+        let key = ctx.site_for(self.layer, SITE_ATTN_DROPOUT, self.heads * t * t);
         attention_backward(
             dqkv.data_mut(),
             dattn.data(),

@@ -176,7 +176,7 @@ impl TransformerLayer {
             .forward(params, &ln1_out, b, t, ctx, mask);
         drop(ln1_out);
         let mut mid = Tensor::for_overwrite(&[n, h]);
-        let key = ctx.site(self.layer, SITE_ATTN_RESIDUAL);
+        let key = ctx.site_for(self.layer, SITE_ATTN_RESIDUAL, t * h);
         bias_dropout_add_forward(
             mid.data_mut(),
             proj.data(),
@@ -190,7 +190,7 @@ impl TransformerLayer {
         let (y, mlp) = self.mlp.forward(params, &ln2_out, n);
         drop(ln2_out);
         let mut out = Tensor::for_overwrite(&[n, h]);
-        let key = ctx.site(self.layer, SITE_MLP_RESIDUAL);
+        let key = ctx.site_for(self.layer, SITE_MLP_RESIDUAL, t * h);
         bias_dropout_add_forward(
             out.data_mut(),
             y.data(),
@@ -246,7 +246,7 @@ impl TransformerLayer {
             grads.get_mut(self.mlp.fc2_bias),
             dout.data(),
             p,
-            ctx.site(self.layer, SITE_MLP_RESIDUAL),
+            ctx.site_for(self.layer, SITE_MLP_RESIDUAL, t * h),
         );
         let (ln2_out, _) = self.pre_mlp_layernorm.forward(params, &saved.mid);
         let dln2 = self
@@ -265,7 +265,7 @@ impl TransformerLayer {
             grads.get_mut(self.self_attention.proj_bias),
             dmid.data(),
             p,
-            ctx.site(self.layer, SITE_ATTN_RESIDUAL),
+            ctx.site_for(self.layer, SITE_ATTN_RESIDUAL, t * h),
         );
         let (ln1_out, _) = self.input_layernorm.forward(params, &saved.input);
         let dln1 = self.self_attention.backward(

@@ -1,21 +1,23 @@
 use megatron_tensor::RngKey;
 
 /// What varies per micro-batch and is not data: whether dropout is on and which random stream
-/// it draws from. Keys are (seed, iteration, micro-batch) so a resumed run redraws the same masks.
+/// it draws from. Streams are keyed by (seed, iteration) and numbered by the global index of the
+/// micro-batch's first sample, so a sample gets the same dropout masks however the global batch
+/// is split into micro-batches and data-parallel ranks, and a resumed run redraws them exactly.
 #[derive(Clone, Copy, Debug)]
 pub struct StepContext {
     pub training: bool,
     pub key: RngKey,
+    /// Global index of this micro-batch's first sample (samples are consecutive).
+    pub first_sample: u64,
 }
 
 impl StepContext {
-    pub fn train(seed: u64, iteration: u64, microbatch: u64) -> Self {
+    pub fn train(seed: u64, iteration: u64, first_sample: u64) -> Self {
         StepContext {
             training: true,
-            key: RngKey::new(seed)
-                .fold(0xD0)
-                .fold(iteration)
-                .fold(microbatch),
+            key: RngKey::new(seed).fold(0xD0).fold(iteration),
+            first_sample,
         }
     }
 
@@ -23,7 +25,14 @@ impl StepContext {
         StepContext {
             training: false,
             key: RngKey::new(0),
+            first_sample: 0,
         }
+    }
+
+    /// Key for one dropout site of one layer whose tensor holds `per_sample` elements per sample.
+    pub fn site_for(&self, layer: usize, site: u64, per_sample: usize) -> RngKey {
+        self.site(layer, site)
+            .offset(self.first_sample * per_sample as u64)
     }
 
     /// Dropout probability to use: zero outside training.
