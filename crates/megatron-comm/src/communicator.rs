@@ -68,6 +68,15 @@ pub trait Communicator: Send {
     /// Equal splits: part q of this rank's input goes to rank q; part q of the output came
     /// from rank q.
     fn all_to_all(&mut self, input: &[f32], out: &mut [f32]) -> Result<(), CommError>;
+    /// Variable splits: `send_counts[q]` elements (in rank order) go to rank q; `recv_counts[q]`
+    /// elements arrive from rank q, in rank order in `out`.
+    fn all_to_all_v(
+        &mut self,
+        input: &[f32],
+        send_counts: &[usize],
+        out: &mut [f32],
+        recv_counts: &[usize],
+    ) -> Result<(), CommError>;
     fn send(&mut self, buf: &[f32], dst: usize, tag: u64) -> Result<(), CommError>;
     fn recv(&mut self, buf: &mut [f32], src: usize, tag: u64) -> Result<(), CommError>;
     fn barrier(&mut self) -> Result<(), CommError>;

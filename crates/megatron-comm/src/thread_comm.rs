@@ -21,6 +21,8 @@ struct Slots {
     arrived: Vec<u64>,
     bufs: Vec<Option<(Ptr, Ptr)>>,
     panicked: Option<usize>,
+    /// Per rank: the send counts of the current `all_to_all_v`.
+    counts: Vec<Vec<usize>>,
     /// Point-to-point mailboxes keyed by (src, dst, tag).
     mail: HashMap<(usize, usize, u64), VecDeque<Vec<f32>>>,
     /// `split` proposals per sequence number: (rank, color, key).
@@ -183,6 +185,7 @@ impl Shared {
             state: Mutex::new(Slots {
                 arrived: vec![0; size],
                 bufs: vec![None; size],
+                counts: vec![Vec::new(); size],
                 ..Default::default()
             }),
             cv: Condvar::new(),
@@ -350,6 +353,52 @@ impl Communicator for ThreadCommunicator {
             out.iter_mut().for_each(|v| *v *= s);
         }
         self.finish("reduce_scatter")
+    }
+
+    fn all_to_all_v(
+        &mut self,
+        input: &[f32],
+        send_counts: &[usize],
+        out: &mut [f32],
+        recv_counts: &[usize],
+    ) -> Result<(), CommError> {
+        let p = self.shared.size;
+        if send_counts.len() != p
+            || recv_counts.len() != p
+            || send_counts.iter().sum::<usize>() != input.len()
+            || recv_counts.iter().sum::<usize>() != out.len()
+        {
+            return Err(self.usage("all_to_all_v", format!("{p} send and receive counts must sum to the input ({}) and output ({}) lengths", input.len(), out.len())));
+        }
+        self.count("all_to_all_v", input.len() * 4);
+        {
+            let mut st = self.shared.state.lock().expect("comm state");
+            st.counts[self.rank] = send_counts.to_vec();
+        }
+        let bufs = self.rendezvous(
+            "all_to_all_v",
+            Ptr(input.as_ptr() as usize, input.len()),
+            Ptr(out.as_mut_ptr() as usize, out.len()),
+        )?;
+        let counts: Vec<Vec<usize>> = self.shared.state.lock().expect("comm state").counts.clone();
+        let r = self.rank;
+        let mut dst = 0;
+        for (q, b) in bufs.iter().enumerate() {
+            let n = counts[q][r];
+            if n != recv_counts[q] {
+                return Err(self.usage(
+                    "all_to_all_v",
+                    format!(
+                        "rank {q} sends {n} elements, this rank expects {}",
+                        recv_counts[q]
+                    ),
+                ));
+            }
+            let src = counts[q][..r].iter().sum::<usize>();
+            out[dst..dst + n].copy_from_slice(&unsafe { view(b.0) }[src..src + n]);
+            dst += n;
+        }
+        self.finish("all_to_all_v")
     }
 
     fn broadcast(&mut self, buf: &mut [f32], root: usize) -> Result<(), CommError> {
