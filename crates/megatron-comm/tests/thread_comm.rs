@@ -293,7 +293,7 @@ fn all_to_all_v_routes_variable_splits() {
             // Rank r sends q + 1 copies of (100 r + q) to rank q.
             let send_counts: Vec<usize> = (0..n).map(|q| q + 1).collect();
             let input: Vec<f32> = (0..n)
-                .flat_map(|q| std::iter::repeat((100 * rank + q) as f32).take(q + 1))
+                .flat_map(|q| std::iter::repeat_n((100 * rank + q) as f32, q + 1))
                 .collect();
             let recv_counts = vec![rank + 1; n];
             let mut out = vec![0.0; n * (rank + 1)];
@@ -303,7 +303,7 @@ fn all_to_all_v_routes_variable_splits() {
         });
         for (rank, r) in out.into_iter().enumerate() {
             let want: Vec<f32> = (0..n)
-                .flat_map(|q| std::iter::repeat((100 * q + rank) as f32).take(rank + 1))
+                .flat_map(|q| std::iter::repeat_n((100 * q + rank) as f32, rank + 1))
                 .collect();
             assert_eq!(r.unwrap(), want, "world {n} rank {rank}");
         }
