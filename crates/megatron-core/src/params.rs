@@ -55,6 +55,19 @@ impl Params {
         ParamId(self.metas.len() - 1)
     }
 
+    /// Registers a parameter and records how it starts out.
+    pub fn add(
+        &mut self,
+        inits: &mut Vec<Init>,
+        name: String,
+        shape: &[usize],
+        weight_decay: bool,
+        init: Init,
+    ) -> ParamId {
+        inits.push(init);
+        self.register(name, shape, weight_decay)
+    }
+
     pub fn numel(&self) -> usize {
         self.metas.last().map_or(0, |m| m.offset + m.numel)
     }

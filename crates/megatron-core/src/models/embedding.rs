@@ -21,17 +21,19 @@ const EMBEDDING_LAYER: usize = usize::MAX >> 1;
 impl LanguageModelEmbedding {
     pub fn new(cfg: &TransformerConfig, params: &mut Params, inits: &mut Vec<Init>) -> Self {
         let h = cfg.hidden_size;
-        inits.push(Init::Normal(cfg.init_method_std));
-        let word_embeddings = params.register(
+        let word_embeddings = params.add(
+            inits,
             "embedding.word_embeddings.weight".into(),
             &[cfg.padded_vocab_size, h],
             true,
+            Init::Normal(cfg.init_method_std),
         );
-        inits.push(Init::Normal(cfg.init_method_std));
-        let position_embeddings = params.register(
+        let position_embeddings = params.add(
+            inits,
             "embedding.position_embeddings.weight".into(),
             &[cfg.max_position_embeddings, h],
             true,
+            Init::Normal(cfg.init_method_std),
         );
         LanguageModelEmbedding {
             word_embeddings,

@@ -85,11 +85,12 @@ impl GPTModel {
             inits,
         );
         let output_layer = if config.untie_embeddings_and_output_weights {
-            inits.push(Init::Normal(config.init_method_std));
-            Some(params.register(
+            Some(params.add(
+                inits,
                 "output_layer.weight".into(),
                 &[config.padded_vocab_size, config.hidden_size],
                 true,
+                Init::Normal(config.init_method_std),
             ))
         } else {
             None

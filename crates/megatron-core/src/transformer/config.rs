@@ -32,6 +32,12 @@ pub struct TransformerConfig {
 }
 
 impl TransformerConfig {
+    /// Init std of the layers that write into the residual stream (attention and MLP output
+    /// projections): `init_method_std / sqrt(2 * num_layers)`.
+    pub fn output_layer_init_std(&self) -> f32 {
+        self.init_method_std / (2.0 * self.num_layers as f32).sqrt()
+    }
+
     pub fn head_dim(&self) -> usize {
         self.hidden_size / self.num_attention_heads
     }

@@ -30,10 +30,14 @@ pub struct LayerNormSaved {
 
 impl LayerNorm {
     pub fn new(name: &str, h: usize, eps: f32, params: &mut Params, inits: &mut Vec<Init>) -> Self {
-        inits.push(Init::Const(1.0));
-        let weight = params.register(format!("{name}.weight"), &[h], false);
-        inits.push(Init::Const(0.0));
-        let bias = params.register(format!("{name}.bias"), &[h], false);
+        let weight = params.add(
+            inits,
+            format!("{name}.weight"),
+            &[h],
+            false,
+            Init::Const(1.0),
+        );
+        let bias = params.add(inits, format!("{name}.bias"), &[h], false, Init::Const(0.0));
         LayerNorm { weight, bias, eps }
     }
 

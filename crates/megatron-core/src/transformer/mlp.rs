@@ -31,10 +31,9 @@ impl MLP {
     ) -> Self {
         let (h, f) = (cfg.hidden_size, cfg.ffn_hidden_size);
         let p = format!("decoder.layers.{layer}.mlp");
-        let out_std = cfg.init_method_std / (2.0 * cfg.num_layers as f32).sqrt();
+        let out_std = cfg.output_layer_init_std();
         let mut reg = |name: &str, shape: &[usize], wd: bool, init: Init| {
-            inits.push(init);
-            params.register(format!("{p}.{name}"), shape, wd)
+            params.add(inits, format!("{p}.{name}"), shape, wd, init)
         };
         MLP {
             fc1_weight: reg(
