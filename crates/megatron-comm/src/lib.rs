@@ -1,6 +1,8 @@
 //! Ranks, groups and communicators of megatron-rs.
 
 pub mod communicator;
+#[cfg(feature = "mpi")]
+pub mod mpi_comm;
 pub mod parallel_state;
 pub mod thread_comm;
 pub mod typed;
