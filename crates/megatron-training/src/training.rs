@@ -271,6 +271,10 @@ pub fn pretrain(args: &TrainArgs) -> Result<TrainSummary, TrainError> {
         .num_threads(threads)
         .build()
         .map_err(|e| TrainError::Args(format!("--num-threads {threads}: {e}")))?;
+    #[cfg(feature = "mpi")]
+    if megatron_comm::mpi_comm::launched_by_mpi() {
+        return pretrain_mpi(cfg, threads);
+    }
     if cfg.dp == 1 {
         return pool.install(|| {
             megatron_tensor::threads::set_gemm_threads(threads);
@@ -279,6 +283,67 @@ pub fn pretrain(args: &TrainArgs) -> Result<TrainSummary, TrainError> {
     }
     drop(pool);
     pretrain_ranks(cfg, args.tokenizer_spec(), threads)
+}
+
+/// Under `mpirun`/`srun` (built with feature `mpi`): this process is one data-parallel rank of
+/// the MPI world; `--nproc-per-node` must be 1 (one rank per process).
+#[cfg(feature = "mpi")]
+fn pretrain_mpi(cfg: TrainConfig, threads: usize) -> Result<TrainSummary, TrainError> {
+    let universe =
+        mpi::initialize().ok_or_else(|| TrainError::Args("MPI could not be initialized".into()))?;
+    let mut comm = megatron_comm::mpi_comm::MpiCommunicator::world(&universe);
+    let n = comm.size();
+    let mut cfg = cfg;
+    if cfg.dp != 1 {
+        return Err(TrainError::Args(
+            "under mpirun use one rank per process (--nproc-per-node 1)".into(),
+        ));
+    }
+    // The world is the data-parallel group: re-derive the micro-batch count for it.
+    let gbs = cfg.global_batch_size;
+    let mbs = cfg.args.micro_batch_size;
+    if !gbs.is_multiple_of(mbs * n) {
+        return Err(TrainError::Args(format!("--global-batch-size ({gbs}) must be a multiple of --micro-batch-size ({mbs}) times the MPI world size ({n})")));
+    }
+    cfg.dp = n;
+    cfg.num_microbatches = gbs / (mbs * n);
+    let tok = build_tokenizer_from(&cfg.args.tokenizer_spec())?;
+    if comm.rank() == 0 {
+        let ps = megatron_comm::ParallelState::new(
+            n,
+            1,
+            1,
+            1,
+            1,
+            megatron_comm::ParallelState::DEFAULT_ORDER,
+        )
+        .map_err(|e| TrainError::Args(e.to_string()))?;
+        println!("layout (MPI): {}", ps.describe());
+    }
+    let mut probe = [1.0f32];
+    comm.all_reduce(&mut probe, megatron_comm::ReduceOp::Sum)?;
+    if probe[0] != n as f32 {
+        return Err(TrainError::Rank {
+            rank: comm.rank(),
+            msg: format!(
+                "health check of group world: all-reduce gave {}, expected {n}",
+                probe[0]
+            ),
+        });
+    }
+    megatron_tensor::threads::set_gemm_threads(threads);
+    let lead = comm.rank() == 0;
+    let mut summary = run(
+        &cfg,
+        tok.as_ref(),
+        threads,
+        Some(&mut comm as &mut dyn Communicator),
+    )?;
+    if !lead {
+        // Only rank 0 reports.
+        summary.losses.clear();
+    }
+    Ok(summary)
 }
 
 /// Data-parallel training on `--nproc-per-node` rank threads: each rank owns a share of the cores,
@@ -329,7 +394,12 @@ fn pretrain_ranks(
                 })?;
             pool.install(|| {
                 megatron_tensor::threads::set_gemm_threads(per_rank);
-                run(&cfg, tok.as_ref(), per_rank, Some(comm))
+                run(
+                    &cfg,
+                    tok.as_ref(),
+                    per_rank,
+                    Some(comm as &mut dyn Communicator),
+                )
             })
         });
     let mut first_err = None;
@@ -363,7 +433,7 @@ fn run(
     cfg: &TrainConfig,
     tok: &dyn Tokenizer,
     threads: usize,
-    mut comm: Option<&mut megatron_comm::ThreadCommunicator>,
+    mut comm: Option<&mut dyn Communicator>,
 ) -> Result<TrainSummary, TrainError> {
     let a = &cfg.args;
     let (dp_rank, dp) = comm.as_ref().map_or((0, 1), |c| (c.rank(), c.size()));
