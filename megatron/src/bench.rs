@@ -371,6 +371,10 @@ fn memcpy_bandwidth(repeats: usize) -> f64 {
 /// nccl-tests' bus bandwidth of the thread backend's all-reduce: algbw x 2(n-1)/n.
 fn comm(a: &BenchArgs) -> anyhow::Result<()> {
     use megatron_comm::{run_ranks, Communicator, ReduceOp};
+    #[cfg(feature = "mpi")]
+    if megatron_comm::mpi_comm::launched_by_mpi() {
+        return comm_mpi(a);
+    }
     let mem = memcpy_bandwidth(a.repeats.max(3));
     println!("memcpy, 1 thread, 256 MiB: {mem:.1} GB/s (read + write)");
     println!(
@@ -412,6 +416,59 @@ fn comm(a: &BenchArgs) -> anyhow::Result<()> {
             let t = per_call[per_call.len() / 2];
             let algbw = bytes as f64 / t / 1e9;
             let busbw = algbw * 2.0 * (p - 1) as f64 / p as f64;
+            let size = if bytes >= 1 << 20 {
+                format!("{} MiB", bytes >> 20)
+            } else {
+                format!("{} KiB", bytes >> 10)
+            };
+            println!(
+                "{p:>6} {size:>10} {:>12.3} {algbw:>12.2} {busbw:>14.2}",
+                t * 1e3
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The same figures for the MPI backend, one rank per process (run under `mpirun`).
+#[cfg(feature = "mpi")]
+fn comm_mpi(a: &BenchArgs) -> anyhow::Result<()> {
+    use megatron_comm::{Communicator, ReduceOp};
+    let (_universe, mut c) = megatron_comm::mpi_comm::initialize_world()
+        .ok_or_else(|| anyhow::anyhow!("MPI could not be initialized"))?;
+    let (rank, p) = (c.rank(), c.size());
+    if rank == 0 {
+        println!("MPI backend, {p} ranks (processes)");
+        println!(
+            "{:>6} {:>10} {:>12} {:>12} {:>14}",
+            "ranks", "size", "time (ms)", "algbw GB/s", "busbw GB/s"
+        );
+    }
+    for &bytes in &[
+        1usize << 10,
+        1 << 16,
+        1 << 20,
+        16 << 20,
+        64 << 20,
+        256 << 20,
+    ] {
+        let n = bytes / 4;
+        let mut v = vec![rank as f32; n];
+        c.all_reduce(&mut v, ReduceOp::Sum)?;
+        let mut ts = Vec::new();
+        for _ in 0..a.repeats.max(3) {
+            c.barrier()?;
+            let t = Instant::now();
+            c.all_reduce(&mut v, ReduceOp::Sum)?;
+            let mut dt = [t.elapsed().as_secs_f64() as f32];
+            c.all_reduce(&mut dt, ReduceOp::Max)?;
+            ts.push(dt[0] as f64);
+        }
+        ts.sort_by(f64::total_cmp);
+        let t = ts[ts.len() / 2];
+        let algbw = bytes as f64 / t / 1e9;
+        let busbw = algbw * 2.0 * (p - 1) as f64 / p as f64;
+        if rank == 0 {
             let size = if bytes >= 1 << 20 {
                 format!("{} MiB", bytes >> 20)
             } else {

@@ -67,6 +67,13 @@ impl MpiCommunicator {
     }
 }
 
+/// Initializes MPI; the universe must outlive every communicator made from it.
+pub fn initialize_world() -> Option<(mpi::environment::Universe, MpiCommunicator)> {
+    let universe = mpi::initialize()?;
+    let comm = MpiCommunicator::world(&universe);
+    Some((universe, comm))
+}
+
 fn system_op(op: ReduceOp) -> SystemOperation {
     match op {
         ReduceOp::Sum | ReduceOp::Avg => SystemOperation::sum(),
