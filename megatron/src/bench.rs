@@ -36,6 +36,9 @@ pub struct BenchArgs {
     pub data_path: Option<String>,
     #[arg(long, default_value_t = 10_000_000)]
     pub num_samples: u64,
+    /// For `bench kernels`: tokens per logits tile of the fused output layer.
+    #[arg(long, default_value_t = 256)]
+    pub chunk_rows: usize,
     /// For `bench comm`: rank counts to measure.
     #[arg(long, num_args = 1.., default_values_t = vec![2usize, 4, 8])]
     pub ranks: Vec<usize>,
@@ -177,10 +180,7 @@ fn kernels(a: &BenchArgs) -> anyhow::Result<()> {
         let tg: Vec<u32> = (0..n as u32).map(|i| i % v as u32).collect();
         let dl = vec![1.0f32 / n as f32; n];
         let mut losses = vec![0.0f32; n];
-        let chunk = std::env::var("CHUNK")
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(256);
+        let chunk = a.chunk_rows;
         let cd = ClassifierDims {
             n,
             c: h,
