@@ -414,17 +414,7 @@ fn comm(a: &BenchArgs) -> anyhow::Result<()> {
                 .collect();
             per_call.sort_by(f64::total_cmp);
             let t = per_call[per_call.len() / 2];
-            let algbw = bytes as f64 / t / 1e9;
-            let busbw = algbw * 2.0 * (p - 1) as f64 / p as f64;
-            let size = if bytes >= 1 << 20 {
-                format!("{} MiB", bytes >> 20)
-            } else {
-                format!("{} KiB", bytes >> 10)
-            };
-            println!(
-                "{p:>6} {size:>10} {:>12.3} {algbw:>12.2} {busbw:>14.2}",
-                t * 1e3
-            );
+            print_bus_row(p, bytes, t);
         }
     }
     Ok(())
@@ -466,19 +456,24 @@ fn comm_mpi(a: &BenchArgs) -> anyhow::Result<()> {
         }
         ts.sort_by(f64::total_cmp);
         let t = ts[ts.len() / 2];
-        let algbw = bytes as f64 / t / 1e9;
-        let busbw = algbw * 2.0 * (p - 1) as f64 / p as f64;
         if rank == 0 {
-            let size = if bytes >= 1 << 20 {
-                format!("{} MiB", bytes >> 20)
-            } else {
-                format!("{} KiB", bytes >> 10)
-            };
-            println!(
-                "{p:>6} {size:>10} {:>12.3} {algbw:>12.2} {busbw:>14.2}",
-                t * 1e3
-            );
+            print_bus_row(p, bytes, t);
         }
     }
     Ok(())
+}
+
+/// One row of `bench comm`: nccl-tests' algorithm and bus bandwidth of an all-reduce.
+fn print_bus_row(p: usize, bytes: usize, t: f64) {
+    let algbw = bytes as f64 / t / 1e9;
+    let busbw = algbw * 2.0 * (p - 1) as f64 / p as f64;
+    let size = if bytes >= 1 << 20 {
+        format!("{} MiB", bytes >> 20)
+    } else {
+        format!("{} KiB", bytes >> 10)
+    };
+    println!(
+        "{p:>6} {size:>10} {:>12.3} {algbw:>12.2} {busbw:>14.2}",
+        t * 1e3
+    );
 }

@@ -108,7 +108,7 @@ fn main() -> ExitCode {
 }
 
 fn run_preprocess(args: &PreprocessArgs) -> anyhow::Result<()> {
-    let tok = megatron_data::build_tokenizer_from(&args.tokenizer_spec())?;
+    let tok = megatron_data::build_tokenizer_from(&args.tokenizer.spec())?;
     let s = megatron_data::preprocess::preprocess(&args.config(), tok.as_ref())?;
     println!(
         "wrote {} documents, {} tokens ({} MB in {:.1} s: {:.0} docs/s, {:.2} MB/s){}{} to {}_<key>_document.bin/.idx",

@@ -6,6 +6,35 @@ use clap::Args;
 use megatron_core::optimizer::{LrDecayStyle, WsdDecayStyle};
 use megatron_core::TransformerConfig;
 
+/// Megatron's tokenizer flags, shared by `train`, `preprocess` and `inspect-data`.
+#[derive(Args, Clone, Debug)]
+pub struct TokenizerArgs {
+    #[arg(long, default_value = "ByteLevelTokenizer")]
+    pub tokenizer_type: String,
+    /// NullTokenizer's vocabulary size.
+    #[arg(long)]
+    pub vocab_size: Option<usize>,
+    #[arg(long)]
+    pub vocab_file: Option<String>,
+    #[arg(long)]
+    pub merge_file: Option<String>,
+    /// A Hugging Face tokenizer.json.
+    #[arg(long)]
+    pub tokenizer_model: Option<String>,
+}
+
+impl TokenizerArgs {
+    pub fn spec(&self) -> megatron_data::TokenizerSpec {
+        megatron_data::TokenizerSpec {
+            tokenizer_type: self.tokenizer_type.clone(),
+            vocab_file: self.vocab_file.clone(),
+            merge_file: self.merge_file.clone(),
+            tokenizer_model: self.tokenizer_model.clone(),
+            vocab_size: self.vocab_size,
+        }
+    }
+}
+
 #[derive(Args, Clone, Debug)]
 pub struct TrainArgs {
     // Model.
@@ -87,16 +116,8 @@ pub struct TrainArgs {
     pub data_path: Vec<String>,
     #[arg(long, default_value = "969,30,1")]
     pub split: String,
-    #[arg(long, default_value = "ByteLevelTokenizer")]
-    pub tokenizer_type: String,
-    #[arg(long)]
-    pub vocab_size: Option<usize>,
-    #[arg(long)]
-    pub vocab_file: Option<String>,
-    #[arg(long)]
-    pub merge_file: Option<String>,
-    #[arg(long)]
-    pub tokenizer_model: Option<String>,
+    #[command(flatten)]
+    pub tokenizer: TokenizerArgs,
     /// One blend per split instead of --data-path + --split.
     #[arg(long, num_args = 1..)]
     pub train_data_path: Vec<String>,
@@ -176,18 +197,6 @@ pub struct GenerateArgs {
     pub seed: u64,
     #[arg(long)]
     pub greedy: bool,
-}
-
-impl TrainArgs {
-    pub fn tokenizer_spec(&self) -> megatron_data::TokenizerSpec {
-        megatron_data::TokenizerSpec {
-            tokenizer_type: self.tokenizer_type.clone(),
-            vocab_file: self.vocab_file.clone(),
-            merge_file: self.merge_file.clone(),
-            tokenizer_model: self.tokenizer_model.clone(),
-            vocab_size: self.vocab_size,
-        }
-    }
 }
 
 /// The validated configuration of a run.
@@ -368,16 +377,8 @@ pub struct PreprocessArgs {
     pub json_keys: Vec<String>,
     #[arg(long)]
     pub output_prefix: String,
-    #[arg(long)]
-    pub tokenizer_type: String,
-    #[arg(long)]
-    pub vocab_file: Option<String>,
-    #[arg(long)]
-    pub merge_file: Option<String>,
-    #[arg(long)]
-    pub tokenizer_model: Option<String>,
-    #[arg(long)]
-    pub vocab_size: Option<usize>,
+    #[command(flatten)]
+    pub tokenizer: TokenizerArgs,
     #[arg(long)]
     pub append_eod: bool,
     #[arg(long, default_value_t = 1)]
@@ -390,16 +391,6 @@ pub struct PreprocessArgs {
 }
 
 impl PreprocessArgs {
-    pub fn tokenizer_spec(&self) -> megatron_data::TokenizerSpec {
-        megatron_data::TokenizerSpec {
-            tokenizer_type: self.tokenizer_type.clone(),
-            vocab_file: self.vocab_file.clone(),
-            merge_file: self.merge_file.clone(),
-            tokenizer_model: self.tokenizer_model.clone(),
-            vocab_size: self.vocab_size,
-        }
-    }
-
     pub fn config(&self) -> megatron_data::preprocess::PreprocessConfig {
         megatron_data::preprocess::PreprocessConfig {
             input: self.input.clone(),

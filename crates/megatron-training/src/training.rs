@@ -262,7 +262,7 @@ fn evaluate(
 
 /// Trains as `megatron train` does; returns the per-iteration losses.
 pub fn pretrain(args: &TrainArgs) -> Result<TrainSummary, TrainError> {
-    let tok = build_tokenizer_from(&args.tokenizer_spec())?;
+    let tok = build_tokenizer_from(&args.tokenizer.spec())?;
     let cfg = args.validate(tok.vocab_size())?;
     let threads = args
         .num_threads
@@ -282,7 +282,7 @@ pub fn pretrain(args: &TrainArgs) -> Result<TrainSummary, TrainError> {
         });
     }
     drop(pool);
-    pretrain_ranks(cfg, args.tokenizer_spec(), threads)
+    pretrain_ranks(cfg, args.tokenizer.spec(), threads)
 }
 
 /// Under `mpirun`/`srun` (built with feature `mpi`): this process is one data-parallel rank of
@@ -307,7 +307,7 @@ fn pretrain_mpi(cfg: TrainConfig, threads: usize) -> Result<TrainSummary, TrainE
     }
     cfg.dp = n;
     cfg.num_microbatches = gbs / (mbs * n);
-    let tok = build_tokenizer_from(&cfg.args.tokenizer_spec())?;
+    let tok = build_tokenizer_from(&cfg.args.tokenizer.spec())?;
     if comm.rank() == 0 {
         let ps = megatron_comm::ParallelState::new(
             n,
@@ -620,10 +620,10 @@ fn run(
                 seed: a.seed,
                 model: cfg.model.clone(),
                 tokenizer_type: tok.name().to_string(),
-                vocab_size: a.vocab_size.unwrap_or(tok.vocab_size()),
-                vocab_file: a.vocab_file.clone(),
-                merge_file: a.merge_file.clone(),
-                tokenizer_model: a.tokenizer_model.clone(),
+                vocab_size: a.tokenizer.vocab_size.unwrap_or(tok.vocab_size()),
+                vocab_file: a.tokenizer.vocab_file.clone(),
+                merge_file: a.tokenizer.merge_file.clone(),
+                tokenizer_model: a.tokenizer.tokenizer_model.clone(),
                 tensors: Vec::new(),
                 shard_bytes: 0,
             };
@@ -661,7 +661,7 @@ fn run(
 /// Token ids of samples `start..start + count` of a split, in the order training consumes them
 /// (`megatron inspect-data`).
 pub fn inspect_data(args: &crate::arguments::InspectArgs) -> Result<Vec<Vec<u32>>, TrainError> {
-    let tok = build_tokenizer_from(&args.train.tokenizer_spec())?;
+    let tok = build_tokenizer_from(&args.train.tokenizer.spec())?;
     let cfg = args.train.validate(tok.vocab_size())?;
     let split = match args.split_name.as_str() {
         "train" => Split::Train,
