@@ -368,7 +368,30 @@ fn memcpy_bandwidth(repeats: usize) -> f64 {
     2.0 * (n * 4) as f64 / t / 1e9
 }
 
+/// Aggregate memcpy bandwidth of `threads` threads each copying its own 256 MiB / `threads`
+/// (GB/s, read + write bytes): what the memory system gives all rank threads together.
+fn memcpy_bandwidth_threads(threads: usize, repeats: usize) -> f64 {
+    let n = (64 << 20) / threads;
+    let mut bufs: Vec<(Vec<f32>, Vec<f32>)> = (0..threads)
+        .map(|_| (vec![1.0f32; n], vec![0.0f32; n]))
+        .collect();
+    let mut copy = || {
+        std::thread::scope(|s| {
+            for (src, dst) in bufs.iter_mut() {
+                s.spawn(move || dst.copy_from_slice(src));
+            }
+        })
+    };
+    copy();
+    let t = time_median(repeats, copy);
+    2.0 * (n * threads * 4) as f64 / t / 1e9
+}
+
 /// nccl-tests' bus bandwidth of the thread backend's all-reduce: algbw x 2(n-1)/n.
+///
+/// Bound printed beside it: any shared-memory all-reduce that leaves the result in each of the
+/// n ranks' own buffers reads n x S bytes and writes n x S, so at aggregate memory bandwidth B
+/// (read + write) it takes at least 2nS/B and its bus bandwidth is at most B (n-1)/n^2.
 fn comm(a: &BenchArgs) -> anyhow::Result<()> {
     use megatron_comm::{run_ranks, Communicator, ReduceOp};
     #[cfg(feature = "mpi")]
@@ -376,7 +399,18 @@ fn comm(a: &BenchArgs) -> anyhow::Result<()> {
         return comm_mpi(a);
     }
     let mem = memcpy_bandwidth(a.repeats.max(3));
-    println!("memcpy, 1 thread, 256 MiB: {mem:.1} GB/s (read + write)");
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let agg = memcpy_bandwidth_threads(cores, a.repeats.max(3));
+    println!(
+        "memcpy, 256 MiB: 1 thread {mem:.1} GB/s, {cores} threads {agg:.1} GB/s (read + write)"
+    );
+    for &p in &a.ranks {
+        let bound = agg * (p - 1) as f64 / (p * p) as f64;
+        println!(
+            "  {p} ranks: bus-bandwidth bound of a shared-memory all-reduce B(n-1)/n^2 = {bound:.2} GB/s ({:.0} % of 1-thread memcpy counted read + write)",
+            100.0 * bound / mem
+        );
+    }
     println!(
         "{:>6} {:>10} {:>12} {:>12} {:>14}",
         "ranks", "size", "time (ms)", "algbw GB/s", "busbw GB/s"

@@ -81,6 +81,16 @@ pub trait Communicator: Send {
     fn recv(&mut self, buf: &mut [f32], src: usize, tag: u64) -> Result<(), CommError>;
     fn barrier(&mut self) -> Result<(), CommError>;
     /// Ranks calling with the same `color` form a new group, ordered by `key` then rank.
-    fn split(&mut self, color: usize, key: usize) -> Result<Box<dyn Communicator>, CommError>;
+    fn split(&mut self, color: usize, key: usize) -> Result<Box<dyn Communicator>, CommError> {
+        let name = format!("{}/{color}", self.name());
+        self.split_named(color, key, &name)
+    }
+    /// `split`, naming the new group (e.g. `tp[0, 1]`) for errors and statistics.
+    fn split_named(
+        &mut self,
+        color: usize,
+        key: usize,
+        name: &str,
+    ) -> Result<Box<dyn Communicator>, CommError>;
     fn stats(&self) -> CommStats;
 }

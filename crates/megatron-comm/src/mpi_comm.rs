@@ -1,24 +1,53 @@
 //! The MPI backend (cargo feature `mpi`): one process per rank, started by `mpirun`/`srun`;
 //! the way past one machine. Groups come from communicator splits. Buffers above 2^30 elements
-//! are sent in chunks (MPI counts are 32-bit). MPI calls block: the timeout set on this
-//! communicator is not enforced here (MPI has no portable cancellation); the thread backend's
-//! timeouts are the tested ones.
+//! are sent in chunks (MPI counts are 32-bit).
+//!
+//! Timeouts: MPI has no portable way to cancel a collective, so every operation is posted
+//! non-blocking on buffers this communicator owns, then polled until it completes or the timeout
+//! passes. On a timeout the pending operation and its buffers are leaked (MPI may still write
+//! them if the missing rank arrives later; the caller's memory is never touched) and the
+//! communicator refuses further calls, like an aborted NCCL communicator. Which ranks are missing
+//! is learned from arrival notices: a rank that has waited a quarter of the timeout tells every
+//! peer, on a duplicate communicator, which collective it is in; ranks from which no notice for
+//! that collective came are the ones named.
 
 use crate::communicator::{CommError, CommStats, Communicator, ReduceOp};
-use mpi::collective::SystemOperation;
-use mpi::datatype::{Partition, PartitionMut};
+use mpi::ffi;
+use mpi::raw::AsRaw;
 use mpi::topology::Communicator as _;
 use mpi::topology::{Color, SimpleCommunicator};
-use mpi::traits::{CommunicatorCollectives, Destination, Root, Source};
-use std::time::Duration;
+use mpi::traits::Source;
+use std::ffi::c_void;
+use std::time::{Duration, Instant};
 
 const CHUNK: usize = 1 << 30;
+const NOTICE_TAG: i32 = 7;
+
+/// Memory an in-flight MPI operation reads or writes; leaked if the operation times out.
+#[derive(Default)]
+struct Staging {
+    send: Vec<f32>,
+    recv: Vec<f32>,
+    ints: Vec<i32>,
+}
 
 pub struct MpiCommunicator {
     comm: SimpleCommunicator,
+    /// Duplicate of `comm` carrying arrival notices, so they never match user messages.
+    side: SimpleCommunicator,
     name: String,
     stats: CommStats,
     timeout: Duration,
+    /// Collectives started on this communicator (all members count the same sequence).
+    seq: u64,
+    /// Per group rank: the latest collective it said it was waiting in.
+    arrived: Vec<u64>,
+    /// Notice payloads MPI may still be sending; boxed so their addresses survive the vector
+    /// growing.
+    #[allow(clippy::vec_box)]
+    notices: Vec<Box<[i64; 1]>>,
+    staging: Staging,
+    broken: Option<CommError>,
 }
 
 /// True when this process was started by `mpirun`, `mpiexec` or `srun` with several ranks.
@@ -43,19 +72,72 @@ pub fn launched_by_mpi() -> bool {
 // from MPI_THREAD_SERIALIZED up (the launcher makes them from the thread that initialized MPI).
 unsafe impl Send for MpiCommunicator {}
 
+/// Initializes MPI; the universe must outlive every communicator made from it.
+pub fn initialize_world() -> Option<(mpi::environment::Universe, MpiCommunicator)> {
+    let universe = mpi::initialize()?;
+    let comm = MpiCommunicator::world(&universe);
+    Some((universe, comm))
+}
+
+fn system_op(op: ReduceOp) -> ffi::MPI_Op {
+    // SAFETY: reading MPI's predefined handles after initialization.
+    unsafe {
+        match op {
+            ReduceOp::Sum | ReduceOp::Avg => ffi::RSMPI_SUM,
+            ReduceOp::Max => ffi::RSMPI_MAX,
+            ReduceOp::Min => ffi::RSMPI_MIN,
+        }
+    }
+}
+
+fn float() -> ffi::MPI_Datatype {
+    // SAFETY: a predefined handle.
+    unsafe { ffi::RSMPI_FLOAT }
+}
+
+fn count(n: usize) -> i32 {
+    i32::try_from(n).expect("chunked below 2^31 elements")
+}
+
+fn displacements(c: &[usize]) -> Vec<i32> {
+    c.iter()
+        .scan(0usize, |acc, &x| {
+            let d = *acc;
+            *acc += x;
+            Some(count(d))
+        })
+        .collect()
+}
+
 impl MpiCommunicator {
     pub fn world(universe: &mpi::environment::Universe) -> Self {
+        Self::wrap(universe.world(), "world".into(), Duration::from_secs(300))
+    }
+
+    fn wrap(comm: SimpleCommunicator, name: String, timeout: Duration) -> Self {
+        let side = comm.duplicate();
+        let n = comm.size() as usize;
         MpiCommunicator {
-            comm: universe.world(),
-            name: "world".into(),
+            comm,
+            side,
+            name,
             stats: CommStats::default(),
-            timeout: Duration::from_secs(300),
+            timeout,
+            seq: 0,
+            arrived: vec![0; n],
+            notices: Vec::new(),
+            staging: Staging::default(),
+            broken: None,
         }
     }
 
-    fn count(&mut self, op: &'static str, bytes: usize) {
+    fn count(&mut self, op: &'static str, bytes: usize) -> Result<(), CommError> {
+        if let Some(e) = &self.broken {
+            return Err(e.clone());
+        }
         *self.stats.calls.entry(op).or_default() += 1;
         *self.stats.bytes.entry(op).or_default() += bytes as u64;
+        Ok(())
     }
 
     fn usage(&self, op: &'static str, msg: String) -> CommError {
@@ -65,20 +147,112 @@ impl MpiCommunicator {
             msg,
         }
     }
-}
 
-/// Initializes MPI; the universe must outlive every communicator made from it.
-pub fn initialize_world() -> Option<(mpi::environment::Universe, MpiCommunicator)> {
-    let universe = mpi::initialize()?;
-    let comm = MpiCommunicator::world(&universe);
-    Some((universe, comm))
-}
+    fn raw(&self) -> ffi::MPI_Comm {
+        self.comm.as_raw()
+    }
 
-fn system_op(op: ReduceOp) -> SystemOperation {
-    match op {
-        ReduceOp::Sum | ReduceOp::Avg => SystemOperation::sum(),
-        ReduceOp::Max => SystemOperation::max(),
-        ReduceOp::Min => SystemOperation::min(),
+    /// Records arrival notices that peers sent (possibly for earlier collectives).
+    fn drain_notices(&mut self) {
+        while let Some(status) = self.side.any_process().immediate_probe_with_tag(NOTICE_TAG) {
+            let src = status.source_rank();
+            let mut seq = [0i64; 1];
+            self.side
+                .process_at_rank(src)
+                .receive_into_with_tag(&mut seq[..], NOTICE_TAG);
+            let a = &mut self.arrived[src as usize];
+            *a = (*a).max(seq[0] as u64);
+        }
+    }
+
+    /// Tells every peer that this rank is waiting in collective `seq`.
+    fn announce(&mut self, seq: u64) {
+        let me = self.rank();
+        for peer in 0..self.size() {
+            if peer == me {
+                continue;
+            }
+            let payload = Box::new([seq as i64]);
+            let mut req: ffi::MPI_Request = unsafe { ffi::RSMPI_REQUEST_NULL };
+            // SAFETY: the payload box is kept in `self.notices` for the communicator's lifetime,
+            // so it outlives the send; the request is released to complete on its own.
+            unsafe {
+                ffi::MPI_Isend(
+                    payload.as_ptr() as *const c_void,
+                    1,
+                    ffi::RSMPI_INT64_T,
+                    peer as i32,
+                    NOTICE_TAG,
+                    self.side.as_raw(),
+                    &mut req,
+                );
+                ffi::MPI_Request_free(&mut req);
+            }
+            self.notices.push(payload);
+        }
+    }
+
+    /// Polls `req` until it completes or the timeout passes. `peer` names the other side of a
+    /// point-to-point operation; collectives learn who is missing from arrival notices.
+    fn wait(
+        &mut self,
+        op: &'static str,
+        mut req: ffi::MPI_Request,
+        peer: Option<usize>,
+    ) -> Result<(), CommError> {
+        let start = Instant::now();
+        let notice_after = self.timeout / 4;
+        let mut announced = false;
+        self.drain_notices();
+        loop {
+            let mut flag = 0;
+            // SAFETY: `req` is a live request returned by MPI for buffers in `self.staging`.
+            unsafe {
+                ffi::MPI_Test(&mut req, &mut flag, ffi::RSMPI_STATUS_IGNORE);
+            }
+            if flag != 0 {
+                return Ok(());
+            }
+            let waited = start.elapsed();
+            if peer.is_none() && !announced && waited >= notice_after {
+                self.announce(self.seq);
+                announced = true;
+            }
+            if announced {
+                self.drain_notices();
+            }
+            if waited >= self.timeout {
+                // MPI may still complete the operation: its memory must stay valid forever.
+                std::mem::forget(std::mem::take(&mut self.staging));
+                let me = self.rank();
+                let missing = match peer {
+                    Some(p) => vec![p],
+                    None => (0..self.size())
+                        .filter(|&r| r != me && self.arrived[r] < self.seq)
+                        .collect(),
+                };
+                let e = CommError::Timeout {
+                    group: self.name.clone(),
+                    op,
+                    seq: self.seq,
+                    timeout: self.timeout,
+                    missing,
+                };
+                self.broken = Some(e.clone());
+                return Err(e);
+            }
+            std::thread::yield_now();
+        }
+    }
+
+    /// Starts a collective: the next sequence number, and a staging area of the given sizes.
+    fn begin(&mut self, send: usize, recv: usize) {
+        self.seq += 1;
+        let s = &mut self.staging;
+        s.send.clear();
+        s.send.resize(send, 0.0);
+        s.recv.clear();
+        s.recv.resize(recv, 0.0);
     }
 }
 
@@ -97,10 +271,25 @@ impl Communicator for MpiCommunicator {
     }
 
     fn all_reduce(&mut self, buf: &mut [f32], op: ReduceOp) -> Result<(), CommError> {
-        self.count("all_reduce", buf.len() * 4);
+        self.count("all_reduce", buf.len() * 4)?;
         for chunk in buf.chunks_mut(CHUNK) {
-            let send = chunk.to_vec();
-            self.comm.all_reduce_into(&send[..], chunk, system_op(op));
+            self.begin(chunk.len(), chunk.len());
+            self.staging.send.copy_from_slice(chunk);
+            let mut req = unsafe { ffi::RSMPI_REQUEST_NULL };
+            // SAFETY: staging buffers live until completion (or forever after a timeout).
+            unsafe {
+                ffi::MPI_Iallreduce(
+                    self.staging.send.as_ptr() as *const c_void,
+                    self.staging.recv.as_mut_ptr() as *mut c_void,
+                    count(chunk.len()),
+                    float(),
+                    system_op(op),
+                    self.raw(),
+                    &mut req,
+                );
+            }
+            self.wait("all_reduce", req, None)?;
+            chunk.copy_from_slice(&self.staging.recv);
         }
         if op == ReduceOp::Avg {
             let s = 1.0 / self.size() as f32;
@@ -120,14 +309,31 @@ impl Communicator for MpiCommunicator {
                 ),
             ));
         }
-        if input.len() > CHUNK {
+        if out.len() > CHUNK {
             return Err(self.usage(
                 "all_gather",
-                "inputs above 2^30 elements are not supported".into(),
+                "outputs above 2^30 elements are not supported".into(),
             ));
         }
-        self.count("all_gather", out.len() * 4);
-        self.comm.all_gather_into(input, out);
+        self.count("all_gather", out.len() * 4)?;
+        self.begin(input.len(), out.len());
+        self.staging.send.copy_from_slice(input);
+        let mut req = unsafe { ffi::RSMPI_REQUEST_NULL };
+        // SAFETY: as in `all_reduce`.
+        unsafe {
+            ffi::MPI_Iallgather(
+                self.staging.send.as_ptr() as *const c_void,
+                count(input.len()),
+                float(),
+                self.staging.recv.as_mut_ptr() as *mut c_void,
+                count(input.len()),
+                float(),
+                self.raw(),
+                &mut req,
+            );
+        }
+        self.wait("all_gather", req, None)?;
+        out.copy_from_slice(&self.staging.recv);
         Ok(())
     }
 
@@ -147,9 +353,30 @@ impl Communicator for MpiCommunicator {
                 ),
             ));
         }
-        self.count("reduce_scatter", input.len() * 4);
-        self.comm
-            .reduce_scatter_block_into(input, out, system_op(op));
+        if input.len() > CHUNK {
+            return Err(self.usage(
+                "reduce_scatter",
+                "inputs above 2^30 elements are not supported".into(),
+            ));
+        }
+        self.count("reduce_scatter", input.len() * 4)?;
+        self.begin(input.len(), out.len());
+        self.staging.send.copy_from_slice(input);
+        let mut req = unsafe { ffi::RSMPI_REQUEST_NULL };
+        // SAFETY: as in `all_reduce`.
+        unsafe {
+            ffi::MPI_Ireduce_scatter_block(
+                self.staging.send.as_ptr() as *const c_void,
+                self.staging.recv.as_mut_ptr() as *mut c_void,
+                count(out.len()),
+                float(),
+                system_op(op),
+                self.raw(),
+                &mut req,
+            );
+        }
+        self.wait("reduce_scatter", req, None)?;
+        out.copy_from_slice(&self.staging.recv);
         if op == ReduceOp::Avg {
             let s = 1.0 / self.size() as f32;
             out.iter_mut().for_each(|v| *v *= s);
@@ -164,9 +391,24 @@ impl Communicator for MpiCommunicator {
                 format!("root {root} outside the group of {}", self.size()),
             ));
         }
-        self.count("broadcast", buf.len() * 4);
+        self.count("broadcast", buf.len() * 4)?;
         for chunk in buf.chunks_mut(CHUNK) {
-            self.comm.process_at_rank(root as i32).broadcast_into(chunk);
+            self.begin(0, chunk.len());
+            self.staging.recv.copy_from_slice(chunk);
+            let mut req = unsafe { ffi::RSMPI_REQUEST_NULL };
+            // SAFETY: as in `all_reduce`.
+            unsafe {
+                ffi::MPI_Ibcast(
+                    self.staging.recv.as_mut_ptr() as *mut c_void,
+                    count(chunk.len()),
+                    float(),
+                    root as i32,
+                    self.raw(),
+                    &mut req,
+                );
+            }
+            self.wait("broadcast", req, None)?;
+            chunk.copy_from_slice(&self.staging.recv);
         }
         Ok(())
     }
@@ -178,8 +420,32 @@ impl Communicator for MpiCommunicator {
                 "input must split into equal parts; output of the same size".into(),
             ));
         }
-        self.count("all_to_all", input.len() * 4);
-        self.comm.all_to_all_into(input, out);
+        if input.len() > CHUNK {
+            return Err(self.usage(
+                "all_to_all",
+                "inputs above 2^30 elements are not supported".into(),
+            ));
+        }
+        self.count("all_to_all", input.len() * 4)?;
+        self.begin(input.len(), out.len());
+        self.staging.send.copy_from_slice(input);
+        let part = count(input.len() / self.size());
+        let mut req = unsafe { ffi::RSMPI_REQUEST_NULL };
+        // SAFETY: as in `all_reduce`.
+        unsafe {
+            ffi::MPI_Ialltoall(
+                self.staging.send.as_ptr() as *const c_void,
+                part,
+                float(),
+                self.staging.recv.as_mut_ptr() as *mut c_void,
+                part,
+                float(),
+                self.raw(),
+                &mut req,
+            );
+        }
+        self.wait("all_to_all", req, None)?;
+        out.copy_from_slice(&self.staging.recv);
         Ok(())
     }
 
@@ -198,61 +464,121 @@ impl Communicator for MpiCommunicator {
         {
             return Err(self.usage("all_to_all_v", "counts must match the buffers".into()));
         }
-        self.count("all_to_all_v", input.len() * 4);
-        let displs = |c: &[usize]| -> Vec<i32> {
-            c.iter()
-                .scan(0i32, |acc, &x| {
-                    let d = *acc;
-                    *acc += x as i32;
-                    Some(d)
-                })
-                .collect()
-        };
-        let (sc, rc): (Vec<i32>, Vec<i32>) = (
-            send_counts.iter().map(|&c| c as i32).collect(),
-            recv_counts.iter().map(|&c| c as i32).collect(),
-        );
-        let (sd, rd) = (displs(send_counts), displs(recv_counts));
-        let send = Partition::new(input, &sc[..], &sd[..]);
-        let mut recv = PartitionMut::new(out, &rc[..], &rd[..]);
-        self.comm.all_to_all_varcount_into(&send, &mut recv);
+        if input.len() > CHUNK || out.len() > CHUNK {
+            return Err(self.usage(
+                "all_to_all_v",
+                "buffers above 2^30 elements are not supported".into(),
+            ));
+        }
+        self.count("all_to_all_v", input.len() * 4)?;
+        self.begin(input.len(), out.len());
+        self.staging.send.copy_from_slice(input);
+        // Counts and displacements must also stay valid while the operation runs.
+        let ints = &mut self.staging.ints;
+        ints.clear();
+        ints.extend(send_counts.iter().map(|&c| count(c)));
+        ints.extend(displacements(send_counts));
+        ints.extend(recv_counts.iter().map(|&c| count(c)));
+        ints.extend(displacements(recv_counts));
+        let mut req = unsafe { ffi::RSMPI_REQUEST_NULL };
+        // SAFETY: as in `all_reduce`; `ints` holds 4 arrays of `p` entries.
+        unsafe {
+            let ip = self.staging.ints.as_ptr();
+            ffi::MPI_Ialltoallv(
+                self.staging.send.as_ptr() as *const c_void,
+                ip,
+                ip.add(p),
+                float(),
+                self.staging.recv.as_mut_ptr() as *mut c_void,
+                ip.add(2 * p),
+                ip.add(3 * p),
+                float(),
+                self.raw(),
+                &mut req,
+            );
+        }
+        self.wait("all_to_all_v", req, None)?;
+        out.copy_from_slice(&self.staging.recv);
         Ok(())
     }
 
     fn send(&mut self, buf: &[f32], dst: usize, tag: u64) -> Result<(), CommError> {
-        self.count("send", buf.len() * 4);
-        self.comm
-            .process_at_rank(dst as i32)
-            .send_with_tag(buf, tag as i32);
+        self.count("send", buf.len() * 4)?;
+        for chunk in buf.chunks(CHUNK) {
+            self.staging.send.clear();
+            self.staging.send.extend_from_slice(chunk);
+            let mut req = unsafe { ffi::RSMPI_REQUEST_NULL };
+            // SAFETY: as in `all_reduce`.
+            unsafe {
+                ffi::MPI_Isend(
+                    self.staging.send.as_ptr() as *const c_void,
+                    count(chunk.len()),
+                    float(),
+                    dst as i32,
+                    tag as i32,
+                    self.raw(),
+                    &mut req,
+                );
+            }
+            self.wait("send", req, Some(dst))?;
+        }
         Ok(())
     }
 
     fn recv(&mut self, buf: &mut [f32], src: usize, tag: u64) -> Result<(), CommError> {
-        self.count("recv", buf.len() * 4);
-        self.comm
-            .process_at_rank(src as i32)
-            .receive_into_with_tag(buf, tag as i32);
+        self.count("recv", buf.len() * 4)?;
+        for chunk in buf.chunks_mut(CHUNK) {
+            self.staging.recv.clear();
+            self.staging.recv.resize(chunk.len(), 0.0);
+            let mut req = unsafe { ffi::RSMPI_REQUEST_NULL };
+            // SAFETY: as in `all_reduce`.
+            unsafe {
+                ffi::MPI_Irecv(
+                    self.staging.recv.as_mut_ptr() as *mut c_void,
+                    count(chunk.len()),
+                    float(),
+                    src as i32,
+                    tag as i32,
+                    self.raw(),
+                    &mut req,
+                );
+            }
+            self.wait("recv", req, Some(src))?;
+            chunk.copy_from_slice(&self.staging.recv);
+        }
         Ok(())
     }
 
     fn barrier(&mut self) -> Result<(), CommError> {
-        self.count("barrier", 0);
-        self.comm.barrier();
-        Ok(())
+        self.count("barrier", 0)?;
+        self.begin(0, 0);
+        let mut req = unsafe { ffi::RSMPI_REQUEST_NULL };
+        // SAFETY: no buffers.
+        unsafe {
+            ffi::MPI_Ibarrier(self.raw(), &mut req);
+        }
+        self.wait("barrier", req, None)
     }
 
-    fn split(&mut self, color: usize, key: usize) -> Result<Box<dyn Communicator>, CommError> {
-        self.count("split", 0);
+    fn split_named(
+        &mut self,
+        color: usize,
+        key: usize,
+        name: &str,
+    ) -> Result<Box<dyn Communicator>, CommError> {
+        // MPI_Comm_split blocks without a timeout: a barrier under the timeout first reports
+        // a missing rank instead of hanging in it.
+        self.barrier()?;
+        self.count("split", 0)?;
         let sub = self
             .comm
             .split_by_color_with_key(Color::with_value(color as i32), key as i32)
             .ok_or_else(|| self.usage("split", "MPI returned no communicator".into()))?;
-        Ok(Box::new(MpiCommunicator {
-            comm: sub,
-            name: format!("{}/{color}", self.name),
-            stats: CommStats::default(),
-            timeout: self.timeout,
-        }))
+        Ok(Box::new(MpiCommunicator::wrap(
+            sub,
+            name.to_string(),
+            self.timeout,
+        )))
     }
 
     fn stats(&self) -> CommStats {

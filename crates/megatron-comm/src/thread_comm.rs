@@ -21,6 +21,9 @@ struct Slots {
     arrived: Vec<u64>,
     bufs: Vec<Option<(Ptr, Ptr)>>,
     panicked: Option<usize>,
+    /// Set by the first timeout: the group is unusable, as an aborted NCCL communicator is;
+    /// later calls fail with this error instead of reading buffers of ranks that gave up.
+    broken: Option<CommError>,
     /// Per rank: the send counts of the current `all_to_all_v`.
     counts: Vec<Vec<usize>>,
     /// Point-to-point mailboxes keyed by (src, dst, tag).
@@ -33,6 +36,9 @@ struct Slots {
 struct Shared {
     name: String,
     size: usize,
+    /// The group this one was split from: a rank that panics is marked in the groups its
+    /// guard knows (the world), and members of sub-groups must notice it too.
+    parent: Option<Arc<Shared>>,
     state: Mutex<Slots>,
     cv: Condvar,
 }
@@ -64,7 +70,7 @@ impl Drop for PanicGuard {
 impl ThreadCommunicator {
     /// A world of `n` communicators, one per rank thread.
     pub fn world(n: usize) -> Vec<ThreadCommunicator> {
-        let shared = Arc::new(Shared::new("world".into(), n));
+        let shared = Arc::new(Shared::new("world".into(), n, None));
         (0..n)
             .map(|rank| ThreadCommunicator {
                 shared: shared.clone(),
@@ -86,28 +92,40 @@ impl ThreadCommunicator {
         *self.stats.bytes.entry(op).or_default() += bytes as u64;
     }
 
-    /// Waits until every rank reached `target` (or a peer panicked, or the timeout passed).
+    /// Waits until every rank reached `target` (or a peer panicked, or, if `timed`, the timeout
+    /// passed: the group is then marked broken under the same lock, so a rank arriving later
+    /// cannot read this rank's buffers).
     fn wait_all(
         &self,
         op: &'static str,
         target: u64,
+        timed: bool,
     ) -> Result<std::sync::MutexGuard<'_, Slots>, CommError> {
         let deadline = Instant::now() + self.timeout;
         let mut st = self.shared.state.lock().expect("comm state");
         loop {
-            if let Some(rank) = st.panicked {
+            if let Some(e) = &st.broken {
+                return Err(e.clone());
+            }
+            // Completion first: a peer that finished this call and panicked later must not
+            // fail it.
+            if st.arrived.iter().all(|&a| a >= target) {
+                return Ok(st);
+            }
+            if let Some((group, rank)) = st
+                .panicked
+                .map(|r| (self.shared.name.clone(), r))
+                .or_else(|| self.shared.ancestor_panicked())
+            {
                 return Err(CommError::PeerPanicked {
-                    group: self.shared.name.clone(),
+                    group,
                     op,
                     seq: self.seq,
                     rank,
                 });
             }
-            if st.arrived.iter().all(|&a| a >= target) {
-                return Ok(st);
-            }
             let now = Instant::now();
-            if now >= deadline {
+            if timed && now >= deadline {
                 let missing = st
                     .arrived
                     .iter()
@@ -115,19 +133,24 @@ impl ThreadCommunicator {
                     .filter(|(_, &a)| a < target)
                     .map(|(r, _)| r)
                     .collect();
-                return Err(CommError::Timeout {
+                let e = CommError::Timeout {
                     group: self.shared.name.clone(),
                     op,
                     seq: self.seq,
                     timeout: self.timeout,
                     missing,
-                });
+                };
+                st.broken = Some(e.clone());
+                st.bufs[self.rank] = None;
+                self.shared.cv.notify_all();
+                return Err(e);
             }
-            let (g, _) = self
-                .shared
-                .cv
-                .wait_timeout(st, (deadline - now).min(Duration::from_millis(50)))
-                .expect("comm state");
+            let wait = if timed {
+                (deadline - now).min(Duration::from_millis(50))
+            } else {
+                Duration::from_millis(50)
+            };
+            let (g, _) = self.shared.cv.wait_timeout(st, wait).expect("comm state");
             st = g;
         }
     }
@@ -147,7 +170,7 @@ impl ThreadCommunicator {
             st.arrived[self.rank] = target;
         }
         self.shared.cv.notify_all();
-        let st = self.wait_all(op, target)?;
+        let st = self.wait_all(op, target, true)?;
         Ok(st.bufs.iter().map(|b| b.expect("published")).collect())
     }
 
@@ -159,7 +182,9 @@ impl ThreadCommunicator {
             st.arrived[self.rank] = target;
         }
         self.shared.cv.notify_all();
-        self.wait_all(op, target).map(|_| ())
+        // Every peer is past the opening rendezvous and only moving data: no timeout here, so
+        // no rank returns while another may still read its buffers.
+        self.wait_all(op, target, false).map(|_| ())
     }
 
     fn usage(&self, op: &'static str, msg: String) -> CommError {
@@ -178,10 +203,11 @@ impl ThreadCommunicator {
 }
 
 impl Shared {
-    fn new(name: String, size: usize) -> Self {
+    fn new(name: String, size: usize, parent: Option<Arc<Shared>>) -> Self {
         Shared {
             name,
             size,
+            parent,
             state: Mutex::new(Slots {
                 arrived: vec![0; size],
                 bufs: vec![None; size],
@@ -190,6 +216,18 @@ impl Shared {
             }),
             cv: Condvar::new(),
         }
+    }
+
+    /// A panicked rank of an enclosing group: (that group's name, its rank there).
+    fn ancestor_panicked(&self) -> Option<(String, usize)> {
+        let mut g = self.parent.as_ref();
+        while let Some(s) = g {
+            if let Some(r) = s.state.lock().ok().and_then(|st| st.panicked) {
+                return Some((s.name.clone(), r));
+            }
+            g = s.parent.as_ref();
+        }
+        None
     }
 }
 
@@ -459,9 +497,13 @@ impl Communicator for ThreadCommunicator {
                 buf.copy_from_slice(&msg);
                 return Ok(());
             }
-            if let Some(rank) = st.panicked {
+            if let Some((group, rank)) = st
+                .panicked
+                .map(|r| (self.shared.name.clone(), r))
+                .or_else(|| self.shared.ancestor_panicked())
+            {
                 return Err(CommError::PeerPanicked {
-                    group: self.shared.name.clone(),
+                    group,
                     op: "recv",
                     seq: self.seq,
                     rank,
@@ -494,6 +536,16 @@ impl Communicator for ThreadCommunicator {
     }
 
     fn split(&mut self, color: usize, key: usize) -> Result<Box<dyn Communicator>, CommError> {
+        let name = format!("{}/{color}", self.shared.name);
+        self.split_named(color, key, &name)
+    }
+
+    fn split_named(
+        &mut self,
+        color: usize,
+        key: usize,
+        name: &str,
+    ) -> Result<Box<dyn Communicator>, CommError> {
         self.count("split", 0);
         let seq = self.seq + 1;
         {
@@ -514,11 +566,17 @@ impl Communicator for ThreadCommunicator {
                 .collect();
             members.sort();
             let ranks: Vec<usize> = members.iter().map(|m| m.1).collect();
-            let name = format!("{}/{}{:?}", self.shared.name, color, ranks);
+            let name = if name.contains('[') {
+                name.to_string()
+            } else {
+                format!("{name}{ranks:?}")
+            };
             let child = st
                 .children
                 .entry((seq, color))
-                .or_insert_with(|| Arc::new(Shared::new(name, ranks.len())))
+                .or_insert_with(|| {
+                    Arc::new(Shared::new(name, ranks.len(), Some(self.shared.clone())))
+                })
                 .clone();
             (ranks, child)
         };

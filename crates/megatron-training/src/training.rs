@@ -308,42 +308,47 @@ fn pretrain_mpi(cfg: TrainConfig, threads: usize) -> Result<TrainSummary, TrainE
     cfg.dp = n;
     cfg.num_microbatches = gbs / (mbs * n);
     let tok = build_tokenizer_from(&cfg.args.tokenizer.spec())?;
-    if comm.rank() == 0 {
-        let ps = megatron_comm::ParallelState::new(
-            n,
-            1,
-            1,
-            1,
-            1,
-            megatron_comm::ParallelState::DEFAULT_ORDER,
-        )
-        .map_err(|e| TrainError::Args(e.to_string()))?;
-        println!("layout (MPI): {}", ps.describe());
-    }
-    let mut probe = [1.0f32];
-    comm.all_reduce(&mut probe, megatron_comm::ReduceOp::Sum)?;
-    if probe[0] != n as f32 {
-        return Err(TrainError::Rank {
-            rank: comm.rank(),
-            msg: format!(
-                "health check of group world: all-reduce gave {}, expected {n}",
-                probe[0]
-            ),
-        });
-    }
+    let mut groups = process_groups(&mut comm, n, "MPI")?;
     megatron_tensor::threads::set_gemm_threads(threads);
     let lead = comm.rank() == 0;
-    let mut summary = run(
-        &cfg,
-        tok.as_ref(),
-        threads,
-        Some(&mut comm as &mut dyn Communicator),
-    )?;
+    let mut summary = run(&cfg, tok.as_ref(), threads, Some(groups.dp.comm.as_mut()))?;
     if !lead {
         // Only rank 0 reports.
         summary.losses.clear();
     }
     Ok(summary)
+}
+
+/// Splits the world into Megatron's groups, prints the layout on rank 0 and health-checks every
+/// group (small all-reduce with a known answer, 10 s timeout) before any work.
+fn process_groups(
+    world: &mut dyn Communicator,
+    n: usize,
+    backend: &str,
+) -> Result<megatron_comm::ProcessGroups, TrainError> {
+    let ps = megatron_comm::ParallelState::new(
+        n,
+        1,
+        1,
+        1,
+        1,
+        megatron_comm::ParallelState::DEFAULT_ORDER,
+    )
+    .map_err(|e| TrainError::Args(e.to_string()))?;
+    if world.rank() == 0 {
+        println!("layout ({backend}): {}", ps.describe());
+    }
+    let mut groups = megatron_comm::ProcessGroups::new(world, ps)?;
+    groups
+        .health_check(
+            std::time::Duration::from_secs(10),
+            megatron_comm::thread_comm::DEFAULT_TIMEOUT,
+        )
+        .map_err(|msg| TrainError::Rank {
+            rank: world.rank(),
+            msg,
+        })?;
+    Ok(groups)
 }
 
 /// Data-parallel training on `--nproc-per-node` rank threads: each rank owns a share of the cores,
@@ -359,32 +364,7 @@ fn pretrain_ranks(
     let results =
         megatron_comm::run_ranks(n, move |rank, comm| -> Result<TrainSummary, TrainError> {
             let tok = build_tokenizer_from(&spec)?;
-            let ps = megatron_comm::ParallelState::new(
-                n,
-                1,
-                1,
-                1,
-                1,
-                megatron_comm::ParallelState::DEFAULT_ORDER,
-            )
-            .map_err(|e| TrainError::Args(e.to_string()))?;
-            if rank == 0 {
-                println!("layout: {}", ps.describe());
-            }
-            // Health check: a small all-reduce with a known answer and a short timeout, before work.
-            comm.set_timeout(std::time::Duration::from_secs(10));
-            let mut probe = [1.0f32];
-            comm.all_reduce(&mut probe, megatron_comm::ReduceOp::Sum)?;
-            if probe[0] != n as f32 {
-                return Err(TrainError::Rank {
-                    rank,
-                    msg: format!(
-                        "health check of group world: all-reduce gave {}, expected {n}",
-                        probe[0]
-                    ),
-                });
-            }
-            comm.set_timeout(megatron_comm::thread_comm::DEFAULT_TIMEOUT);
+            let mut groups = process_groups(comm, n, "threads")?;
             let pool = rayon::ThreadPoolBuilder::new()
                 .num_threads(per_rank)
                 .build()
@@ -394,12 +374,7 @@ fn pretrain_ranks(
                 })?;
             pool.install(|| {
                 megatron_tensor::threads::set_gemm_threads(per_rank);
-                run(
-                    &cfg,
-                    tok.as_ref(),
-                    per_rank,
-                    Some(comm as &mut dyn Communicator),
-                )
+                run(&cfg, tok.as_ref(), per_rank, Some(groups.dp.comm.as_mut()))
             })
         });
     let mut first_err = None;
