@@ -146,6 +146,7 @@ fn kernels(a: &BenchArgs) -> anyhow::Result<()> {
             head_dim: h / a.heads,
             causal: true,
             dropout: 0.0,
+            rng_heads: (0, 0),
         };
         report(
             "attention_forward",

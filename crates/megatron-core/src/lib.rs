@@ -5,6 +5,7 @@ pub mod inference;
 pub mod models;
 pub mod optimizer;
 pub mod params;
+pub mod tensor_parallel;
 pub mod transformer;
 
 pub use models::gpt::{Batch, GPTModel};

@@ -16,13 +16,43 @@ pub struct ParamMeta {
     pub name: String,
     /// Global (unsharded) shape.
     pub shape: Vec<usize>,
+    /// This rank's shard: `shape` with `tp_split_dim` divided by the TP size.
+    pub local_shape: Vec<usize>,
     pub offset: usize,
+    /// Elements of the local shard.
     pub numel: usize,
     pub weight_decay: bool,
-    /// Dimension split across tensor-parallel ranks, if any (none until tensor parallelism).
+    /// Dimension split across tensor-parallel ranks, if any.
     pub tp_split_dim: Option<usize>,
-    /// Same on every tensor-parallel rank (counted once in the gradient norm).
+    /// Same values on every tensor-parallel rank (counted once in the gradient norm).
     pub tp_replicated: bool,
+    /// Under sequence parallelism each TP rank sees only its tokens, so the gradient of this
+    /// replicated parameter is partial and must be all-reduced over TP (LayerNorms, row-parallel
+    /// biases, position embeddings).
+    pub sequence_parallel_grad: bool,
+    /// Index of this shard along `tp_split_dim` and the number of shards.
+    pub tp_rank: usize,
+    pub tp_size: usize,
+}
+
+impl ParamMeta {
+    /// Global flat index of local element `i` (row-major in both shapes).
+    pub fn global_index(&self, i: usize) -> usize {
+        self.global_index_on(i, self.tp_rank)
+    }
+
+    /// Global flat index of element `i` of TP rank `rank`'s shard.
+    pub fn global_index_on(&self, i: usize, rank: usize) -> usize {
+        let Some(d) = self.tp_split_dim else {
+            return i;
+        };
+        // Split dim `d`: the local tensor is [outer, local_d, inner]; global [outer, d, inner].
+        let inner: usize = self.shape[d + 1..].iter().product();
+        let ld = self.local_shape[d];
+        let gd = self.shape[d];
+        let (o, rest) = (i / (ld * inner), i % (ld * inner));
+        (o * gd + rank * ld) * inner + rest
+    }
 }
 
 /// How a parameter starts out.
@@ -32,30 +62,79 @@ pub enum Init {
     Const(f32),
 }
 
+/// How a parameter is laid out over the tensor-parallel group.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sharding {
+    /// Same on every TP rank; the gradient is complete on each.
+    Replicated,
+    /// Same on every TP rank; under sequence parallelism its gradient is partial per rank.
+    ReplicatedSequenceParallel,
+    /// Split along this dimension.
+    Split(usize),
+}
+
 #[derive(Clone, Debug, Default)]
 pub struct Params {
     pub data: Vec<f32>,
     pub metas: Vec<ParamMeta>,
+    /// (TP rank, TP size) the parameters are registered for; (0, 1) by default.
+    pub tp: (usize, usize),
 }
 
 impl Params {
-    /// Registers a parameter; values are drawn when [`Params::initialize`] runs.
+    /// Parameters of one tensor-parallel rank.
+    pub fn for_tp_rank(tp_rank: usize, tp_size: usize) -> Self {
+        Params {
+            tp: (tp_rank, tp_size.max(1)),
+            ..Default::default()
+        }
+    }
+
+    /// Registers a replicated parameter; values are drawn when [`Params::initialize`] runs.
     pub fn register(&mut self, name: String, shape: &[usize], weight_decay: bool) -> ParamId {
-        let numel = shape.iter().product();
+        self.register_sharded(name, shape, weight_decay, Sharding::Replicated)
+    }
+
+    pub fn register_sharded(
+        &mut self,
+        name: String,
+        shape: &[usize],
+        weight_decay: bool,
+        sharding: Sharding,
+    ) -> ParamId {
+        let (tp_rank, tp_size) = if self.tp.1 == 0 { (0, 1) } else { self.tp };
+        let mut local_shape = shape.to_vec();
+        let split = match sharding {
+            Sharding::Split(d) => {
+                assert!(
+                    shape[d].is_multiple_of(tp_size),
+                    "{name}: dimension {d} ({}) is not divisible by the TP size {tp_size}",
+                    shape[d]
+                );
+                local_shape[d] /= tp_size;
+                Some(d)
+            }
+            _ => None,
+        };
+        let numel = local_shape.iter().product();
         let offset = self.metas.last().map_or(0, |m| m.offset + m.numel);
         self.metas.push(ParamMeta {
             name,
             shape: shape.to_vec(),
+            local_shape,
             offset,
             numel,
             weight_decay,
-            tp_split_dim: None,
-            tp_replicated: true,
+            tp_split_dim: split,
+            tp_replicated: split.is_none(),
+            sequence_parallel_grad: sharding == Sharding::ReplicatedSequenceParallel,
+            tp_rank,
+            tp_size,
         });
         ParamId(self.metas.len() - 1)
     }
 
-    /// Registers a parameter and records how it starts out.
+    /// Registers a replicated parameter and records how it starts out.
     pub fn add(
         &mut self,
         inits: &mut Vec<Init>,
@@ -64,16 +143,31 @@ impl Params {
         weight_decay: bool,
         init: Init,
     ) -> ParamId {
+        self.add_sharded(inits, name, shape, weight_decay, init, Sharding::Replicated)
+    }
+
+    /// Registers a parameter with its sharding and records how it starts out.
+    pub fn add_sharded(
+        &mut self,
+        inits: &mut Vec<Init>,
+        name: String,
+        shape: &[usize],
+        weight_decay: bool,
+        init: Init,
+        sharding: Sharding,
+    ) -> ParamId {
         inits.push(init);
-        self.register(name, shape, weight_decay)
+        self.register_sharded(name, shape, weight_decay, sharding)
     }
 
     pub fn numel(&self) -> usize {
         self.metas.last().map_or(0, |m| m.offset + m.numel)
     }
 
-    /// Draws every parameter from a stream keyed by its global name, so that values do not
-    /// depend on registration order or (later) on how parameters are sharded.
+    /// Draws every parameter from a stream keyed by its global name and numbered by global
+    /// element index, so values depend neither on registration order nor on the sharding: the
+    /// gathered shards of any TP size equal the TP = 1 initialization (Megatron's
+    /// `--use-cpu-initialization` semantics, without building the master weight).
     pub fn initialize(&mut self, seed: u64, inits: &[Init]) {
         assert_eq!(inits.len(), self.metas.len());
         self.data = vec![0.0; self.numel()];
@@ -85,7 +179,7 @@ impl Params {
                 Init::Normal(std) => {
                     let key = base.fold(name_hash(&m.name));
                     for (i, v) in dst.iter_mut().enumerate() {
-                        *v = key.normal(i as u64) * std;
+                        *v = key.normal(m.global_index(i) as u64) * std;
                     }
                 }
             }

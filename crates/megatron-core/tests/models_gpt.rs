@@ -43,8 +43,8 @@ fn gradient_check(untie: bool) {
         doc_start: None,
     };
     let mut grads = Grads::zeros_like(&params);
-    let r = model.forward_backward(&params, &mut grads, &batch, 1.0, &StepContext::eval());
-    let l0 = model.forward_loss(&params, &batch);
+    let r = model.forward_backward_serial(&params, &mut grads, &batch, 1.0, &StepContext::eval());
+    let l0 = model.forward_loss_serial(&params, &batch);
     assert!(
         (r.loss - l0).abs() < 1e-5,
         "forward_backward loss {} vs forward_loss {}",
@@ -60,9 +60,9 @@ fn gradient_check(untie: bool) {
             let i = meta.offset + (meta.numel * (2 * k + 1)) / 6;
             let orig = params.data[i];
             params.data[i] = orig + eps;
-            let fp = model.forward_loss(&params, &batch) as f64;
+            let fp = model.forward_loss_serial(&params, &batch) as f64;
             params.data[i] = orig - eps;
-            let fm = model.forward_loss(&params, &batch) as f64;
+            let fm = model.forward_loss_serial(&params, &batch) as f64;
             params.data[i] = orig;
             let fd = (fp - fm) / (2.0 * eps as f64);
             let an = grads.data[i] as f64;
@@ -172,19 +172,19 @@ fn gpt_dropout_changes_loss_in_training_but_not_in_eval() {
     };
     let mut g = Grads::zeros_like(&params);
     let a = model
-        .forward_backward(&params, &mut g, &batch, 1.0, &StepContext::train(1, 1, 0))
+        .forward_backward_serial(&params, &mut g, &batch, 1.0, &StepContext::train(1, 1, 0))
         .loss;
     let a2 = model
-        .forward_backward(&params, &mut g, &batch, 1.0, &StepContext::train(1, 1, 0))
+        .forward_backward_serial(&params, &mut g, &batch, 1.0, &StepContext::train(1, 1, 0))
         .loss;
     let c = model
-        .forward_backward(&params, &mut g, &batch, 1.0, &StepContext::train(1, 2, 0))
+        .forward_backward_serial(&params, &mut g, &batch, 1.0, &StepContext::train(1, 2, 0))
         .loss;
     assert_eq!(a, a2, "same key, same masks");
     assert_ne!(a, c, "another iteration draws other masks");
     assert_eq!(
-        model.forward_loss(&params, &batch),
-        model.forward_loss(&params, &batch)
+        model.forward_loss_serial(&params, &batch),
+        model.forward_loss_serial(&params, &batch)
     );
 }
 
@@ -203,7 +203,7 @@ fn kv_cache_decoding_reproduces_full_sequence_loss() {
         position_ids: None,
         doc_start: None,
     };
-    let full = model.forward_loss(&params, &batch) as f64;
+    let full = model.forward_loss_serial(&params, &batch) as f64;
     let mut cache = KVCache::new(&model, b, t);
     let mut total = 0.0f64;
     for pos in 0..t {
@@ -255,7 +255,7 @@ fn reset_position_ids_and_attention_mask_isolate_documents() {
     // Losses on B's 11 labels only.
     let mask1: Vec<f32> = (0..t).map(|q| if q >= 5 { 1.0 } else { 0.0 }).collect();
     let mask2: Vec<f32> = (0..t).map(|q| if q < 11 { 1.0 } else { 0.0 }).collect();
-    let l1 = model.forward_loss(
+    let l1 = model.forward_loss_serial(
         &params,
         &Batch {
             tokens: &tok1,
@@ -267,7 +267,7 @@ fn reset_position_ids_and_attention_mask_isolate_documents() {
             doc_start: Some(&start1),
         },
     );
-    let l2 = model.forward_loss(
+    let l2 = model.forward_loss_serial(
         &params,
         &Batch {
             tokens: &tok2,
@@ -283,7 +283,7 @@ fn reset_position_ids_and_attention_mask_isolate_documents() {
         (l1 - l2).abs() < 1e-5,
         "document B alone {l2} vs after A with resets {l1}"
     );
-    let l_no_reset = model.forward_loss(
+    let l_no_reset = model.forward_loss_serial(
         &params,
         &Batch {
             tokens: &tok1,

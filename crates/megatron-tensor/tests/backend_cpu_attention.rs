@@ -74,6 +74,7 @@ fn dims(
         head_dim,
         causal,
         dropout,
+        rng_heads: (0, heads),
     }
 }
 

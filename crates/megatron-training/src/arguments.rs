@@ -165,8 +165,13 @@ pub struct TrainArgs {
     /// Ranks (threads of this process); with every other parallel size 1 they are data-parallel.
     #[arg(long, default_value_t = 1)]
     pub nproc_per_node: usize,
+    /// Ranks that split each layer's matrices (attention heads, MLP columns, vocabulary).
     #[arg(long, default_value_t = 1)]
     pub tensor_model_parallel_size: usize,
+    /// Split LayerNorm, dropout and residual activations over the tensor-parallel ranks along
+    /// the tokens (needs --tensor-model-parallel-size > 1 to have an effect).
+    #[arg(long)]
+    pub sequence_parallel: bool,
     #[arg(long, default_value_t = 1)]
     pub pipeline_model_parallel_size: usize,
     #[arg(long, default_value_t = 1)]
@@ -207,6 +212,8 @@ pub struct TrainConfig {
     pub global_batch_size: usize,
     /// Data-parallel size (ranks / model-parallel sizes).
     pub dp: usize,
+    /// Tensor-parallel size.
+    pub tp: usize,
     /// Micro-batches per data-parallel rank and iteration.
     pub num_microbatches: usize,
     pub train_iters: u64,
@@ -232,10 +239,6 @@ impl TrainArgs {
         }
         for (flag, v) in [
             (
-                "--tensor-model-parallel-size",
-                self.tensor_model_parallel_size,
-            ),
-            (
                 "--pipeline-model-parallel-size",
                 self.pipeline_model_parallel_size,
             ),
@@ -246,10 +249,17 @@ impl TrainArgs {
             ),
         ] {
             if v != 1 {
-                return Err(bad(format!("{flag} {v}: only data parallelism runs so far (tensor, pipeline, context and expert parallelism are later issues)")));
+                return Err(bad(format!("{flag} {v}: only tensor and data parallelism run so far (pipeline, context and expert parallelism are later issues)")));
             }
         }
-        let dp = self.nproc_per_node;
+        let tp = self.tensor_model_parallel_size;
+        if tp == 0 || !self.nproc_per_node.is_multiple_of(tp) {
+            return Err(bad(format!(
+                "--tensor-model-parallel-size ({tp}) must divide the number of ranks (--nproc-per-node {}, or the MPI world)",
+                self.nproc_per_node
+            )));
+        }
+        let dp = self.nproc_per_node / tp;
         let gbs = self.global_batch_size.unwrap_or(self.micro_batch_size * dp);
         if gbs == 0 || !gbs.is_multiple_of(self.micro_batch_size * dp) {
             return Err(bad(format!(
@@ -342,7 +352,7 @@ impl TrainArgs {
             max_position_embeddings: self.max_position_embeddings.unwrap_or(self.seq_length),
             padded_vocab_size: TransformerConfig::pad_vocab(
                 vocab_size,
-                self.make_vocab_size_divisible_by,
+                self.make_vocab_size_divisible_by * self.tensor_model_parallel_size,
             ),
             hidden_dropout: self.hidden_dropout,
             attention_dropout: self.attention_dropout,
@@ -351,11 +361,31 @@ impl TrainArgs {
             untie_embeddings_and_output_weights: self.untie_embeddings_and_output_weights,
         };
         model.validate()?;
+        for (what, v) in [
+            ("--num-attention-heads", model.num_attention_heads),
+            ("--ffn-hidden-size", model.ffn_hidden_size),
+        ] {
+            if !v.is_multiple_of(tp) {
+                return Err(bad(format!(
+                    "{what} ({v}) must be divisible by --tensor-model-parallel-size ({tp})"
+                )));
+            }
+        }
+        if self.sequence_parallel
+            && tp > 1
+            && !(self.micro_batch_size * self.seq_length).is_multiple_of(tp)
+        {
+            return Err(bad(format!(
+                "--sequence-parallel: the tokens of a micro-batch (--micro-batch-size {} x --seq-length {}) must be divisible by --tensor-model-parallel-size ({tp})",
+                self.micro_batch_size, self.seq_length
+            )));
+        }
         Ok(TrainConfig {
             args: self.clone(),
             model,
             global_batch_size: gbs,
             dp,
+            tp,
             num_microbatches: gbs / (self.micro_batch_size * dp),
             train_iters,
             lr_decay_iters,

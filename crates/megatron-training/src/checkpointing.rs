@@ -269,18 +269,32 @@ pub fn restore(
         }
         Ok(v)
     };
+    // Checkpoints hold whole tensors; a tensor-parallel rank copies out its shard.
     let metas = params.metas.clone();
+    let shard_of = |dst: &mut [f32], m: &megatron_core::ParamMeta, full: &[f32]| {
+        for (i, v) in dst.iter_mut().enumerate() {
+            *v = full[m.global_index(i)];
+        }
+    };
     for m in &metas {
+        let global: usize = m.shape.iter().product();
         let r = m.offset..m.offset + m.numel;
-        params.data[r].copy_from_slice(get(&m.name, m.numel)?);
+        shard_of(&mut params.data[r], m, get(&m.name, global)?);
     }
     if let Some(adam) = adam {
         for m in &metas {
+            let global: usize = m.shape.iter().product();
             let r = m.offset..m.offset + m.numel;
-            adam.exp_avg[r.clone()]
-                .copy_from_slice(get(&format!("optimizer.exp_avg.{}", m.name), m.numel)?);
-            adam.exp_avg_sq[r]
-                .copy_from_slice(get(&format!("optimizer.exp_avg_sq.{}", m.name), m.numel)?);
+            shard_of(
+                &mut adam.exp_avg[r.clone()],
+                m,
+                get(&format!("optimizer.exp_avg.{}", m.name), global)?,
+            );
+            shard_of(
+                &mut adam.exp_avg_sq[r],
+                m,
+                get(&format!("optimizer.exp_avg_sq.{}", m.name), global)?,
+            );
         }
         adam.step = ck.meta.optimizer_step;
     }

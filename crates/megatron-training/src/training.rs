@@ -6,7 +6,10 @@ use crate::flops::{num_floating_point_operations, peak_flops};
 use crate::logging::{peak_rss_bytes, EvalMetrics, IterationMetrics, MetricsFile};
 use crate::TrainError;
 use megatron_comm::Communicator;
-use megatron_core::optimizer::{clip_grad_norm, Adam, OptimizerParamScheduler};
+use megatron_core::optimizer::{clip_grads_by_norm, Adam, OptimizerParamScheduler};
+use megatron_core::tensor_parallel::{
+    allreduce_sequence_parallel_grads, gather_to_full, grad_norm_tp, serial_group, Tp,
+};
 use megatron_core::transformer::step::StepContext;
 use megatron_core::{Batch, GPTModel, Grads, Params};
 use megatron_data::data_samplers::MegatronPretrainingSampler;
@@ -241,11 +244,12 @@ fn eod_mask(cfg: &TrainConfig, data: &dyn GPTSampleSource) -> Option<u32> {
 fn evaluate(
     model: &GPTModel,
     params: &Params,
+    tp: &mut Tp,
     data: &dyn GPTSampleSource,
     cfg: &TrainConfig,
-) -> Option<f64> {
+) -> Result<Option<f64>, TrainError> {
     if data.num_samples(Split::Valid) == 0 || cfg.args.eval_iters == 0 {
-        return None;
+        return Ok(None);
     }
     let (b, t) = (cfg.args.micro_batch_size, cfg.args.seq_length);
     let mut mb = MicroBatch::new(b, t, cfg);
@@ -254,10 +258,10 @@ fn evaluate(
     // The same validation samples at every evaluation, so that curves are comparable.
     for k in 0..cfg.args.eval_iters * cfg.num_microbatches as u64 {
         mb.fill(data, Split::Valid, k * b as u64, b, t, eod_mask(cfg, data));
-        total += model.forward_loss(params, &mb.batch(b, t)) as f64;
+        total += model.forward_loss(params, tp, &mb.batch(b, t))? as f64;
         count += 1;
     }
-    Some(total / count as f64)
+    Ok(Some(total / count as f64))
 }
 
 /// Trains as `megatron train` does; returns the per-iteration losses.
@@ -275,7 +279,7 @@ pub fn pretrain(args: &TrainArgs) -> Result<TrainSummary, TrainError> {
     if megatron_comm::mpi_comm::launched_by_mpi() {
         return pretrain_mpi(cfg, threads);
     }
-    if cfg.dp == 1 {
+    if cfg.dp * cfg.tp == 1 {
         return pool.install(|| {
             megatron_tensor::threads::set_gemm_threads(threads);
             run(&cfg, tok.as_ref(), threads, None)
@@ -294,24 +298,31 @@ fn pretrain_mpi(cfg: TrainConfig, threads: usize) -> Result<TrainSummary, TrainE
     let mut comm = megatron_comm::mpi_comm::MpiCommunicator::world(&universe);
     let n = comm.size();
     let mut cfg = cfg;
-    if cfg.dp != 1 {
+    if cfg.dp * cfg.tp != cfg.tp {
         return Err(TrainError::Args(
             "under mpirun use one rank per process (--nproc-per-node 1)".into(),
         ));
     }
+    if !n.is_multiple_of(cfg.tp) {
+        return Err(TrainError::Args(format!(
+            "--tensor-model-parallel-size ({}) must divide the MPI world size ({n})",
+            cfg.tp
+        )));
+    }
+    let n_dp = n / cfg.tp;
     // The world is the data-parallel group: re-derive the micro-batch count for it.
     let gbs = cfg.global_batch_size;
     let mbs = cfg.args.micro_batch_size;
-    if !gbs.is_multiple_of(mbs * n) {
-        return Err(TrainError::Args(format!("--global-batch-size ({gbs}) must be a multiple of --micro-batch-size ({mbs}) times the MPI world size ({n})")));
+    if !gbs.is_multiple_of(mbs * n_dp) {
+        return Err(TrainError::Args(format!("--global-batch-size ({gbs}) must be a multiple of --micro-batch-size ({mbs}) times the data-parallel size ({n_dp} = MPI world {n} / tensor-parallel size {})", cfg.tp)));
     }
-    cfg.dp = n;
-    cfg.num_microbatches = gbs / (mbs * n);
+    cfg.dp = n_dp;
+    cfg.num_microbatches = gbs / (mbs * n_dp);
     let tok = build_tokenizer_from(&cfg.args.tokenizer.spec())?;
-    let mut groups = process_groups(&mut comm, n, "MPI")?;
+    let mut groups = process_groups(&mut comm, n, cfg.tp, "MPI")?;
     megatron_tensor::threads::set_gemm_threads(threads);
     let lead = comm.rank() == 0;
-    let mut summary = run(&cfg, tok.as_ref(), threads, Some(groups.dp.comm.as_mut()))?;
+    let mut summary = run(&cfg, tok.as_ref(), threads, Some(&mut groups))?;
     if !lead {
         // Only rank 0 reports.
         summary.losses.clear();
@@ -319,16 +330,33 @@ fn pretrain_mpi(cfg: TrainConfig, threads: usize) -> Result<TrainSummary, TrainE
     Ok(summary)
 }
 
+/// Parameters and Adam state in the TP = 1 layout (whole tensors), gathered over the TP group.
+fn gather_full_state(
+    cfg: &TrainConfig,
+    params: &Params,
+    adam: &Adam,
+    tp: &mut Tp,
+) -> Result<(Params, Adam), TrainError> {
+    let mut full = Params::default();
+    GPTModel::build(cfg.model.clone(), &mut full, &mut Vec::new());
+    full.data = gather_to_full(params, &params.data, tp)?;
+    let mut full_adam = adam.clone();
+    full_adam.exp_avg = gather_to_full(params, &adam.exp_avg, tp)?;
+    full_adam.exp_avg_sq = gather_to_full(params, &adam.exp_avg_sq, tp)?;
+    Ok((full, full_adam))
+}
+
 /// Splits the world into Megatron's groups, prints the layout on rank 0 and health-checks every
 /// group (small all-reduce with a known answer, 10 s timeout) before any work.
 fn process_groups(
     world: &mut dyn Communicator,
     n: usize,
+    tp: usize,
     backend: &str,
 ) -> Result<megatron_comm::ProcessGroups, TrainError> {
     let ps = megatron_comm::ParallelState::new(
         n,
-        1,
+        tp,
         1,
         1,
         1,
@@ -358,13 +386,14 @@ fn pretrain_ranks(
     spec: megatron_data::TokenizerSpec,
     threads: usize,
 ) -> Result<TrainSummary, TrainError> {
-    let n = cfg.dp;
+    let n = cfg.dp * cfg.tp;
+    let tp = cfg.tp;
     let per_rank = (threads / n).max(1);
     let cfg = std::sync::Arc::new(cfg);
     let results =
         megatron_comm::run_ranks(n, move |rank, comm| -> Result<TrainSummary, TrainError> {
             let tok = build_tokenizer_from(&spec)?;
-            let mut groups = process_groups(comm, n, "threads")?;
+            let mut groups = process_groups(comm, n, tp, "threads")?;
             let pool = rayon::ThreadPoolBuilder::new()
                 .num_threads(per_rank)
                 .build()
@@ -374,7 +403,7 @@ fn pretrain_ranks(
                 })?;
             pool.install(|| {
                 megatron_tensor::threads::set_gemm_threads(per_rank);
-                run(&cfg, tok.as_ref(), per_rank, Some(groups.dp.comm.as_mut()))
+                run(&cfg, tok.as_ref(), per_rank, Some(&mut groups))
             })
         });
     let mut first_err = None;
@@ -408,14 +437,24 @@ fn run(
     cfg: &TrainConfig,
     tok: &dyn Tokenizer,
     threads: usize,
-    mut comm: Option<&mut dyn Communicator>,
+    groups: Option<&mut megatron_comm::ProcessGroups>,
 ) -> Result<TrainSummary, TrainError> {
     let a = &cfg.args;
+    let mut serial = serial_group();
+    let (tp_comm, mut comm): (&mut dyn Communicator, Option<&mut dyn Communicator>) = match groups {
+        Some(g) => {
+            let megatron_comm::ProcessGroups { tp, dp, .. } = g;
+            (tp.comm.as_mut(), Some(dp.comm.as_mut()))
+        }
+        None => (&mut serial, None),
+    };
+    let mut tp = Tp::new(tp_comm, a.sequence_parallel);
     let (dp_rank, dp) = comm.as_ref().map_or((0, 1), |c| (c.rank(), c.size()));
-    let lead = dp_rank == 0;
+    // Rank 0 of the data-parallel group and of the tensor-parallel group reports and saves.
+    let lead = dp_rank == 0 && tp.rank() == 0;
     let (b, t) = (a.micro_batch_size, a.seq_length);
     let gbs = cfg.global_batch_size as u64;
-    let (model, mut params) = GPTModel::new(cfg.model.clone(), a.seed);
+    let (model, mut params) = GPTModel::new_tp(cfg.model.clone(), a.seed, tp.rank(), tp.size());
     let mut adam = Adam::new(&params, a.adam_beta1, a.adam_beta2, a.adam_eps);
     let mut sched = scheduler(cfg);
     let mut iteration = 0u64;
@@ -505,11 +544,19 @@ fn run(
                 eod_mask(cfg, data.as_ref()),
             );
             let ctx = StepContext::train(a.seed, iteration, indices[0]);
-            let r = model.forward_backward(&params, &mut grads, &mb.batch(b, t), grad_scale, &ctx);
+            let r = model.forward_backward(
+                &params,
+                &mut grads,
+                &mut tp,
+                &mb.batch(b, t),
+                grad_scale,
+                &ctx,
+            )?;
             summary.peak_activation_bytes = summary.peak_activation_bytes.max(r.activation_bytes);
             loss_sum += r.loss as f64;
         }
         let mut loss = loss_sum / cfg.num_microbatches as f64;
+        allreduce_sequence_parallel_grads(&params, &mut grads, &mut tp)?;
         if let Some(c) = comm.as_deref_mut() {
             // Data parallelism: the mean gradient and loss over all ranks' micro-batches.
             c.all_reduce(&mut grads.data, megatron_comm::ReduceOp::Avg)?;
@@ -525,7 +572,8 @@ fn run(
                 value: loss,
             });
         }
-        let grad_norm = clip_grad_norm(&mut grads, a.clip_grad);
+        let grad_norm = grad_norm_tp(&params, &grads, &mut tp)?;
+        clip_grads_by_norm(&mut grads, grad_norm, a.clip_grad);
         if !grad_norm.is_finite() {
             rep.finish();
             return Err(TrainError::NonFinite {
@@ -565,8 +613,11 @@ fn run(
             })?;
             (interval_loss, interval_iters, interval_time) = (0.0, 0, 0.0);
         }
-        if lead && (iteration.is_multiple_of(a.eval_interval) || iteration == cfg.train_iters) {
-            if let Some(val) = evaluate(&model, &params, data.as_ref(), cfg) {
+        if dp_rank == 0
+            && (iteration.is_multiple_of(a.eval_interval) || iteration == cfg.train_iters)
+        {
+            let val = evaluate(&model, &params, &mut tp, data.as_ref(), cfg)?;
+            if let (Some(val), true) = (val, lead) {
                 rep.line(&format!(" validation loss at iteration {iteration} | lm loss value: {val:.6E} | lm loss PPL: {:.3E}", val.exp()));
                 metrics
                     .write(&EvalMetrics {
@@ -582,7 +633,17 @@ fn run(
         }
         let due = a.save_interval.is_some_and(|s| iteration.is_multiple_of(s))
             || iteration == cfg.train_iters;
-        if let (Some(dir), true, true) = (&save_dir, due, lead) {
+        if let (Some(dir), true, true) = (&save_dir, due, dp_rank == 0) {
+            // Shards are gathered into the TP = 1 layout: the checkpoint loads under any TP size.
+            let gathered = if tp.size() > 1 {
+                Some(gather_full_state(cfg, &params, &adam, &mut tp)?)
+            } else {
+                None
+            };
+            if !lead {
+                continue;
+            }
+            let (full, full_adam) = gathered.as_ref().map_or((&params, &adam), |(p, a)| (p, a));
             let meta = CheckpointMeta {
                 format: String::new(),
                 iteration,
@@ -602,7 +663,7 @@ fn run(
                 tensors: Vec::new(),
                 shard_bytes: 0,
             };
-            let path = save_checkpoint(dir, meta, &params, &adam)?;
+            let path = save_checkpoint(dir, meta, full, full_adam)?;
             rep.line(&format!(
                 " saved checkpoint at iteration {iteration} to {}",
                 path.display()

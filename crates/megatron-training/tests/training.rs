@@ -434,11 +434,25 @@ fn data_parallel_flags_are_checked() {
         "--tensor-model-parallel-size",
         "2",
         "--nproc-per-node",
+        "3",
+    ]))
+    .unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("--tensor-model-parallel-size (2) must divide"),
+        "{e}"
+    );
+    let e = pretrain(&args(&[
+        "--train-iters",
+        "2",
+        "--pipeline-model-parallel-size",
+        "2",
+        "--nproc-per-node",
         "2",
     ]))
     .unwrap_err();
     assert!(
-        e.to_string().contains("--tensor-model-parallel-size"),
+        e.to_string().contains("--pipeline-model-parallel-size"),
         "{e}"
     );
 }

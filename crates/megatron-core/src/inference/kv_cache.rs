@@ -120,7 +120,12 @@ pub fn decode_step(
             no_key,
         );
         let (ln2, _) = layer.pre_mlp_layernorm.forward(params, &mid);
-        let (y, _) = layer.mlp.forward(params, &ln2, b);
+        let mut serial = crate::tensor_parallel::serial_group();
+        let mut tp = crate::tensor_parallel::Tp::new(&mut serial, false);
+        let (y, _) = layer
+            .mlp
+            .forward(params, &mut tp, &ln2)
+            .expect("a group of one rank does not communicate");
         let mut out = Tensor::zeros(&[b, h]);
         bias_dropout_add_forward(
             out.data_mut(),

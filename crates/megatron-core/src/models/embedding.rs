@@ -1,13 +1,19 @@
-//! `LanguageModelEmbedding`: word + learned position embeddings, then embedding dropout.
+//! `LanguageModelEmbedding`: word embeddings (vocabulary-parallel) + learned position
+//! embeddings, then embedding dropout. Under sequence parallelism the output is this rank's
+//! block of token rows (the word lookup is reduce-scattered; positions and dropout are applied
+//! to the block with global numbering).
 
-use crate::params::{Grads, Init, ParamId, Params};
+use crate::params::{Grads, Init, ParamId, Params, Sharding};
+use crate::tensor_parallel::{Tp, VocabParallelEmbedding};
 use crate::transformer::config::TransformerConfig;
 use crate::transformer::step::StepContext;
+use megatron_comm::CommError;
 use megatron_tensor::cpu::dropout::{dropout_backward, dropout_forward};
-use megatron_tensor::cpu::{embedding_backward, embedding_forward};
+use megatron_tensor::cpu::{embedding_lookup_backward, embedding_lookup_forward};
 use megatron_tensor::Tensor;
 
 pub struct LanguageModelEmbedding {
+    pub word: VocabParallelEmbedding,
     pub word_embeddings: ParamId,
     pub position_embeddings: ParamId,
     hidden: usize,
@@ -21,70 +27,85 @@ const EMBEDDING_LAYER: usize = usize::MAX >> 1;
 impl LanguageModelEmbedding {
     pub fn new(cfg: &TransformerConfig, params: &mut Params, inits: &mut Vec<Init>) -> Self {
         let h = cfg.hidden_size;
-        let word_embeddings = params.add(
+        let word = VocabParallelEmbedding::new(
+            params,
             inits,
-            "embedding.word_embeddings.weight".into(),
-            &[cfg.padded_vocab_size, h],
-            true,
-            Init::Normal(cfg.init_method_std),
+            "embedding.word_embeddings.weight",
+            cfg.padded_vocab_size,
+            h,
+            cfg.init_method_std,
         );
-        let position_embeddings = params.add(
+        let position_embeddings = params.add_sharded(
             inits,
             "embedding.position_embeddings.weight".into(),
             &[cfg.max_position_embeddings, h],
             true,
             Init::Normal(cfg.init_method_std),
+            Sharding::ReplicatedSequenceParallel,
         );
         LanguageModelEmbedding {
-            word_embeddings,
+            word_embeddings: word.weight,
+            word,
             position_embeddings,
             hidden: h,
             dropout: cfg.hidden_dropout,
         }
     }
 
+    /// Position ids of token rows `[lo, hi)`.
+    fn position_ids(positions: Option<&[u32]>, t: usize, lo: usize, hi: usize) -> Vec<u32> {
+        (lo..hi)
+            .map(|r| positions.map_or((r % t) as u32, |p| p[r]))
+            .collect()
+    }
+
     /// `positions` (`[b, t]`) replaces the default `0..t` (Megatron's `--reset-position-ids`).
     pub fn forward(
         &self,
         params: &Params,
+        tp: &mut Tp,
         tokens: &[u32],
         positions: Option<&[u32]>,
         t: usize,
         ctx: &StepContext,
-    ) -> Tensor {
-        let n = tokens.len();
-        let mut out = Tensor::for_overwrite(&[n, self.hidden]);
-        embedding_forward(
+    ) -> Result<Tensor, CommError> {
+        let (lo, hi) = tp.sequence_shard(tokens.len());
+        let mut out = self.word.forward(params, tp, tokens)?;
+        let pos = Self::position_ids(positions, t, lo, hi);
+        embedding_lookup_forward(
             out.data_mut(),
-            tokens,
-            positions,
-            params.get(self.word_embeddings),
+            &pos,
             params.get(self.position_embeddings),
-            t,
+            0,
+            true,
         );
         let p = ctx.p(self.dropout);
         if p > 0.0 {
-            let mut d = Tensor::for_overwrite(&[n, self.hidden]);
+            let mut d = Tensor::for_overwrite(out.shape());
             dropout_forward(
                 d.data_mut(),
                 out.data(),
                 p,
-                ctx.site_for(EMBEDDING_LAYER, SITE_EMBEDDING_DROPOUT, t * self.hidden),
+                ctx.site_for(EMBEDDING_LAYER, SITE_EMBEDDING_DROPOUT, t * self.hidden)
+                    .offset((lo * self.hidden) as u64),
             );
             out = d;
         }
-        out
+        Ok(out)
     }
 
+    #[allow(clippy::too_many_arguments)]
     pub fn backward(
         &self,
         grads: &mut Grads,
+        tp: &mut Tp,
         tokens: &[u32],
         positions: Option<&[u32]>,
         t: usize,
         dout: Tensor,
         ctx: &StepContext,
-    ) {
+    ) -> Result<(), CommError> {
+        let (lo, hi) = tp.sequence_shard(tokens.len());
         let p = ctx.p(self.dropout);
         let dout = if p > 0.0 {
             let mut d = Tensor::for_overwrite(dout.shape());
@@ -92,13 +113,20 @@ impl LanguageModelEmbedding {
                 d.data_mut(),
                 dout.data(),
                 p,
-                ctx.site_for(EMBEDDING_LAYER, SITE_EMBEDDING_DROPOUT, t * self.hidden),
+                ctx.site_for(EMBEDDING_LAYER, SITE_EMBEDDING_DROPOUT, t * self.hidden)
+                    .offset((lo * self.hidden) as u64),
             );
             d
         } else {
             dout
         };
-        let [dwte, dwpe] = grads.many_mut([self.word_embeddings, self.position_embeddings]);
-        embedding_backward(dwte, dwpe, dout.data(), tokens, positions, t);
+        let pos = Self::position_ids(positions, t, lo, hi);
+        embedding_lookup_backward(
+            grads.get_mut(self.position_embeddings),
+            dout.data(),
+            &pos,
+            0,
+        );
+        self.word.backward(grads, tp, tokens, dout)
     }
 }

@@ -2,11 +2,17 @@
 //! (tied to the word embedding unless untied), fused vocabulary-chunked cross-entropy.
 
 use super::embedding::LanguageModelEmbedding;
-use crate::params::{Grads, Init, ParamId, Params};
+use crate::params::{Grads, Init, ParamId, Params, Sharding};
+use crate::tensor_parallel::mappings::{
+    copy_to_tensor_model_parallel_region_backward, gather_from_sequence_parallel_region_backward,
+    gather_from_sequence_parallel_region_forward,
+};
+use crate::tensor_parallel::{vocab_parallel_cross_entropy, Tp};
 use crate::transformer::config::TransformerConfig;
 use crate::transformer::layer::{LayerNorm, TransformerLayer};
 use crate::transformer::step::StepContext;
-use megatron_tensor::cpu::{fused_classifier, AttentionMask, ClassifierDims};
+use megatron_comm::CommError;
+use megatron_tensor::cpu::{AttentionMask, ClassifierDims};
 use megatron_tensor::Tensor;
 
 /// One micro-batch: `tokens` and `labels` are `[b, t]` flattened; `loss_mask` weights each label.
@@ -60,7 +66,18 @@ const CLASSIFIER_MAX_ROWS: usize = 1024;
 impl GPTModel {
     /// Builds the model and its parameters, initialized from `seed`.
     pub fn new(config: TransformerConfig, seed: u64) -> (GPTModel, Params) {
-        let mut params = Params::default();
+        Self::new_tp(config, seed, 0, 1)
+    }
+
+    /// The model as one rank of a tensor-parallel group of `tp_size` holds it: sharded
+    /// parameters hold this rank's slice of the TP = 1 initialization.
+    pub fn new_tp(
+        config: TransformerConfig,
+        seed: u64,
+        tp_rank: usize,
+        tp_size: usize,
+    ) -> (GPTModel, Params) {
+        let mut params = Params::for_tp_rank(tp_rank, tp_size);
         let mut inits = Vec::new();
         let model = Self::build(config, &mut params, &mut inits);
         params.initialize(seed, &inits);
@@ -85,12 +102,13 @@ impl GPTModel {
             inits,
         );
         let output_layer = if config.untie_embeddings_and_output_weights {
-            Some(params.add(
+            Some(params.add_sharded(
                 inits,
                 "output_layer.weight".into(),
                 &[config.padded_vocab_size, config.hidden_size],
                 true,
                 Init::Normal(config.init_method_std),
+                Sharding::Split(0),
             ))
         } else {
             None
@@ -109,39 +127,51 @@ impl GPTModel {
     }
 
     fn classifier_dims(&self, n: usize) -> ClassifierDims {
+        let v = self.embedding.word.vocab_per_partition;
         ClassifierDims {
             n,
             c: self.config.hidden_size,
-            v: self.config.padded_vocab_size,
-            chunk_rows: (CLASSIFIER_TILE_BYTES / (4 * self.config.padded_vocab_size))
-                .clamp(64, CLASSIFIER_MAX_ROWS),
+            v,
+            chunk_rows: (CLASSIFIER_TILE_BYTES / (4 * v)).clamp(64, CLASSIFIER_MAX_ROWS),
+        }
+    }
+
+    /// The output layer's input: all token rows (gathered under sequence parallelism).
+    fn output_input(&self, tp: &mut Tp, xf: Tensor) -> Result<Tensor, CommError> {
+        if tp.sequence_parallel {
+            gather_from_sequence_parallel_region_forward(tp, &xf)
+        } else {
+            Ok(xf)
         }
     }
 
     /// Forward and backward of one micro-batch. Gradients accumulate into `grads`, scaled by
     /// `grad_scale` (1 / number of micro-batches for Megatron's mean over micro-batches).
+    /// Every TP rank of the group calls it with the same batch.
     pub fn forward_backward(
         &self,
         params: &Params,
         grads: &mut Grads,
+        tp: &mut Tp,
         batch: &Batch,
         grad_scale: f32,
         ctx: &StepContext,
-    ) -> MicroBatchResult {
+    ) -> Result<MicroBatchResult, CommError> {
         let (b, t) = (batch.b, batch.t);
         let n = b * t;
         let mut x = self
             .embedding
-            .forward(params, batch.tokens, batch.position_ids, t, ctx);
+            .forward(params, tp, batch.tokens, batch.position_ids, t, ctx)?;
         let mut saved = Vec::with_capacity(self.layers.len());
         for layer in &self.layers {
-            let (y, s) = layer.forward(params, x, b, t, ctx, batch.mask());
+            let (y, s) = layer.forward(params, tp, x, b, t, ctx, batch.mask())?;
             saved.push(s);
             x = y;
         }
         let activation_bytes =
             saved.iter().map(|s| s.size_in_bytes()).sum::<usize>() + x.size_in_bytes();
         let (xf, lnf) = self.final_layernorm.forward(params, &x);
+        let xg = self.output_input(tp, xf)?;
         let total: f32 = batch.loss_mask.iter().sum();
         let denom = total.max(1.0);
         let dloss: Vec<f32> = batch
@@ -150,68 +180,116 @@ impl GPTModel {
             .map(|m| m / denom * grad_scale)
             .collect();
         let mut losses = vec![0.0f32; n];
-        let mut dxf = Tensor::for_overwrite(&[n, self.config.hidden_size]);
+        let mut dxg = Tensor::for_overwrite(&[n, self.config.hidden_size]);
         let wid = self.output_weight();
-        fused_classifier(
+        let vocab_start = self.embedding.word.vocab_start;
+        let dims = self.classifier_dims(n);
+        vocab_parallel_cross_entropy(
+            tp,
             &mut losses,
-            Some((dxf.data_mut(), grads.get_mut(wid))),
-            xf.data(),
+            Some((dxg.data_mut(), grads.get_mut(wid))),
+            xg.data(),
             params.get(wid),
             batch.labels,
             &dloss,
-            self.classifier_dims(n),
-        );
-        drop(xf);
+            dims,
+            vocab_start,
+        )?;
+        drop(xg);
+        // The output layer is column-parallel over the vocabulary: its input gradient is summed
+        // over TP (reduce-scattered to the token blocks under sequence parallelism).
+        let dxf = if tp.sequence_parallel {
+            gather_from_sequence_parallel_region_backward(tp, &dxg)?
+        } else {
+            copy_to_tensor_model_parallel_region_backward(tp, dxg)?
+        };
         let mut dx = self.final_layernorm.backward(params, grads, &lnf, &x, &dxf);
         drop(dxf);
         drop(x);
         for (layer, s) in self.layers.iter().zip(saved).rev() {
-            dx = layer.backward(params, grads, s, dx, b, t, ctx, batch.mask());
+            dx = layer.backward(params, grads, tp, s, dx, b, t, ctx, batch.mask())?;
         }
         self.embedding
-            .backward(grads, batch.tokens, batch.position_ids, t, dx, ctx);
+            .backward(grads, tp, batch.tokens, batch.position_ids, t, dx, ctx)?;
         let loss = losses
             .iter()
             .zip(batch.loss_mask)
             .map(|(l, m)| (*l as f64) * (*m as f64))
             .sum::<f64>()
             / denom as f64;
-        MicroBatchResult {
+        Ok(MicroBatchResult {
             loss: loss as f32,
             tokens: total,
             activation_bytes,
-        }
+        })
+    }
+
+    /// [`GPTModel::forward_backward`] of a model without tensor parallelism.
+    pub fn forward_backward_serial(
+        &self,
+        params: &Params,
+        grads: &mut Grads,
+        batch: &Batch,
+        grad_scale: f32,
+        ctx: &StepContext,
+    ) -> MicroBatchResult {
+        let mut one = crate::tensor_parallel::serial_group();
+        self.forward_backward(
+            params,
+            grads,
+            &mut Tp::new(&mut one, false),
+            batch,
+            grad_scale,
+            ctx,
+        )
+        .expect("a group of one rank does not communicate")
+    }
+
+    /// [`GPTModel::forward_loss`] of a model without tensor parallelism.
+    pub fn forward_loss_serial(&self, params: &Params, batch: &Batch) -> f32 {
+        let mut one = crate::tensor_parallel::serial_group();
+        self.forward_loss(params, &mut Tp::new(&mut one, false), batch)
+            .expect("a group of one rank does not communicate")
     }
 
     /// Mean loss over the unmasked labels, without dropout and without keeping activations.
-    pub fn forward_loss(&self, params: &Params, batch: &Batch) -> f32 {
+    pub fn forward_loss(
+        &self,
+        params: &Params,
+        tp: &mut Tp,
+        batch: &Batch,
+    ) -> Result<f32, CommError> {
         let (b, t) = (batch.b, batch.t);
         let n = b * t;
         let ctx = StepContext::eval();
-        let mut x = self
-            .embedding
-            .forward(params, batch.tokens, batch.position_ids, t, &ctx);
+        let mut x =
+            self.embedding
+                .forward(params, tp, batch.tokens, batch.position_ids, t, &ctx)?;
         for layer in &self.layers {
-            x = layer.forward_no_grad(params, x, b, t, &ctx, batch.mask());
+            x = layer.forward_no_grad(params, tp, x, b, t, &ctx, batch.mask())?;
         }
         let (xf, _) = self.final_layernorm.forward(params, &x);
+        let xg = self.output_input(tp, xf)?;
         let mut losses = vec![0.0f32; n];
         let wid = self.output_weight();
-        fused_classifier(
+        let vocab_start = self.embedding.word.vocab_start;
+        vocab_parallel_cross_entropy(
+            tp,
             &mut losses,
             None,
-            xf.data(),
+            xg.data(),
             params.get(wid),
             batch.labels,
             &[],
             self.classifier_dims(n),
-        );
+            vocab_start,
+        )?;
         let total: f32 = batch.loss_mask.iter().sum();
-        (losses
+        Ok((losses
             .iter()
             .zip(batch.loss_mask)
             .map(|(l, m)| (*l as f64) * (*m as f64))
             .sum::<f64>()
-            / total.max(1.0) as f64) as f32
+            / total.max(1.0) as f64) as f32)
     }
 }

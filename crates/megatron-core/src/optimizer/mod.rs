@@ -3,5 +3,5 @@ pub mod clip_grads;
 pub mod lr_scheduler;
 
 pub use adam::Adam;
-pub use clip_grads::{clip_grad_norm, get_grad_norm};
+pub use clip_grads::{clip_grad_norm, clip_grads_by_norm, get_grad_norm};
 pub use lr_scheduler::{LrDecayStyle, OptimizerParamScheduler, WsdDecayStyle};

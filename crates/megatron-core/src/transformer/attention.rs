@@ -1,23 +1,29 @@
-//! `SelfAttention`: fused QKV projection, causal core attention, output projection.
-//! The output projection's bias is left to the layer's fused bias-dropout-add.
+//! `SelfAttention`: fused QKV projection (column-parallel: each TP rank owns a contiguous block
+//! of heads, since the fused layout is per head), causal core attention on the local heads,
+//! output projection (row-parallel). The output projection's bias is left to the layer's fused
+//! bias-dropout-add.
 
 use super::config::TransformerConfig;
 use super::step::StepContext;
 use crate::params::{Grads, Init, ParamId, Params};
-use megatron_tensor::cpu::{
-    attention_backward, attention_forward, matmul_backward, matmul_forward, AttentionDims,
-    AttentionMask,
-};
+use crate::tensor_parallel::{ColumnParallelLinear, RowParallelLinear, Tp};
+use megatron_comm::CommError;
+use megatron_tensor::cpu::{attention_backward, attention_forward, AttentionDims, AttentionMask};
 use megatron_tensor::Tensor;
 
 pub struct SelfAttention {
     pub layer: usize,
+    pub linear_qkv: ColumnParallelLinear,
+    pub linear_proj: RowParallelLinear,
     pub qkv_weight: ParamId,
     pub qkv_bias: ParamId,
     pub proj_weight: ParamId,
     pub proj_bias: ParamId,
     hidden: usize,
+    /// Heads on this TP rank, the first of them in global numbering, and all heads.
     heads: usize,
+    head_offset: usize,
+    total_heads: usize,
     attention_dropout: f32,
 }
 
@@ -44,24 +50,41 @@ impl SelfAttention {
         inits: &mut Vec<Init>,
     ) -> Self {
         let h = cfg.hidden_size;
+        let (tp_rank, t) = (params.tp.0, params.tp.1.max(1));
         let p = format!("decoder.layers.{layer}.self_attention");
-        let out_std = cfg.output_layer_init_std();
-        let mut reg = |name: &str, shape: &[usize], wd: bool, init: Init| {
-            params.add(inits, format!("{p}.{name}"), shape, wd, init)
-        };
+        let linear_qkv = ColumnParallelLinear::new(
+            params,
+            inits,
+            &format!("{p}.linear_qkv"),
+            h,
+            3 * h,
+            true,
+            cfg.init_method_std,
+            false,
+            false,
+        );
+        let linear_proj = RowParallelLinear::new(
+            params,
+            inits,
+            &format!("{p}.linear_proj"),
+            h,
+            h,
+            cfg.output_layer_init_std(),
+            true,
+        );
+        let heads = cfg.num_attention_heads / t;
         SelfAttention {
             layer,
-            qkv_weight: reg(
-                "linear_qkv.weight",
-                &[3 * h, h],
-                true,
-                Init::Normal(cfg.init_method_std),
-            ),
-            qkv_bias: reg("linear_qkv.bias", &[3 * h], false, Init::Const(0.0)),
-            proj_weight: reg("linear_proj.weight", &[h, h], true, Init::Normal(out_std)),
-            proj_bias: reg("linear_proj.bias", &[h], false, Init::Const(0.0)),
+            qkv_weight: linear_qkv.weight,
+            qkv_bias: linear_qkv.bias.expect("qkv has a bias"),
+            proj_weight: linear_proj.weight,
+            proj_bias: linear_proj.bias,
+            linear_qkv,
+            linear_proj,
             hidden: h,
-            heads: cfg.num_attention_heads,
+            heads,
+            head_offset: tp_rank * heads,
+            total_heads: cfg.num_attention_heads,
             attention_dropout: cfg.attention_dropout,
         }
     }
@@ -71,36 +94,32 @@ impl SelfAttention {
             b,
             t,
             heads: self.heads,
-            head_dim: self.hidden / self.heads,
+            head_dim: self.hidden / self.total_heads,
             causal: true,
             dropout: ctx.p(self.attention_dropout),
+            rng_heads: (self.head_offset, self.total_heads),
         }
     }
 
-    /// `x` is the layer-normed input `[b*t, h]`; returns the output projection without its bias.
+    /// `x` is the layer-normed input (`[b*t, h]`, or this rank's token block under sequence
+    /// parallelism); returns the output projection without its bias, in the same layout.
+    #[allow(clippy::too_many_arguments)]
     pub fn forward(
         &self,
         params: &Params,
+        tp: &mut Tp,
         x: &Tensor,
         b: usize,
         t: usize,
         ctx: &StepContext,
         mask: AttentionMask,
-    ) -> (Tensor, SelfAttentionSaved) {
-        let (n, h) = (b * t, self.hidden);
-        let mut qkv = Tensor::for_overwrite(&[n, 3 * h]);
-        matmul_forward(
-            qkv.data_mut(),
-            x.data(),
-            params.get(self.qkv_weight),
-            Some(params.get(self.qkv_bias)),
-            n,
-            h,
-            3 * h,
-        );
-        let mut attn = Tensor::for_overwrite(&[n, h]);
+    ) -> Result<(Tensor, SelfAttentionSaved), CommError> {
+        let n = b * t;
+        let local = self.heads * (self.hidden / self.total_heads);
+        let qkv = self.linear_qkv.forward(params, tp, x)?;
+        let mut attn = Tensor::for_overwrite(&[n, local]);
         let mut lse = Tensor::for_overwrite(&[b, self.heads, t]);
-        let key = ctx.site_for(self.layer, SITE_ATTN_DROPOUT, self.heads * t * t);
+        let key = ctx.site_for(self.layer, SITE_ATTN_DROPOUT, self.total_heads * t * t);
         attention_forward(
             attn.data_mut(),
             lse.data_mut(),
@@ -109,17 +128,8 @@ impl SelfAttention {
             self.dims(b, t, ctx),
             key,
         );
-        let mut out = Tensor::for_overwrite(&[n, h]);
-        matmul_forward(
-            out.data_mut(),
-            attn.data(),
-            params.get(self.proj_weight),
-            None,
-            n,
-            h,
-            h,
-        );
-        (out, SelfAttentionSaved { qkv, attn, lse })
+        let out = self.linear_proj.forward(params, tp, &attn)?;
+        Ok((out, SelfAttentionSaved { qkv, attn, lse }))
     }
 
     /// `dout` is the gradient of the projection output (after the layer's dropout backward);
@@ -129,29 +139,21 @@ impl SelfAttention {
         &self,
         params: &Params,
         grads: &mut Grads,
+        tp: &mut Tp,
         saved: &SelfAttentionSaved,
         x: &Tensor,
-        dout: &Tensor,
+        dout: Tensor,
         b: usize,
         t: usize,
         ctx: &StepContext,
         mask: AttentionMask,
-    ) -> Tensor {
-        let (n, h) = (b * t, self.hidden);
-        let mut dattn = Tensor::for_overwrite(&[n, h]);
-        matmul_backward(
-            Some(dattn.data_mut()),
-            grads.get_mut(self.proj_weight),
-            None,
-            dout.data(),
-            saved.attn.data(),
-            params.get(self.proj_weight),
-            n,
-            h,
-            h,
-        );
-        let mut dqkv = Tensor::for_overwrite(&[n, 3 * h]);
-        let key = ctx.site_for(self.layer, SITE_ATTN_DROPOUT, self.heads * t * t);
+    ) -> Result<Tensor, CommError> {
+        let n = b * t;
+        let dattn = self
+            .linear_proj
+            .backward(params, grads, tp, &saved.attn, dout)?;
+        let mut dqkv = Tensor::for_overwrite(&[n, saved.qkv.shape()[1]]);
+        let key = ctx.site_for(self.layer, SITE_ATTN_DROPOUT, self.total_heads * t * t);
         attention_backward(
             dqkv.data_mut(),
             dattn.data(),
@@ -163,19 +165,6 @@ impl SelfAttention {
             key,
         );
         drop(dattn);
-        let mut dx = Tensor::for_overwrite(&[n, h]);
-        let [dw, db] = grads.many_mut([self.qkv_weight, self.qkv_bias]);
-        matmul_backward(
-            Some(dx.data_mut()),
-            dw,
-            Some(db),
-            dqkv.data(),
-            x.data(),
-            params.get(self.qkv_weight),
-            n,
-            h,
-            3 * h,
-        );
-        dx
+        self.linear_qkv.backward(params, grads, tp, x, dqkv)
     }
 }

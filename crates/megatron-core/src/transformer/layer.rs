@@ -1,12 +1,18 @@
 //! `TransformerLayer`: pre-LayerNorm attention and MLP blocks with fused bias-dropout-add
 //! residuals. Saves its input, the two residual-stream LayerNorm statistics and what the
 //! sub-blocks save; LayerNorm outputs are recomputed in backward (cheap, memory-bound).
+//!
+//! Under sequence parallelism the residual stream, LayerNorms and dropout hold this rank's block
+//! of token rows; dropout masks are numbered by global element index (the block's first row is
+//! an offset into the stream), so every TP size and either mode draws the TP = 1 masks.
 
 use super::attention::{SelfAttention, SelfAttentionSaved};
 use super::config::TransformerConfig;
 use super::mlp::{MLPSaved, MLP};
 use super::step::StepContext;
-use crate::params::{Grads, Init, ParamId, Params};
+use crate::params::{Grads, Init, ParamId, Params, Sharding};
+use crate::tensor_parallel::Tp;
+use megatron_comm::CommError;
 use megatron_tensor::cpu::layernorm::LayerNormDims;
 use megatron_tensor::cpu::{
     bias_dropout_add_backward, bias_dropout_add_forward, layernorm_backward, layernorm_forward,
@@ -30,14 +36,22 @@ pub struct LayerNormSaved {
 
 impl LayerNorm {
     pub fn new(name: &str, h: usize, eps: f32, params: &mut Params, inits: &mut Vec<Init>) -> Self {
-        let weight = params.add(
+        let weight = params.add_sharded(
             inits,
             format!("{name}.weight"),
             &[h],
             false,
             Init::Const(1.0),
+            Sharding::ReplicatedSequenceParallel,
         );
-        let bias = params.add(inits, format!("{name}.bias"), &[h], false, Init::Const(0.0));
+        let bias = params.add_sharded(
+            inits,
+            format!("{name}.bias"),
+            &[h],
+            false,
+            Init::Const(0.0),
+            Sharding::ReplicatedSequenceParallel,
+        );
         LayerNorm { weight, bias, eps }
     }
 
@@ -162,25 +176,29 @@ impl TransformerLayer {
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     pub fn forward(
         &self,
         params: &Params,
+        tp: &mut Tp,
         x: Tensor,
         b: usize,
         t: usize,
         ctx: &StepContext,
         mask: AttentionMask,
-    ) -> (Tensor, TransformerLayerSaved) {
-        let n = b * t;
-        let h = x.shape()[1];
+    ) -> Result<(Tensor, TransformerLayerSaved), CommError> {
+        let (rows, h) = (x.shape()[0], x.shape()[1]);
+        let (lo, _) = tp.sequence_shard(b * t);
         let p = ctx.p(self.hidden_dropout);
         let (ln1_out, ln1) = self.input_layernorm.forward(params, &x);
         let (proj, attn) = self
             .self_attention
-            .forward(params, &ln1_out, b, t, ctx, mask);
+            .forward(params, tp, &ln1_out, b, t, ctx, mask)?;
         drop(ln1_out);
-        let mut mid = Tensor::for_overwrite(&[n, h]);
-        let key = ctx.site_for(self.layer, SITE_ATTN_RESIDUAL, t * h);
+        let mut mid = Tensor::for_overwrite(&[rows, h]);
+        let key = ctx
+            .site_for(self.layer, SITE_ATTN_RESIDUAL, t * h)
+            .offset((lo * h) as u64);
         bias_dropout_add_forward(
             mid.data_mut(),
             proj.data(),
@@ -191,10 +209,12 @@ impl TransformerLayer {
         );
         drop(proj);
         let (ln2_out, ln2) = self.pre_mlp_layernorm.forward(params, &mid);
-        let (y, mlp) = self.mlp.forward(params, &ln2_out, n);
+        let (y, mlp) = self.mlp.forward(params, tp, &ln2_out)?;
         drop(ln2_out);
-        let mut out = Tensor::for_overwrite(&[n, h]);
-        let key = ctx.site_for(self.layer, SITE_MLP_RESIDUAL, t * h);
+        let mut out = Tensor::for_overwrite(&[rows, h]);
+        let key = ctx
+            .site_for(self.layer, SITE_MLP_RESIDUAL, t * h)
+            .offset((lo * h) as u64);
         bias_dropout_add_forward(
             out.data_mut(),
             y.data(),
@@ -203,7 +223,7 @@ impl TransformerLayer {
             p,
             key,
         );
-        (
+        Ok((
             out,
             TransformerLayerSaved {
                 input: x,
@@ -213,82 +233,90 @@ impl TransformerLayer {
                 ln2,
                 mlp,
             },
-        )
+        ))
     }
 
     /// Forward without keeping anything for backward (evaluation).
+    #[allow(clippy::too_many_arguments)]
     pub fn forward_no_grad(
         &self,
         params: &Params,
+        tp: &mut Tp,
         x: Tensor,
         b: usize,
         t: usize,
         ctx: &StepContext,
         mask: AttentionMask,
-    ) -> Tensor {
-        self.forward(params, x, b, t, ctx, mask).0
+    ) -> Result<Tensor, CommError> {
+        Ok(self.forward(params, tp, x, b, t, ctx, mask)?.0)
     }
 
+    #[allow(clippy::too_many_arguments)]
     pub fn backward(
         &self,
         params: &Params,
         grads: &mut Grads,
+        tp: &mut Tp,
         saved: TransformerLayerSaved,
         dout: Tensor,
         b: usize,
         t: usize,
         ctx: &StepContext,
         mask: AttentionMask,
-    ) -> Tensor {
-        let n = b * t;
-        let h = dout.shape()[1];
+    ) -> Result<Tensor, CommError> {
+        let (rows, h) = (dout.shape()[0], dout.shape()[1]);
+        let (lo, _) = tp.sequence_shard(b * t);
         let p = ctx.p(self.hidden_dropout);
         // MLP residual: d(mid) gets dout directly plus the MLP branch.
-        let mut dy = Tensor::for_overwrite(&[n, h]);
+        let mut dy = Tensor::for_overwrite(&[rows, h]);
         bias_dropout_add_backward(
             dy.data_mut(),
             grads.get_mut(self.mlp.fc2_bias),
             dout.data(),
             p,
-            ctx.site_for(self.layer, SITE_MLP_RESIDUAL, t * h),
+            ctx.site_for(self.layer, SITE_MLP_RESIDUAL, t * h)
+                .offset((lo * h) as u64),
         );
         let (ln2_out, _) = self.pre_mlp_layernorm.forward(params, &saved.mid);
         let dln2 = self
             .mlp
-            .backward(params, grads, &saved.mlp, &ln2_out, &dy, n);
+            .backward(params, grads, tp, &saved.mlp, &ln2_out, dy)?;
         drop(ln2_out);
         let mut dmid = self
             .pre_mlp_layernorm
             .backward(params, grads, &saved.ln2, &saved.mid, &dln2);
+        drop(dln2);
         add_inplace(&mut dmid, &dout);
         drop(dout);
         // Attention residual.
-        let mut dproj = dy;
+        let mut dproj = Tensor::for_overwrite(&[rows, h]);
         bias_dropout_add_backward(
             dproj.data_mut(),
             grads.get_mut(self.self_attention.proj_bias),
             dmid.data(),
             p,
-            ctx.site_for(self.layer, SITE_ATTN_RESIDUAL, t * h),
+            ctx.site_for(self.layer, SITE_ATTN_RESIDUAL, t * h)
+                .offset((lo * h) as u64),
         );
         let (ln1_out, _) = self.input_layernorm.forward(params, &saved.input);
         let dln1 = self.self_attention.backward(
             params,
             grads,
+            tp,
             &saved.attn,
             &ln1_out,
-            &dproj,
+            dproj,
             b,
             t,
             ctx,
             mask,
-        );
+        )?;
         drop(ln1_out);
         let mut dx = self
             .input_layernorm
             .backward(params, grads, &saved.ln1, &saved.input, &dln1);
         add_inplace(&mut dx, &dmid);
-        dx
+        Ok(dx)
     }
 }
 

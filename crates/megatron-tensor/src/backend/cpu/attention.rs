@@ -26,6 +26,10 @@ pub struct AttentionDims {
     pub head_dim: usize,
     pub causal: bool,
     pub dropout: f32,
+    /// Numbering of heads for the dropout stream: (first global head, heads in the whole
+    /// layer). A tensor-parallel rank holding heads `[h0, h0 + heads)` of `total` passes
+    /// `(h0, total)` and draws exactly the masks those heads get at TP = 1.
+    pub rng_heads: (usize, usize),
 }
 
 impl AttentionDims {
@@ -92,7 +96,8 @@ fn visible(
 
 #[inline(always)]
 fn drop_index(d: &AttentionDims, b: usize, h: usize, i: usize, j: usize) -> u64 {
-    (((b * d.heads + h) * d.t + i) * d.t + j) as u64
+    let (h0, total) = d.rng_heads;
+    (((b * total.max(d.heads) + h0 + h) * d.t + i) * d.t + j) as u64
 }
 
 /// Multiplies the visible part of a row of probabilities by the dropout mask / (1 - p).

@@ -131,3 +131,120 @@ fn softmax_xent_row(row: &mut [f32], tgt: usize, g: Option<f32>) -> f32 {
     softmax_xent_row_into(&mut l, row, tgt, g);
     l
 }
+
+/// Which all-reduce over the tensor-parallel group a step of [`vocab_parallel_classifier`] needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClassifierReduce {
+    Max,
+    Sum,
+}
+
+/// [`fused_classifier`] for one rank of a vocabulary-parallel output layer (Megatron's
+/// `vocab_parallel_cross_entropy`, fused with the logits GEMM and tiled over tokens): `weight`
+/// holds vocabulary rows `[vocab_start, vocab_start + d.v)`. Per tile, three `[rows]`-sized
+/// reductions over the ranks go through `reduce` (the caller's communicator; kernels do not
+/// communicate): the row max, the target logit (owned by one rank) and the sum of exponentials.
+/// The full-vocabulary logits never exist anywhere. With `grads`, `dx` receives this rank's
+/// partial `dlogits · W` (the caller sums it over ranks) and `dweight` accumulates the shard's
+/// gradient.
+#[allow(clippy::type_complexity, clippy::too_many_arguments)]
+pub fn vocab_parallel_classifier<E>(
+    losses: &mut [f32],
+    mut grads: Option<(&mut [f32], &mut [f32])>,
+    x: &[f32],
+    weight: &[f32],
+    targets: &[u32],
+    dloss: &[f32],
+    d: ClassifierDims,
+    vocab_start: usize,
+    reduce: &mut dyn FnMut(&mut [f32], ClassifierReduce) -> Result<(), E>,
+) -> Result<(), E> {
+    let ClassifierDims { n, c, v, .. } = d;
+    assert_eq!(x.len(), n * c);
+    assert_eq!(weight.len(), v * c);
+    assert_eq!(targets.len(), n);
+    assert_eq!(losses.len(), n);
+    let rows = d.chunk_rows.max(1).min(n.max(1));
+    let mut logits = crate::pool::take_any(rows * v);
+    let owned = |tgt: u32| -> Option<usize> {
+        let t = tgt as usize;
+        (tgt != IGNORE_INDEX && t >= vocab_start && t < vocab_start + v).then(|| t - vocab_start)
+    };
+    let mut r0 = 0;
+    while r0 < n {
+        let nr = rows.min(n - r0);
+        let tile = &mut logits[..nr * v];
+        let xr = &x[r0 * c..(r0 + nr) * c];
+        let tg = &targets[r0..r0 + nr];
+        matmul(tile, xr, weight, MatmulDims::new(nr, v, c).tb());
+        let mut mx: Vec<f32> = tile
+            .par_chunks(v)
+            .map(|row| row.iter().copied().fold(f32::NEG_INFINITY, f32::max))
+            .collect();
+        reduce(&mut mx, ClassifierReduce::Max)?;
+        let mut z_t: Vec<f32> = tile
+            .chunks(v)
+            .zip(tg)
+            .map(|(row, &t)| owned(t).map_or(0.0, |k| row[k]))
+            .collect();
+        reduce(&mut z_t, ClassifierReduce::Sum)?;
+        let mut sum: Vec<f32> = tile
+            .par_chunks_mut(v)
+            .zip(mx.par_iter())
+            .map(|(row, &m)| exp_shift_sum(row, m))
+            .collect();
+        reduce(&mut sum, ClassifierReduce::Sum)?;
+        let want_grad = grads.is_some();
+        tile.par_chunks_mut(v)
+            .zip(losses[r0..r0 + nr].par_iter_mut())
+            .enumerate()
+            .for_each(|(i, (row, loss))| {
+                if tg[i] == IGNORE_INDEX {
+                    *loss = 0.0;
+                    if want_grad {
+                        row.fill(0.0);
+                    }
+                    return;
+                }
+                *loss = mx[i] + sum[i].ln() - z_t[i];
+                if want_grad {
+                    let g = dloss[r0 + i];
+                    let scale = g / sum[i];
+                    row.iter_mut().for_each(|e| *e *= scale);
+                    if let Some(k) = owned(tg[i]) {
+                        row[k] -= g;
+                    }
+                }
+            });
+        if let Some((dx, dw)) = grads.as_mut() {
+            matmul(
+                &mut dx[r0 * c..(r0 + nr) * c],
+                tile,
+                weight,
+                MatmulDims::new(nr, c, v),
+            );
+            matmul(dw, tile, xr, MatmulDims::new(v, c, nr).ta().acc());
+        }
+        r0 += nr;
+    }
+    crate::pool::give_back(logits);
+    Ok(())
+}
+
+multiversion! {
+    fn exp_shift_sum_into(sum: &mut f32, row: &mut [f32], m: f32) {
+        let mut s = 0.0f32;
+        for e in row.iter_mut() {
+            *e = exp(*e - m);
+            s += *e;
+        }
+        *sum = s;
+    }
+}
+
+/// `row = exp(row - m)` in place; returns the sum.
+fn exp_shift_sum(row: &mut [f32], m: f32) -> f32 {
+    let mut s = 0.0;
+    exp_shift_sum_into(&mut s, row, m);
+    s
+}

@@ -47,3 +47,53 @@ pub fn embedding_backward(
         }
     }
 }
+
+/// One rank's part of a vocabulary-parallel lookup (Megatron's `VocabParallelEmbedding`): rows
+/// `[vocab_start, vocab_start + table_rows)` of the global table live in `table`. Row `i` of `out`
+/// gets (or, with `accumulate`, adds) `table[ids[i] - vocab_start]`, or zeros when the id is
+/// owned by another rank; summing over ranks gives the full lookup.
+pub fn embedding_lookup_forward(
+    out: &mut [f32],
+    ids: &[u32],
+    table: &[f32],
+    vocab_start: usize,
+    accumulate: bool,
+) {
+    let c = out.len() / ids.len().max(1);
+    let rows = table.len() / c.max(1);
+    out.par_chunks_mut(c).enumerate().for_each(|(i, o)| {
+        let id = ids[i] as usize;
+        if id >= vocab_start && id < vocab_start + rows {
+            let e = &table[(id - vocab_start) * c..(id - vocab_start + 1) * c];
+            if accumulate {
+                o.iter_mut().zip(e).for_each(|(a, b)| *a += b);
+            } else {
+                o.copy_from_slice(e);
+            }
+        } else if !accumulate {
+            o.fill(0.0);
+        }
+    });
+}
+
+/// `dtable[ids[i] - vocab_start] += dout[i]` for the ids this rank owns. Serial over rows so
+/// repeated ids sum in a fixed order.
+pub fn embedding_lookup_backward(
+    dtable: &mut [f32],
+    dout: &[f32],
+    ids: &[u32],
+    vocab_start: usize,
+) {
+    let c = dout.len() / ids.len().max(1);
+    let rows = dtable.len() / c.max(1);
+    for (i, g) in dout.chunks_exact(c).enumerate() {
+        let id = ids[i] as usize;
+        if id >= vocab_start && id < vocab_start + rows {
+            let r = id - vocab_start;
+            dtable[r * c..(r + 1) * c]
+                .iter_mut()
+                .zip(g)
+                .for_each(|(a, b)| *a += b);
+        }
+    }
+}

@@ -11,6 +11,7 @@ pub mod dropout;
 pub mod embedding;
 pub mod gelu;
 pub mod layernorm;
+pub mod layout;
 pub mod matmul;
 pub mod reduce;
 pub mod simd;
@@ -21,11 +22,16 @@ pub use attention::{
     attention_backward, attention_decode_forward, attention_forward, kv_cache_append,
     AttentionDims, AttentionMask,
 };
-pub use cross_entropy::{fused_classifier, ClassifierDims, IGNORE_INDEX};
+pub use cross_entropy::{
+    fused_classifier, vocab_parallel_classifier, ClassifierDims, ClassifierReduce, IGNORE_INDEX,
+};
 pub use dropout::{bias_dropout_add_backward, bias_dropout_add_forward};
-pub use embedding::{embedding_backward, embedding_forward};
+pub use embedding::{
+    embedding_backward, embedding_forward, embedding_lookup_backward, embedding_lookup_forward,
+};
 pub use gelu::{bias_gelu_backward, bias_gelu_forward};
 pub use layernorm::{layernorm_backward, layernorm_forward};
+pub use layout::{concat_columns, split_columns};
 pub use matmul::{
     bias_backward, matmul, matmul_backward, matmul_batched, matmul_forward, matmul_with_threads,
     BatchStrides, MatmulDims,

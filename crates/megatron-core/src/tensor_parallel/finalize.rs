@@ -1,0 +1,91 @@
+//! Once per step, after all micro-batches: what tensor parallelism adds to Megatron's
+//! `finalize_model_grads`, the global gradient norm over shards, and gathering shards into the
+//! TP = 1 layout (checkpoints are written in it, so they reload under any TP size).
+
+use super::Tp;
+use crate::params::{Grads, Params};
+use megatron_comm::{CommError, ReduceOp};
+use megatron_tensor::cpu::global_norm_squared;
+
+/// Under sequence parallelism each TP rank saw only its token block, so the gradients of
+/// replicated parameters marked `sequence_parallel_grad` (LayerNorms, row-parallel biases,
+/// position embeddings) are partial: one all-reduce over TP of all of them together.
+pub fn allreduce_sequence_parallel_grads(
+    params: &Params,
+    grads: &mut Grads,
+    tp: &mut Tp,
+) -> Result<(), CommError> {
+    if !tp.sequence_parallel {
+        return Ok(());
+    }
+    let metas: Vec<_> = params
+        .metas
+        .iter()
+        .filter(|m| m.sequence_parallel_grad)
+        .collect();
+    let mut buf: Vec<f32> = Vec::with_capacity(metas.iter().map(|m| m.numel).sum());
+    for m in &metas {
+        buf.extend_from_slice(&grads.data[m.offset..m.offset + m.numel]);
+    }
+    tp.comm.all_reduce(&mut buf, ReduceOp::Sum)?;
+    let mut at = 0;
+    for m in &metas {
+        grads.data[m.offset..m.offset + m.numel].copy_from_slice(&buf[at..at + m.numel]);
+        at += m.numel;
+    }
+    Ok(())
+}
+
+/// Global L2 norm of the gradients of the whole (unsharded) model: split parameters count on
+/// every rank, replicated ones on TP rank 0 only (Megatron's
+/// `param_is_not_tensor_parallel_duplicate`), summed over the TP group.
+pub fn grad_norm_tp(params: &Params, grads: &Grads, tp: &mut Tp) -> Result<f64, CommError> {
+    if tp.size() == 1 {
+        return Ok(global_norm_squared(&grads.data).sqrt());
+    }
+    let lead = tp.rank() == 0;
+    let mut local = 0.0f64;
+    for m in &params.metas {
+        if m.tp_replicated && !lead {
+            continue;
+        }
+        local += global_norm_squared(&grads.data[m.offset..m.offset + m.numel]);
+    }
+    // Summed as two f32 halves so the total keeps ~48 bits.
+    let hi = local as f32;
+    let mut v = [hi, (local - hi as f64) as f32];
+    tp.comm.all_reduce(&mut v, ReduceOp::Sum)?;
+    Ok((v[0] as f64 + v[1] as f64).sqrt())
+}
+
+/// `data` laid out as this rank's `params` (e.g. parameters or Adam moments), gathered over TP
+/// into the TP = 1 layout of the same parameters (global shapes, global row-major order).
+/// Every TP rank must call it; every rank receives the full buffer.
+pub fn gather_to_full(params: &Params, data: &[f32], tp: &mut Tp) -> Result<Vec<f32>, CommError> {
+    let total: usize = params
+        .metas
+        .iter()
+        .map(|m| m.shape.iter().product::<usize>())
+        .sum();
+    let mut full = vec![0.0f32; total];
+    let p = tp.size();
+    let mut at = 0;
+    for m in &params.metas {
+        let global: usize = m.shape.iter().product();
+        let local = &data[m.offset..m.offset + m.numel];
+        let dst = &mut full[at..at + global];
+        if m.tp_split_dim.is_none() || p == 1 {
+            dst.copy_from_slice(local);
+        } else {
+            let mut blocks = vec![0.0f32; m.numel * p];
+            tp.comm.all_gather(local, &mut blocks)?;
+            for (r, block) in blocks.chunks(m.numel).enumerate() {
+                for (i, v) in block.iter().enumerate() {
+                    dst[m.global_index_on(i, r)] = *v;
+                }
+            }
+        }
+        at += global;
+    }
+    Ok(full)
+}

@@ -1,0 +1,52 @@
+//! Tensor and sequence parallelism (Megatron's `megatron/core/tensor_parallel/`): the conjugate
+//! region operators, column- and row-parallel linear layers, the vocabulary-parallel embedding
+//! and cross entropy. Every operator is an explicit forward/backward pair over the TP group.
+
+pub mod cross_entropy;
+pub mod finalize;
+pub mod layers;
+pub mod mappings;
+
+pub use cross_entropy::vocab_parallel_cross_entropy;
+pub use finalize::{allreduce_sequence_parallel_grads, gather_to_full, grad_norm_tp};
+pub use layers::{ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding};
+
+use megatron_comm::{Communicator, ThreadCommunicator};
+
+/// The tensor-parallel group a forward or backward runs in, and whether the LayerNorm, dropout
+/// and residual regions are split along the sequence (`--sequence-parallel`).
+pub struct Tp<'a> {
+    pub comm: &'a mut dyn Communicator,
+    pub sequence_parallel: bool,
+}
+
+impl<'a> Tp<'a> {
+    pub fn new(comm: &'a mut dyn Communicator, sequence_parallel: bool) -> Self {
+        let sequence_parallel = sequence_parallel && comm.size() > 1;
+        Tp {
+            comm,
+            sequence_parallel,
+        }
+    }
+    pub fn size(&self) -> usize {
+        self.comm.size()
+    }
+    pub fn rank(&self) -> usize {
+        self.comm.rank()
+    }
+    /// Rows `[lo, hi)` of the `n` tokens this rank holds in sequence-parallel regions (all rows
+    /// without sequence parallelism).
+    pub fn sequence_shard(&self, n: usize) -> (usize, usize) {
+        if self.sequence_parallel {
+            let s = n / self.size();
+            (self.rank() * s, (self.rank() + 1) * s)
+        } else {
+            (0, n)
+        }
+    }
+}
+
+/// A group of one rank, for code paths without tensor parallelism (TP = 1).
+pub fn serial_group() -> ThreadCommunicator {
+    ThreadCommunicator::world(1).pop().expect("one rank")
+}
