@@ -267,6 +267,13 @@ fn evaluate(
 /// Trains as `megatron train` does; returns the per-iteration losses.
 pub fn pretrain(args: &TrainArgs) -> Result<TrainSummary, TrainError> {
     let tok = build_tokenizer_from(&args.tokenizer.spec())?;
+    let threads = args
+        .num_threads
+        .unwrap_or_else(megatron_tensor::threads::available_cores);
+    #[cfg(feature = "mpi")]
+    if megatron_comm::mpi_comm::launched_by_mpi() {
+        return pretrain_mpi(args, tok.vocab_size(), threads);
+    }
     let cfg = args.validate(tok.vocab_size())?;
     let threads = args
         .num_threads
@@ -275,10 +282,6 @@ pub fn pretrain(args: &TrainArgs) -> Result<TrainSummary, TrainError> {
         .num_threads(threads)
         .build()
         .map_err(|e| TrainError::Args(format!("--num-threads {threads}: {e}")))?;
-    #[cfg(feature = "mpi")]
-    if megatron_comm::mpi_comm::launched_by_mpi() {
-        return pretrain_mpi(cfg, threads);
-    }
     if cfg.dp * cfg.tp == 1 {
         return pool.install(|| {
             megatron_tensor::threads::set_gemm_threads(threads);
@@ -292,32 +295,24 @@ pub fn pretrain(args: &TrainArgs) -> Result<TrainSummary, TrainError> {
 /// Under `mpirun`/`srun` (built with feature `mpi`): this process is one data-parallel rank of
 /// the MPI world; `--nproc-per-node` must be 1 (one rank per process).
 #[cfg(feature = "mpi")]
-fn pretrain_mpi(cfg: TrainConfig, threads: usize) -> Result<TrainSummary, TrainError> {
-    let universe =
-        mpi::initialize().ok_or_else(|| TrainError::Args("MPI could not be initialized".into()))?;
-    let mut comm = megatron_comm::mpi_comm::MpiCommunicator::world(&universe);
-    let n = comm.size();
-    let mut cfg = cfg;
-    if cfg.dp * cfg.tp != cfg.tp {
+fn pretrain_mpi(
+    args: &TrainArgs,
+    vocab_size: usize,
+    threads: usize,
+) -> Result<TrainSummary, TrainError> {
+    if args.nproc_per_node != 1 {
         return Err(TrainError::Args(
             "under mpirun use one rank per process (--nproc-per-node 1)".into(),
         ));
     }
-    if !n.is_multiple_of(cfg.tp) {
-        return Err(TrainError::Args(format!(
-            "--tensor-model-parallel-size ({}) must divide the MPI world size ({n})",
-            cfg.tp
-        )));
-    }
-    let n_dp = n / cfg.tp;
-    // The world is the data-parallel group: re-derive the micro-batch count for it.
-    let gbs = cfg.global_batch_size;
-    let mbs = cfg.args.micro_batch_size;
-    if !gbs.is_multiple_of(mbs * n_dp) {
-        return Err(TrainError::Args(format!("--global-batch-size ({gbs}) must be a multiple of --micro-batch-size ({mbs}) times the data-parallel size ({n_dp} = MPI world {n} / tensor-parallel size {})", cfg.tp)));
-    }
-    cfg.dp = n_dp;
-    cfg.num_microbatches = gbs / (mbs * n_dp);
+    let universe =
+        mpi::initialize().ok_or_else(|| TrainError::Args("MPI could not be initialized".into()))?;
+    let mut comm = megatron_comm::mpi_comm::MpiCommunicator::world(&universe);
+    let n = comm.size();
+    // The MPI world takes the place of --nproc-per-node in the layout checks.
+    let mut a = args.clone();
+    a.nproc_per_node = n;
+    let cfg = a.validate(vocab_size)?;
     let tok = build_tokenizer_from(&cfg.args.tokenizer.spec())?;
     let mut groups = process_groups(&mut comm, n, cfg.tp, "MPI")?;
     megatron_tensor::threads::set_gemm_threads(threads);
