@@ -275,9 +275,6 @@ pub fn pretrain(args: &TrainArgs) -> Result<TrainSummary, TrainError> {
         return pretrain_mpi(args, tok.vocab_size(), threads);
     }
     let cfg = args.validate(tok.vocab_size())?;
-    let threads = args
-        .num_threads
-        .unwrap_or_else(megatron_tensor::threads::available_cores);
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .build()
