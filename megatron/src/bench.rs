@@ -7,8 +7,9 @@ use std::time::Instant;
 
 #[derive(Args)]
 pub struct BenchArgs {
-    /// `gemm` (the three GEMMs of a linear layer), `peak` (the FMA-loop peak) or `kernels` (every kernel of one GPT layer
-    /// at --tokens x --hidden with --seq-length and --heads, plus the output layer at --vocab).
+    /// `gemm` (the three GEMMs of a linear layer), `peak` (the FMA-loop peak), `kernels` (every kernel of one GPT layer
+    /// at --tokens x --hidden with --seq-length and --heads, plus the output layer at --vocab), `comm` (all-reduce bus
+    /// bandwidth), `index` (GPTDataset index build) or `tp` (a GPT micro-batch at each --ranks tensor-parallel size).
     #[arg(default_value = "gemm")]
     pub what: String,
     #[arg(long, default_value_t = 4096)]
@@ -39,9 +40,14 @@ pub struct BenchArgs {
     /// For `bench kernels`: tokens per logits tile of the fused output layer.
     #[arg(long, default_value_t = 256)]
     pub chunk_rows: usize,
-    /// For `bench comm`: rank counts to measure.
+    /// For `bench comm`: rank counts to measure; for `bench tp`: tensor-parallel sizes.
     #[arg(long, num_args = 1.., default_values_t = vec![2usize, 4, 8])]
     pub ranks: Vec<usize>,
+    /// For `bench tp`: transformer layers and sequences per micro-batch.
+    #[arg(long, default_value_t = 2)]
+    pub layers: usize,
+    #[arg(long, default_value_t = 1)]
+    pub micro_batch: usize,
 }
 
 fn time_median(repeats: usize, mut f: impl FnMut()) -> f64 {
@@ -213,6 +219,9 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
     }
     if a.what == "comm" {
         return comm(a);
+    }
+    if a.what == "tp" {
+        return crate::bench_tp::tp(a);
     }
     if a.what == "index" {
         let prefix = a

@@ -675,11 +675,20 @@ fn run(
         );
         let formula =
             2.0 * s_ * b_ * h_ * (34.0 + 5.0 * a_ * s_ / h_) * cfg.model.num_layers as f64;
+        let engine = megatron_core::models::gpt::activation_bytes_formula(
+            &cfg.model,
+            b,
+            t,
+            tp.size(),
+            tp.sequence_parallel,
+        );
         if lead {
             println!(
-            "activations held per micro-batch: {:.1} MiB measured (f32); sbh(34 + 5as/h) per layer gives {:.1} MiB in f32",
+            "activations held per micro-batch and rank: {:.2} MiB measured (f32), engine formula {:.2} MiB; Megatron's sbh(34 + 5as/h){} per layer would be {:.2} MiB in f32",
             summary.peak_activation_bytes as f64 / (1 << 20) as f64,
-            formula / (1 << 20) as f64
+            engine as f64 / (1 << 20) as f64,
+            if tp.sequence_parallel { "/t" } else { "" },
+            formula / (1 << 20) as f64 / if tp.sequence_parallel { tp.size() as f64 } else { 1.0 }
         );
         }
     }

@@ -63,6 +63,37 @@ pub struct GPTModel {
 const CLASSIFIER_TILE_BYTES: usize = 96 << 20;
 const CLASSIFIER_MAX_ROWS: usize = 1024;
 
+/// Bytes of activations the engine keeps for backward per micro-batch (f32), at the peak after
+/// the last layer's forward: the engine's counterpart of Korthikanti et al.'s `sbh(34 + 5as/h)`.
+/// Per layer and token: the layer input and the mid-layer residual (h each), four LayerNorm
+/// statistics, QKV (3h), attention output (h), fc1 pre-activation (f) and the attention
+/// log-sum-exp (a per token; flash-style attention keeps no `s x s` scores), plus the last
+/// layer's output (h per token). Tensor parallelism divides the QKV, attention, fc1 and
+/// log-sum-exp terms by `t`; sequence parallelism also the input, residual, statistics and
+/// output: with SP all of it is `/t`.
+pub fn activation_bytes_formula(
+    cfg: &TransformerConfig,
+    b: usize,
+    s: usize,
+    tp: usize,
+    sequence_parallel: bool,
+) -> usize {
+    let (h, f, a, l) = (
+        cfg.hidden_size,
+        cfg.ffn_hidden_size,
+        cfg.num_attention_heads,
+        cfg.num_layers,
+    );
+    let tok = b * s;
+    let split = (tok / tp) * (4 * h + f + a);
+    let (per_layer, last) = if sequence_parallel && tp > 1 {
+        (split + (tok / tp) * (2 * h + 4), tok / tp * h)
+    } else {
+        (split + tok * (2 * h + 4), tok * h)
+    };
+    4 * (l * per_layer + last)
+}
+
 impl GPTModel {
     /// Builds the model and its parameters, initialized from `seed`.
     pub fn new(config: TransformerConfig, seed: u64) -> (GPTModel, Params) {
