@@ -33,6 +33,11 @@ pub struct ParamMeta {
     /// Index of this shard along `tp_split_dim` and the number of shards.
     pub tp_rank: usize,
     pub tp_size: usize,
+    /// A copy of a parameter owned by another pipeline stage (the last stage's copy of the tied
+    /// word embedding, Megatron's `shared=True`): counted once in the gradient norm and not
+    /// saved, since the owner saves it.
+    #[serde(default)]
+    pub shared: bool,
 }
 
 impl ParamMeta {
@@ -130,6 +135,7 @@ impl Params {
             sequence_parallel_grad: sharding == Sharding::ReplicatedSequenceParallel,
             tp_rank,
             tp_size,
+            shared: false,
         });
         ParamId(self.metas.len() - 1)
     }

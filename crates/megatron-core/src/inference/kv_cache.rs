@@ -53,12 +53,16 @@ pub fn decode_step(
     );
     // Position `pos` for every sequence: embed with a one-row position table.
     let mut x = Tensor::zeros(&[b, h]);
-    let wpe = &params.get(model.embedding.position_embeddings)[pos * h..(pos + 1) * h];
+    let emb = model
+        .embedding
+        .as_ref()
+        .expect("decoding needs the whole model (one pipeline stage)");
+    let wpe = &params.get(emb.position_embeddings)[pos * h..(pos + 1) * h];
     embedding_forward(
         x.data_mut(),
         tokens,
         None,
-        params.get(model.embedding.word_embeddings),
+        params.get(emb.word_embeddings),
         wpe,
         1,
     );
@@ -138,12 +142,14 @@ pub fn decode_step(
         x = out;
     }
     cache.len += 1;
-    let (xf, _) = model.final_layernorm.forward(params, &x);
+    let (xf, _) = model
+        .final_layernorm
+        .as_ref()
+        .expect("decoding needs the whole model")
+        .forward(params, &x);
     let v = cfg.padded_vocab_size;
     let mut logits = Tensor::zeros(&[b, v]);
-    let wid = model
-        .output_layer
-        .unwrap_or(model.embedding.word_embeddings);
+    let wid = model.output_weight.expect("decoding needs the whole model");
     matmul_forward(logits.data_mut(), xf.data(), params.get(wid), None, b, h, v);
     logits
 }

@@ -1,5 +1,7 @@
 //! `GPTModel`: embedding, decoder block of `TransformerLayer`s, final LayerNorm, output layer
-//! (tied to the word embedding unless untied), fused vocabulary-chunked cross-entropy.
+//! (tied to the word embedding unless untied), fused vocabulary-chunked cross-entropy. A model
+//! may be one pipeline stage's chunk of layers; `forward_step`/`backward_step` are what the
+//! pipeline schedules call, `forward_backward` the whole model at once.
 
 use super::embedding::LanguageModelEmbedding;
 use crate::params::{Grads, Init, ParamId, Params, Sharding};
@@ -9,7 +11,9 @@ use crate::tensor_parallel::mappings::{
 };
 use crate::tensor_parallel::{vocab_parallel_cross_entropy, Tp};
 use crate::transformer::config::TransformerConfig;
-use crate::transformer::layer::{LayerNorm, TransformerLayer};
+use crate::transformer::layer::{
+    LayerNorm, LayerNormSaved, TransformerLayer, TransformerLayerSaved,
+};
 use crate::transformer::step::StepContext;
 use megatron_comm::CommError;
 use megatron_tensor::cpu::{AttentionMask, ClassifierDims};
@@ -48,12 +52,33 @@ pub struct MicroBatchResult {
     pub activation_bytes: usize,
 }
 
+/// A GPT model, or one pipeline stage's chunk of it: the embedding on the first stage
+/// (`pre_process`), a range of transformer layers, the final LayerNorm, output layer and loss on
+/// the last (`post_process`). Layer numbers and parameter names are global.
 pub struct GPTModel {
     pub config: TransformerConfig,
-    pub embedding: LanguageModelEmbedding,
+    pub embedding: Option<LanguageModelEmbedding>,
     pub layers: Vec<TransformerLayer>,
-    pub final_layernorm: LayerNorm,
+    pub final_layernorm: Option<LayerNorm>,
+    /// The untied output layer, if any.
     pub output_layer: Option<ParamId>,
+    /// The weight the output layer multiplies by (last stage): the untied output layer, the word
+    /// embedding, or the last stage's copy of the word embedding under pipeline parallelism.
+    pub output_weight: Option<ParamId>,
+    vocab_start: usize,
+    vocab_per_partition: usize,
+}
+
+/// What a stage keeps of one micro-batch between its forward and its backward.
+pub struct ForwardState {
+    saved: Vec<TransformerLayerSaved>,
+    /// Last stage: the last layer's output, the final LayerNorm statistics and the gradient of
+    /// the LayerNorm output (the loss gradient is known in the forward: the output layer and
+    /// the cross entropy are fused and run their backward right away).
+    tail: Option<(Tensor, LayerNormSaved, Tensor)>,
+    pub activation_bytes: usize,
+    /// Last stage: mean loss over unmasked labels and their number.
+    pub loss: Option<(f32, f32)>,
 }
 
 /// Bytes of one logits tile in the fused output layer, and its most rows. Larger tiles make the
@@ -121,44 +146,98 @@ impl GPTModel {
         params: &mut Params,
         inits: &mut Vec<Init>,
     ) -> GPTModel {
-        let embedding = LanguageModelEmbedding::new(&config, params, inits);
-        let layers = (0..config.num_layers)
+        let l = config.num_layers;
+        Self::build_chunk(config, params, inits, 0..l, true, true)
+    }
+
+    /// One pipeline stage's chunk: layers `layers` (global numbers), with the embedding if
+    /// `pre_process` and the final LayerNorm and output layer if `post_process`. The last stage
+    /// of a tied model registers its own copy of the word embedding, under the same name and
+    /// with the same initialization (so no start-up synchronization is needed); it is marked
+    /// `shared`.
+    pub fn build_chunk(
+        config: TransformerConfig,
+        params: &mut Params,
+        inits: &mut Vec<Init>,
+        layers: std::ops::Range<usize>,
+        pre_process: bool,
+        post_process: bool,
+    ) -> GPTModel {
+        let embedding = pre_process.then(|| LanguageModelEmbedding::new(&config, params, inits));
+        let layers = layers
             .map(|l| TransformerLayer::new(&config, l, params, inits))
             .collect();
-        let final_layernorm = LayerNorm::new(
-            "decoder.final_layernorm",
-            config.hidden_size,
-            config.layernorm_epsilon,
-            params,
-            inits,
-        );
-        let output_layer = if config.untie_embeddings_and_output_weights {
-            Some(params.add_sharded(
+        let final_layernorm = post_process.then(|| {
+            LayerNorm::new(
+                "decoder.final_layernorm",
+                config.hidden_size,
+                config.layernorm_epsilon,
+                params,
                 inits,
-                "output_layer.weight".into(),
+            )
+        });
+        let output_layer =
+            (post_process && config.untie_embeddings_and_output_weights).then(|| {
+                params.add_sharded(
+                    inits,
+                    "output_layer.weight".into(),
+                    &[config.padded_vocab_size, config.hidden_size],
+                    true,
+                    Init::Normal(config.init_method_std),
+                    Sharding::Split(0),
+                )
+            });
+        let (tp_rank, t) = (params.tp.0, params.tp.1.max(1));
+        let output_weight = if !post_process {
+            None
+        } else if let Some(o) = output_layer {
+            Some(o)
+        } else if let Some(e) = &embedding {
+            Some(e.word_embeddings)
+        } else {
+            let id = params.add_sharded(
+                inits,
+                "embedding.word_embeddings.weight".into(),
                 &[config.padded_vocab_size, config.hidden_size],
                 true,
                 Init::Normal(config.init_method_std),
                 Sharding::Split(0),
-            ))
-        } else {
-            None
+            );
+            params.metas[id.0].shared = true;
+            Some(id)
         };
+        let per = config.padded_vocab_size / t;
         GPTModel {
             config,
             embedding,
             layers,
             final_layernorm,
             output_layer,
+            output_weight,
+            vocab_start: tp_rank * per,
+            vocab_per_partition: per,
         }
     }
 
-    fn output_weight(&self) -> ParamId {
-        self.output_layer.unwrap_or(self.embedding.word_embeddings)
+    /// The word embedding of the first stage, or the last stage's copy (tied models).
+    pub fn word_embeddings(&self) -> Option<ParamId> {
+        match &self.embedding {
+            Some(e) => Some(e.word_embeddings),
+            None if !self.config.untie_embeddings_and_output_weights => self.output_weight,
+            None => None,
+        }
+    }
+
+    pub fn pre_process(&self) -> bool {
+        self.embedding.is_some()
+    }
+
+    pub fn post_process(&self) -> bool {
+        self.final_layernorm.is_some()
     }
 
     fn classifier_dims(&self, n: usize) -> ClassifierDims {
-        let v = self.embedding.word.vocab_per_partition;
+        let v = self.vocab_per_partition;
         ClassifierDims {
             n,
             c: self.config.hidden_size,
@@ -176,9 +255,155 @@ impl GPTModel {
         }
     }
 
-    /// Forward and backward of one micro-batch. Gradients accumulate into `grads`, scaled by
-    /// `grad_scale` (1 / number of micro-batches for Megatron's mean over micro-batches).
-    /// Every TP rank of the group calls it with the same batch.
+    /// This stage's forward of one micro-batch. `input` is the previous stage's output (`None`
+    /// on the first stage, which embeds `batch.tokens`). Returns the output to send to the next
+    /// stage (`None` on the last) and what backward needs. On the last stage the loss is
+    /// computed and, with `grads`, the output layer's weight gradient and the gradient of the
+    /// final LayerNorm output too (scaled by `grad_scale`). Without `grads` nothing is kept.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_step(
+        &self,
+        params: &Params,
+        grads: Option<&mut Grads>,
+        tp: &mut Tp,
+        input: Option<Tensor>,
+        batch: &Batch,
+        grad_scale: f32,
+        ctx: &StepContext,
+    ) -> Result<(Option<Tensor>, ForwardState), CommError> {
+        let (b, t) = (batch.b, batch.t);
+        let n = b * t;
+        let mut x = match (&self.embedding, input) {
+            (Some(e), _) => e.forward(params, tp, batch.tokens, batch.position_ids, t, ctx)?,
+            (None, Some(x)) => x,
+            (None, None) => panic!("a stage without the embedding needs its input"),
+        };
+        let keep = grads.is_some();
+        let mut saved = Vec::with_capacity(if keep { self.layers.len() } else { 0 });
+        for layer in &self.layers {
+            if keep {
+                let (y, s) = layer.forward(params, tp, x, b, t, ctx, batch.mask())?;
+                saved.push(s);
+                x = y;
+            } else {
+                x = layer.forward_no_grad(params, tp, x, b, t, ctx, batch.mask())?;
+            }
+        }
+        let mut activation_bytes = saved.iter().map(|s| s.size_in_bytes()).sum::<usize>();
+        let Some(lnf_layer) = &self.final_layernorm else {
+            let state = ForwardState {
+                saved,
+                tail: None,
+                activation_bytes,
+                loss: None,
+            };
+            return Ok((Some(x), state));
+        };
+        if keep {
+            activation_bytes += x.size_in_bytes();
+        }
+        let (xf, lnf) = lnf_layer.forward(params, &x);
+        let xg = self.output_input(tp, xf)?;
+        let total: f32 = batch.loss_mask.iter().sum();
+        let denom = total.max(1.0);
+        let mut losses = vec![0.0f32; n];
+        let wid = self
+            .output_weight
+            .expect("the last stage has an output weight");
+        let dims = self.classifier_dims(n);
+        let mut tail = None;
+        match grads {
+            Some(grads) => {
+                let dloss: Vec<f32> = batch
+                    .loss_mask
+                    .iter()
+                    .map(|m| m / denom * grad_scale)
+                    .collect();
+                let mut dxg = Tensor::for_overwrite(&[n, self.config.hidden_size]);
+                vocab_parallel_cross_entropy(
+                    tp,
+                    &mut losses,
+                    Some((dxg.data_mut(), grads.get_mut(wid))),
+                    xg.data(),
+                    params.get(wid),
+                    batch.labels,
+                    &dloss,
+                    dims,
+                    self.vocab_start,
+                )?;
+                drop(xg);
+                // The output layer is column-parallel over the vocabulary: its input gradient
+                // is summed over TP (reduce-scattered to the token blocks under SP).
+                let dxf = if tp.sequence_parallel {
+                    gather_from_sequence_parallel_region_backward(tp, &dxg)?
+                } else {
+                    copy_to_tensor_model_parallel_region_backward(tp, dxg)?
+                };
+                tail = Some((x, lnf, dxf));
+            }
+            None => vocab_parallel_cross_entropy(
+                tp,
+                &mut losses,
+                None,
+                xg.data(),
+                params.get(wid),
+                batch.labels,
+                &[],
+                dims,
+                self.vocab_start,
+            )?,
+        }
+        let loss = losses
+            .iter()
+            .zip(batch.loss_mask)
+            .map(|(l, m)| (*l as f64) * (*m as f64))
+            .sum::<f64>()
+            / denom as f64;
+        let state = ForwardState {
+            saved,
+            tail,
+            activation_bytes,
+            loss: Some((loss as f32, total)),
+        };
+        Ok((None, state))
+    }
+
+    /// This stage's backward of one micro-batch: `dy` is the gradient of this stage's output
+    /// from the next stage (`None` on the last stage). Returns the gradient of this stage's
+    /// input to send to the previous stage (`None` on the first).
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward_step(
+        &self,
+        params: &Params,
+        grads: &mut Grads,
+        tp: &mut Tp,
+        state: ForwardState,
+        dy: Option<Tensor>,
+        batch: &Batch,
+        ctx: &StepContext,
+    ) -> Result<Option<Tensor>, CommError> {
+        let (b, t) = (batch.b, batch.t);
+        let mut dx = match (state.tail, &self.final_layernorm) {
+            (Some((x, lnf, dxf)), Some(ln)) => ln.backward(params, grads, &lnf, &x, &dxf),
+            (None, None) => dy.expect("a stage without the loss needs the output gradient"),
+            _ => panic!("backward_step of a state not made by forward_step with gradients"),
+        };
+        for (layer, s) in self.layers.iter().zip(state.saved).rev() {
+            dx = layer.backward(params, grads, tp, s, dx, b, t, ctx, batch.mask())?;
+        }
+        match &self.embedding {
+            Some(e) => {
+                e.backward(grads, tp, batch.tokens, batch.position_ids, t, dx, ctx)?;
+                Ok(None)
+            }
+            None => Ok(Some(dx)),
+        }
+    }
+
+    /// Forward and backward of one micro-batch on a whole model (no pipeline). Gradients
+    /// accumulate into `grads`, scaled by `grad_scale` (1 / number of micro-batches for
+    /// Megatron's mean over micro-batches). Every TP rank of the group calls it with the same
+    /// batch.
     pub fn forward_backward(
         &self,
         params: &Params,
@@ -188,71 +413,29 @@ impl GPTModel {
         grad_scale: f32,
         ctx: &StepContext,
     ) -> Result<MicroBatchResult, CommError> {
-        let (b, t) = (batch.b, batch.t);
-        let n = b * t;
-        let mut x = self
-            .embedding
-            .forward(params, tp, batch.tokens, batch.position_ids, t, ctx)?;
-        let mut saved = Vec::with_capacity(self.layers.len());
-        for layer in &self.layers {
-            let (y, s) = layer.forward(params, tp, x, b, t, ctx, batch.mask())?;
-            saved.push(s);
-            x = y;
-        }
-        let activation_bytes =
-            saved.iter().map(|s| s.size_in_bytes()).sum::<usize>() + x.size_in_bytes();
-        let (xf, lnf) = self.final_layernorm.forward(params, &x);
-        let xg = self.output_input(tp, xf)?;
-        let total: f32 = batch.loss_mask.iter().sum();
-        let denom = total.max(1.0);
-        let dloss: Vec<f32> = batch
-            .loss_mask
-            .iter()
-            .map(|m| m / denom * grad_scale)
-            .collect();
-        let mut losses = vec![0.0f32; n];
-        let mut dxg = Tensor::for_overwrite(&[n, self.config.hidden_size]);
-        let wid = self.output_weight();
-        let vocab_start = self.embedding.word.vocab_start;
-        let dims = self.classifier_dims(n);
-        vocab_parallel_cross_entropy(
-            tp,
-            &mut losses,
-            Some((dxg.data_mut(), grads.get_mut(wid))),
-            xg.data(),
-            params.get(wid),
-            batch.labels,
-            &dloss,
-            dims,
-            vocab_start,
-        )?;
-        drop(xg);
-        // The output layer is column-parallel over the vocabulary: its input gradient is summed
-        // over TP (reduce-scattered to the token blocks under sequence parallelism).
-        let dxf = if tp.sequence_parallel {
-            gather_from_sequence_parallel_region_backward(tp, &dxg)?
-        } else {
-            copy_to_tensor_model_parallel_region_backward(tp, dxg)?
-        };
-        let mut dx = self.final_layernorm.backward(params, grads, &lnf, &x, &dxf);
-        drop(dxf);
-        drop(x);
-        for (layer, s) in self.layers.iter().zip(saved).rev() {
-            dx = layer.backward(params, grads, tp, s, dx, b, t, ctx, batch.mask())?;
-        }
-        self.embedding
-            .backward(grads, tp, batch.tokens, batch.position_ids, t, dx, ctx)?;
-        let loss = losses
-            .iter()
-            .zip(batch.loss_mask)
-            .map(|(l, m)| (*l as f64) * (*m as f64))
-            .sum::<f64>()
-            / denom as f64;
+        let (_, state) =
+            self.forward_step(params, Some(&mut *grads), tp, None, batch, grad_scale, ctx)?;
+        let activation_bytes = state.activation_bytes;
+        let (loss, tokens) = state.loss.expect("a whole model computes the loss");
+        self.backward_step(params, grads, tp, state, None, batch, ctx)?;
         Ok(MicroBatchResult {
-            loss: loss as f32,
-            tokens: total,
+            loss,
+            tokens,
             activation_bytes,
         })
+    }
+
+    /// Mean loss over the unmasked labels of a whole model, without dropout and without
+    /// keeping activations.
+    pub fn forward_loss(
+        &self,
+        params: &Params,
+        tp: &mut Tp,
+        batch: &Batch,
+    ) -> Result<f32, CommError> {
+        let (_, state) =
+            self.forward_step(params, None, tp, None, batch, 1.0, &StepContext::eval())?;
+        Ok(state.loss.expect("a whole model computes the loss").0)
     }
 
     /// [`GPTModel::forward_backward`] of a model without tensor parallelism.
@@ -281,46 +464,5 @@ impl GPTModel {
         let mut one = crate::tensor_parallel::serial_group();
         self.forward_loss(params, &mut Tp::new(&mut one, false), batch)
             .expect("a group of one rank does not communicate")
-    }
-
-    /// Mean loss over the unmasked labels, without dropout and without keeping activations.
-    pub fn forward_loss(
-        &self,
-        params: &Params,
-        tp: &mut Tp,
-        batch: &Batch,
-    ) -> Result<f32, CommError> {
-        let (b, t) = (batch.b, batch.t);
-        let n = b * t;
-        let ctx = StepContext::eval();
-        let mut x =
-            self.embedding
-                .forward(params, tp, batch.tokens, batch.position_ids, t, &ctx)?;
-        for layer in &self.layers {
-            x = layer.forward_no_grad(params, tp, x, b, t, &ctx, batch.mask())?;
-        }
-        let (xf, _) = self.final_layernorm.forward(params, &x);
-        let xg = self.output_input(tp, xf)?;
-        let mut losses = vec![0.0f32; n];
-        let wid = self.output_weight();
-        let vocab_start = self.embedding.word.vocab_start;
-        vocab_parallel_cross_entropy(
-            tp,
-            &mut losses,
-            None,
-            xg.data(),
-            params.get(wid),
-            batch.labels,
-            &[],
-            self.classifier_dims(n),
-            vocab_start,
-        )?;
-        let total: f32 = batch.loss_mask.iter().sum();
-        Ok((losses
-            .iter()
-            .zip(batch.loss_mask)
-            .map(|(l, m)| (*l as f64) * (*m as f64))
-            .sum::<f64>()
-            / total.max(1.0) as f64) as f32)
     }
 }
