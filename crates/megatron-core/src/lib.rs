@@ -5,6 +5,7 @@ pub mod inference;
 pub mod models;
 pub mod optimizer;
 pub mod params;
+pub mod pipeline_parallel;
 pub mod tensor_parallel;
 pub mod transformer;
 

@@ -1,0 +1,149 @@
+//! Runs a stage's schedule: for each forward, receive the input from the previous virtual stage
+//! (unless this is the first), run the chunk, send the output on; for each backward, receive the
+//! output gradient (unless last), run the chunk's backward, send the input gradient back.
+//! A micro-batch's saved activations are freed as soon as its backward ran.
+
+use super::p2p;
+use super::partition::StagePartition;
+use super::timers::Timers;
+use super::Op;
+use crate::models::gpt::{Batch, ForwardState, GPTModel};
+use crate::params::{Grads, Params};
+use crate::tensor_parallel::Tp;
+use crate::transformer::step::StepContext;
+use megatron_comm::{CommError, Communicator};
+use std::collections::HashMap;
+use std::time::Instant;
+
+/// What one pass of a schedule produced on this stage.
+#[derive(Clone, Debug, Default)]
+pub struct PipelineRun {
+    /// Last stage: (mean loss, unmasked tokens) of each micro-batch.
+    pub losses: Vec<(f32, f32)>,
+    /// Most micro-batches (per chunk) whose activations were held at once.
+    pub peak_in_flight: usize,
+    /// Most saved-activation bytes held at once.
+    pub peak_activation_bytes: usize,
+}
+
+/// The pieces of a stage: its chunks, where they sit, and its groups.
+pub struct Stage<'a, 'g> {
+    pub chunks: &'a [GPTModel],
+    pub partition: StagePartition,
+    pub rank: usize,
+    pub pp: &'a mut dyn Communicator,
+    pub tp: &'a mut Tp<'g>,
+    /// Shape of the activations passed between stages.
+    pub shape: [usize; 2],
+}
+
+impl Stage<'_, '_> {
+    fn vs(&self, chunk: usize) -> usize {
+        chunk * self.partition.p + self.rank
+    }
+    fn stages(&self) -> usize {
+        self.partition.p * self.partition.v
+    }
+
+    /// Runs `ops` (with gradients into `grads`, or forward only when `grads` is `None`, in
+    /// which case every op must be a forward).
+    #[allow(clippy::too_many_arguments)]
+    pub fn run(
+        &mut self,
+        params: &Params,
+        mut grads: Option<&mut Grads>,
+        ops: &[Op],
+        batches: &[Batch],
+        ctxs: &[StepContext],
+        grad_scale: f32,
+        timers: &mut Timers,
+    ) -> Result<PipelineRun, CommError> {
+        let p = self.partition.p;
+        let stages = self.stages();
+        let mut states: HashMap<(usize, usize), ForwardState> = HashMap::new();
+        let mut out = PipelineRun::default();
+        let mut losses: Vec<Option<(f32, f32)>> = vec![None; batches.len()];
+        let mut live_bytes = 0usize;
+        let started = Instant::now();
+        for &op in ops {
+            match op {
+                Op::Forward { chunk, mb } => {
+                    let vs = self.vs(chunk);
+                    let input = if self.partition.is_first(self.rank, chunk) {
+                        None
+                    } else {
+                        let t0 = Instant::now();
+                        let src = (vs - 1) % p;
+                        let x = p2p::recv(self.pp, &self.shape, src, p2p::tag(mb, vs, stages, false))?;
+                        timers.p2p_wait += t0.elapsed();
+                        timers.record(|| format!("recv fwd mb{mb}"), t0);
+                        Some(x)
+                    };
+                    let t0 = Instant::now();
+                    let (y, state) = self.chunks[chunk].forward_step(
+                        params,
+                        grads.as_deref_mut(),
+                        self.tp,
+                        input,
+                        &batches[mb],
+                        grad_scale,
+                        &ctxs[mb],
+                    )?;
+                    timers.forward += t0.elapsed();
+                    timers.record(|| format!("F{mb}.{chunk}"), t0);
+                    if let Some(l) = state.loss {
+                        losses[mb] = Some(l);
+                    }
+                    if let Some(y) = y {
+                        p2p::send(self.pp, &y, (vs + 1) % p, p2p::tag(mb, vs + 1, stages, false))?;
+                    }
+                    if grads.is_some() {
+                        live_bytes += state.activation_bytes;
+                        out.peak_activation_bytes = out.peak_activation_bytes.max(live_bytes);
+                        states.insert((chunk, mb), state);
+                        out.peak_in_flight = out.peak_in_flight.max(states.len());
+                    }
+                }
+                Op::Backward { chunk, mb } => {
+                    let vs = self.vs(chunk);
+                    let grads = grads
+                        .as_deref_mut()
+                        .expect("a backward needs gradients");
+                    let state = states
+                        .remove(&(chunk, mb))
+                        .expect("the schedule runs a forward before its backward");
+                    let bytes = state.activation_bytes;
+                    let dy = if self.partition.is_last(self.rank, chunk) {
+                        None
+                    } else {
+                        let t0 = Instant::now();
+                        let src = (vs + 1) % p;
+                        let d = p2p::recv(self.pp, &self.shape, src, p2p::tag(mb, vs, stages, true))?;
+                        timers.p2p_wait += t0.elapsed();
+                        timers.record(|| format!("recv bwd mb{mb}"), t0);
+                        Some(d)
+                    };
+                    let t0 = Instant::now();
+                    let dx = self.chunks[chunk].backward_step(
+                        params,
+                        grads,
+                        self.tp,
+                        state,
+                        dy,
+                        &batches[mb],
+                        &ctxs[mb],
+                    )?;
+                    timers.backward += t0.elapsed();
+                    timers.record(|| format!("B{mb}.{chunk}"), t0);
+                    live_bytes -= bytes;
+                    if let Some(dx) = dx {
+                        p2p::send(self.pp, &dx, (vs + p - 1) % p, p2p::tag(mb, vs - 1, stages, true))?;
+                    }
+                }
+            }
+        }
+        timers.pipeline += started.elapsed();
+        out.losses = losses.into_iter().flatten().collect();
+        Ok(out)
+    }
+}

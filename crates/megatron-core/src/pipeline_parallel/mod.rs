@@ -1,0 +1,48 @@
+//! Pipeline parallelism (Megatron's `megatron/core/pipeline_parallel/`): how layers are split
+//! into stages, the schedules (which forward and backward a stage runs next), point-to-point
+//! exchange between neighbouring stages, and the executor that runs a schedule.
+
+pub mod executor;
+pub mod interleaved;
+pub mod no_pipelining;
+pub mod one_f_one_b;
+pub mod p2p;
+pub mod partition;
+pub mod timers;
+
+/// One step of a stage's schedule: a forward or backward of micro-batch `mb` on model chunk
+/// `chunk` (always 0 without interleaving).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    Forward { chunk: usize, mb: usize },
+    Backward { chunk: usize, mb: usize },
+}
+
+/// Largest number of micro-batches (counted per chunk) whose activations a stage holds at once
+/// under a schedule: the running maximum of forwards minus backwards.
+pub fn peak_in_flight(ops: &[Op]) -> usize {
+    let (mut live, mut peak) = (0i64, 0i64);
+    for op in ops {
+        match op {
+            Op::Forward { .. } => live += 1,
+            Op::Backward { .. } => live -= 1,
+        }
+        peak = peak.max(live);
+    }
+    peak as usize
+}
+
+/// The schedule of stage `rank` of `p` for `m` micro-batches and `v` model chunks per stage:
+/// no pipelining for `p == 1`, 1F1B for `v == 1`, interleaved 1F1B otherwise.
+pub fn schedule(p: usize, rank: usize, m: usize, v: usize) -> Result<Vec<Op>, String> {
+    if p == 1 {
+        if v != 1 {
+            return Err("virtual pipeline stages need --pipeline-model-parallel-size > 1".into());
+        }
+        Ok(no_pipelining::schedule(m))
+    } else if v == 1 {
+        Ok(one_f_one_b::schedule(p, rank, m))
+    } else {
+        interleaved::schedule(p, rank, m, v)
+    }
+}
