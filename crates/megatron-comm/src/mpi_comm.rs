@@ -48,6 +48,9 @@ pub struct MpiCommunicator {
     notices: Vec<Box<[i64; 1]>>,
     staging: Staging,
     broken: Option<CommError>,
+    /// Sends not yet delivered, with the buffers MPI reads them from: a send returns at once
+    /// (like the thread backend's mailboxes), so pipeline neighbours can both send first.
+    pending_sends: Vec<(ffi::MPI_Request, Vec<f32>)>,
 }
 
 /// True when this process was started by `mpirun`, `mpiexec` or `srun` with several ranks.
@@ -128,6 +131,7 @@ impl MpiCommunicator {
             notices: Vec::new(),
             staging: Staging::default(),
             broken: None,
+            pending_sends: Vec::new(),
         }
     }
 
@@ -243,6 +247,18 @@ impl MpiCommunicator {
             }
             std::thread::yield_now();
         }
+    }
+
+    /// Drops the buffers of sends MPI has completed.
+    fn retire_sends(&mut self) {
+        self.pending_sends.retain_mut(|(req, _)| {
+            let mut flag = 0;
+            // SAFETY: a live request of a pending send.
+            unsafe {
+                ffi::MPI_Test(req, &mut flag, ffi::RSMPI_STATUS_IGNORE);
+            }
+            flag == 0
+        });
     }
 
     /// Starts a collective: the next sequence number, and a staging area of the given sizes.
@@ -504,14 +520,15 @@ impl Communicator for MpiCommunicator {
 
     fn send(&mut self, buf: &[f32], dst: usize, tag: u64) -> Result<(), CommError> {
         self.count("send", buf.len() * 4)?;
+        self.retire_sends();
         for chunk in buf.chunks(CHUNK) {
-            self.staging.send.clear();
-            self.staging.send.extend_from_slice(chunk);
+            let owned = chunk.to_vec();
             let mut req = unsafe { ffi::RSMPI_REQUEST_NULL };
-            // SAFETY: as in `all_reduce`.
+            // SAFETY: `owned` moves into `pending_sends` (its heap buffer does not move) and is
+            // dropped only after MPI reports the send complete.
             unsafe {
                 ffi::MPI_Isend(
-                    self.staging.send.as_ptr() as *const c_void,
+                    owned.as_ptr() as *const c_void,
                     count(chunk.len()),
                     float(),
                     dst as i32,
@@ -520,13 +537,14 @@ impl Communicator for MpiCommunicator {
                     &mut req,
                 );
             }
-            self.wait("send", req, Some(dst))?;
+            self.pending_sends.push((req, owned));
         }
         Ok(())
     }
 
     fn recv(&mut self, buf: &mut [f32], src: usize, tag: u64) -> Result<(), CommError> {
         self.count("recv", buf.len() * 4)?;
+        self.retire_sends();
         for chunk in buf.chunks_mut(CHUNK) {
             self.staging.recv.clear();
             self.staging.recv.resize(chunk.len(), 0.0);
@@ -583,5 +601,18 @@ impl Communicator for MpiCommunicator {
 
     fn stats(&self) -> CommStats {
         self.stats.clone()
+    }
+}
+
+impl Drop for MpiCommunicator {
+    /// Waits (up to the timeout) for sends still in flight; if they never complete their
+    /// buffers are leaked rather than freed under MPI.
+    fn drop(&mut self) {
+        let deadline = std::time::Instant::now() + self.timeout;
+        while !self.pending_sends.is_empty() && std::time::Instant::now() < deadline {
+            self.retire_sends();
+            std::thread::yield_now();
+        }
+        std::mem::forget(std::mem::take(&mut self.pending_sends));
     }
 }

@@ -76,7 +76,9 @@ fn one_f_one_b_has_the_closed_form_phases_for_p_1_to_8_and_m_1_to_16() {
                 let steady = m - warmup;
                 assert_eq!(first_b, warmup + (steady > 0) as usize, "p {p} r {r} m {m}");
                 for i in 0..steady {
-                    assert!(matches!(ops[warmup + 2 * i], Op::Forward { mb, .. } if mb == warmup + i));
+                    assert!(
+                        matches!(ops[warmup + 2 * i], Op::Forward { mb, .. } if mb == warmup + i)
+                    );
                     assert!(matches!(ops[warmup + 2 * i + 1], Op::Backward { mb, .. } if mb == i));
                 }
                 let cooldown = &ops[warmup + 2 * steady..];

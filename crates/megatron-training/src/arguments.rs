@@ -172,8 +172,27 @@ pub struct TrainArgs {
     /// the tokens (needs --tensor-model-parallel-size > 1 to have an effect).
     #[arg(long)]
     pub sequence_parallel: bool,
+    /// Stages of consecutive layers (1F1B schedule; interleaved with
+    /// --num-layers-per-virtual-pipeline-stage).
     #[arg(long, default_value_t = 1)]
     pub pipeline_model_parallel_size: usize,
+    /// Layers per virtual pipeline stage: each stage holds num_layers / (P x this) model chunks
+    /// and runs the interleaved 1F1B schedule.
+    #[arg(long)]
+    pub num_layers_per_virtual_pipeline_stage: Option<usize>,
+    /// Layers of the first / last pipeline stage when the layers do not split evenly.
+    #[arg(long)]
+    pub decoder_first_pipeline_num_layers: Option<usize>,
+    #[arg(long)]
+    pub decoder_last_pipeline_num_layers: Option<usize>,
+    /// 1 or more: print per-stage timers (forward, backward, p2p wait, optimizer, bubble) at
+    /// every log interval.
+    #[arg(long, default_value_t = 0)]
+    pub timing_log_level: u8,
+    /// Write a Chrome trace (chrome://tracing, Perfetto) of every rank's forwards, backwards
+    /// and receives to this file.
+    #[arg(long)]
+    pub profile_trace: Option<String>,
     #[arg(long, default_value_t = 1)]
     pub context_parallel_size: usize,
     #[arg(long, default_value_t = 1)]
@@ -214,6 +233,9 @@ pub struct TrainConfig {
     pub dp: usize,
     /// Tensor-parallel size.
     pub tp: usize,
+    /// Pipeline stages and how the layers are split over them.
+    pub pp: usize,
+    pub partition: megatron_core::pipeline_parallel::partition::StagePartition,
     /// Micro-batches per data-parallel rank and iteration.
     pub num_microbatches: usize,
     pub train_iters: u64,
@@ -238,10 +260,6 @@ impl TrainArgs {
             return Err(bad("--nproc-per-node must be positive, got 0".into()));
         }
         for (flag, v) in [
-            (
-                "--pipeline-model-parallel-size",
-                self.pipeline_model_parallel_size,
-            ),
             ("--context-parallel-size", self.context_parallel_size),
             (
                 "--expert-model-parallel-size",
@@ -249,7 +267,7 @@ impl TrainArgs {
             ),
         ] {
             if v != 1 {
-                return Err(bad(format!("{flag} {v}: only tensor and data parallelism run so far (pipeline, context and expert parallelism are later issues)")));
+                return Err(bad(format!("{flag} {v}: only tensor, pipeline and data parallelism run so far (context and expert parallelism are later issues)")));
             }
         }
         let tp = self.tensor_model_parallel_size;
@@ -259,7 +277,40 @@ impl TrainArgs {
                 self.nproc_per_node
             )));
         }
-        let dp = self.nproc_per_node / tp;
+        let pp = self.pipeline_model_parallel_size;
+        if pp == 0 || !self.nproc_per_node.is_multiple_of(tp * pp) {
+            return Err(bad(format!(
+                "--tensor-model-parallel-size ({tp}) x --pipeline-model-parallel-size ({pp}) must divide the number of ranks (--nproc-per-node {}, or the MPI world)",
+                self.nproc_per_node
+            )));
+        }
+        let vp = match self.num_layers_per_virtual_pipeline_stage {
+            None => 1,
+            Some(0) => {
+                return Err(bad(
+                    "--num-layers-per-virtual-pipeline-stage must be positive".into(),
+                ))
+            }
+            Some(_) if pp == 1 => return Err(bad(
+                "--num-layers-per-virtual-pipeline-stage needs --pipeline-model-parallel-size > 1"
+                    .into(),
+            )),
+            Some(lv) => {
+                if !self.num_layers.is_multiple_of(pp * lv) {
+                    return Err(bad(format!("--num-layers ({}) must be divisible by --pipeline-model-parallel-size ({pp}) x --num-layers-per-virtual-pipeline-stage ({lv})", self.num_layers)));
+                }
+                self.num_layers / (pp * lv)
+            }
+        };
+        let partition = megatron_core::pipeline_parallel::partition::StagePartition {
+            num_layers: self.num_layers,
+            p: pp,
+            v: vp,
+            first: self.decoder_first_pipeline_num_layers,
+            last: self.decoder_last_pipeline_num_layers,
+        };
+        partition.check().map_err(bad)?;
+        let dp = self.nproc_per_node / (tp * pp);
         let gbs = self.global_batch_size.unwrap_or(self.micro_batch_size * dp);
         if gbs == 0 || !gbs.is_multiple_of(self.micro_batch_size * dp) {
             return Err(bad(format!(
@@ -380,12 +431,23 @@ impl TrainArgs {
                 self.micro_batch_size, self.seq_length
             )));
         }
+        let m = gbs / (self.micro_batch_size * dp);
+        if vp > 1 {
+            megatron_core::pipeline_parallel::interleaved::check(pp, m, vp).map_err(|e| {
+                bad(format!(
+                    "{e} (micro-batches = --global-batch-size {gbs} / (--micro-batch-size {} x data-parallel size {dp}))",
+                    self.micro_batch_size
+                ))
+            })?;
+        }
         Ok(TrainConfig {
             args: self.clone(),
             model,
             global_batch_size: gbs,
             dp,
             tp,
+            pp,
+            partition,
             num_microbatches: gbs / (self.micro_batch_size * dp),
             train_iters,
             lr_decay_iters,

@@ -7,8 +7,13 @@ use crate::logging::{peak_rss_bytes, EvalMetrics, IterationMetrics, MetricsFile}
 use crate::TrainError;
 use megatron_comm::Communicator;
 use megatron_core::optimizer::{clip_grads_by_norm, Adam, OptimizerParamScheduler};
+use megatron_core::pipeline_parallel::executor::Stage;
+use megatron_core::pipeline_parallel::partition::StagePartition;
+use megatron_core::pipeline_parallel::timers::Timers;
+use megatron_core::pipeline_parallel::{schedule, Op};
 use megatron_core::tensor_parallel::{
-    allreduce_sequence_parallel_grads, gather_to_full, grad_norm_tp, serial_group, Tp,
+    allreduce_sequence_parallel_grads, gather_to_full, grad_norm_squared_tp, serial_group, sum_f64,
+    Tp,
 };
 use megatron_core::transformer::step::StepContext;
 use megatron_core::{Batch, GPTModel, Grads, Params};
@@ -31,6 +36,13 @@ pub struct TrainSummary {
     pub val_losses: Vec<(u64, f64)>,
     pub last_checkpoint: Option<PathBuf>,
     pub peak_activation_bytes: usize,
+    /// Most micro-batches (per model chunk) whose activations one pipeline stage held at once.
+    pub peak_in_flight: usize,
+    /// This stage's bubble over the last timed interval (`--timing-log-level`).
+    pub bubble_fraction: f64,
+    /// World rank and its trace events (`--profile-trace`).
+    pub world_rank: usize,
+    pub trace: Vec<megatron_core::pipeline_parallel::timers::TraceEvent>,
 }
 
 /// Where log lines go: through the progress bar on a terminal, else plain stdout.
@@ -241,27 +253,71 @@ fn eod_mask(cfg: &TrainConfig, data: &dyn GPTSampleSource) -> Option<u32> {
     }
 }
 
+/// Mean validation loss over `--eval-iters` x micro-batches (the same samples every time, so
+/// curves are comparable); forward only, through the pipeline when there is one.
+#[allow(clippy::too_many_arguments)]
 fn evaluate(
-    model: &GPTModel,
+    chunks: &[GPTModel],
+    partition: StagePartition,
+    pp: &mut dyn Communicator,
     params: &Params,
     tp: &mut Tp,
     data: &dyn GPTSampleSource,
     cfg: &TrainConfig,
+    timers: &mut Timers,
 ) -> Result<Option<f64>, TrainError> {
     if data.num_samples(Split::Valid) == 0 || cfg.args.eval_iters == 0 {
         return Ok(None);
     }
     let (b, t) = (cfg.args.micro_batch_size, cfg.args.seq_length);
-    let mut mb = MicroBatch::new(b, t, cfg);
-    let mut total = 0.0f64;
-    let mut count = 0u64;
-    // The same validation samples at every evaluation, so that curves are comparable.
-    for k in 0..cfg.args.eval_iters * cfg.num_microbatches as u64 {
-        mb.fill(data, Split::Valid, k * b as u64, b, t, eod_mask(cfg, data));
-        total += model.forward_loss(params, tp, &mb.batch(b, t))? as f64;
-        count += 1;
+    let count = cfg.args.eval_iters as usize * cfg.num_microbatches;
+    let mut mbs: Vec<MicroBatch> = (0..count).map(|_| MicroBatch::new(b, t, cfg)).collect();
+    for (k, mb) in mbs.iter_mut().enumerate() {
+        mb.fill(
+            data,
+            Split::Valid,
+            (k * b) as u64,
+            b,
+            t,
+            eod_mask(cfg, data),
+        );
     }
-    Ok(Some(total / count as f64))
+    let batches: Vec<Batch> = mbs.iter().map(|x| x.batch(b, t)).collect();
+    if partition.p == 1 {
+        let mut total = 0.0f64;
+        for batch in &batches {
+            total += chunks[0].forward_loss(params, tp, batch)? as f64;
+        }
+        return Ok(Some(total / count as f64));
+    }
+    let ops: Vec<Op> = (0..count)
+        .flat_map(|mb| (0..partition.v).map(move |chunk| Op::Forward { chunk, mb }))
+        .collect();
+    let ctxs = vec![StepContext::eval(); count];
+    let rank = pp.rank();
+    let r = Stage {
+        chunks,
+        partition,
+        rank,
+        pp: &mut *pp,
+        tp,
+        shape: [
+            if tp_sequence_parallel_rows(cfg) {
+                b * t / cfg.tp
+            } else {
+                b * t
+            },
+            cfg.model.hidden_size,
+        ],
+    }
+    .run(params, None, &ops, &batches, &ctxs, 1.0, timers)?;
+    let local: f64 = r.losses.iter().map(|l| l.0 as f64).sum();
+    Ok(Some(sum_f64(pp, local)? / count as f64))
+}
+
+/// Whether activations between stages are sequence-parallel token blocks.
+fn tp_sequence_parallel_rows(cfg: &TrainConfig) -> bool {
+    cfg.args.sequence_parallel && cfg.tp > 1
 }
 
 /// Trains as `megatron train` does; returns the per-iteration losses.
@@ -279,7 +335,7 @@ pub fn pretrain(args: &TrainArgs) -> Result<TrainSummary, TrainError> {
         .num_threads(threads)
         .build()
         .map_err(|e| TrainError::Args(format!("--num-threads {threads}: {e}")))?;
-    if cfg.dp * cfg.tp == 1 {
+    if cfg.dp * cfg.tp * cfg.pp == 1 {
         return pool.install(|| {
             megatron_tensor::threads::set_gemm_threads(threads);
             run(&cfg, tok.as_ref(), threads, None)
@@ -311,7 +367,7 @@ fn pretrain_mpi(
     a.nproc_per_node = n;
     let cfg = a.validate(vocab_size)?;
     let tok = build_tokenizer_from(&cfg.args.tokenizer.spec())?;
-    let mut groups = process_groups(&mut comm, n, cfg.tp, "MPI")?;
+    let mut groups = process_groups(&mut comm, n, cfg.tp, cfg.pp, "MPI")?;
     megatron_tensor::threads::set_gemm_threads(threads);
     let lead = comm.rank() == 0;
     let mut summary = run(&cfg, tok.as_ref(), threads, Some(&mut groups))?;
@@ -322,19 +378,51 @@ fn pretrain_mpi(
     Ok(summary)
 }
 
-/// Parameters and Adam state in the TP = 1 layout (whole tensors), gathered over the TP group.
+/// Parameters and Adam state of the whole model in the TP = 1, PP = 1 layout (whole tensors of
+/// every layer): shards are gathered over the TP group, stages combined over the pipeline group
+/// (each stage contributes its own tensors, zeros elsewhere, summed). Every rank of both groups
+/// takes part and receives the result.
 fn gather_full_state(
     cfg: &TrainConfig,
     params: &Params,
     adam: &Adam,
     tp: &mut Tp,
+    pp: &mut dyn Communicator,
 ) -> Result<(Params, Adam), TrainError> {
     let mut full = Params::default();
     GPTModel::build(cfg.model.clone(), &mut full, &mut Vec::new());
-    full.data = gather_to_full(params, &params.data, tp)?;
+    let mut gather = |data: &[f32]| -> Result<Vec<f32>, TrainError> {
+        let stage = if tp.size() > 1 {
+            gather_to_full(params, data, tp)?
+        } else {
+            data.to_vec()
+        };
+        if pp.size() == 1 {
+            return Ok(stage);
+        }
+        let mut out = vec![0.0f32; full.numel()];
+        let mut at = 0;
+        for m in &params.metas {
+            let global: usize = m.shape.iter().product();
+            if !m.shared {
+                let id = full
+                    .find(&m.name)
+                    .expect("a stage parameter is a model parameter");
+                let fm = &full.metas[id.0];
+                out[fm.offset..fm.offset + fm.numel].copy_from_slice(&stage[at..at + global]);
+            }
+            at += global;
+        }
+        pp.all_reduce(&mut out, megatron_comm::ReduceOp::Sum)?;
+        Ok(out)
+    };
+    let data = gather(&params.data)?;
+    let exp_avg = gather(&adam.exp_avg)?;
+    let exp_avg_sq = gather(&adam.exp_avg_sq)?;
+    full.data = data;
     let mut full_adam = adam.clone();
-    full_adam.exp_avg = gather_to_full(params, &adam.exp_avg, tp)?;
-    full_adam.exp_avg_sq = gather_to_full(params, &adam.exp_avg_sq, tp)?;
+    full_adam.exp_avg = exp_avg;
+    full_adam.exp_avg_sq = exp_avg_sq;
     Ok((full, full_adam))
 }
 
@@ -344,12 +432,13 @@ fn process_groups(
     world: &mut dyn Communicator,
     n: usize,
     tp: usize,
+    pp: usize,
     backend: &str,
 ) -> Result<megatron_comm::ProcessGroups, TrainError> {
     let ps = megatron_comm::ParallelState::new(
         n,
         tp,
-        1,
+        pp,
         1,
         1,
         megatron_comm::ParallelState::DEFAULT_ORDER,
@@ -378,14 +467,14 @@ fn pretrain_ranks(
     spec: megatron_data::TokenizerSpec,
     threads: usize,
 ) -> Result<TrainSummary, TrainError> {
-    let n = cfg.dp * cfg.tp;
-    let tp = cfg.tp;
+    let n = cfg.dp * cfg.tp * cfg.pp;
+    let (tp, pp) = (cfg.tp, cfg.pp);
     let per_rank = (threads / n).max(1);
     let cfg = std::sync::Arc::new(cfg);
     let results =
         megatron_comm::run_ranks(n, move |rank, comm| -> Result<TrainSummary, TrainError> {
             let tok = build_tokenizer_from(&spec)?;
-            let mut groups = process_groups(comm, n, tp, "threads")?;
+            let mut groups = process_groups(comm, n, tp, pp, "threads")?;
             let pool = rayon::ThreadPoolBuilder::new()
                 .num_threads(per_rank)
                 .build()
@@ -433,20 +522,65 @@ fn run(
 ) -> Result<TrainSummary, TrainError> {
     let a = &cfg.args;
     let mut serial = serial_group();
-    let (tp_comm, mut comm): (&mut dyn Communicator, Option<&mut dyn Communicator>) = match groups {
+    let mut serial_pp = serial_group();
+    type Comm<'x> = &'x mut dyn Communicator;
+    let (tp_comm, mut comm, pp_comm, mut emb_comm, world_rank): (
+        Comm,
+        Option<Comm>,
+        Comm,
+        Option<Comm>,
+        usize,
+    ) = match groups {
         Some(g) => {
-            let megatron_comm::ProcessGroups { tp, dp, .. } = g;
-            (tp.comm.as_mut(), Some(dp.comm.as_mut()))
+            let world_rank = g.world_rank;
+            let megatron_comm::ProcessGroups {
+                tp,
+                dp,
+                pp,
+                embedding,
+                ..
+            } = g;
+            (
+                tp.comm.as_mut(),
+                Some(dp.comm.as_mut()),
+                pp.comm.as_mut(),
+                embedding.as_mut().map(|e| e.comm.as_mut() as Comm),
+                world_rank,
+            )
         }
-        None => (&mut serial, None),
+        None => (&mut serial, None, &mut serial_pp, None, 0),
     };
     let mut tp = Tp::new(tp_comm, a.sequence_parallel);
     let (dp_rank, dp) = comm.as_ref().map_or((0, 1), |c| (c.rank(), c.size()));
-    // Rank 0 of the data-parallel group and of the tensor-parallel group reports and saves.
-    let lead = dp_rank == 0 && tp.rank() == 0;
+    let (pp_rank, pp_size) = (pp_comm.rank(), pp_comm.size());
+    // Rank 0 of the data-, tensor- and pipeline-parallel groups reports and saves; the loss,
+    // known on the last stage, is summed over the pipeline group so it has it.
+    let lead = dp_rank == 0 && tp.rank() == 0 && pp_rank == 0;
     let (b, t) = (a.micro_batch_size, a.seq_length);
     let gbs = cfg.global_batch_size as u64;
-    let (model, mut params) = GPTModel::new_tp(cfg.model.clone(), a.seed, tp.rank(), tp.size());
+    let partition = cfg.partition;
+    let mut params = Params::for_tp_rank(tp.rank(), tp.size());
+    let mut inits = Vec::new();
+    let chunks: Vec<GPTModel> = (0..partition.v)
+        .map(|c| {
+            GPTModel::build_chunk(
+                cfg.model.clone(),
+                &mut params,
+                &mut inits,
+                partition.layers(pp_rank, c),
+                partition.is_first(pp_rank, c),
+                partition.is_last(pp_rank, c),
+            )
+        })
+        .collect();
+    params.initialize(a.seed, &inits);
+    let last_stage = pp_rank == pp_size - 1;
+    let rows_local = if tp.sequence_parallel {
+        b * t / tp.size()
+    } else {
+        b * t
+    };
+    let mut timers = Timers::new(Instant::now(), a.profile_trace.is_some());
     let mut adam = Adam::new(&params, a.adam_beta1, a.adam_beta2, a.adam_eps);
     let mut sched = scheduler(cfg);
     let mut iteration = 0u64;
@@ -506,6 +640,10 @@ fn run(
         ..Default::default()
     };
     let mut mb = MicroBatch::new(b, t, cfg);
+    // Pipelined schedules hold every micro-batch of the step at once.
+    let mut mbs: Vec<MicroBatch> = (0..if pp_size > 1 { cfg.num_microbatches } else { 0 })
+        .map(|_| MicroBatch::new(b, t, cfg))
+        .collect();
     let (mut interval_loss, mut interval_iters, mut interval_time) = (0.0f64, 0u64, 0.0f64);
     let grad_scale = 1.0 / cfg.num_microbatches as f32;
     let save_dir = a.save.as_ref().map(PathBuf::from);
@@ -523,32 +661,95 @@ fn run(
             data_parallel_rank: dp_rank as u64,
             data_parallel_size: dp as u64,
         };
-        for _ in 0..cfg.num_microbatches {
-            let indices = sampler
-                .next_micro_batch()
-                .expect("the sampler never runs dry");
-            mb.fill(
-                data.as_ref(),
-                Split::Train,
-                indices[0],
-                b,
-                t,
-                eod_mask(cfg, data.as_ref()),
-            );
-            let ctx = StepContext::train(a.seed, iteration, indices[0]);
-            let r = model.forward_backward(
+        let m = cfg.num_microbatches;
+        let starts: Vec<u64> = (0..m)
+            .map(|_| {
+                sampler
+                    .next_micro_batch()
+                    .expect("the sampler never runs dry")[0]
+            })
+            .collect();
+        if pp_size == 1 {
+            // No pipelining: gradient accumulation, one micro-batch at a time.
+            let t0 = Instant::now();
+            for &start in &starts {
+                mb.fill(
+                    data.as_ref(),
+                    Split::Train,
+                    start,
+                    b,
+                    t,
+                    eod_mask(cfg, data.as_ref()),
+                );
+                let ctx = StepContext::train(a.seed, iteration, start);
+                let r = chunks[0].forward_backward(
+                    &params,
+                    &mut grads,
+                    &mut tp,
+                    &mb.batch(b, t),
+                    grad_scale,
+                    &ctx,
+                )?;
+                summary.peak_activation_bytes =
+                    summary.peak_activation_bytes.max(r.activation_bytes);
+                loss_sum += r.loss as f64;
+            }
+            timers.pipeline += t0.elapsed();
+        } else {
+            for (k, &start) in starts.iter().enumerate() {
+                mbs[k].fill(
+                    data.as_ref(),
+                    Split::Train,
+                    start,
+                    b,
+                    t,
+                    eod_mask(cfg, data.as_ref()),
+                );
+            }
+            let batches: Vec<Batch> = mbs[..m].iter().map(|x| x.batch(b, t)).collect();
+            let ctxs: Vec<StepContext> = starts
+                .iter()
+                .map(|&s| StepContext::train(a.seed, iteration, s))
+                .collect();
+            let ops = schedule(pp_size, pp_rank, m, partition.v).map_err(TrainError::Args)?;
+            let r = Stage {
+                chunks: &chunks,
+                partition,
+                rank: pp_rank,
+                pp: &mut *pp_comm,
+                tp: &mut tp,
+                shape: [rows_local, cfg.model.hidden_size],
+            }
+            .run(
                 &params,
-                &mut grads,
-                &mut tp,
-                &mb.batch(b, t),
+                Some(&mut grads),
+                &ops,
+                &batches,
+                &ctxs,
                 grad_scale,
-                &ctx,
+                &mut timers,
             )?;
-            summary.peak_activation_bytes = summary.peak_activation_bytes.max(r.activation_bytes);
-            loss_sum += r.loss as f64;
+            summary.peak_activation_bytes =
+                summary.peak_activation_bytes.max(r.peak_activation_bytes);
+            summary.peak_in_flight = summary.peak_in_flight.max(r.peak_in_flight);
+            let local: f64 = r.losses.iter().map(|l| l.0 as f64).sum();
+            loss_sum = sum_f64(&mut *pp_comm, if last_stage { local } else { 0.0 })?;
         }
-        let mut loss = loss_sum / cfg.num_microbatches as f64;
+        let opt_start = Instant::now();
+        let mut loss = loss_sum / m as f64;
         allreduce_sequence_parallel_grads(&params, &mut grads, &mut tp)?;
+        if let (Some(e), false, true) = (
+            emb_comm.as_deref_mut(),
+            cfg.model.untie_embeddings_and_output_weights,
+            pp_size > 1,
+        ) {
+            // The first stage's word embedding and the last stage's copy: one gradient.
+            let id = chunks
+                .iter()
+                .find_map(|c| c.word_embeddings())
+                .expect("first and last stages hold the word embedding");
+            e.all_reduce(grads.get_mut(id), megatron_comm::ReduceOp::Sum)?;
+        }
         if let Some(c) = comm.as_deref_mut() {
             // Data parallelism: the mean gradient and loss over all ranks' micro-batches.
             c.all_reduce(&mut grads.data, megatron_comm::ReduceOp::Avg)?;
@@ -564,7 +765,11 @@ fn run(
                 value: loss,
             });
         }
-        let grad_norm = grad_norm_tp(&params, &grads, &mut tp)?;
+        let mut norm2 = grad_norm_squared_tp(&params, &grads, &mut tp)?;
+        if pp_size > 1 {
+            norm2 = sum_f64(&mut *pp_comm, norm2)?;
+        }
+        let grad_norm = norm2.sqrt();
         clip_grads_by_norm(&mut grads, grad_norm, a.clip_grad);
         if !grad_norm.is_finite() {
             rep.finish();
@@ -576,6 +781,8 @@ fn run(
         }
         let lr = sched.get_lr();
         adam.step(&mut params, &grads, lr as f32, a.weight_decay);
+        timers.optimizer += opt_start.elapsed();
+        timers.record(|| "optimizer".into(), opt_start);
         sched.step(gbs);
         consumed += gbs;
         let secs = started.elapsed().as_secs_f64();
@@ -599,6 +806,20 @@ fn run(
                 peak_mem_bytes: peak_rss_bytes(),
             };
             rep.line(&m.line(cfg.train_iters));
+            if a.timing_log_level > 0 && dp_rank == 0 && tp.rank() == 0 {
+                let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3 / interval_iters as f64;
+                rep.line(&format!(
+                    " stage {pp_rank}: forward {:.1} ms | backward {:.1} ms | p2p wait {:.1} ms | optimizer {:.1} ms | pipeline {:.1} ms | bubble {:.1} % (per iteration)",
+                    ms(timers.forward),
+                    ms(timers.backward),
+                    ms(timers.p2p_wait),
+                    ms(timers.optimizer),
+                    ms(timers.pipeline),
+                    100.0 * timers.bubble_fraction()
+                ));
+                summary.bubble_fraction = timers.bubble_fraction();
+                timers.reset();
+            }
             metrics.write(&m).map_err(|e| TrainError::Io {
                 path: a.metrics_file.clone().unwrap_or_default(),
                 source: e,
@@ -608,7 +829,16 @@ fn run(
         if dp_rank == 0
             && (iteration.is_multiple_of(a.eval_interval) || iteration == cfg.train_iters)
         {
-            let val = evaluate(&model, &params, &mut tp, data.as_ref(), cfg)?;
+            let val = evaluate(
+                &chunks,
+                partition,
+                &mut *pp_comm,
+                &params,
+                &mut tp,
+                data.as_ref(),
+                cfg,
+                &mut timers,
+            )?;
             if let (Some(val), true) = (val, lead) {
                 rep.line(&format!(" validation loss at iteration {iteration} | lm loss value: {val:.6E} | lm loss PPL: {:.3E}", val.exp()));
                 metrics
@@ -627,8 +857,14 @@ fn run(
             || iteration == cfg.train_iters;
         if let (Some(dir), true, true) = (&save_dir, due, dp_rank == 0) {
             // Shards are gathered into the TP = 1 layout: the checkpoint loads under any TP size.
-            let gathered = if tp.size() > 1 {
-                Some(gather_full_state(cfg, &params, &adam, &mut tp)?)
+            let gathered = if tp.size() > 1 || pp_size > 1 {
+                Some(gather_full_state(
+                    cfg,
+                    &params,
+                    &adam,
+                    &mut tp,
+                    &mut *pp_comm,
+                )?)
             } else {
                 None
             };
@@ -665,6 +901,10 @@ fn run(
     }
     rep.finish();
     summary.final_iteration = iteration;
+    summary.world_rank = world_rank;
+    if let Some(ev) = timers.events.take() {
+        summary.trace = ev;
+    }
     if summary.peak_activation_bytes > 0 {
         // Korthikanti et al.'s per-layer activation bytes for 16-bit activations, doubled for f32.
         let (s_, b_, h_, a_) = (

@@ -74,7 +74,8 @@ impl Stage<'_, '_> {
                     } else {
                         let t0 = Instant::now();
                         let src = (vs - 1) % p;
-                        let x = p2p::recv(self.pp, &self.shape, src, p2p::tag(mb, vs, stages, false))?;
+                        let x =
+                            p2p::recv(self.pp, &self.shape, src, p2p::tag(mb, vs, stages, false))?;
                         timers.p2p_wait += t0.elapsed();
                         timers.record(|| format!("recv fwd mb{mb}"), t0);
                         Some(x)
@@ -95,7 +96,12 @@ impl Stage<'_, '_> {
                         losses[mb] = Some(l);
                     }
                     if let Some(y) = y {
-                        p2p::send(self.pp, &y, (vs + 1) % p, p2p::tag(mb, vs + 1, stages, false))?;
+                        p2p::send(
+                            self.pp,
+                            &y,
+                            (vs + 1) % p,
+                            p2p::tag(mb, vs + 1, stages, false),
+                        )?;
                     }
                     if grads.is_some() {
                         live_bytes += state.activation_bytes;
@@ -106,9 +112,7 @@ impl Stage<'_, '_> {
                 }
                 Op::Backward { chunk, mb } => {
                     let vs = self.vs(chunk);
-                    let grads = grads
-                        .as_deref_mut()
-                        .expect("a backward needs gradients");
+                    let grads = grads.as_deref_mut().expect("a backward needs gradients");
                     let state = states
                         .remove(&(chunk, mb))
                         .expect("the schedule runs a forward before its backward");
@@ -118,7 +122,8 @@ impl Stage<'_, '_> {
                     } else {
                         let t0 = Instant::now();
                         let src = (vs + 1) % p;
-                        let d = p2p::recv(self.pp, &self.shape, src, p2p::tag(mb, vs, stages, true))?;
+                        let d =
+                            p2p::recv(self.pp, &self.shape, src, p2p::tag(mb, vs, stages, true))?;
                         timers.p2p_wait += t0.elapsed();
                         timers.record(|| format!("recv bwd mb{mb}"), t0);
                         Some(d)
@@ -137,7 +142,12 @@ impl Stage<'_, '_> {
                     timers.record(|| format!("B{mb}.{chunk}"), t0);
                     live_bytes -= bytes;
                     if let Some(dx) = dx {
-                        p2p::send(self.pp, &dx, (vs + p - 1) % p, p2p::tag(mb, vs - 1, stages, true))?;
+                        p2p::send(
+                            self.pp,
+                            &dx,
+                            (vs + p - 1) % p,
+                            p2p::tag(mb, vs - 1, stages, true),
+                        )?;
                     }
                 }
             }

@@ -45,7 +45,9 @@ impl StagePartition {
             return Err(if v > 1 {
                 format!("--num-layers ({l}) must be divisible by --pipeline-model-parallel-size ({p}) x virtual stages ({v})")
             } else {
-                format!("--num-layers ({l}) must be divisible by --pipeline-model-parallel-size ({p})")
+                format!(
+                    "--num-layers ({l}) must be divisible by --pipeline-model-parallel-size ({p})"
+                )
             });
         }
         Ok(())
@@ -59,11 +61,7 @@ impl StagePartition {
             let last = self.last.unwrap_or(0);
             let ends = self.first.is_some() as usize + self.last.is_some() as usize;
             let middle = p - ends;
-            let per = if middle == 0 {
-                0
-            } else {
-                (l - first - last) / middle
-            };
+            let per = (l - first - last).checked_div(middle).unwrap_or(0);
             let count = |r: usize| -> usize {
                 if r == 0 && self.first.is_some() {
                     first

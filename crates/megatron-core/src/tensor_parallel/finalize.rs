@@ -36,26 +36,37 @@ pub fn allreduce_sequence_parallel_grads(
     Ok(())
 }
 
-/// Global L2 norm of the gradients of the whole (unsharded) model: split parameters count on
-/// every rank, replicated ones on TP rank 0 only (Megatron's
-/// `param_is_not_tensor_parallel_duplicate`), summed over the TP group.
-pub fn grad_norm_tp(params: &Params, grads: &Grads, tp: &mut Tp) -> Result<f64, CommError> {
-    if tp.size() == 1 {
-        return Ok(global_norm_squared(&grads.data).sqrt());
-    }
+/// Squared L2 norm of the gradients of this pipeline stage's part of the (unsharded) model:
+/// split parameters count on every TP rank, replicated ones on TP rank 0 only (Megatron's
+/// `param_is_not_tensor_parallel_duplicate`), summed over the TP group; copies of parameters
+/// owned by another stage (`shared`) are left to their owner. Sum it over the pipeline group
+/// for the whole model's norm.
+pub fn grad_norm_squared_tp(params: &Params, grads: &Grads, tp: &mut Tp) -> Result<f64, CommError> {
     let lead = tp.rank() == 0;
     let mut local = 0.0f64;
     for m in &params.metas {
-        if m.tp_replicated && !lead {
+        if m.shared || (m.tp_replicated && !lead) {
             continue;
         }
         local += global_norm_squared(&grads.data[m.offset..m.offset + m.numel]);
     }
-    // Summed as two f32 halves so the total keeps ~48 bits.
-    let hi = local as f32;
-    let mut v = [hi, (local - hi as f64) as f32];
-    tp.comm.all_reduce(&mut v, ReduceOp::Sum)?;
-    Ok((v[0] as f64 + v[1] as f64).sqrt())
+    if tp.size() == 1 {
+        return Ok(local);
+    }
+    sum_f64(tp.comm, local)
+}
+
+/// Sums an f64 over a group as two f32 halves, so the total keeps ~48 bits.
+pub fn sum_f64(comm: &mut dyn megatron_comm::Communicator, x: f64) -> Result<f64, CommError> {
+    let hi = x as f32;
+    let mut v = [hi, (x - hi as f64) as f32];
+    comm.all_reduce(&mut v, ReduceOp::Sum)?;
+    Ok(v[0] as f64 + v[1] as f64)
+}
+
+/// Global L2 norm of the gradients over the TP group (one pipeline stage).
+pub fn grad_norm_tp(params: &Params, grads: &Grads, tp: &mut Tp) -> Result<f64, CommError> {
+    Ok(grad_norm_squared_tp(params, grads, tp)?.sqrt())
 }
 
 /// `data` laid out as this rank's `params` (e.g. parameters or Adam moments), gathered over TP

@@ -8,7 +8,9 @@ pub mod layers;
 pub mod mappings;
 
 pub use cross_entropy::vocab_parallel_cross_entropy;
-pub use finalize::{allreduce_sequence_parallel_grads, gather_to_full, grad_norm_tp};
+pub use finalize::{
+    allreduce_sequence_parallel_grads, gather_to_full, grad_norm_squared_tp, grad_norm_tp, sum_f64,
+};
 pub use layers::{ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding};
 
 use megatron_comm::{Communicator, ThreadCommunicator};
