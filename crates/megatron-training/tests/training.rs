@@ -446,15 +446,26 @@ fn data_parallel_flags_are_checked() {
         "--train-iters",
         "2",
         "--pipeline-model-parallel-size",
+        "3",
+        "--nproc-per-node",
+        "3",
+    ]))
+    .unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("--num-layers (2) must be divisible by --pipeline-model-parallel-size (3)"),
+        "{e}"
+    );
+    let e = pretrain(&args(&[
+        "--train-iters",
+        "2",
+        "--context-parallel-size",
         "2",
         "--nproc-per-node",
         "2",
     ]))
     .unwrap_err();
-    assert!(
-        e.to_string().contains("--pipeline-model-parallel-size"),
-        "{e}"
-    );
+    assert!(e.to_string().contains("--context-parallel-size 2"), "{e}");
 }
 
 /// The tiny GPT (2 layers, hidden 64, 4 heads, vocab 256 after padding, seq 32) trained
@@ -635,4 +646,141 @@ fn a_checkpoint_saved_at_tp2_resumes_at_tp4_and_tp1() {
         }
     }
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Tiny GPT with 8 layers (hidden 64, 4 heads, vocab 256 after padding, seq 32), 5 steps of a
+/// global batch of 8 micro-batches of 1, dropout 0, under the given extra layout flags.
+fn pp_run(dir: &std::path::Path, name: &str, layout: &[&str]) -> (TrainSummary, LoadedCheckpoint) {
+    let save = dir.join(name);
+    let s = save.to_str().unwrap().to_string();
+    let mut extra = vec![
+        "--train-iters",
+        "5",
+        "--num-layers",
+        "8",
+        "--vocab-size",
+        "250",
+        "--make-vocab-size-divisible-by",
+        "64",
+        "--hidden-size",
+        "64",
+        "--num-attention-heads",
+        "4",
+        "--seq-length",
+        "32",
+        "--global-batch-size",
+        "8",
+        "--micro-batch-size",
+        "1",
+        "--hidden-dropout",
+        "0",
+        "--attention-dropout",
+        "0",
+        "--save",
+        &s,
+    ];
+    extra.extend_from_slice(layout);
+    let summary = pretrain(&args(&extra)).unwrap();
+    (summary, load_checkpoint(&save, None).unwrap())
+}
+
+#[test]
+fn pipeline_parallel_1f1b_interleaved_and_with_tp_match_one_rank() {
+    let dir = tmpdir("pp");
+    let serial = pp_run(&dir, "serial", &[]);
+    for (name, layout) in [
+        ("pp2", &["--nproc-per-node", "2", "--pipeline-model-parallel-size", "2"][..]),
+        ("pp4", &["--nproc-per-node", "4", "--pipeline-model-parallel-size", "4"][..]),
+        (
+            "pp2v2",
+            &[
+                "--nproc-per-node",
+                "2",
+                "--pipeline-model-parallel-size",
+                "2",
+                "--num-layers-per-virtual-pipeline-stage",
+                "2",
+            ][..],
+        ),
+        (
+            "pp4v2",
+            &[
+                "--nproc-per-node",
+                "4",
+                "--pipeline-model-parallel-size",
+                "4",
+                "--num-layers-per-virtual-pipeline-stage",
+                "1",
+            ][..],
+        ),
+        (
+            "tp2pp2",
+            &[
+                "--nproc-per-node",
+                "4",
+                "--pipeline-model-parallel-size",
+                "2",
+                "--tensor-model-parallel-size",
+                "2",
+                "--sequence-parallel",
+            ][..],
+        ),
+        (
+            "pp4-uneven",
+            &[
+                "--nproc-per-node",
+                "4",
+                "--pipeline-model-parallel-size",
+                "4",
+                "--decoder-first-pipeline-num-layers",
+                "1",
+                "--decoder-last-pipeline-num-layers",
+                "3",
+            ][..],
+        ),
+    ] {
+        let run = pp_run(&dir, name, layout);
+        assert_same_training(name, &serial, &run, 1e-5);
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn pipeline_flags_are_checked() {
+    let e = pretrain(&args(&[
+        "--train-iters",
+        "2",
+        "--num-layers",
+        "4",
+        "--nproc-per-node",
+        "2",
+        "--pipeline-model-parallel-size",
+        "2",
+        "--num-layers-per-virtual-pipeline-stage",
+        "1",
+        "--global-batch-size",
+        "6",
+        "--micro-batch-size",
+        "2",
+    ]))
+    .unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("number of microbatches (3) is not divisible by pipeline-model-parallel-size (2)"),
+        "{e}"
+    );
+    let e = pretrain(&args(&[
+        "--train-iters",
+        "2",
+        "--num-layers",
+        "4",
+        "--nproc-per-node",
+        "2",
+        "--pipeline-model-parallel-size",
+        "2",
+        "--num-layers-per-virtual-pipeline-stage",
+        "3",
+    ]))
+    .unwrap_err();
+    assert!(e.to_string().contains("--num-layers-per-virtual-pipeline-stage (3)"), "{e}");
 }

@@ -24,6 +24,8 @@ pub struct PipelineRun {
     pub peak_in_flight: usize,
     /// Most saved-activation bytes held at once.
     pub peak_activation_bytes: usize,
+    /// Saved-activation bytes of one micro-batch, per model chunk.
+    pub chunk_bytes: Vec<usize>,
 }
 
 /// The pieces of a stage: its chunks, where they sit, and its groups.
@@ -61,7 +63,10 @@ impl Stage<'_, '_> {
         let p = self.partition.p;
         let stages = self.stages();
         let mut states: HashMap<(usize, usize), ForwardState> = HashMap::new();
-        let mut out = PipelineRun::default();
+        let mut out = PipelineRun {
+            chunk_bytes: vec![0; self.chunks.len()],
+            ..Default::default()
+        };
         let mut losses: Vec<Option<(f32, f32)>> = vec![None; batches.len()];
         let mut live_bytes = 0usize;
         let started = Instant::now();
@@ -104,6 +109,7 @@ impl Stage<'_, '_> {
                         )?;
                     }
                     if grads.is_some() {
+                        out.chunk_bytes[chunk] = state.activation_bytes;
                         live_bytes += state.activation_bytes;
                         out.peak_activation_bytes = out.peak_activation_bytes.max(live_bytes);
                         states.insert((chunk, mb), state);
