@@ -315,6 +315,32 @@ fn evaluate(
     Ok(Some(sum_f64(pp, local)? / count as f64))
 }
 
+/// Writes a Chrome trace (`chrome://tracing`, Perfetto): one row (thread) per world rank, one
+/// complete event per forward, backward, receive wait and optimizer step.
+fn write_trace(
+    path: &str,
+    ranks: &[(usize, Vec<megatron_core::pipeline_parallel::timers::TraceEvent>)],
+) -> Result<(), TrainError> {
+    let mut events = Vec::new();
+    for (rank, evs) in ranks {
+        events.push(serde_json::json!({
+            "name": "thread_name", "ph": "M", "pid": 0, "tid": rank,
+            "args": { "name": format!("rank {rank}") }
+        }));
+        for e in evs {
+            events.push(serde_json::json!({
+                "name": e.name, "ph": "X", "pid": 0, "tid": rank,
+                "ts": e.start_us, "dur": e.dur_us
+            }));
+        }
+    }
+    let text = serde_json::json!({ "traceEvents": events }).to_string();
+    std::fs::write(path, text).map_err(|e| TrainError::Io {
+        path: path.to_string(),
+        source: e,
+    })
+}
+
 /// Whether activations between stages are sequence-parallel token blocks.
 fn tp_sequence_parallel_rows(cfg: &TrainConfig) -> bool {
     cfg.args.sequence_parallel && cfg.tp > 1
@@ -338,7 +364,11 @@ pub fn pretrain(args: &TrainArgs) -> Result<TrainSummary, TrainError> {
     if cfg.dp * cfg.tp * cfg.pp == 1 {
         return pool.install(|| {
             megatron_tensor::threads::set_gemm_threads(threads);
-            run(&cfg, tok.as_ref(), threads, None)
+            let mut s = run(&cfg, tok.as_ref(), threads, None)?;
+            if let Some(path) = &cfg.args.profile_trace {
+                write_trace(path, &[(0, std::mem::take(&mut s.trace))])?;
+            }
+            Ok(s)
         });
     }
     drop(pool);
@@ -371,6 +401,14 @@ fn pretrain_mpi(
     megatron_tensor::threads::set_gemm_threads(threads);
     let lead = comm.rank() == 0;
     let mut summary = run(&cfg, tok.as_ref(), threads, Some(&mut groups))?;
+    if let Some(path) = &cfg.args.profile_trace {
+        // One file per process; each holds its rank's row (load them together in Perfetto).
+        let r = comm.rank();
+        write_trace(
+            &format!("{path}.rank{r}.json"),
+            &[(r, std::mem::take(&mut summary.trace))],
+        )?;
+    }
     if !lead {
         // Only rank 0 reports.
         summary.losses.clear();
@@ -469,6 +507,7 @@ fn pretrain_ranks(
 ) -> Result<TrainSummary, TrainError> {
     let n = cfg.dp * cfg.tp * cfg.pp;
     let (tp, pp) = (cfg.tp, cfg.pp);
+    let trace_path = cfg.args.profile_trace.clone();
     let per_rank = (threads / n).max(1);
     let cfg = std::sync::Arc::new(cfg);
     let results =
@@ -489,10 +528,15 @@ fn pretrain_ranks(
         });
     let mut first_err = None;
     let mut lead = None;
+    let mut traces = Vec::new();
     for (rank, r) in results.into_iter().enumerate() {
         match r {
-            Ok(Ok(s)) if rank == 0 => lead = Some(s),
-            Ok(Ok(_)) => {}
+            Ok(Ok(mut s)) => {
+                traces.push((s.world_rank, std::mem::take(&mut s.trace)));
+                if rank == 0 {
+                    lead = Some(s);
+                }
+            }
             // A peer's failure is the consequence; report the first root cause.
             Ok(Err(TrainError::Comm(megatron_comm::CommError::PeerPanicked { .. })))
                 if first_err.is_some() => {}
@@ -503,6 +547,9 @@ fn pretrain_ranks(
                 first_err = Some(TrainError::Rank { rank, msg });
             }
         }
+    }
+    if let (Some(path), None) = (&trace_path, &first_err) {
+        write_trace(path, &traces)?;
     }
     match (first_err, lead) {
         (Some(e), _) => Err(e),
@@ -580,7 +627,12 @@ fn run(
     } else {
         b * t
     };
-    let mut timers = Timers::new(Instant::now(), a.profile_trace.is_some());
+    // One origin for every rank thread of the process, so trace rows line up.
+    static TRACE_ORIGIN: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    let mut timers = Timers::new(
+        *TRACE_ORIGIN.get_or_init(Instant::now),
+        a.profile_trace.is_some(),
+    );
     let mut adam = Adam::new(&params, a.adam_beta1, a.adam_beta2, a.adam_eps);
     let mut sched = scheduler(cfg);
     let mut iteration = 0u64;

@@ -784,3 +784,56 @@ fn pipeline_flags_are_checked() {
     .unwrap_err();
     assert!(e.to_string().contains("--num-layers-per-virtual-pipeline-stage (3)"), "{e}");
 }
+
+#[test]
+fn profile_trace_has_one_row_per_rank_and_timers_measure_the_bubble() {
+    let dir = tmpdir("trace");
+    let path = dir.join("trace.json");
+    let p = path.to_str().unwrap().to_string();
+    std::fs::create_dir_all(&dir).unwrap();
+    let s = pretrain(&args(&[
+        "--train-iters",
+        "2",
+        "--num-layers",
+        "4",
+        "--nproc-per-node",
+        "4",
+        "--pipeline-model-parallel-size",
+        "4",
+        "--global-batch-size",
+        "4",
+        "--micro-batch-size",
+        "1",
+        "--timing-log-level",
+        "1",
+        "--log-interval",
+        "1",
+        "--profile-trace",
+        &p,
+    ]))
+    .unwrap();
+    // Stage 0 of 4 with 4 micro-batches idles while the pipeline fills and drains.
+    assert!(
+        s.bubble_fraction > 0.0 && s.bubble_fraction < 1.0,
+        "{}",
+        s.bubble_fraction
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let events = v["traceEvents"].as_array().unwrap();
+    for rank in 0..4u64 {
+        let names: Vec<&str> = events
+            .iter()
+            .filter(|e| e["tid"].as_u64() == Some(rank) && e["ph"] == "X")
+            .map(|e| e["name"].as_str().unwrap())
+            .collect();
+        // 2 iterations x 4 micro-batches forward and backward, plus evaluation forwards.
+        assert!(names.iter().filter(|n| n.starts_with('F')).count() >= 8, "rank {rank}");
+        assert_eq!(names.iter().filter(|n| n.starts_with('B')).count(), 8, "rank {rank}");
+        assert!(names.contains(&"optimizer"));
+        if rank > 0 {
+            assert!(names.iter().any(|n| n.starts_with("recv fwd")));
+        }
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
