@@ -9,7 +9,8 @@ use std::time::Instant;
 pub struct BenchArgs {
     /// `gemm` (the three GEMMs of a linear layer), `peak` (the FMA-loop peak), `kernels` (every kernel of one GPT layer
     /// at --tokens x --hidden with --seq-length and --heads, plus the output layer at --vocab), `comm` (all-reduce bus
-    /// bandwidth), `index` (GPTDataset index build) or `tp` (a GPT micro-batch at each --ranks tensor-parallel size).
+    /// bandwidth), `index` (GPTDataset index build), `tp` (a GPT micro-batch at each --ranks tensor-parallel size) or `pipeline`
+    /// (the bubble of 1F1B and interleaved schedules at P = the first of --ranks, M = 4..32).
     #[arg(default_value = "gemm")]
     pub what: String,
     #[arg(long, default_value_t = 4096)]
@@ -222,6 +223,9 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
     }
     if a.what == "tp" {
         return crate::bench_tp::tp(a);
+    }
+    if a.what == "pipeline" {
+        return crate::bench_pipeline::pipeline(a);
     }
     if a.what == "index" {
         let prefix = a

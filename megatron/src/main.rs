@@ -10,6 +10,7 @@ use megatron_training::{
 use std::process::ExitCode;
 
 mod bench;
+mod bench_pipeline;
 mod bench_tp;
 
 /// GEMM packing buffers and activations are large, short-lived allocations; glibc hands them

@@ -43,7 +43,11 @@ fn data(m: usize, b: usize, t: usize) -> Data {
             .map(|k| (0..b * t).map(|i| ((i * 7 + k * 13) % 64) as u32).collect())
             .collect(),
         labels: (0..m)
-            .map(|k| (0..b * t).map(|i| ((i * 5 + k * 3 + 1) % 64) as u32).collect())
+            .map(|k| {
+                (0..b * t)
+                    .map(|i| ((i * 5 + k * 3 + 1) % 64) as u32)
+                    .collect()
+            })
             .collect(),
         mask: vec![1.0; b * t],
     }
@@ -67,7 +71,11 @@ fn batches(d: &Data, b: usize, t: usize) -> Vec<Batch<'_>> {
 
 /// Runs one step of the schedule on `p` stages with `v` chunks; returns per stage the run and
 /// the gradients by parameter name.
-fn pipelined(p: usize, v: usize, m: usize) -> Vec<(usize, usize, Vec<usize>, usize, Vec<(String, Vec<f32>)>)> {
+fn pipelined(
+    p: usize,
+    v: usize,
+    m: usize,
+) -> Vec<(usize, usize, Vec<usize>, usize, Vec<(String, Vec<f32>)>)> {
     run_ranks(p, move |rank, c| {
         let (b, t) = (2, 16);
         let part = StagePartition {
@@ -108,7 +116,15 @@ fn pipelined(p: usize, v: usize, m: usize) -> Vec<(usize, usize, Vec<usize>, usi
             tp: &mut tp,
             shape: [b * t, 32],
         }
-        .run(&params, Some(&mut grads), &ops, &bs, &ctxs, 1.0 / m as f32, &mut timers)
+        .run(
+            &params,
+            Some(&mut grads),
+            &ops,
+            &bs,
+            &ctxs,
+            1.0 / m as f32,
+            &mut timers,
+        )
         .unwrap();
         let named = params
             .metas
@@ -120,7 +136,13 @@ fn pipelined(p: usize, v: usize, m: usize) -> Vec<(usize, usize, Vec<usize>, usi
                 )
             })
             .collect();
-        (r.peak_in_flight, peak_in_flight(&ops), r.chunk_bytes, r.peak_activation_bytes, named)
+        (
+            r.peak_in_flight,
+            peak_in_flight(&ops),
+            r.chunk_bytes,
+            r.peak_activation_bytes,
+            named,
+        )
     })
     .into_iter()
     .map(|r| r.unwrap())
@@ -167,18 +189,29 @@ fn pipelined_gradients_equal_the_whole_model_gradients() {
     let mut grads = Grads::zeros_like(&params);
     let d = data(m, b, t);
     for batch in batches(&d, b, t) {
-        model.forward_backward_serial(&params, &mut grads, &batch, 1.0 / m as f32, &StepContext::eval());
+        model.forward_backward_serial(
+            &params,
+            &mut grads,
+            &batch,
+            1.0 / m as f32,
+            &StepContext::eval(),
+        );
     }
     for (p, v) in [(2, 1), (4, 1), (2, 2)] {
         for (rank, (_, _, _, _, named)) in pipelined(p, v, m).into_iter().enumerate() {
             for (name, g) in named {
                 let id = params.find(&name).unwrap();
                 let want = grads.get(id);
-                let tied_copy = name == "embedding.word_embeddings.weight" && rank == p - 1 && p > 1;
+                let tied_copy =
+                    name == "embedding.word_embeddings.weight" && rank == p - 1 && p > 1;
                 if tied_copy {
                     continue; // summed with the first stage's by the embedding group
                 }
-                let err = g.iter().zip(want).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+                let err = g
+                    .iter()
+                    .zip(want)
+                    .map(|(a, b)| (a - b).abs())
+                    .fold(0.0f32, f32::max);
                 assert!(err < 1e-5, "p {p} v {v} stage {rank} {name}: {err}");
             }
         }

@@ -319,7 +319,10 @@ fn evaluate(
 /// complete event per forward, backward, receive wait and optimizer step.
 fn write_trace(
     path: &str,
-    ranks: &[(usize, Vec<megatron_core::pipeline_parallel::timers::TraceEvent>)],
+    ranks: &[(
+        usize,
+        Vec<megatron_core::pipeline_parallel::timers::TraceEvent>,
+    )],
 ) -> Result<(), TrainError> {
     let mut events = Vec::new();
     for (rank, evs) in ranks {

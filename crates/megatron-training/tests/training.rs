@@ -689,8 +689,24 @@ fn pipeline_parallel_1f1b_interleaved_and_with_tp_match_one_rank() {
     let dir = tmpdir("pp");
     let serial = pp_run(&dir, "serial", &[]);
     for (name, layout) in [
-        ("pp2", &["--nproc-per-node", "2", "--pipeline-model-parallel-size", "2"][..]),
-        ("pp4", &["--nproc-per-node", "4", "--pipeline-model-parallel-size", "4"][..]),
+        (
+            "pp2",
+            &[
+                "--nproc-per-node",
+                "2",
+                "--pipeline-model-parallel-size",
+                "2",
+            ][..],
+        ),
+        (
+            "pp4",
+            &[
+                "--nproc-per-node",
+                "4",
+                "--pipeline-model-parallel-size",
+                "4",
+            ][..],
+        ),
         (
             "pp2v2",
             &[
@@ -765,8 +781,9 @@ fn pipeline_flags_are_checked() {
     ]))
     .unwrap_err();
     assert!(
-        e.to_string()
-            .contains("number of microbatches (3) is not divisible by pipeline-model-parallel-size (2)"),
+        e.to_string().contains(
+            "number of microbatches (3) is not divisible by pipeline-model-parallel-size (2)"
+        ),
         "{e}"
     );
     let e = pretrain(&args(&[
@@ -782,7 +799,11 @@ fn pipeline_flags_are_checked() {
         "3",
     ]))
     .unwrap_err();
-    assert!(e.to_string().contains("--num-layers-per-virtual-pipeline-stage (3)"), "{e}");
+    assert!(
+        e.to_string()
+            .contains("--num-layers-per-virtual-pipeline-stage (3)"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -828,8 +849,15 @@ fn profile_trace_has_one_row_per_rank_and_timers_measure_the_bubble() {
             .map(|e| e["name"].as_str().unwrap())
             .collect();
         // 2 iterations x 4 micro-batches forward and backward, plus evaluation forwards.
-        assert!(names.iter().filter(|n| n.starts_with('F')).count() >= 8, "rank {rank}");
-        assert_eq!(names.iter().filter(|n| n.starts_with('B')).count(), 8, "rank {rank}");
+        assert!(
+            names.iter().filter(|n| n.starts_with('F')).count() >= 8,
+            "rank {rank}"
+        );
+        assert_eq!(
+            names.iter().filter(|n| n.starts_with('B')).count(),
+            8,
+            "rank {rank}"
+        );
         assert!(names.contains(&"optimizer"));
         if rank > 0 {
             assert!(names.iter().any(|n| n.starts_with("recv fwd")));
