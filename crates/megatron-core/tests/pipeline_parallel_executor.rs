@@ -69,13 +69,12 @@ fn batches(d: &Data, b: usize, t: usize) -> Vec<Batch<'_>> {
         .collect()
 }
 
-/// Runs one step of the schedule on `p` stages with `v` chunks; returns per stage the run and
-/// the gradients by parameter name.
-fn pipelined(
-    p: usize,
-    v: usize,
-    m: usize,
-) -> Vec<(usize, usize, Vec<usize>, usize, Vec<(String, Vec<f32>)>)> {
+/// Per stage: measured peak micro-batches in flight, the schedule's bound, bytes of one
+/// micro-batch per chunk, measured peak bytes, gradients by parameter name.
+type StageResult = (usize, usize, Vec<usize>, usize, Vec<(String, Vec<f32>)>);
+
+/// Runs one step of the schedule on `p` stages with `v` chunks.
+fn pipelined(p: usize, v: usize, m: usize) -> Vec<StageResult> {
     run_ranks(p, move |rank, c| {
         let (b, t) = (2, 16);
         let part = StagePartition {
