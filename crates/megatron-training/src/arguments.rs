@@ -185,6 +185,40 @@ pub struct TrainArgs {
     pub decoder_first_pipeline_num_layers: Option<usize>,
     #[arg(long)]
     pub decoder_last_pipeline_num_layers: Option<usize>,
+    /// ZeRO-1: shard Adam state (and fp32 main parameters) over the data-parallel ranks.
+    #[arg(long)]
+    pub use_distributed_optimizer: bool,
+    /// Elements per gradient bucket (Megatron's default max(40M, 1M x DP)).
+    #[arg(long)]
+    pub ddp_bucket_size: Option<usize>,
+    /// Reduce each bucket as soon as the last micro-batch's backward finished it.
+    #[arg(long)]
+    pub overlap_grad_reduce: bool,
+    #[arg(long)]
+    pub overlap_param_gather: bool,
+    /// Mixed precision (not yet: refused with a message).
+    #[arg(long)]
+    pub bf16: bool,
+    #[arg(long)]
+    pub fp16: bool,
+    /// Constant loss scale (otherwise --fp16 scales dynamically).
+    #[arg(long)]
+    pub loss_scale: Option<f32>,
+    #[arg(long, default_value_t = 4294967296.0)]
+    pub initial_loss_scale: f32,
+    #[arg(long, default_value_t = 1.0)]
+    pub min_loss_scale: f32,
+    #[arg(long, default_value_t = 1000)]
+    pub loss_scale_window: u32,
+    #[arg(long, default_value_t = 2)]
+    pub hysteresis: u32,
+    #[arg(long)]
+    pub log_num_zeros_in_grad: bool,
+    #[arg(long)]
+    pub log_params_norm: bool,
+    /// Testing: make the gradients of these iterations overflow (inf), as an fp16 overflow would.
+    #[arg(long, hide = true, num_args = 1..)]
+    pub inject_grad_overflow: Vec<u64>,
     /// 1 or more: print per-stage timers (forward, backward, p2p wait, optimizer, bubble) at
     /// every log interval.
     #[arg(long, default_value_t = 0)]
@@ -269,6 +303,22 @@ impl TrainArgs {
             if v != 1 {
                 return Err(bad(format!("{flag} {v}: only tensor, pipeline and data parallelism run so far (context and expert parallelism are later issues)")));
             }
+        }
+        if self.fp16 && self.bf16 {
+            return Err(bad("give only one of --fp16 and --bf16".into()));
+        }
+        if self.bf16 {
+            return Err(bad("--bf16: bf16 storage and bf16 matmuls are not implemented yet; train in fp32 (the default)".into()));
+        }
+        if self.overlap_param_gather && !self.use_distributed_optimizer {
+            return Err(bad(
+                "--overlap-param-gather needs --use-distributed-optimizer".into(),
+            ));
+        }
+        if self.loss_scale.is_some_and(|s| s <= 0.0) || self.initial_loss_scale <= 0.0 {
+            return Err(bad(
+                "--loss-scale / --initial-loss-scale must be positive".into()
+            ));
         }
         let tp = self.tensor_model_parallel_size;
         if tp == 0 || !self.nproc_per_node.is_multiple_of(tp) {

@@ -15,6 +15,14 @@ pub struct IterationMetrics {
     pub tflops: f64,
     pub mfu: f64,
     pub peak_mem_bytes: u64,
+    /// Loss scale (fp16 / `--loss-scale`), iterations skipped on overflow so far.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub loss_scale: Option<f32>,
+    pub skipped_iterations: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub num_zeros: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub params_norm: Option<f64>,
 }
 
 #[derive(Serialize, Clone, Debug)]
@@ -38,7 +46,24 @@ impl IterationMetrics {
             self.lm_loss,
             self.grad_norm,
             self.peak_mem_bytes as f64 / (1 << 20) as f64
-        )
+        ) + &self.extras()
+    }
+
+    fn extras(&self) -> String {
+        let mut s = String::new();
+        if let Some(x) = self.loss_scale {
+            s += &format!(
+                " | loss scale: {x:.1} | number of skipped iterations: {}",
+                self.skipped_iterations
+            );
+        }
+        if let Some(z) = self.num_zeros {
+            s += &format!(" | num zeros: {z}");
+        }
+        if let Some(p) = self.params_norm {
+            s += &format!(" | params norm: {p:.3}");
+        }
+        s
     }
 }
 

@@ -6,7 +6,10 @@ use crate::flops::{num_floating_point_operations, peak_flops};
 use crate::logging::{peak_rss_bytes, EvalMetrics, IterationMetrics, MetricsFile};
 use crate::TrainError;
 use megatron_comm::Communicator;
-use megatron_core::optimizer::{clip_grads_by_norm, Adam, OptimizerParamScheduler};
+use megatron_core::distributed::GradBuffer;
+use megatron_core::optimizer::{
+    clip_grads_by_norm, Adam, DistributedOptimizer, GradScaler, OptimizerParamScheduler,
+};
 use megatron_core::pipeline_parallel::executor::Stage;
 use megatron_core::pipeline_parallel::partition::StagePartition;
 use megatron_core::pipeline_parallel::timers::Timers;
@@ -43,6 +46,12 @@ pub struct TrainSummary {
     /// World rank and its trace events (`--profile-trace`).
     pub world_rank: usize,
     pub trace: Vec<megatron_core::pipeline_parallel::timers::TraceEvent>,
+    /// Iterations skipped because the gradients overflowed (loss scaling).
+    pub skipped_iterations: u64,
+    /// Loss scale at the end (loss scaling).
+    pub loss_scale: Option<f32>,
+    /// Gradient norm of every iteration that stepped.
+    pub grad_norms: Vec<(u64, f64)>,
 }
 
 /// Where log lines go: through the progress bar on a terminal, else plain stdout.
@@ -344,6 +353,57 @@ fn write_trace(
     })
 }
 
+/// Zeros in the gradients the optimizer sees (Megatron's `--log-num-zeros-in-grad`), counted
+/// once over TP, PP and (with the distributed optimizer) DP.
+fn count_zeros(
+    params: &Params,
+    grads: &Grads,
+    dist: Option<&DistributedOptimizer>,
+    tp: &mut Tp,
+    pp: &mut dyn Communicator,
+    dp: Option<&mut dyn Communicator>,
+) -> Result<u64, TrainError> {
+    let tp_rank = tp.rank();
+    let local = match dist {
+        Some(d) => d.count_zeros_local(params, grads, tp_rank),
+        None => params
+            .metas
+            .iter()
+            .filter(|m| !m.shared && (!m.tp_replicated || tp_rank == 0))
+            .map(|m| {
+                grads.data[m.offset..m.offset + m.numel]
+                    .iter()
+                    .filter(|g| **g == 0.0)
+                    .count() as u64
+            })
+            .sum(),
+    };
+    let mut v = [local as i64];
+    use megatron_comm::TypedCollectives;
+    tp.comm
+        .all_reduce_i64(&mut v, megatron_comm::ReduceOp::Sum)?;
+    pp.all_reduce_i64(&mut v, megatron_comm::ReduceOp::Sum)?;
+    if let (Some(c), true) = (dp, dist.is_some()) {
+        c.all_reduce_i64(&mut v, megatron_comm::ReduceOp::Sum)?;
+    }
+    Ok(v[0] as u64)
+}
+
+/// L2 norm of the whole model's parameters (`--log-params-norm`), each counted once.
+fn params_norm(params: &Params, tp: &mut Tp, pp: &mut dyn Communicator) -> Result<f64, TrainError> {
+    let tp_rank = tp.rank();
+    let local: f64 = params
+        .metas
+        .iter()
+        .filter(|m| !m.shared && (!m.tp_replicated || tp_rank == 0))
+        .map(|m| {
+            megatron_tensor::cpu::global_norm_squared(&params.data[m.offset..m.offset + m.numel])
+        })
+        .sum();
+    let x = sum_f64(tp.comm, local)?;
+    Ok(sum_f64(pp, x)?.sqrt())
+}
+
 /// Whether activations between stages are sequence-parallel token blocks.
 fn tp_sequence_parallel_rows(cfg: &TrainConfig) -> bool {
     cfg.args.sequence_parallel && cfg.tp > 1
@@ -573,6 +633,7 @@ fn run(
     let a = &cfg.args;
     let mut serial = serial_group();
     let mut serial_pp = serial_group();
+    let mut serial_dp = serial_group();
     type Comm<'x> = &'x mut dyn Communicator;
     let (tp_comm, mut comm, pp_comm, mut emb_comm, world_rank): (
         Comm,
@@ -637,6 +698,44 @@ fn run(
         a.profile_trace.is_some(),
     );
     let mut adam = Adam::new(&params, a.adam_beta1, a.adam_beta2, a.adam_eps);
+    // Gradient buckets over the data-parallel group; with the distributed optimizer Adam state
+    // lives only for this rank's shards (the full `adam` above is then only a staging area for
+    // checkpoints and is freed right away).
+    let bucket_size = a.ddp_bucket_size.unwrap_or_else(|| {
+        if a.overlap_grad_reduce || a.use_distributed_optimizer {
+            40_000_000usize.max(1_000_000 * dp)
+        } else {
+            usize::MAX
+        }
+    });
+    let buffer = GradBuffer::new(
+        &params,
+        bucket_size,
+        dp,
+        dp_rank,
+        a.use_distributed_optimizer,
+    );
+    let mut dist_opt = a.use_distributed_optimizer.then(|| {
+        DistributedOptimizer::new(
+            &params,
+            buffer.clone(),
+            a.adam_beta1,
+            a.adam_beta2,
+            a.adam_eps,
+        )
+    });
+    let mut scaler = match (a.loss_scale, a.fp16) {
+        (Some(s), _) => Some(GradScaler::Constant { scale: s }),
+        (None, true) => Some(GradScaler::dynamic(
+            a.initial_loss_scale,
+            a.min_loss_scale,
+            a.loss_scale_window,
+            a.hysteresis,
+        )),
+        (None, false) => None,
+    };
+    let mut skipped_iterations = 0u64;
+    let mut bucket_scratch = Vec::new();
     let mut sched = scheduler(cfg);
     let mut iteration = 0u64;
     let mut consumed = 0u64;
@@ -652,6 +751,9 @@ fn run(
             });
         }
         restore(&ck, &mut params, Some(&mut adam))?;
+        if let Some(d) = dist_opt.as_mut() {
+            d.load_moments(&adam.exp_avg, &adam.exp_avg_sq, adam.step);
+        }
         iteration = ck.meta.iteration;
         consumed = ck.meta.consumed_train_samples;
         sched.num_steps = ck.meta.scheduler.num_steps;
@@ -661,6 +763,10 @@ fn run(
                 ck.dir.display()
             );
         }
+    }
+    if dist_opt.is_some() {
+        adam.exp_avg = Vec::new();
+        adam.exp_avg_sq = Vec::new();
     }
     let data = build_data(cfg, tok, lead)?;
     let mut grads = Grads::zeros_like(&params);
@@ -700,12 +806,21 @@ fn run(
         .map(|_| MicroBatch::new(b, t, cfg))
         .collect();
     let (mut interval_loss, mut interval_iters, mut interval_time) = (0.0f64, 0u64, 0.0f64);
-    let grad_scale = 1.0 / cfg.num_microbatches as f32;
+    let base_grad_scale = 1.0 / cfg.num_microbatches as f32;
     let save_dir = a.save.as_ref().map(PathBuf::from);
     while iteration < cfg.train_iters {
         let started = Instant::now();
         iteration += 1;
         grads.zero();
+        if dist_opt.is_some() && !adam.exp_avg.is_empty() {
+            // Staging for the last checkpoint only.
+            adam.exp_avg = Vec::new();
+            adam.exp_avg_sq = Vec::new();
+        }
+        // fp16 loss scaling: the loss gradient is multiplied by the scale, the gradients divided
+        // by it before the optimizer.
+        let loss_scale = scaler.as_ref().map_or(1.0, |s| s.scale());
+        let grad_scale = base_grad_scale * loss_scale;
         let mut loss_sum = 0.0f64;
         // One data-parallel rank today: the sampler hands out consecutive indices from the
         // consumed-samples count, as Megatron's does for rank 0 of 1.
@@ -805,14 +920,47 @@ fn run(
                 .expect("first and last stages hold the word embedding");
             e.all_reduce(grads.get_mut(id), megatron_comm::ReduceOp::Sum)?;
         }
+        if a.inject_grad_overflow.contains(&iteration) {
+            grads.data[0] = f32::INFINITY;
+        }
         if let Some(c) = comm.as_deref_mut() {
-            // Data parallelism: the mean gradient and loss over all ranks' micro-batches.
-            c.all_reduce(&mut grads.data, megatron_comm::ReduceOp::Avg)?;
+            // Data parallelism: the mean gradient (all-reduced, or reduce-scattered to the
+            // distributed optimizer's shards) and loss over all ranks' micro-batches.
+            match dist_opt.as_mut() {
+                Some(d) => d.reduce_gradients(&mut grads, &mut *c)?,
+                None => buffer.reduce_gradients(&mut grads, &mut *c, &mut bucket_scratch)?,
+            }
             let mut l = [loss as f32];
             c.all_reduce(&mut l, megatron_comm::ReduceOp::Avg)?;
             loss = l[0] as f64;
         }
-        if !loss.is_finite() {
+        // Which gradients this rank holds for the optimizer: its shards, or all of them.
+        let mut skip = false;
+        if let Some(sc) = &scaler {
+            let inv = 1.0 / sc.scale();
+            let mut bad = match dist_opt.as_ref() {
+                Some(d) => {
+                    d.scale_grads(&mut grads, inv);
+                    d.grad_norm_squared_local(&params, &grads, 0)
+                }
+                None => {
+                    megatron_tensor::cpu::scale_inplace(&mut grads.data, inv);
+                    megatron_tensor::cpu::global_norm_squared(&grads.data)
+                }
+            };
+            // Overflow anywhere skips the step everywhere.
+            let mut flag = [if bad.is_finite() { 0.0f32 } else { 1.0 }];
+            tp.comm
+                .all_reduce(&mut flag, megatron_comm::ReduceOp::Max)?;
+            pp_comm.all_reduce(&mut flag, megatron_comm::ReduceOp::Max)?;
+            if let Some(c) = comm.as_deref_mut() {
+                c.all_reduce(&mut flag, megatron_comm::ReduceOp::Max)?;
+            }
+            skip = flag[0] > 0.0;
+            bad = 0.0;
+            let _ = bad;
+        }
+        if !loss.is_finite() && scaler.is_none() {
             rep.finish();
             return Err(TrainError::NonFinite {
                 iteration,
@@ -820,25 +968,95 @@ fn run(
                 value: loss,
             });
         }
-        let mut norm2 = grad_norm_squared_tp(&params, &grads, &mut tp)?;
-        if pp_size > 1 {
-            norm2 = sum_f64(&mut *pp_comm, norm2)?;
-        }
-        let grad_norm = norm2.sqrt();
-        clip_grads_by_norm(&mut grads, grad_norm, a.clip_grad);
-        if !grad_norm.is_finite() {
-            rep.finish();
-            return Err(TrainError::NonFinite {
-                iteration,
-                what: "grad norm",
-                value: grad_norm,
-            });
-        }
+        let mut grad_norm = f64::NAN;
+        let mut num_zeros = None;
         let lr = sched.get_lr();
-        adam.step(&mut params, &grads, lr as f32, a.weight_decay);
+        if !skip {
+            let norm2 = match dist_opt.as_ref() {
+                // Each element is owned by one DP rank: sum over TP, PP and DP.
+                Some(d) => {
+                    let local = d.grad_norm_squared_local(&params, &grads, tp.rank());
+                    let mut x = sum_f64(tp.comm, local)?;
+                    x = sum_f64(&mut *pp_comm, x)?;
+                    if let Some(c) = comm.as_deref_mut() {
+                        x = sum_f64(c, x)?;
+                    }
+                    x
+                }
+                // DP replicas hold the same gradients: sum over TP and PP only.
+                None => {
+                    let x = grad_norm_squared_tp(&params, &grads, &mut tp)?;
+                    if pp_size > 1 {
+                        sum_f64(&mut *pp_comm, x)?
+                    } else {
+                        x
+                    }
+                }
+            };
+            grad_norm = norm2.sqrt();
+            if !grad_norm.is_finite() {
+                rep.finish();
+                return Err(TrainError::NonFinite {
+                    iteration,
+                    what: "grad norm",
+                    value: grad_norm,
+                });
+            }
+            let coeff = a.clip_grad as f64 / (grad_norm + 1e-6);
+            if a.log_num_zeros_in_grad {
+                num_zeros = Some(count_zeros(
+                    &params,
+                    &grads,
+                    dist_opt.as_ref(),
+                    &mut tp,
+                    &mut *pp_comm,
+                    match comm.as_deref_mut() {
+                        Some(c) => Some(c as &mut dyn Communicator),
+                        None => None,
+                    },
+                )?);
+            }
+            match dist_opt.as_mut() {
+                Some(d) => {
+                    if a.clip_grad > 0.0 && coeff < 1.0 {
+                        d.scale_grads(&mut grads, coeff as f32);
+                    }
+                    match comm.as_deref_mut() {
+                        Some(c) => d.step(&mut params, &grads, lr as f32, a.weight_decay, c)?,
+                        None => d.step(
+                            &mut params,
+                            &grads,
+                            lr as f32,
+                            a.weight_decay,
+                            &mut serial_dp,
+                        )?,
+                    }
+                }
+                None => {
+                    clip_grads_by_norm(&mut grads, grad_norm, a.clip_grad);
+                    adam.step(&mut params, &grads, lr as f32, a.weight_decay);
+                }
+            }
+        } else {
+            skipped_iterations += 1;
+            rep.line(&format!(
+                " iteration {iteration}: gradients overflowed at loss scale {}; step skipped",
+                loss_scale
+            ));
+        }
+        if let Some(sc) = scaler.as_mut() {
+            sc.update(skip);
+        }
         timers.optimizer += opt_start.elapsed();
         timers.record(|| "optimizer".into(), opt_start);
-        sched.step(gbs);
+        // Megatron skips the LR scheduler step of a skipped iteration too; its samples are
+        // consumed all the same.
+        if !skip {
+            sched.step(gbs);
+            summary.grad_norms.push((iteration, grad_norm));
+        }
+        summary.skipped_iterations = skipped_iterations;
+        summary.loss_scale = scaler.as_ref().map(|s| s.scale());
         consumed += gbs;
         let secs = started.elapsed().as_secs_f64();
         summary.losses.push((iteration, loss));
@@ -859,6 +1077,14 @@ fn run(
                 tflops: flops_per_iter / per_iter / 1e12,
                 mfu: flops_per_iter / per_iter / peak,
                 peak_mem_bytes: peak_rss_bytes(),
+                loss_scale: scaler.as_ref().map(|s| s.scale()),
+                skipped_iterations,
+                num_zeros,
+                params_norm: if a.log_params_norm {
+                    Some(params_norm(&params, &mut tp, &mut *pp_comm)?)
+                } else {
+                    None
+                },
             };
             rep.line(&m.line(cfg.train_iters));
             if a.timing_log_level > 0 && dp_rank == 0 && tp.rank() == 0 {
@@ -910,6 +1136,18 @@ fn run(
         }
         let due = a.save_interval.is_some_and(|s| iteration.is_multiple_of(s))
             || iteration == cfg.train_iters;
+        if let (Some(d), true, true) = (dist_opt.as_mut(), save_dir.is_some(), due) {
+            // The distributed optimizer's moments are all-gathered over DP first (every DP
+            // rank takes part), into the staging `adam`.
+            let numel = params.numel();
+            let (m, v) = match comm.as_deref_mut() {
+                Some(c) => d.full_moments(numel, c)?,
+                None => d.full_moments(numel, &mut serial_dp)?,
+            };
+            adam.exp_avg = m;
+            adam.exp_avg_sq = v;
+            adam.step = d.step;
+        }
         if let (Some(dir), true, true) = (&save_dir, due, dp_rank == 0) {
             // Shards are gathered into the TP = 1 layout: the checkpoint loads under any TP size.
             let gathered = if tp.size() > 1 || pp_size > 1 {

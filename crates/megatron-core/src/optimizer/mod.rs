@@ -1,7 +1,11 @@
 pub mod adam;
 pub mod clip_grads;
+pub mod distrib_optimizer;
+pub mod grad_scaler;
 pub mod lr_scheduler;
 
 pub use adam::Adam;
 pub use clip_grads::{clip_grad_norm, clip_grads_by_norm, get_grad_norm};
+pub use distrib_optimizer::DistributedOptimizer;
+pub use grad_scaler::GradScaler;
 pub use lr_scheduler::{LrDecayStyle, OptimizerParamScheduler, WsdDecayStyle};

@@ -1,0 +1,160 @@
+//! Buckets of the flat gradient buffer. Parameters already live in one contiguous buffer per
+//! rank (`Params`/`Grads`), so a bucket is a contiguous range of it at parameter boundaries.
+//! Buckets are cut in reverse registration order (roughly the order backward produces the
+//! gradients), each at least `bucket_size` elements; with the distributed optimizer the tied
+//! embedding's copy gets its own bucket and every bucket splits into `dp` shards of
+//! `ceil(len / dp)` elements (the last shard may be short: the padding is virtual), of which DP
+//! rank r owns shard r.
+
+use crate::params::{Grads, Params};
+use megatron_comm::{CommError, Communicator, ReduceOp};
+use std::ops::Range;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Bucket {
+    /// Elements of the flat buffer.
+    pub range: Range<usize>,
+    /// Parameters (indices into `Params::metas`) in it.
+    pub params: Range<usize>,
+}
+
+impl Bucket {
+    /// Shard length: the bucket padded to a multiple of `dp`, divided by `dp`.
+    pub fn shard_len(&self, dp: usize) -> usize {
+        self.range.len().div_ceil(dp)
+    }
+    /// Elements of the flat buffer that DP rank `r` owns (possibly empty at the end).
+    pub fn shard(&self, dp: usize, r: usize) -> Range<usize> {
+        let s = self.shard_len(dp);
+        let lo = (self.range.start + r * s).min(self.range.end);
+        let hi = (self.range.start + (r + 1) * s).min(self.range.end);
+        lo..hi
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct GradBuffer {
+    pub buckets: Vec<Bucket>,
+    pub dp: usize,
+    pub dp_rank: usize,
+    /// Reduce-scatter (distributed optimizer) instead of all-reduce.
+    pub distributed: bool,
+}
+
+impl GradBuffer {
+    pub fn new(
+        params: &Params,
+        bucket_size: usize,
+        dp: usize,
+        dp_rank: usize,
+        distributed: bool,
+    ) -> Self {
+        let metas = &params.metas;
+        let mut buckets = Vec::new();
+        let push = |buckets: &mut Vec<Bucket>, lo: usize, hi: usize| {
+            let range = metas[lo].offset..metas[hi - 1].offset + metas[hi - 1].numel;
+            buckets.push(Bucket {
+                range,
+                params: lo..hi,
+            });
+        };
+        // (first param, one past the last, elements, holds the shared copy)
+        let mut cur: Option<(usize, usize, usize, bool)> = None;
+        for i in (0..metas.len()).rev() {
+            let alone = distributed && metas[i].shared;
+            match cur {
+                Some((_, hi, len, false)) if !alone && len < bucket_size.max(1) => {
+                    cur = Some((i, hi, len + metas[i].numel, false));
+                }
+                _ => {
+                    if let Some((lo, hi, _, _)) = cur.take() {
+                        push(&mut buckets, lo, hi);
+                    }
+                    cur = Some((i, i + 1, metas[i].numel, alone));
+                }
+            }
+        }
+        if let Some((lo, hi, _, _)) = cur {
+            push(&mut buckets, lo, hi);
+        }
+        GradBuffer {
+            buckets,
+            dp,
+            dp_rank,
+            distributed,
+        }
+    }
+
+    /// This rank's shards, one per bucket (flat-buffer ranges).
+    pub fn owned(&self) -> Vec<Range<usize>> {
+        self.buckets
+            .iter()
+            .map(|b| b.shard(self.dp, self.dp_rank))
+            .collect()
+    }
+
+    /// Averages the gradients over the data-parallel group, bucket by bucket: all-reduce, or
+    /// with the distributed optimizer reduce-scatter, after which only this rank's shards hold
+    /// the averaged gradient (the rest of the buffer is stale).
+    pub fn reduce_gradients(
+        &self,
+        grads: &mut Grads,
+        dp: &mut dyn Communicator,
+        scratch: &mut Vec<f32>,
+    ) -> Result<(), CommError> {
+        if self.dp == 1 {
+            return Ok(());
+        }
+        for b in &self.buckets {
+            self.reduce_bucket(b, grads, dp, scratch)?;
+        }
+        Ok(())
+    }
+
+    pub fn reduce_bucket(
+        &self,
+        b: &Bucket,
+        grads: &mut Grads,
+        dp: &mut dyn Communicator,
+        scratch: &mut Vec<f32>,
+    ) -> Result<(), CommError> {
+        if !self.distributed {
+            return dp.all_reduce(&mut grads.data[b.range.clone()], ReduceOp::Avg);
+        }
+        let s = b.shard_len(self.dp);
+        scratch.clear();
+        scratch.extend_from_slice(&grads.data[b.range.clone()]);
+        scratch.resize(s * self.dp, 0.0);
+        let mut out = vec![0.0f32; s];
+        dp.reduce_scatter(scratch, &mut out, ReduceOp::Avg)?;
+        let own = b.shard(self.dp, self.dp_rank);
+        let n = own.len();
+        grads.data[own].copy_from_slice(&out[..n]);
+        Ok(())
+    }
+
+    /// Distributed optimizer: after each rank updated its shards of `data`, all-gathers every
+    /// bucket so all ranks hold the whole buffer again.
+    pub fn all_gather(
+        &self,
+        data: &mut [f32],
+        dp: &mut dyn Communicator,
+        scratch: &mut Vec<f32>,
+    ) -> Result<(), CommError> {
+        if self.dp == 1 {
+            return Ok(());
+        }
+        for b in &self.buckets {
+            let s = b.shard_len(self.dp);
+            let own = b.shard(self.dp, self.dp_rank);
+            let mut mine = vec![0.0f32; s];
+            mine[..own.len()].copy_from_slice(&data[own]);
+            scratch.clear();
+            scratch.resize(s * self.dp, 0.0);
+            dp.all_gather(&mine, scratch)?;
+            let len = b.range.len();
+            data[b.range.clone()].copy_from_slice(&scratch[..len]);
+        }
+        Ok(())
+    }
+}

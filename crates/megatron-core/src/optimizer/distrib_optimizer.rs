@@ -1,0 +1,180 @@
+//! The distributed optimizer (ZeRO-1, Megatron's `DistribOptimizer`): each data-parallel rank
+//! keeps Adam state (and, with 16-bit parameters, the fp32 main parameters) only for its shard of
+//! every gradient bucket, updates that shard after the gradients were reduce-scattered, and the
+//! updated parameters are all-gathered back. Shards ignore parameter boundaries; the pieces
+//! below split them where the weight-decay flag or the norm filters change.
+
+use crate::distributed::GradBuffer;
+use crate::params::{Grads, Params};
+use megatron_comm::{CommError, Communicator};
+use megatron_tensor::cpu::{adamw_update, global_norm_squared, scale_inplace, AdamWParams};
+use std::ops::Range;
+
+/// A piece of an owned shard inside one parameter.
+#[derive(Clone, Debug)]
+struct Piece {
+    /// Flat-buffer range.
+    range: Range<usize>,
+    /// Offset of the piece in this rank's optimizer state.
+    state: usize,
+    param: usize,
+}
+
+#[derive(Clone, Debug)]
+pub struct DistributedOptimizer {
+    pub buffer: GradBuffer,
+    pieces: Vec<Piece>,
+    pub exp_avg: Vec<f32>,
+    pub exp_avg_sq: Vec<f32>,
+    pub step: u64,
+    pub beta1: f32,
+    pub beta2: f32,
+    pub eps: f32,
+    scratch: Vec<f32>,
+}
+
+impl DistributedOptimizer {
+    pub fn new(params: &Params, buffer: GradBuffer, beta1: f32, beta2: f32, eps: f32) -> Self {
+        let mut pieces = Vec::new();
+        let mut state = 0;
+        for (b, own) in buffer.buckets.iter().zip(buffer.owned()) {
+            for p in b.params.clone() {
+                let m = &params.metas[p];
+                let lo = own.start.max(m.offset);
+                let hi = own.end.min(m.offset + m.numel);
+                if lo < hi {
+                    pieces.push(Piece {
+                        range: lo..hi,
+                        state,
+                        param: p,
+                    });
+                    state += hi - lo;
+                }
+            }
+        }
+        DistributedOptimizer {
+            buffer,
+            pieces,
+            exp_avg: vec![0.0; state],
+            exp_avg_sq: vec![0.0; state],
+            step: 0,
+            beta1,
+            beta2,
+            eps,
+            scratch: Vec::new(),
+        }
+    }
+
+    /// Elements of optimizer state this rank holds.
+    pub fn state_len(&self) -> usize {
+        self.exp_avg.len()
+    }
+
+    /// Reduce-scatters the gradients over DP: this rank's shards then hold the averages.
+    pub fn reduce_gradients(
+        &mut self,
+        grads: &mut Grads,
+        dp: &mut dyn Communicator,
+    ) -> Result<(), CommError> {
+        self.buffer.reduce_gradients(grads, dp, &mut self.scratch)
+    }
+
+    /// This rank's part of the squared gradient norm: its shards, with the model-parallel
+    /// filters (TP-replicated parameters on TP rank 0 only, the tied-embedding copy never).
+    pub fn grad_norm_squared_local(&self, params: &Params, grads: &Grads, tp_rank: usize) -> f64 {
+        self.pieces
+            .iter()
+            .filter(|p| {
+                let m = &params.metas[p.param];
+                !m.shared && (!m.tp_replicated || tp_rank == 0)
+            })
+            .map(|p| global_norm_squared(&grads.data[p.range.clone()]))
+            .sum()
+    }
+
+    /// Zeros among this rank's shards (same filters as the norm).
+    pub fn count_zeros_local(&self, params: &Params, grads: &Grads, tp_rank: usize) -> u64 {
+        self.pieces
+            .iter()
+            .filter(|p| {
+                let m = &params.metas[p.param];
+                !m.shared && (!m.tp_replicated || tp_rank == 0)
+            })
+            .map(|p| {
+                grads.data[p.range.clone()]
+                    .iter()
+                    .filter(|g| **g == 0.0)
+                    .count() as u64
+            })
+            .sum()
+    }
+
+    /// Scales this rank's shards of the gradients (clipping).
+    pub fn scale_grads(&self, grads: &mut Grads, coeff: f32) {
+        for p in &self.pieces {
+            scale_inplace(&mut grads.data[p.range.clone()], coeff);
+        }
+    }
+
+    /// AdamW on the owned shards, then all-gathers the updated parameters over DP.
+    pub fn step(
+        &mut self,
+        params: &mut Params,
+        grads: &Grads,
+        lr: f32,
+        weight_decay: f32,
+        dp: &mut dyn Communicator,
+    ) -> Result<(), CommError> {
+        self.step += 1;
+        for p in &self.pieces {
+            let wd = params.metas[p.param].weight_decay;
+            let h = AdamWParams {
+                lr,
+                beta1: self.beta1,
+                beta2: self.beta2,
+                eps: self.eps,
+                weight_decay: if wd { weight_decay } else { 0.0 },
+                step: self.step,
+            };
+            let s = p.state..p.state + p.range.len();
+            adamw_update(
+                &mut params.data[p.range.clone()],
+                &grads.data[p.range.clone()],
+                &mut self.exp_avg[s.clone()],
+                &mut self.exp_avg_sq[s],
+                h,
+            );
+        }
+        self.buffer
+            .all_gather(&mut params.data, dp, &mut self.scratch)
+    }
+
+    /// The moments laid out like the whole parameter buffer (all-gathered over DP), for
+    /// checkpoints. Every DP rank must call it.
+    pub fn full_moments(
+        &mut self,
+        numel: usize,
+        dp: &mut dyn Communicator,
+    ) -> Result<(Vec<f32>, Vec<f32>), CommError> {
+        let mut m = vec![0.0f32; numel];
+        let mut v = vec![0.0f32; numel];
+        for p in &self.pieces {
+            let s = p.state..p.state + p.range.len();
+            m[p.range.clone()].copy_from_slice(&self.exp_avg[s.clone()]);
+            v[p.range.clone()].copy_from_slice(&self.exp_avg_sq[s]);
+        }
+        self.buffer.all_gather(&mut m, dp, &mut self.scratch)?;
+        self.buffer.all_gather(&mut v, dp, &mut self.scratch)?;
+        Ok((m, v))
+    }
+
+    /// Takes this rank's shards of whole-buffer moments (from a checkpoint).
+    pub fn load_moments(&mut self, exp_avg: &[f32], exp_avg_sq: &[f32], step: u64) {
+        for p in &self.pieces {
+            let s = p.state..p.state + p.range.len();
+            self.exp_avg[s.clone()].copy_from_slice(&exp_avg[p.range.clone()]);
+            self.exp_avg_sq[s].copy_from_slice(&exp_avg_sq[p.range.clone()]);
+        }
+        self.step = step;
+    }
+}
