@@ -865,3 +865,114 @@ fn profile_trace_has_one_row_per_rank_and_timers_measure_the_bubble() {
     }
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// Grad norms of every stepped iteration must agree across layouts (clipping at 1.0 is active:
+/// the norms of this tiny model are above 1).
+fn assert_same_norms(what: &str, a: &TrainSummary, b: &TrainSummary) {
+    assert_eq!(a.grad_norms.len(), b.grad_norms.len(), "{what}");
+    assert!(
+        a.grad_norms.iter().any(|n| n.1 > 1.0),
+        "clipping must be active"
+    );
+    for (x, y) in a.grad_norms.iter().zip(&b.grad_norms) {
+        assert!(
+            (x.1 - y.1).abs() <= 1e-5 * x.1,
+            "{what} iteration {}: grad norm {} vs {}",
+            x.0,
+            x.1,
+            y.1
+        );
+    }
+}
+
+#[test]
+fn distributed_optimizer_and_the_3d_layout_match_one_rank() {
+    let dir = tmpdir("distopt");
+    let serial = pp_run(&dir, "serial", &[]);
+    for (name, layout) in [
+        ("dp2", &["--nproc-per-node", "2"][..]),
+        (
+            "dp2-distopt",
+            &["--nproc-per-node", "2", "--use-distributed-optimizer"][..],
+        ),
+        (
+            "dp4-distopt-buckets",
+            &[
+                "--nproc-per-node",
+                "4",
+                "--use-distributed-optimizer",
+                "--ddp-bucket-size",
+                "20000",
+            ][..],
+        ),
+        (
+            "tp2pp2dp2-distopt",
+            &[
+                "--nproc-per-node",
+                "8",
+                "--tensor-model-parallel-size",
+                "2",
+                "--pipeline-model-parallel-size",
+                "2",
+                "--use-distributed-optimizer",
+                "--sequence-parallel",
+            ][..],
+        ),
+    ] {
+        let run = pp_run(&dir, name, layout);
+        assert_same_training(name, &serial, &run, 1e-5);
+        assert_same_norms(name, &serial.0, &run.0);
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn an_overflowing_step_is_skipped_with_the_scheduler_and_the_scale_backs_off() {
+    let dir = tmpdir("overflow");
+    let run = |inject: &[&str], name: &str| {
+        let save = dir.join(name);
+        let s = save.to_str().unwrap().to_string();
+        let mut v = vec![
+            "--train-iters",
+            "4",
+            "--fp16",
+            "--initial-loss-scale",
+            "1024",
+            "--hysteresis",
+            "1",
+            "--loss-scale-window",
+            "2",
+            "--nproc-per-node",
+            "2",
+            "--hidden-dropout",
+            "0",
+            "--attention-dropout",
+            "0",
+            "--save",
+            &s,
+        ];
+        v.extend_from_slice(inject);
+        let summary = pretrain(&args(&v)).unwrap();
+        (summary, load_checkpoint(&save, None).unwrap())
+    };
+    let (clean, clean_ck) = run(&[], "clean");
+    let (hit, hit_ck) = run(&["--inject-grad-overflow", "2"], "hit");
+    assert_eq!(clean.skipped_iterations, 0);
+    // Two clean steps make a window: 1024 -> 2048 -> 4096.
+    assert_eq!(clean.loss_scale, Some(4096.0));
+    assert_eq!(hit.skipped_iterations, 1);
+    // Iteration 1 clean, 2 overflows (1024 -> 512), 3 and 4 clean (window 2: -> 1024).
+    assert_eq!(hit.loss_scale, Some(1024.0));
+    let stepped: Vec<u64> = hit.grad_norms.iter().map(|n| n.0).collect();
+    assert_eq!(stepped, vec![1, 3, 4], "exactly iteration 2 was skipped");
+    // The scheduler (counting samples, 4 per step) did not step for it; the optimizer took
+    // 3 steps instead of 4.
+    assert_eq!(
+        hit_ck.meta.scheduler.num_steps + 4,
+        clean_ck.meta.scheduler.num_steps
+    );
+    assert_eq!(hit_ck.meta.optimizer_step, 3);
+    // Loss of iteration 2 was computed before the skip, so it matches the clean run's.
+    assert!((hit.losses[1].1 - clean.losses[1].1).abs() < 1e-6);
+    let _ = std::fs::remove_dir_all(dir);
+}

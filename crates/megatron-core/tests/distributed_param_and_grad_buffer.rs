@@ -1,0 +1,102 @@
+use megatron_comm::run_ranks;
+use megatron_core::distributed::GradBuffer;
+use megatron_core::optimizer::{Adam, DistributedOptimizer};
+use megatron_core::params::Grads;
+use megatron_core::{GPTModel, TransformerConfig};
+
+fn cfg() -> TransformerConfig {
+    TransformerConfig {
+        num_layers: 2,
+        hidden_size: 16,
+        num_attention_heads: 2,
+        ffn_hidden_size: 64,
+        seq_length: 8,
+        max_position_embeddings: 8,
+        padded_vocab_size: 64,
+        hidden_dropout: 0.0,
+        attention_dropout: 0.0,
+        init_method_std: 0.02,
+        layernorm_epsilon: 1e-5,
+        untie_embeddings_and_output_weights: false,
+    }
+}
+
+#[test]
+fn buckets_cover_the_buffer_in_reverse_order_and_shards_partition_them() {
+    let (_, params) = GPTModel::new(cfg(), 1);
+    for size in [1usize, 500, 3000, usize::MAX] {
+        for dp in [1usize, 2, 3, 4, 8] {
+            let b = GradBuffer::new(&params, size, dp, 0, true);
+            // Reverse registration order, contiguous, covering everything.
+            let mut end = params.numel();
+            for (i, bk) in b.buckets.iter().enumerate() {
+                assert_eq!(bk.range.end, end);
+                end = bk.range.start;
+                if i + 1 < b.buckets.len() {
+                    assert!(bk.range.len() >= size.min(params.numel()), "size {size}");
+                }
+                let mut covered = 0;
+                for r in 0..dp {
+                    let s = bk.shard(dp, r);
+                    assert!(s.len() <= bk.shard_len(dp));
+                    assert_eq!(s.start, (bk.range.start + covered).min(bk.range.end));
+                    covered += s.len();
+                }
+                assert_eq!(covered, bk.range.len());
+            }
+            assert_eq!(end, 0);
+            if size == usize::MAX {
+                assert_eq!(b.buckets.len(), 1);
+            }
+        }
+    }
+}
+
+#[test]
+fn the_distributed_optimizer_matches_adam_and_holds_one_dp_th_of_the_state() {
+    for dp in [2usize, 3, 4] {
+        let out = run_ranks(dp, move |rank, c| {
+            let (_, mut params) = GPTModel::new(cfg(), 1);
+            let n = params.numel();
+            // Every rank contributes different gradients; the average is what Adam sees.
+            let mut grads = Grads::zeros_like(&params);
+            for (i, g) in grads.data.iter_mut().enumerate() {
+                *g = ((i * 7 + rank * 13) % 17) as f32 * 0.01 - 0.08;
+            }
+            let buffer = GradBuffer::new(&params, 700, dp, rank, true);
+            let mut d = DistributedOptimizer::new(&params, buffer, 0.9, 0.95, 1e-8);
+            let state = d.state_len();
+            d.reduce_gradients(&mut grads, c).unwrap();
+            d.step(&mut params, &grads, 1e-2, 0.1, c).unwrap();
+            (params.data, state, n)
+        });
+        // Reference: plain Adam on the averaged gradients.
+        let (_, mut params) = GPTModel::new(cfg(), 1);
+        let mut grads = Grads::zeros_like(&params);
+        for (i, g) in grads.data.iter_mut().enumerate() {
+            *g = (0..dp)
+                .map(|r| ((i * 7 + r * 13) % 17) as f32 * 0.01 - 0.08)
+                .sum::<f32>()
+                / dp as f32;
+        }
+        let mut adam = Adam::new(&params, 0.9, 0.95, 1e-8);
+        adam.step(&mut params, &grads, 1e-2, 0.1);
+        let mut total_state = 0;
+        for r in out {
+            let (p, state, n) = r.unwrap();
+            total_state += state;
+            let err = p
+                .iter()
+                .zip(&params.data)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0f32, f32::max);
+            assert!(err < 1e-6, "dp {dp}: {err}");
+            assert!(state <= n.div_ceil(dp) * 8, "dp {dp}: {state} of {n}");
+        }
+        assert_eq!(
+            total_state,
+            params.numel(),
+            "dp {dp}: every element owned once"
+        );
+    }
+}
