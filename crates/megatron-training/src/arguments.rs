@@ -310,10 +310,8 @@ impl TrainArgs {
         if self.bf16 {
             return Err(bad("--bf16: bf16 storage and bf16 matmuls are not implemented yet; train in fp32 (the default)".into()));
         }
-        if self.overlap_param_gather && !self.use_distributed_optimizer {
-            return Err(bad(
-                "--overlap-param-gather needs --use-distributed-optimizer".into(),
-            ));
+        if self.overlap_param_gather {
+            return Err(bad("--overlap-param-gather is not implemented yet (the parameter all-gather runs after the optimizer step)".into()));
         }
         if self.loss_scale.is_some_and(|s| s <= 0.0) || self.initial_loss_scale <= 0.0 {
             return Err(bad(

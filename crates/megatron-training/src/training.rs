@@ -52,6 +52,8 @@ pub struct TrainSummary {
     pub loss_scale: Option<f32>,
     /// Gradient norm of every iteration that stepped.
     pub grad_norms: Vec<(u64, f64)>,
+    /// Weights + gradients + optimizer state per parameter on rank 0 (bytes).
+    pub bytes_per_param: f64,
 }
 
 /// Where log lines go: through the progress bar on a terminal, else plain stdout.
@@ -795,8 +797,23 @@ fn run(
         peak / 1e9
     );
     }
+    // Bytes this rank holds per parameter of its shard for weights, gradients and optimizer
+    // state, from the buffers' allocations (Megatron's table: fp32 16, distributed 8 + 8/d).
+    let state_bytes = match dist_opt.as_ref() {
+        Some(d) => (d.exp_avg.capacity() + d.exp_avg_sq.capacity()) * 4,
+        None => (adam.exp_avg.capacity() + adam.exp_avg_sq.capacity()) * 4,
+    };
+    let per_param = (params.data.capacity() * 4 + grads.data.capacity() * 4 + state_bytes) as f64
+        / params.numel() as f64;
+    if lead {
+        println!(
+            "weights + gradients + optimizer state: {per_param:.2} bytes per parameter on this rank ({:.1} MiB)",
+            per_param * params.numel() as f64 / (1 << 20) as f64
+        );
+    }
     let rep = Reporter::new(cfg.train_iters, iteration, a.no_progress_bar, !lead);
     let mut summary = TrainSummary {
+        bytes_per_param: per_param,
         start_iteration: iteration,
         ..Default::default()
     };

@@ -976,3 +976,37 @@ fn an_overflowing_step_is_skipped_with_the_scheduler_and_the_scale_backs_off() {
     assert!((hit.losses[1].1 - clean.losses[1].1).abs() < 1e-6);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn distributed_optimizer_holds_8_plus_8_over_d_bytes_per_parameter() {
+    for dp in [1usize, 2, 4] {
+        for distributed in [false, true] {
+            let n = dp.to_string();
+            let mut v = vec![
+                "--train-iters",
+                "2",
+                "--global-batch-size",
+                "8",
+                "--micro-batch-size",
+                "1",
+                "--nproc-per-node",
+                &n,
+            ];
+            if distributed {
+                v.push("--use-distributed-optimizer");
+            }
+            let s = pretrain(&args(&v)).unwrap();
+            // fp32 weights 4 + fp32 gradients 4 + Adam moments 8 (sharded over DP).
+            let want = if distributed {
+                8.0 + 8.0 / dp as f64
+            } else {
+                16.0
+            };
+            assert!(
+                (s.bytes_per_param - want).abs() < 1e-9,
+                "dp {dp} distributed {distributed}: {}",
+                s.bytes_per_param
+            );
+        }
+    }
+}
