@@ -240,7 +240,10 @@ impl Grads {
 
     pub fn get_mut(&mut self, id: ParamId) -> &mut [f32] {
         let (o, n) = self.ranges[id.0];
-        &mut self.data[o..o + n]
+        assert!(o + n <= self.data.len());
+        // SAFETY: in bounds (checked). Through the raw pointer, not a reference to the whole
+        // buffer: under `--overlap-grad-reduce` another thread owns other parameters' ranges.
+        unsafe { std::slice::from_raw_parts_mut(self.data.as_mut_ptr().add(o), n) }
     }
 
     /// Disjoint mutable views of several parameters' gradients at once.

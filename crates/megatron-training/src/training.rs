@@ -6,6 +6,7 @@ use crate::flops::{num_floating_point_operations, peak_flops};
 use crate::logging::{peak_rss_bytes, EvalMetrics, IterationMetrics, MetricsFile};
 use crate::TrainError;
 use megatron_comm::Communicator;
+use megatron_core::distributed::overlap::{reduce_buckets, GradsPtr, OverlapGradReduce};
 use megatron_core::distributed::GradBuffer;
 use megatron_core::optimizer::{
     clip_grads_by_norm, Adam, DistributedOptimizer, GradScaler, OptimizerParamScheduler,
@@ -453,6 +454,12 @@ fn pretrain_mpi(
             "under mpirun use one rank per process (--nproc-per-node 1)".into(),
         ));
     }
+    if args.overlap_grad_reduce {
+        // The reduction thread would call MPI beside the compute thread (MPI_THREAD_MULTIPLE).
+        return Err(TrainError::Args(
+            "--overlap-grad-reduce runs with rank threads only for now, not under mpirun".into(),
+        ));
+    }
     let universe =
         mpi::initialize().ok_or_else(|| TrainError::Args("MPI could not be initialized".into()))?;
     let mut comm = megatron_comm::mpi_comm::MpiCommunicator::world(&universe);
@@ -674,16 +681,20 @@ fn run(
     let partition = cfg.partition;
     let mut params = Params::for_tp_rank(tp.rank(), tp.size());
     let mut inits = Vec::new();
+    let mut chunk_params = Vec::with_capacity(partition.v);
     let chunks: Vec<GPTModel> = (0..partition.v)
         .map(|c| {
-            GPTModel::build_chunk(
+            let first = params.metas.len();
+            let chunk = GPTModel::build_chunk(
                 cfg.model.clone(),
                 &mut params,
                 &mut inits,
                 partition.layers(pp_rank, c),
                 partition.is_first(pp_rank, c),
                 partition.is_last(pp_rank, c),
-            )
+            );
+            chunk_params.push(first..params.metas.len());
+            chunk
         })
         .collect();
     params.initialize(a.seed, &inits);
@@ -737,6 +748,7 @@ fn run(
         (None, false) => None,
     };
     let mut skipped_iterations = 0u64;
+    let overlap_grad = a.overlap_grad_reduce && dp > 1;
     let mut bucket_scratch = Vec::new();
     let mut sched = scheduler(cfg);
     let mut iteration = 0u64;
@@ -856,72 +868,130 @@ fn run(
                     .expect("the sampler never runs dry")[0]
             })
             .collect();
-        if pp_size == 1 {
-            // No pipelining: gradient accumulation, one micro-batch at a time.
-            let t0 = Instant::now();
-            for &start in &starts {
-                mb.fill(
-                    data.as_ref(),
-                    Split::Train,
-                    start,
-                    b,
-                    t,
-                    eod_mask(cfg, data.as_ref()),
-                );
-                let ctx = StepContext::train(a.seed, iteration, start);
-                let r = chunks[0].forward_backward(
+        // `--overlap-grad-reduce`: a communication thread reduces each bucket over DP as soon
+        // as the last micro-batch's backward has finished its gradients.
+        let overlap_dp = if overlap_grad {
+            comm.as_deref_mut()
+        } else {
+            None
+        };
+        let active: &GradBuffer = dist_opt.as_ref().map_or(&buffer, |d| &d.buffer);
+        let remaining: Option<Vec<usize>> = std::thread::scope(|sc| -> Result<_, TrainError> {
+            let mut overlap = None;
+            let mut comm_thread = None;
+            if let Some(dpc) = overlap_dp {
+                let (tx, rx) = std::sync::mpsc::channel();
+                let ptr = GradsPtr::new(&mut grads);
+                comm_thread = Some(sc.spawn(move || reduce_buckets(rx, active, ptr, dpc)));
+                // The tied embedding is all-reduced over the embedding group first: its
+                // bucket waits for the end of the step.
+                let tied_pp = pp_size > 1 && !cfg.model.untie_embeddings_and_output_weights;
+                let metas = &params.metas;
+                overlap = Some(OverlapGradReduce::new(
+                    active,
                     &params,
-                    &mut grads,
-                    &mut tp,
-                    &mb.batch(b, t),
+                    |p| tied_pp && metas[p].name == "embedding.word_embeddings.weight",
+                    tx,
+                ));
+            }
+            if pp_size == 1 {
+                // No pipelining: gradient accumulation, one micro-batch at a time.
+                let t0 = Instant::now();
+                for (k, &start) in starts.iter().enumerate() {
+                    mb.fill(
+                        data.as_ref(),
+                        Split::Train,
+                        start,
+                        b,
+                        t,
+                        eod_mask(cfg, data.as_ref()),
+                    );
+                    let ctx = StepContext::train(a.seed, iteration, start);
+                    let batch = mb.batch(b, t);
+                    let (_, state) = chunks[0].forward_step(
+                        &params,
+                        Some(&mut grads),
+                        &mut tp,
+                        None,
+                        &batch,
+                        grad_scale,
+                        &ctx,
+                    )?;
+                    summary.peak_activation_bytes =
+                        summary.peak_activation_bytes.max(state.activation_bytes);
+                    loss_sum += state.loss.expect("a whole model computes the loss").0 as f64;
+                    match overlap.as_mut() {
+                        Some(ov) if k + 1 == m => {
+                            let all = 0..params.metas.len();
+                            chunks[0].backward_step_hooked(
+                                &params,
+                                &mut grads,
+                                &mut tp,
+                                state,
+                                None,
+                                &batch,
+                                &ctx,
+                                &mut |offset| ov.ready(all.clone(), offset),
+                            )?;
+                        }
+                        _ => {
+                            chunks[0].backward_step(
+                                &params, &mut grads, &mut tp, state, None, &batch, &ctx,
+                            )?;
+                        }
+                    }
+                }
+                timers.pipeline += t0.elapsed();
+            } else {
+                for (k, &start) in starts.iter().enumerate() {
+                    mbs[k].fill(
+                        data.as_ref(),
+                        Split::Train,
+                        start,
+                        b,
+                        t,
+                        eod_mask(cfg, data.as_ref()),
+                    );
+                }
+                let batches: Vec<Batch> = mbs[..m].iter().map(|x| x.batch(b, t)).collect();
+                let ctxs: Vec<StepContext> = starts
+                    .iter()
+                    .map(|&s| StepContext::train(a.seed, iteration, s))
+                    .collect();
+                let ops = schedule(pp_size, pp_rank, m, partition.v).map_err(TrainError::Args)?;
+                let r = Stage {
+                    chunks: &chunks,
+                    partition,
+                    rank: pp_rank,
+                    pp: &mut *pp_comm,
+                    tp: &mut tp,
+                    shape: [rows_local, cfg.model.hidden_size],
+                }
+                .run_overlapped(
+                    &params,
+                    Some(&mut grads),
+                    &ops,
+                    &batches,
+                    &ctxs,
                     grad_scale,
-                    &ctx,
+                    &mut timers,
+                    overlap.as_mut().map(|ov| (ov, &chunk_params[..])),
                 )?;
                 summary.peak_activation_bytes =
-                    summary.peak_activation_bytes.max(r.activation_bytes);
-                loss_sum += r.loss as f64;
+                    summary.peak_activation_bytes.max(r.peak_activation_bytes);
+                summary.peak_in_flight = summary.peak_in_flight.max(r.peak_in_flight);
+                let local: f64 = r.losses.iter().map(|l| l.0 as f64).sum();
+                loss_sum = sum_f64(&mut *pp_comm, if last_stage { local } else { 0.0 })?;
             }
-            timers.pipeline += t0.elapsed();
-        } else {
-            for (k, &start) in starts.iter().enumerate() {
-                mbs[k].fill(
-                    data.as_ref(),
-                    Split::Train,
-                    start,
-                    b,
-                    t,
-                    eod_mask(cfg, data.as_ref()),
-                );
+            let remaining = overlap.map(|ov| ov.remaining());
+            if let Some(h) = comm_thread {
+                h.join().map_err(|_| TrainError::Rank {
+                    rank: world_rank,
+                    msg: "the gradient-reduction thread panicked".into(),
+                })??;
             }
-            let batches: Vec<Batch> = mbs[..m].iter().map(|x| x.batch(b, t)).collect();
-            let ctxs: Vec<StepContext> = starts
-                .iter()
-                .map(|&s| StepContext::train(a.seed, iteration, s))
-                .collect();
-            let ops = schedule(pp_size, pp_rank, m, partition.v).map_err(TrainError::Args)?;
-            let r = Stage {
-                chunks: &chunks,
-                partition,
-                rank: pp_rank,
-                pp: &mut *pp_comm,
-                tp: &mut tp,
-                shape: [rows_local, cfg.model.hidden_size],
-            }
-            .run(
-                &params,
-                Some(&mut grads),
-                &ops,
-                &batches,
-                &ctxs,
-                grad_scale,
-                &mut timers,
-            )?;
-            summary.peak_activation_bytes =
-                summary.peak_activation_bytes.max(r.peak_activation_bytes);
-            summary.peak_in_flight = summary.peak_in_flight.max(r.peak_in_flight);
-            let local: f64 = r.losses.iter().map(|l| l.0 as f64).sum();
-            loss_sum = sum_f64(&mut *pp_comm, if last_stage { local } else { 0.0 })?;
-        }
+            Ok(remaining)
+        })?;
         let opt_start = Instant::now();
         let mut loss = loss_sum / m as f64;
         allreduce_sequence_parallel_grads(&params, &mut grads, &mut tp)?;
@@ -943,9 +1013,18 @@ fn run(
         if let Some(c) = comm.as_deref_mut() {
             // Data parallelism: the mean gradient (all-reduced, or reduce-scattered to the
             // distributed optimizer's shards) and loss over all ranks' micro-batches.
-            match dist_opt.as_mut() {
-                Some(d) => d.reduce_gradients(&mut grads, &mut *c)?,
-                None => buffer.reduce_gradients(&mut grads, &mut *c, &mut bucket_scratch)?,
+            match (&remaining, dist_opt.as_mut()) {
+                (Some(rest), Some(d)) => {
+                    d.buffer
+                        .reduce_some(rest, &mut grads, &mut *c, &mut bucket_scratch)?
+                }
+                (Some(rest), None) => {
+                    buffer.reduce_some(rest, &mut grads, &mut *c, &mut bucket_scratch)?
+                }
+                (None, Some(d)) => d.reduce_gradients(&mut grads, &mut *c)?,
+                (None, None) => {
+                    buffer.reduce_gradients(&mut grads, &mut *c, &mut bucket_scratch)?
+                }
             }
             let mut l = [loss as f32];
             c.all_reduce(&mut l, megatron_comm::ReduceOp::Avg)?;

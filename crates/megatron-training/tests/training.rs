@@ -918,6 +918,33 @@ fn distributed_optimizer_and_the_3d_layout_match_one_rank() {
                 "--sequence-parallel",
             ][..],
         ),
+        (
+            "dp2-overlap",
+            &[
+                "--nproc-per-node",
+                "2",
+                "--overlap-grad-reduce",
+                "--ddp-bucket-size",
+                "10000",
+            ][..],
+        ),
+        (
+            "tp2pp2dp2-interleaved-distopt-overlap",
+            &[
+                "--nproc-per-node",
+                "8",
+                "--tensor-model-parallel-size",
+                "2",
+                "--pipeline-model-parallel-size",
+                "2",
+                "--num-layers-per-virtual-pipeline-stage",
+                "2",
+                "--use-distributed-optimizer",
+                "--overlap-grad-reduce",
+                "--ddp-bucket-size",
+                "5000",
+            ][..],
+        ),
     ] {
         let run = pp_run(&dir, name, layout);
         assert_same_training(name, &serial, &run, 1e-5);

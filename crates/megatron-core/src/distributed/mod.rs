@@ -1,6 +1,7 @@
 //! Data parallelism (Megatron's `megatron/core/distributed/`): gradient buckets over the flat
 //! gradient buffer and their reduction over the data-parallel group.
 
+pub mod overlap;
 pub mod param_and_grad_buffer;
 
 pub use param_and_grad_buffer::{Bucket, GradBuffer};

@@ -111,6 +111,20 @@ impl GradBuffer {
         Ok(())
     }
 
+    /// Reduces only the buckets `which` (those an overlapped reduction left).
+    pub fn reduce_some(
+        &self,
+        which: &[usize],
+        grads: &mut Grads,
+        dp: &mut dyn Communicator,
+        scratch: &mut Vec<f32>,
+    ) -> Result<(), CommError> {
+        for &i in which {
+            self.reduce_bucket(&self.buckets[i], grads, dp, scratch)?;
+        }
+        Ok(())
+    }
+
     pub fn reduce_bucket(
         &self,
         b: &Bucket,
@@ -118,18 +132,33 @@ impl GradBuffer {
         dp: &mut dyn Communicator,
         scratch: &mut Vec<f32>,
     ) -> Result<(), CommError> {
+        self.reduce_slice(b, &mut grads.data[b.range.clone()], dp, scratch)
+    }
+
+    /// Reduces bucket `b` whose gradients are `data` (the bucket's range of the buffer).
+    pub fn reduce_slice(
+        &self,
+        b: &Bucket,
+        data: &mut [f32],
+        dp: &mut dyn Communicator,
+        scratch: &mut Vec<f32>,
+    ) -> Result<(), CommError> {
+        if self.dp == 1 {
+            return Ok(());
+        }
         if !self.distributed {
-            return dp.all_reduce(&mut grads.data[b.range.clone()], ReduceOp::Avg);
+            return dp.all_reduce(data, ReduceOp::Avg);
         }
         let s = b.shard_len(self.dp);
         scratch.clear();
-        scratch.extend_from_slice(&grads.data[b.range.clone()]);
+        scratch.extend_from_slice(data);
         scratch.resize(s * self.dp, 0.0);
         let mut out = vec![0.0f32; s];
         dp.reduce_scatter(scratch, &mut out, ReduceOp::Avg)?;
         let own = b.shard(self.dp, self.dp_rank);
+        let lo = own.start - b.range.start;
         let n = own.len();
-        grads.data[own].copy_from_slice(&out[..n]);
+        data[lo..lo + n].copy_from_slice(&out[..n]);
         Ok(())
     }
 

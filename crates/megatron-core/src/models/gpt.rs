@@ -382,18 +382,44 @@ impl GPTModel {
         batch: &Batch,
         ctx: &StepContext,
     ) -> Result<Option<Tensor>, CommError> {
+        self.backward_step_hooked(params, grads, tp, state, dy, batch, ctx, &mut |_| {})
+    }
+
+    /// [`GPTModel::backward_step`] that reports its progress: `on_ready(offset)` after each
+    /// block means the gradients of this chunk's parameters at flat offsets `>= offset` are
+    /// complete for this micro-batch (backward runs in reverse registration order), which is
+    /// what overlapping the data-parallel reduction with the last micro-batch needs.
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward_step_hooked(
+        &self,
+        params: &Params,
+        grads: &mut Grads,
+        tp: &mut Tp,
+        state: ForwardState,
+        dy: Option<Tensor>,
+        batch: &Batch,
+        ctx: &StepContext,
+        on_ready: &mut dyn FnMut(usize),
+    ) -> Result<Option<Tensor>, CommError> {
         let (b, t) = (batch.b, batch.t);
+        let offset = |id: ParamId| params.metas[id.0].offset;
         let mut dx = match (state.tail, &self.final_layernorm) {
-            (Some((x, lnf, dxf)), Some(ln)) => ln.backward(params, grads, &lnf, &x, &dxf),
+            (Some((x, lnf, dxf)), Some(ln)) => {
+                let dx = ln.backward(params, grads, &lnf, &x, &dxf);
+                on_ready(offset(ln.weight));
+                dx
+            }
             (None, None) => dy.expect("a stage without the loss needs the output gradient"),
             _ => panic!("backward_step of a state not made by forward_step with gradients"),
         };
         for (layer, s) in self.layers.iter().zip(state.saved).rev() {
             dx = layer.backward(params, grads, tp, s, dx, b, t, ctx, batch.mask())?;
+            on_ready(offset(layer.input_layernorm.weight));
         }
         match &self.embedding {
             Some(e) => {
                 e.backward(grads, tp, batch.tokens, batch.position_ids, t, dx, ctx)?;
+                on_ready(offset(e.word_embeddings));
                 Ok(None)
             }
             None => Ok(Some(dx)),

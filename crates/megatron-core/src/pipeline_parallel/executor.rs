@@ -7,12 +7,14 @@ use super::p2p;
 use super::partition::StagePartition;
 use super::timers::Timers;
 use super::Op;
+use crate::distributed::overlap::OverlapGradReduce;
 use crate::models::gpt::{Batch, ForwardState, GPTModel};
 use crate::params::{Grads, Params};
 use crate::tensor_parallel::Tp;
 use crate::transformer::step::StepContext;
 use megatron_comm::{CommError, Communicator};
 use std::collections::HashMap;
+use std::ops::Range;
 use std::time::Instant;
 
 /// What one pass of a schedule produced on this stage.
@@ -53,13 +55,37 @@ impl Stage<'_, '_> {
     pub fn run(
         &mut self,
         params: &Params,
-        mut grads: Option<&mut Grads>,
+        grads: Option<&mut Grads>,
         ops: &[Op],
         batches: &[Batch],
         ctxs: &[StepContext],
         grad_scale: f32,
         timers: &mut Timers,
     ) -> Result<PipelineRun, CommError> {
+        self.run_overlapped(params, grads, ops, batches, ctxs, grad_scale, timers, None)
+    }
+
+    /// [`Stage::run`] that reports, during each chunk's last backward, which gradients are
+    /// final (`--overlap-grad-reduce`); `chunk_params[c]` are chunk c's parameter indices.
+    #[allow(clippy::too_many_arguments)]
+    pub fn run_overlapped(
+        &mut self,
+        params: &Params,
+        mut grads: Option<&mut Grads>,
+        ops: &[Op],
+        batches: &[Batch],
+        ctxs: &[StepContext],
+        grad_scale: f32,
+        timers: &mut Timers,
+        mut overlap: Option<(&mut OverlapGradReduce, &[Range<usize>])>,
+    ) -> Result<PipelineRun, CommError> {
+        // Index in `ops` of each chunk's last backward.
+        let mut last_backward = vec![usize::MAX; self.chunks.len()];
+        for (i, op) in ops.iter().enumerate() {
+            if let Op::Backward { chunk, .. } = op {
+                last_backward[*chunk] = i;
+            }
+        }
         let p = self.partition.p;
         let stages = self.stages();
         let mut states: HashMap<(usize, usize), ForwardState> = HashMap::new();
@@ -70,7 +96,7 @@ impl Stage<'_, '_> {
         let mut losses: Vec<Option<(f32, f32)>> = vec![None; batches.len()];
         let mut live_bytes = 0usize;
         let started = Instant::now();
-        for &op in ops {
+        for (i, &op) in ops.iter().enumerate() {
             match op {
                 Op::Forward { chunk, mb } => {
                     let vs = self.vs(chunk);
@@ -135,15 +161,30 @@ impl Stage<'_, '_> {
                         Some(d)
                     };
                     let t0 = Instant::now();
-                    let dx = self.chunks[chunk].backward_step(
-                        params,
-                        grads,
-                        self.tp,
-                        state,
-                        dy,
-                        &batches[mb],
-                        &ctxs[mb],
-                    )?;
+                    let dx = match overlap.as_mut() {
+                        Some((ov, chunk_params)) if last_backward[chunk] == i => {
+                            let mine = chunk_params[chunk].clone();
+                            self.chunks[chunk].backward_step_hooked(
+                                params,
+                                grads,
+                                self.tp,
+                                state,
+                                dy,
+                                &batches[mb],
+                                &ctxs[mb],
+                                &mut |offset| ov.ready(mine.clone(), offset),
+                            )?
+                        }
+                        _ => self.chunks[chunk].backward_step(
+                            params,
+                            grads,
+                            self.tp,
+                            state,
+                            dy,
+                            &batches[mb],
+                            &ctxs[mb],
+                        )?,
+                    };
                     timers.backward += t0.elapsed();
                     timers.record(|| format!("B{mb}.{chunk}"), t0);
                     live_bytes -= bytes;
