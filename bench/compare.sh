@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Side-by-side benchmark: `megatron train` against the PyTorch eager reference (bench/torch_gpt.py)
 # on the same GPT shapes, alternating runs in one invocation so that both see the same machine
-# load. Usage: bench/compare.sh [S|M] [runs] ; PYTHON=path/to/python with torch installed.
+# load. Usage: bench/compare.sh [S|M] [runs] ; PYTHON=path/to/python with torch installed;
+# TORCH_BF16=1 runs PyTorch under bf16 autocast (megatron-rs stays fp32).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CFG=${1:-S}; RUNS=${2:-2}; PYTHON=${PYTHON:-python3}
@@ -33,6 +34,6 @@ print(json.dumps({"impl": "megatron-rs", "step_s": ms / 1e3, "tokens_per_sec": b
                   "first_loss": rows[0]["lm_loss"], "last_loss": rows[-1]["lm_loss"]}))
 PY
   /usr/bin/time -f "%M" -o "$OUT/rss" "$PYTHON" bench/torch_gpt.py --layers $L --hidden $H --heads $A \
-    --seq $T --batch $B --vocab $V --warmup $WARM --steps $STEPS --threads 2
+    --seq $T --batch $B --vocab $V --warmup $WARM --steps $STEPS --threads 2 ${TORCH_BF16:+--bf16}
 done
 rm -rf "$OUT"

@@ -67,6 +67,7 @@ def main():
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--bf16", action="store_true", help="forward and loss under torch.autocast('cpu', bfloat16)")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
@@ -81,7 +82,8 @@ def main():
         data = torch.randint(0, a.vocab, (a.batch, a.seq + 1), generator=g)
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        loss = model(data[:, :-1], data[:, 1:])
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.bf16):
+            loss = model(data[:, :-1], data[:, 1:])
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -91,7 +93,7 @@ def main():
             times.append(dt)
     med = statistics.median(times)
     print(json.dumps({
-        "impl": "pytorch-eager", "step_s": med, "tokens_per_sec": a.batch * a.seq / med,
+        "impl": "pytorch-eager" + ("-autocast-bf16" if a.bf16 else ""), "step_s": med, "tokens_per_sec": a.batch * a.seq / med,
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "first_loss": losses[0], "last_loss": losses[-1], "torch": torch.__version__,
     }))

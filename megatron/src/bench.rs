@@ -23,8 +23,9 @@ pub struct BenchArgs {
     pub repeats: usize,
     #[arg(long)]
     pub threads: Option<usize>,
-    /// GEMM implementation for `bench gemm`: `gemm` (the crate the engine uses) or
-    /// `matrixmultiply` (for comparison; threads through MATMUL_NUM_THREADS).
+    /// GEMM implementation for `bench gemm`: `gemm` (the crate the engine uses),
+    /// `matrixmultiply` (for comparison; threads through MATMUL_NUM_THREADS) or `bf16` (the
+    /// engine's bf16-operand GEMM).
     #[arg(long, default_value = "gemm")]
     pub gemm_impl: String,
     #[arg(long, default_value_t = 512)]
@@ -262,6 +263,9 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
             .map(|_| megatron_training::flops::measure_peak_flops(threads))
             .collect();
         v.sort_by(f64::total_cmp);
+        if let Some(g) = megatron_tensor::cpu::matmul_bf16::bf16_dot_peak_gflops(threads) {
+            println!("bf16 dot-product (VDPBF16PS) peak, {threads} threads: {g:.1} GFLOP/s");
+        }
         println!(
             "FMA peak, {threads} threads, {} runs: median {:.1} GFLOP/s, max {:.1} GFLOP/s",
             v.len(),
@@ -286,10 +290,11 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
         ("dgrad dy[N,f]·W[f,h]", n, h, f, false, false),
         ("wgrad dy[N,f]^T·x[N,h]", f, h, n, true, false),
     ];
-    let use_mm = match a.gemm_impl.as_str() {
-        "gemm" => false,
-        "matrixmultiply" => true,
-        other => anyhow::bail!("--gemm-impl {other}: expected gemm or matrixmultiply"),
+    let (use_mm, use_bf16) = match a.gemm_impl.as_str() {
+        "gemm" => (false, false),
+        "matrixmultiply" => (true, false),
+        "bf16" => (false, true),
+        other => anyhow::bail!("--gemm-impl {other}: expected gemm, matrixmultiply or bf16"),
     };
     if use_mm {
         // matrixmultiply reads its thread count from the environment.
@@ -297,6 +302,12 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
     }
     let label_impl = if use_mm {
         "matrixmultiply 0.3 (threading)"
+    } else if use_bf16 {
+        if megatron_tensor::cpu::matmul_bf16::bf16_gemm_available() {
+            "bf16 operands, f32 accumulation (vdpbf16ps)"
+        } else {
+            "bf16 operands (no AVX512_BF16: f32 fallback)"
+        }
     } else {
         "gemm crate (x86-v4)"
     };
@@ -314,6 +325,10 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
         let run = |out: &mut [f32]| {
             if use_mm {
                 mm_sgemm(out, &x, &w, d);
+            } else if use_bf16 {
+                megatron_tensor::cpu::matmul_bf16::matmul_bf16_with_threads(
+                    out, &x, &w, d, threads,
+                );
             } else {
                 matmul_with_threads(out, &x, &w, d, threads);
             }

@@ -196,7 +196,8 @@ pub struct TrainArgs {
     pub overlap_grad_reduce: bool,
     #[arg(long)]
     pub overlap_param_gather: bool,
-    /// Mixed precision (not yet: refused with a message).
+    /// bf16 matmul operands with f32 accumulation (autocast-style); parameters, gradients,
+    /// optimizer state and activations stay fp32.
     #[arg(long)]
     pub bf16: bool,
     #[arg(long)]
@@ -306,9 +307,6 @@ impl TrainArgs {
         }
         if self.fp16 && self.bf16 {
             return Err(bad("give only one of --fp16 and --bf16".into()));
-        }
-        if self.bf16 {
-            return Err(bad("--bf16: bf16 storage and bf16 matmuls are not implemented yet; train in fp32 (the default)".into()));
         }
         if self.overlap_param_gather {
             return Err(bad("--overlap-param-gather is not implemented yet (the parameter all-gather runs after the optimizer step)".into()));

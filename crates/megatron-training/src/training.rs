@@ -640,6 +640,8 @@ fn run(
     groups: Option<&mut megatron_comm::ProcessGroups>,
 ) -> Result<TrainSummary, TrainError> {
     let a = &cfg.args;
+    // Every matmul this rank issues runs on this thread.
+    megatron_tensor::cpu::matmul::set_bf16_matmuls(a.bf16);
     let mut serial = serial_group();
     let mut serial_pp = serial_group();
     let mut serial_dp = serial_group();

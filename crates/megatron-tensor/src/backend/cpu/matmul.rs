@@ -42,8 +42,27 @@ impl MatmulDims {
     }
 }
 
-/// Matmul with the calling thread's GEMM budget.
+thread_local! {
+    /// Operand precision of the matmuls this thread issues (`--bf16`, like autocast): per
+    /// thread, so rank threads and concurrent tests choose independently.
+    static BF16_MATMULS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Makes every [`matmul`] called from this thread round its operands to bf16 (f32
+/// accumulation and output).
+pub fn set_bf16_matmuls(on: bool) {
+    BF16_MATMULS.with(|c| c.set(on));
+}
+
+pub fn bf16_matmuls() -> bool {
+    BF16_MATMULS.with(|c| c.get())
+}
+
+/// Matmul with the calling thread's GEMM budget (bf16 operands under [`set_bf16_matmuls`]).
 pub fn matmul(out: &mut [f32], a: &[f32], b: &[f32], d: MatmulDims) {
+    if bf16_matmuls() {
+        return super::matmul_bf16::matmul_bf16_with_threads(out, a, b, d, gemm_threads());
+    }
     matmul_with_threads(out, a, b, d, gemm_threads());
 }
 

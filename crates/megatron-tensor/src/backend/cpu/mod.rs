@@ -13,6 +13,7 @@ pub mod gelu;
 pub mod layernorm;
 pub mod layout;
 pub mod matmul;
+pub mod matmul_bf16;
 pub mod reduce;
 pub mod simd;
 pub mod sync_ptr;
