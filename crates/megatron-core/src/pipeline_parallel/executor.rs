@@ -49,6 +49,21 @@ impl Stage<'_, '_> {
         self.partition.p * self.partition.v
     }
 
+    /// A receive, timed as p2p wait (it includes the bubble) and traced.
+    fn recv(
+        &mut self,
+        timers: &mut Timers,
+        src: usize,
+        tag: u64,
+        label: impl FnOnce() -> String,
+    ) -> Result<megatron_tensor::Tensor, CommError> {
+        let t0 = Instant::now();
+        let x = p2p::recv(self.pp, &self.shape, src, tag)?;
+        timers.p2p_wait += t0.elapsed();
+        timers.record(label, t0);
+        Ok(x)
+    }
+
     /// Runs `ops` (with gradients into `grads`, or forward only when `grads` is `None`, in
     /// which case every op must be a forward).
     #[allow(clippy::too_many_arguments)]
@@ -103,13 +118,12 @@ impl Stage<'_, '_> {
                     let input = if self.partition.is_first(self.rank, chunk) {
                         None
                     } else {
-                        let t0 = Instant::now();
-                        let src = (vs - 1) % p;
-                        let x =
-                            p2p::recv(self.pp, &self.shape, src, p2p::tag(mb, vs, stages, false))?;
-                        timers.p2p_wait += t0.elapsed();
-                        timers.record(|| format!("recv fwd mb{mb}"), t0);
-                        Some(x)
+                        Some(self.recv(
+                            timers,
+                            (vs - 1) % p,
+                            p2p::tag(mb, vs, stages, false),
+                            || format!("recv fwd mb{mb}"),
+                        )?)
                     };
                     let t0 = Instant::now();
                     let (y, state) = self.chunks[chunk].forward_step(
@@ -152,13 +166,12 @@ impl Stage<'_, '_> {
                     let dy = if self.partition.is_last(self.rank, chunk) {
                         None
                     } else {
-                        let t0 = Instant::now();
-                        let src = (vs + 1) % p;
-                        let d =
-                            p2p::recv(self.pp, &self.shape, src, p2p::tag(mb, vs, stages, true))?;
-                        timers.p2p_wait += t0.elapsed();
-                        timers.record(|| format!("recv bwd mb{mb}"), t0);
-                        Some(d)
+                        Some(self.recv(
+                            timers,
+                            (vs + 1) % p,
+                            p2p::tag(mb, vs, stages, true),
+                            || format!("recv bwd mb{mb}"),
+                        )?)
                     };
                     let t0 = Instant::now();
                     let dx = match overlap.as_mut() {

@@ -231,11 +231,7 @@ impl RowParallelLinear {
             k,
             m,
         );
-        if tp.sequence_parallel {
-            reduce_scatter_to_sequence_parallel_region_forward(tp, &y)
-        } else {
-            reduce_from_tensor_model_parallel_region_forward(tp, y)
-        }
+        reduce_to_output_region_forward(tp, y)
     }
 
     /// `x` is the forward input (this rank's features), `dy` the gradient of the reduced output.
@@ -247,11 +243,7 @@ impl RowParallelLinear {
         x: &Tensor,
         dy: Tensor,
     ) -> Result<Tensor, CommError> {
-        let dy = if tp.sequence_parallel {
-            reduce_scatter_to_sequence_parallel_region_backward(tp, &dy)?
-        } else {
-            reduce_from_tensor_model_parallel_region_backward(dy)
-        };
+        let dy = reduce_to_output_region_backward(tp, dy)?;
         let split;
         let xl = if self.input_is_parallel {
             x
@@ -327,11 +319,7 @@ impl VocabParallelEmbedding {
             self.vocab_start,
             false,
         );
-        if tp.sequence_parallel {
-            reduce_scatter_to_sequence_parallel_region_forward(tp, &out)
-        } else {
-            reduce_from_tensor_model_parallel_region_forward(tp, out)
-        }
+        reduce_to_output_region_forward(tp, out)
     }
 
     /// `dout` is the gradient of the reduced output (this rank's token block under sequence
@@ -343,11 +331,7 @@ impl VocabParallelEmbedding {
         ids: &[u32],
         dout: Tensor,
     ) -> Result<(), CommError> {
-        let dout = if tp.sequence_parallel {
-            reduce_scatter_to_sequence_parallel_region_backward(tp, &dout)?
-        } else {
-            reduce_from_tensor_model_parallel_region_backward(dout)
-        };
+        let dout = reduce_to_output_region_backward(tp, dout)?;
         embedding_lookup_backward(
             grads.get_mut(self.weight),
             dout.data(),

@@ -171,3 +171,22 @@ pub fn scatter_to_sequence_parallel_region_backward(
 ) -> Result<Tensor, CommError> {
     gather_rows(tp, dy)
 }
+
+/// The row-parallel output's `g`: all-reduce, or under sequence parallelism reduce-scatter to
+/// this rank's token block.
+pub fn reduce_to_output_region_forward(tp: &mut Tp, x: Tensor) -> Result<Tensor, CommError> {
+    if tp.sequence_parallel {
+        reduce_scatter_to_sequence_parallel_region_forward(tp, &x)
+    } else {
+        reduce_from_tensor_model_parallel_region_forward(tp, x)
+    }
+}
+
+/// Its backward: identity, or under sequence parallelism all-gather of the token blocks.
+pub fn reduce_to_output_region_backward(tp: &mut Tp, dy: Tensor) -> Result<Tensor, CommError> {
+    if tp.sequence_parallel {
+        reduce_scatter_to_sequence_parallel_region_backward(tp, &dy)
+    } else {
+        Ok(reduce_from_tensor_model_parallel_region_backward(dy))
+    }
+}

@@ -68,17 +68,32 @@ pub fn fused_classifier(
                 *loss = softmax_xent_row(row, tgt as usize, g);
             });
         if let Some((dx, dw)) = grads.as_mut() {
-            matmul(
+            classifier_tile_backward(
                 &mut dx[r0 * c..(r0 + nr) * c],
+                dw,
                 tile,
+                xr,
                 weight,
-                MatmulDims::new(nr, c, v),
+                (nr, c, v),
             );
-            matmul(dw, tile, xr, MatmulDims::new(v, c, nr).ta().acc());
         }
         r0 += nr;
     }
     crate::pool::give_back(logits);
+}
+
+/// The two backward GEMMs of a logits tile turned into `dlogits`: `dx = dlogits · W` and
+/// `dW += dlogits^T · x`.
+fn classifier_tile_backward(
+    dx: &mut [f32],
+    dw: &mut [f32],
+    dlogits: &[f32],
+    x: &[f32],
+    weight: &[f32],
+    (rows, c, v): (usize, usize, usize),
+) {
+    matmul(dx, dlogits, weight, MatmulDims::new(rows, c, v));
+    matmul(dw, dlogits, x, MatmulDims::new(v, c, rows).ta().acc());
 }
 
 /// One row: `exp(z - max)` in place (one exp per logit), the loss `lse - z[target]`, and, when
@@ -217,13 +232,14 @@ pub fn vocab_parallel_classifier<E>(
                 }
             });
         if let Some((dx, dw)) = grads.as_mut() {
-            matmul(
+            classifier_tile_backward(
                 &mut dx[r0 * c..(r0 + nr) * c],
+                dw,
                 tile,
+                xr,
                 weight,
-                MatmulDims::new(nr, c, v),
+                (nr, c, v),
             );
-            matmul(dw, tile, xr, MatmulDims::new(v, c, nr).ta().acc());
         }
         r0 += nr;
     }
