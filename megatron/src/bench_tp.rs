@@ -141,7 +141,7 @@ pub fn tp(a: &BenchArgs) -> anyhow::Result<()> {
                 continue;
             }
             let r = one(&cfg, b, p, sp, a.repeats, cores);
-            let f = activation_bytes_formula(&cfg, b, cfg.seq_length, p, sp);
+            let f = activation_bytes_formula(&cfg, b, cfg.seq_length, p, sp, false);
             let calls: Vec<String> = r
                 .calls
                 .iter()

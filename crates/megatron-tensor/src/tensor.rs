@@ -116,6 +116,16 @@ impl Tensor {
 
     /// Casts to another storage type (round-to-nearest-even into half types).
     pub fn to_dtype(&self, dtype: DType) -> Tensor {
+        if let (Storage::F32(v), DType::BF16) = (&self.storage, dtype) {
+            // Straight to bf16, without an f32 copy first (saved activations under --bf16).
+            let mut out = vec![bf16::ZERO; v.len()];
+            crate::cpu::cast::f32_to_bf16(&mut out, v);
+            return Tensor {
+                shape: self.shape.clone(),
+                storage: Storage::BF16(out),
+                device: self.device,
+            };
+        }
         let f32_data: Vec<f32> = match &self.storage {
             Storage::F32(v) => v.clone(),
             Storage::BF16(v) => {

@@ -1312,10 +1312,11 @@ fn run(
             t,
             tp.size(),
             tp.sequence_parallel,
+            a.bf16,
         );
         if lead {
             println!(
-            "activations held per micro-batch and rank: {:.2} MiB measured (f32), engine formula {:.2} MiB; Megatron's sbh(34 + 5as/h){} per layer would be {:.2} MiB in f32",
+            "activations held per micro-batch and rank: {:.2} MiB measured, engine formula {:.2} MiB; Megatron's sbh(34 + 5as/h){} per layer would be {:.2} MiB in f32",
             summary.peak_activation_bytes as f64 / (1 << 20) as f64,
             engine as f64 / (1 << 20) as f64,
             if tp.sequence_parallel { "/t" } else { "" },

@@ -1093,3 +1093,33 @@ fn bf16_matmuls_track_the_f32_loss_curve_over_200_steps() {
     assert!(mean < 0.05, "mean |bf16 - f32| = {mean}");
     assert!(last < 0.05, "last-10 |bf16 - f32| = {last}");
 }
+
+#[test]
+fn bf16_keeps_saved_activations_in_half_the_bytes_as_the_formula_says() {
+    // The base model: 2 layers, hidden 32 (ffn 128), 4 heads, seq 16, micro-batch 2.
+    let cfg = megatron_core::TransformerConfig {
+        num_layers: 2,
+        hidden_size: 32,
+        num_attention_heads: 4,
+        ffn_hidden_size: 128,
+        seq_length: 16,
+        max_position_embeddings: 16,
+        padded_vocab_size: 128,
+        hidden_dropout: 0.0,
+        attention_dropout: 0.0,
+        init_method_std: 0.02,
+        layernorm_epsilon: 1e-5,
+        untie_embeddings_and_output_weights: false,
+    };
+    let f =
+        |bf16| megatron_core::models::gpt::activation_bytes_formula(&cfg, 2, 16, 1, false, bf16);
+    for bf16 in [false, true] {
+        let mut v = vec!["--train-iters", "2"];
+        if bf16 {
+            v.push("--bf16");
+        }
+        let s = pretrain(&args(&v)).unwrap();
+        assert_eq!(s.peak_activation_bytes, f(bf16), "bf16 {bf16}");
+    }
+    assert!(f(true) * 10 < f(false) * 6, "{} vs {}", f(true), f(false));
+}

@@ -88,20 +88,21 @@ pub struct ForwardState {
 const CLASSIFIER_TILE_BYTES: usize = 96 << 20;
 const CLASSIFIER_MAX_ROWS: usize = 1024;
 
-/// Bytes of activations the engine keeps for backward per micro-batch (f32), at the peak after
-/// the last layer's forward: the engine's counterpart of Korthikanti et al.'s `sbh(34 + 5as/h)`.
-/// Per layer and token: the layer input and the mid-layer residual (h each), four LayerNorm
-/// statistics, QKV (3h), attention output (h), fc1 pre-activation (f) and the attention
-/// log-sum-exp (a per token; flash-style attention keeps no `s x s` scores), plus the last
-/// layer's output (h per token). Tensor parallelism divides the QKV, attention, fc1 and
-/// log-sum-exp terms by `t`; sequence parallelism also the input, residual, statistics and
-/// output: with SP all of it is `/t`.
+/// Bytes of activations the engine keeps for backward per micro-batch, at the peak after the
+/// last layer's forward: the engine's counterpart of Korthikanti et al.'s `sbh(34 + 5as/h)`.
+/// Per layer and token: the layer input and the mid-layer residual (h each), QKV (3h),
+/// attention output (h) and fc1 pre-activation (f), each in f32 or, under `--bf16`, in bf16;
+/// plus four f32 LayerNorm statistics and the f32 attention log-sum-exp (a per token;
+/// flash-style attention keeps no `s x s` scores); plus the last layer's f32 output (h per
+/// token). Tensor parallelism divides the QKV, attention, fc1 and log-sum-exp terms by `t`;
+/// sequence parallelism also the input, residual, statistics and output.
 pub fn activation_bytes_formula(
     cfg: &TransformerConfig,
     b: usize,
     s: usize,
     tp: usize,
     sequence_parallel: bool,
+    bf16: bool,
 ) -> usize {
     let (h, f, a, l) = (
         cfg.hidden_size,
@@ -109,14 +110,15 @@ pub fn activation_bytes_formula(
         cfg.num_attention_heads,
         cfg.num_layers,
     );
+    let e = if bf16 { 2 } else { 4 };
     let tok = b * s;
-    let split = (tok / tp) * (4 * h + f + a);
-    let (per_layer, last) = if sequence_parallel && tp > 1 {
-        (split + (tok / tp) * (2 * h + 4), tok / tp * h)
+    let split = (tok / tp) * (e * (4 * h + f) + 4 * a);
+    let rows = if sequence_parallel && tp > 1 {
+        tok / tp
     } else {
-        (split + tok * (2 * h + 4), tok * h)
+        tok
     };
-    4 * (l * per_layer + last)
+    l * (split + rows * (e * 2 * h + 4 * 4)) + rows * h * 4
 }
 
 impl GPTModel {

@@ -4,6 +4,7 @@
 //! bias-dropout-add.
 
 use super::config::TransformerConfig;
+use super::saved::{keep, restore};
 use super::step::StepContext;
 use crate::params::{Grads, Init, ParamId, Params};
 use crate::tensor_parallel::{ColumnParallelLinear, RowParallelLinear, Tp};
@@ -129,7 +130,14 @@ impl SelfAttention {
             key,
         );
         let out = self.linear_proj.forward(params, tp, &attn)?;
-        Ok((out, SelfAttentionSaved { qkv, attn, lse }))
+        Ok((
+            out,
+            SelfAttentionSaved {
+                qkv: keep(qkv),
+                attn: keep(attn),
+                lse,
+            },
+        ))
     }
 
     /// `dout` is the gradient of the projection output (after the layer's dropout backward);
@@ -149,17 +157,17 @@ impl SelfAttention {
         mask: AttentionMask,
     ) -> Result<Tensor, CommError> {
         let n = b * t;
-        let dattn = self
-            .linear_proj
-            .backward(params, grads, tp, &saved.attn, dout)?;
-        let mut dqkv = Tensor::for_overwrite(&[n, saved.qkv.shape()[1]]);
+        let attn = restore(&saved.attn);
+        let qkv = restore(&saved.qkv);
+        let dattn = self.linear_proj.backward(params, grads, tp, &attn, dout)?;
+        let mut dqkv = Tensor::for_overwrite(&[n, qkv.shape()[1]]);
         let key = ctx.site_for(self.layer, SITE_ATTN_DROPOUT, self.total_heads * t * t);
         attention_backward(
             dqkv.data_mut(),
             dattn.data(),
-            saved.attn.data(),
+            attn.data(),
             saved.lse.data(),
-            saved.qkv.data(),
+            qkv.data(),
             mask,
             self.dims(b, t, ctx),
             key,

@@ -9,6 +9,7 @@
 use super::attention::{SelfAttention, SelfAttentionSaved};
 use super::config::TransformerConfig;
 use super::mlp::{MLPSaved, MLP};
+use super::saved::{keep, restore};
 use super::step::StepContext;
 use crate::params::{Grads, Init, ParamId, Params, Sharding};
 use crate::tensor_parallel::Tp;
@@ -226,10 +227,10 @@ impl TransformerLayer {
         Ok((
             out,
             TransformerLayerSaved {
-                input: x,
+                input: keep(x),
                 ln1,
                 attn,
-                mid,
+                mid: keep(mid),
                 ln2,
                 mlp,
             },
@@ -277,14 +278,15 @@ impl TransformerLayer {
             ctx.site_for(self.layer, SITE_MLP_RESIDUAL, t * h)
                 .offset((lo * h) as u64),
         );
-        let (ln2_out, _) = self.pre_mlp_layernorm.forward(params, &saved.mid);
+        let mid = restore(&saved.mid);
+        let (ln2_out, _) = self.pre_mlp_layernorm.forward(params, &mid);
         let dln2 = self
             .mlp
             .backward(params, grads, tp, &saved.mlp, &ln2_out, dy)?;
         drop(ln2_out);
         let mut dmid = self
             .pre_mlp_layernorm
-            .backward(params, grads, &saved.ln2, &saved.mid, &dln2);
+            .backward(params, grads, &saved.ln2, &mid, &dln2);
         drop(dln2);
         add_inplace(&mut dmid, &dout);
         drop(dout);
@@ -298,7 +300,9 @@ impl TransformerLayer {
             ctx.site_for(self.layer, SITE_ATTN_RESIDUAL, t * h)
                 .offset((lo * h) as u64),
         );
-        let (ln1_out, _) = self.input_layernorm.forward(params, &saved.input);
+        drop(mid);
+        let input = restore(&saved.input);
+        let (ln1_out, _) = self.input_layernorm.forward(params, &input);
         let dln1 = self.self_attention.backward(
             params,
             grads,
@@ -314,7 +318,7 @@ impl TransformerLayer {
         drop(ln1_out);
         let mut dx = self
             .input_layernorm
-            .backward(params, grads, &saved.ln1, &saved.input, &dln1);
+            .backward(params, grads, &saved.ln1, &input, &dln1);
         add_inplace(&mut dx, &dmid);
         Ok(dx)
     }

@@ -2,6 +2,7 @@
 //! the layer's bias-dropout-add.
 
 use super::config::TransformerConfig;
+use super::saved::{keep, restore};
 use crate::params::{Grads, Init, ParamId, Params};
 use crate::tensor_parallel::{ColumnParallelLinear, RowParallelLinear, Tp};
 use megatron_comm::CommError;
@@ -75,7 +76,12 @@ impl MLP {
         let mut act = Tensor::for_overwrite(fc1_pre.shape());
         bias_gelu_forward(act.data_mut(), fc1_pre.data(), params.get(self.fc1_bias));
         let out = self.linear_fc2.forward(params, tp, &act)?;
-        Ok((out, MLPSaved { fc1_pre }))
+        Ok((
+            out,
+            MLPSaved {
+                fc1_pre: keep(fc1_pre),
+            },
+        ))
     }
 
     pub fn backward(
@@ -87,21 +93,18 @@ impl MLP {
         x: &Tensor,
         dout: Tensor,
     ) -> Result<Tensor, CommError> {
-        let n = saved.fc1_pre.shape()[0];
+        let fc1_pre = restore(&saved.fc1_pre);
+        let n = fc1_pre.shape()[0];
         let f = self.ffn_local;
         let mut act = Tensor::for_overwrite(&[n, f]);
-        bias_gelu_recompute(
-            act.data_mut(),
-            saved.fc1_pre.data(),
-            params.get(self.fc1_bias),
-        );
+        bias_gelu_recompute(act.data_mut(), fc1_pre.data(), params.get(self.fc1_bias));
         let dact = self.linear_fc2.backward(params, grads, tp, &act, dout)?;
         // Reuse the activation buffer for the pre-activation gradient.
         let mut dpre = act;
         bias_gelu_backward(
             dpre.data_mut(),
             dact.data(),
-            saved.fc1_pre.data(),
+            fc1_pre.data(),
             params.get(self.fc1_bias),
         );
         drop(dact);
