@@ -57,14 +57,33 @@ pub fn matmul_bf16_with_threads(
         return matmul_with_threads(out, &ar, &br, d, threads);
     }
     let kp = k.div_ceil(2); // k pairs
-    let panels = n.div_ceil(NR);
-    // Packed B: [panel][k pair][NR columns][2] as u32 words (two bf16 each).
-    let mut bp = vec![0u32; panels * kp * NR];
+                            // Columns are done in blocks of NC so the packed copy of B stays small (a few MiB) even
+                            // for the output layer's [vocab, hidden] weight.
+    let mut bp: Vec<u32> = Vec::new();
+    let mut c_blk = 0;
+    while c_blk < n {
+        let nc = NC.min(n - c_blk);
+        pack_b(&mut bp, b, d, kp, c_blk, nc);
+        gemm_block(out, a, &bp, d, kp, c_blk, nc, threads);
+        c_blk += nc;
+    }
+}
+
+/// Columns of `op(b)` per packing block.
+const NC: usize = 1024;
+
+/// Packs columns `[c_blk, c_blk + nc)` of `op(b)` into panels of NR columns:
+/// `[panel][k pair][NR]` words.
+fn pack_b(bp: &mut Vec<u32>, b: &[f32], d: MatmulDims, kp: usize, c_blk: usize, nc: usize) {
+    let (n, k) = (d.n, d.k);
+    let panels = nc.div_ceil(NR);
+    bp.clear();
+    bp.resize(panels * kp * NR, 0);
     bp.par_chunks_mut(kp * NR)
         .enumerate()
         .for_each(|(p, panel)| {
-            let c0 = p * NR;
-            let cols = NR.min(n - c0);
+            let c0 = c_blk + p * NR;
+            let cols = NR.min(c_blk + nc - c0);
             if d.trans_b {
                 // b is [n, k]: column j's k values are contiguous, pairs adjacent.
                 for c in 0..cols {
@@ -93,6 +112,22 @@ pub fn matmul_bf16_with_threads(
                 }
             }
         });
+}
+
+/// `out[:, c_blk..c_blk + nc] (=|+=) op(a) · packed B block`, row blocks of MC in parallel.
+#[allow(clippy::too_many_arguments)]
+fn gemm_block(
+    out: &mut [f32],
+    a: &[f32],
+    bp: &[u32],
+    d: MatmulDims,
+    kp: usize,
+    c_blk: usize,
+    nc: usize,
+    threads: usize,
+) {
+    let MatmulDims { m, n, k, .. } = d;
+    let panels = nc.div_ceil(NR);
     let out_ptr = SendPtr(out.as_mut_ptr());
     let blocks = m.div_ceil(MC);
     let work = |blk: usize| {
@@ -133,13 +168,13 @@ pub fn matmul_bf16_with_threads(
             let first = q0 == 0;
             for p in 0..panels {
                 let bpanel = &bp[(p * kp + q0) * NR..(p * kp + q0 + qn) * NR];
-                let c0 = p * NR;
-                let cols = NR.min(n - c0);
+                let c0 = c_blk + p * NR;
+                let cols = NR.min(c_blk + nc - c0);
                 for g in 0..groups {
                     let apanel = &ap[(g * kp + q0) * MR..(g * kp + q0 + qn) * MR];
                     let i0 = r0 + g * MR;
                     let nrows = MR.min(m - i0);
-                    // SAFETY: the feature was detected above.
+                    // SAFETY: the feature was detected by the caller.
                     unsafe { kernel_8x32(&mut tile, apanel, bpanel, qn) };
                     // SAFETY: row blocks are disjoint between tasks; in bounds by construction.
                     let o = unsafe { std::slice::from_raw_parts_mut(out_ptr.get(), m * n) };
@@ -157,13 +192,11 @@ pub fn matmul_bf16_with_threads(
             q0 += qn;
         }
     };
-    if threads > 1 && blocks > 1 && m * n * k >= 1 << 18 {
-        let pool_work = |blk| work(blk);
-        // Run on the current rayon pool, at most `threads` tasks at once.
+    if threads > 1 && blocks > 1 && m * nc * k >= 1 << 18 {
         (0..blocks)
             .into_par_iter()
             .with_min_len(blocks.div_ceil(threads.max(1)))
-            .for_each(pool_work);
+            .for_each(work);
     } else {
         (0..blocks).for_each(work);
     }
