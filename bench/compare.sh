@@ -2,7 +2,8 @@
 # Side-by-side benchmark: `megatron train` against the PyTorch eager reference (bench/torch_gpt.py)
 # on the same GPT shapes, alternating runs in one invocation so that both see the same machine
 # load. Usage: bench/compare.sh [S|M] [runs] ; PYTHON=path/to/python with torch installed;
-# TORCH_BF16=1 runs PyTorch under bf16 autocast (megatron-rs stays fp32).
+# TORCH_BF16=1 runs PyTorch under bf16 autocast; MEGATRON_FLAGS adds flags to megatron train
+# (e.g. MEGATRON_FLAGS=--bf16).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CFG=${1:-S}; RUNS=${2:-2}; PYTHON=${PYTHON:-python3}
@@ -23,13 +24,13 @@ for r in $(seq 1 "$RUNS"); do
     --micro-batch-size $B --global-batch-size $B --train-iters $((WARM + STEPS)) --lr 3e-4 \
     --adam-beta2 0.95 --weight-decay 0.1 --clip-grad 1.0 --hidden-dropout 0 --attention-dropout 0 \
     --log-interval 1 --eval-interval 100000 --eval-iters 0 --metrics-file "$OUT/m.jsonl" \
-    --no-progress-bar --num-threads 2 > "$OUT/log"
-  python3 - "$OUT/m.jsonl" "$WARM" "$B" "$T" "$(cat "$OUT/rss")" <<'PY'
+    --no-progress-bar --num-threads 2 ${MEGATRON_FLAGS:-} > "$OUT/log"
+  python3 - "$OUT/m.jsonl" "$WARM" "$B" "$T" "$(cat "$OUT/rss")" "${MEGATRON_FLAGS:-}" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if '"lm_loss"' in l]
 warm, b, t, rss_kb = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 ms = statistics.median(r["ms_per_iter"] for r in rows[warm:])
-print(json.dumps({"impl": "megatron-rs", "step_s": ms / 1e3, "tokens_per_sec": b * t / (ms / 1e3),
+print(json.dumps({"impl": "megatron-rs" + ("-bf16" if "--bf16" in sys.argv[6] else ""), "step_s": ms / 1e3, "tokens_per_sec": b * t / (ms / 1e3),
                   "peak_rss_bytes": rss_kb * 1024, "mfu_vs_fma_peak": statistics.median(r["mfu"] for r in rows[warm:]),
                   "first_loss": rows[0]["lm_loss"], "last_loss": rows[-1]["lm_loss"]}))
 PY

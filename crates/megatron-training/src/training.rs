@@ -430,7 +430,7 @@ pub fn pretrain(args: &TrainArgs) -> Result<TrainSummary, TrainError> {
     if cfg.dp * cfg.tp * cfg.pp == 1 {
         return pool.install(|| {
             megatron_tensor::threads::set_gemm_threads(threads);
-            let mut s = run(&cfg, tok.as_ref(), threads, None)?;
+            let mut s = run(&cfg, tok.as_ref(), threads, None, PeakOf::Threads(threads))?;
             if let Some(path) = &cfg.args.profile_trace {
                 write_trace(path, &[(0, std::mem::take(&mut s.trace))])?;
             }
@@ -472,7 +472,13 @@ fn pretrain_mpi(
     let mut groups = process_groups(&mut comm, n, cfg.tp, cfg.pp, "MPI")?;
     megatron_tensor::threads::set_gemm_threads(threads);
     let lead = comm.rank() == 0;
-    let mut summary = run(&cfg, tok.as_ref(), threads, Some(&mut groups))?;
+    let mut summary = run(
+        &cfg,
+        tok.as_ref(),
+        threads,
+        Some(&mut groups),
+        PeakOf::Processes(n),
+    )?;
     if let Some(path) = &cfg.args.profile_trace {
         // One file per process; each holds its rank's row (load them together in Perfetto).
         let r = comm.rank();
@@ -595,7 +601,13 @@ fn pretrain_ranks(
                 })?;
             pool.install(|| {
                 megatron_tensor::threads::set_gemm_threads(per_rank);
-                run(&cfg, tok.as_ref(), per_rank, Some(&mut groups))
+                run(
+                    &cfg,
+                    tok.as_ref(),
+                    per_rank,
+                    Some(&mut groups),
+                    PeakOf::Threads(threads),
+                )
             })
         });
     let mut first_err = None;
@@ -633,11 +645,22 @@ fn pretrain_ranks(
     }
 }
 
+/// What the MFU denominator covers.
+#[derive(Clone, Copy)]
+enum PeakOf {
+    /// This many threads of this process (rank threads share them).
+    Threads(usize),
+    /// This many processes, each with the per-rank thread count.
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+    Processes(usize),
+}
+
 fn run(
     cfg: &TrainConfig,
     tok: &dyn Tokenizer,
     threads: usize,
     groups: Option<&mut megatron_comm::ProcessGroups>,
+    world_peak: PeakOf,
 ) -> Result<TrainSummary, TrainError> {
     let a = &cfg.args;
     // Every matmul this rank issues runs on this thread.
@@ -787,7 +810,12 @@ fn run(
     let data = build_data(cfg, tok, lead)?;
     let mut grads = Grads::zeros_like(&params);
     let flops_per_iter = num_floating_point_operations(&cfg.model, cfg.global_batch_size);
-    let peak = peak_flops(a.peak_tflops, threads);
+    // MFU is against the whole job's peak: the process's thread budget for rank threads (they
+    // share its cores), the per-process peak times the world under MPI.
+    let peak = match world_peak {
+        PeakOf::Threads(n) => peak_flops(a.peak_tflops, n),
+        PeakOf::Processes(n) => peak_flops(a.peak_tflops, threads) * n as f64,
+    };
     let mut metrics =
         MetricsFile::open(a.metrics_file.as_deref().filter(|_| lead)).map_err(|e| {
             TrainError::Io {
@@ -1314,7 +1342,13 @@ fn run(
             tp.sequence_parallel,
             a.bf16,
         );
-        if lead {
+        if lead && pp_size > 1 {
+            println!(
+                "saved activations on pipeline stage 0 at the peak: {:.2} MiB ({} micro-batch chunks in flight)",
+                summary.peak_activation_bytes as f64 / (1 << 20) as f64,
+                summary.peak_in_flight
+            );
+        } else if lead {
             println!(
             "activations held per micro-batch and rank: {:.2} MiB measured, engine formula {:.2} MiB; Megatron's sbh(34 + 5as/h){} per layer would be {:.2} MiB in f32",
             summary.peak_activation_bytes as f64 / (1 << 20) as f64,
