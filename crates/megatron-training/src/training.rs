@@ -265,8 +265,10 @@ fn eod_mask(cfg: &TrainConfig, data: &dyn GPTSampleSource) -> Option<u32> {
     }
 }
 
-/// Mean validation loss over `--eval-iters` x micro-batches (the same samples every time, so
-/// curves are comparable); forward only, through the pipeline when there is one.
+/// Mean validation loss over `--eval-iters` global batches (the same samples every time, so
+/// curves are comparable, and the same samples for every layout: data-parallel rank r takes
+/// micro-batches r, r + d, ...; the sum is all-reduced over DP); forward only, through the
+/// pipeline when there is one. Every rank calls it.
 #[allow(clippy::too_many_arguments)]
 fn evaluate(
     chunks: &[GPTModel],
@@ -277,30 +279,41 @@ fn evaluate(
     data: &dyn GPTSampleSource,
     cfg: &TrainConfig,
     timers: &mut Timers,
+    dp: Option<&mut dyn Communicator>,
 ) -> Result<Option<f64>, TrainError> {
     if data.num_samples(Split::Valid) == 0 || cfg.args.eval_iters == 0 {
         return Ok(None);
     }
     let (b, t) = (cfg.args.micro_batch_size, cfg.args.seq_length);
-    let count = cfg.args.eval_iters as usize * cfg.num_microbatches;
+    let (dp_rank, dp_size) = dp.as_ref().map_or((0, 1), |c| (c.rank(), c.size()));
+    let global = cfg.args.eval_iters as usize * cfg.global_batch_size / b;
+    let mine: Vec<usize> = (dp_rank..global).step_by(dp_size).collect();
+    let count = mine.len();
     let mut mbs: Vec<MicroBatch> = (0..count).map(|_| MicroBatch::new(b, t, cfg)).collect();
-    for (k, mb) in mbs.iter_mut().enumerate() {
+    for (mb, &g) in mbs.iter_mut().zip(&mine) {
         mb.fill(
             data,
             Split::Valid,
-            (k * b) as u64,
+            (g * b) as u64,
             b,
             t,
             eod_mask(cfg, data),
         );
     }
     let batches: Vec<Batch> = mbs.iter().map(|x| x.batch(b, t)).collect();
+    let mean_over_dp = |local: f64, dp: Option<&mut dyn Communicator>| -> Result<f64, TrainError> {
+        let total = match dp {
+            Some(c) => sum_f64(c, local)?,
+            None => local,
+        };
+        Ok(total / global as f64)
+    };
     if partition.p == 1 {
         let mut total = 0.0f64;
         for batch in &batches {
             total += chunks[0].forward_loss(params, tp, batch)? as f64;
         }
-        return Ok(Some(total / count as f64));
+        return Ok(Some(mean_over_dp(total, dp)?));
     }
     let ops: Vec<Op> = (0..count)
         .flat_map(|mb| (0..partition.v).map(move |chunk| Op::Forward { chunk, mb }))
@@ -324,7 +337,8 @@ fn evaluate(
     }
     .run(params, None, &ops, &batches, &ctxs, 1.0, timers)?;
     let local: f64 = r.losses.iter().map(|l| l.0 as f64).sum();
-    Ok(Some(sum_f64(pp, local)? / count as f64))
+    let stage_sum = sum_f64(pp, local)?;
+    Ok(Some(mean_over_dp(stage_sum, dp)?))
 }
 
 /// Writes a Chrome trace (`chrome://tracing`, Perfetto): one row (thread) per world rank, one
@@ -1233,9 +1247,7 @@ fn run(
             })?;
             (interval_loss, interval_iters, interval_time) = (0.0, 0, 0.0);
         }
-        if dp_rank == 0
-            && (iteration.is_multiple_of(a.eval_interval) || iteration == cfg.train_iters)
-        {
+        if iteration.is_multiple_of(a.eval_interval) || iteration == cfg.train_iters {
             let val = evaluate(
                 &chunks,
                 partition,
@@ -1245,6 +1257,10 @@ fn run(
                 data.as_ref(),
                 cfg,
                 &mut timers,
+                match comm.as_deref_mut() {
+                    Some(c) => Some(c as &mut dyn Communicator),
+                    None => None,
+                },
             )?;
             if let (Some(val), true) = (val, lead) {
                 rep.line(&format!(" validation loss at iteration {iteration} | lm loss value: {val:.6E} | lm loss PPL: {:.3E}", val.exp()));

@@ -531,6 +531,18 @@ fn assert_same_training(
             b.1
         );
     }
+    // Validation uses the same samples in every layout, so its loss matches too.
+    assert_eq!(s1.val_losses.len(), sn.val_losses.len(), "{what}");
+    assert!(!s1.val_losses.is_empty());
+    for (a, b) in s1.val_losses.iter().zip(&sn.val_losses) {
+        assert!(
+            (a.1 - b.1).abs() <= 1e-5 * a.1.abs().max(1.0),
+            "{what} validation at {}: {} vs {}",
+            a.0,
+            a.1,
+            b.1
+        );
+    }
     assert_eq!(c1.tensors.len(), cn.tensors.len(), "{what}");
     let (mut pmax, mut mmax) = (0.0f32, 0.0f32);
     for (name, v1) in &c1.tensors {
