@@ -71,8 +71,9 @@ pub fn launched_by_mpi() -> bool {
 }
 
 // SAFETY: an MPI communicator handle is moved between threads, never shared (`&mut self` on
-// every call); callers keep all MPI calls of a process on one thread at a time, which MPI allows
-// from MPI_THREAD_SERIALIZED up (the launcher makes them from the thread that initialized MPI).
+// every call). The launcher initializes MPI with MPI_THREAD_SERIALIZED and keeps all calls on
+// one thread, or with MPI_THREAD_MULTIPLE when `--overlap-grad-reduce` uses the data-parallel
+// communicator from a second thread (each communicator still used by one thread at a time).
 unsafe impl Send for MpiCommunicator {}
 
 /// Initializes MPI; the universe must outlive every communicator made from it.

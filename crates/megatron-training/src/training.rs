@@ -468,14 +468,20 @@ fn pretrain_mpi(
             "under mpirun use one rank per process (--nproc-per-node 1)".into(),
         ));
     }
-    if args.overlap_grad_reduce {
-        // The reduction thread would call MPI beside the compute thread (MPI_THREAD_MULTIPLE).
-        return Err(TrainError::Args(
-            "--overlap-grad-reduce runs with rank threads only for now, not under mpirun".into(),
-        ));
+    // --overlap-grad-reduce calls MPI from a reduction thread beside the compute thread (on
+    // another communicator): that needs MPI_THREAD_MULTIPLE.
+    let want = if args.overlap_grad_reduce {
+        mpi::Threading::Multiple
+    } else {
+        mpi::Threading::Serialized
+    };
+    let (universe, provided) = mpi::initialize_with_threading(want)
+        .ok_or_else(|| TrainError::Args("MPI could not be initialized".into()))?;
+    if args.overlap_grad_reduce && provided != mpi::Threading::Multiple {
+        return Err(TrainError::Args(format!(
+            "--overlap-grad-reduce needs an MPI library with MPI_THREAD_MULTIPLE; this one provides {provided:?}"
+        )));
     }
-    let universe =
-        mpi::initialize().ok_or_else(|| TrainError::Args("MPI could not be initialized".into()))?;
     let mut comm = megatron_comm::mpi_comm::MpiCommunicator::world(&universe);
     let n = comm.size();
     // The MPI world takes the place of --nproc-per-node in the layout checks.
@@ -709,6 +715,10 @@ fn run(
         }
         None => (&mut serial, None, &mut serial_pp, None, 0),
     };
+    if a.sequence_parallel && tp_comm.size() == 1 && world_rank == 0 {
+        // As Megatron: sequence parallelism needs tensor-parallel ranks to split over.
+        println!("note: --sequence-parallel has no effect with --tensor-model-parallel-size 1");
+    }
     let mut tp = Tp::new(tp_comm, a.sequence_parallel);
     let (dp_rank, dp) = comm.as_ref().map_or((0, 1), |c| (c.rank(), c.size()));
     let (pp_rank, pp_size) = (pp_comm.rank(), pp_comm.size());
