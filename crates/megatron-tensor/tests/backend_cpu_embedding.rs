@@ -93,3 +93,43 @@ fn embedding_with_explicit_positions_matches_finite_difference() {
         "dwpe",
     );
 }
+
+#[test]
+fn vocab_range_lookups_sum_to_the_fused_embedding_and_its_gradient() {
+    use megatron_tensor::cpu::{embedding_lookup_backward, embedding_lookup_forward};
+    let (v, c, t) = (12usize, 5usize, 4usize);
+    let tokens: Vec<u32> = vec![0, 11, 5, 5, 7, 2, 11, 3];
+    let wte: Vec<f32> = (0..v * c).map(|i| (i as f32 * 0.37).sin()).collect();
+    let wpe: Vec<f32> = (0..t * c).map(|i| (i as f32 * 0.11).cos()).collect();
+    let n = tokens.len();
+    let mut want = vec![0.0; n * c];
+    embedding_forward(&mut want, &tokens, None, &wte, &wpe, t);
+    let dout: Vec<f32> = (0..n * c).map(|i| (i % 7) as f32 - 3.0).collect();
+    let (mut want_dwte, mut want_dwpe) = (vec![0.0; v * c], vec![0.0; t * c]);
+    embedding_backward(&mut want_dwte, &mut want_dwpe, &dout, &tokens, None, t);
+    // Three vocabulary shards (ids outside a shard give zeros) plus the position rows.
+    let shard = v / 3;
+    let mut got = vec![0.0; n * c];
+    let mut dwte = vec![0.0; v * c];
+    for s in 0..3 {
+        let rows = &wte[s * shard * c..(s + 1) * shard * c];
+        let mut part = vec![7.0; n * c];
+        embedding_lookup_forward(&mut part, &tokens, rows, s * shard, false);
+        got.iter_mut().zip(&part).for_each(|(a, b)| *a += b);
+        embedding_lookup_backward(
+            &mut dwte[s * shard * c..(s + 1) * shard * c],
+            &dout,
+            &tokens,
+            s * shard,
+        );
+    }
+    let positions: Vec<u32> = (0..n).map(|i| (i % t) as u32).collect();
+    embedding_lookup_forward(&mut got, &positions, &wpe, 0, true);
+    let mut dwpe = vec![0.0; t * c];
+    embedding_lookup_backward(&mut dwpe, &dout, &positions, 0);
+    for (a, b) in got.iter().zip(&want) {
+        assert!((a - b).abs() < 1e-6, "{a} vs {b}");
+    }
+    assert_eq!(dwte, want_dwte);
+    assert_eq!(dwpe, want_dwpe);
+}
