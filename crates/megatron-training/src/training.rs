@@ -1088,7 +1088,9 @@ fn run(
         let mut skip = false;
         if let Some(sc) = &scaler {
             let inv = 1.0 / sc.scale();
-            let mut bad = match dist_opt.as_ref() {
+            // The squared norm of the unscaled gradients this rank holds: finite unless some
+            // gradient overflowed.
+            let sum_sq = match dist_opt.as_ref() {
                 Some(d) => {
                     d.scale_grads(&mut grads, inv);
                     d.grad_norm_squared_local(&params, &grads, 0)
@@ -1099,7 +1101,7 @@ fn run(
                 }
             };
             // Overflow anywhere skips the step everywhere.
-            let mut flag = [if bad.is_finite() { 0.0f32 } else { 1.0 }];
+            let mut flag = [if sum_sq.is_finite() { 0.0f32 } else { 1.0 }];
             tp.comm
                 .all_reduce(&mut flag, megatron_comm::ReduceOp::Max)?;
             pp_comm.all_reduce(&mut flag, megatron_comm::ReduceOp::Max)?;
@@ -1107,8 +1109,6 @@ fn run(
                 c.all_reduce(&mut flag, megatron_comm::ReduceOp::Max)?;
             }
             skip = flag[0] > 0.0;
-            bad = 0.0;
-            let _ = bad;
         }
         if !loss.is_finite() && scaler.is_none() {
             rep.finish();
