@@ -319,10 +319,12 @@ pub fn timeout_suite(
             }
             other => return Err(format!("rank {rank}: expected a timeout, got {other:?}")),
         }
+        // The first rank to time out marks the group broken; the others may see that a little
+        // before their own deadline (they started waiting a little later).
         check(
             c,
             &format!("timed out after {took:?}"),
-            took >= timeout && took < timeout + margin,
+            took + timeout / 4 >= timeout && took < timeout + margin,
             true,
         )?;
     }

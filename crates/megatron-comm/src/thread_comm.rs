@@ -36,9 +36,6 @@ struct Slots {
 struct Shared {
     name: String,
     size: usize,
-    /// The group this one was split from: a rank that panics is marked in the groups its
-    /// guard knows (the world), and members of sub-groups must notice it too.
-    parent: Option<Arc<Shared>>,
     state: Mutex<Slots>,
     cv: Condvar,
 }
@@ -49,15 +46,24 @@ pub struct ThreadCommunicator {
     seq: u64,
     timeout: Duration,
     stats: CommStats,
+    memberships: Memberships,
 }
 
 /// Marks a rank as panicked in every group it belongs to when dropped during unwinding.
-pub struct PanicGuard(Vec<(Arc<Shared>, usize)>);
+/// Every group a rank belongs to (the world and the groups split from it) with its rank there;
+/// shared by the rank's communicators so a split registers its new group.
+type Memberships = Arc<Mutex<Vec<(Arc<Shared>, usize)>>>;
+
+pub struct PanicGuard(Memberships);
 
 impl Drop for PanicGuard {
     fn drop(&mut self) {
         if std::thread::panicking() {
-            for (s, r) in &self.0 {
+            let groups = match self.0.lock() {
+                Ok(g) => g.clone(),
+                Err(p) => p.into_inner().clone(),
+            };
+            for (s, r) in &groups {
                 if let Ok(mut st) = s.state.lock() {
                     st.panicked.get_or_insert(*r);
                 }
@@ -70,7 +76,7 @@ impl Drop for PanicGuard {
 impl ThreadCommunicator {
     /// A world of `n` communicators, one per rank thread.
     pub fn world(n: usize) -> Vec<ThreadCommunicator> {
-        let shared = Arc::new(Shared::new("world".into(), n, None));
+        let shared = Arc::new(Shared::new("world".into(), n));
         (0..n)
             .map(|rank| ThreadCommunicator {
                 shared: shared.clone(),
@@ -78,13 +84,15 @@ impl ThreadCommunicator {
                 seq: 0,
                 timeout: DEFAULT_TIMEOUT,
                 stats: CommStats::default(),
+                memberships: Arc::new(Mutex::new(vec![(shared.clone(), rank)])),
             })
             .collect()
     }
 
-    /// A guard that, if this rank's thread panics, fails every waiting peer of this group.
+    /// A guard that, if this rank's thread panics, fails the waiting peers of every group this
+    /// rank belongs to (the world and every group split from it, now or later) — and only them.
     pub fn panic_guard(&self) -> PanicGuard {
-        PanicGuard(vec![(self.shared.clone(), self.rank)])
+        PanicGuard(self.memberships.clone())
     }
 
     fn count(&mut self, op: &'static str, bytes: usize) {
@@ -112,11 +120,7 @@ impl ThreadCommunicator {
             if st.arrived.iter().all(|&a| a >= target) {
                 return Ok(st);
             }
-            if let Some((group, rank)) = st
-                .panicked
-                .map(|r| (self.shared.name.clone(), r))
-                .or_else(|| self.shared.ancestor_panicked())
-            {
+            if let Some((group, rank)) = st.panicked.map(|r| (self.shared.name.clone(), r)) {
                 return Err(CommError::PeerPanicked {
                     group,
                     op,
@@ -203,11 +207,10 @@ impl ThreadCommunicator {
 }
 
 impl Shared {
-    fn new(name: String, size: usize, parent: Option<Arc<Shared>>) -> Self {
+    fn new(name: String, size: usize) -> Self {
         Shared {
             name,
             size,
-            parent,
             state: Mutex::new(Slots {
                 arrived: vec![0; size],
                 bufs: vec![None; size],
@@ -216,18 +219,6 @@ impl Shared {
             }),
             cv: Condvar::new(),
         }
-    }
-
-    /// A panicked rank of an enclosing group: (that group's name, its rank there).
-    fn ancestor_panicked(&self) -> Option<(String, usize)> {
-        let mut g = self.parent.as_ref();
-        while let Some(s) = g {
-            if let Some(r) = s.state.lock().ok().and_then(|st| st.panicked) {
-                return Some((s.name.clone(), r));
-            }
-            g = s.parent.as_ref();
-        }
-        None
     }
 }
 
@@ -497,11 +488,7 @@ impl Communicator for ThreadCommunicator {
                 buf.copy_from_slice(&msg);
                 return Ok(());
             }
-            if let Some((group, rank)) = st
-                .panicked
-                .map(|r| (self.shared.name.clone(), r))
-                .or_else(|| self.shared.ancestor_panicked())
-            {
+            if let Some((group, rank)) = st.panicked.map(|r| (self.shared.name.clone(), r)) {
                 return Err(CommError::PeerPanicked {
                     group,
                     op: "recv",
@@ -574,9 +561,7 @@ impl Communicator for ThreadCommunicator {
             let child = st
                 .children
                 .entry((seq, color))
-                .or_insert_with(|| {
-                    Arc::new(Shared::new(name, ranks.len(), Some(self.shared.clone())))
-                })
+                .or_insert_with(|| Arc::new(Shared::new(name, ranks.len())))
                 .clone();
             (ranks, child)
         };
@@ -585,12 +570,16 @@ impl Communicator for ThreadCommunicator {
             .iter()
             .position(|&r| r == self.rank)
             .expect("member of its color");
+        if let Ok(mut m) = self.memberships.lock() {
+            m.push((child.clone(), new_rank));
+        }
         Ok(Box::new(ThreadCommunicator {
             shared: child,
             rank: new_rank,
             seq: 0,
             timeout: self.timeout,
             stats: CommStats::default(),
+            memberships: self.memberships.clone(),
         }))
     }
 
