@@ -1135,3 +1135,69 @@ fn bf16_keeps_saved_activations_in_half_the_bytes_as_the_formula_says() {
     }
     assert!(f(true) * 10 < f(false) * 6, "{} vs {}", f(true), f(false));
 }
+
+#[test]
+fn a_distributed_optimizer_checkpoint_resumes_under_another_layout() {
+    // Saved by DP 2 with the distributed optimizer (moments gathered), resumed by DP 4 with
+    // it (moments sliced again) and by one plain rank: both continue the uninterrupted run.
+    let dir = tmpdir("distresume");
+    let serial = pp_run(&dir, "serial", &[]).0;
+    let first = dir.join("first");
+    let f = first.to_str().unwrap().to_string();
+    let common = [
+        "--num-layers",
+        "8",
+        "--vocab-size",
+        "250",
+        "--make-vocab-size-divisible-by",
+        "64",
+        "--hidden-size",
+        "64",
+        "--num-attention-heads",
+        "4",
+        "--seq-length",
+        "32",
+        "--global-batch-size",
+        "8",
+        "--micro-batch-size",
+        "1",
+        "--hidden-dropout",
+        "0",
+        "--attention-dropout",
+        "0",
+    ];
+    let with = |more: &[&str]| {
+        let mut v: Vec<&str> = common.to_vec();
+        v.extend_from_slice(more);
+        pretrain(&args(&v)).unwrap()
+    };
+    with(&[
+        "--train-iters",
+        "3",
+        "--nproc-per-node",
+        "2",
+        "--use-distributed-optimizer",
+        "--save",
+        &f,
+    ]);
+    for layout in [
+        &["--nproc-per-node", "4", "--use-distributed-optimizer"][..],
+        &["--nproc-per-node", "1"][..],
+    ] {
+        let mut more = vec!["--train-iters", "5", "--load", &f];
+        more.extend_from_slice(layout);
+        let resumed = with(&more);
+        assert_eq!(resumed.losses.len(), 2, "{layout:?}");
+        for (a, b) in serial.losses[3..].iter().zip(&resumed.losses) {
+            assert_eq!(a.0, b.0);
+            assert!(
+                (a.1 - b.1).abs() <= 1e-5 * a.1.abs().max(1.0),
+                "{layout:?} iteration {}: {} vs {}",
+                a.0,
+                a.1,
+                b.1
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
