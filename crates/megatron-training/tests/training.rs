@@ -1139,7 +1139,8 @@ fn bf16_keeps_saved_activations_in_half_the_bytes_as_the_formula_says() {
 #[test]
 fn a_distributed_optimizer_checkpoint_resumes_under_another_layout() {
     // Saved by DP 2 with the distributed optimizer (moments gathered), resumed by DP 4 with
-    // it (moments sliced again) and by one plain rank: both continue the uninterrupted run.
+    // it (moments sliced again), by one plain rank and by TP 2 x PP 4: all continue the
+    // uninterrupted run.
     let dir = tmpdir("distresume");
     let serial = pp_run(&dir, "serial", &[]).0;
     let first = dir.join("first");
@@ -1183,6 +1184,16 @@ fn a_distributed_optimizer_checkpoint_resumes_under_another_layout() {
     for layout in [
         &["--nproc-per-node", "4", "--use-distributed-optimizer"][..],
         &["--nproc-per-node", "1"][..],
+        // Pipeline stages read their layers (and the last stage its copy of the tied
+        // embedding) from the same whole tensors.
+        &[
+            "--nproc-per-node",
+            "8",
+            "--pipeline-model-parallel-size",
+            "4",
+            "--tensor-model-parallel-size",
+            "2",
+        ][..],
     ] {
         let mut more = vec!["--train-iters", "5", "--load", &f];
         more.extend_from_slice(layout);
