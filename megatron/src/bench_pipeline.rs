@@ -7,11 +7,11 @@ use megatron_core::models::gpt::Batch;
 use megatron_core::params::{Grads, Params};
 use megatron_core::pipeline_parallel::executor::Stage;
 use megatron_core::pipeline_parallel::partition::StagePartition;
-use megatron_core::pipeline_parallel::schedule;
 use megatron_core::pipeline_parallel::timers::Timers;
+use megatron_core::pipeline_parallel::{build_stage, schedule};
 use megatron_core::tensor_parallel::{serial_group, Tp};
 use megatron_core::transformer::step::StepContext;
-use megatron_core::{GPTModel, TransformerConfig};
+use megatron_core::TransformerConfig;
 use std::time::Instant;
 
 /// Per stage: (busy seconds = forward + backward, wall seconds of the schedule), medians over
@@ -43,18 +43,7 @@ fn measure(
             };
             let mut params = Params::for_tp_rank(0, 1);
             let mut inits = Vec::new();
-            let chunks: Vec<GPTModel> = (0..v)
-                .map(|ch| {
-                    GPTModel::build_chunk(
-                        cfg.clone(),
-                        &mut params,
-                        &mut inits,
-                        part.layers(rank, ch),
-                        part.is_first(rank, ch),
-                        part.is_last(rank, ch),
-                    )
-                })
-                .collect();
+            let (chunks, _) = build_stage(&cfg, &part, rank, &mut params, &mut inits);
             params.initialize(1, &inits);
             let mut grads = Grads::zeros_like(&params);
             let vocab = cfg.padded_vocab_size as u32;

@@ -8,7 +8,7 @@ use megatron_core::params::{Grads, Params};
 use megatron_core::pipeline_parallel::executor::Stage;
 use megatron_core::pipeline_parallel::partition::StagePartition;
 use megatron_core::pipeline_parallel::timers::Timers;
-use megatron_core::pipeline_parallel::{peak_in_flight, schedule};
+use megatron_core::pipeline_parallel::{build_stage, peak_in_flight, schedule};
 use megatron_core::tensor_parallel::{serial_group, Tp};
 use megatron_core::transformer::step::StepContext;
 use megatron_core::{GPTModel, TransformerConfig};
@@ -86,18 +86,7 @@ fn pipelined(p: usize, v: usize, m: usize) -> Vec<StageResult> {
         };
         let mut params = Params::for_tp_rank(0, 1);
         let mut inits = Vec::new();
-        let chunks: Vec<GPTModel> = (0..v)
-            .map(|ch| {
-                GPTModel::build_chunk(
-                    cfg(),
-                    &mut params,
-                    &mut inits,
-                    part.layers(rank, ch),
-                    part.is_first(rank, ch),
-                    part.is_last(rank, ch),
-                )
-            })
-            .collect();
+        let (chunks, _) = build_stage(&cfg(), &part, rank, &mut params, &mut inits);
         params.initialize(3, &inits);
         let mut grads = Grads::zeros_like(&params);
         let d = data(m, b, t);

@@ -730,22 +730,13 @@ fn run(
     let partition = cfg.partition;
     let mut params = Params::for_tp_rank(tp.rank(), tp.size());
     let mut inits = Vec::new();
-    let mut chunk_params = Vec::with_capacity(partition.v);
-    let chunks: Vec<GPTModel> = (0..partition.v)
-        .map(|c| {
-            let first = params.metas.len();
-            let chunk = GPTModel::build_chunk(
-                cfg.model.clone(),
-                &mut params,
-                &mut inits,
-                partition.layers(pp_rank, c),
-                partition.is_first(pp_rank, c),
-                partition.is_last(pp_rank, c),
-            );
-            chunk_params.push(first..params.metas.len());
-            chunk
-        })
-        .collect();
+    let (chunks, chunk_params) = megatron_core::pipeline_parallel::build_stage(
+        &cfg.model,
+        &partition,
+        pp_rank,
+        &mut params,
+        &mut inits,
+    );
     params.initialize(a.seed, &inits);
     let last_stage = pp_rank == pp_size - 1;
     let rows_local = if tp.sequence_parallel {

@@ -46,3 +46,31 @@ pub fn schedule(p: usize, rank: usize, m: usize, v: usize) -> Result<Vec<Op>, St
         interleaved::schedule(p, rank, m, v)
     }
 }
+
+/// The model chunks stage `rank` holds under `partition`, registered into `params`, and each
+/// chunk's parameter indices (what `--overlap-grad-reduce` tracks).
+pub fn build_stage(
+    config: &crate::TransformerConfig,
+    partition: &partition::StagePartition,
+    rank: usize,
+    params: &mut crate::Params,
+    inits: &mut Vec<crate::params::Init>,
+) -> (Vec<crate::GPTModel>, Vec<std::ops::Range<usize>>) {
+    let mut chunk_params = Vec::with_capacity(partition.v);
+    let chunks = (0..partition.v)
+        .map(|c| {
+            let first = params.metas.len();
+            let chunk = crate::GPTModel::build_chunk(
+                config.clone(),
+                params,
+                inits,
+                partition.layers(rank, c),
+                partition.is_first(rank, c),
+                partition.is_last(rank, c),
+            );
+            chunk_params.push(first..params.metas.len());
+            chunk
+        })
+        .collect();
+    (chunks, chunk_params)
+}
