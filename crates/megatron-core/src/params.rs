@@ -1,11 +1,20 @@
-//! Parameters and gradients, each one contiguous f32 buffer.
+//! Parameters and gradients, each one contiguous buffer per dtype.
 //!
-//! One buffer per dtype is what the optimizer, the gradient norm and (later) the data-parallel
+//! One buffer per dtype is what the optimizer, the gradient norm and the data-parallel
 //! collectives want to see as a single slice. Each parameter is a named range with the metadata
 //! of DESIGN.md section 5; checkpointing and the optimizer read that metadata, nothing guesses it.
+//!
+//! Under `--bf16` / `--fp16` the model reads a 16-bit copy ([`HalfParams`]) and `data` holds the
+//! fp32 main parameters the optimizer updates (Megatron's `Float16OptimizerWithFloat16Params`);
+//! with the distributed optimizer `data` is empty and each rank's optimizer holds the fp32 main
+//! parameters of its shard only: 2 + 4 + 12/d bytes per parameter instead of 18.
 
-use megatron_tensor::RngKey;
+use half::{bf16, f16};
+use megatron_tensor::cpu::cast::{bf16_to_f32, f16_to_f32, Half};
+use megatron_tensor::{RngKey, Tensor};
+use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
+use std::ops::{Deref, Range};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct ParamId(pub usize);
@@ -78,9 +87,103 @@ pub enum Sharding {
     Split(usize),
 }
 
+/// The 16-bit parameters the model reads under mixed precision.
+#[derive(Clone, Debug, Default)]
+pub enum HalfParams {
+    #[default]
+    None,
+    BF16(Vec<bf16>),
+    F16(Vec<f16>),
+}
+
+impl HalfParams {
+    pub fn format(&self) -> Option<Half> {
+        match self {
+            HalfParams::None => None,
+            HalfParams::BF16(_) => Some(Half::BF16),
+            HalfParams::F16(_) => Some(Half::F16),
+        }
+    }
+
+    pub fn size_in_bytes(&self) -> usize {
+        match self {
+            HalfParams::None => 0,
+            HalfParams::BF16(v) => v.capacity() * 2,
+            HalfParams::F16(v) => v.capacity() * 2,
+        }
+    }
+
+    /// Rounds `values` into elements `range`.
+    pub fn write(&mut self, range: Range<usize>, values: &[f32]) {
+        const CHUNK: usize = 1 << 16;
+        match self {
+            HalfParams::None => panic!("no 16-bit parameters to write"),
+            HalfParams::BF16(v) => v[range]
+                .par_chunks_mut(CHUNK)
+                .zip(values.par_chunks(CHUNK))
+                .for_each(|(o, i)| megatron_tensor::cpu::cast::f32_to_bf16(o, i)),
+            HalfParams::F16(v) => v[range]
+                .par_chunks_mut(CHUNK)
+                .zip(values.par_chunks(CHUNK))
+                .for_each(|(o, i)| megatron_tensor::cpu::cast::f32_to_f16(o, i)),
+        }
+    }
+
+    /// Elements `range` widened to f32.
+    pub fn read(&self, range: Range<usize>, out: &mut [f32]) {
+        const CHUNK: usize = 1 << 16;
+        match self {
+            HalfParams::None => panic!("no 16-bit parameters to read"),
+            HalfParams::BF16(v) => out
+                .par_chunks_mut(CHUNK)
+                .zip(v[range].par_chunks(CHUNK))
+                .for_each(|(o, i)| bf16_to_f32(o, i)),
+            HalfParams::F16(v) => out
+                .par_chunks_mut(CHUNK)
+                .zip(v[range].par_chunks(CHUNK))
+                .for_each(|(o, i)| f16_to_f32(o, i)),
+        }
+    }
+
+    /// The raw 16-bit patterns (for collectives that only move bits).
+    pub fn bits_mut(&mut self) -> &mut [u16] {
+        match self {
+            HalfParams::None => &mut [],
+            // SAFETY: bf16 and f16 are `repr(transparent)` over u16.
+            HalfParams::BF16(v) => unsafe {
+                std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u16, v.len())
+            },
+            HalfParams::F16(v) => unsafe {
+                std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u16, v.len())
+            },
+        }
+    }
+}
+
+/// A parameter's values as f32: borrowed from the fp32 buffer, or widened from the 16-bit one
+/// into a pooled buffer that goes back to the pool when dropped.
+pub enum ParamRef<'a> {
+    Borrowed(&'a [f32]),
+    Widened(Tensor),
+}
+
+impl Deref for ParamRef<'_> {
+    type Target = [f32];
+    fn deref(&self) -> &[f32] {
+        match self {
+            ParamRef::Borrowed(s) => s,
+            ParamRef::Widened(t) => t.data(),
+        }
+    }
+}
+
 #[derive(Clone, Debug, Default)]
 pub struct Params {
+    /// fp32 values: the model's parameters, or under 16-bit storage the fp32 main parameters
+    /// (empty when the distributed optimizer holds them).
     pub data: Vec<f32>,
+    /// The 16-bit parameters the model reads, under `--bf16` / `--fp16`.
+    pub half: HalfParams,
     pub metas: Vec<ParamMeta>,
     /// (TP rank, TP size) the parameters are registered for; (0, 1) by default.
     pub tp: (usize, usize),
@@ -192,14 +295,59 @@ impl Params {
         }
     }
 
-    pub fn get(&self, id: ParamId) -> &[f32] {
+    /// The values the model computes with: the 16-bit parameters when there are any.
+    pub fn get(&self, id: ParamId) -> ParamRef<'_> {
         let m = &self.metas[id.0];
-        &self.data[m.offset..m.offset + m.numel]
+        let r = m.offset..m.offset + m.numel;
+        match self.half {
+            HalfParams::None => ParamRef::Borrowed(&self.data[r]),
+            _ => {
+                let mut t = Tensor::for_overwrite(&[m.numel]);
+                self.half.read(r, t.data_mut());
+                ParamRef::Widened(t)
+            }
+        }
     }
 
+    /// The fp32 values (main parameters under 16-bit storage).
     pub fn get_mut(&mut self, id: ParamId) -> &mut [f32] {
         let m = &self.metas[id.0];
         &mut self.data[m.offset..m.offset + m.numel]
+    }
+
+    /// Keeps a 16-bit copy of `data` for the model to read (`None`: compute from `data`).
+    pub fn set_half(&mut self, format: Option<Half>) {
+        let n = self.numel();
+        self.half = match format {
+            None => HalfParams::None,
+            Some(Half::BF16) => HalfParams::BF16(vec![bf16::ZERO; n]),
+            Some(Half::F16) => HalfParams::F16(vec![f16::ZERO; n]),
+        };
+        if format.is_some() {
+            assert_eq!(self.data.len(), n, "set_half needs the fp32 values");
+            let data = std::mem::take(&mut self.data);
+            self.half.write(0..n, &data);
+            self.data = data;
+        }
+    }
+
+    /// Re-rounds elements `range` of the 16-bit copy from `data` (after an optimizer step).
+    pub fn refresh_half(&mut self, range: Range<usize>) {
+        if !matches!(self.half, HalfParams::None) {
+            let r = range.clone();
+            let Params { data, half, .. } = self;
+            half.write(r, &data[range]);
+        }
+    }
+
+    /// Every parameter's values as f32 (widened when only the 16-bit copy is complete).
+    pub fn values(&self) -> Vec<f32> {
+        if self.data.len() == self.numel() {
+            return self.data.clone();
+        }
+        let mut out = vec![0.0; self.numel()];
+        self.half.read(0..self.numel(), &mut out);
+        out
     }
 
     pub fn find(&self, name: &str) -> Option<ParamId> {

@@ -116,12 +116,26 @@ impl Tensor {
 
     /// Casts to another storage type (round-to-nearest-even into half types).
     pub fn to_dtype(&self, dtype: DType) -> Tensor {
+        // Widening into a pooled buffer: its drop returns it to the pool, so buffers made
+        // outside the pool would make the pool grow every step.
         if let (Storage::BF16(v), DType::F32) = (&self.storage, dtype) {
-            // Widening into a pooled buffer: its drop returns it to the pool, so buffers made
-            // outside the pool would make the pool grow every step.
             let mut t = Tensor::for_overwrite(&self.shape);
             crate::cpu::cast::bf16_to_f32(t.data_mut(), v);
             return t;
+        }
+        if let (Storage::F16(v), DType::F32) = (&self.storage, dtype) {
+            let mut t = Tensor::for_overwrite(&self.shape);
+            crate::cpu::cast::f16_to_f32(t.data_mut(), v);
+            return t;
+        }
+        if let (Storage::F32(v), DType::F16) = (&self.storage, dtype) {
+            let mut out = vec![f16::ZERO; v.len()];
+            crate::cpu::cast::f32_to_f16(&mut out, v);
+            return Tensor {
+                shape: self.shape.clone(),
+                storage: Storage::F16(out),
+                device: self.device,
+            };
         }
         if let (Storage::F32(v), DType::BF16) = (&self.storage, dtype) {
             // Straight to bf16, without an f32 copy first (saved activations under --bf16).

@@ -196,12 +196,17 @@ pub struct TrainArgs {
     pub overlap_grad_reduce: bool,
     #[arg(long)]
     pub overlap_param_gather: bool,
-    /// bf16 matmul operands with f32 accumulation (autocast-style); parameters, gradients,
-    /// optimizer state and activations stay fp32.
+    /// bf16 parameters, matmul operands and saved activations; fp32 main parameters, gradients
+    /// and optimizer state; f32 accumulation.
     #[arg(long)]
     pub bf16: bool,
+    /// As --bf16 with IEEE half precision, and the dynamic loss scaler.
     #[arg(long)]
     pub fp16: bool,
+    /// Instructions of bf16 matmuls: `dot` (AVX512_BF16 vdpbf16ps), `fma` (operands rounded to
+    /// bf16, f32 FMA GEMM) or `auto` (whichever measures faster on this CPU).
+    #[arg(long, default_value = "auto", value_parser = ["auto", "dot", "fma"])]
+    pub bf16_matmul_kernel: String,
     /// Constant loss scale (otherwise --fp16 scales dynamically).
     #[arg(long)]
     pub loss_scale: Option<f32>,

@@ -171,3 +171,33 @@ pub fn peak_flops(flag_tflops: Option<f64>, threads: usize) -> f64 {
     }
     v
 }
+
+/// The faster instructions for bf16 matmuls on this CPU, measured once per process: the bf16
+/// dot-product instruction against the f32 FMA, one thread each, best of two. Both kernels
+/// compute the same products (bf16 x bf16 is exact in f32) with f32 accumulation, so this
+/// changes speed, never the model being trained (beyond summation order).
+pub fn fastest_bf16_kernel() -> megatron_tensor::cpu::matmul::Bf16Kernel {
+    use megatron_tensor::cpu::matmul::Bf16Kernel;
+    static CHOICE: std::sync::OnceLock<Bf16Kernel> = std::sync::OnceLock::new();
+    *CHOICE.get_or_init(|| {
+        let dot = (0..2)
+            .filter_map(|_| megatron_tensor::cpu::matmul_bf16::bf16_dot_peak_gflops(1))
+            .fold(0.0, f64::max);
+        if dot == 0.0 {
+            return Bf16Kernel::Fma;
+        }
+        let fma = (0..2)
+            .map(|_| {
+                let t = Instant::now();
+                let flops = fma_loop(200_000_000);
+                flops / t.elapsed().as_secs_f64() / 1e9
+            })
+            .fold(0.0, f64::max);
+        // vdpbf16ps counts 2 multiply-adds per lane; it must beat the FMA to pay for itself.
+        if dot > fma {
+            Bf16Kernel::Dot
+        } else {
+            Bf16Kernel::Fma
+        }
+    })
+}

@@ -11,6 +11,7 @@ use megatron_core::distributed::GradBuffer;
 use megatron_core::optimizer::{
     clip_grads_by_norm, Adam, DistributedOptimizer, GradScaler, OptimizerParamScheduler,
 };
+use megatron_core::params::{HalfParams, ParamId};
 use megatron_core::pipeline_parallel::executor::Stage;
 use megatron_core::pipeline_parallel::partition::StagePartition;
 use megatron_core::pipeline_parallel::timers::Timers;
@@ -26,6 +27,7 @@ use megatron_data::megatron_data::{is_indexed_blend, MegatronDataConfig, Megatro
 use megatron_data::{
     build_tokenizer_from, GPTSampleSource, MockGPTDataset, Split, TextDataset, Tokenizer,
 };
+use megatron_tensor::cpu::cast::Half;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -412,10 +414,9 @@ fn params_norm(params: &Params, tp: &mut Tp, pp: &mut dyn Communicator) -> Resul
     let local: f64 = params
         .metas
         .iter()
-        .filter(|m| !m.shared && (!m.tp_replicated || tp_rank == 0))
-        .map(|m| {
-            megatron_tensor::cpu::global_norm_squared(&params.data[m.offset..m.offset + m.numel])
-        })
+        .enumerate()
+        .filter(|(_, m)| !m.shared && (!m.tp_replicated || tp_rank == 0))
+        .map(|(i, _)| megatron_tensor::cpu::global_norm_squared(&params.get(ParamId(i))))
         .sum();
     let x = sum_f64(tp.comm, local)?;
     Ok(sum_f64(pp, x)?.sqrt())
@@ -684,7 +685,28 @@ fn run(
 ) -> Result<TrainSummary, TrainError> {
     let a = &cfg.args;
     // Every matmul this rank issues runs on this thread.
-    megatron_tensor::cpu::matmul::set_bf16_matmuls(a.bf16);
+    use megatron_tensor::cpu::matmul::{
+        set_bf16_kernel, set_matmul_precision, Bf16Kernel, MatmulPrecision,
+    };
+    let half = if a.bf16 {
+        Some(Half::BF16)
+    } else if a.fp16 {
+        Some(Half::F16)
+    } else {
+        None
+    };
+    set_matmul_precision(match half {
+        None => MatmulPrecision::F32,
+        Some(Half::BF16) => MatmulPrecision::BF16,
+        Some(Half::F16) => MatmulPrecision::F16,
+    });
+    if a.bf16 {
+        set_bf16_kernel(match a.bf16_matmul_kernel.as_str() {
+            "dot" => Bf16Kernel::Dot,
+            "fma" => Bf16Kernel::Fma,
+            _ => crate::flops::fastest_bf16_kernel(),
+        });
+    }
     let mut serial = serial_group();
     let mut serial_pp = serial_group();
     let mut serial_dp = serial_group();
@@ -768,15 +790,6 @@ fn run(
         dp_rank,
         a.use_distributed_optimizer,
     );
-    let mut dist_opt = a.use_distributed_optimizer.then(|| {
-        DistributedOptimizer::new(
-            &params,
-            buffer.clone(),
-            a.adam_beta1,
-            a.adam_beta2,
-            a.adam_eps,
-        )
-    });
     let mut scaler = match (a.loss_scale, a.fp16) {
         (Some(s), _) => Some(GradScaler::Constant { scale: s }),
         (None, true) => Some(GradScaler::dynamic(
@@ -805,9 +818,6 @@ fn run(
             });
         }
         restore(&ck, &mut params, Some(&mut adam))?;
-        if let Some(d) = dist_opt.as_mut() {
-            d.load_moments(&adam.exp_avg, &adam.exp_avg_sq, adam.step);
-        }
         iteration = ck.meta.iteration;
         consumed = ck.meta.consumed_train_samples;
         sched.num_steps = ck.meta.scheduler.num_steps;
@@ -818,9 +828,26 @@ fn run(
             );
         }
     }
+    // Under --bf16 / --fp16 the model reads a 16-bit copy; `params.data` becomes the fp32 main
+    // parameters, which the distributed optimizer shards (then `params.data` is freed).
+    params.set_half(half);
+    let mut dist_opt = a.use_distributed_optimizer.then(|| {
+        let mut d = DistributedOptimizer::new(
+            &params,
+            buffer.clone(),
+            a.adam_beta1,
+            a.adam_beta2,
+            a.adam_eps,
+        );
+        d.load_moments(&adam.exp_avg, &adam.exp_avg_sq, adam.step);
+        d
+    });
     if dist_opt.is_some() {
         adam.exp_avg = Vec::new();
         adam.exp_avg_sq = Vec::new();
+        if half.is_some() {
+            params.data = Vec::new();
+        }
     }
     let data = build_data(cfg, tok, lead)?;
     let mut grads = Grads::zeros_like(&params);
@@ -857,10 +884,13 @@ fn run(
     // Bytes this rank holds per parameter of its shard for weights, gradients and optimizer
     // state, from the buffers' allocations (Megatron's table: fp32 16, distributed 8 + 8/d).
     let state_bytes = match dist_opt.as_ref() {
-        Some(d) => (d.exp_avg.capacity() + d.exp_avg_sq.capacity()) * 4,
+        Some(d) => (d.exp_avg.capacity() + d.exp_avg_sq.capacity() + d.main.capacity()) * 4,
         None => (adam.exp_avg.capacity() + adam.exp_avg_sq.capacity()) * 4,
     };
-    let per_param = (params.data.capacity() * 4 + grads.data.capacity() * 4 + state_bytes) as f64
+    let per_param = (params.data.capacity() * 4
+        + params.half.size_in_bytes()
+        + grads.data.capacity() * 4
+        + state_bytes) as f64
         / params.numel() as f64;
     if lead {
         println!(
@@ -1279,6 +1309,7 @@ fn run(
         }
         let due = a.save_interval.is_some_and(|s| iteration.is_multiple_of(s))
             || iteration == cfg.train_iters;
+        let mut staged_main = None;
         if let (Some(d), true, true) = (dist_opt.as_mut(), save_dir.is_some(), due) {
             // The distributed optimizer's moments are all-gathered over DP first (every DP
             // rank takes part), into the staging `adam`.
@@ -1290,13 +1321,27 @@ fn run(
             adam.exp_avg = m;
             adam.exp_avg_sq = v;
             adam.step = d.step;
+            if params.data.is_empty() {
+                // 16-bit parameters: the fp32 main copy is saved, gathered from the shards.
+                let main = match comm.as_deref_mut() {
+                    Some(c) => d.full_main(numel, c)?,
+                    None => d.full_main(numel, &mut serial_dp)?,
+                };
+                staged_main = Some(Params {
+                    data: main,
+                    half: HalfParams::None,
+                    metas: params.metas.clone(),
+                    tp: params.tp,
+                });
+            }
         }
+        let saving: &Params = staged_main.as_ref().unwrap_or(&params);
         if let (Some(dir), true, true) = (&save_dir, due, dp_rank == 0) {
             // Shards are gathered into the TP = 1 layout: the checkpoint loads under any TP size.
             let gathered = if tp.size() > 1 || pp_size > 1 {
                 Some(gather_full_state(
                     cfg,
-                    &params,
+                    saving,
                     &adam,
                     &mut tp,
                     &mut *pp_comm,
@@ -1307,7 +1352,7 @@ fn run(
             if !lead {
                 continue;
             }
-            let (full, full_adam) = gathered.as_ref().map_or((&params, &adam), |(p, a)| (p, a));
+            let (full, full_adam) = gathered.as_ref().map_or((saving, &adam), |(p, a)| (p, a));
             let meta = CheckpointMeta {
                 format: String::new(),
                 iteration,

@@ -186,4 +186,50 @@ impl GradBuffer {
         }
         Ok(())
     }
+
+    /// [`GradBuffer::all_gather`] of 16-bit values, moved as bit patterns two to an f32 word
+    /// (the collectives only copy words; no arithmetic touches them).
+    pub fn all_gather_bits(
+        &self,
+        data: &mut [u16],
+        dp: &mut dyn Communicator,
+        scratch: &mut Vec<f32>,
+    ) -> Result<(), CommError> {
+        if self.dp == 1 {
+            return Ok(());
+        }
+        for b in &self.buckets {
+            let s = b.shard_len(self.dp);
+            let words = s.div_ceil(2);
+            let own = b.shard(self.dp, self.dp_rank);
+            let mut bits = vec![0u16; 2 * words];
+            bits[..own.len()].copy_from_slice(&data[own]);
+            let mine: Vec<f32> = bits
+                .chunks_exact(2)
+                .map(|p| f32::from_bits(p[0] as u32 | (p[1] as u32) << 16))
+                .collect();
+            scratch.clear();
+            scratch.resize(words * self.dp, 0.0);
+            dp.all_gather(&mine, scratch)?;
+            let len = b.range.len();
+            let start = b.range.start;
+            for r in 0..self.dp {
+                let lo = r * s;
+                if lo >= len {
+                    break;
+                }
+                let n = s.min(len - lo);
+                for (i, w) in scratch[r * words..(r + 1) * words].iter().enumerate() {
+                    let w = w.to_bits();
+                    for (j, v) in [w as u16, (w >> 16) as u16].into_iter().enumerate() {
+                        let e = 2 * i + j;
+                        if e < n {
+                            data[start + lo + e] = v;
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
 }

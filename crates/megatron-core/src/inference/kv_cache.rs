@@ -62,7 +62,7 @@ pub fn decode_step(
         x.data_mut(),
         tokens,
         None,
-        params.get(emb.word_embeddings),
+        &params.get(emb.word_embeddings),
         wpe,
         1,
     );
@@ -74,8 +74,8 @@ pub fn decode_step(
         matmul_forward(
             qkv.data_mut(),
             ln1.data(),
-            params.get(sa.qkv_weight),
-            Some(params.get(sa.qkv_bias)),
+            &params.get(sa.qkv_weight),
+            Some(&params.get(sa.qkv_bias)),
             b,
             h,
             3 * h,
@@ -108,7 +108,7 @@ pub fn decode_step(
         matmul_forward(
             proj.data_mut(),
             attn.data(),
-            params.get(sa.proj_weight),
+            &params.get(sa.proj_weight),
             None,
             b,
             h,
@@ -118,7 +118,7 @@ pub fn decode_step(
         bias_dropout_add_forward(
             mid.data_mut(),
             proj.data(),
-            params.get(sa.proj_bias),
+            &params.get(sa.proj_bias),
             x.data(),
             0.0,
             no_key,
@@ -134,7 +134,7 @@ pub fn decode_step(
         bias_dropout_add_forward(
             out.data_mut(),
             y.data(),
-            params.get(layer.mlp.fc2_bias),
+            &params.get(layer.mlp.fc2_bias),
             mid.data(),
             0.0,
             no_key,
@@ -150,6 +150,14 @@ pub fn decode_step(
     let v = cfg.padded_vocab_size;
     let mut logits = Tensor::zeros(&[b, v]);
     let wid = model.output_weight.expect("decoding needs the whole model");
-    matmul_forward(logits.data_mut(), xf.data(), params.get(wid), None, b, h, v);
+    matmul_forward(
+        logits.data_mut(),
+        xf.data(),
+        &params.get(wid),
+        None,
+        b,
+        h,
+        v,
+    );
     logits
 }

@@ -75,7 +75,7 @@ impl LanguageModelEmbedding {
         embedding_lookup_forward(
             out.data_mut(),
             &pos,
-            params.get(self.position_embeddings),
+            &params.get(self.position_embeddings),
             0,
             true,
         );

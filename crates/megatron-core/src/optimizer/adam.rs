@@ -1,4 +1,5 @@
 //! AdamW over the flat parameter buffer; weight decay only where the parameter's metadata asks.
+//! Under 16-bit parameters the buffer is the fp32 main copy and the 16-bit one is re-rounded.
 
 use crate::params::{Grads, Params};
 use megatron_tensor::cpu::{adamw_update, AdamWParams};
@@ -57,5 +58,8 @@ impl Adam {
             );
             i = j;
         }
+        // Under 16-bit storage `data` holds the fp32 main parameters; the model reads their
+        // rounding.
+        params.refresh_half(0..params.numel());
     }
 }

@@ -26,6 +26,9 @@ pub struct DistributedOptimizer {
     pieces: Vec<Piece>,
     pub exp_avg: Vec<f32>,
     pub exp_avg_sq: Vec<f32>,
+    /// fp32 main parameters of this rank's shards when the model's parameters are 16-bit
+    /// (laid out like the moments); empty otherwise.
+    pub main: Vec<f32>,
     pub step: u64,
     pub beta1: f32,
     pub beta2: f32,
@@ -52,11 +55,20 @@ impl DistributedOptimizer {
                 }
             }
         }
+        let mut main = Vec::new();
+        if params.half.format().is_some() {
+            main = vec![0.0; state];
+            for p in &pieces {
+                main[p.state..p.state + p.range.len()]
+                    .copy_from_slice(&params.data[p.range.clone()]);
+            }
+        }
         DistributedOptimizer {
             buffer,
             pieces,
             exp_avg: vec![0.0; state],
             exp_avg_sq: vec![0.0; state],
+            main,
             step: 0,
             beta1,
             beta2,
@@ -137,16 +149,58 @@ impl DistributedOptimizer {
                 step: self.step,
             };
             let s = p.state..p.state + p.range.len();
-            adamw_update(
-                &mut params.data[p.range.clone()],
-                &grads.data[p.range.clone()],
-                &mut self.exp_avg[s.clone()],
-                &mut self.exp_avg_sq[s],
-                h,
-            );
+            if self.main.is_empty() {
+                adamw_update(
+                    &mut params.data[p.range.clone()],
+                    &grads.data[p.range.clone()],
+                    &mut self.exp_avg[s.clone()],
+                    &mut self.exp_avg_sq[s],
+                    h,
+                );
+            } else {
+                adamw_update(
+                    &mut self.main[s.clone()],
+                    &grads.data[p.range.clone()],
+                    &mut self.exp_avg[s.clone()],
+                    &mut self.exp_avg_sq[s.clone()],
+                    h,
+                );
+                params.half.write(p.range.clone(), &self.main[s]);
+            }
         }
-        self.buffer
-            .all_gather(&mut params.data, dp, &mut self.scratch)
+        if self.main.is_empty() {
+            self.buffer
+                .all_gather(&mut params.data, dp, &mut self.scratch)
+        } else {
+            // Megatron all-gathers the 16-bit parameters: half the bytes of fp32.
+            self.buffer
+                .all_gather_bits(params.half.bits_mut(), dp, &mut self.scratch)
+        }
+    }
+
+    /// The fp32 main parameters laid out like the whole parameter buffer (all-gathered over
+    /// DP), for checkpoints under 16-bit parameters. Every DP rank must call it.
+    pub fn full_main(
+        &mut self,
+        numel: usize,
+        dp: &mut dyn Communicator,
+    ) -> Result<Vec<f32>, CommError> {
+        let mut out = vec![0.0f32; numel];
+        for p in &self.pieces {
+            out[p.range.clone()].copy_from_slice(&self.main[p.state..p.state + p.range.len()]);
+        }
+        self.buffer.all_gather(&mut out, dp, &mut self.scratch)?;
+        Ok(out)
+    }
+
+    /// Takes this rank's shards of whole-buffer fp32 main parameters (from a checkpoint).
+    pub fn load_main(&mut self, values: &[f32]) {
+        if self.main.is_empty() {
+            return;
+        }
+        for p in &self.pieces {
+            self.main[p.state..p.state + p.range.len()].copy_from_slice(&values[p.range.clone()]);
+        }
     }
 
     /// The moments laid out like the whole parameter buffer (all-gathered over DP), for

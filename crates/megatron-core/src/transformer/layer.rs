@@ -71,8 +71,8 @@ impl LayerNorm {
             mean.data_mut(),
             rstd.data_mut(),
             x.data(),
-            params.get(self.weight),
-            params.get(self.bias),
+            &params.get(self.weight),
+            &params.get(self.bias),
             d,
         );
         (out, LayerNormSaved { mean, rstd })
@@ -100,7 +100,7 @@ impl LayerNorm {
             db,
             dout.data(),
             x.data(),
-            params.get(self.weight),
+            &params.get(self.weight),
             saved.mean.data(),
             saved.rstd.data(),
             d,
@@ -203,7 +203,7 @@ impl TransformerLayer {
         bias_dropout_add_forward(
             mid.data_mut(),
             proj.data(),
-            params.get(self.self_attention.proj_bias),
+            &params.get(self.self_attention.proj_bias),
             x.data(),
             p,
             key,
@@ -219,7 +219,7 @@ impl TransformerLayer {
         bias_dropout_add_forward(
             out.data_mut(),
             y.data(),
-            params.get(self.mlp.fc2_bias),
+            &params.get(self.mlp.fc2_bias),
             mid.data(),
             p,
             key,

@@ -74,7 +74,7 @@ impl MLP {
     ) -> Result<(Tensor, MLPSaved), CommError> {
         let fc1_pre = self.linear_fc1.forward(params, tp, x)?;
         let mut act = Tensor::for_overwrite(fc1_pre.shape());
-        bias_gelu_forward(act.data_mut(), fc1_pre.data(), params.get(self.fc1_bias));
+        bias_gelu_forward(act.data_mut(), fc1_pre.data(), &params.get(self.fc1_bias));
         let out = self.linear_fc2.forward(params, tp, &act)?;
         Ok((
             out,
@@ -97,7 +97,7 @@ impl MLP {
         let n = fc1_pre.shape()[0];
         let f = self.ffn_local;
         let mut act = Tensor::for_overwrite(&[n, f]);
-        bias_gelu_recompute(act.data_mut(), fc1_pre.data(), params.get(self.fc1_bias));
+        bias_gelu_recompute(act.data_mut(), fc1_pre.data(), &params.get(self.fc1_bias));
         let dact = self.linear_fc2.backward(params, grads, tp, &act, dout)?;
         // Reuse the activation buffer for the pre-activation gradient.
         let mut dpre = act;
@@ -105,7 +105,7 @@ impl MLP {
             dpre.data_mut(),
             dact.data(),
             fc1_pre.data(),
-            params.get(self.fc1_bias),
+            &params.get(self.fc1_bias),
         );
         drop(dact);
         bias_backward(grads.get_mut(self.fc1_bias), dpre.data(), n, f);

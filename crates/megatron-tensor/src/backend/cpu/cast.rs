@@ -13,3 +13,62 @@ pub fn f32_to_f16(out: &mut [f16], inp: &[f32]) {
 pub fn f16_to_f32(out: &mut [f32], inp: &[f16]) {
     inp.convert_to_f32_slice(out);
 }
+
+/// A 16-bit floating-point format values are rounded to (`--bf16`, `--fp16`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Half {
+    BF16,
+    F16,
+}
+
+/// `out[i] = round(inp[i])` to the nearest representable value of `half` (ties to even),
+/// kept as f32: what a 16-bit operand holds, for kernels that compute in f32. Out-of-range
+/// values become ±inf in f16, which is how an fp16 overflow shows itself to the loss scaler.
+pub fn round_to_half(out: &mut [f32], inp: &[f32], half: Half) {
+    assert_eq!(out.len(), inp.len());
+    match half {
+        Half::BF16 => {
+            for (o, x) in out.iter_mut().zip(inp) {
+                *o = round_bf16(*x);
+            }
+        }
+        Half::F16 => {
+            // Through a small stack buffer: the `half` crate converts slices with F16C.
+            let mut tmp = [f16::ZERO; 1024];
+            for (o, x) in out.chunks_mut(1024).zip(inp.chunks(1024)) {
+                let t = &mut tmp[..x.len()];
+                t.convert_from_f32_slice(x);
+                t.convert_to_f32_slice(o);
+            }
+        }
+    }
+}
+
+/// Rounds in place (see [`round_to_half`]).
+pub fn round_to_half_inplace(x: &mut [f32], half: Half) {
+    match half {
+        Half::BF16 => x.iter_mut().for_each(|v| *v = round_bf16(*v)),
+        Half::F16 => {
+            let mut tmp = [f16::ZERO; 1024];
+            for c in x.chunks_mut(1024) {
+                let t = &mut tmp[..c.len()];
+                t.convert_from_f32_slice(c);
+                t.convert_to_f32_slice(c);
+            }
+        }
+    }
+}
+
+/// f32 -> bf16 -> f32 with round to nearest even, branch-free so the loops above vectorize.
+#[inline(always)]
+fn round_bf16(x: f32) -> f32 {
+    let b = x.to_bits();
+    let rounded = b.wrapping_add(0x7fff + ((b >> 16) & 1)) & 0xffff_0000;
+    // NaN stays NaN (quiet): rounding could otherwise carry it into infinity.
+    let nan = (b & 0x7fff_ffff) > 0x7f80_0000;
+    f32::from_bits(if nan {
+        (b | 0x0040_0000) & 0xffff_0000
+    } else {
+        rounded
+    })
+}

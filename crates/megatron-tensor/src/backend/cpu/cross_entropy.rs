@@ -6,8 +6,10 @@
 //! `dlogits` in place and consumed by the two backward GEMMs right away: three GEMMs, like an
 //! unfused layer, and no recompute (llm.c's `fused_classifier`, Liger's fused linear CE).
 
-use super::matmul::{matmul, MatmulDims};
+use super::cast::{round_to_half_inplace, Half};
+use super::matmul::{matmul, matmul_precision, matmul_with_threads, rounded_operand, MatmulDims};
 use super::simd::{exp, multiversion};
+use crate::threads::gemm_threads;
 use rayon::prelude::*;
 
 /// Target id that contributes neither loss nor gradient.
@@ -43,6 +45,18 @@ pub fn fused_classifier(
     assert_eq!(weight.len(), v * c);
     assert_eq!(targets.len(), n);
     assert_eq!(losses.len(), n);
+    // Under 16-bit matmuls the operands are rounded once per call, not once per tile (the
+    // output weight is the largest operand in the model).
+    let half = matmul_precision().half();
+    let (xh, wh) = match half {
+        Some(h) => (
+            Some(rounded_operand(x, h)),
+            Some(rounded_operand(weight, h)),
+        ),
+        None => (None, None),
+    };
+    let x = xh.as_ref().map_or(x, |t| t.data());
+    let weight = wh.as_ref().map_or(weight, |t| t.data());
     let rows = d.chunk_rows.max(1).min(n.max(1));
     let mut logits = crate::pool::take_any(rows * v);
     let mut r0 = 0;
@@ -50,7 +64,7 @@ pub fn fused_classifier(
         let nr = rows.min(n - r0);
         let tile = &mut logits[..nr * v];
         let xr = &x[r0 * c..(r0 + nr) * c];
-        matmul(tile, xr, weight, MatmulDims::new(nr, v, c).tb());
+        tile_matmul(tile, xr, weight, MatmulDims::new(nr, v, c).tb(), half);
         let want_grad = grads.is_some();
         tile.par_chunks_mut(v)
             .zip(losses[r0..r0 + nr].par_iter_mut())
@@ -75,6 +89,7 @@ pub fn fused_classifier(
                 xr,
                 weight,
                 (nr, c, v),
+                half,
             );
         }
         r0 += nr;
@@ -87,13 +102,28 @@ pub fn fused_classifier(
 fn classifier_tile_backward(
     dx: &mut [f32],
     dw: &mut [f32],
-    dlogits: &[f32],
+    dlogits: &mut [f32],
     x: &[f32],
     weight: &[f32],
     (rows, c, v): (usize, usize, usize),
+    half: Option<Half>,
 ) {
-    matmul(dx, dlogits, weight, MatmulDims::new(rows, c, v));
-    matmul(dw, dlogits, x, MatmulDims::new(v, c, rows).ta().acc());
+    if let Some(h) = half {
+        dlogits
+            .par_chunks_mut(1 << 16)
+            .for_each(|t| round_to_half_inplace(t, h));
+    }
+    tile_matmul(dx, dlogits, weight, MatmulDims::new(rows, c, v), half);
+    tile_matmul(dw, dlogits, x, MatmulDims::new(v, c, rows).ta().acc(), half);
+}
+
+/// A tile GEMM whose operands are already rounded when `half` is set.
+fn tile_matmul(out: &mut [f32], a: &[f32], b: &[f32], d: MatmulDims, half: Option<Half>) {
+    if half.is_some() {
+        matmul_with_threads(out, a, b, d, gemm_threads());
+    } else {
+        matmul(out, a, b, d);
+    }
 }
 
 /// One row: `exp(z - max)` in place (one exp per logit), the loss `lse - z[target]`, and, when
@@ -179,6 +209,18 @@ pub fn vocab_parallel_classifier<E>(
     assert_eq!(weight.len(), v * c);
     assert_eq!(targets.len(), n);
     assert_eq!(losses.len(), n);
+    // Under 16-bit matmuls the operands are rounded once per call, not once per tile (the
+    // output weight is the largest operand in the model).
+    let half = matmul_precision().half();
+    let (xh, wh) = match half {
+        Some(h) => (
+            Some(rounded_operand(x, h)),
+            Some(rounded_operand(weight, h)),
+        ),
+        None => (None, None),
+    };
+    let x = xh.as_ref().map_or(x, |t| t.data());
+    let weight = wh.as_ref().map_or(weight, |t| t.data());
     let rows = d.chunk_rows.max(1).min(n.max(1));
     let mut logits = crate::pool::take_any(rows * v);
     let owned = |tgt: u32| -> Option<usize> {
@@ -191,7 +233,7 @@ pub fn vocab_parallel_classifier<E>(
         let tile = &mut logits[..nr * v];
         let xr = &x[r0 * c..(r0 + nr) * c];
         let tg = &targets[r0..r0 + nr];
-        matmul(tile, xr, weight, MatmulDims::new(nr, v, c).tb());
+        tile_matmul(tile, xr, weight, MatmulDims::new(nr, v, c).tb(), half);
         let mut mx: Vec<f32> = tile
             .par_chunks(v)
             .map(|row| row.iter().copied().fold(f32::NEG_INFINITY, f32::max))
@@ -239,6 +281,7 @@ pub fn vocab_parallel_classifier<E>(
                 xr,
                 weight,
                 (nr, c, v),
+                half,
             );
         }
         r0 += nr;

@@ -1,6 +1,7 @@
 //! Matrix multiply on the `gemm` crate (AVX-512 kernels through its `x86-v4` feature; measured in
 //! BENCHMARKS.md against matrixmultiply and OpenBLAS).
 
+use super::cast::{round_to_half, Half};
 use crate::threads::gemm_threads;
 use gemm::Parallelism;
 use rayon::prelude::*;
@@ -42,28 +43,101 @@ impl MatmulDims {
     }
 }
 
-thread_local! {
-    /// Operand precision of the matmuls this thread issues (`--bf16`, like autocast): per
-    /// thread, so rank threads and concurrent tests choose independently.
-    static BF16_MATMULS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+/// Operand precision of matmuls (`--bf16`, `--fp16`; like autocast): operands are rounded to
+/// the 16-bit format, products accumulate in f32, outputs are f32.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MatmulPrecision {
+    F32,
+    BF16,
+    F16,
 }
 
-/// Makes every [`matmul`] called from this thread round its operands to bf16 (f32
-/// accumulation and output).
-pub fn set_bf16_matmuls(on: bool) {
-    BF16_MATMULS.with(|c| c.set(on));
-}
-
-pub fn bf16_matmuls() -> bool {
-    BF16_MATMULS.with(|c| c.get())
-}
-
-/// Matmul with the calling thread's GEMM budget (bf16 operands under [`set_bf16_matmuls`]).
-pub fn matmul(out: &mut [f32], a: &[f32], b: &[f32], d: MatmulDims) {
-    if bf16_matmuls() {
-        return super::matmul_bf16::matmul_bf16_with_threads(out, a, b, d, gemm_threads());
+impl MatmulPrecision {
+    /// The 16-bit format operands are rounded to, if any.
+    pub fn half(self) -> Option<Half> {
+        match self {
+            MatmulPrecision::F32 => None,
+            MatmulPrecision::BF16 => Some(Half::BF16),
+            MatmulPrecision::F16 => Some(Half::F16),
+        }
     }
-    matmul_with_threads(out, a, b, d, gemm_threads());
+}
+
+/// Which instructions a bf16 matmul runs on. Both give the same products (bf16 x bf16 is exact
+/// in f32) and accumulate in f32; they differ only in speed, which depends on the CPU:
+/// `vdpbf16ps` does twice the multiply-adds of an f32 FMA per instruction, but some CPUs issue
+/// it at less than half the FMA rate (BENCHMARKS.md).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Bf16Kernel {
+    /// The bf16 dot-product instruction (AVX512_BF16).
+    Dot,
+    /// Operands rounded to bf16, then the f32 GEMM.
+    Fma,
+}
+
+thread_local! {
+    /// Per thread, so rank threads and concurrent tests choose independently.
+    static PRECISION: std::cell::Cell<MatmulPrecision> =
+        const { std::cell::Cell::new(MatmulPrecision::F32) };
+    static BF16_KERNEL: std::cell::Cell<Bf16Kernel> = const { std::cell::Cell::new(Bf16Kernel::Dot) };
+}
+
+/// Sets the operand precision of every [`matmul`] called from this thread.
+pub fn set_matmul_precision(p: MatmulPrecision) {
+    PRECISION.with(|c| c.set(p));
+}
+
+pub fn matmul_precision() -> MatmulPrecision {
+    PRECISION.with(|c| c.get())
+}
+
+/// Sets the instructions of this thread's bf16 matmuls (the dot-product kernel falls back to
+/// [`Bf16Kernel::Fma`] where the CPU lacks it).
+pub fn set_bf16_kernel(k: Bf16Kernel) {
+    BF16_KERNEL.with(|c| c.set(k));
+}
+
+pub fn bf16_kernel() -> Bf16Kernel {
+    BF16_KERNEL.with(|c| c.get())
+}
+
+/// Shorthand for `set_matmul_precision(BF16 or F32)`.
+pub fn set_bf16_matmuls(on: bool) {
+    set_matmul_precision(if on {
+        MatmulPrecision::BF16
+    } else {
+        MatmulPrecision::F32
+    });
+}
+
+/// Matmul with the calling thread's GEMM budget and operand precision.
+pub fn matmul(out: &mut [f32], a: &[f32], b: &[f32], d: MatmulDims) {
+    match matmul_precision() {
+        MatmulPrecision::F32 => matmul_with_threads(out, a, b, d, gemm_threads()),
+        MatmulPrecision::BF16 if bf16_kernel() == Bf16Kernel::Dot => {
+            super::matmul_bf16::matmul_bf16_with_threads(out, a, b, d, gemm_threads())
+        }
+        p => {
+            let half = p.half().expect("a 16-bit precision");
+            let ar = rounded_operand(a, half);
+            let br = rounded_operand(b, half);
+            matmul_with_threads(out, ar.data(), br.data(), d, gemm_threads());
+        }
+    }
+}
+
+/// A pooled copy of a matmul operand rounded to `half`.
+pub fn rounded_operand(x: &[f32], half: Half) -> crate::Tensor {
+    let mut t = crate::Tensor::for_overwrite(&[x.len()]);
+    round_operand_into(t.data_mut(), x, half);
+    t
+}
+
+fn round_operand_into(out: &mut [f32], x: &[f32], half: Half) {
+    const CHUNK: usize = 1 << 16;
+    out.par_chunks_mut(CHUNK)
+        .zip(x.par_chunks(CHUNK))
+        .for_each(|(o, i)| round_to_half(o, i, half));
 }
 
 /// Matmul with an explicit thread count (1 inside already-parallel kernels).
