@@ -340,9 +340,9 @@ impl Params {
         }
     }
 
-    /// Every parameter's values as f32 (widened when only the 16-bit copy is complete).
+    /// Every parameter's values as the model computes with them (the 16-bit ones widened).
     pub fn values(&self) -> Vec<f32> {
-        if self.data.len() == self.numel() {
+        if matches!(self.half, HalfParams::None) {
             return self.data.clone();
         }
         let mut out = vec![0.0; self.numel()];

@@ -3,6 +3,7 @@ use megatron_core::distributed::GradBuffer;
 use megatron_core::optimizer::{Adam, DistributedOptimizer};
 use megatron_core::params::Grads;
 use megatron_core::{GPTModel, TransformerConfig};
+use megatron_tensor::cpu::cast::{round_to_half_inplace, Half};
 
 fn cfg() -> TransformerConfig {
     TransformerConfig {
@@ -98,5 +99,74 @@ fn the_distributed_optimizer_matches_adam_and_holds_one_dp_th_of_the_state() {
             params.numel(),
             "dp {dp}: every element owned once"
         );
+    }
+}
+
+#[test]
+fn with_16_bit_parameters_the_distributed_optimizer_keeps_fp32_main_shards_and_gathers_the_rounding(
+) {
+    // Odd bucket sizes give odd shard lengths: the 16-bit all-gather packs two values per
+    // word and must still place every element.
+    for half in [Half::BF16, Half::F16] {
+        for dp in [2usize, 3, 4] {
+            let out = run_ranks(dp, move |rank, c| {
+                let (_, mut params) = GPTModel::new(cfg(), 1);
+                params.set_half(Some(half));
+                let mut grads = Grads::zeros_like(&params);
+                for (i, g) in grads.data.iter_mut().enumerate() {
+                    *g = ((i * 7 + rank * 13) % 17) as f32 * 0.01 - 0.08;
+                }
+                let buffer = GradBuffer::new(&params, 701, dp, rank, true);
+                let mut d = DistributedOptimizer::new(&params, buffer, 0.9, 0.95, 1e-8);
+                params.data = Vec::new();
+                d.reduce_gradients(&mut grads, c).unwrap();
+                d.step(&mut params, &grads, 1e-2, 0.1, c).unwrap();
+                let main = d.full_main(params.numel(), c).unwrap();
+                (params.values(), main, d.main.len())
+            });
+            let (_, mut params) = GPTModel::new(cfg(), 1);
+            params.set_half(Some(half));
+            let mut grads = Grads::zeros_like(&params);
+            for (i, g) in grads.data.iter_mut().enumerate() {
+                *g = (0..dp)
+                    .map(|r| ((i * 7 + r * 13) % 17) as f32 * 0.01 - 0.08)
+                    .sum::<f32>()
+                    / dp as f32;
+            }
+            let mut adam = Adam::new(&params, 0.9, 0.95, 1e-8);
+            adam.step(&mut params, &grads, 1e-2, 0.1);
+            let (model, main) = (params.values(), params.data.clone());
+            let mut rounded = main.clone();
+            round_to_half_inplace(&mut rounded, half);
+            // Plain Adam's model parameters are the rounding of its fp32 main parameters.
+            assert!(
+                model == rounded,
+                "{half:?}: the model reads the rounded mains"
+            );
+            let mut held = 0;
+            for r in out {
+                let (m16, m32, len) = r.unwrap();
+                held += len;
+                let err = m32
+                    .iter()
+                    .zip(&main)
+                    .map(|(a, b)| (a - b).abs())
+                    .fold(0.0f32, f32::max);
+                assert!(err < 1e-6, "{half:?} dp {dp}: main {err}");
+                // Every element of the gathered 16-bit parameters is the rounding of its main
+                // value (one unit of slack where the f32 mains differ in the last bits).
+                for (i, (a, b)) in m16.iter().zip(&rounded).enumerate() {
+                    assert!(
+                        (a - b).abs() <= b.abs() * 1e-2 + 1e-7,
+                        "{half:?} dp {dp} [{i}]: {a} vs {b}"
+                    );
+                }
+            }
+            assert_eq!(
+                held,
+                params.numel(),
+                "{half:?} dp {dp}: main shards partition"
+            );
+        }
     }
 }

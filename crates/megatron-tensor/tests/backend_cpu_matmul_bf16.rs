@@ -1,8 +1,12 @@
 //! The bf16 GEMM against a naive reference on the same bf16-rounded operands (f64 sums): every
-//! transpose combination, accumulate, ragged edges (m, n, k not multiples of the blocking).
+//! transpose combination, accumulate, ragged edges (m, n, k not multiples of the blocking);
+//! the 16-bit precisions of `matmul` (both bf16 kernels, f16) and the rounding they use.
 
-use half::bf16;
-use megatron_tensor::cpu::matmul::MatmulDims;
+use half::{bf16, f16};
+use megatron_tensor::cpu::cast::{round_to_half, round_to_half_inplace, Half};
+use megatron_tensor::cpu::matmul::{
+    matmul, set_bf16_kernel, set_matmul_precision, Bf16Kernel, MatmulDims, MatmulPrecision,
+};
 use megatron_tensor::cpu::matmul_bf16::matmul_bf16_with_threads;
 
 fn naive(a: &[f32], b: &[f32], d: MatmulDims) -> Vec<f64> {
@@ -70,6 +74,122 @@ fn bf16_matmul_matches_a_reference_on_bf16_operands() {
                         }
                     }
                 }
+            }
+        }
+    }
+}
+
+/// `matmul` under a 16-bit precision, with the given bf16 kernel, on this thread.
+fn matmul_as(
+    out: &mut [f32],
+    a: &[f32],
+    b: &[f32],
+    d: MatmulDims,
+    p: MatmulPrecision,
+    kernel: Bf16Kernel,
+) {
+    set_matmul_precision(p);
+    set_bf16_kernel(kernel);
+    matmul(out, a, b, d);
+    set_matmul_precision(MatmulPrecision::F32);
+}
+
+#[test]
+fn bf16_fma_and_dot_kernels_compute_the_same_products() {
+    // Both kernels round the operands to bf16 and accumulate exact products in f32: they agree
+    // with the reference (and each other) to f32 summation error, whichever the CPU runs.
+    let (m, n, k) = (67, 45, 300);
+    let a: Vec<f32> = (0..m * k)
+        .map(|i| ((i * 29 % 89) as f32 - 44.0) * 0.0123)
+        .collect();
+    let b: Vec<f32> = (0..k * n)
+        .map(|i| ((i * 31 % 83) as f32 - 41.0) * 0.0171)
+        .collect();
+    for tb in [false, true] {
+        let mut d = MatmulDims::new(m, n, k);
+        d.trans_b = tb;
+        let want = naive(&a, &b, d);
+        let mut dot = vec![0.0; m * n];
+        let mut fma = vec![0.0; m * n];
+        matmul_as(&mut dot, &a, &b, d, MatmulPrecision::BF16, Bf16Kernel::Dot);
+        matmul_as(&mut fma, &a, &b, d, MatmulPrecision::BF16, Bf16Kernel::Fma);
+        for i in 0..m * n {
+            let tol = 1e-5 * (k as f64).sqrt() * (1.0 + want[i].abs());
+            assert!((dot[i] as f64 - want[i]).abs() <= tol, "dot [{i}]");
+            assert!((fma[i] as f64 - want[i]).abs() <= tol, "fma [{i}]");
+        }
+        // The operands really were rounded: f32 operands give a different result.
+        let mut f = vec![0.0; m * n];
+        matmul(&mut f, &a, &b, d);
+        assert!(f.iter().zip(&fma).any(|(x, y)| x != y));
+    }
+}
+
+#[test]
+fn f16_matmul_rounds_operands_to_half_and_overflows_to_inf() {
+    let (m, n, k) = (5, 7, 9);
+    let a: Vec<f32> = (0..m * k).map(|i| (i as f32 * 0.377).sin()).collect();
+    let b: Vec<f32> = (0..k * n).map(|i| (i as f32 * 0.211).cos()).collect();
+    let d = MatmulDims::new(m, n, k);
+    let mut out = vec![0.0; m * n];
+    matmul_as(&mut out, &a, &b, d, MatmulPrecision::F16, Bf16Kernel::Fma);
+    let r = |x: f32| f16::from_f32(x).to_f32() as f64;
+    for i in 0..m {
+        for j in 0..n {
+            let w: f64 = (0..k).map(|kk| r(a[i * k + kk]) * r(b[kk * n + j])).sum();
+            let got = out[i * n + j] as f64;
+            assert!(
+                (got - w).abs() <= 1e-5 * (1.0 + w.abs()),
+                "[{i},{j}] {got} vs {w}"
+            );
+        }
+    }
+    // 1e5 is beyond f16's range (65504): the operand becomes inf, as an fp16 overflow does.
+    let mut big = a.clone();
+    big[0] = 1e5;
+    matmul_as(&mut out, &big, &b, d, MatmulPrecision::F16, Bf16Kernel::Fma);
+    assert!(out[..n].iter().all(|x| !x.is_finite()));
+    assert!(out[n..].iter().all(|x| x.is_finite()));
+}
+
+#[test]
+fn round_to_half_matches_the_half_crate_on_every_kind_of_value() {
+    let mut x: Vec<f32> = (0..20000)
+        .map(|i| f32::from_bits((i as u32).wrapping_mul(2_654_435_761)))
+        .collect();
+    x.extend([
+        0.0,
+        -0.0,
+        1.0,
+        f32::MAX,
+        f32::MIN_POSITIVE,
+        1e-40,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        65504.0,
+        65520.0,
+        1.0 + f32::EPSILON,
+        f32::from_bits(0x3f80_8000), // a bf16 tie: rounds to even
+        f32::from_bits(0x3f81_8000), // a tie that rounds up
+    ]);
+    for (half, conv) in [
+        (
+            Half::BF16,
+            &(|v: f32| bf16::from_f32(v).to_f32()) as &dyn Fn(f32) -> f32,
+        ),
+        (Half::F16, &|v: f32| f16::from_f32(v).to_f32()),
+    ] {
+        let mut out = vec![0.0; x.len()];
+        round_to_half(&mut out, &x, half);
+        let mut inplace = x.clone();
+        round_to_half_inplace(&mut inplace, half);
+        for (i, v) in x.iter().enumerate() {
+            let want = conv(*v);
+            if want.is_nan() {
+                assert!(out[i].is_nan() && inplace[i].is_nan(), "{half:?} {v:e}");
+            } else {
+                assert_eq!(out[i].to_bits(), want.to_bits(), "{half:?} {v:e}");
+                assert_eq!(inplace[i].to_bits(), want.to_bits(), "{half:?} {v:e}");
             }
         }
     }
