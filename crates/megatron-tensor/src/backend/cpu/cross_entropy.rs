@@ -55,8 +55,8 @@ pub fn fused_classifier(
         ),
         None => (None, None),
     };
-    let x = xh.as_ref().map_or(x, |t| t.data());
-    let weight = wh.as_ref().map_or(weight, |t| t.data());
+    let x = xh.as_deref().unwrap_or(x);
+    let weight = wh.as_deref().unwrap_or(weight);
     let rows = d.chunk_rows.max(1).min(n.max(1));
     let mut logits = crate::pool::take_any(rows * v);
     let mut r0 = 0;
@@ -219,8 +219,8 @@ pub fn vocab_parallel_classifier<E>(
         ),
         None => (None, None),
     };
-    let x = xh.as_ref().map_or(x, |t| t.data());
-    let weight = wh.as_ref().map_or(weight, |t| t.data());
+    let x = xh.as_deref().unwrap_or(x);
+    let weight = wh.as_deref().unwrap_or(weight);
     let rows = d.chunk_rows.max(1).min(n.max(1));
     let mut logits = crate::pool::take_any(rows * v);
     let owned = |tgt: u32| -> Option<usize> {

@@ -121,16 +121,51 @@ pub fn matmul(out: &mut [f32], a: &[f32], b: &[f32], d: MatmulDims) {
             let half = p.half().expect("a 16-bit precision");
             let ar = rounded_operand(a, half);
             let br = rounded_operand(b, half);
-            matmul_with_threads(out, ar.data(), br.data(), d, gemm_threads());
+            matmul_with_threads(out, &ar, &br, d, gemm_threads());
         }
     }
 }
 
-/// A pooled copy of a matmul operand rounded to `half`.
-pub fn rounded_operand(x: &[f32], half: Half) -> crate::Tensor {
+/// A matmul operand rounded to a 16-bit format: borrowed when every value already is one (a
+/// weight widened from 16-bit storage, a kept activation), else a pooled rounded copy.
+pub enum RoundedOperand<'a> {
+    Exact(&'a [f32]),
+    Rounded(crate::Tensor),
+}
+
+impl std::ops::Deref for RoundedOperand<'_> {
+    type Target = [f32];
+    fn deref(&self) -> &[f32] {
+        match self {
+            RoundedOperand::Exact(x) => x,
+            RoundedOperand::Rounded(t) => t.data(),
+        }
+    }
+}
+
+pub fn rounded_operand(x: &[f32], half: Half) -> RoundedOperand<'_> {
+    // A read-only pass that stops at the first value needing rounding: much cheaper than a
+    // copy of a large weight, and nothing is allocated.
+    if x.par_chunks(1 << 14).all(|c| is_half_exact(c, half)) {
+        return RoundedOperand::Exact(x);
+    }
     let mut t = crate::Tensor::for_overwrite(&[x.len()]);
     round_operand_into(t.data_mut(), x, half);
-    t
+    RoundedOperand::Rounded(t)
+}
+
+fn is_half_exact(x: &[f32], half: Half) -> bool {
+    match half {
+        Half::BF16 => x.iter().fold(0u32, |acc, v| acc | (v.to_bits() & 0xffff)) == 0,
+        Half::F16 => {
+            let mut r = [0.0f32; 1024];
+            x.chunks(1024).all(|c| {
+                let r = &mut r[..c.len()];
+                round_to_half(r, c, half);
+                r.iter().zip(c).all(|(a, b)| a.to_bits() == b.to_bits())
+            })
+        }
+    }
 }
 
 fn round_operand_into(out: &mut [f32], x: &[f32], half: Half) {
