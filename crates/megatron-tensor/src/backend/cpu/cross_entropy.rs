@@ -7,7 +7,9 @@
 //! unfused layer, and no recompute (llm.c's `fused_classifier`, Liger's fused linear CE).
 
 use super::cast::{round_to_half_inplace, Half};
-use super::matmul::{matmul, matmul_precision, matmul_with_threads, rounded_operand, MatmulDims};
+use super::matmul::{
+    matmul, matmul_precision, matmul_with_threads, rounded_operand, MatmulDims, RoundedOperand,
+};
 use super::simd::{exp, multiversion};
 use crate::threads::gemm_threads;
 use rayon::prelude::*;
@@ -45,18 +47,8 @@ pub fn fused_classifier(
     assert_eq!(weight.len(), v * c);
     assert_eq!(targets.len(), n);
     assert_eq!(losses.len(), n);
-    // Under 16-bit matmuls the operands are rounded once per call, not once per tile (the
-    // output weight is the largest operand in the model).
-    let half = matmul_precision().half();
-    let (xh, wh) = match half {
-        Some(h) => (
-            Some(rounded_operand(x, h)),
-            Some(rounded_operand(weight, h)),
-        ),
-        None => (None, None),
-    };
-    let x = xh.as_deref().unwrap_or(x);
-    let weight = wh.as_deref().unwrap_or(weight);
+    let (half, xh, wh) = classifier_operands(x, weight);
+    let (x, weight) = (&*xh, &*wh);
     let rows = d.chunk_rows.max(1).min(n.max(1));
     let mut logits = crate::pool::take_any(rows * v);
     let mut r0 = 0;
@@ -115,6 +107,22 @@ fn classifier_tile_backward(
     }
     tile_matmul(dx, dlogits, weight, MatmulDims::new(rows, c, v), half);
     tile_matmul(dw, dlogits, x, MatmulDims::new(v, c, rows).ta().acc(), half);
+}
+
+/// Under 16-bit matmuls the classifier's operands, rounded once per call rather than once per
+/// tile (the output weight is the largest operand in the model).
+fn classifier_operands<'a>(
+    x: &'a [f32],
+    weight: &'a [f32],
+) -> (Option<Half>, RoundedOperand<'a>, RoundedOperand<'a>) {
+    match matmul_precision().half() {
+        Some(h) => (Some(h), rounded_operand(x, h), rounded_operand(weight, h)),
+        None => (
+            None,
+            RoundedOperand::Exact(x),
+            RoundedOperand::Exact(weight),
+        ),
+    }
 }
 
 /// A tile GEMM whose operands are already rounded when `half` is set.
@@ -209,18 +217,8 @@ pub fn vocab_parallel_classifier<E>(
     assert_eq!(weight.len(), v * c);
     assert_eq!(targets.len(), n);
     assert_eq!(losses.len(), n);
-    // Under 16-bit matmuls the operands are rounded once per call, not once per tile (the
-    // output weight is the largest operand in the model).
-    let half = matmul_precision().half();
-    let (xh, wh) = match half {
-        Some(h) => (
-            Some(rounded_operand(x, h)),
-            Some(rounded_operand(weight, h)),
-        ),
-        None => (None, None),
-    };
-    let x = xh.as_deref().unwrap_or(x);
-    let weight = wh.as_deref().unwrap_or(weight);
+    let (half, xh, wh) = classifier_operands(x, weight);
+    let (x, weight) = (&*xh, &*wh);
     let rows = d.chunk_rows.max(1).min(n.max(1));
     let mut logits = crate::pool::take_any(rows * v);
     let owned = |tgt: u32| -> Option<usize> {
