@@ -700,13 +700,12 @@ fn run(
         Some(Half::BF16) => MatmulPrecision::BF16,
         Some(Half::F16) => MatmulPrecision::F16,
     });
-    if a.bf16 {
-        set_bf16_kernel(match a.bf16_matmul_kernel.as_str() {
-            "dot" => Bf16Kernel::Dot,
-            "fma" => Bf16Kernel::Fma,
-            _ => crate::flops::fastest_bf16_kernel(),
-        });
-    }
+    let mut bf16_kernel = match a.bf16_matmul_kernel.as_str() {
+        "dot" => Bf16Kernel::Dot,
+        "fma" => Bf16Kernel::Fma,
+        _ if a.bf16 => crate::flops::fastest_bf16_kernel(),
+        _ => Bf16Kernel::Fma,
+    };
     let mut serial = serial_group();
     let mut serial_pp = serial_group();
     let mut serial_dp = serial_group();
@@ -741,6 +740,24 @@ fn run(
         // As Megatron: sequence parallelism needs tensor-parallel ranks to split over.
         println!("note: --sequence-parallel has no effect with --tensor-model-parallel-size 1");
     }
+    if a.bf16 && a.bf16_matmul_kernel == "auto" {
+        // Processes measure separately; one choice for the whole world keeps the summation
+        // order, and so the TP-replicated computations, identical on every rank.
+        let mut dot = [if bf16_kernel == Bf16Kernel::Dot {
+            1.0f32
+        } else {
+            0.0
+        }];
+        tp_comm.all_reduce(&mut dot, megatron_comm::ReduceOp::Min)?;
+        pp_comm.all_reduce(&mut dot, megatron_comm::ReduceOp::Min)?;
+        if let Some(c) = comm.as_deref_mut() {
+            c.all_reduce(&mut dot, megatron_comm::ReduceOp::Min)?;
+        }
+        if dot[0] == 0.0 {
+            bf16_kernel = Bf16Kernel::Fma;
+        }
+    }
+    set_bf16_kernel(bf16_kernel);
     let mut tp = Tp::new(tp_comm, a.sequence_parallel);
     let (dp_rank, dp) = comm.as_ref().map_or((0, 1), |c| (c.rank(), c.size()));
     let (pp_rank, pp_size) = (pp_comm.rank(), pp_comm.size());
