@@ -313,6 +313,12 @@ impl TrainArgs {
         if self.fp16 && self.bf16 {
             return Err(bad("give only one of --fp16 and --bf16".into()));
         }
+        if self.bf16_matmul_kernel != "auto" && !self.bf16 {
+            return Err(bad(format!(
+                "--bf16-matmul-kernel {} only applies with --bf16",
+                self.bf16_matmul_kernel
+            )));
+        }
         if self.overlap_param_gather {
             return Err(bad("--overlap-param-gather is not implemented yet (the parameter all-gather runs after the optimizer step)".into()));
         }

@@ -1145,6 +1145,29 @@ fn bf16_and_fp16_track_the_f32_loss_curve_over_200_steps() {
 }
 
 #[test]
+fn precision_flags_are_checked() {
+    for (flags, want) in [
+        (
+            &["--bf16", "--fp16"][..],
+            "give only one of --fp16 and --bf16",
+        ),
+        (
+            &["--fp16", "--bf16-matmul-kernel", "dot"][..],
+            "--bf16-matmul-kernel dot only applies with --bf16",
+        ),
+        (
+            &["--use-distributed-optimizer", "--overlap-param-gather"][..],
+            "--overlap-param-gather is not implemented",
+        ),
+    ] {
+        let mut v = vec!["--train-iters", "1"];
+        v.extend_from_slice(flags);
+        let e = pretrain(&args(&v)).unwrap_err();
+        assert!(e.to_string().contains(want), "{flags:?}: {e}");
+    }
+}
+
+#[test]
 fn fp16_gradients_overflow_at_megatrons_initial_scale_and_the_scaler_recovers() {
     // No injected overflow: at 2^32 the scaled loss gradient exceeds f16's range (65504) when
     // the backward matmuls round it, so real inf gradients appear and steps are skipped until
