@@ -132,15 +132,22 @@ impl HalfParams {
     /// Elements `range` widened to f32.
     pub fn read(&self, range: Range<usize>, out: &mut [f32]) {
         const CHUNK: usize = 1 << 16;
+        // Raw-pointer slices of just `range` (see `Params::get`).
+        #[allow(clippy::ptr_arg)] // `&[T]` would be a reference to the whole buffer
+        fn part<T>(v: &Vec<T>, r: Range<usize>) -> &[T] {
+            assert!(r.start <= r.end && r.end <= v.len());
+            // SAFETY: in bounds (checked).
+            unsafe { std::slice::from_raw_parts(v.as_ptr().add(r.start), r.len()) }
+        }
         match self {
             HalfParams::None => panic!("no 16-bit parameters to read"),
             HalfParams::BF16(v) => out
                 .par_chunks_mut(CHUNK)
-                .zip(v[range].par_chunks(CHUNK))
+                .zip(part(v, range).par_chunks(CHUNK))
                 .for_each(|(o, i)| bf16_to_f32(o, i)),
             HalfParams::F16(v) => out
                 .par_chunks_mut(CHUNK)
-                .zip(v[range].par_chunks(CHUNK))
+                .zip(part(v, range).par_chunks(CHUNK))
                 .for_each(|(o, i)| f16_to_f32(o, i)),
         }
     }
@@ -187,6 +194,8 @@ pub struct Params {
     pub metas: Vec<ParamMeta>,
     /// (TP rank, TP size) the parameters are registered for; (0, 1) by default.
     pub tp: (usize, usize),
+    /// While an overlapped parameter all-gather runs: `get` waits for its parameter's bucket.
+    pub gate: Option<std::sync::Arc<crate::distributed::overlap_param_gather::ParamGate>>,
 }
 
 impl Params {
@@ -299,8 +308,18 @@ impl Params {
     pub fn get(&self, id: ParamId) -> ParamRef<'_> {
         let m = &self.metas[id.0];
         let r = m.offset..m.offset + m.numel;
+        if let Some(g) = &self.gate {
+            g.wait_for(r.end);
+        }
         match self.half {
-            HalfParams::None => ParamRef::Borrowed(&self.data[r]),
+            HalfParams::None => {
+                assert!(r.end <= self.data.len());
+                // SAFETY: in bounds. Through the raw pointer rather than a reference to the whole
+                // buffer: under `--overlap-param-gather` another thread is writing other buckets.
+                ParamRef::Borrowed(unsafe {
+                    std::slice::from_raw_parts(self.data.as_ptr().add(r.start), r.len())
+                })
+            }
             _ => {
                 let mut t = Tensor::for_overwrite(&[m.numel]);
                 self.half.read(r, t.data_mut());

@@ -1,7 +1,8 @@
 use megatron_comm::run_ranks;
+use megatron_core::distributed::overlap_param_gather::{gather_params, ParamGate, ParamsPtr};
 use megatron_core::distributed::GradBuffer;
 use megatron_core::optimizer::{Adam, DistributedOptimizer};
-use megatron_core::params::Grads;
+use megatron_core::params::{Grads, ParamId};
 use megatron_core::{GPTModel, TransformerConfig};
 use megatron_tensor::cpu::cast::{round_to_half_inplace, Half};
 
@@ -166,6 +167,59 @@ fn with_16_bit_parameters_the_distributed_optimizer_keeps_fp32_main_shards_and_g
                 held,
                 params.numel(),
                 "{half:?} dp {dp}: main shards partition"
+            );
+        }
+    }
+}
+
+#[test]
+fn params_read_during_an_overlapped_gather_are_already_gathered() {
+    // The optimizer updates only its shards; a communication thread gathers bucket by bucket
+    // while this thread reads every parameter through `Params::get` at once: each read must
+    // wait for its bucket and see the gathered (fully updated) values.
+    for half in [None, Some(Half::BF16)] {
+        let out = run_ranks(2, move |rank, c| {
+            let run = |overlap: bool, c: &mut dyn megatron_comm::Communicator| {
+                let (_, mut params) = GPTModel::new(cfg(), 1);
+                params.set_half(half);
+                let mut grads = Grads::zeros_like(&params);
+                for (i, g) in grads.data.iter_mut().enumerate() {
+                    *g = ((i * 7 + rank * 13) % 17) as f32 * 0.01 - 0.08;
+                }
+                let buffer = GradBuffer::new(&params, 300, 2, rank, true);
+                let mut d = DistributedOptimizer::new(&params, buffer, 0.9, 0.95, 1e-8);
+                if half.is_some() {
+                    params.data = Vec::new();
+                }
+                d.reduce_gradients(&mut grads, c).unwrap();
+                if !overlap {
+                    d.step(&mut params, &grads, 1e-2, 0.1, c).unwrap();
+                    return (0..params.metas.len())
+                        .map(|i| params.get(ParamId(i)).to_vec())
+                        .collect::<Vec<_>>();
+                }
+                d.update(&mut params, &grads, 1e-2, 0.1);
+                let gate = std::sync::Arc::new(ParamGate::new());
+                params.gate = Some(gate.clone());
+                let ptr = ParamsPtr::new(&mut params);
+                let buffer = &d.buffer;
+                std::thread::scope(|s| {
+                    let h = s.spawn(move || gather_params(buffer, ptr, c, &gate));
+                    let seen: Vec<Vec<f32>> = (0..params.metas.len())
+                        .map(|i| params.get(ParamId(i)).to_vec())
+                        .collect();
+                    h.join().unwrap().unwrap();
+                    seen
+                })
+            };
+            let plain = run(false, c);
+            let overlapped = run(true, c);
+            plain == overlapped
+        });
+        for r in out {
+            assert!(
+                r.unwrap(),
+                "{half:?}: a read saw values before its bucket was gathered"
             );
         }
     }

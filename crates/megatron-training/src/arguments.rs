@@ -194,6 +194,8 @@ pub struct TrainArgs {
     /// Reduce each bucket as soon as the last micro-batch's backward finished it.
     #[arg(long)]
     pub overlap_grad_reduce: bool,
+    /// All-gather the distributed optimizer's updated parameters during the next forward,
+    /// bucket by bucket, instead of right after the step.
     #[arg(long)]
     pub overlap_param_gather: bool,
     /// bf16 parameters, matmul operands and saved activations; fp32 main parameters, gradients
@@ -319,8 +321,10 @@ impl TrainArgs {
                 self.bf16_matmul_kernel
             )));
         }
-        if self.overlap_param_gather {
-            return Err(bad("--overlap-param-gather is not implemented yet (the parameter all-gather runs after the optimizer step)".into()));
+        if self.overlap_param_gather && !self.use_distributed_optimizer {
+            return Err(bad(
+                "--overlap-param-gather needs --use-distributed-optimizer (only it all-gathers parameters)".into(),
+            ));
         }
         if self.loss_scale.is_some_and(|s| s <= 0.0) || self.initial_loss_scale <= 0.0 {
             return Err(bad(

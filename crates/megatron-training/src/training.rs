@@ -7,6 +7,7 @@ use crate::logging::{peak_rss_bytes, EvalMetrics, IterationMetrics, MetricsFile}
 use crate::TrainError;
 use megatron_comm::Communicator;
 use megatron_core::distributed::overlap::{reduce_buckets, GradsPtr, OverlapGradReduce};
+use megatron_core::distributed::overlap_param_gather::{gather_params, ParamGate, ParamsPtr};
 use megatron_core::distributed::GradBuffer;
 use megatron_core::optimizer::{
     clip_grads_by_norm, Adam, DistributedOptimizer, GradScaler, OptimizerParamScheduler,
@@ -469,18 +470,19 @@ fn pretrain_mpi(
             "under mpirun use one rank per process (--nproc-per-node 1)".into(),
         ));
     }
-    // --overlap-grad-reduce calls MPI from a reduction thread beside the compute thread (on
-    // another communicator): that needs MPI_THREAD_MULTIPLE.
-    let want = if args.overlap_grad_reduce {
+    // --overlap-grad-reduce and --overlap-param-gather call MPI from a communication thread
+    // beside the compute thread (on another communicator): that needs MPI_THREAD_MULTIPLE.
+    let threaded = args.overlap_grad_reduce || args.overlap_param_gather;
+    let want = if threaded {
         mpi::Threading::Multiple
     } else {
         mpi::Threading::Serialized
     };
     let (universe, provided) = mpi::initialize_with_threading(want)
         .ok_or_else(|| TrainError::Args("MPI could not be initialized".into()))?;
-    if args.overlap_grad_reduce && provided != mpi::Threading::Multiple {
+    if threaded && provided != mpi::Threading::Multiple {
         return Err(TrainError::Args(format!(
-            "--overlap-grad-reduce needs an MPI library with MPI_THREAD_MULTIPLE; this one provides {provided:?}"
+            "--overlap-grad-reduce / --overlap-param-gather need an MPI library with MPI_THREAD_MULTIPLE; this one provides {provided:?}"
         )));
     }
     let mut comm = megatron_comm::mpi_comm::MpiCommunicator::world(&universe);
@@ -795,6 +797,7 @@ fn run(
     // checkpoints and is freed right away).
     let bucket_size = a.ddp_bucket_size.unwrap_or_else(|| {
         if a.overlap_grad_reduce || a.use_distributed_optimizer {
+            // Megatron's default bucket for overlapped communication.
             40_000_000usize.max(1_000_000 * dp)
         } else {
             usize::MAX
@@ -865,6 +868,23 @@ fn run(
         if half.is_some() {
             params.data = Vec::new();
         }
+    }
+    let overlap_param_gather = a.overlap_param_gather && dist_opt.is_some() && dp > 1;
+    let mut pending_gather = false;
+    // Evaluation, checkpoints, the parameter norm and the end of training need every
+    // parameter: an all-gather still pending from `--overlap-param-gather` runs first.
+    macro_rules! finish_param_gather {
+        () => {
+            if pending_gather {
+                if let (Some(d), Some(c)) = (dist_opt.as_mut(), comm.as_deref_mut()) {
+                    d.gather(&mut params, c)?;
+                }
+                #[allow(unused_assignments)] // not read again after the last step
+                {
+                    pending_gather = false;
+                }
+            }
+        };
     }
     let data = build_data(cfg, tok, lead)?;
     let mut grads = Grads::zeros_like(&params);
@@ -962,7 +982,15 @@ fn run(
             .collect();
         // `--overlap-grad-reduce`: a communication thread reduces each bucket over DP as soon
         // as the last micro-batch's backward has finished its gradients.
-        let overlap_dp = if overlap_grad {
+        // `--overlap-param-gather`: the same thread first all-gathers the parameters the last
+        // optimizer step updated, while forward waits bucket by bucket (`Params::get`).
+        let gather = pending_gather.then(|| {
+            let gate = std::sync::Arc::new(ParamGate::new());
+            params.gate = Some(gate.clone());
+            (ParamsPtr::new(&mut params), gate)
+        });
+        pending_gather = false;
+        let overlap_dp = if overlap_grad || gather.is_some() {
             comm.as_deref_mut()
         } else {
             None
@@ -974,17 +1002,24 @@ fn run(
             if let Some(dpc) = overlap_dp {
                 let (tx, rx) = std::sync::mpsc::channel();
                 let ptr = GradsPtr::new(&mut grads);
-                comm_thread = Some(sc.spawn(move || reduce_buckets(rx, active, ptr, dpc)));
-                // The tied embedding is all-reduced over the embedding group first: its
-                // bucket waits for the end of the step.
-                let tied_pp = pp_size > 1 && !cfg.model.untie_embeddings_and_output_weights;
-                let metas = &params.metas;
-                overlap = Some(OverlapGradReduce::new(
-                    active,
-                    &params,
-                    |p| tied_pp && metas[p].name == "embedding.word_embeddings.weight",
-                    tx,
-                ));
+                comm_thread = Some(sc.spawn(move || -> Result<(), megatron_comm::CommError> {
+                    if let Some((p, gate)) = gather {
+                        gather_params(active, p, &mut *dpc, &gate)?;
+                    }
+                    reduce_buckets(rx, active, ptr, dpc)
+                }));
+                if overlap_grad {
+                    // The tied embedding is all-reduced over the embedding group first: its
+                    // bucket waits for the end of the step.
+                    let tied_pp = pp_size > 1 && !cfg.model.untie_embeddings_and_output_weights;
+                    let metas = &params.metas;
+                    overlap = Some(OverlapGradReduce::new(
+                        active,
+                        &params,
+                        |p| tied_pp && metas[p].name == "embedding.word_embeddings.weight",
+                        tx,
+                    ));
+                }
             }
             if pp_size == 1 {
                 // No pipelining: gradient accumulation, one micro-batch at a time.
@@ -1077,13 +1112,16 @@ fn run(
             }
             let remaining = overlap.map(|ov| ov.remaining());
             if let Some(h) = comm_thread {
+                // Without `--overlap-grad-reduce` the channel's sender is gone: the thread ends
+                // once the parameters are gathered.
                 h.join().map_err(|_| TrainError::Rank {
                     rank: world_rank,
-                    msg: "the gradient-reduction thread panicked".into(),
+                    msg: "the data-parallel communication thread panicked".into(),
                 })??;
             }
             Ok(remaining)
         })?;
+        params.gate = None;
         let opt_start = Instant::now();
         let mut loss = loss_sum / m as f64;
         allreduce_sequence_parallel_grads(&params, &mut grads, &mut tp)?;
@@ -1209,15 +1247,21 @@ fn run(
                     if a.clip_grad > 0.0 && coeff < 1.0 {
                         d.scale_grads(&mut grads, coeff as f32);
                     }
-                    match comm.as_deref_mut() {
-                        Some(c) => d.step(&mut params, &grads, lr as f32, a.weight_decay, c)?,
-                        None => d.step(
-                            &mut params,
-                            &grads,
-                            lr as f32,
-                            a.weight_decay,
-                            &mut serial_dp,
-                        )?,
+                    if overlap_param_gather {
+                        // The all-gather runs during the next step's forward.
+                        d.update(&mut params, &grads, lr as f32, a.weight_decay);
+                        pending_gather = true;
+                    } else {
+                        match comm.as_deref_mut() {
+                            Some(c) => d.step(&mut params, &grads, lr as f32, a.weight_decay, c)?,
+                            None => d.step(
+                                &mut params,
+                                &grads,
+                                lr as f32,
+                                a.weight_decay,
+                                &mut serial_dp,
+                            )?,
+                        }
                     }
                 }
                 None => {
@@ -1253,6 +1297,9 @@ fn run(
         interval_time += secs;
         rep.tick(iteration, loss);
         if iteration.is_multiple_of(a.log_interval) || iteration == cfg.train_iters {
+            if a.log_params_norm {
+                finish_param_gather!();
+            }
             let per_iter = interval_time / interval_iters as f64;
             let m = IterationMetrics {
                 iteration,
@@ -1296,6 +1343,7 @@ fn run(
             (interval_loss, interval_iters, interval_time) = (0.0, 0, 0.0);
         }
         if iteration.is_multiple_of(a.eval_interval) || iteration == cfg.train_iters {
+            finish_param_gather!();
             let val = evaluate(
                 &chunks,
                 partition,
@@ -1327,6 +1375,9 @@ fn run(
         let due = a.save_interval.is_some_and(|s| iteration.is_multiple_of(s))
             || iteration == cfg.train_iters;
         let mut staged_main = None;
+        if due && save_dir.is_some() {
+            finish_param_gather!();
+        }
         if let (Some(d), true, true) = (dist_opt.as_mut(), save_dir.is_some(), due) {
             // The distributed optimizer's moments are all-gathered over DP first (every DP
             // rank takes part), into the staging `adam`.
@@ -1349,6 +1400,7 @@ fn run(
                     half: HalfParams::None,
                     metas: params.metas.clone(),
                     tp: params.tp,
+                    gate: None,
                 });
             }
         }
@@ -1397,6 +1449,7 @@ fn run(
             summary.last_checkpoint = Some(path);
         }
     }
+    finish_param_gather!();
     rep.finish();
     summary.final_iteration = iteration;
     summary.world_rank = world_rank;

@@ -963,6 +963,33 @@ fn distributed_optimizer_and_the_3d_layout_match_one_rank() {
             ][..],
         ),
         (
+            "dp4-distopt-overlap-param-gather",
+            &[
+                "--nproc-per-node",
+                "4",
+                "--use-distributed-optimizer",
+                "--overlap-param-gather",
+                "--ddp-bucket-size",
+                "5000",
+            ][..],
+        ),
+        (
+            "tp2pp2dp2-distopt-overlap-grad-and-param",
+            &[
+                "--nproc-per-node",
+                "8",
+                "--tensor-model-parallel-size",
+                "2",
+                "--pipeline-model-parallel-size",
+                "2",
+                "--use-distributed-optimizer",
+                "--overlap-grad-reduce",
+                "--overlap-param-gather",
+                "--ddp-bucket-size",
+                "5000",
+            ][..],
+        ),
+        (
             "tp2pp2dp2-interleaved-distopt-overlap",
             &[
                 "--nproc-per-node",
@@ -1156,8 +1183,8 @@ fn precision_flags_are_checked() {
             "--bf16-matmul-kernel dot only applies with --bf16",
         ),
         (
-            &["--use-distributed-optimizer", "--overlap-param-gather"][..],
-            "--overlap-param-gather is not implemented",
+            &["--overlap-param-gather"][..],
+            "--overlap-param-gather needs --use-distributed-optimizer",
         ),
     ] {
         let mut v = vec!["--train-iters", "1"];
@@ -1208,6 +1235,18 @@ fn bf16_distributed_optimizer_and_the_3d_layout_match_one_bf16_rank() {
                 "--nproc-per-node",
                 "2",
                 "--use-distributed-optimizer",
+            ][..],
+        ),
+        (
+            "dp2-distopt-overlap-param-gather",
+            &[
+                "--bf16",
+                "--nproc-per-node",
+                "2",
+                "--use-distributed-optimizer",
+                "--overlap-param-gather",
+                "--ddp-bucket-size",
+                "3000",
             ][..],
         ),
         (

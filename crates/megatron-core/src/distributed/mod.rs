@@ -2,6 +2,7 @@
 //! gradient buffer and their reduction over the data-parallel group.
 
 pub mod overlap;
+pub mod overlap_param_gather;
 pub mod param_and_grad_buffer;
 
 pub use param_and_grad_buffer::{Bucket, GradBuffer};

@@ -170,20 +170,33 @@ impl GradBuffer {
         dp: &mut dyn Communicator,
         scratch: &mut Vec<f32>,
     ) -> Result<(), CommError> {
+        for b in &self.buckets {
+            self.all_gather_bucket(b, &mut data[b.range.clone()], dp, scratch)?;
+        }
+        Ok(())
+    }
+
+    /// All-gathers bucket `b` whose values are `data` (the bucket's range of the buffer).
+    pub fn all_gather_bucket(
+        &self,
+        b: &Bucket,
+        data: &mut [f32],
+        dp: &mut dyn Communicator,
+        scratch: &mut Vec<f32>,
+    ) -> Result<(), CommError> {
         if self.dp == 1 {
             return Ok(());
         }
-        for b in &self.buckets {
-            let s = b.shard_len(self.dp);
-            let own = b.shard(self.dp, self.dp_rank);
-            let mut mine = vec![0.0f32; s];
-            mine[..own.len()].copy_from_slice(&data[own]);
-            scratch.clear();
-            scratch.resize(s * self.dp, 0.0);
-            dp.all_gather(&mine, scratch)?;
-            let len = b.range.len();
-            data[b.range.clone()].copy_from_slice(&scratch[..len]);
-        }
+        let s = b.shard_len(self.dp);
+        let own = b.shard(self.dp, self.dp_rank);
+        let lo = own.start - b.range.start;
+        let mut mine = vec![0.0f32; s];
+        mine[..own.len()].copy_from_slice(&data[lo..lo + own.len()]);
+        scratch.clear();
+        scratch.resize(s * self.dp, 0.0);
+        dp.all_gather(&mine, scratch)?;
+        let len = b.range.len();
+        data.copy_from_slice(&scratch[..len]);
         Ok(())
     }
 
@@ -195,39 +208,48 @@ impl GradBuffer {
         dp: &mut dyn Communicator,
         scratch: &mut Vec<f32>,
     ) -> Result<(), CommError> {
+        for b in &self.buckets {
+            self.all_gather_bits_bucket(b, &mut data[b.range.clone()], dp, scratch)?;
+        }
+        Ok(())
+    }
+
+    /// [`GradBuffer::all_gather_bucket`] of 16-bit values.
+    pub fn all_gather_bits_bucket(
+        &self,
+        b: &Bucket,
+        data: &mut [u16],
+        dp: &mut dyn Communicator,
+        scratch: &mut Vec<f32>,
+    ) -> Result<(), CommError> {
         if self.dp == 1 {
             return Ok(());
         }
-        for b in &self.buckets {
-            let s = b.shard_len(self.dp);
-            let words = s.div_ceil(2);
-            let own = b.shard(self.dp, self.dp_rank);
-            let mut bits = vec![0u16; 2 * words];
-            bits[..own.len()].copy_from_slice(&data[own]);
-            let mine: Vec<f32> = bits
-                .chunks_exact(2)
-                .map(|p| f32::from_bits(p[0] as u32 | (p[1] as u32) << 16))
-                .collect();
-            scratch.clear();
-            scratch.resize(words * self.dp, 0.0);
-            dp.all_gather(&mine, scratch)?;
-            let len = b.range.len();
-            let start = b.range.start;
-            for r in 0..self.dp {
-                let lo = r * s;
-                if lo >= len {
-                    break;
-                }
-                let n = s.min(len - lo);
-                for (i, w) in scratch[r * words..(r + 1) * words].iter().enumerate() {
-                    let w = w.to_bits();
-                    for (j, v) in [w as u16, (w >> 16) as u16].into_iter().enumerate() {
-                        let e = 2 * i + j;
-                        if e < n {
-                            data[start + lo + e] = v;
-                        }
-                    }
-                }
+        let s = b.shard_len(self.dp);
+        let words = s.div_ceil(2);
+        let own = b.shard(self.dp, self.dp_rank);
+        let lo = own.start - b.range.start;
+        let mut bits = vec![0u16; 2 * words];
+        bits[..own.len()].copy_from_slice(&data[lo..lo + own.len()]);
+        let mine: Vec<f32> = bits
+            .chunks_exact(2)
+            .map(|p| f32::from_bits(p[0] as u32 | (p[1] as u32) << 16))
+            .collect();
+        scratch.clear();
+        scratch.resize(words * self.dp, 0.0);
+        dp.all_gather(&mine, scratch)?;
+        let len = b.range.len();
+        for r in 0..self.dp {
+            let lo = r * s;
+            if lo >= len {
+                break;
+            }
+            let n = s.min(len - lo);
+            let unpacked = scratch[r * words..(r + 1) * words]
+                .iter()
+                .flat_map(|w| [w.to_bits() as u16, (w.to_bits() >> 16) as u16]);
+            for (d, v) in data[lo..lo + n].iter_mut().zip(unpacked) {
+                *d = v;
             }
         }
         Ok(())

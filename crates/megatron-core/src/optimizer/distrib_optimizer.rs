@@ -137,6 +137,13 @@ impl DistributedOptimizer {
         weight_decay: f32,
         dp: &mut dyn Communicator,
     ) -> Result<(), CommError> {
+        self.update(params, grads, lr, weight_decay);
+        self.gather(params, dp)
+    }
+
+    /// AdamW on the owned shards only: the rest of the parameters are stale until
+    /// [`DistributedOptimizer::gather`] (or an overlapped gather) has run.
+    pub fn update(&mut self, params: &mut Params, grads: &Grads, lr: f32, weight_decay: f32) {
         self.step += 1;
         for p in &self.pieces {
             let wd = params.metas[p.param].weight_decay;
@@ -168,6 +175,14 @@ impl DistributedOptimizer {
                 params.half.write(p.range.clone(), &self.main[s]);
             }
         }
+    }
+
+    /// All-gathers the updated parameters over DP (the 16-bit ones when there are any).
+    pub fn gather(
+        &mut self,
+        params: &mut Params,
+        dp: &mut dyn Communicator,
+    ) -> Result<(), CommError> {
         if self.main.is_empty() {
             self.buffer
                 .all_gather(&mut params.data, dp, &mut self.scratch)
