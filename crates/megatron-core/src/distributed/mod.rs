@@ -5,4 +5,4 @@ pub mod overlap;
 pub mod overlap_param_gather;
 pub mod param_and_grad_buffer;
 
-pub use param_and_grad_buffer::{Bucket, GradBuffer};
+pub use param_and_grad_buffer::{Bucket, Gathered, GradBuffer};

@@ -89,7 +89,7 @@ pub fn gather_params(
             let data = unsafe {
                 std::slice::from_raw_parts_mut(params.half.add(b.range.start), b.range.len())
             };
-            buffer.all_gather_bits_bucket(b, data, dp, &mut scratch)?;
+            buffer.all_gather_bucket(b, data, dp, &mut scratch)?;
         } else {
             assert!(b.range.end <= params.data_len);
             // SAFETY: as above.

@@ -163,10 +163,11 @@ impl GradBuffer {
     }
 
     /// Distributed optimizer: after each rank updated its shards of `data`, all-gathers every
-    /// bucket so all ranks hold the whole buffer again.
-    pub fn all_gather(
+    /// bucket so all ranks hold the whole buffer again (f32 values, or 16-bit parameters as
+    /// their bit patterns).
+    pub fn all_gather<T: Gathered>(
         &self,
-        data: &mut [f32],
+        data: &mut [T],
         dp: &mut dyn Communicator,
         scratch: &mut Vec<f32>,
     ) -> Result<(), CommError> {
@@ -177,10 +178,10 @@ impl GradBuffer {
     }
 
     /// All-gathers bucket `b` whose values are `data` (the bucket's range of the buffer).
-    pub fn all_gather_bucket(
+    pub fn all_gather_bucket<T: Gathered>(
         &self,
         b: &Bucket,
-        data: &mut [f32],
+        data: &mut [T],
         dp: &mut dyn Communicator,
         scratch: &mut Vec<f32>,
     ) -> Result<(), CommError> {
@@ -188,53 +189,11 @@ impl GradBuffer {
             return Ok(());
         }
         let s = b.shard_len(self.dp);
+        let words = s.div_ceil(T::PER_WORD);
         let own = b.shard(self.dp, self.dp_rank);
         let lo = own.start - b.range.start;
-        let mut mine = vec![0.0f32; s];
-        mine[..own.len()].copy_from_slice(&data[lo..lo + own.len()]);
-        scratch.clear();
-        scratch.resize(s * self.dp, 0.0);
-        dp.all_gather(&mine, scratch)?;
-        let len = b.range.len();
-        data.copy_from_slice(&scratch[..len]);
-        Ok(())
-    }
-
-    /// [`GradBuffer::all_gather`] of 16-bit values, moved as bit patterns two to an f32 word
-    /// (the collectives only copy words; no arithmetic touches them).
-    pub fn all_gather_bits(
-        &self,
-        data: &mut [u16],
-        dp: &mut dyn Communicator,
-        scratch: &mut Vec<f32>,
-    ) -> Result<(), CommError> {
-        for b in &self.buckets {
-            self.all_gather_bits_bucket(b, &mut data[b.range.clone()], dp, scratch)?;
-        }
-        Ok(())
-    }
-
-    /// [`GradBuffer::all_gather_bucket`] of 16-bit values.
-    pub fn all_gather_bits_bucket(
-        &self,
-        b: &Bucket,
-        data: &mut [u16],
-        dp: &mut dyn Communicator,
-        scratch: &mut Vec<f32>,
-    ) -> Result<(), CommError> {
-        if self.dp == 1 {
-            return Ok(());
-        }
-        let s = b.shard_len(self.dp);
-        let words = s.div_ceil(2);
-        let own = b.shard(self.dp, self.dp_rank);
-        let lo = own.start - b.range.start;
-        let mut bits = vec![0u16; 2 * words];
-        bits[..own.len()].copy_from_slice(&data[lo..lo + own.len()]);
-        let mine: Vec<f32> = bits
-            .chunks_exact(2)
-            .map(|p| f32::from_bits(p[0] as u32 | (p[1] as u32) << 16))
-            .collect();
+        let mut mine = vec![0.0f32; words];
+        T::pack(&data[lo..lo + own.len()], &mut mine);
         scratch.clear();
         scratch.resize(words * self.dp, 0.0);
         dp.all_gather(&mine, scratch)?;
@@ -245,13 +204,47 @@ impl GradBuffer {
                 break;
             }
             let n = s.min(len - lo);
-            let unpacked = scratch[r * words..(r + 1) * words]
-                .iter()
-                .flat_map(|w| [w.to_bits() as u16, (w.to_bits() >> 16) as u16]);
-            for (d, v) in data[lo..lo + n].iter_mut().zip(unpacked) {
-                *d = v;
-            }
+            T::unpack(&scratch[r * words..(r + 1) * words], &mut data[lo..lo + n]);
         }
         Ok(())
+    }
+}
+
+/// What the parameter all-gather moves: f32 values, or 16-bit patterns two to an f32 word
+/// (the collectives only copy words; no arithmetic touches them).
+pub trait Gathered: Copy {
+    const PER_WORD: usize;
+    /// Packs `x` into the first words of `out` (the rest stay zero).
+    fn pack(x: &[Self], out: &mut [f32]);
+    /// Fills `out` from the leading words of `w`.
+    fn unpack(w: &[f32], out: &mut [Self]);
+}
+
+impl Gathered for f32 {
+    const PER_WORD: usize = 1;
+    fn pack(x: &[f32], out: &mut [f32]) {
+        out[..x.len()].copy_from_slice(x);
+    }
+    fn unpack(w: &[f32], out: &mut [f32]) {
+        let n = out.len();
+        out.copy_from_slice(&w[..n]);
+    }
+}
+
+impl Gathered for u16 {
+    const PER_WORD: usize = 2;
+    fn pack(x: &[u16], out: &mut [f32]) {
+        for (o, p) in out.iter_mut().zip(x.chunks(2)) {
+            let hi = p.get(1).copied().unwrap_or(0) as u32;
+            *o = f32::from_bits(p[0] as u32 | hi << 16);
+        }
+    }
+    fn unpack(w: &[f32], out: &mut [u16]) {
+        let vals = w
+            .iter()
+            .flat_map(|w| [w.to_bits() as u16, (w.to_bits() >> 16) as u16]);
+        for (d, v) in out.iter_mut().zip(vals) {
+            *d = v;
+        }
     }
 }

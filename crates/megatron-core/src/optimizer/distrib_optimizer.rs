@@ -189,7 +189,7 @@ impl DistributedOptimizer {
         } else {
             // Megatron all-gathers the 16-bit parameters: half the bytes of fp32.
             self.buffer
-                .all_gather_bits(params.half.bits_mut(), dp, &mut self.scratch)
+                .all_gather(params.half.bits_mut(), dp, &mut self.scratch)
         }
     }
 
