@@ -1472,7 +1472,7 @@ fn run(
             t,
             tp.size(),
             tp.sequence_parallel,
-            a.bf16,
+            a.bf16 || a.fp16,
         );
         if lead && pp_size > 1 {
             println!(

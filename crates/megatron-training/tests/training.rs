@@ -1287,7 +1287,7 @@ fn bf16_distributed_optimizer_and_the_3d_layout_match_one_bf16_rank() {
 }
 
 #[test]
-fn bf16_keeps_saved_activations_in_half_the_bytes_as_the_formula_says() {
+fn bf16_and_fp16_keep_saved_activations_in_half_the_bytes_as_the_formula_says() {
     // The base model: 2 layers, hidden 32 (ffn 128), 4 heads, seq 16, micro-batch 2.
     let cfg = megatron_core::TransformerConfig {
         num_layers: 2,
@@ -1305,13 +1305,12 @@ fn bf16_keeps_saved_activations_in_half_the_bytes_as_the_formula_says() {
     };
     let f =
         |bf16| megatron_core::models::gpt::activation_bytes_formula(&cfg, 2, 16, 1, false, bf16);
-    for bf16 in [false, true] {
+    for precision in [None, Some("--bf16"), Some("--fp16")] {
         let mut v = vec!["--train-iters", "2"];
-        if bf16 {
-            v.push("--bf16");
-        }
+        v.extend(precision);
         let s = pretrain(&args(&v)).unwrap();
-        assert_eq!(s.peak_activation_bytes, f(bf16), "bf16 {bf16}");
+        let half = precision.is_some();
+        assert_eq!(s.peak_activation_bytes, f(half), "{precision:?}");
     }
     assert!(f(true) * 10 < f(false) * 6, "{} vs {}", f(true), f(false));
 }

@@ -91,7 +91,7 @@ const CLASSIFIER_MAX_ROWS: usize = 1024;
 /// Bytes of activations the engine keeps for backward per micro-batch, at the peak after the
 /// last layer's forward: the engine's counterpart of Korthikanti et al.'s `sbh(34 + 5as/h)`.
 /// Per layer and token: the layer input and the mid-layer residual (h each), QKV (3h),
-/// attention output (h) and fc1 pre-activation (f), each in f32 or, under `--bf16`, in bf16;
+/// attention output (h) and fc1 pre-activation (f), each in f32 or, under `--bf16` / `--fp16`, in 16 bits;
 /// plus four f32 LayerNorm statistics and the f32 attention log-sum-exp (a per token;
 /// flash-style attention keeps no `s x s` scores); plus the last layer's f32 output (h per
 /// token). Tensor parallelism divides the QKV, attention, fc1 and log-sum-exp terms by `t`;
@@ -102,7 +102,7 @@ pub fn activation_bytes_formula(
     s: usize,
     tp: usize,
     sequence_parallel: bool,
-    bf16: bool,
+    half: bool,
 ) -> usize {
     let (h, f, a, l) = (
         cfg.hidden_size,
@@ -110,7 +110,7 @@ pub fn activation_bytes_formula(
         cfg.num_attention_heads,
         cfg.num_layers,
     );
-    let e = if bf16 { 2 } else { 4 };
+    let e = if half { 2 } else { 4 };
     let tok = b * s;
     let split = (tok / tp) * (e * (4 * h + f) + 4 * a);
     let rows = if sequence_parallel && tp > 1 {
