@@ -116,62 +116,41 @@ impl Tensor {
 
     /// Casts to another storage type (round-to-nearest-even into half types).
     pub fn to_dtype(&self, dtype: DType) -> Tensor {
-        // Widening into a pooled buffer: its drop returns it to the pool, so buffers made
-        // outside the pool would make the pool grow every step.
-        if let (Storage::BF16(v), DType::F32) = (&self.storage, dtype) {
+        if self.dtype() == dtype {
+            return self.clone();
+        }
+        if dtype == DType::F32 {
+            // Widening into a pooled buffer: its drop returns it to the pool, so buffers made
+            // outside the pool would make the pool grow every step.
             let mut t = Tensor::for_overwrite(&self.shape);
-            crate::cpu::cast::bf16_to_f32(t.data_mut(), v);
-            return t;
-        }
-        if let (Storage::F16(v), DType::F32) = (&self.storage, dtype) {
-            let mut t = Tensor::for_overwrite(&self.shape);
-            crate::cpu::cast::f16_to_f32(t.data_mut(), v);
-            return t;
-        }
-        if let (Storage::F32(v), DType::F16) = (&self.storage, dtype) {
-            let mut out = vec![f16::ZERO; v.len()];
-            crate::cpu::cast::f32_to_f16(&mut out, v);
-            return Tensor {
-                shape: self.shape.clone(),
-                storage: Storage::F16(out),
-                device: self.device,
-            };
-        }
-        if let (Storage::F32(v), DType::BF16) = (&self.storage, dtype) {
-            // Straight to bf16, without an f32 copy first (saved activations under --bf16).
-            let mut out = vec![bf16::ZERO; v.len()];
-            crate::cpu::cast::f32_to_bf16(&mut out, v);
-            return Tensor {
-                shape: self.shape.clone(),
-                storage: Storage::BF16(out),
-                device: self.device,
-            };
-        }
-        let f32_data: Vec<f32> = match &self.storage {
-            Storage::F32(v) => v.clone(),
-            Storage::BF16(v) => {
-                let mut out = vec![0.0; v.len()];
-                crate::cpu::cast::bf16_to_f32(&mut out, v);
-                out
+            match &self.storage {
+                Storage::BF16(v) => crate::cpu::cast::bf16_to_f32(t.data_mut(), v),
+                Storage::F16(v) => crate::cpu::cast::f16_to_f32(t.data_mut(), v),
+                Storage::F32(_) => unreachable!("same dtype returned above"),
             }
-            Storage::F16(v) => {
-                let mut out = vec![0.0; v.len()];
-                crate::cpu::cast::f16_to_f32(&mut out, v);
-                out
+            return t;
+        }
+        // Narrowing straight from f32 (saved activations), or through f32 between half types.
+        let widened;
+        let src = match &self.storage {
+            Storage::F32(v) => v.as_slice(),
+            _ => {
+                widened = self.to_dtype(DType::F32);
+                widened.data()
             }
         };
         let storage = match dtype {
-            DType::F32 => Storage::F32(f32_data),
             DType::BF16 => {
-                let mut out = vec![bf16::ZERO; f32_data.len()];
-                crate::cpu::cast::f32_to_bf16(&mut out, &f32_data);
+                let mut out = vec![bf16::ZERO; src.len()];
+                crate::cpu::cast::f32_to_bf16(&mut out, src);
                 Storage::BF16(out)
             }
             DType::F16 => {
-                let mut out = vec![f16::ZERO; f32_data.len()];
-                crate::cpu::cast::f32_to_f16(&mut out, &f32_data);
+                let mut out = vec![f16::ZERO; src.len()];
+                crate::cpu::cast::f32_to_f16(&mut out, src);
                 Storage::F16(out)
             }
+            DType::F32 => unreachable!("handled above"),
         };
         Tensor {
             shape: self.shape.clone(),

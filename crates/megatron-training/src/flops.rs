@@ -25,17 +25,19 @@ pub fn num_floating_point_operations(c: &TransformerConfig, batch: usize) -> f64
 /// Peak fp32 FLOP/s of this CPU on `threads` threads, measured with a tight FMA loop on the
 /// widest vector unit present (AVX-512, else AVX2+FMA, else scalar).
 pub fn measure_peak_flops(threads: usize) -> f64 {
-    let run = || {
-        // About 0.1-0.3 s per thread: long enough that thread start-up does not count.
-        let iters = 1_000_000_000u64;
-        let t = Instant::now();
-        let flops = fma_loop(iters);
-        flops / t.elapsed().as_secs_f64()
-    };
+    // About 0.1-0.3 s per thread: long enough that thread start-up does not count.
+    let run = || fma_flops_per_sec(1_000_000_000);
     let handles: Vec<_> = (0..threads.max(1))
         .map(|_| std::thread::spawn(run))
         .collect();
     handles.into_iter().map(|h| h.join().unwrap_or(0.0)).sum()
+}
+
+/// FLOP/s of one thread running `iters` iterations of the FMA loop.
+fn fma_flops_per_sec(iters: u64) -> f64 {
+    let t = Instant::now();
+    let flops = fma_loop(iters);
+    flops / t.elapsed().as_secs_f64()
 }
 
 fn fma_loop(iters: u64) -> f64 {
@@ -187,11 +189,7 @@ pub fn fastest_bf16_kernel() -> megatron_tensor::cpu::matmul::Bf16Kernel {
             return Bf16Kernel::Fma;
         }
         let fma = (0..2)
-            .map(|_| {
-                let t = Instant::now();
-                let flops = fma_loop(200_000_000);
-                flops / t.elapsed().as_secs_f64() / 1e9
-            })
+            .map(|_| fma_flops_per_sec(200_000_000) / 1e9)
             .fold(0.0, f64::max);
         // vdpbf16ps counts 2 multiply-adds per lane; it must beat the FMA to pay for itself.
         if dot > fma {

@@ -697,11 +697,7 @@ fn run(
     } else {
         None
     };
-    set_matmul_precision(match half {
-        None => MatmulPrecision::F32,
-        Some(Half::BF16) => MatmulPrecision::BF16,
-        Some(Half::F16) => MatmulPrecision::F16,
-    });
+    set_matmul_precision(MatmulPrecision::of(half));
     let mut bf16_kernel = match a.bf16_matmul_kernel.as_str() {
         "dot" => Bf16Kernel::Dot,
         "fma" => Bf16Kernel::Fma,
@@ -1389,7 +1385,7 @@ fn run(
             adam.exp_avg = m;
             adam.exp_avg_sq = v;
             adam.step = d.step;
-            if params.data.is_empty() {
+            if !d.main.is_empty() {
                 // 16-bit parameters: the fp32 main copy is saved, gathered from the shards.
                 let main = match comm.as_deref_mut() {
                     Some(c) => d.full_main(numel, c)?,

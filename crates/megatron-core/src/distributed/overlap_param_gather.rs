@@ -4,7 +4,7 @@
 //! embedding and first layers live in the last bucket) and raises a watermark; `Params::get`
 //! waits until the watermark covers the parameter it returns (Megatron's forward pre-hooks).
 
-use super::GradBuffer;
+use super::{Bucket, GradBuffer};
 use crate::params::Params;
 use megatron_comm::{CommError, Communicator};
 use std::sync::{Condvar, Mutex};
@@ -83,22 +83,26 @@ pub fn gather_params(
     let _open = OpenOnDrop(gate);
     let mut scratch = Vec::new();
     for b in buffer.buckets.iter().rev() {
-        if params.half_len > 0 {
-            assert!(b.range.end <= params.half_len);
-            // SAFETY: above the watermark, owned by this thread until `advance` (see above).
-            let data = unsafe {
-                std::slice::from_raw_parts_mut(params.half.add(b.range.start), b.range.len())
-            };
-            buffer.all_gather_bucket(b, data, dp, &mut scratch)?;
-        } else {
-            assert!(b.range.end <= params.data_len);
-            // SAFETY: as above.
-            let data = unsafe {
-                std::slice::from_raw_parts_mut(params.data.add(b.range.start), b.range.len())
-            };
-            buffer.all_gather_bucket(b, data, dp, &mut scratch)?;
+        // SAFETY: above the watermark, owned by this thread until `advance` (see above).
+        unsafe {
+            if params.half_len > 0 {
+                let data = bucket_of(params.half, params.half_len, b);
+                buffer.all_gather_bucket(b, data, dp, &mut scratch)?;
+            } else {
+                let data = bucket_of(params.data, params.data_len, b);
+                buffer.all_gather_bucket(b, data, dp, &mut scratch)?;
+            }
         }
         gate.advance(b.range.end);
     }
     Ok(())
+}
+
+/// Bucket `b`'s elements of a buffer of `len` elements at `ptr`.
+///
+/// # Safety
+/// No other live reference may cover the bucket while the slice is used.
+unsafe fn bucket_of<'a, T>(ptr: *mut T, len: usize, b: &Bucket) -> &'a mut [T] {
+    assert!(b.range.end <= len);
+    std::slice::from_raw_parts_mut(ptr.add(b.range.start), b.range.len())
 }

@@ -156,22 +156,21 @@ impl DistributedOptimizer {
                 step: self.step,
             };
             let s = p.state..p.state + p.range.len();
-            if self.main.is_empty() {
-                adamw_update(
-                    &mut params.data[p.range.clone()],
-                    &grads.data[p.range.clone()],
-                    &mut self.exp_avg[s.clone()],
-                    &mut self.exp_avg_sq[s],
-                    h,
-                );
+            // The fp32 values Adam updates: the parameters themselves, or this rank's main copy
+            // of 16-bit ones (re-rounded into the model's copy right after).
+            let fp32 = if self.main.is_empty() {
+                &mut params.data[p.range.clone()]
             } else {
-                adamw_update(
-                    &mut self.main[s.clone()],
-                    &grads.data[p.range.clone()],
-                    &mut self.exp_avg[s.clone()],
-                    &mut self.exp_avg_sq[s.clone()],
-                    h,
-                );
+                &mut self.main[s.clone()]
+            };
+            adamw_update(
+                fp32,
+                &grads.data[p.range.clone()],
+                &mut self.exp_avg[s.clone()],
+                &mut self.exp_avg_sq[s.clone()],
+                h,
+            );
+            if !self.main.is_empty() {
                 params.half.write(p.range.clone(), &self.main[s]);
             }
         }
@@ -193,31 +192,6 @@ impl DistributedOptimizer {
         }
     }
 
-    /// The fp32 main parameters laid out like the whole parameter buffer (all-gathered over
-    /// DP), for checkpoints under 16-bit parameters. Every DP rank must call it.
-    pub fn full_main(
-        &mut self,
-        numel: usize,
-        dp: &mut dyn Communicator,
-    ) -> Result<Vec<f32>, CommError> {
-        let mut out = vec![0.0f32; numel];
-        for p in &self.pieces {
-            out[p.range.clone()].copy_from_slice(&self.main[p.state..p.state + p.range.len()]);
-        }
-        self.buffer.all_gather(&mut out, dp, &mut self.scratch)?;
-        Ok(out)
-    }
-
-    /// Takes this rank's shards of whole-buffer fp32 main parameters (from a checkpoint).
-    pub fn load_main(&mut self, values: &[f32]) {
-        if self.main.is_empty() {
-            return;
-        }
-        for p in &self.pieces {
-            self.main[p.state..p.state + p.range.len()].copy_from_slice(&values[p.range.clone()]);
-        }
-    }
-
     /// The moments laid out like the whole parameter buffer (all-gathered over DP), for
     /// checkpoints. Every DP rank must call it.
     pub fn full_moments(
@@ -225,16 +199,36 @@ impl DistributedOptimizer {
         numel: usize,
         dp: &mut dyn Communicator,
     ) -> Result<(Vec<f32>, Vec<f32>), CommError> {
-        let mut m = vec![0.0f32; numel];
-        let mut v = vec![0.0f32; numel];
-        for p in &self.pieces {
-            let s = p.state..p.state + p.range.len();
-            m[p.range.clone()].copy_from_slice(&self.exp_avg[s.clone()]);
-            v[p.range.clone()].copy_from_slice(&self.exp_avg_sq[s]);
-        }
-        self.buffer.all_gather(&mut m, dp, &mut self.scratch)?;
-        self.buffer.all_gather(&mut v, dp, &mut self.scratch)?;
+        let m = self.full_state(|d| &d.exp_avg, numel, dp)?;
+        let v = self.full_state(|d| &d.exp_avg_sq, numel, dp)?;
         Ok((m, v))
+    }
+
+    /// The fp32 main parameters laid out like the whole parameter buffer (all-gathered over
+    /// DP), for checkpoints under 16-bit parameters. Every DP rank must call it.
+    pub fn full_main(
+        &mut self,
+        numel: usize,
+        dp: &mut dyn Communicator,
+    ) -> Result<Vec<f32>, CommError> {
+        self.full_state(|d| &d.main, numel, dp)
+    }
+
+    /// One piece of per-shard state (laid out like the moments) spread over the whole buffer
+    /// and all-gathered over DP.
+    fn full_state(
+        &mut self,
+        which: fn(&Self) -> &Vec<f32>,
+        numel: usize,
+        dp: &mut dyn Communicator,
+    ) -> Result<Vec<f32>, CommError> {
+        let mut out = vec![0.0f32; numel];
+        let state = which(self);
+        for p in &self.pieces {
+            out[p.range.clone()].copy_from_slice(&state[p.state..p.state + p.range.len()]);
+        }
+        self.buffer.all_gather(&mut out, dp, &mut self.scratch)?;
+        Ok(out)
     }
 
     /// Takes this rank's shards of whole-buffer moments (from a checkpoint).

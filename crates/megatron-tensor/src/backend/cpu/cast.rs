@@ -26,21 +26,10 @@ pub enum Half {
 /// values become ±inf in f16, which is how an fp16 overflow shows itself to the loss scaler.
 pub fn round_to_half(out: &mut [f32], inp: &[f32], half: Half) {
     assert_eq!(out.len(), inp.len());
-    match half {
-        Half::BF16 => {
-            for (o, x) in out.iter_mut().zip(inp) {
-                *o = round_bf16(*x);
-            }
-        }
-        Half::F16 => {
-            // Through a small stack buffer: the `half` crate converts slices with F16C.
-            let mut tmp = [f16::ZERO; 1024];
-            for (o, x) in out.chunks_mut(1024).zip(inp.chunks(1024)) {
-                let t = &mut tmp[..x.len()];
-                t.convert_from_f32_slice(x);
-                t.convert_to_f32_slice(o);
-            }
-        }
+    // Copy and round in cache-sized pieces: one pass over memory.
+    for (o, i) in out.chunks_mut(1024).zip(inp.chunks(1024)) {
+        o.copy_from_slice(i);
+        round_to_half_inplace(o, half);
     }
 }
 
@@ -49,6 +38,7 @@ pub fn round_to_half_inplace(x: &mut [f32], half: Half) {
     match half {
         Half::BF16 => x.iter_mut().for_each(|v| *v = round_bf16(*v)),
         Half::F16 => {
+            // Through a small stack buffer: the `half` crate converts slices with F16C.
             let mut tmp = [f16::ZERO; 1024];
             for c in x.chunks_mut(1024) {
                 let t = &mut tmp[..c.len()];

@@ -53,6 +53,15 @@ pub enum MatmulPrecision {
 }
 
 impl MatmulPrecision {
+    /// Operands rounded to `half`, or f32 operands.
+    pub fn of(half: Option<Half>) -> Self {
+        match half {
+            None => MatmulPrecision::F32,
+            Some(Half::BF16) => MatmulPrecision::BF16,
+            Some(Half::F16) => MatmulPrecision::F16,
+        }
+    }
+
     /// The 16-bit format operands are rounded to, if any.
     pub fn half(self) -> Option<Half> {
         match self {
@@ -99,15 +108,6 @@ pub fn set_bf16_kernel(k: Bf16Kernel) {
 
 pub fn bf16_kernel() -> Bf16Kernel {
     BF16_KERNEL.with(|c| c.get())
-}
-
-/// Shorthand for `set_matmul_precision(BF16 or F32)`.
-pub fn set_bf16_matmuls(on: bool) {
-    set_matmul_precision(if on {
-        MatmulPrecision::BF16
-    } else {
-        MatmulPrecision::F32
-    });
 }
 
 /// Matmul with the calling thread's GEMM budget and operand precision.

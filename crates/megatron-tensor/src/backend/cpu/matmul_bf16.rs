@@ -9,9 +9,9 @@
 //! 256-deep slice of k, runs the 8 x 32 microkernel over all panels (the `B` panel slice stays
 //! in L1, the `A` block in L2).
 
-use super::matmul::{matmul_with_threads, MatmulDims};
+use super::cast::Half;
+use super::matmul::{matmul_with_threads, rounded_operand, MatmulDims};
 use crate::threads::gemm_threads;
-use half::bf16;
 use rayon::prelude::*;
 
 const MR: usize = 8;
@@ -52,8 +52,8 @@ pub fn matmul_bf16_with_threads(
     assert_eq!(b.len(), k * n, "matmul b");
     if !bf16_gemm_available() || m == 0 || n == 0 || k == 0 {
         // Same operand rounding, f32 arithmetic.
-        let ar: Vec<f32> = a.iter().map(|x| bf16::from_f32(*x).to_f32()).collect();
-        let br: Vec<f32> = b.iter().map(|x| bf16::from_f32(*x).to_f32()).collect();
+        let ar = rounded_operand(a, Half::BF16);
+        let br = rounded_operand(b, Half::BF16);
         return matmul_with_threads(out, &ar, &br, d, threads);
     }
     let kp = k.div_ceil(2); // k pairs
