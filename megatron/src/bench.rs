@@ -23,9 +23,9 @@ pub struct BenchArgs {
     pub repeats: usize,
     #[arg(long)]
     pub threads: Option<usize>,
-    /// GEMM implementation for `bench gemm`: `gemm` (the crate the engine uses),
-    /// `matrixmultiply` (for comparison; threads through MATMUL_NUM_THREADS) or `bf16` (the
-    /// engine's bf16-operand GEMM).
+    /// GEMM implementation for `bench gemm`: `gemm` (the engine's matmul), `gemm-crate` (the
+    /// `gemm` crate, the portable fallback), `versus` (engine and crate alternating call by call), `matrixmultiply` (for comparison; threads through
+    /// MATMUL_NUM_THREADS) or `bf16` (the engine's bf16-operand GEMM).
     #[arg(long, default_value = "gemm")]
     pub gemm_impl: String,
     #[arg(long, default_value_t = 512)]
@@ -290,11 +290,14 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
         ("dgrad dy[N,f]·W[f,h]", n, h, f, false, false),
         ("wgrad dy[N,f]^T·x[N,h]", f, h, n, true, false),
     ];
-    let (use_mm, use_bf16) = match a.gemm_impl.as_str() {
-        "gemm" => (false, false),
-        "matrixmultiply" => (true, false),
-        "bf16" => (false, true),
-        other => anyhow::bail!("--gemm-impl {other}: expected gemm, matrixmultiply or bf16"),
+    let (use_mm, use_bf16, use_crate) = match a.gemm_impl.as_str() {
+        "gemm" => (false, false, false),
+        "gemm-crate" | "versus" => (false, false, true),
+        "matrixmultiply" => (true, false, false),
+        "bf16" => (false, true, false),
+        other => anyhow::bail!(
+            "--gemm-impl {other}: expected gemm, gemm-crate, versus, matrixmultiply or bf16"
+        ),
     };
     if use_mm {
         // matrixmultiply reads its thread count from the environment.
@@ -308,8 +311,12 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
         } else {
             "bf16 operands (no AVX512_BF16: f32 fallback)"
         }
-    } else {
+    } else if a.gemm_impl == "versus" {
+        "engine sgemm vs gemm crate (x86-v4), alternating"
+    } else if use_crate {
         "gemm crate (x86-v4)"
+    } else {
+        "engine sgemm"
     };
     println!(
         "{label_impl}, {threads} threads, median of {} calls",
@@ -329,10 +336,38 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
                 megatron_tensor::cpu::matmul_bf16::matmul_bf16_with_threads(
                     out, &x, &w, d, threads,
                 );
+            } else if use_crate {
+                megatron_tensor::cpu::matmul::gemm_crate(out, &x, &w, d, threads);
             } else {
                 matmul_with_threads(out, &x, &w, d, threads);
             }
         };
+        if a.gemm_impl == "versus" {
+            // Engine and crate alternate call by call, so both see the same neighbours.
+            let engine = |out: &mut [f32]| matmul_with_threads(out, &x, &w, d, threads);
+            engine(&mut out);
+            run(&mut out);
+            let (mut te, mut tc) = (Vec::new(), Vec::new());
+            for _ in 0..a.repeats {
+                let t = Instant::now();
+                engine(&mut out);
+                te.push(t.elapsed().as_secs_f64());
+                let t = Instant::now();
+                run(&mut out);
+                tc.push(t.elapsed().as_secs_f64());
+            }
+            te.sort_by(f64::total_cmp);
+            tc.sort_by(f64::total_cmp);
+            let (me, mc) = (te[te.len() / 2], tc[tc.len() / 2]);
+            let f = 2.0 * (m * nn * k) as f64 / 1e9;
+            println!(
+                "{label:<26} {m}x{nn}x{k}: engine {:.1} / gemm crate {:.1} GFLOP/s = {:.2}x",
+                f / me,
+                f / mc,
+                mc / me
+            );
+            continue;
+        }
         run(&mut out);
         let mut times: Vec<f64> = (0..a.repeats)
             .map(|_| {

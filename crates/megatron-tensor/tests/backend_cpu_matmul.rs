@@ -1,5 +1,6 @@
 mod common;
 use common::*;
+use megatron_tensor::cpu::matmul::gemm_crate;
 use megatron_tensor::cpu::{
     bias_backward, matmul, matmul_batched, matmul_with_threads, BatchStrides, MatmulDims,
 };
@@ -24,6 +25,71 @@ fn matmul_all_transposes_match_naive() {
             d,
         );
         assert_close(&out, &want, 1e-4, 1e-4, &format!("ta={ta} tb={tb}"));
+    }
+}
+
+/// Shapes that cross every blocking boundary of the AVX-512 kernel (24-row and 16-column tiles,
+/// 256-deep and 1024-wide packed blocks, 16-wide transposes) with partial tiles at each edge.
+#[test]
+fn matmul_block_edges_and_accumulation_match_naive_for_every_transpose() {
+    let (m, n, k) = (53, 1061, 300);
+    let a = randn(m * k, 11, 1.0);
+    let b = randn(k * n, 12, 1.0);
+    let init = randn(m * n, 13, 1.0);
+    let prod = naive_matmul(&a, &b, m, n, k);
+    let at = transpose(&a, m, k);
+    let bt = transpose(&b, k, n);
+    for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
+        for acc in [false, true] {
+            let mut out = if acc {
+                init.clone()
+            } else {
+                vec![f32::NAN; m * n]
+            };
+            let mut d = MatmulDims::new(m, n, k);
+            d.trans_a = ta;
+            d.trans_b = tb;
+            d.accumulate = acc;
+            let (a, b) = (if ta { &at } else { &a }, if tb { &bt } else { &b });
+            matmul_with_threads(&mut out, a, b, d, 2);
+            let want: Vec<f32> = if acc {
+                prod.iter().zip(&init).map(|(p, i)| p + i).collect()
+            } else {
+                prod.clone()
+            };
+            assert_close(
+                &out,
+                &want,
+                1e-3,
+                1e-4,
+                &format!("ta={ta} tb={tb} acc={acc}"),
+            );
+            // The portable path (the `gemm` crate) agrees too.
+            let mut fallback = if acc { init.clone() } else { vec![0.0; m * n] };
+            gemm_crate(&mut fallback, a, b, d, 2);
+            assert_close(&fallback, &want, 1e-3, 1e-4, "gemm crate");
+        }
+    }
+}
+
+/// Every element is summed in one order whatever the thread count (each thread owns whole rows
+/// or columns of the output), so results are bit-identical across thread budgets.
+#[test]
+fn matmul_is_bit_identical_across_thread_counts() {
+    for (m, n, k) in [(300, 70, 96), (40, 900, 64)] {
+        let a = randn(m * k, 14, 1.0);
+        let b = randn(k * n, 15, 1.0);
+        let d = MatmulDims::new(m, n, k).tb();
+        let mut o1 = vec![0.0; m * n];
+        matmul_with_threads(&mut o1, &a, &b, d, 1);
+        for t in [2, 3] {
+            let mut o = vec![0.0; m * n];
+            matmul_with_threads(&mut o, &a, &b, d, t);
+            assert!(
+                o.iter().zip(&o1).all(|(x, y)| x.to_bits() == y.to_bits()),
+                "{m}x{n}x{k} with {t} threads differs from 1 thread"
+            );
+        }
     }
 }
 

@@ -1,5 +1,5 @@
-//! Matrix multiply on the `gemm` crate (AVX-512 kernels through its `x86-v4` feature; measured in
-//! BENCHMARKS.md against matrixmultiply and OpenBLAS).
+//! Matrix multiply: our AVX-512 kernel (`sgemm.rs`) where the CPU has AVX-512, the `gemm` crate
+//! (AVX2 / portable kernels) elsewhere. Both measured in BENCHMARKS.md.
 
 use super::cast::{round_to_half, Half};
 use crate::threads::gemm_threads;
@@ -190,6 +190,35 @@ pub fn matmul_with_threads(out: &mut [f32], a: &[f32], b: &[f32], d: MatmulDims,
         }
         return;
     }
+    let (a_cs, a_rs) = if d.trans_a { (m, 1) } else { (1, k) };
+    let (b_cs, b_rs) = if d.trans_b { (k, 1) } else { (1, n) };
+    #[cfg(target_arch = "x86_64")]
+    if super::sgemm::available() {
+        use super::sgemm::{sgemm, MatRef};
+        let a = MatRef {
+            ptr: a.as_ptr(),
+            rs: a_rs,
+            cs: a_cs,
+        };
+        let b = MatRef {
+            ptr: b.as_ptr(),
+            rs: b_rs,
+            cs: b_cs,
+        };
+        // Small products do not pay for a parallel dispatch.
+        let threads = if m * n * k >= 1 << 18 { threads } else { 1 };
+        // SAFETY: the strides above describe exactly the asserted buffer sizes; `out` is a
+        // distinct mutable borrow.
+        unsafe { sgemm(m, n, k, out.as_mut_ptr(), n, a, b, d.accumulate, threads) };
+        return;
+    }
+    gemm_crate(out, a, b, d, threads);
+}
+
+/// The same product on the `gemm` crate: the portable path, and the reference `megatron bench
+/// gemm --gemm-impl gemm` measures against.
+pub fn gemm_crate(out: &mut [f32], a: &[f32], b: &[f32], d: MatmulDims, threads: usize) {
+    let MatmulDims { m, n, k, .. } = d;
     let (a_cs, a_rs) = if d.trans_a { (m, 1) } else { (1, k) };
     let (b_cs, b_rs) = if d.trans_b { (k, 1) } else { (1, n) };
     // Small products do not pay for thread start-up.

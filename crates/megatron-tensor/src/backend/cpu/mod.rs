@@ -15,6 +15,8 @@ pub mod layout;
 pub mod matmul;
 pub mod matmul_bf16;
 pub mod reduce;
+#[cfg(target_arch = "x86_64")]
+mod sgemm;
 pub mod simd;
 pub mod sync_ptr;
 

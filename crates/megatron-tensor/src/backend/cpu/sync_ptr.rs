@@ -5,6 +5,12 @@ unsafe impl Send for SyncPtr {}
 unsafe impl Sync for SyncPtr {}
 
 impl SyncPtr {
+    /// The pointer (a method, so that closures capture the `Sync` wrapper, not the raw field).
+    #[inline]
+    pub(crate) fn ptr(&self) -> *mut f32 {
+        self.0
+    }
+
     /// # Safety
     /// `[off, off + len)` must be in bounds and written by no other task at the same time.
     #[inline]
