@@ -76,7 +76,7 @@ fn matmul_block_edges_and_accumulation_match_naive_for_every_transpose() {
 /// or columns of the output), so results are bit-identical across thread budgets.
 #[test]
 fn matmul_is_bit_identical_across_thread_counts() {
-    for (m, n, k) in [(300, 70, 96), (40, 900, 64)] {
+    for (m, n, k) in [(300, 70, 96), (40, 900, 64), (256, 256, 64)] {
         let a = randn(m * k, 14, 1.0);
         let b = randn(k * n, 15, 1.0);
         let d = MatmulDims::new(m, n, k).tb();

@@ -75,9 +75,7 @@ pub(crate) unsafe fn sgemm(
     threads: usize,
 ) {
     let c = SyncPtr(c);
-    // Splitting rows duplicates the packing of B (k x n) in every thread, splitting columns that
-    // of A (m x k): take the cheaper; both keep every element's summation order.
-    let split_rows = m >= n;
+    let split_rows = split_rows(m, n, threads);
     let (len, unit) = if split_rows { (m, MR) } else { (n, NR) };
     let units = len.div_ceil(unit);
     let parts = threads.min(units).max(1);
@@ -112,6 +110,23 @@ pub(crate) unsafe fn sgemm(
         run(0);
     } else {
         (0..parts).into_par_iter().for_each(run);
+    }
+}
+
+/// Whether threads split C by rows (else by columns). The busiest thread's tile count decides
+/// first (a 256-row C is 10.7 tiles of 24 rows: 6 + 5 by rows, but 8 + 8 column tiles); on a
+/// near tie, the split that duplicates less packing: by rows every thread packs all of B
+/// (k x n), by columns all of A (m x k). Either way each element keeps its summation order.
+fn split_rows(m: usize, n: usize, threads: usize) -> bool {
+    let (tm, tn) = (m.div_ceil(MR), n.div_ceil(NR));
+    let busiest_by_rows = tm.div_ceil(threads.min(tm).max(1)) * tn;
+    let busiest_by_cols = tn.div_ceil(threads.min(tn).max(1)) * tm;
+    if busiest_by_rows * 100 > busiest_by_cols * 103 {
+        false
+    } else if busiest_by_cols * 100 > busiest_by_rows * 103 {
+        true
+    } else {
+        m >= n
     }
 }
 
