@@ -72,6 +72,44 @@ fn matmul_block_edges_and_accumulation_match_naive_for_every_transpose() {
     }
 }
 
+/// Single rows, single columns, exact tiles and K = 0 (the output is zeroed, or left alone when
+/// accumulating).
+#[test]
+fn matmul_degenerate_and_exact_tile_shapes_match_naive() {
+    for (m, n, k) in [
+        (1, 1, 1),
+        (1, 17, 300),
+        (25, 1, 33),
+        (24, 16, 16),
+        (48, 32, 512),
+        (3, 4, 0),
+    ] {
+        let a = randn(m * k, 16, 1.0);
+        let b = randn(k * n, 17, 1.0);
+        let want = naive_matmul(&a, &b, m, n, k);
+        let (at, bt) = (transpose(&a, m, k), transpose(&b, k, n));
+        for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
+            let mut d = MatmulDims::new(m, n, k);
+            d.trans_a = ta;
+            d.trans_b = tb;
+            let mut out = vec![f32::NAN; m * n];
+            let (a, b) = (if ta { &at } else { &a }, if tb { &bt } else { &b });
+            matmul_with_threads(&mut out, a, b, d, 2);
+            assert_close(
+                &out,
+                &want,
+                1e-3,
+                1e-4,
+                &format!("{m}x{n}x{k} ta={ta} tb={tb}"),
+            );
+            let mut acc = vec![1.0; m * n];
+            matmul_with_threads(&mut acc, a, b, d.acc(), 2);
+            let plus_one: Vec<f32> = want.iter().map(|w| w + 1.0).collect();
+            assert_close(&acc, &plus_one, 1e-3, 1e-4, &format!("{m}x{n}x{k} acc"));
+        }
+    }
+}
+
 /// Every element is summed in one order whatever the thread count (each thread owns whole rows
 /// or columns of the output), so results are bit-identical across thread budgets.
 #[test]
