@@ -295,10 +295,15 @@ impl Params {
             match *init {
                 Init::Const(c) => dst.fill(c),
                 Init::Normal(std) => {
+                    // Every value is a function of its global index alone (counter-based RNG), so
+                    // the chunks fill in parallel with exactly the serial result.
+                    const CHUNK: usize = 1 << 14;
                     let key = base.fold(name_hash(&m.name));
-                    for (i, v) in dst.iter_mut().enumerate() {
-                        *v = key.normal(m.global_index(i) as u64) * std;
-                    }
+                    dst.par_chunks_mut(CHUNK).enumerate().for_each(|(c, chunk)| {
+                        for (j, v) in chunk.iter_mut().enumerate() {
+                            *v = key.normal(m.global_index(c * CHUNK + j) as u64) * std;
+                        }
+                    });
                 }
             }
         }
