@@ -202,8 +202,10 @@ unsafe fn pack_a(ap: &mut [f32], a: MatRef, ir: usize, pc: usize, mr: usize, kc:
         // Rows 0..16 into lanes 0..16 of each packed row, rows 16..MR into the rest.
         let src = a.at(ir, pc);
         x86::pack_transposed_16(ap.as_mut_ptr(), MR, 16, src, a.rs, a.cs, mr.min(16), kc);
-        let src = a.at(ir + 16, pc);
+        // With no rows there (the last, short micro-panel) nothing is read: pass a pointer that
+        // stays inside the matrix.
         let w = mr.saturating_sub(16);
+        let src = if w > 0 { a.at(ir + 16, pc) } else { src };
         x86::pack_transposed_16(ap.as_mut_ptr().add(16), MR, MR - 16, src, a.rs, a.cs, w, kc);
     }
 }
@@ -357,7 +359,9 @@ mod x86 {
         let mut b = bp;
         for _ in 0..kc {
             // B streams from L2: ask for it PF_B k steps ahead.
-            _mm_prefetch::<_MM_HINT_T0>(b.add(PF_B * NR) as *const i8);
+            // `wrapping_add`: near the panel's end this address lies past the buffer (a prefetch
+            // never faults, but an out-of-bounds `add` is undefined).
+            _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(PF_B * NR) as *const i8);
             let bv = _mm512_loadu_ps(b);
             for (i, acc) in acc.iter_mut().enumerate() {
                 *acc = _mm512_fmadd_ps(_mm512_set1_ps(*a.add(i)), bv, *acc);
