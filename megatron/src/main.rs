@@ -60,6 +60,7 @@ fn main() -> ExitCode {
     // a page clear on the next touch.
     // SAFETY: setting an option before any other thread exists.
     unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, -1) };
+    restore_sigpipe();
     let cli = Cli::parse();
     let result: anyhow::Result<()> = match cli.command {
         Command::Train(args) => pretrain(&args)
@@ -125,4 +126,23 @@ fn run_preprocess(args: &PreprocessArgs) -> anyhow::Result<()> {
         args.output_prefix
     );
     Ok(())
+}
+
+/// `megatron ... | head` should end quietly, as Unix tools do, not with a "failed printing to
+/// stdout" panic: Rust ignores SIGPIPE, so restore its default. Not under an MPI launcher, where a
+/// peer that dies must surface as the communicator's error naming the rank rather than as a
+/// signal that kills the others mid-write.
+fn restore_sigpipe() {
+    const MPI_LAUNCHER_VARS: [&str; 3] = ["OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMIX_RANK"];
+    if MPI_LAUNCHER_VARS
+        .iter()
+        .any(|v| std::env::var_os(v).is_some())
+    {
+        return;
+    }
+    #[cfg(unix)]
+    // SAFETY: called at the start of `main`, before any other thread exists.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
 }
