@@ -24,8 +24,9 @@ pub struct BenchArgs {
     #[arg(long)]
     pub threads: Option<usize>,
     /// GEMM implementation for `bench gemm`: `gemm` (the engine's matmul), `gemm-crate` (the
-    /// `gemm` crate, the portable fallback), `versus` (engine and crate alternating call by call), `matrixmultiply` (for comparison; threads through
-    /// MATMUL_NUM_THREADS) or `bf16` (the engine's bf16-operand GEMM).
+    /// `gemm` crate, the portable fallback), `versus` (engine and crate alternating call by
+    /// call), `matrixmultiply` (for comparison; threads through MATMUL_NUM_THREADS) or `bf16`
+    /// (the engine's bf16-operand GEMM).
     #[arg(long, default_value = "gemm")]
     pub gemm_impl: String,
     #[arg(long, default_value_t = 512)]
@@ -312,11 +313,11 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
             "bf16 operands (no AVX512_BF16: f32 fallback)"
         }
     } else if a.gemm_impl == "versus" {
-        "engine sgemm vs gemm crate (x86-v4), alternating"
+        "engine matmul vs gemm crate (x86-v4), alternating"
     } else if use_crate {
         "gemm crate (x86-v4)"
     } else {
-        "engine sgemm"
+        "engine matmul"
     };
     println!(
         "{label_impl}, {threads} threads, median of {} calls",

@@ -216,7 +216,7 @@ pub fn matmul_with_threads(out: &mut [f32], a: &[f32], b: &[f32], d: MatmulDims,
 }
 
 /// The same product on the `gemm` crate: the portable path, and the reference `megatron bench
-/// gemm --gemm-impl gemm` measures against.
+/// gemm --gemm-impl versus` measures the engine against.
 pub fn gemm_crate(out: &mut [f32], a: &[f32], b: &[f32], d: MatmulDims, threads: usize) {
     let MatmulDims { m, n, k, .. } = d;
     let (a_cs, a_rs) = if d.trans_a { (m, 1) } else { (1, k) };
