@@ -23,6 +23,16 @@ fn cfg() -> TransformerConfig {
     }
 }
 
+/// The gradient DP rank `rank` contributes for element `i`: different on every rank.
+fn rank_grad(i: usize, rank: usize) -> f32 {
+    ((i * 7 + rank * 13) % 17) as f32 * 0.01 - 0.08
+}
+
+/// What the data-parallel average of [`rank_grad`] over `dp` ranks gives plain Adam.
+fn averaged_grad(i: usize, dp: usize) -> f32 {
+    (0..dp).map(|r| rank_grad(i, r)).sum::<f32>() / dp as f32
+}
+
 #[test]
 fn buckets_cover_the_buffer_in_reverse_order_and_shards_partition_them() {
     let (_, params) = GPTModel::new(cfg(), 1);
@@ -63,7 +73,7 @@ fn the_distributed_optimizer_matches_adam_and_holds_one_dp_th_of_the_state() {
             // Every rank contributes different gradients; the average is what Adam sees.
             let mut grads = Grads::zeros_like(&params);
             for (i, g) in grads.data.iter_mut().enumerate() {
-                *g = ((i * 7 + rank * 13) % 17) as f32 * 0.01 - 0.08;
+                *g = rank_grad(i, rank);
             }
             let buffer = GradBuffer::new(&params, 700, dp, rank, true);
             let mut d = DistributedOptimizer::new(&params, buffer, 0.9, 0.95, 1e-8);
@@ -76,10 +86,7 @@ fn the_distributed_optimizer_matches_adam_and_holds_one_dp_th_of_the_state() {
         let (_, mut params) = GPTModel::new(cfg(), 1);
         let mut grads = Grads::zeros_like(&params);
         for (i, g) in grads.data.iter_mut().enumerate() {
-            *g = (0..dp)
-                .map(|r| ((i * 7 + r * 13) % 17) as f32 * 0.01 - 0.08)
-                .sum::<f32>()
-                / dp as f32;
+            *g = averaged_grad(i, dp);
         }
         let mut adam = Adam::new(&params, 0.9, 0.95, 1e-8);
         adam.step(&mut params, &grads, 1e-2, 0.1);
@@ -115,7 +122,7 @@ fn with_16_bit_parameters_the_distributed_optimizer_keeps_fp32_main_shards_and_g
                 params.set_half(Some(half));
                 let mut grads = Grads::zeros_like(&params);
                 for (i, g) in grads.data.iter_mut().enumerate() {
-                    *g = ((i * 7 + rank * 13) % 17) as f32 * 0.01 - 0.08;
+                    *g = rank_grad(i, rank);
                 }
                 let buffer = GradBuffer::new(&params, 701, dp, rank, true);
                 let mut d = DistributedOptimizer::new(&params, buffer, 0.9, 0.95, 1e-8);
@@ -129,10 +136,7 @@ fn with_16_bit_parameters_the_distributed_optimizer_keeps_fp32_main_shards_and_g
             params.set_half(Some(half));
             let mut grads = Grads::zeros_like(&params);
             for (i, g) in grads.data.iter_mut().enumerate() {
-                *g = (0..dp)
-                    .map(|r| ((i * 7 + r * 13) % 17) as f32 * 0.01 - 0.08)
-                    .sum::<f32>()
-                    / dp as f32;
+                *g = averaged_grad(i, dp);
             }
             let mut adam = Adam::new(&params, 0.9, 0.95, 1e-8);
             adam.step(&mut params, &grads, 1e-2, 0.1);
@@ -184,7 +188,7 @@ fn params_read_during_an_overlapped_gather_are_already_gathered() {
                 params.set_half(half);
                 let mut grads = Grads::zeros_like(&params);
                 for (i, g) in grads.data.iter_mut().enumerate() {
-                    *g = ((i * 7 + rank * 13) % 17) as f32 * 0.01 - 0.08;
+                    *g = rank_grad(i, rank);
                 }
                 let buffer = GradBuffer::new(&params, 300, 2, rank, true);
                 let mut d = DistributedOptimizer::new(&params, buffer, 0.9, 0.95, 1e-8);

@@ -390,15 +390,7 @@ fn data_parallel_worlds_2_and_4_train_the_same_model_as_world_1() {
     for (world, mbs) in [(2, 2), (4, 1)] {
         let (sn, cn) = run(world, mbs);
         assert_eq!(sn.losses.len(), 5);
-        for (a, b) in s1.losses.iter().zip(&sn.losses) {
-            assert!(
-                (a.1 - b.1).abs() < 1e-5 * a.1.abs().max(1.0),
-                "world {world} iteration {}: {} vs {}",
-                a.0,
-                a.1,
-                b.1
-            );
-        }
+        assert_losses_close(&format!("world {world}"), &s1.losses, &sn.losses, 1e-5);
         let mut max_diff = 0.0f32;
         for (name, v1) in &c1.tensors {
             let vn = &cn.tensors[name];
@@ -515,6 +507,21 @@ fn tp_run(
     (summary, load_checkpoint(&save, None).unwrap())
 }
 
+/// `got` follows `want` iteration by iteration, each loss within `rel` of it (relative, with a
+/// floor of 1 so losses near zero compare absolutely).
+fn assert_losses_close(what: &str, want: &[(u64, f64)], got: &[(u64, f64)], rel: f64) {
+    for (a, b) in want.iter().zip(got) {
+        assert_eq!(a.0, b.0, "{what}: iterations");
+        assert!(
+            (a.1 - b.1).abs() <= rel * a.1.abs().max(1.0),
+            "{what} iteration {}: {} vs {}",
+            a.0,
+            a.1,
+            b.1
+        );
+    }
+}
+
 fn assert_same_training(
     what: &str,
     one: &(TrainSummary, LoadedCheckpoint),
@@ -541,27 +548,12 @@ fn assert_same_training_within(
     param_tol: f32,
 ) {
     assert_eq!(sn.losses.len(), 5, "{what}");
-    for (a, b) in s1.losses.iter().zip(&sn.losses) {
-        assert!(
-            (a.1 - b.1).abs() <= loss_tol * a.1.abs().max(1.0),
-            "{what} iteration {}: {} vs {}",
-            a.0,
-            a.1,
-            b.1
-        );
-    }
+    assert_losses_close(what, &s1.losses, &sn.losses, loss_tol);
     // Validation uses the same samples in every layout, so its loss matches too.
     assert_eq!(s1.val_losses.len(), sn.val_losses.len(), "{what}");
     assert!(!s1.val_losses.is_empty());
-    for (a, b) in s1.val_losses.iter().zip(&sn.val_losses) {
-        assert!(
-            (a.1 - b.1).abs() <= loss_tol * a.1.abs().max(1.0),
-            "{what} validation at {}: {} vs {}",
-            a.0,
-            a.1,
-            b.1
-        );
-    }
+    let validation = format!("{what} validation");
+    assert_losses_close(&validation, &s1.val_losses, &sn.val_losses, loss_tol);
     assert_eq!(c1.tensors.len(), cn.tensors.len(), "{what}");
     let (mut pmax, mut mmax) = (0.0f32, 0.0f32);
     for (name, v1) in &c1.tensors {
@@ -668,16 +660,8 @@ fn a_checkpoint_saved_at_tp2_resumes_at_tp4_and_tp1() {
             &f,
         ]);
         assert_eq!(resumed.losses.len(), 2, "tp {tp}");
-        for (a, b) in serial.losses[3..].iter().zip(&resumed.losses) {
-            assert_eq!(a.0, b.0);
-            assert!(
-                (a.1 - b.1).abs() <= 1e-5 * a.1.abs().max(1.0),
-                "resumed at tp {tp}, iteration {}: {} vs {}",
-                a.0,
-                a.1,
-                b.1
-            );
-        }
+        let what = format!("resumed at tp {tp}");
+        assert_losses_close(&what, &serial.losses[3..], &resumed.losses, 1e-5);
     }
     let _ = std::fs::remove_dir_all(dir);
 }
@@ -1357,16 +1341,8 @@ fn a_distributed_optimizer_checkpoint_resumes_under_another_layout() {
         more.extend_from_slice(layout);
         let resumed = with(&more);
         assert_eq!(resumed.losses.len(), 2, "{layout:?}");
-        for (a, b) in serial.losses[3..].iter().zip(&resumed.losses) {
-            assert_eq!(a.0, b.0);
-            assert!(
-                (a.1 - b.1).abs() <= 1e-5 * a.1.abs().max(1.0),
-                "{layout:?} iteration {}: {} vs {}",
-                a.0,
-                a.1,
-                b.1
-            );
-        }
+        let what = format!("{layout:?}");
+        assert_losses_close(&what, &serial.losses[3..], &resumed.losses, 1e-5);
     }
     let _ = std::fs::remove_dir_all(dir);
 }
@@ -1400,16 +1376,12 @@ fn a_bf16_distributed_optimizer_checkpoint_keeps_the_fp32_main_parameters() {
         more.extend_from_slice(layout);
         let resumed = with(&more);
         assert_eq!(resumed.losses.len(), 2, "{layout:?}");
-        for (a, b) in whole.losses[3..].iter().zip(&resumed.losses) {
-            assert_eq!(a.0, b.0);
-            assert!(
-                (a.1 - b.1).abs() <= tol * a.1.abs().max(1.0),
-                "{layout:?} iteration {}: {} vs {}",
-                a.0,
-                a.1,
-                b.1
-            );
-        }
+        assert_losses_close(
+            &format!("{layout:?}"),
+            &whole.losses[3..],
+            &resumed.losses,
+            tol,
+        );
     }
     let _ = std::fs::remove_dir_all(dir);
 }
