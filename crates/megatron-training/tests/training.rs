@@ -1,63 +1,9 @@
-use clap::Parser;
+mod common;
+
+use common::{args, tmpdir};
 use megatron_training::checkpointing::{load_checkpoint, LoadedCheckpoint, TRACKER};
 use megatron_training::{pretrain, TrainArgs, TrainError, TrainSummary};
 use std::path::{Path, PathBuf};
-
-#[derive(Parser)]
-#[command(args_override_self = true)]
-struct Wrap {
-    #[command(flatten)]
-    args: TrainArgs,
-}
-
-fn args(extra: &[&str]) -> TrainArgs {
-    let mut v = vec![
-        "megatron",
-        "--mock-data",
-        "--tokenizer-type",
-        "NullTokenizer",
-        "--vocab-size",
-        "61",
-        "--num-layers",
-        "2",
-        "--hidden-size",
-        "32",
-        "--num-attention-heads",
-        "4",
-        "--seq-length",
-        "16",
-        "--micro-batch-size",
-        "2",
-        "--global-batch-size",
-        "4",
-        "--lr",
-        "3e-3",
-        "--lr-warmup-iters",
-        "2",
-        "--lr-decay-style",
-        "cosine",
-        "--eval-iters",
-        "1",
-        "--eval-interval",
-        "3",
-        "--log-interval",
-        "1",
-        "--peak-tflops",
-        "1",
-        "--no-progress-bar",
-        "--num-threads",
-        "2",
-    ];
-    v.extend_from_slice(extra);
-    Wrap::try_parse_from(v).expect("flags parse").args
-}
-
-fn tmpdir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("megatron-rs-test-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
 
 #[test]
 fn mock_data_loss_falls() {

@@ -45,3 +45,17 @@ pub use reduce::{global_norm_squared, scale_inplace};
 /// small enough to balance two to a few dozen cores. Fixed (not derived from the thread count) so
 /// results are identical whatever the thread count.
 pub(crate) const ROWS_PER_TASK: usize = 16;
+
+/// Which kernels this machine runs (vector level and f32 GEMM): two machines with the same
+/// fingerprint compute bit-identical results, so golden files record it.
+pub fn kernel_fingerprint() -> String {
+    #[cfg(target_arch = "x86_64")]
+    let gemm = if sgemm::available() {
+        "own-sgemm"
+    } else {
+        "gemm-crate"
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let gemm = "gemm-crate";
+    format!("{:?}/{gemm}", simd::level())
+}
