@@ -152,6 +152,7 @@ fn kernels(a: &BenchArgs) -> anyhow::Result<()> {
             b,
             t,
             heads: a.heads,
+            groups: a.heads,
             head_dim: h / a.heads,
             causal: true,
             dropout: 0.0,

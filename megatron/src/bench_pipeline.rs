@@ -124,6 +124,7 @@ pub fn pipeline(a: &BenchArgs) -> anyhow::Result<()> {
         init_method_std: 0.02,
         layernorm_epsilon: 1e-5,
         untie_embeddings_and_output_weights: true,
+        ..Default::default()
     };
     cfg.validate()?;
     let p = a.ranks.first().copied().unwrap_or(4);

@@ -120,6 +120,7 @@ pub fn tp(a: &BenchArgs) -> anyhow::Result<()> {
         init_method_std: 0.02,
         layernorm_epsilon: 1e-5,
         untie_embeddings_and_output_weights: false,
+        ..Default::default()
     };
     cfg.validate()?;
     let b = a.micro_batch;

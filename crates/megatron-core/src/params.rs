@@ -39,6 +39,10 @@ pub struct ParamMeta {
     /// replicated parameter is partial and must be all-reduced over TP (LayerNorms, row-parallel
     /// biases, position embeddings).
     pub sequence_parallel_grad: bool,
+    /// The split dimension holds this many equal blocks, each split over TP on its own (the
+    /// SwiGLU `linear_fc1` is `[gate; up]`: a rank holds `[gate_r; up_r]`). 1 for a plain split.
+    #[serde(default = "one")]
+    pub tp_chunks: usize,
     /// Index of this shard along `tp_split_dim` and the number of shards.
     pub tp_rank: usize,
     pub tp_size: usize,
@@ -47,6 +51,10 @@ pub struct ParamMeta {
     /// saved, since the owner saves it.
     #[serde(default)]
     pub shared: bool,
+}
+
+fn one() -> usize {
+    1
 }
 
 impl ParamMeta {
@@ -65,7 +73,14 @@ impl ParamMeta {
         let ld = self.local_shape[d];
         let gd = self.shape[d];
         let (o, rest) = (i / (ld * inner), i % (ld * inner));
-        (o * gd + rank * ld) * inner + rest
+        if self.tp_chunks <= 1 {
+            return (o * gd + rank * ld) * inner + rest;
+        }
+        // Local row `r` of block `c` is global row `c * gd/chunks + rank * ld/chunks + r`.
+        let (lb, gb) = (ld / self.tp_chunks, gd / self.tp_chunks);
+        let (row, col) = (rest / inner, rest % inner);
+        let (c, r) = (row / lb, row % lb);
+        (o * gd + c * gb + rank * lb + r) * inner + col
     }
 }
 
@@ -85,6 +100,8 @@ pub enum Sharding {
     ReplicatedSequenceParallel,
     /// Split along this dimension.
     Split(usize),
+    /// Dimension 0 holds `chunks` equal blocks, each split over TP (fused `[gate; up]`).
+    SplitChunks(usize),
 }
 
 /// The 16-bit parameters the model reads under mixed precision.
@@ -231,7 +248,20 @@ impl Params {
                 local_shape[d] /= tp_size;
                 Some(d)
             }
+            Sharding::SplitChunks(c) => {
+                assert!(
+                    shape[0].is_multiple_of(tp_size * c),
+                    "{name}: dimension 0 ({}) is not {c} blocks divisible by the TP size {tp_size}",
+                    shape[0]
+                );
+                local_shape[0] /= tp_size;
+                Some(0)
+            }
             _ => None,
+        };
+        let tp_chunks = match sharding {
+            Sharding::SplitChunks(c) => c,
+            _ => 1,
         };
         let numel = local_shape.iter().product();
         let offset = self.metas.last().map_or(0, |m| m.offset + m.numel);
@@ -245,6 +275,7 @@ impl Params {
             tp_split_dim: split,
             tp_replicated: split.is_none(),
             sequence_parallel_grad: sharding == Sharding::ReplicatedSequenceParallel,
+            tp_chunks,
             tp_rank,
             tp_size,
             shared: false,

@@ -20,6 +20,7 @@ fn cfg() -> TransformerConfig {
         init_method_std: 0.02,
         layernorm_epsilon: 1e-5,
         untie_embeddings_and_output_weights: false,
+        ..Default::default()
     }
 }
 

@@ -1,4 +1,6 @@
-use megatron_core::inference::{decode_step, KVCache};
+mod common;
+
+use common::*;
 use megatron_core::transformer::step::StepContext;
 use megatron_core::{Batch, GPTModel, Grads, TransformerConfig};
 
@@ -16,81 +18,18 @@ fn tiny(untie: bool, dropout: f32) -> TransformerConfig {
         init_method_std: 0.2,
         layernorm_epsilon: 1e-5,
         untie_embeddings_and_output_weights: untie,
+        ..Default::default()
     }
-}
-
-fn data(b: usize, t: usize) -> (Vec<u32>, Vec<u32>, Vec<f32>) {
-    let tokens: Vec<u32> = (0..b * t).map(|i| ((i * 37 + 11) % 64) as u32).collect();
-    let labels: Vec<u32> = (0..b * t).map(|i| ((i * 53 + 5) % 64) as u32).collect();
-    let mask: Vec<f32> = (0..b * t)
-        .map(|i| if i % 5 == 4 { 0.0 } else { 1.0 })
-        .collect();
-    (tokens, labels, mask)
-}
-
-fn gradient_check(untie: bool) {
-    let cfg = tiny(untie, 0.0);
-    let (model, mut params) = GPTModel::new(cfg, 42);
-    let (b, t) = (2, 8);
-    let (tokens, labels, mask) = data(b, t);
-    let batch = Batch {
-        tokens: &tokens,
-        labels: &labels,
-        loss_mask: &mask,
-        b,
-        t,
-        position_ids: None,
-        doc_start: None,
-    };
-    let mut grads = Grads::zeros_like(&params);
-    let r = model.forward_backward_serial(&params, &mut grads, &batch, 1.0, &StepContext::eval());
-    let l0 = model.forward_loss_serial(&params, &batch);
-    assert!(
-        (r.loss - l0).abs() < 1e-5,
-        "forward_backward loss {} vs forward_loss {}",
-        r.loss,
-        l0
-    );
-    let eps = 1e-2f32;
-    let mut checked = 0;
-    let mut max_rel = 0.0f64;
-    for meta in params.metas.clone() {
-        // Three coordinates per parameter tensor, spread over it.
-        for k in 0..3 {
-            let i = meta.offset + (meta.numel * (2 * k + 1)) / 6;
-            let orig = params.data[i];
-            params.data[i] = orig + eps;
-            let fp = model.forward_loss_serial(&params, &batch) as f64;
-            params.data[i] = orig - eps;
-            let fm = model.forward_loss_serial(&params, &batch) as f64;
-            params.data[i] = orig;
-            let fd = (fp - fm) / (2.0 * eps as f64);
-            let an = grads.data[i] as f64;
-            // Tolerance: f32 forward noise (~1e-6 of the loss) over 2*eps, plus 5% relative.
-            assert!(
-                (fd - an).abs() <= 1e-3 + 5e-2 * an.abs(),
-                "{}[{}]: finite difference {fd} vs analytic {an}",
-                meta.name,
-                i - meta.offset
-            );
-            if an.abs() > 1e-2 {
-                max_rel = max_rel.max((fd - an).abs() / an.abs());
-            }
-            checked += 1;
-        }
-    }
-    assert!(checked >= 3 * 20);
-    assert!(max_rel < 5e-2, "max relative error {max_rel}");
 }
 
 #[test]
 fn gpt_whole_model_gradient_matches_finite_difference() {
-    gradient_check(false);
+    gradient_check(tiny(false, 0.0));
 }
 
 #[test]
 fn gpt_untied_output_layer_gradient_matches_finite_difference() {
-    gradient_check(true);
+    gradient_check(tiny(true, 0.0));
 }
 
 #[test]
@@ -190,38 +129,7 @@ fn gpt_dropout_changes_loss_in_training_but_not_in_eval() {
 
 #[test]
 fn kv_cache_decoding_reproduces_full_sequence_loss() {
-    let (model, params) = GPTModel::new(tiny(false, 0.0), 9);
-    let (b, t) = (2, 8);
-    let (tokens, labels, _) = data(b, t);
-    let mask = vec![1.0f32; b * t];
-    let batch = Batch {
-        tokens: &tokens,
-        labels: &labels,
-        loss_mask: &mask,
-        b,
-        t,
-        position_ids: None,
-        doc_start: None,
-    };
-    let full = model.forward_loss_serial(&params, &batch) as f64;
-    let mut cache = KVCache::new(&model, b, t);
-    let mut total = 0.0f64;
-    for pos in 0..t {
-        let step_tokens: Vec<u32> = (0..b).map(|bi| tokens[bi * t + pos]).collect();
-        let logits = decode_step(&model, &params, &mut cache, &step_tokens);
-        let v = model.config.padded_vocab_size;
-        for bi in 0..b {
-            let row = &logits.data()[bi * v..(bi + 1) * v];
-            let mx = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
-            let lse = mx + row.iter().map(|z| (*z as f64 - mx).exp()).sum::<f64>().ln();
-            total += lse - row[labels[bi * t + pos] as usize] as f64;
-        }
-    }
-    let decoded = total / (b * t) as f64;
-    assert!(
-        (decoded - full).abs() < 1e-4,
-        "decode {decoded} vs full {full}"
-    );
+    assert_decoding_reproduces_full_sequence_loss(tiny(false, 0.0));
 }
 
 #[test]

@@ -161,6 +161,7 @@ fn gpt(layers: usize) -> TransformerConfig {
         init_method_std: 0.02,
         layernorm_epsilon: 1e-5,
         untie_embeddings_and_output_weights: false,
+        ..Default::default()
     }
 }
 

@@ -2,6 +2,7 @@ mod common;
 use common::*;
 use megatron_tensor::cpu::{
     attention_backward, attention_decode_forward, attention_forward, AttentionDims, AttentionMask,
+    DecodeDims,
 };
 use megatron_tensor::RngKey;
 
@@ -17,13 +18,18 @@ fn naive_attention_docs(
     d: AttentionDims,
 ) -> Vec<f32> {
     let (t, nh, hd) = (d.t, d.heads, d.head_dim);
-    let qrs = nh * 3 * hd;
+    let qpg = nh / d.groups;
+    let qrs = d.groups * (qpg + 2) * hd;
+    // Query head h reads row offset q_at(h); its group's key and value sit after the group's
+    // queries.
+    let q_at = |h: usize| ((h / qpg) * (qpg + 2) + h % qpg) * hd;
+    let k_at = |h: usize| ((h / qpg) * (qpg + 2) + qpg) * hd;
     let mut out = vec![0.0f32; d.b * t * nh * hd];
     for b in 0..d.b {
         let klen = lens.map_or(t, |l| l[b]);
         for h in 0..nh {
             for i in 0..t {
-                let q = &qkv[(b * t + i) * qrs + h * 3 * hd..][..hd];
+                let q = &qkv[(b * t + i) * qrs + q_at(h)..][..hd];
                 let mut s = vec![f64::NEG_INFINITY; t];
                 for j in 0..t {
                     if (d.causal && j > i)
@@ -32,7 +38,7 @@ fn naive_attention_docs(
                     {
                         continue;
                     }
-                    let k = &qkv[(b * t + j) * qrs + h * 3 * hd + hd..][..hd];
+                    let k = &qkv[(b * t + j) * qrs + k_at(h)..][..hd];
                     s[j] = q
                         .iter()
                         .zip(k)
@@ -47,7 +53,7 @@ fn naive_attention_docs(
                 let e: Vec<f64> = s.iter().map(|v| (v - mx).exp()).collect();
                 let sum: f64 = e.iter().sum();
                 for j in 0..t {
-                    let v = &qkv[(b * t + j) * qrs + h * 3 * hd + 2 * hd..][..hd];
+                    let v = &qkv[(b * t + j) * qrs + k_at(h) + hd..][..hd];
                     for c in 0..hd {
                         out[(b * t + i) * nh * hd + h * hd + c] +=
                             (e[j] / sum * v[c] as f64) as f32;
@@ -71,11 +77,21 @@ fn dims(
         b,
         t,
         heads,
+        groups: heads,
         head_dim,
         causal,
         dropout,
         rng_heads: (0, heads),
     }
+}
+
+/// [`dims`] with `groups` key/value heads (grouped-query attention).
+fn gqa(d: AttentionDims, groups: usize) -> AttentionDims {
+    AttentionDims { groups, ..d }
+}
+
+fn qkv_len(d: AttentionDims) -> usize {
+    d.b * d.t * (d.heads + 2 * d.groups) * d.head_dim
 }
 
 fn mask<'a>(lens: Option<&'a [usize]>, docs: Option<&'a [u32]>) -> AttentionMask<'a> {
@@ -150,7 +166,7 @@ fn attention_fd_check_docs(
     seed: u64,
 ) {
     let key = RngKey::new(5);
-    let mut qkv = randn(d.b * d.t * d.heads * 3 * d.head_dim, seed, 1.0);
+    let mut qkv = randn(qkv_len(d), seed, 1.0);
     let r = randn(d.b * d.t * d.heads * d.head_dim, seed + 1, 1.0);
     let (out, lse) = run_forward_docs(&qkv, lens, docs, d, key);
     let mut dqkv = vec![f32::NAN; qkv.len()];
@@ -241,7 +257,14 @@ fn attention_decode_matches_last_row_of_full_attention() {
         }
     }
     let mut o = vec![0.0; d.b * nh * hd];
-    attention_decode_forward(&mut o, &q, &kc, &vc, d.b, nh, hd, max_t, t);
+    let dd = DecodeDims {
+        b: d.b,
+        heads: nh,
+        groups: nh,
+        head_dim: hd,
+        max_t,
+    };
+    attention_decode_forward(&mut o, &q, &kc, &vc, dd, t);
     for b in 0..d.b {
         let want = &out[(b * t + t - 1) * nh * hd..][..nh * hd];
         assert_close(
@@ -250,6 +273,93 @@ fn attention_decode_matches_last_row_of_full_attention() {
             1e-5,
             1e-4,
             "decode",
+        );
+    }
+}
+
+#[test]
+fn grouped_query_attention_forward_matches_naive() {
+    // 6 query heads in 2 groups, and multi-query (1 group), across blocks.
+    for groups in [2, 1] {
+        for causal in [true, false] {
+            let d = gqa(dims(2, 130, 6, 8, causal, 0.0), groups);
+            let qkv = randn(qkv_len(d), 21, 1.0);
+            let (out, _) = run_forward(&qkv, None, d, RngKey::new(0));
+            assert_close(
+                &out,
+                &naive_attention(&qkv, None, d),
+                1e-4,
+                1e-4,
+                &format!("groups={groups} causal={causal}"),
+            );
+        }
+    }
+}
+
+#[test]
+fn grouped_query_attention_backward_matches_finite_difference() {
+    // The shared key/value gradients sum over the group's query heads.
+    attention_fd_check(gqa(dims(2, 70, 4, 8, true, 0.0), 2), None, 22);
+    attention_fd_check(gqa(dims(1, 70, 3, 8, true, 0.0), 1), None, 23);
+    attention_fd_check(gqa(dims(1, 66, 4, 8, true, 0.2), 2), None, 24);
+}
+
+#[test]
+fn grouped_query_attention_equals_multi_head_attention_with_repeated_keys_and_values() {
+    // GQA is MHA whose heads of a group see copies of one K and V: build that MHA input and
+    // compare outputs (the kernel itself never copies).
+    let d = gqa(dims(2, 40, 4, 8, true, 0.0), 2);
+    let qkv = randn(qkv_len(d), 25, 1.0);
+    let hd = d.head_dim;
+    let mha = dims(2, 40, 4, 8, true, 0.0);
+    let mut expanded = vec![0.0; d.b * d.t * 4 * 3 * hd];
+    for r in 0..d.b * d.t {
+        let src = &qkv[r * 8 * hd..(r + 1) * 8 * hd];
+        for h in 0..4 {
+            let g = h / 2;
+            let dst = &mut expanded[(r * 4 + h) * 3 * hd..(r * 4 + h + 1) * 3 * hd];
+            dst[..hd].copy_from_slice(&src[(g * 4 + h % 2) * hd..][..hd]);
+            dst[hd..2 * hd].copy_from_slice(&src[(g * 4 + 2) * hd..][..hd]);
+            dst[2 * hd..].copy_from_slice(&src[(g * 4 + 3) * hd..][..hd]);
+        }
+    }
+    let (a, _) = run_forward(&qkv, None, d, RngKey::new(0));
+    let (b, _) = run_forward(&expanded, None, mha, RngKey::new(0));
+    assert_eq!(a, b);
+}
+
+#[test]
+fn grouped_query_decode_matches_last_row_of_full_attention() {
+    let d = gqa(dims(2, 20, 6, 8, true, 0.0), 3);
+    let qkv = randn(qkv_len(d), 26, 1.0);
+    let (out, _) = run_forward(&qkv, None, d, RngKey::new(0));
+    let (hd, nh, t, max_t) = (d.head_dim, d.heads, d.t, 24);
+    let dd = DecodeDims {
+        b: d.b,
+        heads: nh,
+        groups: 3,
+        head_dim: hd,
+        max_t,
+    };
+    let mut kc = vec![0.0; d.b * 3 * max_t * hd];
+    let mut vc = kc.clone();
+    let mut q = vec![0.0; d.b * nh * hd];
+    for j in 0..t {
+        let rows: Vec<f32> = (0..d.b)
+            .flat_map(|b| qkv[(b * t + j) * 12 * hd..(b * t + j + 1) * 12 * hd].to_vec())
+            .collect();
+        megatron_tensor::cpu::kv_cache_append(&mut kc, &mut vc, &mut q, &rows, dd, j);
+    }
+    let mut o = vec![0.0; d.b * nh * hd];
+    attention_decode_forward(&mut o, &q, &kc, &vc, dd, t);
+    for b in 0..d.b {
+        let want = &out[(b * t + t - 1) * nh * hd..][..nh * hd];
+        assert_close(
+            &o[b * nh * hd..(b + 1) * nh * hd],
+            want,
+            1e-5,
+            1e-4,
+            "gqa decode",
         );
     }
 }

@@ -2,9 +2,32 @@
 //! bad configuration before any work starts.
 
 use crate::TrainError;
-use clap::Args;
+use clap::{Args, ValueEnum};
 use megatron_core::optimizer::{LrDecayStyle, WsdDecayStyle};
+use megatron_core::transformer::config::{
+    Activation, Normalization, PositionEmbeddingType, RotaryConfig,
+};
 use megatron_core::TransformerConfig;
+
+/// `--normalization`, spelled as Megatron spells it.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NormalizationArg {
+    #[value(name = "LayerNorm")]
+    LayerNorm,
+    #[value(name = "RMSNorm")]
+    RMSNorm,
+}
+
+/// `--position-embedding-type`.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PositionEmbeddingArg {
+    #[value(name = "learned_absolute")]
+    LearnedAbsolute,
+    #[value(name = "rope")]
+    Rope,
+    #[value(name = "none")]
+    None,
+}
 
 /// Megatron's tokenizer flags, shared by `train`, `preprocess` and `inspect-data`.
 #[derive(Args, Clone, Debug)]
@@ -44,7 +67,7 @@ pub struct TrainArgs {
     pub hidden_size: usize,
     #[arg(long, default_value_t = 4)]
     pub num_attention_heads: usize,
-    /// Defaults to 4 * hidden size.
+    /// Defaults to 4 * hidden size, or under --swiglu int(4h * 2/3 / 64) * 64 (Megatron's).
     #[arg(long)]
     pub ffn_hidden_size: Option<usize>,
     #[arg(long, default_value_t = 128)]
@@ -60,10 +83,54 @@ pub struct TrainArgs {
     pub attention_dropout: f32,
     #[arg(long, default_value_t = 0.02)]
     pub init_method_std: f32,
-    #[arg(long, default_value_t = 1e-5)]
-    pub layernorm_epsilon: f32,
+    #[arg(
+        long = "norm-epsilon",
+        alias = "layernorm-epsilon",
+        default_value_t = 1e-5
+    )]
+    pub norm_epsilon: f32,
     #[arg(long)]
     pub untie_embeddings_and_output_weights: bool,
+    #[arg(long, value_enum, default_value = "LayerNorm")]
+    pub normalization: NormalizationArg,
+    /// SwiGLU MLP: fused fc1 = [gate; up], silu(gate) * up.
+    #[arg(long)]
+    pub swiglu: bool,
+    #[arg(long, value_enum, default_value = "learned_absolute")]
+    pub position_embedding_type: PositionEmbeddingArg,
+    #[arg(long, default_value_t = 10000.0)]
+    pub rotary_base: f64,
+    /// Fraction of each head's features that rotary embeddings rotate.
+    #[arg(long, default_value_t = 1.0)]
+    pub rotary_percent: f32,
+    /// Pair features (2i, 2i+1) instead of (i, i + d/2).
+    #[arg(long)]
+    pub rotary_interleaved: bool,
+    /// Llama 3.1 frequency scaling of the rotary embeddings.
+    #[arg(long)]
+    pub use_rope_scaling: bool,
+    #[arg(long, default_value_t = 8.0)]
+    pub rope_scaling_factor: f64,
+    #[arg(long)]
+    pub group_query_attention: bool,
+    /// Key/value heads under --group-query-attention (1: multi-query attention).
+    #[arg(long, default_value_t = 1)]
+    pub num_query_groups: usize,
+    /// Per-head dimension; defaults to --hidden-size / --num-attention-heads.
+    #[arg(long)]
+    pub kv_channels: Option<usize>,
+    /// No biases in the linear layers (Llama).
+    #[arg(long)]
+    pub disable_bias_linear: bool,
+    /// A bias on the QKV projection even with --disable-bias-linear (Qwen2).
+    #[arg(long)]
+    pub add_qkv_bias: bool,
+    /// Not built yet: refused with a message.
+    #[arg(long)]
+    pub qk_layernorm: bool,
+    /// Accepted for compatibility: softmax always runs in fp32 here.
+    #[arg(long)]
+    pub attention_softmax_in_fp32: bool,
 
     // Batches and iterations.
     #[arg(long, default_value_t = 4)]
@@ -455,11 +522,23 @@ impl TrainArgs {
         if self.num_threads == Some(0) {
             return Err(bad("--num-threads must be positive, got 0".into()));
         }
+        if self.qk_layernorm {
+            return Err(bad(
+                "--qk-layernorm is not supported yet (issue 13 leaves it open)".into(),
+            ));
+        }
+        let activation = if self.swiglu {
+            Activation::SwiGLU
+        } else {
+            Activation::Gelu
+        };
         let model = TransformerConfig {
             num_layers: self.num_layers,
             hidden_size: self.hidden_size,
             num_attention_heads: self.num_attention_heads,
-            ffn_hidden_size: self.ffn_hidden_size.unwrap_or(4 * self.hidden_size),
+            ffn_hidden_size: self.ffn_hidden_size.unwrap_or_else(|| {
+                TransformerConfig::default_ffn_hidden_size(self.hidden_size, activation)
+            }),
             seq_length: self.seq_length,
             max_position_embeddings: self.max_position_embeddings.unwrap_or(self.seq_length),
             padded_vocab_size: TransformerConfig::pad_vocab(
@@ -469,10 +548,36 @@ impl TrainArgs {
             hidden_dropout: self.hidden_dropout,
             attention_dropout: self.attention_dropout,
             init_method_std: self.init_method_std,
-            layernorm_epsilon: self.layernorm_epsilon,
+            layernorm_epsilon: self.norm_epsilon,
             untie_embeddings_and_output_weights: self.untie_embeddings_and_output_weights,
+            normalization: match self.normalization {
+                NormalizationArg::LayerNorm => Normalization::LayerNorm,
+                NormalizationArg::RMSNorm => Normalization::RMSNorm,
+            },
+            activation,
+            position_embedding_type: match self.position_embedding_type {
+                PositionEmbeddingArg::LearnedAbsolute => PositionEmbeddingType::LearnedAbsolute,
+                PositionEmbeddingArg::Rope => PositionEmbeddingType::Rope,
+                PositionEmbeddingArg::None => PositionEmbeddingType::None,
+            },
+            rotary: RotaryConfig {
+                base: self.rotary_base,
+                percent: self.rotary_percent,
+                interleaved: self.rotary_interleaved,
+                scaling_factor: self.use_rope_scaling.then_some(self.rope_scaling_factor),
+            },
+            num_query_groups: self.group_query_attention.then_some(self.num_query_groups),
+            kv_channels: self.kv_channels,
+            add_bias_linear: !self.disable_bias_linear,
+            add_qkv_bias: !self.disable_bias_linear || self.add_qkv_bias,
         };
         model.validate()?;
+        if self.group_query_attention && !model.query_groups().is_multiple_of(tp) {
+            return Err(bad(format!(
+                "--num-query-groups ({}) must be divisible by --tensor-model-parallel-size ({tp}): each tensor-parallel rank holds whole query groups (as megatron-core requires)",
+                model.query_groups()
+            )));
+        }
         for (what, v) in [
             ("--num-attention-heads", model.num_attention_heads),
             ("--ffn-hidden-size", model.ffn_hidden_size),

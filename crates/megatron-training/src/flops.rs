@@ -3,8 +3,10 @@
 use megatron_core::TransformerConfig;
 use std::time::Instant;
 
-/// FLOPs of one iteration of `batch` sequences (forward + both backward GEMMs), GPT with MHA,
-/// GELU MLP, causal attention (the `s²` term already halved as Megatron now does).
+/// FLOPs of one iteration of `batch` sequences (forward + both backward GEMMs), with Megatron's
+/// terms for grouped-query attention (query projection `q = heads * kv_channels`, key/value
+/// `kv = groups * kv_channels`) and SwiGLU (three MLP matrices instead of two), causal attention
+/// (the `s²` term already halved as Megatron now does).
 pub fn num_floating_point_operations(c: &TransformerConfig, batch: usize) -> f64 {
     let (h, l, s) = (
         c.hidden_size as f64,
@@ -13,10 +15,14 @@ pub fn num_floating_point_operations(c: &TransformerConfig, batch: usize) -> f64
     );
     let ffn = c.ffn_hidden_size as f64;
     let v = c.padded_vocab_size as f64;
-    let q = h;
-    let kv = h;
+    let q = c.query_projection_size() as f64;
+    let kv = (c.query_groups() * c.head_dim()) as f64;
     let tokens = batch as f64 * s;
-    let mlp = 6.0 * h * ffn * 2.0 * l;
+    let gated = match c.activation {
+        megatron_core::transformer::config::Activation::Gelu => 2.0,
+        megatron_core::transformer::config::Activation::SwiGLU => 3.0,
+    };
+    let mlp = 6.0 * h * ffn * gated * l;
     let attn_proj = 6.0 * (h * (q + 2.0 * kv) + q * h) * l;
     let logits = 6.0 * h * v;
     tokens * (mlp + attn_proj + logits) + batch as f64 * s * s * 6.0 * q * l

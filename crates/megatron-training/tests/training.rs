@@ -1,9 +1,9 @@
 mod common;
 
-use common::{args, tmpdir};
+use common::*;
 use megatron_training::checkpointing::{load_checkpoint, LoadedCheckpoint, TRACKER};
-use megatron_training::{pretrain, TrainArgs, TrainError, TrainSummary};
-use std::path::{Path, PathBuf};
+use megatron_training::{pretrain, TrainError, TrainSummary};
+use std::path::Path;
 
 #[test]
 fn mock_data_loss_falls() {
@@ -453,76 +453,6 @@ fn tp_run(
     (summary, load_checkpoint(&save, None).unwrap())
 }
 
-/// `got` follows `want` iteration by iteration, each loss within `rel` of it (relative, with a
-/// floor of 1 so losses near zero compare absolutely).
-fn assert_losses_close(what: &str, want: &[(u64, f64)], got: &[(u64, f64)], rel: f64) {
-    for (a, b) in want.iter().zip(got) {
-        assert_eq!(a.0, b.0, "{what}: iterations");
-        assert!(
-            (a.1 - b.1).abs() <= rel * a.1.abs().max(1.0),
-            "{what} iteration {}: {} vs {}",
-            a.0,
-            a.1,
-            b.1
-        );
-    }
-}
-
-fn assert_same_training(
-    what: &str,
-    one: &(TrainSummary, LoadedCheckpoint),
-    other: &(TrainSummary, LoadedCheckpoint),
-    param_tol: f32,
-) {
-    assert_same_training_within(what, one, other, 1e-5, param_tol)
-}
-
-/// Under bf16 a different f32 summation order (TP, DP reductions) can flip the rounding of a
-/// parameter or operand by one bf16 unit (2^-8 relative), so layouts agree less tightly than
-/// in f32: losses within 1e-3 relative. Adam normalizes each update to about ±lr, so a
-/// parameter whose gradient is near zero may step differently once such a flip reaches it:
-/// the worst parameter is bounded by a few lr (3e-3 here), the mean difference is checked
-/// separately.
-const BF16_LOSS_TOL: f64 = 1e-3;
-const BF16_PARAM_TOL: f32 = 1e-2;
-
-fn assert_same_training_within(
-    what: &str,
-    (s1, c1): &(TrainSummary, LoadedCheckpoint),
-    (sn, cn): &(TrainSummary, LoadedCheckpoint),
-    loss_tol: f64,
-    param_tol: f32,
-) {
-    assert_eq!(sn.losses.len(), 5, "{what}");
-    assert_losses_close(what, &s1.losses, &sn.losses, loss_tol);
-    // Validation uses the same samples in every layout, so its loss matches too.
-    assert_eq!(s1.val_losses.len(), sn.val_losses.len(), "{what}");
-    assert!(!s1.val_losses.is_empty());
-    let validation = format!("{what} validation");
-    assert_losses_close(&validation, &s1.val_losses, &sn.val_losses, loss_tol);
-    assert_eq!(c1.tensors.len(), cn.tensors.len(), "{what}");
-    let (mut pmax, mut mmax) = (0.0f32, 0.0f32);
-    for (name, v1) in &c1.tensors {
-        let vn = &cn.tensors[name];
-        assert_eq!(v1.len(), vn.len(), "{what}: {name}");
-        let d = v1
-            .iter()
-            .zip(vn)
-            .map(|(x, y)| (x - y).abs())
-            .fold(0.0f32, f32::max);
-        if name.starts_with("optimizer.") {
-            mmax = mmax.max(d);
-        } else {
-            pmax = pmax.max(d);
-        }
-    }
-    assert!(pmax <= param_tol, "{what}: parameters differ by {pmax}");
-    assert!(
-        mmax <= param_tol.max(1e-4),
-        "{what}: Adam moments differ by {mmax}"
-    );
-}
-
 #[test]
 fn tensor_parallel_tp2_and_tp4_with_and_without_sequence_parallel_match_tp1() {
     // Dropout 0 as the issue asks; tolerance: f32 reductions split differently over ranks.
@@ -832,23 +762,6 @@ fn profile_trace_has_one_row_per_rank_and_timers_measure_the_bubble() {
 
 /// Grad norms of every stepped iteration must agree across layouts (clipping at 1.0 is active:
 /// the norms of this tiny model are above 1).
-fn assert_same_norms(what: &str, a: &TrainSummary, b: &TrainSummary) {
-    assert_eq!(a.grad_norms.len(), b.grad_norms.len(), "{what}");
-    assert!(
-        a.grad_norms.iter().any(|n| n.1 > 1.0),
-        "clipping must be active"
-    );
-    for (x, y) in a.grad_norms.iter().zip(&b.grad_norms) {
-        assert!(
-            (x.1 - y.1).abs() <= 1e-5 * x.1,
-            "{what} iteration {}: grad norm {} vs {}",
-            x.0,
-            x.1,
-            y.1
-        );
-    }
-}
-
 #[test]
 fn distributed_optimizer_and_the_3d_layout_match_one_rank() {
     let dir = tmpdir("distopt");
@@ -1232,6 +1145,7 @@ fn bf16_and_fp16_keep_saved_activations_in_half_the_bytes_as_the_formula_says() 
         init_method_std: 0.02,
         layernorm_epsilon: 1e-5,
         untie_embeddings_and_output_weights: false,
+        ..Default::default()
     };
     let f =
         |bf16| megatron_core::models::gpt::activation_bytes_formula(&cfg, 2, 16, 1, false, bf16);

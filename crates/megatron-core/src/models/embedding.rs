@@ -1,11 +1,12 @@
 //! `LanguageModelEmbedding`: word embeddings (vocabulary-parallel) + learned position
-//! embeddings, then embedding dropout. Under sequence parallelism the output is this rank's
+//! embeddings (only under `--position-embedding-type learned_absolute`; rotary embeddings act
+//! inside attention), then embedding dropout. Under sequence parallelism the output is this rank's
 //! block of token rows (the word lookup is reduce-scattered; positions and dropout are applied
 //! to the block with global numbering).
 
 use crate::params::{Grads, Init, ParamId, Params, Sharding};
 use crate::tensor_parallel::{Tp, VocabParallelEmbedding};
-use crate::transformer::config::TransformerConfig;
+use crate::transformer::config::{PositionEmbeddingType, TransformerConfig};
 use crate::transformer::step::StepContext;
 use megatron_comm::CommError;
 use megatron_tensor::cpu::dropout::{dropout_backward, dropout_forward};
@@ -15,7 +16,7 @@ use megatron_tensor::Tensor;
 pub struct LanguageModelEmbedding {
     pub word: VocabParallelEmbedding,
     pub word_embeddings: ParamId,
-    pub position_embeddings: ParamId,
+    pub position_embeddings: Option<ParamId>,
     hidden: usize,
     dropout: f32,
 }
@@ -35,14 +36,17 @@ impl LanguageModelEmbedding {
             h,
             cfg.init_method_std,
         );
-        let position_embeddings = params.add_sharded(
-            inits,
-            "embedding.position_embeddings.weight".into(),
-            &[cfg.max_position_embeddings, h],
-            true,
-            Init::Normal(cfg.init_method_std),
-            Sharding::ReplicatedSequenceParallel,
-        );
+        let learned = cfg.position_embedding_type == PositionEmbeddingType::LearnedAbsolute;
+        let position_embeddings = learned.then(|| {
+            params.add_sharded(
+                inits,
+                "embedding.position_embeddings.weight".into(),
+                &[cfg.max_position_embeddings, h],
+                true,
+                Init::Normal(cfg.init_method_std),
+                Sharding::ReplicatedSequenceParallel,
+            )
+        });
         LanguageModelEmbedding {
             word_embeddings: word.weight,
             word,
@@ -71,14 +75,10 @@ impl LanguageModelEmbedding {
     ) -> Result<Tensor, CommError> {
         let (lo, hi) = tp.sequence_shard(tokens.len());
         let mut out = self.word.forward(params, tp, tokens)?;
-        let pos = Self::position_ids(positions, t, lo, hi);
-        embedding_lookup_forward(
-            out.data_mut(),
-            &pos,
-            &params.get(self.position_embeddings),
-            0,
-            true,
-        );
+        if let Some(wpe) = self.position_embeddings {
+            let pos = Self::position_ids(positions, t, lo, hi);
+            embedding_lookup_forward(out.data_mut(), &pos, &params.get(wpe), 0, true);
+        }
         let p = ctx.p(self.dropout);
         if p > 0.0 {
             let mut d = Tensor::for_overwrite(out.shape());
@@ -120,13 +120,10 @@ impl LanguageModelEmbedding {
         } else {
             dout
         };
-        let pos = Self::position_ids(positions, t, lo, hi);
-        embedding_lookup_backward(
-            grads.get_mut(self.position_embeddings),
-            dout.data(),
-            &pos,
-            0,
-        );
+        if let Some(wpe) = self.position_embeddings {
+            let pos = Self::position_ids(positions, t, lo, hi);
+            embedding_lookup_backward(grads.get_mut(wpe), dout.data(), &pos, 0);
+        }
         self.word.backward(grads, tp, tokens, dout)
     }
 }

@@ -10,14 +10,14 @@ use crate::tensor_parallel::mappings::{
     gather_from_sequence_parallel_region_forward,
 };
 use crate::tensor_parallel::{vocab_parallel_cross_entropy, Tp};
+use crate::transformer::config::PositionEmbeddingType;
 use crate::transformer::config::TransformerConfig;
-use crate::transformer::layer::{
-    LayerNorm, LayerNormSaved, TransformerLayer, TransformerLayerSaved,
-};
+use crate::transformer::layer::{LayerNormSaved, Norm, TransformerLayer, TransformerLayerSaved};
 use crate::transformer::step::StepContext;
 use megatron_comm::CommError;
-use megatron_tensor::cpu::{AttentionMask, ClassifierDims};
+use megatron_tensor::cpu::{AttentionMask, ClassifierDims, RopeScaling, RopeStyle, RopeTable};
 use megatron_tensor::Tensor;
+use std::sync::Arc;
 
 /// One micro-batch: `tokens` and `labels` are `[b, t]` flattened; `loss_mask` weights each label.
 pub struct Batch<'a> {
@@ -59,7 +59,7 @@ pub struct GPTModel {
     pub config: TransformerConfig,
     pub embedding: Option<LanguageModelEmbedding>,
     pub layers: Vec<TransformerLayer>,
-    pub final_layernorm: Option<LayerNorm>,
+    pub final_layernorm: Option<Norm>,
     /// The untied output layer, if any.
     pub output_layer: Option<ParamId>,
     /// The weight the output layer multiplies by (last stage): the untied output layer, the word
@@ -90,9 +90,11 @@ const CLASSIFIER_MAX_ROWS: usize = 1024;
 
 /// Bytes of activations the engine keeps for backward per micro-batch, at the peak after the
 /// last layer's forward: the engine's counterpart of Korthikanti et al.'s `sbh(34 + 5as/h)`.
-/// Per layer and token: the layer input and the mid-layer residual (h each), QKV (3h),
-/// attention output (h) and fc1 pre-activation (f), each in f32 or, under `--bf16` / `--fp16`, in 16 bits;
-/// plus four f32 LayerNorm statistics and the f32 attention log-sum-exp (a per token;
+/// Per layer and token: the layer input and the mid-layer residual (h each), the fused QKV
+/// (`(heads + 2 groups) x kv_channels`, rotary embeddings applied in place), the attention
+/// output (`heads x kv_channels`) and the fc1 output (f, or 2f under SwiGLU), each in f32 or,
+/// under `--bf16` / `--fp16`, in 16 bits; plus the f32 norm statistics (mean and rstd of two
+/// LayerNorms, or the rstd of two RMSNorms) and the f32 attention log-sum-exp (a per token;
 /// flash-style attention keeps no `s x s` scores); plus the last layer's f32 output (h per
 /// token). Tensor parallelism divides the QKV, attention, fc1 and log-sum-exp terms by `t`;
 /// sequence parallelism also the input, residual, statistics and output.
@@ -104,21 +106,43 @@ pub fn activation_bytes_formula(
     sequence_parallel: bool,
     half: bool,
 ) -> usize {
-    let (h, f, a, l) = (
-        cfg.hidden_size,
-        cfg.ffn_hidden_size,
-        cfg.num_attention_heads,
-        cfg.num_layers,
-    );
+    use crate::transformer::config::{Activation, Normalization};
+    let (h, a, l) = (cfg.hidden_size, cfg.num_attention_heads, cfg.num_layers);
+    let fc1 = match cfg.activation {
+        Activation::Gelu => cfg.ffn_hidden_size,
+        Activation::SwiGLU => 2 * cfg.ffn_hidden_size,
+    };
+    let stats = match cfg.normalization {
+        Normalization::LayerNorm => 4,
+        Normalization::RMSNorm => 2,
+    };
     let e = if half { 2 } else { 4 };
     let tok = b * s;
-    let split = (tok / tp) * (e * (4 * h + f) + 4 * a);
+    let split = (tok / tp) * (e * (cfg.qkv_size() + cfg.query_projection_size() + fc1) + 4 * a);
     let rows = if sequence_parallel && tp > 1 {
         tok / tp
     } else {
         tok
     };
-    l * (split + rows * (e * 2 * h + 4 * 4)) + rows * h * 4
+    l * (split + rows * (e * 2 * h + 4 * stats)) + rows * h * 4
+}
+
+/// The rotary table every layer shares, for the longest sequence the model sees (training
+/// length or position limit, whichever is larger, so generation can run to
+/// `--max-position-embeddings`).
+pub fn rope_table(cfg: &TransformerConfig) -> Option<(Arc<RopeTable>, RopeStyle)> {
+    (cfg.position_embedding_type == PositionEmbeddingType::Rope).then(|| {
+        let r = cfg.rotary;
+        let positions = cfg.seq_length.max(cfg.max_position_embeddings);
+        let scaling = r.scaling_factor.map(RopeScaling::llama3);
+        let table = RopeTable::new(cfg.rotary_dim(), r.base, positions, scaling);
+        let style = if r.interleaved {
+            RopeStyle::Interleaved
+        } else {
+            RopeStyle::RotateHalf
+        };
+        (Arc::new(table), style)
+    })
 }
 
 impl GPTModel {
@@ -166,11 +190,13 @@ impl GPTModel {
         post_process: bool,
     ) -> GPTModel {
         let embedding = pre_process.then(|| LanguageModelEmbedding::new(&config, params, inits));
+        let rope = rope_table(&config);
         let layers = layers
-            .map(|l| TransformerLayer::new(&config, l, params, inits))
+            .map(|l| TransformerLayer::new(&config, l, rope.clone(), params, inits))
             .collect();
         let final_layernorm = post_process.then(|| {
-            LayerNorm::new(
+            Norm::new(
+                config.normalization,
                 "decoder.final_layernorm",
                 config.hidden_size,
                 config.layernorm_epsilon,
@@ -408,7 +434,7 @@ impl GPTModel {
         let mut dx = match (state.tail, &self.final_layernorm) {
             (Some((x, lnf, dxf)), Some(ln)) => {
                 let dx = ln.backward(params, grads, &lnf, &x, &dxf);
-                on_ready(offset(ln.weight));
+                on_ready(offset(ln.weight()));
                 dx
             }
             (None, None) => dy.expect("a stage without the loss needs the output gradient"),
@@ -416,7 +442,7 @@ impl GPTModel {
         };
         for (layer, s) in self.layers.iter().zip(state.saved).rev() {
             dx = layer.backward(params, grads, tp, s, dx, b, t, ctx, batch.mask())?;
-            on_ready(offset(layer.input_layernorm.weight));
+            on_ready(offset(layer.input_layernorm.weight()));
         }
         match &self.embedding {
             Some(e) => {

@@ -38,6 +38,63 @@ impl ColumnParallelLinear {
         gather_output: bool,
         skip_bias_add: bool,
     ) -> Self {
+        let sharding = Sharding::Split(0);
+        Self::register(
+            params,
+            inits,
+            prefix,
+            input_size,
+            output_size,
+            bias,
+            init_std,
+            sharding,
+        )
+        .with_output(gather_output, skip_bias_add)
+    }
+
+    /// megatron-core's fused SwiGLU `linear_fc1`: `[gate; up]` (`2 * each` outputs), split so
+    /// that a rank holds `[gate_r; up_r]` and applies SwiGLU to its own columns; the bias (if
+    /// any) is added in the GEMM.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new_gated(
+        params: &mut Params,
+        inits: &mut Vec<Init>,
+        prefix: &str,
+        input_size: usize,
+        each: usize,
+        bias: bool,
+        init_std: f32,
+    ) -> Self {
+        let sharding = Sharding::SplitChunks(2);
+        Self::register(
+            params,
+            inits,
+            prefix,
+            input_size,
+            2 * each,
+            bias,
+            init_std,
+            sharding,
+        )
+    }
+
+    fn with_output(mut self, gather_output: bool, skip_bias_add: bool) -> Self {
+        self.gather_output = gather_output;
+        self.skip_bias_add = skip_bias_add;
+        self
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn register(
+        params: &mut Params,
+        inits: &mut Vec<Init>,
+        prefix: &str,
+        input_size: usize,
+        output_size: usize,
+        bias: bool,
+        init_std: f32,
+        sharding: Sharding,
+    ) -> Self {
         let t = params.tp.1.max(1);
         let weight = params.add_sharded(
             inits,
@@ -45,7 +102,7 @@ impl ColumnParallelLinear {
             &[output_size, input_size],
             true,
             Init::Normal(init_std),
-            Sharding::Split(0),
+            sharding,
         );
         let bias = bias.then(|| {
             params.add_sharded(
@@ -54,7 +111,7 @@ impl ColumnParallelLinear {
                 &[output_size],
                 false,
                 Init::Const(0.0),
-                Sharding::Split(0),
+                sharding,
             )
         });
         ColumnParallelLinear {
@@ -62,8 +119,8 @@ impl ColumnParallelLinear {
             bias,
             input_size,
             output_size_per_partition: output_size / t,
-            gather_output,
-            skip_bias_add,
+            gather_output: false,
+            skip_bias_add: false,
         }
     }
 
@@ -166,7 +223,8 @@ impl ColumnParallelLinear {
 /// reduction by the caller (fused into bias-dropout-add), as Megatron's `skip_bias_add`.
 pub struct RowParallelLinear {
     pub weight: ParamId,
-    pub bias: ParamId,
+    /// `None` under `--disable-bias-linear`.
+    pub bias: Option<ParamId>,
     pub input_size_per_partition: usize,
     pub output_size: usize,
     /// The input already holds this rank's features; otherwise it is split here.
@@ -180,6 +238,7 @@ impl RowParallelLinear {
         prefix: &str,
         input_size: usize,
         output_size: usize,
+        bias: bool,
         init_std: f32,
         input_is_parallel: bool,
     ) -> Self {
@@ -192,14 +251,16 @@ impl RowParallelLinear {
             Init::Normal(init_std),
             Sharding::Split(1),
         );
-        let bias = params.add_sharded(
-            inits,
-            format!("{prefix}.bias"),
-            &[output_size],
-            false,
-            Init::Const(0.0),
-            Sharding::ReplicatedSequenceParallel,
-        );
+        let bias = bias.then(|| {
+            params.add_sharded(
+                inits,
+                format!("{prefix}.bias"),
+                &[output_size],
+                false,
+                Init::Const(0.0),
+                Sharding::ReplicatedSequenceParallel,
+            )
+        });
         RowParallelLinear {
             weight,
             bias,

@@ -1,7 +1,9 @@
 //! `SelfAttention`: fused QKV projection (column-parallel: each TP rank owns a contiguous block
-//! of heads, since the fused layout is per head), causal core attention on the local heads,
-//! output projection (row-parallel). The output projection's bias is left to the layer's fused
-//! bias-dropout-add.
+//! of query groups, since megatron-core's fused layout is per group: the group's query heads,
+//! its key, its value), rotary embeddings on the queries and keys (`--position-embedding-type
+//! rope`), causal core attention on the local heads (grouped-query attention shares each
+//! group's K and V inside the kernel), output projection (row-parallel). The output projection's
+//! bias is left to the layer's fused bias-dropout-add.
 
 use super::config::TransformerConfig;
 use super::saved::{keep, restore};
@@ -9,23 +11,32 @@ use super::step::StepContext;
 use crate::params::{Grads, Init, ParamId, Params};
 use crate::tensor_parallel::{ColumnParallelLinear, RowParallelLinear, Tp};
 use megatron_comm::CommError;
-use megatron_tensor::cpu::{attention_backward, attention_forward, AttentionDims, AttentionMask};
+use megatron_tensor::cpu::{
+    attention_backward, attention_decode_forward, attention_forward, kv_cache_append,
+    rope_backward, rope_forward, AttentionDims, AttentionMask, DecodeDims, RopeDims, RopeStyle,
+    RopeTable,
+};
 use megatron_tensor::Tensor;
+use std::sync::Arc;
 
 pub struct SelfAttention {
     pub layer: usize,
     pub linear_qkv: ColumnParallelLinear,
     pub linear_proj: RowParallelLinear,
     pub qkv_weight: ParamId,
-    pub qkv_bias: ParamId,
+    pub qkv_bias: Option<ParamId>,
     pub proj_weight: ParamId,
-    pub proj_bias: ParamId,
-    hidden: usize,
-    /// Heads on this TP rank, the first of them in global numbering, and all heads.
-    heads: usize,
+    pub proj_bias: Option<ParamId>,
+    /// Query heads and key/value groups on this TP rank, the first head in global numbering,
+    /// and all heads.
+    pub heads: usize,
+    pub groups: usize,
     head_offset: usize,
     total_heads: usize,
+    pub head_dim: usize,
     attention_dropout: f32,
+    /// Rotary embeddings' cos/sin table and pairing, shared by the layers.
+    pub rope: Option<(Arc<RopeTable>, RopeStyle)>,
 }
 
 /// What backward needs: the QKV activations, the attention output and its log-sum-exp.
@@ -47,6 +58,7 @@ impl SelfAttention {
     pub fn new(
         cfg: &TransformerConfig,
         layer: usize,
+        rope: Option<(Arc<RopeTable>, RopeStyle)>,
         params: &mut Params,
         inits: &mut Vec<Init>,
     ) -> Self {
@@ -58,8 +70,8 @@ impl SelfAttention {
             inits,
             &format!("{p}.linear_qkv"),
             h,
-            3 * h,
-            true,
+            cfg.qkv_size(),
+            cfg.add_qkv_bias,
             cfg.init_method_std,
             false,
             false,
@@ -68,8 +80,9 @@ impl SelfAttention {
             params,
             inits,
             &format!("{p}.linear_proj"),
+            cfg.query_projection_size(),
             h,
-            h,
+            cfg.add_bias_linear,
             cfg.output_layer_init_std(),
             true,
         );
@@ -77,16 +90,18 @@ impl SelfAttention {
         SelfAttention {
             layer,
             qkv_weight: linear_qkv.weight,
-            qkv_bias: linear_qkv.bias.expect("qkv has a bias"),
+            qkv_bias: linear_qkv.bias,
             proj_weight: linear_proj.weight,
             proj_bias: linear_proj.bias,
             linear_qkv,
             linear_proj,
-            hidden: h,
             heads,
+            groups: cfg.query_groups() / t,
             head_offset: tp_rank * heads,
             total_heads: cfg.num_attention_heads,
+            head_dim: cfg.head_dim(),
             attention_dropout: cfg.attention_dropout,
+            rope,
         }
     }
 
@@ -95,11 +110,40 @@ impl SelfAttention {
             b,
             t,
             heads: self.heads,
-            head_dim: self.hidden / self.total_heads,
+            groups: self.groups,
+            head_dim: self.head_dim,
             causal: true,
             dropout: ctx.p(self.attention_dropout),
             rng_heads: (self.head_offset, self.total_heads),
         }
+    }
+
+    /// Where the rotary embeddings act: rows of `t` tokens from position `first_pos`.
+    pub fn rope_dims(&self, t: usize, first_pos: usize, style: RopeStyle) -> RopeDims {
+        RopeDims {
+            t,
+            groups: self.groups,
+            q_per_group: self.heads / self.groups,
+            head_dim: self.head_dim,
+            first_pos,
+            style,
+        }
+    }
+
+    /// The fused QKV projection with rotary embeddings applied (positions `first_pos..`).
+    pub fn qkv_forward(
+        &self,
+        params: &Params,
+        tp: &mut Tp,
+        x: &Tensor,
+        t: usize,
+        first_pos: usize,
+    ) -> Result<Tensor, CommError> {
+        let mut qkv = self.linear_qkv.forward(params, tp, x)?;
+        if let Some((table, style)) = &self.rope {
+            rope_forward(qkv.data_mut(), table, self.rope_dims(t, first_pos, *style));
+        }
+        Ok(qkv)
     }
 
     /// `x` is the layer-normed input (`[b*t, h]`, or this rank's token block under sequence
@@ -116,8 +160,8 @@ impl SelfAttention {
         mask: AttentionMask,
     ) -> Result<(Tensor, SelfAttentionSaved), CommError> {
         let n = b * t;
-        let local = self.heads * (self.hidden / self.total_heads);
-        let qkv = self.linear_qkv.forward(params, tp, x)?;
+        let local = self.heads * self.head_dim;
+        let qkv = self.qkv_forward(params, tp, x, t, 0)?;
         let mut attn = Tensor::for_overwrite(&[n, local]);
         let mut lse = Tensor::for_overwrite(&[b, self.heads, t]);
         let key = ctx.site_for(self.layer, SITE_ATTN_DROPOUT, self.total_heads * t * t);
@@ -173,6 +217,56 @@ impl SelfAttention {
             key,
         );
         drop(dattn);
+        if let Some((table, style)) = &self.rope {
+            rope_backward(dqkv.data_mut(), table, self.rope_dims(t, 0, *style));
+        }
         self.linear_qkv.backward(params, grads, tp, x, dqkv)
+    }
+
+    /// One new token per sequence (`x` is `[b, h]`, normed) at position `pos` against this
+    /// layer's cache (`[b, groups, max_t, head_dim]` keys and values): the same projections and
+    /// rotary embeddings as training, single-query attention. Returns the output projection
+    /// without its bias.
+    pub fn decode_forward(
+        &self,
+        params: &Params,
+        tp: &mut Tp,
+        x: &Tensor,
+        cache: &mut LayerKVCache,
+        pos: usize,
+    ) -> Result<Tensor, CommError> {
+        let b = x.shape()[0];
+        let qkv = self.qkv_forward(params, tp, x, 1, pos)?;
+        let d = DecodeDims {
+            b,
+            heads: self.heads,
+            groups: self.groups,
+            head_dim: self.head_dim,
+            max_t: cache.max_t,
+        };
+        let mut q = Tensor::for_overwrite(&[b, self.heads * self.head_dim]);
+        kv_cache_append(&mut cache.k, &mut cache.v, q.data_mut(), qkv.data(), d, pos);
+        let mut attn = Tensor::for_overwrite(&[b, self.heads * self.head_dim]);
+        attention_decode_forward(attn.data_mut(), q.data(), &cache.k, &cache.v, d, pos + 1);
+        self.linear_proj.forward(params, tp, &attn)
+    }
+}
+
+/// One layer's key/value cache: `[b, groups, max_t, head_dim]` each (grouped-query attention
+/// caches one K and V per group, not per head).
+pub struct LayerKVCache {
+    pub k: Vec<f32>,
+    pub v: Vec<f32>,
+    pub max_t: usize,
+}
+
+impl LayerKVCache {
+    pub fn new(attention: &SelfAttention, b: usize, max_t: usize) -> Self {
+        let n = b * attention.groups * max_t * attention.head_dim;
+        LayerKVCache {
+            k: vec![0.0; n],
+            v: vec![0.0; n],
+            max_t,
+        }
     }
 }

@@ -11,9 +11,75 @@ pub enum ConfigError {
     SeqLongerThanPositions { seq: usize, max_pos: usize },
     #[error("{flag} must be in [0, 1), got {value}")]
     BadProbability { flag: &'static str, value: f32 },
+    #[error("--num-query-groups ({groups}) must divide --num-attention-heads ({heads})")]
+    GroupsDoNotDivideHeads { groups: usize, heads: usize },
+    #[error("--rotary-percent must be in (0, 1], got {0}")]
+    BadRotaryPercent(f32),
+    #[error("--rotary-percent {percent} of the head dimension {head_dim} (--kv-channels) gives {rot} rotary features; it must be even and at least 2")]
+    OddRotaryDim {
+        percent: f32,
+        head_dim: usize,
+        rot: usize,
+    },
+    #[error("--rotary-base must be positive, got {0}")]
+    BadRotaryBase(f64),
 }
 
-/// Megatron's `TransformerConfig`, the part a GPT needs.
+/// `--normalization`.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub enum Normalization {
+    #[default]
+    LayerNorm,
+    RMSNorm,
+}
+
+/// The MLP's activation: GELU, or SwiGLU on a fused `[gate; up]` fc1 (`--swiglu`).
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub enum Activation {
+    #[default]
+    Gelu,
+    SwiGLU,
+}
+
+/// `--position-embedding-type`.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub enum PositionEmbeddingType {
+    #[default]
+    LearnedAbsolute,
+    Rope,
+    None,
+}
+
+/// Rotary embedding settings (`--rotary-base`, `--rotary-percent`, `--rotary-interleaved`,
+/// `--use-rope-scaling --rope-scaling-factor`).
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq)]
+pub struct RotaryConfig {
+    pub base: f64,
+    pub percent: f32,
+    pub interleaved: bool,
+    /// Llama 3.1 scaling factor, if enabled.
+    pub scaling_factor: Option<f64>,
+}
+
+impl Default for RotaryConfig {
+    fn default() -> Self {
+        RotaryConfig {
+            base: 10000.0,
+            percent: 1.0,
+            interleaved: false,
+            scaling_factor: None,
+        }
+    }
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// Megatron's `TransformerConfig`: one config-driven decoder covers GPT-2 (the defaults) and
+/// the Llama family (RMSNorm, SwiGLU, RoPE, grouped-query attention, no biases), as megatron-core's
+/// `GPTModel` does with another layer spec. Fields added after the first checkpoints default
+/// to GPT's values when an old checkpoint's config is read.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct TransformerConfig {
     pub num_layers: usize,
@@ -29,6 +95,26 @@ pub struct TransformerConfig {
     pub init_method_std: f32,
     pub layernorm_epsilon: f32,
     pub untie_embeddings_and_output_weights: bool,
+    #[serde(default)]
+    pub normalization: Normalization,
+    #[serde(default)]
+    pub activation: Activation,
+    #[serde(default)]
+    pub position_embedding_type: PositionEmbeddingType,
+    #[serde(default)]
+    pub rotary: RotaryConfig,
+    /// Key/value heads (`--num-query-groups`); `None`: one per attention head.
+    #[serde(default)]
+    pub num_query_groups: Option<usize>,
+    /// Per-head dimension (`--kv-channels`); `None`: hidden size / heads.
+    #[serde(default)]
+    pub kv_channels: Option<usize>,
+    /// Biases on the linear layers (off with `--disable-bias-linear`).
+    #[serde(default = "yes")]
+    pub add_bias_linear: bool,
+    /// The QKV projection's bias (`--add-qkv-bias`, Qwen2); defaults to `add_bias_linear`.
+    #[serde(default = "yes")]
+    pub add_qkv_bias: bool,
 }
 
 impl TransformerConfig {
@@ -39,7 +125,37 @@ impl TransformerConfig {
     }
 
     pub fn head_dim(&self) -> usize {
-        self.hidden_size / self.num_attention_heads
+        self.kv_channels
+            .unwrap_or(self.hidden_size / self.num_attention_heads)
+    }
+
+    /// Key/value heads: query groups, or one per head (multi-head attention).
+    pub fn query_groups(&self) -> usize {
+        self.num_query_groups.unwrap_or(self.num_attention_heads)
+    }
+
+    /// Width of the attention's query projection (Megatron's `query_projection_size`).
+    pub fn query_projection_size(&self) -> usize {
+        self.num_attention_heads * self.head_dim()
+    }
+
+    /// Width of the fused QKV output: queries plus one key and one value per group.
+    pub fn qkv_size(&self) -> usize {
+        (self.num_attention_heads + 2 * self.query_groups()) * self.head_dim()
+    }
+
+    /// Features of each head that rotary embeddings rotate.
+    pub fn rotary_dim(&self) -> usize {
+        (self.head_dim() as f32 * self.rotary.percent) as usize
+    }
+
+    /// Megatron's default FFN width: 4h, or under SwiGLU `int(4h * 2/3 / 64) * 64`, which keeps
+    /// the three matrices near the parameter count of GELU's two.
+    pub fn default_ffn_hidden_size(hidden: usize, activation: Activation) -> usize {
+        match activation {
+            Activation::Gelu => 4 * hidden,
+            Activation::SwiGLU => ((4 * hidden) as f64 * 2.0 / 3.0 / 64.0) as usize * 64,
+        }
     }
 
     pub fn validate(&self) -> Result<(), ConfigError> {
@@ -56,7 +172,8 @@ impl TransformerConfig {
                 return Err(ConfigError::NotPositive { flag, value: 0 });
             }
         }
-        if !self.hidden_size.is_multiple_of(self.num_attention_heads) {
+        if self.kv_channels.is_none() && !self.hidden_size.is_multiple_of(self.num_attention_heads)
+        {
             return Err(ConfigError::HeadsDoNotDivideHidden {
                 heads: self.num_attention_heads,
                 hidden: self.hidden_size,
@@ -67,6 +184,36 @@ impl TransformerConfig {
                 seq: self.seq_length,
                 max_pos: self.max_position_embeddings,
             });
+        }
+        let groups = self.query_groups();
+        if groups == 0 || !self.num_attention_heads.is_multiple_of(groups) {
+            return Err(ConfigError::GroupsDoNotDivideHeads {
+                groups,
+                heads: self.num_attention_heads,
+            });
+        }
+        if self.kv_channels == Some(0) {
+            return Err(ConfigError::NotPositive {
+                flag: "--kv-channels",
+                value: 0,
+            });
+        }
+        if self.position_embedding_type == PositionEmbeddingType::Rope {
+            let r = self.rotary;
+            if !(r.percent > 0.0 && r.percent <= 1.0) {
+                return Err(ConfigError::BadRotaryPercent(r.percent));
+            }
+            if r.base.is_nan() || r.base <= 0.0 {
+                return Err(ConfigError::BadRotaryBase(r.base));
+            }
+            let rot = self.rotary_dim();
+            if rot < 2 || !rot.is_multiple_of(2) {
+                return Err(ConfigError::OddRotaryDim {
+                    percent: r.percent,
+                    head_dim: self.head_dim(),
+                    rot,
+                });
+            }
         }
         for (flag, p) in [
             ("--hidden-dropout", self.hidden_dropout),
@@ -83,5 +230,33 @@ impl TransformerConfig {
     pub fn pad_vocab(vocab: usize, divisible_by: usize) -> usize {
         let d = divisible_by.max(1);
         vocab.div_ceil(d) * d
+    }
+}
+
+/// GPT-2's choices for everything but the sizes (which are zero and must be set).
+impl Default for TransformerConfig {
+    fn default() -> Self {
+        TransformerConfig {
+            num_layers: 0,
+            hidden_size: 0,
+            num_attention_heads: 0,
+            ffn_hidden_size: 0,
+            seq_length: 0,
+            max_position_embeddings: 0,
+            padded_vocab_size: 0,
+            hidden_dropout: 0.1,
+            attention_dropout: 0.1,
+            init_method_std: 0.02,
+            layernorm_epsilon: 1e-5,
+            untie_embeddings_and_output_weights: false,
+            normalization: Normalization::LayerNorm,
+            activation: Activation::Gelu,
+            position_embedding_type: PositionEmbeddingType::LearnedAbsolute,
+            rotary: RotaryConfig::default(),
+            num_query_groups: None,
+            kv_channels: None,
+            add_bias_linear: true,
+            add_qkv_bias: true,
+        }
     }
 }

@@ -6,114 +6,27 @@
 //! of token rows; dropout masks are numbered by global element index (the block's first row is
 //! an offset into the stream), so every TP size and either mode draws the TP = 1 masks.
 
-use super::attention::{SelfAttention, SelfAttentionSaved};
+use super::attention::{LayerKVCache, SelfAttention, SelfAttentionSaved};
 use super::config::TransformerConfig;
 use super::mlp::{MLPSaved, MLP};
+pub use super::norm::{LayerNorm, LayerNormSaved, Norm, RMSNorm};
 use super::saved::{keep, restore};
 use super::step::StepContext;
-use crate::params::{Grads, Init, ParamId, Params, Sharding};
+use crate::params::{Grads, Init, ParamId, Params};
 use crate::tensor_parallel::Tp;
 use megatron_comm::CommError;
-use megatron_tensor::cpu::layernorm::LayerNormDims;
 use megatron_tensor::cpu::{
-    bias_dropout_add_backward, bias_dropout_add_forward, layernorm_backward, layernorm_forward,
-    AttentionMask,
+    bias_dropout_add_backward, bias_dropout_add_forward, dropout_add_forward, dropout_backward,
+    AttentionMask, RopeStyle, RopeTable,
 };
-use megatron_tensor::Tensor;
-
-/// A LayerNorm's parameters.
-#[derive(Clone, Copy)]
-pub struct LayerNorm {
-    pub weight: ParamId,
-    pub bias: ParamId,
-    pub eps: f32,
-}
-
-/// Saved LayerNorm statistics per row.
-pub struct LayerNormSaved {
-    pub mean: Tensor,
-    pub rstd: Tensor,
-}
-
-impl LayerNorm {
-    pub fn new(name: &str, h: usize, eps: f32, params: &mut Params, inits: &mut Vec<Init>) -> Self {
-        let weight = params.add_sharded(
-            inits,
-            format!("{name}.weight"),
-            &[h],
-            false,
-            Init::Const(1.0),
-            Sharding::ReplicatedSequenceParallel,
-        );
-        let bias = params.add_sharded(
-            inits,
-            format!("{name}.bias"),
-            &[h],
-            false,
-            Init::Const(0.0),
-            Sharding::ReplicatedSequenceParallel,
-        );
-        LayerNorm { weight, bias, eps }
-    }
-
-    pub fn forward(&self, params: &Params, x: &Tensor) -> (Tensor, LayerNormSaved) {
-        let (n, h) = (x.shape()[0], x.shape()[1]);
-        let mut out = Tensor::for_overwrite(&[n, h]);
-        let mut mean = Tensor::for_overwrite(&[n]);
-        let mut rstd = Tensor::for_overwrite(&[n]);
-        let d = LayerNormDims {
-            rows: n,
-            cols: h,
-            eps: self.eps,
-        };
-        layernorm_forward(
-            out.data_mut(),
-            mean.data_mut(),
-            rstd.data_mut(),
-            x.data(),
-            &params.get(self.weight),
-            &params.get(self.bias),
-            d,
-        );
-        (out, LayerNormSaved { mean, rstd })
-    }
-
-    pub fn backward(
-        &self,
-        params: &Params,
-        grads: &mut Grads,
-        saved: &LayerNormSaved,
-        x: &Tensor,
-        dout: &Tensor,
-    ) -> Tensor {
-        let (n, h) = (x.shape()[0], x.shape()[1]);
-        let mut dx = Tensor::for_overwrite(&[n, h]);
-        let [dw, db] = grads.many_mut([self.weight, self.bias]);
-        let d = LayerNormDims {
-            rows: n,
-            cols: h,
-            eps: self.eps,
-        };
-        layernorm_backward(
-            dx.data_mut(),
-            dw,
-            db,
-            dout.data(),
-            x.data(),
-            &params.get(self.weight),
-            saved.mean.data(),
-            saved.rstd.data(),
-            d,
-        );
-        dx
-    }
-}
+use megatron_tensor::{RngKey, Tensor};
+use std::sync::Arc;
 
 pub struct TransformerLayer {
     pub layer: usize,
-    pub input_layernorm: LayerNorm,
+    pub input_layernorm: Norm,
     pub self_attention: SelfAttention,
-    pub pre_mlp_layernorm: LayerNorm,
+    pub pre_mlp_layernorm: Norm,
     pub mlp: MLP,
     hidden_dropout: f32,
 }
@@ -131,10 +44,10 @@ impl TransformerLayerSaved {
     /// Bytes this layer keeps in flight for one micro-batch.
     pub fn size_in_bytes(&self) -> usize {
         self.input.size_in_bytes()
-            + self.ln1.mean.size_in_bytes() * 2
+            + self.ln1.size_in_bytes()
             + self.attn.size_in_bytes()
             + self.mid.size_in_bytes()
-            + self.ln2.mean.size_in_bytes() * 2
+            + self.ln2.size_in_bytes()
             + self.mlp.fc1_pre.size_in_bytes()
     }
 }
@@ -146,20 +59,23 @@ impl TransformerLayer {
     pub fn new(
         cfg: &TransformerConfig,
         layer: usize,
+        rope: Option<(Arc<RopeTable>, RopeStyle)>,
         params: &mut Params,
         inits: &mut Vec<Init>,
     ) -> Self {
         let h = cfg.hidden_size;
         let p = format!("decoder.layers.{layer}");
-        let input_layernorm = LayerNorm::new(
+        let input_layernorm = Norm::new(
+            cfg.normalization,
             &format!("{p}.input_layernorm"),
             h,
             cfg.layernorm_epsilon,
             params,
             inits,
         );
-        let self_attention = SelfAttention::new(cfg, layer, params, inits);
-        let pre_mlp_layernorm = LayerNorm::new(
+        let self_attention = SelfAttention::new(cfg, layer, rope, params, inits);
+        let pre_mlp_layernorm = Norm::new(
+            cfg.normalization,
             &format!("{p}.pre_mlp_layernorm"),
             h,
             cfg.layernorm_epsilon,
@@ -200,11 +116,12 @@ impl TransformerLayer {
         let key = ctx
             .site_for(self.layer, SITE_ATTN_RESIDUAL, t * h)
             .offset((lo * h) as u64);
-        bias_dropout_add_forward(
-            mid.data_mut(),
-            proj.data(),
-            &params.get(self.self_attention.proj_bias),
-            x.data(),
+        residual_forward(
+            params,
+            self.self_attention.proj_bias,
+            &mut mid,
+            &proj,
+            &x,
             p,
             key,
         );
@@ -216,14 +133,7 @@ impl TransformerLayer {
         let key = ctx
             .site_for(self.layer, SITE_MLP_RESIDUAL, t * h)
             .offset((lo * h) as u64);
-        bias_dropout_add_forward(
-            out.data_mut(),
-            y.data(),
-            &params.get(self.mlp.fc2_bias),
-            mid.data(),
-            p,
-            key,
-        );
+        residual_forward(params, self.mlp.fc2_bias, &mut out, &y, &mid, p, key);
         Ok((
             out,
             TransformerLayerSaved {
@@ -270,10 +180,11 @@ impl TransformerLayer {
         let p = ctx.p(self.hidden_dropout);
         // MLP residual: d(mid) gets dout directly plus the MLP branch.
         let mut dy = Tensor::for_overwrite(&[rows, h]);
-        bias_dropout_add_backward(
-            dy.data_mut(),
-            grads.get_mut(self.mlp.fc2_bias),
-            dout.data(),
+        residual_backward(
+            grads,
+            self.mlp.fc2_bias,
+            &mut dy,
+            &dout,
             p,
             ctx.site_for(self.layer, SITE_MLP_RESIDUAL, t * h)
                 .offset((lo * h) as u64),
@@ -292,10 +203,11 @@ impl TransformerLayer {
         drop(dout);
         // Attention residual.
         let mut dproj = Tensor::for_overwrite(&[rows, h]);
-        bias_dropout_add_backward(
-            dproj.data_mut(),
-            grads.get_mut(self.self_attention.proj_bias),
-            dmid.data(),
+        residual_backward(
+            grads,
+            self.self_attention.proj_bias,
+            &mut dproj,
+            &dmid,
             p,
             ctx.site_for(self.layer, SITE_ATTN_RESIDUAL, t * h)
                 .offset((lo * h) as u64),
@@ -321,6 +233,72 @@ impl TransformerLayer {
             .backward(params, grads, &saved.ln1, &input, &dln1);
         add_inplace(&mut dx, &dmid);
         Ok(dx)
+    }
+}
+
+/// `out = residual + dropout(x + bias)`, the bias optional (`--disable-bias-linear`).
+fn residual_forward(
+    params: &Params,
+    bias: Option<ParamId>,
+    out: &mut Tensor,
+    x: &Tensor,
+    residual: &Tensor,
+    p: f32,
+    key: RngKey,
+) {
+    match bias {
+        Some(b) => bias_dropout_add_forward(
+            out.data_mut(),
+            x.data(),
+            &params.get(b),
+            residual.data(),
+            p,
+            key,
+        ),
+        None => dropout_add_forward(out.data_mut(), x.data(), residual.data(), p, key),
+    }
+}
+
+/// The branch's gradient through [`residual_forward`]'s dropout (and its bias gradient).
+fn residual_backward(
+    grads: &mut Grads,
+    bias: Option<ParamId>,
+    dx: &mut Tensor,
+    dout: &Tensor,
+    p: f32,
+    key: RngKey,
+) {
+    match bias {
+        Some(b) => bias_dropout_add_backward(dx.data_mut(), grads.get_mut(b), dout.data(), p, key),
+        None => dropout_backward(dx.data_mut(), dout.data(), p, key),
+    }
+}
+
+impl TransformerLayer {
+    /// Generation: one new token per sequence (`x` is `[b, h]`) at position `pos`, through the
+    /// same norms, attention projections and MLP as training, attention against `cache`.
+    pub fn decode_forward(
+        &self,
+        params: &Params,
+        tp: &mut Tp,
+        x: Tensor,
+        cache: &mut LayerKVCache,
+        pos: usize,
+    ) -> Result<Tensor, CommError> {
+        let no_key = RngKey::new(0);
+        let (rows, h) = (x.shape()[0], x.shape()[1]);
+        let (ln1, _) = self.input_layernorm.forward(params, &x);
+        let proj = self
+            .self_attention
+            .decode_forward(params, tp, &ln1, cache, pos)?;
+        let mut mid = Tensor::for_overwrite(&[rows, h]);
+        let bias = self.self_attention.proj_bias;
+        residual_forward(params, bias, &mut mid, &proj, &x, 0.0, no_key);
+        let (ln2, _) = self.pre_mlp_layernorm.forward(params, &mid);
+        let (y, _) = self.mlp.forward(params, tp, &ln2)?;
+        let mut out = Tensor::for_overwrite(&[rows, h]);
+        residual_forward(params, self.mlp.fc2_bias, &mut out, &y, &mid, 0.0, no_key);
+        Ok(out)
     }
 }
 

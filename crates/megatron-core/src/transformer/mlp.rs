@@ -1,27 +1,32 @@
-//! `MLP`: fc1 (column-parallel), fused bias + GELU, fc2 (row-parallel). The fc2 bias is left to
+//! `MLP`: fc1 (column-parallel), the activation, fc2 (row-parallel). GELU: fc1's bias is fused
+//! into the activation. SwiGLU (`--swiglu`): fc1 is megatron-core's fused `[gate; up]`, each rank
+//! holding `[gate_r; up_r]`, with its bias (if any) added in the GEMM. The fc2 bias is left to
 //! the layer's bias-dropout-add.
 
-use super::config::TransformerConfig;
+use super::config::{Activation, TransformerConfig};
 use super::saved::{keep, restore};
 use crate::params::{Grads, Init, ParamId, Params};
 use crate::tensor_parallel::{ColumnParallelLinear, RowParallelLinear, Tp};
 use megatron_comm::CommError;
 use megatron_tensor::cpu::gelu::bias_gelu_recompute;
-use megatron_tensor::cpu::{bias_backward, bias_gelu_backward, bias_gelu_forward};
+use megatron_tensor::cpu::{
+    bias_backward, bias_gelu_backward, bias_gelu_forward, swiglu_backward, swiglu_forward,
+};
 use megatron_tensor::Tensor;
 
 pub struct MLP {
     pub linear_fc1: ColumnParallelLinear,
     pub linear_fc2: RowParallelLinear,
     pub fc1_weight: ParamId,
-    pub fc1_bias: ParamId,
+    pub fc1_bias: Option<ParamId>,
     pub fc2_weight: ParamId,
-    pub fc2_bias: ParamId,
-    /// fc1 outputs on this TP rank.
+    pub fc2_bias: Option<ParamId>,
+    pub activation: Activation,
+    /// Activation outputs on this TP rank (fc2's input features).
     ffn_local: usize,
 }
 
-/// Only the fc1 output before its bias: the activation is recomputed in backward.
+/// Only the fc1 output (before GELU's bias): the activation is recomputed in backward.
 pub struct MLPSaved {
     pub fc1_pre: Tensor,
 }
@@ -35,34 +40,54 @@ impl MLP {
     ) -> Self {
         let (h, f) = (cfg.hidden_size, cfg.ffn_hidden_size);
         let p = format!("decoder.layers.{layer}.mlp");
-        let linear_fc1 = ColumnParallelLinear::new(
-            params,
-            inits,
-            &format!("{p}.linear_fc1"),
-            h,
-            f,
-            true,
-            cfg.init_method_std,
-            false,
-            true,
-        );
+        let fc1_name = format!("{p}.linear_fc1");
+        let bias = cfg.add_bias_linear;
+        let std = cfg.init_method_std;
+        let linear_fc1 = match cfg.activation {
+            Activation::Gelu => {
+                ColumnParallelLinear::new(params, inits, &fc1_name, h, f, bias, std, false, true)
+            }
+            Activation::SwiGLU => {
+                ColumnParallelLinear::new_gated(params, inits, &fc1_name, h, f, bias, std)
+            }
+        };
         let linear_fc2 = RowParallelLinear::new(
             params,
             inits,
             &format!("{p}.linear_fc2"),
             f,
             h,
+            bias,
             cfg.output_layer_init_std(),
             true,
         );
         MLP {
             fc1_weight: linear_fc1.weight,
-            fc1_bias: linear_fc1.bias.expect("fc1 has a bias"),
+            fc1_bias: linear_fc1.bias,
             fc2_weight: linear_fc2.weight,
             fc2_bias: linear_fc2.bias,
-            ffn_local: linear_fc1.output_size_per_partition,
+            activation: cfg.activation,
+            ffn_local: linear_fc2.input_size_per_partition,
             linear_fc1,
             linear_fc2,
+        }
+    }
+
+    /// Runs `f` with GELU's bias (fused into the activation), or zeros without one.
+    fn with_gelu_bias<R>(&self, params: &Params, f: impl FnOnce(&[f32]) -> R) -> R {
+        match self.fc1_bias {
+            Some(b) => f(&params.get(b)),
+            None => f(&vec![0.0; self.ffn_local]),
+        }
+    }
+
+    /// `act = activation(fc1_pre)`.
+    fn activate(&self, params: &Params, act: &mut Tensor, fc1_pre: &Tensor) {
+        match self.activation {
+            Activation::Gelu => self.with_gelu_bias(params, |b| {
+                bias_gelu_recompute(act.data_mut(), fc1_pre.data(), b)
+            }),
+            Activation::SwiGLU => swiglu_forward(act.data_mut(), fc1_pre.data(), self.ffn_local),
         }
     }
 
@@ -73,8 +98,14 @@ impl MLP {
         x: &Tensor,
     ) -> Result<(Tensor, MLPSaved), CommError> {
         let fc1_pre = self.linear_fc1.forward(params, tp, x)?;
-        let mut act = Tensor::for_overwrite(fc1_pre.shape());
-        bias_gelu_forward(act.data_mut(), fc1_pre.data(), &params.get(self.fc1_bias));
+        let n = fc1_pre.shape()[0];
+        let mut act = Tensor::for_overwrite(&[n, self.ffn_local]);
+        match self.activation {
+            Activation::Gelu => self.with_gelu_bias(params, |b| {
+                bias_gelu_forward(act.data_mut(), fc1_pre.data(), b)
+            }),
+            Activation::SwiGLU => self.activate(params, &mut act, &fc1_pre),
+        }
         let out = self.linear_fc2.forward(params, tp, &act)?;
         Ok((
             out,
@@ -97,18 +128,28 @@ impl MLP {
         let n = fc1_pre.shape()[0];
         let f = self.ffn_local;
         let mut act = Tensor::for_overwrite(&[n, f]);
-        bias_gelu_recompute(act.data_mut(), fc1_pre.data(), &params.get(self.fc1_bias));
+        self.activate(params, &mut act, &fc1_pre);
         let dact = self.linear_fc2.backward(params, grads, tp, &act, dout)?;
-        // Reuse the activation buffer for the pre-activation gradient.
-        let mut dpre = act;
-        bias_gelu_backward(
-            dpre.data_mut(),
-            dact.data(),
-            fc1_pre.data(),
-            &params.get(self.fc1_bias),
-        );
+        let dpre = match self.activation {
+            Activation::Gelu => {
+                // Reuse the activation buffer for the pre-activation gradient.
+                let mut dpre = act;
+                self.with_gelu_bias(params, |b| {
+                    bias_gelu_backward(dpre.data_mut(), dact.data(), fc1_pre.data(), b)
+                });
+                if let Some(b) = self.fc1_bias {
+                    bias_backward(grads.get_mut(b), dpre.data(), n, f);
+                }
+                dpre
+            }
+            Activation::SwiGLU => {
+                drop(act);
+                let mut dpre = Tensor::for_overwrite(fc1_pre.shape());
+                swiglu_backward(dpre.data_mut(), dact.data(), fc1_pre.data(), f);
+                dpre
+            }
+        };
         drop(dact);
-        bias_backward(grads.get_mut(self.fc1_bias), dpre.data(), n, f);
         self.linear_fc1.backward(params, grads, tp, x, dpre)
     }
 }

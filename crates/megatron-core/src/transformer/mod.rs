@@ -2,5 +2,6 @@ pub mod attention;
 pub mod config;
 pub mod layer;
 pub mod mlp;
+pub mod norm;
 pub mod saved;
 pub mod step;

@@ -5,8 +5,11 @@
 //! recomputes the tiles from it. Attention dropout draws its mask from the counter-based RNG keyed
 //! by `(b, h, i, j)`, so backward regenerates it.
 //!
-//! Layout: `qkv` is `[b, t, heads, 3, head_dim]` (Megatron's fused QKV, so that a tensor-parallel
-//! split is a contiguous slice of heads); `out` is `[b, t, heads, head_dim]`; `lse` is
+//! Layout: `qkv` is `[b, t, groups, heads / groups + 2, head_dim]`: megatron-core's fused QKV,
+//! each query group's query heads followed by its key and value head (multi-head attention is
+//! `groups = heads`: `[heads, 3, head_dim]`), so a tensor-parallel split is a contiguous slice of
+//! groups. Grouped-query attention shares a group's K and V among its query heads here, in the
+//! kernel; they are never copied per head. `out` is `[b, t, heads, head_dim]`; `lse` is
 //! `[b, heads, t]`.
 
 use super::attention_tile::{pack_rows, pack_transposed, tile_matmul};
@@ -22,7 +25,10 @@ const BK: usize = 64;
 pub struct AttentionDims {
     pub b: usize,
     pub t: usize,
+    /// Query heads.
     pub heads: usize,
+    /// Key/value heads (query groups): `heads` for multi-head attention, 1 for multi-query.
+    pub groups: usize,
     pub head_dim: usize,
     pub causal: bool,
     pub dropout: f32,
@@ -33,8 +39,23 @@ pub struct AttentionDims {
 }
 
 impl AttentionDims {
+    fn q_per_group(&self) -> usize {
+        self.heads / self.groups
+    }
     fn qkv_row(&self) -> usize {
-        self.heads * 3 * self.head_dim
+        self.groups * (self.q_per_group() + 2) * self.head_dim
+    }
+    /// Offsets inside a token's QKV row: query head `h`, and the key and value of group `g`.
+    fn q_offset(&self, h: usize) -> usize {
+        let qpg = self.q_per_group();
+        ((h / qpg) * (qpg + 2) + h % qpg) * self.head_dim
+    }
+    fn k_offset(&self, g: usize) -> usize {
+        let qpg = self.q_per_group();
+        (g * (qpg + 2) + qpg) * self.head_dim
+    }
+    fn v_offset(&self, g: usize) -> usize {
+        self.k_offset(g) + self.head_dim
     }
     fn out_row(&self) -> usize {
         self.heads * self.head_dim
@@ -168,6 +189,12 @@ pub fn attention_forward(
     key: RngKey,
 ) {
     let t = d.t;
+    assert!(
+        d.groups > 0 && d.heads.is_multiple_of(d.groups),
+        "{} heads in {} groups",
+        d.heads,
+        d.groups
+    );
     assert_eq!(qkv.len(), d.b * t * d.qkv_row());
     assert_eq!(out.len(), d.b * t * d.out_row());
     assert_eq!(lse.len(), d.b * d.heads * t);
@@ -191,12 +218,14 @@ multiversion! {
         let b = task / d.heads;
         let klen = mask.key_lens.map_or(t, |l| l[b].min(t));
         let qrs = d.qkv_row();
-        let base = b * t * qrs + h * 3 * hd;
+        let g = h / d.q_per_group();
+        let base = b * t * qrs;
         // K^T (pre-scaled) and V as contiguous panels, packed once per (batch, head).
         let mut kt = Vec::new();
-        pack_transposed(&mut kt, &qkv[base + hd..], qrs, t, hd, d.scale());
+        pack_transposed(&mut kt, &qkv[base + d.k_offset(g)..], qrs, t, hd, d.scale());
         let mut vv = Vec::new();
-        pack_rows(&mut vv, &qkv[base + 2 * hd..], qrs, t, hd);
+        pack_rows(&mut vv, &qkv[base + d.v_offset(g)..], qrs, t, hd);
+        let base = base + d.q_offset(h);
         let mut s = vec![0.0f32; BQ * BK];
         let mut acc = vec![0.0f32; BQ * hd];
         let mut i0 = 0;
@@ -268,10 +297,17 @@ pub fn attention_backward(
     d: AttentionDims,
     key: RngKey,
 ) {
+    assert!(
+        d.groups > 0 && d.heads.is_multiple_of(d.groups),
+        "{} heads in {} groups",
+        d.heads,
+        d.groups
+    );
     assert_eq!(dqkv.len(), qkv.len());
     assert_eq!(dout.len(), out.len());
     let dq_p = SyncPtr(dqkv.as_mut_ptr());
-    (0..d.b * d.heads)
+    // One task per (batch, query group): the group's heads all add into its dK and dV.
+    (0..d.b * d.groups)
         .into_par_iter()
         .for_each(|task| backward_task(task, dq_p, dout, out, lse, qkv, mask, d, key));
 }
@@ -282,127 +318,153 @@ multiversion! {
         let qrs = d.qkv_row();
         let ors = d.out_row();
         let scale = d.scale();
-        let h = task % d.heads;
-        let b = task / d.heads;
+        let g = task % d.groups;
+        let b = task / d.groups;
         let klen = mask.key_lens.map_or(t, |l| l[b].min(t));
-        let base = b * t * qrs + h * 3 * hd;
-        let q = &qkv[base..];
-        let k = &qkv[base + hd..];
-        let v = &qkv[base + 2 * hd..];
-        let o = &out[b * t * ors + h * hd..];
-        let dout_h = &dout[b * t * ors + h * hd..];
-        let lse_h = &lse[(b * d.heads + h) * t..(b * d.heads + h + 1) * t];
-        // D_i = rowsum(dO_i * O_i)
-        let dsum: Vec<f32> = (0..t)
-            .map(|i| {
-                let orow = &o[i * ors..i * ors + hd];
-                let drow = &dout_h[i * ors..i * ors + hd];
-                orow.iter().zip(drow).map(|(a, b)| a * b).sum()
-            })
-            .collect();
-        // Contiguous panels, packed once per (batch, head): K^T (pre-scaled) and V^T for the
-        // recomputed scores and dP, K and Q for dQ and dK, dO for dV.
-        let (mut kt, mut vt, mut kk, mut qq, mut dd) = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let base = b * t * qrs;
+        let k = &qkv[base + d.k_offset(g)..];
+        let v = &qkv[base + d.v_offset(g)..];
+        // Contiguous panels of the group's K and V, packed once per (batch, group): K^T
+        // (pre-scaled) and V^T for the recomputed scores and dP, K for dQ.
+        let (mut kt, mut vt, mut kk) = (Vec::new(), Vec::new(), Vec::new());
         pack_transposed(&mut kt, k, qrs, t, hd, scale);
         pack_transposed(&mut vt, v, qrs, t, hd, 1.0);
         pack_rows(&mut kk, k, qrs, t, hd);
-        pack_rows(&mut qq, q, qrs, t, hd);
-        pack_rows(&mut dd, dout_h, ors, t, hd);
-        // dQ accumulates over key blocks in a private buffer, then is written once.
+        // The group's dK and dV, summed over its query heads.
+        let mut dk_all = vec![0.0f32; t * hd];
+        let mut dv_all = vec![0.0f32; t * hd];
+        let (mut qq, mut dd) = (Vec::new(), Vec::new());
         let mut dq = vec![0.0f32; t * hd];
         let mut dk = vec![0.0f32; BK * hd];
         let mut dv = vec![0.0f32; BK * hd];
         let mut p = vec![0.0f32; BQ * BK];
         let mut pd = vec![0.0f32; BQ * BK];
         let mut dp = vec![0.0f32; BQ * BK];
-        let mut j0 = 0;
-        while j0 < t {
-            let nk = BK.min(t - j0);
-            dk.fill(0.0);
-            dv.fill(0.0);
-            let istart = if d.causal { j0 } else { 0 };
-            let mut i0 = istart - istart % BQ;
-            while j0 < klen && i0 < t {
-                let nq = BQ.min(t - i0);
-                tile_matmul(&mut p, BK, &q[i0 * qrs..], qrs, 1, &kt[j0..], t, nq, nk, hd, false);
-                for r in 0..nq {
-                    let i = i0 + r;
-                    let (lo, nv) = visible(&d, &mask, b, klen, i, j0, nk);
-                    let prow = &mut p[r * BK..r * BK + nk];
-                    let shift = lse_h[i];
-                    for x in &mut prow[lo..nv] {
-                        *x = exp(*x - shift);
+        for h in g * d.q_per_group()..(g + 1) * d.q_per_group() {
+            let q = &qkv[base + d.q_offset(h)..];
+            let o = &out[b * t * ors + h * hd..];
+            let dout_h = &dout[b * t * ors + h * hd..];
+            let lse_h = &lse[(b * d.heads + h) * t..(b * d.heads + h + 1) * t];
+            // D_i = rowsum(dO_i * O_i)
+            let dsum: Vec<f32> = (0..t)
+                .map(|i| {
+                    let orow = &o[i * ors..i * ors + hd];
+                    let drow = &dout_h[i * ors..i * ors + hd];
+                    orow.iter().zip(drow).map(|(a, b)| a * b).sum()
+                })
+                .collect();
+            // Q for dK and dO for dV, per head.
+            pack_rows(&mut qq, q, qrs, t, hd);
+            pack_rows(&mut dd, dout_h, ors, t, hd);
+            // dQ accumulates over key blocks in a private buffer, then is written once.
+            dq.fill(0.0);
+            let mut j0 = 0;
+            while j0 < t {
+                let nk = BK.min(t - j0);
+                dk.fill(0.0);
+                dv.fill(0.0);
+                let istart = if d.causal { j0 } else { 0 };
+                let mut i0 = istart - istart % BQ;
+                while j0 < klen && i0 < t {
+                    let nq = BQ.min(t - i0);
+                    tile_matmul(&mut p, BK, &q[i0 * qrs..], qrs, 1, &kt[j0..], t, nq, nk, hd, false);
+                    for r in 0..nq {
+                        let i = i0 + r;
+                        let (lo, nv) = visible(&d, &mask, b, klen, i, j0, nk);
+                        let prow = &mut p[r * BK..r * BK + nk];
+                        let shift = lse_h[i];
+                        for x in &mut prow[lo..nv] {
+                            *x = exp(*x - shift);
+                        }
+                        prow[nv..].fill(0.0);
+                        prow[..lo].fill(0.0);
+                        let pdrow = &mut pd[r * BK..r * BK + nk];
+                        pdrow.copy_from_slice(prow);
+                        if d.dropout > 0.0 {
+                            apply_dropout(&mut pdrow[lo..nv], &d, key, b, h, i, j0 + lo);
+                        }
                     }
-                    prow[nv..].fill(0.0);
-                    prow[..lo].fill(0.0);
-                    let pdrow = &mut pd[r * BK..r * BK + nk];
-                    pdrow.copy_from_slice(prow);
-                    if d.dropout > 0.0 {
-                        apply_dropout(&mut pdrow[lo..nv], &d, key, b, h, i, j0 + lo);
+                    // dV_j += Pd^T dO_i
+                    tile_matmul(&mut dv, hd, &pd, 1, BK, &dd[i0 * hd..], hd, nk, hd, nq, true);
+                    // dP = dO_i V_j^T
+                    tile_matmul(&mut dp, BK, &dout_h[i0 * ors..], ors, 1, &vt[j0..], t, nq, nk, hd, false);
+                    for r in 0..nq {
+                        let i = i0 + r;
+                        let (lo, nv) = visible(&d, &mask, b, klen, i, j0, nk);
+                        let dprow = &mut dp[r * BK..r * BK + nk];
+                        if d.dropout > 0.0 {
+                            apply_dropout(&mut dprow[lo..nv], &d, key, b, h, i, j0 + lo);
+                        }
+                        // dS, pre-multiplied by the softmax scale.
+                        let di = dsum[i];
+                        for (g, pv) in dprow.iter_mut().zip(&p[r * BK..r * BK + nk]) {
+                            *g = pv * (*g - di) * scale;
+                        }
                     }
+                    // dQ_i += dS K_j ; dK_j += dS^T Q_i
+                    tile_matmul(&mut dq[i0 * hd..], hd, &dp, BK, 1, &kk[j0 * hd..], hd, nq, hd, nk, true);
+                    tile_matmul(&mut dk, hd, &dp, 1, BK, &qq[i0 * hd..], hd, nk, hd, nq, true);
+                    i0 += BQ;
                 }
-                // dV_j += Pd^T dO_i
-                tile_matmul(&mut dv, hd, &pd, 1, BK, &dd[i0 * hd..], hd, nk, hd, nq, true);
-                // dP = dO_i V_j^T
-                tile_matmul(&mut dp, BK, &dout_h[i0 * ors..], ors, 1, &vt[j0..], t, nq, nk, hd, false);
-                for r in 0..nq {
-                    let i = i0 + r;
-                    let (lo, nv) = visible(&d, &mask, b, klen, i, j0, nk);
-                    let dprow = &mut dp[r * BK..r * BK + nk];
-                    if d.dropout > 0.0 {
-                        apply_dropout(&mut dprow[lo..nv], &d, key, b, h, i, j0 + lo);
-                    }
-                    // dS, pre-multiplied by the softmax scale.
-                    let di = dsum[i];
-                    for (g, pv) in dprow.iter_mut().zip(&p[r * BK..r * BK + nk]) {
-                        *g = pv * (*g - di) * scale;
-                    }
+                for (a, x) in dk_all[j0 * hd..(j0 + nk) * hd].iter_mut().zip(&dk[..nk * hd]) {
+                    *a += x;
                 }
-                // dQ_i += dS K_j ; dK_j += dS^T Q_i
-                tile_matmul(&mut dq[i0 * hd..], hd, &dp, BK, 1, &kk[j0 * hd..], hd, nq, hd, nk, true);
-                tile_matmul(&mut dk, hd, &dp, 1, BK, &qq[i0 * hd..], hd, nk, hd, nq, true);
-                i0 += BQ;
+                for (a, x) in dv_all[j0 * hd..(j0 + nk) * hd].iter_mut().zip(&dv[..nk * hd]) {
+                    *a += x;
+                }
+                j0 += BK;
             }
-            for c in 0..nk {
-                let row = base + (j0 + c) * qrs;
-                // SAFETY: each task owns head h of batch b in dqkv.
-                unsafe {
-                    dq_p.write(row + hd, &dk[c * hd..(c + 1) * hd]);
-                    dq_p.write(row + 2 * hd, &dv[c * hd..(c + 1) * hd]);
-                }
+            for i in 0..t {
+                // SAFETY: each task owns the query heads of group g of batch b in dqkv.
+                unsafe { dq_p.write(base + i * qrs + d.q_offset(h), &dq[i * hd..(i + 1) * hd]) };
             }
-            j0 += BK;
         }
         for i in 0..t {
-            // SAFETY: as above.
-            unsafe { dq_p.write(base + i * qrs, &dq[i * hd..(i + 1) * hd]) };
+            let row = base + i * qrs;
+            // SAFETY: each task owns the key and value head of group g of batch b in dqkv.
+            unsafe {
+                dq_p.write(row + d.k_offset(g), &dk_all[i * hd..(i + 1) * hd]);
+                dq_p.write(row + d.v_offset(g), &dv_all[i * hd..(i + 1) * hd]);
+            }
         }
     }
 }
 
+/// Shapes of KV-cache decoding: `groups` key/value heads serve `heads` query heads.
+#[derive(Clone, Copy, Debug)]
+pub struct DecodeDims {
+    pub b: usize,
+    pub heads: usize,
+    pub groups: usize,
+    pub head_dim: usize,
+    /// Positions the cache holds.
+    pub max_t: usize,
+}
+
 /// One new query per sequence against a KV cache, for generation.
-/// `q` is `[b, heads, head_dim]`, `k_cache`/`v_cache` are `[b, heads, max_t, head_dim]` with the
-/// first `len` positions valid; `out` is `[b, heads, head_dim]`.
-#[allow(clippy::too_many_arguments)]
+/// `q` is `[b, heads, head_dim]`, `k_cache`/`v_cache` are `[b, groups, max_t, head_dim]` with
+/// the first `len` positions valid; `out` is `[b, heads, head_dim]`. Query head `h` reads the
+/// cache of group `h / (heads / groups)`.
 pub fn attention_decode_forward(
     out: &mut [f32],
     q: &[f32],
     k_cache: &[f32],
     v_cache: &[f32],
-    b: usize,
-    heads: usize,
-    head_dim: usize,
-    max_t: usize,
+    d: DecodeDims,
     len: usize,
 ) {
+    let (head_dim, max_t) = (d.head_dim, d.max_t);
+    let qpg = d.heads / d.groups;
     let scale = 1.0 / (head_dim as f32).sqrt();
     out.par_chunks_mut(head_dim)
         .enumerate()
         .for_each(|(bh, o)| {
-            debug_assert!(bh < b * heads);
+            debug_assert!(bh < d.b * d.heads);
+            let (bi, h) = (bh / d.heads, bh % d.heads);
+            let cache = (bi * d.groups + h / qpg) * max_t * head_dim;
             let qv = &q[bh * head_dim..(bh + 1) * head_dim];
-            let kc = &k_cache[bh * max_t * head_dim..];
-            let vc = &v_cache[bh * max_t * head_dim..];
+            let kc = &k_cache[cache..];
+            let vc = &v_cache[cache..];
             let scores: Vec<f32> = (0..len)
                 .map(|j| {
                     let kr = &kc[j * head_dim..(j + 1) * head_dim];
@@ -423,28 +485,25 @@ pub fn attention_decode_forward(
 }
 
 /// Appends the K and V of one new position per sequence from a fused `qkv` row
-/// (`[b, heads, 3, head_dim]`) into caches `[b, heads, max_t, head_dim]` at `pos`, and extracts
-/// the queries into `q` (`[b, heads, head_dim]`).
-#[allow(clippy::too_many_arguments)]
+/// (`[b, groups, heads / groups + 2, head_dim]`) into caches `[b, groups, max_t, head_dim]` at
+/// `pos`, and extracts the queries into `q` (`[b, heads, head_dim]`).
 pub fn kv_cache_append(
     k_cache: &mut [f32],
     v_cache: &mut [f32],
     q: &mut [f32],
     qkv: &[f32],
-    b: usize,
-    heads: usize,
-    head_dim: usize,
-    max_t: usize,
+    d: DecodeDims,
     pos: usize,
 ) {
-    assert!(pos < max_t);
-    for bi in 0..b {
-        for h in 0..heads {
-            let src = &qkv[(bi * heads + h) * 3 * head_dim..][..3 * head_dim];
-            let dst = ((bi * heads + h) * max_t + pos) * head_dim;
-            q[(bi * heads + h) * head_dim..][..head_dim].copy_from_slice(&src[..head_dim]);
-            k_cache[dst..dst + head_dim].copy_from_slice(&src[head_dim..2 * head_dim]);
-            v_cache[dst..dst + head_dim].copy_from_slice(&src[2 * head_dim..]);
+    assert!(pos < d.max_t);
+    let (hd, qpg) = (d.head_dim, d.heads / d.groups);
+    for bi in 0..d.b {
+        for g in 0..d.groups {
+            let src = &qkv[(bi * d.groups + g) * (qpg + 2) * hd..][..(qpg + 2) * hd];
+            let dst = ((bi * d.groups + g) * d.max_t + pos) * hd;
+            q[(bi * d.heads + g * qpg) * hd..][..qpg * hd].copy_from_slice(&src[..qpg * hd]);
+            k_cache[dst..dst + hd].copy_from_slice(&src[qpg * hd..(qpg + 1) * hd]);
+            v_cache[dst..dst + hd].copy_from_slice(&src[(qpg + 1) * hd..]);
         }
     }
 }

@@ -16,7 +16,24 @@ pub fn bias_dropout_add_forward(
     p: f32,
     key: RngKey,
 ) {
-    let c = bias.len();
+    dropout_add(out, inp, Some(bias), residual, p, key)
+}
+
+/// `out = residual + dropout(inp)`: [`bias_dropout_add_forward`] for layers without a bias
+/// (`--disable-bias-linear`). Its backward is [`dropout_backward`] (same mask numbering).
+pub fn dropout_add_forward(out: &mut [f32], inp: &[f32], residual: &[f32], p: f32, key: RngKey) {
+    dropout_add(out, inp, None, residual, p, key)
+}
+
+fn dropout_add(
+    out: &mut [f32],
+    inp: &[f32],
+    bias: Option<&[f32]>,
+    residual: &[f32],
+    p: f32,
+    key: RngKey,
+) {
+    let c = bias.map_or(1, |b| b.len());
     assert_eq!(out.len(), inp.len());
     assert_eq!(out.len(), residual.len());
     let chunk = (CHUNK / c).max(1) * c;
@@ -28,7 +45,10 @@ pub fn bias_dropout_add_forward(
         .for_each(|(ci, ((o, x), r))| {
             let base = (ci * chunk) as u64;
             for (i, ((ov, xv), rv)) in o.iter_mut().zip(x).zip(r).enumerate() {
-                let v = xv + bias[i % c];
+                let v = match bias {
+                    Some(b) => xv + b[i % c],
+                    None => *xv,
+                };
                 let keep = p == 0.0 || key.keep(base + i as u64, p);
                 *ov = rv + if keep { v * scale } else { 0.0 };
             }

@@ -15,20 +15,25 @@ pub mod layout;
 pub mod matmul;
 pub mod matmul_bf16;
 pub mod reduce;
+pub mod rmsnorm;
+pub mod rope;
 #[cfg(target_arch = "x86_64")]
 mod sgemm;
 pub mod simd;
+pub mod swiglu;
 pub mod sync_ptr;
 
 pub use adamw::{adamw_update, AdamWParams};
 pub use attention::{
     attention_backward, attention_decode_forward, attention_forward, kv_cache_append,
-    AttentionDims, AttentionMask,
+    AttentionDims, AttentionMask, DecodeDims,
 };
 pub use cross_entropy::{
     fused_classifier, vocab_parallel_classifier, ClassifierDims, ClassifierReduce, IGNORE_INDEX,
 };
-pub use dropout::{bias_dropout_add_backward, bias_dropout_add_forward};
+pub use dropout::{
+    bias_dropout_add_backward, bias_dropout_add_forward, dropout_add_forward, dropout_backward,
+};
 pub use embedding::{
     embedding_backward, embedding_forward, embedding_lookup_backward, embedding_lookup_forward,
 };
@@ -40,6 +45,9 @@ pub use matmul::{
     BatchStrides, MatmulDims,
 };
 pub use reduce::{global_norm_squared, scale_inplace};
+pub use rmsnorm::{rmsnorm_backward, rmsnorm_forward, RMSNormDims};
+pub use rope::{rope_backward, rope_forward, RopeDims, RopeScaling, RopeStyle, RopeTable};
+pub use swiglu::{swiglu_backward, swiglu_forward};
 
 /// Rows per parallel task for row-wise elementwise kernels: big enough to amortize scheduling,
 /// small enough to balance two to a few dozen cores. Fixed (not derived from the thread count) so

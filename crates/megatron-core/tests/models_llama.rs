@@ -1,0 +1,126 @@
+//! The Llama family on the one config-driven decoder: RMSNorm, SwiGLU, RoPE, grouped-query
+//! attention, no biases, untied output layer.
+
+mod common;
+
+use common::*;
+use megatron_core::transformer::config::{
+    Activation, Normalization, PositionEmbeddingType, RotaryConfig,
+};
+use megatron_core::{GPTModel, TransformerConfig};
+
+fn tiny_llama() -> TransformerConfig {
+    TransformerConfig {
+        num_layers: 2,
+        hidden_size: 16,
+        num_attention_heads: 4,
+        num_query_groups: Some(2),
+        ffn_hidden_size: 24,
+        seq_length: 8,
+        max_position_embeddings: 8,
+        padded_vocab_size: 64,
+        hidden_dropout: 0.0,
+        attention_dropout: 0.0,
+        init_method_std: 0.2,
+        layernorm_epsilon: 1e-5,
+        untie_embeddings_and_output_weights: true,
+        normalization: Normalization::RMSNorm,
+        activation: Activation::SwiGLU,
+        position_embedding_type: PositionEmbeddingType::Rope,
+        rotary: RotaryConfig {
+            base: 100.0,
+            ..Default::default()
+        },
+        add_bias_linear: false,
+        add_qkv_bias: false,
+        ..Default::default()
+    }
+}
+
+#[test]
+fn llama_whole_model_gradient_matches_finite_difference() {
+    gradient_check(tiny_llama());
+}
+
+#[test]
+fn qwen_style_model_with_qkv_bias_partial_interleaved_rope_and_mqa_gradient_matches() {
+    // Multi-query (1 group), a QKV bias without other biases, half the head rotated in the
+    // interleaved convention, tied embeddings.
+    let cfg = TransformerConfig {
+        num_query_groups: Some(1),
+        add_qkv_bias: true,
+        untie_embeddings_and_output_weights: false,
+        rotary: RotaryConfig {
+            base: 100.0,
+            percent: 0.5,
+            interleaved: true,
+            scaling_factor: None,
+        },
+        ..tiny_llama()
+    };
+    gradient_check(cfg);
+}
+
+#[test]
+fn llama_kv_cache_decoding_reproduces_full_sequence_loss() {
+    // RoPE positions continue in the cache; the cache holds one K and V per query group.
+    assert_decoding_reproduces_full_sequence_loss(tiny_llama());
+    assert_decoding_reproduces_full_sequence_loss(TransformerConfig {
+        num_query_groups: Some(1),
+        rotary: RotaryConfig {
+            scaling_factor: Some(8.0),
+            ..Default::default()
+        },
+        ..tiny_llama()
+    });
+}
+
+#[test]
+fn llama_parameters_have_megatron_names_and_shapes_without_biases_or_positions() {
+    let (_, params) = GPTModel::new(tiny_llama(), 1);
+    let shape = |n: &str| {
+        params.metas[params.find(n).unwrap_or_else(|| panic!("{n}")).0]
+            .shape
+            .clone()
+    };
+    // 4 query heads + 2 keys + 2 values of 4 features.
+    assert_eq!(
+        shape("decoder.layers.0.self_attention.linear_qkv.weight"),
+        [32, 16]
+    );
+    assert_eq!(
+        shape("decoder.layers.0.self_attention.linear_proj.weight"),
+        [16, 16]
+    );
+    // Fused [gate; up].
+    assert_eq!(shape("decoder.layers.1.mlp.linear_fc1.weight"), [48, 16]);
+    assert_eq!(shape("decoder.layers.1.mlp.linear_fc2.weight"), [16, 24]);
+    assert_eq!(shape("decoder.layers.1.input_layernorm.weight"), [16]);
+    assert_eq!(shape("decoder.final_layernorm.weight"), [16]);
+    assert_eq!(shape("output_layer.weight"), [64, 16]);
+    for m in &params.metas {
+        assert!(
+            !m.name.ends_with(".bias"),
+            "{} under --disable-bias-linear",
+            m.name
+        );
+        assert!(!m.name.contains("position_embeddings"), "{}", m.name);
+    }
+}
+
+#[test]
+fn swiglu_default_ffn_size_is_megatrons() {
+    // int(4h * 2/3 / 64) * 64: h 4096 -> 10880 (Megatron's Llama-2-7B-style default), h 576 -> 1536.
+    assert_eq!(
+        TransformerConfig::default_ffn_hidden_size(4096, Activation::SwiGLU),
+        10880
+    );
+    assert_eq!(
+        TransformerConfig::default_ffn_hidden_size(576, Activation::SwiGLU),
+        1536
+    );
+    assert_eq!(
+        TransformerConfig::default_ffn_hidden_size(576, Activation::Gelu),
+        2304
+    );
+}

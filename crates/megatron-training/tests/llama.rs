@@ -1,0 +1,264 @@
+//! A tiny Llama-style model (4 layers, hidden 64, 8 heads in 2 query groups, SwiGLU, RoPE,
+//! RMSNorm, untied, no biases) trains the same model in every layout as on one rank.
+
+mod common;
+
+use common::*;
+use megatron_training::checkpointing::{load_checkpoint, LoadedCheckpoint};
+use megatron_training::{pretrain, TrainSummary};
+
+const LLAMA_MODEL: &[&str] = &[
+    "--num-layers",
+    "4",
+    "--vocab-size",
+    "250",
+    "--make-vocab-size-divisible-by",
+    "64",
+    "--hidden-size",
+    "64",
+    "--num-attention-heads",
+    "8",
+    "--group-query-attention",
+    "--num-query-groups",
+    "2",
+    "--swiglu",
+    "--normalization",
+    "RMSNorm",
+    "--position-embedding-type",
+    "rope",
+    "--rotary-base",
+    "10000",
+    "--untie-embeddings-and-output-weights",
+    "--disable-bias-linear",
+    "--seq-length",
+    "32",
+    "--global-batch-size",
+    "8",
+    "--micro-batch-size",
+    "1",
+    "--hidden-dropout",
+    "0",
+    "--attention-dropout",
+    "0",
+];
+
+fn llama_run(
+    dir: &std::path::Path,
+    name: &str,
+    layout: &[&str],
+) -> (TrainSummary, LoadedCheckpoint) {
+    let save = dir.join(name);
+    let s = save.to_str().unwrap().to_string();
+    let mut extra = vec!["--train-iters", "5", "--save", &s];
+    extra.extend_from_slice(LLAMA_MODEL);
+    extra.extend_from_slice(layout);
+    let summary = pretrain(&args(&extra)).unwrap();
+    (summary, load_checkpoint(&save, None).unwrap())
+}
+
+const TP2: &[&str] = &["--nproc-per-node", "2", "--tensor-model-parallel-size", "2"];
+
+#[test]
+fn llama_tensor_sequence_and_pipeline_parallel_layouts_match_one_rank() {
+    let dir = tmpdir("llama-tp-pp");
+    let serial = llama_run(&dir, "serial", &[]);
+    let tp2_sp = [TP2, &["--sequence-parallel"]].concat();
+    let pp2 = [
+        "--nproc-per-node",
+        "2",
+        "--pipeline-model-parallel-size",
+        "2",
+    ];
+    let pp2v = [&pp2[..], &["--num-layers-per-virtual-pipeline-stage", "1"]].concat();
+    for (name, layout) in [
+        ("tp2 (one query group per rank)", TP2),
+        ("tp2 + sp", &tp2_sp[..]),
+        ("pp2 1f1b", &pp2[..]),
+        ("pp2 interleaved", &pp2v[..]),
+    ] {
+        let run = llama_run(&dir, name, layout);
+        assert_same_training(name, &serial, &run, 1e-5);
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn llama_with_four_query_groups_at_tp4_matches_one_rank() {
+    let dir = tmpdir("llama-tp4");
+    let groups4 = ["--num-query-groups", "4"];
+    let serial = llama_run(&dir, "serial", &groups4);
+    let tp4 = [
+        &groups4[..],
+        &[
+            "--nproc-per-node",
+            "4",
+            "--tensor-model-parallel-size",
+            "4",
+            "--sequence-parallel",
+        ],
+    ]
+    .concat();
+    let run = llama_run(&dir, "tp4", &tp4);
+    assert_same_training_but_outliers("tp4 + sp, 4 groups", &serial, &run, 5e-5);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn llama_data_parallel_distributed_optimizer_and_3d_layout_match_one_rank() {
+    let dir = tmpdir("llama-3d");
+    let serial = llama_run(&dir, "serial", &[]);
+    let dp2 = ["--nproc-per-node", "2", "--use-distributed-optimizer"];
+    let three_d = [
+        "--nproc-per-node",
+        "8",
+        "--tensor-model-parallel-size",
+        "2",
+        "--pipeline-model-parallel-size",
+        "2",
+        "--sequence-parallel",
+        "--use-distributed-optimizer",
+        "--overlap-grad-reduce",
+        "--overlap-param-gather",
+        "--ddp-bucket-size",
+        "5000",
+    ];
+    for (name, layout) in [
+        ("dp2 distributed optimizer", &dp2[..]),
+        ("tp2 x pp2 x dp2", &three_d[..]),
+    ] {
+        let run = llama_run(&dir, name, layout);
+        assert_same_training(name, &serial, &run, 1e-5);
+        assert_same_norms(name, &serial.0, &run.0);
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn llama_bf16_3d_layout_matches_one_bf16_rank() {
+    let dir = tmpdir("llama-bf16");
+    let bf16 = ["--bf16", "--bf16-matmul-kernel", "fma"];
+    let serial = llama_run(&dir, "serial", &bf16);
+    let three_d = [
+        &bf16[..],
+        &[
+            "--nproc-per-node",
+            "8",
+            "--tensor-model-parallel-size",
+            "2",
+            "--pipeline-model-parallel-size",
+            "2",
+            "--sequence-parallel",
+            "--use-distributed-optimizer",
+        ],
+    ]
+    .concat();
+    let run = llama_run(&dir, "3d", &three_d);
+    assert_same_training_within(
+        "bf16 tp2 x pp2 x dp2",
+        &serial,
+        &run,
+        BF16_LOSS_TOL,
+        BF16_PARAM_TOL,
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn a_llama_checkpoint_saved_at_tp2_pp2_resumes_on_one_rank_and_at_dp2() {
+    // The fused QKV (per query group) and the fused [gate; up] fc1 are gathered to whole
+    // tensors on save and sliced again on load, whatever the layout.
+    let dir = tmpdir("llama-resume");
+    let serial = llama_run(&dir, "serial", &[]).0;
+    let first = dir.join("first");
+    let f = first.to_str().unwrap().to_string();
+    let run = |more: &[&str]| {
+        let mut v: Vec<&str> = LLAMA_MODEL.to_vec();
+        v.extend_from_slice(more);
+        pretrain(&args(&v)).unwrap()
+    };
+    run(&[
+        "--train-iters",
+        "3",
+        "--save",
+        &f,
+        "--nproc-per-node",
+        "4",
+        "--tensor-model-parallel-size",
+        "2",
+        "--pipeline-model-parallel-size",
+        "2",
+    ]);
+    for layout in [&[][..], &["--nproc-per-node", "2"][..]] {
+        let mut v = vec!["--train-iters", "5", "--load", &f];
+        v.extend_from_slice(layout);
+        let resumed = run(&v);
+        assert_eq!(resumed.losses.len(), 2, "{layout:?}");
+        assert_losses_close(
+            &format!("resumed {layout:?}"),
+            &serial.losses[3..],
+            &resumed.losses,
+            1e-5,
+        );
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn llama_loss_falls_on_mock_data() {
+    let mut v: Vec<&str> = LLAMA_MODEL.to_vec();
+    v.extend_from_slice(&[
+        "--train-iters",
+        "40",
+        "--lr",
+        "5e-3",
+        "--global-batch-size",
+        "4",
+    ]);
+    let s = pretrain(&args(&v)).unwrap();
+    let first = s.losses[0].1;
+    let last = s.losses.last().unwrap().1;
+    assert!(last < first - 1.0, "loss {first} -> {last}");
+}
+
+fn refused(extra: &[&str]) -> String {
+    let mut v: Vec<&str> = LLAMA_MODEL.to_vec();
+    v.extend_from_slice(&["--train-iters", "3"]);
+    v.extend_from_slice(extra);
+    pretrain(&args(&v)).unwrap_err().to_string()
+}
+
+#[test]
+fn bad_llama_flag_combinations_are_refused_naming_the_flags() {
+    let e = refused(&["--num-query-groups", "3"]);
+    assert!(
+        e.contains("--num-query-groups (3)") && e.contains("--num-attention-heads (8)"),
+        "{e}"
+    );
+    // Two groups cannot be split over four ranks; multi-query (one group) neither.
+    for groups in ["2", "1"] {
+        let e = refused(&[
+            "--num-query-groups",
+            groups,
+            "--nproc-per-node",
+            "4",
+            "--tensor-model-parallel-size",
+            "4",
+        ]);
+        assert!(
+            e.contains("--num-query-groups") && e.contains("--tensor-model-parallel-size (4)"),
+            "{e}"
+        );
+    }
+    for p in ["1.5", "0"] {
+        let e = refused(&["--rotary-percent", p]);
+        assert!(e.contains("--rotary-percent"), "{e}");
+    }
+    // 8 features per head at 10 %: no pair to rotate.
+    let e = refused(&["--rotary-percent", "0.1"]);
+    assert!(
+        e.contains("--rotary-percent") && e.contains("--kv-channels"),
+        "{e}"
+    );
+    let e = refused(&["--qk-layernorm"]);
+    assert!(e.contains("--qk-layernorm"), "{e}");
+}
