@@ -16,14 +16,14 @@ struct GenWrap {
     args: GenerateArgs,
 }
 
-#[test]
-fn greedy_generation_continues_the_learned_sequence() {
-    // Mock data are runs of consecutive ids, so a trained model must continue "5 6 7" with 8 9 10.
-    let dir = std::env::temp_dir().join(format!("megatron-rs-gen-{}", std::process::id()));
+/// Trains a tiny model (with `model` flags) on mock data, which are runs of consecutive ids, so
+/// it must continue "5 6 7" with 8 9 10 ... when generating greedily from its checkpoint.
+fn assert_greedy_generation_continues_the_learned_sequence(name: &str, model: &[&str]) {
+    let dir = std::env::temp_dir().join(format!("megatron-rs-gen-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let save = dir.join("ckpt");
     let s = save.to_str().unwrap();
-    let args = Wrap::try_parse_from([
+    let mut flags = vec![
         "m",
         "--mock-data",
         "--tokenizer-type",
@@ -67,9 +67,9 @@ fn greedy_generation_continues_the_learned_sequence() {
         "--no-progress-bar",
         "--num-threads",
         "2",
-    ])
-    .unwrap()
-    .args;
+    ];
+    flags.extend_from_slice(model);
+    let args = Wrap::try_parse_from(flags).unwrap().args;
     let summary = pretrain(&args).unwrap();
     assert!(
         summary.losses.last().unwrap().1 < 0.5,
@@ -92,9 +92,33 @@ fn greedy_generation_continues_the_learned_sequence() {
     assert_eq!(
         text.split_whitespace().collect::<Vec<_>>(),
         ["8", "9", "10", "11", "12"],
-        "generated '{text}'"
+        "{name}: generated '{text}'"
     );
     let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn greedy_generation_continues_the_learned_sequence() {
+    assert_greedy_generation_continues_the_learned_sequence("gpt", &[]);
+}
+
+#[test]
+fn llama_generation_uses_rope_positions_and_a_grouped_kv_cache() {
+    assert_greedy_generation_continues_the_learned_sequence(
+        "llama",
+        &[
+            "--group-query-attention",
+            "--num-query-groups",
+            "2",
+            "--swiglu",
+            "--normalization",
+            "RMSNorm",
+            "--position-embedding-type",
+            "rope",
+            "--untie-embeddings-and-output-weights",
+            "--disable-bias-linear",
+        ],
+    );
 }
 
 #[test]
