@@ -262,7 +262,7 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
             .threads
             .unwrap_or_else(megatron_tensor::threads::available_cores);
         let mut v: Vec<f64> = (0..a.repeats)
-            .map(|_| megatron_training::flops::measure_peak_flops(threads))
+            .map(|_| megatron_tensor::cpu::peak::measure_peak_flops(threads))
             .collect();
         v.sort_by(f64::total_cmp);
         if let Some(g) = megatron_tensor::cpu::matmul_bf16::bf16_dot_peak_gflops(threads) {

@@ -80,7 +80,6 @@ fn measure(
                     rank,
                     pp: &mut *c,
                     tp: &mut tp,
-                    shape: [b * t, cfg.hidden_size],
                 }
                 .run(
                     &params,

@@ -103,7 +103,6 @@ fn pipelined(p: usize, v: usize, m: usize) -> Vec<StageResult> {
             rank,
             pp: c,
             tp: &mut tp,
-            shape: [b * t, 32],
         }
         .run(
             &params,

@@ -18,6 +18,46 @@ pub enum NormalizationArg {
     RMSNorm,
 }
 
+/// `--bf16-matmul-kernel`.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Bf16KernelArg {
+    /// Whichever measures faster on this CPU (agreed over the world).
+    Auto,
+    /// AVX512_BF16 `vdpbf16ps`.
+    Dot,
+    /// Operands rounded to bf16, f32 FMA GEMM.
+    Fma,
+}
+
+/// Parameters' and matmul operands' precision (`--bf16`, `--fp16`, else fp32).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Precision {
+    F32,
+    BF16,
+    F16,
+}
+
+impl Precision {
+    /// The 16-bit format of the model's parameters, if any.
+    pub fn half(self) -> Option<megatron_tensor::cpu::cast::Half> {
+        use megatron_tensor::cpu::cast::Half;
+        match self {
+            Precision::F32 => None,
+            Precision::BF16 => Some(Half::BF16),
+            Precision::F16 => Some(Half::F16),
+        }
+    }
+}
+
+/// `--use-distributed-optimizer` or not.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OptimizerKind {
+    /// AdamW with the whole state on every data-parallel rank.
+    Adam,
+    /// AdamW with state sharded over the data-parallel ranks (ZeRO-1).
+    DistributedAdam,
+}
+
 /// `--position-embedding-type`.
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PositionEmbeddingArg {
@@ -274,8 +314,8 @@ pub struct TrainArgs {
     pub fp16: bool,
     /// Instructions of bf16 matmuls: `dot` (AVX512_BF16 vdpbf16ps), `fma` (operands rounded to
     /// bf16, f32 FMA GEMM) or `auto` (whichever measures faster on this CPU).
-    #[arg(long, default_value = "auto", value_parser = ["auto", "dot", "fma"])]
-    pub bf16_matmul_kernel: String,
+    #[arg(long, value_enum, default_value = "auto")]
+    pub bf16_matmul_kernel: Bf16KernelArg,
     /// Constant loss scale (otherwise --fp16 scales dynamically).
     #[arg(long)]
     pub loss_scale: Option<f32>,
@@ -337,6 +377,8 @@ pub struct GenerateArgs {
 pub struct TrainConfig {
     pub args: TrainArgs,
     pub model: TransformerConfig,
+    pub precision: Precision,
+    pub optimizer: OptimizerKind,
     pub global_batch_size: usize,
     /// Data-parallel size (ranks / model-parallel sizes).
     pub dp: usize,
@@ -382,10 +424,12 @@ impl TrainArgs {
         if self.fp16 && self.bf16 {
             return Err(bad("give only one of --fp16 and --bf16".into()));
         }
-        if self.bf16_matmul_kernel != "auto" && !self.bf16 {
+        if self.bf16_matmul_kernel != Bf16KernelArg::Auto && !self.bf16 {
             return Err(bad(format!(
                 "--bf16-matmul-kernel {} only applies with --bf16",
                 self.bf16_matmul_kernel
+                    .to_possible_value()
+                    .map_or_else(String::new, |v| v.get_name().to_string())
             )));
         }
         if self.overlap_param_gather && !self.use_distributed_optimizer {
@@ -398,46 +442,7 @@ impl TrainArgs {
                 "--loss-scale / --initial-loss-scale must be positive".into()
             ));
         }
-        let tp = self.tensor_model_parallel_size;
-        if tp == 0 || !self.nproc_per_node.is_multiple_of(tp) {
-            return Err(bad(format!(
-                "--tensor-model-parallel-size ({tp}) must divide the number of ranks (--nproc-per-node {}, or the MPI world)",
-                self.nproc_per_node
-            )));
-        }
-        let pp = self.pipeline_model_parallel_size;
-        if pp == 0 || !self.nproc_per_node.is_multiple_of(tp * pp) {
-            return Err(bad(format!(
-                "--tensor-model-parallel-size ({tp}) x --pipeline-model-parallel-size ({pp}) must divide the number of ranks (--nproc-per-node {}, or the MPI world)",
-                self.nproc_per_node
-            )));
-        }
-        let vp = match self.num_layers_per_virtual_pipeline_stage {
-            None => 1,
-            Some(0) => {
-                return Err(bad(
-                    "--num-layers-per-virtual-pipeline-stage must be positive".into(),
-                ))
-            }
-            Some(_) if pp == 1 => return Err(bad(
-                "--num-layers-per-virtual-pipeline-stage needs --pipeline-model-parallel-size > 1"
-                    .into(),
-            )),
-            Some(lv) => {
-                if !self.num_layers.is_multiple_of(pp * lv) {
-                    return Err(bad(format!("--num-layers ({}) must be divisible by --pipeline-model-parallel-size ({pp}) x --num-layers-per-virtual-pipeline-stage ({lv})", self.num_layers)));
-                }
-                self.num_layers / (pp * lv)
-            }
-        };
-        let partition = megatron_core::pipeline_parallel::partition::StagePartition {
-            num_layers: self.num_layers,
-            p: pp,
-            v: vp,
-            first: self.decoder_first_pipeline_num_layers,
-            last: self.decoder_last_pipeline_num_layers,
-        };
-        partition.check().map_err(bad)?;
+        let (tp, pp, vp, partition) = self.layout()?;
         let dp = self.nproc_per_node / (tp * pp);
         let gbs = self.global_batch_size.unwrap_or(self.micro_batch_size * dp);
         if gbs == 0 || !gbs.is_multiple_of(self.micro_batch_size * dp) {
@@ -465,43 +470,8 @@ impl TrainArgs {
                 ))
             }
         };
-        let lr_decay_style = LrDecayStyle::parse(&self.lr_decay_style).ok_or_else(|| {
-            bad(format!("--lr-decay-style '{}': expected constant, linear, cosine, inverse-square-root or WSD", self.lr_decay_style))
-        })?;
-        let lr_wsd_decay_style =
-            WsdDecayStyle::parse(&self.lr_wsd_decay_style).ok_or_else(|| {
-                bad(format!(
-                    "--lr-wsd-decay-style '{}': expected linear, cosine, exponential or minus_sqrt",
-                    self.lr_wsd_decay_style
-                ))
-            })?;
-        if self.lr < 0.0 || self.min_lr < 0.0 || self.min_lr > self.lr {
-            return Err(bad(format!(
-                "--min-lr ({}) must be between 0 and --lr ({})",
-                self.min_lr, self.lr
-            )));
-        }
-        let lr_decay_iters = self.lr_decay_iters.unwrap_or(train_iters);
-        let lr_warmup_iters = match (self.lr_warmup_iters, self.lr_warmup_fraction) {
-            (Some(_), Some(_)) => {
-                return Err(bad(
-                    "give only one of --lr-warmup-iters and --lr-warmup-fraction".into(),
-                ))
-            }
-            (Some(w), None) => w,
-            (None, Some(f)) if (0.0..=1.0).contains(&f) => (f * lr_decay_iters as f64) as u64,
-            (None, Some(f)) => {
-                return Err(bad(format!(
-                    "--lr-warmup-fraction must be in [0, 1], got {f}"
-                )))
-            }
-            (None, None) => 0,
-        };
-        if lr_warmup_iters > lr_decay_iters {
-            return Err(bad(format!(
-                "--lr-warmup-iters ({lr_warmup_iters}) exceeds --lr-decay-iters ({lr_decay_iters})"
-            )));
-        }
+        let (lr_decay_style, lr_wsd_decay_style, lr_decay_iters, lr_warmup_iters) =
+            self.lr_schedule(train_iters)?;
         for (flag, v) in [
             ("--log-interval", self.log_interval),
             ("--eval-interval", self.eval_interval),
@@ -522,6 +492,58 @@ impl TrainArgs {
         if self.num_threads == Some(0) {
             return Err(bad("--num-threads must be positive, got 0".into()));
         }
+        let model = self.model_config(vocab_size, tp)?;
+        if self.sequence_parallel
+            && tp > 1
+            && !(self.micro_batch_size * self.seq_length).is_multiple_of(tp)
+        {
+            return Err(bad(format!(
+                "--sequence-parallel: the tokens of a micro-batch (--micro-batch-size {} x --seq-length {}) must be divisible by --tensor-model-parallel-size ({tp})",
+                self.micro_batch_size, self.seq_length
+            )));
+        }
+        let m = gbs / (self.micro_batch_size * dp);
+        if vp > 1 {
+            megatron_core::pipeline_parallel::interleaved::check(pp, m, vp).map_err(|e| {
+                bad(format!(
+                    "{e} (micro-batches = --global-batch-size {gbs} / (--micro-batch-size {} x data-parallel size {dp}))",
+                    self.micro_batch_size
+                ))
+            })?;
+        }
+        Ok(TrainConfig {
+            args: self.clone(),
+            model,
+            precision: if self.bf16 {
+                Precision::BF16
+            } else if self.fp16 {
+                Precision::F16
+            } else {
+                Precision::F32
+            },
+            optimizer: if self.use_distributed_optimizer {
+                OptimizerKind::DistributedAdam
+            } else {
+                OptimizerKind::Adam
+            },
+            global_batch_size: gbs,
+            dp,
+            tp,
+            pp,
+            partition,
+            num_microbatches: gbs / (self.micro_batch_size * dp),
+            train_iters,
+            lr_decay_iters,
+            lr_warmup_iters,
+            lr_decay_style,
+            lr_wsd_decay_style,
+            vocab_size,
+        })
+    }
+
+    /// The model's `TransformerConfig` from the model flags, checked, and checked against
+    /// the tensor-parallel size `tp`.
+    fn model_config(&self, vocab_size: usize, tp: usize) -> Result<TransformerConfig, TrainError> {
         if self.qk_layernorm {
             return Err(bad(
                 "--qk-layernorm is not supported yet (issue 13 leaves it open)".into(),
@@ -588,40 +610,113 @@ impl TrainArgs {
                 )));
             }
         }
-        if self.sequence_parallel
-            && tp > 1
-            && !(self.micro_batch_size * self.seq_length).is_multiple_of(tp)
-        {
+        Ok(model)
+    }
+
+    /// The parallel layout: tensor- and pipeline-parallel sizes, model chunks per stage and how
+    /// the layers split over stages.
+    fn layout(
+        &self,
+    ) -> Result<
+        (
+            usize,
+            usize,
+            usize,
+            megatron_core::pipeline_parallel::partition::StagePartition,
+        ),
+        TrainError,
+    > {
+        let tp = self.tensor_model_parallel_size;
+        if tp == 0 || !self.nproc_per_node.is_multiple_of(tp) {
             return Err(bad(format!(
-                "--sequence-parallel: the tokens of a micro-batch (--micro-batch-size {} x --seq-length {}) must be divisible by --tensor-model-parallel-size ({tp})",
-                self.micro_batch_size, self.seq_length
+                "--tensor-model-parallel-size ({tp}) must divide the number of ranks (--nproc-per-node {}, or the MPI world)",
+                self.nproc_per_node
             )));
         }
-        let m = gbs / (self.micro_batch_size * dp);
-        if vp > 1 {
-            megatron_core::pipeline_parallel::interleaved::check(pp, m, vp).map_err(|e| {
+        let pp = self.pipeline_model_parallel_size;
+        if pp == 0 || !self.nproc_per_node.is_multiple_of(tp * pp) {
+            return Err(bad(format!(
+                "--tensor-model-parallel-size ({tp}) x --pipeline-model-parallel-size ({pp}) must divide the number of ranks (--nproc-per-node {}, or the MPI world)",
+                self.nproc_per_node
+            )));
+        }
+        let vp = match self.num_layers_per_virtual_pipeline_stage {
+            None => 1,
+            Some(0) => {
+                return Err(bad(
+                    "--num-layers-per-virtual-pipeline-stage must be positive".into(),
+                ))
+            }
+            Some(_) if pp == 1 => return Err(bad(
+                "--num-layers-per-virtual-pipeline-stage needs --pipeline-model-parallel-size > 1"
+                    .into(),
+            )),
+            Some(lv) => {
+                if !self.num_layers.is_multiple_of(pp * lv) {
+                    return Err(bad(format!("--num-layers ({}) must be divisible by --pipeline-model-parallel-size ({pp}) x --num-layers-per-virtual-pipeline-stage ({lv})", self.num_layers)));
+                }
+                self.num_layers / (pp * lv)
+            }
+        };
+        let partition = megatron_core::pipeline_parallel::partition::StagePartition {
+            num_layers: self.num_layers,
+            p: pp,
+            v: vp,
+            first: self.decoder_first_pipeline_num_layers,
+            last: self.decoder_last_pipeline_num_layers,
+        };
+        partition.check().map_err(bad)?;
+        Ok((tp, pp, vp, partition))
+    }
+
+    /// The learning-rate schedule: decay style, WSD decay style, decay and warmup iterations.
+    fn lr_schedule(
+        &self,
+        train_iters: u64,
+    ) -> Result<(LrDecayStyle, WsdDecayStyle, u64, u64), TrainError> {
+        let lr_decay_style = LrDecayStyle::parse(&self.lr_decay_style).ok_or_else(|| {
+            bad(format!("--lr-decay-style '{}': expected constant, linear, cosine, inverse-square-root or WSD", self.lr_decay_style))
+        })?;
+        let lr_wsd_decay_style =
+            WsdDecayStyle::parse(&self.lr_wsd_decay_style).ok_or_else(|| {
                 bad(format!(
-                    "{e} (micro-batches = --global-batch-size {gbs} / (--micro-batch-size {} x data-parallel size {dp}))",
-                    self.micro_batch_size
+                    "--lr-wsd-decay-style '{}': expected linear, cosine, exponential or minus_sqrt",
+                    self.lr_wsd_decay_style
                 ))
             })?;
+        if self.lr < 0.0 || self.min_lr < 0.0 || self.min_lr > self.lr {
+            return Err(bad(format!(
+                "--min-lr ({}) must be between 0 and --lr ({})",
+                self.min_lr, self.lr
+            )));
         }
-        Ok(TrainConfig {
-            args: self.clone(),
-            model,
-            global_batch_size: gbs,
-            dp,
-            tp,
-            pp,
-            partition,
-            num_microbatches: gbs / (self.micro_batch_size * dp),
-            train_iters,
-            lr_decay_iters,
-            lr_warmup_iters,
+        let lr_decay_iters = self.lr_decay_iters.unwrap_or(train_iters);
+        let lr_warmup_iters = match (self.lr_warmup_iters, self.lr_warmup_fraction) {
+            (Some(_), Some(_)) => {
+                return Err(bad(
+                    "give only one of --lr-warmup-iters and --lr-warmup-fraction".into(),
+                ))
+            }
+            (Some(w), None) => w,
+            (None, Some(f)) if (0.0..=1.0).contains(&f) => (f * lr_decay_iters as f64) as u64,
+            (None, Some(f)) => {
+                return Err(bad(format!(
+                    "--lr-warmup-fraction must be in [0, 1], got {f}"
+                )))
+            }
+            (None, None) => 0,
+        };
+        if lr_warmup_iters > lr_decay_iters {
+            return Err(bad(format!(
+                "--lr-warmup-iters ({lr_warmup_iters}) exceeds --lr-decay-iters ({lr_decay_iters})"
+            )));
+        }
+        Ok((
             lr_decay_style,
             lr_wsd_decay_style,
-            vocab_size,
-        })
+            lr_decay_iters,
+            lr_warmup_iters,
+        ))
     }
 }
 

@@ -8,8 +8,12 @@
 //! tracker file is replaced atomically only after that, so a crash never leaves a checkpoint that
 //! looks complete, and never damages the previous one.
 
+use crate::arguments::TrainConfig;
 use crate::{io_err, TrainError};
+use megatron_comm::Communicator;
+use megatron_core::models::ModelFamily;
 use megatron_core::optimizer::{Adam, OptimizerParamScheduler};
+use megatron_core::tensor_parallel::{gather_to_full, Tp};
 use megatron_core::{Params, TransformerConfig};
 use safetensors::tensor::{Dtype, TensorView};
 use safetensors::SafeTensors;
@@ -299,4 +303,154 @@ pub fn restore(
         adam.step = ck.meta.optimizer_step;
     }
     Ok(())
+}
+
+/// Parameters and Adam state of the whole model in the TP = 1, PP = 1 layout (whole tensors of
+/// every layer): shards are gathered over the TP group, stages combined over the pipeline group
+/// (each stage contributes its own tensors, zeros elsewhere, summed). Every rank of both groups
+/// takes part and receives the result.
+pub(crate) fn gather_full_state(
+    cfg: &TrainConfig,
+    params: &Params,
+    adam: &Adam,
+    tp: &mut Tp,
+    pp: &mut dyn Communicator,
+) -> Result<(Params, Adam), TrainError> {
+    let mut full = Params::default();
+    let layers = cfg.model.num_layers();
+    cfg.model
+        .build_chunk(&mut full, &mut Vec::new(), 0..layers, true, true);
+    let mut gather = |data: &[f32]| -> Result<Vec<f32>, TrainError> {
+        let stage = if tp.size() > 1 {
+            gather_to_full(params, data, tp)?
+        } else {
+            data.to_vec()
+        };
+        if pp.size() == 1 {
+            return Ok(stage);
+        }
+        let mut out = vec![0.0f32; full.numel()];
+        let mut at = 0;
+        for m in &params.metas {
+            let global: usize = m.shape.iter().product();
+            if !m.shared {
+                let id = full
+                    .find(&m.name)
+                    .expect("a stage parameter is a model parameter");
+                let fm = &full.metas[id.0];
+                out[fm.offset..fm.offset + fm.numel].copy_from_slice(&stage[at..at + global]);
+            }
+            at += global;
+        }
+        pp.all_reduce(&mut out, megatron_comm::ReduceOp::Sum)?;
+        Ok(out)
+    };
+    let data = gather(&params.data)?;
+    let exp_avg = gather(&adam.exp_avg)?;
+    let exp_avg_sq = gather(&adam.exp_avg_sq)?;
+    full.data = data;
+    let mut full_adam = adam.clone();
+    full_adam.exp_avg = exp_avg;
+    full_adam.exp_avg_sq = exp_avg_sq;
+    Ok((full, full_adam))
+}
+
+/// `--load`: reads the checkpoint, refuses one saved for another model, and copies its
+/// parameters and Adam state into this rank's shards.
+pub(crate) fn load_into(
+    cfg: &TrainConfig,
+    dir: &str,
+    params: &mut Params,
+    adam: &mut Adam,
+    lead: bool,
+) -> Result<crate::setup::Restored, TrainError> {
+    let ck = load_checkpoint(Path::new(dir), None)?;
+    if ck.meta.model != cfg.model {
+        return Err(TrainError::Checkpoint {
+            path: ck.dir.display().to_string(),
+            msg: format!(
+                "was saved for another model configuration ({:?}); the flags give {:?}",
+                ck.meta.model, cfg.model
+            ),
+        });
+    }
+    restore(&ck, params, Some(adam))?;
+    let (iteration, consumed) = (ck.meta.iteration, ck.meta.consumed_train_samples);
+    if lead {
+        println!(
+            "loaded checkpoint {} at iteration {iteration} ({consumed} consumed samples)",
+            ck.dir.display()
+        );
+    }
+    Ok(crate::setup::Restored {
+        iteration,
+        consumed_samples: consumed,
+        scheduler_steps: ck.meta.scheduler.num_steps,
+    })
+}
+
+impl crate::training::Trainer<'_> {
+    /// Saves a checkpoint of iteration `iteration` under `dir` (every rank takes part: the
+    /// optimizer's state is gathered over DP, shards over TP, stages over PP); returns its path
+    /// on the rank that wrote it.
+    pub(crate) fn save_checkpoint(
+        &mut self,
+        dir: &Path,
+        iteration: u64,
+        tok: &dyn megatron_data::Tokenizer,
+    ) -> Result<Option<PathBuf>, TrainError> {
+        let numel = self.params.numel();
+        let (dp_rank, _) = self.comms.dp_rank_size();
+        let dp: &mut dyn Communicator = match self.comms.dp.as_deref_mut() {
+            Some(c) => c,
+            None => &mut self.serial_dp,
+        };
+        let state = self.optimizer.full_state(numel, dp)?;
+        // 16-bit parameters under the distributed optimizer: the fp32 main copy is saved.
+        let staged_main = state.main.map(|main| Params {
+            data: main,
+            half: megatron_core::params::HalfParams::None,
+            metas: self.params.metas.clone(),
+            tp: self.params.tp,
+            gate: None,
+        });
+        let saving: &Params = staged_main.as_ref().unwrap_or(&self.params);
+        if dp_rank != 0 {
+            return Ok(None);
+        }
+        // Shards are gathered into the TP = 1 layout: the checkpoint loads under any layout.
+        let (tp, pp) = (&mut self.comms.tp, &mut *self.comms.pp);
+        let gathered = if tp.size() > 1 || pp.size() > 1 {
+            Some(gather_full_state(self.cfg, saving, &state.adam, tp, pp)?)
+        } else {
+            None
+        };
+        if !self.lead {
+            return Ok(None);
+        }
+        let (full, full_adam) = gathered
+            .as_ref()
+            .map_or((saving, &*state.adam), |(p, a)| (p, a));
+        let a = &self.cfg.args;
+        let meta = CheckpointMeta {
+            format: String::new(),
+            iteration,
+            consumed_train_samples: self.consumed,
+            scheduler: self.sched.clone(),
+            optimizer_step: full_adam.step,
+            adam_beta1: a.adam_beta1,
+            adam_beta2: a.adam_beta2,
+            adam_eps: a.adam_eps,
+            seed: a.seed,
+            model: self.cfg.model.clone(),
+            tokenizer_type: tok.name().to_string(),
+            vocab_size: a.tokenizer.vocab_size.unwrap_or(tok.vocab_size()),
+            vocab_file: a.tokenizer.vocab_file.clone(),
+            merge_file: a.tokenizer.merge_file.clone(),
+            tokenizer_model: a.tokenizer.tokenizer_model.clone(),
+            tensors: Vec::new(),
+            shard_bytes: 0,
+        };
+        Ok(Some(save_checkpoint(dir, meta, full, full_adam)?))
+    }
 }

@@ -2,10 +2,11 @@
 
 use crate::arguments::GenerateArgs;
 use crate::checkpointing::{load_checkpoint, restore};
+use crate::setup::Model;
 use crate::TrainError;
 use megatron_core::inference::{decode_step, KVCache};
+use megatron_core::models::ModelFamily;
 use megatron_core::params::Params;
-use megatron_core::GPTModel;
 use megatron_data::{build_tokenizer_from, TokenizerSpec};
 use megatron_tensor::RngKey;
 use std::path::Path;
@@ -83,7 +84,11 @@ pub fn generate(args: &GenerateArgs) -> Result<String, TrainError> {
     })?;
     let mut params = Params::default();
     let mut inits = Vec::new();
-    let model = GPTModel::build(ck.meta.model.clone(), &mut params, &mut inits);
+    let layers = ck.meta.model.num_layers();
+    let model: Model = ck
+        .meta
+        .model
+        .build_chunk(&mut params, &mut inits, 0..layers, true, true);
     params.data = vec![0.0; params.numel()];
     restore(&ck, &mut params, None)?;
     let max_pos = model.config.max_position_embeddings;

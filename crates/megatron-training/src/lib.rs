@@ -3,9 +3,14 @@
 
 pub mod arguments;
 pub mod checkpointing;
+mod data;
+mod evaluate;
 pub mod flops;
 pub mod generate;
+mod launch;
 pub mod logging;
+mod setup;
+mod train_step;
 pub mod training;
 
 pub use arguments::{

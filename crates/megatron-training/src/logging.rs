@@ -1,7 +1,8 @@
 //! Per-iteration log lines, the JSON metrics file and peak memory.
 
+use crate::TrainError;
 use serde::Serialize;
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 
 #[derive(Serialize, Clone, Debug)]
 pub struct IterationMetrics {
@@ -111,4 +112,121 @@ pub fn peak_rss_bytes() -> u64 {
             })
         })
         .map_or(0, |kb| kb * 1024)
+}
+
+/// Where log lines go: through the progress bar on a terminal, else plain stdout.
+pub(crate) struct Reporter {
+    bar: Option<indicatif::ProgressBar>,
+    /// Ranks other than 0 stay quiet.
+    silent: bool,
+}
+
+impl Reporter {
+    pub(crate) fn new(total: u64, start: u64, plain: bool, silent: bool) -> Self {
+        let bar = if !silent && !plain && std::io::stderr().is_terminal() {
+            let pb = indicatif::ProgressBar::new(total);
+            pb.set_style(
+                indicatif::ProgressStyle::with_template(
+                    "{bar:40} {pos}/{len} iters [{elapsed_precise}<{eta_precise}] {msg}",
+                )
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+            );
+            pb.set_position(start);
+            Some(pb)
+        } else {
+            None
+        };
+        Reporter { bar, silent }
+    }
+    pub(crate) fn line(&self, s: &str) {
+        if self.silent {
+            return;
+        }
+        match &self.bar {
+            Some(pb) => pb.println(s),
+            None => println!("{s}"),
+        }
+    }
+    pub(crate) fn tick(&self, iteration: u64, loss: f64) {
+        if let Some(pb) = &self.bar {
+            pb.set_position(iteration);
+            pb.set_message(format!("lm loss {loss:.4}"));
+        }
+    }
+    pub(crate) fn finish(&self) {
+        if let Some(pb) = &self.bar {
+            pb.finish_and_clear();
+        }
+    }
+}
+
+/// Writes a Chrome trace (`chrome://tracing`, Perfetto): one row (thread) per world rank, one
+/// complete event per forward, backward, receive wait and optimizer step.
+pub(crate) fn write_trace(
+    path: &str,
+    ranks: &[(
+        usize,
+        Vec<megatron_core::pipeline_parallel::timers::TraceEvent>,
+    )],
+) -> Result<(), TrainError> {
+    let mut events = Vec::new();
+    for (rank, evs) in ranks {
+        events.push(serde_json::json!({
+            "name": "thread_name", "ph": "M", "pid": 0, "tid": rank,
+            "args": { "name": format!("rank {rank}") }
+        }));
+        for e in evs {
+            events.push(serde_json::json!({
+                "name": e.name, "ph": "X", "pid": 0, "tid": rank,
+                "ts": e.start_us, "dur": e.dur_us
+            }));
+        }
+    }
+    let text = serde_json::json!({ "traceEvents": events }).to_string();
+    std::fs::write(path, text).map_err(|e| TrainError::Io {
+        path: path.to_string(),
+        source: e,
+    })
+}
+
+/// The activation memory of the run against the engine's formula and Korthikanti et al.'s
+/// (`sbh(34 + 5as/h)` per layer, for 16-bit activations; doubled for f32).
+pub(crate) fn print_activations(
+    cfg: &crate::arguments::TrainConfig,
+    tp: &megatron_core::tensor_parallel::Tp,
+    summary: &crate::training::TrainSummary,
+) {
+    let (b, t) = (cfg.args.micro_batch_size, cfg.args.seq_length);
+    let (s_, b_, h_, a_) = (
+        t as f64,
+        b as f64,
+        cfg.model.hidden_size as f64,
+        cfg.model.num_attention_heads as f64,
+    );
+    let formula = 2.0 * s_ * b_ * h_ * (34.0 + 5.0 * a_ * s_ / h_) * cfg.model.num_layers as f64;
+    let engine = megatron_core::models::gpt::activation_bytes_formula(
+        &cfg.model,
+        b,
+        t,
+        tp.size(),
+        tp.sequence_parallel,
+        cfg.precision.half().is_some(),
+    );
+    let mib = |x: f64| x / (1 << 20) as f64;
+    if cfg.pp > 1 {
+        println!(
+            "saved activations on pipeline stage 0 at the peak: {:.2} MiB ({} micro-batch chunks in flight)",
+            mib(summary.peak_activation_bytes as f64),
+            summary.peak_in_flight
+        );
+    } else {
+        let sp = tp.sequence_parallel;
+        println!(
+            "activations held per micro-batch and rank: {:.2} MiB measured, engine formula {:.2} MiB; Megatron's sbh(34 + 5as/h){} per layer would be {:.2} MiB in f32",
+            mib(summary.peak_activation_bytes as f64),
+            mib(engine as f64),
+            if sp { "/t" } else { "" },
+            mib(formula) / if sp { tp.size() as f64 } else { 1.0 }
+        );
+    }
 }

@@ -4,6 +4,7 @@
 //! pipeline schedules call, `forward_backward` the whole model at once.
 
 use super::embedding::LanguageModelEmbedding;
+use super::model_chunk::{ChunkState, ModelChunk, ModelFamily};
 use crate::params::{Grads, Init, ParamId, Params, Sharding};
 use crate::tensor_parallel::mappings::{
     copy_to_tensor_model_parallel_region_backward, gather_from_sequence_parallel_region_backward,
@@ -518,5 +519,99 @@ impl GPTModel {
         let mut one = crate::tensor_parallel::serial_group();
         self.forward_loss(params, &mut Tp::new(&mut one, false), batch)
             .expect("a group of one rank does not communicate")
+    }
+}
+
+impl ChunkState for ForwardState {
+    fn activation_bytes(&self) -> usize {
+        self.activation_bytes
+    }
+    fn loss(&self) -> Option<(f32, f32)> {
+        self.loss
+    }
+}
+
+impl ModelChunk for GPTModel {
+    type Batch<'b> = Batch<'b>;
+    type State = ForwardState;
+
+    fn pre_process(&self) -> bool {
+        self.embedding.is_some()
+    }
+
+    fn post_process(&self) -> bool {
+        self.final_layernorm.is_some()
+    }
+
+    /// Hidden states of this rank's token rows (a block of them under sequence parallelism).
+    fn input_shape(&self, batch: &Batch<'_>, tp: &Tp) -> [usize; 2] {
+        let (lo, hi) = tp.sequence_shard(batch.b * batch.t);
+        [hi - lo, self.config.hidden_size]
+    }
+
+    fn output_shape(&self, batch: &Batch<'_>, tp: &Tp) -> [usize; 2] {
+        self.input_shape(batch, tp)
+    }
+
+    fn forward_step(
+        &self,
+        params: &Params,
+        grads: Option<&mut Grads>,
+        tp: &mut Tp,
+        input: Option<Tensor>,
+        batch: &Batch<'_>,
+        grad_scale: f32,
+        ctx: &StepContext,
+    ) -> Result<(Option<Tensor>, ForwardState), CommError> {
+        GPTModel::forward_step(self, params, grads, tp, input, batch, grad_scale, ctx)
+    }
+
+    fn backward_step(
+        &self,
+        params: &Params,
+        grads: &mut Grads,
+        tp: &mut Tp,
+        state: ForwardState,
+        dy: Option<Tensor>,
+        batch: &Batch<'_>,
+        ctx: &StepContext,
+        on_ready: &mut dyn FnMut(usize),
+    ) -> Result<Option<Tensor>, CommError> {
+        self.backward_step_hooked(params, grads, tp, state, dy, batch, ctx, on_ready)
+    }
+
+    fn shared_embedding(&self) -> Option<ParamId> {
+        if self.config.untie_embeddings_and_output_weights {
+            None
+        } else {
+            self.word_embeddings()
+        }
+    }
+}
+
+/// GPT and the Llama family: one decoder family, configured by [`TransformerConfig`].
+impl ModelFamily for TransformerConfig {
+    type Chunk = GPTModel;
+
+    fn num_layers(&self) -> usize {
+        self.num_layers
+    }
+
+    fn build_chunk(
+        &self,
+        params: &mut Params,
+        inits: &mut Vec<Init>,
+        layers: std::ops::Range<usize>,
+        pre_process: bool,
+        post_process: bool,
+    ) -> GPTModel {
+        GPTModel::build_chunk(
+            self.clone(),
+            params,
+            inits,
+            layers,
+            pre_process,
+            post_process,
+        )
     }
 }

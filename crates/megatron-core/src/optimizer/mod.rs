@@ -3,9 +3,11 @@ pub mod clip_grads;
 pub mod distrib_optimizer;
 pub mod grad_scaler;
 pub mod lr_scheduler;
+pub mod megatron_optimizer;
 
 pub use adam::Adam;
 pub use clip_grads::{clip_grad_norm, clip_grads_by_norm, get_grad_norm};
 pub use distrib_optimizer::DistributedOptimizer;
 pub use grad_scaler::GradScaler;
 pub use lr_scheduler::{LrDecayStyle, OptimizerParamScheduler, WsdDecayStyle};
+pub use megatron_optimizer::{FullState, MegatronOptimizer, ParamGather, PlainOptimizer};

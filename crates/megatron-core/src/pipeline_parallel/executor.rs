@@ -1,14 +1,16 @@
 //! Runs a stage's schedule: for each forward, receive the input from the previous virtual stage
 //! (unless this is the first), run the chunk, send the output on; for each backward, receive the
 //! output gradient (unless last), run the chunk's backward, send the input gradient back.
-//! A micro-batch's saved activations are freed as soon as its backward ran.
+//! A micro-batch's saved activations are freed as soon as its backward ran. The executor knows
+//! a model only through [`ModelChunk`]; one stage without pipelining runs here too, under
+//! `no_pipelining::schedule`.
 
 use super::p2p;
 use super::partition::StagePartition;
 use super::timers::Timers;
 use super::Op;
 use crate::distributed::overlap::OverlapGradReduce;
-use crate::models::gpt::{Batch, ForwardState, GPTModel};
+use crate::models::model_chunk::{ChunkState, ModelChunk};
 use crate::params::{Grads, Params};
 use crate::tensor_parallel::Tp;
 use crate::transformer::step::StepContext;
@@ -31,17 +33,15 @@ pub struct PipelineRun {
 }
 
 /// The pieces of a stage: its chunks, where they sit, and its groups.
-pub struct Stage<'a, 'g> {
-    pub chunks: &'a [GPTModel],
+pub struct Stage<'a, 'g, M: ModelChunk> {
+    pub chunks: &'a [M],
     pub partition: StagePartition,
     pub rank: usize,
     pub pp: &'a mut dyn Communicator,
     pub tp: &'a mut Tp<'g>,
-    /// Shape of the activations passed between stages.
-    pub shape: [usize; 2],
 }
 
-impl Stage<'_, '_> {
+impl<M: ModelChunk> Stage<'_, '_, M> {
     fn vs(&self, chunk: usize) -> usize {
         chunk * self.partition.p + self.rank
     }
@@ -53,12 +53,13 @@ impl Stage<'_, '_> {
     fn recv(
         &mut self,
         timers: &mut Timers,
+        shape: [usize; 2],
         src: usize,
         tag: u64,
         label: impl FnOnce() -> String,
     ) -> Result<megatron_tensor::Tensor, CommError> {
         let t0 = Instant::now();
-        let x = p2p::recv(self.pp, &self.shape, src, tag)?;
+        let x = p2p::recv(self.pp, &shape, src, tag)?;
         timers.p2p_wait += t0.elapsed();
         timers.record(label, t0);
         Ok(x)
@@ -72,7 +73,7 @@ impl Stage<'_, '_> {
         params: &Params,
         grads: Option<&mut Grads>,
         ops: &[Op],
-        batches: &[Batch],
+        batches: &[M::Batch<'_>],
         ctxs: &[StepContext],
         grad_scale: f32,
         timers: &mut Timers,
@@ -88,7 +89,7 @@ impl Stage<'_, '_> {
         params: &Params,
         mut grads: Option<&mut Grads>,
         ops: &[Op],
-        batches: &[Batch],
+        batches: &[M::Batch<'_>],
         ctxs: &[StepContext],
         grad_scale: f32,
         timers: &mut Timers,
@@ -103,7 +104,7 @@ impl Stage<'_, '_> {
         }
         let p = self.partition.p;
         let stages = self.stages();
-        let mut states: HashMap<(usize, usize), ForwardState> = HashMap::new();
+        let mut states: HashMap<(usize, usize), M::State> = HashMap::new();
         let mut out = PipelineRun {
             chunk_bytes: vec![0; self.chunks.len()],
             ..Default::default()
@@ -118,8 +119,10 @@ impl Stage<'_, '_> {
                     let input = if self.partition.is_first(self.rank, chunk) {
                         None
                     } else {
+                        let shape = self.chunks[chunk].input_shape(&batches[mb], self.tp);
                         Some(self.recv(
                             timers,
+                            shape,
                             (vs - 1) % p,
                             p2p::tag(mb, vs, stages, false),
                             || format!("recv fwd mb{mb}"),
@@ -137,7 +140,7 @@ impl Stage<'_, '_> {
                     )?;
                     timers.forward += t0.elapsed();
                     timers.record(|| format!("F{mb}.{chunk}"), t0);
-                    if let Some(l) = state.loss {
+                    if let Some(l) = state.loss() {
                         losses[mb] = Some(l);
                     }
                     if let Some(y) = y {
@@ -149,8 +152,8 @@ impl Stage<'_, '_> {
                         )?;
                     }
                     if grads.is_some() {
-                        out.chunk_bytes[chunk] = state.activation_bytes;
-                        live_bytes += state.activation_bytes;
+                        out.chunk_bytes[chunk] = state.activation_bytes();
+                        live_bytes += state.activation_bytes();
                         out.peak_activation_bytes = out.peak_activation_bytes.max(live_bytes);
                         states.insert((chunk, mb), state);
                         out.peak_in_flight = out.peak_in_flight.max(states.len());
@@ -162,12 +165,14 @@ impl Stage<'_, '_> {
                     let state = states
                         .remove(&(chunk, mb))
                         .expect("the schedule runs a forward before its backward");
-                    let bytes = state.activation_bytes;
+                    let bytes = state.activation_bytes();
                     let dy = if self.partition.is_last(self.rank, chunk) {
                         None
                     } else {
+                        let shape = self.chunks[chunk].output_shape(&batches[mb], self.tp);
                         Some(self.recv(
                             timers,
+                            shape,
                             (vs + 1) % p,
                             p2p::tag(mb, vs, stages, true),
                             || format!("recv bwd mb{mb}"),
@@ -177,7 +182,7 @@ impl Stage<'_, '_> {
                     let dx = match overlap.as_mut() {
                         Some((ov, chunk_params)) if last_backward[chunk] == i => {
                             let mine = chunk_params[chunk].clone();
-                            self.chunks[chunk].backward_step_hooked(
+                            self.chunks[chunk].backward_step(
                                 params,
                                 grads,
                                 self.tp,
@@ -196,6 +201,7 @@ impl Stage<'_, '_> {
                             dy,
                             &batches[mb],
                             &ctxs[mb],
+                            &mut |_| {},
                         )?,
                     };
                     timers.backward += t0.elapsed();

@@ -48,20 +48,19 @@ pub fn schedule(p: usize, rank: usize, m: usize, v: usize) -> Result<Vec<Op>, St
 }
 
 /// The model chunks stage `rank` holds under `partition`, registered into `params`, and each
-/// chunk's parameter indices (what `--overlap-grad-reduce` tracks).
-pub fn build_stage(
-    config: &crate::TransformerConfig,
+/// chunk's parameter indices (what `--overlap-grad-reduce` tracks). Any model family.
+pub fn build_stage<F: crate::models::ModelFamily>(
+    family: &F,
     partition: &partition::StagePartition,
     rank: usize,
     params: &mut crate::Params,
     inits: &mut Vec<crate::params::Init>,
-) -> (Vec<crate::GPTModel>, Vec<std::ops::Range<usize>>) {
+) -> (Vec<F::Chunk>, Vec<std::ops::Range<usize>>) {
     let mut chunk_params = Vec::with_capacity(partition.v);
     let chunks = (0..partition.v)
         .map(|c| {
             let first = params.metas.len();
-            let chunk = crate::GPTModel::build_chunk(
-                config.clone(),
+            let chunk = family.build_chunk(
                 params,
                 inits,
                 partition.layers(rank, c),

@@ -7,6 +7,7 @@ pub mod attention;
 mod attention_tile;
 pub mod cast;
 pub mod cross_entropy;
+pub mod dispatch;
 pub mod dropout;
 pub mod embedding;
 pub mod gelu;
@@ -14,6 +15,7 @@ pub mod layernorm;
 pub mod layout;
 pub mod matmul;
 pub mod matmul_bf16;
+pub mod peak;
 pub mod reduce;
 pub mod rmsnorm;
 pub mod rope;
@@ -31,6 +33,7 @@ pub use attention::{
 pub use cross_entropy::{
     fused_classifier, vocab_parallel_classifier, ClassifierDims, ClassifierReduce, IGNORE_INDEX,
 };
+pub use dispatch::{fastest_bf16_kernel, kernel_fingerprint};
 pub use dropout::{
     bias_dropout_add_backward, bias_dropout_add_forward, dropout_add_forward, dropout_backward,
 };
@@ -53,17 +56,3 @@ pub use swiglu::{swiglu_backward, swiglu_forward};
 /// small enough to balance two to a few dozen cores. Fixed (not derived from the thread count) so
 /// results are identical whatever the thread count.
 pub(crate) const ROWS_PER_TASK: usize = 16;
-
-/// Which kernels this machine runs (vector level and f32 GEMM): two machines with the same
-/// fingerprint compute bit-identical results, so golden files record it.
-pub fn kernel_fingerprint() -> String {
-    #[cfg(target_arch = "x86_64")]
-    let gemm = if sgemm::available() {
-        "own-sgemm"
-    } else {
-        "gemm-crate"
-    };
-    #[cfg(not(target_arch = "x86_64"))]
-    let gemm = "gemm-crate";
-    format!("{:?}/{gemm}", simd::level())
-}

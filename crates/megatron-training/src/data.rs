@@ -1,0 +1,189 @@
+//! The data side of a step: the sample source a run reads (mock, indexed datasets and blends,
+//! or raw text), the micro-batch buffers filled from it, and `megatron inspect-data`.
+
+use crate::arguments::TrainConfig;
+use crate::TrainError;
+use megatron_core::Batch;
+use megatron_data::megatron_data::{is_indexed_blend, MegatronDataConfig, MegatronGPTData};
+use megatron_data::{
+    build_tokenizer_from, GPTSampleSource, MockGPTDataset, Split, TextDataset, Tokenizer,
+};
+
+pub(crate) fn build_data(
+    cfg: &TrainConfig,
+    tok: &dyn Tokenizer,
+    lead: bool,
+) -> Result<Box<dyn GPTSampleSource>, TrainError> {
+    let a = &cfg.args;
+    if a.mock_data {
+        return Ok(Box::new(MockGPTDataset {
+            vocab_size: tok.vocab_size(),
+            seq_length: a.seq_length,
+            seed: a.seed,
+        }));
+    }
+    if !a.train_data_path.is_empty() || is_indexed_blend(&a.data_path) {
+        let gbs = cfg.global_batch_size as u64;
+        let eval = a.eval_iters * gbs;
+        let mcfg = MegatronDataConfig {
+            data_path: a.data_path.clone(),
+            per_split: [
+                a.train_data_path.clone(),
+                a.valid_data_path.clone(),
+                a.test_data_path.clone(),
+            ],
+            split: a.split.clone(),
+            seq_length: a.seq_length,
+            seed: a.seed,
+            // Megatron's sizes: every training sample, every evaluation, one test pass.
+            num_samples: [
+                cfg.train_iters * gbs,
+                (cfg.train_iters / a.eval_interval + 1) * eval,
+                eval,
+            ],
+            data_cache_path: a.data_cache_path.clone(),
+            tokenizer: format!("{}:{}", tok.name(), tok.vocab_size()),
+            eod: tok.eod(),
+        };
+        let data = MegatronGPTData::build(&mcfg)?;
+        for line in data.report.iter().filter(|_| lead) {
+            println!("data: {line}");
+        }
+        return Ok(Box::new(data));
+    }
+    let files: Vec<String> =
+        megatron_data::inputs::expand_inputs(&a.data_path, &["txt"], "--data-path")?
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect();
+    let ds = TextDataset::from_files(&files, tok, &a.split, a.seq_length, a.seed)?;
+    if lead {
+        println!(
+        "data: {} files, {} tokens | samples train/valid/test {}/{}/{} | unigram entropy of the train split: {:.4} nats",
+        files.len(),
+        ds.num_tokens(),
+        ds.num_samples(Split::Train),
+        ds.num_samples(Split::Valid),
+        ds.num_samples(Split::Test),
+        ds.unigram_entropy()
+    );
+    }
+    Ok(Box::new(ds))
+}
+
+/// Micro-batch buffers: tokens, labels and loss mask for `b` samples.
+pub(crate) struct MicroBatch {
+    tokens: Vec<u32>,
+    labels: Vec<u32>,
+    mask: Vec<f32>,
+    sample: Vec<u32>,
+    /// `--reset-position-ids` / `--reset-attention-mask`, derived from end-of-document tokens.
+    position_ids: Option<Vec<u32>>,
+    doc_start: Option<Vec<u32>>,
+}
+
+impl MicroBatch {
+    pub(crate) fn new(b: usize, t: usize, cfg: &TrainConfig) -> Self {
+        MicroBatch {
+            tokens: vec![0; b * t],
+            labels: vec![0; b * t],
+            mask: vec![1.0; b * t],
+            sample: vec![0; t + 1],
+            position_ids: cfg.args.reset_position_ids.then(|| vec![0; b * t]),
+            doc_start: cfg.args.reset_attention_mask.then(|| vec![0; b * t]),
+        }
+    }
+
+    pub(crate) fn fill(
+        &mut self,
+        data: &dyn GPTSampleSource,
+        split: Split,
+        first: u64,
+        b: usize,
+        t: usize,
+        eod_mask: Option<u32>,
+    ) {
+        for j in 0..b {
+            data.sample(split, first + j as u64, &mut self.sample);
+            self.tokens[j * t..(j + 1) * t].copy_from_slice(&self.sample[..t]);
+            self.labels[j * t..(j + 1) * t].copy_from_slice(&self.sample[1..]);
+        }
+        if let Some(eod) = eod_mask {
+            for (m, l) in self.mask.iter_mut().zip(&self.labels) {
+                *m = if *l == eod { 0.0 } else { 1.0 };
+            }
+        }
+        if self.position_ids.is_some() || self.doc_start.is_some() {
+            // Megatron's `_get_ltor_masks_and_position_ids`: a document starts after each
+            // end-of-document token of the inputs.
+            let eod = data.eod();
+            for j in 0..b {
+                let mut start = 0u32;
+                for q in 0..t {
+                    if let Some(p) = &mut self.position_ids {
+                        p[j * t + q] = q as u32 - start;
+                    }
+                    if let Some(d) = &mut self.doc_start {
+                        d[j * t + q] = start;
+                    }
+                    if Some(self.tokens[j * t + q]) == eod {
+                        start = q as u32 + 1;
+                    }
+                }
+            }
+        }
+    }
+
+    pub(crate) fn batch(&self, b: usize, t: usize) -> Batch<'_> {
+        Batch {
+            tokens: &self.tokens,
+            labels: &self.labels,
+            loss_mask: &self.mask,
+            b,
+            t,
+            position_ids: self.position_ids.as_deref(),
+            doc_start: self.doc_start.as_deref(),
+        }
+    }
+}
+
+/// The label id excluded from the loss under `--eod-mask-loss`.
+pub(crate) fn eod_mask(cfg: &TrainConfig, data: &dyn GPTSampleSource) -> Option<u32> {
+    if cfg.args.eod_mask_loss {
+        data.eod()
+    } else {
+        None
+    }
+}
+
+/// Token ids of samples `start..start + count` of a split, in the order training consumes them
+/// (`megatron inspect-data`).
+pub fn inspect_data(args: &crate::arguments::InspectArgs) -> Result<Vec<Vec<u32>>, TrainError> {
+    let tok = build_tokenizer_from(&args.train.tokenizer.spec())?;
+    let cfg = args.train.validate(tok.vocab_size())?;
+    let split = match args.split_name.as_str() {
+        "train" => Split::Train,
+        "valid" => Split::Valid,
+        "test" => Split::Test,
+        other => {
+            return Err(TrainError::Args(format!(
+                "--split-name {other}: expected train, valid or test"
+            )))
+        }
+    };
+    let data = build_data(&cfg, tok.as_ref(), true)?;
+    let n = data.num_samples(split);
+    if n == 0 {
+        return Err(TrainError::Args(format!(
+            "the {} split is empty",
+            args.split_name
+        )));
+    }
+    let mut buf = vec![0u32; cfg.args.seq_length + 1];
+    Ok((args.start..args.start + args.count)
+        .map(|i| {
+            data.sample(split, i, &mut buf);
+            buf.clone()
+        })
+        .collect())
+}

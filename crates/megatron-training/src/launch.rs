@@ -1,0 +1,201 @@
+//! Rank launch: one rank in this process, `--nproc-per-node` rank threads, or one MPI process
+//! per rank; Megatron's process groups, health-checked before any work.
+
+use crate::arguments::{TrainArgs, TrainConfig};
+use crate::logging::write_trace;
+use crate::training::{run, PeakOf, TrainSummary};
+use crate::TrainError;
+use megatron_comm::Communicator;
+use megatron_data::build_tokenizer_from;
+
+/// Trains as `megatron train` does; returns the per-iteration losses.
+pub fn pretrain(args: &TrainArgs) -> Result<TrainSummary, TrainError> {
+    let tok = build_tokenizer_from(&args.tokenizer.spec())?;
+    let threads = args
+        .num_threads
+        .unwrap_or_else(megatron_tensor::threads::available_cores);
+    #[cfg(feature = "mpi")]
+    if megatron_comm::mpi_comm::launched_by_mpi() {
+        return pretrain_mpi(args, tok.vocab_size(), threads);
+    }
+    let cfg = args.validate(tok.vocab_size())?;
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .map_err(|e| TrainError::Args(format!("--num-threads {threads}: {e}")))?;
+    if cfg.dp * cfg.tp * cfg.pp == 1 {
+        return pool.install(|| {
+            megatron_tensor::threads::set_gemm_threads(threads);
+            let mut s = run(&cfg, tok.as_ref(), threads, None, PeakOf::Threads(threads))?;
+            if let Some(path) = &cfg.args.profile_trace {
+                write_trace(path, &[(0, std::mem::take(&mut s.trace))])?;
+            }
+            Ok(s)
+        });
+    }
+    drop(pool);
+    pretrain_ranks(cfg, args.tokenizer.spec(), threads)
+}
+
+/// Under `mpirun`/`srun` (built with feature `mpi`): this process is one data-parallel rank of
+/// the MPI world; `--nproc-per-node` must be 1 (one rank per process).
+#[cfg(feature = "mpi")]
+fn pretrain_mpi(
+    args: &TrainArgs,
+    vocab_size: usize,
+    threads: usize,
+) -> Result<TrainSummary, TrainError> {
+    if args.nproc_per_node != 1 {
+        return Err(TrainError::Args(
+            "under mpirun use one rank per process (--nproc-per-node 1)".into(),
+        ));
+    }
+    // --overlap-grad-reduce and --overlap-param-gather call MPI from a communication thread
+    // beside the compute thread (on another communicator): that needs MPI_THREAD_MULTIPLE.
+    let threaded = args.overlap_grad_reduce || args.overlap_param_gather;
+    let want = if threaded {
+        mpi::Threading::Multiple
+    } else {
+        mpi::Threading::Serialized
+    };
+    let (universe, provided) = mpi::initialize_with_threading(want)
+        .ok_or_else(|| TrainError::Args("MPI could not be initialized".into()))?;
+    if threaded && provided != mpi::Threading::Multiple {
+        return Err(TrainError::Args(format!(
+            "--overlap-grad-reduce / --overlap-param-gather need an MPI library with MPI_THREAD_MULTIPLE; this one provides {provided:?}"
+        )));
+    }
+    let mut comm = megatron_comm::mpi_comm::MpiCommunicator::world(&universe);
+    let n = comm.size();
+    // The MPI world takes the place of --nproc-per-node in the layout checks.
+    let mut a = args.clone();
+    a.nproc_per_node = n;
+    let cfg = a.validate(vocab_size)?;
+    let tok = build_tokenizer_from(&cfg.args.tokenizer.spec())?;
+    let mut groups = process_groups(&mut comm, n, cfg.tp, cfg.pp, "MPI")?;
+    megatron_tensor::threads::set_gemm_threads(threads);
+    let lead = comm.rank() == 0;
+    let mut summary = run(
+        &cfg,
+        tok.as_ref(),
+        threads,
+        Some(&mut groups),
+        PeakOf::Processes(n),
+    )?;
+    if let Some(path) = &cfg.args.profile_trace {
+        // One file per process; each holds its rank's row (load them together in Perfetto).
+        let r = comm.rank();
+        write_trace(
+            &format!("{path}.rank{r}.json"),
+            &[(r, std::mem::take(&mut summary.trace))],
+        )?;
+    }
+    if !lead {
+        // Only rank 0 reports.
+        summary.losses.clear();
+    }
+    Ok(summary)
+}
+
+/// Splits the world into Megatron's groups, prints the layout on rank 0 and health-checks every
+/// group (small all-reduce with a known answer, 10 s timeout) before any work.
+pub(crate) fn process_groups(
+    world: &mut dyn Communicator,
+    n: usize,
+    tp: usize,
+    pp: usize,
+    backend: &str,
+) -> Result<megatron_comm::ProcessGroups, TrainError> {
+    let ps = megatron_comm::ParallelState::new(
+        n,
+        tp,
+        pp,
+        1,
+        1,
+        megatron_comm::ParallelState::DEFAULT_ORDER,
+    )
+    .map_err(|e| TrainError::Args(e.to_string()))?;
+    if world.rank() == 0 {
+        println!("layout ({backend}): {}", ps.describe());
+    }
+    let mut groups = megatron_comm::ProcessGroups::new(world, ps)?;
+    groups
+        .health_check(
+            std::time::Duration::from_secs(10),
+            megatron_comm::thread_comm::DEFAULT_TIMEOUT,
+        )
+        .map_err(|msg| TrainError::Rank {
+            rank: world.rank(),
+            msg,
+        })?;
+    Ok(groups)
+}
+
+/// Data-parallel training on `--nproc-per-node` rank threads: each rank owns a share of the cores,
+/// runs its micro-batches, and gradients are averaged over the ranks before every step.
+fn pretrain_ranks(
+    cfg: TrainConfig,
+    spec: megatron_data::TokenizerSpec,
+    threads: usize,
+) -> Result<TrainSummary, TrainError> {
+    let n = cfg.dp * cfg.tp * cfg.pp;
+    let (tp, pp) = (cfg.tp, cfg.pp);
+    let trace_path = cfg.args.profile_trace.clone();
+    let per_rank = (threads / n).max(1);
+    let cfg = std::sync::Arc::new(cfg);
+    let results =
+        megatron_comm::run_ranks(n, move |rank, comm| -> Result<TrainSummary, TrainError> {
+            let tok = build_tokenizer_from(&spec)?;
+            let mut groups = process_groups(comm, n, tp, pp, "threads")?;
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(per_rank)
+                .build()
+                .map_err(|e| TrainError::Rank {
+                    rank,
+                    msg: e.to_string(),
+                })?;
+            pool.install(|| {
+                megatron_tensor::threads::set_gemm_threads(per_rank);
+                run(
+                    &cfg,
+                    tok.as_ref(),
+                    per_rank,
+                    Some(&mut groups),
+                    PeakOf::Threads(threads),
+                )
+            })
+        });
+    let mut first_err = None;
+    let mut lead = None;
+    let mut traces = Vec::new();
+    for (rank, r) in results.into_iter().enumerate() {
+        match r {
+            Ok(Ok(mut s)) => {
+                traces.push((s.world_rank, std::mem::take(&mut s.trace)));
+                if rank == 0 {
+                    lead = Some(s);
+                }
+            }
+            // A peer's failure is the consequence; report the first root cause.
+            Ok(Err(TrainError::Comm(megatron_comm::CommError::PeerPanicked { .. })))
+                if first_err.is_some() => {}
+            Ok(Err(e)) => {
+                first_err.get_or_insert(e);
+            }
+            Err(msg) => {
+                first_err = Some(TrainError::Rank { rank, msg });
+            }
+        }
+    }
+    if let (Some(path), None) = (&trace_path, &first_err) {
+        write_trace(path, &traces)?;
+    }
+    match (first_err, lead) {
+        (Some(e), _) => Err(e),
+        (None, Some(s)) => Ok(s),
+        (None, None) => Err(TrainError::Rank {
+            rank: 0,
+            msg: "finished without a result".into(),
+        }),
+    }
+}

@@ -1,0 +1,228 @@
+//! One rank's setup (Megatron's `setup_model_and_optimizer` and its helpers): the communicators
+//! it trains with, the precision of every matmul it issues, the model chunks of its pipeline
+//! stage, the optimizer behind the one interface, and a checkpoint restored into them. The
+//! flags are read here, once, into typed settings; the loop below reads no raw flag strings.
+
+use crate::arguments::{Bf16KernelArg, OptimizerKind, Precision, TrainConfig};
+use crate::checkpointing::load_into;
+use crate::TrainError;
+use megatron_comm::{Communicator, ProcessGroups, ReduceOp, ThreadCommunicator};
+use megatron_core::distributed::GradBuffer;
+use megatron_core::models::ModelFamily;
+use megatron_core::optimizer::{
+    Adam, DistributedOptimizer, GradScaler, MegatronOptimizer, OptimizerParamScheduler,
+    PlainOptimizer,
+};
+use megatron_core::pipeline_parallel::build_stage;
+use megatron_core::tensor_parallel::Tp;
+use megatron_core::{Params, TransformerConfig};
+use megatron_tensor::cpu::matmul::{
+    set_bf16_kernel, set_matmul_precision, Bf16Kernel, MatmulPrecision,
+};
+use std::ops::Range;
+
+/// The model family `megatron train` builds: the config-driven decoder (GPT, Llama, ...). The
+/// one place the training crate names a model.
+pub(crate) type Model = <TransformerConfig as ModelFamily>::Chunk;
+
+/// This rank's communicators: its tensor-parallel group (as `Tp`), pipeline group, data-parallel
+/// group (`None` on a single data-parallel rank) and embedding group (first and last stages of
+/// a tied model).
+pub(crate) struct RankComms<'a> {
+    pub tp: Tp<'a>,
+    pub pp: &'a mut dyn Communicator,
+    pub dp: Option<&'a mut dyn Communicator>,
+    pub embedding: Option<&'a mut dyn Communicator>,
+    pub world_rank: usize,
+}
+
+impl<'a> RankComms<'a> {
+    /// From Megatron's process groups, or for one rank alone the two serial groups.
+    pub fn new(
+        groups: Option<&'a mut ProcessGroups>,
+        serial_tp: &'a mut ThreadCommunicator,
+        serial_pp: &'a mut ThreadCommunicator,
+        sequence_parallel: bool,
+    ) -> Self {
+        match groups {
+            Some(g) => {
+                let world_rank = g.world_rank;
+                let ProcessGroups {
+                    tp,
+                    dp,
+                    pp,
+                    embedding,
+                    ..
+                } = g;
+                RankComms {
+                    tp: Tp::new(tp.comm.as_mut(), sequence_parallel),
+                    pp: pp.comm.as_mut(),
+                    dp: Some(dp.comm.as_mut()),
+                    embedding: embedding
+                        .as_mut()
+                        .map(|e| e.comm.as_mut() as &mut dyn Communicator),
+                    world_rank,
+                }
+            }
+            None => RankComms {
+                tp: Tp::new(serial_tp, sequence_parallel),
+                pp: serial_pp,
+                dp: None,
+                embedding: None,
+                world_rank: 0,
+            },
+        }
+    }
+
+    pub fn dp_rank_size(&self) -> (usize, usize) {
+        self.dp.as_ref().map_or((0, 1), |c| (c.rank(), c.size()))
+    }
+
+    /// Rank 0 of the data-, tensor- and pipeline-parallel groups: it reports and saves.
+    pub fn lead(&self) -> bool {
+        self.dp_rank_size().0 == 0 && self.tp.rank() == 0 && self.pp.rank() == 0
+    }
+}
+
+/// Sets the precision of every matmul this rank's thread issues, and the bf16 instructions:
+/// measured per process under `auto`, then one choice for the whole world (processes measure
+/// separately; one summation order keeps TP-replicated computations identical on every rank).
+pub(crate) fn set_precision(cfg: &TrainConfig, comms: &mut RankComms) -> Result<(), TrainError> {
+    set_matmul_precision(MatmulPrecision::of(cfg.precision.half()));
+    let bf16 = cfg.precision == Precision::BF16;
+    let mut kernel = match cfg.args.bf16_matmul_kernel {
+        Bf16KernelArg::Dot => Bf16Kernel::Dot,
+        Bf16KernelArg::Fma => Bf16Kernel::Fma,
+        Bf16KernelArg::Auto if bf16 => megatron_tensor::cpu::fastest_bf16_kernel(),
+        Bf16KernelArg::Auto => Bf16Kernel::Fma,
+    };
+    if cfg.args.sequence_parallel && comms.tp.size() == 1 && comms.world_rank == 0 {
+        // As Megatron: sequence parallelism needs tensor-parallel ranks to split over.
+        println!("note: --sequence-parallel has no effect with --tensor-model-parallel-size 1");
+    }
+    if bf16 && cfg.args.bf16_matmul_kernel == Bf16KernelArg::Auto {
+        let mut dot = [if kernel == Bf16Kernel::Dot {
+            1.0f32
+        } else {
+            0.0
+        }];
+        comms.tp.comm.all_reduce(&mut dot, ReduceOp::Min)?;
+        comms.pp.all_reduce(&mut dot, ReduceOp::Min)?;
+        if let Some(c) = comms.dp.as_deref_mut() {
+            c.all_reduce(&mut dot, ReduceOp::Min)?;
+        }
+        if dot[0] == 0.0 {
+            kernel = Bf16Kernel::Fma;
+        }
+    }
+    set_bf16_kernel(kernel);
+    Ok(())
+}
+
+/// Where a restored run continues.
+pub(crate) struct Restored {
+    pub iteration: u64,
+    pub consumed_samples: u64,
+    pub scheduler_steps: u64,
+}
+
+/// This rank's model chunks, their parameters and the optimizer.
+pub(crate) struct ModelAndOptimizer {
+    pub params: Params,
+    pub chunks: Vec<Model>,
+    /// Each chunk's parameter indices (what `--overlap-grad-reduce` tracks).
+    pub chunk_params: Vec<Range<usize>>,
+    pub optimizer: Box<dyn MegatronOptimizer>,
+    pub restored: Option<Restored>,
+}
+
+/// Builds this rank's chunks (its pipeline stage, its tensor-parallel shard), initializes them,
+/// restores `--load`, then sets up 16-bit parameters and the optimizer, which takes its state
+/// (moments, fp32 mains) from what was restored.
+pub(crate) fn setup_model_and_optimizer(
+    cfg: &TrainConfig,
+    comms: &RankComms,
+    lead: bool,
+) -> Result<ModelAndOptimizer, TrainError> {
+    let a = &cfg.args;
+    let (dp_rank, dp) = comms.dp_rank_size();
+    let mut params = Params::for_tp_rank(comms.tp.rank(), comms.tp.size());
+    let mut inits = Vec::new();
+    let (chunks, chunk_params) = build_stage(
+        &cfg.model,
+        &cfg.partition,
+        comms.pp.rank(),
+        &mut params,
+        &mut inits,
+    );
+    params.initialize(a.seed, &inits);
+    let mut adam = Adam::new(&params, a.adam_beta1, a.adam_beta2, a.adam_eps);
+    let distributed = cfg.optimizer == OptimizerKind::DistributedAdam;
+    let bucket_size = a.ddp_bucket_size.unwrap_or_else(|| {
+        if a.overlap_grad_reduce || distributed {
+            // Megatron's default bucket for overlapped communication.
+            40_000_000usize.max(1_000_000 * dp)
+        } else {
+            usize::MAX
+        }
+    });
+    let buffer = GradBuffer::new(&params, bucket_size, dp, dp_rank, distributed);
+    let restored = match &a.load {
+        Some(dir) => Some(load_into(cfg, dir, &mut params, &mut adam, lead)?),
+        None => None,
+    };
+    // Under --bf16 / --fp16 the model reads a 16-bit copy; `params.data` becomes the fp32 main
+    // parameters, which the distributed optimizer shards (then `params.data` is freed).
+    let half = cfg.precision.half();
+    params.set_half(half);
+    let optimizer: Box<dyn MegatronOptimizer> = match cfg.optimizer {
+        OptimizerKind::Adam => Box::new(PlainOptimizer::new(adam, buffer)),
+        OptimizerKind::DistributedAdam => {
+            let mut d =
+                DistributedOptimizer::new(&params, buffer, a.adam_beta1, a.adam_beta2, a.adam_eps);
+            d.load_moments(&adam.exp_avg, &adam.exp_avg_sq, adam.step);
+            if half.is_some() {
+                params.data = Vec::new();
+            }
+            Box::new(d)
+        }
+    };
+    Ok(ModelAndOptimizer {
+        params,
+        chunks,
+        chunk_params,
+        optimizer,
+        restored,
+    })
+}
+
+/// The learning-rate schedule in samples, as Megatron's `OptimizerParamScheduler`.
+pub(crate) fn scheduler(cfg: &TrainConfig) -> OptimizerParamScheduler {
+    let gbs = cfg.global_batch_size as u64;
+    OptimizerParamScheduler {
+        init_lr: cfg.args.lr_warmup_init,
+        max_lr: cfg.args.lr,
+        min_lr: cfg.args.min_lr,
+        warmup_steps: cfg.lr_warmup_iters * gbs,
+        decay_steps: cfg.lr_decay_iters * gbs,
+        decay_style: cfg.lr_decay_style,
+        wsd_decay_steps: cfg.args.lr_wsd_decay_iters.unwrap_or(0) * gbs,
+        wsd_decay_style: cfg.lr_wsd_decay_style,
+        num_steps: 0,
+    }
+}
+
+/// Loss scaling: a constant `--loss-scale`, Megatron's dynamic scaler under `--fp16`, or none.
+pub(crate) fn grad_scaler(cfg: &TrainConfig) -> Option<GradScaler> {
+    let a = &cfg.args;
+    match (a.loss_scale, cfg.precision) {
+        (Some(s), _) => Some(GradScaler::Constant { scale: s }),
+        (None, Precision::F16) => Some(GradScaler::dynamic(
+            a.initial_loss_scale,
+            a.min_loss_scale,
+            a.loss_scale_window,
+            a.hysteresis,
+        )),
+        (None, _) => None,
+    }
+}

@@ -1,0 +1,325 @@
+//! One training step (Megatron's `train_step`): the schedule's forwards and backwards over the
+//! step's micro-batches (through the pipeline executor, whatever the pipeline size), gradients
+//! finalized (sequence-parallel and tied-embedding all-reduces, data-parallel reduction, with
+//! the overlapped reduction and parameter all-gather on a communication thread), then loss
+//! scaling, the gradient norm, clipping and the optimizer step behind `MegatronOptimizer`.
+
+use crate::arguments::OptimizerKind;
+use crate::data::eod_mask;
+use crate::training::Trainer;
+use crate::TrainError;
+use megatron_comm::{Communicator, ReduceOp};
+use megatron_core::distributed::overlap::{reduce_buckets, GradsPtr, OverlapGradReduce};
+use megatron_core::distributed::overlap_param_gather::{gather_params, ParamGate, ParamsPtr};
+use megatron_core::distributed::GradBuffer;
+use megatron_core::models::ModelChunk;
+use megatron_core::optimizer::ParamGather;
+use megatron_core::pipeline_parallel::executor::Stage;
+use megatron_core::pipeline_parallel::schedule;
+use megatron_core::tensor_parallel::{allreduce_sequence_parallel_grads, sum_f64};
+use megatron_core::transformer::step::StepContext;
+use megatron_core::Batch;
+use megatron_data::data_samplers::MegatronPretrainingSampler;
+use megatron_data::Split;
+use std::time::Instant;
+
+/// What one step reports.
+pub(crate) struct StepOutcome {
+    /// Mean loss over the global batch.
+    pub loss: f64,
+    pub lr: f64,
+    /// NaN when the step was skipped.
+    pub grad_norm: f64,
+    pub num_zeros: Option<u64>,
+    /// Gradients overflowed under loss scaling: no optimizer step.
+    pub skipped: bool,
+    pub loss_scale: f32,
+    pub peak_activation_bytes: usize,
+    pub peak_in_flight: usize,
+}
+
+/// What the forward/backward pass of a step left.
+struct Pass {
+    loss_sum: f64,
+    /// Buckets the overlapped reduction did not reduce (`None`: not overlapped).
+    remaining: Option<Vec<usize>>,
+    peak_activation_bytes: usize,
+    peak_in_flight: usize,
+}
+
+impl Trainer<'_> {
+    pub(crate) fn train_step(&mut self, iteration: u64) -> Result<StepOutcome, TrainError> {
+        self.grads.zero();
+        // fp16 loss scaling: the loss gradient is multiplied by the scale, the gradients divided
+        // by it before the optimizer.
+        let loss_scale = self.scaler.as_ref().map_or(1.0, |s| s.scale());
+        let grad_scale = loss_scale / self.cfg.num_microbatches as f32;
+        let pass = self.forward_backward(iteration, grad_scale)?;
+        let opt_start = Instant::now();
+        let loss = self.finalize_gradients(iteration, &pass)?;
+        let mut out = self.optimizer_step(iteration, loss)?;
+        self.timers.optimizer += opt_start.elapsed();
+        self.timers.record(|| "optimizer".into(), opt_start);
+        out.loss_scale = loss_scale;
+        out.peak_activation_bytes = pass.peak_activation_bytes;
+        out.peak_in_flight = pass.peak_in_flight;
+        Ok(out)
+    }
+
+    /// The start sample of each of this data-parallel rank's micro-batches, as Megatron's
+    /// pretraining sampler hands them out from the consumed-samples count.
+    fn micro_batch_starts(&self) -> Vec<u64> {
+        let (dp_rank, dp) = self.comms.dp_rank_size();
+        let mut sampler = MegatronPretrainingSampler {
+            total_samples: u64::MAX,
+            consumed_samples: self.consumed,
+            micro_batch_size: self.cfg.args.micro_batch_size as u64,
+            data_parallel_rank: dp_rank as u64,
+            data_parallel_size: dp as u64,
+        };
+        (0..self.cfg.num_microbatches)
+            .map(|_| {
+                sampler
+                    .next_micro_batch()
+                    .expect("the sampler never runs dry")[0]
+            })
+            .collect()
+    }
+
+    /// Runs the schedule. `--overlap-grad-reduce`: a communication thread reduces each bucket
+    /// over DP as soon as the last micro-batch's backward has finished it.
+    /// `--overlap-param-gather`: the same thread first all-gathers the parameters the last
+    /// optimizer step updated, while forward waits bucket by bucket (`Params::get`).
+    fn forward_backward(&mut self, iteration: u64, grad_scale: f32) -> Result<Pass, TrainError> {
+        let cfg = self.cfg;
+        let a = &cfg.args;
+        let (b, t) = (a.micro_batch_size, a.seq_length);
+        let starts = self.micro_batch_starts();
+        let eod = eod_mask(cfg, self.data.as_ref());
+        for (mb, &start) in self.mbs.iter_mut().zip(&starts) {
+            mb.fill(self.data.as_ref(), Split::Train, start, b, t, eod);
+        }
+        let batches: Vec<Batch> = self.mbs.iter().map(|x| x.batch(b, t)).collect();
+        let ctxs: Vec<StepContext> = starts
+            .iter()
+            .map(|&s| StepContext::train(a.seed, iteration, s))
+            .collect();
+        let (pp_rank, pp_size) = (self.comms.pp.rank(), self.comms.pp.size());
+        let m = cfg.num_microbatches;
+        let ops = schedule(pp_size, pp_rank, m, cfg.partition.v).map_err(TrainError::Args)?;
+        let (_, dp) = self.comms.dp_rank_size();
+        let overlap_grad = a.overlap_grad_reduce && dp > 1;
+        let gather = std::mem::take(&mut self.pending_gather).then(|| {
+            let gate = std::sync::Arc::new(ParamGate::new());
+            self.params.gate = Some(gate.clone());
+            (ParamsPtr::new(&mut self.params), gate)
+        });
+        let overlap_dp = if overlap_grad || gather.is_some() {
+            self.comms.dp.as_deref_mut()
+        } else {
+            None
+        };
+        let active: &GradBuffer = self.optimizer.grad_buffer();
+        let world_rank = self.comms.world_rank;
+        let tied_pp = pp_size > 1 && !cfg.model.untie_embeddings_and_output_weights;
+        let (params, grads) = (&self.params, &mut self.grads);
+        let (tp, pp, timers) = (&mut self.comms.tp, &mut *self.comms.pp, &mut self.timers);
+        let (chunks, chunk_params) = (&self.chunks, &self.chunk_params);
+        let pass = std::thread::scope(|sc| -> Result<Pass, TrainError> {
+            let mut overlap = None;
+            let mut comm_thread = None;
+            if let Some(dpc) = overlap_dp {
+                let (tx, rx) = std::sync::mpsc::channel();
+                let ptr = GradsPtr::new(grads);
+                comm_thread = Some(sc.spawn(move || -> Result<(), megatron_comm::CommError> {
+                    if let Some((p, gate)) = gather {
+                        gather_params(active, p, &mut *dpc, &gate)?;
+                    }
+                    reduce_buckets(rx, active, ptr, dpc)
+                }));
+                if overlap_grad {
+                    // The tied embedding is all-reduced over the embedding group first: its
+                    // bucket waits for the end of the step.
+                    let metas = &params.metas;
+                    overlap = Some(OverlapGradReduce::new(
+                        active,
+                        params,
+                        |p| tied_pp && metas[p].name == "embedding.word_embeddings.weight",
+                        tx,
+                    ));
+                }
+            }
+            let r = Stage {
+                chunks,
+                partition: cfg.partition,
+                rank: pp_rank,
+                pp: &mut *pp,
+                tp,
+            }
+            .run_overlapped(
+                params,
+                Some(grads),
+                &ops,
+                &batches,
+                &ctxs,
+                grad_scale,
+                timers,
+                overlap.as_mut().map(|ov| (ov, &chunk_params[..])),
+            )?;
+            let local: f64 = r.losses.iter().map(|l| l.0 as f64).sum();
+            // The loss is known on the last stage: summed over the pipeline group.
+            let loss_sum = if pp_size > 1 {
+                sum_f64(pp, if pp_rank == pp_size - 1 { local } else { 0.0 })?
+            } else {
+                local
+            };
+            let remaining = overlap.map(|ov| ov.remaining());
+            if let Some(h) = comm_thread {
+                // Without `--overlap-grad-reduce` the channel's sender is gone: the thread ends
+                // once the parameters are gathered.
+                h.join().map_err(|_| TrainError::Rank {
+                    rank: world_rank,
+                    msg: "the data-parallel communication thread panicked".into(),
+                })??;
+            }
+            Ok(Pass {
+                loss_sum,
+                remaining,
+                peak_activation_bytes: r.peak_activation_bytes,
+                peak_in_flight: r.peak_in_flight,
+            })
+        })?;
+        self.params.gate = None;
+        Ok(pass)
+    }
+
+    /// Sequence-parallel and tied-embedding all-reduces, then the mean gradient and loss over
+    /// data-parallel ranks. Returns the step's mean loss.
+    fn finalize_gradients(&mut self, iteration: u64, pass: &Pass) -> Result<f64, TrainError> {
+        let cfg = self.cfg;
+        let mut loss = pass.loss_sum / cfg.num_microbatches as f64;
+        allreduce_sequence_parallel_grads(&self.params, &mut self.grads, &mut self.comms.tp)?;
+        if let (Some(e), true) = (
+            self.comms.embedding.as_deref_mut(),
+            self.comms.pp.size() > 1,
+        ) {
+            // The first stage's word embedding and the last stage's copy: one gradient.
+            if let Some(id) = self.chunks.iter().find_map(|c| c.shared_embedding()) {
+                e.all_reduce(self.grads.get_mut(id), ReduceOp::Sum)?;
+            }
+        }
+        if cfg.args.inject_grad_overflow.contains(&iteration) {
+            self.grads.data[0] = f32::INFINITY;
+        }
+        if let Some(c) = self.comms.dp.as_deref_mut() {
+            // The mean gradient (all-reduced, or reduce-scattered to the distributed optimizer's
+            // shards) and loss over all ranks' micro-batches.
+            let rest = pass.remaining.as_deref();
+            self.optimizer
+                .reduce_gradients(&mut self.grads, rest, &mut *c)?;
+            let mut l = [loss as f32];
+            c.all_reduce(&mut l, ReduceOp::Avg)?;
+            loss = l[0] as f64;
+        }
+        Ok(loss)
+    }
+
+    /// Unscales and checks for overflow (loss scaling), takes the global gradient norm, clips
+    /// and steps; a skipped step leaves the learning-rate schedule where it was (as Megatron).
+    fn optimizer_step(&mut self, iteration: u64, loss: f64) -> Result<StepOutcome, TrainError> {
+        let a = &self.cfg.args;
+        let skip = self.grads_overflowed()?;
+        if !loss.is_finite() && self.scaler.is_none() {
+            return Err(TrainError::NonFinite {
+                iteration,
+                what: "lm loss",
+                value: loss,
+            });
+        }
+        let lr = self.sched.get_lr();
+        let mut out = StepOutcome {
+            loss,
+            lr,
+            grad_norm: f64::NAN,
+            num_zeros: None,
+            skipped: skip,
+            loss_scale: 1.0,
+            peak_activation_bytes: 0,
+            peak_in_flight: 0,
+        };
+        if let Some(sc) = self.scaler.as_mut() {
+            sc.update(skip);
+        }
+        if skip {
+            return Ok(out);
+        }
+        let (params, grads, opt) = (&mut self.params, &mut self.grads, &mut self.optimizer);
+        let (tp, pp) = (&mut self.comms.tp, &mut *self.comms.pp);
+        let dp = self
+            .comms
+            .dp
+            .as_deref_mut()
+            .map(|c| c as &mut dyn Communicator);
+        let norm2 = opt.grad_norm_squared(params, grads, tp, pp, dp)?;
+        out.grad_norm = norm2.sqrt();
+        if !out.grad_norm.is_finite() {
+            return Err(TrainError::NonFinite {
+                iteration,
+                what: "grad norm",
+                value: out.grad_norm,
+            });
+        }
+        if a.log_num_zeros_in_grad {
+            let dp = self
+                .comms
+                .dp
+                .as_deref_mut()
+                .map(|c| c as &mut dyn Communicator);
+            out.num_zeros = Some(opt.count_zeros(params, grads, tp, pp, dp)?);
+        }
+        if a.clip_grad > 0.0 {
+            let coeff = a.clip_grad as f64 / (out.grad_norm + 1e-6);
+            if coeff < 1.0 {
+                opt.scale_grads(grads, coeff as f32);
+            }
+        }
+        let (_, dp_size) = self.comms.dp_rank_size();
+        // `--overlap-param-gather`: the all-gather runs during the next step's forward.
+        let gather = if a.overlap_param_gather
+            && self.cfg.optimizer == OptimizerKind::DistributedAdam
+            && dp_size > 1
+        {
+            ParamGather::Deferred
+        } else {
+            ParamGather::Now
+        };
+        let dp: &mut dyn Communicator = match self.comms.dp.as_deref_mut() {
+            Some(c) => c,
+            None => &mut self.serial_dp,
+        };
+        opt.step(params, grads, lr as f32, a.weight_decay, dp, gather)?;
+        self.pending_gather = gather == ParamGather::Deferred;
+        self.sched.step(self.cfg.global_batch_size as u64);
+        Ok(out)
+    }
+
+    /// Under loss scaling: unscales the gradients; whether any overflowed anywhere (then every
+    /// rank skips the step).
+    fn grads_overflowed(&mut self) -> Result<bool, TrainError> {
+        let Some(sc) = &self.scaler else {
+            return Ok(false);
+        };
+        let inv = 1.0 / sc.scale();
+        self.optimizer.scale_grads(&mut self.grads, inv);
+        let sum_sq = self
+            .optimizer
+            .local_grad_norm_squared(&self.params, &self.grads);
+        let mut flag = [if sum_sq.is_finite() { 0.0f32 } else { 1.0 }];
+        self.comms.tp.comm.all_reduce(&mut flag, ReduceOp::Max)?;
+        self.comms.pp.all_reduce(&mut flag, ReduceOp::Max)?;
+        if let Some(c) = self.comms.dp.as_deref_mut() {
+            c.all_reduce(&mut flag, ReduceOp::Max)?;
+        }
+        Ok(flag[0] > 0.0)
+    }
+}
