@@ -3,15 +3,26 @@
 # on the same GPT shapes, alternating runs in one invocation so that both see the same machine
 # load. Usage: bench/compare.sh [S|M] [runs] ; PYTHON=path/to/python with torch installed;
 # TORCH_BF16=1 runs PyTorch under bf16 autocast; MEGATRON_FLAGS adds flags to megatron train
-# (e.g. MEGATRON_FLAGS=--bf16).
+# (e.g. MEGATRON_FLAGS=--bf16). LLAMA: SmolLM2-135M's shape (RMSNorm, SwiGLU, RoPE, GQA 9/3, tied)
+# against transformers' LlamaForCausalLM (bench/torch_llama.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CFG=${1:-S}; RUNS=${2:-2}; PYTHON=${PYTHON:-python3}
 case "$CFG" in
   S) L=4;  H=256; A=4;  T=256; B=8; V=8192;  WARM=3; STEPS=15 ;;
   M) L=12; H=768; A=12; T=512; B=4; V=50304; WARM=2; STEPS=6 ;;
-  *) echo "config S or M" >&2; exit 2 ;;
+  LLAMA) L=30; H=576; A=9; T=512; B=4; V=49152; WARM=2; STEPS=4 ;;
+  *) echo "config S, M or LLAMA" >&2; exit 2 ;;
 esac
+MODEL_FLAGS=""
+TORCH_SCRIPT=(bench/torch_gpt.py --layers $L --hidden $H --heads $A --seq $T --batch $B --vocab $V)
+if [ "$CFG" = LLAMA ]; then
+  MODEL_FLAGS="--group-query-attention --num-query-groups 3 --ffn-hidden-size 1536 --swiglu
+    --normalization RMSNorm --norm-epsilon 1e-5 --position-embedding-type rope --rotary-base 100000
+    --disable-bias-linear"
+  TORCH_SCRIPT=(bench/torch_llama.py --layers $L --hidden $H --heads $A --kv-heads 3 --ffn 1536
+    --seq $T --batch $B --vocab $V --rope-theta 100000)
+fi
 cargo build --release --quiet
 OUT=$(mktemp -d)
 echo "# config $CFG: layers $L hidden $H heads $A seq $T micro-batch $B vocab $V; $RUNS runs each, alternating"
@@ -24,7 +35,7 @@ for r in $(seq 1 "$RUNS"); do
     --micro-batch-size $B --global-batch-size $B --train-iters $((WARM + STEPS)) --lr 3e-4 \
     --adam-beta2 0.95 --weight-decay 0.1 --clip-grad 1.0 --hidden-dropout 0 --attention-dropout 0 \
     --log-interval 1 --eval-interval 100000 --eval-iters 0 --metrics-file "$OUT/m.jsonl" \
-    --no-progress-bar --num-threads 2 ${MEGATRON_FLAGS:-} > "$OUT/log"
+    --no-progress-bar --num-threads 2 $MODEL_FLAGS ${MEGATRON_FLAGS:-} > "$OUT/log"
   python3 - "$OUT/m.jsonl" "$WARM" "$B" "$T" "$(cat "$OUT/rss")" "${MEGATRON_FLAGS:-}" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if '"lm_loss"' in l]
@@ -34,8 +45,8 @@ print(json.dumps({"impl": "megatron-rs" + ("-bf16" if "--bf16" in sys.argv[6] el
                   "peak_rss_bytes": rss_kb * 1024, "mfu_vs_fma_peak": statistics.median(r["mfu"] for r in rows[warm:]),
                   "first_loss": rows[0]["lm_loss"], "last_loss": rows[-1]["lm_loss"]}))
 PY
-  /usr/bin/time -f "%M" -o "$OUT/rss" "$PYTHON" bench/torch_gpt.py --layers $L --hidden $H --heads $A \
-    --seq $T --batch $B --vocab $V --warmup $WARM --steps $STEPS --threads 2 ${TORCH_BF16:+--bf16}
+  /usr/bin/time -f "%M" -o "$OUT/rss" "$PYTHON" "${TORCH_SCRIPT[@]}" \
+    --warmup $WARM --steps $STEPS --threads 2 ${TORCH_BF16:+--bf16}
 done | tee "$OUT/rows"
 # Each run pairs with the PyTorch run right after it: the ratio of those two is the figure that
 # neighbours' load moves least.
