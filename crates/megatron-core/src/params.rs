@@ -39,6 +39,10 @@ pub struct ParamMeta {
     /// replicated parameter is partial and must be all-reduced over TP (LayerNorms, row-parallel
     /// biases, position embeddings).
     pub sequence_parallel_grad: bool,
+    /// Same on every TP rank, but each rank's gradient covers only its heads, so it is
+    /// all-reduced over TP whether or not sequence parallelism is on (`--qk-layernorm`).
+    #[serde(default)]
+    pub tp_partial_grad: bool,
     /// The split dimension holds this many equal blocks, each split over TP on its own (the
     /// SwiGLU `linear_fc1` is `[gate; up]`: a rank holds `[gate_r; up_r]`). 1 for a plain split.
     #[serde(default = "one")]
@@ -98,6 +102,9 @@ pub enum Sharding {
     Replicated,
     /// Same on every TP rank; under sequence parallelism its gradient is partial per rank.
     ReplicatedSequenceParallel,
+    /// Same on every TP rank; its gradient is always partial per rank (each rank applies it to
+    /// its own heads: the query/key norms of `--qk-layernorm`).
+    ReplicatedPartialGrad,
     /// Split along this dimension.
     Split(usize),
     /// Dimension 0 holds `chunks` equal blocks, each split over TP (fused `[gate; up]`).
@@ -275,6 +282,7 @@ impl Params {
             tp_split_dim: split,
             tp_replicated: split.is_none(),
             sequence_parallel_grad: sharding == Sharding::ReplicatedSequenceParallel,
+            tp_partial_grad: sharding == Sharding::ReplicatedPartialGrad,
             tp_chunks,
             tp_rank,
             tp_size,

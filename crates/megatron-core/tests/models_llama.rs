@@ -62,6 +62,29 @@ fn qwen_style_model_with_qkv_bias_partial_interleaved_rope_and_mqa_gradient_matc
 }
 
 #[test]
+fn qk_layernorm_gradient_matches_finite_difference_with_rmsnorm_and_layernorm() {
+    // Qwen3-style: each head's queries and keys RMS-normalized before RoPE; and the LayerNorm
+    // kind (weight and bias per norm).
+    gradient_check(TransformerConfig {
+        qk_layernorm: true,
+        ..tiny_llama()
+    });
+    gradient_check(TransformerConfig {
+        qk_layernorm: true,
+        normalization: Normalization::LayerNorm,
+        ..tiny_llama()
+    });
+}
+
+#[test]
+fn qk_layernorm_decoding_reproduces_full_sequence_loss() {
+    assert_decoding_reproduces_full_sequence_loss(TransformerConfig {
+        qk_layernorm: true,
+        ..tiny_llama()
+    });
+}
+
+#[test]
 fn llama_kv_cache_decoding_reproduces_full_sequence_loss() {
     // RoPE positions continue in the cache; the cache holds one K and V per query group.
     assert_decoding_reproduces_full_sequence_loss(tiny_llama());
@@ -105,6 +128,23 @@ fn llama_parameters_have_megatron_names_and_shapes_without_biases_or_positions()
             m.name
         );
         assert!(!m.name.contains("position_embeddings"), "{}", m.name);
+    }
+}
+
+#[test]
+fn qk_layernorm_weights_are_per_head_dimension_with_megatron_names() {
+    let cfg = TransformerConfig {
+        qk_layernorm: true,
+        ..tiny_llama()
+    };
+    let (_, params) = GPTModel::new(cfg, 1);
+    for n in ["q_layernorm", "k_layernorm"] {
+        let id = params
+            .find(&format!("decoder.layers.1.self_attention.{n}.weight"))
+            .unwrap_or_else(|| panic!("{n}"));
+        let m = &params.metas[id.0];
+        assert_eq!(m.shape, [4]);
+        assert!(m.tp_partial_grad && m.tp_replicated, "{n}");
     }
 }
 

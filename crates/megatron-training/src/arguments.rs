@@ -165,7 +165,7 @@ pub struct TrainArgs {
     /// A bias on the QKV projection even with --disable-bias-linear (Qwen2).
     #[arg(long)]
     pub add_qkv_bias: bool,
-    /// Not built yet: refused with a message.
+    /// Normalize each head's queries and keys (with --normalization's kind) before RoPE.
     #[arg(long)]
     pub qk_layernorm: bool,
     /// Accepted for compatibility: softmax always runs in fp32 here.
@@ -544,11 +544,6 @@ impl TrainArgs {
     /// The model's `TransformerConfig` from the model flags, checked, and checked against
     /// the tensor-parallel size `tp`.
     fn model_config(&self, vocab_size: usize, tp: usize) -> Result<TransformerConfig, TrainError> {
-        if self.qk_layernorm {
-            return Err(bad(
-                "--qk-layernorm is not supported yet (issue 13 leaves it open)".into(),
-            ));
-        }
         let activation = if self.swiglu {
             Activation::SwiGLU
         } else {
@@ -592,6 +587,7 @@ impl TrainArgs {
             kv_channels: self.kv_channels,
             add_bias_linear: !self.disable_bias_linear,
             add_qkv_bias: !self.disable_bias_linear || self.add_qkv_bias,
+            qk_layernorm: self.qk_layernorm,
         };
         model.validate()?;
         if self.group_query_attention && !model.query_groups().is_multiple_of(tp) {

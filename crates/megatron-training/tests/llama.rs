@@ -83,6 +83,64 @@ fn llama_tensor_sequence_and_pipeline_parallel_layouts_match_one_rank() {
 }
 
 #[test]
+fn qk_layernorm_at_tp2_with_and_without_sequence_parallelism_matches_one_rank() {
+    // The query/key norm weights are replicated but each rank normalizes only its heads: their
+    // gradients are all-reduced over TP even without sequence parallelism.
+    let dir = tmpdir("llama-qk");
+    let qk = ["--qk-layernorm"];
+    let serial = llama_run(&dir, "serial", &qk);
+    for (name, sp) in [("tp2", &[][..]), ("tp2 + sp", &["--sequence-parallel"][..])] {
+        let layout = [&qk[..], TP2, sp].concat();
+        let run = llama_run(&dir, name, &layout);
+        assert_same_training(&format!("qk-layernorm {name}"), &serial, &run, 1e-5);
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn llama_saved_activations_are_what_the_formula_says() {
+    // RMSNorm keeps one statistic per row, SwiGLU a 2f-wide fc1 output, GQA a narrower QKV,
+    // --qk-layernorm the norms' inputs: measured bytes equal the engine's formula.
+    let base = [
+        "--num-layers",
+        "2",
+        "--hidden-size",
+        "32",
+        "--num-attention-heads",
+        "4",
+        "--group-query-attention",
+        "--num-query-groups",
+        "2",
+        "--swiglu",
+        "--normalization",
+        "RMSNorm",
+        "--position-embedding-type",
+        "rope",
+        "--disable-bias-linear",
+        "--train-iters",
+        "2",
+    ];
+    for extra in [
+        &[][..],
+        &["--qk-layernorm"][..],
+        &["--qk-layernorm", "--bf16"][..],
+    ] {
+        let a = args(&[&base[..], extra].concat());
+        let cfg = a.validate(62).unwrap();
+        let s = pretrain(&a).unwrap();
+        let f = megatron_core::models::gpt::activation_bytes_formula(
+            &cfg.model,
+            2,
+            16,
+            1,
+            false,
+            extra.contains(&"--bf16"),
+        );
+        assert_eq!(s.peak_activation_bytes, f, "{extra:?}");
+    }
+}
+
+#[test]
 fn llama_with_four_query_groups_at_tp4_matches_one_rank() {
     let dir = tmpdir("llama-tp4");
     let groups4 = ["--num-query-groups", "4"];
@@ -259,6 +317,4 @@ fn bad_llama_flag_combinations_are_refused_naming_the_flags() {
         e.contains("--rotary-percent") && e.contains("--kv-channels"),
         "{e}"
     );
-    let e = refused(&["--qk-layernorm"]);
-    assert!(e.contains("--qk-layernorm"), "{e}");
 }

@@ -97,7 +97,9 @@ const CLASSIFIER_MAX_ROWS: usize = 1024;
 /// under `--bf16` / `--fp16`, in 16 bits; plus the f32 norm statistics (mean and rstd of two
 /// LayerNorms, or the rstd of two RMSNorms) and the f32 attention log-sum-exp (a per token;
 /// flash-style attention keeps no `s x s` scores); plus the last layer's f32 output (h per
-/// token). Tensor parallelism divides the QKV, attention, fc1 and log-sum-exp terms by `t`;
+/// token); under `--qk-layernorm` the query and key norms' inputs (in 16 or 32 bits) and their
+/// f32 statistics per head. Tensor parallelism divides the QKV, attention, fc1, log-sum-exp
+/// and query/key-norm terms by `t`;
 /// sequence parallelism also the input, residual, statistics and output.
 pub fn activation_bytes_formula(
     cfg: &TransformerConfig,
@@ -119,7 +121,15 @@ pub fn activation_bytes_formula(
     };
     let e = if half { 2 } else { 4 };
     let tok = b * s;
-    let split = (tok / tp) * (e * (cfg.qkv_size() + cfg.query_projection_size() + fc1) + 4 * a);
+    // --qk-layernorm keeps the norms' inputs (queries and keys) and their statistics per head.
+    let qk_heads = if cfg.qk_layernorm {
+        a + cfg.query_groups()
+    } else {
+        0
+    };
+    let qk_norm = qk_heads * (e * cfg.head_dim() + 4 * stats / 2);
+    let split =
+        (tok / tp) * (e * (cfg.qkv_size() + cfg.query_projection_size() + fc1) + 4 * a + qk_norm);
     let rows = if sequence_parallel && tp > 1 {
         tok / tp
     } else {

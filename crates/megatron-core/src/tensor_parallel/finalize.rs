@@ -9,20 +9,22 @@ use megatron_tensor::cpu::global_norm_squared;
 
 /// Under sequence parallelism each TP rank saw only its token block, so the gradients of
 /// replicated parameters marked `sequence_parallel_grad` (LayerNorms, row-parallel biases,
-/// position embeddings) are partial: one all-reduce over TP of all of them together.
+/// position embeddings) are partial; those marked `tp_partial_grad` (query/key norms, applied
+/// to each rank's own heads) are partial always: one all-reduce over TP of all of them together.
 pub fn allreduce_sequence_parallel_grads(
     params: &Params,
     grads: &mut Grads,
     tp: &mut Tp,
 ) -> Result<(), CommError> {
-    if !tp.sequence_parallel {
-        return Ok(());
-    }
+    let sp = tp.sequence_parallel;
     let metas: Vec<_> = params
         .metas
         .iter()
-        .filter(|m| m.sequence_parallel_grad)
+        .filter(|m| (sp && m.sequence_parallel_grad) || m.tp_partial_grad)
         .collect();
+    if metas.is_empty() || (!sp && tp.size() == 1) {
+        return Ok(());
+    }
     let mut buf: Vec<f32> = Vec::with_capacity(metas.iter().map(|m| m.numel).sum());
     for m in &metas {
         buf.extend_from_slice(&grads.data[m.offset..m.offset + m.numel]);

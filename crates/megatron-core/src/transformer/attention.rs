@@ -6,6 +6,7 @@
 //! bias is left to the layer's fused bias-dropout-add.
 
 use super::config::TransformerConfig;
+use super::qk_norm::{QKNorm, QKNormSaved};
 use super::saved::{keep, restore};
 use super::step::StepContext;
 use crate::params::{Grads, Init, ParamId, Params};
@@ -37,18 +38,25 @@ pub struct SelfAttention {
     attention_dropout: f32,
     /// Rotary embeddings' cos/sin table and pairing, shared by the layers.
     pub rope: Option<(Arc<RopeTable>, RopeStyle)>,
+    /// `--qk-layernorm`.
+    pub qk_norm: Option<QKNorm>,
 }
 
-/// What backward needs: the QKV activations, the attention output and its log-sum-exp.
+/// What backward needs: the QKV activations (as attention read them), the attention output and
+/// its log-sum-exp, and the query/key norms' inputs.
 pub struct SelfAttentionSaved {
     pub qkv: Tensor,
     pub attn: Tensor,
     pub lse: Tensor,
+    pub qk_norm: Option<QKNormSaved>,
 }
 
 impl SelfAttentionSaved {
     pub fn size_in_bytes(&self) -> usize {
-        self.qkv.size_in_bytes() + self.attn.size_in_bytes() + self.lse.size_in_bytes()
+        self.qkv.size_in_bytes()
+            + self.attn.size_in_bytes()
+            + self.lse.size_in_bytes()
+            + self.qk_norm.as_ref().map_or(0, |q| q.size_in_bytes())
     }
 }
 
@@ -87,6 +95,10 @@ impl SelfAttention {
             true,
         );
         let heads = cfg.num_attention_heads / t;
+        let groups = cfg.query_groups() / t;
+        let qk_norm = cfg
+            .qk_layernorm
+            .then(|| QKNorm::new(cfg, &p, groups, heads / groups, params, inits));
         SelfAttention {
             layer,
             qkv_weight: linear_qkv.weight,
@@ -96,12 +108,13 @@ impl SelfAttention {
             linear_qkv,
             linear_proj,
             heads,
-            groups: cfg.query_groups() / t,
+            groups,
             head_offset: tp_rank * heads,
             total_heads: cfg.num_attention_heads,
             head_dim: cfg.head_dim(),
             attention_dropout: cfg.attention_dropout,
             rope,
+            qk_norm,
         }
     }
 
@@ -130,7 +143,8 @@ impl SelfAttention {
         }
     }
 
-    /// The fused QKV projection with rotary embeddings applied (positions `first_pos..`).
+    /// The fused QKV projection, queries and keys normalized (`--qk-layernorm`) and rotated
+    /// (positions `first_pos..`).
     pub fn qkv_forward(
         &self,
         params: &Params,
@@ -138,12 +152,13 @@ impl SelfAttention {
         x: &Tensor,
         t: usize,
         first_pos: usize,
-    ) -> Result<Tensor, CommError> {
+    ) -> Result<(Tensor, Option<QKNormSaved>), CommError> {
         let mut qkv = self.linear_qkv.forward(params, tp, x)?;
+        let qk = self.qk_norm.as_ref().map(|n| n.forward(params, &mut qkv));
         if let Some((table, style)) = &self.rope {
             rope_forward(qkv.data_mut(), table, self.rope_dims(t, first_pos, *style));
         }
-        Ok(qkv)
+        Ok((qkv, qk))
     }
 
     /// `x` is the layer-normed input (`[b*t, h]`, or this rank's token block under sequence
@@ -161,7 +176,7 @@ impl SelfAttention {
     ) -> Result<(Tensor, SelfAttentionSaved), CommError> {
         let n = b * t;
         let local = self.heads * self.head_dim;
-        let qkv = self.qkv_forward(params, tp, x, t, 0)?;
+        let (qkv, qk_norm) = self.qkv_forward(params, tp, x, t, 0)?;
         let mut attn = Tensor::for_overwrite(&[n, local]);
         let mut lse = Tensor::for_overwrite(&[b, self.heads, t]);
         let key = ctx.site_for(self.layer, SITE_ATTN_DROPOUT, self.total_heads * t * t);
@@ -180,6 +195,7 @@ impl SelfAttention {
                 qkv: keep(qkv),
                 attn: keep(attn),
                 lse,
+                qk_norm,
             },
         ))
     }
@@ -220,6 +236,9 @@ impl SelfAttention {
         if let Some((table, style)) = &self.rope {
             rope_backward(dqkv.data_mut(), table, self.rope_dims(t, 0, *style));
         }
+        if let (Some(n), Some(s)) = (&self.qk_norm, &saved.qk_norm) {
+            n.backward(params, grads, s, &mut dqkv);
+        }
         self.linear_qkv.backward(params, grads, tp, x, dqkv)
     }
 
@@ -236,7 +255,7 @@ impl SelfAttention {
         pos: usize,
     ) -> Result<Tensor, CommError> {
         let b = x.shape()[0];
-        let qkv = self.qkv_forward(params, tp, x, 1, pos)?;
+        let (qkv, _) = self.qkv_forward(params, tp, x, 1, pos)?;
         let d = DecodeDims {
             b,
             heads: self.heads,

@@ -115,6 +115,10 @@ pub struct TransformerConfig {
     /// The QKV projection's bias (`--add-qkv-bias`, Qwen2); defaults to `add_bias_linear`.
     #[serde(default = "yes")]
     pub add_qkv_bias: bool,
+    /// Normalize each head's queries and keys before rotary embeddings (`--qk-layernorm`,
+    /// with `--normalization`'s kind; Qwen3, OLMo 2).
+    #[serde(default)]
+    pub qk_layernorm: bool,
 }
 
 impl TransformerConfig {
@@ -257,6 +261,7 @@ impl Default for TransformerConfig {
             kv_channels: None,
             add_bias_linear: true,
             add_qkv_bias: true,
+            qk_layernorm: false,
         }
     }
 }

@@ -31,14 +31,21 @@ impl LayerNormSaved {
 }
 
 impl LayerNorm {
-    pub fn new(name: &str, h: usize, eps: f32, params: &mut Params, inits: &mut Vec<Init>) -> Self {
+    pub fn new(
+        name: &str,
+        h: usize,
+        eps: f32,
+        sharding: Sharding,
+        params: &mut Params,
+        inits: &mut Vec<Init>,
+    ) -> Self {
         let weight = params.add_sharded(
             inits,
             format!("{name}.weight"),
             &[h],
             false,
             Init::Const(1.0),
-            Sharding::ReplicatedSequenceParallel,
+            sharding,
         );
         let bias = params.add_sharded(
             inits,
@@ -46,7 +53,7 @@ impl LayerNorm {
             &[h],
             false,
             Init::Const(0.0),
-            Sharding::ReplicatedSequenceParallel,
+            sharding,
         );
         LayerNorm { weight, bias, eps }
     }
@@ -112,14 +119,21 @@ pub struct RMSNorm {
 }
 
 impl RMSNorm {
-    pub fn new(name: &str, h: usize, eps: f32, params: &mut Params, inits: &mut Vec<Init>) -> Self {
+    pub fn new(
+        name: &str,
+        h: usize,
+        eps: f32,
+        sharding: Sharding,
+        params: &mut Params,
+        inits: &mut Vec<Init>,
+    ) -> Self {
         let weight = params.add_sharded(
             inits,
             format!("{name}.weight"),
             &[h],
             false,
             Init::Const(1.0),
-            Sharding::ReplicatedSequenceParallel,
+            sharding,
         );
         RMSNorm { weight, eps }
     }
@@ -178,7 +192,8 @@ pub enum Norm {
 }
 
 impl Norm {
-    /// Registers `{name}.weight` (and `{name}.bias` for LayerNorm), megatron-core's names.
+    /// Registers `{name}.weight` (and `{name}.bias` for LayerNorm), megatron-core's names: a
+    /// norm of the residual stream (replicated; partial gradients under sequence parallelism).
     pub fn new(
         kind: Normalization,
         name: &str,
@@ -187,11 +202,27 @@ impl Norm {
         params: &mut Params,
         inits: &mut Vec<Init>,
     ) -> Self {
+        let sharding = Sharding::ReplicatedSequenceParallel;
+        Self::new_sharded(kind, name, h, eps, sharding, params, inits)
+    }
+
+    /// [`Norm::new`] with the parameters' sharding given.
+    pub fn new_sharded(
+        kind: Normalization,
+        name: &str,
+        h: usize,
+        eps: f32,
+        sharding: Sharding,
+        params: &mut Params,
+        inits: &mut Vec<Init>,
+    ) -> Self {
         match kind {
             Normalization::LayerNorm => {
-                Norm::LayerNorm(LayerNorm::new(name, h, eps, params, inits))
+                Norm::LayerNorm(LayerNorm::new(name, h, eps, sharding, params, inits))
             }
-            Normalization::RMSNorm => Norm::RMSNorm(RMSNorm::new(name, h, eps, params, inits)),
+            Normalization::RMSNorm => {
+                Norm::RMSNorm(RMSNorm::new(name, h, eps, sharding, params, inits))
+            }
         }
     }
 

@@ -42,7 +42,9 @@ pub use embedding::{
 };
 pub use gelu::{bias_gelu_backward, bias_gelu_forward};
 pub use layernorm::{layernorm_backward, layernorm_forward};
-pub use layout::{concat_columns, split_columns};
+pub use layout::{
+    concat_columns, gather_group_blocks, scatter_group_blocks, split_columns, GroupBlocks,
+};
 pub use matmul::{
     bias_backward, matmul, matmul_backward, matmul_batched, matmul_forward, matmul_with_threads,
     BatchStrides, MatmulDims,
