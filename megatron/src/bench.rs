@@ -267,6 +267,14 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
         v.sort_by(f64::total_cmp);
         if let Some(g) = megatron_tensor::cpu::matmul_bf16::bf16_dot_peak_gflops(threads) {
             println!("bf16 dot-product (VDPBF16PS) peak, {threads} threads: {g:.1} GFLOP/s");
+            let (dot, fma) = megatron_tensor::cpu::dispatch::bf16_gemm_seconds();
+            let gf = |s: f64| 2.0 * 256.0 * 512.0 * 512.0 / s / 1e9;
+            println!(
+                "bf16 GEMM 256x512x512, 1 thread: dot-product kernel {:.1} GFLOP/s, rounded operands on the f32 GEMM {:.1} GFLOP/s; --bf16-matmul-kernel auto picks {:?}",
+                gf(dot),
+                gf(fma),
+                megatron_tensor::cpu::fastest_bf16_kernel()
+            );
         }
         println!(
             "FMA peak, {threads} threads, {} runs: median {:.1} GFLOP/s, max {:.1} GFLOP/s",
