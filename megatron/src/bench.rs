@@ -138,6 +138,53 @@ fn kernels(a: &BenchArgs) -> anyhow::Result<()> {
                 layernorm_backward(&mut dx, &mut dwl, &mut dbl, &y, &x, &ones, &mean, &rstd, d)
             }),
         );
+        let rd = megatron_tensor::cpu::RMSNormDims {
+            rows: n,
+            cols: h,
+            eps: 1e-5,
+        };
+        report(
+            "rmsnorm_forward [N,h]",
+            time_median(r, || {
+                megatron_tensor::cpu::rmsnorm_forward(&mut y, &mut rstd, &x, &ones, rd)
+            }),
+        );
+        report(
+            "rmsnorm_backward [N,h]",
+            time_median(r, || {
+                megatron_tensor::cpu::rmsnorm_backward(&mut dx, &mut dwl, &y, &x, &ones, &rstd, rd)
+            }),
+        );
+        // SwiGLU reads [N, 2 * f/2] (gate | up) and writes [N, f/2]: the same fc1 width as GELU.
+        let half_f = f / 2;
+        let mut act = vec![0.0f32; n * half_f];
+        report(
+            "swiglu_forward [N,f]->[N,f/2]",
+            time_median(r, || megatron_tensor::cpu::swiglu_forward(&mut act, &big2, half_f)),
+        );
+        report(
+            "swiglu_backward [N,f/2]->[N,f]",
+            time_median(r, || {
+                megatron_tensor::cpu::swiglu_backward(&mut big, &act, &big2, half_f)
+            }),
+        );
+        {
+            let hd = h / a.heads;
+            let table = megatron_tensor::cpu::RopeTable::new(hd, 10000.0, t, None);
+            let rope = megatron_tensor::cpu::RopeDims {
+                t,
+                groups: a.heads,
+                q_per_group: 1,
+                head_dim: hd,
+                first_pos: 0,
+                style: megatron_tensor::cpu::RopeStyle::RotateHalf,
+            };
+            let mut q = vec![0.01f32; n * 3 * h];
+            report(
+                "rope_forward (q and k of [N,3h])",
+                time_median(r, || megatron_tensor::cpu::rope_forward(&mut q, &table, rope)),
+            );
+        }
         let mut res = vec![0.0f32; n * h];
         report(
             "bias_dropout_add_forward [N,h]",
