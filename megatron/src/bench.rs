@@ -160,7 +160,9 @@ fn kernels(a: &BenchArgs) -> anyhow::Result<()> {
         let mut act = vec![0.0f32; n * half_f];
         report(
             "swiglu_forward [N,f]->[N,f/2]",
-            time_median(r, || megatron_tensor::cpu::swiglu_forward(&mut act, &big2, half_f)),
+            time_median(r, || {
+                megatron_tensor::cpu::swiglu_forward(&mut act, &big2, half_f)
+            }),
         );
         report(
             "swiglu_backward [N,f/2]->[N,f]",
@@ -182,7 +184,9 @@ fn kernels(a: &BenchArgs) -> anyhow::Result<()> {
             let mut q = vec![0.01f32; n * 3 * h];
             report(
                 "rope_forward (q and k of [N,3h])",
-                time_median(r, || megatron_tensor::cpu::rope_forward(&mut q, &table, rope)),
+                time_median(r, || {
+                    megatron_tensor::cpu::rope_forward(&mut q, &table, rope)
+                }),
             );
         }
         let mut res = vec![0.0f32; n * h];

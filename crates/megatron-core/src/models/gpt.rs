@@ -267,14 +267,6 @@ impl GPTModel {
         }
     }
 
-    pub fn pre_process(&self) -> bool {
-        self.embedding.is_some()
-    }
-
-    pub fn post_process(&self) -> bool {
-        self.final_layernorm.is_some()
-    }
-
     fn classifier_dims(&self, n: usize) -> ClassifierDims {
         let v = self.vocab_per_partition;
         ClassifierDims {
@@ -294,19 +286,111 @@ impl GPTModel {
         }
     }
 
-    /// This stage's forward of one micro-batch. `input` is the previous stage's output (`None`
-    /// on the first stage, which embeds `batch.tokens`). Returns the output to send to the next
-    /// stage (`None` on the last) and what backward needs. On the last stage the loss is
-    /// computed and, with `grads`, the output layer's weight gradient and the gradient of the
-    /// final LayerNorm output too (scaled by `grad_scale`). Without `grads` nothing is kept.
-    #[allow(clippy::too_many_arguments)]
-    pub fn forward_step(
+    /// Forward and backward of one micro-batch on a whole model (no pipeline). Gradients
+    /// accumulate into `grads`, scaled by `grad_scale` (1 / number of micro-batches for
+    /// Megatron's mean over micro-batches). Every TP rank of the group calls it with the same
+    /// batch.
+    pub fn forward_backward(
+        &self,
+        params: &Params,
+        grads: &mut Grads,
+        tp: &mut Tp,
+        batch: &Batch,
+        grad_scale: f32,
+        ctx: &StepContext,
+    ) -> Result<MicroBatchResult, CommError> {
+        let (_, state) =
+            self.forward_step(params, Some(&mut *grads), tp, None, batch, grad_scale, ctx)?;
+        let activation_bytes = state.activation_bytes;
+        let (loss, tokens) = state.loss.expect("a whole model computes the loss");
+        self.backward_step(params, grads, tp, state, None, batch, ctx, &mut |_| {})?;
+        Ok(MicroBatchResult {
+            loss,
+            tokens,
+            activation_bytes,
+        })
+    }
+
+    /// Mean loss over the unmasked labels of a whole model, without dropout and without
+    /// keeping activations.
+    pub fn forward_loss(
+        &self,
+        params: &Params,
+        tp: &mut Tp,
+        batch: &Batch,
+    ) -> Result<f32, CommError> {
+        let (_, state) =
+            self.forward_step(params, None, tp, None, batch, 1.0, &StepContext::eval())?;
+        Ok(state.loss.expect("a whole model computes the loss").0)
+    }
+
+    /// [`GPTModel::forward_backward`] of a model without tensor parallelism.
+    pub fn forward_backward_serial(
+        &self,
+        params: &Params,
+        grads: &mut Grads,
+        batch: &Batch,
+        grad_scale: f32,
+        ctx: &StepContext,
+    ) -> MicroBatchResult {
+        let mut one = crate::tensor_parallel::serial_group();
+        self.forward_backward(
+            params,
+            grads,
+            &mut Tp::new(&mut one, false),
+            batch,
+            grad_scale,
+            ctx,
+        )
+        .expect("a group of one rank does not communicate")
+    }
+
+    /// [`GPTModel::forward_loss`] of a model without tensor parallelism.
+    pub fn forward_loss_serial(&self, params: &Params, batch: &Batch) -> f32 {
+        let mut one = crate::tensor_parallel::serial_group();
+        self.forward_loss(params, &mut Tp::new(&mut one, false), batch)
+            .expect("a group of one rank does not communicate")
+    }
+}
+
+impl ChunkState for ForwardState {
+    fn activation_bytes(&self) -> usize {
+        self.activation_bytes
+    }
+    fn loss(&self) -> Option<(f32, f32)> {
+        self.loss
+    }
+}
+
+impl ModelChunk for GPTModel {
+    type Batch<'b> = Batch<'b>;
+    type State = ForwardState;
+
+    fn pre_process(&self) -> bool {
+        self.embedding.is_some()
+    }
+
+    fn post_process(&self) -> bool {
+        self.final_layernorm.is_some()
+    }
+
+    /// Hidden states of this rank's token rows (a block of them under sequence parallelism).
+    fn input_shape(&self, batch: &Batch<'_>, tp: &Tp) -> [usize; 2] {
+        let (lo, hi) = tp.sequence_shard(batch.b * batch.t);
+        [hi - lo, self.config.hidden_size]
+    }
+
+    fn output_shape(&self, batch: &Batch<'_>, tp: &Tp) -> [usize; 2] {
+        self.input_shape(batch, tp)
+    }
+
+    fn forward_step(
         &self,
         params: &Params,
         grads: Option<&mut Grads>,
         tp: &mut Tp,
         input: Option<Tensor>,
-        batch: &Batch,
+        batch: &Batch<'_>,
         grad_scale: f32,
         ctx: &StepContext,
     ) -> Result<(Option<Tensor>, ForwardState), CommError> {
@@ -407,36 +491,14 @@ impl GPTModel {
         Ok((None, state))
     }
 
-    /// This stage's backward of one micro-batch: `dy` is the gradient of this stage's output
-    /// from the next stage (`None` on the last stage). Returns the gradient of this stage's
-    /// input to send to the previous stage (`None` on the first).
-    #[allow(clippy::too_many_arguments)]
-    pub fn backward_step(
+    fn backward_step(
         &self,
         params: &Params,
         grads: &mut Grads,
         tp: &mut Tp,
         state: ForwardState,
         dy: Option<Tensor>,
-        batch: &Batch,
-        ctx: &StepContext,
-    ) -> Result<Option<Tensor>, CommError> {
-        self.backward_step_hooked(params, grads, tp, state, dy, batch, ctx, &mut |_| {})
-    }
-
-    /// [`GPTModel::backward_step`] that reports its progress: `on_ready(offset)` after each
-    /// block means the gradients of this chunk's parameters at flat offsets `>= offset` are
-    /// complete for this micro-batch (backward runs in reverse registration order), which is
-    /// what overlapping the data-parallel reduction with the last micro-batch needs.
-    #[allow(clippy::too_many_arguments)]
-    pub fn backward_step_hooked(
-        &self,
-        params: &Params,
-        grads: &mut Grads,
-        tp: &mut Tp,
-        state: ForwardState,
-        dy: Option<Tensor>,
-        batch: &Batch,
+        batch: &Batch<'_>,
         ctx: &StepContext,
         on_ready: &mut dyn FnMut(usize),
     ) -> Result<Option<Tensor>, CommError> {
@@ -463,131 +525,6 @@ impl GPTModel {
             }
             None => Ok(Some(dx)),
         }
-    }
-
-    /// Forward and backward of one micro-batch on a whole model (no pipeline). Gradients
-    /// accumulate into `grads`, scaled by `grad_scale` (1 / number of micro-batches for
-    /// Megatron's mean over micro-batches). Every TP rank of the group calls it with the same
-    /// batch.
-    pub fn forward_backward(
-        &self,
-        params: &Params,
-        grads: &mut Grads,
-        tp: &mut Tp,
-        batch: &Batch,
-        grad_scale: f32,
-        ctx: &StepContext,
-    ) -> Result<MicroBatchResult, CommError> {
-        let (_, state) =
-            self.forward_step(params, Some(&mut *grads), tp, None, batch, grad_scale, ctx)?;
-        let activation_bytes = state.activation_bytes;
-        let (loss, tokens) = state.loss.expect("a whole model computes the loss");
-        self.backward_step(params, grads, tp, state, None, batch, ctx)?;
-        Ok(MicroBatchResult {
-            loss,
-            tokens,
-            activation_bytes,
-        })
-    }
-
-    /// Mean loss over the unmasked labels of a whole model, without dropout and without
-    /// keeping activations.
-    pub fn forward_loss(
-        &self,
-        params: &Params,
-        tp: &mut Tp,
-        batch: &Batch,
-    ) -> Result<f32, CommError> {
-        let (_, state) =
-            self.forward_step(params, None, tp, None, batch, 1.0, &StepContext::eval())?;
-        Ok(state.loss.expect("a whole model computes the loss").0)
-    }
-
-    /// [`GPTModel::forward_backward`] of a model without tensor parallelism.
-    pub fn forward_backward_serial(
-        &self,
-        params: &Params,
-        grads: &mut Grads,
-        batch: &Batch,
-        grad_scale: f32,
-        ctx: &StepContext,
-    ) -> MicroBatchResult {
-        let mut one = crate::tensor_parallel::serial_group();
-        self.forward_backward(
-            params,
-            grads,
-            &mut Tp::new(&mut one, false),
-            batch,
-            grad_scale,
-            ctx,
-        )
-        .expect("a group of one rank does not communicate")
-    }
-
-    /// [`GPTModel::forward_loss`] of a model without tensor parallelism.
-    pub fn forward_loss_serial(&self, params: &Params, batch: &Batch) -> f32 {
-        let mut one = crate::tensor_parallel::serial_group();
-        self.forward_loss(params, &mut Tp::new(&mut one, false), batch)
-            .expect("a group of one rank does not communicate")
-    }
-}
-
-impl ChunkState for ForwardState {
-    fn activation_bytes(&self) -> usize {
-        self.activation_bytes
-    }
-    fn loss(&self) -> Option<(f32, f32)> {
-        self.loss
-    }
-}
-
-impl ModelChunk for GPTModel {
-    type Batch<'b> = Batch<'b>;
-    type State = ForwardState;
-
-    fn pre_process(&self) -> bool {
-        self.embedding.is_some()
-    }
-
-    fn post_process(&self) -> bool {
-        self.final_layernorm.is_some()
-    }
-
-    /// Hidden states of this rank's token rows (a block of them under sequence parallelism).
-    fn input_shape(&self, batch: &Batch<'_>, tp: &Tp) -> [usize; 2] {
-        let (lo, hi) = tp.sequence_shard(batch.b * batch.t);
-        [hi - lo, self.config.hidden_size]
-    }
-
-    fn output_shape(&self, batch: &Batch<'_>, tp: &Tp) -> [usize; 2] {
-        self.input_shape(batch, tp)
-    }
-
-    fn forward_step(
-        &self,
-        params: &Params,
-        grads: Option<&mut Grads>,
-        tp: &mut Tp,
-        input: Option<Tensor>,
-        batch: &Batch<'_>,
-        grad_scale: f32,
-        ctx: &StepContext,
-    ) -> Result<(Option<Tensor>, ForwardState), CommError> {
-        GPTModel::forward_step(self, params, grads, tp, input, batch, grad_scale, ctx)
-    }
-
-    fn backward_step(
-        &self,
-        params: &Params,
-        grads: &mut Grads,
-        tp: &mut Tp,
-        state: ForwardState,
-        dy: Option<Tensor>,
-        batch: &Batch<'_>,
-        ctx: &StepContext,
-        on_ready: &mut dyn FnMut(usize),
-    ) -> Result<Option<Tensor>, CommError> {
-        self.backward_step_hooked(params, grads, tp, state, dy, batch, ctx, on_ready)
     }
 
     fn shared_embedding(&self) -> Option<ParamId> {
