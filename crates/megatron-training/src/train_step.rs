@@ -4,7 +4,6 @@
 //! the overlapped reduction and parameter all-gather on a communication thread), then loss
 //! scaling, the gradient norm, clipping and the optimizer step behind `MegatronOptimizer`.
 
-use crate::arguments::OptimizerKind;
 use crate::data::eod_mask;
 use crate::training::Trainer;
 use crate::TrainError;
@@ -284,11 +283,9 @@ impl Trainer<'_> {
             }
         }
         let (_, dp_size) = self.comms.dp_rank_size();
-        // `--overlap-param-gather`: the all-gather runs during the next step's forward.
-        let gather = if a.overlap_param_gather
-            && self.cfg.optimizer == OptimizerKind::DistributedAdam
-            && dp_size > 1
-        {
+        // `--overlap-param-gather` (validated to come with the distributed optimizer): the
+        // all-gather runs during the next step's forward.
+        let gather = if a.overlap_param_gather && dp_size > 1 {
             ParamGather::Deferred
         } else {
             ParamGather::Now
