@@ -114,16 +114,28 @@ fn run_preprocess(args: &PreprocessArgs) -> anyhow::Result<()> {
     let tok = megatron_data::build_tokenizer_from(&args.tokenizer.spec())?;
     let s = megatron_data::preprocess::preprocess(&args.config(), tok.as_ref())?;
     println!(
-        "wrote {} documents, {} tokens ({} MB in {:.1} s: {:.0} docs/s, {:.2} MB/s){}{} to {}_<key>_document.bin/.idx",
+        "wrote {} documents, {} tokens ({} MB in {:.1} s: {:.0} docs/s, {:.2} MB/s){}{} to {}",
         s.documents,
         s.tokens,
         s.bytes / 1_000_000,
         s.seconds,
         s.documents as f64 / s.seconds,
         s.bytes as f64 / s.seconds / 1e6,
-        if s.empty_documents > 0 { format!(", {} empty documents skipped", s.empty_documents) } else { String::new() },
-        if s.skipped_bad_lines > 0 { format!(", {} bad lines skipped", s.skipped_bad_lines) } else { String::new() },
-        args.output_prefix
+        if s.empty_documents > 0 {
+            format!(", {} empty documents skipped", s.empty_documents)
+        } else {
+            String::new()
+        },
+        if s.skipped_bad_lines > 0 {
+            format!(", {} bad lines skipped", s.skipped_bad_lines)
+        } else {
+            String::new()
+        },
+        args.json_keys
+            .iter()
+            .map(|k| format!("{}_{k}_document.bin/.idx", args.output_prefix))
+            .collect::<Vec<_>>()
+            .join(", ")
     );
     Ok(())
 }

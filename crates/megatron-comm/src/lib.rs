@@ -12,5 +12,5 @@ pub mod typed;
 pub use communicator::{CommError, CommStats, Communicator, ReduceOp};
 pub use parallel_state::{Axis, Coords, ParallelError, ParallelState};
 pub use process_groups::{Group, ProcessGroups};
-pub use thread_comm::{run_ranks, ThreadCommunicator};
+pub use thread_comm::{run_ranks, run_ranks_until_failure, RankOutcome, ThreadCommunicator};
 pub use typed::TypedCollectives;

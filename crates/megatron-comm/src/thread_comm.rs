@@ -626,6 +626,77 @@ pub fn run_ranks<T: Send + 'static>(
         .collect()
 }
 
+/// What became of one rank thread of [`run_ranks_until_failure`].
+#[derive(Debug)]
+pub enum RankOutcome<T, E> {
+    Finished(Result<T, E>),
+    Panicked(String),
+    /// Still running `grace` after another rank failed: stuck (it stopped arriving). Its thread
+    /// is left detached.
+    Stuck,
+}
+
+/// [`run_ranks`] for fallible work that never waits forever for a stuck rank: once some rank
+/// has failed (returned `Err` or panicked), the others get `grace` to finish (their collectives
+/// time out on the failed rank, or complete), and those still running then are reported as
+/// [`RankOutcome::Stuck`] instead of being joined. So a rank thread that stops arriving ends the
+/// job with its peers' errors, not a hang.
+pub fn run_ranks_until_failure<T: Send + 'static, E: Send + 'static>(
+    n: usize,
+    grace: Duration,
+    f: impl Fn(usize, &mut ThreadCommunicator) -> Result<T, E> + Send + Sync + 'static,
+) -> Vec<RankOutcome<T, E>> {
+    let f = Arc::new(f);
+    let (tx, rx) = std::sync::mpsc::channel();
+    for (rank, mut comm) in ThreadCommunicator::world(n).into_iter().enumerate() {
+        let (f, tx) = (f.clone(), tx.clone());
+        std::thread::Builder::new()
+            .name(format!("rank-{rank}"))
+            .spawn(move || {
+                // The guard drops during the unwind, inside the catch: peers see the panic.
+                let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    let _guard = comm.panic_guard();
+                    f(rank, &mut comm)
+                }));
+                let outcome = match out {
+                    Ok(r) => RankOutcome::Finished(r),
+                    Err(e) => RankOutcome::Panicked(format!(
+                        "rank {rank} panicked: {}",
+                        e.downcast_ref::<&str>()
+                            .map(|s| s.to_string())
+                            .or_else(|| e.downcast_ref::<String>().cloned())
+                            .unwrap_or_default()
+                    )),
+                };
+                let _ = tx.send((rank, outcome));
+            })
+            .expect("spawn rank thread");
+    }
+    drop(tx);
+    let mut outcomes: Vec<Option<RankOutcome<T, E>>> = (0..n).map(|_| None).collect();
+    let mut deadline: Option<std::time::Instant> = None;
+    let mut done = 0;
+    while done < n {
+        let msg = match deadline {
+            None => rx.recv().ok(),
+            Some(d) => rx
+                .recv_timeout(d.saturating_duration_since(std::time::Instant::now()))
+                .ok(),
+        };
+        let Some((rank, outcome)) = msg else { break };
+        let failed = !matches!(outcome, RankOutcome::Finished(Ok(_)));
+        if failed && deadline.is_none() {
+            deadline = Some(std::time::Instant::now() + grace);
+        }
+        outcomes[rank] = Some(outcome);
+        done += 1;
+    }
+    outcomes
+        .into_iter()
+        .map(|o| o.unwrap_or(RankOutcome::Stuck))
+        .collect()
+}
+
 /// Bytes moved per group name, merged over communicators (for reports).
 pub fn merge_stats(all: &[CommStats]) -> BTreeMap<&'static str, u64> {
     let mut m = BTreeMap::new();

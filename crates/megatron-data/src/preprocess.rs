@@ -80,7 +80,9 @@ fn tokenize(rec: &Record, keys: &[String], tok: &dyn Tokenizer, append_eod: bool
     texts
         .iter()
         .map(|t| {
-            let mut ids = tok.encode(t)?;
+            // A token the tokenizer refuses (e.g. an id beyond NullTokenizer's vocabulary) is a
+            // bad line: named by file and line, skippable with --skip-bad-lines.
+            let mut ids = tok.encode(t).map_err(|e| bad(e.to_string()))?;
             if append_eod && !ids.is_empty() {
                 ids.push(tok.eod());
             }
@@ -214,7 +216,10 @@ pub fn preprocess(
                         continue;
                     }
                     for (b, ids) in builders.iter_mut().zip(&per_key) {
-                        b.add_item(ids)?;
+                        b.add_item(ids).map_err(|e| DataError::Format {
+                            path: format!("{}:{}", rec.file, rec.line),
+                            msg: e.to_string(),
+                        })?;
                         b.end_document();
                         stats.tokens += ids.len() as u64;
                     }

@@ -147,3 +147,23 @@ fn plain_text_files_are_one_document_each_and_non_utf8_is_named() {
     assert!(e.contains("c.txt") && e.contains("UTF-8"), "{e}");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn an_out_of_range_token_id_is_named_with_its_file_and_line() {
+    // NullTokenizer reads integer ids; 500 is beyond its vocabulary of 100.
+    let dir = tmp("nullrange");
+    let input = dir.join("ids.jsonl");
+    std::fs::write(&input, "{\"text\": \"1 2 3\"}\n{\"text\": \"4 500 6\"}\n").unwrap();
+    let tok = build_tokenizer_from(&TokenizerSpec {
+        tokenizer_type: "NullTokenizer".into(),
+        vocab_size: Some(100),
+        ..Default::default()
+    })
+    .unwrap();
+    let e = preprocess(&cfg(&input, &dir.join("out"), 1), tok.as_ref())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("ids.jsonl:2") && e.contains("500"), "{e}");
+    assert!(!dir.join("out_text_document.idx").exists());
+    let _ = std::fs::remove_dir_all(dir);
+}

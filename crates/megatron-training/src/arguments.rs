@@ -98,7 +98,10 @@ impl TokenizerArgs {
     }
 }
 
+/// Negative numbers parse as values (`--lr -1` reaches validation, which names the flag,
+/// instead of clap's bare usage text).
 #[derive(Args, Clone, Debug)]
+#[command(allow_negative_numbers = true)]
 pub struct TrainArgs {
     // Model.
     #[arg(long, default_value_t = 2)]
@@ -331,9 +334,18 @@ pub struct TrainArgs {
     pub log_num_zeros_in_grad: bool,
     #[arg(long)]
     pub log_params_norm: bool,
+    /// Testing: this world rank stops arriving (parks forever) at the start of iteration 2, as
+    /// a hung or stopped process would.
+    #[arg(long, hide = true)]
+    pub inject_rank_stall: Option<usize>,
     /// Testing: make the gradients of these iterations overflow (inf), as an fp16 overflow would.
     #[arg(long, hide = true, num_args = 1..)]
     pub inject_grad_overflow: Vec<u64>,
+    /// Timeout of every collective and point-to-point operation (threads and MPI), in minutes
+    /// (fractions allowed): a rank that does not arrive within it fails the job with an error
+    /// naming the group, the operation and the missing ranks.
+    #[arg(long, default_value_t = 10.0)]
+    pub distributed_timeout_minutes: f64,
     /// 1 or more: print per-stage timers (forward, backward, p2p wait, optimizer, bubble) at
     /// every log interval.
     #[arg(long, default_value_t = 0)]
@@ -409,6 +421,20 @@ impl TrainArgs {
         }
         if self.nproc_per_node == 0 {
             return Err(bad("--nproc-per-node must be positive, got 0".into()));
+        }
+        if !(self.distributed_timeout_minutes > 0.0 && self.distributed_timeout_minutes.is_finite())
+        {
+            return Err(bad(format!(
+                "--distributed-timeout-minutes must be positive, got {}",
+                self.distributed_timeout_minutes
+            )));
+        }
+        for (flag, v) in [("--lr", self.lr), ("--min-lr", self.min_lr)] {
+            if !(v >= 0.0 && v.is_finite()) {
+                return Err(bad(format!(
+                    "{flag} must be a non-negative number, got {v}"
+                )));
+            }
         }
         for (flag, v) in [
             ("--context-parallel-size", self.context_parallel_size),

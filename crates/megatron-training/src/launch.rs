@@ -65,14 +65,50 @@ fn pretrain_mpi(
             "--overlap-grad-reduce / --overlap-param-gather need an MPI library with MPI_THREAD_MULTIPLE; this one provides {provided:?}"
         )));
     }
-    let mut comm = megatron_comm::mpi_comm::MpiCommunicator::world(&universe);
+    // A failed or panicking rank leaves through MPI_Abort, never MPI_Finalize: finalizing waits
+    // for every rank, so a rank that stopped arriving (hung, SIGSTOPped) would hang the job with
+    // nothing printed. The error (group, operation, sequence number, missing ranks) is printed
+    // first; mpirun then ends every process with a non-zero status.
+    let world_rank = {
+        use mpi::traits::Communicator as _;
+        universe.world().rank()
+    };
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        train_mpi_process(&universe, args, vocab_size, threads)
+    }));
+    let msg = match result {
+        Ok(Ok(summary)) => return Ok(summary),
+        Ok(Err(e)) => format!("error: rank {world_rank}: {e}"),
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| panic.downcast_ref::<&str>().copied())
+                .unwrap_or("(no message)");
+            format!("error: rank {world_rank} panicked: {what}")
+        }
+    };
+    eprintln!("{msg}; aborting the MPI job");
+    use mpi::traits::Communicator as _;
+    universe.world().abort(2)
+}
+
+/// One MPI process's training: groups over the MPI world, then the loop.
+#[cfg(feature = "mpi")]
+fn train_mpi_process(
+    universe: &mpi::environment::Universe,
+    args: &TrainArgs,
+    vocab_size: usize,
+    threads: usize,
+) -> Result<TrainSummary, TrainError> {
+    let mut comm = megatron_comm::mpi_comm::MpiCommunicator::world(universe);
     let n = comm.size();
     // The MPI world takes the place of --nproc-per-node in the layout checks.
     let mut a = args.clone();
     a.nproc_per_node = n;
     let cfg = a.validate(vocab_size)?;
     let tok = build_tokenizer_from(&cfg.args.tokenizer.spec())?;
-    let mut groups = process_groups(&mut comm, n, cfg.tp, cfg.pp, "MPI")?;
+    let mut groups = process_groups(&mut comm, &cfg, "MPI")?;
     megatron_tensor::threads::set_gemm_threads(threads);
     let lead = comm.rank() == 0;
     let mut summary = run(
@@ -99,13 +135,14 @@ fn pretrain_mpi(
 
 /// Splits the world into Megatron's groups, prints the layout on rank 0 and health-checks every
 /// group (small all-reduce with a known answer, 10 s timeout) before any work.
+/// Afterwards every group's operations time out after `--distributed-timeout-minutes`.
 pub(crate) fn process_groups(
     world: &mut dyn Communicator,
-    n: usize,
-    tp: usize,
-    pp: usize,
+    cfg: &TrainConfig,
     backend: &str,
 ) -> Result<megatron_comm::ProcessGroups, TrainError> {
+    let (tp, pp) = (cfg.tp, cfg.pp);
+    let n = cfg.dp * tp * pp;
     let ps = megatron_comm::ParallelState::new(
         n,
         tp,
@@ -122,7 +159,7 @@ pub(crate) fn process_groups(
     groups
         .health_check(
             std::time::Duration::from_secs(10),
-            megatron_comm::thread_comm::DEFAULT_TIMEOUT,
+            std::time::Duration::from_secs_f64(cfg.args.distributed_timeout_minutes * 60.0),
         )
         .map_err(|msg| TrainError::Rank {
             rank: world.rank(),
@@ -139,14 +176,19 @@ fn pretrain_ranks(
     threads: usize,
 ) -> Result<TrainSummary, TrainError> {
     let n = cfg.dp * cfg.tp * cfg.pp;
-    let (tp, pp) = (cfg.tp, cfg.pp);
     let trace_path = cfg.args.profile_trace.clone();
     let per_rank = (threads / n).max(1);
+    // A rank that stops arriving makes its peers' operations time out after the distributed
+    // timeout; give them that and a margin, then report instead of waiting for the stuck rank.
+    let grace =
+        std::time::Duration::from_secs_f64(cfg.args.distributed_timeout_minutes * 60.0 + 10.0);
     let cfg = std::sync::Arc::new(cfg);
-    let results =
-        megatron_comm::run_ranks(n, move |rank, comm| -> Result<TrainSummary, TrainError> {
+    let results = megatron_comm::run_ranks_until_failure(
+        n,
+        grace,
+        move |rank, comm| -> Result<TrainSummary, TrainError> {
             let tok = build_tokenizer_from(&spec)?;
-            let mut groups = process_groups(comm, n, tp, pp, "threads")?;
+            let mut groups = process_groups(comm, &cfg, "threads")?;
             let pool = rayon::ThreadPoolBuilder::new()
                 .num_threads(per_rank)
                 .build()
@@ -164,26 +206,37 @@ fn pretrain_ranks(
                     PeakOf::Threads(threads),
                 )
             })
-        });
+        },
+    );
+    use megatron_comm::RankOutcome;
     let mut first_err = None;
     let mut lead = None;
     let mut traces = Vec::new();
     for (rank, r) in results.into_iter().enumerate() {
         match r {
-            Ok(Ok(mut s)) => {
+            RankOutcome::Finished(Ok(mut s)) => {
                 traces.push((s.world_rank, std::mem::take(&mut s.trace)));
                 if rank == 0 {
                     lead = Some(s);
                 }
             }
             // A peer's failure is the consequence; report the first root cause.
-            Ok(Err(TrainError::Comm(megatron_comm::CommError::PeerPanicked { .. })))
-                if first_err.is_some() => {}
-            Ok(Err(e)) => {
+            RankOutcome::Finished(Err(TrainError::Comm(
+                megatron_comm::CommError::PeerPanicked { .. },
+            ))) if first_err.is_some() => {}
+            RankOutcome::Finished(Err(e)) => {
                 first_err.get_or_insert(e);
             }
-            Err(msg) => {
+            RankOutcome::Panicked(msg) => {
                 first_err = Some(TrainError::Rank { rank, msg });
+            }
+            RankOutcome::Stuck => {
+                // Its peers' errors name it as the rank that did not arrive.
+                eprintln!("rank {rank} stopped arriving; left running while the job ends");
+                first_err.get_or_insert(TrainError::Rank {
+                    rank,
+                    msg: "stopped arriving (no result)".into(),
+                });
             }
         }
     }

@@ -191,6 +191,11 @@ pub(crate) fn run(
     while iteration < cfg.train_iters {
         let started = Instant::now();
         iteration += 1;
+        if iteration == 2 && a.inject_rank_stall == Some(tr.comms.world_rank) {
+            loop {
+                std::thread::park();
+            }
+        }
         let step = tr.train_step(iteration).inspect_err(|_| rep.finish())?;
         if step.skipped {
             rep.line(&format!(

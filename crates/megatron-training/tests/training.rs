@@ -1245,3 +1245,47 @@ fn a_bf16_distributed_optimizer_checkpoint_keeps_the_fp32_main_parameters() {
     }
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn a_rank_thread_that_stops_arriving_ends_the_run_with_the_named_error() {
+    // Rank 1 parks forever at iteration 2; with a 3 s distributed timeout rank 0's collective
+    // must fail naming the group, the operation and rank 1, and the run must end (not hang).
+    let start = std::time::Instant::now();
+    let e = pretrain(&args(&[
+        "--train-iters",
+        "5",
+        "--nproc-per-node",
+        "2",
+        "--distributed-timeout-minutes",
+        "0.05",
+        "--inject-rank-stall",
+        "1",
+    ]))
+    .unwrap_err()
+    .to_string();
+    let took = start.elapsed();
+    assert!(
+        e.contains("timed out after") && e.contains("[1]") && e.contains("did not arrive"),
+        "{e}"
+    );
+    assert!(took < std::time::Duration::from_secs(30), "took {took:?}");
+}
+
+#[test]
+fn negative_numbers_reach_validation_and_are_refused_naming_the_flag() {
+    for (flag, v) in [("--lr", "-1"), ("--min-lr", "-0.5")] {
+        let e = pretrain(&args(&["--train-iters", "2", flag, v]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(flag) && e.contains(v), "{e}");
+    }
+    let e = pretrain(&args(&[
+        "--train-iters",
+        "2",
+        "--distributed-timeout-minutes",
+        "0",
+    ]))
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("--distributed-timeout-minutes"), "{e}");
+}
