@@ -88,6 +88,110 @@ impl ParamMeta {
     }
 }
 
+/// A rectangle of a parameter's global tensor (seen as 2-D: `[rows, cols]`, a 1-D tensor as one
+/// row) that a contiguous run of this rank's local elements maps to: `rows` local rows starting
+/// at local flat element `local_start`, `local_stride` apart, each `cols` long.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GlobalSegment {
+    pub row: usize,
+    pub col: usize,
+    pub rows: usize,
+    pub cols: usize,
+    pub local_start: usize,
+    pub local_stride: usize,
+}
+
+/// A shape seen as `[rows, cols]`: the last dimension is the columns.
+pub fn view2d(shape: &[usize]) -> (usize, usize) {
+    match shape {
+        [] => (1, 1),
+        [n] => (1, *n),
+        _ => (
+            shape[..shape.len() - 1].iter().product(),
+            shape[shape.len() - 1],
+        ),
+    }
+}
+
+impl ParamMeta {
+    /// Where local elements `local` of TP rank `rank`'s shard sit in the global tensor, as
+    /// rectangles (what sharded checkpoints read and write instead of whole tensors). Checked
+    /// against [`ParamMeta::global_index_on`] in the tests.
+    pub fn global_segments(&self, local: Range<usize>, rank: usize) -> Vec<GlobalSegment> {
+        let (lr, lc) = view2d(&self.local_shape);
+        let (gr, gc) = view2d(&self.shape);
+        // Which axis of the 2-D view the tensor-parallel split runs along.
+        let split_rows = match self.tp_split_dim {
+            None => None,
+            Some(d) if d + 1 == self.shape.len() => Some(false),
+            Some(0) if self.shape.len() == 2 => Some(true),
+            Some(d) => panic!(
+                "{}: split of dim {d} of a {}-D tensor",
+                self.name,
+                self.shape.len()
+            ),
+        };
+        let k = self.tp_chunks.max(1);
+        let map = |x: usize, l: usize, g: usize| {
+            let (lb, gb) = (l / k, g / k);
+            (x / lb) * gb + rank * lb + x % lb
+        };
+        let mut out: Vec<GlobalSegment> = Vec::new();
+        if local.is_empty() || lc == 0 {
+            return out;
+        }
+        let (first, last) = (local.start / lc, (local.end - 1) / lc);
+        for r in first..=last {
+            let c0 = if r == first { local.start % lc } else { 0 };
+            let c1 = if r == last {
+                (local.end - 1) % lc + 1
+            } else {
+                lc
+            };
+            // Column runs that stay contiguous in the global tensor.
+            let mut runs = Vec::new();
+            match split_rows {
+                Some(false) => {
+                    let lb = lc / k;
+                    let mut c = c0;
+                    while c < c1 {
+                        let end = c1.min((c / lb + 1) * lb);
+                        runs.push((c, map(c, lc, gc), end - c));
+                        c = end;
+                    }
+                }
+                _ => runs.push((c0, c0, c1 - c0)),
+            }
+            let grow = match split_rows {
+                Some(true) => map(r, lr, gr),
+                _ => r,
+            };
+            for (lcol, gcol, n) in runs {
+                let local_start = r * lc + lcol;
+                if let Some(prev) = out.last_mut() {
+                    if prev.col == gcol
+                        && prev.cols == n
+                        && prev.row + prev.rows == grow
+                        && prev.local_start + prev.rows * lc == local_start
+                    {
+                        prev.rows += 1;
+                        continue;
+                    }
+                }
+                out.push(GlobalSegment {
+                    row: grow,
+                    col: gcol,
+                    rows: 1,
+                    cols: n,
+                    local_start,
+                    local_stride: lc,
+                });
+            }
+        }
+        out
+    }
+}
+
 /// How a parameter starts out.
 #[derive(Clone, Copy, Debug)]
 pub enum Init {

@@ -1,39 +1,48 @@
-//! Single-rank checkpoints in Megatron's directory layout:
-//! `<save>/latest_checkpointed_iteration.txt` and `<save>/iter_0000100/` holding
-//! `model_optim_rng.safetensors` and `metadata.json`.
+//! Checkpoints in Megatron's directory layout: `<save>/latest_checkpointed_iteration.txt` and
+//! `<save>/iter_0000100/` holding one `shard_NNNNN.safetensors` per writing rank and the
+//! manifest `metadata.json` (format `megatron-rs/2`; the pieces themselves are described in
+//! `dist_checkpointing`). `megatron-rs/1` checkpoints (one whole-tensor file) still load.
 //!
-//! The manifest (`metadata.json`) is written last and names every tensor, its global shape and
-//! the exact byte size of the shard file; a directory without it, or whose shard does not match
-//! it, is refused. Everything is written under a temporary name and renamed into place, and the
-//! tracker file is replaced atomically only after that, so a crash never leaves a checkpoint that
-//! looks complete, and never damages the previous one.
+//! Every rank writes its pieces into `iter_NNNNNNN.partial/`; rank 0 writes the manifest (every
+//! tensor's pieces, every file's size and crc32c) last, renames the directory into place and
+//! only then replaces the tracker, atomically. A crash therefore never leaves a checkpoint that
+//! looks complete and never damages the previous one; `--load` skips, naming them, checkpoints
+//! that are incomplete or whose files do not match their manifest, and resumes from the newest
+//! complete one at or below the tracker's iteration.
 
-use crate::arguments::TrainConfig;
+use crate::arguments::{OptimizerKind, TrainConfig};
+use crate::dist_checkpointing::{
+    blob, merge_fragments, write_rank_shard, Blob, CheckpointReader, FileEntry, Piece, SavedLayout,
+};
 use crate::{io_err, TrainError};
-use megatron_comm::Communicator;
-use megatron_core::models::ModelFamily;
-use megatron_core::optimizer::{Adam, OptimizerParamScheduler};
-use megatron_core::tensor_parallel::{gather_to_full, Tp};
+use megatron_comm::ReduceOp;
+use megatron_core::optimizer::{Adam, Moment, OptimizerParamScheduler};
+use megatron_core::params::view2d;
 use megatron_core::{Params, TransformerConfig};
-use safetensors::tensor::{Dtype, TensorView};
-use safetensors::SafeTensors;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 pub const TRACKER: &str = "latest_checkpointed_iteration.txt";
-const SHARD: &str = "model_optim_rng.safetensors";
+const V1_SHARD: &str = "model_optim_rng.safetensors";
 const MANIFEST: &str = "metadata.json";
-const FORMAT: &str = "megatron-rs/1";
+const FORMAT_V1: &str = "megatron-rs/1";
+pub const FORMAT: &str = "megatron-rs/2";
 
 #[derive(Serialize, Deserialize, Clone, Debug)]
 pub struct TensorEntry {
     pub name: String,
+    /// Global shape.
     pub shape: Vec<usize>,
     pub dtype: String,
+    /// `megatron-rs/1`: the file holding the whole tensor.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub file: String,
-    /// Offset of this shard in the global tensor, per dimension (all zero on one rank).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub global_offset: Vec<usize>,
+    /// The rectangles it is stored as, which together cover it exactly once.
+    #[serde(default)]
+    pub pieces: Vec<Piece>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug)]
@@ -46,8 +55,9 @@ pub struct CheckpointMeta {
     pub adam_beta1: f32,
     pub adam_beta2: f32,
     pub adam_eps: f32,
-    /// The run's seed: every random stream (dropout, data order) derives from it and the
-    /// iteration, so it is the whole RNG state.
+    /// The run's seed: every random stream (dropout, data order) is counter-based, derived from
+    /// it, the iteration and the global sample, so it is the whole RNG state of every rank and
+    /// restores under any layout.
     pub seed: u64,
     pub model: TransformerConfig,
     pub tokenizer_type: String,
@@ -59,25 +69,22 @@ pub struct CheckpointMeta {
     #[serde(default)]
     pub tokenizer_model: Option<String>,
     pub tensors: Vec<TensorEntry>,
+    /// `megatron-rs/1`: the size of its one file.
+    #[serde(default)]
     pub shard_bytes: u64,
+    /// Every file, with its size and crc32c.
+    #[serde(default)]
+    pub files: Vec<FileEntry>,
+    #[serde(default)]
+    pub layout: Option<SavedLayout>,
 }
 
 pub fn iteration_dir(save: &Path, iteration: u64) -> PathBuf {
     save.join(format!("iter_{iteration:07}"))
 }
 
-fn to_bytes(x: &[f32]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(x.len() * 4);
-    for v in x {
-        out.extend_from_slice(&v.to_le_bytes());
-    }
-    out
-}
-
-fn from_bytes(b: &[u8]) -> Vec<f32> {
-    b.chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect()
+fn partial_dir(save: &Path, iteration: u64) -> PathBuf {
+    save.join(format!("iter_{iteration:07}.partial"))
 }
 
 fn ckpt_err(path: &Path, msg: impl Into<String>) -> TrainError {
@@ -87,119 +94,16 @@ fn ckpt_err(path: &Path, msg: impl Into<String>) -> TrainError {
     }
 }
 
-/// Saves parameters, optimizer moments and `meta` for `meta.iteration`.
-pub fn save_checkpoint(
-    save: &Path,
-    mut meta: CheckpointMeta,
-    params: &Params,
-    adam: &Adam,
-) -> Result<PathBuf, TrainError> {
-    std::fs::create_dir_all(save).map_err(io_err(save))?;
-    let final_dir = iteration_dir(save, meta.iteration);
-    let tmp_dir = save.join(format!(
-        ".iter_{:07}.tmp-{}",
-        meta.iteration,
-        std::process::id()
-    ));
-    if tmp_dir.exists() {
-        std::fs::remove_dir_all(&tmp_dir).map_err(io_err(&tmp_dir))?;
-    }
-    std::fs::create_dir_all(&tmp_dir).map_err(io_err(&tmp_dir))?;
-
-    let mut blobs: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
-    for m in &params.metas {
-        let r = m.offset..m.offset + m.numel;
-        blobs.push((
-            m.name.clone(),
-            m.shape.clone(),
-            to_bytes(&params.data[r.clone()]),
-        ));
-        blobs.push((
-            format!("optimizer.exp_avg.{}", m.name),
-            m.shape.clone(),
-            to_bytes(&adam.exp_avg[r.clone()]),
-        ));
-        blobs.push((
-            format!("optimizer.exp_avg_sq.{}", m.name),
-            m.shape.clone(),
-            to_bytes(&adam.exp_avg_sq[r]),
-        ));
-    }
-    let views: Vec<(String, TensorView)> = blobs
-        .iter()
-        .map(|(n, s, b)| {
-            (
-                n.clone(),
-                TensorView::new(Dtype::F32, s.clone(), b).expect("shape matches bytes"),
-            )
-        })
-        .collect();
-    let shard = tmp_dir.join(SHARD);
-    let mut info = HashMap::new();
-    info.insert("format".to_string(), FORMAT.to_string());
-    safetensors::serialize_to_file(views, Some(info), &shard)
-        .map_err(|e| ckpt_err(&shard, e.to_string()))?;
-    meta.shard_bytes = std::fs::metadata(&shard).map_err(io_err(&shard))?.len();
-    meta.tensors = blobs
-        .iter()
-        .map(|(n, s, _)| TensorEntry {
-            name: n.clone(),
-            shape: s.clone(),
-            dtype: "F32".into(),
-            file: SHARD.into(),
-            global_offset: vec![0; s.len()],
-        })
-        .collect();
-    meta.format = FORMAT.into();
-    let manifest = tmp_dir.join(MANIFEST);
-    let json =
-        serde_json::to_string_pretty(&meta).map_err(|e| ckpt_err(&manifest, e.to_string()))?;
-    write_synced(&manifest, json.as_bytes())?;
-
-    if final_dir.exists() {
-        std::fs::remove_dir_all(&final_dir).map_err(io_err(&final_dir))?;
-    }
-    std::fs::rename(&tmp_dir, &final_dir).map_err(io_err(&final_dir))?;
-    let tracker_tmp = save.join(format!(".{TRACKER}.tmp"));
-    write_synced(&tracker_tmp, format!("{}\n", meta.iteration).as_bytes())?;
-    let tracker = save.join(TRACKER);
-    std::fs::rename(&tracker_tmp, &tracker).map_err(io_err(&tracker))?;
-    Ok(final_dir)
-}
-
-fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), TrainError> {
+pub(crate) fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), TrainError> {
     use std::io::Write;
     let mut f = std::fs::File::create(path).map_err(io_err(path))?;
     f.write_all(bytes).map_err(io_err(path))?;
     f.sync_all().map_err(io_err(path))
 }
 
-pub struct LoadedCheckpoint {
-    pub meta: CheckpointMeta,
-    pub tensors: HashMap<String, Vec<f32>>,
-    pub dir: PathBuf,
-}
-
-/// Reads the iteration named by the tracker file (or `iteration` if given).
-pub fn load_checkpoint(
-    load: &Path,
-    iteration: Option<u64>,
-) -> Result<LoadedCheckpoint, TrainError> {
-    let iteration = match iteration {
-        Some(i) => i,
-        None => {
-            let tracker = load.join(TRACKER);
-            let s = std::fs::read_to_string(&tracker)
-                .map_err(|e| ckpt_err(&tracker, format!("cannot read the tracker file: {e}")))?;
-            s.trim().parse::<u64>().map_err(|_| {
-                ckpt_err(
-                    &tracker,
-                    format!("tracker holds '{}', not an iteration number", s.trim()),
-                )
-            })?
-        }
-    };
-    let dir = iteration_dir(load, iteration);
+/// The manifest of an `iter_NNNNNNN` directory; a `megatron-rs/1` manifest is described in the
+/// pieces of the current format (one piece per tensor, in its one file).
+pub(crate) fn read_manifest(dir: &Path) -> Result<CheckpointMeta, TrainError> {
     let manifest = dir.join(MANIFEST);
     let json = std::fs::read_to_string(&manifest).map_err(|e| {
         ckpt_err(
@@ -207,64 +111,136 @@ pub fn load_checkpoint(
             format!("missing or unreadable manifest, the checkpoint is incomplete: {e}"),
         )
     })?;
-    let meta: CheckpointMeta = serde_json::from_str(&json)
+    let mut meta: CheckpointMeta = serde_json::from_str(&json)
         .map_err(|e| ckpt_err(&manifest, format!("corrupt manifest: {e}")))?;
-    if meta.format != FORMAT {
-        return Err(ckpt_err(
-            &manifest,
-            format!("format '{}' is not '{FORMAT}'", meta.format),
-        ));
-    }
-    let shard = dir.join(SHARD);
-    let bytes = std::fs::read(&shard).map_err(|e| ckpt_err(&shard, format!("cannot read: {e}")))?;
-    if bytes.len() as u64 != meta.shard_bytes {
-        return Err(ckpt_err(
-            &shard,
-            format!(
-                "truncated or altered: {} bytes, the manifest records {}",
-                bytes.len(),
-                meta.shard_bytes
-            ),
-        ));
-    }
-    let st = SafeTensors::deserialize(&bytes)
-        .map_err(|e| ckpt_err(&shard, format!("not a valid safetensors file: {e}")))?;
-    let mut tensors = HashMap::new();
-    for t in &meta.tensors {
-        let v = st
-            .tensor(&t.name)
-            .map_err(|e| ckpt_err(&shard, format!("tensor {}: {e}", t.name)))?;
-        if v.shape() != t.shape.as_slice() || v.dtype() != Dtype::F32 {
-            return Err(ckpt_err(
-                &shard,
-                format!(
-                    "tensor {} has shape {:?}, the manifest records {:?}",
-                    t.name,
-                    v.shape(),
-                    t.shape
-                ),
-            ));
+    match meta.format.as_str() {
+        FORMAT => Ok(meta),
+        FORMAT_V1 => {
+            for t in &mut meta.tensors {
+                let (r, c) = view2d(&t.shape);
+                t.pieces = vec![Piece {
+                    file: t.file.clone(),
+                    key: t.name.clone(),
+                    offset: [0, 0],
+                    shape: [r, c],
+                }];
+            }
+            meta.files = vec![FileEntry {
+                file: V1_SHARD.into(),
+                bytes: meta.shard_bytes,
+                crc32c: None,
+                rank: 0,
+            }];
+            Ok(meta)
         }
-        tensors.insert(t.name.clone(), from_bytes(v.data()));
+        other => Err(ckpt_err(
+            &manifest,
+            format!("format '{other}' is not '{FORMAT}' (or '{FORMAT_V1}')"),
+        )),
     }
-    Ok(LoadedCheckpoint { meta, tensors, dir })
 }
 
-/// Copies the checkpoint's tensors into `params` and `adam`, checking every name and shape.
+/// The checkpoint `--load` resumes from: the newest complete one at or below the tracker's
+/// iteration (any, without a tracker). Incomplete or corrupt ones (no manifest, a missing file,
+/// a size or checksum mismatch) are skipped with a message naming them and why.
+pub fn find_checkpoint(load: &Path, report: bool) -> Result<CheckpointReader, TrainError> {
+    let tracker = load.join(TRACKER);
+    let bound = match std::fs::read_to_string(&tracker) {
+        Ok(s) => Some(s.trim().parse::<u64>().map_err(|_| {
+            ckpt_err(
+                &tracker,
+                format!("tracker holds '{}', not an iteration number", s.trim()),
+            )
+        })?),
+        Err(_) => None,
+    };
+    let entries = std::fs::read_dir(load)
+        .map_err(|e| ckpt_err(load, format!("cannot read the checkpoint directory: {e}")))?;
+    let mut iterations: Vec<u64> = entries
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            name.strip_prefix("iter_")?.parse::<u64>().ok()
+        })
+        .filter(|i| bound.is_none_or(|b| *i <= b))
+        .collect();
+    iterations.sort_unstable_by(|a, b| b.cmp(a));
+    let mut skipped = Vec::new();
+    for it in iterations {
+        let dir = iteration_dir(load, it);
+        match CheckpointReader::open(&dir).and_then(|r| r.verify().map(|_| r)) {
+            Ok(r) => return Ok(r),
+            Err(e) => {
+                if report {
+                    eprintln!("skipping checkpoint {}: {e}", dir.display());
+                }
+                skipped.push(e.to_string());
+            }
+        }
+    }
+    let why = if skipped.is_empty() {
+        match bound {
+            Some(b) => format!("no iter_* directory at or below the tracker's iteration {b}"),
+            None => "no tracker file and no iter_* directory".into(),
+        }
+    } else {
+        skipped.join("; ")
+    };
+    Err(ckpt_err(
+        load,
+        format!("no complete checkpoint to load: {why}"),
+    ))
+}
+
+pub struct LoadedCheckpoint {
+    pub meta: CheckpointMeta,
+    /// Whole tensors by name (parameters, and `optimizer.exp_avg.*` / `optimizer.exp_avg_sq.*`).
+    pub tensors: HashMap<String, Vec<f32>>,
+    pub dir: PathBuf,
+}
+
+/// Every tensor of a checkpoint, whole (for tools, tests and generation; training loads only
+/// its shards): `iteration`, or the one `--load` would resume from.
+pub fn load_checkpoint(
+    load: &Path,
+    iteration: Option<u64>,
+) -> Result<LoadedCheckpoint, TrainError> {
+    let mut r = match iteration {
+        Some(i) => {
+            let r = CheckpointReader::open(&iteration_dir(load, i))?;
+            r.verify()?;
+            r
+        }
+        None => find_checkpoint(load, false)?,
+    };
+    let names: Vec<String> = r.meta.tensors.iter().map(|t| t.name.clone()).collect();
+    let mut tensors = HashMap::new();
+    for n in names {
+        let v = r.read_whole(&n)?;
+        tensors.insert(n, v);
+    }
+    Ok(LoadedCheckpoint {
+        meta: r.meta.clone(),
+        tensors,
+        dir: r.dir.clone(),
+    })
+}
+
+/// Copies whole tensors into `params` and `adam` (each rank its shard), checking every name and
+/// size.
 pub fn restore(
     ck: &LoadedCheckpoint,
     params: &mut Params,
     adam: Option<&mut Adam>,
 ) -> Result<(), TrainError> {
-    let shard = ck.dir.join(SHARD);
     let get = |name: &str, numel: usize| -> Result<&Vec<f32>, TrainError> {
         let v = ck
             .tensors
             .get(name)
-            .ok_or_else(|| ckpt_err(&shard, format!("has no tensor {name}")))?;
+            .ok_or_else(|| ckpt_err(&ck.dir, format!("has no tensor {name}")))?;
         if v.len() != numel {
             return Err(ckpt_err(
-                &shard,
+                &ck.dir,
                 format!(
                     "tensor {name} has {} elements, the model needs {numel}",
                     v.len()
@@ -273,7 +249,6 @@ pub fn restore(
         }
         Ok(v)
     };
-    // Checkpoints hold whole tensors; a tensor-parallel rank copies out its shard.
     let metas = params.metas.clone();
     let shard_of = |dst: &mut [f32], m: &megatron_core::ParamMeta, full: &[f32]| {
         for (i, v) in dst.iter_mut().enumerate() {
@@ -305,144 +280,126 @@ pub fn restore(
     Ok(())
 }
 
-/// Parameters and Adam state of the whole model in the TP = 1, PP = 1 layout (whole tensors of
-/// every layer): shards are gathered over the TP group, stages combined over the pipeline group
-/// (each stage contributes its own tensors, zeros elsewhere, summed). Every rank of both groups
-/// takes part and receives the result.
-pub(crate) fn gather_full_state(
-    cfg: &TrainConfig,
-    params: &Params,
-    adam: &Adam,
-    tp: &mut Tp,
-    pp: &mut dyn Communicator,
-) -> Result<(Params, Adam), TrainError> {
-    let mut full = Params::default();
-    let layers = cfg.model.num_layers();
-    cfg.model
-        .build_chunk(&mut full, &mut Vec::new(), 0..layers, true, true);
-    let mut gather = |data: &[f32]| -> Result<Vec<f32>, TrainError> {
-        let stage = if tp.size() > 1 {
-            gather_to_full(params, data, tp)?
-        } else {
-            data.to_vec()
-        };
-        if pp.size() == 1 {
-            return Ok(stage);
-        }
-        let mut out = vec![0.0f32; full.numel()];
-        let mut at = 0;
-        for m in &params.metas {
-            let global: usize = m.shape.iter().product();
-            if !m.shared {
-                let id = full
-                    .find(&m.name)
-                    .expect("a stage parameter is a model parameter");
-                let fm = &full.metas[id.0];
-                out[fm.offset..fm.offset + fm.numel].copy_from_slice(&stage[at..at + global]);
-            }
-            at += global;
-        }
-        pp.all_reduce(&mut out, megatron_comm::ReduceOp::Sum)?;
-        Ok(out)
-    };
-    let data = gather(&params.data)?;
-    let exp_avg = gather(&adam.exp_avg)?;
-    let exp_avg_sq = gather(&adam.exp_avg_sq)?;
-    full.data = data;
-    let mut full_adam = adam.clone();
-    full_adam.exp_avg = exp_avg;
-    full_adam.exp_avg_sq = exp_avg_sq;
-    Ok((full, full_adam))
-}
-
-/// `--load`: reads the checkpoint, refuses one saved for another model, and copies its
-/// parameters and Adam state into this rank's shards.
+/// `--load`: picks the checkpoint (see [`find_checkpoint`]), refuses one saved for another
+/// model, and reads this rank's shards of the parameters. The optimizer's state is read later
+/// from the returned reader ([`load_optimizer_state`]), once the optimizer exists.
 pub(crate) fn load_into(
     cfg: &TrainConfig,
     dir: &str,
     params: &mut Params,
-    adam: &mut Adam,
     lead: bool,
-) -> Result<crate::setup::Restored, TrainError> {
-    let ck = load_checkpoint(Path::new(dir), None)?;
-    if ck.meta.model != cfg.model {
+) -> Result<(crate::setup::Restored, CheckpointReader), TrainError> {
+    let mut r = find_checkpoint(Path::new(dir), lead)?;
+    if r.meta.model != cfg.model {
         return Err(TrainError::Checkpoint {
-            path: ck.dir.display().to_string(),
+            path: r.dir.display().to_string(),
             msg: format!(
                 "was saved for another model configuration ({:?}); the flags give {:?}",
-                ck.meta.model, cfg.model
+                r.meta.model, cfg.model
             ),
         });
     }
-    restore(&ck, params, Some(adam))?;
-    let (iteration, consumed) = (ck.meta.iteration, ck.meta.consumed_train_samples);
+    let metas = params.metas.clone();
+    for m in &metas {
+        let out = &mut params.data[m.offset..m.offset + m.numel];
+        r.read_local(&m.name, m, 0..m.numel, out)?;
+    }
+    let (iteration, consumed) = (r.meta.iteration, r.meta.consumed_train_samples);
     if lead {
         println!(
             "loaded checkpoint {} at iteration {iteration} ({consumed} consumed samples)",
-            ck.dir.display()
+            r.dir.display()
         );
     }
-    Ok(crate::setup::Restored {
+    let restored = crate::setup::Restored {
         iteration,
         consumed_samples: consumed,
-        scheduler_steps: ck.meta.scheduler.num_steps,
-    })
+        scheduler_steps: r.meta.scheduler.num_steps,
+    };
+    Ok((restored, r))
+}
+
+/// The moments this rank's optimizer holds, read from the checkpoint `load_into` opened.
+pub(crate) fn load_optimizer_state(
+    r: &mut CheckpointReader,
+    params: &Params,
+    optimizer: &mut dyn megatron_core::optimizer::MegatronOptimizer,
+) -> Result<(), TrainError> {
+    let step = r.meta.optimizer_step;
+    let mut failure = None;
+    let res = optimizer.load_state(params, step, &mut |moment, param, local, out| {
+        let m = &params.metas[param];
+        let which = match moment {
+            Moment::ExpAvg => "exp_avg",
+            Moment::ExpAvgSq => "exp_avg_sq",
+        };
+        r.read_local(&format!("optimizer.{which}.{}", m.name), m, local, out)
+            .map_err(|e| {
+                let s = e.to_string();
+                failure = Some(e);
+                s
+            })
+    });
+    match (res, failure) {
+        (Ok(()), _) => Ok(()),
+        (Err(_), Some(e)) => Err(e),
+        (Err(s), None) => Err(ckpt_err(&r.dir, s)),
+    }
+}
+
+/// Max of a flag over the whole world: over TP, then PP (every rank with this DP index), then DP.
+fn world_max(comms: &mut crate::setup::RankComms, flag: f32) -> Result<f32, TrainError> {
+    let mut v = [flag];
+    comms.tp.comm.all_reduce(&mut v, ReduceOp::Max)?;
+    comms.pp.all_reduce(&mut v, ReduceOp::Max)?;
+    if let Some(dp) = comms.dp.as_deref_mut() {
+        dp.all_reduce(&mut v, ReduceOp::Max)?;
+    }
+    Ok(v[0])
 }
 
 impl crate::training::Trainer<'_> {
-    /// Saves a checkpoint of iteration `iteration` under `dir` (every rank takes part: the
-    /// optimizer's state is gathered over DP, shards over TP, stages over PP); returns its path
-    /// on the rank that wrote it.
-    pub(crate) fn save_checkpoint(
-        &mut self,
-        dir: &Path,
+    /// The pieces this rank writes: its shards of every parameter and both moments that no
+    /// other rank writes (TP-replicated tensors by TP rank 0, copies owned by another stage never,
+    /// DP-replicated state split over the DP ranks, distributed state as its shards).
+    fn checkpoint_blobs(&self) -> Vec<Blob> {
+        let (dp_rank, dp) = self.comms.dp_rank_size();
+        let tp_rank = self.comms.tp.rank();
+        let mut blobs = Vec::new();
+        for p in self.optimizer.state_pieces(&self.params, dp_rank, dp) {
+            let m = &self.params.metas[p.param];
+            if m.shared || (m.tp_replicated && tp_rank != 0) {
+                continue;
+            }
+            for seg in m.global_segments(p.local.clone(), tp_rank) {
+                let base = p.local.start;
+                blobs.push(blob(m.name.clone(), m, seg, p.value, base));
+                let name = format!("optimizer.exp_avg.{}", m.name);
+                blobs.push(blob(name, m, seg, p.exp_avg, base));
+                let name = format!("optimizer.exp_avg_sq.{}", m.name);
+                blobs.push(blob(name, m, seg, p.exp_avg_sq, base));
+            }
+        }
+        blobs
+    }
+
+    fn checkpoint_meta(
+        &self,
         iteration: u64,
         tok: &dyn megatron_data::Tokenizer,
-    ) -> Result<Option<PathBuf>, TrainError> {
-        let numel = self.params.numel();
-        let (dp_rank, _) = self.comms.dp_rank_size();
-        let dp: &mut dyn Communicator = match self.comms.dp.as_deref_mut() {
-            Some(c) => c,
-            None => &mut self.serial_dp,
-        };
-        let state = self.optimizer.full_state(numel, dp)?;
-        // 16-bit parameters under the distributed optimizer: the fp32 main copy is saved.
-        let staged_main = state.main.map(|main| Params {
-            data: main,
-            half: megatron_core::params::HalfParams::None,
-            metas: self.params.metas.clone(),
-            tp: self.params.tp,
-            gate: None,
-        });
-        let saving: &Params = staged_main.as_ref().unwrap_or(&self.params);
-        if dp_rank != 0 {
-            return Ok(None);
-        }
-        // Shards are gathered into the TP = 1 layout: the checkpoint loads under any layout.
-        let (tp, pp) = (&mut self.comms.tp, &mut *self.comms.pp);
-        let gathered = if tp.size() > 1 || pp.size() > 1 {
-            Some(gather_full_state(self.cfg, saving, &state.adam, tp, pp)?)
-        } else {
-            None
-        };
-        if !self.lead {
-            return Ok(None);
-        }
-        let (full, full_adam) = gathered
-            .as_ref()
-            .map_or((saving, &*state.adam), |(p, a)| (p, a));
-        let a = &self.cfg.args;
-        let meta = CheckpointMeta {
-            format: String::new(),
+    ) -> CheckpointMeta {
+        let (a, cfg) = (&self.cfg.args, self.cfg);
+        CheckpointMeta {
+            format: FORMAT.into(),
             iteration,
             consumed_train_samples: self.consumed,
             scheduler: self.sched.clone(),
-            optimizer_step: full_adam.step,
+            optimizer_step: self.optimizer.step_count(),
             adam_beta1: a.adam_beta1,
             adam_beta2: a.adam_beta2,
             adam_eps: a.adam_eps,
             seed: a.seed,
-            model: self.cfg.model.clone(),
+            model: cfg.model.clone(),
             tokenizer_type: tok.name().to_string(),
             vocab_size: a.tokenizer.vocab_size.unwrap_or(tok.vocab_size()),
             vocab_file: a.tokenizer.vocab_file.clone(),
@@ -450,7 +407,102 @@ impl crate::training::Trainer<'_> {
             tokenizer_model: a.tokenizer.tokenizer_model.clone(),
             tensors: Vec::new(),
             shard_bytes: 0,
-        };
-        Ok(Some(save_checkpoint(dir, meta, full, full_adam)?))
+            files: Vec::new(),
+            layout: Some(SavedLayout {
+                world: cfg.dp * cfg.tp * cfg.pp,
+                tensor_model_parallel: cfg.tp,
+                pipeline_model_parallel: cfg.pp,
+                virtual_pipeline: cfg.partition.v,
+                data_parallel: cfg.dp,
+                distributed_optimizer: cfg.optimizer == OptimizerKind::DistributedAdam,
+            }),
+        }
     }
+
+    /// Saves iteration `iteration` under `dir`: every rank writes its pieces, then rank 0 the
+    /// manifest, the rename and the tracker. Every rank takes part; returns the directory on
+    /// rank 0. A failure on any rank fails the save on every rank and leaves no checkpoint that
+    /// looks complete.
+    pub(crate) fn save_checkpoint(
+        &mut self,
+        dir: &Path,
+        iteration: u64,
+        tok: &dyn megatron_data::Tokenizer,
+    ) -> Result<Option<PathBuf>, TrainError> {
+        let world = self.cfg.dp * self.cfg.tp * self.cfg.pp;
+        let rank = self.comms.world_rank;
+        let partial = partial_dir(dir, iteration);
+        let mut failed = None;
+        if rank == 0 {
+            let prepare = || -> Result<(), TrainError> {
+                std::fs::create_dir_all(dir).map_err(io_err(dir))?;
+                if partial.exists() {
+                    std::fs::remove_dir_all(&partial).map_err(io_err(&partial))?;
+                }
+                std::fs::create_dir_all(&partial).map_err(io_err(&partial))
+            };
+            failed = prepare().err();
+        }
+        if world_max(&mut self.comms, f32::from(failed.is_some()))? > 0.0 {
+            return Err(failed.unwrap_or_else(|| ckpt_err(&partial, "rank 0 could not prepare it")));
+        }
+        let blobs = self.checkpoint_blobs();
+        failed = write_rank_shard(&partial, rank, &blobs).err();
+        drop(blobs);
+        if world_max(&mut self.comms, f32::from(failed.is_some()))? > 0.0 {
+            if rank == 0 {
+                let _ = std::fs::remove_dir_all(&partial);
+            }
+            return Err(failed.unwrap_or_else(|| {
+                ckpt_err(
+                    &partial,
+                    "another rank failed to write its shard; nothing was marked saved",
+                )
+            }));
+        }
+        let mut done = None;
+        if rank == 0 {
+            let meta = self.checkpoint_meta(iteration, tok);
+            match finalize(dir, &partial, meta, world) {
+                Ok(p) => done = Some(p),
+                Err(e) => failed = Some(e),
+            }
+        }
+        if world_max(&mut self.comms, f32::from(failed.is_some()))? > 0.0 {
+            return Err(failed.unwrap_or_else(|| ckpt_err(&partial, "rank 0 could not finish it")));
+        }
+        Ok(done)
+    }
+}
+
+/// Rank 0: the manifest from the ranks' fragments, written last; then the rename into place
+/// and the tracker, each atomic.
+fn finalize(
+    save: &Path,
+    partial: &Path,
+    mut meta: CheckpointMeta,
+    world: usize,
+) -> Result<PathBuf, TrainError> {
+    let (tensors, files) = merge_fragments(partial, world)?;
+    meta.tensors = tensors;
+    meta.files = files;
+    let manifest = partial.join(MANIFEST);
+    let json =
+        serde_json::to_string_pretty(&meta).map_err(|e| ckpt_err(&manifest, e.to_string()))?;
+    write_synced(&manifest, json.as_bytes())?;
+    let final_dir = iteration_dir(save, meta.iteration);
+    if final_dir.exists() {
+        // A checkpoint of the same iteration from an earlier run: replaced only now that the new
+        // one is complete.
+        std::fs::remove_dir_all(&final_dir).map_err(io_err(&final_dir))?;
+    }
+    std::fs::rename(partial, &final_dir).map_err(io_err(&final_dir))?;
+    if let Ok(d) = std::fs::File::open(save) {
+        let _ = d.sync_all();
+    }
+    let tracker_tmp = save.join(format!(".{TRACKER}.tmp"));
+    write_synced(&tracker_tmp, format!("{}\n", meta.iteration).as_bytes())?;
+    let tracker = save.join(TRACKER);
+    std::fs::rename(&tracker_tmp, &tracker).map_err(io_err(&tracker))?;
+    Ok(final_dir)
 }

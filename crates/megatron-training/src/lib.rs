@@ -4,6 +4,7 @@
 pub mod arguments;
 pub mod checkpointing;
 mod data;
+pub mod dist_checkpointing;
 mod evaluate;
 pub mod flops;
 pub mod generate;

@@ -4,7 +4,7 @@
 //! flags are read here, once, into typed settings; the loop below reads no raw flag strings.
 
 use crate::arguments::{Bf16KernelArg, OptimizerKind, Precision, TrainConfig};
-use crate::checkpointing::load_into;
+use crate::checkpointing::{load_into, load_optimizer_state};
 use crate::TrainError;
 use megatron_comm::{Communicator, ProcessGroups, ReduceOp, ThreadCommunicator};
 use megatron_core::distributed::GradBuffer;
@@ -156,7 +156,6 @@ pub(crate) fn setup_model_and_optimizer(
         &mut inits,
     );
     params.initialize(a.seed, &inits);
-    let mut adam = Adam::new(&params, a.adam_beta1, a.adam_beta2, a.adam_eps);
     let distributed = cfg.optimizer == OptimizerKind::DistributedAdam;
     let bucket_size = a.ddp_bucket_size.unwrap_or_else(|| {
         if a.overlap_grad_reduce || distributed {
@@ -167,26 +166,34 @@ pub(crate) fn setup_model_and_optimizer(
         }
     });
     let buffer = GradBuffer::new(&params, bucket_size, dp, dp_rank, distributed);
-    let restored = match &a.load {
-        Some(dir) => Some(load_into(cfg, dir, &mut params, &mut adam, lead)?),
-        None => None,
+    // Parameters first (each rank reads its shards), then 16-bit copies and the optimizer,
+    // which takes its fp32 mains from them and reads the moments it holds.
+    let (restored, mut reader) = match &a.load {
+        Some(dir) => {
+            let (r, reader) = load_into(cfg, dir, &mut params, lead)?;
+            (Some(r), Some(reader))
+        }
+        None => (None, None),
     };
     // Under --bf16 / --fp16 the model reads a 16-bit copy; `params.data` becomes the fp32 main
     // parameters, which the distributed optimizer shards (then `params.data` is freed).
     let half = cfg.precision.half();
     params.set_half(half);
-    let optimizer: Box<dyn MegatronOptimizer> = match cfg.optimizer {
-        OptimizerKind::Adam => Box::new(PlainOptimizer::new(adam, buffer)),
+    let (b1, b2, eps) = (a.adam_beta1, a.adam_beta2, a.adam_eps);
+    let mut optimizer: Box<dyn MegatronOptimizer> = match cfg.optimizer {
+        OptimizerKind::Adam => {
+            Box::new(PlainOptimizer::new(Adam::new(&params, b1, b2, eps), buffer))
+        }
         OptimizerKind::DistributedAdam => {
-            let mut d =
-                DistributedOptimizer::new(&params, buffer, a.adam_beta1, a.adam_beta2, a.adam_eps);
-            d.load_moments(&adam.exp_avg, &adam.exp_avg_sq, adam.step);
-            if half.is_some() {
-                params.data = Vec::new();
-            }
-            Box::new(d)
+            Box::new(DistributedOptimizer::new(&params, buffer, b1, b2, eps))
         }
     };
+    if let Some(r) = reader.as_mut() {
+        load_optimizer_state(r, &params, optimizer.as_mut())?;
+    }
+    if distributed && half.is_some() {
+        params.data = Vec::new();
+    }
     Ok(ModelAndOptimizer {
         params,
         chunks,

@@ -81,7 +81,6 @@ pub(crate) struct Trainer<'a> {
     /// `--overlap-param-gather`: the last step's all-gather still runs (in the next forward).
     pub pending_gather: bool,
     pub consumed: u64,
-    pub lead: bool,
 }
 
 impl Trainer<'_> {
@@ -161,7 +160,6 @@ pub(crate) fn run(
             .collect(),
         pending_gather: false,
         consumed,
-        lead,
     };
     // MFU is against the whole job's peak: the process's thread budget for rank threads (they
     // share its cores), the per-process peak times the world under MPI.

@@ -156,9 +156,7 @@ fn missing_and_truncated_checkpoints_are_refused_with_their_path() {
         save.to_str().unwrap(),
     ]))
     .unwrap();
-    let shard = save
-        .join("iter_0000001")
-        .join("model_optim_rng.safetensors");
+    let shard = save.join("iter_0000001").join("shard_00000.safetensors");
     let len = std::fs::metadata(&shard).unwrap().len();
     let f = std::fs::OpenOptions::new()
         .write(true)
@@ -174,7 +172,7 @@ fn missing_and_truncated_checkpoints_are_refused_with_their_path() {
     .unwrap_err();
     let msg = e.to_string();
     assert!(
-        msg.contains("model_optim_rng.safetensors") && msg.contains("truncated"),
+        msg.contains("shard_00000.safetensors") && msg.contains("truncated"),
         "{msg}"
     );
 

@@ -77,6 +77,15 @@ impl DistributedOptimizer {
         }
     }
 
+    /// This rank's shards: (parameter index, range in the flat buffer, offset in the state).
+    pub fn owned_pieces(
+        &self,
+    ) -> impl Iterator<Item = (usize, std::ops::Range<usize>, usize)> + '_ {
+        self.pieces
+            .iter()
+            .map(|p| (p.param, p.range.clone(), p.state))
+    }
+
     /// Elements of optimizer state this rank holds.
     pub fn state_len(&self) -> usize {
         self.exp_avg.len()

@@ -11,7 +11,6 @@ use crate::params::{Grads, Params};
 use crate::tensor_parallel::{grad_norm_squared_tp, sum_f64, Tp};
 use megatron_comm::{CommError, Communicator, ReduceOp, TypedCollectives};
 use megatron_tensor::cpu::{global_norm_squared, scale_inplace};
-use std::borrow::Cow;
 
 /// When the distributed optimizer's all-gather of updated parameters runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -23,13 +22,27 @@ pub enum ParamGather {
     Deferred,
 }
 
-/// The optimizer state of the whole model in the whole-buffer layout, for a checkpoint.
-pub struct FullState<'a> {
-    pub adam: Cow<'a, Adam>,
-    /// fp32 main parameters when the model's parameters are 16-bit and live only in the
-    /// optimizer's shards.
-    pub main: Option<Vec<f32>>,
+/// A piece of optimizer state this rank writes to a sharded checkpoint: elements `local` of
+/// parameter `param`'s local (tensor-parallel) tensor, with the fp32 values the optimizer
+/// steps on and both moments.
+pub struct StatePiece<'a> {
+    pub param: usize,
+    pub local: std::ops::Range<usize>,
+    pub value: &'a [f32],
+    pub exp_avg: &'a [f32],
+    pub exp_avg_sq: &'a [f32],
 }
+
+/// Which moment a checkpoint reader is asked for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Moment {
+    ExpAvg,
+    ExpAvgSq,
+}
+
+/// Fills `out` with elements `local` of parameter `param`'s local tensor of a moment.
+pub type MomentReader<'a> =
+    dyn FnMut(Moment, usize, std::ops::Range<usize>, &mut [f32]) -> Result<(), String> + 'a;
 
 pub trait MegatronOptimizer: Send {
     /// The buckets gradients are reduced in over data parallelism.
@@ -88,15 +101,31 @@ pub trait MegatronOptimizer: Send {
         dp: &mut dyn Communicator,
     ) -> Result<(), CommError>;
 
-    /// The state a checkpoint keeps. Every DP rank must call it.
-    fn full_state(
-        &mut self,
-        numel: usize,
-        dp: &mut dyn Communicator,
-    ) -> Result<FullState<'_>, CommError>;
-
     /// Bytes of optimizer state this rank holds (moments, and fp32 mains kept here).
     fn state_bytes(&self) -> usize;
+
+    /// Optimizer steps taken (Adam's bias correction).
+    fn step_count(&self) -> u64;
+
+    /// The state data-parallel rank `dp_rank` of `dp` writes to a sharded checkpoint, each
+    /// element once over the DP group: state replicated over DP is split between the ranks
+    /// (parameter `i` by rank `i % dp`, Megatron's fully parallel save); sharded state is
+    /// written as the shards it lives in.
+    fn state_pieces<'a>(
+        &'a self,
+        params: &'a Params,
+        dp_rank: usize,
+        dp: usize,
+    ) -> Vec<StatePiece<'a>>;
+
+    /// Restores the moments this rank holds, and the step count, from a checkpoint, reading
+    /// exactly the elements it holds.
+    fn load_state(
+        &mut self,
+        params: &Params,
+        step: u64,
+        read: &mut MomentReader,
+    ) -> Result<(), String>;
 }
 
 /// AdamW with the whole model's state on every DP rank; gradients all-reduced bucket by bucket.
@@ -222,19 +251,61 @@ impl MegatronOptimizer for PlainOptimizer {
         Ok(())
     }
 
-    fn full_state(
-        &mut self,
-        _numel: usize,
-        _dp: &mut dyn Communicator,
-    ) -> Result<FullState<'_>, CommError> {
-        Ok(FullState {
-            adam: Cow::Borrowed(&self.adam),
-            main: None,
-        })
-    }
-
     fn state_bytes(&self) -> usize {
         (self.adam.exp_avg.capacity() + self.adam.exp_avg_sq.capacity()) * 4
+    }
+
+    fn step_count(&self) -> u64 {
+        self.adam.step
+    }
+
+    fn state_pieces<'a>(
+        &'a self,
+        params: &'a Params,
+        dp_rank: usize,
+        dp: usize,
+    ) -> Vec<StatePiece<'a>> {
+        params
+            .metas
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| i % dp.max(1) == dp_rank)
+            .map(|(i, m)| {
+                let r = m.offset..m.offset + m.numel;
+                StatePiece {
+                    param: i,
+                    local: 0..m.numel,
+                    value: &params.data[r.clone()],
+                    exp_avg: &self.adam.exp_avg[r.clone()],
+                    exp_avg_sq: &self.adam.exp_avg_sq[r],
+                }
+            })
+            .collect()
+    }
+
+    fn load_state(
+        &mut self,
+        params: &Params,
+        step: u64,
+        read: &mut MomentReader,
+    ) -> Result<(), String> {
+        for (i, m) in params.metas.iter().enumerate() {
+            let r = m.offset..m.offset + m.numel;
+            read(
+                Moment::ExpAvg,
+                i,
+                0..m.numel,
+                &mut self.adam.exp_avg[r.clone()],
+            )?;
+            read(
+                Moment::ExpAvgSq,
+                i,
+                0..m.numel,
+                &mut self.adam.exp_avg_sq[r],
+            )?;
+        }
+        self.adam.step = step;
+        Ok(())
     }
 }
 
@@ -324,32 +395,59 @@ impl MegatronOptimizer for DistributedOptimizer {
         self.gather(params, dp)
     }
 
-    fn full_state(
-        &mut self,
-        numel: usize,
-        dp: &mut dyn Communicator,
-    ) -> Result<FullState<'_>, CommError> {
-        let (exp_avg, exp_avg_sq) = self.full_moments(numel, dp)?;
-        // 16-bit parameters: the fp32 main copy is saved, gathered from the shards.
-        let main = if self.main.is_empty() {
-            None
-        } else {
-            Some(self.full_main(numel, dp)?)
-        };
-        Ok(FullState {
-            adam: Cow::Owned(Adam {
-                exp_avg,
-                exp_avg_sq,
-                step: self.step,
-                beta1: self.beta1,
-                beta2: self.beta2,
-                eps: self.eps,
-            }),
-            main,
-        })
-    }
-
     fn state_bytes(&self) -> usize {
         (self.exp_avg.capacity() + self.exp_avg_sq.capacity() + self.main.capacity()) * 4
+    }
+
+    fn step_count(&self) -> u64 {
+        self.step
+    }
+
+    fn state_pieces<'a>(
+        &'a self,
+        params: &'a Params,
+        _dp_rank: usize,
+        _dp: usize,
+    ) -> Vec<StatePiece<'a>> {
+        self.owned_pieces()
+            .map(|(param, range, state)| {
+                let m = &params.metas[param];
+                let s = state..state + range.len();
+                StatePiece {
+                    param,
+                    local: range.start - m.offset..range.end - m.offset,
+                    value: if self.main.is_empty() {
+                        &params.data[range.clone()]
+                    } else {
+                        &self.main[s.clone()]
+                    },
+                    exp_avg: &self.exp_avg[s.clone()],
+                    exp_avg_sq: &self.exp_avg_sq[s],
+                }
+            })
+            .collect()
+    }
+
+    fn load_state(
+        &mut self,
+        params: &Params,
+        step: u64,
+        read: &mut MomentReader,
+    ) -> Result<(), String> {
+        let pieces: Vec<_> = self.owned_pieces().collect();
+        for (param, range, state) in pieces {
+            let m = &params.metas[param];
+            let local = range.start - m.offset..range.end - m.offset;
+            let s = state..state + range.len();
+            read(
+                Moment::ExpAvg,
+                param,
+                local.clone(),
+                &mut self.exp_avg[s.clone()],
+            )?;
+            read(Moment::ExpAvgSq, param, local, &mut self.exp_avg_sq[s])?;
+        }
+        self.step = step;
+        Ok(())
     }
 }

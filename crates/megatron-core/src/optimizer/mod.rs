@@ -10,4 +10,6 @@ pub use clip_grads::{clip_grad_norm, clip_grads_by_norm, get_grad_norm};
 pub use distrib_optimizer::DistributedOptimizer;
 pub use grad_scaler::GradScaler;
 pub use lr_scheduler::{LrDecayStyle, OptimizerParamScheduler, WsdDecayStyle};
-pub use megatron_optimizer::{FullState, MegatronOptimizer, ParamGather, PlainOptimizer};
+pub use megatron_optimizer::{
+    MegatronOptimizer, Moment, MomentReader, ParamGather, PlainOptimizer, StatePiece,
+};
