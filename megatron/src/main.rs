@@ -48,6 +48,19 @@ enum Command {
     InspectData(Box<InspectArgs>),
     /// Micro-benchmarks (GEMM throughput on transformer shapes).
     Bench(bench::BenchArgs),
+    /// Look into checkpoints: `inspect DIR` (iteration, layout saved from, files, tensors) or
+    /// `verify DIR` (every file against the manifest's size and crc32c).
+    #[command(subcommand)]
+    Checkpoint(CheckpointCommand),
+}
+
+#[derive(Subcommand)]
+enum CheckpointCommand {
+    /// What a checkpoint holds (DIR: a save directory, for the one --load would pick, or an
+    /// iter_NNNNNNN directory).
+    Inspect { dir: std::path::PathBuf },
+    /// Checks files against the manifest (DIR: every checkpoint under a save directory, or one).
+    Verify { dir: std::path::PathBuf },
 }
 
 /// mimalloc's `mi_option_purge_delay` (the option after `eager_commit_delay` = 14 in both of its
@@ -100,6 +113,12 @@ fn main() -> ExitCode {
             })
             .map_err(Into::into),
         Command::Bench(args) => bench::run(&args),
+        Command::Checkpoint(c) => match c {
+            CheckpointCommand::Inspect { dir } => megatron_training::checkpoint_tool::inspect(&dir),
+            CheckpointCommand::Verify { dir } => megatron_training::checkpoint_tool::verify(&dir),
+        }
+        .map(|s| print!("{s}"))
+        .map_err(Into::into),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -63,3 +63,118 @@ fn output_piped_into_a_reader_that_closes_ends_without_a_panic() {
         "100000 iterations cannot have finished: the write to the closed pipe must end the run"
     );
 }
+
+fn train_args(save: &str) -> Vec<String> {
+    [
+        "train",
+        "--mock-data",
+        "--tokenizer-type",
+        "NullTokenizer",
+        "--vocab-size",
+        "63",
+        "--num-layers",
+        "1",
+        "--hidden-size",
+        "16",
+        "--num-attention-heads",
+        "2",
+        "--seq-length",
+        "8",
+        "--micro-batch-size",
+        "2",
+        "--global-batch-size",
+        "4",
+        "--nproc-per-node",
+        "2",
+        "--train-iters",
+        "1000000",
+        "--log-interval",
+        "1",
+        "--eval-iters",
+        "0",
+        "--no-progress-bar",
+        "--num-threads",
+        "1",
+        "--peak-tflops",
+        "1",
+        "--save",
+        save,
+        "--save-interval",
+        "1000000",
+        "--exit-signal-handler",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+/// SIGTERM during training (`--exit-signal-handler`): the iteration finishes, a complete
+/// checkpoint is saved, the process exits 0; `megatron checkpoint verify` accepts it and
+/// refuses it once a byte of a shard is flipped.
+#[test]
+fn sigterm_saves_a_complete_checkpoint_and_exits_0_and_verify_catches_a_flipped_byte() {
+    let dir = std::env::temp_dir().join(format!("megatron-cli-sigterm-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let save = dir.join("ckpt");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_megatron"))
+        .args(train_args(save.to_str().unwrap()))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    for line in lines.by_ref() {
+        if line.unwrap().contains("iteration        3/") {
+            break;
+        }
+    }
+    // SAFETY: kill(2) on our own child's pid.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    let rest: Vec<String> = lines.map(|l| l.unwrap()).collect();
+    let status = child.wait().unwrap();
+    assert!(status.success(), "{status:?}: {rest:?}");
+    assert!(
+        rest.iter().any(|l| l.contains("exiting after iteration")),
+        "{rest:?}"
+    );
+    assert!(
+        rest.iter().any(|l| l.contains("saved checkpoint")),
+        "{rest:?}"
+    );
+    let verify = |dir: &std::path::Path| {
+        Command::new(env!("CARGO_BIN_EXE_megatron"))
+            .args(["checkpoint", "verify", dir.to_str().unwrap()])
+            .output()
+            .unwrap()
+    };
+    let ok = verify(&save);
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    let it = std::fs::read_dir(&save)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| {
+            p.file_name()
+                .unwrap()
+                .to_str()
+                .unwrap()
+                .starts_with("iter_")
+        })
+        .unwrap();
+    let shard = it.join("shard_00001.safetensors");
+    let mut b = std::fs::read(&shard).unwrap();
+    let i = b.len() - 5;
+    b[i] ^= 1;
+    std::fs::write(&shard, b).unwrap();
+    let bad = verify(&save);
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(!bad.status.success());
+    assert!(
+        err.contains("shard_00001.safetensors") && err.contains("checksum mismatch"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}

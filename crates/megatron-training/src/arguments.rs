@@ -341,6 +341,19 @@ pub struct TrainArgs {
     /// Testing: make the gradients of these iterations overflow (inf), as an fp16 overflow would.
     #[arg(long, hide = true, num_args = 1..)]
     pub inject_grad_overflow: Vec<u64>,
+    /// Keep only the newest N complete checkpoints under --save (older ones are deleted once a
+    /// newer one is complete); 0 keeps all.
+    #[arg(long, default_value_t = 0)]
+    pub ckpt_keep_last: usize,
+    /// On SIGTERM or SIGINT: finish the iteration, save a checkpoint (with --save) and exit 0.
+    #[arg(long)]
+    pub exit_signal_handler: bool,
+    /// Save (with --save) and stop after the iteration that is a multiple of this.
+    #[arg(long)]
+    pub exit_interval: Option<u64>,
+    /// Save (with --save) and stop once this many minutes of training have passed.
+    #[arg(long)]
+    pub exit_duration_in_mins: Option<f64>,
     /// Timeout of every collective and point-to-point operation (threads and MPI), in minutes
     /// (fractions allowed): a rank that does not arrive within it fails the job with an error
     /// naming the group, the operation and the missing ranks.
@@ -421,6 +434,16 @@ impl TrainArgs {
         }
         if self.nproc_per_node == 0 {
             return Err(bad("--nproc-per-node must be positive, got 0".into()));
+        }
+        if self.exit_interval == Some(0) {
+            return Err(bad("--exit-interval must be positive, got 0".into()));
+        }
+        if let Some(m) = self.exit_duration_in_mins {
+            if !(m >= 0.0 && m.is_finite()) {
+                return Err(bad(format!(
+                    "--exit-duration-in-mins must be a non-negative number, got {m}"
+                )));
+            }
         }
         if !(self.distributed_timeout_minutes > 0.0 && self.distributed_timeout_minutes.is_finite())
         {

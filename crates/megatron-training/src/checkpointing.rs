@@ -15,7 +15,6 @@ use crate::dist_checkpointing::{
     blob, merge_fragments, write_rank_shard, Blob, CheckpointReader, FileEntry, Piece, SavedLayout,
 };
 use crate::{io_err, TrainError};
-use megatron_comm::ReduceOp;
 use megatron_core::optimizer::{Adam, Moment, OptimizerParamScheduler};
 use megatron_core::params::view2d;
 use megatron_core::{Params, TransformerConfig};
@@ -347,17 +346,6 @@ pub(crate) fn load_optimizer_state(
     }
 }
 
-/// Max of a flag over the whole world: over TP, then PP (every rank with this DP index), then DP.
-fn world_max(comms: &mut crate::setup::RankComms, flag: f32) -> Result<f32, TrainError> {
-    let mut v = [flag];
-    comms.tp.comm.all_reduce(&mut v, ReduceOp::Max)?;
-    comms.pp.all_reduce(&mut v, ReduceOp::Max)?;
-    if let Some(dp) = comms.dp.as_deref_mut() {
-        dp.all_reduce(&mut v, ReduceOp::Max)?;
-    }
-    Ok(v[0])
-}
-
 impl crate::training::Trainer<'_> {
     /// The pieces this rank writes: its shards of every parameter and both moments that no
     /// other rank writes (TP-replicated tensors by TP rank 0, copies owned by another stage never,
@@ -443,13 +431,13 @@ impl crate::training::Trainer<'_> {
             };
             failed = prepare().err();
         }
-        if world_max(&mut self.comms, f32::from(failed.is_some()))? > 0.0 {
+        if self.comms.world_max(f32::from(failed.is_some()))? > 0.0 {
             return Err(failed.unwrap_or_else(|| ckpt_err(&partial, "rank 0 could not prepare it")));
         }
         let blobs = self.checkpoint_blobs();
         failed = write_rank_shard(&partial, rank, &blobs).err();
         drop(blobs);
-        if world_max(&mut self.comms, f32::from(failed.is_some()))? > 0.0 {
+        if self.comms.world_max(f32::from(failed.is_some()))? > 0.0 {
             if rank == 0 {
                 let _ = std::fs::remove_dir_all(&partial);
             }
@@ -463,12 +451,15 @@ impl crate::training::Trainer<'_> {
         let mut done = None;
         if rank == 0 {
             let meta = self.checkpoint_meta(iteration, tok);
-            match finalize(dir, &partial, meta, world) {
+            let keep = self.cfg.args.ckpt_keep_last;
+            match finalize(dir, &partial, meta, world)
+                .and_then(|p| retain(dir, &p, keep).map(|_| p))
+            {
                 Ok(p) => done = Some(p),
                 Err(e) => failed = Some(e),
             }
         }
-        if world_max(&mut self.comms, f32::from(failed.is_some()))? > 0.0 {
+        if self.comms.world_max(f32::from(failed.is_some()))? > 0.0 {
             return Err(failed.unwrap_or_else(|| ckpt_err(&partial, "rank 0 could not finish it")));
         }
         Ok(done)
@@ -505,4 +496,27 @@ fn finalize(
     let tracker = save.join(TRACKER);
     std::fs::rename(&tracker_tmp, &tracker).map_err(io_err(&tracker))?;
     Ok(final_dir)
+}
+
+/// `--ckpt-keep-last N`: once `newest` is complete and verified, deletes complete checkpoints
+/// older than the N newest (incomplete directories are left for a person to look at).
+fn retain(save: &Path, newest: &Path, keep: usize) -> Result<(), TrainError> {
+    if keep == 0 {
+        return Ok(());
+    }
+    CheckpointReader::open(newest)?.verify()?;
+    let mut complete: Vec<(u64, PathBuf)> = std::fs::read_dir(save)
+        .map_err(io_err(save))?
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            let it = name.strip_prefix("iter_")?.parse::<u64>().ok()?;
+            e.path().join(MANIFEST).exists().then(|| (it, e.path()))
+        })
+        .collect();
+    complete.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+    for (_, dir) in complete.into_iter().skip(keep) {
+        std::fs::remove_dir_all(&dir).map_err(io_err(&dir))?;
+    }
+    Ok(())
 }

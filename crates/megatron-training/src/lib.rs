@@ -2,6 +2,7 @@
 //! generation.
 
 pub mod arguments;
+pub mod checkpoint_tool;
 pub mod checkpointing;
 mod data;
 pub mod dist_checkpointing;

@@ -78,6 +78,18 @@ impl<'a> RankComms<'a> {
         self.dp.as_ref().map_or((0, 1), |c| (c.rank(), c.size()))
     }
 
+    /// Max of a flag over the whole world: over TP, then PP (every rank with this DP index),
+    /// then DP.
+    pub fn world_max(&mut self, flag: f32) -> Result<f32, TrainError> {
+        let mut v = [flag];
+        self.tp.comm.all_reduce(&mut v, ReduceOp::Max)?;
+        self.pp.all_reduce(&mut v, ReduceOp::Max)?;
+        if let Some(dp) = self.dp.as_deref_mut() {
+            dp.all_reduce(&mut v, ReduceOp::Max)?;
+        }
+        Ok(v[0])
+    }
+
     /// Rank 0 of the data-, tensor- and pipeline-parallel groups: it reports and saves.
     pub fn lead(&self) -> bool {
         self.dp_rank_size().0 == 0 && self.tp.rank() == 0 && self.pp.rank() == 0

@@ -106,6 +106,81 @@ impl Trainer<'_> {
     }
 }
 
+/// What can end a run early (Megatron's `--exit-signal-handler`, `--exit-duration-in-mins`,
+/// `--exit-interval`): the signal flag is set by SIGTERM/SIGINT handlers registered for the
+/// run and removed after it.
+pub(crate) struct ExitWatch {
+    signal: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    handlers: Vec<signal_hook::SigId>,
+    started: Instant,
+}
+
+impl ExitWatch {
+    fn new(cfg: &TrainConfig) -> Result<Self, TrainError> {
+        let signal = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let mut handlers = Vec::new();
+        if cfg.args.exit_signal_handler {
+            for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+                let id = signal_hook::flag::register(sig, signal.clone()).map_err(|e| {
+                    TrainError::Args(format!(
+                        "--exit-signal-handler: cannot install a handler: {e}"
+                    ))
+                })?;
+                handlers.push(id);
+            }
+        }
+        Ok(ExitWatch {
+            signal,
+            handlers,
+            started: Instant::now(),
+        })
+    }
+}
+
+impl Drop for ExitWatch {
+    fn drop(&mut self) {
+        for id in self.handlers.drain(..) {
+            signal_hook::low_level::unregister(id);
+        }
+    }
+}
+
+impl Trainer<'_> {
+    /// Whether to save and stop after `iteration`, agreed over the world (a signal may reach
+    /// one rank only, clocks differ).
+    fn exit_requested(
+        &mut self,
+        iteration: u64,
+        w: &ExitWatch,
+    ) -> Result<Option<&'static str>, TrainError> {
+        let a = &self.cfg.args;
+        if !(a.exit_signal_handler
+            || a.exit_interval.is_some()
+            || a.exit_duration_in_mins.is_some())
+        {
+            return Ok(None);
+        }
+        let mut code = 0.0f32;
+        if a.exit_interval.is_some_and(|n| iteration.is_multiple_of(n)) {
+            code = 1.0;
+        }
+        if a.exit_duration_in_mins
+            .is_some_and(|m| w.started.elapsed().as_secs_f64() >= m * 60.0)
+        {
+            code = 2.0;
+        }
+        if w.signal.load(std::sync::atomic::Ordering::SeqCst) {
+            code = 3.0;
+        }
+        Ok(match self.comms.world_max(code)? {
+            c if c >= 3.0 => Some("a termination signal arrived (--exit-signal-handler)"),
+            c if c >= 2.0 => Some("--exit-duration-in-mins reached"),
+            c if c >= 1.0 => Some("--exit-interval reached"),
+            _ => None,
+        })
+    }
+}
+
 /// Running sums over a logging interval.
 #[derive(Default)]
 pub(crate) struct Interval {
@@ -184,6 +259,7 @@ pub(crate) fn run(
         ..Default::default()
     };
     let mut interval = Interval::default();
+    let exits = ExitWatch::new(cfg)?;
     let gbs = cfg.global_batch_size as u64;
     let save_dir = a.save.as_ref().map(PathBuf::from);
     while iteration < cfg.train_iters {
@@ -242,8 +318,10 @@ pub(crate) fn run(
                 summary.val_losses.push((iteration, val));
             }
         }
+        let exit = tr.exit_requested(iteration, &exits)?;
         let due = a.save_interval.is_some_and(|s| iteration.is_multiple_of(s))
-            || iteration == cfg.train_iters;
+            || iteration == cfg.train_iters
+            || exit.is_some();
         if let (Some(dir), true) = (&save_dir, due) {
             tr.finish_param_gather()?;
             if let Some(path) = tr.save_checkpoint(dir, iteration, tok)? {
@@ -253,6 +331,10 @@ pub(crate) fn run(
                 ));
                 summary.last_checkpoint = Some(path);
             }
+        }
+        if let Some(why) = exit {
+            rep.line(&format!(" exiting after iteration {iteration}: {why}"));
+            break;
         }
     }
     tr.finish_param_gather()?;

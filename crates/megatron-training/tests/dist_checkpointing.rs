@@ -205,3 +205,41 @@ fn a_corrupt_or_incomplete_newest_checkpoint_is_skipped_and_named() {
     );
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn exit_interval_and_duration_save_and_stop_and_old_checkpoints_are_retained_as_asked() {
+    let dir = tmpdir("dcp-exit");
+    let save = dir.join("ckpt");
+    let s = save.to_str().unwrap();
+    let dp2 = ["--nproc-per-node", "2"];
+    let run = train("10", &dp2, &["--save", s, "--exit-interval", "3"]);
+    assert_eq!(run.final_iteration, 3);
+    assert_eq!(find_checkpoint(&save, false).unwrap().meta.iteration, 3);
+    let run = train(
+        "10",
+        &dp2,
+        &["--load", s, "--save", s, "--exit-duration-in-mins", "0"],
+    );
+    assert_eq!((run.start_iteration, run.final_iteration), (3, 4));
+    assert_eq!(find_checkpoint(&save, false).unwrap().meta.iteration, 4);
+    // Keep the newest two: after saves at 6 and 8 only those remain.
+    let more = [
+        "--load",
+        s,
+        "--save",
+        s,
+        "--save-interval",
+        "2",
+        "--ckpt-keep-last",
+        "2",
+    ];
+    train("8", &dp2, &more);
+    let mut left: Vec<String> = std::fs::read_dir(&save)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.starts_with("iter_"))
+        .collect();
+    left.sort();
+    assert_eq!(left, ["iter_0000006", "iter_0000008"]);
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -109,7 +109,7 @@ pub trait MegatronOptimizer: Send {
 
     /// The state data-parallel rank `dp_rank` of `dp` writes to a sharded checkpoint, each
     /// element once over the DP group: state replicated over DP is split between the ranks
-    /// (parameter `i` by rank `i % dp`, Megatron's fully parallel save); sharded state is
+    /// (whole parameters, balanced by size; Megatron's fully parallel save); sharded state is
     /// written as the shards it lives in.
     fn state_pieces<'a>(
         &'a self,
@@ -143,6 +143,22 @@ impl PlainOptimizer {
             scratch: Vec::new(),
         }
     }
+}
+
+/// Which DP rank writes each parameter of DP-replicated state: largest first to the rank with
+/// the fewest bytes so far (the same answer on every rank), so the ranks' files come out about
+/// equal.
+fn balanced_writers(params: &Params, dp: usize) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..params.metas.len()).collect();
+    order.sort_by_key(|&i| (std::cmp::Reverse(params.metas[i].numel), i));
+    let mut load = vec![0usize; dp];
+    let mut writer = vec![0usize; params.metas.len()];
+    for i in order {
+        let r = (0..dp).min_by_key(|&r| (load[r], r)).unwrap_or(0);
+        writer[i] = r;
+        load[r] += params.metas[i].numel;
+    }
+    writer
 }
 
 /// Model-parallel filter of the norm and zero count: TP-replicated parameters on TP rank 0
@@ -265,11 +281,12 @@ impl MegatronOptimizer for PlainOptimizer {
         dp_rank: usize,
         dp: usize,
     ) -> Vec<StatePiece<'a>> {
+        let writer = balanced_writers(params, dp.max(1));
         params
             .metas
             .iter()
             .enumerate()
-            .filter(|(i, _)| i % dp.max(1) == dp_rank)
+            .filter(|(i, _)| writer[*i] == dp_rank)
             .map(|(i, m)| {
                 let r = m.offset..m.offset + m.numel;
                 StatePiece {
