@@ -514,7 +514,7 @@ fn retain(save: &Path, newest: &Path, keep: usize) -> Result<(), TrainError> {
             e.path().join(MANIFEST).exists().then(|| (it, e.path()))
         })
         .collect();
-    complete.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+    complete.sort_unstable_by_key(|c| std::cmp::Reverse(c.0));
     for (_, dir) in complete.into_iter().skip(keep) {
         std::fs::remove_dir_all(&dir).map_err(io_err(&dir))?;
     }
