@@ -341,6 +341,10 @@ pub struct TrainArgs {
     /// Testing: make the gradients of these iterations overflow (inf), as an fp16 overflow would.
     #[arg(long, hide = true, num_args = 1..)]
     pub inject_grad_overflow: Vec<u64>,
+    /// Write checkpoints on a background thread from copies of this rank's pieces; training
+    /// goes on, at most one save is in flight, the run waits for it before exiting.
+    #[arg(long)]
+    pub async_save: bool,
     /// Keep only the newest N complete checkpoints under --save (older ones are deleted once a
     /// newer one is complete); 0 keeps all.
     #[arg(long, default_value_t = 0)]

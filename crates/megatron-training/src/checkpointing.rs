@@ -10,10 +10,8 @@
 //! that are incomplete or whose files do not match their manifest, and resumes from the newest
 //! complete one at or below the tracker's iteration.
 
-use crate::arguments::{OptimizerKind, TrainConfig};
-use crate::dist_checkpointing::{
-    blob, merge_fragments, write_rank_shard, Blob, CheckpointReader, FileEntry, Piece, SavedLayout,
-};
+use crate::arguments::TrainConfig;
+use crate::dist_checkpointing::{CheckpointReader, FileEntry, Piece, SavedLayout};
 use crate::{io_err, TrainError};
 use megatron_core::optimizer::{Adam, Moment, OptimizerParamScheduler};
 use megatron_core::params::view2d;
@@ -24,7 +22,7 @@ use std::path::{Path, PathBuf};
 
 pub const TRACKER: &str = "latest_checkpointed_iteration.txt";
 const V1_SHARD: &str = "model_optim_rng.safetensors";
-const MANIFEST: &str = "metadata.json";
+pub(crate) const MANIFEST: &str = "metadata.json";
 const FORMAT_V1: &str = "megatron-rs/1";
 pub const FORMAT: &str = "megatron-rs/2";
 
@@ -82,11 +80,11 @@ pub fn iteration_dir(save: &Path, iteration: u64) -> PathBuf {
     save.join(format!("iter_{iteration:07}"))
 }
 
-fn partial_dir(save: &Path, iteration: u64) -> PathBuf {
+pub(crate) fn partial_dir(save: &Path, iteration: u64) -> PathBuf {
     save.join(format!("iter_{iteration:07}.partial"))
 }
 
-fn ckpt_err(path: &Path, msg: impl Into<String>) -> TrainError {
+pub(crate) fn ckpt_err(path: &Path, msg: impl Into<String>) -> TrainError {
     TrainError::Checkpoint {
         path: path.display().to_string(),
         msg: msg.into(),
@@ -344,179 +342,4 @@ pub(crate) fn load_optimizer_state(
         (Err(_), Some(e)) => Err(e),
         (Err(s), None) => Err(ckpt_err(&r.dir, s)),
     }
-}
-
-impl crate::training::Trainer<'_> {
-    /// The pieces this rank writes: its shards of every parameter and both moments that no
-    /// other rank writes (TP-replicated tensors by TP rank 0, copies owned by another stage never,
-    /// DP-replicated state split over the DP ranks, distributed state as its shards).
-    fn checkpoint_blobs(&self) -> Vec<Blob> {
-        let (dp_rank, dp) = self.comms.dp_rank_size();
-        let tp_rank = self.comms.tp.rank();
-        let mut blobs = Vec::new();
-        for p in self.optimizer.state_pieces(&self.params, dp_rank, dp) {
-            let m = &self.params.metas[p.param];
-            if m.shared || (m.tp_replicated && tp_rank != 0) {
-                continue;
-            }
-            for seg in m.global_segments(p.local.clone(), tp_rank) {
-                let base = p.local.start;
-                blobs.push(blob(m.name.clone(), m, seg, p.value, base));
-                let name = format!("optimizer.exp_avg.{}", m.name);
-                blobs.push(blob(name, m, seg, p.exp_avg, base));
-                let name = format!("optimizer.exp_avg_sq.{}", m.name);
-                blobs.push(blob(name, m, seg, p.exp_avg_sq, base));
-            }
-        }
-        blobs
-    }
-
-    fn checkpoint_meta(
-        &self,
-        iteration: u64,
-        tok: &dyn megatron_data::Tokenizer,
-    ) -> CheckpointMeta {
-        let (a, cfg) = (&self.cfg.args, self.cfg);
-        CheckpointMeta {
-            format: FORMAT.into(),
-            iteration,
-            consumed_train_samples: self.consumed,
-            scheduler: self.sched.clone(),
-            optimizer_step: self.optimizer.step_count(),
-            adam_beta1: a.adam_beta1,
-            adam_beta2: a.adam_beta2,
-            adam_eps: a.adam_eps,
-            seed: a.seed,
-            model: cfg.model.clone(),
-            tokenizer_type: tok.name().to_string(),
-            vocab_size: a.tokenizer.vocab_size.unwrap_or(tok.vocab_size()),
-            vocab_file: a.tokenizer.vocab_file.clone(),
-            merge_file: a.tokenizer.merge_file.clone(),
-            tokenizer_model: a.tokenizer.tokenizer_model.clone(),
-            tensors: Vec::new(),
-            shard_bytes: 0,
-            files: Vec::new(),
-            layout: Some(SavedLayout {
-                world: cfg.dp * cfg.tp * cfg.pp,
-                tensor_model_parallel: cfg.tp,
-                pipeline_model_parallel: cfg.pp,
-                virtual_pipeline: cfg.partition.v,
-                data_parallel: cfg.dp,
-                distributed_optimizer: cfg.optimizer == OptimizerKind::DistributedAdam,
-            }),
-        }
-    }
-
-    /// Saves iteration `iteration` under `dir`: every rank writes its pieces, then rank 0 the
-    /// manifest, the rename and the tracker. Every rank takes part; returns the directory on
-    /// rank 0. A failure on any rank fails the save on every rank and leaves no checkpoint that
-    /// looks complete.
-    pub(crate) fn save_checkpoint(
-        &mut self,
-        dir: &Path,
-        iteration: u64,
-        tok: &dyn megatron_data::Tokenizer,
-    ) -> Result<Option<PathBuf>, TrainError> {
-        let world = self.cfg.dp * self.cfg.tp * self.cfg.pp;
-        let rank = self.comms.world_rank;
-        let partial = partial_dir(dir, iteration);
-        let mut failed = None;
-        if rank == 0 {
-            let prepare = || -> Result<(), TrainError> {
-                std::fs::create_dir_all(dir).map_err(io_err(dir))?;
-                if partial.exists() {
-                    std::fs::remove_dir_all(&partial).map_err(io_err(&partial))?;
-                }
-                std::fs::create_dir_all(&partial).map_err(io_err(&partial))
-            };
-            failed = prepare().err();
-        }
-        if self.comms.world_max(f32::from(failed.is_some()))? > 0.0 {
-            return Err(failed.unwrap_or_else(|| ckpt_err(&partial, "rank 0 could not prepare it")));
-        }
-        let blobs = self.checkpoint_blobs();
-        failed = write_rank_shard(&partial, rank, &blobs).err();
-        drop(blobs);
-        if self.comms.world_max(f32::from(failed.is_some()))? > 0.0 {
-            if rank == 0 {
-                let _ = std::fs::remove_dir_all(&partial);
-            }
-            return Err(failed.unwrap_or_else(|| {
-                ckpt_err(
-                    &partial,
-                    "another rank failed to write its shard; nothing was marked saved",
-                )
-            }));
-        }
-        let mut done = None;
-        if rank == 0 {
-            let meta = self.checkpoint_meta(iteration, tok);
-            let keep = self.cfg.args.ckpt_keep_last;
-            match finalize(dir, &partial, meta, world)
-                .and_then(|p| retain(dir, &p, keep).map(|_| p))
-            {
-                Ok(p) => done = Some(p),
-                Err(e) => failed = Some(e),
-            }
-        }
-        if self.comms.world_max(f32::from(failed.is_some()))? > 0.0 {
-            return Err(failed.unwrap_or_else(|| ckpt_err(&partial, "rank 0 could not finish it")));
-        }
-        Ok(done)
-    }
-}
-
-/// Rank 0: the manifest from the ranks' fragments, written last; then the rename into place
-/// and the tracker, each atomic.
-fn finalize(
-    save: &Path,
-    partial: &Path,
-    mut meta: CheckpointMeta,
-    world: usize,
-) -> Result<PathBuf, TrainError> {
-    let (tensors, files) = merge_fragments(partial, world)?;
-    meta.tensors = tensors;
-    meta.files = files;
-    let manifest = partial.join(MANIFEST);
-    let json =
-        serde_json::to_string_pretty(&meta).map_err(|e| ckpt_err(&manifest, e.to_string()))?;
-    write_synced(&manifest, json.as_bytes())?;
-    let final_dir = iteration_dir(save, meta.iteration);
-    if final_dir.exists() {
-        // A checkpoint of the same iteration from an earlier run: replaced only now that the new
-        // one is complete.
-        std::fs::remove_dir_all(&final_dir).map_err(io_err(&final_dir))?;
-    }
-    std::fs::rename(partial, &final_dir).map_err(io_err(&final_dir))?;
-    if let Ok(d) = std::fs::File::open(save) {
-        let _ = d.sync_all();
-    }
-    let tracker_tmp = save.join(format!(".{TRACKER}.tmp"));
-    write_synced(&tracker_tmp, format!("{}\n", meta.iteration).as_bytes())?;
-    let tracker = save.join(TRACKER);
-    std::fs::rename(&tracker_tmp, &tracker).map_err(io_err(&tracker))?;
-    Ok(final_dir)
-}
-
-/// `--ckpt-keep-last N`: once `newest` is complete and verified, deletes complete checkpoints
-/// older than the N newest (incomplete directories are left for a person to look at).
-fn retain(save: &Path, newest: &Path, keep: usize) -> Result<(), TrainError> {
-    if keep == 0 {
-        return Ok(());
-    }
-    CheckpointReader::open(newest)?.verify()?;
-    let mut complete: Vec<(u64, PathBuf)> = std::fs::read_dir(save)
-        .map_err(io_err(save))?
-        .filter_map(|e| e.ok())
-        .filter_map(|e| {
-            let name = e.file_name().into_string().ok()?;
-            let it = name.strip_prefix("iter_")?.parse::<u64>().ok()?;
-            e.path().join(MANIFEST).exists().then(|| (it, e.path()))
-        })
-        .collect();
-    complete.sort_unstable_by_key(|c| std::cmp::Reverse(c.0));
-    for (_, dir) in complete.into_iter().skip(keep) {
-        std::fs::remove_dir_all(&dir).map_err(io_err(&dir))?;
-    }
-    Ok(())
 }

@@ -81,6 +81,10 @@ pub(crate) struct Trainer<'a> {
     /// `--overlap-param-gather`: the last step's all-gather still runs (in the next forward).
     pub pending_gather: bool,
     pub consumed: u64,
+    /// `--async-save`: the save a background thread is writing.
+    pub pending_save: Option<crate::checkpoint_save::PendingSave>,
+    /// The newest checkpoint this run completed (rank 0).
+    pub last_checkpoint: Option<PathBuf>,
 }
 
 impl Trainer<'_> {
@@ -235,6 +239,8 @@ pub(crate) fn run(
             .collect(),
         pending_gather: false,
         consumed,
+        pending_save: None,
+        last_checkpoint: None,
     };
     // MFU is against the whole job's peak: the process's thread budget for rank threads (they
     // share its cores), the per-process peak times the world under MPI.
@@ -324,12 +330,12 @@ pub(crate) fn run(
             || exit.is_some();
         if let (Some(dir), true) = (&save_dir, due) {
             tr.finish_param_gather()?;
-            if let Some(path) = tr.save_checkpoint(dir, iteration, tok)? {
-                rep.line(&format!(
-                    " saved checkpoint at iteration {iteration} to {}",
-                    path.display()
-                ));
-                summary.last_checkpoint = Some(path);
+            for line in tr.save_checkpoint(dir, iteration, tok)? {
+                rep.line(&line);
+            }
+        } else if tr.pending_save.is_some() {
+            for line in tr.finish_pending_save(false)? {
+                rep.line(&line);
             }
         }
         if let Some(why) = exit {
@@ -338,6 +344,10 @@ pub(crate) fn run(
         }
     }
     tr.finish_param_gather()?;
+    for line in tr.finish_pending_save(true)? {
+        rep.line(&line);
+    }
+    summary.last_checkpoint = tr.last_checkpoint.take();
     rep.finish();
     summary.final_iteration = iteration;
     summary.world_rank = tr.comms.world_rank;

@@ -243,3 +243,43 @@ fn exit_interval_and_duration_save_and_stop_and_old_checkpoints_are_retained_as_
     assert_eq!(left, ["iter_0000006", "iter_0000008"]);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn async_saves_complete_in_the_background_and_resume_like_synchronous_ones() {
+    let dir = tmpdir("dcp-async");
+    let (sync_dir, async_dir) = (dir.join("sync"), dir.join("async"));
+    let dp2 = ["--nproc-per-node", "2", "--use-distributed-optimizer"];
+    let every2 = ["--save-interval", "2"];
+    let a = train(
+        "6",
+        &dp2,
+        &[
+            &every2[..],
+            &["--save", async_dir.to_str().unwrap(), "--async-save"],
+        ]
+        .concat(),
+    );
+    let s = train(
+        "6",
+        &dp2,
+        &[&every2[..], &["--save", sync_dir.to_str().unwrap()]].concat(),
+    );
+    assert_eq!(a.losses, s.losses, "an async save does not change training");
+    // Every save completed (the last one before the run returned), with the same tensors.
+    for it in [2, 4, 6] {
+        let x = load_checkpoint(&async_dir, Some(it)).unwrap();
+        let y = load_checkpoint(&sync_dir, Some(it)).unwrap();
+        assert_eq!(x.tensors, y.tensors, "iteration {it}");
+    }
+    // Resume from the async checkpoint of iteration 4.
+    std::fs::write(async_dir.join(TRACKER), "4\n").unwrap();
+    let r = train("6", &dp2, &["--load", async_dir.to_str().unwrap()]);
+    assert_eq!(r.start_iteration, 4);
+    assert_losses_close(
+        "resumed from an async save",
+        &s.losses[4..],
+        &r.losses,
+        1e-5,
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -1,0 +1,295 @@
+//! Saving a checkpoint from a running job (Megatron's `save_checkpoint`, fully parallel):
+//! every rank writes the pieces it owns, synchronously or on a background thread
+//! (`--async-save`), then rank 0 writes the manifest last and moves the checkpoint into place.
+
+use crate::arguments::OptimizerKind;
+use crate::checkpointing::{
+    ckpt_err, iteration_dir, partial_dir, write_synced, CheckpointMeta, FORMAT, MANIFEST, TRACKER,
+};
+use crate::dist_checkpointing::{
+    blob, merge_fragments, write_rank_shard, Blob, CheckpointReader, SavedLayout,
+};
+use crate::{io_err, TrainError};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+impl crate::training::Trainer<'_> {
+    /// The pieces this rank writes: its shards of every parameter and both moments that no
+    /// other rank writes (TP-replicated tensors by TP rank 0, copies owned by another stage never,
+    /// DP-replicated state split over the DP ranks, distributed state as its shards).
+    fn checkpoint_blobs(&self) -> Vec<Blob> {
+        let (dp_rank, dp) = self.comms.dp_rank_size();
+        let tp_rank = self.comms.tp.rank();
+        let mut blobs = Vec::new();
+        for p in self.optimizer.state_pieces(&self.params, dp_rank, dp) {
+            let m = &self.params.metas[p.param];
+            if m.shared || (m.tp_replicated && tp_rank != 0) {
+                continue;
+            }
+            for seg in m.global_segments(p.local.clone(), tp_rank) {
+                let base = p.local.start;
+                blobs.push(blob(m.name.clone(), m, seg, p.value, base));
+                let name = format!("optimizer.exp_avg.{}", m.name);
+                blobs.push(blob(name, m, seg, p.exp_avg, base));
+                let name = format!("optimizer.exp_avg_sq.{}", m.name);
+                blobs.push(blob(name, m, seg, p.exp_avg_sq, base));
+            }
+        }
+        blobs
+    }
+
+    fn checkpoint_meta(
+        &self,
+        iteration: u64,
+        tok: &dyn megatron_data::Tokenizer,
+    ) -> CheckpointMeta {
+        let (a, cfg) = (&self.cfg.args, self.cfg);
+        CheckpointMeta {
+            format: FORMAT.into(),
+            iteration,
+            consumed_train_samples: self.consumed,
+            scheduler: self.sched.clone(),
+            optimizer_step: self.optimizer.step_count(),
+            adam_beta1: a.adam_beta1,
+            adam_beta2: a.adam_beta2,
+            adam_eps: a.adam_eps,
+            seed: a.seed,
+            model: cfg.model.clone(),
+            tokenizer_type: tok.name().to_string(),
+            vocab_size: a.tokenizer.vocab_size.unwrap_or(tok.vocab_size()),
+            vocab_file: a.tokenizer.vocab_file.clone(),
+            merge_file: a.tokenizer.merge_file.clone(),
+            tokenizer_model: a.tokenizer.tokenizer_model.clone(),
+            tensors: Vec::new(),
+            shard_bytes: 0,
+            files: Vec::new(),
+            layout: Some(SavedLayout {
+                world: cfg.dp * cfg.tp * cfg.pp,
+                tensor_model_parallel: cfg.tp,
+                pipeline_model_parallel: cfg.pp,
+                virtual_pipeline: cfg.partition.v,
+                data_parallel: cfg.dp,
+                distributed_optimizer: cfg.optimizer == OptimizerKind::DistributedAdam,
+            }),
+        }
+    }
+
+    /// Rank 0 prepares `iter_NNNNNNN.partial`, every rank learns whether it could.
+    fn begin_save(&mut self, dir: &Path, iteration: u64) -> Result<PathBuf, TrainError> {
+        let rank = self.comms.world_rank;
+        let partial = partial_dir(dir, iteration);
+        let mut failed = None;
+        if rank == 0 {
+            let prepare = || -> Result<(), TrainError> {
+                std::fs::create_dir_all(dir).map_err(io_err(dir))?;
+                if partial.exists() {
+                    std::fs::remove_dir_all(&partial).map_err(io_err(&partial))?;
+                }
+                std::fs::create_dir_all(&partial).map_err(io_err(&partial))
+            };
+            failed = prepare().err();
+        }
+        if self.comms.world_max(f32::from(failed.is_some()))? > 0.0 {
+            return Err(failed.unwrap_or_else(|| ckpt_err(&partial, "rank 0 could not prepare it")));
+        }
+        Ok(partial)
+    }
+
+    /// Once every rank has written (or failed to): rank 0 merges the fragments into the
+    /// manifest, renames the directory into place, updates the tracker and applies
+    /// `--ckpt-keep-last`. Every rank takes part; the directory is returned on rank 0.
+    fn finish_save(
+        &mut self,
+        dir: &Path,
+        partial: &Path,
+        meta: Option<CheckpointMeta>,
+        written: Result<(), TrainError>,
+    ) -> Result<Option<PathBuf>, TrainError> {
+        let world = self.cfg.dp * self.cfg.tp * self.cfg.pp;
+        let rank = self.comms.world_rank;
+        let mut failed = written.err();
+        if self.comms.world_max(f32::from(failed.is_some()))? > 0.0 {
+            if rank == 0 {
+                let _ = std::fs::remove_dir_all(partial);
+            }
+            return Err(failed.unwrap_or_else(|| {
+                ckpt_err(
+                    partial,
+                    "another rank failed to write its shard; nothing was marked saved",
+                )
+            }));
+        }
+        let mut done = None;
+        if let (0, Some(meta)) = (rank, meta) {
+            let keep = self.cfg.args.ckpt_keep_last;
+            match finalize(dir, partial, meta, world).and_then(|p| retain(dir, &p, keep).map(|_| p))
+            {
+                Ok(p) => done = Some(p),
+                Err(e) => failed = Some(e),
+            }
+        }
+        if self.comms.world_max(f32::from(failed.is_some()))? > 0.0 {
+            return Err(failed.unwrap_or_else(|| ckpt_err(partial, "rank 0 could not finish it")));
+        }
+        Ok(done)
+    }
+
+    /// Saves iteration `iteration` under `dir`, synchronously or (`--async-save`) by handing
+    /// copies of this rank's pieces to a background writer (a save still in flight is finished
+    /// first: at most one at a time). Every rank takes part. Returns what to report.
+    pub(crate) fn save_checkpoint(
+        &mut self,
+        dir: &Path,
+        iteration: u64,
+        tok: &dyn megatron_data::Tokenizer,
+    ) -> Result<Vec<String>, TrainError> {
+        let mut report = self.finish_pending_save(true)?;
+        let started = Instant::now();
+        let partial = self.begin_save(dir, iteration)?;
+        let blobs = self.checkpoint_blobs();
+        let bytes: usize = blobs.iter().map(|b| b.data.len() * 4).sum();
+        let meta = (self.comms.world_rank == 0).then(|| self.checkpoint_meta(iteration, tok));
+        let rank = self.comms.world_rank;
+        if self.cfg.args.async_save {
+            let p = partial.clone();
+            let handle = std::thread::Builder::new()
+                .name(format!("ckpt-writer-{rank}"))
+                .spawn(move || write_rank_shard(&p, rank, &blobs))
+                .map_err(|e| ckpt_err(&partial, format!("cannot start the writer thread: {e}")))?;
+            self.pending_save = Some(PendingSave {
+                dir: dir.to_path_buf(),
+                partial,
+                iteration,
+                meta,
+                handle,
+                started,
+                bytes,
+            });
+            if rank == 0 {
+                report.push(format!(
+                    " checkpoint of iteration {iteration} handed to the background writer ({:.3} s stall)",
+                    started.elapsed().as_secs_f64()
+                ));
+            }
+            return Ok(report);
+        }
+        let written = write_rank_shard(&partial, rank, &blobs);
+        drop(blobs);
+        if let Some(path) = self.finish_save(dir, &partial, meta, written)? {
+            report.push(saved_line(iteration, &path, started, bytes));
+            self.last_checkpoint = Some(path);
+        }
+        Ok(report)
+    }
+
+    /// Finishes a background save once every rank's writer is done: `wait` blocks for it (a new
+    /// save, the end of the run); otherwise it only finishes when all writers already are (a
+    /// cheap check every iteration). A failed background save is reported and never marked
+    /// latest; training goes on.
+    pub(crate) fn finish_pending_save(&mut self, wait: bool) -> Result<Vec<String>, TrainError> {
+        let Some(p) = &self.pending_save else {
+            return Ok(Vec::new());
+        };
+        if !wait {
+            let busy = f32::from(!p.handle.is_finished());
+            if self.comms.world_max(busy)? > 0.0 {
+                return Ok(Vec::new());
+            }
+        }
+        let p = self.pending_save.take().expect("checked above");
+        let written = p
+            .handle
+            .join()
+            .unwrap_or_else(|_| Err(ckpt_err(&p.partial, "the background writer panicked")));
+        match self.finish_save(&p.dir, &p.partial, p.meta, written) {
+            Ok(Some(path)) => {
+                let line = saved_line(p.iteration, &path, p.started, p.bytes);
+                self.last_checkpoint = Some(path);
+                Ok(vec![line + " in the background"])
+            }
+            Ok(None) => Ok(Vec::new()),
+            Err(e) => Ok(vec![format!(
+                " background save of iteration {} failed, not marked latest: {e}",
+                p.iteration
+            )]),
+        }
+    }
+}
+
+/// A save whose pieces a background thread is writing (`--async-save`).
+pub(crate) struct PendingSave {
+    dir: PathBuf,
+    partial: PathBuf,
+    iteration: u64,
+    /// Rank 0: the manifest's contents as of the save.
+    meta: Option<CheckpointMeta>,
+    handle: std::thread::JoinHandle<Result<(), TrainError>>,
+    started: Instant,
+    bytes: usize,
+}
+
+fn saved_line(iteration: u64, path: &Path, started: Instant, bytes: usize) -> String {
+    let secs = started.elapsed().as_secs_f64();
+    format!(
+        " saved checkpoint at iteration {iteration} to {} ({:.2} s; this rank wrote {:.1} MB, {:.2} GB/s)",
+        path.display(),
+        secs,
+        bytes as f64 / 1e6,
+        bytes as f64 / secs / 1e9
+    )
+}
+
+/// Rank 0: the manifest from the ranks' fragments, written last; then the rename into place
+/// and the tracker, each atomic.
+fn finalize(
+    save: &Path,
+    partial: &Path,
+    mut meta: CheckpointMeta,
+    world: usize,
+) -> Result<PathBuf, TrainError> {
+    let (tensors, files) = merge_fragments(partial, world)?;
+    meta.tensors = tensors;
+    meta.files = files;
+    let manifest = partial.join(MANIFEST);
+    let json =
+        serde_json::to_string_pretty(&meta).map_err(|e| ckpt_err(&manifest, e.to_string()))?;
+    write_synced(&manifest, json.as_bytes())?;
+    let final_dir = iteration_dir(save, meta.iteration);
+    if final_dir.exists() {
+        // A checkpoint of the same iteration from an earlier run: replaced only now that the new
+        // one is complete.
+        std::fs::remove_dir_all(&final_dir).map_err(io_err(&final_dir))?;
+    }
+    std::fs::rename(partial, &final_dir).map_err(io_err(&final_dir))?;
+    if let Ok(d) = std::fs::File::open(save) {
+        let _ = d.sync_all();
+    }
+    let tracker_tmp = save.join(format!(".{TRACKER}.tmp"));
+    write_synced(&tracker_tmp, format!("{}\n", meta.iteration).as_bytes())?;
+    let tracker = save.join(TRACKER);
+    std::fs::rename(&tracker_tmp, &tracker).map_err(io_err(&tracker))?;
+    Ok(final_dir)
+}
+
+/// `--ckpt-keep-last N`: once `newest` is complete and verified, deletes complete checkpoints
+/// older than the N newest (incomplete directories are left for a person to look at).
+fn retain(save: &Path, newest: &Path, keep: usize) -> Result<(), TrainError> {
+    if keep == 0 {
+        return Ok(());
+    }
+    CheckpointReader::open(newest)?.verify()?;
+    let mut complete: Vec<(u64, PathBuf)> = std::fs::read_dir(save)
+        .map_err(io_err(save))?
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            let it = name.strip_prefix("iter_")?.parse::<u64>().ok()?;
+            e.path().join(MANIFEST).exists().then(|| (it, e.path()))
+        })
+        .collect();
+    complete.sort_unstable_by_key(|c| std::cmp::Reverse(c.0));
+    for (_, dir) in complete.into_iter().skip(keep) {
+        std::fs::remove_dir_all(&dir).map_err(io_err(&dir))?;
+    }
+    Ok(())
+}
