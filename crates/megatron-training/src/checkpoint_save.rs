@@ -7,7 +7,7 @@ use crate::checkpointing::{
     ckpt_err, iteration_dir, partial_dir, write_synced, CheckpointMeta, FORMAT, MANIFEST, TRACKER,
 };
 use crate::dist_checkpointing::{
-    blob, merge_fragments, write_rank_shard, Blob, CheckpointReader, SavedLayout,
+    merge_fragments, write_rank_shard, Blob, CheckpointReader, PieceSrc, SavedLayout,
 };
 use crate::{io_err, TrainError};
 use std::path::{Path, PathBuf};
@@ -17,25 +17,34 @@ impl crate::training::Trainer<'_> {
     /// The pieces this rank writes: its shards of every parameter and both moments that no
     /// other rank writes (TP-replicated tensors by TP rank 0, copies owned by another stage never,
     /// DP-replicated state split over the DP ranks, distributed state as its shards).
-    fn checkpoint_blobs(&self) -> Vec<Blob> {
+    fn checkpoint_pieces(&self) -> Vec<PieceSrc<'_>> {
         let (dp_rank, dp) = self.comms.dp_rank_size();
         let tp_rank = self.comms.tp.rank();
-        let mut blobs = Vec::new();
+        let mut out = Vec::new();
         for p in self.optimizer.state_pieces(&self.params, dp_rank, dp) {
             let m = &self.params.metas[p.param];
             if m.shared || (m.tp_replicated && tp_rank != 0) {
                 continue;
             }
-            for seg in m.global_segments(p.local.clone(), tp_rank) {
-                let base = p.local.start;
-                blobs.push(blob(m.name.clone(), m, seg, p.value, base));
-                let name = format!("optimizer.exp_avg.{}", m.name);
-                blobs.push(blob(name, m, seg, p.exp_avg, base));
-                let name = format!("optimizer.exp_avg_sq.{}", m.name);
-                blobs.push(blob(name, m, seg, p.exp_avg_sq, base));
+            for segment in m.global_segments(p.local.clone(), tp_rank) {
+                for (tensor, data) in [
+                    (m.name.clone(), p.value),
+                    (format!("optimizer.exp_avg.{}", m.name), p.exp_avg),
+                    (format!("optimizer.exp_avg_sq.{}", m.name), p.exp_avg_sq),
+                ] {
+                    let shape = m.shape.clone();
+                    let base = p.local.start;
+                    out.push(PieceSrc {
+                        tensor,
+                        shape,
+                        segment,
+                        data,
+                        base,
+                    });
+                }
             }
         }
-        blobs
+        out
     }
 
     fn checkpoint_meta(
@@ -146,15 +155,19 @@ impl crate::training::Trainer<'_> {
         let mut report = self.finish_pending_save(true)?;
         let started = Instant::now();
         let partial = self.begin_save(dir, iteration)?;
-        let blobs = self.checkpoint_blobs();
-        let bytes: usize = blobs.iter().map(|b| b.data.len() * 4).sum();
         let meta = (self.comms.world_rank == 0).then(|| self.checkpoint_meta(iteration, tok));
         let rank = self.comms.world_rank;
         if self.cfg.args.async_save {
+            // Copies of this rank's pieces (the staging buffers); training goes on.
+            let blobs: Vec<Blob> = self.checkpoint_pieces().iter().map(Blob::copy_of).collect();
+            let bytes: usize = blobs.iter().map(|b| b.data.len() * 4).sum();
             let p = partial.clone();
             let handle = std::thread::Builder::new()
                 .name(format!("ckpt-writer-{rank}"))
-                .spawn(move || write_rank_shard(&p, rank, &blobs))
+                .spawn(move || {
+                    let srcs: Vec<PieceSrc> = blobs.iter().map(Blob::as_src).collect();
+                    write_rank_shard(&p, rank, &srcs)
+                })
                 .map_err(|e| ckpt_err(&partial, format!("cannot start the writer thread: {e}")))?;
             self.pending_save = Some(PendingSave {
                 dir: dir.to_path_buf(),
@@ -173,8 +186,13 @@ impl crate::training::Trainer<'_> {
             }
             return Ok(report);
         }
-        let written = write_rank_shard(&partial, rank, &blobs);
-        drop(blobs);
+        let pieces = self.checkpoint_pieces();
+        let bytes: usize = pieces
+            .iter()
+            .map(|p| p.segment.rows * p.segment.cols * 4)
+            .sum();
+        let written = write_rank_shard(&partial, rank, &pieces);
+        drop(pieces);
         if let Some(path) = self.finish_save(dir, &partial, meta, written)? {
             report.push(saved_line(iteration, &path, started, bytes));
             self.last_checkpoint = Some(path);

@@ -13,7 +13,7 @@
 use crate::{io_err, TrainError};
 use megatron_core::params::{view2d, GlobalSegment};
 use megatron_core::ParamMeta;
-use safetensors::tensor::{Dtype, TensorView};
+use safetensors::tensor::Dtype;
 use safetensors::SafeTensors;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
@@ -78,7 +78,30 @@ fn ckpt_err(path: &Path, msg: impl Into<String>) -> TrainError {
     }
 }
 
-/// A piece to write: tensor name, global shape, where it sits, its values (row-major).
+/// A piece to write: tensor name, global shape, where it sits in the global tensor, and the
+/// local tensor (`data` starts at local element `base`) whose rows it copies.
+pub(crate) struct PieceSrc<'a> {
+    pub tensor: String,
+    pub shape: Vec<usize>,
+    pub segment: GlobalSegment,
+    pub data: &'a [f32],
+    pub base: usize,
+}
+
+impl PieceSrc<'_> {
+    fn rows(&self) -> impl Iterator<Item = &[f32]> {
+        let s = self.segment;
+        (0..s.rows).map(move |i| {
+            let at = s.local_start + i * s.local_stride - self.base;
+            &self.data[at..at + s.cols]
+        })
+    }
+    fn key(&self) -> String {
+        format!("{}@{},{}", self.tensor, self.segment.row, self.segment.col)
+    }
+}
+
+/// A staged copy of a piece (`--async-save`: training goes on changing the original).
 pub(crate) struct Blob {
     pub tensor: String,
     pub shape: Vec<usize>,
@@ -86,54 +109,99 @@ pub(crate) struct Blob {
     pub data: Vec<f32>,
 }
 
-/// Copies segment `seg` of a local tensor (`local` starts at local element `base`) into a
-/// row-major blob.
-pub(crate) fn blob(
-    tensor: String,
-    m: &ParamMeta,
-    seg: GlobalSegment,
-    local: &[f32],
-    base: usize,
-) -> Blob {
-    let mut data = Vec::with_capacity(seg.rows * seg.cols);
-    for i in 0..seg.rows {
-        let s = seg.local_start + i * seg.local_stride - base;
-        data.extend_from_slice(&local[s..s + seg.cols]);
+impl Blob {
+    pub fn copy_of(p: &PieceSrc) -> Blob {
+        let mut data = Vec::with_capacity(p.segment.rows * p.segment.cols);
+        for r in p.rows() {
+            data.extend_from_slice(r);
+        }
+        Blob {
+            tensor: p.tensor.clone(),
+            shape: p.shape.clone(),
+            segment: p.segment,
+            data,
+        }
     }
-    Blob {
-        tensor,
-        shape: m.shape.clone(),
-        segment: seg,
-        data,
+
+    pub fn as_src(&self) -> PieceSrc<'_> {
+        PieceSrc {
+            tensor: self.tensor.clone(),
+            shape: self.shape.clone(),
+            segment: GlobalSegment {
+                local_start: 0,
+                local_stride: self.segment.cols,
+                ..self.segment
+            },
+            data: &self.data,
+            base: 0,
+        }
     }
 }
 
-/// Writes this rank's file and fragment into `dir` (both synced). The pieces' data are written
-/// as they are: a rank holds its own shard plus these copies at most.
-pub(crate) fn write_rank_shard(dir: &Path, rank: usize, blobs: &[Blob]) -> Result<(), TrainError> {
+/// The bytes of f32 values as stored (little-endian).
+fn le_bytes(x: &[f32]) -> std::borrow::Cow<'_, [u8]> {
+    #[cfg(target_endian = "little")]
+    {
+        // SAFETY: f32 has no padding and any bit pattern is a valid u8; on a little-endian
+        // target its in-memory bytes are its little-endian encoding. The slice lives as long
+        // as `x`.
+        std::borrow::Cow::Borrowed(unsafe {
+            std::slice::from_raw_parts(x.as_ptr().cast::<u8>(), std::mem::size_of_val(x))
+        })
+    }
+    #[cfg(not(target_endian = "little"))]
+    {
+        std::borrow::Cow::Owned(x.iter().flat_map(|v| v.to_le_bytes()).collect())
+    }
+}
+
+/// Writes this rank's safetensors file straight from the pieces' rows (no copy of the shard:
+/// memory beyond the pieces is a write buffer), with its crc32c computed on the way, then the
+/// fragment listing the pieces; both synced.
+pub(crate) fn write_rank_shard(
+    dir: &Path,
+    rank: usize,
+    pieces: &[PieceSrc],
+) -> Result<(), TrainError> {
+    use std::io::Write;
     let file = shard_file(rank);
     let path = dir.join(&file);
-    let bytes: Vec<Vec<u8>> = blobs
-        .iter()
-        .map(|b| b.data.iter().flat_map(|v| v.to_le_bytes()).collect())
-        .collect();
-    let key = |b: &Blob| format!("{}@{},{}", b.tensor, b.segment.row, b.segment.col);
-    let views: Vec<(String, TensorView)> = blobs
-        .iter()
-        .zip(&bytes)
-        .map(|(b, d)| {
-            let shape = vec![b.segment.rows, b.segment.cols];
-            (
-                key(b),
-                TensorView::new(Dtype::F32, shape, d).expect("shape matches bytes"),
-            )
-        })
-        .collect();
-    safetensors::serialize_to_file(views, None, &path)
-        .map_err(|e| ckpt_err(&path, e.to_string()))?;
-    drop(bytes);
-    sync(&path)?;
-    let (len, crc) = file_crc(&path)?;
+    let mut header = serde_json::Map::new();
+    let mut at = 0usize;
+    for p in pieces {
+        let n = p.segment.rows * p.segment.cols * 4;
+        header.insert(
+            p.key(),
+            serde_json::json!({
+                "dtype": "F32",
+                "shape": [p.segment.rows, p.segment.cols],
+                "data_offsets": [at, at + n],
+            }),
+        );
+        at += n;
+    }
+    let mut json = serde_json::to_vec(&header).map_err(|e| ckpt_err(&path, e.to_string()))?;
+    // The data starts 8-byte aligned, as safetensors' own writer pads its header.
+    while (8 + json.len()) % 8 != 0 {
+        json.push(b' ');
+    }
+    let f = std::fs::File::create(&path).map_err(io_err(&path))?;
+    let mut w = std::io::BufWriter::with_capacity(4 << 20, f);
+    let mut crc = 0u32;
+    let mut put = |w: &mut std::io::BufWriter<std::fs::File>, b: &[u8]| -> Result<(), TrainError> {
+        crc = crc32c::crc32c_append(crc, b);
+        w.write_all(b).map_err(io_err(&path))
+    };
+    put(&mut w, &(json.len() as u64).to_le_bytes())?;
+    put(&mut w, &json)?;
+    for p in pieces {
+        for row in p.rows() {
+            put(&mut w, &le_bytes(row))?;
+        }
+    }
+    let f = w.into_inner().map_err(|e| ckpt_err(&path, e.to_string()))?;
+    f.sync_all().map_err(io_err(&path))?;
+    let len = (8 + json.len() + at) as u64;
     let fragment = Fragment {
         file: FileEntry {
             file: file.clone(),
@@ -141,29 +209,23 @@ pub(crate) fn write_rank_shard(dir: &Path, rank: usize, blobs: &[Blob]) -> Resul
             crc32c: Some(crc),
             rank,
         },
-        pieces: blobs
+        pieces: pieces
             .iter()
-            .map(|b| {
-                let s = b.segment;
+            .map(|p| {
+                let s = p.segment;
                 let piece = Piece {
                     file: file.clone(),
-                    key: key(b),
+                    key: p.key(),
                     offset: [s.row, s.col],
                     shape: [s.rows, s.cols],
                 };
-                (b.tensor.clone(), b.shape.clone(), piece)
+                (p.tensor.clone(), p.shape.clone(), piece)
             })
             .collect(),
     };
     let fpath = dir.join(fragment_file(rank));
     let json = serde_json::to_vec(&fragment).map_err(|e| ckpt_err(&fpath, e.to_string()))?;
     crate::checkpointing::write_synced(&fpath, &json)
-}
-
-fn sync(path: &Path) -> Result<(), TrainError> {
-    std::fs::File::open(path)
-        .and_then(|f| f.sync_all())
-        .map_err(io_err(path))
 }
 
 /// Size and crc32c of a file, read in 8 MiB blocks.
