@@ -159,14 +159,23 @@ impl crate::training::Trainer<'_> {
         let rank = self.comms.world_rank;
         if self.cfg.args.async_save {
             // Copies of this rank's pieces (the staging buffers); training goes on.
-            let blobs: Vec<Blob> = self.checkpoint_pieces().iter().map(Blob::copy_of).collect();
+            let mut pool = std::mem::take(&mut self.staging).into_iter();
+            let blobs: Vec<Blob> = self
+                .checkpoint_pieces()
+                .iter()
+                .map(|p| Blob::copy_of(p, pool.next()))
+                .collect();
+            drop(pool);
             let bytes: usize = blobs.iter().map(|b| b.data.len() * 4).sum();
             let p = partial.clone();
             let handle = std::thread::Builder::new()
                 .name(format!("ckpt-writer-{rank}"))
                 .spawn(move || {
                     let srcs: Vec<PieceSrc> = blobs.iter().map(Blob::as_src).collect();
-                    write_rank_shard(&p, rank, &srcs)
+                    write_rank_shard(&p, rank, &srcs)?;
+                    drop(srcs);
+                    // The buffers go back to the trainer for the next save.
+                    Ok(blobs.into_iter().map(|b| b.data).collect())
                 })
                 .map_err(|e| ckpt_err(&partial, format!("cannot start the writer thread: {e}")))?;
             self.pending_save = Some(PendingSave {
@@ -200,6 +209,17 @@ impl crate::training::Trainer<'_> {
         Ok(report)
     }
 
+    /// `--async-save`: allocates and touches the staging buffers before training, so the first
+    /// save's stall is a copy, not a first touch of fresh pages.
+    pub(crate) fn prepare_async_staging(&mut self) {
+        let staged: Vec<Vec<f32>> = self
+            .checkpoint_pieces()
+            .iter()
+            .map(|p| Blob::copy_of(p, None).data)
+            .collect();
+        self.staging = staged;
+    }
+
     /// Finishes a background save once every rank's writer is done: `wait` blocks for it (a new
     /// save, the end of the run); otherwise it only finishes when all writers already are (a
     /// cheap check every iteration). A failed background save is reported and never marked
@@ -215,10 +235,14 @@ impl crate::training::Trainer<'_> {
             }
         }
         let p = self.pending_save.take().expect("checked above");
-        let written = p
-            .handle
-            .join()
-            .unwrap_or_else(|_| Err(ckpt_err(&p.partial, "the background writer panicked")));
+        let written = match p.handle.join() {
+            Ok(Ok(buffers)) => {
+                self.staging = buffers;
+                Ok(())
+            }
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(ckpt_err(&p.partial, "the background writer panicked")),
+        };
         match self.finish_save(&p.dir, &p.partial, p.meta, written) {
             Ok(Some(path)) => {
                 let line = saved_line(p.iteration, &path, p.started, p.bytes);
@@ -241,7 +265,7 @@ pub(crate) struct PendingSave {
     iteration: u64,
     /// Rank 0: the manifest's contents as of the save.
     meta: Option<CheckpointMeta>,
-    handle: std::thread::JoinHandle<Result<(), TrainError>>,
+    handle: std::thread::JoinHandle<Result<Vec<Vec<f32>>, TrainError>>,
     started: Instant,
     bytes: usize,
 }

@@ -110,10 +110,22 @@ pub(crate) struct Blob {
 }
 
 impl Blob {
-    pub fn copy_of(p: &PieceSrc) -> Blob {
-        let mut data = Vec::with_capacity(p.segment.rows * p.segment.cols);
-        for r in p.rows() {
-            data.extend_from_slice(r);
+    /// A copy of `p`, into `reuse`'s allocation when given (staging buffers are kept from
+    /// one save to the next: a fresh allocation's first touch costs more than the copy).
+    pub fn copy_of(p: &PieceSrc, reuse: Option<Vec<f32>>) -> Blob {
+        use rayon::prelude::*;
+        let s = p.segment;
+        let mut data = reuse.unwrap_or_default();
+        if data.len() != s.rows * s.cols {
+            data.clear();
+            data.resize(s.rows * s.cols, 0.0);
+        }
+        // Rows copied on every core: the copy is the whole stall of an async save.
+        if s.cols > 0 {
+            data.par_chunks_mut(s.cols).enumerate().for_each(|(i, d)| {
+                let at = s.local_start + i * s.local_stride - p.base;
+                d.copy_from_slice(&p.data[at..at + s.cols]);
+            });
         }
         Blob {
             tensor: p.tensor.clone(),

@@ -180,6 +180,7 @@ pub(crate) fn setup_model_and_optimizer(
     let buffer = GradBuffer::new(&params, bucket_size, dp, dp_rank, distributed);
     // Parameters first (each rank reads its shards), then 16-bit copies and the optimizer,
     // which takes its fp32 mains from them and reads the moments it holds.
+    let load_started = std::time::Instant::now();
     let (restored, mut reader) = match &a.load {
         Some(dir) => {
             let (r, reader) = load_into(cfg, dir, &mut params, lead)?;
@@ -202,6 +203,16 @@ pub(crate) fn setup_model_and_optimizer(
     };
     if let Some(r) = reader.as_mut() {
         load_optimizer_state(r, &params, optimizer.as_mut())?;
+        if lead {
+            // Values of this rank's shards plus the moments it holds, 4 bytes each.
+            let bytes = (params.numel() + 2 * optimizer.state_elements()) * 4;
+            let secs = load_started.elapsed().as_secs_f64();
+            println!(
+                "read this rank's shards of the checkpoint in {secs:.2} s ({:.1} MB, {:.2} GB/s)",
+                bytes as f64 / 1e6,
+                bytes as f64 / secs / 1e9
+            );
+        }
     }
     if distributed && half.is_some() {
         params.data = Vec::new();

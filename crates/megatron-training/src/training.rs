@@ -85,6 +85,8 @@ pub(crate) struct Trainer<'a> {
     pub pending_save: Option<crate::checkpoint_save::PendingSave>,
     /// The newest checkpoint this run completed (rank 0).
     pub last_checkpoint: Option<PathBuf>,
+    /// `--async-save`: staging buffers, kept from one save to the next.
+    pub staging: Vec<Vec<f32>>,
 }
 
 impl Trainer<'_> {
@@ -241,7 +243,11 @@ pub(crate) fn run(
         consumed,
         pending_save: None,
         last_checkpoint: None,
+        staging: Vec::new(),
     };
+    if a.async_save && a.save.is_some() {
+        tr.prepare_async_staging();
+    }
     // MFU is against the whole job's peak: the process's thread budget for rank threads (they
     // share its cores), the per-process peak times the world under MPI.
     let peak = match world_peak {

@@ -107,6 +107,9 @@ pub trait MegatronOptimizer: Send {
     /// Optimizer steps taken (Adam's bias correction).
     fn step_count(&self) -> u64;
 
+    /// Elements of each moment this rank holds.
+    fn state_elements(&self) -> usize;
+
     /// The state data-parallel rank `dp_rank` of `dp` writes to a sharded checkpoint, each
     /// element once over the DP group: state replicated over DP is split between the ranks
     /// (whole parameters, balanced by size; Megatron's fully parallel save); sharded state is
@@ -275,6 +278,10 @@ impl MegatronOptimizer for PlainOptimizer {
         self.adam.step
     }
 
+    fn state_elements(&self) -> usize {
+        self.adam.exp_avg.len()
+    }
+
     fn state_pieces<'a>(
         &'a self,
         params: &'a Params,
@@ -418,6 +425,10 @@ impl MegatronOptimizer for DistributedOptimizer {
 
     fn step_count(&self) -> u64 {
         self.step
+    }
+
+    fn state_elements(&self) -> usize {
+        self.exp_avg.len()
     }
 
     fn state_pieces<'a>(
