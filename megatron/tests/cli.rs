@@ -178,3 +178,45 @@ fn sigterm_saves_a_complete_checkpoint_and_exits_0_and_verify_catches_a_flipped_
     );
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// `megatron preprocess` names the files it wrote, one pair per JSON key.
+#[test]
+fn preprocess_reports_the_files_it_wrote() {
+    let dir = std::env::temp_dir().join(format!("megatron-cli-pre-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let input = dir.join("in.jsonl");
+    std::fs::write(&input, "{\"text\": \"1 2 3\", \"title\": \"4 5\"}\n").unwrap();
+    let prefix = dir.join("out");
+    let out = Command::new(env!("CARGO_BIN_EXE_megatron"))
+        .args([
+            "preprocess",
+            "--input",
+            input.to_str().unwrap(),
+            "--json-keys",
+            "text",
+            "title",
+        ])
+        .args([
+            "--output-prefix",
+            prefix.to_str().unwrap(),
+            "--tokenizer-type",
+            "NullTokenizer",
+        ])
+        .args(["--vocab-size", "10"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for key in ["text", "title"] {
+        let name = format!("{}_{key}_document.bin/.idx", prefix.display());
+        assert!(stdout.contains(&name), "{stdout}");
+        assert!(dir.join(format!("out_{key}_document.idx")).exists());
+    }
+    assert!(!stdout.contains("<key>"), "{stdout}");
+    let _ = std::fs::remove_dir_all(dir);
+}
