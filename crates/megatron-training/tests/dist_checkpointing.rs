@@ -8,34 +8,9 @@ use megatron_training::checkpointing::{find_checkpoint, load_checkpoint, TRACKER
 use megatron_training::{pretrain, TrainSummary};
 use std::path::Path;
 
-/// 8 layers, hidden 64, 4 heads, vocab 256 after padding at TP 1, 2 and 4, seq 32, 8 samples
-/// per step, dropout 0.
-const MODEL: &[&str] = &[
-    "--num-layers",
-    "8",
-    "--vocab-size",
-    "250",
-    "--make-vocab-size-divisible-by",
-    "64",
-    "--hidden-size",
-    "64",
-    "--num-attention-heads",
-    "4",
-    "--seq-length",
-    "32",
-    "--global-batch-size",
-    "8",
-    "--micro-batch-size",
-    "1",
-    "--hidden-dropout",
-    "0",
-    "--attention-dropout",
-    "0",
-    // One learning-rate schedule however far a run goes, so a resumed run can continue one
-    // that stopped early.
-    "--lr-decay-iters",
-    "10",
-];
+/// [`PP_MODEL`] (vocab 256 after padding at TP 1, 2 and 4) with one learning-rate schedule
+/// however far a run goes, so a resumed run can continue one that stopped early.
+const SCHEDULE: &[&str] = &["--lr-decay-iters", "10"];
 
 const TP2_PP2_DP2: &[&str] = &[
     "--nproc-per-node",
@@ -48,7 +23,7 @@ const TP2_PP2_DP2: &[&str] = &[
 ];
 
 fn train(iters: &str, layout: &[&str], more: &[&str]) -> TrainSummary {
-    let mut v: Vec<&str> = MODEL.to_vec();
+    let mut v: Vec<&str> = [PP_MODEL, SCHEDULE].concat();
     v.extend_from_slice(&["--train-iters", iters]);
     v.extend_from_slice(layout);
     v.extend_from_slice(more);
@@ -195,7 +170,7 @@ fn a_corrupt_or_incomplete_newest_checkpoint_is_skipped_and_named() {
     flip_byte(&save.join("iter_0000002").join("shard_00000.safetensors"));
     std::fs::write(save.join(TRACKER), "2\n").unwrap();
     let e = pretrain(&args(
-        &[MODEL, &["--train-iters", "6", "--load", s]].concat(),
+        &[PP_MODEL, SCHEDULE, &["--train-iters", "6", "--load", s]].concat(),
     ))
     .unwrap_err()
     .to_string();

@@ -540,31 +540,6 @@ fn a_checkpoint_saved_at_tp2_resumes_at_tp4_and_tp1() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// Tiny GPT with 8 layers (hidden 64, 4 heads, vocab 256 after padding, seq 32), a global batch
-/// of 8 micro-batches of 1, dropout 0.
-const PP_MODEL: &[&str] = &[
-    "--num-layers",
-    "8",
-    "--vocab-size",
-    "250",
-    "--make-vocab-size-divisible-by",
-    "64",
-    "--hidden-size",
-    "64",
-    "--num-attention-heads",
-    "4",
-    "--seq-length",
-    "32",
-    "--global-batch-size",
-    "8",
-    "--micro-batch-size",
-    "1",
-    "--hidden-dropout",
-    "0",
-    "--attention-dropout",
-    "0",
-];
-
 /// [`PP_MODEL`] trained 5 steps under the given extra layout flags, saved.
 fn pp_run(dir: &std::path::Path, name: &str, layout: &[&str]) -> (TrainSummary, LoadedCheckpoint) {
     let save = dir.join(name);

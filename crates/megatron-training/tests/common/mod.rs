@@ -187,3 +187,28 @@ pub fn assert_same_training_but_outliers(
         "{what}: {far} of {total} parameters differ by more than 1e-6"
     );
 }
+
+/// Tiny GPT with 8 layers (hidden 64, 4 heads, vocab 256 after padding, seq 32), a global batch
+/// of 8 micro-batches of 1, dropout 0.
+pub const PP_MODEL: &[&str] = &[
+    "--num-layers",
+    "8",
+    "--vocab-size",
+    "250",
+    "--make-vocab-size-divisible-by",
+    "64",
+    "--hidden-size",
+    "64",
+    "--num-attention-heads",
+    "4",
+    "--seq-length",
+    "32",
+    "--global-batch-size",
+    "8",
+    "--micro-batch-size",
+    "1",
+    "--hidden-dropout",
+    "0",
+    "--attention-dropout",
+    "0",
+];
