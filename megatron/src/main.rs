@@ -48,10 +48,44 @@ enum Command {
     InspectData(Box<InspectArgs>),
     /// Micro-benchmarks (GEMM throughput on transformer shapes).
     Bench(bench::BenchArgs),
+    /// Convert checkpoints: `--from hf --input HF_DIR --output SAVE` (GPT-2, Llama, Mistral,
+    /// Qwen2) or `--to hf --input SAVE --output HF_DIR`.
+    Convert(ConvertArgs),
     /// Look into checkpoints: `inspect DIR` (iteration, layout saved from, files, tensors) or
     /// `verify DIR` (every file against the manifest's size and crc32c).
     #[command(subcommand)]
     Checkpoint(CheckpointCommand),
+}
+
+#[derive(clap::Args)]
+struct ConvertArgs {
+    /// `hf` (a Hugging Face model directory) or `megatron` (a --save directory).
+    #[arg(long, default_value = "megatron")]
+    from: String,
+    /// `megatron` or `hf`.
+    #[arg(long, default_value = "megatron")]
+    to: String,
+    #[arg(long)]
+    input: std::path::PathBuf,
+    #[arg(long)]
+    output: std::path::PathBuf,
+    /// Vocabulary padding of the converted model (Megatron's flag; the default is Megatron's).
+    #[arg(long, default_value_t = 128)]
+    make_vocab_size_divisible_by: usize,
+}
+
+fn run_convert(a: &ConvertArgs) -> anyhow::Result<()> {
+    use megatron_training::convert::{hf_to_megatron, megatron_to_hf};
+    let out = match (a.from.as_str(), a.to.as_str()) {
+        ("hf", "megatron") => hf_to_megatron(&a.input, &a.output, a.make_vocab_size_divisible_by)?,
+        ("megatron", "hf") => megatron_to_hf(&a.input, &a.output)?,
+        ("gguf", _) => anyhow::bail!("--from gguf: not built yet (issue 15 leaves it open)"),
+        (f, t) => anyhow::bail!(
+            "--from {f} --to {t}: expected --from hf (to megatron) or --to hf (from megatron)"
+        ),
+    };
+    println!("wrote {}", out.display());
+    Ok(())
 }
 
 #[derive(Subcommand)]
@@ -113,6 +147,7 @@ fn main() -> ExitCode {
             })
             .map_err(Into::into),
         Command::Bench(args) => bench::run(&args),
+        Command::Convert(a) => run_convert(&a),
         Command::Checkpoint(c) => match c {
             CheckpointCommand::Inspect { dir } => megatron_training::checkpoint_tool::inspect(&dir),
             CheckpointCommand::Verify { dir } => megatron_training::checkpoint_tool::verify(&dir),

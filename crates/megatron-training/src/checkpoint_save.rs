@@ -283,7 +283,7 @@ fn saved_line(iteration: u64, path: &Path, started: Instant, bytes: usize) -> St
 
 /// Rank 0: the manifest from the ranks' fragments, written last; then the rename into place
 /// and the tracker, each atomic.
-fn finalize(
+pub(crate) fn finalize(
     save: &Path,
     partial: &Path,
     mut meta: CheckpointMeta,

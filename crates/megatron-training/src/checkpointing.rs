@@ -323,6 +323,16 @@ pub(crate) fn load_optimizer_state(
     optimizer: &mut dyn megatron_core::optimizer::MegatronOptimizer,
 ) -> Result<(), TrainError> {
     let step = r.meta.optimizer_step;
+    if let Some(m) = params.metas.first() {
+        if !r.has(&format!("optimizer.exp_avg.{}", m.name)) {
+            // A converted model: weights only.
+            println!(
+                "checkpoint {} holds no optimizer state: Adam starts from zero moments",
+                r.dir.display()
+            );
+            return Ok(());
+        }
+    }
     let mut failure = None;
     let res = optimizer.load_state(params, step, &mut |moment, param, local, out| {
         let m = &params.metas[param];
@@ -342,4 +352,81 @@ pub(crate) fn load_optimizer_state(
         (Err(_), Some(e)) => Err(e),
         (Err(s), None) => Err(ckpt_err(&r.dir, s)),
     }
+}
+
+/// A checkpoint of whole tensors at iteration 0 with no optimizer state (a converted model):
+/// written by this one process in the sharded format, manifest last.
+pub(crate) fn write_whole_checkpoint(
+    save: &Path,
+    model: TransformerConfig,
+    tensors: &crate::convert::Tensors,
+    vocab_size: usize,
+    tokenizer_model: Option<String>,
+) -> Result<(), TrainError> {
+    use crate::dist_checkpointing::{write_rank_shard, PieceSrc};
+    use megatron_core::params::GlobalSegment;
+    std::fs::create_dir_all(save).map_err(io_err(save))?;
+    let partial = partial_dir(save, 0);
+    if partial.exists() {
+        std::fs::remove_dir_all(&partial).map_err(io_err(&partial))?;
+    }
+    std::fs::create_dir_all(&partial).map_err(io_err(&partial))?;
+    let pieces: Vec<PieceSrc> = tensors
+        .iter()
+        .map(|(name, (shape, data))| {
+            let (rows, cols) = view2d(shape);
+            PieceSrc {
+                tensor: name.clone(),
+                shape: shape.clone(),
+                segment: GlobalSegment {
+                    row: 0,
+                    col: 0,
+                    rows,
+                    cols,
+                    local_start: 0,
+                    local_stride: cols,
+                },
+                data,
+                base: 0,
+            }
+        })
+        .collect();
+    write_rank_shard(&partial, 0, &pieces)?;
+    let meta = CheckpointMeta {
+        format: FORMAT.into(),
+        iteration: 0,
+        consumed_train_samples: 0,
+        scheduler: OptimizerParamScheduler {
+            init_lr: 0.0,
+            max_lr: 0.0,
+            min_lr: 0.0,
+            warmup_steps: 0,
+            decay_steps: 0,
+            decay_style: megatron_core::optimizer::LrDecayStyle::Constant,
+            wsd_decay_steps: 0,
+            wsd_decay_style: megatron_core::optimizer::WsdDecayStyle::Linear,
+            num_steps: 0,
+        },
+        optimizer_step: 0,
+        adam_beta1: 0.9,
+        adam_beta2: 0.999,
+        adam_eps: 1e-8,
+        seed: 1234,
+        model,
+        tokenizer_type: if tokenizer_model.is_some() {
+            "HuggingFaceTokenizer".into()
+        } else {
+            "NullTokenizer".into()
+        },
+        vocab_size,
+        vocab_file: None,
+        merge_file: None,
+        tokenizer_model,
+        tensors: Vec::new(),
+        shard_bytes: 0,
+        files: Vec::new(),
+        layout: None,
+    };
+    crate::checkpoint_save::finalize(save, &partial, meta, 1)?;
+    Ok(())
 }

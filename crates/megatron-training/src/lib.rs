@@ -5,6 +5,7 @@ pub mod arguments;
 mod checkpoint_save;
 pub mod checkpoint_tool;
 pub mod checkpointing;
+pub mod convert;
 mod data;
 pub mod dist_checkpointing;
 mod evaluate;

@@ -1,0 +1,399 @@
+//! The Llama family (`LlamaForCausalLM`, `MistralForCausalLM`, `Qwen2ForCausalLM`) <->
+//! megatron-core's decoder with RMSNorm, SwiGLU, RoPE (rotate-half: Hugging Face's convention,
+//! so no row permutation) and grouped-query attention: `q_proj`/`k_proj`/`v_proj` become the
+//! fused QKV laid out per query group `[q heads of g, k_g, v_g]`, `gate_proj`/`up_proj` the
+//! fused `[gate; up]`. Qwen2 adds q/k/v biases.
+
+use super::{pad_rows, take, HfFamily, Tensors};
+use megatron_core::transformer::config::{
+    Activation, Normalization, PositionEmbeddingType, RotaryConfig,
+};
+use megatron_core::TransformerConfig;
+use serde_json::{json, Value};
+
+pub(crate) struct Llama {
+    pub arch: String,
+}
+
+fn num(hf: &Value, key: &str) -> Result<usize, String> {
+    hf[key]
+        .as_u64()
+        .map(|v| v as usize)
+        .ok_or_else(|| format!("config.json has no {key}"))
+}
+
+/// `q [heads*hd, cols]`, `k`, `v [groups*hd, cols]` into the fused per-group rows.
+fn fuse_qkv(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    heads: usize,
+    groups: usize,
+    hd: usize,
+    cols: usize,
+) -> Vec<f32> {
+    let qpg = heads / groups;
+    let mut out = Vec::with_capacity(q.len() + k.len() + v.len());
+    for g in 0..groups {
+        out.extend_from_slice(&q[g * qpg * hd * cols..(g + 1) * qpg * hd * cols]);
+        out.extend_from_slice(&k[g * hd * cols..(g + 1) * hd * cols]);
+        out.extend_from_slice(&v[g * hd * cols..(g + 1) * hd * cols]);
+    }
+    out
+}
+
+/// The inverse of [`fuse_qkv`].
+fn split_qkv(
+    x: &[f32],
+    heads: usize,
+    groups: usize,
+    hd: usize,
+    cols: usize,
+) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let qpg = heads / groups;
+    let (mut q, mut k, mut v) = (Vec::new(), Vec::new(), Vec::new());
+    let per = (qpg + 2) * hd * cols;
+    for g in 0..groups {
+        let b = &x[g * per..(g + 1) * per];
+        q.extend_from_slice(&b[..qpg * hd * cols]);
+        k.extend_from_slice(&b[qpg * hd * cols..(qpg + 1) * hd * cols]);
+        v.extend_from_slice(&b[(qpg + 1) * hd * cols..]);
+    }
+    (q, k, v)
+}
+
+impl Llama {
+    fn qwen(&self) -> bool {
+        self.arch == "Qwen2ForCausalLM"
+    }
+}
+
+impl HfFamily for Llama {
+    fn megatron_config(
+        &self,
+        hf: &Value,
+        divisible_by: usize,
+    ) -> Result<TransformerConfig, String> {
+        let act = hf["hidden_act"].as_str().unwrap_or("silu");
+        if act != "silu" {
+            return Err(format!("hidden_act '{act}': only silu (SwiGLU) is built"));
+        }
+        let h = num(hf, "hidden_size")?;
+        let heads = num(hf, "num_attention_heads")?;
+        let groups = hf["num_key_value_heads"]
+            .as_u64()
+            .map_or(heads, |v| v as usize);
+        let hd = hf["head_dim"].as_u64().map_or(h / heads, |v| v as usize);
+        let rope = if hf["rope_parameters"].is_object() {
+            &hf["rope_parameters"]
+        } else {
+            hf
+        };
+        let base = rope["rope_theta"].as_f64().unwrap_or(10000.0);
+        let scaling = match rope["rope_type"]
+            .as_str()
+            .or_else(|| hf["rope_scaling"]["rope_type"].as_str())
+        {
+            None | Some("default") => None,
+            Some("llama3") => {
+                let r = if rope["factor"].is_number() {
+                    rope
+                } else {
+                    &hf["rope_scaling"]
+                };
+                let (lo, hi, orig) = (
+                    r["low_freq_factor"].as_f64(),
+                    r["high_freq_factor"].as_f64(),
+                    r["original_max_position_embeddings"].as_f64(),
+                );
+                if (lo, hi, orig) != (Some(1.0), Some(4.0), Some(8192.0)) {
+                    return Err(format!("llama3 rope scaling with low/high/original {lo:?}/{hi:?}/{orig:?}: only Llama 3.1's 1/4/8192 is built"));
+                }
+                Some(r["factor"].as_f64().unwrap_or(8.0))
+            }
+            Some(other) => return Err(format!("rope_type '{other}' is not built")),
+        };
+        if hf["sliding_window"].as_u64().is_some()
+            && hf["use_sliding_window"].as_bool() != Some(false)
+        {
+            return Err("sliding-window attention is not built".into());
+        }
+        let positions = num(hf, "max_position_embeddings")?;
+        if hf["attention_bias"].as_bool().unwrap_or(false) && !self.qwen() {
+            return Err("attention_bias on q/k/v/o without MLP biases is not built".into());
+        }
+        if hf["mlp_bias"].as_bool().unwrap_or(false) {
+            return Err("mlp_bias is not built".into());
+        }
+        Ok(TransformerConfig {
+            num_layers: num(hf, "num_hidden_layers")?,
+            hidden_size: h,
+            num_attention_heads: heads,
+            num_query_groups: Some(groups),
+            kv_channels: Some(hd),
+            ffn_hidden_size: num(hf, "intermediate_size")?,
+            seq_length: positions,
+            max_position_embeddings: positions,
+            padded_vocab_size: TransformerConfig::pad_vocab(num(hf, "vocab_size")?, divisible_by),
+            hidden_dropout: 0.0,
+            attention_dropout: hf["attention_dropout"].as_f64().unwrap_or(0.0) as f32,
+            init_method_std: hf["initializer_range"].as_f64().unwrap_or(0.02) as f32,
+            layernorm_epsilon: hf["rms_norm_eps"].as_f64().unwrap_or(1e-6) as f32,
+            untie_embeddings_and_output_weights: !hf["tie_word_embeddings"]
+                .as_bool()
+                .unwrap_or(false),
+            normalization: Normalization::RMSNorm,
+            activation: Activation::SwiGLU,
+            position_embedding_type: PositionEmbeddingType::Rope,
+            rotary: RotaryConfig {
+                base,
+                percent: 1.0,
+                interleaved: false,
+                scaling_factor: scaling,
+            },
+            add_bias_linear: false,
+            add_qkv_bias: self.qwen(),
+            ..Default::default()
+        })
+    }
+
+    fn to_megatron(
+        &self,
+        cfg: &TransformerConfig,
+        t: &mut Tensors,
+        vocab: usize,
+    ) -> Result<Tensors, String> {
+        let (h, f, heads, groups, hd) = (
+            cfg.hidden_size,
+            cfg.ffn_hidden_size,
+            cfg.num_attention_heads,
+            cfg.query_groups(),
+            cfg.head_dim(),
+        );
+        let vp = cfg.padded_vocab_size;
+        let mut m = Tensors::new();
+        let emb = take(t, "model.embed_tokens.weight", &[vocab, h])?;
+        m.insert(
+            "embedding.word_embeddings.weight".into(),
+            (vec![vp, h], pad_rows(emb, h, vp)),
+        );
+        if cfg.untie_embeddings_and_output_weights {
+            let out = take(t, "lm_head.weight", &[vocab, h])?;
+            m.insert(
+                "output_layer.weight".into(),
+                (vec![vp, h], pad_rows(out, h, vp)),
+            );
+        } else {
+            t.remove("lm_head.weight");
+        }
+        for l in 0..cfg.num_layers {
+            let (src, dst) = (format!("model.layers.{l}"), format!("decoder.layers.{l}"));
+            let mut put = |name: String, shape: Vec<usize>, v: Vec<f32>| {
+                m.insert(name, (shape, v));
+            };
+            put(
+                format!("{dst}.input_layernorm.weight"),
+                vec![h],
+                take(t, &format!("{src}.input_layernorm.weight"), &[h])?,
+            );
+            put(
+                format!("{dst}.pre_mlp_layernorm.weight"),
+                vec![h],
+                take(t, &format!("{src}.post_attention_layernorm.weight"), &[h])?,
+            );
+            let q = take(
+                t,
+                &format!("{src}.self_attn.q_proj.weight"),
+                &[heads * hd, h],
+            )?;
+            let k = take(
+                t,
+                &format!("{src}.self_attn.k_proj.weight"),
+                &[groups * hd, h],
+            )?;
+            let v = take(
+                t,
+                &format!("{src}.self_attn.v_proj.weight"),
+                &[groups * hd, h],
+            )?;
+            put(
+                format!("{dst}.self_attention.linear_qkv.weight"),
+                vec![cfg.qkv_size(), h],
+                fuse_qkv(&q, &k, &v, heads, groups, hd, h),
+            );
+            if cfg.add_qkv_bias {
+                let q = take(t, &format!("{src}.self_attn.q_proj.bias"), &[heads * hd])?;
+                let k = take(t, &format!("{src}.self_attn.k_proj.bias"), &[groups * hd])?;
+                let v = take(t, &format!("{src}.self_attn.v_proj.bias"), &[groups * hd])?;
+                put(
+                    format!("{dst}.self_attention.linear_qkv.bias"),
+                    vec![cfg.qkv_size()],
+                    fuse_qkv(&q, &k, &v, heads, groups, hd, 1),
+                );
+            }
+            put(
+                format!("{dst}.self_attention.linear_proj.weight"),
+                vec![h, heads * hd],
+                take(
+                    t,
+                    &format!("{src}.self_attn.o_proj.weight"),
+                    &[h, heads * hd],
+                )?,
+            );
+            if cfg.add_bias_linear {
+                put(
+                    format!("{dst}.self_attention.linear_proj.bias"),
+                    vec![h],
+                    take(t, &format!("{src}.self_attn.o_proj.bias"), &[h])?,
+                );
+            }
+            let mut fc1 = take(t, &format!("{src}.mlp.gate_proj.weight"), &[f, h])?;
+            fc1.extend(take(t, &format!("{src}.mlp.up_proj.weight"), &[f, h])?);
+            put(format!("{dst}.mlp.linear_fc1.weight"), vec![2 * f, h], fc1);
+            put(
+                format!("{dst}.mlp.linear_fc2.weight"),
+                vec![h, f],
+                take(t, &format!("{src}.mlp.down_proj.weight"), &[h, f])?,
+            );
+        }
+        m.insert(
+            "decoder.final_layernorm.weight".into(),
+            (vec![h], take(t, "model.norm.weight", &[h])?),
+        );
+        Ok(m)
+    }
+
+    fn to_hf(
+        &self,
+        cfg: &TransformerConfig,
+        m: &mut Tensors,
+        vocab: usize,
+    ) -> Result<(Value, Tensors), String> {
+        let (h, f, heads, groups, hd) = (
+            cfg.hidden_size,
+            cfg.ffn_hidden_size,
+            cfg.num_attention_heads,
+            cfg.query_groups(),
+            cfg.head_dim(),
+        );
+        let vp = cfg.padded_vocab_size;
+        let mut t = Tensors::new();
+        let mut emb = take(m, "embedding.word_embeddings.weight", &[vp, h])?;
+        emb.truncate(vocab * h);
+        t.insert("model.embed_tokens.weight".into(), (vec![vocab, h], emb));
+        if cfg.untie_embeddings_and_output_weights {
+            let mut out = take(m, "output_layer.weight", &[vp, h])?;
+            out.truncate(vocab * h);
+            t.insert("lm_head.weight".into(), (vec![vocab, h], out));
+        }
+        for l in 0..cfg.num_layers {
+            let (dst, src) = (format!("model.layers.{l}"), format!("decoder.layers.{l}"));
+            let mut put = |name: String, shape: Vec<usize>, v: Vec<f32>| {
+                t.insert(name, (shape, v));
+            };
+            put(
+                format!("{dst}.input_layernorm.weight"),
+                vec![h],
+                take(m, &format!("{src}.input_layernorm.weight"), &[h])?,
+            );
+            put(
+                format!("{dst}.post_attention_layernorm.weight"),
+                vec![h],
+                take(m, &format!("{src}.pre_mlp_layernorm.weight"), &[h])?,
+            );
+            let w = take(
+                m,
+                &format!("{src}.self_attention.linear_qkv.weight"),
+                &[cfg.qkv_size(), h],
+            )?;
+            let (q, k, v) = split_qkv(&w, heads, groups, hd, h);
+            put(
+                format!("{dst}.self_attn.q_proj.weight"),
+                vec![heads * hd, h],
+                q,
+            );
+            put(
+                format!("{dst}.self_attn.k_proj.weight"),
+                vec![groups * hd, h],
+                k,
+            );
+            put(
+                format!("{dst}.self_attn.v_proj.weight"),
+                vec![groups * hd, h],
+                v,
+            );
+            if cfg.add_qkv_bias {
+                let b = take(
+                    m,
+                    &format!("{src}.self_attention.linear_qkv.bias"),
+                    &[cfg.qkv_size()],
+                )?;
+                let (q, k, v) = split_qkv(&b, heads, groups, hd, 1);
+                put(format!("{dst}.self_attn.q_proj.bias"), vec![heads * hd], q);
+                put(format!("{dst}.self_attn.k_proj.bias"), vec![groups * hd], k);
+                put(format!("{dst}.self_attn.v_proj.bias"), vec![groups * hd], v);
+            }
+            put(
+                format!("{dst}.self_attn.o_proj.weight"),
+                vec![h, heads * hd],
+                take(
+                    m,
+                    &format!("{src}.self_attention.linear_proj.weight"),
+                    &[h, heads * hd],
+                )?,
+            );
+            let fc1 = take(m, &format!("{src}.mlp.linear_fc1.weight"), &[2 * f, h])?;
+            put(
+                format!("{dst}.mlp.gate_proj.weight"),
+                vec![f, h],
+                fc1[..f * h].to_vec(),
+            );
+            put(
+                format!("{dst}.mlp.up_proj.weight"),
+                vec![f, h],
+                fc1[f * h..].to_vec(),
+            );
+            put(
+                format!("{dst}.mlp.down_proj.weight"),
+                vec![h, f],
+                take(m, &format!("{src}.mlp.linear_fc2.weight"), &[h, f])?,
+            );
+        }
+        t.insert(
+            "model.norm.weight".into(),
+            (vec![h], take(m, "decoder.final_layernorm.weight", &[h])?),
+        );
+        let (arch, model_type) = if self.qwen() {
+            ("Qwen2ForCausalLM", "qwen2")
+        } else {
+            ("LlamaForCausalLM", "llama")
+        };
+        let mut rope = json!({"rope_theta": cfg.rotary.base, "rope_type": "default"});
+        if let Some(factor) = cfg.rotary.scaling_factor {
+            rope = json!({"rope_theta": cfg.rotary.base, "rope_type": "llama3", "factor": factor,
+                          "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                          "original_max_position_embeddings": 8192});
+        }
+        let config = json!({
+            "architectures": [arch],
+            "model_type": model_type,
+            "hidden_act": "silu",
+            "hidden_size": h,
+            "intermediate_size": f,
+            "num_hidden_layers": cfg.num_layers,
+            "num_attention_heads": heads,
+            "num_key_value_heads": groups,
+            "head_dim": hd,
+            "max_position_embeddings": cfg.max_position_embeddings,
+            "rms_norm_eps": cfg.layernorm_epsilon,
+            "rope_theta": cfg.rotary.base,
+            "rope_parameters": rope,
+            "tie_word_embeddings": !cfg.untie_embeddings_and_output_weights,
+            "attention_bias": cfg.add_bias_linear,
+            "mlp_bias": false,
+            "vocab_size": vocab,
+            "initializer_range": cfg.init_method_std,
+        });
+        Ok((config, t))
+    }
+}

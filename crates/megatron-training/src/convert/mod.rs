@@ -1,0 +1,253 @@
+//! `megatron convert`: Hugging Face checkpoints in and out (Megatron Bridge's role). A model
+//! family is one file here (`gpt2.rs`, `llama.rs`) that maps config.json to a
+//! `TransformerConfig` and tensor names and fused layouts both ways; this file reads and writes
+//! the containers (safetensors, sharded or not; megatron-rs checkpoints) and never looks inside
+//! a family.
+
+mod gpt2;
+mod llama;
+
+use crate::checkpointing::{iteration_dir, load_checkpoint, write_whole_checkpoint};
+use crate::TrainError;
+use megatron_core::TransformerConfig;
+use safetensors::tensor::{Dtype, TensorView};
+use safetensors::SafeTensors;
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+
+/// Tensors by name: global shape and f32 values.
+pub type Tensors = BTreeMap<String, (Vec<usize>, Vec<f32>)>;
+
+/// What every family provides.
+pub(crate) trait HfFamily {
+    /// The megatron-rs model of a Hugging Face config.json (vocabulary padded to
+    /// `make_vocab_size_divisible_by`).
+    fn megatron_config(
+        &self,
+        hf: &serde_json::Value,
+        divisible_by: usize,
+    ) -> Result<TransformerConfig, String>;
+    /// Hugging Face tensors to megatron-core names and layouts (embedding rows padded).
+    fn to_megatron(
+        &self,
+        cfg: &TransformerConfig,
+        hf: &mut Tensors,
+        vocab: usize,
+    ) -> Result<Tensors, String>;
+    /// The reverse, with the config.json that transformers reads back.
+    fn to_hf(
+        &self,
+        cfg: &TransformerConfig,
+        m: &mut Tensors,
+        vocab: usize,
+    ) -> Result<(serde_json::Value, Tensors), String>;
+}
+
+/// The family of an `architectures` entry of config.json.
+fn family(arch: &str) -> Option<Box<dyn HfFamily>> {
+    match arch {
+        "GPT2LMHeadModel" => Some(Box::new(gpt2::Gpt2)),
+        "LlamaForCausalLM" | "MistralForCausalLM" | "Qwen2ForCausalLM" => {
+            Some(Box::new(llama::Llama {
+                arch: arch.to_string(),
+            }))
+        }
+        _ => None,
+    }
+}
+
+fn err(path: &Path, msg: impl Into<String>) -> TrainError {
+    TrainError::Checkpoint {
+        path: path.display().to_string(),
+        msg: msg.into(),
+    }
+}
+
+/// Takes a tensor out of `t`, checking its shape; the error names it.
+pub(crate) fn take(t: &mut Tensors, name: &str, shape: &[usize]) -> Result<Vec<f32>, String> {
+    let (s, v) = t
+        .remove(name)
+        .ok_or_else(|| format!("missing tensor {name}"))?;
+    if s != shape {
+        return Err(format!("tensor {name} has shape {s:?}, expected {shape:?}"));
+    }
+    Ok(v)
+}
+
+/// `rows` of `x` (row-major, `cols` wide) appended with zero rows up to `padded`.
+pub(crate) fn pad_rows(mut x: Vec<f32>, cols: usize, padded: usize) -> Vec<f32> {
+    x.resize(padded * cols, 0.0);
+    x
+}
+
+/// Reads `model.safetensors`, or every file a `model.safetensors.index.json` names, as f32
+/// (F32, F16 and BF16 tensors).
+fn read_hf_tensors(dir: &Path) -> Result<Tensors, TrainError> {
+    let index = dir.join("model.safetensors.index.json");
+    let files: Vec<PathBuf> = if index.exists() {
+        let text = std::fs::read_to_string(&index).map_err(crate::io_err(&index))?;
+        let v: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| err(&index, e.to_string()))?;
+        let map = v["weight_map"]
+            .as_object()
+            .ok_or_else(|| err(&index, "no weight_map"))?;
+        let mut names: Vec<String> = map
+            .values()
+            .filter_map(|f| f.as_str().map(String::from))
+            .collect();
+        names.sort();
+        names.dedup();
+        names.into_iter().map(|f| dir.join(f)).collect()
+    } else {
+        vec![dir.join("model.safetensors")]
+    };
+    let mut out = Tensors::new();
+    for f in files {
+        let file = std::fs::File::open(&f).map_err(|e| err(&f, format!("cannot open: {e}")))?;
+        // SAFETY: the file is only read, and converters do not run beside writers of it.
+        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(crate::io_err(&f))?;
+        let st = SafeTensors::deserialize(&map)
+            .map_err(|e| err(&f, format!("not a safetensors file: {e}")))?;
+        for (name, view) in st.tensors() {
+            let b = view.data();
+            let v: Vec<f32> = match view.dtype() {
+                Dtype::F32 => b
+                    .chunks_exact(4)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect(),
+                Dtype::F16 => b
+                    .chunks_exact(2)
+                    .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+                    .collect(),
+                Dtype::BF16 => b
+                    .chunks_exact(2)
+                    .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
+                    .collect(),
+                other => {
+                    return Err(err(
+                        &f,
+                        format!("tensor {name}: unsupported dtype {other:?}"),
+                    ))
+                }
+            };
+            out.insert(name, (view.shape().to_vec(), v));
+        }
+    }
+    Ok(out)
+}
+
+/// `megatron convert --from hf --input DIR --output SAVE`: a megatron-rs checkpoint (iteration
+/// 0, no optimizer state) whose manifest records the model, so `generate --load` needs no
+/// model flags.
+pub fn hf_to_megatron(
+    input: &Path,
+    output: &Path,
+    divisible_by: usize,
+) -> Result<PathBuf, TrainError> {
+    let cfg_path = input.join("config.json");
+    let text = std::fs::read_to_string(&cfg_path)
+        .map_err(|e| err(&cfg_path, format!("cannot read: {e}")))?;
+    let hf: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| err(&cfg_path, e.to_string()))?;
+    let arch = hf["architectures"][0].as_str().unwrap_or("").to_string();
+    let fam = family(&arch).ok_or_else(|| {
+        err(&cfg_path, format!("unknown architecture '{arch}' (known: GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)"))
+    })?;
+    let cfg = fam
+        .megatron_config(&hf, divisible_by)
+        .map_err(|m| err(&cfg_path, m))?;
+    cfg.validate().map_err(|e| err(&cfg_path, e.to_string()))?;
+    let vocab = hf["vocab_size"]
+        .as_u64()
+        .ok_or_else(|| err(&cfg_path, "no vocab_size"))? as usize;
+    let mut hf_tensors = read_hf_tensors(input)?;
+    let tensors = fam
+        .to_megatron(&cfg, &mut hf_tensors, vocab)
+        .map_err(|m| err(input, m))?;
+    if let Some(extra) = hf_tensors.keys().next() {
+        return Err(err(
+            input,
+            format!("unexpected tensor {extra} (not part of a {arch})"),
+        ));
+    }
+    let tokenizer_model = input.join("tokenizer.json");
+    let tok = tokenizer_model
+        .exists()
+        .then(|| tokenizer_model.display().to_string());
+    write_whole_checkpoint(output, cfg, &tensors, vocab, tok)?;
+    Ok(iteration_dir(output, 0))
+}
+
+/// `megatron convert --to hf --input SAVE --output DIR`: config.json + model.safetensors that
+/// transformers' `from_pretrained` reads, written under a temporary name and renamed.
+pub fn megatron_to_hf(input: &Path, output: &Path) -> Result<PathBuf, TrainError> {
+    let ck = load_checkpoint(input, None)?;
+    let cfg = ck.meta.model.clone();
+    let mut m: Tensors = ck
+        .tensors
+        .into_iter()
+        .filter(|(n, _)| !n.starts_with("optimizer."))
+        .map(|(n, v)| {
+            let shape = ck
+                .meta
+                .tensors
+                .iter()
+                .find(|t| t.name == n)
+                .map(|t| t.shape.clone())
+                .unwrap_or_default();
+            (n, (shape, v))
+        })
+        .collect();
+    let fam: Box<dyn HfFamily> = if cfg.position_embedding_type
+        == megatron_core::transformer::config::PositionEmbeddingType::LearnedAbsolute
+    {
+        Box::new(gpt2::Gpt2)
+    } else {
+        let arch = if cfg.add_qkv_bias && !cfg.add_bias_linear {
+            "Qwen2ForCausalLM"
+        } else {
+            "LlamaForCausalLM"
+        };
+        Box::new(llama::Llama { arch: arch.into() })
+    };
+    let (config, tensors) = fam
+        .to_hf(&cfg, &mut m, ck.meta.vocab_size)
+        .map_err(|e| err(&ck.dir, e))?;
+    let tmp = output.with_extension("partial");
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir_all(&tmp).map_err(crate::io_err(&tmp))?;
+    let bytes: Vec<(String, Vec<usize>, Vec<u8>)> = tensors
+        .iter()
+        .map(|(n, (s, v))| {
+            (
+                n.clone(),
+                s.clone(),
+                v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            )
+        })
+        .collect();
+    let views: Vec<(String, TensorView)> = bytes
+        .iter()
+        .map(|(n, s, b)| {
+            (
+                n.clone(),
+                TensorView::new(Dtype::F32, s.clone(), b).expect("shape matches"),
+            )
+        })
+        .collect();
+    let mut meta = HashMap::new();
+    meta.insert("format".to_string(), "pt".to_string());
+    let st = tmp.join("model.safetensors");
+    safetensors::serialize_to_file(views, Some(meta), &st).map_err(|e| err(&st, e.to_string()))?;
+    let cj = tmp.join("config.json");
+    let text = serde_json::to_string_pretty(&config).map_err(|e| err(&cj, e.to_string()))?;
+    crate::checkpointing::write_synced(&cj, text.as_bytes())?;
+    if let Some(t) = &ck.meta.tokenizer_model {
+        let _ = std::fs::copy(t, tmp.join("tokenizer.json"));
+    }
+    if output.exists() {
+        std::fs::remove_dir_all(output).map_err(crate::io_err(output))?;
+    }
+    std::fs::rename(&tmp, output).map_err(crate::io_err(output))?;
+    Ok(output.to_path_buf())
+}

@@ -1,0 +1,160 @@
+//! `megatron convert` against the outside reference: tiny random Hugging Face models made by
+//! transformers (`bench/make_hf_fixtures.py`; committed with their fp32 logits), converted to
+//! megatron-rs, give transformers' logits; converted back they give the original tensors, byte
+//! for byte.
+
+mod common;
+
+use common::tmpdir;
+use megatron_core::inference::{decode_step, KVCache};
+use megatron_core::models::ModelFamily;
+use megatron_core::Params;
+use megatron_training::checkpointing::{load_checkpoint, restore};
+use megatron_training::convert::{hf_to_megatron, megatron_to_hf};
+use safetensors::SafeTensors;
+use std::path::{Path, PathBuf};
+
+fn fixture(arch: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/hf")
+        .join(arch)
+}
+
+fn f32s(b: &[u8]) -> Vec<f32> {
+    b.chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+/// Logits of the converted model for the fixture's token ids, position by position through the
+/// KV cache: `[batch, t, vocab]` (vocabulary padding dropped).
+fn megatron_logits(save: &Path, ids: &[i64], b: usize, t: usize, vocab: usize) -> Vec<f32> {
+    let ck = load_checkpoint(save, None).unwrap();
+    let mut params = Params::default();
+    let layers = ck.meta.model.num_layers();
+    let model = ck
+        .meta
+        .model
+        .build_chunk(&mut params, &mut Vec::new(), 0..layers, true, true);
+    params.data = vec![0.0; params.numel()];
+    restore(&ck, &mut params, None).unwrap();
+    let vp = ck.meta.model.padded_vocab_size;
+    let mut cache = KVCache::new(&model, b, t);
+    let mut out = vec![0.0f32; b * t * vocab];
+    for pos in 0..t {
+        let toks: Vec<u32> = (0..b).map(|bi| ids[bi * t + pos] as u32).collect();
+        let logits = decode_step(&model, &params, &mut cache, &toks);
+        for bi in 0..b {
+            let row = &logits.data()[bi * vp..bi * vp + vocab];
+            out[(bi * t + pos) * vocab..(bi * t + pos + 1) * vocab].copy_from_slice(row);
+        }
+    }
+    out
+}
+
+fn check(arch: &str) {
+    let dir = tmpdir(&format!("convert-{arch}"));
+    let save = dir.join("megatron");
+    hf_to_megatron(&fixture(arch), &save, 128).unwrap();
+    // Logits against transformers'.
+    let refb = std::fs::read(fixture(arch).join("reference.safetensors")).unwrap();
+    let r = SafeTensors::deserialize(&refb).unwrap();
+    let ids: Vec<i64> = r
+        .tensor("input_ids")
+        .unwrap()
+        .data()
+        .chunks_exact(8)
+        .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    let lt = r.tensor("logits").unwrap();
+    let (b, t, vocab) = (lt.shape()[0], lt.shape()[1], lt.shape()[2]);
+    let want = f32s(lt.data());
+    let got = megatron_logits(&save, &ids, b, t, vocab);
+    let diff = want
+        .iter()
+        .zip(&got)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max);
+    eprintln!("{arch}: max |logit difference| {diff:e}");
+    assert!(diff <= 1e-4, "{arch}: logits differ by {diff}");
+    // And back: the original tensors, byte for byte.
+    let back = dir.join("hf");
+    megatron_to_hf(&save, &back).unwrap();
+    let a = std::fs::read(fixture(arch).join("model.safetensors")).unwrap();
+    let c = std::fs::read(back.join("model.safetensors")).unwrap();
+    let (a, c) = (
+        SafeTensors::deserialize(&a).unwrap(),
+        SafeTensors::deserialize(&c).unwrap(),
+    );
+    let mut names: Vec<String> = a.names().into_iter().map(String::from).collect();
+    names.sort();
+    let mut back_names: Vec<String> = c.names().into_iter().map(String::from).collect();
+    back_names.sort();
+    assert_eq!(names, back_names, "{arch}: tensor names");
+    for n in &names {
+        let (x, y) = (a.tensor(n).unwrap(), c.tensor(n).unwrap());
+        assert_eq!(x.shape(), y.shape(), "{arch}: {n}");
+        assert_eq!(x.data(), y.data(), "{arch}: {n} differs");
+    }
+    let cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(back.join("config.json")).unwrap()).unwrap();
+    assert_eq!(cfg["vocab_size"], 96, "{arch}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn gpt2_converts_to_transformers_logits_and_back_byte_for_byte() {
+    check("gpt2");
+}
+
+#[test]
+fn llama_with_gqa_and_untied_output_converts_to_transformers_logits_and_back() {
+    check("llama");
+}
+
+#[test]
+fn qwen2_with_qkv_bias_and_tied_embeddings_converts_to_transformers_logits_and_back() {
+    check("qwen2");
+}
+
+#[test]
+fn an_unknown_architecture_and_a_missing_tensor_are_named() {
+    let dir = tmpdir("convert-bad");
+    let hf = dir.join("hf");
+    std::fs::create_dir_all(&hf).unwrap();
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(fixture("llama").join(f), hf.join(f)).unwrap();
+    }
+    let text = std::fs::read_to_string(hf.join("config.json")).unwrap();
+    std::fs::write(
+        hf.join("config.json"),
+        text.replace("LlamaForCausalLM", "FalconForCausalLM"),
+    )
+    .unwrap();
+    let e = hf_to_megatron(&hf, &dir.join("out"), 128)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("config.json") && e.contains("FalconForCausalLM"),
+        "{e}"
+    );
+    // A checkpoint missing a tensor: the GPT-2 fixture read as a Llama.
+    std::fs::write(hf.join("config.json"), text).unwrap();
+    std::fs::copy(
+        fixture("gpt2").join("model.safetensors"),
+        hf.join("model.safetensors"),
+    )
+    .unwrap();
+    let e = hf_to_megatron(&hf, &dir.join("out"), 128)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("missing tensor model.embed_tokens.weight"),
+        "{e}"
+    );
+    assert!(!dir
+        .join("out")
+        .join("latest_checkpointed_iteration.txt")
+        .exists());
+    let _ = std::fs::remove_dir_all(dir);
+}
