@@ -49,7 +49,8 @@ enum Command {
     /// Micro-benchmarks (GEMM throughput on transformer shapes).
     Bench(bench::BenchArgs),
     /// Convert checkpoints: `--from hf --input HF_DIR --output SAVE` (GPT-2, Llama, Mistral,
-    /// Qwen2) or `--to hf --input SAVE --output HF_DIR`.
+    /// Qwen2), `--from gguf --input FILE.gguf --output SAVE` (Llama) or `--to hf --input SAVE
+    /// --output HF_DIR`.
     Convert(ConvertArgs),
     /// Look into checkpoints: `inspect DIR` (iteration, layout saved from, files, tensors) or
     /// `verify DIR` (every file against the manifest's size and crc32c).
@@ -59,7 +60,8 @@ enum Command {
 
 #[derive(clap::Args)]
 struct ConvertArgs {
-    /// `hf` (a Hugging Face model directory) or `megatron` (a --save directory).
+    /// `hf` (a Hugging Face model directory), `gguf` (a llama.cpp file) or `megatron` (a --save
+    /// directory).
     #[arg(long, default_value = "megatron")]
     from: String,
     /// `megatron` or `hf`.
@@ -75,11 +77,13 @@ struct ConvertArgs {
 }
 
 fn run_convert(a: &ConvertArgs) -> anyhow::Result<()> {
-    use megatron_training::convert::{hf_to_megatron, megatron_to_hf};
+    use megatron_training::convert::{gguf_to_megatron, hf_to_megatron, megatron_to_hf};
     let out = match (a.from.as_str(), a.to.as_str()) {
         ("hf", "megatron") => hf_to_megatron(&a.input, &a.output, a.make_vocab_size_divisible_by)?,
         ("megatron", "hf") => megatron_to_hf(&a.input, &a.output)?,
-        ("gguf", _) => anyhow::bail!("--from gguf: not built yet (issue 15 leaves it open)"),
+        ("gguf", "megatron") => {
+            gguf_to_megatron(&a.input, &a.output, a.make_vocab_size_divisible_by)?
+        }
         (f, t) => anyhow::bail!(
             "--from {f} --to {t}: expected --from hf (to megatron) or --to hf (from megatron)"
         ),
@@ -121,7 +125,12 @@ fn main() -> ExitCode {
             })
             .map_err(Into::into),
         Command::Generate(args) => generate(&args)
-            .map(|text| println!("{}{}", args.prompt, text))
+            .map(|text| {
+                // A plain text prompt is echoed before its continuation; a chat answer or a
+                // continuation of token ids stands alone.
+                let echo = !args.chat && args.prompt_ids.is_none();
+                println!("{}{}", if echo { args.prompt.as_str() } else { "" }, text)
+            })
             .map_err(Into::into),
         Command::Preprocess(args) => run_preprocess(&args),
         Command::TrainTokenizer(args) => {

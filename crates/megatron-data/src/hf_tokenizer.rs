@@ -95,4 +95,8 @@ impl Tokenizer for HFTokenizer {
     fn eod(&self) -> u32 {
         self.eod
     }
+
+    fn token_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
 }

@@ -8,6 +8,10 @@ pub trait Tokenizer: Send + Sync {
     fn decode(&self, ids: &[u32]) -> String;
     /// End-of-document id.
     fn eod(&self) -> u32;
+    /// The id of a (special) token given by its text, if the vocabulary has it.
+    fn token_id(&self, _token: &str) -> Option<u32> {
+        None
+    }
     /// An independent copy for one worker thread, where sharing would contend (tiktoken's
     /// regex keeps one scratch pool per regex, behind a lock). `None`: share `self`.
     fn for_worker(&self) -> Option<Box<dyn Tokenizer>> {

@@ -399,6 +399,22 @@ pub struct GenerateArgs {
     pub seed: u64,
     #[arg(long)]
     pub greedy: bool,
+    /// Token ids instead of text ("5 17 42"; no tokenizer needed).
+    #[arg(long)]
+    pub prompt_ids: Option<String>,
+    /// End the output with a line of the generated ids, space separated.
+    #[arg(long)]
+    pub print_ids: bool,
+    /// Wrap --prompt in the ChatML chat template (`<|im_start|>role ... <|im_end|>`, SmolLM2's
+    /// and Qwen's) and stop at the end of the assistant's turn.
+    #[arg(long)]
+    pub chat: bool,
+    /// The system message under --chat.
+    #[arg(long)]
+    pub system: Option<String>,
+    /// Writes the logits of every prompt position (`[prompt tokens, vocab]`, f32 safetensors).
+    #[arg(long)]
+    pub logits_out: Option<std::path::PathBuf>,
 }
 
 /// The validated configuration of a run.

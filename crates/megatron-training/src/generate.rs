@@ -7,7 +7,7 @@ use crate::TrainError;
 use megatron_core::inference::{decode_step, KVCache};
 use megatron_core::models::ModelFamily;
 use megatron_core::params::Params;
-use megatron_data::{build_tokenizer_from, TokenizerSpec};
+use megatron_data::{build_tokenizer_from, Tokenizer, TokenizerSpec};
 use megatron_tensor::RngKey;
 use std::path::Path;
 
@@ -72,7 +72,61 @@ fn argmax(x: &[f32]) -> u32 {
     best as u32
 }
 
-/// Generates a continuation of `args.prompt`; returns only the new text.
+/// The prompt's token ids: `--prompt-ids`, or `--prompt` (in the ChatML template under `--chat`)
+/// through the tokenizer.
+fn prompt_ids(args: &GenerateArgs, tok: Option<&dyn Tokenizer>) -> Result<Vec<u32>, TrainError> {
+    if let Some(ids) = &args.prompt_ids {
+        return ids
+            .split_whitespace()
+            .map(|t| {
+                t.parse::<u32>()
+                    .map_err(|_| TrainError::Args(format!("--prompt-ids: '{t}' is not a token id")))
+            })
+            .collect();
+    }
+    let tok = tok.ok_or_else(|| {
+        TrainError::Args("the checkpoint names no tokenizer: give --prompt-ids".into())
+    })?;
+    let text = if args.chat {
+        let mut t = String::new();
+        if let Some(sys) = &args.system {
+            t.push_str(&format!("<|im_start|>system\n{sys}<|im_end|>\n"));
+        }
+        t.push_str(&format!(
+            "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n",
+            args.prompt
+        ));
+        t
+    } else {
+        args.prompt.clone()
+    };
+    let mut ids = tok.encode(&text)?;
+    if ids.is_empty() {
+        ids.push(tok.eod());
+    }
+    Ok(ids)
+}
+
+/// Writes the prompt's logits (`[positions, vocab]`) as f32 safetensors.
+fn write_logits(path: &Path, rows: &[Vec<f32>]) -> Result<(), TrainError> {
+    let vocab = rows.first().map_or(0, |r| r.len());
+    let bytes: Vec<u8> = rows
+        .iter()
+        .flatten()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    let view = safetensors::tensor::TensorView::new(
+        safetensors::tensor::Dtype::F32,
+        vec![rows.len(), vocab],
+        &bytes,
+    )
+    .map_err(|e| TrainError::Args(format!("--logits-out: {e}")))?;
+    safetensors::serialize_to_file([("logits", view)], None, path)
+        .map_err(|e| TrainError::Args(format!("--logits-out {}: {e}", path.display())))
+}
+
+/// Generates a continuation of the prompt; returns the new text (and, with `--print-ids`, a
+/// last line of the new token ids).
 pub fn generate(args: &GenerateArgs) -> Result<String, TrainError> {
     let ck = load_checkpoint(Path::new(&args.load), None)?;
     let tok = build_tokenizer_from(&TokenizerSpec {
@@ -81,7 +135,13 @@ pub fn generate(args: &GenerateArgs) -> Result<String, TrainError> {
         merge_file: ck.meta.merge_file.clone(),
         tokenizer_model: ck.meta.tokenizer_model.clone(),
         vocab_size: Some(ck.meta.vocab_size),
-    })?;
+    });
+    // Token ids need no tokenizer.
+    let tok = match (tok, &args.prompt_ids) {
+        (Ok(t), _) => Some(t),
+        (Err(_), Some(_)) => None,
+        (Err(e), None) => return Err(e.into()),
+    };
     let mut params = Params::default();
     let mut inits = Vec::new();
     let layers = ck.meta.model.num_layers();
@@ -92,35 +152,50 @@ pub fn generate(args: &GenerateArgs) -> Result<String, TrainError> {
     params.data = vec![0.0; params.numel()];
     restore(&ck, &mut params, None)?;
     let max_pos = model.config.max_position_embeddings;
-    let mut prompt = tok.encode(&args.prompt)?;
-    if prompt.is_empty() {
-        prompt.push(tok.eod());
+    let mut prompt = prompt_ids(args, tok.as_deref())?;
+    let vocab = ck.meta.vocab_size.min(model.config.padded_vocab_size);
+    if let Some(bad) = prompt.iter().find(|&&i| i as usize >= vocab) {
+        return Err(TrainError::Args(format!(
+            "prompt token id {bad} is outside the vocabulary ({vocab})"
+        )));
     }
     if prompt.len() >= max_pos {
         // Keep the most recent context that leaves room for at least one new token.
         prompt = prompt[prompt.len() - (max_pos - 1)..].to_vec();
+    }
+    let mut stop: Vec<u32> = tok.as_ref().map(|t| t.eod()).into_iter().collect();
+    if args.chat {
+        stop.extend(tok.as_ref().and_then(|t| t.token_id("<|im_end|>")));
     }
     let new_tokens = args.max_new_tokens.min(max_pos - prompt.len());
     let mut cache = KVCache::new(&model, 1, prompt.len() + new_tokens);
     let temperature = if args.greedy { 0.0 } else { args.temperature };
     let key = RngKey::new(args.seed).fold(0x6E6);
     let mut logits = None;
+    let mut prompt_logits = Vec::new();
     for &p in &prompt {
-        logits = Some(decode_step(&model, &params, &mut cache, &[p]));
+        let l = decode_step(&model, &params, &mut cache, &[p]);
+        if args.logits_out.is_some() {
+            prompt_logits.push(l.data()[..vocab].to_vec());
+        }
+        logits = Some(l);
+    }
+    if let Some(path) = &args.logits_out {
+        write_logits(path, &prompt_logits)?;
     }
     let mut out = Vec::new();
     for step in 0..new_tokens {
         let l = logits.take().expect("prompt is never empty");
         let next = sample_next(
             l.data(),
-            tok.vocab_size(),
+            vocab,
             temperature,
             args.top_k,
             args.top_p,
             key,
             step as u64,
         );
-        if next == tok.eod() {
+        if stop.contains(&next) {
             break;
         }
         out.push(next);
@@ -128,5 +203,18 @@ pub fn generate(args: &GenerateArgs) -> Result<String, TrainError> {
             logits = Some(decode_step(&model, &params, &mut cache, &[next]));
         }
     }
-    Ok(tok.decode(&out))
+    let ids = || {
+        out.iter()
+            .map(|i| i.to_string())
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let mut text = match &tok {
+        Some(t) => t.decode(&out),
+        None => ids(),
+    };
+    if args.print_ids {
+        text = format!("{text}\n{}", ids());
+    }
+    Ok(text)
 }

@@ -4,6 +4,7 @@
 //! the containers (safetensors, sharded or not; megatron-rs checkpoints) and never looks inside
 //! a family.
 
+pub mod gguf;
 mod gpt2;
 mod llama;
 
@@ -250,4 +251,47 @@ pub fn megatron_to_hf(input: &Path, output: &Path) -> Result<PathBuf, TrainError
     }
     std::fs::rename(&tmp, output).map_err(crate::io_err(output))?;
     Ok(output.to_path_buf())
+}
+
+/// `megatron convert --from gguf --input FILE.gguf --output SAVE`: a Llama GGUF (quantized
+/// tensors dequantized, llama.cpp's Q/K permutation undone) as a megatron-rs checkpoint, with
+/// the GGUF's tokenizer written beside it as `tokenizer.json` and recorded in the manifest.
+pub fn gguf_to_megatron(
+    input: &Path,
+    output: &Path,
+    divisible_by: usize,
+) -> Result<PathBuf, TrainError> {
+    let g = gguf::Gguf::open(input)?;
+    let (hf, mut tensors) = gguf::llama_as_hf(&g).map_err(|m| err(input, m))?;
+    let fam = llama::Llama {
+        arch: "LlamaForCausalLM".into(),
+    };
+    let cfg = fam
+        .megatron_config(&hf, divisible_by)
+        .map_err(|m| err(input, m))?;
+    cfg.validate().map_err(|e| err(input, e.to_string()))?;
+    let vocab = hf["vocab_size"].as_u64().unwrap_or(0) as usize;
+    let m = fam
+        .to_megatron(&cfg, &mut tensors, vocab)
+        .map_err(|e| err(input, e))?;
+    if let Some(extra) = tensors.keys().next() {
+        return Err(err(input, format!("unexpected tensor {extra}")));
+    }
+    std::fs::create_dir_all(output).map_err(crate::io_err(output))?;
+    let tok = match gguf::tokenizer_json(&g).map_err(|e| err(input, e))? {
+        Some(json) => {
+            let p = output.join("tokenizer.json");
+            let text = serde_json::to_string(&json).map_err(|e| err(&p, e.to_string()))?;
+            crate::checkpointing::write_synced(&p, text.as_bytes())?;
+            Some(
+                std::fs::canonicalize(&p)
+                    .map_err(crate::io_err(&p))?
+                    .display()
+                    .to_string(),
+            )
+        }
+        None => None,
+    };
+    write_whole_checkpoint(output, cfg, &m, vocab, tok)?;
+    Ok(iteration_dir(output, 0))
 }

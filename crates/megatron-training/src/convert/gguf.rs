@@ -1,0 +1,429 @@
+//! GGUF (llama.cpp's container): metadata and tensors read from a memory map, tensors
+//! dequantized to f32 exactly as ggml / gguf-py define them (F32, F16, BF16, Q8_0, Q4_0, Q4_1),
+//! and llama.cpp's Llama conversion undone: the rotary row permutation of Q and K, the
+//! `blk.N.*` names. The result is a Hugging Face-style config and tensor set that the Llama
+//! family file maps on. Written by hand: no maintained Rust crate reads GGUF's quantized types.
+
+use super::Tensors;
+use crate::TrainError;
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// A metadata value.
+#[derive(Clone, Debug)]
+pub enum Value {
+    Int(i128),
+    Float(f64),
+    Bool(bool),
+    Str(String),
+    Arr(Vec<Value>),
+}
+
+impl Value {
+    pub fn as_u64(&self) -> Option<u64> {
+        match self {
+            Value::Int(i) => u64::try_from(*i).ok(),
+            _ => None,
+        }
+    }
+    pub fn as_f64(&self) -> Option<f64> {
+        match self {
+            Value::Float(f) => Some(*f),
+            Value::Int(i) => Some(*i as f64),
+            _ => None,
+        }
+    }
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            Value::Str(s) => Some(s),
+            _ => None,
+        }
+    }
+}
+
+pub struct TensorInfo {
+    pub name: String,
+    /// ggml order: `dims[0]` varies fastest.
+    pub dims: Vec<u64>,
+    pub ty: u32,
+    pub offset: u64,
+}
+
+pub struct Gguf {
+    map: memmap2::Mmap,
+    pub meta: BTreeMap<String, Value>,
+    pub tensors: Vec<TensorInfo>,
+    data_start: usize,
+}
+
+struct Cursor<'a> {
+    b: &'a [u8],
+    at: usize,
+}
+
+impl Cursor<'_> {
+    fn take(&mut self, n: usize) -> Result<&[u8], String> {
+        let s = self
+            .b
+            .get(self.at..self.at + n)
+            .ok_or_else(|| format!("truncated at byte {}", self.at))?;
+        self.at += n;
+        Ok(s)
+    }
+    fn u32(&mut self) -> Result<u32, String> {
+        Ok(u32::from_le_bytes(
+            self.take(4)?.try_into().expect("4 bytes"),
+        ))
+    }
+    fn u64(&mut self) -> Result<u64, String> {
+        Ok(u64::from_le_bytes(
+            self.take(8)?.try_into().expect("8 bytes"),
+        ))
+    }
+    fn string(&mut self) -> Result<String, String> {
+        let n = self.u64()? as usize;
+        Ok(String::from_utf8_lossy(self.take(n)?).into_owned())
+    }
+    fn value(&mut self, ty: u32) -> Result<Value, String> {
+        let b = |c: &mut Self, n| c.take(n).map(|s| s.to_vec());
+        Ok(match ty {
+            0 => Value::Int(b(self, 1)?[0] as i128),
+            1 => Value::Int(b(self, 1)?[0] as i8 as i128),
+            2 => Value::Int(u16::from_le_bytes(b(self, 2)?.try_into().expect("2")) as i128),
+            3 => Value::Int(i16::from_le_bytes(b(self, 2)?.try_into().expect("2")) as i128),
+            4 => Value::Int(self.u32()? as i128),
+            5 => Value::Int(self.u32()? as i32 as i128),
+            6 => Value::Float(f32::from_le_bytes(b(self, 4)?.try_into().expect("4")) as f64),
+            7 => Value::Bool(b(self, 1)?[0] != 0),
+            8 => Value::Str(self.string()?),
+            9 => {
+                let (t, n) = (self.u32()?, self.u64()?);
+                let mut v = Vec::with_capacity(n.min(1 << 20) as usize);
+                for _ in 0..n {
+                    v.push(self.value(t)?);
+                }
+                Value::Arr(v)
+            }
+            10 => Value::Int(self.u64()? as i128),
+            11 => Value::Int(self.u64()? as i64 as i128),
+            12 => Value::Float(f64::from_le_bytes(b(self, 8)?.try_into().expect("8"))),
+            other => return Err(format!("unknown metadata type {other}")),
+        })
+    }
+}
+
+fn ggml_f16(b: &[u8]) -> f32 {
+    half::f16::from_le_bytes([b[0], b[1]]).to_f32()
+}
+
+/// (elements per block, bytes per block) of a tensor type, and its name.
+fn block(ty: u32) -> Option<(usize, usize, &'static str)> {
+    Some(match ty {
+        0 => (1, 4, "F32"),
+        1 => (1, 2, "F16"),
+        2 => (32, 18, "Q4_0"),
+        3 => (32, 20, "Q4_1"),
+        8 => (32, 34, "Q8_0"),
+        30 => (1, 2, "BF16"),
+        _ => return None,
+    })
+}
+
+impl Gguf {
+    pub fn open(path: &Path) -> Result<Gguf, TrainError> {
+        let bad = |m: String| TrainError::Checkpoint {
+            path: path.display().to_string(),
+            msg: m,
+        };
+        let f = std::fs::File::open(path).map_err(|e| bad(format!("cannot open: {e}")))?;
+        // SAFETY: read-only mapping of a file that is not written while converting.
+        let map = unsafe { memmap2::Mmap::map(&f) }.map_err(|e| bad(e.to_string()))?;
+        let mut c = Cursor { b: &map, at: 0 };
+        if c.take(4).map_err(bad)? != b"GGUF" {
+            return Err(bad("not a GGUF file (bad magic)".into()));
+        }
+        let version = c.u32().map_err(bad)?;
+        if !(2..=3).contains(&version) {
+            return Err(bad(format!("GGUF version {version} (2 and 3 are read)")));
+        }
+        let (nt, nkv) = (c.u64().map_err(bad)?, c.u64().map_err(bad)?);
+        let mut meta = BTreeMap::new();
+        for _ in 0..nkv {
+            let k = c.string().map_err(bad)?;
+            let t = c.u32().map_err(bad)?;
+            let v = c.value(t).map_err(|e| bad(format!("metadata {k}: {e}")))?;
+            meta.insert(k, v);
+        }
+        let mut tensors = Vec::with_capacity(nt as usize);
+        for _ in 0..nt {
+            let name = c.string().map_err(bad)?;
+            let nd = c.u32().map_err(bad)?;
+            let dims = (0..nd)
+                .map(|_| c.u64())
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(bad)?;
+            let ty = c.u32().map_err(bad)?;
+            let offset = c.u64().map_err(bad)?;
+            tensors.push(TensorInfo {
+                name,
+                dims,
+                ty,
+                offset,
+            });
+        }
+        let align = meta
+            .get("general.alignment")
+            .and_then(Value::as_u64)
+            .unwrap_or(32) as usize;
+        let data_start = c.at.div_ceil(align) * align;
+        let drop_cursor = c.at;
+        let _ = drop_cursor;
+        Ok(Gguf {
+            map,
+            meta,
+            tensors,
+            data_start,
+        })
+    }
+
+    /// A tensor dequantized to f32, in ggml order (`dims[0]` fastest = row-major `[.., dims[0]]`).
+    pub fn dequantize(&self, t: &TensorInfo) -> Result<Vec<f32>, String> {
+        let n: usize = t.dims.iter().product::<u64>() as usize;
+        let (per, bytes, name) = block(t.ty).ok_or_else(|| {
+            format!("tensor {}: GGUF tensor type {} is not supported (F32, F16, BF16, Q8_0, Q4_0, Q4_1 are)", t.name, t.ty)
+        })?;
+        if n % per != 0 {
+            return Err(format!(
+                "tensor {}: {n} elements is not whole {name} blocks",
+                t.name
+            ));
+        }
+        let start = self.data_start + t.offset as usize;
+        let len = n / per * bytes;
+        let d = self
+            .map
+            .get(start..start + len)
+            .ok_or_else(|| format!("tensor {}: data beyond the end of the file", t.name))?;
+        let mut out = Vec::with_capacity(n);
+        match t.ty {
+            0 => out.extend(
+                d.chunks_exact(4)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+            ),
+            1 => out.extend(d.chunks_exact(2).map(ggml_f16)),
+            30 => out.extend(
+                d.chunks_exact(2)
+                    .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32()),
+            ),
+            8 => {
+                for blk in d.chunks_exact(34) {
+                    let s = ggml_f16(&blk[..2]);
+                    out.extend(blk[2..].iter().map(|&q| q as i8 as f32 * s));
+                }
+            }
+            2 => {
+                for blk in d.chunks_exact(18) {
+                    let s = ggml_f16(&blk[..2]);
+                    let qs = &blk[2..];
+                    out.extend(qs.iter().map(|&q| ((q & 0x0F) as i32 - 8) as f32 * s));
+                    out.extend(qs.iter().map(|&q| ((q >> 4) as i32 - 8) as f32 * s));
+                }
+            }
+            3 => {
+                for blk in d.chunks_exact(20) {
+                    let (s, m) = (ggml_f16(&blk[..2]), ggml_f16(&blk[2..4]));
+                    let qs = &blk[4..];
+                    out.extend(qs.iter().map(|&q| (q & 0x0F) as f32 * s + m));
+                    out.extend(qs.iter().map(|&q| (q >> 4) as f32 * s + m));
+                }
+            }
+            _ => unreachable!("checked by block()"),
+        }
+        Ok(out)
+    }
+}
+
+/// Undoes llama.cpp's rotary permutation of Q or K rows (`convert_hf_to_gguf.py`'s `permute`):
+/// GGUF row `h*hd + 2i + s` is Hugging Face row `h*hd + s*hd/2 + i`.
+fn unpermute(x: &[f32], heads: usize, hd: usize, cols: usize) -> Vec<f32> {
+    let mut out = vec![0.0; x.len()];
+    for h in 0..heads {
+        for i in 0..hd / 2 {
+            for s in 0..2 {
+                let src = (h * hd + 2 * i + s) * cols;
+                let dst = (h * hd + s * hd / 2 + i) * cols;
+                out[dst..dst + cols].copy_from_slice(&x[src..src + cols]);
+            }
+        }
+    }
+    out
+}
+
+/// A Llama GGUF as a Hugging Face `LlamaForCausalLM` config.json and tensors.
+pub(crate) fn llama_as_hf(g: &Gguf) -> Result<(serde_json::Value, Tensors), String> {
+    let arch = g
+        .meta
+        .get("general.architecture")
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    if arch != "llama" {
+        return Err(format!(
+            "general.architecture '{arch}': only llama GGUFs are read"
+        ));
+    }
+    let num = |k: &str| {
+        g.meta
+            .get(&format!("llama.{k}"))
+            .and_then(Value::as_u64)
+            .map(|v| v as usize)
+            .ok_or_else(|| format!("metadata llama.{k} missing"))
+    };
+    let (layers, h, heads, ffn) = (
+        num("block_count")?,
+        num("embedding_length")?,
+        num("attention.head_count")?,
+        num("feed_forward_length")?,
+    );
+    let groups = num("attention.head_count_kv").unwrap_or(heads);
+    let hd = h / heads;
+    let vocab = match g.meta.get("llama.vocab_size").and_then(Value::as_u64) {
+        Some(v) => v as usize,
+        None => match g.meta.get("tokenizer.ggml.tokens") {
+            Some(Value::Arr(a)) => a.len(),
+            _ => return Err("no vocabulary size".into()),
+        },
+    };
+    let f = |k: &str, d: f64| {
+        g.meta
+            .get(&format!("llama.{k}"))
+            .and_then(Value::as_f64)
+            .unwrap_or(d)
+    };
+    let mut t = Tensors::new();
+    let mut tied = true;
+    for info in &g.tensors {
+        let v = g.dequantize(info)?;
+        let shape: Vec<usize> = info.dims.iter().rev().map(|&d| d as usize).collect();
+        let cols = *shape.last().unwrap_or(&1);
+        let name = &info.name;
+        let hf = if name == "token_embd.weight" {
+            "model.embed_tokens.weight".to_string()
+        } else if name == "output_norm.weight" {
+            "model.norm.weight".to_string()
+        } else if name == "output.weight" {
+            tied = false;
+            "lm_head.weight".to_string()
+        } else if let Some(rest) = name.strip_prefix("blk.") {
+            let (l, part) = rest
+                .split_once('.')
+                .ok_or_else(|| format!("tensor {name}: unexpected name"))?;
+            let p = match part {
+                "attn_norm.weight" => "input_layernorm.weight",
+                "ffn_norm.weight" => "post_attention_layernorm.weight",
+                "attn_q.weight" => "self_attn.q_proj.weight",
+                "attn_k.weight" => "self_attn.k_proj.weight",
+                "attn_v.weight" => "self_attn.v_proj.weight",
+                "attn_output.weight" => "self_attn.o_proj.weight",
+                "ffn_gate.weight" => "mlp.gate_proj.weight",
+                "ffn_up.weight" => "mlp.up_proj.weight",
+                "ffn_down.weight" => "mlp.down_proj.weight",
+                _ => return Err(format!("tensor {name}: not part of a Llama")),
+            };
+            format!("model.layers.{l}.{p}")
+        } else if name == "rope_freqs.weight" {
+            continue;
+        } else {
+            return Err(format!("tensor {name}: not part of a Llama"));
+        };
+        let v = if hf.ends_with("q_proj.weight") {
+            unpermute(&v, heads, hd, cols)
+        } else if hf.ends_with("k_proj.weight") {
+            unpermute(&v, groups, hd, cols)
+        } else {
+            v
+        };
+        t.insert(hf, (shape, v));
+    }
+    let config = serde_json::json!({
+        "architectures": ["LlamaForCausalLM"],
+        "hidden_act": "silu",
+        "hidden_size": h,
+        "intermediate_size": ffn,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": groups,
+        "max_position_embeddings": num("context_length")?,
+        "rms_norm_eps": f("attention.layer_norm_rms_epsilon", 1e-5),
+        "rope_theta": f("rope.freq_base", 10000.0),
+        "tie_word_embeddings": tied,
+        "vocab_size": vocab,
+    });
+    Ok((config, t))
+}
+
+/// The GGUF's byte-level BPE vocabulary as a Hugging Face `tokenizer.json`.
+pub(crate) fn tokenizer_json(g: &Gguf) -> Result<Option<serde_json::Value>, String> {
+    if g.meta.get("tokenizer.ggml.model").and_then(Value::as_str) != Some("gpt2") {
+        return Ok(None);
+    }
+    let strings = |k: &str| -> Vec<String> {
+        match g.meta.get(k) {
+            Some(Value::Arr(a)) => a
+                .iter()
+                .filter_map(|v| v.as_str().map(String::from))
+                .collect(),
+            _ => Vec::new(),
+        }
+    };
+    let tokens = strings("tokenizer.ggml.tokens");
+    let merges = strings("tokenizer.ggml.merges");
+    let types: Vec<i128> = match g.meta.get("tokenizer.ggml.token_type") {
+        Some(Value::Arr(a)) => a
+            .iter()
+            .map(|v| if let Value::Int(i) = v { *i } else { 1 })
+            .collect(),
+        _ => vec![1; tokens.len()],
+    };
+    let vocab: serde_json::Map<String, serde_json::Value> = tokens
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.clone(), serde_json::json!(i)))
+        .collect();
+    // Control tokens (type 3) are special, never split.
+    let added: Vec<serde_json::Value> = tokens
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| types.get(*i) == Some(&3))
+        .map(|(i, t)| {
+            serde_json::json!({"id": i, "content": t, "single_word": false, "lstrip": false,
+                                         "rstrip": false, "normalized": false, "special": true})
+        })
+        .collect();
+    // llama.cpp's "smollm" and similar pre-tokenizers split digits one by one before the
+    // byte-level split.
+    let pre = g
+        .meta
+        .get("tokenizer.ggml.pre")
+        .and_then(Value::as_str)
+        .unwrap_or("default");
+    let byte_level = serde_json::json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true});
+    let pre_tokenizer = if pre == "smollm" {
+        serde_json::json!({"type": "Sequence", "pretokenizers": [
+            {"type": "Digits", "individual_digits": true}, byte_level]})
+    } else {
+        byte_level
+    };
+    Ok(Some(serde_json::json!({
+        "version": "1.0",
+        "truncation": null,
+        "padding": null,
+        "added_tokens": added,
+        "normalizer": null,
+        "pre_tokenizer": pre_tokenizer,
+        "post_processor": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": false, "use_regex": true},
+        "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
+        "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+                  "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
+                  "ignore_merges": false, "vocab": vocab, "merges": merges},
+    })))
+}
