@@ -158,3 +158,31 @@ fn an_unknown_architecture_and_a_missing_tensor_are_named() {
         .exists());
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn a_quantized_llama_gguf_dequantizes_and_unpermutes_exactly_as_gguf_py() {
+    // bench/make_gguf_fixture.py: the HF llama fixture written by gguf-py with llama.cpp's Q/K
+    // permutation, as F32, F16, Q8_0, Q4_0 and Q4_1; the expected file holds gguf-py's own
+    // dequantization with the permutation undone.
+    let dir = tmpdir("convert-gguf");
+    let fx = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gguf");
+    let save = dir.join("megatron");
+    megatron_training::convert::gguf_to_megatron(&fx.join("tiny-llama.gguf"), &save, 128).unwrap();
+    let back = dir.join("hf");
+    megatron_to_hf(&save, &back).unwrap();
+    let want = std::fs::read(fx.join("tiny-llama-expected.safetensors")).unwrap();
+    let got = std::fs::read(back.join("model.safetensors")).unwrap();
+    let (want, got) = (
+        SafeTensors::deserialize(&want).unwrap(),
+        SafeTensors::deserialize(&got).unwrap(),
+    );
+    assert_eq!(want.len(), got.len());
+    for (name, w) in want.tensors() {
+        let g = got
+            .tensor(&name)
+            .unwrap_or_else(|_| panic!("{name} missing"));
+        assert_eq!(w.shape(), g.shape(), "{name}");
+        assert_eq!(w.data(), g.data(), "{name}: values differ from gguf-py's");
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
