@@ -176,8 +176,6 @@ impl Gguf {
             .and_then(Value::as_u64)
             .unwrap_or(32) as usize;
         let data_start = c.at.div_ceil(align) * align;
-        let drop_cursor = c.at;
-        let _ = drop_cursor;
         Ok(Gguf {
             map,
             meta,
@@ -192,7 +190,7 @@ impl Gguf {
         let (per, bytes, name) = block(t.ty).ok_or_else(|| {
             format!("tensor {}: GGUF tensor type {} is not supported (F32, F16, BF16, Q8_0, Q4_0, Q4_1 are)", t.name, t.ty)
         })?;
-        if n % per != 0 {
+        if !n.is_multiple_of(per) {
             return Err(format!(
                 "tensor {}: {n} elements is not whole {name} blocks",
                 t.name
