@@ -263,6 +263,22 @@ pub struct TrainArgs {
     pub save_interval: Option<u64>,
     #[arg(long)]
     pub load: Option<String>,
+    /// Take the model (layers, sizes, heads, norms, positions, vocabulary) from the --load
+    /// checkpoint instead of the model flags (a converted Hugging Face or GGUF model);
+    /// --seq-length still sets the training sequence length.
+    #[arg(long)]
+    pub use_checkpoint_args: bool,
+    /// Load the weights only and start a new run: iteration 0, fresh optimizer and scheduler
+    /// (continued pre-training or fine-tuning from a released model).
+    #[arg(long)]
+    pub finetune: bool,
+    /// Load the weights and the iteration but not the optimizer's moments.
+    #[arg(long)]
+    pub no_load_optim: bool,
+    /// Accepted: random streams are counter-based from --seed and the iteration, so there is no
+    /// RNG state to skip.
+    #[arg(long)]
+    pub no_load_rng: bool,
     /// Hardware peak for MFU; measured with an FMA loop (and cached) when absent.
     #[arg(long)]
     pub peak_tflops: Option<f64>,
@@ -561,7 +577,11 @@ impl TrainArgs {
         if self.num_threads == Some(0) {
             return Err(bad("--num-threads must be positive, got 0".into()));
         }
-        let model = self.model_config(vocab_size, tp)?;
+        let model = if self.use_checkpoint_args {
+            self.checkpoint_model(tp)?
+        } else {
+            self.model_config(vocab_size, tp)?
+        };
         if self.sequence_parallel
             && tp > 1
             && !(self.micro_batch_size * self.seq_length).is_multiple_of(tp)
@@ -732,6 +752,32 @@ impl TrainArgs {
         };
         partition.check().map_err(bad)?;
         Ok((tp, pp, vp, partition))
+    }
+
+    /// `--use-checkpoint-args`: the model of the checkpoint --load would resume from, trained at
+    /// --seq-length.
+    fn checkpoint_model(&self, tp: usize) -> Result<TransformerConfig, TrainError> {
+        let load = self
+            .load
+            .as_deref()
+            .ok_or_else(|| bad("--use-checkpoint-args needs --load DIR".into()))?;
+        let r = crate::checkpointing::find_checkpoint(std::path::Path::new(load), false)?;
+        let mut model = r.meta.model.clone();
+        model.seq_length = self.seq_length;
+        model.validate()?;
+        for (what, v) in [
+            ("--num-attention-heads", model.num_attention_heads),
+            ("--num-query-groups", model.query_groups()),
+            ("--ffn-hidden-size", model.ffn_hidden_size),
+            ("the padded vocabulary", model.padded_vocab_size),
+        ] {
+            if !v.is_multiple_of(tp) {
+                return Err(bad(format!(
+                    "the checkpoint's {what} ({v}) is not divisible by --tensor-model-parallel-size ({tp})"
+                )));
+            }
+        }
+        Ok(model)
     }
 
     /// The learning-rate schedule: decay style, WSD decay style, decay and warmup iterations.

@@ -287,7 +287,10 @@ pub(crate) fn load_into(
     lead: bool,
 ) -> Result<(crate::setup::Restored, CheckpointReader), TrainError> {
     let mut r = find_checkpoint(Path::new(dir), lead)?;
-    if r.meta.model != cfg.model {
+    // The training sequence length is the run's; the model is the checkpoint's.
+    let mut saved = r.meta.model.clone();
+    saved.seq_length = cfg.model.seq_length;
+    if saved != cfg.model {
         return Err(TrainError::Checkpoint {
             path: r.dir.display().to_string(),
             msg: format!(
@@ -304,14 +307,27 @@ pub(crate) fn load_into(
     let (iteration, consumed) = (r.meta.iteration, r.meta.consumed_train_samples);
     if lead {
         println!(
-            "loaded checkpoint {} at iteration {iteration} ({consumed} consumed samples)",
-            r.dir.display()
+            "loaded checkpoint {} at iteration {iteration} ({consumed} consumed samples){}",
+            r.dir.display(),
+            if cfg.args.finetune {
+                "; --finetune: weights only, starting at iteration 0"
+            } else {
+                ""
+            }
         );
     }
-    let restored = crate::setup::Restored {
-        iteration,
-        consumed_samples: consumed,
-        scheduler_steps: r.meta.scheduler.num_steps,
+    let restored = if cfg.args.finetune {
+        crate::setup::Restored {
+            iteration: 0,
+            consumed_samples: 0,
+            scheduler_steps: 0,
+        }
+    } else {
+        crate::setup::Restored {
+            iteration,
+            consumed_samples: consumed,
+            scheduler_steps: r.meta.scheduler.num_steps,
+        }
     };
     Ok((restored, r))
 }

@@ -201,7 +201,7 @@ pub(crate) fn setup_model_and_optimizer(
             Box::new(DistributedOptimizer::new(&params, buffer, b1, b2, eps))
         }
     };
-    if let Some(r) = reader.as_mut() {
+    if let Some(r) = reader.as_mut().filter(|_| !(a.finetune || a.no_load_optim)) {
         load_optimizer_state(r, &params, optimizer.as_mut())?;
         if lead {
             // Values of this rank's shards plus the moments it holds, 4 bytes each.

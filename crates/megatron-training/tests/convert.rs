@@ -186,3 +186,63 @@ fn a_quantized_llama_gguf_dequantizes_and_unpermutes_exactly_as_gguf_py() {
     }
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn a_converted_llama_trains_from_its_own_config_and_matches_one_rank_at_tp2_pp2() {
+    // --use-checkpoint-args takes the model from the converted checkpoint; --finetune starts at
+    // iteration 0 with fresh Adam; with --lr 0 the weights stay as converted, so every layout
+    // must compute the same losses from them.
+    let dir = tmpdir("convert-train");
+    let save = dir.join("megatron");
+    hf_to_megatron(&fixture("llama"), &save, 128).unwrap();
+    let s = save.to_str().unwrap();
+    let run = |layout: &[&str]| {
+        let mut v = vec![
+            "--use-checkpoint-args",
+            "--load",
+            s,
+            "--finetune",
+            "--lr",
+            "0",
+            "--train-iters",
+            "2",
+            "--seq-length",
+            "16",
+            "--vocab-size",
+            "95",
+            "--global-batch-size",
+            "4",
+        ];
+        v.extend_from_slice(layout);
+        megatron_training::pretrain(&common::args(&v)).unwrap()
+    };
+    let one = run(&[]);
+    assert_eq!(one.start_iteration, 0);
+    assert_eq!((one.losses.len(), one.val_losses.len()), (2, 1));
+    // With --lr 0 both steps see the converted weights.
+    assert!(one.losses.iter().all(|l| l.1.is_finite()));
+    let tp2pp2 = run(&[
+        "--nproc-per-node",
+        "4",
+        "--tensor-model-parallel-size",
+        "2",
+        "--pipeline-model-parallel-size",
+        "2",
+        "--micro-batch-size",
+        "1",
+    ]);
+    assert_eq!(tp2pp2.losses.len(), 2);
+    common::assert_losses_close("TP 2 x PP 2", &one.losses, &tp2pp2.losses, 1e-5);
+    common::assert_losses_close(
+        "TP 2 x PP 2 validation",
+        &one.val_losses,
+        &tp2pp2.val_losses,
+        1e-5,
+    );
+    // Model flags that disagree with the checkpoint are refused without --use-checkpoint-args.
+    let e = megatron_training::pretrain(&common::args(&["--load", s, "--train-iters", "2"]))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("another model configuration"), "{e}");
+    let _ = std::fs::remove_dir_all(dir);
+}
