@@ -527,7 +527,15 @@ impl TrainArgs {
                 "--loss-scale / --initial-loss-scale must be positive".into()
             ));
         }
-        let (tp, pp, vp, partition) = self.layout()?;
+        // --use-checkpoint-args: the checkpoint's model, read before the layout (its layers are
+        // what the pipeline splits).
+        let ckpt_model = if self.use_checkpoint_args {
+            Some(self.checkpoint_model(self.tensor_model_parallel_size.max(1))?)
+        } else {
+            None
+        };
+        let num_layers = ckpt_model.as_ref().map_or(self.num_layers, |m| m.num_layers);
+        let (tp, pp, vp, partition) = self.layout(num_layers)?;
         let dp = self.nproc_per_node / (tp * pp);
         let gbs = self.global_batch_size.unwrap_or(self.micro_batch_size * dp);
         if gbs == 0 || !gbs.is_multiple_of(self.micro_batch_size * dp) {
@@ -577,10 +585,9 @@ impl TrainArgs {
         if self.num_threads == Some(0) {
             return Err(bad("--num-threads must be positive, got 0".into()));
         }
-        let model = if self.use_checkpoint_args {
-            self.checkpoint_model(tp)?
-        } else {
-            self.model_config(vocab_size, tp)?
+        let model = match ckpt_model {
+            Some(m) => m,
+            None => self.model_config(vocab_size, tp)?,
         };
         if self.sequence_parallel
             && tp > 1
@@ -702,6 +709,7 @@ impl TrainArgs {
     /// the layers split over stages.
     fn layout(
         &self,
+        num_layers: usize,
     ) -> Result<
         (
             usize,
@@ -737,14 +745,14 @@ impl TrainArgs {
                     .into(),
             )),
             Some(lv) => {
-                if !self.num_layers.is_multiple_of(pp * lv) {
-                    return Err(bad(format!("--num-layers ({}) must be divisible by --pipeline-model-parallel-size ({pp}) x --num-layers-per-virtual-pipeline-stage ({lv})", self.num_layers)));
+                if !num_layers.is_multiple_of(pp * lv) {
+                    return Err(bad(format!("--num-layers ({}) must be divisible by --pipeline-model-parallel-size ({pp}) x --num-layers-per-virtual-pipeline-stage ({lv})", num_layers)));
                 }
-                self.num_layers / (pp * lv)
+                num_layers / (pp * lv)
             }
         };
         let partition = megatron_core::pipeline_parallel::partition::StagePartition {
-            num_layers: self.num_layers,
+            num_layers,
             p: pp,
             v: vp,
             first: self.decoder_first_pipeline_num_layers,

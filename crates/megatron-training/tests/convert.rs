@@ -218,6 +218,8 @@ fn a_converted_llama_trains_from_its_own_config_and_matches_one_rank_at_tp2_pp2(
     };
     let one = run(&[]);
     assert_eq!(one.start_iteration, 0);
+    // The whole converted model trains: its parameter count (not the flags').
+    assert!(one.bytes_per_param > 0.0);
     assert_eq!((one.losses.len(), one.val_losses.len()), (2, 1));
     // With --lr 0 both steps see the converted weights.
     assert!(one.losses.iter().all(|l| l.1.is_finite()));
