@@ -431,6 +431,9 @@ pub struct GenerateArgs {
     /// Writes the logits of every prompt position (`[prompt tokens, vocab]`, f32 safetensors).
     #[arg(long)]
     pub logits_out: Option<std::path::PathBuf>,
+    /// Weights rounded to bf16 once, every matmul on bf16 operands with f32 accumulation.
+    #[arg(long)]
+    pub bf16: bool,
 }
 
 /// The validated configuration of a run.
@@ -534,7 +537,9 @@ impl TrainArgs {
         } else {
             None
         };
-        let num_layers = ckpt_model.as_ref().map_or(self.num_layers, |m| m.num_layers);
+        let num_layers = ckpt_model
+            .as_ref()
+            .map_or(self.num_layers, |m| m.num_layers);
         let (tp, pp, vp, partition) = self.layout(num_layers)?;
         let dp = self.nproc_per_node / (tp * pp);
         let gbs = self.global_batch_size.unwrap_or(self.micro_batch_size * dp);

@@ -151,6 +151,20 @@ pub fn generate(args: &GenerateArgs) -> Result<String, TrainError> {
         .build_chunk(&mut params, &mut inits, 0..layers, true, true);
     params.data = vec![0.0; params.numel()];
     restore(&ck, &mut params, None)?;
+    if args.bf16 {
+        use megatron_tensor::cpu::matmul::{
+            set_bf16_kernel, set_matmul_precision, MatmulPrecision,
+        };
+        // Rounded once here, so no matmul has to round (or copy) a weight again.
+        let rounded: Vec<f32> = params
+            .data
+            .iter()
+            .map(|v| half::bf16::from_f32(*v).to_f32())
+            .collect();
+        params.data = rounded;
+        set_matmul_precision(MatmulPrecision::BF16);
+        set_bf16_kernel(megatron_tensor::cpu::fastest_bf16_kernel());
+    }
     let max_pos = model.config.max_position_embeddings;
     let mut prompt = prompt_ids(args, tok.as_deref())?;
     let vocab = ck.meta.vocab_size.min(model.config.padded_vocab_size);
@@ -173,6 +187,7 @@ pub fn generate(args: &GenerateArgs) -> Result<String, TrainError> {
     let key = RngKey::new(args.seed).fold(0x6E6);
     let mut logits = None;
     let mut prompt_logits = Vec::new();
+    let started = std::time::Instant::now();
     for &p in &prompt {
         let l = decode_step(&model, &params, &mut cache, &[p]);
         if args.logits_out.is_some() {
@@ -183,6 +198,7 @@ pub fn generate(args: &GenerateArgs) -> Result<String, TrainError> {
     if let Some(path) = &args.logits_out {
         write_logits(path, &prompt_logits)?;
     }
+    let prefill = started.elapsed().as_secs_f64();
     let mut out = Vec::new();
     for step in 0..new_tokens {
         let l = logits.take().expect("prompt is never empty");
@@ -203,6 +219,13 @@ pub fn generate(args: &GenerateArgs) -> Result<String, TrainError> {
             logits = Some(decode_step(&model, &params, &mut cache, &[next]));
         }
     }
+    let secs = started.elapsed().as_secs_f64() - prefill;
+    eprintln!(
+        "prompt {} tokens in {prefill:.2} s; generated {} tokens in {secs:.2} s ({:.1} tokens/s)",
+        prompt.len(),
+        out.len(),
+        out.len() as f64 / secs.max(1e-9)
+    );
     let ids = || {
         out.iter()
             .map(|i| i.to_string())
