@@ -1,7 +1,7 @@
 //! `megatron generate`: sample from a checkpoint with a KV cache.
 
 use crate::arguments::GenerateArgs;
-use crate::checkpointing::{load_checkpoint, restore};
+use crate::checkpointing::{load_checkpoint_weights, restore};
 use crate::setup::Model;
 use crate::TrainError;
 use megatron_core::inference::{decode_step, KVCache};
@@ -128,7 +128,7 @@ fn write_logits(path: &Path, rows: &[Vec<f32>]) -> Result<(), TrainError> {
 /// Generates a continuation of the prompt; returns the new text (and, with `--print-ids`, a
 /// last line of the new token ids).
 pub fn generate(args: &GenerateArgs) -> Result<String, TrainError> {
-    let ck = load_checkpoint(Path::new(&args.load), None)?;
+    let ck = load_checkpoint_weights(Path::new(&args.load))?;
     let tok = build_tokenizer_from(&TokenizerSpec {
         tokenizer_type: ck.meta.tokenizer_type.clone(),
         vocab_file: ck.meta.vocab_file.clone(),

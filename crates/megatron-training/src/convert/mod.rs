@@ -8,7 +8,7 @@ pub mod gguf;
 mod gpt2;
 mod llama;
 
-use crate::checkpointing::{iteration_dir, load_checkpoint, write_whole_checkpoint};
+use crate::checkpointing::{iteration_dir, load_checkpoint_weights, write_whole_checkpoint};
 use crate::TrainError;
 use megatron_core::TransformerConfig;
 use safetensors::tensor::{Dtype, TensorView};
@@ -182,7 +182,7 @@ pub fn hf_to_megatron(
 /// `megatron convert --to hf --input SAVE --output DIR`: config.json + model.safetensors that
 /// transformers' `from_pretrained` reads, written under a temporary name and renamed.
 pub fn megatron_to_hf(input: &Path, output: &Path) -> Result<PathBuf, TrainError> {
-    let ck = load_checkpoint(input, None)?;
+    let ck = load_checkpoint_weights(input)?;
     let cfg = ck.meta.model.clone();
     let mut m: Tensors = ck
         .tensors
