@@ -58,6 +58,15 @@ pub enum OptimizerKind {
     DistributedAdam,
 }
 
+/// `--moe-router-score-function`.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RouterScoreArg {
+    #[value(name = "softmax")]
+    Softmax,
+    #[value(name = "sigmoid")]
+    Sigmoid,
+}
+
 /// `--position-embedding-type`.
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PositionEmbeddingArg {
@@ -171,6 +180,30 @@ pub struct TrainArgs {
     /// Normalize each head's queries and keys (with --normalization's kind) before RoPE.
     #[arg(long)]
     pub qk_layernorm: bool,
+    /// Mixture of experts: this many experts replace the MLP on the MoE layers (dropless).
+    #[arg(long)]
+    pub num_experts: Option<usize>,
+    /// Each expert's FFN width; defaults to --ffn-hidden-size.
+    #[arg(long)]
+    pub moe_ffn_hidden_size: Option<usize>,
+    #[arg(long, default_value_t = 2)]
+    pub moe_router_topk: usize,
+    #[arg(long, value_enum, default_value = "softmax")]
+    pub moe_router_score_function: RouterScoreArg,
+    /// Softmax over all experts before the top-k selection.
+    #[arg(long)]
+    pub moe_router_pre_softmax: bool,
+    #[arg(long)]
+    pub moe_router_topk_scaling_factor: Option<f32>,
+    /// Switch load-balancing loss coefficient (0: off).
+    #[arg(long, default_value_t = 0.0)]
+    pub moe_aux_loss_coeff: f32,
+    /// Router z-loss coefficient (0: off).
+    #[arg(long, default_value_t = 0.0)]
+    pub moe_z_loss_coeff: f32,
+    /// Every this many layers (from layer 0) is an MoE layer.
+    #[arg(long, default_value_t = 1)]
+    pub moe_layer_freq: usize,
     /// Accepted for compatibility: softmax always runs in fp32 here.
     #[arg(long)]
     pub attention_softmax_in_fp32: bool,
@@ -689,6 +722,7 @@ impl TrainArgs {
             add_bias_linear: !self.disable_bias_linear,
             add_qkv_bias: !self.disable_bias_linear || self.add_qkv_bias,
             qk_layernorm: self.qk_layernorm,
+            moe: self.moe_config()?,
         };
         model.validate()?;
         if self.group_query_attention && !model.query_groups().is_multiple_of(tp) {
@@ -791,6 +825,56 @@ impl TrainArgs {
             }
         }
         Ok(model)
+    }
+
+    /// `--num-experts` and the `--moe-*` flags, checked.
+    fn moe_config(
+        &self,
+    ) -> Result<Option<megatron_core::transformer::config::MoEConfig>, TrainError> {
+        use megatron_core::transformer::config::{MoEConfig, RouterScore};
+        let Some(e) = self.num_experts else {
+            return Ok(None);
+        };
+        if e == 0 {
+            return Err(bad("--num-experts must be positive, got 0".into()));
+        }
+        if self.moe_router_topk == 0 || self.moe_router_topk > e {
+            return Err(bad(format!(
+                "--moe-router-topk ({}) must be between 1 and --num-experts ({e})",
+                self.moe_router_topk
+            )));
+        }
+        if self.moe_layer_freq == 0 {
+            return Err(bad("--moe-layer-freq must be positive, got 0".into()));
+        }
+        if self.tensor_model_parallel_size > 1 {
+            return Err(bad(
+                "--num-experts with --tensor-model-parallel-size > 1: experts under tensor and expert parallelism are not built yet (issue 16)".into(),
+            ));
+        }
+        Ok(Some(MoEConfig {
+            num_experts: e,
+            ffn_hidden_size: self.moe_ffn_hidden_size.unwrap_or_else(|| {
+                self.ffn_hidden_size.unwrap_or_else(|| {
+                    let act = if self.swiglu {
+                        megatron_core::transformer::config::Activation::SwiGLU
+                    } else {
+                        megatron_core::transformer::config::Activation::Gelu
+                    };
+                    TransformerConfig::default_ffn_hidden_size(self.hidden_size, act)
+                })
+            }),
+            topk: self.moe_router_topk,
+            score: match self.moe_router_score_function {
+                RouterScoreArg::Softmax => RouterScore::Softmax,
+                RouterScoreArg::Sigmoid => RouterScore::Sigmoid,
+            },
+            pre_softmax: self.moe_router_pre_softmax,
+            topk_scaling_factor: self.moe_router_topk_scaling_factor,
+            aux_loss_coeff: self.moe_aux_loss_coeff,
+            z_loss_coeff: self.moe_z_loss_coeff,
+            layer_freq: self.moe_layer_freq,
+        }))
     }
 
     /// The learning-rate schedule: decay style, WSD decay style, decay and warmup iterations.

@@ -22,7 +22,13 @@ pub fn num_floating_point_operations(c: &TransformerConfig, batch: usize) -> f64
         megatron_core::transformer::config::Activation::Gelu => 2.0,
         megatron_core::transformer::config::Activation::SwiGLU => 3.0,
     };
-    let mlp = 6.0 * h * ffn * gated * l;
+    // MoE layers count their active experts only (moe_ffn x top-k), as Megatron does.
+    let moe_layers = (0..c.num_layers).filter(|&i| c.is_moe_layer(i)).count() as f64;
+    let moe = c
+        .moe
+        .as_ref()
+        .map_or(0.0, |m| m.ffn_hidden_size as f64 * m.topk as f64);
+    let mlp = 6.0 * h * gated * (ffn * (l - moe_layers) + moe * moe_layers);
     let attn_proj = 6.0 * (h * (q + 2.0 * kv) + q * h) * l;
     let logits = 6.0 * h * v;
     tokens * (mlp + attn_proj + logits) + batch as f64 * s * s * 6.0 * q * l

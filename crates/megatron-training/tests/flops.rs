@@ -50,3 +50,27 @@ fn llama_flops_count_query_groups_and_the_third_swiglu_matrix() {
     let got = num_floating_point_operations(&c, 4);
     assert!((got - want).abs() / want < 1e-12, "{got} vs {want}");
 }
+
+#[test]
+fn moe_flops_count_the_active_experts_only() {
+    use megatron_core::transformer::config::MoEConfig;
+    // Every other layer MoE with 8 experts of width 512, top-2: those layers' MLP term is
+    // 2 x 512 wide, the dense ones 3072.
+    let mut c = gpt2_small();
+    c.moe = Some(MoEConfig {
+        num_experts: 8,
+        ffn_hidden_size: 512,
+        topk: 2,
+        score: Default::default(),
+        pre_softmax: false,
+        topk_scaling_factor: None,
+        aux_loss_coeff: 0.0,
+        z_loss_coeff: 0.0,
+        layer_freq: 2,
+    });
+    let dense = num_floating_point_operations(&gpt2_small(), 8);
+    let got = num_floating_point_operations(&c, 8);
+    let tokens = 8.0 * 1024.0;
+    let want = dense - tokens * 6.0 * 768.0 * 2.0 * 6.0 * (3072.0 - 1024.0);
+    assert!((got - want).abs() / want < 1e-12, "{got} vs {want}");
+}

@@ -25,6 +25,32 @@ pub enum ConfigError {
     BadRotaryBase(f64),
 }
 
+/// `--moe-router-score-function`.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub enum RouterScore {
+    #[default]
+    Softmax,
+    Sigmoid,
+}
+
+/// Mixture of experts (`--num-experts` and the `--moe-*` flags), dropless.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct MoEConfig {
+    pub num_experts: usize,
+    /// Each expert's FFN width (`--moe-ffn-hidden-size`).
+    pub ffn_hidden_size: usize,
+    pub topk: usize,
+    pub score: RouterScore,
+    pub pre_softmax: bool,
+    pub topk_scaling_factor: Option<f32>,
+    /// Switch load-balancing loss coefficient (`--moe-aux-loss-coeff`, 0: off).
+    pub aux_loss_coeff: f32,
+    /// `--moe-z-loss-coeff` (0: off).
+    pub z_loss_coeff: f32,
+    /// Every this many layers is an MoE layer, starting with layer 0 (`--moe-layer-freq`).
+    pub layer_freq: usize,
+}
+
 /// `--normalization`.
 #[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub enum Normalization {
@@ -119,6 +145,9 @@ pub struct TransformerConfig {
     /// with `--normalization`'s kind; Qwen3, OLMo 2).
     #[serde(default)]
     pub qk_layernorm: bool,
+    /// Mixture of experts in place of the MLP on the layers `moe.layer_freq` picks.
+    #[serde(default)]
+    pub moe: Option<MoEConfig>,
 }
 
 impl TransformerConfig {
@@ -146,6 +175,13 @@ impl TransformerConfig {
     /// Width of the fused QKV output: queries plus one key and one value per group.
     pub fn qkv_size(&self) -> usize {
         (self.num_attention_heads + 2 * self.query_groups()) * self.head_dim()
+    }
+
+    /// Whether layer `l` (global number) is an MoE layer.
+    pub fn is_moe_layer(&self, l: usize) -> bool {
+        self.moe
+            .as_ref()
+            .is_some_and(|m| l.is_multiple_of(m.layer_freq.max(1)))
     }
 
     /// Features of each head that rotary embeddings rotate.
@@ -262,6 +298,7 @@ impl Default for TransformerConfig {
             add_bias_linear: true,
             add_qkv_bias: true,
             qk_layernorm: false,
+            moe: None,
         }
     }
 }

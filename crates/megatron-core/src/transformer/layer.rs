@@ -9,6 +9,7 @@
 use super::attention::{LayerKVCache, SelfAttention, SelfAttentionSaved};
 use super::config::TransformerConfig;
 use super::mlp::{MLPSaved, MLP};
+use super::moe::{MoELayer, MoESaved};
 pub use super::norm::{LayerNorm, LayerNormSaved, Norm, RMSNorm};
 use super::saved::{keep, restore};
 use super::step::StepContext;
@@ -27,7 +28,7 @@ pub struct TransformerLayer {
     pub input_layernorm: Norm,
     pub self_attention: SelfAttention,
     pub pre_mlp_layernorm: Norm,
-    pub mlp: MLP,
+    pub mlp: FeedForward,
     hidden_dropout: f32,
 }
 
@@ -37,7 +38,7 @@ pub struct TransformerLayerSaved {
     pub attn: SelfAttentionSaved,
     pub mid: Tensor,
     pub ln2: LayerNormSaved,
-    pub mlp: MLPSaved,
+    pub mlp: FeedForwardSaved,
 }
 
 impl TransformerLayerSaved {
@@ -48,7 +49,7 @@ impl TransformerLayerSaved {
             + self.attn.size_in_bytes()
             + self.mid.size_in_bytes()
             + self.ln2.size_in_bytes()
-            + self.mlp.fc1_pre.size_in_bytes()
+            + self.mlp.size_in_bytes()
     }
 }
 
@@ -82,7 +83,11 @@ impl TransformerLayer {
             params,
             inits,
         );
-        let mlp = MLP::new(cfg, layer, params, inits);
+        let mlp = if cfg.is_moe_layer(layer) {
+            FeedForward::MoE(MoELayer::new(cfg, layer, params, inits))
+        } else {
+            FeedForward::Dense(MLP::new(cfg, layer, params, inits))
+        };
         TransformerLayer {
             layer,
             input_layernorm,
@@ -133,7 +138,7 @@ impl TransformerLayer {
         let key = ctx
             .site_for(self.layer, SITE_MLP_RESIDUAL, t * h)
             .offset((lo * h) as u64);
-        residual_forward(params, self.mlp.fc2_bias, &mut out, &y, &mid, p, key);
+        residual_forward(params, self.mlp.fc2_bias(), &mut out, &y, &mid, p, key);
         Ok((
             out,
             TransformerLayerSaved {
@@ -182,7 +187,7 @@ impl TransformerLayer {
         let mut dy = Tensor::for_overwrite(&[rows, h]);
         residual_backward(
             grads,
-            self.mlp.fc2_bias,
+            self.mlp.fc2_bias(),
             &mut dy,
             &dout,
             p,
@@ -193,7 +198,7 @@ impl TransformerLayer {
         let (ln2_out, _) = self.pre_mlp_layernorm.forward(params, &mid);
         let dln2 = self
             .mlp
-            .backward(params, grads, tp, &saved.mlp, &ln2_out, dy)?;
+            .backward(params, grads, tp, &saved.mlp, &ln2_out, dy, ctx)?;
         drop(ln2_out);
         let mut dmid = self
             .pre_mlp_layernorm
@@ -297,8 +302,78 @@ impl TransformerLayer {
         let (ln2, _) = self.pre_mlp_layernorm.forward(params, &mid);
         let (y, _) = self.mlp.forward(params, tp, &ln2)?;
         let mut out = Tensor::for_overwrite(&[rows, h]);
-        residual_forward(params, self.mlp.fc2_bias, &mut out, &y, &mid, 0.0, no_key);
+        residual_forward(params, self.mlp.fc2_bias(), &mut out, &y, &mid, 0.0, no_key);
         Ok(out)
+    }
+}
+
+/// The layer's feed-forward block: the dense MLP, or a mixture of experts.
+pub enum FeedForward {
+    Dense(MLP),
+    MoE(MoELayer),
+}
+
+pub enum FeedForwardSaved {
+    Dense(MLPSaved),
+    MoE(MoESaved),
+}
+
+impl FeedForwardSaved {
+    pub fn size_in_bytes(&self) -> usize {
+        match self {
+            FeedForwardSaved::Dense(s) => s.fc1_pre.size_in_bytes(),
+            FeedForwardSaved::MoE(s) => s.size_in_bytes(),
+        }
+    }
+}
+
+impl FeedForward {
+    /// The output bias the residual's bias-dropout-add applies (dense MLP with biases only).
+    pub fn fc2_bias(&self) -> Option<ParamId> {
+        match self {
+            FeedForward::Dense(m) => m.fc2_bias,
+            FeedForward::MoE(_) => None,
+        }
+    }
+
+    pub fn forward(
+        &self,
+        params: &Params,
+        tp: &mut Tp,
+        x: &Tensor,
+    ) -> Result<(Tensor, FeedForwardSaved), CommError> {
+        Ok(match self {
+            FeedForward::Dense(m) => {
+                let (y, s) = m.forward(params, tp, x)?;
+                (y, FeedForwardSaved::Dense(s))
+            }
+            FeedForward::MoE(m) => {
+                let (y, s) = m.forward(params, x);
+                (y, FeedForwardSaved::MoE(s))
+            }
+        })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward(
+        &self,
+        params: &Params,
+        grads: &mut Grads,
+        tp: &mut Tp,
+        saved: &FeedForwardSaved,
+        x: &Tensor,
+        dout: Tensor,
+        ctx: &StepContext,
+    ) -> Result<Tensor, CommError> {
+        match (self, saved) {
+            (FeedForward::Dense(m), FeedForwardSaved::Dense(s)) => {
+                m.backward(params, grads, tp, s, x, dout)
+            }
+            (FeedForward::MoE(m), FeedForwardSaved::MoE(s)) => {
+                Ok(m.backward(params, grads, s, x, &dout, ctx))
+            }
+            _ => panic!("backward of a feed-forward state made by another block"),
+        }
     }
 }
 

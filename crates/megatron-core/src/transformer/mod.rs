@@ -2,6 +2,7 @@ pub mod attention;
 pub mod config;
 pub mod layer;
 pub mod mlp;
+pub mod moe;
 pub mod norm;
 pub mod qk_norm;
 pub mod saved;

@@ -10,6 +10,9 @@ pub struct StepContext {
     pub key: RngKey,
     /// Global index of this micro-batch's first sample (samples are consecutive).
     pub first_sample: u64,
+    /// The factor the loss gradient is scaled by (1 / micro-batches, times the loss scale):
+    /// auxiliary losses inside the model (MoE load balancing) scale theirs the same.
+    pub grad_scale: f32,
 }
 
 impl StepContext {
@@ -18,6 +21,7 @@ impl StepContext {
             training: true,
             key: RngKey::new(seed).fold(0xD0).fold(iteration),
             first_sample,
+            grad_scale: 1.0,
         }
     }
 
@@ -26,7 +30,13 @@ impl StepContext {
             training: false,
             key: RngKey::new(0),
             first_sample: 0,
+            grad_scale: 1.0,
         }
+    }
+
+    /// The same context with the loss gradient's scale.
+    pub fn with_grad_scale(self, grad_scale: f32) -> Self {
+        StepContext { grad_scale, ..self }
     }
 
     /// Key for one dropout site of one layer whose tensor holds `per_sample` elements per sample.

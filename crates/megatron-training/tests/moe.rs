@@ -1,0 +1,95 @@
+//! A small mixture-of-experts model trains, and data and pipeline parallelism train the same
+//! model as one rank (experts are replicated over data-parallel ranks; dropless routing).
+
+mod common;
+
+use common::*;
+use megatron_training::checkpointing::load_checkpoint;
+use megatron_training::pretrain;
+
+const MOE: &[&str] = &[
+    "--num-experts",
+    "4",
+    "--moe-router-topk",
+    "2",
+    "--moe-ffn-hidden-size",
+    "64",
+    "--moe-aux-loss-coeff",
+    "0.01",
+    "--moe-z-loss-coeff",
+    "0.001",
+    "--swiglu",
+];
+
+fn run(
+    dir: &std::path::Path,
+    name: &str,
+    layout: &[&str],
+) -> (
+    megatron_training::TrainSummary,
+    megatron_training::checkpointing::LoadedCheckpoint,
+) {
+    let save = dir.join(name);
+    let s = save.to_str().unwrap().to_string();
+    let v = [PP_MODEL, MOE, &["--train-iters", "5", "--save", &s], layout].concat();
+    let summary = pretrain(&args(&v)).unwrap();
+    (summary, load_checkpoint(&save, None).unwrap())
+}
+
+#[test]
+fn moe_data_and_pipeline_parallel_layouts_match_one_rank() {
+    let dir = tmpdir("moe-layouts");
+    let serial = run(&dir, "serial", &[]);
+    for (name, layout) in [
+        (
+            "dp2 distributed optimizer",
+            &["--nproc-per-node", "2", "--use-distributed-optimizer"][..],
+        ),
+        (
+            "pp2",
+            &[
+                "--nproc-per-node",
+                "2",
+                "--pipeline-model-parallel-size",
+                "2",
+            ][..],
+        ),
+    ] {
+        let r = run(&dir, name, layout);
+        assert_same_training(name, &serial, &r, 1e-5);
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn a_moe_model_learns_on_mock_data_and_bad_flags_are_refused() {
+    let v = [
+        PP_MODEL,
+        MOE,
+        &[
+            "--train-iters",
+            "40",
+            "--lr",
+            "5e-3",
+            "--global-batch-size",
+            "4",
+            "--num-layers",
+            "2",
+        ],
+    ]
+    .concat();
+    let s = pretrain(&args(&v)).unwrap();
+    let (first, last) = (s.losses[0].1, s.losses.last().unwrap().1);
+    assert!(last < first - 1.0, "loss {first} -> {last}");
+    for (extra, flag) in [
+        (&["--moe-router-topk", "5"][..], "--moe-router-topk"),
+        (
+            &["--nproc-per-node", "2", "--tensor-model-parallel-size", "2"][..],
+            "--tensor-model-parallel-size",
+        ),
+    ] {
+        let v = [PP_MODEL, MOE, &["--train-iters", "2"], extra].concat();
+        let e = pretrain(&args(&v)).unwrap_err().to_string();
+        assert!(e.contains(flag), "{e}");
+    }
+}
