@@ -41,3 +41,18 @@ fn bias_gelu_backward_matches_finite_difference() {
     let xc = x.clone();
     check_grad(&mut b, &db, |b| f(&xc, b), 1e-2, 1e-3, 1e-2, 9, "db");
 }
+
+#[test]
+fn gelu_without_bias_equals_bias_gelu_with_a_zero_bias() {
+    let (rows, c) = (37, 20);
+    let x = randn(rows * c, 11, 2.0);
+    let dy = randn(rows * c, 12, 1.0);
+    let zero = vec![0.0f32; c];
+    let (mut a, mut b) = (vec![0.0; x.len()], vec![0.0; x.len()]);
+    megatron_tensor::cpu::gelu_forward(&mut a, &x);
+    bias_gelu_forward(&mut b, &x, &zero);
+    assert_eq!(a, b);
+    megatron_tensor::cpu::gelu_backward(&mut a, &dy, &x);
+    bias_gelu_backward(&mut b, &dy, &x, &zero);
+    assert_eq!(a, b);
+}

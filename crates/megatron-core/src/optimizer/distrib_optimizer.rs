@@ -100,6 +100,16 @@ impl DistributedOptimizer {
         self.buffer.reduce_gradients(grads, dp, &mut self.scratch)
     }
 
+    /// Reduce-scatters only the buckets `which` (those an overlapped reduction left).
+    pub fn reduce_some_gradients(
+        &mut self,
+        which: &[usize],
+        grads: &mut Grads,
+        dp: &mut dyn Communicator,
+    ) -> Result<(), CommError> {
+        self.buffer.reduce_some(which, grads, dp, &mut self.scratch)
+    }
+
     /// This rank's part of the squared gradient norm: its shards, with the model-parallel
     /// filters (TP-replicated parameters on TP rank 0 only, the tied-embedding copy never).
     pub fn grad_norm_squared_local(&self, params: &Params, grads: &Grads, tp_rank: usize) -> f64 {

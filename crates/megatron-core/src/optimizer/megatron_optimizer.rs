@@ -345,10 +345,7 @@ impl MegatronOptimizer for DistributedOptimizer {
         dp: &mut dyn Communicator,
     ) -> Result<(), CommError> {
         match remaining {
-            Some(rest) => {
-                let mut scratch = Vec::new();
-                self.buffer.reduce_some(rest, grads, dp, &mut scratch)
-            }
+            Some(rest) => self.reduce_some_gradients(rest, grads, dp),
             None => DistributedOptimizer::reduce_gradients(self, grads, dp),
         }
     }

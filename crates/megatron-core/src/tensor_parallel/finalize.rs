@@ -1,6 +1,5 @@
 //! Once per step, after all micro-batches: what tensor parallelism adds to Megatron's
-//! `finalize_model_grads`, the global gradient norm over shards, and gathering shards into the
-//! TP = 1 layout (checkpoints are written in it, so they reload under any TP size).
+//! `finalize_model_grads`, and the global gradient norm over shards.
 
 use super::Tp;
 use crate::params::{Grads, Params};
@@ -69,36 +68,4 @@ pub fn sum_f64(comm: &mut dyn megatron_comm::Communicator, x: f64) -> Result<f64
 /// Global L2 norm of the gradients over the TP group (one pipeline stage).
 pub fn grad_norm_tp(params: &Params, grads: &Grads, tp: &mut Tp) -> Result<f64, CommError> {
     Ok(grad_norm_squared_tp(params, grads, tp)?.sqrt())
-}
-
-/// `data` laid out as this rank's `params` (e.g. parameters or Adam moments), gathered over TP
-/// into the TP = 1 layout of the same parameters (global shapes, global row-major order).
-/// Every TP rank must call it; every rank receives the full buffer.
-pub fn gather_to_full(params: &Params, data: &[f32], tp: &mut Tp) -> Result<Vec<f32>, CommError> {
-    let total: usize = params
-        .metas
-        .iter()
-        .map(|m| m.shape.iter().product::<usize>())
-        .sum();
-    let mut full = vec![0.0f32; total];
-    let p = tp.size();
-    let mut at = 0;
-    for m in &params.metas {
-        let global: usize = m.shape.iter().product();
-        let local = &data[m.offset..m.offset + m.numel];
-        let dst = &mut full[at..at + global];
-        if m.tp_split_dim.is_none() || p == 1 {
-            dst.copy_from_slice(local);
-        } else {
-            let mut blocks = vec![0.0f32; m.numel * p];
-            tp.comm.all_gather(local, &mut blocks)?;
-            for (r, block) in blocks.chunks(m.numel).enumerate() {
-                for (i, v) in block.iter().enumerate() {
-                    dst[m.global_index_on(i, r)] = *v;
-                }
-            }
-        }
-        at += global;
-    }
-    Ok(full)
 }

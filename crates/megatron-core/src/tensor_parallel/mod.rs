@@ -9,7 +9,7 @@ pub mod mappings;
 
 pub use cross_entropy::vocab_parallel_cross_entropy;
 pub use finalize::{
-    allreduce_sequence_parallel_grads, gather_to_full, grad_norm_squared_tp, grad_norm_tp, sum_f64,
+    allreduce_sequence_parallel_grads, grad_norm_squared_tp, grad_norm_tp, sum_f64,
 };
 pub use layers::{ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding};
 

@@ -10,7 +10,7 @@ use crate::tensor_parallel::{ColumnParallelLinear, RowParallelLinear, Tp};
 use megatron_comm::CommError;
 use megatron_tensor::cpu::gelu::bias_gelu_recompute;
 use megatron_tensor::cpu::{
-    bias_backward, bias_gelu_backward, bias_gelu_forward, swiglu_backward, swiglu_forward,
+    bias_backward, bias_gelu_backward, gelu_backward, gelu_forward, swiglu_backward, swiglu_forward,
 };
 use megatron_tensor::Tensor;
 
@@ -73,20 +73,13 @@ impl MLP {
         }
     }
 
-    /// Runs `f` with GELU's bias (fused into the activation), or zeros without one.
-    fn with_gelu_bias<R>(&self, params: &Params, f: impl FnOnce(&[f32]) -> R) -> R {
-        match self.fc1_bias {
-            Some(b) => f(&params.get(b)),
-            None => f(&vec![0.0; self.ffn_local]),
-        }
-    }
-
     /// `act = activation(fc1_pre)`.
     fn activate(&self, params: &Params, act: &mut Tensor, fc1_pre: &Tensor) {
         match self.activation {
-            Activation::Gelu => self.with_gelu_bias(params, |b| {
-                bias_gelu_recompute(act.data_mut(), fc1_pre.data(), b)
-            }),
+            Activation::Gelu => match self.fc1_bias {
+                Some(b) => bias_gelu_recompute(act.data_mut(), fc1_pre.data(), &params.get(b)),
+                None => gelu_forward(act.data_mut(), fc1_pre.data()),
+            },
             Activation::SwiGLU => swiglu_forward(act.data_mut(), fc1_pre.data(), self.ffn_local),
         }
     }
@@ -100,12 +93,7 @@ impl MLP {
         let fc1_pre = self.linear_fc1.forward(params, tp, x)?;
         let n = fc1_pre.shape()[0];
         let mut act = Tensor::for_overwrite(&[n, self.ffn_local]);
-        match self.activation {
-            Activation::Gelu => self.with_gelu_bias(params, |b| {
-                bias_gelu_forward(act.data_mut(), fc1_pre.data(), b)
-            }),
-            Activation::SwiGLU => self.activate(params, &mut act, &fc1_pre),
-        }
+        self.activate(params, &mut act, &fc1_pre);
         let out = self.linear_fc2.forward(params, tp, &act)?;
         Ok((
             out,
@@ -134,11 +122,14 @@ impl MLP {
             Activation::Gelu => {
                 // Reuse the activation buffer for the pre-activation gradient.
                 let mut dpre = act;
-                self.with_gelu_bias(params, |b| {
-                    bias_gelu_backward(dpre.data_mut(), dact.data(), fc1_pre.data(), b)
-                });
-                if let Some(b) = self.fc1_bias {
-                    bias_backward(grads.get_mut(b), dpre.data(), n, f);
+                match self.fc1_bias {
+                    Some(b) => {
+                        let bias = params.get(b);
+                        bias_gelu_backward(dpre.data_mut(), dact.data(), fc1_pre.data(), &bias);
+                        drop(bias);
+                        bias_backward(grads.get_mut(b), dpre.data(), n, f);
+                    }
+                    None => gelu_backward(dpre.data_mut(), dact.data(), fc1_pre.data()),
                 }
                 dpre
             }

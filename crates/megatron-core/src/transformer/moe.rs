@@ -9,15 +9,15 @@ use super::config::{Activation, MoEConfig, RouterScore, TransformerConfig};
 use super::saved::{keep, restore};
 use super::step::StepContext;
 use crate::params::{Grads, Init, ParamId, Params, Sharding};
-use megatron_tensor::cpu::gelu::bias_gelu_recompute;
 use megatron_tensor::cpu::moe_permute::{
-    gather_rows, gather_rows_scaled, rows_dot, scatter_add_rows_scaled,
+    gather_rows, gather_rows_scaled, rows_dot, scatter_add_rows,
 };
 use megatron_tensor::cpu::moe_router::{
     aux_loss, topk_router_backward, topk_router_forward, z_loss, RouterDims, ScoreFunction,
 };
 use megatron_tensor::cpu::{
-    bias_gelu_backward, matmul, matmul_forward, swiglu_backward, swiglu_forward, MatmulDims,
+    gelu_backward, gelu_forward, matmul, matmul_forward, swiglu_backward, swiglu_forward,
+    MatmulDims,
 };
 use megatron_tensor::Tensor;
 
@@ -134,7 +134,7 @@ impl MoELayer {
         let (n, f) = (h1.shape()[0], self.act_width(h1));
         let mut act = Tensor::for_overwrite(&[n, f]);
         match self.activation {
-            Activation::Gelu => bias_gelu_recompute(act.data_mut(), h1.data(), &vec![0.0; f]),
+            Activation::Gelu => gelu_forward(act.data_mut(), h1.data()),
             Activation::SwiGLU => swiglu_forward(act.data_mut(), h1.data(), f),
         }
         act
@@ -187,7 +187,7 @@ impl MoELayer {
                 h,
             );
             let scales: Vec<f32> = slots.iter().map(|&s| probs[s]).collect();
-            scatter_add_rows_scaled(out.data_mut(), ye.data(), &rows, &scales, h);
+            scatter_add_rows(out.data_mut(), ye.data(), &rows, Some(&scales), h);
             routed.push((rows, slots, keep(h1), keep(ye)));
         }
         let saved = MoESaved {
@@ -244,9 +244,7 @@ impl MoELayer {
             matmul(dact.data_mut(), dye.data(), &w2, MatmulDims::new(m, f, h));
             let mut dh1 = Tensor::for_overwrite(&[m, fc1]);
             match self.activation {
-                Activation::Gelu => {
-                    bias_gelu_backward(dh1.data_mut(), dact.data(), h1.data(), &vec![0.0; f])
-                }
+                Activation::Gelu => gelu_backward(dh1.data_mut(), dact.data(), h1.data()),
                 Activation::SwiGLU => swiglu_backward(dh1.data_mut(), dact.data(), h1.data(), f),
             }
             // fc1: dW1 += dh1^T xe, dxe = dh1 W1.
@@ -265,7 +263,7 @@ impl MoELayer {
                 &params.get(ex.fc1),
                 MatmulDims::new(m, h, fc1),
             );
-            scatter_add_rows_scaled(dx.data_mut(), dxe.data(), rows, &vec![1.0; m], h);
+            scatter_add_rows(dx.data_mut(), dxe.data(), rows, None, h);
         }
         // Router: through top-k, plus the auxiliary losses.
         let d = self.dims(n);

@@ -43,6 +43,40 @@ pub fn bias_gelu_backward(dinp: &mut [f32], dout: &[f32], inp: &[f32], bias: &[f
         .for_each(|((di, dy), x)| gelu_grad_rows(di, dy, x, bias));
 }
 
+/// `out = gelu(inp)`: the activation of a layer without biases (`--disable-bias-linear`).
+pub fn gelu_forward(out: &mut [f32], inp: &[f32]) {
+    assert_eq!(out.len(), inp.len());
+    out.par_chunks_mut(CHUNK)
+        .zip(inp.par_chunks(CHUNK))
+        .for_each(|(o, x)| gelu_plain(o, x));
+}
+
+/// `dinp = dout * gelu'(inp)` (overwrites).
+pub fn gelu_backward(dinp: &mut [f32], dout: &[f32], inp: &[f32]) {
+    assert_eq!(dinp.len(), inp.len());
+    assert_eq!(dout.len(), inp.len());
+    dinp.par_chunks_mut(CHUNK)
+        .zip(dout.par_chunks(CHUNK))
+        .zip(inp.par_chunks(CHUNK))
+        .for_each(|((di, dy), x)| gelu_grad_plain(di, dy, x));
+}
+
+multiversion! {
+    fn gelu_plain(o: &mut [f32], x: &[f32]) {
+        for (ov, xv) in o.iter_mut().zip(x) {
+            *ov = gelu(*xv);
+        }
+    }
+}
+
+multiversion! {
+    fn gelu_grad_plain(di: &mut [f32], dy: &[f32], x: &[f32]) {
+        for ((dv, yv), xv) in di.iter_mut().zip(dy).zip(x) {
+            *dv = yv * gelu_grad(*xv);
+        }
+    }
+}
+
 /// Recomputes `gelu(inp + bias)` into `out` (backward needs it for the fc2 weight gradient).
 pub fn bias_gelu_recompute(out: &mut [f32], inp: &[f32], bias: &[f32]) {
     bias_gelu_forward(out, inp, bias)

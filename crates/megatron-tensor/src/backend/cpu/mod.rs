@@ -42,7 +42,7 @@ pub use dropout::{
 pub use embedding::{
     embedding_backward, embedding_forward, embedding_lookup_backward, embedding_lookup_forward,
 };
-pub use gelu::{bias_gelu_backward, bias_gelu_forward};
+pub use gelu::{bias_gelu_backward, bias_gelu_forward, gelu_backward, gelu_forward};
 pub use layernorm::{layernorm_backward, layernorm_forward};
 pub use layout::{
     concat_columns, gather_group_blocks, scatter_group_blocks, split_columns, GroupBlocks,

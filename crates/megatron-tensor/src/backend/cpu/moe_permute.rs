@@ -12,20 +12,24 @@ pub fn gather_rows(out: &mut [f32], x: &[f32], rows: &[u32], cols: usize) {
         .for_each(|(o, &r)| o.copy_from_slice(&x[r as usize * cols..(r as usize + 1) * cols]));
 }
 
-/// `out[rows[i]] += scales[i] * y[i]`, in order of `i` (rows of `cols`).
-pub fn scatter_add_rows_scaled(
+/// `out[rows[i]] += scales[i] * y[i]` (or `+= y[i]` without scales), in order of `i` (rows of
+/// `cols`).
+pub fn scatter_add_rows(
     out: &mut [f32],
     y: &[f32],
     rows: &[u32],
-    scales: &[f32],
+    scales: Option<&[f32]>,
     cols: usize,
 ) {
     assert_eq!(y.len(), rows.len() * cols);
-    assert_eq!(scales.len(), rows.len());
+    if let Some(s) = scales {
+        assert_eq!(s.len(), rows.len());
+    }
     for (i, &r) in rows.iter().enumerate() {
         let o = &mut out[r as usize * cols..(r as usize + 1) * cols];
+        let s = scales.map_or(1.0, |s| s[i]);
         for (ov, yv) in o.iter_mut().zip(&y[i * cols..(i + 1) * cols]) {
-            *ov += scales[i] * yv;
+            *ov += s * yv;
         }
     }
 }
