@@ -65,6 +65,13 @@ pub enum ParallelError {
     BadOrder(String),
     #[error("order {order} with --context-parallel-size {cp} and --expert-model-parallel-size {ep} gives the expert layout other pipeline groups than the dense one (Megatron refuses this too); use tp-cp-ep-dp-pp")]
     InconsistentPipelineGroups { order: String, cp: usize, ep: usize },
+    #[error("--expert-tensor-parallel-size ({etp}) x --expert-model-parallel-size ({ep}) x --pipeline-model-parallel-size ({pp}) must divide the world size {world}")]
+    ExpertTensorNotDivisible {
+        world: usize,
+        etp: usize,
+        ep: usize,
+        pp: usize,
+    },
     #[error("rank {rank} is outside the world of {world}")]
     BadRank { rank: usize, world: usize },
 }
@@ -75,6 +82,8 @@ pub struct Coords {
     pub tp: usize,
     pub cp: usize,
     pub ep: usize,
+    pub etp: usize,
+    pub edp: usize,
     pub dp: usize,
     pub pp: usize,
 }
@@ -164,6 +173,9 @@ pub struct ParallelState {
     pub pp: usize,
     pub cp: usize,
     pub ep: usize,
+    /// Tensor parallelism inside the experts (`--expert-tensor-parallel-size`; Megatron's
+    /// default is the dense TP size).
+    pub etp: usize,
     pub dp: usize,
     pub expert_dp: usize,
     order: Vec<Axis>,
@@ -203,9 +215,6 @@ impl ParallelState {
                 prod,
             });
         }
-        if !world.is_multiple_of(tp * ep * pp) {
-            return Err(ParallelError::ExpertNotDivisible { world, tp, pp, ep });
-        }
         let mut axes = Vec::new();
         for part in order.to_ascii_lowercase().split('-') {
             let a = Axis::parse(part).ok_or_else(|| ParallelError::BadOrder(order.to_string()))?;
@@ -221,7 +230,6 @@ impl ParallelState {
             }
         }
         let dp = world / prod;
-        let expert_dp = world / (tp * ep * pp);
         let dense = Generator::new(&axes, |a| match a {
             Axis::Tp => tp,
             Axis::Cp => cp,
@@ -229,32 +237,69 @@ impl ParallelState {
             Axis::Dp => dp,
             Axis::Pp => pp,
         });
-        let expert = Generator::new(&axes, |a| match a {
-            Axis::Tp => tp,
-            Axis::Cp => 1,
-            Axis::Ep => ep,
-            Axis::Dp => expert_dp,
-            Axis::Pp => pp,
-        });
-        if dense.groups(&[Axis::Pp]) != expert.groups(&[Axis::Pp]) {
-            return Err(ParallelError::InconsistentPipelineGroups {
-                order: order.to_string(),
-                cp,
-                ep,
-            });
-        }
-        Ok(ParallelState {
+        let state = ParallelState {
             world,
             tp,
             pp,
             cp,
             ep,
+            etp: tp,
             dp,
-            expert_dp,
+            expert_dp: 0,
             order: axes,
+            expert: dense.clone(),
             dense,
-            expert,
-        })
+        };
+        state.with_expert_tensor_parallel(tp)
+    }
+
+    /// The same layout with `etp`-way tensor parallelism inside the experts: the expert
+    /// generator runs over `(etp, cp=1, ep, edp, pp)`, `edp = world / (etp x ep x pp)`
+    /// (megatron-core's "parallel folding": the expert groups may span dense TP and DP ranks).
+    pub fn with_expert_tensor_parallel(mut self, etp: usize) -> Result<Self, ParallelError> {
+        let (world, ep, pp) = (self.world, self.ep, self.pp);
+        if etp == 0 {
+            return Err(ParallelError::Zero {
+                flag: "--expert-tensor-parallel-size",
+            });
+        }
+        if !world.is_multiple_of(etp * ep * pp) {
+            return Err(if etp == self.tp {
+                ParallelError::ExpertNotDivisible {
+                    world,
+                    tp: etp,
+                    pp,
+                    ep,
+                }
+            } else {
+                ParallelError::ExpertTensorNotDivisible { world, etp, ep, pp }
+            });
+        }
+        let expert_dp = world / (etp * ep * pp);
+        let expert = Generator::new(&self.order, |a| match a {
+            Axis::Tp => etp,
+            Axis::Cp => 1,
+            Axis::Ep => ep,
+            Axis::Dp => expert_dp,
+            Axis::Pp => pp,
+        });
+        if self.dense.groups(&[Axis::Pp]) != expert.groups(&[Axis::Pp]) {
+            return Err(ParallelError::InconsistentPipelineGroups {
+                order: self.order(),
+                cp: self.cp,
+                ep,
+            });
+        }
+        self.etp = etp;
+        self.expert_dp = expert_dp;
+        self.expert = expert;
+        Ok(self)
+    }
+
+    /// Whether expert parameters are laid out other than the dense ones (then their gradients
+    /// are reduced over the expert-data-parallel group instead of the data-parallel one).
+    pub fn experts_folded(&self) -> bool {
+        self.ep > 1 || self.etp != self.tp || self.cp > 1
     }
 
     pub fn order(&self) -> String {
@@ -276,6 +321,8 @@ impl ParallelState {
             tp: self.dense.coord(rank, Axis::Tp),
             cp: self.dense.coord(rank, Axis::Cp),
             ep: self.expert.coord(rank, Axis::Ep),
+            etp: self.expert.coord(rank, Axis::Tp),
+            edp: self.expert.coord(rank, Axis::Dp),
             dp: self.dense.coord(rank, Axis::Dp),
             pp: self.dense.coord(rank, Axis::Pp),
         })
@@ -314,6 +361,14 @@ impl ParallelState {
     pub fn expert_model_parallel_groups(&self) -> Vec<Vec<usize>> {
         self.expert_groups(&[Axis::Ep])
     }
+    pub fn expert_tensor_parallel_groups(&self) -> Vec<Vec<usize>> {
+        self.expert_groups(&[Axis::Tp])
+    }
+    /// The group over which expert gradients are reduced (and the distributed optimizer shards
+    /// expert state).
+    pub fn expert_data_parallel_groups(&self) -> Vec<Vec<usize>> {
+        self.expert_groups(&[Axis::Dp])
+    }
     /// First and last stage of each pipeline group (the tied word embeddings).
     pub fn embedding_groups(&self) -> Vec<Vec<usize>> {
         self.pipeline_model_parallel_groups()
@@ -344,19 +399,22 @@ impl ParallelState {
                 .join(" ")
         };
         format!(
-            "world {} = tp {} x cp {} x dp {} x pp {} (ep {}, order {})\n  TP groups: {}\n  CP groups: {}\n  DP groups: {}\n  PP groups: {}\n  EP groups: {}",
+            "world {} = tp {} x cp {} x dp {} x pp {} (ep {}, etp {}, edp {}, order {})\n  TP groups: {}\n  CP groups: {}\n  DP groups: {}\n  PP groups: {}\n  EP groups: {}\n  EDP groups: {}",
             self.world,
             self.tp,
             self.cp,
             self.dp,
             self.pp,
             self.ep,
+            self.etp,
+            self.expert_dp,
             self.order(),
             fmt(self.tensor_model_parallel_groups()),
             fmt(self.context_parallel_groups()),
             fmt(self.data_parallel_groups()),
             fmt(self.pipeline_model_parallel_groups()),
-            fmt(self.expert_model_parallel_groups())
+            fmt(self.expert_model_parallel_groups()),
+            fmt(self.expert_data_parallel_groups())
         )
     }
 }

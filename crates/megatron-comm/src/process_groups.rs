@@ -7,7 +7,7 @@ use std::time::Duration;
 
 /// A group family of `ParallelState` and this rank's communicator in it.
 pub struct Group {
-    /// Family name as Megatron calls it (`tp`, `pp`, `dp`, `cp`, `dp-cp`, `mp`, `ep`, `embd`).
+    /// Family name as Megatron calls it (`tp`, `pp`, `dp`, `cp`, `dp-cp`, `mp`, `ep`, `etp`, `edp`, `embd`).
     pub family: &'static str,
     /// World ranks of the members, in group-rank order.
     pub members: Vec<usize>,
@@ -25,6 +25,14 @@ pub struct ProcessGroups {
     /// Model-parallel: TP x PP.
     pub mp: Group,
     pub ep: Group,
+    /// Tensor parallelism inside the experts.
+    pub etp: Group,
+    /// Expert data parallel: ranks holding the same experts (expert gradients are reduced
+    /// here). `None` once the optimizer took it.
+    pub edp: Option<Group>,
+    /// Every rank (expert-parallel, its tensor-parallel, expert-DP and pipeline axes): sums of
+    /// the experts' gradient norms. `None` once the optimizer took it.
+    pub expert_norm: Option<Group>,
     /// First and last pipeline stage (tied embeddings); `None` on middle stages.
     pub embedding: Option<Group>,
 }
@@ -70,6 +78,12 @@ impl ProcessGroups {
         let dp_cp = need("dp-cp", state.data_parallel_groups_with_cp())?;
         let mp = need("mp", state.model_parallel_groups())?;
         let ep = need("ep", state.expert_groups(&[Axis::Ep]))?;
+        let etp = need("etp", state.expert_tensor_parallel_groups())?;
+        let edp = Some(need("edp", state.expert_data_parallel_groups())?);
+        let expert_norm = Some(need(
+            "expt-all",
+            state.expert_groups(&[Axis::Tp, Axis::Ep, Axis::Dp, Axis::Pp]),
+        )?);
         let embedding = split_family(world, "embd", &state.embedding_groups())?;
         Ok(ProcessGroups {
             state,
@@ -81,6 +95,9 @@ impl ProcessGroups {
             dp_cp,
             mp,
             ep,
+            etp,
+            edp,
+            expert_norm,
             embedding,
         })
     }
@@ -94,7 +111,14 @@ impl ProcessGroups {
             &mut self.dp_cp,
             &mut self.mp,
             &mut self.ep,
+            &mut self.etp,
         ];
+        if let Some(e) = self.edp.as_mut() {
+            v.push(e);
+        }
+        if let Some(e) = self.expert_norm.as_mut() {
+            v.push(e);
+        }
         if let Some(e) = self.embedding.as_mut() {
             v.push(e);
         }

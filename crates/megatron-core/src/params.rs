@@ -55,6 +55,10 @@ pub struct ParamMeta {
     /// saved, since the owner saves it.
     #[serde(default)]
     pub shared: bool,
+    /// An expert's weight (MoE): held by the ranks of one expert-parallel coordinate, its
+    /// gradient reduced over the expert-data-parallel group, not the data-parallel one.
+    #[serde(default)]
+    pub expert: bool,
 }
 
 fn one() -> usize {
@@ -213,6 +217,31 @@ pub enum Sharding {
     Split(usize),
     /// Dimension 0 holds `chunks` equal blocks, each split over TP (fused `[gate; up]`).
     SplitChunks(usize),
+    /// An expert's weight, whole on every rank that holds the expert (expert tensor
+    /// parallelism 1).
+    Expert,
+}
+
+/// Which experts this rank holds: `ep` expert-parallel ranks hold equal consecutive blocks of
+/// them (megatron-core's local experts); this rank is number `ep_rank`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExpertLayout {
+    pub ep: usize,
+    pub ep_rank: usize,
+}
+
+impl Default for ExpertLayout {
+    fn default() -> Self {
+        ExpertLayout { ep: 1, ep_rank: 0 }
+    }
+}
+
+impl ExpertLayout {
+    /// Global indices of the experts this rank holds, of `num_experts`.
+    pub fn local_experts(&self, num_experts: usize) -> std::ops::Range<usize> {
+        let per = num_experts / self.ep;
+        self.ep_rank * per..(self.ep_rank + 1) * per
+    }
 }
 
 /// The 16-bit parameters the model reads under mixed precision.
@@ -322,6 +351,8 @@ pub struct Params {
     pub metas: Vec<ParamMeta>,
     /// (TP rank, TP size) the parameters are registered for; (0, 1) by default.
     pub tp: (usize, usize),
+    /// Which experts this rank holds (MoE layers register only those).
+    pub experts: ExpertLayout,
     /// While an overlapped parameter all-gather runs: `get` waits for its parameter's bucket.
     pub gate: Option<std::sync::Arc<crate::distributed::overlap_param_gather::ParamGate>>,
 }
@@ -347,7 +378,11 @@ impl Params {
         weight_decay: bool,
         sharding: Sharding,
     ) -> ParamId {
-        let (tp_rank, tp_size) = if self.tp.1 == 0 { (0, 1) } else { self.tp };
+        let (tp_rank, tp_size) = if self.tp.1 == 0 || sharding == Sharding::Expert {
+            (0, 1)
+        } else {
+            self.tp
+        };
         let mut local_shape = shape.to_vec();
         let split = match sharding {
             Sharding::Split(d) => {
@@ -384,13 +419,14 @@ impl Params {
             numel,
             weight_decay,
             tp_split_dim: split,
-            tp_replicated: split.is_none(),
+            tp_replicated: split.is_none() && sharding != Sharding::Expert,
             sequence_parallel_grad: sharding == Sharding::ReplicatedSequenceParallel,
             tp_partial_grad: sharding == Sharding::ReplicatedPartialGrad,
             tp_chunks,
             tp_rank,
             tp_size,
             shared: false,
+            expert: sharding == Sharding::Expert,
         });
         ParamId(self.metas.len() - 1)
     }

@@ -29,6 +29,7 @@ fn tiny_moe(score: RouterScore, pre_softmax: bool, activation: Activation) -> Tr
             aux_loss_coeff: 0.0,
             z_loss_coeff: 0.0,
             layer_freq: 1,
+            dispatcher: Default::default(),
         }),
         ..Default::default()
     }

@@ -67,6 +67,15 @@ pub enum RouterScoreArg {
     Sigmoid,
 }
 
+/// `--moe-token-dispatcher-type`.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DispatcherArg {
+    #[value(name = "allgather")]
+    AllGather,
+    #[value(name = "alltoall")]
+    AllToAll,
+}
+
 /// `--position-embedding-type`.
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PositionEmbeddingArg {
@@ -204,6 +213,10 @@ pub struct TrainArgs {
     /// Every this many layers (from layer 0) is an MoE layer.
     #[arg(long, default_value_t = 1)]
     pub moe_layer_freq: usize,
+    /// How tokens reach the experts of other expert-parallel ranks (Megatron's default:
+    /// allgather).
+    #[arg(long, value_enum, default_value = "allgather")]
+    pub moe_token_dispatcher_type: DispatcherArg,
     /// Accepted for compatibility: softmax always runs in fp32 here.
     #[arg(long)]
     pub attention_softmax_in_fp32: bool,
@@ -422,8 +435,14 @@ pub struct TrainArgs {
     pub profile_trace: Option<String>,
     #[arg(long, default_value_t = 1)]
     pub context_parallel_size: usize,
+    /// Experts are split into this many blocks over the ranks of an expert-parallel group
+    /// (which may span tensor- and data-parallel ranks: megatron-core's parallel folding).
     #[arg(long, default_value_t = 1)]
     pub expert_model_parallel_size: usize,
+    /// Tensor parallelism inside each expert; only 1 is built so far. Defaults to 1 when the
+    /// model has experts.
+    #[arg(long)]
+    pub expert_tensor_parallel_size: Option<usize>,
 }
 
 #[derive(Args, Clone, Debug)]
@@ -483,6 +502,9 @@ pub struct TrainConfig {
     pub tp: usize,
     /// Pipeline stages and how the layers are split over them.
     pub pp: usize,
+    /// Expert-parallel and expert-tensor-parallel sizes (1 and 1 without experts).
+    pub ep: usize,
+    pub etp: usize,
     pub partition: megatron_core::pipeline_parallel::partition::StagePartition,
     /// Micro-batches per data-parallel rank and iteration.
     pub num_microbatches: usize,
@@ -531,16 +553,11 @@ impl TrainArgs {
                 )));
             }
         }
-        for (flag, v) in [
-            ("--context-parallel-size", self.context_parallel_size),
-            (
-                "--expert-model-parallel-size",
-                self.expert_model_parallel_size,
-            ),
-        ] {
-            if v != 1 {
-                return Err(bad(format!("{flag} {v}: only tensor, pipeline and data parallelism run so far (context and expert parallelism are later issues)")));
-            }
+        if self.context_parallel_size != 1 {
+            return Err(bad(format!(
+                "--context-parallel-size {}: context parallelism is not built yet (issue 17)",
+                self.context_parallel_size
+            )));
         }
         if self.fp16 && self.bf16 {
             return Err(bad("give only one of --fp16 and --bf16".into()));
@@ -636,6 +653,7 @@ impl TrainArgs {
                 self.micro_batch_size, self.seq_length
             )));
         }
+        let (ep, etp) = self.expert_layout(&model, tp, pp, dp)?;
         let m = gbs / (self.micro_batch_size * dp);
         if vp > 1 {
             megatron_core::pipeline_parallel::interleaved::check(pp, m, vp).map_err(|e| {
@@ -664,6 +682,8 @@ impl TrainArgs {
             dp,
             tp,
             pp,
+            ep,
+            etp,
             partition,
             num_microbatches: gbs / (self.micro_batch_size * dp),
             train_iters,
@@ -827,11 +847,60 @@ impl TrainArgs {
         Ok(model)
     }
 
+    /// `--expert-model-parallel-size` and `--expert-tensor-parallel-size` against the model
+    /// and the world of `dp x tp x pp` ranks.
+    fn expert_layout(
+        &self,
+        model: &TransformerConfig,
+        tp: usize,
+        pp: usize,
+        dp: usize,
+    ) -> Result<(usize, usize), TrainError> {
+        let ep = self.expert_model_parallel_size;
+        if ep == 0 {
+            return Err(bad(
+                "--expert-model-parallel-size must be positive, got 0".into()
+            ));
+        }
+        let Some(moe) = &model.moe else {
+            if ep > 1 || self.expert_tensor_parallel_size.is_some() {
+                return Err(bad(
+                    "--expert-model-parallel-size / --expert-tensor-parallel-size need a model with experts (--num-experts)".into(),
+                ));
+            }
+            return Ok((1, tp));
+        };
+        let etp = self.expert_tensor_parallel_size.unwrap_or(1);
+        if etp != 1 {
+            return Err(bad(format!(
+                "--expert-tensor-parallel-size {etp}: experts split over tensor-parallel ranks are not built yet; use 1 (expert parallelism may span the tensor-parallel ranks instead)"
+            )));
+        }
+        let world = dp * tp * pp;
+        if !world.is_multiple_of(etp * ep * pp) {
+            return Err(bad(format!(
+                "--expert-model-parallel-size ({ep}) x --expert-tensor-parallel-size ({etp}) x --pipeline-model-parallel-size ({pp}) must divide the {world} ranks"
+            )));
+        }
+        if (ep > 1 || etp != tp) && self.overlap_param_gather {
+            return Err(bad(
+                "--overlap-param-gather with expert parallelism (or experts under tensor parallelism) is not built yet: the experts' parameters are gathered over their own group".into(),
+            ));
+        }
+        if !moe.num_experts.is_multiple_of(ep) {
+            return Err(bad(format!(
+                "--num-experts ({}) must be divisible by --expert-model-parallel-size ({ep})",
+                moe.num_experts
+            )));
+        }
+        Ok((ep, etp))
+    }
+
     /// `--num-experts` and the `--moe-*` flags, checked.
     fn moe_config(
         &self,
     ) -> Result<Option<megatron_core::transformer::config::MoEConfig>, TrainError> {
-        use megatron_core::transformer::config::{MoEConfig, RouterScore};
+        use megatron_core::transformer::config::{MoEConfig, RouterScore, TokenDispatcherType};
         let Some(e) = self.num_experts else {
             return Ok(None);
         };
@@ -847,10 +916,11 @@ impl TrainArgs {
         if self.moe_layer_freq == 0 {
             return Err(bad("--moe-layer-freq must be positive, got 0".into()));
         }
-        if self.tensor_model_parallel_size > 1 {
-            return Err(bad(
-                "--num-experts with --tensor-model-parallel-size > 1: experts under tensor and expert parallelism are not built yet (issue 16)".into(),
-            ));
+        if self.tensor_model_parallel_size > 1 && !self.sequence_parallel {
+            return Err(bad(format!(
+                "--num-experts with --tensor-model-parallel-size {} needs --sequence-parallel (as in Megatron: each tensor-parallel rank routes its own tokens)",
+                self.tensor_model_parallel_size
+            )));
         }
         Ok(Some(MoEConfig {
             num_experts: e,
@@ -874,6 +944,10 @@ impl TrainArgs {
             aux_loss_coeff: self.moe_aux_loss_coeff,
             z_loss_coeff: self.moe_z_loss_coeff,
             layer_freq: self.moe_layer_freq,
+            dispatcher: match self.moe_token_dispatcher_type {
+                DispatcherArg::AllGather => TokenDispatcherType::AllGather,
+                DispatcherArg::AllToAll => TokenDispatcherType::AllToAll,
+            },
         }))
     }
 

@@ -148,9 +148,10 @@ pub(crate) fn process_groups(
         tp,
         pp,
         1,
-        1,
+        cfg.ep,
         megatron_comm::ParallelState::DEFAULT_ORDER,
     )
+    .and_then(|ps| ps.with_expert_tensor_parallel(cfg.etp))
     .map_err(|e| TrainError::Args(e.to_string()))?;
     if world.rank() == 0 {
         println!("layout ({backend}): {}", ps.describe());

@@ -7,12 +7,13 @@ use crate::arguments::{Bf16KernelArg, OptimizerKind, Precision, TrainConfig};
 use crate::checkpointing::{load_into, load_optimizer_state};
 use crate::TrainError;
 use megatron_comm::{Communicator, ProcessGroups, ReduceOp, ThreadCommunicator};
-use megatron_core::distributed::GradBuffer;
+use megatron_core::distributed::{ExpertGrads, GradBuffer, ParamGroup};
 use megatron_core::models::ModelFamily;
 use megatron_core::optimizer::{
     Adam, DistributedOptimizer, GradScaler, MegatronOptimizer, OptimizerParamScheduler,
     PlainOptimizer,
 };
+use megatron_core::params::ExpertLayout;
 use megatron_core::pipeline_parallel::build_stage;
 use megatron_core::tensor_parallel::Tp;
 use megatron_core::{Params, TransformerConfig};
@@ -34,6 +35,11 @@ pub(crate) struct RankComms<'a> {
     pub dp: Option<&'a mut dyn Communicator>,
     pub embedding: Option<&'a mut dyn Communicator>,
     pub world_rank: usize,
+    /// (rank, size) in the expert-parallel group.
+    pub ep_rank_size: (usize, usize),
+    /// Expert-data-parallel group and the all-ranks group, when experts are laid out other
+    /// than dense parameters (the optimizer takes them).
+    pub expert_groups: Option<(Box<dyn Communicator>, Box<dyn Communicator>)>,
 }
 
 impl<'a> RankComms<'a> {
@@ -47,15 +53,26 @@ impl<'a> RankComms<'a> {
         match groups {
             Some(g) => {
                 let world_rank = g.world_rank;
+                let folded = g.state.experts_folded();
                 let ProcessGroups {
                     tp,
                     dp,
                     pp,
+                    ep,
+                    edp,
+                    expert_norm,
                     embedding,
                     ..
                 } = g;
+                let expert_groups = match (folded, edp.take(), expert_norm.take()) {
+                    (true, Some(e), Some(a)) => Some((e.comm, a.comm)),
+                    _ => None,
+                };
                 RankComms {
-                    tp: Tp::new(tp.comm.as_mut(), sequence_parallel),
+                    ep_rank_size: (ep.comm.rank(), ep.comm.size()),
+                    expert_groups,
+                    tp: Tp::new(tp.comm.as_mut(), sequence_parallel)
+                        .with_expert_parallel(ep.comm.as_mut()),
                     pp: pp.comm.as_mut(),
                     dp: Some(dp.comm.as_mut()),
                     embedding: embedding
@@ -70,6 +87,8 @@ impl<'a> RankComms<'a> {
                 dp: None,
                 embedding: None,
                 world_rank: 0,
+                ep_rank_size: (0, 1),
+                expert_groups: None,
             },
         }
     }
@@ -153,12 +172,16 @@ pub(crate) struct ModelAndOptimizer {
 /// (moments, fp32 mains) from what was restored.
 pub(crate) fn setup_model_and_optimizer(
     cfg: &TrainConfig,
-    comms: &RankComms,
+    comms: &mut RankComms,
     lead: bool,
 ) -> Result<ModelAndOptimizer, TrainError> {
     let a = &cfg.args;
     let (dp_rank, dp) = comms.dp_rank_size();
     let mut params = Params::for_tp_rank(comms.tp.rank(), comms.tp.size());
+    params.experts = ExpertLayout {
+        ep: comms.ep_rank_size.1,
+        ep_rank: comms.ep_rank_size.0,
+    };
     let mut inits = Vec::new();
     let (chunks, chunk_params) = build_stage(
         &cfg.model,
@@ -177,7 +200,17 @@ pub(crate) fn setup_model_and_optimizer(
             usize::MAX
         }
     });
-    let buffer = GradBuffer::new(&params, bucket_size, dp, dp_rank, distributed);
+    // Under expert parallelism the experts get their own buckets over their own group.
+    let expert = comms
+        .expert_groups
+        .take()
+        .map(|(edp, all)| ExpertGrads::new(&params, bucket_size, distributed, dp, edp, all));
+    let group = if expert.is_some() {
+        ParamGroup::Dense
+    } else {
+        ParamGroup::All
+    };
+    let buffer = GradBuffer::new_for(&params, group, bucket_size, dp, dp_rank, distributed);
     // Parameters first (each rank reads its shards), then 16-bit copies and the optimizer,
     // which takes its fp32 mains from them and reads the moments it holds.
     let load_started = std::time::Instant::now();
@@ -195,11 +228,15 @@ pub(crate) fn setup_model_and_optimizer(
     let (b1, b2, eps) = (a.adam_beta1, a.adam_beta2, a.adam_eps);
     let mut optimizer: Box<dyn MegatronOptimizer> = match cfg.optimizer {
         OptimizerKind::Adam => {
-            Box::new(PlainOptimizer::new(Adam::new(&params, b1, b2, eps), buffer))
+            let plain = PlainOptimizer::new(Adam::new(&params, b1, b2, eps), buffer);
+            Box::new(match expert {
+                Some(e) => plain.with_experts(e),
+                None => plain,
+            })
         }
-        OptimizerKind::DistributedAdam => {
-            Box::new(DistributedOptimizer::new(&params, buffer, b1, b2, eps))
-        }
+        OptimizerKind::DistributedAdam => Box::new(DistributedOptimizer::new_with_experts(
+            &params, buffer, expert, b1, b2, eps,
+        )),
     };
     if let Some(r) = reader.as_mut().filter(|_| !(a.finetune || a.no_load_optim)) {
         load_optimizer_state(r, &params, optimizer.as_mut())?;

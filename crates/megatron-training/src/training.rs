@@ -207,7 +207,7 @@ pub(crate) fn run(
     let mut comms = RankComms::new(groups, &mut serial_tp, &mut serial_pp, a.sequence_parallel);
     set_precision(cfg, &mut comms)?;
     let lead = comms.lead();
-    let setup = setup_model_and_optimizer(cfg, &comms, lead)?;
+    let setup = setup_model_and_optimizer(cfg, &mut comms, lead)?;
     let data = build_data(cfg, tok, lead)?;
     // One origin for every rank thread of the process, so trace rows line up.
     static TRACE_ORIGIN: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();

@@ -67,6 +67,7 @@ fn moe_flops_count_the_active_experts_only() {
         aux_loss_coeff: 0.0,
         z_loss_coeff: 0.0,
         layer_freq: 2,
+        dispatcher: Default::default(),
     });
     let dense = num_floating_point_operations(&gpt2_small(), 8);
     let got = num_floating_point_operations(&c, 8);

@@ -61,6 +61,67 @@ fn moe_data_and_pipeline_parallel_layouts_match_one_rank() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// Expert parallelism (tokens dispatched to the ranks of their experts, parallel folding over
+/// tensor- and data-parallel ranks) trains the one-rank model, with both dispatchers.
+#[test]
+fn moe_expert_parallel_layouts_match_one_rank() {
+    let dir = tmpdir("moe-ep-layouts");
+    let serial = run(&dir, "serial", &[]);
+    let ep = |n: &'static str, e: &'static str, d: &'static str| -> Vec<&'static str> {
+        vec![
+            "--nproc-per-node",
+            n,
+            "--expert-model-parallel-size",
+            e,
+            "--moe-token-dispatcher-type",
+            d,
+        ]
+    };
+    let with = |mut v: Vec<&'static str>, more: &[&'static str]| {
+        v.extend_from_slice(more);
+        v
+    };
+    let layouts: Vec<(&str, Vec<&str>)> = vec![
+        ("ep2 alltoall", ep("2", "2", "alltoall")),
+        ("ep2 allgather", ep("2", "2", "allgather")),
+        ("ep4 alltoall", ep("4", "4", "alltoall")),
+        (
+            "ep2 x tp2 (sp, etp1) alltoall",
+            with(
+                ep("4", "2", "alltoall"),
+                &["--tensor-model-parallel-size", "2", "--sequence-parallel"],
+            ),
+        ),
+        (
+            "ep2 x tp2 (sp, etp1) allgather",
+            with(
+                ep("4", "2", "allgather"),
+                &["--tensor-model-parallel-size", "2", "--sequence-parallel"],
+            ),
+        ),
+        (
+            "ep2 x pp2 alltoall",
+            with(
+                ep("4", "2", "alltoall"),
+                &["--pipeline-model-parallel-size", "2"],
+            ),
+        ),
+        (
+            "ep2 x edp2 distributed optimizer",
+            with(ep("4", "2", "alltoall"), &["--use-distributed-optimizer"]),
+        ),
+        (
+            "ep2 x edp2 plain optimizer allgather",
+            ep("4", "2", "allgather"),
+        ),
+    ];
+    for (name, layout) in &layouts {
+        let r = run(&dir, &name.replace(' ', "_"), layout);
+        assert_same_training(name, &serial, &r, 1e-5);
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 #[test]
 fn a_moe_model_learns_on_mock_data_and_bad_flags_are_refused() {
     let v = [

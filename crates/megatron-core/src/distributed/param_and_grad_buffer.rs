@@ -41,9 +41,48 @@ pub struct GradBuffer {
     pub distributed: bool,
 }
 
+/// Which parameters a buffer's buckets cover.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ParamGroup {
+    All,
+    /// Everything but the experts (reduced over data parallelism).
+    Dense,
+    /// The experts' weights (reduced over expert data parallelism).
+    Expert,
+}
+
+impl ParamGroup {
+    pub fn contains(self, m: &crate::ParamMeta) -> bool {
+        match self {
+            ParamGroup::All => true,
+            ParamGroup::Dense => !m.expert,
+            ParamGroup::Expert => m.expert,
+        }
+    }
+}
+
 impl GradBuffer {
     pub fn new(
         params: &Params,
+        bucket_size: usize,
+        dp: usize,
+        dp_rank: usize,
+        distributed: bool,
+    ) -> Self {
+        Self::new_for(
+            params,
+            ParamGroup::All,
+            bucket_size,
+            dp,
+            dp_rank,
+            distributed,
+        )
+    }
+
+    /// Buckets over the parameters of `group` only (a bucket never spans another's).
+    pub fn new_for(
+        params: &Params,
+        group: ParamGroup,
         bucket_size: usize,
         dp: usize,
         dp_rank: usize,
@@ -61,6 +100,12 @@ impl GradBuffer {
         // (first param, one past the last, elements, holds the shared copy)
         let mut cur: Option<(usize, usize, usize, bool)> = None;
         for i in (0..metas.len()).rev() {
+            if !group.contains(&metas[i]) {
+                if let Some((lo, hi, _, _)) = cur.take() {
+                    push(&mut buckets, lo, hi);
+                }
+                continue;
+            }
             let alone = distributed && metas[i].shared;
             match cur {
                 Some((_, hi, len, false)) if !alone && len < bucket_size.max(1) => {

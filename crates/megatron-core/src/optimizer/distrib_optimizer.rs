@@ -4,7 +4,7 @@
 //! updated parameters are all-gathered back. Shards ignore parameter boundaries; the pieces
 //! below split them where the weight-decay flag or the norm filters change.
 
-use crate::distributed::GradBuffer;
+use crate::distributed::{ExpertGrads, GradBuffer};
 use crate::params::{Grads, Params};
 use megatron_comm::{CommError, Communicator};
 use megatron_tensor::cpu::{adamw_update, global_norm_squared, scale_inplace, AdamWParams};
@@ -18,11 +18,14 @@ struct Piece {
     /// Offset of the piece in this rank's optimizer state.
     state: usize,
     param: usize,
+    /// In the experts' buckets (sharded over expert data parallelism).
+    expert: bool,
 }
 
-#[derive(Clone, Debug)]
 pub struct DistributedOptimizer {
     pub buffer: GradBuffer,
+    /// Under expert parallelism: the experts' buckets, sharded over their own group.
+    pub expert: Option<ExpertGrads>,
     pieces: Vec<Piece>,
     pub exp_avg: Vec<f32>,
     pub exp_avg_sq: Vec<f32>,
@@ -38,20 +41,37 @@ pub struct DistributedOptimizer {
 
 impl DistributedOptimizer {
     pub fn new(params: &Params, buffer: GradBuffer, beta1: f32, beta2: f32, eps: f32) -> Self {
+        Self::new_with_experts(params, buffer, None, beta1, beta2, eps)
+    }
+
+    /// With the experts' buckets in `expert` (then `buffer` covers the dense parameters).
+    pub fn new_with_experts(
+        params: &Params,
+        buffer: GradBuffer,
+        expert: Option<ExpertGrads>,
+        beta1: f32,
+        beta2: f32,
+        eps: f32,
+    ) -> Self {
         let mut pieces = Vec::new();
         let mut state = 0;
-        for (b, own) in buffer.buckets.iter().zip(buffer.owned()) {
-            for p in b.params.clone() {
-                let m = &params.metas[p];
-                let lo = own.start.max(m.offset);
-                let hi = own.end.min(m.offset + m.numel);
-                if lo < hi {
-                    pieces.push(Piece {
-                        range: lo..hi,
-                        state,
-                        param: p,
-                    });
-                    state += hi - lo;
+        let buffers =
+            std::iter::once((&buffer, false)).chain(expert.as_ref().map(|e| (&e.buffer, true)));
+        for (buf, is_expert) in buffers {
+            for (b, own) in buf.buckets.iter().zip(buf.owned()) {
+                for p in b.params.clone() {
+                    let m = &params.metas[p];
+                    let lo = own.start.max(m.offset);
+                    let hi = own.end.min(m.offset + m.numel);
+                    if lo < hi {
+                        pieces.push(Piece {
+                            range: lo..hi,
+                            state,
+                            param: p,
+                            expert: is_expert,
+                        });
+                        state += hi - lo;
+                    }
                 }
             }
         }
@@ -65,6 +85,7 @@ impl DistributedOptimizer {
         }
         DistributedOptimizer {
             buffer,
+            expert,
             pieces,
             exp_avg: vec![0.0; state],
             exp_avg_sq: vec![0.0; state],
@@ -97,7 +118,16 @@ impl DistributedOptimizer {
         grads: &mut Grads,
         dp: &mut dyn Communicator,
     ) -> Result<(), CommError> {
-        self.buffer.reduce_gradients(grads, dp, &mut self.scratch)
+        self.buffer.reduce_gradients(grads, dp, &mut self.scratch)?;
+        self.reduce_expert_gradients(grads)
+    }
+
+    /// Reduce-scatters the experts' gradients over expert data parallelism.
+    pub fn reduce_expert_gradients(&mut self, grads: &mut Grads) -> Result<(), CommError> {
+        match self.expert.as_mut() {
+            Some(e) => e.reduce(grads),
+            None => Ok(()),
+        }
     }
 
     /// Reduce-scatters only the buckets `which` (those an overlapped reduction left).
@@ -107,14 +137,29 @@ impl DistributedOptimizer {
         grads: &mut Grads,
         dp: &mut dyn Communicator,
     ) -> Result<(), CommError> {
-        self.buffer.reduce_some(which, grads, dp, &mut self.scratch)
+        self.buffer
+            .reduce_some(which, grads, dp, &mut self.scratch)?;
+        self.reduce_expert_gradients(grads)
     }
 
     /// This rank's part of the squared gradient norm: its shards, with the model-parallel
     /// filters (TP-replicated parameters on TP rank 0 only, the tied-embedding copy never).
     pub fn grad_norm_squared_local(&self, params: &Params, grads: &Grads, tp_rank: usize) -> f64 {
+        self.grad_norm_squared_of(params, grads, tp_rank, |_| true)
+    }
+
+    /// [`DistributedOptimizer::grad_norm_squared_local`] over the pieces `which` picks by their
+    /// `expert` flag.
+    pub fn grad_norm_squared_of(
+        &self,
+        params: &Params,
+        grads: &Grads,
+        tp_rank: usize,
+        which: impl Fn(bool) -> bool,
+    ) -> f64 {
         self.pieces
             .iter()
+            .filter(|p| which(p.expert))
             .filter(|p| {
                 let m = &params.metas[p.param];
                 !m.shared && (!m.tp_replicated || tp_rank == 0)
@@ -125,8 +170,19 @@ impl DistributedOptimizer {
 
     /// Zeros among this rank's shards (same filters as the norm).
     pub fn count_zeros_local(&self, params: &Params, grads: &Grads, tp_rank: usize) -> u64 {
+        self.count_zeros_of(params, grads, tp_rank, |_| true)
+    }
+
+    pub fn count_zeros_of(
+        &self,
+        params: &Params,
+        grads: &Grads,
+        tp_rank: usize,
+        which: impl Fn(bool) -> bool,
+    ) -> u64 {
         self.pieces
             .iter()
+            .filter(|p| which(p.expert))
             .filter(|p| {
                 let m = &params.metas[p.param];
                 !m.shared && (!m.tp_replicated || tp_rank == 0)
@@ -203,11 +259,24 @@ impl DistributedOptimizer {
     ) -> Result<(), CommError> {
         if self.main.is_empty() {
             self.buffer
-                .all_gather(&mut params.data, dp, &mut self.scratch)
+                .all_gather(&mut params.data, dp, &mut self.scratch)?;
         } else {
             // Megatron all-gathers the 16-bit parameters: half the bytes of fp32.
             self.buffer
-                .all_gather(params.half.bits_mut(), dp, &mut self.scratch)
+                .all_gather(params.half.bits_mut(), dp, &mut self.scratch)?;
+        }
+        self.gather_experts(params)
+    }
+
+    /// All-gathers the experts' updated shards over expert data parallelism.
+    pub fn gather_experts(&mut self, params: &mut Params) -> Result<(), CommError> {
+        let Some(e) = self.expert.as_mut() else {
+            return Ok(());
+        };
+        if self.main.is_empty() {
+            e.gather(&mut params.data)
+        } else {
+            e.gather(params.half.bits_mut())
         }
     }
 

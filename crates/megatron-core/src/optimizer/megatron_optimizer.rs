@@ -6,7 +6,7 @@
 //! losses are bit-identical to before the interface.
 
 use super::{Adam, DistributedOptimizer};
-use crate::distributed::GradBuffer;
+use crate::distributed::{ExpertGrads, GradBuffer};
 use crate::params::{Grads, Params};
 use crate::tensor_parallel::{grad_norm_squared_tp, sum_f64, Tp};
 use megatron_comm::{CommError, Communicator, ReduceOp, TypedCollectives};
@@ -65,7 +65,7 @@ pub trait MegatronOptimizer: Send {
 
     /// The whole model's squared gradient norm, every element counted once over TP, PP and DP.
     fn grad_norm_squared(
-        &self,
+        &mut self,
         params: &Params,
         grads: &Grads,
         tp: &mut Tp,
@@ -75,7 +75,7 @@ pub trait MegatronOptimizer: Send {
 
     /// Zeros among those gradients (`--log-num-zeros-in-grad`), counted once.
     fn count_zeros(
-        &self,
+        &mut self,
         params: &Params,
         grads: &Grads,
         tp: &mut Tp,
@@ -134,7 +134,10 @@ pub trait MegatronOptimizer: Send {
 /// AdamW with the whole model's state on every DP rank; gradients all-reduced bucket by bucket.
 pub struct PlainOptimizer {
     pub adam: Adam,
+    /// Buckets of every parameter, or of the dense ones when the experts have their own.
     pub buffer: GradBuffer,
+    /// Under expert parallelism: the experts' buckets and groups.
+    pub expert: Option<ExpertGrads>,
     scratch: Vec<f32>,
 }
 
@@ -143,16 +146,55 @@ impl PlainOptimizer {
         PlainOptimizer {
             adam,
             buffer,
+            expert: None,
             scratch: Vec::new(),
         }
     }
+
+    /// The same optimizer with the experts reduced over their own group (`buffer` must then
+    /// cover the dense parameters only).
+    pub fn with_experts(self, expert: ExpertGrads) -> Self {
+        PlainOptimizer {
+            expert: Some(expert),
+            ..self
+        }
+    }
+}
+
+/// Σ g² over parameters `which` picks.
+fn norm_squared_of<'a>(metas: impl Iterator<Item = &'a crate::ParamMeta>, grads: &Grads) -> f64 {
+    metas
+        .map(|m| global_norm_squared(&grads.data[m.offset..m.offset + m.numel]))
+        .sum()
+}
+
+fn zeros_of<'a>(metas: impl Iterator<Item = &'a crate::ParamMeta>, grads: &Grads) -> u64 {
+    metas
+        .map(|m| {
+            grads.data[m.offset..m.offset + m.numel]
+                .iter()
+                .filter(|g| **g == 0.0)
+                .count() as u64
+        })
+        .sum()
 }
 
 /// Which DP rank writes each parameter of DP-replicated state: largest first to the rank with
 /// the fewest bytes so far (the same answer on every rank), so the ranks' files come out about
 /// equal.
 fn balanced_writers(params: &Params, dp: usize) -> Vec<usize> {
-    let mut order: Vec<usize> = (0..params.metas.len()).collect();
+    balanced_writers_of(params, dp, |_| true)
+}
+
+/// [`balanced_writers`] over the parameters `which` picks (the others get rank 0).
+fn balanced_writers_of(
+    params: &Params,
+    dp: usize,
+    which: impl Fn(&crate::ParamMeta) -> bool,
+) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..params.metas.len())
+        .filter(|&i| which(&params.metas[i]))
+        .collect();
     order.sort_by_key(|&i| (std::cmp::Reverse(params.metas[i].numel), i));
     let mut load = vec![0usize; dp];
     let mut writer = vec![0usize; params.metas.len()];
@@ -200,8 +242,14 @@ impl MegatronOptimizer for PlainOptimizer {
         dp: &mut dyn Communicator,
     ) -> Result<(), CommError> {
         match remaining {
-            Some(rest) => self.buffer.reduce_some(rest, grads, dp, &mut self.scratch),
-            None => self.buffer.reduce_gradients(grads, dp, &mut self.scratch),
+            Some(rest) => self
+                .buffer
+                .reduce_some(rest, grads, dp, &mut self.scratch)?,
+            None => self.buffer.reduce_gradients(grads, dp, &mut self.scratch)?,
+        }
+        match self.expert.as_mut() {
+            Some(e) => e.reduce(grads),
+            None => Ok(()),
         }
     }
 
@@ -215,38 +263,49 @@ impl MegatronOptimizer for PlainOptimizer {
 
     /// DP replicas hold the same gradients: summed over TP and PP only.
     fn grad_norm_squared(
-        &self,
+        &mut self,
         params: &Params,
         grads: &Grads,
         tp: &mut Tp,
         pp: &mut dyn Communicator,
         _dp: Option<&mut dyn Communicator>,
     ) -> Result<f64, CommError> {
-        let x = grad_norm_squared_tp(params, grads, tp)?;
-        if pp.size() > 1 {
-            sum_f64(pp, x)
+        let Some(e) = self.expert.as_mut() else {
+            let x = grad_norm_squared_tp(params, grads, tp)?;
+            return if pp.size() > 1 { sum_f64(pp, x) } else { Ok(x) };
+        };
+        // Dense parameters over TP and PP; each expert once over every rank (its
+        // expert-data-parallel replicas hold the same reduced gradient: the first counts).
+        let local = norm_squared_of(counted(params, tp.rank()).filter(|m| !m.expert), grads);
+        let mut x = sum_f64(tp.comm, local)?;
+        x = sum_f64(pp, x)?;
+        let mine = if e.edp.rank() == 0 {
+            norm_squared_of(params.metas.iter().filter(|m| m.expert), grads)
         } else {
-            Ok(x)
-        }
+            0.0
+        };
+        Ok(x + e.sum_norm(mine)?)
     }
 
     fn count_zeros(
-        &self,
+        &mut self,
         params: &Params,
         grads: &Grads,
         tp: &mut Tp,
         pp: &mut dyn Communicator,
         _dp: Option<&mut dyn Communicator>,
     ) -> Result<u64, CommError> {
-        let local = counted(params, tp.rank())
-            .map(|m| {
-                grads.data[m.offset..m.offset + m.numel]
-                    .iter()
-                    .filter(|g| **g == 0.0)
-                    .count() as u64
-            })
-            .sum();
-        sum_zeros(local, tp, pp, None)
+        let Some(e) = self.expert.as_mut() else {
+            return sum_zeros(zeros_of(counted(params, tp.rank()), grads), tp, pp, None);
+        };
+        let local = zeros_of(counted(params, tp.rank()).filter(|m| !m.expert), grads);
+        let dense = sum_zeros(local, tp, pp, None)?;
+        let mine = if e.edp.rank() == 0 {
+            zeros_of(params.metas.iter().filter(|m| m.expert), grads)
+        } else {
+            0
+        };
+        Ok(dense + e.sum_zeros(mine)?)
     }
 
     fn step(
@@ -288,7 +347,29 @@ impl MegatronOptimizer for PlainOptimizer {
         dp_rank: usize,
         dp: usize,
     ) -> Vec<StatePiece<'a>> {
-        let writer = balanced_writers(params, dp.max(1));
+        let writer = match &self.expert {
+            None => balanced_writers(params, dp.max(1)),
+            Some(e) => {
+                // Dense parameters split over DP; experts over their expert-DP replicas.
+                let dense = balanced_writers_of(params, dp.max(1), |m| !m.expert);
+                let experts = balanced_writers_of(params, e.edp.size(), |m| m.expert);
+                let er = e.edp.rank();
+                params
+                    .metas
+                    .iter()
+                    .enumerate()
+                    .map(|(i, m)| {
+                        if !m.expert {
+                            dense[i]
+                        } else if experts[i] == er {
+                            dp_rank
+                        } else {
+                            usize::MAX
+                        }
+                    })
+                    .collect()
+            }
+        };
         params
             .metas
             .iter()
@@ -360,32 +441,48 @@ impl MegatronOptimizer for DistributedOptimizer {
 
     /// Each element is owned by one DP rank: summed over TP, PP and DP.
     fn grad_norm_squared(
-        &self,
+        &mut self,
         params: &Params,
         grads: &Grads,
         tp: &mut Tp,
         pp: &mut dyn Communicator,
         dp: Option<&mut dyn Communicator>,
     ) -> Result<f64, CommError> {
-        let local = self.grad_norm_squared_local(params, grads, tp.rank());
+        let tp_rank = tp.rank();
+        let dense_only = self.expert.is_some();
+        let local = self.grad_norm_squared_of(params, grads, tp_rank, |x| !(dense_only && x));
         let mut x = sum_f64(tp.comm, local)?;
         x = sum_f64(pp, x)?;
         if let Some(c) = dp {
             x = sum_f64(c, x)?;
         }
+        if dense_only {
+            // Each expert element is owned by one expert-DP rank: summed over every rank.
+            let mine = self.grad_norm_squared_of(params, grads, tp_rank, |x| x);
+            let e = self.expert.as_mut().expect("experts");
+            x += e.sum_norm(mine)?;
+        }
         Ok(x)
     }
 
     fn count_zeros(
-        &self,
+        &mut self,
         params: &Params,
         grads: &Grads,
         tp: &mut Tp,
         pp: &mut dyn Communicator,
         dp: Option<&mut dyn Communicator>,
     ) -> Result<u64, CommError> {
-        let local = self.count_zeros_local(params, grads, tp.rank());
-        sum_zeros(local, tp, pp, dp)
+        let tp_rank = tp.rank();
+        let dense_only = self.expert.is_some();
+        let local = self.count_zeros_of(params, grads, tp_rank, |x| !(dense_only && x));
+        let dense = sum_zeros(local, tp, pp, dp)?;
+        if !dense_only {
+            return Ok(dense);
+        }
+        let mine = self.count_zeros_of(params, grads, tp_rank, |x| x);
+        let e = self.expert.as_mut().expect("experts");
+        Ok(dense + e.sum_zeros(mine)?)
     }
 
     fn step(
@@ -403,7 +500,8 @@ impl MegatronOptimizer for DistributedOptimizer {
             }
             ParamGather::Deferred => {
                 self.update(params, grads, lr, weight_decay);
-                Ok(())
+                // The overlapped gather covers the dense buckets; the experts' go now.
+                self.gather_experts(params)
             }
         }
     }

@@ -20,6 +20,9 @@ use megatron_comm::{Communicator, ThreadCommunicator};
 pub struct Tp<'a> {
     pub comm: &'a mut dyn Communicator,
     pub sequence_parallel: bool,
+    /// The expert-parallel group MoE layers dispatch tokens over (`None`: one rank holds
+    /// every expert). It travels with the TP group because both are used inside a layer.
+    pub ep: Option<&'a mut dyn Communicator>,
 }
 
 impl<'a> Tp<'a> {
@@ -28,10 +31,26 @@ impl<'a> Tp<'a> {
         Tp {
             comm,
             sequence_parallel,
+            ep: None,
+        }
+    }
+
+    /// The same TP group with the expert-parallel group MoE layers dispatch over.
+    pub fn with_expert_parallel(self, ep: &'a mut dyn Communicator) -> Self {
+        Tp {
+            ep: (ep.size() > 1).then_some(ep),
+            ..self
         }
     }
     pub fn size(&self) -> usize {
         self.comm.size()
+    }
+    /// The expert-parallel group, reborrowed for one operation.
+    pub fn ep(&mut self) -> Option<&mut dyn Communicator> {
+        match self.ep.as_mut() {
+            Some(c) => Some(&mut **c),
+            None => None,
+        }
     }
     pub fn rank(&self) -> usize {
         self.comm.rank()

@@ -49,6 +49,19 @@ pub struct MoEConfig {
     pub z_loss_coeff: f32,
     /// Every this many layers is an MoE layer, starting with layer 0 (`--moe-layer-freq`).
     pub layer_freq: usize,
+    /// How tokens reach experts on other expert-parallel ranks (`--moe-token-dispatcher-type`).
+    #[serde(default)]
+    pub dispatcher: TokenDispatcherType,
+}
+
+/// `--moe-token-dispatcher-type`: megatron-core's `MoEAlltoAllTokenDispatcher` (each token row
+/// goes only to the ranks of its experts) or `MoEAllGatherTokenDispatcher` (every rank sees
+/// every token of the expert-parallel group and keeps those of its experts).
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub enum TokenDispatcherType {
+    #[default]
+    AllToAll,
+    AllGather,
 }
 
 /// `--normalization`.

@@ -315,7 +315,7 @@ pub enum FeedForward {
 
 pub enum FeedForwardSaved {
     Dense(MLPSaved),
-    MoE(MoESaved),
+    MoE(Box<MoESaved>),
 }
 
 impl FeedForwardSaved {
@@ -348,8 +348,8 @@ impl FeedForward {
                 (y, FeedForwardSaved::Dense(s))
             }
             FeedForward::MoE(m) => {
-                let (y, s) = m.forward(params, x);
-                (y, FeedForwardSaved::MoE(s))
+                let (y, s) = m.forward(params, tp, x)?;
+                (y, FeedForwardSaved::MoE(Box::new(s)))
             }
         })
     }
@@ -370,7 +370,7 @@ impl FeedForward {
                 m.backward(params, grads, tp, s, x, dout)
             }
             (FeedForward::MoE(m), FeedForwardSaved::MoE(s)) => {
-                Ok(m.backward(params, grads, s, x, &dout, ctx))
+                m.backward(params, grads, tp, s, x, &dout, ctx)
             }
             _ => panic!("backward of a feed-forward state made by another block"),
         }

@@ -1,0 +1,419 @@
+//! Token dispatchers (megatron-core's `token_dispatcher.py`): move each routed (token, slot)
+//! row to the rank holding its expert and the expert outputs back, as an explicit forward and
+//! backward pair.
+//!
+//! Every dispatcher hands the experts the same rows in the same order — for each local expert,
+//! the rows of expert-parallel rank 0's tokens, then rank 1's, ..., each in token order — so
+//! the experts' results do not depend on the dispatcher or on the number of expert-parallel
+//! ranks (one rank is the special case with no communication).
+//!
+//! - [`TokenDispatcherType::AllToAll`]: count rows per expert, sort this rank's rows by expert,
+//!   all-gather the counts over EP (every rank then knows every split), all-to-all-v the rows,
+//!   regroup what arrived from (source rank, expert) order into (expert, source rank) order.
+//!   Combine runs the same steps backwards and weights rows by their probabilities at the
+//!   source, where the probabilities live.
+//! - [`TokenDispatcherType::AllGather`]: all-gather every rank's tokens and routing over EP,
+//!   keep the rows of local experts, weight outputs by their probabilities and reduce-scatter
+//!   the partial sums back to the owners.
+
+use crate::transformer::config::TokenDispatcherType;
+use megatron_comm::{CommError, Communicator, ReduceOp};
+use megatron_tensor::cpu::moe_permute::{
+    gather_rows, gather_rows_scaled, rows_dot, scatter_add_rows,
+};
+use megatron_tensor::Tensor;
+
+/// This rank's routing: for token `t`, slot `s`: expert `top_idx[t*k+s]` with weight `probs[..]`.
+pub struct Routing {
+    pub top_idx: Vec<u32>,
+    pub probs: Vec<f32>,
+    pub topk: usize,
+}
+
+/// Where every row goes, fixed at dispatch and reused by combine and both backward passes.
+pub struct DispatchPlan {
+    /// This rank's slots sorted by global expert (stable: token order within an expert).
+    order: Vec<u32>,
+    /// Rows per local expert in the experts' buffer.
+    pub local_counts: Vec<usize>,
+    /// Rows this rank's tokens send to each global expert (load statistics).
+    pub tokens_per_expert: Vec<usize>,
+    kind: Kind,
+    hidden: usize,
+    tokens: usize,
+}
+
+enum Kind {
+    Local,
+    AllToAll {
+        /// Rows sent to / received from each EP rank.
+        send: Vec<usize>,
+        recv: Vec<usize>,
+        /// Expert-buffer row `i` is received row `regroup[i]`.
+        regroup: Vec<u32>,
+    },
+    AllGather {
+        /// Expert-buffer row `i` is gathered token `token[i]`, slot `slot[i]`.
+        token: Vec<u32>,
+        slot: Vec<u32>,
+        /// Every EP rank's probabilities, in rank order.
+        probs: Vec<f32>,
+        ep: usize,
+    },
+}
+
+/// Slots sorted by expert (counting sort, stable) and the rows per expert.
+fn sort_by_expert(top_idx: &[u32], experts: usize) -> (Vec<u32>, Vec<usize>) {
+    let mut counts = vec![0usize; experts];
+    for &e in top_idx {
+        counts[e as usize] += 1;
+    }
+    let mut at: Vec<usize> = counts
+        .iter()
+        .scan(0, |s, &c| {
+            let v = *s;
+            *s += c;
+            Some(v)
+        })
+        .collect();
+    let mut order = vec![0u32; top_idx.len()];
+    for (j, &e) in top_idx.iter().enumerate() {
+        order[at[e as usize]] = j as u32;
+        at[e as usize] += 1;
+    }
+    (order, counts)
+}
+
+fn invert(perm: &[u32]) -> Vec<u32> {
+    let mut inv = vec![0u32; perm.len()];
+    for (i, &p) in perm.iter().enumerate() {
+        inv[p as usize] = i as u32;
+    }
+    inv
+}
+
+impl DispatchPlan {
+    /// Plans the dispatch of this rank's routed rows to `num_experts` experts held in equal
+    /// blocks by the ranks of `ep` (`None`: all here). Collective over `ep`.
+    pub fn new(
+        routing: &Routing,
+        num_experts: usize,
+        hidden: usize,
+        kind: TokenDispatcherType,
+        ep: Option<&mut dyn Communicator>,
+    ) -> Result<Self, CommError> {
+        let k = routing.topk;
+        let tokens = routing.top_idx.len() / k;
+        let (order, counts) = sort_by_expert(&routing.top_idx, num_experts);
+        let Some(ep) = ep else {
+            return Ok(DispatchPlan {
+                order,
+                local_counts: counts.clone(),
+                tokens_per_expert: counts,
+                kind: Kind::Local,
+                hidden,
+                tokens,
+            });
+        };
+        let (p, me) = (ep.size(), ep.rank());
+        let per = num_experts / p;
+        let mine = me * per..(me + 1) * per;
+        let kind_of = match kind {
+            TokenDispatcherType::AllToAll => {
+                let c: Vec<f32> = counts.iter().map(|&c| c as f32).collect();
+                let mut all = vec![0.0f32; p * num_experts];
+                ep.all_gather(&c, &mut all)?;
+                let all: Vec<usize> = all.iter().map(|&c| c as usize).collect();
+                let cnt = |src: usize, e: usize| all[src * num_experts + e];
+                let send = (0..p)
+                    .map(|q| (q * per..(q + 1) * per).map(|e| counts[e]).sum())
+                    .collect();
+                let recv: Vec<usize> = (0..p)
+                    .map(|src| mine.clone().map(|e| cnt(src, e)).sum())
+                    .collect();
+                // Received: source-major, then expert; the experts want expert-major.
+                let start: Vec<usize> = recv
+                    .iter()
+                    .scan(0, |s, &r| {
+                        let v = *s;
+                        *s += r;
+                        Some(v)
+                    })
+                    .collect();
+                let mut regroup = Vec::with_capacity(recv.iter().sum());
+                let mut local_counts = vec![0usize; per];
+                for (l, e) in mine.clone().enumerate() {
+                    for (src, &first) in start.iter().enumerate() {
+                        let before: usize = (mine.start..e).map(|x| cnt(src, x)).sum();
+                        let lo = first + before;
+                        regroup.extend((lo..lo + cnt(src, e)).map(|r| r as u32));
+                        local_counts[l] += cnt(src, e);
+                    }
+                }
+                (
+                    Kind::AllToAll {
+                        send,
+                        recv,
+                        regroup,
+                    },
+                    local_counts,
+                )
+            }
+            TokenDispatcherType::AllGather => {
+                let words: Vec<f32> = routing.top_idx.iter().map(|&e| e as f32).collect();
+                let mut all_idx = vec![0.0f32; p * words.len()];
+                ep.all_gather(&words, &mut all_idx)?;
+                let mut probs = vec![0.0f32; p * routing.probs.len()];
+                ep.all_gather(&routing.probs, &mut probs)?;
+                let (mut token, mut slot) = (Vec::new(), Vec::new());
+                let mut local_counts = vec![0usize; per];
+                for (l, e) in mine.clone().enumerate() {
+                    for (s, &x) in all_idx.iter().enumerate() {
+                        if x as usize == e {
+                            token.push((s / k) as u32);
+                            slot.push(s as u32);
+                            local_counts[l] += 1;
+                        }
+                    }
+                }
+                (
+                    Kind::AllGather {
+                        token,
+                        slot,
+                        probs,
+                        ep: p,
+                    },
+                    local_counts,
+                )
+            }
+        };
+        Ok(DispatchPlan {
+            order,
+            local_counts: kind_of.1,
+            tokens_per_expert: counts,
+            kind: kind_of.0,
+            hidden,
+            tokens,
+        })
+    }
+
+    /// Rows of the experts' buffer.
+    pub fn rows(&self) -> usize {
+        self.local_counts.iter().sum()
+    }
+
+    fn topk(&self) -> usize {
+        self.order.len() / self.tokens.max(1)
+    }
+
+    /// The token of each sorted slot.
+    fn sorted_tokens(&self) -> Vec<u32> {
+        let k = self.topk() as u32;
+        self.order.iter().map(|&j| j / k).collect()
+    }
+
+    /// `x` (`[tokens, h]`, this rank's) to the experts' buffer.
+    pub fn dispatch(
+        &self,
+        x: &Tensor,
+        ep: Option<&mut dyn Communicator>,
+    ) -> Result<Tensor, CommError> {
+        let h = self.hidden;
+        let mut out = Tensor::for_overwrite(&[self.rows(), h]);
+        match &self.kind {
+            Kind::Local => gather_rows(out.data_mut(), x.data(), &self.sorted_tokens(), h),
+            Kind::AllToAll {
+                send,
+                recv,
+                regroup,
+            } => {
+                let mut sorted = vec![0.0f32; self.order.len() * h];
+                gather_rows(&mut sorted, x.data(), &self.sorted_tokens(), h);
+                let got = exchange(&sorted, send, recv, h, ep)?;
+                gather_rows(out.data_mut(), &got, regroup, h);
+            }
+            Kind::AllGather { token, ep: p, .. } => {
+                let mut all = vec![0.0f32; p * x.numel()];
+                expect(ep).all_gather(x.data(), &mut all)?;
+                gather_rows(out.data_mut(), &all, token, h);
+            }
+        }
+        Ok(out)
+    }
+
+    /// The experts' outputs `y` back to their tokens, weighted by the routing probabilities:
+    /// `[tokens, h]`, and the rows backward needs for the probabilities' gradients.
+    pub fn combine(
+        &self,
+        y: Tensor,
+        probs: &[f32],
+        ep: Option<&mut dyn Communicator>,
+    ) -> Result<(Tensor, Tensor), CommError> {
+        let h = self.hidden;
+        let mut out = Tensor::zeros(&[self.tokens, h]);
+        match &self.kind {
+            Kind::Local => {
+                let scales: Vec<f32> = self.order.iter().map(|&j| probs[j as usize]).collect();
+                scatter_add_rows(
+                    out.data_mut(),
+                    y.data(),
+                    &self.sorted_tokens(),
+                    Some(&scales),
+                    h,
+                );
+                Ok((out, y))
+            }
+            Kind::AllToAll {
+                send,
+                recv,
+                regroup,
+            } => {
+                let mut back = vec![0.0f32; y.numel()];
+                gather_rows(&mut back, y.data(), &invert(regroup), h);
+                drop(y);
+                let sorted = exchange(&back, recv, send, h, ep)?;
+                let scales: Vec<f32> = self.order.iter().map(|&j| probs[j as usize]).collect();
+                scatter_add_rows(
+                    out.data_mut(),
+                    &sorted,
+                    &self.sorted_tokens(),
+                    Some(&scales),
+                    h,
+                );
+                Ok((out, rows_tensor(sorted, h)))
+            }
+            Kind::AllGather {
+                token,
+                slot,
+                probs: all_probs,
+                ep: p,
+            } => {
+                let scales: Vec<f32> = slot.iter().map(|&s| all_probs[s as usize]).collect();
+                let mut partial = vec![0.0f32; p * self.tokens * h];
+                scatter_add_rows(&mut partial, y.data(), token, Some(&scales), h);
+                expect(ep).reduce_scatter(&partial, out.data_mut(), ReduceOp::Sum)?;
+                Ok((out, y))
+            }
+        }
+    }
+
+    /// Backward of [`DispatchPlan::combine`]: from `dout` (`[tokens, h]`) the gradient of the
+    /// experts' outputs (their buffer's rows) and of this rank's routing probabilities.
+    pub fn combine_backward(
+        &self,
+        dout: &Tensor,
+        kept: &Tensor,
+        probs: &[f32],
+        ep: Option<&mut dyn Communicator>,
+    ) -> Result<(Tensor, Vec<f32>), CommError> {
+        let h = self.hidden;
+        let mut dprobs = vec![0.0f32; probs.len()];
+        let sorted_grads = |dprobs: &mut [f32]| {
+            // d(prob) = <dout[token], y>, d(y) = prob * dout[token], per sorted slot.
+            let tokens = self.sorted_tokens();
+            let mut dp = vec![0.0f32; tokens.len()];
+            rows_dot(&mut dp, dout.data(), &tokens, kept.data(), h);
+            for (&j, v) in self.order.iter().zip(&dp) {
+                dprobs[j as usize] = *v;
+            }
+            let scales: Vec<f32> = self.order.iter().map(|&j| probs[j as usize]).collect();
+            let mut dy = vec![0.0f32; tokens.len() * h];
+            gather_rows_scaled(&mut dy, dout.data(), &tokens, &scales, h);
+            dy
+        };
+        match &self.kind {
+            Kind::Local => {
+                let dy = sorted_grads(&mut dprobs);
+                Ok((rows_tensor(dy, h), dprobs))
+            }
+            Kind::AllToAll {
+                send,
+                recv,
+                regroup,
+            } => {
+                let dy = sorted_grads(&mut dprobs);
+                let got = exchange(&dy, send, recv, h, ep)?;
+                let mut out = Tensor::for_overwrite(&[self.rows(), h]);
+                gather_rows(out.data_mut(), &got, regroup, h);
+                Ok((out, dprobs))
+            }
+            Kind::AllGather {
+                token,
+                slot,
+                probs: all_probs,
+                ep: p,
+            } => {
+                let ep = expect(ep);
+                let mut all = vec![0.0f32; p * dout.numel()];
+                ep.all_gather(dout.data(), &mut all)?;
+                let mut dp = vec![0.0f32; token.len()];
+                rows_dot(&mut dp, &all, token, kept.data(), h);
+                let mut dprob_all = vec![0.0f32; p * probs.len()];
+                for (&s, v) in slot.iter().zip(&dp) {
+                    dprob_all[s as usize] = *v;
+                }
+                ep.reduce_scatter(&dprob_all, &mut dprobs, ReduceOp::Sum)?;
+                let scales: Vec<f32> = slot.iter().map(|&s| all_probs[s as usize]).collect();
+                let mut out = Tensor::for_overwrite(&[self.rows(), h]);
+                gather_rows_scaled(out.data_mut(), &all, token, &scales, h);
+                Ok((out, dprobs))
+            }
+        }
+    }
+
+    /// Backward of [`DispatchPlan::dispatch`]: the experts' input gradients (buffer rows) summed
+    /// back onto this rank's tokens, `[tokens, h]`.
+    pub fn dispatch_backward(
+        &self,
+        dxe: Tensor,
+        ep: Option<&mut dyn Communicator>,
+    ) -> Result<Tensor, CommError> {
+        let h = self.hidden;
+        let mut dx = Tensor::zeros(&[self.tokens, h]);
+        match &self.kind {
+            Kind::Local => {
+                scatter_add_rows(dx.data_mut(), dxe.data(), &self.sorted_tokens(), None, h);
+            }
+            Kind::AllToAll {
+                send,
+                recv,
+                regroup,
+            } => {
+                let mut back = vec![0.0f32; dxe.numel()];
+                gather_rows(&mut back, dxe.data(), &invert(regroup), h);
+                drop(dxe);
+                let sorted = exchange(&back, recv, send, h, ep)?;
+                scatter_add_rows(dx.data_mut(), &sorted, &self.sorted_tokens(), None, h);
+            }
+            Kind::AllGather { token, ep: p, .. } => {
+                let mut partial = vec![0.0f32; p * self.tokens * h];
+                scatter_add_rows(&mut partial, dxe.data(), token, None, h);
+                expect(ep).reduce_scatter(&partial, dx.data_mut(), ReduceOp::Sum)?;
+            }
+        }
+        Ok(dx)
+    }
+}
+
+fn rows_tensor(data: Vec<f32>, h: usize) -> Tensor {
+    Tensor::from_vec(&[data.len() / h.max(1), h], data).expect("whole rows")
+}
+
+fn expect(ep: Option<&mut dyn Communicator>) -> &mut dyn Communicator {
+    ep.expect("a plan made over an expert-parallel group is used with it")
+}
+
+/// All-to-all-v of rows of `h`: `send[q]` rows to rank q, `recv[q]` rows from it.
+fn exchange(
+    rows: &[f32],
+    send: &[usize],
+    recv: &[usize],
+    h: usize,
+    ep: Option<&mut dyn Communicator>,
+) -> Result<Vec<f32>, CommError> {
+    let sc: Vec<usize> = send.iter().map(|&r| r * h).collect();
+    let rc: Vec<usize> = recv.iter().map(|&r| r * h).collect();
+    let mut out = vec![0.0f32; rc.iter().sum()];
+    expect(ep).all_to_all_v(rows, &sc, &mut out, &rc)?;
+    Ok(out)
+}
