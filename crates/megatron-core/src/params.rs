@@ -220,6 +220,19 @@ pub enum Sharding {
     /// An expert's weight, whole on every rank that holds the expert (expert tensor
     /// parallelism 1).
     Expert,
+    /// An expert's weight split along this dimension over expert tensor parallelism.
+    ExpertSplit(usize),
+    /// An expert's fused `[gate; up]` split blockwise over expert tensor parallelism.
+    ExpertSplitChunks(usize),
+}
+
+impl Sharding {
+    fn is_expert(self) -> bool {
+        matches!(
+            self,
+            Sharding::Expert | Sharding::ExpertSplit(_) | Sharding::ExpertSplitChunks(_)
+        )
+    }
 }
 
 /// Which experts this rank holds: `ep` expert-parallel ranks hold equal consecutive blocks of
@@ -228,11 +241,19 @@ pub enum Sharding {
 pub struct ExpertLayout {
     pub ep: usize,
     pub ep_rank: usize,
+    /// Expert tensor parallelism: each expert's weights split over `etp` ranks.
+    pub etp: usize,
+    pub etp_rank: usize,
 }
 
 impl Default for ExpertLayout {
     fn default() -> Self {
-        ExpertLayout { ep: 1, ep_rank: 0 }
+        ExpertLayout {
+            ep: 1,
+            ep_rank: 0,
+            etp: 1,
+            etp_rank: 0,
+        }
     }
 }
 
@@ -378,14 +399,16 @@ impl Params {
         weight_decay: bool,
         sharding: Sharding,
     ) -> ParamId {
-        let (tp_rank, tp_size) = if self.tp.1 == 0 || sharding == Sharding::Expert {
+        let (tp_rank, tp_size) = if sharding.is_expert() {
+            (self.experts.etp_rank, self.experts.etp.max(1))
+        } else if self.tp.1 == 0 {
             (0, 1)
         } else {
             self.tp
         };
         let mut local_shape = shape.to_vec();
         let split = match sharding {
-            Sharding::Split(d) => {
+            Sharding::Split(d) | Sharding::ExpertSplit(d) => {
                 assert!(
                     shape[d].is_multiple_of(tp_size),
                     "{name}: dimension {d} ({}) is not divisible by the TP size {tp_size}",
@@ -394,7 +417,7 @@ impl Params {
                 local_shape[d] /= tp_size;
                 Some(d)
             }
-            Sharding::SplitChunks(c) => {
+            Sharding::SplitChunks(c) | Sharding::ExpertSplitChunks(c) => {
                 assert!(
                     shape[0].is_multiple_of(tp_size * c),
                     "{name}: dimension 0 ({}) is not {c} blocks divisible by the TP size {tp_size}",
@@ -406,7 +429,7 @@ impl Params {
             _ => None,
         };
         let tp_chunks = match sharding {
-            Sharding::SplitChunks(c) => c,
+            Sharding::SplitChunks(c) | Sharding::ExpertSplitChunks(c) => c,
             _ => 1,
         };
         let numel = local_shape.iter().product();
@@ -419,14 +442,14 @@ impl Params {
             numel,
             weight_decay,
             tp_split_dim: split,
-            tp_replicated: split.is_none() && sharding != Sharding::Expert,
+            tp_replicated: split.is_none() && !sharding.is_expert(),
             sequence_parallel_grad: sharding == Sharding::ReplicatedSequenceParallel,
             tp_partial_grad: sharding == Sharding::ReplicatedPartialGrad,
             tp_chunks,
             tp_rank,
             tp_size,
             shared: false,
-            expert: sharding == Sharding::Expert,
+            expert: sharding.is_expert(),
         });
         ParamId(self.metas.len() - 1)
     }

@@ -439,8 +439,8 @@ pub struct TrainArgs {
     /// (which may span tensor- and data-parallel ranks: megatron-core's parallel folding).
     #[arg(long, default_value_t = 1)]
     pub expert_model_parallel_size: usize,
-    /// Tensor parallelism inside each expert; only 1 is built so far. Defaults to 1 when the
-    /// model has experts.
+    /// Tensor parallelism inside each expert (fc1 column-, fc2 row-parallel); defaults to
+    /// --tensor-model-parallel-size, as in Megatron.
     #[arg(long)]
     pub expert_tensor_parallel_size: Option<usize>,
 }
@@ -870,10 +870,17 @@ impl TrainArgs {
             }
             return Ok((1, tp));
         };
-        let etp = self.expert_tensor_parallel_size.unwrap_or(1);
-        if etp != 1 {
+        // Megatron's default: the dense tensor-parallel size.
+        let etp = self.expert_tensor_parallel_size.unwrap_or(tp);
+        if etp == 0 {
+            return Err(bad(
+                "--expert-tensor-parallel-size must be positive, got 0".into()
+            ));
+        }
+        if !moe.ffn_hidden_size.is_multiple_of(etp) {
             return Err(bad(format!(
-                "--expert-tensor-parallel-size {etp}: experts split over tensor-parallel ranks are not built yet; use 1 (expert parallelism may span the tensor-parallel ranks instead)"
+                "--moe-ffn-hidden-size ({}) must be divisible by --expert-tensor-parallel-size ({etp})",
+                moe.ffn_hidden_size
             )));
         }
         let world = dp * tp * pp;

@@ -26,7 +26,7 @@ impl crate::training::Trainer<'_> {
             if m.shared || (m.tp_replicated && tp_rank != 0) {
                 continue;
             }
-            for segment in m.global_segments(p.local.clone(), tp_rank) {
+            for segment in m.global_segments(p.local.clone(), m.tp_rank) {
                 for (tensor, data) in [
                     (m.name.clone(), p.value),
                     (format!("optimizer.exp_avg.{}", m.name), p.exp_avg),

@@ -35,8 +35,9 @@ pub(crate) struct RankComms<'a> {
     pub dp: Option<&'a mut dyn Communicator>,
     pub embedding: Option<&'a mut dyn Communicator>,
     pub world_rank: usize,
-    /// (rank, size) in the expert-parallel group.
+    /// (rank, size) in the expert-parallel and expert-tensor-parallel groups.
     pub ep_rank_size: (usize, usize),
+    pub etp_rank_size: (usize, usize),
     /// Expert-data-parallel group and the all-ranks group, when experts are laid out other
     /// than dense parameters (the optimizer takes them).
     pub expert_groups: Option<(Box<dyn Communicator>, Box<dyn Communicator>)>,
@@ -59,6 +60,7 @@ impl<'a> RankComms<'a> {
                     dp,
                     pp,
                     ep,
+                    etp,
                     edp,
                     expert_norm,
                     embedding,
@@ -70,9 +72,10 @@ impl<'a> RankComms<'a> {
                 };
                 RankComms {
                     ep_rank_size: (ep.comm.rank(), ep.comm.size()),
+                    etp_rank_size: (etp.comm.rank(), etp.comm.size()),
                     expert_groups,
                     tp: Tp::new(tp.comm.as_mut(), sequence_parallel)
-                        .with_expert_parallel(ep.comm.as_mut()),
+                        .with_expert_parallel(ep.comm.as_mut(), etp.comm.as_mut()),
                     pp: pp.comm.as_mut(),
                     dp: Some(dp.comm.as_mut()),
                     embedding: embedding
@@ -88,6 +91,7 @@ impl<'a> RankComms<'a> {
                 embedding: None,
                 world_rank: 0,
                 ep_rank_size: (0, 1),
+                etp_rank_size: (0, 1),
                 expert_groups: None,
             },
         }
@@ -181,6 +185,8 @@ pub(crate) fn setup_model_and_optimizer(
     params.experts = ExpertLayout {
         ep: comms.ep_rank_size.1,
         ep_rank: comms.ep_rank_size.0,
+        etp: comms.etp_rank_size.1,
+        etp_rank: comms.etp_rank_size.0,
     };
     let mut inits = Vec::new();
     let (chunks, chunk_params) = build_stage(

@@ -130,6 +130,64 @@ fn a_tp2_pp2_dp2_distributed_checkpoint_resumes_at_other_layouts_with_its_optimi
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// An MoE checkpoint names experts by their global number, so it loads at any expert layout:
+/// saved at EP 2 x EDP 2 (distributed optimizer), resumed at one rank, at EP 4, and at EP 2 x
+/// TP 2 with experts split over TP (ETP 2), each continuing the uninterrupted run.
+#[test]
+fn an_moe_checkpoint_resumes_across_expert_parallel_sizes() {
+    let dir = tmpdir("dcp-moe-reshard");
+    let first = dir.join("first");
+    let f = first.to_str().unwrap();
+    let moe = [
+        "--num-experts",
+        "4",
+        "--moe-router-topk",
+        "2",
+        "--moe-ffn-hidden-size",
+        "64",
+        "--moe-aux-loss-coeff",
+        "0.01",
+        "--swiglu",
+        "--moe-token-dispatcher-type",
+        "alltoall",
+    ];
+    let ep2_edp2 = [
+        "--nproc-per-node",
+        "4",
+        "--expert-model-parallel-size",
+        "2",
+        "--use-distributed-optimizer",
+    ];
+    let straight = train("10", &ep2_edp2, &moe);
+    train("5", &ep2_edp2, &[&moe[..], &["--save", f]].concat());
+    let layouts: &[(&str, &[&str])] = &[
+        ("one rank", &[]),
+        (
+            "EP 4",
+            &["--nproc-per-node", "4", "--expert-model-parallel-size", "4"],
+        ),
+        (
+            "EP 2 x TP 2 (ETP 2)",
+            &[
+                "--nproc-per-node",
+                "4",
+                "--expert-model-parallel-size",
+                "2",
+                "--tensor-model-parallel-size",
+                "2",
+                "--sequence-parallel",
+            ],
+        ),
+    ];
+    for (name, layout) in layouts {
+        let resumed = train("10", layout, &[&moe[..], &["--load", f]].concat());
+        assert_eq!(resumed.start_iteration, 5, "{name}");
+        assert_eq!(resumed.losses.len(), 5, "{name}");
+        assert_losses_close(name, &straight.losses[5..], &resumed.losses, 1e-5);
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// Flips one byte in the middle of `path`.
 fn flip_byte(path: &Path) {
     let mut b = std::fs::read(path).unwrap();

@@ -89,15 +89,73 @@ fn moe_expert_parallel_layouts_match_one_rank() {
             "ep2 x tp2 (sp, etp1) alltoall",
             with(
                 ep("4", "2", "alltoall"),
-                &["--tensor-model-parallel-size", "2", "--sequence-parallel"],
+                &[
+                    "--tensor-model-parallel-size",
+                    "2",
+                    "--sequence-parallel",
+                    "--expert-tensor-parallel-size",
+                    "1",
+                ],
             ),
         ),
         (
             "ep2 x tp2 (sp, etp1) allgather",
             with(
                 ep("4", "2", "allgather"),
-                &["--tensor-model-parallel-size", "2", "--sequence-parallel"],
+                &[
+                    "--tensor-model-parallel-size",
+                    "2",
+                    "--sequence-parallel",
+                    "--expert-tensor-parallel-size",
+                    "1",
+                ],
             ),
+        ),
+        (
+            "ep2 x tp2 (sp, etp2) alltoall",
+            with(
+                ep("4", "2", "alltoall"),
+                &[
+                    "--tensor-model-parallel-size",
+                    "2",
+                    "--sequence-parallel",
+                    "--expert-tensor-parallel-size",
+                    "2",
+                ],
+            ),
+        ),
+        (
+            "ep2 x tp2 (sp, etp2) allgather",
+            with(
+                ep("4", "2", "allgather"),
+                &[
+                    "--tensor-model-parallel-size",
+                    "2",
+                    "--sequence-parallel",
+                    "--expert-tensor-parallel-size",
+                    "2",
+                ],
+            ),
+        ),
+        (
+            "tp2 (sp, etp2, ep1) distributed optimizer",
+            vec![
+                "--nproc-per-node",
+                "4",
+                "--tensor-model-parallel-size",
+                "2",
+                "--sequence-parallel",
+                "--use-distributed-optimizer",
+            ],
+        ),
+        (
+            "etp2 over dp ranks (tp1, ep1)",
+            vec![
+                "--nproc-per-node",
+                "2",
+                "--expert-tensor-parallel-size",
+                "2",
+            ],
         ),
         (
             "ep2 x pp2 alltoall",

@@ -23,6 +23,8 @@ pub struct Tp<'a> {
     /// The expert-parallel group MoE layers dispatch tokens over (`None`: one rank holds
     /// every expert). It travels with the TP group because both are used inside a layer.
     pub ep: Option<&'a mut dyn Communicator>,
+    /// Tensor parallelism inside the experts (`None`: each expert whole on its rank).
+    pub etp: Option<&'a mut dyn Communicator>,
 }
 
 impl<'a> Tp<'a> {
@@ -32,18 +34,32 @@ impl<'a> Tp<'a> {
             comm,
             sequence_parallel,
             ep: None,
+            etp: None,
         }
     }
 
-    /// The same TP group with the expert-parallel group MoE layers dispatch over.
-    pub fn with_expert_parallel(self, ep: &'a mut dyn Communicator) -> Self {
+    /// The same TP group with the expert-parallel and expert-tensor-parallel groups MoE
+    /// layers dispatch over.
+    pub fn with_expert_parallel(
+        self,
+        ep: &'a mut dyn Communicator,
+        etp: &'a mut dyn Communicator,
+    ) -> Self {
         Tp {
             ep: (ep.size() > 1).then_some(ep),
+            etp: (etp.size() > 1).then_some(etp),
             ..self
         }
     }
     pub fn size(&self) -> usize {
         self.comm.size()
+    }
+    /// The expert-tensor-parallel group, reborrowed for one operation.
+    pub fn etp(&mut self) -> Option<&mut dyn Communicator> {
+        match self.etp.as_mut() {
+            Some(c) => Some(&mut **c),
+            None => None,
+        }
     }
     /// The expert-parallel group, reborrowed for one operation.
     pub fn ep(&mut self) -> Option<&mut dyn Communicator> {

@@ -23,6 +23,7 @@ pub struct GroupedMLP {
     pub first: usize,
     activation: Activation,
     hidden: usize,
+    /// This rank's slice of each expert's FFN width.
     ffn: usize,
 }
 
@@ -38,10 +39,13 @@ impl GroupedMLP {
     ) -> Self {
         let m = cfg.moe.as_ref().expect("an MoE layer needs --num-experts");
         let (h, f) = (cfg.hidden_size, m.ffn_hidden_size);
-        let fc1_rows = match cfg.activation {
-            Activation::Gelu => f,
-            Activation::SwiGLU => 2 * f,
+        // Under expert tensor parallelism fc1 is column-parallel (SwiGLU's [gate; up] split
+        // blockwise) and fc2 row-parallel, as in the dense MLP.
+        let (fc1_rows, fc1_split) = match cfg.activation {
+            Activation::Gelu => (f, Sharding::ExpertSplit(0)),
+            Activation::SwiGLU => (2 * f, Sharding::ExpertSplitChunks(2)),
         };
+        let etp = params.experts.etp.max(1);
         let first = which.start;
         let experts = which
             .map(|e| {
@@ -53,7 +57,7 @@ impl GroupedMLP {
                         &[fc1_rows, h],
                         true,
                         Init::Normal(cfg.init_method_std),
-                        Sharding::Expert,
+                        fc1_split,
                     ),
                     fc2: params.add_sharded(
                         inits,
@@ -61,7 +65,7 @@ impl GroupedMLP {
                         &[h, f],
                         true,
                         Init::Normal(cfg.output_layer_init_std()),
-                        Sharding::Expert,
+                        Sharding::ExpertSplit(1),
                     ),
                 }
             })
@@ -71,7 +75,7 @@ impl GroupedMLP {
             first,
             activation: cfg.activation,
             hidden: h,
-            ffn: f,
+            ffn: f / etp,
         }
     }
 

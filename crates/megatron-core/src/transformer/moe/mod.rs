@@ -131,10 +131,10 @@ impl MoELayer {
             self.dims(n),
         );
         let kind = self.cfg.dispatcher;
-        let plan = DispatchPlan::new(&routing, e, h, kind, tp.ep())?;
-        let xe = plan.dispatch(x, tp.ep())?;
+        let plan = DispatchPlan::new(&routing, e, h, kind, tp)?;
+        let xe = plan.dispatch(x, tp)?;
         let (y, h1) = self.experts.forward(params, &xe, &plan.local_counts);
-        let (out, kept) = plan.combine(y, &routing.probs, tp.ep())?;
+        let (out, kept) = plan.combine(y, &routing.probs, tp)?;
         let saved = MoESaved {
             logits,
             routing,
@@ -163,14 +163,14 @@ impl MoELayer {
         let e = self.cfg.num_experts;
         let plan = &saved.plan;
         let kept = restore(&saved.kept);
-        let (dy, dprobs) = plan.combine_backward(dout, &kept, &saved.routing.probs, tp.ep())?;
+        let (dy, dprobs) = plan.combine_backward(dout, &kept, &saved.routing.probs, tp)?;
         drop(kept);
         let (xe, h1) = (restore(&saved.xe), restore(&saved.h1));
         let dxe = self
             .experts
             .backward(params, grads, &xe, &h1, &dy, &plan.local_counts);
         drop((xe, h1, dy));
-        let mut dx = plan.dispatch_backward(dxe, tp.ep())?;
+        let mut dx = plan.dispatch_backward(dxe, tp)?;
         // Router: through top-k, plus the auxiliary losses over the whole sequence.
         let d = self.dims(n);
         let mut dlogits = vec![0.0f32; n * e];

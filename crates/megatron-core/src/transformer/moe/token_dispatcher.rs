@@ -16,6 +16,7 @@
 //!   keep the rows of local experts, weight outputs by their probabilities and reduce-scatter
 //!   the partial sums back to the owners.
 
+use crate::tensor_parallel::Tp;
 use crate::transformer::config::TokenDispatcherType;
 use megatron_comm::{CommError, Communicator, ReduceOp};
 use megatron_tensor::cpu::moe_permute::{
@@ -41,6 +42,9 @@ pub struct DispatchPlan {
     kind: Kind,
     hidden: usize,
     tokens: usize,
+    /// Under expert tensor parallelism: every ETP rank's rows are gathered for the experts'
+    /// slices and their partial outputs reduce-scattered back.
+    etp: Option<EtpPlan>,
 }
 
 enum Kind {
@@ -94,8 +98,25 @@ fn invert(perm: &[u32]) -> Vec<u32> {
 
 impl DispatchPlan {
     /// Plans the dispatch of this rank's routed rows to `num_experts` experts held in equal
-    /// blocks by the ranks of `ep` (`None`: all here). Collective over `ep`.
+    /// blocks by the ranks of the expert-parallel group (none: all here), each split over the
+    /// expert-tensor-parallel group. Collective over both.
     pub fn new(
+        routing: &Routing,
+        num_experts: usize,
+        hidden: usize,
+        kind: TokenDispatcherType,
+        tp: &mut Tp,
+    ) -> Result<Self, CommError> {
+        let mut plan = Self::new_ep(routing, num_experts, hidden, kind, tp.ep())?;
+        if let Some(etp) = tp.etp() {
+            let etp_plan = EtpPlan::new(&plan.local_counts, etp)?;
+            plan.local_counts = etp_plan.totals();
+            plan.etp = Some(etp_plan);
+        }
+        Ok(plan)
+    }
+
+    fn new_ep(
         routing: &Routing,
         num_experts: usize,
         hidden: usize,
@@ -113,6 +134,7 @@ impl DispatchPlan {
                 kind: Kind::Local,
                 hidden,
                 tokens,
+                etp: None,
             });
         };
         let (p, me) = (ep.size(), ep.rank());
@@ -194,6 +216,7 @@ impl DispatchPlan {
             kind: kind_of.0,
             hidden,
             tokens,
+            etp: None,
         })
     }
 
@@ -212,14 +235,74 @@ impl DispatchPlan {
         self.order.iter().map(|&j| j / k).collect()
     }
 
+    /// Rows of this rank's buffer before the expert-tensor-parallel gather.
+    fn ep_rows(&self) -> usize {
+        self.etp
+            .as_ref()
+            .map_or_else(|| self.rows(), |e| e.own_rows())
+    }
+
     /// `x` (`[tokens, h]`, this rank's) to the experts' buffer.
-    pub fn dispatch(
+    pub fn dispatch(&self, x: &Tensor, tp: &mut Tp) -> Result<Tensor, CommError> {
+        let xj = self.dispatch_ep(x, tp.ep())?;
+        match (&self.etp, tp.etp()) {
+            (Some(e), Some(c)) => e.gather(&xj, self.hidden, c),
+            _ => Ok(xj),
+        }
+    }
+
+    /// The experts' outputs `y` (partial sums over the expert-tensor-parallel group under
+    /// it) back to their tokens, weighted by the routing probabilities: `[tokens, h]`, and the
+    /// rows backward needs for the probabilities' gradients.
+    pub fn combine(
+        &self,
+        y: Tensor,
+        probs: &[f32],
+        tp: &mut Tp,
+    ) -> Result<(Tensor, Tensor), CommError> {
+        let yj = match (&self.etp, tp.etp()) {
+            (Some(e), Some(c)) => e.reduce_scatter(&y, self.hidden, c)?,
+            _ => y,
+        };
+        self.combine_ep(yj, probs, tp.ep())
+    }
+
+    /// Backward of [`DispatchPlan::combine`]: from `dout` (`[tokens, h]`) the gradient of the
+    /// experts' outputs (their buffer's rows) and of this rank's routing probabilities.
+    pub fn combine_backward(
+        &self,
+        dout: &Tensor,
+        kept: &Tensor,
+        probs: &[f32],
+        tp: &mut Tp,
+    ) -> Result<(Tensor, Vec<f32>), CommError> {
+        let (dyj, dprobs) = self.combine_backward_ep(dout, kept, probs, tp.ep())?;
+        let dy = match (&self.etp, tp.etp()) {
+            (Some(e), Some(c)) => e.gather(&dyj, self.hidden, c)?,
+            _ => dyj,
+        };
+        Ok((dy, dprobs))
+    }
+
+    /// Backward of [`DispatchPlan::dispatch`]: the experts' input gradients (buffer rows,
+    /// partial over the expert-tensor-parallel group under it) summed back onto this rank's
+    /// tokens, `[tokens, h]`.
+    pub fn dispatch_backward(&self, dxe: Tensor, tp: &mut Tp) -> Result<Tensor, CommError> {
+        let dxj = match (&self.etp, tp.etp()) {
+            (Some(e), Some(c)) => e.reduce_scatter(&dxe, self.hidden, c)?,
+            _ => dxe,
+        };
+        self.dispatch_backward_ep(dxj, tp.ep())
+    }
+
+    /// The expert-parallel stage of [`DispatchPlan::dispatch`].
+    fn dispatch_ep(
         &self,
         x: &Tensor,
         ep: Option<&mut dyn Communicator>,
     ) -> Result<Tensor, CommError> {
         let h = self.hidden;
-        let mut out = Tensor::for_overwrite(&[self.rows(), h]);
+        let mut out = Tensor::for_overwrite(&[self.ep_rows(), h]);
         match &self.kind {
             Kind::Local => gather_rows(out.data_mut(), x.data(), &self.sorted_tokens(), h),
             Kind::AllToAll {
@@ -241,9 +324,8 @@ impl DispatchPlan {
         Ok(out)
     }
 
-    /// The experts' outputs `y` back to their tokens, weighted by the routing probabilities:
-    /// `[tokens, h]`, and the rows backward needs for the probabilities' gradients.
-    pub fn combine(
+    /// The expert-parallel stage of [`DispatchPlan::combine`].
+    fn combine_ep(
         &self,
         y: Tensor,
         probs: &[f32],
@@ -297,9 +379,8 @@ impl DispatchPlan {
         }
     }
 
-    /// Backward of [`DispatchPlan::combine`]: from `dout` (`[tokens, h]`) the gradient of the
-    /// experts' outputs (their buffer's rows) and of this rank's routing probabilities.
-    pub fn combine_backward(
+    /// The expert-parallel stage of [`DispatchPlan::combine_backward`].
+    fn combine_backward_ep(
         &self,
         dout: &Tensor,
         kept: &Tensor,
@@ -333,7 +414,7 @@ impl DispatchPlan {
             } => {
                 let dy = sorted_grads(&mut dprobs);
                 let got = exchange(&dy, send, recv, h, ep)?;
-                let mut out = Tensor::for_overwrite(&[self.rows(), h]);
+                let mut out = Tensor::for_overwrite(&[self.ep_rows(), h]);
                 gather_rows(out.data_mut(), &got, regroup, h);
                 Ok((out, dprobs))
             }
@@ -354,16 +435,15 @@ impl DispatchPlan {
                 }
                 ep.reduce_scatter(&dprob_all, &mut dprobs, ReduceOp::Sum)?;
                 let scales: Vec<f32> = slot.iter().map(|&s| all_probs[s as usize]).collect();
-                let mut out = Tensor::for_overwrite(&[self.rows(), h]);
+                let mut out = Tensor::for_overwrite(&[self.ep_rows(), h]);
                 gather_rows_scaled(out.data_mut(), &all, token, &scales, h);
                 Ok((out, dprobs))
             }
         }
     }
 
-    /// Backward of [`DispatchPlan::dispatch`]: the experts' input gradients (buffer rows) summed
-    /// back onto this rank's tokens, `[tokens, h]`.
-    pub fn dispatch_backward(
+    /// The expert-parallel stage of [`DispatchPlan::dispatch_backward`].
+    fn dispatch_backward_ep(
         &self,
         dxe: Tensor,
         ep: Option<&mut dyn Communicator>,
@@ -416,4 +496,92 @@ fn exchange(
     let mut out = vec![0.0f32; rc.iter().sum()];
     expect(ep).all_to_all_v(rows, &sc, &mut out, &rc)?;
     Ok(out)
+}
+
+/// The expert-tensor-parallel stage: each ETP rank brings `counts[j][l]` rows for local expert
+/// `l`; the experts' slices need all of them, in (expert, ETP rank) order. Rows travel padded
+/// to the largest rank's count so the collectives are the equal-split ones.
+struct EtpPlan {
+    counts: Vec<Vec<usize>>,
+    me: usize,
+    max_rows: usize,
+    /// Gathered-buffer row `i` (expert-major) is padded row `padded[i]`.
+    padded: Vec<u32>,
+}
+
+impl EtpPlan {
+    fn new(own: &[usize], etp: &mut dyn Communicator) -> Result<Self, CommError> {
+        let (t, l) = (etp.size(), own.len());
+        let mine: Vec<f32> = own.iter().map(|&c| c as f32).collect();
+        let mut all = vec![0.0f32; t * l];
+        etp.all_gather(&mine, &mut all)?;
+        let counts: Vec<Vec<usize>> = all
+            .chunks(l.max(1))
+            .map(|c| c.iter().map(|&x| x as usize).collect())
+            .collect();
+        let max_rows = counts
+            .iter()
+            .map(|c| c.iter().sum::<usize>())
+            .max()
+            .unwrap_or(0);
+        let mut padded = Vec::new();
+        for e in 0..l {
+            for (j, c) in counts.iter().enumerate() {
+                let lo = j * max_rows + c[..e].iter().sum::<usize>();
+                padded.extend((lo..lo + c[e]).map(|r| r as u32));
+            }
+        }
+        Ok(EtpPlan {
+            counts,
+            me: etp.rank(),
+            max_rows,
+            padded,
+        })
+    }
+
+    fn own_rows(&self) -> usize {
+        self.counts[self.me].iter().sum()
+    }
+
+    /// Rows per local expert over every ETP rank.
+    fn totals(&self) -> Vec<usize> {
+        (0..self.counts[0].len())
+            .map(|e| self.counts.iter().map(|c| c[e]).sum())
+            .collect()
+    }
+
+    /// Every ETP rank's rows, expert-major.
+    fn gather(
+        &self,
+        x: &Tensor,
+        h: usize,
+        etp: &mut dyn Communicator,
+    ) -> Result<Tensor, CommError> {
+        let mut mine = vec![0.0f32; self.max_rows * h];
+        mine[..x.numel()].copy_from_slice(x.data());
+        let mut all = vec![0.0f32; self.counts.len() * self.max_rows * h];
+        etp.all_gather(&mine, &mut all)?;
+        let mut out = Tensor::for_overwrite(&[self.padded.len(), h]);
+        gather_rows(out.data_mut(), &all, &self.padded, h);
+        Ok(out)
+    }
+
+    /// Sums partial rows (expert-major, every ETP rank's) over the group; this rank keeps its
+    /// own.
+    fn reduce_scatter(
+        &self,
+        y: &Tensor,
+        h: usize,
+        etp: &mut dyn Communicator,
+    ) -> Result<Tensor, CommError> {
+        let mut padded = vec![0.0f32; self.counts.len() * self.max_rows * h];
+        for (i, &r) in self.padded.iter().enumerate() {
+            let r = r as usize;
+            padded[r * h..(r + 1) * h].copy_from_slice(&y.data()[i * h..(i + 1) * h]);
+        }
+        let mut mine = vec![0.0f32; self.max_rows * h];
+        etp.reduce_scatter(&padded, &mut mine, ReduceOp::Sum)?;
+        mine.truncate(self.own_rows() * h);
+        Ok(rows_tensor(mine, h))
+    }
 }
