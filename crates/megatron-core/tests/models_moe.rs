@@ -30,6 +30,13 @@ fn tiny_moe(score: RouterScore, pre_softmax: bool, activation: Activation) -> Tr
             z_loss_coeff: 0.0,
             layer_freq: 1,
             dispatcher: Default::default(),
+            load_balancing: Default::default(),
+            expert_bias_update_rate: None,
+            capacity_factor: None,
+            drop_policy: Default::default(),
+            pad_to_capacity: false,
+            shared_expert_ffn: None,
+            shared_expert_gate: false,
         }),
         ..Default::default()
     }

@@ -12,11 +12,41 @@ use std::collections::HashMap;
 const MIN_POOLED_LEN: usize = 1 << 12;
 /// Upper bound on bytes parked in one thread's pool, so an unusual step cannot pin memory forever.
 const MAX_POOLED_BYTES: usize = 8 << 30;
+/// Distinct lengths kept: a training step of a dense model uses a few dozen and reuses them
+/// every step; lengths that vary from step to step (the token blocks of mixture-of-experts
+/// layers) are never asked for again and would otherwise fill the pool up to its byte cap. The
+/// least recently used length is released first.
+const MAX_POOLED_LENGTHS: usize = 48;
 
 #[derive(Default)]
 struct Pool {
-    free: HashMap<usize, Vec<Vec<f32>>>,
+    /// Free buffers by length, with the clock of the length's last use.
+    free: HashMap<usize, (Vec<Vec<f32>>, u64)>,
+    /// Buffers of each length handed out by this thread's pool and not yet given back: only
+    /// those come back (a buffer made elsewhere, e.g. by `Tensor::from_vec`, is freed, or the
+    /// pool would grow by one of them per step).
+    outstanding: HashMap<usize, usize>,
     bytes: usize,
+    clock: u64,
+}
+
+impl Pool {
+    fn touch(&mut self) -> u64 {
+        self.clock += 1;
+        self.clock
+    }
+
+    /// Drops the least recently used lengths until at most [`MAX_POOLED_LENGTHS`] remain.
+    fn evict(&mut self) {
+        while self.free.len() > MAX_POOLED_LENGTHS {
+            let Some((&len, _)) = self.free.iter().min_by_key(|(_, (_, t))| *t) else {
+                return;
+            };
+            if let Some((bufs, _)) = self.free.remove(&len) {
+                self.bytes -= bufs.len() * len * 4;
+            }
+        }
+    }
 }
 
 thread_local! {
@@ -36,7 +66,12 @@ pub fn take_any(len: usize) -> Vec<f32> {
     if len >= MIN_POOLED_LEN {
         if let Some(v) = POOL.with(|p| {
             let mut p = p.borrow_mut();
-            let v = p.free.get_mut(&len).and_then(|l| l.pop());
+            *p.outstanding.entry(len).or_default() += 1;
+            let now = p.touch();
+            let v = p.free.get_mut(&len).and_then(|(l, t)| {
+                *t = now;
+                l.pop()
+            });
             if v.is_some() {
                 p.bytes -= len * 4;
             }
@@ -56,11 +91,27 @@ pub fn give_back(v: Vec<f32>) {
     }
     POOL.with(|p| {
         let mut p = p.borrow_mut();
+        match p.outstanding.get_mut(&len) {
+            Some(n) if *n > 1 => *n -= 1,
+            Some(_) => {
+                p.outstanding.remove(&len);
+            }
+            None => return,
+        }
         if p.bytes + len * 4 <= MAX_POOLED_BYTES {
             p.bytes += len * 4;
-            p.free.entry(len).or_default().push(v);
+            let now = p.touch();
+            let entry = p.free.entry(len).or_insert_with(|| (Vec::new(), now));
+            entry.0.push(v);
+            entry.1 = now;
+            p.evict();
         }
     });
+}
+
+/// Distinct lengths parked in this thread's pool.
+pub fn pooled_lengths() -> usize {
+    POOL.with(|p| p.borrow().free.len())
 }
 
 /// Bytes currently parked in this thread's pool.
@@ -73,6 +124,7 @@ pub fn clear() {
     POOL.with(|p| {
         let mut p = p.borrow_mut();
         p.free.clear();
+        p.outstanding.clear();
         p.bytes = 0;
     });
 }

@@ -69,3 +69,26 @@ fn fast_exp_and_tanh_match_libm() {
     assert_eq!(exp(f32::NEG_INFINITY), 0.0);
     assert_eq!(tanh(0.0), 0.0);
 }
+
+#[test]
+fn the_pool_keeps_only_buffers_it_handed_out_and_a_bounded_number_of_lengths() {
+    use megatron_tensor::pool;
+    std::thread::spawn(|| {
+        // Made outside the pool: freed on drop, never parked (else one more per step).
+        drop(Tensor::from_vec(&[1 << 13], vec![1.0; 1 << 13]).unwrap());
+        assert_eq!(pool::pooled_bytes(), 0);
+        // Handed out and given back: parked, and reused.
+        drop(Tensor::zeros(&[1 << 13]));
+        assert_eq!(pool::pooled_bytes(), 4 << 13);
+        drop(Tensor::zeros(&[1 << 13]));
+        assert_eq!(pool::pooled_bytes(), 4 << 13);
+        // Lengths that never recur (mixture-of-experts token blocks) do not pile up.
+        for len in 0..500 {
+            drop(Tensor::zeros(&[(1 << 12) + len]));
+        }
+        let lengths = pool::pooled_lengths();
+        assert!((1..=64).contains(&lengths), "{lengths} lengths parked");
+    })
+    .join()
+    .unwrap();
+}

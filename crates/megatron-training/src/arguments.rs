@@ -76,6 +76,26 @@ pub enum DispatcherArg {
     AllToAll,
 }
 
+/// `--moe-router-load-balancing-type`.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LoadBalancingArg {
+    #[value(name = "aux_loss")]
+    AuxLoss,
+    #[value(name = "seq_aux_loss")]
+    SeqAuxLoss,
+    #[value(name = "none")]
+    None,
+}
+
+/// `--moe-token-drop-policy`.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DropPolicyArg {
+    #[value(name = "probs")]
+    Probs,
+    #[value(name = "position")]
+    Position,
+}
+
 /// `--position-embedding-type`.
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PositionEmbeddingArg {
@@ -217,6 +237,35 @@ pub struct TrainArgs {
     /// allgather).
     #[arg(long, value_enum, default_value = "allgather")]
     pub moe_token_dispatcher_type: DispatcherArg,
+    /// aux_loss (switch loss over the micro-batch), seq_aux_loss (per sequence), none.
+    #[arg(long, value_enum, default_value = "aux_loss")]
+    pub moe_router_load_balancing_type: LoadBalancingArg,
+    /// Aux-loss-free balancing (DeepSeek-V3): a per-expert bias on the selection scores,
+    /// updated after every step (needs --moe-router-score-function sigmoid, as in Megatron).
+    #[arg(long)]
+    pub moe_router_enable_expert_bias: bool,
+    #[arg(long, default_value_t = 1e-3)]
+    pub moe_router_bias_update_rate: f32,
+    /// Each expert takes at most ceil(tokens x topk / experts x factor) of a rank's rows; the
+    /// rest are dropped (default: dropless).
+    #[arg(long)]
+    pub moe_expert_capacity_factor: Option<f32>,
+    /// Which rows over capacity are dropped: the least probable, or the latest.
+    #[arg(long, value_enum, default_value = "probs")]
+    pub moe_token_drop_policy: DropPolicyArg,
+    /// Every expert gets exactly its capacity of rows (zero-weight padding).
+    #[arg(long)]
+    pub moe_pad_expert_input_to_capacity: bool,
+    /// Width of an always-on shared expert beside the routed ones.
+    #[arg(long)]
+    pub moe_shared_expert_intermediate_size: Option<usize>,
+    /// Scale the shared expert's output by a per-token sigmoid gate (Qwen2-MoE).
+    #[arg(long)]
+    pub moe_shared_expert_gate: bool,
+    /// Accepted for Megatron compatibility: the experts always run as one pass over their
+    /// contiguous token blocks.
+    #[arg(long)]
+    pub moe_grouped_gemm: bool,
     /// Accepted for compatibility: softmax always runs in fp32 here.
     #[arg(long)]
     pub attention_softmax_in_fp32: bool,
@@ -889,6 +938,11 @@ impl TrainArgs {
                 "--expert-model-parallel-size ({ep}) x --expert-tensor-parallel-size ({etp}) x --pipeline-model-parallel-size ({pp}) must divide the {world} ranks"
             )));
         }
+        if let Some(f) = moe.shared_expert_ffn.filter(|f| !f.is_multiple_of(tp)) {
+            return Err(bad(format!(
+                "--moe-shared-expert-intermediate-size ({f}) must be divisible by --tensor-model-parallel-size ({tp})"
+            )));
+        }
         if (ep > 1 || etp != tp) && self.overlap_param_gather {
             return Err(bad(
                 "--overlap-param-gather with expert parallelism (or experts under tensor parallelism) is not built yet: the experts' parameters are gathered over their own group".into(),
@@ -907,7 +961,9 @@ impl TrainArgs {
     fn moe_config(
         &self,
     ) -> Result<Option<megatron_core::transformer::config::MoEConfig>, TrainError> {
-        use megatron_core::transformer::config::{MoEConfig, RouterScore, TokenDispatcherType};
+        use megatron_core::transformer::config::{
+            DropPolicy, LoadBalancing, MoEConfig, RouterScore, TokenDispatcherType,
+        };
         let Some(e) = self.num_experts else {
             return Ok(None);
         };
@@ -922,6 +978,42 @@ impl TrainArgs {
         }
         if self.moe_layer_freq == 0 {
             return Err(bad("--moe-layer-freq must be positive, got 0".into()));
+        }
+        if self.moe_router_enable_expert_bias
+            && self.moe_router_score_function != RouterScoreArg::Sigmoid
+        {
+            return Err(bad(
+                "--moe-router-enable-expert-bias needs --moe-router-score-function sigmoid (as in Megatron)".into(),
+            ));
+        }
+        if !(self.moe_router_bias_update_rate >= 0.0
+            && self.moe_router_bias_update_rate.is_finite())
+        {
+            return Err(bad(format!(
+                "--moe-router-bias-update-rate must be a non-negative number, got {}",
+                self.moe_router_bias_update_rate
+            )));
+        }
+        if let Some(f) = self.moe_expert_capacity_factor {
+            if !(f > 0.0 && f.is_finite()) {
+                return Err(bad(format!(
+                    "--moe-expert-capacity-factor must be positive, got {f}"
+                )));
+            }
+        } else if self.moe_pad_expert_input_to_capacity {
+            return Err(bad(
+                "--moe-pad-expert-input-to-capacity needs --moe-expert-capacity-factor".into(),
+            ));
+        }
+        if self.moe_shared_expert_intermediate_size == Some(0) {
+            return Err(bad(
+                "--moe-shared-expert-intermediate-size must be positive, got 0".into(),
+            ));
+        }
+        if self.moe_shared_expert_gate && self.moe_shared_expert_intermediate_size.is_none() {
+            return Err(bad(
+                "--moe-shared-expert-gate needs --moe-shared-expert-intermediate-size".into(),
+            ));
         }
         if self.tensor_model_parallel_size > 1 && !self.sequence_parallel {
             return Err(bad(format!(
@@ -955,6 +1047,22 @@ impl TrainArgs {
                 DispatcherArg::AllGather => TokenDispatcherType::AllGather,
                 DispatcherArg::AllToAll => TokenDispatcherType::AllToAll,
             },
+            load_balancing: match self.moe_router_load_balancing_type {
+                LoadBalancingArg::AuxLoss => LoadBalancing::AuxLoss,
+                LoadBalancingArg::SeqAuxLoss => LoadBalancing::SeqAuxLoss,
+                LoadBalancingArg::None => LoadBalancing::None,
+            },
+            expert_bias_update_rate: self
+                .moe_router_enable_expert_bias
+                .then_some(self.moe_router_bias_update_rate),
+            capacity_factor: self.moe_expert_capacity_factor,
+            drop_policy: match self.moe_token_drop_policy {
+                DropPolicyArg::Probs => DropPolicy::Probs,
+                DropPolicyArg::Position => DropPolicy::Position,
+            },
+            pad_to_capacity: self.moe_pad_expert_input_to_capacity,
+            shared_expert_ffn: self.moe_shared_expert_intermediate_size,
+            shared_expert_gate: self.moe_shared_expert_gate,
         }))
     }
 

@@ -44,7 +44,35 @@ impl crate::training::Trainer<'_> {
                 }
             }
         }
+        for (name, values) in &self.buffer_snapshot {
+            let n = values.len();
+            out.push(PieceSrc {
+                tensor: name.clone(),
+                shape: vec![n],
+                segment: megatron_core::params::GlobalSegment {
+                    row: 0,
+                    col: 0,
+                    rows: 1,
+                    cols: n,
+                    local_start: 0,
+                    local_stride: n,
+                },
+                data: values,
+                base: 0,
+            });
+        }
         out
+    }
+
+    /// Copies the model's buffers to write with this save (their writer only).
+    fn snapshot_buffers(&mut self) {
+        let writer = self.comms.dp_rank_size().0 == 0 && self.comms.tp.rank() == 0;
+        self.buffer_snapshot = if writer {
+            use megatron_core::models::ModelChunk;
+            self.chunks.iter().flat_map(|c| c.buffers()).collect()
+        } else {
+            Vec::new()
+        };
     }
 
     fn checkpoint_meta(
@@ -157,6 +185,7 @@ impl crate::training::Trainer<'_> {
         let partial = self.begin_save(dir, iteration)?;
         let meta = (self.comms.world_rank == 0).then(|| self.checkpoint_meta(iteration, tok));
         let rank = self.comms.world_rank;
+        self.snapshot_buffers();
         if self.cfg.args.async_save {
             // Copies of this rank's pieces (the staging buffers); training goes on.
             let mut pool = std::mem::take(&mut self.staging).into_iter();

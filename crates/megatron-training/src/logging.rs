@@ -24,6 +24,9 @@ pub struct IterationMetrics {
     pub num_zeros: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub params_norm: Option<f64>,
+    /// Mixture of experts: auxiliary losses and expert load.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub moe: Option<crate::moe_logging::MoELogMetrics>,
 }
 
 #[derive(Serialize, Clone, Debug)]
@@ -63,6 +66,9 @@ impl IterationMetrics {
         }
         if let Some(p) = self.params_norm {
             s += &format!(" | params norm: {p:.3}");
+        }
+        if let Some(m) = &self.moe {
+            s += &m.line();
         }
         s
     }

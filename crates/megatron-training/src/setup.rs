@@ -8,7 +8,7 @@ use crate::checkpointing::{load_into, load_optimizer_state};
 use crate::TrainError;
 use megatron_comm::{Communicator, ProcessGroups, ReduceOp, ThreadCommunicator};
 use megatron_core::distributed::{ExpertGrads, GradBuffer, ParamGroup};
-use megatron_core::models::ModelFamily;
+use megatron_core::models::{ModelChunk, ModelFamily};
 use megatron_core::optimizer::{
     Adam, DistributedOptimizer, GradScaler, MegatronOptimizer, OptimizerParamScheduler,
     PlainOptimizer,
@@ -227,6 +227,16 @@ pub(crate) fn setup_model_and_optimizer(
         }
         None => (None, None),
     };
+    if let Some(r) = reader.as_mut() {
+        // Buffers (router expert biases) a checkpoint without them leaves at their start.
+        for c in &chunks {
+            for (name, _) in c.buffers() {
+                if r.has(&name) {
+                    c.load_buffer(&name, &r.read_whole(&name)?);
+                }
+            }
+        }
+    }
     // Under --bf16 / --fp16 the model reads a 16-bit copy; `params.data` becomes the fp32 main
     // parameters, which the distributed optimizer shards (then `params.data` is freed).
     let half = cfg.precision.half();

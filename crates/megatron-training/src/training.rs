@@ -47,6 +47,8 @@ pub struct TrainSummary {
     pub loss_scale: Option<f32>,
     /// Gradient norm of every iteration that stepped.
     pub grad_norms: Vec<(u64, f64)>,
+    /// Mixture of experts: each log interval's auxiliary losses and expert load.
+    pub moe: Vec<(u64, crate::moe_logging::MoELogMetrics)>,
     /// Weights + gradients + optimizer state per parameter on rank 0 (bytes).
     pub bytes_per_param: f64,
 }
@@ -87,6 +89,9 @@ pub(crate) struct Trainer<'a> {
     pub last_checkpoint: Option<PathBuf>,
     /// `--async-save`: staging buffers, kept from one save to the next.
     pub staging: Vec<Vec<f32>>,
+    /// The model's buffers (router expert biases) as of the save being written, on the rank
+    /// that writes them (the first tensor- and data-parallel rank of each stage).
+    pub buffer_snapshot: Vec<(String, Vec<f32>)>,
 }
 
 impl Trainer<'_> {
@@ -244,6 +249,7 @@ pub(crate) fn run(
         pending_save: None,
         last_checkpoint: None,
         staging: Vec::new(),
+        buffer_snapshot: Vec::new(),
     };
     if a.async_save && a.save.is_some() {
         tr.prepare_async_staging();
@@ -316,6 +322,9 @@ pub(crate) fn run(
                 summary.bubble_fraction = bubble;
             }
             metrics.write(&m).map_err(metrics_err)?;
+            if let Some(moe) = &m.moe {
+                summary.moe.push((iteration, moe.clone()));
+            }
             interval = Interval::default();
         }
         if iteration.is_multiple_of(a.eval_interval) || iteration == cfg.train_iters {
@@ -410,6 +419,12 @@ impl Trainer<'_> {
         } else {
             None
         };
+        let moe = crate::moe_logging::gather_moe_metrics(
+            &self.chunks,
+            &mut self.comms,
+            self.cfg.model.num_layers,
+            self.cfg.model.moe.as_ref().map(|m| m.num_experts),
+        )?;
         let flops = num_floating_point_operations(&self.cfg.model, self.cfg.global_batch_size);
         let per_iter = interval.secs / interval.iters as f64;
         Ok(IterationMetrics {
@@ -427,6 +442,7 @@ impl Trainer<'_> {
             skipped_iterations,
             num_zeros: step.num_zeros,
             params_norm,
+            moe,
         })
     }
 

@@ -68,6 +68,13 @@ fn moe_flops_count_the_active_experts_only() {
         z_loss_coeff: 0.0,
         layer_freq: 2,
         dispatcher: Default::default(),
+        load_balancing: Default::default(),
+        expert_bias_update_rate: None,
+        capacity_factor: None,
+        drop_policy: Default::default(),
+        pad_to_capacity: false,
+        shared_expert_ffn: None,
+        shared_expert_gate: false,
     });
     let dense = num_floating_point_operations(&gpt2_small(), 8);
     let got = num_floating_point_operations(&c, 8);

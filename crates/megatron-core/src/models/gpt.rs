@@ -13,7 +13,10 @@ use crate::tensor_parallel::mappings::{
 use crate::tensor_parallel::{vocab_parallel_cross_entropy, Tp};
 use crate::transformer::config::PositionEmbeddingType;
 use crate::transformer::config::TransformerConfig;
-use crate::transformer::layer::{LayerNormSaved, Norm, TransformerLayer, TransformerLayerSaved};
+use crate::transformer::layer::{
+    FeedForward, LayerNormSaved, Norm, TransformerLayer, TransformerLayerSaved,
+};
+use crate::transformer::moe::{MoELayer, MoEMetrics};
 use crate::transformer::step::StepContext;
 use megatron_comm::CommError;
 use megatron_tensor::cpu::{AttentionMask, ClassifierDims, RopeScaling, RopeStyle, RopeTable};
@@ -362,6 +365,16 @@ impl ChunkState for ForwardState {
     }
 }
 
+impl GPTModel {
+    /// This chunk's mixture-of-experts layers.
+    fn moe_layers(&self) -> impl Iterator<Item = &MoELayer> {
+        self.layers.iter().filter_map(|l| match &l.mlp {
+            FeedForward::MoE(m) => Some(m.as_ref()),
+            FeedForward::Dense(_) => None,
+        })
+    }
+}
+
 impl ModelChunk for GPTModel {
     type Batch<'b> = Batch<'b>;
     type State = ForwardState;
@@ -532,6 +545,41 @@ impl ModelChunk for GPTModel {
             None
         } else {
             self.word_embeddings()
+        }
+    }
+
+    fn take_moe_metrics(&self) -> Vec<(usize, MoEMetrics)> {
+        self.moe_layers()
+            .map(|m| (m.layer, m.take_metrics()))
+            .collect()
+    }
+
+    fn finalize_step(
+        &self,
+        tp: &mut Tp,
+        mut dp: Option<&mut dyn megatron_comm::Communicator>,
+    ) -> Result<(), CommError> {
+        for m in self.moe_layers() {
+            let dp: Option<&mut dyn megatron_comm::Communicator> = match dp.as_mut() {
+                Some(c) => Some(&mut **c),
+                None => None,
+            };
+            m.update_expert_bias(tp, dp)?;
+        }
+        Ok(())
+    }
+
+    fn buffers(&self) -> Vec<(String, Vec<f32>)> {
+        self.moe_layers().filter_map(|m| m.expert_bias()).collect()
+    }
+
+    fn load_buffer(&self, name: &str, values: &[f32]) -> bool {
+        match self.moe_layers().find(|m| m.expert_bias_name() == name) {
+            Some(m) => {
+                m.set_expert_bias(values);
+                true
+            }
+            None => false,
         }
     }
 }

@@ -7,6 +7,7 @@
 
 use crate::params::{Grads, Init, ParamId, Params};
 use crate::tensor_parallel::Tp;
+use crate::transformer::moe::MoEMetrics;
 use crate::transformer::step::StepContext;
 use megatron_comm::CommError;
 use megatron_tensor::Tensor;
@@ -73,6 +74,34 @@ pub trait ModelChunk: Send + Sync {
     /// over the embedding group every step (the tied word embedding on the first and last
     /// stages).
     fn shared_embedding(&self) -> Option<ParamId>;
+
+    /// Routing statistics of this chunk's mixture-of-experts layers since the last call, by
+    /// global layer number (none for dense models).
+    fn take_moe_metrics(&self) -> Vec<(usize, MoEMetrics)> {
+        Vec::new()
+    }
+
+    /// Once per step after every micro-batch's backward, before the optimizer (Megatron's
+    /// `finalize_model_grads` hooks that are not gradient reductions: the MoE routers' expert
+    /// bias update). Collective over `tp` and `dp`.
+    fn finalize_step(
+        &self,
+        _tp: &mut Tp,
+        _dp: Option<&mut dyn megatron_comm::Communicator>,
+    ) -> Result<(), CommError> {
+        Ok(())
+    }
+
+    /// Persistent state that is not a parameter (torch's buffers, e.g. a router's expert
+    /// bias): saved with checkpoints, the same on every rank of the stage.
+    fn buffers(&self) -> Vec<(String, Vec<f32>)> {
+        Vec::new()
+    }
+
+    /// Restores buffer `name`; false if this chunk has no such buffer.
+    fn load_buffer(&self, _name: &str, _values: &[f32]) -> bool {
+        false
+    }
 }
 
 /// Builds a model's pipeline chunks: the config of a model family.

@@ -52,6 +52,51 @@ pub struct MoEConfig {
     /// How tokens reach experts on other expert-parallel ranks (`--moe-token-dispatcher-type`).
     #[serde(default)]
     pub dispatcher: TokenDispatcherType,
+    /// `--moe-router-load-balancing-type`.
+    #[serde(default)]
+    pub load_balancing: LoadBalancing,
+    /// DeepSeek-V3's aux-loss-free balancing: a per-expert bias added to the scores for the
+    /// top-k selection only, moved by this rate toward the mean load after every step
+    /// (`--moe-router-enable-expert-bias --moe-router-bias-update-rate`).
+    #[serde(default)]
+    pub expert_bias_update_rate: Option<f32>,
+    /// `--moe-expert-capacity-factor`: each expert takes at most
+    /// `ceil(tokens * topk / experts * factor)` of a rank's rows; `None` is dropless.
+    #[serde(default)]
+    pub capacity_factor: Option<f32>,
+    #[serde(default)]
+    pub drop_policy: DropPolicy,
+    /// `--moe-pad-expert-input-to-capacity`: every expert gets exactly its capacity of rows
+    /// (padding rows carry weight 0).
+    #[serde(default)]
+    pub pad_to_capacity: bool,
+    /// `--moe-shared-expert-intermediate-size`: an always-on MLP of this width beside the
+    /// routed experts.
+    #[serde(default)]
+    pub shared_expert_ffn: Option<usize>,
+    /// `--moe-shared-expert-gate`: the shared expert's output scaled by a sigmoid gate of the
+    /// token (Qwen2-MoE).
+    #[serde(default)]
+    pub shared_expert_gate: bool,
+}
+
+/// `--moe-router-load-balancing-type`: the switch loss over the micro-batch, the same per
+/// sequence (`seq_aux_loss`, DeepSeek-V2/V3), or none.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub enum LoadBalancing {
+    #[default]
+    AuxLoss,
+    SeqAuxLoss,
+    None,
+}
+
+/// `--moe-token-drop-policy`: which rows over an expert's capacity are dropped — those with
+/// the lowest routing probability, or the latest in token order.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub enum DropPolicy {
+    #[default]
+    Probs,
+    Position,
 }
 
 /// `--moe-token-dispatcher-type`: megatron-core's `MoEAlltoAllTokenDispatcher` (each token row

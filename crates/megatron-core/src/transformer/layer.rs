@@ -9,7 +9,7 @@
 use super::attention::{LayerKVCache, SelfAttention, SelfAttentionSaved};
 use super::config::TransformerConfig;
 use super::mlp::{MLPSaved, MLP};
-use super::moe::{MoELayer, MoESaved};
+use super::moe::{MoELayer, MoESaved, TokenRows};
 pub use super::norm::{LayerNorm, LayerNormSaved, Norm, RMSNorm};
 use super::saved::{keep, restore};
 use super::step::StepContext;
@@ -84,7 +84,7 @@ impl TransformerLayer {
             inits,
         );
         let mlp = if cfg.is_moe_layer(layer) {
-            FeedForward::MoE(MoELayer::new(cfg, layer, params, inits))
+            FeedForward::MoE(Box::new(MoELayer::new(cfg, layer, params, inits)))
         } else {
             FeedForward::Dense(MLP::new(cfg, layer, params, inits))
         };
@@ -132,7 +132,11 @@ impl TransformerLayer {
         );
         drop(proj);
         let (ln2_out, ln2) = self.pre_mlp_layernorm.forward(params, &mid);
-        let (y, mlp) = self.mlp.forward(params, tp, &ln2_out)?;
+        let at = TokenRows {
+            first: lo,
+            seq_length: t,
+        };
+        let (y, mlp) = self.mlp.forward(params, tp, &ln2_out, at, ctx)?;
         drop(ln2_out);
         let mut out = Tensor::for_overwrite(&[rows, h]);
         let key = ctx
@@ -300,7 +304,13 @@ impl TransformerLayer {
         let bias = self.self_attention.proj_bias;
         residual_forward(params, bias, &mut mid, &proj, &x, 0.0, no_key);
         let (ln2, _) = self.pre_mlp_layernorm.forward(params, &mid);
-        let (y, _) = self.mlp.forward(params, tp, &ln2)?;
+        let at = TokenRows {
+            first: 0,
+            seq_length: 1,
+        };
+        let (y, _) = self
+            .mlp
+            .forward(params, tp, &ln2, at, &StepContext::eval())?;
         let mut out = Tensor::for_overwrite(&[rows, h]);
         residual_forward(params, self.mlp.fc2_bias(), &mut out, &y, &mid, 0.0, no_key);
         Ok(out)
@@ -310,7 +320,7 @@ impl TransformerLayer {
 /// The layer's feed-forward block: the dense MLP, or a mixture of experts.
 pub enum FeedForward {
     Dense(MLP),
-    MoE(MoELayer),
+    MoE(Box<MoELayer>),
 }
 
 pub enum FeedForwardSaved {
@@ -341,6 +351,8 @@ impl FeedForward {
         params: &Params,
         tp: &mut Tp,
         x: &Tensor,
+        rows: TokenRows,
+        ctx: &StepContext,
     ) -> Result<(Tensor, FeedForwardSaved), CommError> {
         Ok(match self {
             FeedForward::Dense(m) => {
@@ -348,7 +360,7 @@ impl FeedForward {
                 (y, FeedForwardSaved::Dense(s))
             }
             FeedForward::MoE(m) => {
-                let (y, s) = m.forward(params, tp, x)?;
+                let (y, s) = m.forward(params, tp, x, rows, ctx)?;
                 (y, FeedForwardSaved::MoE(Box::new(s)))
             }
         })

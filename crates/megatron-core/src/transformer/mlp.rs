@@ -38,10 +38,23 @@ impl MLP {
         params: &mut Params,
         inits: &mut Vec<Init>,
     ) -> Self {
-        let (h, f) = (cfg.hidden_size, cfg.ffn_hidden_size);
         let p = format!("decoder.layers.{layer}.mlp");
+        let f = cfg.ffn_hidden_size;
+        Self::new_named(cfg, &p, f, cfg.add_bias_linear, params, inits)
+    }
+
+    /// An MLP of width `f` under the names `{p}.linear_fc1` / `{p}.linear_fc2` (an MoE layer's
+    /// shared experts).
+    pub fn new_named(
+        cfg: &TransformerConfig,
+        p: &str,
+        f: usize,
+        bias: bool,
+        params: &mut Params,
+        inits: &mut Vec<Init>,
+    ) -> Self {
+        let h = cfg.hidden_size;
         let fc1_name = format!("{p}.linear_fc1");
-        let bias = cfg.add_bias_linear;
         let std = cfg.init_method_std;
         let linear_fc1 = match cfg.activation {
             Activation::Gelu => {

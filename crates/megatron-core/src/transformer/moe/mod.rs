@@ -9,47 +9,95 @@
 //! megatron-core does) and the z-loss mean too, so every layout trains the one-rank model.
 
 pub mod experts;
+pub mod router;
+pub mod shared_experts;
 pub mod token_dispatcher;
 
-use super::config::{MoEConfig, RouterScore, TransformerConfig};
+use super::config::{LoadBalancing, MoEConfig, RouterScore, TransformerConfig};
 use super::saved::{keep, restore};
 use super::step::StepContext;
 use crate::params::{Grads, Init, ParamId, Params, Sharding};
 use crate::tensor_parallel::Tp;
 use experts::GroupedMLP;
-use megatron_comm::{CommError, ReduceOp};
+use megatron_comm::{CommError, Communicator, ReduceOp};
 use megatron_tensor::cpu::moe_router::{
     aux_loss, topk_router_backward, topk_router_forward, z_loss, RouterDims, ScoreFunction,
 };
 use megatron_tensor::cpu::{matmul, matmul_forward, MatmulDims};
 use megatron_tensor::Tensor;
-use token_dispatcher::{DispatchPlan, Routing};
+use router::{assign, update_expert_bias, Capacity};
+use shared_experts::{SharedExpertMLP, SharedExpertSaved};
+use std::sync::Mutex;
+use token_dispatcher::DispatchPlan;
+
+/// Where a layer's token rows sit in the micro-batch: row `i` of this rank is global row
+/// `first + i` of `[sequences, seq_length]` (sequence parallelism gives each rank a block).
+#[derive(Clone, Copy, Debug)]
+pub struct TokenRows {
+    pub first: usize,
+    pub seq_length: usize,
+}
+
+/// Per-layer routing statistics since they were last taken (for the log line and metrics):
+/// this rank's part, summed over ranks by the caller.
+#[derive(Clone, Debug, Default)]
+pub struct MoEMetrics {
+    /// Rows each expert received from this rank's tokens.
+    pub tokens_per_expert: Vec<f64>,
+    /// Routed rows dropped over capacity, and all routed rows.
+    pub dropped: f64,
+    pub routed: f64,
+    /// Load-balancing and z-loss values without their coefficients (this rank's share).
+    pub load_balancing_loss: f64,
+    pub z_loss: f64,
+    /// Micro-batches counted.
+    pub micro_batches: f64,
+}
+
+/// What the router keeps across micro-batches and steps.
+struct RouterState {
+    /// `router.expert_bias` (aux-loss-free balancing), fp32.
+    expert_bias: Option<Vec<f32>>,
+    /// Rows per expert routed by training forwards since the last bias update.
+    step_tokens: Vec<f32>,
+    metrics: MoEMetrics,
+}
 
 pub struct MoELayer {
     pub router: ParamId,
     pub experts: GroupedMLP,
+    pub shared_experts: Option<SharedExpertMLP>,
+    /// Global layer number (names of the layer's buffers).
+    pub layer: usize,
     cfg: MoEConfig,
     hidden: usize,
+    state: Mutex<RouterState>,
 }
 
 /// What backward needs: the routing, the dispatch plan, the experts' input rows and fc1
 /// outputs, and the expert output rows the probabilities multiplied.
 pub struct MoESaved {
     logits: Tensor,
-    routing: Routing,
+    top_idx: Vec<u32>,
+    /// Top-k of the unbiased scores, where the expert bias changed the selection (the
+    /// load-balancing loss counts these, as megatron-core does).
+    aux_top_idx: Option<Vec<u32>>,
     plan: DispatchPlan,
     xe: Tensor,
     h1: Tensor,
     kept: Tensor,
+    shared: Option<SharedExpertSaved>,
+    rows: TokenRows,
 }
 
 impl MoESaved {
     pub fn size_in_bytes(&self) -> usize {
         self.logits.size_in_bytes()
-            + self.routing.probs.len() * 8
+            + self.plan.probs.len() * 8
             + self.xe.size_in_bytes()
             + self.h1.size_in_bytes()
             + self.kept.size_in_bytes()
+            + self.shared.as_ref().map_or(0, |s| s.size_in_bytes())
     }
 
     /// Rows this rank's tokens sent to each expert.
@@ -77,11 +125,22 @@ impl MoELayer {
         );
         let which = params.experts.local_experts(m.num_experts);
         let experts = GroupedMLP::new(cfg, layer, which, params, inits);
+        let shared_experts = m
+            .shared_expert_ffn
+            .map(|f| SharedExpertMLP::new(cfg, layer, f, m.shared_expert_gate, params, inits));
+        let state = RouterState {
+            expert_bias: m.expert_bias_update_rate.map(|_| vec![0.0; m.num_experts]),
+            step_tokens: vec![0.0; m.num_experts],
+            metrics: MoEMetrics::default(),
+        };
         MoELayer {
             router,
             experts,
+            shared_experts,
+            layer,
             cfg: m,
             hidden: h,
+            state: Mutex::new(state),
         }
     }
 
@@ -99,12 +158,18 @@ impl MoELayer {
         }
     }
 
-    /// `x` is `[tokens, h]` (this rank's tokens); returns `[tokens, h]`.
+    fn state(&self) -> std::sync::MutexGuard<'_, RouterState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// `x` is `[tokens, h]` (this rank's tokens, at `rows`); returns `[tokens, h]`.
     pub fn forward(
         &self,
         params: &Params,
         tp: &mut Tp,
         x: &Tensor,
+        rows: TokenRows,
+        ctx: &StepContext,
     ) -> Result<(Tensor, MoESaved), CommError> {
         let (n, h) = (x.shape()[0], self.hidden);
         let (e, k) = (self.cfg.num_experts, self.cfg.topk);
@@ -118,30 +183,73 @@ impl MoELayer {
             h,
             e,
         );
-        let mut routing = Routing {
-            top_idx: vec![0u32; n * k],
-            probs: vec![0.0f32; n * k],
-            topk: k,
-        };
+        let mut top_idx = vec![0u32; n * k];
+        let mut probs = vec![0.0f32; n * k];
+        let bias = self.state().expert_bias.clone();
         topk_router_forward(
-            &mut routing.top_idx,
-            &mut routing.probs,
+            &mut top_idx,
+            &mut probs,
             logits.data(),
-            None,
+            bias.as_deref(),
             self.dims(n),
         );
+        let aux_top_idx = bias.as_ref().map(|_| {
+            let (mut idx, mut p) = (vec![0u32; n * k], vec![0.0f32; n * k]);
+            topk_router_forward(&mut idx, &mut p, logits.data(), None, self.dims(n));
+            idx
+        });
+        let capacity = self.cfg.capacity_factor.map(|factor| Capacity {
+            factor,
+            policy: self.cfg.drop_policy,
+            pad: self.cfg.pad_to_capacity,
+        });
+        let (assignment, dropped) = assign(&top_idx, probs, n, k, e, capacity);
+        if ctx.training {
+            let mut st = self.state();
+            let mut counts = vec![0.0f32; e];
+            for &(_, slot) in &assignment.rows {
+                if slot != token_dispatcher::NO_SLOT {
+                    counts[top_idx[slot as usize] as usize] += 1.0;
+                }
+            }
+            st.step_tokens
+                .iter_mut()
+                .zip(&counts)
+                .for_each(|(a, b)| *a += b);
+            let m = &mut st.metrics;
+            m.tokens_per_expert.resize(e, 0.0);
+            m.tokens_per_expert
+                .iter_mut()
+                .zip(&counts)
+                .for_each(|(a, b)| *a += *b as f64);
+            m.dropped += dropped as f64;
+            m.routed += (n * k) as f64;
+            m.micro_batches += 1.0;
+        }
         let kind = self.cfg.dispatcher;
-        let plan = DispatchPlan::new(&routing, e, h, kind, tp)?;
+        let plan = DispatchPlan::new(&assignment, e, h, kind, tp)?;
+        drop(assignment);
         let xe = plan.dispatch(x, tp)?;
         let (y, h1) = self.experts.forward(params, &xe, &plan.local_counts);
-        let (out, kept) = plan.combine(y, &routing.probs, tp)?;
+        let (mut out, kept) = plan.combine(y, tp)?;
+        let shared = match &self.shared_experts {
+            Some(s) => {
+                let (ys, saved) = s.forward(params, tp, x)?;
+                add_inplace(&mut out, &ys);
+                Some(saved)
+            }
+            None => None,
+        };
         let saved = MoESaved {
             logits,
-            routing,
+            top_idx,
+            aux_top_idx,
             plan,
             xe: keep(xe),
             h1: keep(h1),
             kept: keep(kept),
+            shared,
+            rows,
         };
         Ok((out, saved))
     }
@@ -163,7 +271,7 @@ impl MoELayer {
         let e = self.cfg.num_experts;
         let plan = &saved.plan;
         let kept = restore(&saved.kept);
-        let (dy, dprobs) = plan.combine_backward(dout, &kept, &saved.routing.probs, tp)?;
+        let (dy, dprobs) = plan.combine_backward(dout, &kept, tp)?;
         drop(kept);
         let (xe, h1) = (restore(&saved.xe), restore(&saved.h1));
         let dxe = self
@@ -171,6 +279,10 @@ impl MoELayer {
             .backward(params, grads, &xe, &h1, &dy, &plan.local_counts);
         drop((xe, h1, dy));
         let mut dx = plan.dispatch_backward(dxe, tp)?;
+        if let (Some(s), Some(ss)) = (&self.shared_experts, &saved.shared) {
+            let dxs = s.backward(params, grads, tp, ss, x, dout)?;
+            add_inplace(&mut dx, &dxs);
+        }
         // Router: through top-k, plus the auxiliary losses over the whole sequence.
         let d = self.dims(n);
         let mut dlogits = vec![0.0f32; n * e];
@@ -178,36 +290,14 @@ impl MoELayer {
             &mut dlogits,
             &dprobs,
             saved.logits.data(),
-            &saved.routing.top_idx,
+            &saved.top_idx,
             d,
         );
-        let sp = tp.sequence_parallel;
-        let total = if sp { n * tp.size() } else { n };
-        if self.cfg.aux_loss_coeff > 0.0 {
-            let mut tokens: Vec<f32> = plan.tokens_per_expert.iter().map(|&c| c as f32).collect();
-            if sp {
-                tp.comm.all_reduce(&mut tokens, ReduceOp::Sum)?;
-            }
-            aux_loss(
-                Some(&mut dlogits),
-                saved.logits.data(),
-                &tokens,
-                total as f32,
-                self.cfg.aux_loss_coeff,
-                ctx.grad_scale,
-                d,
-            );
-        }
-        if self.cfg.z_loss_coeff > 0.0 {
-            // The mean over the whole sequence: this rank's share of it.
-            let share = n as f32 / total as f32;
-            z_loss(
-                Some(&mut dlogits),
-                saved.logits.data(),
-                self.cfg.z_loss_coeff * share,
-                ctx.grad_scale,
-                e,
-            );
+        let (lb, zl) = self.aux_losses_backward(&mut dlogits, tp, saved, ctx)?;
+        {
+            let mut st = self.state();
+            st.metrics.load_balancing_loss += lb;
+            st.metrics.z_loss += zl;
         }
         // dWr += dlogits^T x; dx += dlogits Wr.
         matmul(
@@ -224,4 +314,146 @@ impl MoELayer {
         );
         Ok(dx)
     }
+
+    /// Adds the load-balancing and z-loss gradients to `dlogits`; returns their values
+    /// without coefficients (this rank's share of the whole sequence's).
+    fn aux_losses_backward(
+        &self,
+        dlogits: &mut [f32],
+        tp: &mut Tp,
+        saved: &MoESaved,
+        ctx: &StepContext,
+    ) -> Result<(f64, f64), CommError> {
+        let e = self.cfg.num_experts;
+        let logits = saved.logits.data();
+        let n = logits.len() / e;
+        let d = self.dims(n);
+        let sp = tp.sequence_parallel;
+        let total = if sp { n * tp.size() } else { n };
+        let top = saved.aux_top_idx.as_ref().unwrap_or(&saved.top_idx);
+        let coeff = self.cfg.aux_loss_coeff;
+        let mut lb = 0.0f64;
+        match self.cfg.load_balancing {
+            LoadBalancing::None => {}
+            _ if coeff <= 0.0 => {}
+            LoadBalancing::AuxLoss => {
+                let mut tokens = vec![0.0f32; e];
+                for &i in top {
+                    tokens[i as usize] += 1.0;
+                }
+                if sp {
+                    tp.comm.all_reduce(&mut tokens, ReduceOp::Sum)?;
+                }
+                let v = aux_loss(
+                    Some(dlogits),
+                    logits,
+                    &tokens,
+                    total as f32,
+                    coeff,
+                    ctx.grad_scale,
+                    d,
+                );
+                lb = v as f64 / coeff as f64;
+            }
+            LoadBalancing::SeqAuxLoss => {
+                // Per sequence: its tokens' counts over the whole sequence, the switch loss with
+                // T = seq_length, averaged over the micro-batch's sequences.
+                let t = saved.rows.seq_length;
+                let seqs = total.div_ceil(t);
+                let (k, first) = (self.cfg.topk, saved.rows.first);
+                let mut tokens = vec![0.0f32; seqs * e];
+                for (j, &i) in top.iter().enumerate() {
+                    let s = (first + j / k) / t;
+                    tokens[s * e + i as usize] += 1.0;
+                }
+                if sp {
+                    tp.comm.all_reduce(&mut tokens, ReduceOp::Sum)?;
+                }
+                let mut r = 0;
+                while r < n {
+                    let s = (first + r) / t;
+                    let end = ((s + 1) * t - first).min(n);
+                    let dims = RouterDims {
+                        tokens: end - r,
+                        ..d
+                    };
+                    let v = aux_loss(
+                        Some(&mut dlogits[r * e..end * e]),
+                        &logits[r * e..end * e],
+                        &tokens[s * e..(s + 1) * e],
+                        t as f32,
+                        coeff / seqs as f32,
+                        ctx.grad_scale,
+                        dims,
+                    );
+                    lb += v as f64 / coeff as f64;
+                    r = end;
+                }
+            }
+        }
+        let mut zl = 0.0f64;
+        if self.cfg.z_loss_coeff > 0.0 {
+            // The mean over the whole sequence: this rank's share of it.
+            let share = n as f32 / total as f32;
+            let c = self.cfg.z_loss_coeff * share;
+            let v = z_loss(Some(dlogits), logits, c, ctx.grad_scale, e);
+            zl = v as f64 / self.cfg.z_loss_coeff as f64;
+        }
+        Ok((lb, zl))
+    }
+
+    /// Takes the statistics gathered since the last call.
+    pub fn take_metrics(&self) -> MoEMetrics {
+        let mut st = self.state();
+        let e = self.cfg.num_experts;
+        let mut m = std::mem::take(&mut st.metrics);
+        m.tokens_per_expert.resize(e, 0.0);
+        m
+    }
+
+    /// After a step's backward passes: sums the step's routed rows over the model's replicas
+    /// (`tp`, then `dp`) and moves the expert bias toward balance (megatron-core's
+    /// `_update_router_expert_bias` in `finalize_model_grads`). Collective over both groups.
+    pub fn update_expert_bias(
+        &self,
+        tp: &mut Tp,
+        dp: Option<&mut dyn Communicator>,
+    ) -> Result<(), CommError> {
+        let Some(rate) = self.cfg.expert_bias_update_rate else {
+            return Ok(());
+        };
+        let mut tokens = std::mem::take(&mut self.state().step_tokens);
+        tokens.resize(self.cfg.num_experts, 0.0);
+        tp.comm.all_reduce(&mut tokens, ReduceOp::Sum)?;
+        if let Some(c) = dp {
+            c.all_reduce(&mut tokens, ReduceOp::Sum)?;
+        }
+        let mut st = self.state();
+        if let Some(b) = st.expert_bias.as_mut() {
+            update_expert_bias(b, &tokens, rate);
+        }
+        st.step_tokens = vec![0.0; self.cfg.num_experts];
+        Ok(())
+    }
+
+    /// The router's expert bias (a buffer saved with checkpoints), if it has one.
+    pub fn expert_bias(&self) -> Option<(String, Vec<f32>)> {
+        let b = self.state().expert_bias.clone()?;
+        Some((self.expert_bias_name(), b))
+    }
+
+    pub fn expert_bias_name(&self) -> String {
+        format!("decoder.layers.{}.mlp.router.expert_bias", self.layer)
+    }
+
+    /// Restores the expert bias from a checkpoint.
+    pub fn set_expert_bias(&self, values: &[f32]) {
+        if let Some(b) = self.state().expert_bias.as_mut() {
+            b.copy_from_slice(values);
+        }
+    }
+}
+
+fn add_inplace(a: &mut Tensor, b: &Tensor) {
+    megatron_tensor::cpu::reduce::add_inplace(a.data_mut(), b.data());
 }

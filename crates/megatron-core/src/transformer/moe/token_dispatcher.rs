@@ -24,17 +24,25 @@ use megatron_tensor::cpu::moe_permute::{
 };
 use megatron_tensor::Tensor;
 
-/// This rank's routing: for token `t`, slot `s`: expert `top_idx[t*k+s]` with weight `probs[..]`.
-pub struct Routing {
-    pub top_idx: Vec<u32>,
-    pub probs: Vec<f32>,
+/// A row slot that carries no routing weight: a padding row (`--moe-pad-expert-input-to-capacity`).
+pub const NO_SLOT: u32 = u32::MAX;
+
+/// The rows this rank's tokens send to the experts: `rows[i] = (token, slot)` sorted by expert
+/// and, within one, by token (`slot` indexes the routing probabilities, `t * topk + j`, or is
+/// [`NO_SLOT`] for padding), `counts[e]` rows for expert `e`.
+pub struct Assignment {
+    pub rows: Vec<(u32, u32)>,
+    pub counts: Vec<usize>,
+    pub tokens: usize,
     pub topk: usize,
+    /// Routing weight of each slot.
+    pub probs: Vec<f32>,
 }
 
 /// Where every row goes, fixed at dispatch and reused by combine and both backward passes.
 pub struct DispatchPlan {
-    /// This rank's slots sorted by global expert (stable: token order within an expert).
-    order: Vec<u32>,
+    /// This rank's rows (token, slot), sorted by global expert, token order within one.
+    order: Vec<(u32, u32)>,
     /// Rows per local expert in the experts' buffer.
     pub local_counts: Vec<usize>,
     /// Rows this rank's tokens send to each global expert (load statistics).
@@ -42,6 +50,8 @@ pub struct DispatchPlan {
     kind: Kind,
     hidden: usize,
     tokens: usize,
+    /// This rank's routing weights per slot.
+    pub probs: Vec<f32>,
     /// Under expert tensor parallelism: every ETP rank's rows are gathered for the experts'
     /// slices and their partial outputs reduce-scattered back.
     etp: Option<EtpPlan>,
@@ -66,28 +76,6 @@ enum Kind {
     },
 }
 
-/// Slots sorted by expert (counting sort, stable) and the rows per expert.
-fn sort_by_expert(top_idx: &[u32], experts: usize) -> (Vec<u32>, Vec<usize>) {
-    let mut counts = vec![0usize; experts];
-    for &e in top_idx {
-        counts[e as usize] += 1;
-    }
-    let mut at: Vec<usize> = counts
-        .iter()
-        .scan(0, |s, &c| {
-            let v = *s;
-            *s += c;
-            Some(v)
-        })
-        .collect();
-    let mut order = vec![0u32; top_idx.len()];
-    for (j, &e) in top_idx.iter().enumerate() {
-        order[at[e as usize]] = j as u32;
-        at[e as usize] += 1;
-    }
-    (order, counts)
-}
-
 fn invert(perm: &[u32]) -> Vec<u32> {
     let mut inv = vec![0u32; perm.len()];
     for (i, &p) in perm.iter().enumerate() {
@@ -101,7 +89,7 @@ impl DispatchPlan {
     /// blocks by the ranks of the expert-parallel group (none: all here), each split over the
     /// expert-tensor-parallel group. Collective over both.
     pub fn new(
-        routing: &Routing,
+        routing: &Assignment,
         num_experts: usize,
         hidden: usize,
         kind: TokenDispatcherType,
@@ -117,15 +105,15 @@ impl DispatchPlan {
     }
 
     fn new_ep(
-        routing: &Routing,
+        routing: &Assignment,
         num_experts: usize,
         hidden: usize,
         kind: TokenDispatcherType,
         ep: Option<&mut dyn Communicator>,
     ) -> Result<Self, CommError> {
-        let k = routing.topk;
-        let tokens = routing.top_idx.len() / k;
-        let (order, counts) = sort_by_expert(&routing.top_idx, num_experts);
+        let (k, tokens) = (routing.topk, routing.tokens);
+        let (order, counts) = (routing.rows.clone(), routing.counts.clone());
+        let my_probs = routing.probs.clone();
         let Some(ep) = ep else {
             return Ok(DispatchPlan {
                 order,
@@ -134,6 +122,7 @@ impl DispatchPlan {
                 kind: Kind::Local,
                 hidden,
                 tokens,
+                probs: my_probs,
                 etp: None,
             });
         };
@@ -182,18 +171,36 @@ impl DispatchPlan {
                 )
             }
             TokenDispatcherType::AllGather => {
-                let words: Vec<f32> = routing.top_idx.iter().map(|&e| e as f32).collect();
-                let mut all_idx = vec![0.0f32; p * words.len()];
-                ep.all_gather(&words, &mut all_idx)?;
-                let mut probs = vec![0.0f32; p * routing.probs.len()];
+                // Every rank's rows as a dense [token, expert] map of slots (-1: no row).
+                let mut slot_of = vec![-1.0f32; tokens * num_experts];
+                let mut at = 0;
+                for (e, &c) in counts.iter().enumerate() {
+                    for &(t, sl) in &order[at..at + c] {
+                        slot_of[t as usize * num_experts + e] =
+                            if sl == NO_SLOT { -2.0 } else { sl as f32 };
+                    }
+                    at += c;
+                }
+                let mut all_slots = vec![0.0f32; p * slot_of.len()];
+                ep.all_gather(&slot_of, &mut all_slots)?;
+                let n_probs = tokens * k;
+                let mut probs = vec![0.0f32; p * n_probs];
                 ep.all_gather(&routing.probs, &mut probs)?;
                 let (mut token, mut slot) = (Vec::new(), Vec::new());
                 let mut local_counts = vec![0usize; per];
                 for (l, e) in mine.clone().enumerate() {
-                    for (s, &x) in all_idx.iter().enumerate() {
-                        if x as usize == e {
-                            token.push((s / k) as u32);
-                            slot.push(s as u32);
+                    for src in 0..p {
+                        for t in 0..tokens {
+                            let v = all_slots[(src * tokens + t) * num_experts + e];
+                            if v == -1.0 {
+                                continue;
+                            }
+                            token.push((src * tokens + t) as u32);
+                            slot.push(if v == -2.0 {
+                                NO_SLOT
+                            } else {
+                                (src * n_probs) as u32 + v as u32
+                            });
                             local_counts[l] += 1;
                         }
                     }
@@ -216,6 +223,7 @@ impl DispatchPlan {
             kind: kind_of.0,
             hidden,
             tokens,
+            probs: my_probs,
             etp: None,
         })
     }
@@ -225,14 +233,23 @@ impl DispatchPlan {
         self.local_counts.iter().sum()
     }
 
-    fn topk(&self) -> usize {
-        self.order.len() / self.tokens.max(1)
+    /// The token of each of this rank's rows.
+    fn sorted_tokens(&self) -> Vec<u32> {
+        self.order.iter().map(|&(t, _)| t).collect()
     }
 
-    /// The token of each sorted slot.
-    fn sorted_tokens(&self) -> Vec<u32> {
-        let k = self.topk() as u32;
-        self.order.iter().map(|&j| j / k).collect()
+    /// The routing weight of each of this rank's rows (0 for padding).
+    fn sorted_scales(&self) -> Vec<f32> {
+        self.order
+            .iter()
+            .map(|&(_, s)| {
+                if s == NO_SLOT {
+                    0.0
+                } else {
+                    self.probs[s as usize]
+                }
+            })
+            .collect()
     }
 
     /// Rows of this rank's buffer before the expert-tensor-parallel gather.
@@ -254,17 +271,12 @@ impl DispatchPlan {
     /// The experts' outputs `y` (partial sums over the expert-tensor-parallel group under
     /// it) back to their tokens, weighted by the routing probabilities: `[tokens, h]`, and the
     /// rows backward needs for the probabilities' gradients.
-    pub fn combine(
-        &self,
-        y: Tensor,
-        probs: &[f32],
-        tp: &mut Tp,
-    ) -> Result<(Tensor, Tensor), CommError> {
+    pub fn combine(&self, y: Tensor, tp: &mut Tp) -> Result<(Tensor, Tensor), CommError> {
         let yj = match (&self.etp, tp.etp()) {
             (Some(e), Some(c)) => e.reduce_scatter(&y, self.hidden, c)?,
             _ => y,
         };
-        self.combine_ep(yj, probs, tp.ep())
+        self.combine_ep(yj, tp.ep())
     }
 
     /// Backward of [`DispatchPlan::combine`]: from `dout` (`[tokens, h]`) the gradient of the
@@ -273,10 +285,9 @@ impl DispatchPlan {
         &self,
         dout: &Tensor,
         kept: &Tensor,
-        probs: &[f32],
         tp: &mut Tp,
     ) -> Result<(Tensor, Vec<f32>), CommError> {
-        let (dyj, dprobs) = self.combine_backward_ep(dout, kept, probs, tp.ep())?;
+        let (dyj, dprobs) = self.combine_backward_ep(dout, kept, tp.ep())?;
         let dy = match (&self.etp, tp.etp()) {
             (Some(e), Some(c)) => e.gather(&dyj, self.hidden, c)?,
             _ => dyj,
@@ -313,7 +324,7 @@ impl DispatchPlan {
                 let mut sorted = vec![0.0f32; self.order.len() * h];
                 gather_rows(&mut sorted, x.data(), &self.sorted_tokens(), h);
                 let got = exchange(&sorted, send, recv, h, ep)?;
-                gather_rows(out.data_mut(), &got, regroup, h);
+                gather_rows(out.data_mut(), got.data(), regroup, h);
             }
             Kind::AllGather { token, ep: p, .. } => {
                 let mut all = vec![0.0f32; p * x.numel()];
@@ -328,14 +339,13 @@ impl DispatchPlan {
     fn combine_ep(
         &self,
         y: Tensor,
-        probs: &[f32],
         ep: Option<&mut dyn Communicator>,
     ) -> Result<(Tensor, Tensor), CommError> {
         let h = self.hidden;
         let mut out = Tensor::zeros(&[self.tokens, h]);
         match &self.kind {
             Kind::Local => {
-                let scales: Vec<f32> = self.order.iter().map(|&j| probs[j as usize]).collect();
+                let scales = self.sorted_scales();
                 scatter_add_rows(
                     out.data_mut(),
                     y.data(),
@@ -354,15 +364,10 @@ impl DispatchPlan {
                 gather_rows(&mut back, y.data(), &invert(regroup), h);
                 drop(y);
                 let sorted = exchange(&back, recv, send, h, ep)?;
-                let scales: Vec<f32> = self.order.iter().map(|&j| probs[j as usize]).collect();
-                scatter_add_rows(
-                    out.data_mut(),
-                    &sorted,
-                    &self.sorted_tokens(),
-                    Some(&scales),
-                    h,
-                );
-                Ok((out, rows_tensor(sorted, h)))
+                let scales = self.sorted_scales();
+                let tokens = self.sorted_tokens();
+                scatter_add_rows(out.data_mut(), sorted.data(), &tokens, Some(&scales), h);
+                Ok((out, sorted))
             }
             Kind::AllGather {
                 token,
@@ -370,7 +375,16 @@ impl DispatchPlan {
                 probs: all_probs,
                 ep: p,
             } => {
-                let scales: Vec<f32> = slot.iter().map(|&s| all_probs[s as usize]).collect();
+                let scales: Vec<f32> = slot
+                    .iter()
+                    .map(|&s| {
+                        if s == NO_SLOT {
+                            0.0
+                        } else {
+                            all_probs[s as usize]
+                        }
+                    })
+                    .collect();
                 let mut partial = vec![0.0f32; p * self.tokens * h];
                 scatter_add_rows(&mut partial, y.data(), token, Some(&scales), h);
                 expect(ep).reduce_scatter(&partial, out.data_mut(), ReduceOp::Sum)?;
@@ -384,38 +398,37 @@ impl DispatchPlan {
         &self,
         dout: &Tensor,
         kept: &Tensor,
-        probs: &[f32],
         ep: Option<&mut dyn Communicator>,
     ) -> Result<(Tensor, Vec<f32>), CommError> {
         let h = self.hidden;
-        let mut dprobs = vec![0.0f32; probs.len()];
+        let mut dprobs = vec![0.0f32; self.probs.len()];
         let sorted_grads = |dprobs: &mut [f32]| {
             // d(prob) = <dout[token], y>, d(y) = prob * dout[token], per sorted slot.
             let tokens = self.sorted_tokens();
             let mut dp = vec![0.0f32; tokens.len()];
             rows_dot(&mut dp, dout.data(), &tokens, kept.data(), h);
-            for (&j, v) in self.order.iter().zip(&dp) {
-                dprobs[j as usize] = *v;
+            for (&(_, j), v) in self.order.iter().zip(&dp) {
+                if j != NO_SLOT {
+                    dprobs[j as usize] = *v;
+                }
             }
-            let scales: Vec<f32> = self.order.iter().map(|&j| probs[j as usize]).collect();
-            let mut dy = vec![0.0f32; tokens.len() * h];
-            gather_rows_scaled(&mut dy, dout.data(), &tokens, &scales, h);
+            let scales = self.sorted_scales();
+            let mut dy = Tensor::for_overwrite(&[tokens.len(), h]);
+            gather_rows_scaled(dy.data_mut(), dout.data(), &tokens, &scales, h);
             dy
         };
         match &self.kind {
-            Kind::Local => {
-                let dy = sorted_grads(&mut dprobs);
-                Ok((rows_tensor(dy, h), dprobs))
-            }
+            Kind::Local => Ok((sorted_grads(&mut dprobs), dprobs)),
             Kind::AllToAll {
                 send,
                 recv,
                 regroup,
             } => {
                 let dy = sorted_grads(&mut dprobs);
-                let got = exchange(&dy, send, recv, h, ep)?;
+                let got = exchange(dy.data(), send, recv, h, ep)?;
+                drop(dy);
                 let mut out = Tensor::for_overwrite(&[self.ep_rows(), h]);
-                gather_rows(out.data_mut(), &got, regroup, h);
+                gather_rows(out.data_mut(), got.data(), regroup, h);
                 Ok((out, dprobs))
             }
             Kind::AllGather {
@@ -429,12 +442,23 @@ impl DispatchPlan {
                 ep.all_gather(dout.data(), &mut all)?;
                 let mut dp = vec![0.0f32; token.len()];
                 rows_dot(&mut dp, &all, token, kept.data(), h);
-                let mut dprob_all = vec![0.0f32; p * probs.len()];
+                let mut dprob_all = vec![0.0f32; p * self.probs.len()];
                 for (&s, v) in slot.iter().zip(&dp) {
-                    dprob_all[s as usize] = *v;
+                    if s != NO_SLOT {
+                        dprob_all[s as usize] = *v;
+                    }
                 }
                 ep.reduce_scatter(&dprob_all, &mut dprobs, ReduceOp::Sum)?;
-                let scales: Vec<f32> = slot.iter().map(|&s| all_probs[s as usize]).collect();
+                let scales: Vec<f32> = slot
+                    .iter()
+                    .map(|&s| {
+                        if s == NO_SLOT {
+                            0.0
+                        } else {
+                            all_probs[s as usize]
+                        }
+                    })
+                    .collect();
                 let mut out = Tensor::for_overwrite(&[self.ep_rows(), h]);
                 gather_rows_scaled(out.data_mut(), &all, token, &scales, h);
                 Ok((out, dprobs))
@@ -463,7 +487,8 @@ impl DispatchPlan {
                 gather_rows(&mut back, dxe.data(), &invert(regroup), h);
                 drop(dxe);
                 let sorted = exchange(&back, recv, send, h, ep)?;
-                scatter_add_rows(dx.data_mut(), &sorted, &self.sorted_tokens(), None, h);
+                let tokens = self.sorted_tokens();
+                scatter_add_rows(dx.data_mut(), sorted.data(), &tokens, None, h);
             }
             Kind::AllGather { token, ep: p, .. } => {
                 let mut partial = vec![0.0f32; p * self.tokens * h];
@@ -473,10 +498,6 @@ impl DispatchPlan {
         }
         Ok(dx)
     }
-}
-
-fn rows_tensor(data: Vec<f32>, h: usize) -> Tensor {
-    Tensor::from_vec(&[data.len() / h.max(1), h], data).expect("whole rows")
 }
 
 fn expect(ep: Option<&mut dyn Communicator>) -> &mut dyn Communicator {
@@ -490,11 +511,11 @@ fn exchange(
     recv: &[usize],
     h: usize,
     ep: Option<&mut dyn Communicator>,
-) -> Result<Vec<f32>, CommError> {
+) -> Result<Tensor, CommError> {
     let sc: Vec<usize> = send.iter().map(|&r| r * h).collect();
     let rc: Vec<usize> = recv.iter().map(|&r| r * h).collect();
-    let mut out = vec![0.0f32; rc.iter().sum()];
-    expect(ep).all_to_all_v(rows, &sc, &mut out, &rc)?;
+    let mut out = Tensor::for_overwrite(&[recv.iter().sum(), h]);
+    expect(ep).all_to_all_v(rows, &sc, out.data_mut(), &rc)?;
     Ok(out)
 }
 
@@ -581,7 +602,9 @@ impl EtpPlan {
         }
         let mut mine = vec![0.0f32; self.max_rows * h];
         etp.reduce_scatter(&padded, &mut mine, ReduceOp::Sum)?;
-        mine.truncate(self.own_rows() * h);
-        Ok(rows_tensor(mine, h))
+        let mut out = Tensor::for_overwrite(&[self.own_rows(), h]);
+        let n = out.numel();
+        out.data_mut().copy_from_slice(&mine[..n]);
+        Ok(out)
     }
 }

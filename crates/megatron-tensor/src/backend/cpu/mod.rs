@@ -15,6 +15,7 @@ pub mod layernorm;
 pub mod layout;
 pub mod matmul;
 pub mod matmul_bf16;
+pub mod moe_gate;
 pub mod moe_permute;
 pub mod moe_router;
 pub mod peak;
