@@ -59,6 +59,31 @@ fn moe_model_gradient_matches_finite_difference_for_each_router() {
 }
 
 #[test]
+fn moe_with_shared_experts_and_their_gate_matches_finite_difference() {
+    for gate in [false, true] {
+        let mut cfg = tiny_moe(RouterScore::Softmax, false, Activation::SwiGLU);
+        let m = cfg.moe.as_mut().unwrap();
+        m.topk = 4;
+        m.shared_expert_ffn = Some(20);
+        m.shared_expert_gate = gate;
+        gradient_check(cfg);
+    }
+}
+
+#[test]
+fn moe_with_dropped_rows_matches_finite_difference() {
+    // Position dropping (every expert keeps its earliest rows) does not depend on the values,
+    // so the loss stays smooth: dropped rows simply contribute nothing, to the output and to
+    // the gradients of the router and the experts.
+    let mut cfg = tiny_moe(RouterScore::Sigmoid, false, Activation::Gelu);
+    let m = cfg.moe.as_mut().unwrap();
+    m.topk = 4;
+    m.capacity_factor = Some(0.5);
+    m.drop_policy = megatron_core::transformer::config::DropPolicy::Position;
+    gradient_check(cfg);
+}
+
+#[test]
 fn moe_layers_follow_the_layer_frequency_with_megatron_names() {
     let mut cfg = tiny_moe(RouterScore::Softmax, false, Activation::Gelu);
     cfg.num_layers = 4;
@@ -74,6 +99,27 @@ fn moe_layers_follow_the_layer_frequency_with_megatron_names() {
         .find("decoder.layers.2.mlp.experts.local_experts.3.linear_fc2.weight")
         .unwrap();
     assert_eq!(params.metas[e3.0].shape, [16, 12]);
+    let mut cfg = tiny_moe(RouterScore::Softmax, false, Activation::SwiGLU);
+    cfg.moe.as_mut().unwrap().shared_expert_ffn = Some(20);
+    cfg.moe.as_mut().unwrap().shared_expert_gate = true;
+    let (_, params) = GPTModel::new(cfg, 1);
+    for (name, shape) in [
+        (
+            "decoder.layers.0.mlp.shared_experts.linear_fc1.weight",
+            vec![40, 16],
+        ),
+        (
+            "decoder.layers.0.mlp.shared_experts.linear_fc2.weight",
+            vec![16, 20],
+        ),
+        (
+            "decoder.layers.0.mlp.shared_experts.gate_weight",
+            vec![1, 16],
+        ),
+    ] {
+        let id = params.find(name).unwrap_or_else(|| panic!("{name}"));
+        assert_eq!(params.metas[id.0].shape, shape, "{name}");
+    }
 }
 
 #[test]

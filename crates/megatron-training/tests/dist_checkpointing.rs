@@ -130,7 +130,8 @@ fn a_tp2_pp2_dp2_distributed_checkpoint_resumes_at_other_layouts_with_its_optimi
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// An MoE checkpoint names experts by their global number, so it loads at any expert layout:
+/// An MoE checkpoint names experts by their global number, so it loads at any expert layout
+/// (with the routers' expert biases):
 /// saved at EP 2 x EDP 2 (distributed optimizer), resumed at one rank, at EP 4, and at EP 2 x
 /// TP 2 with experts split over TP (ETP 2), each continuing the uninterrupted run.
 #[test]
@@ -150,6 +151,12 @@ fn an_moe_checkpoint_resumes_across_expert_parallel_sizes() {
         "--swiglu",
         "--moe-token-dispatcher-type",
         "alltoall",
+        // The router's expert bias is a buffer the checkpoint carries.
+        "--moe-router-score-function",
+        "sigmoid",
+        "--moe-router-enable-expert-bias",
+        "--moe-router-bias-update-rate",
+        "0.05",
     ];
     let ep2_edp2 = [
         "--nproc-per-node",

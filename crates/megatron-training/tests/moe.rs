@@ -200,15 +200,264 @@ fn a_moe_model_learns_on_mock_data_and_bad_flags_are_refused() {
     let s = pretrain(&args(&v)).unwrap();
     let (first, last) = (s.losses[0].1, s.losses.last().unwrap().1);
     assert!(last < first - 1.0, "loss {first} -> {last}");
+    // The log carries the auxiliary losses and the expert load.
+    let m = &s.moe.last().expect("MoE metrics at every log interval").1;
+    assert!(m.load_balancing_loss > 0.0 && m.z_loss > 0.0, "{m:?}");
+    assert_eq!(m.layers.len(), 2);
+    assert!(m
+        .layers
+        .iter()
+        .all(|l| l.max_over_mean >= 1.0 && l.dropped_fraction == 0.0));
     for (extra, flag) in [
         (&["--moe-router-topk", "5"][..], "--moe-router-topk"),
         (
             &["--nproc-per-node", "2", "--tensor-model-parallel-size", "2"][..],
             "--tensor-model-parallel-size",
         ),
+        (
+            &["--nproc-per-node", "2", "--expert-model-parallel-size", "3"][..],
+            "--expert-model-parallel-size",
+        ),
+        (
+            &["--moe-router-enable-expert-bias"][..],
+            "--moe-router-score-function sigmoid",
+        ),
+        (
+            &["--moe-pad-expert-input-to-capacity"][..],
+            "--moe-expert-capacity-factor",
+        ),
+        (
+            &["--moe-shared-expert-gate"][..],
+            "--moe-shared-expert-intermediate-size",
+        ),
     ] {
         let v = [PP_MODEL, MOE, &["--train-iters", "2"], extra].concat();
         let e = pretrain(&args(&v)).unwrap_err().to_string();
         assert!(e.contains(flag), "{e}");
     }
+}
+
+/// Shared experts with their gate, the per-sequence load-balancing loss, the z-loss and the
+/// expert bias train the one-rank model under expert, tensor (experts split or whole) and
+/// pipeline parallelism.
+#[test]
+fn moe_shared_experts_seq_aux_loss_and_expert_bias_match_one_rank_across_layouts() {
+    let dir = tmpdir("moe-features");
+    let features: &[&str] = &[
+        "--moe-shared-expert-intermediate-size",
+        "32",
+        "--moe-shared-expert-gate",
+        "--moe-router-load-balancing-type",
+        "seq_aux_loss",
+        "--moe-router-score-function",
+        "sigmoid",
+        "--moe-router-enable-expert-bias",
+        "--moe-router-bias-update-rate",
+        "0.01",
+        "--micro-batch-size",
+        "2",
+    ];
+    let serial = run(&dir, "serial", features);
+    for (name, layout) in [
+        (
+            "ep2 x tp2 (etp2) alltoall",
+            &[
+                "--nproc-per-node",
+                "4",
+                "--expert-model-parallel-size",
+                "2",
+                "--tensor-model-parallel-size",
+                "2",
+                "--sequence-parallel",
+                "--moe-token-dispatcher-type",
+                "alltoall",
+            ][..],
+        ),
+        (
+            "ep2 x tp2 (etp1) allgather",
+            &[
+                "--nproc-per-node",
+                "4",
+                "--expert-model-parallel-size",
+                "2",
+                "--tensor-model-parallel-size",
+                "2",
+                "--sequence-parallel",
+                "--expert-tensor-parallel-size",
+                "1",
+            ][..],
+        ),
+        (
+            "ep2 x pp2 distributed optimizer",
+            &[
+                "--nproc-per-node",
+                "4",
+                "--expert-model-parallel-size",
+                "2",
+                "--pipeline-model-parallel-size",
+                "2",
+                "--use-distributed-optimizer",
+            ][..],
+        ),
+    ] {
+        let r = run(&dir, &name.replace(' ', "_"), &[features, layout].concat());
+        assert_same_training(name, &serial, &r, 1e-5);
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn seq_aux_loss_is_the_aux_loss_when_a_micro_batch_is_one_sequence() {
+    let dir = tmpdir("moe-seq-aux");
+    let aux = run(&dir, "aux", &["--moe-aux-loss-coeff", "0.1"]);
+    let seq = run(
+        &dir,
+        "seq",
+        &[
+            "--moe-aux-loss-coeff",
+            "0.1",
+            "--moe-router-load-balancing-type",
+            "seq_aux_loss",
+        ],
+    );
+    assert_same_training("seq_aux_loss vs aux_loss", &aux, &seq, 0.0);
+    // With two sequences per micro-batch they differ (each sequence is balanced on its own).
+    let mb2 = ["--micro-batch-size", "2"];
+    let aux2 = run(
+        &dir,
+        "aux2",
+        &[&["--moe-aux-loss-coeff", "0.1"][..], &mb2].concat(),
+    );
+    let seq2 = run(
+        &dir,
+        "seq2",
+        &[
+            &[
+                "--moe-aux-loss-coeff",
+                "0.1",
+                "--moe-router-load-balancing-type",
+                "seq_aux_loss",
+            ][..],
+            &mb2,
+        ]
+        .concat(),
+    );
+    assert_ne!(aux2.0.losses, seq2.0.losses);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Megatron decides what to drop on each rank from its own tokens: data and expert
+/// parallelism see whole micro-batches and drop exactly what one rank drops; under sequence
+/// parallelism each tensor-parallel rank holds part of a micro-batch, so its capacity and its
+/// drops differ (more rows are dropped), and such a run is checked for determinism only.
+#[test]
+fn with_a_capacity_factor_drops_are_counted_and_match_one_rank_where_megatron_decides_alike() {
+    let dir = tmpdir("moe-capacity");
+    let cap: &[&str] = &[
+        "--moe-expert-capacity-factor",
+        "1.0",
+        "--micro-batch-size",
+        "2",
+    ];
+    let serial = run(&dir, "serial", cap);
+    let dropped =
+        |s: &megatron_training::TrainSummary| s.moe.last().unwrap().1.layers[0].dropped_fraction;
+    assert!(dropped(&serial.0) > 0.0, "capacity 1.0 drops some rows");
+    for (name, layout) in [
+        (
+            "ep2 alltoall, padded to capacity",
+            &[
+                "--nproc-per-node",
+                "2",
+                "--expert-model-parallel-size",
+                "2",
+                "--moe-token-dispatcher-type",
+                "alltoall",
+                "--moe-pad-expert-input-to-capacity",
+            ][..],
+        ),
+        (
+            "dp2 x pp2 allgather",
+            &[
+                "--nproc-per-node",
+                "4",
+                "--pipeline-model-parallel-size",
+                "2",
+            ][..],
+        ),
+    ] {
+        let r = run(
+            &dir,
+            &name.replace([' ', ','], "_"),
+            &[cap, layout].concat(),
+        );
+        assert_same_training(name, &serial, &r, 1e-5);
+        assert_eq!(dropped(&r.0), dropped(&serial.0), "{name}");
+    }
+    let sp: &[&str] = &[
+        "--nproc-per-node",
+        "2",
+        "--tensor-model-parallel-size",
+        "2",
+        "--sequence-parallel",
+    ];
+    let a = run(&dir, "sp_a", &[cap, sp].concat());
+    let b = run(&dir, "sp_b", &[cap, sp].concat());
+    assert_eq!(a.0.losses, b.0.losses, "a run with drops is deterministic");
+    assert!(
+        dropped(&a.0) > dropped(&serial.0),
+        "per-rank capacity drops more"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// DeepSeek-V3's aux-loss-free balancing: with the expert bias (and no load-balancing loss)
+/// the expert load evens out over training, and ends more even than without it.
+#[test]
+fn the_expert_bias_evens_out_the_expert_load() {
+    let base: &[&str] = &[
+        "--num-layers",
+        "2",
+        "--num-experts",
+        "8",
+        "--moe-router-topk",
+        "2",
+        "--moe-router-score-function",
+        "sigmoid",
+        "--moe-aux-loss-coeff",
+        "0",
+        "--moe-z-loss-coeff",
+        "0",
+        "--micro-batch-size",
+        "4",
+        "--train-iters",
+        "60",
+        "--log-interval",
+        "10",
+        "--lr",
+        "5e-3",
+    ];
+    let load = |s: &megatron_training::TrainSummary, i: usize| {
+        let l = &s.moe[i].1.layers;
+        l.iter().map(|x| x.max_over_mean).sum::<f64>() / l.len() as f64
+    };
+    let plain = pretrain(&args(&[PP_MODEL, MOE, base].concat())).unwrap();
+    let biased = pretrain(&args(
+        &[
+            PP_MODEL,
+            MOE,
+            base,
+            &[
+                "--moe-router-enable-expert-bias",
+                "--moe-router-bias-update-rate",
+                "0.01",
+            ],
+        ]
+        .concat(),
+    ))
+    .unwrap();
+    let (first, last) = (load(&biased, 0), load(&biased, biased.moe.len() - 1));
+    let without = load(&plain, plain.moe.len() - 1);
+    assert!(last < first, "load max/mean {first} -> {last}");
+    assert!(last + 0.1 < without, "with bias {last}, without {without}");
 }
