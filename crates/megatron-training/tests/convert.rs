@@ -118,6 +118,76 @@ fn qwen2_with_qkv_bias_and_tied_embeddings_converts_to_transformers_logits_and_b
 }
 
 #[test]
+fn mixtral_experts_and_router_convert_to_transformers_logits_and_back() {
+    check("mixtral");
+}
+
+#[test]
+fn qwen2_moe_with_gated_shared_expert_converts_to_transformers_logits_and_back() {
+    check("qwen2_moe");
+}
+
+#[test]
+fn a_converted_mixtral_trains_at_expert_parallel_layouts_like_one_rank() {
+    let dir = tmpdir("convert-mixtral-train");
+    let save = dir.join("megatron");
+    hf_to_megatron(&fixture("mixtral"), &save, 128).unwrap();
+    let s = save.to_str().unwrap();
+    let run = |layout: &[&str]| {
+        let mut v = vec![
+            "--use-checkpoint-args",
+            "--load",
+            s,
+            "--finetune",
+            "--lr",
+            "0",
+            "--train-iters",
+            "2",
+            "--seq-length",
+            "16",
+            "--vocab-size",
+            "95",
+            "--global-batch-size",
+            "4",
+            "--micro-batch-size",
+            "1",
+        ];
+        v.extend_from_slice(layout);
+        megatron_training::pretrain(&common::args(&v)).unwrap()
+    };
+    let one = run(&[]);
+    for (name, layout) in [
+        (
+            "EP 4 alltoall",
+            &[
+                "--nproc-per-node",
+                "4",
+                "--expert-model-parallel-size",
+                "4",
+                "--moe-token-dispatcher-type",
+                "alltoall",
+            ][..],
+        ),
+        (
+            "EP 2 x TP 2",
+            &[
+                "--nproc-per-node",
+                "4",
+                "--expert-model-parallel-size",
+                "2",
+                "--tensor-model-parallel-size",
+                "2",
+                "--sequence-parallel",
+            ][..],
+        ),
+    ] {
+        let r = run(layout);
+        common::assert_losses_close(name, &one.losses, &r.losses, 1e-5);
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
 fn an_unknown_architecture_and_a_missing_tensor_are_named() {
     let dir = tmpdir("convert-bad");
     let hf = dir.join("hf");

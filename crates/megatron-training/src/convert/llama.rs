@@ -13,6 +13,111 @@ use serde_json::{json, Value};
 
 pub(crate) struct Llama {
     pub arch: String,
+    /// How each layer's feed-forward block maps: the dense SwiGLU MLP here, or a mixture of
+    /// experts (`mixtral.rs`, `qwen2_moe.rs`).
+    pub mlp: Box<dyn MlpMapping>,
+}
+
+/// One family's feed-forward block on the Llama decoder.
+pub(crate) trait MlpMapping {
+    /// Adds the block's settings (experts, router) to the model read from config.json.
+    fn configure(&self, hf: &Value, cfg: &mut TransformerConfig) -> Result<(), String>;
+    /// Layer `l`'s block from Hugging Face tensors `t` (prefix `src`) into `m` (prefix `dst`).
+    fn to_megatron(
+        &self,
+        cfg: &TransformerConfig,
+        t: &mut Tensors,
+        m: &mut Tensors,
+        src: &str,
+        dst: &str,
+    ) -> Result<(), String>;
+    /// The reverse.
+    fn to_hf(
+        &self,
+        cfg: &TransformerConfig,
+        m: &mut Tensors,
+        t: &mut Tensors,
+        dst: &str,
+        src: &str,
+    ) -> Result<(), String>;
+    /// The architecture, model type and config.json entries of the block.
+    fn hf_config(
+        &self,
+        cfg: &TransformerConfig,
+        qkv_bias: bool,
+    ) -> (&'static str, &'static str, Value);
+}
+
+/// The dense SwiGLU MLP: `gate_proj`/`up_proj` fused into `[gate; up]`.
+pub(crate) struct DenseMlp;
+
+/// `gate`, `up` (`[f, h]` each) as megatron-core's fused `[gate; up]` fc1.
+pub(crate) fn fuse_gate_up(mut gate: Vec<f32>, up: Vec<f32>) -> Vec<f32> {
+    gate.extend(up);
+    gate
+}
+
+impl MlpMapping for DenseMlp {
+    fn configure(&self, _hf: &Value, _cfg: &mut TransformerConfig) -> Result<(), String> {
+        Ok(())
+    }
+
+    fn to_megatron(
+        &self,
+        cfg: &TransformerConfig,
+        t: &mut Tensors,
+        m: &mut Tensors,
+        src: &str,
+        dst: &str,
+    ) -> Result<(), String> {
+        let (h, f) = (cfg.hidden_size, cfg.ffn_hidden_size);
+        let fc1 = fuse_gate_up(
+            take(t, &format!("{src}.mlp.gate_proj.weight"), &[f, h])?,
+            take(t, &format!("{src}.mlp.up_proj.weight"), &[f, h])?,
+        );
+        m.insert(
+            format!("{dst}.mlp.linear_fc1.weight"),
+            (vec![2 * f, h], fc1),
+        );
+        let down = take(t, &format!("{src}.mlp.down_proj.weight"), &[h, f])?;
+        m.insert(format!("{dst}.mlp.linear_fc2.weight"), (vec![h, f], down));
+        Ok(())
+    }
+
+    fn to_hf(
+        &self,
+        cfg: &TransformerConfig,
+        m: &mut Tensors,
+        t: &mut Tensors,
+        dst: &str,
+        src: &str,
+    ) -> Result<(), String> {
+        let (h, f) = (cfg.hidden_size, cfg.ffn_hidden_size);
+        let fc1 = take(m, &format!("{src}.mlp.linear_fc1.weight"), &[2 * f, h])?;
+        t.insert(
+            format!("{dst}.mlp.gate_proj.weight"),
+            (vec![f, h], fc1[..f * h].to_vec()),
+        );
+        t.insert(
+            format!("{dst}.mlp.up_proj.weight"),
+            (vec![f, h], fc1[f * h..].to_vec()),
+        );
+        let down = take(m, &format!("{src}.mlp.linear_fc2.weight"), &[h, f])?;
+        t.insert(format!("{dst}.mlp.down_proj.weight"), (vec![h, f], down));
+        Ok(())
+    }
+
+    fn hf_config(
+        &self,
+        _cfg: &TransformerConfig,
+        qkv_bias: bool,
+    ) -> (&'static str, &'static str, Value) {
+        if qkv_bias {
+            ("Qwen2ForCausalLM", "qwen2", json!({}))
+        } else {
+            ("LlamaForCausalLM", "llama", json!({}))
+        }
+    }
 }
 
 fn num(hf: &Value, key: &str) -> Result<usize, String> {
@@ -63,8 +168,9 @@ fn split_qkv(
 }
 
 impl Llama {
-    fn qwen(&self) -> bool {
-        self.arch == "Qwen2ForCausalLM"
+    /// q/k/v biases: Qwen2 (`attention_bias` absent) and Qwen2-MoE (`qkv_bias`).
+    fn qwen(&self, hf: &Value) -> bool {
+        self.arch == "Qwen2ForCausalLM" || hf["qkv_bias"].as_bool() == Some(true)
     }
 }
 
@@ -119,13 +225,14 @@ impl HfFamily for Llama {
             return Err("sliding-window attention is not built".into());
         }
         let positions = num(hf, "max_position_embeddings")?;
-        if hf["attention_bias"].as_bool().unwrap_or(false) && !self.qwen() {
+        let qwen = self.qwen(hf);
+        if hf["attention_bias"].as_bool().unwrap_or(false) && !qwen {
             return Err("attention_bias on q/k/v/o without MLP biases is not built".into());
         }
         if hf["mlp_bias"].as_bool().unwrap_or(false) {
             return Err("mlp_bias is not built".into());
         }
-        Ok(TransformerConfig {
+        let mut cfg = TransformerConfig {
             num_layers: num(hf, "num_hidden_layers")?,
             hidden_size: h,
             num_attention_heads: heads,
@@ -152,9 +259,11 @@ impl HfFamily for Llama {
                 scaling_factor: scaling,
             },
             add_bias_linear: false,
-            add_qkv_bias: self.qwen(),
+            add_qkv_bias: qwen,
             ..Default::default()
-        })
+        };
+        self.mlp.configure(hf, &mut cfg)?;
+        Ok(cfg)
     }
 
     fn to_megatron(
@@ -163,9 +272,8 @@ impl HfFamily for Llama {
         t: &mut Tensors,
         vocab: usize,
     ) -> Result<Tensors, String> {
-        let (h, f, heads, groups, hd) = (
+        let (h, heads, groups, hd) = (
             cfg.hidden_size,
-            cfg.ffn_hidden_size,
             cfg.num_attention_heads,
             cfg.query_groups(),
             cfg.head_dim(),
@@ -247,14 +355,7 @@ impl HfFamily for Llama {
                     take(t, &format!("{src}.self_attn.o_proj.bias"), &[h])?,
                 );
             }
-            let mut fc1 = take(t, &format!("{src}.mlp.gate_proj.weight"), &[f, h])?;
-            fc1.extend(take(t, &format!("{src}.mlp.up_proj.weight"), &[f, h])?);
-            put(format!("{dst}.mlp.linear_fc1.weight"), vec![2 * f, h], fc1);
-            put(
-                format!("{dst}.mlp.linear_fc2.weight"),
-                vec![h, f],
-                take(t, &format!("{src}.mlp.down_proj.weight"), &[h, f])?,
-            );
+            self.mlp.to_megatron(cfg, t, &mut m, &src, &dst)?;
         }
         m.insert(
             "decoder.final_layernorm.weight".into(),
@@ -342,32 +443,13 @@ impl HfFamily for Llama {
                     &[h, heads * hd],
                 )?,
             );
-            let fc1 = take(m, &format!("{src}.mlp.linear_fc1.weight"), &[2 * f, h])?;
-            put(
-                format!("{dst}.mlp.gate_proj.weight"),
-                vec![f, h],
-                fc1[..f * h].to_vec(),
-            );
-            put(
-                format!("{dst}.mlp.up_proj.weight"),
-                vec![f, h],
-                fc1[f * h..].to_vec(),
-            );
-            put(
-                format!("{dst}.mlp.down_proj.weight"),
-                vec![h, f],
-                take(m, &format!("{src}.mlp.linear_fc2.weight"), &[h, f])?,
-            );
+            self.mlp.to_hf(cfg, m, &mut t, &dst, &src)?;
         }
         t.insert(
             "model.norm.weight".into(),
             (vec![h], take(m, "decoder.final_layernorm.weight", &[h])?),
         );
-        let (arch, model_type) = if self.qwen() {
-            ("Qwen2ForCausalLM", "qwen2")
-        } else {
-            ("LlamaForCausalLM", "llama")
-        };
+        let (arch, model_type, extra) = self.mlp.hf_config(cfg, cfg.add_qkv_bias);
         let mut rope = json!({"rope_theta": cfg.rotary.base, "rope_type": "default"});
         if let Some(factor) = cfg.rotary.scaling_factor {
             rope = json!({"rope_theta": cfg.rotary.base, "rope_type": "llama3", "factor": factor,
@@ -394,6 +476,15 @@ impl HfFamily for Llama {
             "vocab_size": vocab,
             "initializer_range": cfg.init_method_std,
         });
+        let mut config = config;
+        if let (Some(c), Some(e)) = (config.as_object_mut(), extra.as_object()) {
+            for (k, v) in e {
+                c.insert(k.clone(), v.clone());
+            }
+        }
+        if cfg.add_qkv_bias {
+            config["qkv_bias"] = json!(true);
+        }
         Ok((config, t))
     }
 }

@@ -7,6 +7,8 @@
 pub mod gguf;
 mod gpt2;
 mod llama;
+mod mixtral;
+mod qwen2_moe;
 
 use crate::checkpointing::{iteration_dir, load_checkpoint_weights, write_whole_checkpoint};
 use crate::TrainError;
@@ -51,8 +53,17 @@ fn family(arch: &str) -> Option<Box<dyn HfFamily>> {
         "LlamaForCausalLM" | "MistralForCausalLM" | "Qwen2ForCausalLM" => {
             Some(Box::new(llama::Llama {
                 arch: arch.to_string(),
+                mlp: Box::new(llama::DenseMlp),
             }))
         }
+        "MixtralForCausalLM" => Some(Box::new(llama::Llama {
+            arch: arch.to_string(),
+            mlp: Box::new(mixtral::MixtralMoe),
+        })),
+        "Qwen2MoeForCausalLM" => Some(Box::new(llama::Llama {
+            arch: arch.to_string(),
+            mlp: Box::new(qwen2_moe::Qwen2Moe),
+        })),
         _ => None,
     }
 }
@@ -152,7 +163,7 @@ pub fn hf_to_megatron(
         serde_json::from_str(&text).map_err(|e| err(&cfg_path, e.to_string()))?;
     let arch = hf["architectures"][0].as_str().unwrap_or("").to_string();
     let fam = family(&arch).ok_or_else(|| {
-        err(&cfg_path, format!("unknown architecture '{arch}' (known: GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)"))
+        err(&cfg_path, format!("unknown architecture '{arch}' (known: GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM)"))
     })?;
     let cfg = fam
         .megatron_config(&hf, divisible_by)
@@ -209,7 +220,15 @@ pub fn megatron_to_hf(input: &Path, output: &Path) -> Result<PathBuf, TrainError
         } else {
             "LlamaForCausalLM"
         };
-        Box::new(llama::Llama { arch: arch.into() })
+        let mlp: Box<dyn llama::MlpMapping> = match &cfg.moe {
+            None => Box::new(llama::DenseMlp),
+            Some(m) if m.shared_expert_ffn.is_some() => Box::new(qwen2_moe::Qwen2Moe),
+            Some(_) => Box::new(mixtral::MixtralMoe),
+        };
+        Box::new(llama::Llama {
+            arch: arch.into(),
+            mlp,
+        })
     };
     let (config, tensors) = fam
         .to_hf(&cfg, &mut m, ck.meta.vocab_size)
@@ -265,6 +284,7 @@ pub fn gguf_to_megatron(
     let (hf, mut tensors) = gguf::llama_as_hf(&g).map_err(|m| err(input, m))?;
     let fam = llama::Llama {
         arch: "LlamaForCausalLM".into(),
+        mlp: Box::new(llama::DenseMlp),
     };
     let cfg = fam
         .megatron_config(&hf, divisible_by)
