@@ -639,4 +639,22 @@ impl Grads {
             unsafe { std::slice::from_raw_parts_mut(base.add(o), n) }
         })
     }
+
+    /// The gradients of `ids` (distinct, in increasing order of their offsets) at once, for
+    /// kernels that write many parameters' gradients together (the experts' grouped GEMM).
+    pub fn disjoint_mut(&mut self, ids: &[ParamId]) -> Vec<&mut [f32]> {
+        let mut out = Vec::with_capacity(ids.len());
+        let mut rest: &mut [f32] = &mut self.data;
+        let mut at = 0;
+        for id in ids {
+            let (o, n) = self.ranges[id.0];
+            assert!(o >= at, "disjoint_mut: parameters out of order or repeated");
+            let (_, tail) = std::mem::take(&mut rest).split_at_mut(o - at);
+            let (mine, tail) = tail.split_at_mut(n);
+            out.push(mine);
+            rest = tail;
+            at = o + n;
+        }
+        out
+    }
 }

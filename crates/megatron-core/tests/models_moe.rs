@@ -37,6 +37,7 @@ fn tiny_moe(score: RouterScore, pre_softmax: bool, activation: Activation) -> Tr
             pad_to_capacity: false,
             shared_expert_ffn: None,
             shared_expert_gate: false,
+            grouped_gemm: false,
         }),
         ..Default::default()
     }
@@ -81,6 +82,37 @@ fn moe_with_dropped_rows_matches_finite_difference() {
     m.capacity_factor = Some(0.5);
     m.drop_policy = megatron_core::transformer::config::DropPolicy::Position;
     gradient_check(cfg);
+}
+
+#[test]
+fn the_grouped_expert_gemm_gives_the_bits_of_the_sequential_one() {
+    use megatron_core::transformer::step::StepContext;
+    use megatron_core::{Batch, Grads};
+    megatron_tensor::threads::set_gemm_threads(2);
+    let run = |grouped: bool| {
+        let mut cfg = tiny_moe(RouterScore::Softmax, false, Activation::SwiGLU);
+        cfg.moe.as_mut().unwrap().grouped_gemm = grouped;
+        let (model, params) = GPTModel::new(cfg, 42);
+        let (b, t) = (2, 8);
+        let (tokens, labels, mask) = data(b, t);
+        let batch = Batch {
+            tokens: &tokens,
+            labels: &labels,
+            loss_mask: &mask,
+            b,
+            t,
+            position_ids: None,
+            doc_start: None,
+        };
+        let mut grads = Grads::zeros_like(&params);
+        let r =
+            model.forward_backward_serial(&params, &mut grads, &batch, 1.0, &StepContext::eval());
+        (r.loss, grads.data)
+    };
+    let (l0, g0) = run(false);
+    let (l1, g1) = run(true);
+    assert_eq!(l0.to_bits(), l1.to_bits());
+    assert!(g0.iter().zip(&g1).all(|(a, b)| a.to_bits() == b.to_bits()));
 }
 
 #[test]

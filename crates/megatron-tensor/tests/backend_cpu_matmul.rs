@@ -2,7 +2,8 @@ mod common;
 use common::*;
 use megatron_tensor::cpu::matmul::gemm_crate;
 use megatron_tensor::cpu::{
-    bias_backward, matmul, matmul_batched, matmul_with_threads, BatchStrides, MatmulDims,
+    bias_backward, grouped_matmul, matmul, matmul_batched, matmul_with_threads, BatchStrides,
+    GemmProblem, MatmulDims,
 };
 
 #[test]
@@ -126,6 +127,50 @@ fn matmul_is_bit_identical_across_thread_counts() {
             assert!(
                 o.iter().zip(&o1).all(|(x, y)| x.to_bits() == y.to_bits()),
                 "{m}x{n}x{k} with {t} threads differs from 1 thread"
+            );
+        }
+    }
+}
+
+#[test]
+fn grouped_matmul_gives_each_product_the_bits_of_matmul() {
+    megatron_tensor::threads::set_gemm_threads(2);
+    // Expert-like blocks: uneven rows (one empty-ish), both transposes, accumulation.
+    let shapes = [(37, 48, 32), (1, 48, 32), (200, 48, 32), (64, 48, 32)];
+    let data: Vec<(Vec<f32>, Vec<f32>, Vec<f32>)> = shapes
+        .iter()
+        .enumerate()
+        .map(|(i, &(m, n, k))| {
+            (
+                randn(m * k, 20 + i as u64, 1.0),
+                randn(k * n, 30 + i as u64, 1.0),
+                randn(m * n, 40 + i as u64, 1.0),
+            )
+        })
+        .collect();
+    for dims in [
+        |m, n, k| MatmulDims::new(m, n, k).tb(),
+        |m, n, k| MatmulDims::new(m, n, k).acc(),
+    ] {
+        let mut grouped: Vec<Vec<f32>> = data.iter().map(|d| d.2.clone()).collect();
+        let mut problems: Vec<GemmProblem> = grouped
+            .iter_mut()
+            .zip(&data)
+            .zip(shapes)
+            .map(|((out, d), (m, n, k))| GemmProblem {
+                out,
+                a: &d.0,
+                b: &d.1,
+                dims: dims(m, n, k),
+            })
+            .collect();
+        grouped_matmul(&mut problems);
+        for ((d, g), (m, n, k)) in data.iter().zip(&grouped).zip(shapes) {
+            let mut one = d.2.clone();
+            matmul(&mut one, &d.0, &d.1, dims(m, n, k));
+            assert!(
+                one.iter().zip(g).all(|(x, y)| x.to_bits() == y.to_bits()),
+                "{m}x{n}x{k}: grouped differs from matmul"
             );
         }
     }

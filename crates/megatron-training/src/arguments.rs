@@ -262,8 +262,8 @@ pub struct TrainArgs {
     /// Scale the shared expert's output by a per-token sigmoid gate (Qwen2-MoE).
     #[arg(long)]
     pub moe_shared_expert_gate: bool,
-    /// Accepted for Megatron compatibility: the experts always run as one pass over their
-    /// contiguous token blocks.
+    /// Run the experts' GEMMs at once, one token block per thread (megatron-core's
+    /// GroupedMLP); without it they run one after the other on every thread (SequentialMLP).
     #[arg(long)]
     pub moe_grouped_gemm: bool,
     /// Accepted for compatibility: softmax always runs in fp32 here.
@@ -1063,6 +1063,7 @@ impl TrainArgs {
             pad_to_capacity: self.moe_pad_expert_input_to_capacity,
             shared_expert_ffn: self.moe_shared_expert_intermediate_size,
             shared_expert_gate: self.moe_shared_expert_gate,
+            grouped_gemm: self.moe_grouped_gemm,
         }))
     }
 

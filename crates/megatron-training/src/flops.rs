@@ -22,12 +22,12 @@ pub fn num_floating_point_operations(c: &TransformerConfig, batch: usize) -> f64
         megatron_core::transformer::config::Activation::Gelu => 2.0,
         megatron_core::transformer::config::Activation::SwiGLU => 3.0,
     };
-    // MoE layers count their active experts only (moe_ffn x top-k), as Megatron does.
+    // MoE layers count their active experts only (moe_ffn x top-k) plus the shared expert,
+    // as Megatron does (the router and the shared expert's gate are ignored, like biases).
     let moe_layers = (0..c.num_layers).filter(|&i| c.is_moe_layer(i)).count() as f64;
-    let moe = c
-        .moe
-        .as_ref()
-        .map_or(0.0, |m| m.ffn_hidden_size as f64 * m.topk as f64);
+    let moe = c.moe.as_ref().map_or(0.0, |m| {
+        m.ffn_hidden_size as f64 * m.topk as f64 + m.shared_expert_ffn.unwrap_or(0) as f64
+    });
     let mlp = 6.0 * h * gated * (ffn * (l - moe_layers) + moe * moe_layers);
     let attn_proj = 6.0 * (h * (q + 2.0 * kv) + q * h) * l;
     let logits = 6.0 * h * v;

@@ -75,10 +75,16 @@ fn moe_flops_count_the_active_experts_only() {
         pad_to_capacity: false,
         shared_expert_ffn: None,
         shared_expert_gate: false,
+        grouped_gemm: false,
     });
     let dense = num_floating_point_operations(&gpt2_small(), 8);
     let got = num_floating_point_operations(&c, 8);
     let tokens = 8.0 * 1024.0;
     let want = dense - tokens * 6.0 * 768.0 * 2.0 * 6.0 * (3072.0 - 1024.0);
     assert!((got - want).abs() / want < 1e-12, "{got} vs {want}");
+    // A shared expert of width 256 is always active.
+    c.moe.as_mut().unwrap().shared_expert_ffn = Some(256);
+    let shared = num_floating_point_operations(&c, 8);
+    let want = want + tokens * 6.0 * 768.0 * 2.0 * 6.0 * 256.0;
+    assert!((shared - want).abs() / want < 1e-12, "{shared} vs {want}");
 }

@@ -237,8 +237,8 @@ fn a_moe_model_learns_on_mock_data_and_bad_flags_are_refused() {
     }
 }
 
-/// Shared experts with their gate, the per-sequence load-balancing loss, the z-loss and the
-/// expert bias train the one-rank model under expert, tensor (experts split or whole) and
+/// Shared experts with their gate, the per-sequence load-balancing loss, the z-loss, the
+/// expert bias and the grouped expert GEMM train the one-rank model under expert, tensor (experts split or whole) and
 /// pipeline parallelism.
 #[test]
 fn moe_shared_experts_seq_aux_loss_and_expert_bias_match_one_rank_across_layouts() {
@@ -256,6 +256,7 @@ fn moe_shared_experts_seq_aux_loss_and_expert_bias_match_one_rank_across_layouts
         "0.01",
         "--micro-batch-size",
         "2",
+        "--moe-grouped-gemm",
     ];
     let serial = run(&dir, "serial", features);
     for (name, layout) in [

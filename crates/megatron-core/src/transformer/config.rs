@@ -78,6 +78,9 @@ pub struct MoEConfig {
     /// token (Qwen2-MoE).
     #[serde(default)]
     pub shared_expert_gate: bool,
+    /// `--moe-grouped-gemm`: the experts' GEMMs run at once, one block per thread.
+    #[serde(default)]
+    pub grouped_gemm: bool,
 }
 
 /// `--moe-router-load-balancing-type`: the switch loss over the micro-batch, the same per

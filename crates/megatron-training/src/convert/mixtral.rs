@@ -50,6 +50,7 @@ pub(crate) fn moe_config(
         pad_to_capacity: false,
         shared_expert_ffn: None,
         shared_expert_gate: false,
+        grouped_gemm: false,
     })
 }
 

@@ -112,18 +112,60 @@ pub fn bf16_kernel() -> Bf16Kernel {
 
 /// Matmul with the calling thread's GEMM budget and operand precision.
 pub fn matmul(out: &mut [f32], a: &[f32], b: &[f32], d: MatmulDims) {
-    match matmul_precision() {
-        MatmulPrecision::F32 => matmul_with_threads(out, a, b, d, gemm_threads()),
-        MatmulPrecision::BF16 if bf16_kernel() == Bf16Kernel::Dot => {
-            super::matmul_bf16::matmul_bf16_with_threads(out, a, b, d, gemm_threads())
+    let how = (matmul_precision(), bf16_kernel());
+    matmul_as(out, a, b, d, gemm_threads(), how);
+}
+
+/// The one place a matmul's kernel is chosen: by precision and bf16 instructions, on
+/// `threads` threads.
+fn matmul_as(
+    out: &mut [f32],
+    a: &[f32],
+    b: &[f32],
+    d: MatmulDims,
+    threads: usize,
+    (precision, kernel): (MatmulPrecision, Bf16Kernel),
+) {
+    match precision {
+        MatmulPrecision::F32 => matmul_with_threads(out, a, b, d, threads),
+        MatmulPrecision::BF16 if kernel == Bf16Kernel::Dot => {
+            super::matmul_bf16::matmul_bf16_with_threads(out, a, b, d, threads)
         }
         p => {
             let half = p.half().expect("a 16-bit precision");
             let ar = rounded_operand(a, half);
             let br = rounded_operand(b, half);
-            matmul_with_threads(out, &ar, &br, d, gemm_threads());
+            matmul_with_threads(out, &ar, &br, d, threads);
         }
     }
+}
+
+/// One of the independent products of [`grouped_matmul`].
+pub struct GemmProblem<'a> {
+    pub out: &'a mut [f32],
+    pub a: &'a [f32],
+    pub b: &'a [f32],
+    pub dims: MatmulDims,
+}
+
+/// Many independent matmuls at once (the experts' token blocks of a mixture-of-experts layer,
+/// megatron-core's grouped GEMM): each product runs on one thread and the products are spread
+/// over the calling rank's threads, so small blocks keep every core busy where one
+/// multi-threaded GEMM per block would leave cores idle on each. Every product is
+/// bit-identical to [`matmul`] of it (the kernels give the same bits for every thread count).
+pub fn grouped_matmul(problems: &mut [GemmProblem<'_>]) {
+    let how = (matmul_precision(), bf16_kernel());
+    let threads = gemm_threads();
+    if threads < 2 || problems.len() < 2 {
+        for p in problems.iter_mut() {
+            matmul_as(p.out, p.a, p.b, p.dims, threads, how);
+        }
+        return;
+    }
+    problems
+        .par_iter_mut()
+        .with_max_len(1)
+        .for_each(|p| matmul_as(p.out, p.a, p.b, p.dims, 1, how));
 }
 
 /// A matmul operand rounded to a 16-bit format: borrowed when every value already is one (a

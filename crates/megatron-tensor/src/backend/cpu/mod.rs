@@ -49,8 +49,8 @@ pub use layout::{
     concat_columns, gather_group_blocks, scatter_group_blocks, split_columns, GroupBlocks,
 };
 pub use matmul::{
-    bias_backward, matmul, matmul_backward, matmul_batched, matmul_forward, matmul_with_threads,
-    BatchStrides, MatmulDims,
+    bias_backward, grouped_matmul, matmul, matmul_backward, matmul_batched, matmul_forward,
+    matmul_with_threads, BatchStrides, GemmProblem, MatmulDims,
 };
 pub use reduce::{global_norm_squared, scale_inplace};
 pub use rmsnorm::{rmsnorm_backward, rmsnorm_forward, RMSNormDims};
