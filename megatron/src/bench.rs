@@ -10,7 +10,9 @@ pub struct BenchArgs {
     /// `gemm` (the three GEMMs of a linear layer), `peak` (the FMA-loop peak), `kernels` (every kernel of one GPT layer
     /// at --tokens x --hidden with --seq-length and --heads, plus the output layer at --vocab), `comm` (all-reduce bus
     /// bandwidth), `index` (GPTDataset index build), `tp` (a GPT micro-batch at each --ranks tensor-parallel size) or `pipeline`
-    /// (the bubble of 1F1B and interleaved schedules at P = the first of --ranks, M = 4..32).
+    /// (the bubble of 1F1B and interleaved schedules at P = the first of --ranks, M = 4..32), `moe` (an MoE layer against
+    /// a dense MLP of the same active parameters, sequential against grouped expert GEMMs, and expert parallelism 2
+    /// against 1 on two rank threads).
     #[arg(default_value = "gemm")]
     pub what: String,
     #[arg(long, default_value_t = 4096)]
@@ -51,6 +53,13 @@ pub struct BenchArgs {
     pub layers: usize,
     #[arg(long, default_value_t = 1)]
     pub micro_batch: usize,
+    /// For `bench moe`: experts, experts per token, and each expert's FFN width.
+    #[arg(long, default_value_t = 8)]
+    pub experts: usize,
+    #[arg(long, default_value_t = 2)]
+    pub topk: usize,
+    #[arg(long, default_value_t = 512)]
+    pub moe_ffn: usize,
 }
 
 fn time_median(repeats: usize, mut f: impl FnMut()) -> f64 {
@@ -280,6 +289,9 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
     }
     if a.what == "pipeline" {
         return crate::bench_pipeline::pipeline(a);
+    }
+    if a.what == "moe" {
+        return crate::bench_moe::moe(a);
     }
     if a.what == "index" {
         let prefix = a
