@@ -13,6 +13,7 @@
 use crate::arguments::TrainConfig;
 use crate::dist_checkpointing::{CheckpointReader, FileEntry, Piece, SavedLayout};
 use crate::{io_err, TrainError};
+use megatron_core::models::ModelChunk;
 use megatron_core::optimizer::{Adam, Moment, OptimizerParamScheduler};
 use megatron_core::params::view2d;
 use megatron_core::{Params, TransformerConfig};
@@ -295,6 +296,16 @@ pub fn restore(
         adam.step = ck.meta.optimizer_step;
     }
     Ok(())
+}
+
+/// Restores `model`'s buffers (router expert biases) from a whole-tensor checkpoint; a
+/// checkpoint without them leaves them at their start.
+pub fn restore_buffers(ck: &LoadedCheckpoint, model: &impl ModelChunk) {
+    for (name, _) in model.buffers() {
+        if let Some(v) = ck.tensors.get(&name) {
+            model.load_buffer(&name, v);
+        }
+    }
 }
 
 /// `--load`: picks the checkpoint (see [`find_checkpoint`]), refuses one saved for another

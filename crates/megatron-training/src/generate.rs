@@ -151,6 +151,7 @@ pub fn generate(args: &GenerateArgs) -> Result<String, TrainError> {
         .build_chunk(&mut params, &mut inits, 0..layers, true, true);
     params.data = vec![0.0; params.numel()];
     restore(&ck, &mut params, None)?;
+    crate::checkpointing::restore_buffers(&ck, &model);
     if args.bf16 {
         use megatron_tensor::cpu::matmul::{
             set_bf16_kernel, set_matmul_precision, MatmulPrecision,

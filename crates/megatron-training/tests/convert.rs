@@ -188,6 +188,37 @@ fn a_converted_mixtral_trains_at_expert_parallel_layouts_like_one_rank() {
 }
 
 #[test]
+fn a_router_expert_bias_with_no_hugging_face_counterpart_is_refused_by_name() {
+    let dir = tmpdir("convert-expert-bias");
+    let save = dir.join("moe");
+    let s = save.to_str().unwrap();
+    megatron_training::pretrain(&common::args(&[
+        "--num-experts",
+        "4",
+        "--moe-router-score-function",
+        "sigmoid",
+        "--moe-router-enable-expert-bias",
+        "--swiglu",
+        "--normalization",
+        "RMSNorm",
+        "--position-embedding-type",
+        "rope",
+        "--disable-bias-linear",
+        "--train-iters",
+        "2",
+        "--save",
+        s,
+    ]))
+    .unwrap();
+    let e = megatron_to_hf(&save, &dir.join("hf"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("router.expert_bias"), "{e}");
+    assert!(!dir.join("hf").exists());
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
 fn an_unknown_architecture_and_a_missing_tensor_are_named() {
     let dir = tmpdir("convert-bad");
     let hf = dir.join("hf");

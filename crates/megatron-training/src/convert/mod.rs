@@ -233,6 +233,17 @@ pub fn megatron_to_hf(input: &Path, output: &Path) -> Result<PathBuf, TrainError
     let (config, tensors) = fam
         .to_hf(&cfg, &mut m, ck.meta.vocab_size)
         .map_err(|e| err(&ck.dir, e))?;
+    if let Some(extra) = m.keys().next() {
+        // E.g. a router's expert bias: the Hugging Face family has no place for it, and
+        // dropping it would route tokens differently.
+        return Err(err(
+            &ck.dir,
+            format!(
+                "tensor {extra} has no counterpart in {}",
+                config["architectures"][0]
+            ),
+        ));
+    }
     let tmp = output.with_extension("partial");
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir_all(&tmp).map_err(crate::io_err(&tmp))?;
