@@ -172,6 +172,18 @@ fn moe_expert_parallel_layouts_match_one_rank() {
             "ep2 x edp2 plain optimizer allgather",
             ep("4", "2", "allgather"),
         ),
+        (
+            "ep2 x edp2 distributed, overlapped dense reduction",
+            with(
+                ep("4", "2", "alltoall"),
+                &[
+                    "--use-distributed-optimizer",
+                    "--overlap-grad-reduce",
+                    "--ddp-bucket-size",
+                    "2000",
+                ],
+            ),
+        ),
     ];
     for (name, layout) in &layouts {
         let r = run(&dir, &name.replace(' ', "_"), layout);
