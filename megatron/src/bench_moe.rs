@@ -10,7 +10,7 @@ use megatron_comm::run_ranks;
 use megatron_core::params::{ExpertLayout, Grads, Params};
 use megatron_core::tensor_parallel::{serial_group, Tp};
 use megatron_core::transformer::config::{
-    Activation, MoEConfig, RouterScore, TokenDispatcherType, TransformerConfig,
+    Activation, MoEConfig, TokenDispatcherType, TransformerConfig,
 };
 use megatron_core::transformer::mlp::MLP;
 use megatron_core::transformer::moe::{MoELayer, TokenRows};
@@ -30,24 +30,9 @@ fn config(a: &BenchArgs, grouped: bool, dispatcher: TokenDispatcherType) -> Tran
         activation: Activation::SwiGLU,
         add_bias_linear: false,
         moe: Some(MoEConfig {
-            num_experts: a.experts,
-            ffn_hidden_size: a.moe_ffn,
-            topk: a.topk,
-            score: RouterScore::Softmax,
-            pre_softmax: false,
-            topk_scaling_factor: None,
-            aux_loss_coeff: 0.0,
-            z_loss_coeff: 0.0,
-            layer_freq: 1,
             dispatcher,
-            load_balancing: Default::default(),
-            expert_bias_update_rate: None,
-            capacity_factor: None,
-            drop_policy: Default::default(),
-            pad_to_capacity: false,
-            shared_expert_ffn: None,
-            shared_expert_gate: false,
             grouped_gemm: grouped,
+            ..MoEConfig::new(a.experts, a.moe_ffn, a.topk)
         }),
         ..Default::default()
     }

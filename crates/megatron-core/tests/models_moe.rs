@@ -20,24 +20,9 @@ fn tiny_moe(score: RouterScore, pre_softmax: bool, activation: Activation) -> Tr
         init_method_std: 0.2,
         activation,
         moe: Some(MoEConfig {
-            num_experts: 4,
-            ffn_hidden_size: 12,
-            topk: 2,
             score,
             pre_softmax,
-            topk_scaling_factor: None,
-            aux_loss_coeff: 0.0,
-            z_loss_coeff: 0.0,
-            layer_freq: 1,
-            dispatcher: Default::default(),
-            load_balancing: Default::default(),
-            expert_bias_update_rate: None,
-            capacity_factor: None,
-            drop_policy: Default::default(),
-            pad_to_capacity: false,
-            shared_expert_ffn: None,
-            shared_expert_gate: false,
-            grouped_gemm: false,
+            ..MoEConfig::new(4, 12, 2)
         }),
         ..Default::default()
     }

@@ -102,6 +102,29 @@ fn check(arch: &str) {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// Trains a converted checkpoint 2 steps from its own config (`--use-checkpoint-args
+/// --finetune`) with `--lr 0`, so every layout computes its losses from the converted weights.
+fn train_converted(save: &str, layout: &[&str]) -> megatron_training::TrainSummary {
+    let mut v = vec![
+        "--use-checkpoint-args",
+        "--load",
+        save,
+        "--finetune",
+        "--lr",
+        "0",
+        "--train-iters",
+        "2",
+        "--seq-length",
+        "16",
+        "--vocab-size",
+        "95",
+        "--global-batch-size",
+        "4",
+    ];
+    v.extend_from_slice(layout);
+    megatron_training::pretrain(&common::args(&v)).unwrap()
+}
+
 #[test]
 fn gpt2_converts_to_transformers_logits_and_back_byte_for_byte() {
     check("gpt2");
@@ -133,28 +156,8 @@ fn a_converted_mixtral_trains_at_expert_parallel_layouts_like_one_rank() {
     let save = dir.join("megatron");
     hf_to_megatron(&fixture("mixtral"), &save, 128).unwrap();
     let s = save.to_str().unwrap();
-    let run = |layout: &[&str]| {
-        let mut v = vec![
-            "--use-checkpoint-args",
-            "--load",
-            s,
-            "--finetune",
-            "--lr",
-            "0",
-            "--train-iters",
-            "2",
-            "--seq-length",
-            "16",
-            "--vocab-size",
-            "95",
-            "--global-batch-size",
-            "4",
-            "--micro-batch-size",
-            "1",
-        ];
-        v.extend_from_slice(layout);
-        megatron_training::pretrain(&common::args(&v)).unwrap()
-    };
+    let run =
+        |layout: &[&str]| train_converted(s, &[&["--micro-batch-size", "1"][..], layout].concat());
     let one = run(&[]);
     for (name, layout) in [
         (
@@ -297,26 +300,7 @@ fn a_converted_llama_trains_from_its_own_config_and_matches_one_rank_at_tp2_pp2(
     let save = dir.join("megatron");
     hf_to_megatron(&fixture("llama"), &save, 128).unwrap();
     let s = save.to_str().unwrap();
-    let run = |layout: &[&str]| {
-        let mut v = vec![
-            "--use-checkpoint-args",
-            "--load",
-            s,
-            "--finetune",
-            "--lr",
-            "0",
-            "--train-iters",
-            "2",
-            "--seq-length",
-            "16",
-            "--vocab-size",
-            "95",
-            "--global-batch-size",
-            "4",
-        ];
-        v.extend_from_slice(layout);
-        megatron_training::pretrain(&common::args(&v)).unwrap()
-    };
+    let run = |layout: &[&str]| train_converted(s, layout);
     let one = run(&[]);
     assert_eq!(one.start_iteration, 0);
     // The whole converted model trains: its parameter count (not the flags').

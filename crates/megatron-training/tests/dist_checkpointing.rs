@@ -140,24 +140,19 @@ fn an_moe_checkpoint_resumes_across_expert_parallel_sizes() {
     let first = dir.join("first");
     let f = first.to_str().unwrap();
     let moe = [
-        "--num-experts",
-        "4",
-        "--moe-router-topk",
-        "2",
-        "--moe-ffn-hidden-size",
-        "64",
-        "--moe-aux-loss-coeff",
-        "0.01",
-        "--swiglu",
-        "--moe-token-dispatcher-type",
-        "alltoall",
-        // The router's expert bias is a buffer the checkpoint carries.
-        "--moe-router-score-function",
-        "sigmoid",
-        "--moe-router-enable-expert-bias",
-        "--moe-router-bias-update-rate",
-        "0.05",
-    ];
+        MOE,
+        &[
+            "--moe-token-dispatcher-type",
+            "alltoall",
+            // The router's expert bias is a buffer the checkpoint carries.
+            "--moe-router-score-function",
+            "sigmoid",
+            "--moe-router-enable-expert-bias",
+            "--moe-router-bias-update-rate",
+            "0.05",
+        ],
+    ]
+    .concat();
     let ep2_edp2 = [
         "--nproc-per-node",
         "4",

@@ -58,24 +58,8 @@ fn moe_flops_count_the_active_experts_only() {
     // 2 x 512 wide, the dense ones 3072.
     let mut c = gpt2_small();
     c.moe = Some(MoEConfig {
-        num_experts: 8,
-        ffn_hidden_size: 512,
-        topk: 2,
-        score: Default::default(),
-        pre_softmax: false,
-        topk_scaling_factor: None,
-        aux_loss_coeff: 0.0,
-        z_loss_coeff: 0.0,
         layer_freq: 2,
-        dispatcher: Default::default(),
-        load_balancing: Default::default(),
-        expert_bias_update_rate: None,
-        capacity_factor: None,
-        drop_policy: Default::default(),
-        pad_to_capacity: false,
-        shared_expert_ffn: None,
-        shared_expert_gate: false,
-        grouped_gemm: false,
+        ..MoEConfig::new(8, 512, 2)
     });
     let dense = num_floating_point_operations(&gpt2_small(), 8);
     let got = num_floating_point_operations(&c, 8);

@@ -7,20 +7,6 @@ use common::*;
 use megatron_training::checkpointing::load_checkpoint;
 use megatron_training::pretrain;
 
-const MOE: &[&str] = &[
-    "--num-experts",
-    "4",
-    "--moe-router-topk",
-    "2",
-    "--moe-ffn-hidden-size",
-    "64",
-    "--moe-aux-loss-coeff",
-    "0.01",
-    "--moe-z-loss-coeff",
-    "0.001",
-    "--swiglu",
-];
-
 fn run(
     dir: &std::path::Path,
     name: &str,

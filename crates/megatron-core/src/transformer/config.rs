@@ -83,6 +83,33 @@ pub struct MoEConfig {
     pub grouped_gemm: bool,
 }
 
+impl MoEConfig {
+    /// `num_experts` experts of FFN width `ffn`, top-`topk`, with Megatron's defaults for the
+    /// rest (softmax router after the top-k, no auxiliary losses, dropless, every layer).
+    pub fn new(num_experts: usize, ffn: usize, topk: usize) -> Self {
+        MoEConfig {
+            num_experts,
+            ffn_hidden_size: ffn,
+            topk,
+            score: RouterScore::Softmax,
+            pre_softmax: false,
+            topk_scaling_factor: None,
+            aux_loss_coeff: 0.0,
+            z_loss_coeff: 0.0,
+            layer_freq: 1,
+            dispatcher: TokenDispatcherType::default(),
+            load_balancing: LoadBalancing::default(),
+            expert_bias_update_rate: None,
+            capacity_factor: None,
+            drop_policy: DropPolicy::default(),
+            pad_to_capacity: false,
+            shared_expert_ffn: None,
+            shared_expert_gate: false,
+            grouped_gemm: false,
+        }
+    }
+}
+
 /// `--moe-router-load-balancing-type`: the switch loss over the micro-batch, the same per
 /// sequence (`seq_aux_loss`, DeepSeek-V2/V3), or none.
 #[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]

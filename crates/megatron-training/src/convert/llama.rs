@@ -51,10 +51,59 @@ pub(crate) trait MlpMapping {
 /// The dense SwiGLU MLP: `gate_proj`/`up_proj` fused into `[gate; up]`.
 pub(crate) struct DenseMlp;
 
-/// `gate`, `up` (`[f, h]` each) as megatron-core's fused `[gate; up]` fc1.
-pub(crate) fn fuse_gate_up(mut gate: Vec<f32>, up: Vec<f32>) -> Vec<f32> {
-    gate.extend(up);
-    gate
+/// The Hugging Face names of a SwiGLU MLP's gate, up and down projections.
+pub(crate) const GATE_UP_DOWN: [&str; 3] = ["gate_proj", "up_proj", "down_proj"];
+
+/// A SwiGLU MLP under Hugging Face prefix `s` (projections named `names`: gate, up, down) into
+/// megatron-core's fused `[gate; up]` fc1 and fc2 under prefix `d`.
+pub(crate) fn mlp_to_megatron(
+    t: &mut Tensors,
+    m: &mut Tensors,
+    (s, d): (&str, &str),
+    (h, f): (usize, usize),
+    [gate, up, down]: [&str; 3],
+) -> Result<(), String> {
+    let mut fc1 = take(t, &format!("{s}.{gate}.weight"), &[f, h])?;
+    fc1.extend(take(t, &format!("{s}.{up}.weight"), &[f, h])?);
+    m.insert(format!("{d}.linear_fc1.weight"), (vec![2 * f, h], fc1));
+    let w = take(t, &format!("{s}.{down}.weight"), &[h, f])?;
+    m.insert(format!("{d}.linear_fc2.weight"), (vec![h, f], w));
+    Ok(())
+}
+
+/// The inverse of [`mlp_to_megatron`]: megatron-core prefix `s` to Hugging Face prefix `d`.
+pub(crate) fn mlp_to_hf(
+    m: &mut Tensors,
+    t: &mut Tensors,
+    (s, d): (&str, &str),
+    (h, f): (usize, usize),
+    [gate, up, down]: [&str; 3],
+) -> Result<(), String> {
+    let fc1 = take(m, &format!("{s}.linear_fc1.weight"), &[2 * f, h])?;
+    t.insert(
+        format!("{d}.{gate}.weight"),
+        (vec![f, h], fc1[..f * h].to_vec()),
+    );
+    t.insert(
+        format!("{d}.{up}.weight"),
+        (vec![f, h], fc1[f * h..].to_vec()),
+    );
+    let w = take(m, &format!("{s}.linear_fc2.weight"), &[h, f])?;
+    t.insert(format!("{d}.{down}.weight"), (vec![h, f], w));
+    Ok(())
+}
+
+/// A whole tensor of `shape` moved from name `s` of `from` to name `d` of `to` (a router, a
+/// gate: the same layout on both sides).
+pub(crate) fn move_tensor(
+    from: &mut Tensors,
+    to: &mut Tensors,
+    (s, d): (&str, &str),
+    shape: [usize; 2],
+) -> Result<(), String> {
+    let w = take(from, s, &shape)?;
+    to.insert(d.to_string(), (shape.to_vec(), w));
+    Ok(())
 }
 
 impl MlpMapping for DenseMlp {
@@ -70,18 +119,9 @@ impl MlpMapping for DenseMlp {
         src: &str,
         dst: &str,
     ) -> Result<(), String> {
-        let (h, f) = (cfg.hidden_size, cfg.ffn_hidden_size);
-        let fc1 = fuse_gate_up(
-            take(t, &format!("{src}.mlp.gate_proj.weight"), &[f, h])?,
-            take(t, &format!("{src}.mlp.up_proj.weight"), &[f, h])?,
-        );
-        m.insert(
-            format!("{dst}.mlp.linear_fc1.weight"),
-            (vec![2 * f, h], fc1),
-        );
-        let down = take(t, &format!("{src}.mlp.down_proj.weight"), &[h, f])?;
-        m.insert(format!("{dst}.mlp.linear_fc2.weight"), (vec![h, f], down));
-        Ok(())
+        let hf = (cfg.hidden_size, cfg.ffn_hidden_size);
+        let (s, d) = (format!("{src}.mlp"), format!("{dst}.mlp"));
+        mlp_to_megatron(t, m, (&s, &d), hf, GATE_UP_DOWN)
     }
 
     fn to_hf(
@@ -92,19 +132,9 @@ impl MlpMapping for DenseMlp {
         dst: &str,
         src: &str,
     ) -> Result<(), String> {
-        let (h, f) = (cfg.hidden_size, cfg.ffn_hidden_size);
-        let fc1 = take(m, &format!("{src}.mlp.linear_fc1.weight"), &[2 * f, h])?;
-        t.insert(
-            format!("{dst}.mlp.gate_proj.weight"),
-            (vec![f, h], fc1[..f * h].to_vec()),
-        );
-        t.insert(
-            format!("{dst}.mlp.up_proj.weight"),
-            (vec![f, h], fc1[f * h..].to_vec()),
-        );
-        let down = take(m, &format!("{src}.mlp.linear_fc2.weight"), &[h, f])?;
-        t.insert(format!("{dst}.mlp.down_proj.weight"), (vec![h, f], down));
-        Ok(())
+        let hf = (cfg.hidden_size, cfg.ffn_hidden_size);
+        let (s, d) = (format!("{src}.mlp"), format!("{dst}.mlp"));
+        mlp_to_hf(m, t, (&s, &d), hf, GATE_UP_DOWN)
     }
 
     fn hf_config(
@@ -120,7 +150,7 @@ impl MlpMapping for DenseMlp {
     }
 }
 
-fn num(hf: &Value, key: &str) -> Result<usize, String> {
+pub(crate) fn num(hf: &Value, key: &str) -> Result<usize, String> {
     hf[key]
         .as_u64()
         .map(|v| v as usize)

@@ -3,19 +3,60 @@
 //! renormalized: megatron-core's softmax router without `--moe-router-pre-softmax`) and
 //! experts whose `w1`/`w3`/`w2` are the gate, up and down projections (fc1 = `[w1; w3]`).
 
-use super::llama::{fuse_gate_up, MlpMapping};
-use super::{take, Tensors};
-use megatron_core::transformer::config::{MoEConfig, RouterScore};
+use super::llama::{mlp_to_hf, mlp_to_megatron, move_tensor, num, MlpMapping};
+use super::Tensors;
+use megatron_core::transformer::config::MoEConfig;
 use megatron_core::TransformerConfig;
 use serde_json::{json, Value};
 
 pub(crate) struct MixtralMoe;
 
-fn count(hf: &Value, key: &str) -> Result<usize, String> {
-    hf[key]
-        .as_u64()
-        .map(|v| v as usize)
-        .ok_or_else(|| format!("config.json has no {key}"))
+/// Mixtral's expert projections: `w1` gate, `w3` up, `w2` down.
+const W1_W3_W2: [&str; 3] = ["w1", "w3", "w2"];
+
+/// A Hugging Face MoE block's router (`{s}.gate`) and experts (`{s}.experts.N`, projections
+/// `names`) into megatron-core's under `d` (`router`, `experts.local_experts.N`).
+pub(crate) fn routed_to_megatron(
+    cfg: &TransformerConfig,
+    t: &mut Tensors,
+    m: &mut Tensors,
+    (s, d): (&str, &str),
+    names: [&str; 3],
+) -> Result<(), String> {
+    let moe = cfg.moe.as_ref().expect("configured");
+    let (h, e) = (cfg.hidden_size, moe.num_experts);
+    let r = (format!("{s}.gate.weight"), format!("{d}.router.weight"));
+    move_tensor(t, m, (&r.0, &r.1), [e, h])?;
+    for x in 0..e {
+        let (a, b) = (
+            format!("{s}.experts.{x}"),
+            format!("{d}.experts.local_experts.{x}"),
+        );
+        mlp_to_megatron(t, m, (&a, &b), (h, moe.ffn_hidden_size), names)?;
+    }
+    Ok(())
+}
+
+/// The inverse of [`routed_to_megatron`]: megatron-core prefix `s`, Hugging Face prefix `d`.
+pub(crate) fn routed_to_hf(
+    cfg: &TransformerConfig,
+    m: &mut Tensors,
+    t: &mut Tensors,
+    (s, d): (&str, &str),
+    names: [&str; 3],
+) -> Result<(), String> {
+    let moe = cfg.moe.as_ref().expect("an MoE model");
+    let (h, e) = (cfg.hidden_size, moe.num_experts);
+    let r = (format!("{s}.router.weight"), format!("{d}.gate.weight"));
+    move_tensor(m, t, (&r.0, &r.1), [e, h])?;
+    for x in 0..e {
+        let (a, b) = (
+            format!("{s}.experts.local_experts.{x}"),
+            format!("{d}.experts.{x}"),
+        );
+        mlp_to_hf(m, t, (&a, &b), (h, moe.ffn_hidden_size), names)?;
+    }
+    Ok(())
 }
 
 /// The MoE settings shared by the converted families: dropless, every layer, no auxiliary
@@ -26,37 +67,22 @@ pub(crate) fn moe_config(
     ffn: usize,
     pre_softmax: bool,
 ) -> Result<MoEConfig, String> {
-    let topk = count(hf, "num_experts_per_tok")?;
+    let topk = num(hf, "num_experts_per_tok")?;
     let aux = if hf["output_router_logits"].as_bool() == Some(true) {
         hf["router_aux_loss_coef"].as_f64().unwrap_or(0.0) as f32
     } else {
         0.0
     };
     Ok(MoEConfig {
-        num_experts: experts,
-        ffn_hidden_size: ffn,
-        topk,
-        score: RouterScore::Softmax,
         pre_softmax,
-        topk_scaling_factor: None,
         aux_loss_coeff: aux,
-        z_loss_coeff: 0.0,
-        layer_freq: 1,
-        dispatcher: Default::default(),
-        load_balancing: Default::default(),
-        expert_bias_update_rate: None,
-        capacity_factor: None,
-        drop_policy: Default::default(),
-        pad_to_capacity: false,
-        shared_expert_ffn: None,
-        shared_expert_gate: false,
-        grouped_gemm: false,
+        ..MoEConfig::new(experts, ffn, topk)
     })
 }
 
 impl MlpMapping for MixtralMoe {
     fn configure(&self, hf: &Value, cfg: &mut TransformerConfig) -> Result<(), String> {
-        let experts = count(hf, "num_local_experts")?;
+        let experts = num(hf, "num_local_experts")?;
         cfg.moe = Some(moe_config(hf, experts, cfg.ffn_hidden_size, false)?);
         Ok(())
     }
@@ -69,24 +95,8 @@ impl MlpMapping for MixtralMoe {
         src: &str,
         dst: &str,
     ) -> Result<(), String> {
-        let moe = cfg.moe.as_ref().expect("configured");
-        let (h, f, e) = (cfg.hidden_size, moe.ffn_hidden_size, moe.num_experts);
-        let router = take(t, &format!("{src}.block_sparse_moe.gate.weight"), &[e, h])?;
-        m.insert(format!("{dst}.mlp.router.weight"), (vec![e, h], router));
-        for x in 0..e {
-            let (s, d) = (
-                format!("{src}.block_sparse_moe.experts.{x}"),
-                format!("{dst}.mlp.experts.local_experts.{x}"),
-            );
-            let fc1 = fuse_gate_up(
-                take(t, &format!("{s}.w1.weight"), &[f, h])?,
-                take(t, &format!("{s}.w3.weight"), &[f, h])?,
-            );
-            m.insert(format!("{d}.linear_fc1.weight"), (vec![2 * f, h], fc1));
-            let down = take(t, &format!("{s}.w2.weight"), &[h, f])?;
-            m.insert(format!("{d}.linear_fc2.weight"), (vec![h, f], down));
-        }
-        Ok(())
+        let hf = format!("{src}.block_sparse_moe");
+        routed_to_megatron(cfg, t, m, (&hf, &format!("{dst}.mlp")), W1_W3_W2)
     }
 
     fn to_hf(
@@ -97,31 +107,8 @@ impl MlpMapping for MixtralMoe {
         dst: &str,
         src: &str,
     ) -> Result<(), String> {
-        let moe = cfg.moe.as_ref().expect("an MoE model");
-        let (h, f, e) = (cfg.hidden_size, moe.ffn_hidden_size, moe.num_experts);
-        let router = take(m, &format!("{src}.mlp.router.weight"), &[e, h])?;
-        t.insert(
-            format!("{dst}.block_sparse_moe.gate.weight"),
-            (vec![e, h], router),
-        );
-        for x in 0..e {
-            let (d, s) = (
-                format!("{dst}.block_sparse_moe.experts.{x}"),
-                format!("{src}.mlp.experts.local_experts.{x}"),
-            );
-            let fc1 = take(m, &format!("{s}.linear_fc1.weight"), &[2 * f, h])?;
-            t.insert(
-                format!("{d}.w1.weight"),
-                (vec![f, h], fc1[..f * h].to_vec()),
-            );
-            t.insert(
-                format!("{d}.w3.weight"),
-                (vec![f, h], fc1[f * h..].to_vec()),
-            );
-            let down = take(m, &format!("{s}.linear_fc2.weight"), &[h, f])?;
-            t.insert(format!("{d}.w2.weight"), (vec![h, f], down));
-        }
-        Ok(())
+        let hf = format!("{dst}.block_sparse_moe");
+        routed_to_hf(cfg, m, t, (&format!("{src}.mlp"), &hf), W1_W3_W2)
     }
 
     fn hf_config(

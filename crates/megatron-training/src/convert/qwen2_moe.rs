@@ -4,61 +4,13 @@
 //! `gate_proj`/`up_proj`/`down_proj`, and a shared expert scaled by a sigmoid gate
 //! (`shared_expert_gate`: megatron-core's `--moe-shared-expert-gate`).
 
-use super::llama::{fuse_gate_up, MlpMapping};
-use super::mixtral::moe_config;
-use super::{take, Tensors};
+use super::llama::{mlp_to_hf, mlp_to_megatron, move_tensor, num, MlpMapping, GATE_UP_DOWN};
+use super::mixtral::{moe_config, routed_to_hf, routed_to_megatron};
+use super::Tensors;
 use megatron_core::TransformerConfig;
 use serde_json::{json, Value};
 
 pub(crate) struct Qwen2Moe;
-
-fn count(hf: &Value, key: &str) -> Result<usize, String> {
-    hf[key]
-        .as_u64()
-        .map(|v| v as usize)
-        .ok_or_else(|| format!("config.json has no {key}"))
-}
-
-/// `gate_proj`/`up_proj`/`down_proj` under `s` into fc1/fc2 under `d`.
-fn mlp_in(
-    t: &mut Tensors,
-    m: &mut Tensors,
-    s: &str,
-    d: &str,
-    h: usize,
-    f: usize,
-) -> Result<(), String> {
-    let fc1 = fuse_gate_up(
-        take(t, &format!("{s}.gate_proj.weight"), &[f, h])?,
-        take(t, &format!("{s}.up_proj.weight"), &[f, h])?,
-    );
-    m.insert(format!("{d}.linear_fc1.weight"), (vec![2 * f, h], fc1));
-    let down = take(t, &format!("{s}.down_proj.weight"), &[h, f])?;
-    m.insert(format!("{d}.linear_fc2.weight"), (vec![h, f], down));
-    Ok(())
-}
-
-fn mlp_out(
-    m: &mut Tensors,
-    t: &mut Tensors,
-    d: &str,
-    s: &str,
-    h: usize,
-    f: usize,
-) -> Result<(), String> {
-    let fc1 = take(m, &format!("{s}.linear_fc1.weight"), &[2 * f, h])?;
-    t.insert(
-        format!("{d}.gate_proj.weight"),
-        (vec![f, h], fc1[..f * h].to_vec()),
-    );
-    t.insert(
-        format!("{d}.up_proj.weight"),
-        (vec![f, h], fc1[f * h..].to_vec()),
-    );
-    let down = take(m, &format!("{s}.linear_fc2.weight"), &[h, f])?;
-    t.insert(format!("{d}.down_proj.weight"), (vec![h, f], down));
-    Ok(())
-}
 
 impl MlpMapping for Qwen2Moe {
     fn configure(&self, hf: &Value, cfg: &mut TransformerConfig) -> Result<(), String> {
@@ -69,8 +21,8 @@ impl MlpMapping for Qwen2Moe {
         {
             return Err("Qwen2-MoE with dense layers (decoder_sparse_step > 1 or mlp_only_layers) is not built: every layer must be an MoE layer".into());
         }
-        let experts = count(hf, "num_experts")?;
-        let ffn = count(hf, "moe_intermediate_size")?;
+        let experts = num(hf, "num_experts")?;
+        let ffn = num(hf, "moe_intermediate_size")?;
         let norm = hf["norm_topk_prob"].as_bool().unwrap_or(false);
         let mut moe = moe_config(hf, experts, ffn, !norm)?;
         let shared = hf["shared_expert_intermediate_size"].as_u64().unwrap_or(0) as usize;
@@ -90,20 +42,18 @@ impl MlpMapping for Qwen2Moe {
         src: &str,
         dst: &str,
     ) -> Result<(), String> {
+        let (s, d) = (format!("{src}.mlp"), format!("{dst}.mlp"));
+        routed_to_megatron(cfg, t, m, (&s, &d), GATE_UP_DOWN)?;
         let moe = cfg.moe.as_ref().expect("configured");
-        let (h, f, e) = (cfg.hidden_size, moe.ffn_hidden_size, moe.num_experts);
-        let router = take(t, &format!("{src}.mlp.gate.weight"), &[e, h])?;
-        m.insert(format!("{dst}.mlp.router.weight"), (vec![e, h], router));
-        for x in 0..e {
-            let s = format!("{src}.mlp.experts.{x}");
-            let d = format!("{dst}.mlp.experts.local_experts.{x}");
-            mlp_in(t, m, &s, &d, h, f)?;
-        }
         if let Some(sf) = moe.shared_expert_ffn {
-            let d = format!("{dst}.mlp.shared_experts");
-            mlp_in(t, m, &format!("{src}.mlp.shared_expert"), &d, h, sf)?;
-            let g = take(t, &format!("{src}.mlp.shared_expert_gate.weight"), &[1, h])?;
-            m.insert(format!("{d}.gate_weight"), (vec![1, h], g));
+            let h = cfg.hidden_size;
+            let (a, b) = (format!("{s}.shared_expert"), format!("{d}.shared_experts"));
+            mlp_to_megatron(t, m, (&a, &b), (h, sf), GATE_UP_DOWN)?;
+            let g = (
+                format!("{s}.shared_expert_gate.weight"),
+                format!("{b}.gate_weight"),
+            );
+            move_tensor(t, m, (&g.0, &g.1), [1, h])?;
         }
         Ok(())
     }
@@ -116,22 +66,18 @@ impl MlpMapping for Qwen2Moe {
         dst: &str,
         src: &str,
     ) -> Result<(), String> {
+        let (s, d) = (format!("{src}.mlp"), format!("{dst}.mlp"));
+        routed_to_hf(cfg, m, t, (&s, &d), GATE_UP_DOWN)?;
         let moe = cfg.moe.as_ref().expect("an MoE model");
-        let (h, f, e) = (cfg.hidden_size, moe.ffn_hidden_size, moe.num_experts);
-        let router = take(m, &format!("{src}.mlp.router.weight"), &[e, h])?;
-        t.insert(format!("{dst}.mlp.gate.weight"), (vec![e, h], router));
-        for x in 0..e {
-            let s = format!("{src}.mlp.experts.local_experts.{x}");
-            mlp_out(m, t, &format!("{dst}.mlp.experts.{x}"), &s, h, f)?;
-        }
         if let Some(sf) = moe.shared_expert_ffn {
-            let s = format!("{src}.mlp.shared_experts");
-            mlp_out(m, t, &format!("{dst}.mlp.shared_expert"), &s, h, sf)?;
-            let g = take(m, &format!("{s}.gate_weight"), &[1, h])?;
-            t.insert(
-                format!("{dst}.mlp.shared_expert_gate.weight"),
-                (vec![1, h], g),
+            let h = cfg.hidden_size;
+            let (a, b) = (format!("{s}.shared_experts"), format!("{d}.shared_expert"));
+            mlp_to_hf(m, t, (&a, &b), (h, sf), GATE_UP_DOWN)?;
+            let g = (
+                format!("{a}.gate_weight"),
+                format!("{d}.shared_expert_gate.weight"),
             );
+            move_tensor(m, t, (&g.0, &g.1), [1, h])?;
         }
         Ok(())
     }

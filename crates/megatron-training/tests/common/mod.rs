@@ -212,3 +212,20 @@ pub const PP_MODEL: &[&str] = &[
     "--attention-dropout",
     "0",
 ];
+
+/// A small mixture of experts on top of [`PP_MODEL`]: 4 SwiGLU experts of width 64, top-2,
+/// with both auxiliary losses.
+#[allow(dead_code)]
+pub const MOE: &[&str] = &[
+    "--num-experts",
+    "4",
+    "--moe-router-topk",
+    "2",
+    "--moe-ffn-hidden-size",
+    "64",
+    "--moe-aux-loss-coeff",
+    "0.01",
+    "--moe-z-loss-coeff",
+    "0.001",
+    "--swiglu",
+];

@@ -49,6 +49,30 @@ fn row_blocks<'a>(
     out
 }
 
+/// Elements of rows `r` of a buffer with `c` columns.
+fn rows(r: &Range<usize>, c: usize) -> Range<usize> {
+    r.start * c..r.end * c
+}
+
+/// One product per block: `outs[i] = a(block) · b(block)` with `dims(rows of the block)`.
+fn products<'a>(
+    outs: Vec<&'a mut [f32]>,
+    blocks: &[(usize, Range<usize>)],
+    a: impl Fn(usize, &Range<usize>) -> &'a [f32],
+    b: impl Fn(usize, &Range<usize>) -> &'a [f32],
+    dims: impl Fn(usize) -> MatmulDims,
+) -> Vec<GemmProblem<'a>> {
+    outs.into_iter()
+        .zip(blocks)
+        .map(|(out, (l, r))| GemmProblem {
+            out,
+            a: a(*l, r),
+            b: b(*l, r),
+            dims: dims(r.len()),
+        })
+        .collect()
+}
+
 impl GroupedMLP {
     /// Registers the weights of global experts `which` of layer `layer` under megatron-core's
     /// names with global expert numbers, so checkpoints do not depend on the expert layout.
@@ -159,33 +183,23 @@ impl GroupedMLP {
             self.weights(params, |e| e.fc2),
         );
         let mut h1 = Tensor::for_overwrite(&[n, f1]);
-        let mut problems: Vec<GemmProblem> = row_blocks(h1.data_mut(), &blocks, f1)
-            .into_iter()
-            .zip(&blocks)
-            .map(|(out, (l, r))| GemmProblem {
-                out,
-                a: &x.data()[r.start * h..r.end * h],
-                b: &w1[*l],
-                dims: MatmulDims::new(r.len(), f1, h).tb(),
-            })
-            .collect();
-        self.run(&mut problems);
-        drop(problems);
+        self.run(&mut products(
+            row_blocks(h1.data_mut(), &blocks, f1),
+            &blocks,
+            |_, r| &x.data()[rows(r, h)],
+            |l, _| &w1[l],
+            |m| MatmulDims::new(m, f1, h).tb(),
+        ));
         let mut act = Tensor::for_overwrite(&[n, f]);
         self.activate(act.data_mut(), h1.data());
         let mut y = Tensor::for_overwrite(&[n, h]);
-        let mut problems: Vec<GemmProblem> = row_blocks(y.data_mut(), &blocks, h)
-            .into_iter()
-            .zip(&blocks)
-            .map(|(out, (l, r))| GemmProblem {
-                out,
-                a: &act.data()[r.start * f..r.end * f],
-                b: &w2[*l],
-                dims: MatmulDims::new(r.len(), h, f).tb(),
-            })
-            .collect();
-        self.run(&mut problems);
-        drop(problems);
+        self.run(&mut products(
+            row_blocks(y.data_mut(), &blocks, h),
+            &blocks,
+            |_, r| &act.data()[rows(r, f)],
+            |l, _| &w2[l],
+            |m| MatmulDims::new(m, h, f).tb(),
+        ));
         (y, h1)
     }
 
@@ -206,38 +220,30 @@ impl GroupedMLP {
             self.weights(params, |e| e.fc1),
             self.weights(params, |e| e.fc2),
         );
+        let ids = |which: fn(&Expert) -> ParamId| -> Vec<ParamId> {
+            blocks
+                .iter()
+                .map(|(l, _)| which(&self.experts[*l]))
+                .collect()
+        };
         let mut act = Tensor::for_overwrite(&[n, f]);
         self.activate(act.data_mut(), h1.data());
-        let rows = |r: &Range<usize>, c: usize| r.start * c..r.end * c;
         // fc2: dW2 += dy^T act (each block its expert's gradient), dact = dy W2.
-        {
-            let ids: Vec<ParamId> = blocks.iter().map(|(l, _)| self.experts[*l].fc2).collect();
-            let mut problems: Vec<GemmProblem> = grads
-                .disjoint_mut(&ids)
-                .into_iter()
-                .zip(&blocks)
-                .map(|(out, (_, r))| GemmProblem {
-                    out,
-                    a: &dy.data()[rows(r, h)],
-                    b: &act.data()[rows(r, f)],
-                    dims: MatmulDims::new(h, f, r.len()).ta().acc(),
-                })
-                .collect();
-            self.run(&mut problems);
-        }
+        self.run(&mut products(
+            grads.disjoint_mut(&ids(|e| e.fc2)),
+            &blocks,
+            |_, r| &dy.data()[rows(r, h)],
+            |_, r| &act.data()[rows(r, f)],
+            |m| MatmulDims::new(h, f, m).ta().acc(),
+        ));
         let mut dact = act;
-        let mut problems: Vec<GemmProblem> = row_blocks(dact.data_mut(), &blocks, f)
-            .into_iter()
-            .zip(&blocks)
-            .map(|(out, (l, r))| GemmProblem {
-                out,
-                a: &dy.data()[rows(r, h)],
-                b: &w2[*l],
-                dims: MatmulDims::new(r.len(), f, h),
-            })
-            .collect();
-        self.run(&mut problems);
-        drop(problems);
+        self.run(&mut products(
+            row_blocks(dact.data_mut(), &blocks, f),
+            &blocks,
+            |_, r| &dy.data()[rows(r, h)],
+            |l, _| &w2[l],
+            |m| MatmulDims::new(m, f, h),
+        ));
         let mut dh1 = Tensor::for_overwrite(&[n, f1]);
         match self.activation {
             Activation::Gelu => gelu_backward(dh1.data_mut(), dact.data(), h1.data()),
@@ -245,34 +251,21 @@ impl GroupedMLP {
         }
         drop(dact);
         // fc1: dW1 += dh1^T x, dx = dh1 W1.
-        {
-            let ids: Vec<ParamId> = blocks.iter().map(|(l, _)| self.experts[*l].fc1).collect();
-            let mut problems: Vec<GemmProblem> = grads
-                .disjoint_mut(&ids)
-                .into_iter()
-                .zip(&blocks)
-                .map(|(out, (_, r))| GemmProblem {
-                    out,
-                    a: &dh1.data()[rows(r, f1)],
-                    b: &x.data()[rows(r, h)],
-                    dims: MatmulDims::new(f1, h, r.len()).ta().acc(),
-                })
-                .collect();
-            self.run(&mut problems);
-        }
+        self.run(&mut products(
+            grads.disjoint_mut(&ids(|e| e.fc1)),
+            &blocks,
+            |_, r| &dh1.data()[rows(r, f1)],
+            |_, r| &x.data()[rows(r, h)],
+            |m| MatmulDims::new(f1, h, m).ta().acc(),
+        ));
         let mut dx = Tensor::for_overwrite(&[n, h]);
-        let mut problems: Vec<GemmProblem> = row_blocks(dx.data_mut(), &blocks, h)
-            .into_iter()
-            .zip(&blocks)
-            .map(|(out, (l, r))| GemmProblem {
-                out,
-                a: &dh1.data()[rows(r, f1)],
-                b: &w1[*l],
-                dims: MatmulDims::new(r.len(), h, f1),
-            })
-            .collect();
-        self.run(&mut problems);
-        drop(problems);
+        self.run(&mut products(
+            row_blocks(dx.data_mut(), &blocks, h),
+            &blocks,
+            |_, r| &dh1.data()[rows(r, f1)],
+            |l, _| &w1[l],
+            |m| MatmulDims::new(m, h, f1),
+        ));
         dx
     }
 }

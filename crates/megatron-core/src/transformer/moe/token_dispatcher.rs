@@ -240,16 +240,8 @@ impl DispatchPlan {
 
     /// The routing weight of each of this rank's rows (0 for padding).
     fn sorted_scales(&self) -> Vec<f32> {
-        self.order
-            .iter()
-            .map(|&(_, s)| {
-                if s == NO_SLOT {
-                    0.0
-                } else {
-                    self.probs[s as usize]
-                }
-            })
-            .collect()
+        let slots: Vec<u32> = self.order.iter().map(|&(_, s)| s).collect();
+        weights(&slots, &self.probs)
     }
 
     /// Rows of this rank's buffer before the expert-tensor-parallel gather.
@@ -375,16 +367,7 @@ impl DispatchPlan {
                 probs: all_probs,
                 ep: p,
             } => {
-                let scales: Vec<f32> = slot
-                    .iter()
-                    .map(|&s| {
-                        if s == NO_SLOT {
-                            0.0
-                        } else {
-                            all_probs[s as usize]
-                        }
-                    })
-                    .collect();
+                let scales = weights(slot, all_probs);
                 let mut partial = vec![0.0f32; p * self.tokens * h];
                 scatter_add_rows(&mut partial, y.data(), token, Some(&scales), h);
                 expect(ep).reduce_scatter(&partial, out.data_mut(), ReduceOp::Sum)?;
@@ -449,16 +432,7 @@ impl DispatchPlan {
                     }
                 }
                 ep.reduce_scatter(&dprob_all, &mut dprobs, ReduceOp::Sum)?;
-                let scales: Vec<f32> = slot
-                    .iter()
-                    .map(|&s| {
-                        if s == NO_SLOT {
-                            0.0
-                        } else {
-                            all_probs[s as usize]
-                        }
-                    })
-                    .collect();
+                let scales = weights(slot, all_probs);
                 let mut out = Tensor::for_overwrite(&[self.ep_rows(), h]);
                 gather_rows_scaled(out.data_mut(), &all, token, &scales, h);
                 Ok((out, dprobs))
@@ -498,6 +472,14 @@ impl DispatchPlan {
         }
         Ok(dx)
     }
+}
+
+/// The routing weight of each slot (0 for a padding row).
+fn weights(slots: &[u32], probs: &[f32]) -> Vec<f32> {
+    slots
+        .iter()
+        .map(|&s| if s == NO_SLOT { 0.0 } else { probs[s as usize] })
+        .collect()
 }
 
 fn expect(ep: Option<&mut dyn Communicator>) -> &mut dyn Communicator {
