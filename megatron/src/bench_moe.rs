@@ -113,7 +113,9 @@ pub fn moe(a: &BenchArgs) -> anyhow::Result<()> {
     let (mut td, mut ts, mut tg) = (Vec::new(), Vec::new(), Vec::new());
     for r in 0..=a.repeats {
         let s = Instant::now();
-        let (y, saved) = mlp.forward(&dparams, &mut tp, &x).expect("serial");
+        let (y, saved) = mlp
+            .forward(&dparams, &mut tp, &x, &StepContext::train(1, 0, 0))
+            .expect("serial");
         let dy = Tensor::from_vec(y.shape(), y.data().to_vec()).expect("shape");
         let dx = mlp
             .backward(&dparams, &mut dgrads, &mut tp, &saved, &x, dy)

@@ -76,6 +76,24 @@ pub enum DispatcherArg {
     AllToAll,
 }
 
+/// `--recompute-granularity`.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RecomputeGranularityArg {
+    #[value(name = "full")]
+    Full,
+    #[value(name = "selective")]
+    Selective,
+}
+
+/// `--recompute-method`.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RecomputeMethodArg {
+    #[value(name = "uniform")]
+    Uniform,
+    #[value(name = "block")]
+    Block,
+}
+
 /// `--moe-router-load-balancing-type`.
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LoadBalancingArg {
@@ -393,6 +411,22 @@ pub struct TrainArgs {
     /// the tokens (needs --tensor-model-parallel-size > 1 to have an effect).
     #[arg(long)]
     pub sequence_parallel: bool,
+    /// Selective recomputation of the core attention (= --recompute-granularity selective).
+    #[arg(long)]
+    pub recompute_activations: bool,
+    /// `full` (whole layers, see --recompute-method) or `selective` (--recompute-modules).
+    #[arg(long, value_enum)]
+    pub recompute_granularity: Option<RecomputeGranularityArg>,
+    /// Full recomputation: `uniform` keeps the input of every --recompute-num-layers layers,
+    /// `block` recomputes the first --recompute-num-layers layers of each pipeline chunk.
+    #[arg(long, value_enum)]
+    pub recompute_method: Option<RecomputeMethodArg>,
+    #[arg(long)]
+    pub recompute_num_layers: Option<usize>,
+    /// Selective recomputation: any of core_attn, mlp, layernorm, moe_act (layernorm and
+    /// moe_act outputs are never kept here).
+    #[arg(long, num_args = 1.., value_delimiter = ' ')]
+    pub recompute_modules: Vec<String>,
     /// Stages of consecutive layers (1F1B schedule; interleaved with
     /// --num-layers-per-virtual-pipeline-stage).
     #[arg(long, default_value_t = 1)]
@@ -562,6 +596,8 @@ pub struct TrainConfig {
     pub lr_warmup_iters: u64,
     pub lr_decay_style: LrDecayStyle,
     pub lr_wsd_decay_style: WsdDecayStyle,
+    /// Activation recomputation.
+    pub recompute: megatron_core::transformer::step::Recompute,
     pub vocab_size: usize,
 }
 
@@ -703,6 +739,7 @@ impl TrainArgs {
             )));
         }
         let (ep, etp) = self.expert_layout(&model, tp, pp, dp)?;
+        let recompute = self.recompute()?;
         let m = gbs / (self.micro_batch_size * dp);
         if vp > 1 {
             megatron_core::pipeline_parallel::interleaved::check(pp, m, vp).map_err(|e| {
@@ -740,6 +777,7 @@ impl TrainArgs {
             lr_warmup_iters,
             lr_decay_style,
             lr_wsd_decay_style,
+            recompute,
             vocab_size,
         })
     }
@@ -955,6 +993,74 @@ impl TrainArgs {
             )));
         }
         Ok((ep, etp))
+    }
+
+    /// The `--recompute-*` flags as Megatron reads them.
+    fn recompute(&self) -> Result<megatron_core::transformer::step::Recompute, TrainError> {
+        use megatron_core::transformer::step::{Recompute, RecomputeMethod, SelectiveModules};
+        let granularity = match (self.recompute_granularity, self.recompute_activations) {
+            (Some(RecomputeGranularityArg::Full), true) => {
+                return Err(bad(
+                    "--recompute-activations is selective recomputation; it does not go with --recompute-granularity full".into(),
+                ))
+            }
+            (g, true) => g.or(Some(RecomputeGranularityArg::Selective)),
+            (g, false) => g,
+        };
+        match granularity {
+            None => {
+                if self.recompute_method.is_some() || !self.recompute_modules.is_empty() {
+                    return Err(bad(
+                        "--recompute-method / --recompute-modules need --recompute-granularity (or --recompute-activations)".into(),
+                    ));
+                }
+                Ok(Recompute::None)
+            }
+            Some(RecomputeGranularityArg::Full) => {
+                if !self.recompute_modules.is_empty() {
+                    return Err(bad(
+                        "--recompute-modules is for --recompute-granularity selective".into(),
+                    ));
+                }
+                let num_layers = self.recompute_num_layers.unwrap_or(1);
+                if num_layers == 0 {
+                    return Err(bad("--recompute-num-layers must be positive, got 0".into()));
+                }
+                Ok(Recompute::Full {
+                    method: match self.recompute_method.unwrap_or(RecomputeMethodArg::Uniform) {
+                        RecomputeMethodArg::Uniform => RecomputeMethod::Uniform,
+                        RecomputeMethodArg::Block => RecomputeMethod::Block,
+                    },
+                    num_layers,
+                })
+            }
+            Some(RecomputeGranularityArg::Selective) => {
+                if self.recompute_method.is_some() || self.recompute_num_layers.is_some() {
+                    return Err(bad(
+                        "--recompute-method / --recompute-num-layers are for --recompute-granularity full (as in Megatron)".into(),
+                    ));
+                }
+                let mut m = SelectiveModules::default();
+                let modules: Vec<&str> = if self.recompute_modules.is_empty() {
+                    vec!["core_attn"]
+                } else {
+                    self.recompute_modules.iter().map(String::as_str).collect()
+                };
+                for name in modules {
+                    match name {
+                        "core_attn" => m.core_attn = true,
+                        "mlp" => m.mlp = true,
+                        "layernorm" | "moe_act" => {}
+                        other => {
+                            return Err(bad(format!(
+                                "--recompute-modules {other}: known are core_attn, mlp, layernorm, moe_act"
+                            )))
+                        }
+                    }
+                }
+                Ok(Recompute::Selective(m))
+            }
+        }
     }
 
     /// `--num-experts` and the `--moe-*` flags, checked.

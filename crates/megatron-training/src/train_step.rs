@@ -101,7 +101,11 @@ impl Trainer<'_> {
         let batches: Vec<Batch> = self.mbs.iter().map(|x| x.batch(b, t)).collect();
         let ctxs: Vec<StepContext> = starts
             .iter()
-            .map(|&s| StepContext::train(a.seed, iteration, s).with_grad_scale(grad_scale))
+            .map(|&s| {
+                StepContext::train(a.seed, iteration, s)
+                    .with_grad_scale(grad_scale)
+                    .with_recompute(cfg.recompute)
+            })
             .collect();
         let (pp_rank, pp_size) = (self.comms.pp.rank(), self.comms.pp.size());
         let m = cfg.num_microbatches;

@@ -17,10 +17,12 @@ use crate::transformer::layer::{
     FeedForward, LayerNormSaved, Norm, TransformerLayer, TransformerLayerSaved,
 };
 use crate::transformer::moe::{MoELayer, MoEMetrics};
-use crate::transformer::step::StepContext;
+use crate::transformer::saved::{keep, restore};
+use crate::transformer::step::{Recompute, RecomputeMethod, StepContext};
 use megatron_comm::CommError;
 use megatron_tensor::cpu::{AttentionMask, ClassifierDims, RopeScaling, RopeStyle, RopeTable};
 use megatron_tensor::Tensor;
+use std::ops::Range;
 use std::sync::Arc;
 
 /// One micro-batch: `tokens` and `labels` are `[b, t]` flattened; `loss_mask` weights each label.
@@ -73,9 +75,16 @@ pub struct GPTModel {
     vocab_per_partition: usize,
 }
 
+/// A copy of `x` as activations are kept (16-bit under `--bf16`).
+fn kept_copy(x: &Tensor) -> Tensor {
+    let mut c = Tensor::for_overwrite(x.shape());
+    c.data_mut().copy_from_slice(x.data());
+    keep(c)
+}
+
 /// What a stage keeps of one micro-batch between its forward and its backward.
 pub struct ForwardState {
-    saved: Vec<TransformerLayerSaved>,
+    saved: Vec<SavedLayers>,
     /// Last stage: the last layer's output, the final LayerNorm statistics and the gradient of
     /// the LayerNorm output (the loss gradient is known in the forward: the output layer and
     /// the cross entropy are fused and run their backward right away).
@@ -112,6 +121,23 @@ pub fn activation_bytes_formula(
     sequence_parallel: bool,
     half: bool,
 ) -> usize {
+    activation_bytes_formula_with(cfg, b, s, tp, sequence_parallel, half, Recompute::None)
+}
+
+/// [`activation_bytes_formula`] under activation recomputation: selective `core_attn` drops
+/// each layer's attention output and log-sum-exp, `mlp` its fc1 output; full recomputation
+/// keeps one layer input (16-bit under `--bf16`) per recomputed group instead of the groups'
+/// layers (the transient activations of the one group being recomputed are not counted, as
+/// in Korthikanti et al.).
+pub fn activation_bytes_formula_with(
+    cfg: &TransformerConfig,
+    b: usize,
+    s: usize,
+    tp: usize,
+    sequence_parallel: bool,
+    half: bool,
+    recompute: Recompute,
+) -> usize {
     use crate::transformer::config::{Activation, Normalization};
     let (h, a, l) = (cfg.hidden_size, cfg.num_attention_heads, cfg.num_layers);
     let fc1 = match cfg.activation {
@@ -138,7 +164,73 @@ pub fn activation_bytes_formula(
     } else {
         tok
     };
-    l * (split + rows * (e * 2 * h + 4 * stats)) + rows * h * 4
+    let mut layer = split + rows * (e * 2 * h + 4 * stats);
+    let input = rows * h * e;
+    let kept = match recompute {
+        Recompute::None => l * layer,
+        Recompute::Selective(m) => {
+            if m.core_attn {
+                layer -= (tok / tp) * (e * cfg.query_projection_size() + 4 * a);
+            }
+            if m.mlp {
+                layer -= (tok / tp) * e * fc1;
+            }
+            l * layer
+        }
+        Recompute::Full {
+            method: RecomputeMethod::Uniform,
+            num_layers,
+        } => l.div_ceil(num_layers.max(1)) * input,
+        Recompute::Full {
+            method: RecomputeMethod::Block,
+            num_layers,
+        } => {
+            let r = num_layers.min(l);
+            r * input + (l - r) * layer
+        }
+    };
+    kept + rows * h * 4
+}
+
+/// What a stage keeps of one layer, or of a group of layers under full recomputation.
+enum SavedLayers {
+    Layer(Box<TransformerLayerSaved>),
+    /// The input of the chunk's layers `layers`, run again in backward.
+    Recompute {
+        input: Tensor,
+        layers: Range<usize>,
+    },
+}
+
+impl SavedLayers {
+    fn size_in_bytes(&self) -> usize {
+        match self {
+            SavedLayers::Layer(s) => s.size_in_bytes(),
+            SavedLayers::Recompute { input, .. } => input.size_in_bytes(),
+        }
+    }
+}
+
+/// The chunk's `n` layers in the groups full recomputation treats as one (`true`: keep only
+/// the group's input), or one layer each.
+fn recompute_groups(n: usize, recompute: Recompute) -> Vec<(Range<usize>, bool)> {
+    match recompute {
+        Recompute::Full {
+            method: RecomputeMethod::Uniform,
+            num_layers,
+        } => {
+            let k = num_layers.max(1);
+            (0..n)
+                .step_by(k)
+                .map(|lo| (lo..(lo + k).min(n), true))
+                .collect()
+        }
+        Recompute::Full {
+            method: RecomputeMethod::Block,
+            num_layers,
+        } => (0..n).map(|i| (i..i + 1, i < num_layers)).collect(),
+        _ => (0..n).map(|i| (i..i + 1, false)).collect(),
+    }
 }
 
 /// The rotary table every layer shares, for the longest sequence the model sees (training
@@ -416,13 +508,25 @@ impl ModelChunk for GPTModel {
         };
         let keep = grads.is_some();
         let mut saved = Vec::with_capacity(if keep { self.layers.len() } else { 0 });
-        for layer in &self.layers {
-            if keep {
-                let (y, s) = layer.forward(params, tp, x, b, t, ctx, batch.mask())?;
-                saved.push(s);
-                x = y;
+        let recompute = if keep { ctx.recompute } else { Recompute::None };
+        for (range, again) in recompute_groups(self.layers.len(), recompute) {
+            if !keep || again {
+                let input = keep.then(|| kept_copy(&x));
+                for layer in &self.layers[range.clone()] {
+                    x = layer.forward_no_grad(params, tp, x, b, t, ctx, batch.mask())?;
+                }
+                if let Some(input) = input {
+                    saved.push(SavedLayers::Recompute {
+                        input,
+                        layers: range,
+                    });
+                }
             } else {
-                x = layer.forward_no_grad(params, tp, x, b, t, ctx, batch.mask())?;
+                for layer in &self.layers[range] {
+                    let (y, s) = layer.forward(params, tp, x, b, t, ctx, batch.mask())?;
+                    saved.push(SavedLayers::Layer(Box::new(s)));
+                    x = y;
+                }
             }
         }
         let mut activation_bytes = saved.iter().map(|s| s.size_in_bytes()).sum::<usize>();
@@ -526,9 +630,29 @@ impl ModelChunk for GPTModel {
             (None, None) => dy.expect("a stage without the loss needs the output gradient"),
             _ => panic!("backward_step of a state not made by forward_step with gradients"),
         };
-        for (layer, s) in self.layers.iter().zip(state.saved).rev() {
-            dx = layer.backward(params, grads, tp, s, dx, b, t, ctx, batch.mask())?;
-            on_ready(offset(layer.input_layernorm.weight()));
+        let mut hi = self.layers.len();
+        for seg in state.saved.into_iter().rev() {
+            let (range, kept) = match seg {
+                SavedLayers::Layer(s) => (hi - 1..hi, vec![*s]),
+                SavedLayers::Recompute { input, layers } => {
+                    // The group's forward again, from its input, with the same dropout masks.
+                    let again = ctx.recomputing();
+                    let mut x = restore(&input).into_owned();
+                    drop(input);
+                    let mut kept = Vec::with_capacity(layers.len());
+                    for layer in &self.layers[layers.clone()] {
+                        let (y, s) = layer.forward(params, tp, x, b, t, &again, batch.mask())?;
+                        kept.push(s);
+                        x = y;
+                    }
+                    (layers, kept)
+                }
+            };
+            for (layer, s) in self.layers[range.clone()].iter().zip(kept).rev() {
+                dx = layer.backward(params, grads, tp, s, dx, b, t, ctx, batch.mask())?;
+                on_ready(offset(layer.input_layernorm.weight()));
+            }
+            hi = range.start;
         }
         match &self.embedding {
             Some(e) => {

@@ -46,16 +46,19 @@ pub struct SelfAttention {
 /// its log-sum-exp, and the query/key norms' inputs.
 pub struct SelfAttentionSaved {
     pub qkv: Tensor,
-    pub attn: Tensor,
-    pub lse: Tensor,
+    /// The attention output and its log-sum-exp; `None` under selective recomputation of
+    /// `core_attn` (backward reruns the attention kernel on `qkv`, same dropout masks).
+    pub attn: Option<(Tensor, Tensor)>,
     pub qk_norm: Option<QKNormSaved>,
 }
 
 impl SelfAttentionSaved {
     pub fn size_in_bytes(&self) -> usize {
         self.qkv.size_in_bytes()
-            + self.attn.size_in_bytes()
-            + self.lse.size_in_bytes()
+            + self
+                .attn
+                .as_ref()
+                .map_or(0, |(a, l)| a.size_in_bytes() + l.size_in_bytes())
             + self.qk_norm.as_ref().map_or(0, |q| q.size_in_bytes())
     }
 }
@@ -174,10 +177,31 @@ impl SelfAttention {
         ctx: &StepContext,
         mask: AttentionMask,
     ) -> Result<(Tensor, SelfAttentionSaved), CommError> {
-        let n = b * t;
-        let local = self.heads * self.head_dim;
         let (qkv, qk_norm) = self.qkv_forward(params, tp, x, t, 0)?;
-        let mut attn = Tensor::for_overwrite(&[n, local]);
+        let (attn, lse) = self.core_attention(&qkv, b, t, ctx, mask);
+        let out = self.linear_proj.forward(params, tp, &attn)?;
+        let attn = (!ctx.drops(|m| m.core_attn)).then(|| (keep(attn), lse));
+        Ok((
+            out,
+            SelfAttentionSaved {
+                qkv: keep(qkv),
+                attn,
+                qk_norm,
+            },
+        ))
+    }
+
+    /// The attention kernel on the (normed, rotated) QKV: output and log-sum-exp.
+    fn core_attention(
+        &self,
+        qkv: &Tensor,
+        b: usize,
+        t: usize,
+        ctx: &StepContext,
+        mask: AttentionMask,
+    ) -> (Tensor, Tensor) {
+        let local = self.heads * self.head_dim;
+        let mut attn = Tensor::for_overwrite(&[b * t, local]);
         let mut lse = Tensor::for_overwrite(&[b, self.heads, t]);
         let key = ctx.site_for(self.layer, SITE_ATTN_DROPOUT, self.total_heads * t * t);
         attention_forward(
@@ -188,16 +212,7 @@ impl SelfAttention {
             self.dims(b, t, ctx),
             key,
         );
-        let out = self.linear_proj.forward(params, tp, &attn)?;
-        Ok((
-            out,
-            SelfAttentionSaved {
-                qkv: keep(qkv),
-                attn: keep(attn),
-                lse,
-                qk_norm,
-            },
-        ))
+        (attn, lse)
     }
 
     /// `dout` is the gradient of the projection output (after the layer's dropout backward);
@@ -217,8 +232,15 @@ impl SelfAttention {
         mask: AttentionMask,
     ) -> Result<Tensor, CommError> {
         let n = b * t;
-        let attn = restore(&saved.attn);
         let qkv = restore(&saved.qkv);
+        let recomputed;
+        let (attn, lse) = match &saved.attn {
+            Some((a, l)) => (restore(a), l),
+            None => {
+                recomputed = self.core_attention(&qkv, b, t, ctx, mask);
+                (std::borrow::Cow::Borrowed(&recomputed.0), &recomputed.1)
+            }
+        };
         let dattn = self.linear_proj.backward(params, grads, tp, &attn, dout)?;
         let mut dqkv = Tensor::for_overwrite(&[n, qkv.shape()[1]]);
         let key = ctx.site_for(self.layer, SITE_ATTN_DROPOUT, self.total_heads * t * t);
@@ -226,7 +248,7 @@ impl SelfAttention {
             dqkv.data_mut(),
             dattn.data(),
             attn.data(),
-            saved.lse.data(),
+            lse.data(),
             qkv.data(),
             mask,
             self.dims(b, t, ctx),

@@ -331,7 +331,7 @@ pub enum FeedForwardSaved {
 impl FeedForwardSaved {
     pub fn size_in_bytes(&self) -> usize {
         match self {
-            FeedForwardSaved::Dense(s) => s.fc1_pre.size_in_bytes(),
+            FeedForwardSaved::Dense(s) => s.size_in_bytes(),
             FeedForwardSaved::MoE(s) => s.size_in_bytes(),
         }
     }
@@ -356,7 +356,7 @@ impl FeedForward {
     ) -> Result<(Tensor, FeedForwardSaved), CommError> {
         Ok(match self {
             FeedForward::Dense(m) => {
-                let (y, s) = m.forward(params, tp, x)?;
+                let (y, s) = m.forward(params, tp, x, ctx)?;
                 (y, FeedForwardSaved::Dense(s))
             }
             FeedForward::MoE(m) => {

@@ -5,6 +5,7 @@
 
 use super::config::{Activation, TransformerConfig};
 use super::saved::{keep, restore};
+use super::step::StepContext;
 use crate::params::{Grads, Init, ParamId, Params};
 use crate::tensor_parallel::{ColumnParallelLinear, RowParallelLinear, Tp};
 use megatron_comm::CommError;
@@ -26,9 +27,16 @@ pub struct MLP {
     ffn_local: usize,
 }
 
-/// Only the fc1 output (before GELU's bias): the activation is recomputed in backward.
+/// Only the fc1 output (before GELU's bias): the activation is recomputed in backward. `None`
+/// under selective recomputation of `mlp` (backward reruns fc1 on its recomputed input).
 pub struct MLPSaved {
-    pub fc1_pre: Tensor,
+    pub fc1_pre: Option<Tensor>,
+}
+
+impl MLPSaved {
+    pub fn size_in_bytes(&self) -> usize {
+        self.fc1_pre.as_ref().map_or(0, |t| t.size_in_bytes())
+    }
 }
 
 impl MLP {
@@ -102,18 +110,15 @@ impl MLP {
         params: &Params,
         tp: &mut Tp,
         x: &Tensor,
+        ctx: &StepContext,
     ) -> Result<(Tensor, MLPSaved), CommError> {
         let fc1_pre = self.linear_fc1.forward(params, tp, x)?;
         let n = fc1_pre.shape()[0];
         let mut act = Tensor::for_overwrite(&[n, self.ffn_local]);
         self.activate(params, &mut act, &fc1_pre);
         let out = self.linear_fc2.forward(params, tp, &act)?;
-        Ok((
-            out,
-            MLPSaved {
-                fc1_pre: keep(fc1_pre),
-            },
-        ))
+        let fc1_pre = (!ctx.drops(|m| m.mlp)).then(|| keep(fc1_pre));
+        Ok((out, MLPSaved { fc1_pre }))
     }
 
     pub fn backward(
@@ -125,7 +130,14 @@ impl MLP {
         x: &Tensor,
         dout: Tensor,
     ) -> Result<Tensor, CommError> {
-        let fc1_pre = restore(&saved.fc1_pre);
+        let recomputed;
+        let fc1_pre = match &saved.fc1_pre {
+            Some(t) => restore(t),
+            None => {
+                recomputed = self.linear_fc1.forward(params, tp, x)?;
+                std::borrow::Cow::Borrowed(&recomputed)
+            }
+        };
         let n = fc1_pre.shape()[0];
         let f = self.ffn_local;
         let mut act = Tensor::for_overwrite(&[n, f]);

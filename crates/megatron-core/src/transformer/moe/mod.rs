@@ -204,7 +204,7 @@ impl MoELayer {
             pad: self.cfg.pad_to_capacity,
         });
         let (assignment, dropped) = assign(&top_idx, probs, n, k, e, capacity);
-        if ctx.training {
+        if ctx.training && !ctx.recomputing {
             let mut st = self.state();
             let mut counts = vec![0.0f32; e];
             for &(_, slot) in &assignment.rows {
@@ -234,7 +234,7 @@ impl MoELayer {
         let (mut out, kept) = plan.combine(y, tp)?;
         let shared = match &self.shared_experts {
             Some(s) => {
-                let (ys, saved) = s.forward(params, tp, x)?;
+                let (ys, saved) = s.forward(params, tp, x, ctx)?;
                 add_inplace(&mut out, &ys);
                 Some(saved)
             }

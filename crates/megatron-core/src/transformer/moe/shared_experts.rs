@@ -7,6 +7,7 @@ use super::super::mlp::{MLPSaved, MLP};
 use super::super::saved::{keep, restore};
 use crate::params::{Grads, Init, ParamId, Params, Sharding};
 use crate::tensor_parallel::Tp;
+use crate::transformer::step::StepContext;
 use megatron_comm::CommError;
 use megatron_tensor::cpu::moe_gate::{sigmoid_gate_backward, sigmoid_gate_forward};
 use megatron_tensor::cpu::{matmul, matmul_forward, MatmulDims};
@@ -27,7 +28,7 @@ pub struct SharedExpertSaved {
 
 impl SharedExpertSaved {
     pub fn size_in_bytes(&self) -> usize {
-        self.mlp.fc1_pre.size_in_bytes()
+        self.mlp.size_in_bytes()
             + self
                 .gated
                 .as_ref()
@@ -69,8 +70,9 @@ impl SharedExpertMLP {
         params: &Params,
         tp: &mut Tp,
         x: &Tensor,
+        ctx: &StepContext,
     ) -> Result<(Tensor, SharedExpertSaved), CommError> {
-        let (y, mlp) = self.mlp.forward(params, tp, x)?;
+        let (y, mlp) = self.mlp.forward(params, tp, x, ctx)?;
         let Some(g) = self.gate else {
             return Ok((y, SharedExpertSaved { mlp, gated: None }));
         };

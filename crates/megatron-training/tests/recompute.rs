@@ -1,0 +1,270 @@
+//! Activation recomputation: every option trains bit-identically to keeping everything (the
+//! recomputed forwards draw the same dropout masks), and keeps exactly the bytes the engine's
+//! formula says.
+
+mod common;
+
+use common::*;
+use megatron_core::models::gpt::activation_bytes_formula_with;
+use megatron_core::transformer::step::{Recompute, RecomputeMethod, SelectiveModules};
+use megatron_training::checkpointing::load_checkpoint;
+use megatron_training::pretrain;
+
+/// `--recompute-*` flags and the policy they mean.
+fn options() -> Vec<(&'static [&'static str], Recompute)> {
+    let sel = |core_attn, mlp| Recompute::Selective(SelectiveModules { core_attn, mlp });
+    let full = |method, num_layers| Recompute::Full { method, num_layers };
+    vec![
+        (&["--recompute-activations"][..], sel(true, false)),
+        (
+            &[
+                "--recompute-granularity",
+                "selective",
+                "--recompute-modules",
+                "mlp",
+            ][..],
+            sel(false, true),
+        ),
+        (
+            &[
+                "--recompute-granularity",
+                "selective",
+                "--recompute-modules",
+                "core_attn",
+                "mlp",
+                "layernorm",
+            ][..],
+            sel(true, true),
+        ),
+        (
+            &[
+                "--recompute-granularity",
+                "full",
+                "--recompute-method",
+                "uniform",
+            ][..],
+            full(RecomputeMethod::Uniform, 1),
+        ),
+        (
+            &[
+                "--recompute-granularity",
+                "full",
+                "--recompute-method",
+                "uniform",
+                "--recompute-num-layers",
+                "3",
+            ][..],
+            full(RecomputeMethod::Uniform, 3),
+        ),
+        (
+            &[
+                "--recompute-granularity",
+                "full",
+                "--recompute-method",
+                "block",
+                "--recompute-num-layers",
+                "5",
+            ][..],
+            full(RecomputeMethod::Block, 5),
+        ),
+    ]
+}
+
+fn run(
+    dir: &std::path::Path,
+    name: &str,
+    extra: &[&str],
+) -> (
+    megatron_training::TrainSummary,
+    megatron_training::checkpointing::LoadedCheckpoint,
+) {
+    let save = dir.join(name);
+    let s = save.to_str().unwrap().to_string();
+    let dropout = ["--hidden-dropout", "0.1", "--attention-dropout", "0.1"];
+    let v = [
+        PP_MODEL,
+        &dropout,
+        &["--train-iters", "5", "--save", &s],
+        extra,
+    ]
+    .concat();
+    (
+        pretrain(&args(&v)).unwrap(),
+        load_checkpoint(&save, None).unwrap(),
+    )
+}
+
+#[test]
+fn every_recomputation_option_trains_bit_identically_with_dropout_on() {
+    let dir = tmpdir("recompute-bits");
+    for (layout_name, layout) in [
+        ("one rank", &[][..]),
+        (
+            "TP 2 + SP",
+            &[
+                "--nproc-per-node",
+                "2",
+                "--tensor-model-parallel-size",
+                "2",
+                "--sequence-parallel",
+            ][..],
+        ),
+        (
+            "PP 2 interleaved",
+            &[
+                "--nproc-per-node",
+                "2",
+                "--pipeline-model-parallel-size",
+                "2",
+                "--num-layers-per-virtual-pipeline-stage",
+                "2",
+            ][..],
+        ),
+    ] {
+        let base = run(
+            &dir,
+            &format!("{layout_name}-base").replace(' ', "_"),
+            layout,
+        );
+        for (i, (flags, _)) in options().into_iter().enumerate() {
+            let what = format!("{layout_name} {flags:?}");
+            let r = run(
+                &dir,
+                &format!("{layout_name}-{i}").replace(' ', "_"),
+                &[layout, flags].concat(),
+            );
+            assert_eq!(base.0.losses, r.0.losses, "{what}: losses");
+            assert_same_training_within(&what, &base, &r, 0.0, 0.0);
+        }
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn recomputation_keeps_exactly_the_bytes_of_the_formula() {
+    // PP_MODEL on one rank: 8 layers, hidden 64, 4 heads, seq 32, micro-batch 1.
+    let cfg = megatron_core::TransformerConfig {
+        num_layers: 8,
+        hidden_size: 64,
+        num_attention_heads: 4,
+        ffn_hidden_size: 256,
+        seq_length: 32,
+        max_position_embeddings: 32,
+        padded_vocab_size: 256,
+        ..Default::default()
+    };
+    let mut options = options();
+    options.push((&[][..], Recompute::None));
+    for (tp, sp) in [(1, false), (2, false), (2, true)] {
+        for (flags, recompute) in &options {
+            for half in [false, true] {
+                let mut v: Vec<&str> = [PP_MODEL, &["--train-iters", "3"][..], flags].concat();
+                let tps = tp.to_string();
+                if tp > 1 {
+                    v.extend([
+                        "--nproc-per-node",
+                        &tps,
+                        "--tensor-model-parallel-size",
+                        &tps,
+                    ]);
+                }
+                if sp {
+                    v.push("--sequence-parallel");
+                }
+                if half {
+                    v.push("--bf16");
+                }
+                let s = pretrain(&args(&v)).unwrap();
+                let want = activation_bytes_formula_with(&cfg, 1, 32, tp, sp, half, *recompute);
+                assert_eq!(
+                    s.peak_activation_bytes, want,
+                    "TP {tp}, SP {sp}, bf16 {half}, {flags:?}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn recompute_flags_are_checked_as_megatron_does() {
+    for (flags, named) in [
+        (
+            &[
+                "--recompute-granularity",
+                "selective",
+                "--recompute-method",
+                "uniform",
+            ][..],
+            "--recompute-method",
+        ),
+        (
+            &["--recompute-method", "block"][..],
+            "--recompute-granularity",
+        ),
+        (
+            &[
+                "--recompute-granularity",
+                "selective",
+                "--recompute-modules",
+                "attn",
+            ][..],
+            "--recompute-modules attn",
+        ),
+        (
+            &[
+                "--recompute-granularity",
+                "full",
+                "--recompute-num-layers",
+                "0",
+            ][..],
+            "--recompute-num-layers",
+        ),
+        (
+            &["--recompute-activations", "--recompute-granularity", "full"][..],
+            "--recompute-activations",
+        ),
+    ] {
+        let v = [&["--train-iters", "3"][..], flags].concat();
+        let e = pretrain(&args(&v)).unwrap_err().to_string();
+        assert!(e.contains(named), "{flags:?}: {e}");
+    }
+}
+
+#[test]
+fn recomputed_moe_layers_route_alike_and_count_their_tokens_once() {
+    let dir = tmpdir("recompute-moe");
+    let moe: Vec<&str> = [
+        MOE,
+        &[
+            "--moe-router-score-function",
+            "sigmoid",
+            "--moe-router-enable-expert-bias",
+            "--moe-router-bias-update-rate",
+            "0.05",
+            "--nproc-per-node",
+            "2",
+            "--expert-model-parallel-size",
+            "2",
+        ][..],
+    ]
+    .concat();
+    let base = run(&dir, "base", &moe);
+    let full = run(
+        &dir,
+        "full",
+        &[
+            &moe[..],
+            &[
+                "--recompute-granularity",
+                "full",
+                "--recompute-num-layers",
+                "2",
+            ],
+        ]
+        .concat(),
+    );
+    assert_eq!(base.0.losses, full.0.losses);
+    assert_same_training_within("MoE, full recomputation", &base, &full, 0.0, 0.0);
+    assert_eq!(base.0.moe, full.0.moe, "routing statistics counted once");
+    let _ = std::fs::remove_dir_all(dir);
+}
