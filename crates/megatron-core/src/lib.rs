@@ -1,6 +1,7 @@
 //! Megatron-core in Rust: transformer layers with explicit forward/backward pairs, models,
 //! parameter storage and the optimizer.
 
+pub mod context_parallel;
 pub mod distributed;
 pub mod inference;
 pub mod models;

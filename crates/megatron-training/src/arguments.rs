@@ -76,6 +76,15 @@ pub enum DispatcherArg {
     AllToAll,
 }
 
+/// `--cp-comm-type`.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CpCommTypeArg {
+    #[value(name = "p2p")]
+    P2p,
+    #[value(name = "a2a")]
+    A2a,
+}
+
 /// `--recompute-granularity`.
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RecomputeGranularityArg {
@@ -516,8 +525,15 @@ pub struct TrainArgs {
     /// and receives to this file.
     #[arg(long)]
     pub profile_trace: Option<String>,
+    /// Split each sequence over this many ranks (two chunks each, load-balanced for causal
+    /// attention).
     #[arg(long, default_value_t = 1)]
     pub context_parallel_size: usize,
+    /// How attention sees the whole sequence under context parallelism: `a2a` (Ulysses:
+    /// all-to-all from sequence-split to head-split and back) or `p2p` (ring attention: not
+    /// built yet).
+    #[arg(long, value_enum, default_value = "p2p")]
+    pub cp_comm_type: CpCommTypeArg,
     /// Experts are split into this many blocks over the ranks of an expert-parallel group
     /// (which may span tensor- and data-parallel ranks: megatron-core's parallel folding).
     #[arg(long, default_value_t = 1)]
@@ -585,6 +601,8 @@ pub struct TrainConfig {
     pub tp: usize,
     /// Pipeline stages and how the layers are split over them.
     pub pp: usize,
+    /// Context-parallel size (the sequence split over this many ranks).
+    pub cp: usize,
     /// Expert-parallel and expert-tensor-parallel sizes (1 and 1 without experts).
     pub ep: usize,
     pub etp: usize,
@@ -603,6 +621,13 @@ pub struct TrainConfig {
 
 fn bad(msg: String) -> TrainError {
     TrainError::Args(msg)
+}
+
+impl TrainConfig {
+    /// Ranks of the job: data x tensor x pipeline x context parallel.
+    pub fn world(&self) -> usize {
+        self.dp * self.tp * self.pp * self.cp
+    }
 }
 
 impl TrainArgs {
@@ -638,12 +663,6 @@ impl TrainArgs {
                 )));
             }
         }
-        if self.context_parallel_size != 1 {
-            return Err(bad(format!(
-                "--context-parallel-size {}: context parallelism is not built yet (issue 17)",
-                self.context_parallel_size
-            )));
-        }
         if self.fp16 && self.bf16 {
             return Err(bad("give only one of --fp16 and --bf16".into()));
         }
@@ -676,7 +695,14 @@ impl TrainArgs {
             .as_ref()
             .map_or(self.num_layers, |m| m.num_layers);
         let (tp, pp, vp, partition) = self.layout(num_layers)?;
-        let dp = self.nproc_per_node / (tp * pp);
+        let cp = self.context_parallel()?;
+        if !self.nproc_per_node.is_multiple_of(tp * pp * cp) {
+            return Err(bad(format!(
+                "--tensor-model-parallel-size ({tp}) x --pipeline-model-parallel-size ({pp}) x --context-parallel-size ({cp}) must divide the number of ranks (--nproc-per-node {}, or the MPI world)",
+                self.nproc_per_node
+            )));
+        }
+        let dp = self.nproc_per_node / (tp * pp * cp);
         let gbs = self.global_batch_size.unwrap_or(self.micro_batch_size * dp);
         if gbs == 0 || !gbs.is_multiple_of(self.micro_batch_size * dp) {
             return Err(bad(format!(
@@ -739,6 +765,14 @@ impl TrainArgs {
             )));
         }
         let (ep, etp) = self.expert_layout(&model, tp, pp, dp)?;
+        if cp > 1 {
+            let (heads, groups) = (model.num_attention_heads / tp, model.query_groups() / tp);
+            if !heads.is_multiple_of(cp) || !groups.is_multiple_of(cp) {
+                return Err(bad(format!(
+                    "--cp-comm-type a2a splits each tensor-parallel rank's {heads} attention heads in {groups} query groups over --context-parallel-size {cp}: both must be divisible by it"
+                )));
+            }
+        }
         let recompute = self.recompute()?;
         let m = gbs / (self.micro_batch_size * dp);
         if vp > 1 {
@@ -768,6 +802,7 @@ impl TrainArgs {
             dp,
             tp,
             pp,
+            cp,
             ep,
             etp,
             partition,
@@ -970,7 +1005,7 @@ impl TrainArgs {
                 moe.ffn_hidden_size
             )));
         }
-        let world = dp * tp * pp;
+        let world = dp * tp * pp * self.context_parallel_size;
         if !world.is_multiple_of(etp * ep * pp) {
             return Err(bad(format!(
                 "--expert-model-parallel-size ({ep}) x --expert-tensor-parallel-size ({etp}) x --pipeline-model-parallel-size ({pp}) must divide the {world} ranks"
@@ -993,6 +1028,47 @@ impl TrainArgs {
             )));
         }
         Ok((ep, etp))
+    }
+
+    /// `--context-parallel-size` against the sequence and the features that do not split
+    /// along it yet.
+    fn context_parallel(&self) -> Result<usize, TrainError> {
+        let cp = self.context_parallel_size;
+        if cp == 0 {
+            return Err(bad("--context-parallel-size must be positive, got 0".into()));
+        }
+        if cp == 1 {
+            return Ok(1);
+        }
+        if !self.seq_length.is_multiple_of(2 * cp) {
+            return Err(bad(format!(
+                "--seq-length ({}) must be divisible by 2 x --context-parallel-size ({cp}): each rank holds two chunks of the sequence",
+                self.seq_length
+            )));
+        }
+        if self.cp_comm_type != CpCommTypeArg::A2a {
+            return Err(bad(
+                "--cp-comm-type p2p (ring attention) is not built yet; use --cp-comm-type a2a"
+                    .into(),
+            ));
+        }
+        for (flag, on) in [
+            ("--reset-attention-mask", self.reset_attention_mask),
+            ("--reset-position-ids", self.reset_position_ids),
+            ("--num-experts", self.num_experts.is_some()),
+        ] {
+            if on {
+                return Err(bad(format!(
+                    "{flag} with --context-parallel-size {cp} is not built yet"
+                )));
+            }
+        }
+        if self.hidden_dropout > 0.0 || self.attention_dropout > 0.0 {
+            return Err(bad(format!(
+                "--context-parallel-size {cp} needs --hidden-dropout 0 and --attention-dropout 0 for now (dropout masks are not yet numbered by global position across the sequence chunks)"
+            )));
+        }
+        Ok(cp)
     }
 
     /// The `--recompute-*` flags as Megatron reads them.

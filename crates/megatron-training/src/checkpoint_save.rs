@@ -101,7 +101,7 @@ impl crate::training::Trainer<'_> {
             shard_bytes: 0,
             files: Vec::new(),
             layout: Some(SavedLayout {
-                world: cfg.dp * cfg.tp * cfg.pp,
+                world: cfg.world(),
                 tensor_model_parallel: cfg.tp,
                 pipeline_model_parallel: cfg.pp,
                 virtual_pipeline: cfg.partition.v,
@@ -142,7 +142,7 @@ impl crate::training::Trainer<'_> {
         meta: Option<CheckpointMeta>,
         written: Result<(), TrainError>,
     ) -> Result<Option<PathBuf>, TrainError> {
-        let world = self.cfg.dp * self.cfg.tp * self.cfg.pp;
+        let world = self.cfg.world();
         let rank = self.comms.world_rank;
         let mut failed = written.err();
         if self.comms.world_max(f32::from(failed.is_some()))? > 0.0 {

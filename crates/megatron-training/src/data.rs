@@ -3,6 +3,7 @@
 
 use crate::arguments::TrainConfig;
 use crate::TrainError;
+use megatron_core::context_parallel::CpLayout;
 use megatron_core::Batch;
 use megatron_data::megatron_data::{is_indexed_blend, MegatronDataConfig, MegatronGPTData};
 use megatron_data::{
@@ -80,9 +81,26 @@ pub(crate) struct MicroBatch {
     /// `--reset-position-ids` / `--reset-attention-mask`, derived from end-of-document tokens.
     position_ids: Option<Vec<u32>>,
     doc_start: Option<Vec<u32>>,
+    /// Under context parallelism: this rank's layout and its chunks of the micro-batch.
+    cp: Option<(CpLayout, LocalChunks)>,
+}
+
+/// A context-parallel rank's chunks of a micro-batch, with their positions in the sequence.
+#[derive(Default)]
+struct LocalChunks {
+    tokens: Vec<u32>,
+    labels: Vec<u32>,
+    mask: Vec<f32>,
+    positions: Vec<u32>,
 }
 
 impl MicroBatch {
+    /// The micro-batch as context-parallel rank `cp` holds it (the whole of it on one rank).
+    pub(crate) fn on_context_parallel_rank(mut self, cp: CpLayout) -> Self {
+        self.cp = (cp.size > 1).then(|| (cp, LocalChunks::default()));
+        self
+    }
+
     pub(crate) fn new(b: usize, t: usize, cfg: &TrainConfig) -> Self {
         MicroBatch {
             tokens: vec![0; b * t],
@@ -91,6 +109,7 @@ impl MicroBatch {
             sample: vec![0; t + 1],
             position_ids: cfg.args.reset_position_ids.then(|| vec![0; b * t]),
             doc_start: cfg.args.reset_attention_mask.then(|| vec![0; b * t]),
+            cp: None,
         }
     }
 
@@ -132,9 +151,27 @@ impl MicroBatch {
                 }
             }
         }
+        if let Some((cp, local)) = &mut self.cp {
+            local.tokens = cp.batch_on_this_rank(&self.tokens, b, t);
+            local.labels = cp.batch_on_this_rank(&self.labels, b, t);
+            local.mask = cp.batch_on_this_rank(&self.mask, b, t);
+            let pos = cp.positions(t / cp.size);
+            local.positions = (0..b).flat_map(|_| pos.iter().map(|&p| p as u32)).collect();
+        }
     }
 
     pub(crate) fn batch(&self, b: usize, t: usize) -> Batch<'_> {
+        if let Some((cp, local)) = &self.cp {
+            return Batch {
+                tokens: &local.tokens,
+                labels: &local.labels,
+                loss_mask: &local.mask,
+                b,
+                t: t / cp.size,
+                position_ids: Some(&local.positions),
+                doc_start: None,
+            };
+        }
         Batch {
             tokens: &self.tokens,
             labels: &self.labels,

@@ -24,11 +24,14 @@ impl Trainer<'_> {
             return Ok(None);
         }
         let (b, t) = (cfg.args.micro_batch_size, cfg.args.seq_length);
-        let (dp_rank, dp_size) = self.comms.dp_rank_size();
+        let (dp_rank, dp_size) = self.comms.data_rank_size();
         let global = cfg.args.eval_iters as usize * cfg.global_batch_size / b;
         let mine: Vec<usize> = (dp_rank..global).step_by(dp_size).collect();
         let count = mine.len();
-        let mut mbs: Vec<MicroBatch> = (0..count).map(|_| MicroBatch::new(b, t, cfg)).collect();
+        let cp = self.comms.cp_layout();
+        let mut mbs: Vec<MicroBatch> = (0..count)
+            .map(|_| MicroBatch::new(b, t, cfg).on_context_parallel_rank(cp))
+            .collect();
         for (mb, &g) in mbs.iter_mut().zip(&mine) {
             mb.fill(
                 data,
@@ -72,6 +75,7 @@ impl Trainer<'_> {
             Some(c) => sum_f64(c, stage_sum)?,
             None => stage_sum,
         };
-        Ok(Some(total / global as f64))
+        // Every context-parallel rank holds its micro-batches' whole loss.
+        Ok(Some(total / (global * cfg.cp) as f64))
     }
 }

@@ -23,7 +23,7 @@ pub fn pretrain(args: &TrainArgs) -> Result<TrainSummary, TrainError> {
         .num_threads(threads)
         .build()
         .map_err(|e| TrainError::Args(format!("--num-threads {threads}: {e}")))?;
-    if cfg.dp * cfg.tp * cfg.pp == 1 {
+    if cfg.world() == 1 {
         return pool.install(|| {
             megatron_tensor::threads::set_gemm_threads(threads);
             let mut s = run(&cfg, tok.as_ref(), threads, None, PeakOf::Threads(threads))?;
@@ -142,12 +142,12 @@ pub(crate) fn process_groups(
     backend: &str,
 ) -> Result<megatron_comm::ProcessGroups, TrainError> {
     let (tp, pp) = (cfg.tp, cfg.pp);
-    let n = cfg.dp * tp * pp;
+    let n = cfg.world();
     let ps = megatron_comm::ParallelState::new(
         n,
         tp,
         pp,
-        1,
+        cfg.cp,
         cfg.ep,
         megatron_comm::ParallelState::DEFAULT_ORDER,
     )
@@ -176,7 +176,7 @@ fn pretrain_ranks(
     spec: megatron_data::TokenizerSpec,
     threads: usize,
 ) -> Result<TrainSummary, TrainError> {
-    let n = cfg.dp * cfg.tp * cfg.pp;
+    let n = cfg.world();
     let trace_path = cfg.args.profile_trace.clone();
     let per_rank = (threads / n).max(1);
     // A rank that stops arriving makes its peers' operations time out after the distributed

@@ -35,6 +35,8 @@ pub(crate) struct RankComms<'a> {
     pub dp: Option<&'a mut dyn Communicator>,
     pub embedding: Option<&'a mut dyn Communicator>,
     pub world_rank: usize,
+    /// Context-parallel size: `dp` is then the data-and-context-parallel group.
+    pub cp_size: usize,
     /// (rank, size) in the expert-parallel and expert-tensor-parallel groups.
     pub ep_rank_size: (usize, usize),
     pub etp_rank_size: (usize, usize),
@@ -55,10 +57,13 @@ impl<'a> RankComms<'a> {
             Some(g) => {
                 let world_rank = g.world_rank;
                 let folded = g.state.experts_folded();
+                let context_parallel = g.state.cp > 1;
                 let ProcessGroups {
                     tp,
                     dp,
                     pp,
+                    cp,
+                    dp_cp,
                     ep,
                     etp,
                     edp,
@@ -66,16 +71,22 @@ impl<'a> RankComms<'a> {
                     embedding,
                     ..
                 } = g;
+                // Under context parallelism gradients and losses are reduced over the data-
+                // and context-parallel ranks together (Megatron's `dp-cp` group), which the
+                // distributed optimizer also shards over.
+                let dp = if context_parallel { dp_cp } else { dp };
                 let expert_groups = match (folded, edp.take(), expert_norm.take()) {
                     (true, Some(e), Some(a)) => Some((e.comm, a.comm)),
                     _ => None,
                 };
                 RankComms {
+                    cp_size: if context_parallel { cp.comm.size() } else { 1 },
                     ep_rank_size: (ep.comm.rank(), ep.comm.size()),
                     etp_rank_size: (etp.comm.rank(), etp.comm.size()),
                     expert_groups,
                     tp: Tp::new(tp.comm.as_mut(), sequence_parallel)
-                        .with_expert_parallel(ep.comm.as_mut(), etp.comm.as_mut()),
+                        .with_expert_parallel(ep.comm.as_mut(), etp.comm.as_mut())
+                        .with_context_parallel(cp.comm.as_mut()),
                     pp: pp.comm.as_mut(),
                     dp: Some(dp.comm.as_mut()),
                     embedding: embedding
@@ -90,6 +101,7 @@ impl<'a> RankComms<'a> {
                 dp: None,
                 embedding: None,
                 world_rank: 0,
+                cp_size: 1,
                 ep_rank_size: (0, 1),
                 etp_rank_size: (0, 1),
                 expert_groups: None,
@@ -99,6 +111,19 @@ impl<'a> RankComms<'a> {
 
     pub fn dp_rank_size(&self) -> (usize, usize) {
         self.dp.as_ref().map_or((0, 1), |c| (c.rank(), c.size()))
+    }
+
+    /// (rank, size) among the data-parallel replicas, which read different samples (the
+    /// context-parallel ranks of a replica read the same ones).
+    pub fn data_rank_size(&self) -> (usize, usize) {
+        let (r, n) = self.dp_rank_size();
+        (r / self.cp_size, n / self.cp_size)
+    }
+
+    /// This rank's place in its context-parallel group.
+    pub fn cp_layout(&self) -> megatron_core::context_parallel::CpLayout {
+        let (rank, size) = self.tp.cp_rank_size();
+        megatron_core::context_parallel::CpLayout { rank, size }
     }
 
     /// Max of a flag over the whole world: over TP, then PP (every rank with this DP index),

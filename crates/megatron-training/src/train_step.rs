@@ -52,7 +52,10 @@ impl Trainer<'_> {
         // fp16 loss scaling: the loss gradient is multiplied by the scale, the gradients divided
         // by it before the optimizer.
         let loss_scale = self.scaler.as_ref().map_or(1.0, |s| s.scale());
-        let grad_scale = loss_scale / self.cfg.num_microbatches as f32;
+        // Under context parallelism each rank's gradients cover its part of the sequence and
+        // are averaged over data x context ranks: scaled by the context-parallel size they sum
+        // over the sequence (Megatron multiplies the loss by it).
+        let grad_scale = loss_scale * self.cfg.cp as f32 / self.cfg.num_microbatches as f32;
         let pass = self.forward_backward(iteration, grad_scale)?;
         let opt_start = Instant::now();
         let loss = self.finalize_gradients(iteration, &pass)?;
@@ -68,7 +71,7 @@ impl Trainer<'_> {
     /// The start sample of each of this data-parallel rank's micro-batches, as Megatron's
     /// pretraining sampler hands them out from the consumed-samples count.
     fn micro_batch_starts(&self) -> Vec<u64> {
-        let (dp_rank, dp) = self.comms.dp_rank_size();
+        let (dp_rank, dp) = self.comms.data_rank_size();
         let mut sampler = MegatronPretrainingSampler {
             total_samples: u64::MAX,
             consumed_samples: self.consumed,

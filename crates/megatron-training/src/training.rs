@@ -225,6 +225,7 @@ pub(crate) fn run(
         }
         None => (0, 0),
     };
+    let cp = comms.cp_layout();
     let mut tr = Trainer {
         cfg,
         comms,
@@ -242,7 +243,7 @@ pub(crate) fn run(
         ),
         data,
         mbs: (0..cfg.num_microbatches)
-            .map(|_| MicroBatch::new(b, t, cfg))
+            .map(|_| MicroBatch::new(b, t, cfg).on_context_parallel_rank(cp))
             .collect(),
         pending_gather: false,
         consumed,

@@ -544,7 +544,13 @@ impl ModelChunk for GPTModel {
         }
         let (xf, lnf) = lnf_layer.forward(params, &x);
         let xg = self.output_input(tp, xf)?;
-        let total: f32 = batch.loss_mask.iter().sum();
+        let mut total = [batch.loss_mask.iter().sum::<f32>()];
+        if let Some(c) = tp.cp() {
+            // Each context-parallel rank holds part of the sequence: the loss is the mean over
+            // the whole sequence's counted labels.
+            c.all_reduce(&mut total, megatron_comm::ReduceOp::Sum)?;
+        }
+        let total = total[0];
         let denom = total.max(1.0);
         let mut losses = vec![0.0f32; n];
         let wid = self
@@ -593,12 +599,15 @@ impl ModelChunk for GPTModel {
                 self.vocab_start,
             )?,
         }
-        let loss = losses
+        let mut loss = losses
             .iter()
             .zip(batch.loss_mask)
             .map(|(l, m)| (*l as f64) * (*m as f64))
             .sum::<f64>()
             / denom as f64;
+        if let Some(c) = tp.cp() {
+            loss = crate::tensor_parallel::sum_f64(c, loss)?;
+        }
         let state = ForwardState {
             saved,
             tail,

@@ -25,6 +25,8 @@ pub struct Tp<'a> {
     pub ep: Option<&'a mut dyn Communicator>,
     /// Tensor parallelism inside the experts (`None`: each expert whole on its rank).
     pub etp: Option<&'a mut dyn Communicator>,
+    /// Context parallelism: the ranks holding the other chunks of this rank's sequences.
+    pub cp: Option<&'a mut dyn Communicator>,
 }
 
 impl<'a> Tp<'a> {
@@ -35,6 +37,28 @@ impl<'a> Tp<'a> {
             sequence_parallel,
             ep: None,
             etp: None,
+            cp: None,
+        }
+    }
+
+    /// The same group with the context-parallel group attention gathers the sequence over.
+    pub fn with_context_parallel(self, cp: &'a mut dyn Communicator) -> Self {
+        Tp {
+            cp: (cp.size() > 1).then_some(cp),
+            ..self
+        }
+    }
+
+    /// (rank, size) in the context-parallel group; (0, 1) without one.
+    pub fn cp_rank_size(&self) -> (usize, usize) {
+        self.cp.as_ref().map_or((0, 1), |c| (c.rank(), c.size()))
+    }
+
+    /// The context-parallel group, reborrowed for one operation.
+    pub fn cp(&mut self) -> Option<&mut dyn Communicator> {
+        match self.cp.as_mut() {
+            Some(c) => Some(&mut **c),
+            None => None,
         }
     }
 

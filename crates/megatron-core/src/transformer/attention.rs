@@ -9,6 +9,7 @@ use super::config::TransformerConfig;
 use super::qk_norm::{QKNorm, QKNormSaved};
 use super::saved::{keep, restore};
 use super::step::StepContext;
+use crate::context_parallel::{heads_to_sequence, sequence_to_heads, CpLayout};
 use crate::params::{Grads, Init, ParamId, Params};
 use crate::tensor_parallel::{ColumnParallelLinear, RowParallelLinear, Tp};
 use megatron_comm::CommError;
@@ -64,6 +65,19 @@ impl SelfAttentionSaved {
 }
 
 const SITE_ATTN_DROPOUT: u64 = 1;
+
+/// Which way [`SelfAttention::rotate`] turns.
+#[derive(Clone, Copy)]
+enum Rotation {
+    Forward,
+    Backward,
+}
+
+/// The context-parallel layout `tp` carries (one rank when it has no such group).
+fn cp_layout(tp: &Tp) -> CpLayout {
+    let (rank, size) = tp.cp_rank_size();
+    CpLayout { rank, size }
+}
 
 impl SelfAttention {
     pub fn new(
@@ -121,16 +135,43 @@ impl SelfAttention {
         }
     }
 
-    fn dims(&self, b: usize, t: usize, ctx: &StepContext) -> AttentionDims {
+    /// The kernel's dimensions for this rank's share of the heads under context parallelism
+    /// (the whole sequence of `t` tokens, heads and groups split over the group).
+    fn dims_of(&self, b: usize, t: usize, ctx: &StepContext, cp: CpLayout) -> AttentionDims {
+        let heads = self.heads / cp.size;
         AttentionDims {
             b,
             t,
-            heads: self.heads,
-            groups: self.groups,
+            heads,
+            groups: self.groups / cp.size,
             head_dim: self.head_dim,
             causal: true,
             dropout: ctx.p(self.attention_dropout),
-            rng_heads: (self.head_offset, self.total_heads),
+            rng_heads: (self.head_offset + cp.rank * heads, self.total_heads),
+        }
+    }
+
+    /// Rotates (or with `Rotation::Backward` rotates back) the queries and keys of `qkv`
+    /// (`[b * t, ..]`) at their positions: `first_pos..` per sequence, or under context
+    /// parallelism each local chunk at its place in the whole sequence.
+    fn rotate(&self, qkv: &mut [f32], t: usize, first_pos: usize, cp: CpLayout, dir: Rotation) {
+        let Some((table, style)) = &self.rope else {
+            return;
+        };
+        let apply = |x: &mut [f32], rows: usize, first: usize| {
+            let d = self.rope_dims(rows, first, *style);
+            match dir {
+                Rotation::Forward => rope_forward(x, table, d),
+                Rotation::Backward => rope_backward(x, table, d),
+            }
+        };
+        if cp.size == 1 {
+            return apply(qkv, t, first_pos);
+        }
+        let c = t / 2;
+        let width = (self.heads + 2 * self.groups) * self.head_dim;
+        for (i, chunk) in qkv.chunks_mut(c * width).enumerate() {
+            apply(chunk, c, cp.chunk(i % 2) * c);
         }
     }
 
@@ -158,9 +199,8 @@ impl SelfAttention {
     ) -> Result<(Tensor, Option<QKNormSaved>), CommError> {
         let mut qkv = self.linear_qkv.forward(params, tp, x)?;
         let qk = self.qk_norm.as_ref().map(|n| n.forward(params, &mut qkv));
-        if let Some((table, style)) = &self.rope {
-            rope_forward(qkv.data_mut(), table, self.rope_dims(t, first_pos, *style));
-        }
+        let cp = cp_layout(tp);
+        self.rotate(qkv.data_mut(), t, first_pos, cp, Rotation::Forward);
         Ok((qkv, qk))
     }
 
@@ -178,7 +218,12 @@ impl SelfAttention {
         mask: AttentionMask,
     ) -> Result<(Tensor, SelfAttentionSaved), CommError> {
         let (qkv, qk_norm) = self.qkv_forward(params, tp, x, t, 0)?;
-        let (attn, lse) = self.core_attention(&qkv, b, t, ctx, mask);
+        let cp = cp_layout(tp);
+        // Under context parallelism attention runs on the whole sequence and this rank's
+        // share of the heads; what backward keeps is in that layout.
+        let qkv = self.to_heads(tp, qkv, b, cp)?;
+        let (attn_h, lse) = self.core_attention(&qkv, b, t * cp.size, ctx, mask, cp);
+        let attn = self.to_sequence(tp, attn_h, b, cp)?;
         let out = self.linear_proj.forward(params, tp, &attn)?;
         let attn = (!ctx.drops(|m| m.core_attn)).then(|| (keep(attn), lse));
         Ok((
@@ -191,7 +236,8 @@ impl SelfAttention {
         ))
     }
 
-    /// The attention kernel on the (normed, rotated) QKV: output and log-sum-exp.
+    /// The attention kernel on the (normed, rotated) QKV of `t` tokens per sequence and this
+    /// rank's heads: output and log-sum-exp.
     fn core_attention(
         &self,
         qkv: &Tensor,
@@ -199,20 +245,42 @@ impl SelfAttention {
         t: usize,
         ctx: &StepContext,
         mask: AttentionMask,
+        cp: CpLayout,
     ) -> (Tensor, Tensor) {
-        let local = self.heads * self.head_dim;
-        let mut attn = Tensor::for_overwrite(&[b * t, local]);
-        let mut lse = Tensor::for_overwrite(&[b, self.heads, t]);
+        let d = self.dims_of(b, t, ctx, cp);
+        let mut attn = Tensor::for_overwrite(&[b * t, d.heads * self.head_dim]);
+        let mut lse = Tensor::for_overwrite(&[b, d.heads, t]);
         let key = ctx.site_for(self.layer, SITE_ATTN_DROPOUT, self.total_heads * t * t);
-        attention_forward(
-            attn.data_mut(),
-            lse.data_mut(),
-            qkv.data(),
-            mask,
-            self.dims(b, t, ctx),
-            key,
-        );
+        attention_forward(attn.data_mut(), lse.data_mut(), qkv.data(), mask, d, key);
         (attn, lse)
+    }
+
+    /// This rank's chunks, every head -> the whole sequence, this rank's heads.
+    fn to_heads(
+        &self,
+        tp: &mut Tp,
+        x: Tensor,
+        b: usize,
+        cp: CpLayout,
+    ) -> Result<Tensor, CommError> {
+        match tp.cp() {
+            Some(c) => sequence_to_heads(&x, b, cp, c),
+            None => Ok(x),
+        }
+    }
+
+    /// The inverse of [`SelfAttention::to_heads`].
+    fn to_sequence(
+        &self,
+        tp: &mut Tp,
+        x: Tensor,
+        b: usize,
+        cp: CpLayout,
+    ) -> Result<Tensor, CommError> {
+        match tp.cp() {
+            Some(c) => heads_to_sequence(&x, b, cp, c),
+            None => Ok(x),
+        }
     }
 
     /// `dout` is the gradient of the projection output (after the layer's dropout backward);
@@ -231,33 +299,50 @@ impl SelfAttention {
         ctx: &StepContext,
         mask: AttentionMask,
     ) -> Result<Tensor, CommError> {
-        let n = b * t;
+        let cp = cp_layout(tp);
+        let tw = t * cp.size;
         let qkv = restore(&saved.qkv);
-        let recomputed;
-        let (attn, lse) = match &saved.attn {
-            Some((a, l)) => (restore(a), l),
+        // The attention output in both layouts: this rank's chunks (the projection's input)
+        // and, under context parallelism, the whole sequence for this rank's heads.
+        let (attn, attn_h, lse) = match &saved.attn {
+            Some((a, l)) => {
+                let a = restore(a).into_owned();
+                let a_h = match tp.cp() {
+                    Some(c) => Some(sequence_to_heads(&a, b, cp, c)?),
+                    None => None,
+                };
+                (a, a_h, std::borrow::Cow::Borrowed(l))
+            }
             None => {
-                recomputed = self.core_attention(&qkv, b, t, ctx, mask);
-                (std::borrow::Cow::Borrowed(&recomputed.0), &recomputed.1)
+                let (a_h, l) = self.core_attention(&qkv, b, tw, ctx, mask, cp);
+                match tp.cp() {
+                    Some(c) => (
+                        heads_to_sequence(&a_h, b, cp, c)?,
+                        Some(a_h),
+                        std::borrow::Cow::Owned(l),
+                    ),
+                    None => (a_h, None, std::borrow::Cow::Owned(l)),
+                }
             }
         };
         let dattn = self.linear_proj.backward(params, grads, tp, &attn, dout)?;
-        let mut dqkv = Tensor::for_overwrite(&[n, qkv.shape()[1]]);
-        let key = ctx.site_for(self.layer, SITE_ATTN_DROPOUT, self.total_heads * t * t);
+        let dattn = self.to_heads(tp, dattn, b, cp)?;
+        let attn_h = attn_h.unwrap_or(attn);
+        let mut dqkv = Tensor::for_overwrite(qkv.shape());
+        let key = ctx.site_for(self.layer, SITE_ATTN_DROPOUT, self.total_heads * tw * tw);
         attention_backward(
             dqkv.data_mut(),
             dattn.data(),
-            attn.data(),
+            attn_h.data(),
             lse.data(),
             qkv.data(),
             mask,
-            self.dims(b, t, ctx),
+            self.dims_of(b, tw, ctx, cp),
             key,
         );
-        drop(dattn);
-        if let Some((table, style)) = &self.rope {
-            rope_backward(dqkv.data_mut(), table, self.rope_dims(t, 0, *style));
-        }
+        drop((dattn, attn_h, qkv));
+        let mut dqkv = self.to_sequence(tp, dqkv, b, cp)?;
+        self.rotate(dqkv.data_mut(), t, 0, cp, Rotation::Backward);
         if let (Some(n), Some(s)) = (&self.qk_norm, &saved.qk_norm) {
             n.backward(params, grads, s, &mut dqkv);
         }

@@ -1,0 +1,146 @@
+//! Context parallelism (`--cp-comm-type a2a`): each sequence split into 2C chunks over C ranks
+//! (rank r holds chunks r and 2C-1-r), attention all-to-all'd to whole sequences of a share of
+//! the heads, trains the one-rank model in every combination with the other layouts.
+
+mod common;
+
+use common::*;
+use megatron_training::checkpointing::load_checkpoint;
+use megatron_training::pretrain;
+
+fn run(
+    dir: &std::path::Path,
+    name: &str,
+    extra: &[&str],
+) -> (
+    megatron_training::TrainSummary,
+    megatron_training::checkpointing::LoadedCheckpoint,
+) {
+    let save = dir.join(name);
+    let s = save.to_str().unwrap().to_string();
+    let v = [PP_MODEL, &["--train-iters", "5", "--save", &s], extra].concat();
+    (
+        pretrain(&args(&v)).unwrap(),
+        load_checkpoint(&save, None).unwrap(),
+    )
+}
+
+const A2A: &[&str] = &["--cp-comm-type", "a2a"];
+
+const LLAMA: &[&str] = &[
+    "--swiglu",
+    "--normalization",
+    "RMSNorm",
+    "--position-embedding-type",
+    "rope",
+    "--num-attention-heads",
+    "8",
+    "--group-query-attention",
+    "--num-query-groups",
+    "4",
+    "--disable-bias-linear",
+    "--untie-embeddings-and-output-weights",
+];
+
+#[test]
+fn context_parallel_a2a_layouts_match_one_rank() {
+    let dir = tmpdir("cp-a2a");
+    for (model, flags) in [("gpt", &[][..]), ("llama", LLAMA)] {
+        let serial = run(&dir, &format!("{model}-serial"), flags);
+        let cp = |n: &'static str, c: &'static str, more: &[&'static str]| -> Vec<&'static str> {
+            let mut v = vec!["--nproc-per-node", n, "--context-parallel-size", c];
+            v.extend_from_slice(A2A);
+            v.extend_from_slice(more);
+            v
+        };
+        let mut layouts: Vec<(&str, Vec<&str>)> = vec![
+            ("cp2", cp("2", "2", &[])),
+            (
+                "cp2 x tp2 + sp",
+                cp(
+                    "4",
+                    "2",
+                    &["--tensor-model-parallel-size", "2", "--sequence-parallel"],
+                ),
+            ),
+            (
+                "cp2 x pp2",
+                cp("4", "2", &["--pipeline-model-parallel-size", "2"]),
+            ),
+            (
+                "cp2 x dp2 distributed optimizer",
+                cp("4", "2", &["--use-distributed-optimizer"]),
+            ),
+        ];
+        if model == "gpt" {
+            layouts.push(("cp4", cp("4", "4", &[])));
+            layouts.push((
+                "cp2 selective recompute",
+                cp("2", "2", &["--recompute-activations"]),
+            ));
+            layouts.push((
+                "cp2 full recompute",
+                cp("2", "2", &["--recompute-granularity", "full"]),
+            ));
+        }
+        for (name, layout) in &layouts {
+            let what = format!("{model} {name}");
+            let r = run(&dir, &what.replace(' ', "_"), &[flags, layout].concat());
+            assert_same_training(&what, &serial, &r, 1e-5);
+        }
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn context_parallel_flags_are_checked() {
+    for (flags, named) in [
+        (
+            &["--nproc-per-node", "2", "--context-parallel-size", "2"][..],
+            "--cp-comm-type p2p",
+        ),
+        (
+            &[
+                "--nproc-per-node",
+                "2",
+                "--context-parallel-size",
+                "2",
+                "--cp-comm-type",
+                "a2a",
+                "--seq-length",
+                "30",
+            ][..],
+            "--seq-length",
+        ),
+        (
+            &[
+                "--nproc-per-node",
+                "4",
+                "--context-parallel-size",
+                "4",
+                "--cp-comm-type",
+                "a2a",
+                "--num-attention-heads",
+                "2",
+            ][..],
+            "--context-parallel-size 4",
+        ),
+        (
+            &[
+                "--nproc-per-node",
+                "2",
+                "--context-parallel-size",
+                "2",
+                "--cp-comm-type",
+                "a2a",
+                "--hidden-dropout",
+                "0.1",
+            ][..],
+            "--hidden-dropout 0",
+        ),
+    ] {
+        let v = [PP_MODEL, &["--train-iters", "3"][..], flags].concat();
+        let e = pretrain(&args(&v)).unwrap_err().to_string();
+        assert!(e.contains(named), "{flags:?}: {e}");
+    }
+}
