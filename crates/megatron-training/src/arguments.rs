@@ -1047,10 +1047,9 @@ impl TrainArgs {
             )));
         }
         if self.cp_comm_type != CpCommTypeArg::A2a {
-            return Err(bad(
-                "--cp-comm-type p2p (ring attention) is not built yet; use --cp-comm-type a2a"
-                    .into(),
-            ));
+            return Err(bad(format!(
+                "--context-parallel-size {cp} with --cp-comm-type p2p (ring attention) is not built yet; use --cp-comm-type a2a"
+            )));
         }
         for (flag, on) in [
             ("--reset-attention-mask", self.reset_attention_mask),
