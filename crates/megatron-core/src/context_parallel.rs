@@ -56,6 +56,27 @@ impl CpLayout {
     }
 }
 
+/// This rank's rows `lo..hi` (of sequences of `t_local` rows) as runs that are consecutive in
+/// the micro-batch of whole sequences: (first local row, rows, its row in the micro-batch).
+/// Dropout masks are numbered by micro-batch element, so each run draws the masks one rank
+/// would (one run without context parallelism).
+pub fn row_runs(lo: usize, hi: usize, t_local: usize, cp: CpLayout) -> Vec<(usize, usize, usize)> {
+    if cp.size == 1 {
+        return vec![(lo, hi - lo, lo)];
+    }
+    let c = t_local / 2;
+    let t = t_local * cp.size;
+    let mut runs = Vec::new();
+    let mut r = lo;
+    while r < hi {
+        let (s, q) = (r / t_local, r % t_local);
+        let end = (r - q % c + c).min(hi);
+        runs.push((r, end - r, s * t + cp.chunk(q / c) * c + q % c));
+        r = end;
+    }
+    runs
+}
+
 /// Rows of each source rank's local layout mapped to the whole sequence: for rank `i`,
 /// sequence `s`, local row `q`: (row in `i`'s local buffer, row in the whole sequence).
 fn row_pairs(

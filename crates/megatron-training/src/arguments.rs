@@ -1062,11 +1062,6 @@ impl TrainArgs {
                 )));
             }
         }
-        if self.hidden_dropout > 0.0 || self.attention_dropout > 0.0 {
-            return Err(bad(format!(
-                "--context-parallel-size {cp} needs --hidden-dropout 0 and --attention-dropout 0 for now (dropout masks are not yet numbered by global position across the sequence chunks)"
-            )));
-        }
         Ok(cp)
     }
 

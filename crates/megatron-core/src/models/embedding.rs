@@ -82,16 +82,33 @@ impl LanguageModelEmbedding {
         let p = ctx.p(self.dropout);
         if p > 0.0 {
             let mut d = Tensor::for_overwrite(out.shape());
-            dropout_forward(
-                d.data_mut(),
-                out.data(),
-                p,
-                ctx.site_for(EMBEDDING_LAYER, SITE_EMBEDDING_DROPOUT, t * self.hidden)
-                    .offset((lo * self.hidden) as u64),
-            );
+            for (r, key) in self.dropout_runs(tp, lo, hi, t, ctx) {
+                dropout_forward(&mut d.data_mut()[r.clone()], &out.data()[r], p, key);
+            }
             out = d;
         }
         Ok(out)
+    }
+
+    /// This rank's embedding rows `lo..hi` as runs consecutive in the micro-batch (one, or
+    /// one per context-parallel chunk) with the dropout key of each: masks numbered by
+    /// micro-batch element, so every layout draws one rank's.
+    fn dropout_runs(
+        &self,
+        tp: &Tp,
+        lo: usize,
+        hi: usize,
+        t: usize,
+        ctx: &StepContext,
+    ) -> Vec<(std::ops::Range<usize>, megatron_tensor::RngKey)> {
+        let (rank, size) = tp.cp_rank_size();
+        let cp = crate::context_parallel::CpLayout { rank, size };
+        let h = self.hidden;
+        let base = ctx.site_for(EMBEDDING_LAYER, SITE_EMBEDDING_DROPOUT, t * size * h);
+        crate::context_parallel::row_runs(lo, hi, t, cp)
+            .into_iter()
+            .map(|(r, n, g)| ((r - lo) * h..(r - lo + n) * h, base.offset((g * h) as u64)))
+            .collect()
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -109,13 +126,9 @@ impl LanguageModelEmbedding {
         let p = ctx.p(self.dropout);
         let dout = if p > 0.0 {
             let mut d = Tensor::for_overwrite(dout.shape());
-            dropout_backward(
-                d.data_mut(),
-                dout.data(),
-                p,
-                ctx.site_for(EMBEDDING_LAYER, SITE_EMBEDDING_DROPOUT, t * self.hidden)
-                    .offset((lo * self.hidden) as u64),
-            );
+            for (r, key) in self.dropout_runs(tp, lo, hi, t, ctx) {
+                dropout_backward(&mut d.data_mut()[r.clone()], &dout.data()[r], p, key);
+            }
             d
         } else {
             dout

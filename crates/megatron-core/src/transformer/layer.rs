@@ -118,31 +118,40 @@ impl TransformerLayer {
             .forward(params, tp, &ln1_out, b, t, ctx, mask)?;
         drop(ln1_out);
         let mut mid = Tensor::for_overwrite(&[rows, h]);
-        let key = ctx
-            .site_for(self.layer, SITE_ATTN_RESIDUAL, t * h)
-            .offset((lo * h) as u64);
-        residual_forward(
-            params,
-            self.self_attention.proj_bias,
-            &mut mid,
-            &proj,
-            &x,
-            p,
-            key,
-        );
+        let at = DropoutRows::new(tp, lo, rows, t, h);
+        let key = at.key(ctx, self.layer, SITE_ATTN_RESIDUAL);
+        at.each(|r, k| {
+            residual_forward(
+                params,
+                self.self_attention.proj_bias,
+                &mut mid.data_mut()[r.clone()],
+                &proj.data()[r.clone()],
+                &x.data()[r],
+                p,
+                key.offset(k),
+            )
+        });
         drop(proj);
         let (ln2_out, ln2) = self.pre_mlp_layernorm.forward(params, &mid);
-        let at = TokenRows {
+        let moe_rows = TokenRows {
             first: lo,
             seq_length: t,
         };
-        let (y, mlp) = self.mlp.forward(params, tp, &ln2_out, at, ctx)?;
+        let (y, mlp) = self.mlp.forward(params, tp, &ln2_out, moe_rows, ctx)?;
         drop(ln2_out);
         let mut out = Tensor::for_overwrite(&[rows, h]);
-        let key = ctx
-            .site_for(self.layer, SITE_MLP_RESIDUAL, t * h)
-            .offset((lo * h) as u64);
-        residual_forward(params, self.mlp.fc2_bias(), &mut out, &y, &mid, p, key);
+        let key = at.key(ctx, self.layer, SITE_MLP_RESIDUAL);
+        at.each(|r, k| {
+            residual_forward(
+                params,
+                self.mlp.fc2_bias(),
+                &mut out.data_mut()[r.clone()],
+                &y.data()[r.clone()],
+                &mid.data()[r],
+                p,
+                key.offset(k),
+            )
+        });
         Ok((
             out,
             TransformerLayerSaved {
@@ -189,15 +198,18 @@ impl TransformerLayer {
         let p = ctx.p(self.hidden_dropout);
         // MLP residual: d(mid) gets dout directly plus the MLP branch.
         let mut dy = Tensor::for_overwrite(&[rows, h]);
-        residual_backward(
-            grads,
-            self.mlp.fc2_bias(),
-            &mut dy,
-            &dout,
-            p,
-            ctx.site_for(self.layer, SITE_MLP_RESIDUAL, t * h)
-                .offset((lo * h) as u64),
-        );
+        let at = DropoutRows::new(tp, lo, rows, t, h);
+        let key = at.key(ctx, self.layer, SITE_MLP_RESIDUAL);
+        at.each(|r, k| {
+            residual_backward(
+                grads,
+                self.mlp.fc2_bias(),
+                &mut dy.data_mut()[r.clone()],
+                &dout.data()[r],
+                p,
+                key.offset(k),
+            )
+        });
         let mid = restore(&saved.mid);
         let (ln2_out, _) = self.pre_mlp_layernorm.forward(params, &mid);
         let dln2 = self
@@ -212,15 +224,17 @@ impl TransformerLayer {
         drop(dout);
         // Attention residual.
         let mut dproj = Tensor::for_overwrite(&[rows, h]);
-        residual_backward(
-            grads,
-            self.self_attention.proj_bias,
-            &mut dproj,
-            &dmid,
-            p,
-            ctx.site_for(self.layer, SITE_ATTN_RESIDUAL, t * h)
-                .offset((lo * h) as u64),
-        );
+        let key = at.key(ctx, self.layer, SITE_ATTN_RESIDUAL);
+        at.each(|r, k| {
+            residual_backward(
+                grads,
+                self.self_attention.proj_bias,
+                &mut dproj.data_mut()[r.clone()],
+                &dmid.data()[r],
+                p,
+                key.offset(k),
+            )
+        });
         drop(mid);
         let input = restore(&saved.input);
         let (ln1_out, _) = self.input_layernorm.forward(params, &input);
@@ -249,22 +263,49 @@ impl TransformerLayer {
 fn residual_forward(
     params: &Params,
     bias: Option<ParamId>,
-    out: &mut Tensor,
-    x: &Tensor,
-    residual: &Tensor,
+    out: &mut [f32],
+    x: &[f32],
+    residual: &[f32],
     p: f32,
     key: RngKey,
 ) {
     match bias {
-        Some(b) => bias_dropout_add_forward(
-            out.data_mut(),
-            x.data(),
-            &params.get(b),
-            residual.data(),
-            p,
-            key,
-        ),
-        None => dropout_add_forward(out.data_mut(), x.data(), residual.data(), p, key),
+        Some(b) => bias_dropout_add_forward(out, x, &params.get(b), residual, p, key),
+        None => dropout_add_forward(out, x, residual, p, key),
+    }
+}
+
+/// Where this rank's rows of the residual stream sit in the micro-batch, for the dropout
+/// masks: one run of rows, or under context parallelism one per chunk.
+struct DropoutRows {
+    /// (element range in this rank's tensor, element offset in the micro-batch).
+    runs: Vec<(std::ops::Range<usize>, u64)>,
+    /// Elements per sequence of the whole micro-batch.
+    per_sample: usize,
+}
+
+impl DropoutRows {
+    fn new(tp: &Tp, lo: usize, rows: usize, t: usize, h: usize) -> Self {
+        let (rank, size) = tp.cp_rank_size();
+        let cp = crate::context_parallel::CpLayout { rank, size };
+        let runs = crate::context_parallel::row_runs(lo, lo + rows, t, cp)
+            .into_iter()
+            .map(|(r, n, g)| ((r - lo) * h..(r - lo + n) * h, (g * h) as u64))
+            .collect();
+        DropoutRows {
+            runs,
+            per_sample: t * size * h,
+        }
+    }
+
+    fn key(&self, ctx: &StepContext, layer: usize, site: u64) -> RngKey {
+        ctx.site_for(layer, site, self.per_sample)
+    }
+
+    fn each(&self, mut f: impl FnMut(std::ops::Range<usize>, u64)) {
+        for (r, k) in &self.runs {
+            f(r.clone(), *k);
+        }
     }
 }
 
@@ -272,14 +313,14 @@ fn residual_forward(
 fn residual_backward(
     grads: &mut Grads,
     bias: Option<ParamId>,
-    dx: &mut Tensor,
-    dout: &Tensor,
+    dx: &mut [f32],
+    dout: &[f32],
     p: f32,
     key: RngKey,
 ) {
     match bias {
-        Some(b) => bias_dropout_add_backward(dx.data_mut(), grads.get_mut(b), dout.data(), p, key),
-        None => dropout_backward(dx.data_mut(), dout.data(), p, key),
+        Some(b) => bias_dropout_add_backward(dx, grads.get_mut(b), dout, p, key),
+        None => dropout_backward(dx, dout, p, key),
     }
 }
 
@@ -302,7 +343,15 @@ impl TransformerLayer {
             .decode_forward(params, tp, &ln1, cache, pos)?;
         let mut mid = Tensor::for_overwrite(&[rows, h]);
         let bias = self.self_attention.proj_bias;
-        residual_forward(params, bias, &mut mid, &proj, &x, 0.0, no_key);
+        residual_forward(
+            params,
+            bias,
+            mid.data_mut(),
+            proj.data(),
+            x.data(),
+            0.0,
+            no_key,
+        );
         let (ln2, _) = self.pre_mlp_layernorm.forward(params, &mid);
         let at = TokenRows {
             first: 0,
@@ -312,7 +361,16 @@ impl TransformerLayer {
             .mlp
             .forward(params, tp, &ln2, at, &StepContext::eval())?;
         let mut out = Tensor::for_overwrite(&[rows, h]);
-        residual_forward(params, self.mlp.fc2_bias(), &mut out, &y, &mid, 0.0, no_key);
+        let b2 = self.mlp.fc2_bias();
+        residual_forward(
+            params,
+            b2,
+            out.data_mut(),
+            y.data(),
+            mid.data(),
+            0.0,
+            no_key,
+        );
         Ok(out)
     }
 }
