@@ -9,7 +9,19 @@
 //! arithmetic), so they are written here with slice copies rather than as backend kernels.
 
 use megatron_comm::{CommError, Communicator};
-use megatron_tensor::Tensor;
+use megatron_tensor::cpu::ring_attention::{attention_merge, fuse_q_kv, split_q_kv_add, RingDims};
+use megatron_tensor::cpu::{attention_backward, attention_forward, AttentionDims, AttentionMask};
+use megatron_tensor::{RngKey, Tensor};
+
+/// `--cp-comm-type`: how attention sees the whole sequence.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CpCommType {
+    /// Ring attention: keys and values pass around the ring (megatron-core's `p2p`).
+    #[default]
+    P2p,
+    /// All-to-all to whole sequences of a share of the heads and back (Ulysses).
+    A2a,
+}
 
 /// This rank's place in its context-parallel group.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -156,4 +168,215 @@ pub fn heads_to_sequence(
         }
     }
     Ok(out)
+}
+
+/// Rows of local chunk `k` of every sequence (`x` is `[b * t_local, w]`): `[b * c, w]`.
+fn chunk_rows(x: &[f32], b: usize, t_local: usize, w: usize, k: usize) -> Vec<f32> {
+    let c = t_local / 2;
+    let mut out = Vec::with_capacity(b * c * w);
+    for s in 0..b {
+        let lo = (s * t_local + k * c) * w;
+        out.extend_from_slice(&x[lo..lo + c * w]);
+    }
+    out
+}
+
+/// Writes `[b * c, w]` rows back as local chunk `k` of every sequence.
+fn set_chunk_rows(x: &mut [f32], rows: &[f32], b: usize, t_local: usize, w: usize, k: usize) {
+    let c = t_local / 2;
+    for s in 0..b {
+        let lo = (s * t_local + k * c) * w;
+        x[lo..lo + c * w].copy_from_slice(&rows[s * c * w..(s + 1) * c * w]);
+    }
+}
+
+/// The log-sum-exp of local chunk `k` (`lse` is `[b, heads, t_local]`): `[b, heads, c]`.
+fn chunk_lse(lse: &[f32], b: usize, heads: usize, t_local: usize, k: usize) -> Vec<f32> {
+    let c = t_local / 2;
+    (0..b * heads)
+        .flat_map(|sh| {
+            lse[sh * t_local + k * c..sh * t_local + (k + 1) * c]
+                .iter()
+                .copied()
+        })
+        .collect()
+}
+
+fn set_chunk_lse(lse: &mut [f32], part: &[f32], b: usize, heads: usize, t_local: usize, k: usize) {
+    let c = t_local / 2;
+    for sh in 0..b * heads {
+        lse[sh * t_local + k * c..sh * t_local + (k + 1) * c]
+            .copy_from_slice(&part[sh * c..(sh + 1) * c]);
+    }
+}
+
+/// The (query chunk, key/value chunk, causal) blocks rank `cp.rank` computes with the keys and
+/// values of rank `src` (local chunk numbers): with its own, both diagonal blocks (causal)
+/// and its late queries against its early keys; with an earlier rank's, both query chunks
+/// against that rank's early chunk ("half KV"); with a later rank's, its late query chunk
+/// against both of that rank's chunks ("half Q"). Every other block is masked out entirely.
+fn ring_blocks(cp: CpLayout, src: usize) -> &'static [(usize, usize, bool)] {
+    if src == cp.rank {
+        &[(0, 0, true), (1, 1, true), (1, 0, false)]
+    } else if src < cp.rank {
+        &[(0, 0, false), (1, 0, false)]
+    } else {
+        &[(1, 0, false), (1, 1, false)]
+    }
+}
+
+const RING_TAG: u64 = 0x5249_4e47;
+
+/// Passes `buf` to the next rank of the ring and takes the previous rank's (even ranks send
+/// first, odd ranks receive first, so blocking sends cannot deadlock).
+fn ring_shift(
+    buf: &mut Vec<f32>,
+    cp: CpLayout,
+    comm: &mut dyn Communicator,
+) -> Result<(), CommError> {
+    let (next, prev) = ((cp.rank + 1) % cp.size, (cp.rank + cp.size - 1) % cp.size);
+    let mut got = vec![0.0f32; buf.len()];
+    if cp.rank.is_multiple_of(2) {
+        comm.send(buf, next, RING_TAG)?;
+        comm.recv(&mut got, prev, RING_TAG)?;
+    } else {
+        comm.recv(&mut got, prev, RING_TAG)?;
+        comm.send(buf, next, RING_TAG)?;
+    }
+    *buf = got;
+    Ok(())
+}
+
+/// Ring attention forward (`--cp-comm-type p2p`): this rank's queries (`qkv`, `[b * t_local,
+/// w]`, its two chunks of every sequence) against every rank's keys and values, which pass
+/// around the ring one rank's at a time; partial outputs merged by log-sum-exp. `d` gives the
+/// heads (its `t` and `causal` are set per block). Returns the output `[b * t_local, heads *
+/// head_dim]` and log-sum-exp `[b, heads, t_local]`, as the whole-sequence kernel would.
+pub fn ring_attention_forward(
+    qkv: &Tensor,
+    b: usize,
+    cp: CpLayout,
+    comm: &mut dyn Communicator,
+    d: AttentionDims,
+    key: RngKey,
+) -> Result<(Tensor, Tensor), CommError> {
+    let (n, w) = (qkv.shape()[0], qkv.shape()[1]);
+    let t_local = n / b;
+    let c = t_local / 2;
+    let ow = d.heads * d.head_dim;
+    let rd = RingDims {
+        b,
+        rows: c,
+        heads: d.heads,
+        groups: d.groups,
+        head_dim: d.head_dim,
+    };
+    let q: [Vec<f32>; 2] = [0, 1].map(|k| chunk_rows(qkv.data(), b, t_local, w, k));
+    let mut acc: [Option<(Vec<f32>, Vec<f32>)>; 2] = [None, None];
+    let mut kv = qkv.data().to_vec();
+    for step in 0..cp.size {
+        let src = (cp.rank + cp.size - step) % cp.size;
+        for &(kq, kk, causal) in ring_blocks(cp, src) {
+            let mut pair = vec![0.0f32; b * c * w];
+            fuse_q_kv(&mut pair, &q[kq], &chunk_rows(&kv, b, t_local, w, kk), rd);
+            let (mut o, mut l) = (vec![0.0f32; b * c * ow], vec![0.0f32; b * d.heads * c]);
+            let bd = AttentionDims {
+                b,
+                t: c,
+                causal,
+                ..d
+            };
+            attention_forward(&mut o, &mut l, &pair, AttentionMask::default(), bd, key);
+            match &mut acc[kq] {
+                None => acc[kq] = Some((o, l)),
+                Some((ao, al)) => attention_merge(ao, al, &o, &l, rd),
+            }
+        }
+        if step + 1 < cp.size {
+            ring_shift(&mut kv, cp, comm)?;
+        }
+    }
+    let mut out = Tensor::for_overwrite(&[n, ow]);
+    let mut lse = Tensor::for_overwrite(&[b, d.heads, t_local]);
+    for (k, a) in acc.iter().enumerate() {
+        let (o, l) = a
+            .as_ref()
+            .expect("every query chunk meets its own diagonal block");
+        set_chunk_rows(out.data_mut(), o, b, t_local, ow, k);
+        set_chunk_lse(lse.data_mut(), l, b, d.heads, t_local, k);
+    }
+    Ok((out, lse))
+}
+
+/// Ring attention backward: the same blocks again, each through the kernel's backward with the
+/// merged output and log-sum-exp; query gradients stay here, key/value gradients are returned
+/// to the rank that holds those keys and values (one all-to-all at the end). Returns `dqkv`.
+#[allow(clippy::too_many_arguments)]
+pub fn ring_attention_backward(
+    dout: &Tensor,
+    out: &Tensor,
+    lse: &Tensor,
+    qkv: &Tensor,
+    b: usize,
+    cp: CpLayout,
+    comm: &mut dyn Communicator,
+    d: AttentionDims,
+    key: RngKey,
+) -> Result<Tensor, CommError> {
+    let (n, w) = (qkv.shape()[0], qkv.shape()[1]);
+    let t_local = n / b;
+    let c = t_local / 2;
+    let ow = d.heads * d.head_dim;
+    let rd = RingDims {
+        b,
+        rows: c,
+        heads: d.heads,
+        groups: d.groups,
+        head_dim: d.head_dim,
+    };
+    let q: [Vec<f32>; 2] = [0, 1].map(|k| chunk_rows(qkv.data(), b, t_local, w, k));
+    let dq_in: [Vec<f32>; 2] = [0, 1].map(|k| chunk_rows(dout.data(), b, t_local, ow, k));
+    let o: [Vec<f32>; 2] = [0, 1].map(|k| chunk_rows(out.data(), b, t_local, ow, k));
+    let l: [Vec<f32>; 2] = [0, 1].map(|k| chunk_lse(lse.data(), b, d.heads, t_local, k));
+    let mut dq: [Vec<f32>; 2] = [vec![0.0f32; b * c * w], vec![0.0f32; b * c * w]];
+    // Key/value gradients for every rank's chunks: [rank][chunk][b * c * w].
+    let mut dkv = vec![0.0f32; cp.size * 2 * b * c * w];
+    let mut kv = qkv.data().to_vec();
+    // A sink for the parts of a gradient row a split does not need.
+    let mut unused = vec![0.0f32; b * c * w];
+    for step in 0..cp.size {
+        let src = (cp.rank + cp.size - step) % cp.size;
+        for &(kq, kk, causal) in ring_blocks(cp, src) {
+            let mut pair = vec![0.0f32; b * c * w];
+            fuse_q_kv(&mut pair, &q[kq], &chunk_rows(&kv, b, t_local, w, kk), rd);
+            let mut dpair = vec![0.0f32; b * c * w];
+            let bd = AttentionDims {
+                b,
+                t: c,
+                causal,
+                ..d
+            };
+            let m = AttentionMask::default();
+            attention_backward(&mut dpair, &dq_in[kq], &o[kq], &l[kq], &pair, m, bd, key);
+            let at = (src * 2 + kk) * b * c * w;
+            let slot = &mut dkv[at..at + b * c * w];
+            split_q_kv_add(&mut dq[kq], slot, &dpair, rd);
+        }
+        if step + 1 < cp.size {
+            ring_shift(&mut kv, cp, comm)?;
+        }
+    }
+    let mut got = vec![0.0f32; dkv.len()];
+    comm.all_to_all(&dkv, &mut got)?;
+    let mut dqkv = Tensor::zeros(&[n, w]);
+    for (k, dqk) in dq.iter().enumerate() {
+        // Queries' gradients from here, keys' and values' from every rank that used them.
+        let mut rows = dqk.clone();
+        for r in 0..cp.size {
+            let at = (r * 2 + k) * b * c * w;
+            split_q_kv_add(&mut unused, &mut rows, &got[at..at + b * c * w], rd);
+        }
+        set_chunk_rows(dqkv.data_mut(), &rows, b, t_local, w, k);
+    }
+    Ok(dqkv)
 }

@@ -529,9 +529,9 @@ pub struct TrainArgs {
     /// attention).
     #[arg(long, default_value_t = 1)]
     pub context_parallel_size: usize,
-    /// How attention sees the whole sequence under context parallelism: `a2a` (Ulysses:
-    /// all-to-all from sequence-split to head-split and back) or `p2p` (ring attention: not
-    /// built yet).
+    /// How attention sees the whole sequence under context parallelism: `p2p` (ring attention:
+    /// keys and values pass around the ring) or `a2a` (Ulysses: all-to-all from sequence-split
+    /// to head-split and back).
     #[arg(long, value_enum, default_value = "p2p")]
     pub cp_comm_type: CpCommTypeArg,
     /// Experts are split into this many blocks over the ranks of an expert-parallel group
@@ -601,8 +601,10 @@ pub struct TrainConfig {
     pub tp: usize,
     /// Pipeline stages and how the layers are split over them.
     pub pp: usize,
-    /// Context-parallel size (the sequence split over this many ranks).
+    /// Context-parallel size (the sequence split over this many ranks) and how attention sees
+    /// the whole sequence.
     pub cp: usize,
+    pub cp_comm_type: megatron_core::context_parallel::CpCommType,
     /// Expert-parallel and expert-tensor-parallel sizes (1 and 1 without experts).
     pub ep: usize,
     pub etp: usize,
@@ -765,7 +767,7 @@ impl TrainArgs {
             )));
         }
         let (ep, etp) = self.expert_layout(&model, tp, pp, dp)?;
-        if cp > 1 {
+        if cp > 1 && self.cp_comm_type == CpCommTypeArg::A2a {
             let (heads, groups) = (model.num_attention_heads / tp, model.query_groups() / tp);
             if !heads.is_multiple_of(cp) || !groups.is_multiple_of(cp) {
                 return Err(bad(format!(
@@ -803,6 +805,10 @@ impl TrainArgs {
             tp,
             pp,
             cp,
+            cp_comm_type: match self.cp_comm_type {
+                CpCommTypeArg::P2p => megatron_core::context_parallel::CpCommType::P2p,
+                CpCommTypeArg::A2a => megatron_core::context_parallel::CpCommType::A2a,
+            },
             ep,
             etp,
             partition,
@@ -1046,9 +1052,9 @@ impl TrainArgs {
                 self.seq_length
             )));
         }
-        if self.cp_comm_type != CpCommTypeArg::A2a {
+        if self.cp_comm_type == CpCommTypeArg::P2p && self.attention_dropout > 0.0 {
             return Err(bad(format!(
-                "--context-parallel-size {cp} with --cp-comm-type p2p (ring attention) is not built yet; use --cp-comm-type a2a"
+                "--context-parallel-size {cp} with --cp-comm-type p2p needs --attention-dropout 0 for now (ring attention does not yet number its masks by position in the whole sequence; --cp-comm-type a2a does)"
             )));
         }
         for (flag, on) in [

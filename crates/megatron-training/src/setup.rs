@@ -52,12 +52,14 @@ impl<'a> RankComms<'a> {
         serial_tp: &'a mut ThreadCommunicator,
         serial_pp: &'a mut ThreadCommunicator,
         sequence_parallel: bool,
+        cp_comm: megatron_core::context_parallel::CpCommType,
     ) -> Self {
         match groups {
             Some(g) => {
                 let world_rank = g.world_rank;
                 let folded = g.state.experts_folded();
                 let context_parallel = g.state.cp > 1;
+                let cp_comm_type = cp_comm;
                 let ProcessGroups {
                     tp,
                     dp,
@@ -86,7 +88,7 @@ impl<'a> RankComms<'a> {
                     expert_groups,
                     tp: Tp::new(tp.comm.as_mut(), sequence_parallel)
                         .with_expert_parallel(ep.comm.as_mut(), etp.comm.as_mut())
-                        .with_context_parallel(cp.comm.as_mut()),
+                        .with_context_parallel(cp.comm.as_mut(), cp_comm_type),
                     pp: pp.comm.as_mut(),
                     dp: Some(dp.comm.as_mut()),
                     embedding: embedding

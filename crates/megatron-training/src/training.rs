@@ -209,7 +209,13 @@ pub(crate) fn run(
 ) -> Result<TrainSummary, TrainError> {
     let a = &cfg.args;
     let (mut serial_tp, mut serial_pp) = (serial_group(), serial_group());
-    let mut comms = RankComms::new(groups, &mut serial_tp, &mut serial_pp, a.sequence_parallel);
+    let mut comms = RankComms::new(
+        groups,
+        &mut serial_tp,
+        &mut serial_pp,
+        a.sequence_parallel,
+        cfg.cp_comm_type,
+    );
     set_precision(cfg, &mut comms)?;
     let lead = comms.lead();
     let setup = setup_model_and_optimizer(cfg, &mut comms, lead)?;

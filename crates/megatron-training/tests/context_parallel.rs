@@ -1,6 +1,7 @@
-//! Context parallelism (`--cp-comm-type a2a`): each sequence split into 2C chunks over C ranks
-//! (rank r holds chunks r and 2C-1-r), attention all-to-all'd to whole sequences of a share of
-//! the heads, trains the one-rank model in every combination with the other layouts.
+//! Context parallelism: each sequence split into 2C chunks over C ranks (rank r holds chunks r
+//! and 2C-1-r); attention by ring (`--cp-comm-type p2p`: keys and values around the ring,
+//! partial outputs merged by log-sum-exp) or all-to-all (`a2a`: whole sequences of a share of
+//! the heads). Both train the one-rank model in every combination with the other layouts.
 
 mod common;
 
@@ -25,8 +26,6 @@ fn run(
     )
 }
 
-const A2A: &[&str] = &["--cp-comm-type", "a2a"];
-
 const LLAMA: &[&str] = &[
     "--swiglu",
     "--normalization",
@@ -42,17 +41,18 @@ const LLAMA: &[&str] = &[
     "--untie-embeddings-and-output-weights",
 ];
 
-#[test]
-fn context_parallel_a2a_layouts_match_one_rank() {
-    let dir = tmpdir("cp-a2a");
-    // Dropout on: the masks are numbered by position in the micro-batch, so every chunk
-    // draws what one rank draws.
-    let dropout: &[&str] = &["--hidden-dropout", "0.1", "--attention-dropout", "0.1"];
+fn cp_layouts_match_one_rank(kind: &'static str, dropout: &[&str]) {
+    let dir = tmpdir(&format!("cp-{kind}"));
+    let comm: &'static [&'static str] = if kind == "p2p" {
+        &["--cp-comm-type", "p2p"]
+    } else {
+        &["--cp-comm-type", "a2a"]
+    };
     for (model, flags) in [("gpt", dropout), ("llama", &[LLAMA, dropout].concat()[..])] {
         let serial = run(&dir, &format!("{model}-serial"), flags);
         let cp = |n: &'static str, c: &'static str, more: &[&'static str]| -> Vec<&'static str> {
             let mut v = vec!["--nproc-per-node", n, "--context-parallel-size", c];
-            v.extend_from_slice(A2A);
+            v.extend_from_slice(comm);
             v.extend_from_slice(more);
             v
         };
@@ -87,7 +87,7 @@ fn context_parallel_a2a_layouts_match_one_rank() {
             ));
         }
         for (name, layout) in &layouts {
-            let what = format!("{model} {name}");
+            let what = format!("{kind} {model} {name}");
             let r = run(&dir, &what.replace(' ', "_"), &[flags, layout].concat());
             assert_same_training(&what, &serial, &r, 1e-5);
         }
@@ -96,11 +96,35 @@ fn context_parallel_a2a_layouts_match_one_rank() {
 }
 
 #[test]
+fn ring_attention_layouts_match_one_rank() {
+    // Hidden dropout on (masks numbered by position in the micro-batch); ring attention
+    // takes no attention dropout yet.
+    cp_layouts_match_one_rank("p2p", &["--hidden-dropout", "0.1"]);
+}
+
+#[test]
+fn all_to_all_attention_layouts_match_one_rank() {
+    // Dropout on everywhere: the masks are numbered by position in the micro-batch, so every
+    // chunk draws what one rank draws.
+    cp_layouts_match_one_rank(
+        "a2a",
+        &["--hidden-dropout", "0.1", "--attention-dropout", "0.1"],
+    );
+}
+
+#[test]
 fn context_parallel_flags_are_checked() {
     for (flags, named) in [
         (
-            &["--nproc-per-node", "2", "--context-parallel-size", "2"][..],
-            "--cp-comm-type p2p",
+            &[
+                "--nproc-per-node",
+                "2",
+                "--context-parallel-size",
+                "2",
+                "--attention-dropout",
+                "0.1",
+            ][..],
+            "--attention-dropout 0",
         ),
         (
             &[

@@ -27,6 +27,7 @@ pub struct Tp<'a> {
     pub etp: Option<&'a mut dyn Communicator>,
     /// Context parallelism: the ranks holding the other chunks of this rank's sequences.
     pub cp: Option<&'a mut dyn Communicator>,
+    pub cp_comm_type: crate::context_parallel::CpCommType,
 }
 
 impl<'a> Tp<'a> {
@@ -38,13 +39,19 @@ impl<'a> Tp<'a> {
             ep: None,
             etp: None,
             cp: None,
+            cp_comm_type: Default::default(),
         }
     }
 
     /// The same group with the context-parallel group attention gathers the sequence over.
-    pub fn with_context_parallel(self, cp: &'a mut dyn Communicator) -> Self {
+    pub fn with_context_parallel(
+        self,
+        cp: &'a mut dyn Communicator,
+        cp_comm_type: crate::context_parallel::CpCommType,
+    ) -> Self {
         Tp {
             cp: (cp.size() > 1).then_some(cp),
+            cp_comm_type,
             ..self
         }
     }

@@ -9,7 +9,10 @@ use super::config::TransformerConfig;
 use super::qk_norm::{QKNorm, QKNormSaved};
 use super::saved::{keep, restore};
 use super::step::StepContext;
-use crate::context_parallel::{heads_to_sequence, sequence_to_heads, CpLayout};
+use crate::context_parallel::{
+    heads_to_sequence, ring_attention_backward, ring_attention_forward, sequence_to_heads,
+    CpCommType, CpLayout,
+};
 use crate::params::{Grads, Init, ParamId, Params};
 use crate::tensor_parallel::{ColumnParallelLinear, RowParallelLinear, Tp};
 use megatron_comm::CommError;
@@ -71,6 +74,11 @@ const SITE_ATTN_DROPOUT: u64 = 1;
 enum Rotation {
     Forward,
     Backward,
+}
+
+/// Whether attention passes keys and values around the context-parallel ring.
+fn ring(tp: &Tp) -> bool {
+    tp.cp.is_some() && tp.cp_comm_type == CpCommType::P2p
 }
 
 /// The context-parallel layout `tp` carries (one rank when it has no such group).
@@ -219,11 +227,16 @@ impl SelfAttention {
     ) -> Result<(Tensor, SelfAttentionSaved), CommError> {
         let (qkv, qk_norm) = self.qkv_forward(params, tp, x, t, 0)?;
         let cp = cp_layout(tp);
-        // Under context parallelism attention runs on the whole sequence and this rank's
-        // share of the heads; what backward keeps is in that layout.
-        let qkv = self.to_heads(tp, qkv, b, cp)?;
-        let (attn_h, lse) = self.core_attention(&qkv, b, t * cp.size, ctx, mask, cp);
-        let attn = self.to_sequence(tp, attn_h, b, cp)?;
+        let (qkv, attn, lse) = if ring(tp) {
+            let (attn, lse) = self.ring_attention(tp, &qkv, b, t, ctx)?;
+            (qkv, attn, lse)
+        } else {
+            // All-to-all (or no context parallelism): attention runs on the whole sequence and
+            // this rank's share of the heads; what backward keeps is in that layout.
+            let qkv = self.to_heads(tp, qkv, b, cp)?;
+            let (attn_h, lse) = self.core_attention(&qkv, b, t * cp.size, ctx, mask, cp);
+            (qkv, self.to_sequence(tp, attn_h, b, cp)?, lse)
+        };
         let out = self.linear_proj.forward(params, tp, &attn)?;
         let attn = (!ctx.drops(|m| m.core_attn)).then(|| (keep(attn), lse));
         Ok((
@@ -300,6 +313,24 @@ impl SelfAttention {
         mask: AttentionMask,
     ) -> Result<Tensor, CommError> {
         let cp = cp_layout(tp);
+        if ring(tp) {
+            let qkv = restore(&saved.qkv);
+            let (attn, lse) = match &saved.attn {
+                Some((a, l)) => (restore(a).into_owned(), std::borrow::Cow::Borrowed(l)),
+                None => {
+                    let (a, l) = self.ring_attention(tp, &qkv, b, t, ctx)?;
+                    (a, std::borrow::Cow::Owned(l))
+                }
+            };
+            let dattn = self.linear_proj.backward(params, grads, tp, &attn, dout)?;
+            let key = ctx.site_for(self.layer, SITE_ATTN_DROPOUT, self.total_heads * t * t);
+            let d = self.dims_of(b, t, ctx, CpLayout { rank: 0, size: 1 });
+            let comm = tp
+                .cp()
+                .expect("ring attention runs in a context-parallel group");
+            let dqkv = ring_attention_backward(&dattn, &attn, &lse, &qkv, b, cp, comm, d, key)?;
+            return self.qkv_backward(params, grads, tp, saved, x, dqkv, t, cp);
+        }
         let tw = t * cp.size;
         let qkv = restore(&saved.qkv);
         // The attention output in both layouts: this rank's chunks (the projection's input)
@@ -341,12 +372,48 @@ impl SelfAttention {
             key,
         );
         drop((dattn, attn_h, qkv));
-        let mut dqkv = self.to_sequence(tp, dqkv, b, cp)?;
+        let dqkv = self.to_sequence(tp, dqkv, b, cp)?;
+        self.qkv_backward(params, grads, tp, saved, x, dqkv, t, cp)
+    }
+
+    /// From the gradient of the (normed, rotated) QKV of this rank's tokens: through the
+    /// rotation, the query/key norms and the projection. Returns `dx`.
+    #[allow(clippy::too_many_arguments)]
+    fn qkv_backward(
+        &self,
+        params: &Params,
+        grads: &mut Grads,
+        tp: &mut Tp,
+        saved: &SelfAttentionSaved,
+        x: &Tensor,
+        mut dqkv: Tensor,
+        t: usize,
+        cp: CpLayout,
+    ) -> Result<Tensor, CommError> {
         self.rotate(dqkv.data_mut(), t, 0, cp, Rotation::Backward);
         if let (Some(n), Some(s)) = (&self.qk_norm, &saved.qk_norm) {
             n.backward(params, grads, s, &mut dqkv);
         }
         self.linear_qkv.backward(params, grads, tp, x, dqkv)
+    }
+
+    /// Ring attention over the context-parallel group: this rank's queries against every
+    /// rank's keys and values (`t` local rows per sequence).
+    fn ring_attention(
+        &self,
+        tp: &mut Tp,
+        qkv: &Tensor,
+        b: usize,
+        t: usize,
+        ctx: &StepContext,
+    ) -> Result<(Tensor, Tensor), CommError> {
+        let cp = cp_layout(tp);
+        let key = ctx.site_for(self.layer, SITE_ATTN_DROPOUT, self.total_heads * t * t);
+        let d = self.dims_of(b, t, ctx, CpLayout { rank: 0, size: 1 });
+        let comm = tp
+            .cp()
+            .expect("ring attention runs in a context-parallel group");
+        ring_attention_forward(qkv, b, cp, comm, d, key)
     }
 
     /// One new token per sequence (`x` is `[b, h]`, normed) at position `pos` against this

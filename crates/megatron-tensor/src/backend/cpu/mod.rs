@@ -20,6 +20,7 @@ pub mod moe_permute;
 pub mod moe_router;
 pub mod peak;
 pub mod reduce;
+pub mod ring_attention;
 pub mod rmsnorm;
 pub mod rope;
 #[cfg(target_arch = "x86_64")]

@@ -1,0 +1,100 @@
+//! Pieces of ring attention (context parallelism, `--cp-comm-type p2p`): a rank's queries meet
+//! one block of keys and values at a time, each block through the ordinary attention kernel;
+//! these kernels assemble a block's fused QKV rows from two sources, merge partial outputs by
+//! their log-sum-exp (the online softmax across blocks), and split a block's QKV gradient back.
+
+use rayon::prelude::*;
+
+/// Shapes of one block: `rows` query rows per sequence, `b` sequences, the attention layout.
+#[derive(Clone, Copy, Debug)]
+pub struct RingDims {
+    pub b: usize,
+    pub rows: usize,
+    pub heads: usize,
+    pub groups: usize,
+    pub head_dim: usize,
+}
+
+impl RingDims {
+    fn qpg(&self) -> usize {
+        self.heads / self.groups
+    }
+    /// Elements of one fused QKV row: per group its query heads, its key, its value.
+    pub fn qkv_row(&self) -> usize {
+        (self.heads + 2 * self.groups) * self.head_dim
+    }
+    fn group_width(&self) -> usize {
+        (self.qpg() + 2) * self.head_dim
+    }
+}
+
+/// `pair[i]` = the query parts of `q[i]` and the key/value parts of `kv[i]` (fused rows).
+pub fn fuse_q_kv(pair: &mut [f32], q: &[f32], kv: &[f32], d: RingDims) {
+    let (row, gw, qw) = (d.qkv_row(), d.group_width(), d.qpg() * d.head_dim);
+    pair.par_chunks_mut(row)
+        .zip(q.par_chunks(row).zip(kv.par_chunks(row)))
+        .for_each(|(o, (qr, kr))| {
+            for g in 0..d.groups {
+                let at = g * gw;
+                o[at..at + qw].copy_from_slice(&qr[at..at + qw]);
+                o[at + qw..at + gw].copy_from_slice(&kr[at + qw..at + gw]);
+            }
+        });
+}
+
+/// The inverse of [`fuse_q_kv`] for gradients: `dq[i]` += the query parts of `pair[i]`,
+/// `dkv[i]` += its key/value parts (other parts untouched).
+pub fn split_q_kv_add(dq: &mut [f32], dkv: &mut [f32], pair: &[f32], d: RingDims) {
+    let (row, gw, qw) = (d.qkv_row(), d.group_width(), d.qpg() * d.head_dim);
+    dq.par_chunks_mut(row)
+        .zip(dkv.par_chunks_mut(row).zip(pair.par_chunks(row)))
+        .for_each(|(q, (kv, p))| {
+            for g in 0..d.groups {
+                let at = g * gw;
+                for (a, b) in q[at..at + qw].iter_mut().zip(&p[at..at + qw]) {
+                    *a += b;
+                }
+                for (a, b) in kv[at + qw..at + gw].iter_mut().zip(&p[at + qw..at + gw]) {
+                    *a += b;
+                }
+            }
+        });
+}
+
+/// Merges a block's attention output and log-sum-exp into the running ones: with
+/// `l = log(e^lse_acc + e^lse_new)`, `out = e^(lse_acc - l) out_acc + e^(lse_new - l) out_new`.
+/// `out` rows are `[b * rows, heads * head_dim]`, `lse` is `[b, heads, rows]`.
+pub fn attention_merge(
+    out_acc: &mut [f32],
+    lse_acc: &mut [f32],
+    out_new: &[f32],
+    lse_new: &[f32],
+    d: RingDims,
+) {
+    let (hd, h, rows) = (d.head_dim, d.heads, d.rows);
+    let width = h * hd;
+    out_acc
+        .par_chunks_mut(width)
+        .zip(out_new.par_chunks(width))
+        .enumerate()
+        .for_each(|(row, (o, n))| {
+            let (s, q) = (row / rows, row % rows);
+            for head in 0..h {
+                let li = (s * h + head) * rows + q;
+                let (a, b) = (lse_acc[li], lse_new[li]);
+                let m = a.max(b);
+                let l = m + ((a - m).exp() + (b - m).exp()).ln();
+                let (wa, wb) = ((a - l).exp(), (b - l).exp());
+                for (x, y) in o[head * hd..(head + 1) * hd]
+                    .iter_mut()
+                    .zip(&n[head * hd..(head + 1) * hd])
+                {
+                    *x = wa * *x + wb * y;
+                }
+            }
+        });
+    for (a, b) in lse_acc.iter_mut().zip(lse_new) {
+        let m = a.max(*b);
+        *a = m + ((*a - m).exp() + (b - m).exp()).ln();
+    }
+}
