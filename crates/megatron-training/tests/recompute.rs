@@ -155,19 +155,42 @@ fn recomputation_keeps_exactly_the_bytes_of_the_formula() {
     };
     let mut options = options();
     options.push((&[][..], Recompute::None));
-    for (tp, sp) in [(1, false), (2, false), (2, true)] {
+    // Under context parallelism a rank keeps its 1/C of the sequence, in either attention
+    // layout: the formula at seq / C.
+    let layouts: &[(usize, bool, &[&str])] = &[
+        (1, false, &[]),
+        (2, false, &[]),
+        (2, true, &[]),
+        (
+            1,
+            false,
+            &["--context-parallel-size", "2", "--cp-comm-type", "p2p"],
+        ),
+        (
+            1,
+            false,
+            &["--context-parallel-size", "2", "--cp-comm-type", "a2a"],
+        ),
+        (
+            2,
+            true,
+            &["--context-parallel-size", "2", "--cp-comm-type", "a2a"],
+        ),
+    ];
+    for &(tp, sp, cp_flags) in layouts {
+        let cp = if cp_flags.is_empty() { 1 } else { 2 };
         for (flags, recompute) in &options {
             for half in [false, true] {
                 let mut v: Vec<&str> = [PP_MODEL, &["--train-iters", "3"][..], flags].concat();
+                let ranks = (tp * cp).to_string();
                 let tps = tp.to_string();
-                if tp > 1 {
-                    v.extend([
-                        "--nproc-per-node",
-                        &tps,
-                        "--tensor-model-parallel-size",
-                        &tps,
-                    ]);
-                }
+                v.extend([
+                    "--nproc-per-node",
+                    &ranks,
+                    "--tensor-model-parallel-size",
+                    &tps,
+                ]);
+                v.extend_from_slice(cp_flags);
                 if sp {
                     v.push("--sequence-parallel");
                 }
@@ -175,10 +198,11 @@ fn recomputation_keeps_exactly_the_bytes_of_the_formula() {
                     v.push("--bf16");
                 }
                 let s = pretrain(&args(&v)).unwrap();
-                let want = activation_bytes_formula_with(&cfg, 1, 32, tp, sp, half, *recompute);
+                let want =
+                    activation_bytes_formula_with(&cfg, 1, 32 / cp, tp, sp, half, *recompute);
                 assert_eq!(
                     s.peak_activation_bytes, want,
-                    "TP {tp}, SP {sp}, bf16 {half}, {flags:?}"
+                    "TP {tp}, SP {sp}, {cp_flags:?}, bf16 {half}, {flags:?}"
                 );
             }
         }
