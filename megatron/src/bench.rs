@@ -217,6 +217,7 @@ fn kernels(a: &BenchArgs) -> anyhow::Result<()> {
             causal: true,
             dropout: 0.0,
             rng_heads: (0, 0),
+            rng_block: None,
         };
         report(
             "attention_forward",

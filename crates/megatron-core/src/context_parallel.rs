@@ -10,7 +10,9 @@
 
 use megatron_comm::{CommError, Communicator};
 use megatron_tensor::cpu::ring_attention::{attention_merge, fuse_q_kv, split_q_kv_add, RingDims};
-use megatron_tensor::cpu::{attention_backward, attention_forward, AttentionDims, AttentionMask};
+use megatron_tensor::cpu::{
+    attention_backward, attention_forward, AttentionDims, AttentionMask, RngBlock,
+};
 use megatron_tensor::{RngKey, Tensor};
 
 /// `--cp-comm-type`: how attention sees the whole sequence.
@@ -227,6 +229,31 @@ fn ring_blocks(cp: CpLayout, src: usize) -> &'static [(usize, usize, bool)] {
 
 const RING_TAG: u64 = 0x5249_4e47;
 
+/// The kernel's dimensions for the block of rank `q.0`'s local chunk `q.1` of queries against
+/// rank `k.0`'s chunk `k.1` of keys: `c` rows each, dropout masks numbered by the blocks'
+/// places in the whole sequence (the masks one rank draws).
+fn block_dims(
+    d: AttentionDims,
+    b: usize,
+    c: usize,
+    causal: bool,
+    cp: CpLayout,
+    q: (usize, usize),
+    k: (usize, usize),
+) -> AttentionDims {
+    AttentionDims {
+        b,
+        t: c,
+        causal,
+        rng_block: Some(RngBlock {
+            q0: cp.chunk_of(q.0, q.1) * c,
+            k0: cp.chunk_of(k.0, k.1) * c,
+            t: 2 * cp.size * c,
+        }),
+        ..d
+    }
+}
+
 /// Passes `buf` to the next rank of the ring and takes the previous rank's (even ranks send
 /// first, odd ranks receive first, so blocking sends cannot deadlock).
 fn ring_shift(
@@ -280,12 +307,7 @@ pub fn ring_attention_forward(
             let mut pair = vec![0.0f32; b * c * w];
             fuse_q_kv(&mut pair, &q[kq], &chunk_rows(&kv, b, t_local, w, kk), rd);
             let (mut o, mut l) = (vec![0.0f32; b * c * ow], vec![0.0f32; b * d.heads * c]);
-            let bd = AttentionDims {
-                b,
-                t: c,
-                causal,
-                ..d
-            };
+            let bd = block_dims(d, b, c, causal, cp, (cp.rank, kq), (src, kk));
             attention_forward(&mut o, &mut l, &pair, AttentionMask::default(), bd, key);
             match &mut acc[kq] {
                 None => acc[kq] = Some((o, l)),
@@ -350,12 +372,7 @@ pub fn ring_attention_backward(
             let mut pair = vec![0.0f32; b * c * w];
             fuse_q_kv(&mut pair, &q[kq], &chunk_rows(&kv, b, t_local, w, kk), rd);
             let mut dpair = vec![0.0f32; b * c * w];
-            let bd = AttentionDims {
-                b,
-                t: c,
-                causal,
-                ..d
-            };
+            let bd = block_dims(d, b, c, causal, cp, (cp.rank, kq), (src, kk));
             let m = AttentionMask::default();
             attention_backward(&mut dpair, &dq_in[kq], &o[kq], &l[kq], &pair, m, bd, key);
             let at = (src * 2 + kk) * b * c * w;

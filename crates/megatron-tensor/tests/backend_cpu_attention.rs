@@ -82,6 +82,7 @@ fn dims(
         causal,
         dropout,
         rng_heads: (0, heads),
+        rng_block: None,
     }
 }
 

@@ -1052,11 +1052,6 @@ impl TrainArgs {
                 self.seq_length
             )));
         }
-        if self.cp_comm_type == CpCommTypeArg::P2p && self.attention_dropout > 0.0 {
-            return Err(bad(format!(
-                "--context-parallel-size {cp} with --cp-comm-type p2p needs --attention-dropout 0 for now (ring attention does not yet number its masks by position in the whole sequence; --cp-comm-type a2a does)"
-            )));
-        }
         for (flag, on) in [
             ("--reset-attention-mask", self.reset_attention_mask),
             ("--reset-position-ids", self.reset_position_ids),

@@ -97,9 +97,12 @@ fn cp_layouts_match_one_rank(kind: &'static str, dropout: &[&str]) {
 
 #[test]
 fn ring_attention_layouts_match_one_rank() {
-    // Hidden dropout on (masks numbered by position in the micro-batch); ring attention
-    // takes no attention dropout yet.
-    cp_layouts_match_one_rank("p2p", &["--hidden-dropout", "0.1"]);
+    // Dropout on everywhere: each block draws the attention masks of its place in the whole
+    // sequence.
+    cp_layouts_match_one_rank(
+        "p2p",
+        &["--hidden-dropout", "0.1", "--attention-dropout", "0.1"],
+    );
 }
 
 #[test]
@@ -115,17 +118,6 @@ fn all_to_all_attention_layouts_match_one_rank() {
 #[test]
 fn context_parallel_flags_are_checked() {
     for (flags, named) in [
-        (
-            &[
-                "--nproc-per-node",
-                "2",
-                "--context-parallel-size",
-                "2",
-                "--attention-dropout",
-                "0.1",
-            ][..],
-            "--attention-dropout 0",
-        ),
         (
             &[
                 "--nproc-per-node",

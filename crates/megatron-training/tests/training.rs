@@ -396,12 +396,12 @@ fn data_parallel_flags_are_checked() {
         "--train-iters",
         "2",
         "--context-parallel-size",
-        "2",
+        "3",
         "--nproc-per-node",
-        "2",
+        "3",
     ]))
     .unwrap_err();
-    assert!(e.to_string().contains("--context-parallel-size 2"), "{e}");
+    assert!(e.to_string().contains("--context-parallel-size (3)"), "{e}");
 }
 
 /// The tiny GPT (2 layers, hidden 64, 4 heads, vocab 256 after padding, seq 32) trained

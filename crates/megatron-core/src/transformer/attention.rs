@@ -156,6 +156,7 @@ impl SelfAttention {
             causal: true,
             dropout: ctx.p(self.attention_dropout),
             rng_heads: (self.head_offset + cp.rank * heads, self.total_heads),
+            rng_block: None,
         }
     }
 
@@ -323,7 +324,8 @@ impl SelfAttention {
                 }
             };
             let dattn = self.linear_proj.backward(params, grads, tp, &attn, dout)?;
-            let key = ctx.site_for(self.layer, SITE_ATTN_DROPOUT, self.total_heads * t * t);
+            let tw = t * cp.size;
+            let key = ctx.site_for(self.layer, SITE_ATTN_DROPOUT, self.total_heads * tw * tw);
             let d = self.dims_of(b, t, ctx, CpLayout { rank: 0, size: 1 });
             let comm = tp
                 .cp()
@@ -408,7 +410,8 @@ impl SelfAttention {
         ctx: &StepContext,
     ) -> Result<(Tensor, Tensor), CommError> {
         let cp = cp_layout(tp);
-        let key = ctx.site_for(self.layer, SITE_ATTN_DROPOUT, self.total_heads * t * t);
+        let tw = t * cp.size;
+        let key = ctx.site_for(self.layer, SITE_ATTN_DROPOUT, self.total_heads * tw * tw);
         let d = self.dims_of(b, t, ctx, CpLayout { rank: 0, size: 1 });
         let comm = tp
             .cp()

@@ -36,6 +36,19 @@ pub struct AttentionDims {
     /// layer). A tensor-parallel rank holding heads `[h0, h0 + heads)` of `total` passes
     /// `(h0, total)` and draws exactly the masks those heads get at TP = 1.
     pub rng_heads: (usize, usize),
+    /// Where this block sits in a longer sequence for the dropout stream (ring attention
+    /// computes one block of queries against one block of keys at a time): the masks are
+    /// those of positions `q0 + i`, `k0 + j` in a sequence of `t`. `None`: the block is the
+    /// whole sequence.
+    pub rng_block: Option<RngBlock>,
+}
+
+/// See [`AttentionDims::rng_block`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RngBlock {
+    pub q0: usize,
+    pub k0: usize,
+    pub t: usize,
 }
 
 impl AttentionDims {
@@ -118,7 +131,8 @@ fn visible(
 #[inline(always)]
 fn drop_index(d: &AttentionDims, b: usize, h: usize, i: usize, j: usize) -> u64 {
     let (h0, total) = d.rng_heads;
-    (((b * total.max(d.heads) + h0 + h) * d.t + i) * d.t + j) as u64
+    let (q0, k0, t) = d.rng_block.map_or((0, 0, d.t), |r| (r.q0, r.k0, r.t));
+    (((b * total.max(d.heads) + h0 + h) * t + q0 + i) * t + k0 + j) as u64
 }
 
 /// Multiplies the visible part of a row of probabilities by the dropout mask / (1 - p).

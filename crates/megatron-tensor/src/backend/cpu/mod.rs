@@ -32,7 +32,7 @@ pub mod sync_ptr;
 pub use adamw::{adamw_update, AdamWParams};
 pub use attention::{
     attention_backward, attention_decode_forward, attention_forward, kv_cache_append,
-    AttentionDims, AttentionMask, DecodeDims,
+    AttentionDims, AttentionMask, DecodeDims, RngBlock,
 };
 pub use cross_entropy::{
     fused_classifier, vocab_parallel_classifier, ClassifierDims, ClassifierReduce, IGNORE_INDEX,
