@@ -9,6 +9,8 @@
 //! arithmetic), so they are written here with slice copies rather than as backend kernels.
 
 use megatron_comm::{CommError, Communicator};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 use megatron_tensor::cpu::ring_attention::{attention_merge, fuse_q_kv, split_q_kv_add, RingDims};
 use megatron_tensor::cpu::{
     attention_backward, attention_forward, AttentionDims, AttentionMask, RngBlock,
@@ -254,24 +256,68 @@ fn block_dims(
     }
 }
 
-/// Passes `buf` to the next rank of the ring and takes the previous rank's (even ranks send
-/// first, odd ranks receive first, so blocking sends cannot deadlock).
-fn ring_shift(
-    buf: &mut Vec<f32>,
+/// Sends `buf` to the next rank of the ring and receives the previous rank's into `got` (even
+/// ranks send first, odd ranks receive first, so blocking sends cannot deadlock).
+fn exchange(
+    buf: &[f32],
+    got: &mut [f32],
     cp: CpLayout,
     comm: &mut dyn Communicator,
 ) -> Result<(), CommError> {
     let (next, prev) = ((cp.rank + 1) % cp.size, (cp.rank + cp.size - 1) % cp.size);
-    let mut got = vec![0.0f32; buf.len()];
     if cp.rank.is_multiple_of(2) {
         comm.send(buf, next, RING_TAG)?;
-        comm.recv(&mut got, prev, RING_TAG)?;
+        comm.recv(got, prev, RING_TAG)?;
     } else {
-        comm.recv(&mut got, prev, RING_TAG)?;
+        comm.recv(got, prev, RING_TAG)?;
         comm.send(buf, next, RING_TAG)?;
     }
-    *buf = got;
     Ok(())
+}
+
+/// Nanoseconds the ring exchanges took on their thread, and nanoseconds compute then waited
+/// for them (the part of the exchange not hidden), summed over every rank of the process.
+static RING_EXCHANGE_NS: AtomicU64 = AtomicU64::new(0);
+static RING_WAIT_NS: AtomicU64 = AtomicU64::new(0);
+
+/// (exchange time, time compute waited for it) since the last call, and resets both.
+pub fn take_ring_stats() -> (Duration, Duration) {
+    let e = RING_EXCHANGE_NS.swap(0, Ordering::Relaxed);
+    let w = RING_WAIT_NS.swap(0, Ordering::Relaxed);
+    (Duration::from_nanos(e), Duration::from_nanos(w))
+}
+
+/// One step of the ring: `work` runs on the keys and values in hand while, when another step
+/// follows, they travel on to the next rank on a communication thread (the exchange hides
+/// behind the blocks' compute). Returns `work`'s result and the previous rank's keys and values.
+fn ring_step<R>(
+    kv: Vec<f32>,
+    more: bool,
+    cp: CpLayout,
+    comm: &mut dyn Communicator,
+    work: impl FnOnce(&[f32]) -> R,
+) -> Result<(R, Vec<f32>), CommError> {
+    if !more {
+        let r = work(&kv);
+        return Ok((r, kv));
+    }
+    std::thread::scope(|s| {
+        let held = &kv;
+        let exchanging = s.spawn(move || {
+            let started = Instant::now();
+            let mut got = vec![0.0f32; held.len()];
+            let r = exchange(held, &mut got, cp, comm).map(|()| got);
+            let ns = started.elapsed().as_nanos() as u64;
+            RING_EXCHANGE_NS.fetch_add(ns, Ordering::Relaxed);
+            r
+        });
+        let r = work(held);
+        let waiting = Instant::now();
+        let got = exchanging.join().expect("the ring exchange thread does not panic")?;
+        let ns = waiting.elapsed().as_nanos() as u64;
+        RING_WAIT_NS.fetch_add(ns, Ordering::Relaxed);
+        Ok((r, got))
+    })
 }
 
 /// Ring attention forward (`--cp-comm-type p2p`): this rank's queries (`qkv`, `[b * t_local,
@@ -303,20 +349,21 @@ pub fn ring_attention_forward(
     let mut kv = qkv.data().to_vec();
     for step in 0..cp.size {
         let src = (cp.rank + cp.size - step) % cp.size;
-        for &(kq, kk, causal) in ring_blocks(cp, src) {
-            let mut pair = vec![0.0f32; b * c * w];
-            fuse_q_kv(&mut pair, &q[kq], &chunk_rows(&kv, b, t_local, w, kk), rd);
-            let (mut o, mut l) = (vec![0.0f32; b * c * ow], vec![0.0f32; b * d.heads * c]);
-            let bd = block_dims(d, b, c, causal, cp, (cp.rank, kq), (src, kk));
-            attention_forward(&mut o, &mut l, &pair, AttentionMask::default(), bd, key);
-            match &mut acc[kq] {
-                None => acc[kq] = Some((o, l)),
-                Some((ao, al)) => attention_merge(ao, al, &o, &l, rd),
+        let acc = &mut acc;
+        let ((), next) = ring_step(kv, step + 1 < cp.size, cp, comm, |kv| {
+            for &(kq, kk, causal) in ring_blocks(cp, src) {
+                let mut pair = vec![0.0f32; b * c * w];
+                fuse_q_kv(&mut pair, &q[kq], &chunk_rows(kv, b, t_local, w, kk), rd);
+                let (mut o, mut l) = (vec![0.0f32; b * c * ow], vec![0.0f32; b * d.heads * c]);
+                let bd = block_dims(d, b, c, causal, cp, (cp.rank, kq), (src, kk));
+                attention_forward(&mut o, &mut l, &pair, AttentionMask::default(), bd, key);
+                match &mut acc[kq] {
+                    None => acc[kq] = Some((o, l)),
+                    Some((ao, al)) => attention_merge(ao, al, &o, &l, rd),
+                }
             }
-        }
-        if step + 1 < cp.size {
-            ring_shift(&mut kv, cp, comm)?;
-        }
+        })?;
+        kv = next;
     }
     let mut out = Tensor::for_overwrite(&[n, ow]);
     let mut lse = Tensor::for_overwrite(&[b, d.heads, t_local]);
@@ -368,20 +415,20 @@ pub fn ring_attention_backward(
     let mut unused = vec![0.0f32; b * c * w];
     for step in 0..cp.size {
         let src = (cp.rank + cp.size - step) % cp.size;
-        for &(kq, kk, causal) in ring_blocks(cp, src) {
-            let mut pair = vec![0.0f32; b * c * w];
-            fuse_q_kv(&mut pair, &q[kq], &chunk_rows(&kv, b, t_local, w, kk), rd);
-            let mut dpair = vec![0.0f32; b * c * w];
-            let bd = block_dims(d, b, c, causal, cp, (cp.rank, kq), (src, kk));
-            let m = AttentionMask::default();
-            attention_backward(&mut dpair, &dq_in[kq], &o[kq], &l[kq], &pair, m, bd, key);
-            let at = (src * 2 + kk) * b * c * w;
-            let slot = &mut dkv[at..at + b * c * w];
-            split_q_kv_add(&mut dq[kq], slot, &dpair, rd);
-        }
-        if step + 1 < cp.size {
-            ring_shift(&mut kv, cp, comm)?;
-        }
+        let (dq, dkv) = (&mut dq, &mut dkv);
+        let ((), next) = ring_step(kv, step + 1 < cp.size, cp, comm, |kv| {
+            for &(kq, kk, causal) in ring_blocks(cp, src) {
+                let mut pair = vec![0.0f32; b * c * w];
+                fuse_q_kv(&mut pair, &q[kq], &chunk_rows(kv, b, t_local, w, kk), rd);
+                let mut dpair = vec![0.0f32; b * c * w];
+                let bd = block_dims(d, b, c, causal, cp, (cp.rank, kq), (src, kk));
+                let m = AttentionMask::default();
+                attention_backward(&mut dpair, &dq_in[kq], &o[kq], &l[kq], &pair, m, bd, key);
+                let at = (src * 2 + kk) * b * c * w;
+                split_q_kv_add(&mut dq[kq], &mut dkv[at..at + b * c * w], &dpair, rd);
+            }
+        })?;
+        kv = next;
     }
     let mut got = vec![0.0f32; dkv.len()];
     comm.all_to_all(&dkv, &mut got)?;
