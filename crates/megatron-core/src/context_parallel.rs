@@ -9,13 +9,13 @@
 //! arithmetic), so they are written here with slice copies rather than as backend kernels.
 
 use megatron_comm::{CommError, Communicator};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
 use megatron_tensor::cpu::ring_attention::{attention_merge, fuse_q_kv, split_q_kv_add, RingDims};
 use megatron_tensor::cpu::{
     attention_backward, attention_forward, AttentionDims, AttentionMask, RngBlock,
 };
 use megatron_tensor::{RngKey, Tensor};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 /// `--cp-comm-type`: how attention sees the whole sequence.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -313,7 +313,9 @@ fn ring_step<R>(
         });
         let r = work(held);
         let waiting = Instant::now();
-        let got = exchanging.join().expect("the ring exchange thread does not panic")?;
+        let got = exchanging
+            .join()
+            .expect("the ring exchange thread does not panic")?;
         let ns = waiting.elapsed().as_nanos() as u64;
         RING_WAIT_NS.fetch_add(ns, Ordering::Relaxed);
         Ok((r, got))
