@@ -1055,7 +1055,6 @@ impl TrainArgs {
         for (flag, on) in [
             ("--reset-attention-mask", self.reset_attention_mask),
             ("--reset-position-ids", self.reset_position_ids),
-            ("--num-experts", self.num_experts.is_some()),
         ] {
             if on {
                 return Err(bad(format!(

@@ -80,7 +80,8 @@ pub(crate) fn gather_moe_metrics(
     if let Some(dp) = comms.dp.as_deref_mut() {
         dp.all_reduce(&mut v, ReduceOp::Sum)?;
     }
-    let tp = comms.tp.size() as f64;
+    // Every TP and CP rank counts each micro-batch (its share of the losses).
+    let tp = (comms.tp.size() * comms.tp.cp_rank_size().1) as f64;
     let (mut lb, mut z, mut n) = (0.0f64, 0.0f64, 0usize);
     let mut layers = Vec::new();
     for l in 0..num_layers {

@@ -150,3 +150,42 @@ fn context_parallel_flags_are_checked() {
         assert!(e.contains(named), "{flags:?}: {e}");
     }
 }
+
+/// Experts under context parallelism: the load-balancing losses are taken over the whole
+/// sequence (counts summed over the context-parallel ranks, megatron-core's `tp_cp_group`),
+/// expert gradients reduced over expert data parallelism, which spans the CP ranks.
+#[test]
+fn moe_under_context_parallelism_matches_one_rank() {
+    let dir = tmpdir("cp-moe");
+    let seq_aux: &[&str] = &["--moe-router-load-balancing-type", "seq_aux_loss"];
+    for (name, balance) in [("aux_loss", &[][..]), ("seq_aux_loss", seq_aux)] {
+        let base = [MOE, balance].concat();
+        let serial = run(&dir, &format!("{name}-serial"), &base);
+        for (layout, flags) in [
+            (
+                "cp2 ring",
+                &["--nproc-per-node", "2", "--context-parallel-size", "2"][..],
+            ),
+            (
+                "cp2 a2a x ep2",
+                &[
+                    "--nproc-per-node",
+                    "4",
+                    "--context-parallel-size",
+                    "2",
+                    "--cp-comm-type",
+                    "a2a",
+                    "--expert-model-parallel-size",
+                    "2",
+                    "--moe-token-dispatcher-type",
+                    "alltoall",
+                ][..],
+            ),
+        ] {
+            let what = format!("{name} {layout}");
+            let r = run(&dir, &what.replace(' ', "_"), &[&base[..], flags].concat());
+            assert_same_training(&what, &serial, &r, 1e-5);
+        }
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -328,8 +328,11 @@ impl MoELayer {
         let logits = saved.logits.data();
         let n = logits.len() / e;
         let d = self.dims(n);
+        // The micro-batch's tokens are spread over the TP ranks (sequence parallelism) and the
+        // context-parallel ranks: megatron-core's `tp_cp_group` for the loss statistics.
         let sp = tp.sequence_parallel;
-        let total = if sp { n * tp.size() } else { n };
+        let cp = tp.cp_rank_size().1;
+        let total = n * if sp { tp.size() } else { 1 } * cp;
         let top = saved.aux_top_idx.as_ref().unwrap_or(&saved.top_idx);
         let coeff = self.cfg.aux_loss_coeff;
         let mut lb = 0.0f64;
@@ -341,9 +344,7 @@ impl MoELayer {
                 for &i in top {
                     tokens[i as usize] += 1.0;
                 }
-                if sp {
-                    tp.comm.all_reduce(&mut tokens, ReduceOp::Sum)?;
-                }
+                sum_over_tp_cp(tp, sp, &mut tokens)?;
                 let v = aux_loss(
                     Some(dlogits),
                     logits,
@@ -358,17 +359,18 @@ impl MoELayer {
             LoadBalancing::SeqAuxLoss => {
                 // Per sequence: its tokens' counts over the whole sequence, the switch loss with
                 // T = seq_length, averaged over the micro-batch's sequences.
+                // A sequence's rows are consecutive here (under context parallelism its two
+                // chunks); the loss of a sequence takes T = its whole length.
                 let t = saved.rows.seq_length;
-                let seqs = total.div_ceil(t);
+                let t_whole = t * cp;
+                let seqs = total.div_ceil(t_whole);
                 let (k, first) = (self.cfg.topk, saved.rows.first);
                 let mut tokens = vec![0.0f32; seqs * e];
                 for (j, &i) in top.iter().enumerate() {
                     let s = (first + j / k) / t;
                     tokens[s * e + i as usize] += 1.0;
                 }
-                if sp {
-                    tp.comm.all_reduce(&mut tokens, ReduceOp::Sum)?;
-                }
+                sum_over_tp_cp(tp, sp, &mut tokens)?;
                 let mut r = 0;
                 while r < n {
                     let s = (first + r) / t;
@@ -381,7 +383,7 @@ impl MoELayer {
                         Some(&mut dlogits[r * e..end * e]),
                         &logits[r * e..end * e],
                         &tokens[s * e..(s + 1) * e],
-                        t as f32,
+                        t_whole as f32,
                         coeff / seqs as f32,
                         ctx.grad_scale,
                         dims,
@@ -452,6 +454,18 @@ impl MoELayer {
             b.copy_from_slice(values);
         }
     }
+}
+
+/// Sums per-expert counts over the ranks sharing the micro-batch's tokens: TP under sequence
+/// parallelism, and the context-parallel group.
+fn sum_over_tp_cp(tp: &mut Tp, sp: bool, counts: &mut [f32]) -> Result<(), CommError> {
+    if sp {
+        tp.comm.all_reduce(counts, ReduceOp::Sum)?;
+    }
+    if let Some(c) = tp.cp() {
+        c.all_reduce(counts, ReduceOp::Sum)?;
+    }
+    Ok(())
 }
 
 fn add_inplace(a: &mut Tensor, b: &Tensor) {
