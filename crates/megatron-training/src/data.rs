@@ -155,8 +155,14 @@ impl MicroBatch {
             local.tokens = cp.batch_on_this_rank(&self.tokens, b, t);
             local.labels = cp.batch_on_this_rank(&self.labels, b, t);
             local.mask = cp.batch_on_this_rank(&self.mask, b, t);
-            let pos = cp.positions(t / cp.size);
-            local.positions = (0..b).flat_map(|_| pos.iter().map(|&p| p as u32)).collect();
+            local.positions = match &self.position_ids {
+                // --reset-position-ids: the documents' positions of this rank's tokens.
+                Some(p) => cp.batch_on_this_rank(p, b, t),
+                None => {
+                    let pos = cp.positions(t / cp.size);
+                    (0..b).flat_map(|_| pos.iter().map(|&p| p as u32)).collect()
+                }
+            };
         }
     }
 
@@ -169,7 +175,8 @@ impl MicroBatch {
                 b,
                 t: t / cp.size,
                 position_ids: Some(&local.positions),
-                doc_start: None,
+                // Attention sees whole sequences (all-to-all): the whole micro-batch's starts.
+                doc_start: self.doc_start.as_deref(),
             };
         }
         Batch {

@@ -1,5 +1,7 @@
 //! Training on Megatron indexed datasets: preprocess, blend, cache, resume, inspect.
 
+mod common;
+
 use clap::Parser;
 use megatron_data::preprocess::{preprocess, PreprocessConfig};
 use megatron_data::{build_tokenizer_from, TokenizerSpec};
@@ -205,6 +207,27 @@ fn trains_on_a_blend_of_indexed_datasets_with_cache_and_exact_resume() {
     ]);
     assert!(reset.losses.iter().all(|l| l.1.is_finite()));
     assert_ne!(plain.losses[0].1, reset.losses[0].1);
+    // The same documents under context parallelism (all-to-all attention over whole
+    // sequences with the whole micro-batch's document starts; each rank's tokens with their
+    // document positions): the one-rank losses.
+    let cp = run(&[
+        "--train-iters",
+        "2",
+        "--hidden-dropout",
+        "0",
+        "--attention-dropout",
+        "0",
+        "--reset-position-ids",
+        "--reset-attention-mask",
+        "--eod-mask-loss",
+        "--nproc-per-node",
+        "2",
+        "--context-parallel-size",
+        "2",
+        "--cp-comm-type",
+        "a2a",
+    ]);
+    common::assert_losses_close("CP 2 with document masks", &reset.losses, &cp.losses, 1e-5);
 
     // One dataset per split instead of --split.
     let mut args = base(&[
