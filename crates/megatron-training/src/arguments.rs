@@ -420,6 +420,11 @@ pub struct TrainArgs {
     /// the tokens (needs --tensor-model-parallel-size > 1 to have an effect).
     #[arg(long)]
     pub sequence_parallel: bool,
+    /// Log this rank's memory by kind (parameters, gradients, optimizer state, saved
+    /// activations, pooled buffers, process high-water) each log interval, and print the
+    /// predicted breakdown at start-up.
+    #[arg(long)]
+    pub log_memory: bool,
     /// Selective recomputation of the core attention (= --recompute-granularity selective).
     #[arg(long)]
     pub recompute_activations: bool,

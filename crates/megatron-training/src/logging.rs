@@ -27,6 +27,9 @@ pub struct IterationMetrics {
     /// Mixture of experts: auxiliary losses and expert load.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub moe: Option<crate::moe_logging::MoELogMetrics>,
+    /// `--log-memory`: this rank's memory by kind.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory: Option<crate::memory::MemoryBreakdown>,
 }
 
 #[derive(Serialize, Clone, Debug)]
@@ -68,6 +71,9 @@ impl IterationMetrics {
             s += &format!(" | params norm: {p:.3}");
         }
         if let Some(m) = &self.moe {
+            s += &m.line();
+        }
+        if let Some(m) = &self.memory {
             s += &m.line();
         }
         s

@@ -219,6 +219,18 @@ pub(crate) fn run(
     set_precision(cfg, &mut comms)?;
     let lead = comms.lead();
     let setup = setup_model_and_optimizer(cfg, &mut comms, lead)?;
+    if a.log_memory && lead {
+        let p = &setup.params;
+        println!(
+            "{}",
+            crate::memory::predicted(
+                cfg,
+                (p.data.len() * 4 + p.half.size_in_bytes()) as u64,
+                (p.numel() * 4) as u64,
+                setup.optimizer.state_bytes() as u64,
+            )
+        );
+    }
     let data = build_data(cfg, tok, lead)?;
     // One origin for every rank thread of the process, so trace rows line up.
     static TRACE_ORIGIN: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
@@ -450,6 +462,15 @@ impl Trainer<'_> {
             num_zeros: step.num_zeros,
             params_norm,
             moe,
+            memory: a.log_memory.then(|| crate::memory::MemoryBreakdown {
+                parameters: (self.params.data.len() * 4 + self.params.half.size_in_bytes()) as u64,
+                gradients: (self.grads.data.len() * 4) as u64,
+                optimizer_state: self.optimizer.state_bytes() as u64,
+                activations: step.peak_activation_bytes as u64,
+                micro_batches_in_flight: step.peak_in_flight,
+                pooled: megatron_tensor::pool::pooled_bytes() as u64,
+                process_peak: peak_rss_bytes(),
+            }),
         })
     }
 
