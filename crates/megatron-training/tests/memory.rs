@@ -21,8 +21,7 @@ fn log_memory_writes_each_kind_and_activations_match_the_formula() {
     let text = std::fs::read_to_string(&metrics).unwrap();
     let last: serde_json::Value = text
         .lines()
-        .filter(|l| l.contains("\"memory\""))
-        .last()
+        .rfind(|l| l.contains("\"memory\""))
         .map(|l| serde_json::from_str(l).unwrap())
         .expect("a memory record at the log interval");
     let mem = &last["memory"];
