@@ -231,6 +231,39 @@ fn ring_blocks(cp: CpLayout, src: usize) -> &'static [(usize, usize, bool)] {
 
 const RING_TAG: u64 = 0x5249_4e47;
 
+/// The sizes ring attention works in: `n` local rows of `w` fused QKV columns, `t_local` rows
+/// per sequence in two chunks of `c`, `ow` output columns, and the blocks' kernel shapes.
+struct RingShape {
+    n: usize,
+    w: usize,
+    t_local: usize,
+    c: usize,
+    ow: usize,
+    rd: RingDims,
+}
+
+impl RingShape {
+    fn of(qkv: &Tensor, b: usize, d: AttentionDims) -> Self {
+        let (n, w) = (qkv.shape()[0], qkv.shape()[1]);
+        let t_local = n / b;
+        let c = t_local / 2;
+        RingShape {
+            n,
+            w,
+            t_local,
+            c,
+            ow: d.heads * d.head_dim,
+            rd: RingDims {
+                b,
+                rows: c,
+                heads: d.heads,
+                groups: d.groups,
+                head_dim: d.head_dim,
+            },
+        }
+    }
+}
+
 /// The kernel's dimensions for the block of rank `q.0`'s local chunk `q.1` of queries against
 /// rank `k.0`'s chunk `k.1` of keys: `c` rows each, dropout masks numbered by the blocks'
 /// places in the whole sequence (the masks one rank draws).
@@ -335,17 +368,14 @@ pub fn ring_attention_forward(
     d: AttentionDims,
     key: RngKey,
 ) -> Result<(Tensor, Tensor), CommError> {
-    let (n, w) = (qkv.shape()[0], qkv.shape()[1]);
-    let t_local = n / b;
-    let c = t_local / 2;
-    let ow = d.heads * d.head_dim;
-    let rd = RingDims {
-        b,
-        rows: c,
-        heads: d.heads,
-        groups: d.groups,
-        head_dim: d.head_dim,
-    };
+    let RingShape {
+        n,
+        w,
+        t_local,
+        c,
+        ow,
+        rd,
+    } = RingShape::of(qkv, b, d);
     let q: [Vec<f32>; 2] = [0, 1].map(|k| chunk_rows(qkv.data(), b, t_local, w, k));
     let mut acc: [Option<(Vec<f32>, Vec<f32>)>; 2] = [None, None];
     let mut kv = qkv.data().to_vec();
@@ -394,17 +424,14 @@ pub fn ring_attention_backward(
     d: AttentionDims,
     key: RngKey,
 ) -> Result<Tensor, CommError> {
-    let (n, w) = (qkv.shape()[0], qkv.shape()[1]);
-    let t_local = n / b;
-    let c = t_local / 2;
-    let ow = d.heads * d.head_dim;
-    let rd = RingDims {
-        b,
-        rows: c,
-        heads: d.heads,
-        groups: d.groups,
-        head_dim: d.head_dim,
-    };
+    let RingShape {
+        n,
+        w,
+        t_local,
+        c,
+        ow,
+        rd,
+    } = RingShape::of(qkv, b, d);
     let q: [Vec<f32>; 2] = [0, 1].map(|k| chunk_rows(qkv.data(), b, t_local, w, k));
     let dq_in: [Vec<f32>; 2] = [0, 1].map(|k| chunk_rows(dout.data(), b, t_local, ow, k));
     let o: [Vec<f32>; 2] = [0, 1].map(|k| chunk_rows(out.data(), b, t_local, ow, k));

@@ -6,7 +6,6 @@
 mod common;
 
 use common::*;
-use megatron_training::checkpointing::load_checkpoint;
 use megatron_training::pretrain;
 
 fn run(
@@ -17,13 +16,7 @@ fn run(
     megatron_training::TrainSummary,
     megatron_training::checkpointing::LoadedCheckpoint,
 ) {
-    let save = dir.join(name);
-    let s = save.to_str().unwrap().to_string();
-    let v = [PP_MODEL, &["--train-iters", "5", "--save", &s], extra].concat();
-    (
-        pretrain(&args(&v)).unwrap(),
-        load_checkpoint(&save, None).unwrap(),
-    )
+    train_and_load(dir, name, extra)
 }
 
 const LLAMA: &[&str] = &[

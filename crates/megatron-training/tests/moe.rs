@@ -4,7 +4,6 @@
 mod common;
 
 use common::*;
-use megatron_training::checkpointing::load_checkpoint;
 use megatron_training::pretrain;
 
 fn run(
@@ -15,11 +14,7 @@ fn run(
     megatron_training::TrainSummary,
     megatron_training::checkpointing::LoadedCheckpoint,
 ) {
-    let save = dir.join(name);
-    let s = save.to_str().unwrap().to_string();
-    let v = [PP_MODEL, MOE, &["--train-iters", "5", "--save", &s], layout].concat();
-    let summary = pretrain(&args(&v)).unwrap();
-    (summary, load_checkpoint(&save, None).unwrap())
+    train_and_load(dir, name, &[MOE, layout].concat())
 }
 
 #[test]

@@ -7,7 +7,6 @@ mod common;
 use common::*;
 use megatron_core::models::gpt::activation_bytes_formula_with;
 use megatron_core::transformer::step::{Recompute, RecomputeMethod, SelectiveModules};
-use megatron_training::checkpointing::load_checkpoint;
 use megatron_training::pretrain;
 
 /// `--recompute-*` flags and the policy they mean.
@@ -78,20 +77,8 @@ fn run(
     megatron_training::TrainSummary,
     megatron_training::checkpointing::LoadedCheckpoint,
 ) {
-    let save = dir.join(name);
-    let s = save.to_str().unwrap().to_string();
     let dropout = ["--hidden-dropout", "0.1", "--attention-dropout", "0.1"];
-    let v = [
-        PP_MODEL,
-        &dropout,
-        &["--train-iters", "5", "--save", &s],
-        extra,
-    ]
-    .concat();
-    (
-        pretrain(&args(&v)).unwrap(),
-        load_checkpoint(&save, None).unwrap(),
-    )
+    train_and_load(dir, name, &[&dropout[..], extra].concat())
 }
 
 #[test]

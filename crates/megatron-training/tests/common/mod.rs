@@ -229,3 +229,22 @@ pub const MOE: &[&str] = &[
     "0.001",
     "--swiglu",
 ];
+
+/// [`PP_MODEL`] with `flags` trained 5 steps and saved under `dir/name`: the run's summary and
+/// its checkpoint read back whole (what the layout-equivalence tests compare).
+#[allow(dead_code)]
+pub fn train_and_load(
+    dir: &std::path::Path,
+    name: &str,
+    flags: &[&str],
+) -> (
+    megatron_training::TrainSummary,
+    megatron_training::checkpointing::LoadedCheckpoint,
+) {
+    let save = dir.join(name);
+    let s = save.to_str().unwrap().to_string();
+    let v = [PP_MODEL, &["--train-iters", "5", "--save", &s], flags].concat();
+    let summary = megatron_training::pretrain(&args(&v)).unwrap();
+    let ck = megatron_training::checkpointing::load_checkpoint(&save, None).unwrap();
+    (summary, ck)
+}
