@@ -9,7 +9,9 @@
 //! arithmetic), so they are written here with slice copies rather than as backend kernels.
 
 use megatron_comm::{CommError, Communicator};
-use megatron_tensor::cpu::ring_attention::{attention_merge, fuse_q_kv, split_q_kv_add, RingDims};
+use megatron_tensor::cpu::ring_attention::{
+    attention_merge, block_doc_start, fuse_q_kv, split_q_kv_add, RingDims,
+};
 use megatron_tensor::cpu::{
     attention_backward, attention_forward, AttentionDims, AttentionMask, RngBlock,
 };
@@ -231,6 +233,23 @@ fn ring_blocks(cp: CpLayout, src: usize) -> &'static [(usize, usize, bool)] {
 
 const RING_TAG: u64 = 0x5249_4e47;
 
+/// Document starts (`--reset-attention-mask`) of the block of rank `q.0`'s chunk `q.1` of
+/// queries against rank `k.0`'s chunk `k.1` of keys, in the block's key positions.
+fn block_starts(
+    doc_start: Option<&[u32]>,
+    b: usize,
+    c: usize,
+    cp: CpLayout,
+    q: (usize, usize),
+    k: (usize, usize),
+) -> Option<Vec<u32>> {
+    let starts = doc_start?;
+    let mut out = vec![0u32; b * c];
+    let (q0, k0) = (cp.chunk_of(q.0, q.1) * c, cp.chunk_of(k.0, k.1) * c);
+    block_doc_start(&mut out, starts, 2 * cp.size * c, q0, k0, c);
+    Some(out)
+}
+
 /// The sizes ring attention works in: `n` local rows of `w` fused QKV columns, `t_local` rows
 /// per sequence in two chunks of `c`, `ow` output columns, and the blocks' kernel shapes.
 struct RingShape {
@@ -366,6 +385,7 @@ pub fn ring_attention_forward(
     cp: CpLayout,
     comm: &mut dyn Communicator,
     d: AttentionDims,
+    doc_start: Option<&[u32]>,
     key: RngKey,
 ) -> Result<(Tensor, Tensor), CommError> {
     let RingShape {
@@ -388,7 +408,11 @@ pub fn ring_attention_forward(
                 fuse_q_kv(&mut pair, &q[kq], &chunk_rows(kv, b, t_local, w, kk), rd);
                 let (mut o, mut l) = (vec![0.0f32; b * c * ow], vec![0.0f32; b * d.heads * c]);
                 let bd = block_dims(d, b, c, causal, cp, (cp.rank, kq), (src, kk));
-                attention_forward(&mut o, &mut l, &pair, AttentionMask::default(), bd, key);
+                let starts = block_starts(doc_start, b, c, cp, (cp.rank, kq), (src, kk));
+                let m = starts
+                    .as_deref()
+                    .map_or_else(AttentionMask::default, AttentionMask::documents);
+                attention_forward(&mut o, &mut l, &pair, m, bd, key);
                 match &mut acc[kq] {
                     None => acc[kq] = Some((o, l)),
                     Some((ao, al)) => attention_merge(ao, al, &o, &l, rd),
@@ -422,6 +446,7 @@ pub fn ring_attention_backward(
     cp: CpLayout,
     comm: &mut dyn Communicator,
     d: AttentionDims,
+    doc_start: Option<&[u32]>,
     key: RngKey,
 ) -> Result<Tensor, CommError> {
     let RingShape {
@@ -451,7 +476,10 @@ pub fn ring_attention_backward(
                 fuse_q_kv(&mut pair, &q[kq], &chunk_rows(kv, b, t_local, w, kk), rd);
                 let mut dpair = vec![0.0f32; b * c * w];
                 let bd = block_dims(d, b, c, causal, cp, (cp.rank, kq), (src, kk));
-                let m = AttentionMask::default();
+                let starts = block_starts(doc_start, b, c, cp, (cp.rank, kq), (src, kk));
+                let m = starts
+                    .as_deref()
+                    .map_or_else(AttentionMask::default, AttentionMask::documents);
                 attention_backward(&mut dpair, &dq_in[kq], &o[kq], &l[kq], &pair, m, bd, key);
                 let at = (src * 2 + kk) * b * c * w;
                 split_q_kv_add(&mut dq[kq], &mut dkv[at..at + b * c * w], &dpair, rd);

@@ -1057,11 +1057,6 @@ impl TrainArgs {
                 self.seq_length
             )));
         }
-        if self.reset_attention_mask && self.cp_comm_type == CpCommTypeArg::P2p {
-            return Err(bad(format!(
-                "--reset-attention-mask with --context-parallel-size {cp} and --cp-comm-type p2p is not built yet (ring blocks do not take document masks); use --cp-comm-type a2a"
-            )));
-        }
         Ok(cp)
     }
 

@@ -207,27 +207,31 @@ fn trains_on_a_blend_of_indexed_datasets_with_cache_and_exact_resume() {
     ]);
     assert!(reset.losses.iter().all(|l| l.1.is_finite()));
     assert_ne!(plain.losses[0].1, reset.losses[0].1);
-    // The same documents under context parallelism (all-to-all attention over whole
-    // sequences with the whole micro-batch's document starts; each rank's tokens with their
-    // document positions): the one-rank losses.
-    let cp = run(&[
-        "--train-iters",
-        "2",
-        "--hidden-dropout",
-        "0",
-        "--attention-dropout",
-        "0",
-        "--reset-position-ids",
-        "--reset-attention-mask",
-        "--eod-mask-loss",
-        "--nproc-per-node",
-        "2",
-        "--context-parallel-size",
-        "2",
-        "--cp-comm-type",
-        "a2a",
-    ]);
-    common::assert_losses_close("CP 2 with document masks", &reset.losses, &cp.losses, 1e-5);
+    // The same documents under context parallelism, both attention layouts: all-to-all hands
+    // the kernel whole sequences with the micro-batch's document starts, the ring each block
+    // its rows' starts in its keys' positions; each rank's tokens keep their document
+    // positions. The one-rank losses either way.
+    for comm in ["a2a", "p2p"] {
+        let cp = run(&[
+            "--train-iters",
+            "2",
+            "--hidden-dropout",
+            "0",
+            "--attention-dropout",
+            "0",
+            "--reset-position-ids",
+            "--reset-attention-mask",
+            "--eod-mask-loss",
+            "--nproc-per-node",
+            "2",
+            "--context-parallel-size",
+            "2",
+            "--cp-comm-type",
+            comm,
+        ]);
+        let what = format!("CP 2 ({comm}) with document masks");
+        common::assert_losses_close(&what, &reset.losses, &cp.losses, 1e-5);
+    }
 
     // One dataset per split instead of --split.
     let mut args = base(&[

@@ -229,7 +229,7 @@ impl SelfAttention {
         let (qkv, qk_norm) = self.qkv_forward(params, tp, x, t, 0)?;
         let cp = cp_layout(tp);
         let (qkv, attn, lse) = if ring(tp) {
-            let (attn, lse) = self.ring_attention(tp, &qkv, b, t, ctx)?;
+            let (attn, lse) = self.ring_attention(tp, &qkv, b, t, ctx, mask)?;
             (qkv, attn, lse)
         } else {
             // All-to-all (or no context parallelism): attention runs on the whole sequence and
@@ -319,7 +319,7 @@ impl SelfAttention {
             let (attn, lse) = match &saved.attn {
                 Some((a, l)) => (restore(a).into_owned(), std::borrow::Cow::Borrowed(l)),
                 None => {
-                    let (a, l) = self.ring_attention(tp, &qkv, b, t, ctx)?;
+                    let (a, l) = self.ring_attention(tp, &qkv, b, t, ctx, mask)?;
                     (a, std::borrow::Cow::Owned(l))
                 }
             };
@@ -330,7 +330,9 @@ impl SelfAttention {
             let comm = tp
                 .cp()
                 .expect("ring attention runs in a context-parallel group");
-            let dqkv = ring_attention_backward(&dattn, &attn, &lse, &qkv, b, cp, comm, d, key)?;
+            let starts = mask.doc_start;
+            let dqkv =
+                ring_attention_backward(&dattn, &attn, &lse, &qkv, b, cp, comm, d, starts, key)?;
             return self.qkv_backward(params, grads, tp, saved, x, dqkv, t, cp);
         }
         let tw = t * cp.size;
@@ -408,6 +410,7 @@ impl SelfAttention {
         b: usize,
         t: usize,
         ctx: &StepContext,
+        mask: AttentionMask,
     ) -> Result<(Tensor, Tensor), CommError> {
         let cp = cp_layout(tp);
         let tw = t * cp.size;
@@ -416,7 +419,7 @@ impl SelfAttention {
         let comm = tp
             .cp()
             .expect("ring attention runs in a context-parallel group");
-        ring_attention_forward(qkv, b, cp, comm, d, key)
+        ring_attention_forward(qkv, b, cp, comm, d, mask.doc_start, key)
     }
 
     /// One new token per sequence (`x` is `[b, h]`, normed) at position `pos` against this

@@ -61,6 +61,25 @@ pub fn split_q_kv_add(dq: &mut [f32], dkv: &mut [f32], pair: &[f32], d: RingDims
         });
 }
 
+/// Where each query row's document starts in a block of keys (`doc_start` holds the whole
+/// micro-batch's starts, `[b, t]`; the block's queries start at `q0`, its keys at `k0`, `rows`
+/// each): the kernel's per-row first visible key, `rows` when the document starts after the
+/// block.
+pub fn block_doc_start(
+    out: &mut [u32],
+    doc_start: &[u32],
+    t: usize,
+    q0: usize,
+    k0: usize,
+    rows: usize,
+) {
+    for (i, o) in out.iter_mut().enumerate() {
+        let (s, q) = (i / rows, i % rows);
+        let start = doc_start[s * t + q0 + q] as usize;
+        *o = start.saturating_sub(k0).min(rows) as u32;
+    }
+}
+
 /// Merges a block's attention output and log-sum-exp into the running ones: with
 /// `l = log(e^lse_acc + e^lse_new)`, `out = e^(lse_acc - l) out_acc + e^(lse_new - l) out_new`.
 /// `out` rows are `[b * rows, heads * head_dim]`, `lse` is `[b, heads, rows]`.
@@ -82,9 +101,17 @@ pub fn attention_merge(
             for head in 0..h {
                 let li = (s * h + head) * rows + q;
                 let (a, b) = (lse_acc[li], lse_new[li]);
-                let m = a.max(b);
-                let l = m + ((a - m).exp() + (b - m).exp()).ln();
-                let (wa, wb) = ((a - l).exp(), (b - l).exp());
+                // The kernel marks a row that saw no key (a document started later) with an
+                // infinite log-sum-exp and a zero output: it adds nothing.
+                let (wa, wb) = match (a.is_finite(), b.is_finite()) {
+                    (_, false) => (1.0, 0.0),
+                    (false, true) => (0.0, 1.0),
+                    (true, true) => {
+                        let m = a.max(b);
+                        let l = m + ((a - m).exp() + (b - m).exp()).ln();
+                        ((a - l).exp(), (b - l).exp())
+                    }
+                };
                 for (x, y) in o[head * hd..(head + 1) * hd]
                     .iter_mut()
                     .zip(&n[head * hd..(head + 1) * hd])
@@ -94,6 +121,13 @@ pub fn attention_merge(
             }
         });
     for (a, b) in lse_acc.iter_mut().zip(lse_new) {
+        if !b.is_finite() {
+            continue;
+        }
+        if !a.is_finite() {
+            *a = *b;
+            continue;
+        }
         let m = a.max(*b);
         *a = m + ((*a - m).exp() + (b - m).exp()).ln();
     }
