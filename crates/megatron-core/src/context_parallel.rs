@@ -10,7 +10,7 @@
 
 use megatron_comm::{CommError, Communicator};
 use megatron_tensor::cpu::ring_attention::{
-    attention_merge, block_doc_start, fuse_q_kv, split_q_kv_add, RingDims,
+    add_kv_rows, attention_merge, block_doc_start, fuse_q_kv, kv_rows, split_q_kv_add, RingDims,
 };
 use megatron_tensor::cpu::{
     attention_backward, attention_forward, AttentionDims, AttentionMask, RngBlock,
@@ -398,14 +398,17 @@ pub fn ring_attention_forward(
     } = RingShape::of(qkv, b, d);
     let q: [Vec<f32>; 2] = [0, 1].map(|k| chunk_rows(qkv.data(), b, t_local, w, k));
     let mut acc: [Option<(Vec<f32>, Vec<f32>)>; 2] = [None, None];
-    let mut kv = qkv.data().to_vec();
+    // Only keys and values travel.
+    let kvw = rd.kv_row();
+    let mut kv = vec![0.0f32; n * kvw];
+    kv_rows(&mut kv, qkv.data(), rd);
     for step in 0..cp.size {
         let src = (cp.rank + cp.size - step) % cp.size;
         let acc = &mut acc;
         let ((), next) = ring_step(kv, step + 1 < cp.size, cp, comm, |kv| {
             for &(kq, kk, causal) in ring_blocks(cp, src) {
                 let mut pair = vec![0.0f32; b * c * w];
-                fuse_q_kv(&mut pair, &q[kq], &chunk_rows(kv, b, t_local, w, kk), rd);
+                fuse_q_kv(&mut pair, &q[kq], &chunk_rows(kv, b, t_local, kvw, kk), rd);
                 let (mut o, mut l) = (vec![0.0f32; b * c * ow], vec![0.0f32; b * d.heads * c]);
                 let bd = block_dims(d, b, c, causal, cp, (cp.rank, kq), (src, kk));
                 let starts = block_starts(doc_start, b, c, cp, (cp.rank, kq), (src, kk));
@@ -462,18 +465,19 @@ pub fn ring_attention_backward(
     let o: [Vec<f32>; 2] = [0, 1].map(|k| chunk_rows(out.data(), b, t_local, ow, k));
     let l: [Vec<f32>; 2] = [0, 1].map(|k| chunk_lse(lse.data(), b, d.heads, t_local, k));
     let mut dq: [Vec<f32>; 2] = [vec![0.0f32; b * c * w], vec![0.0f32; b * c * w]];
-    // Key/value gradients for every rank's chunks: [rank][chunk][b * c * w].
-    let mut dkv = vec![0.0f32; cp.size * 2 * b * c * w];
-    let mut kv = qkv.data().to_vec();
-    // A sink for the parts of a gradient row a split does not need.
-    let mut unused = vec![0.0f32; b * c * w];
+    // Only keys and values travel; their gradients for every rank's chunks:
+    // [rank][chunk][b * c * kvw].
+    let kvw = rd.kv_row();
+    let mut dkv = vec![0.0f32; cp.size * 2 * b * c * kvw];
+    let mut kv = vec![0.0f32; n * kvw];
+    kv_rows(&mut kv, qkv.data(), rd);
     for step in 0..cp.size {
         let src = (cp.rank + cp.size - step) % cp.size;
         let (dq, dkv) = (&mut dq, &mut dkv);
         let ((), next) = ring_step(kv, step + 1 < cp.size, cp, comm, |kv| {
             for &(kq, kk, causal) in ring_blocks(cp, src) {
                 let mut pair = vec![0.0f32; b * c * w];
-                fuse_q_kv(&mut pair, &q[kq], &chunk_rows(kv, b, t_local, w, kk), rd);
+                fuse_q_kv(&mut pair, &q[kq], &chunk_rows(kv, b, t_local, kvw, kk), rd);
                 let mut dpair = vec![0.0f32; b * c * w];
                 let bd = block_dims(d, b, c, causal, cp, (cp.rank, kq), (src, kk));
                 let starts = block_starts(doc_start, b, c, cp, (cp.rank, kq), (src, kk));
@@ -481,8 +485,8 @@ pub fn ring_attention_backward(
                     .as_deref()
                     .map_or_else(AttentionMask::default, AttentionMask::documents);
                 attention_backward(&mut dpair, &dq_in[kq], &o[kq], &l[kq], &pair, m, bd, key);
-                let at = (src * 2 + kk) * b * c * w;
-                split_q_kv_add(&mut dq[kq], &mut dkv[at..at + b * c * w], &dpair, rd);
+                let at = (src * 2 + kk) * b * c * kvw;
+                split_q_kv_add(&mut dq[kq], &mut dkv[at..at + b * c * kvw], &dpair, rd);
             }
         })?;
         kv = next;
@@ -494,8 +498,8 @@ pub fn ring_attention_backward(
         // Queries' gradients from here, keys' and values' from every rank that used them.
         let mut rows = dqk.clone();
         for r in 0..cp.size {
-            let at = (r * 2 + k) * b * c * w;
-            split_q_kv_add(&mut unused, &mut rows, &got[at..at + b * c * w], rd);
+            let at = (r * 2 + k) * b * c * kvw;
+            add_kv_rows(&mut rows, &got[at..at + b * c * kvw], rd);
         }
         set_chunk_rows(dqkv.data_mut(), &rows, b, t_local, w, k);
     }

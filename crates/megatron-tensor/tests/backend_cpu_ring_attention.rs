@@ -5,7 +5,9 @@
 mod common;
 
 use common::*;
-use megatron_tensor::cpu::ring_attention::{attention_merge, block_doc_start, fuse_q_kv, RingDims};
+use megatron_tensor::cpu::ring_attention::{
+    attention_merge, block_doc_start, fuse_q_kv, kv_rows, RingDims,
+};
 use megatron_tensor::cpu::{attention_forward, AttentionDims, AttentionMask};
 use megatron_tensor::RngKey;
 
@@ -53,8 +55,11 @@ fn blockwise_attention_merged_by_log_sum_exp_equals_the_whole_sequence() {
         let q1 = half(&qkv, row, 1);
         let mut acc: Option<(Vec<f32>, Vec<f32>)> = None;
         for (kv_half, causal) in [(1, true), (0, false)] {
+            // Only keys and values travel: compact rows of them.
+            let mut kv = vec![0.0f32; b * c * rd.kv_row()];
+            kv_rows(&mut kv, &half(&qkv, row, kv_half), rd);
             let mut pair = vec![0.0f32; b * c * row];
-            fuse_q_kv(&mut pair, &q1, &half(&qkv, row, kv_half), rd);
+            fuse_q_kv(&mut pair, &q1, &kv, rd);
             let block = AttentionDims { t: c, causal, ..d };
             let starts_block = docs.map(|s| {
                 let mut o = vec![0u32; b * c];

@@ -1,7 +1,9 @@
 //! Pieces of ring attention (context parallelism, `--cp-comm-type p2p`): a rank's queries meet
 //! one block of keys and values at a time, each block through the ordinary attention kernel;
-//! these kernels assemble a block's fused QKV rows from two sources, merge partial outputs by
-//! their log-sum-exp (the online softmax across blocks), and split a block's QKV gradient back.
+//! these kernels take the keys and values that travel around the ring out of the fused rows,
+//! assemble a block's fused QKV rows from local queries and travelling keys/values, merge
+//! partial outputs by their log-sum-exp (the online softmax across blocks), and split a
+//! block's QKV gradient back.
 
 use rayon::prelude::*;
 
@@ -26,35 +28,94 @@ impl RingDims {
     fn group_width(&self) -> usize {
         (self.qpg() + 2) * self.head_dim
     }
+
+    /// Elements of one row of keys and values only: per group its key, its value.
+    pub fn kv_row(&self) -> usize {
+        2 * self.groups * self.head_dim
+    }
 }
 
-/// `pair[i]` = the query parts of `q[i]` and the key/value parts of `kv[i]` (fused rows).
-pub fn fuse_q_kv(pair: &mut [f32], q: &[f32], kv: &[f32], d: RingDims) {
-    let (row, gw, qw) = (d.qkv_row(), d.group_width(), d.qpg() * d.head_dim);
-    pair.par_chunks_mut(row)
-        .zip(q.par_chunks(row).zip(kv.par_chunks(row)))
-        .for_each(|(o, (qr, kr))| {
+/// The keys and values of fused QKV rows (`qkv`, rows of [`RingDims::qkv_row`]) as compact
+/// rows of [`RingDims::kv_row`]: what travels around the ring.
+pub fn kv_rows(kv: &mut [f32], qkv: &[f32], d: RingDims) {
+    let (row, gw, qw, hd) = (
+        d.qkv_row(),
+        d.group_width(),
+        d.qpg() * d.head_dim,
+        d.head_dim,
+    );
+    kv.par_chunks_mut(d.kv_row())
+        .zip(qkv.par_chunks(row))
+        .for_each(|(o, r)| {
             for g in 0..d.groups {
-                let at = g * gw;
-                o[at..at + qw].copy_from_slice(&qr[at..at + qw]);
-                o[at + qw..at + gw].copy_from_slice(&kr[at + qw..at + gw]);
+                o[g * 2 * hd..(g + 1) * 2 * hd].copy_from_slice(&r[g * gw + qw..(g + 1) * gw]);
             }
         });
 }
 
-/// The inverse of [`fuse_q_kv`] for gradients: `dq[i]` += the query parts of `pair[i]`,
-/// `dkv[i]` += its key/value parts (other parts untouched).
+/// `pair[i]` = the query parts of `q[i]` (fused rows) and the keys and values of `kv[i]`
+/// (compact rows): one block's fused QKV.
+pub fn fuse_q_kv(pair: &mut [f32], q: &[f32], kv: &[f32], d: RingDims) {
+    let (row, gw, qw, hd) = (
+        d.qkv_row(),
+        d.group_width(),
+        d.qpg() * d.head_dim,
+        d.head_dim,
+    );
+    pair.par_chunks_mut(row)
+        .zip(q.par_chunks(row).zip(kv.par_chunks(d.kv_row())))
+        .for_each(|(o, (qr, kr))| {
+            for g in 0..d.groups {
+                let at = g * gw;
+                o[at..at + qw].copy_from_slice(&qr[at..at + qw]);
+                o[at + qw..at + gw].copy_from_slice(&kr[g * 2 * hd..(g + 1) * 2 * hd]);
+            }
+        });
+}
+
+/// The inverse of [`fuse_q_kv`] for gradients: `dq[i]` (fused rows) += the query parts of
+/// `pair[i]`, `dkv[i]` (compact rows) += its key/value parts.
 pub fn split_q_kv_add(dq: &mut [f32], dkv: &mut [f32], pair: &[f32], d: RingDims) {
-    let (row, gw, qw) = (d.qkv_row(), d.group_width(), d.qpg() * d.head_dim);
+    let (row, gw, qw, hd) = (
+        d.qkv_row(),
+        d.group_width(),
+        d.qpg() * d.head_dim,
+        d.head_dim,
+    );
     dq.par_chunks_mut(row)
-        .zip(dkv.par_chunks_mut(row).zip(pair.par_chunks(row)))
+        .zip(dkv.par_chunks_mut(d.kv_row()).zip(pair.par_chunks(row)))
         .for_each(|(q, (kv, p))| {
             for g in 0..d.groups {
                 let at = g * gw;
                 for (a, b) in q[at..at + qw].iter_mut().zip(&p[at..at + qw]) {
                     *a += b;
                 }
-                for (a, b) in kv[at + qw..at + gw].iter_mut().zip(&p[at + qw..at + gw]) {
+                for (a, b) in kv[g * 2 * hd..(g + 1) * 2 * hd]
+                    .iter_mut()
+                    .zip(&p[at + qw..at + gw])
+                {
+                    *a += b;
+                }
+            }
+        });
+}
+
+/// `dqkv[i]` (fused rows) key/value parts += `dkv[i]` (compact rows).
+pub fn add_kv_rows(dqkv: &mut [f32], dkv: &[f32], d: RingDims) {
+    let (row, gw, qw, hd) = (
+        d.qkv_row(),
+        d.group_width(),
+        d.qpg() * d.head_dim,
+        d.head_dim,
+    );
+    dqkv.par_chunks_mut(row)
+        .zip(dkv.par_chunks(d.kv_row()))
+        .for_each(|(o, r)| {
+            for g in 0..d.groups {
+                for (a, b) in o[g * gw + qw..(g + 1) * gw]
+                    .iter_mut()
+                    .zip(&r[g * 2 * hd..(g + 1) * 2 * hd])
+                {
                     *a += b;
                 }
             }
