@@ -94,3 +94,14 @@ pub trait Communicator: Send {
     ) -> Result<Box<dyn Communicator>, CommError>;
     fn stats(&self) -> CommStats;
 }
+
+/// Reborrows an optional group for one operation. (`Option::as_deref_mut` cannot: the trait
+/// object's lifetime is invariant behind `&mut`, so it would keep the whole borrow alive.)
+pub fn reborrow<'s>(
+    comm: &'s mut Option<&mut dyn Communicator>,
+) -> Option<&'s mut dyn Communicator> {
+    match comm {
+        Some(c) => Some(&mut **c),
+        None => None,
+    }
+}

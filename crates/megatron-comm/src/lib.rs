@@ -9,7 +9,7 @@ pub mod process_groups;
 pub mod thread_comm;
 pub mod typed;
 
-pub use communicator::{CommError, CommStats, Communicator, ReduceOp};
+pub use communicator::{reborrow, CommError, CommStats, Communicator, ReduceOp};
 pub use parallel_state::{Axis, Coords, ParallelError, ParallelState};
 pub use process_groups::{Group, ProcessGroups};
 pub use thread_comm::{run_ranks, run_ranks_until_failure, RankOutcome, ThreadCommunicator};

@@ -95,6 +95,21 @@ pub fn row_runs(lo: usize, hi: usize, t_local: usize, cp: CpLayout) -> Vec<(usiz
     runs
 }
 
+/// [`row_runs`] of rows of `h` elements: (element range in this rank's rows `lo..hi`, element
+/// offset in the micro-batch) — where dropout masks are drawn from.
+pub fn element_runs(
+    lo: usize,
+    hi: usize,
+    t_local: usize,
+    cp: CpLayout,
+    h: usize,
+) -> Vec<(std::ops::Range<usize>, u64)> {
+    row_runs(lo, hi, t_local, cp)
+        .into_iter()
+        .map(|(r, n, g)| ((r - lo) * h..(r - lo + n) * h, (g * h) as u64))
+        .collect()
+}
+
 /// Rows of each source rank's local layout mapped to the whole sequence: for rank `i`,
 /// sequence `s`, local row `q`: (row in `i`'s local buffer, row in the whole sequence).
 fn row_pairs(

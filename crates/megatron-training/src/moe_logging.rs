@@ -81,7 +81,7 @@ pub(crate) fn gather_moe_metrics(
         dp.all_reduce(&mut v, ReduceOp::Sum)?;
     }
     // Every TP and CP rank counts each micro-batch (its share of the losses).
-    let tp = (comms.tp.size() * comms.tp.cp_rank_size().1) as f64;
+    let tp = (comms.tp.size() * comms.tp.cp_layout().size) as f64;
     let (mut lb, mut z, mut n) = (0.0f64, 0.0f64, 0usize);
     let mut layers = Vec::new();
     for l in 0..num_layers {

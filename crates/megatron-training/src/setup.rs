@@ -124,8 +124,7 @@ impl<'a> RankComms<'a> {
 
     /// This rank's place in its context-parallel group.
     pub fn cp_layout(&self) -> megatron_core::context_parallel::CpLayout {
-        let (rank, size) = self.tp.cp_rank_size();
-        megatron_core::context_parallel::CpLayout { rank, size }
+        self.tp.cp_layout()
     }
 
     /// Max of a flag over the whole world: over TP, then PP (every rank with this DP index),

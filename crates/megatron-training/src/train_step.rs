@@ -206,11 +206,10 @@ impl Trainer<'_> {
         let mut loss = pass.loss_sum / cfg.num_microbatches as f64;
         allreduce_sequence_parallel_grads(&self.params, &mut self.grads, &mut self.comms.tp)?;
         for c in &self.chunks {
-            let dp: Option<&mut dyn megatron_comm::Communicator> = match self.comms.dp.as_mut() {
-                Some(d) => Some(&mut **d),
-                None => None,
-            };
-            c.finalize_step(&mut self.comms.tp, dp)?;
+            c.finalize_step(
+                &mut self.comms.tp,
+                megatron_comm::reborrow(&mut self.comms.dp),
+            )?;
         }
         if let (Some(e), true) = (
             self.comms.embedding.as_deref_mut(),

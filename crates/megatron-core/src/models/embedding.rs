@@ -101,13 +101,12 @@ impl LanguageModelEmbedding {
         t: usize,
         ctx: &StepContext,
     ) -> Vec<(std::ops::Range<usize>, megatron_tensor::RngKey)> {
-        let (rank, size) = tp.cp_rank_size();
-        let cp = crate::context_parallel::CpLayout { rank, size };
+        let cp = tp.cp_layout();
         let h = self.hidden;
-        let base = ctx.site_for(EMBEDDING_LAYER, SITE_EMBEDDING_DROPOUT, t * size * h);
-        crate::context_parallel::row_runs(lo, hi, t, cp)
+        let base = ctx.site_for(EMBEDDING_LAYER, SITE_EMBEDDING_DROPOUT, t * cp.size * h);
+        crate::context_parallel::element_runs(lo, hi, t, cp, h)
             .into_iter()
-            .map(|(r, n, g)| ((r - lo) * h..(r - lo + n) * h, base.offset((g * h) as u64)))
+            .map(|(r, k)| (r, base.offset(k)))
             .collect()
     }
 

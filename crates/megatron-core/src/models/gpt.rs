@@ -693,11 +693,7 @@ impl ModelChunk for GPTModel {
         mut dp: Option<&mut dyn megatron_comm::Communicator>,
     ) -> Result<(), CommError> {
         for m in self.moe_layers() {
-            let dp: Option<&mut dyn megatron_comm::Communicator> = match dp.as_mut() {
-                Some(c) => Some(&mut **c),
-                None => None,
-            };
-            m.update_expert_bias(tp, dp)?;
+            m.update_expert_bias(tp, megatron_comm::reborrow(&mut dp))?;
         }
         Ok(())
     }

@@ -56,17 +56,15 @@ impl<'a> Tp<'a> {
         }
     }
 
-    /// (rank, size) in the context-parallel group; (0, 1) without one.
-    pub fn cp_rank_size(&self) -> (usize, usize) {
-        self.cp.as_ref().map_or((0, 1), |c| (c.rank(), c.size()))
+    /// This rank's place in the context-parallel group (one rank without one).
+    pub fn cp_layout(&self) -> crate::context_parallel::CpLayout {
+        let (rank, size) = self.cp.as_ref().map_or((0, 1), |c| (c.rank(), c.size()));
+        crate::context_parallel::CpLayout { rank, size }
     }
 
     /// The context-parallel group, reborrowed for one operation.
     pub fn cp(&mut self) -> Option<&mut dyn Communicator> {
-        match self.cp.as_mut() {
-            Some(c) => Some(&mut **c),
-            None => None,
-        }
+        megatron_comm::reborrow(&mut self.cp)
     }
 
     /// The same TP group with the expert-parallel and expert-tensor-parallel groups MoE
@@ -87,17 +85,11 @@ impl<'a> Tp<'a> {
     }
     /// The expert-tensor-parallel group, reborrowed for one operation.
     pub fn etp(&mut self) -> Option<&mut dyn Communicator> {
-        match self.etp.as_mut() {
-            Some(c) => Some(&mut **c),
-            None => None,
-        }
+        megatron_comm::reborrow(&mut self.etp)
     }
     /// The expert-parallel group, reborrowed for one operation.
     pub fn ep(&mut self) -> Option<&mut dyn Communicator> {
-        match self.ep.as_mut() {
-            Some(c) => Some(&mut **c),
-            None => None,
-        }
+        megatron_comm::reborrow(&mut self.ep)
     }
     pub fn rank(&self) -> usize {
         self.comm.rank()

@@ -81,12 +81,6 @@ fn ring(tp: &Tp) -> bool {
     tp.cp.is_some() && tp.cp_comm_type == CpCommType::P2p
 }
 
-/// The context-parallel layout `tp` carries (one rank when it has no such group).
-fn cp_layout(tp: &Tp) -> CpLayout {
-    let (rank, size) = tp.cp_rank_size();
-    CpLayout { rank, size }
-}
-
 impl SelfAttention {
     pub fn new(
         cfg: &TransformerConfig,
@@ -208,7 +202,7 @@ impl SelfAttention {
     ) -> Result<(Tensor, Option<QKNormSaved>), CommError> {
         let mut qkv = self.linear_qkv.forward(params, tp, x)?;
         let qk = self.qk_norm.as_ref().map(|n| n.forward(params, &mut qkv));
-        let cp = cp_layout(tp);
+        let cp = tp.cp_layout();
         self.rotate(qkv.data_mut(), t, first_pos, cp, Rotation::Forward);
         Ok((qkv, qk))
     }
@@ -227,7 +221,7 @@ impl SelfAttention {
         mask: AttentionMask,
     ) -> Result<(Tensor, SelfAttentionSaved), CommError> {
         let (qkv, qk_norm) = self.qkv_forward(params, tp, x, t, 0)?;
-        let cp = cp_layout(tp);
+        let cp = tp.cp_layout();
         let (qkv, attn, lse) = if ring(tp) {
             let (attn, lse) = self.ring_attention(tp, &qkv, b, t, ctx, mask)?;
             (qkv, attn, lse)
@@ -313,7 +307,7 @@ impl SelfAttention {
         ctx: &StepContext,
         mask: AttentionMask,
     ) -> Result<Tensor, CommError> {
-        let cp = cp_layout(tp);
+        let cp = tp.cp_layout();
         if ring(tp) {
             let qkv = restore(&saved.qkv);
             let (attn, lse) = match &saved.attn {
@@ -412,7 +406,7 @@ impl SelfAttention {
         ctx: &StepContext,
         mask: AttentionMask,
     ) -> Result<(Tensor, Tensor), CommError> {
-        let cp = cp_layout(tp);
+        let cp = tp.cp_layout();
         let tw = t * cp.size;
         let key = ctx.site_for(self.layer, SITE_ATTN_DROPOUT, self.total_heads * tw * tw);
         let d = self.dims_of(b, t, ctx, CpLayout { rank: 0, size: 1 });

@@ -286,15 +286,10 @@ struct DropoutRows {
 
 impl DropoutRows {
     fn new(tp: &Tp, lo: usize, rows: usize, t: usize, h: usize) -> Self {
-        let (rank, size) = tp.cp_rank_size();
-        let cp = crate::context_parallel::CpLayout { rank, size };
-        let runs = crate::context_parallel::row_runs(lo, lo + rows, t, cp)
-            .into_iter()
-            .map(|(r, n, g)| ((r - lo) * h..(r - lo + n) * h, (g * h) as u64))
-            .collect();
+        let cp = tp.cp_layout();
         DropoutRows {
-            runs,
-            per_sample: t * size * h,
+            runs: crate::context_parallel::element_runs(lo, lo + rows, t, cp, h),
+            per_sample: t * cp.size * h,
         }
     }
 

@@ -99,11 +99,6 @@ impl MoESaved {
             + self.kept.size_in_bytes()
             + self.shared.as_ref().map_or(0, |s| s.size_in_bytes())
     }
-
-    /// Rows this rank's tokens sent to each expert.
-    pub fn tokens_per_expert(&self) -> &[usize] {
-        &self.plan.tokens_per_expert
-    }
 }
 
 impl MoELayer {
@@ -331,7 +326,7 @@ impl MoELayer {
         // The micro-batch's tokens are spread over the TP ranks (sequence parallelism) and the
         // context-parallel ranks: megatron-core's `tp_cp_group` for the loss statistics.
         let sp = tp.sequence_parallel;
-        let cp = tp.cp_rank_size().1;
+        let cp = tp.cp_layout().size;
         let total = n * if sp { tp.size() } else { 1 } * cp;
         let top = saved.aux_top_idx.as_ref().unwrap_or(&saved.top_idx);
         let coeff = self.cfg.aux_loss_coeff;
