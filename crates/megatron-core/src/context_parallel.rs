@@ -193,13 +193,18 @@ pub fn heads_to_sequence(
 
 /// Rows of local chunk `k` of every sequence (`x` is `[b * t_local, w]`): `[b * c, w]`.
 fn chunk_rows(x: &[f32], b: usize, t_local: usize, w: usize, k: usize) -> Vec<f32> {
+    let mut out = vec![0.0f32; b * (t_local / 2) * w];
+    chunk_rows_into(&mut out, x, b, t_local, w, k);
+    out
+}
+
+/// [`chunk_rows`] into a buffer the ring reuses from block to block.
+fn chunk_rows_into(out: &mut [f32], x: &[f32], b: usize, t_local: usize, w: usize, k: usize) {
     let c = t_local / 2;
-    let mut out = Vec::with_capacity(b * c * w);
     for s in 0..b {
         let lo = (s * t_local + k * c) * w;
-        out.extend_from_slice(&x[lo..lo + c * w]);
+        out[s * c * w..(s + 1) * c * w].copy_from_slice(&x[lo..lo + c * w]);
     }
-    out
 }
 
 /// Writes `[b * c, w]` rows back as local chunk `k` of every sequence.
@@ -417,23 +422,26 @@ pub fn ring_attention_forward(
     let kvw = rd.kv_row();
     let mut kv = vec![0.0f32; n * kvw];
     kv_rows(&mut kv, qkv.data(), rd);
+    // One block's buffers, reused by every block of every step.
+    let mut kvc = vec![0.0f32; b * c * kvw];
+    let mut pair = vec![0.0f32; b * c * w];
+    let (mut o, mut l) = (vec![0.0f32; b * c * ow], vec![0.0f32; b * d.heads * c]);
     for step in 0..cp.size {
         let src = (cp.rank + cp.size - step) % cp.size;
-        let acc = &mut acc;
+        let (acc, kvc, pair, o, l) = (&mut acc, &mut kvc, &mut pair, &mut o, &mut l);
         let ((), next) = ring_step(kv, step + 1 < cp.size, cp, comm, |kv| {
             for &(kq, kk, causal) in ring_blocks(cp, src) {
-                let mut pair = vec![0.0f32; b * c * w];
-                fuse_q_kv(&mut pair, &q[kq], &chunk_rows(kv, b, t_local, kvw, kk), rd);
-                let (mut o, mut l) = (vec![0.0f32; b * c * ow], vec![0.0f32; b * d.heads * c]);
+                chunk_rows_into(kvc, kv, b, t_local, kvw, kk);
+                fuse_q_kv(pair, &q[kq], kvc, rd);
                 let bd = block_dims(d, b, c, causal, cp, (cp.rank, kq), (src, kk));
                 let starts = block_starts(doc_start, b, c, cp, (cp.rank, kq), (src, kk));
                 let m = starts
                     .as_deref()
                     .map_or_else(AttentionMask::default, AttentionMask::documents);
-                attention_forward(&mut o, &mut l, &pair, m, bd, key);
+                attention_forward(o, l, pair, m, bd, key);
                 match &mut acc[kq] {
-                    None => acc[kq] = Some((o, l)),
-                    Some((ao, al)) => attention_merge(ao, al, &o, &l, rd),
+                    None => acc[kq] = Some((o.clone(), l.clone())),
+                    Some((ao, al)) => attention_merge(ao, al, o, l, rd),
                 }
             }
         })?;
@@ -486,22 +494,24 @@ pub fn ring_attention_backward(
     let mut dkv = vec![0.0f32; cp.size * 2 * b * c * kvw];
     let mut kv = vec![0.0f32; n * kvw];
     kv_rows(&mut kv, qkv.data(), rd);
+    // One block's buffers, reused by every block of every step.
+    let mut kvc = vec![0.0f32; b * c * kvw];
+    let (mut pair, mut dpair) = (vec![0.0f32; b * c * w], vec![0.0f32; b * c * w]);
     for step in 0..cp.size {
         let src = (cp.rank + cp.size - step) % cp.size;
-        let (dq, dkv) = (&mut dq, &mut dkv);
+        let (dq, dkv, kvc, pair, dpair) = (&mut dq, &mut dkv, &mut kvc, &mut pair, &mut dpair);
         let ((), next) = ring_step(kv, step + 1 < cp.size, cp, comm, |kv| {
             for &(kq, kk, causal) in ring_blocks(cp, src) {
-                let mut pair = vec![0.0f32; b * c * w];
-                fuse_q_kv(&mut pair, &q[kq], &chunk_rows(kv, b, t_local, kvw, kk), rd);
-                let mut dpair = vec![0.0f32; b * c * w];
+                chunk_rows_into(kvc, kv, b, t_local, kvw, kk);
+                fuse_q_kv(pair, &q[kq], kvc, rd);
                 let bd = block_dims(d, b, c, causal, cp, (cp.rank, kq), (src, kk));
                 let starts = block_starts(doc_start, b, c, cp, (cp.rank, kq), (src, kk));
                 let m = starts
                     .as_deref()
                     .map_or_else(AttentionMask::default, AttentionMask::documents);
-                attention_backward(&mut dpair, &dq_in[kq], &o[kq], &l[kq], &pair, m, bd, key);
+                attention_backward(dpair, &dq_in[kq], &o[kq], &l[kq], pair, m, bd, key);
                 let at = (src * 2 + kk) * b * c * kvw;
-                split_q_kv_add(&mut dq[kq], &mut dkv[at..at + b * c * kvw], &dpair, rd);
+                split_q_kv_add(&mut dq[kq], &mut dkv[at..at + b * c * kvw], dpair, rd);
             }
         })?;
         kv = next;
