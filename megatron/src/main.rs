@@ -17,9 +17,10 @@ mod bench_tp;
 
 /// GEMM packing buffers and activations are large, short-lived allocations; glibc hands them
 /// back to the kernel after each call (munmap + page faults + TLB shootdowns across rank and
-/// GEMM threads). mimalloc keeps them.
+/// GEMM threads). mimalloc keeps them. Around it, the per-rank byte counts of `--log-memory`.
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: megatron_tensor::alloc::RankAllocator<mimalloc::MiMalloc> =
+    megatron_tensor::alloc::RankAllocator(mimalloc::MiMalloc);
 
 #[derive(Parser)]
 #[command(

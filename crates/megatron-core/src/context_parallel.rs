@@ -352,6 +352,17 @@ fn exchange(
 static RING_EXCHANGE_NS: AtomicU64 = AtomicU64::new(0);
 static RING_WAIT_NS: AtomicU64 = AtomicU64::new(0);
 
+thread_local! {
+    /// The largest ring block pair (the one in use and the one arriving) this rank held.
+    static RING_PEAK_BYTES: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Bytes of the largest pair of ring blocks this rank's thread held at once (the one computed
+/// on and the one arriving), since the last call; resets it.
+pub fn take_ring_peak_bytes() -> usize {
+    RING_PEAK_BYTES.with(|c| c.replace(0))
+}
+
 /// (exchange time, time compute waited for it) since the last call, and resets both.
 pub fn take_ring_stats() -> (Duration, Duration) {
     let e = RING_EXCHANGE_NS.swap(0, Ordering::Relaxed);
@@ -375,7 +386,10 @@ fn ring_step<R>(
     }
     std::thread::scope(|s| {
         let held = &kv;
+        RING_PEAK_BYTES.with(|c| c.set(c.get().max(2 * held.len() * 4)));
+        let slot = megatron_tensor::alloc::current_slot();
         let exchanging = s.spawn(move || {
+            megatron_tensor::alloc::set_slot(slot);
             let started = Instant::now();
             let mut got = vec![0.0f32; held.len()];
             let r = exchange(held, &mut got, cp, comm).map(|()| got);

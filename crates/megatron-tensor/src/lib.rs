@@ -2,6 +2,7 @@
 //! numbers, and the device kernels. Models call kernels through [`backend::cpu`] entry points; no
 //! model loops over raw floats.
 
+pub mod alloc;
 pub mod backend;
 pub mod dtype;
 pub mod pool;

@@ -44,6 +44,7 @@ impl Pool {
             };
             if let Some((bufs, _)) = self.free.remove(&len) {
                 self.bytes -= bufs.len() * len * 4;
+                crate::alloc::release_parked(bufs.len() * len * 4);
             }
         }
     }
@@ -74,6 +75,7 @@ pub fn take_any(len: usize) -> Vec<f32> {
             });
             if v.is_some() {
                 p.bytes -= len * 4;
+                crate::alloc::unpark(len * 4);
             }
             v
         }) {
@@ -100,6 +102,7 @@ pub fn give_back(v: Vec<f32>) {
         }
         if p.bytes + len * 4 <= MAX_POOLED_BYTES {
             p.bytes += len * 4;
+            crate::alloc::park(len * 4);
             let now = p.touch();
             let entry = p.free.entry(len).or_insert_with(|| (Vec::new(), now));
             entry.0.push(v);
@@ -123,6 +126,7 @@ pub fn pooled_bytes() -> usize {
 pub fn clear() {
     POOL.with(|p| {
         let mut p = p.borrow_mut();
+        crate::alloc::release_parked(p.bytes);
         p.free.clear();
         p.outstanding.clear();
         p.bytes = 0;

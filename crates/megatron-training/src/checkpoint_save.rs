@@ -197,9 +197,11 @@ impl crate::training::Trainer<'_> {
             drop(pool);
             let bytes: usize = blobs.iter().map(|b| b.data.len() * 4).sum();
             let p = partial.clone();
+            let slot = megatron_tensor::alloc::current_slot();
             let handle = std::thread::Builder::new()
                 .name(format!("ckpt-writer-{rank}"))
                 .spawn(move || {
+                    megatron_tensor::alloc::set_slot(slot);
                     let srcs: Vec<PieceSrc> = blobs.iter().map(Blob::as_src).collect();
                     write_rank_shard(&p, rank, &srcs)?;
                     drop(srcs);

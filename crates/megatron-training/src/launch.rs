@@ -21,6 +21,7 @@ pub fn pretrain(args: &TrainArgs) -> Result<TrainSummary, TrainError> {
     let cfg = args.validate(tok.vocab_size())?;
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
+        .start_handler(|_| megatron_tensor::alloc::set_rank(0))
         .build()
         .map_err(|e| TrainError::Args(format!("--num-threads {threads}: {e}")))?;
     if cfg.world() == 1 {
@@ -188,10 +189,12 @@ fn pretrain_ranks(
         n,
         grace,
         move |rank, comm| -> Result<TrainSummary, TrainError> {
+            megatron_tensor::alloc::set_rank(rank);
             let tok = build_tokenizer_from(&spec)?;
             let mut groups = process_groups(comm, &cfg, "threads")?;
             let pool = rayon::ThreadPoolBuilder::new()
                 .num_threads(per_rank)
+                .start_handler(move |_| megatron_tensor::alloc::set_rank(rank))
                 .build()
                 .map_err(|e| TrainError::Rank {
                     rank,

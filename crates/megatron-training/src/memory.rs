@@ -20,21 +20,50 @@ pub struct MemoryBreakdown {
     pub micro_batches_in_flight: usize,
     /// Buffers the tensor pool keeps for reuse on this rank's thread.
     pub pooled: u64,
+    /// The distributed optimizer's reduce-scatter / all-gather staging buffer.
+    pub communication: u64,
+    /// Context parallelism (p2p): the largest pair of key/value ring blocks held at once.
+    pub kv_ring: u64,
     /// The process's resident high-water mark (every rank thread of the process together).
     pub process_peak: u64,
+    /// This rank's allocator high-water marks since training started (everything its threads
+    /// allocated: the kinds above, transient buffers, messages), as PyTorch's
+    /// `max_memory_allocated` (in use) and `max_memory_reserved` (with the buffers the tensor
+    /// pool keeps for reuse); absent when the binary does not count allocations per rank
+    /// (`megatron_tensor::alloc`).
+    pub allocated_peak: Option<u64>,
+    pub reserved_peak: Option<u64>,
+    /// This rank's predicted `allocated_peak` ([`predict_peak`]).
+    pub predicted_peak: u64,
+    /// Over every rank: the smallest and largest measured / predicted peak.
+    pub peak_over_predicted: Option<(f64, f64)>,
 }
 
 impl MemoryBreakdown {
     pub fn line(&self) -> String {
         let mib = |b: u64| b as f64 / (1 << 20) as f64;
         format!(
-            " | memory (MiB) params: {:.1} grads: {:.1} optimizer: {:.1} activations: {:.1} ({} in flight) pool: {:.1} process peak: {:.0}",
+            " | memory (MiB) params: {:.1} grads: {:.1} optimizer: {:.1} activations: {:.1} ({} in flight) communication: {:.1} kv ring: {:.1} pool: {:.1}{} predicted: {:.1}{} process peak: {:.0}",
             mib(self.parameters),
             mib(self.gradients),
             mib(self.optimizer_state),
             mib(self.activations),
             self.micro_batches_in_flight,
+            mib(self.communication),
+            mib(self.kv_ring),
             mib(self.pooled),
+            match (self.allocated_peak, self.reserved_peak) {
+                (Some(a), Some(r)) => format!(
+                    " max allocated: {:.1} max reserved: {:.1}",
+                    mib(a),
+                    mib(r)
+                ),
+                _ => String::new(),
+            },
+            mib(self.predicted_peak),
+            self.peak_over_predicted
+                .map(|(lo, hi)| format!(" (measured/predicted over ranks {lo:.3}-{hi:.3})"))
+                .unwrap_or_default(),
             mib(self.process_peak)
         )
     }
@@ -103,4 +132,115 @@ pub fn predicted(cfg: &TrainConfig, params: u64, grads: u64, optimizer: u64) -> 
         mib(ours),
         mib(theirs)
     )
+}
+
+/// A rank's predicted allocator high-water mark (`max allocated`), by kind.
+#[derive(Serialize, Clone, Debug, PartialEq)]
+pub struct PeakPrediction {
+    /// Parameters, gradients and optimizer state: sizes known once they exist.
+    pub model_state: u64,
+    /// The distributed optimizer's staging buffer for reduce-scatter / all-gather (the largest
+    /// bucket).
+    pub communication: u64,
+    /// Packing panels each GEMM thread keeps.
+    pub gemm_workspace: u64,
+    /// Saved activations of the micro-batches (per model chunk) this stage holds at once under
+    /// its schedule (the engine's formula).
+    pub activations: u64,
+    /// The largest set of buffers alive only inside one layer's forward or backward or the
+    /// output layer (with, under context parallelism, the key/value blocks on the ring).
+    pub transient: u64,
+    /// Of `transient`: the key/value ring's blocks (context parallelism with p2p).
+    pub kv_ring: u64,
+}
+
+impl PeakPrediction {
+    pub fn total(&self) -> u64 {
+        self.model_state
+            + self.communication
+            + self.gemm_workspace
+            + self.activations
+            + self.transient
+    }
+}
+
+/// What this rank's allocations should peak at, from the layout alone: the model state,
+/// the saved activations of the micro-batches in flight on its stage and the largest transient
+/// working set. Transients follow the dense layer's kernels (fp32 working buffers): one layer's
+/// forward holds its normalized input (gathered under SP) and the MLP's activation beside its
+/// saved tensors; its backward the incoming and outgoing gradients and two MLP-wide buffers
+/// (activation and its gradient); the output layer one logits tile and two hidden-sized
+/// buffers; full recomputation re-creates one group's saved tensors during backward. Mixture-of-
+/// experts dispatch buffers are not modelled.
+pub fn predict_peak(
+    cfg: &TrainConfig,
+    model_state: u64,
+    communication: u64,
+    gemm_threads: usize,
+    pp_rank: usize,
+    in_flight: usize,
+) -> PeakPrediction {
+    use megatron_core::transformer::config::Activation;
+    let a = &cfg.args;
+    let m = &cfg.model;
+    let (tp, pp) = (cfg.tp, cfg.pp);
+    let sp = a.sequence_parallel && tp > 1;
+    let half = cfg.precision.half().is_some();
+    let tok = a.micro_batch_size * a.seq_length / cfg.cp;
+    let rows = if sp { tok / tp } else { tok };
+    let h = m.hidden_size;
+    let ffn = m.ffn_hidden_size / tp;
+    let fc1 = match m.activation {
+        Activation::Gelu => ffn,
+        Activation::SwiGLU => 2 * ffn,
+    };
+    let last = pp_rank + 1 == pp;
+    let formula = |layers: usize, recompute| {
+        let mut one = m.clone();
+        one.num_layers = layers;
+        let s = a.seq_length / cfg.cp;
+        activation_bytes_formula_with(&one, a.micro_batch_size, s, tp, sp, half, recompute)
+            - rows * h * 4
+    };
+    let layers = m.num_layers / (pp * cfg.partition.v);
+    let per_mb = formula(layers, cfg.recompute) + if last { rows * h * 4 } else { 0 };
+    let layer = formula(1, Recompute::None);
+    let gathered = if sp { tok * h } else { 0 };
+    let kv_ring = match (cfg.cp, cfg.cp_comm_type) {
+        (1, _) | (_, megatron_core::context_parallel::CpCommType::A2a) => 0,
+        // The block being used and the one arriving, keys and values of this rank's heads.
+        _ => 2 * tok * 2 * m.query_groups() * m.head_dim() / tp * 4,
+    };
+    let forward = 4 * (rows * h + gathered + tok * ffn) + kv_ring;
+    let backward = 4 * (2 * rows * h + gathered + tok * (ffn + fc1)) + 2 * kv_ring;
+    let recomputed = match cfg.recompute {
+        // Uniform groups of `num_layers` are re-run together; block recomputes layer by layer.
+        Recompute::Full {
+            method: megatron_core::transformer::step::RecomputeMethod::Uniform,
+            num_layers,
+        } => num_layers.clamp(1, layers) * layer,
+        Recompute::Full { .. } => layer,
+        _ => 0,
+    };
+    let output = if last {
+        let v = m.padded_vocab_size / tp;
+        4 * (tok.min(megatron_core::models::gpt::classifier_tile_rows(v)) * v + 2 * tok * h)
+    } else {
+        0
+    };
+    let transient = forward.max(recomputed + backward).max(output);
+    PeakPrediction {
+        model_state,
+        communication,
+        gemm_workspace: (gemm_threads
+            * megatron_tensor::cpu::matmul::gemm_workspace_bytes_per_thread())
+            as u64,
+        activations: (per_mb * in_flight) as u64,
+        transient: transient as u64,
+        kv_ring: if transient == forward || transient == recomputed + backward {
+            kv_ring as u64
+        } else {
+            0
+        },
+    }
 }

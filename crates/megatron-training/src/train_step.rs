@@ -56,10 +56,14 @@ impl Trainer<'_> {
         // are averaged over data x context ranks: scaled by the context-parallel size they sum
         // over the sequence (Megatron multiplies the loss by it).
         let grad_scale = loss_scale * self.cfg.cp as f32 / self.cfg.num_microbatches as f32;
+        megatron_tensor::alloc::probe("step start");
         let pass = self.forward_backward(iteration, grad_scale)?;
+        megatron_tensor::alloc::probe("fb done");
         let opt_start = Instant::now();
         let loss = self.finalize_gradients(iteration, &pass)?;
+        megatron_tensor::alloc::probe("finalized");
         let mut out = self.optimizer_step(iteration, loss)?;
+        megatron_tensor::alloc::probe("opt done");
         self.timers.optimizer += opt_start.elapsed();
         self.timers.record(|| "optimizer".into(), opt_start);
         out.loss_scale = loss_scale;
@@ -137,7 +141,9 @@ impl Trainer<'_> {
             if let Some(dpc) = overlap_dp {
                 let (tx, rx) = std::sync::mpsc::channel();
                 let ptr = GradsPtr::new(grads);
+                let slot = megatron_tensor::alloc::current_slot();
                 comm_thread = Some(sc.spawn(move || -> Result<(), megatron_comm::CommError> {
+                    megatron_tensor::alloc::set_slot(slot);
                     if let Some((p, gate)) = gather {
                         gather_params(active, p, &mut *dpc, &gate)?;
                     }

@@ -92,6 +92,9 @@ pub(crate) struct Trainer<'a> {
     /// The model's buffers (router expert biases) as of the save being written, on the rank
     /// that writes them (the first tensor- and data-parallel rank of each stage).
     pub buffer_snapshot: Vec<(String, Vec<f32>)>,
+    /// Bytes this rank's allocator slot held when training started (`--log-memory` counts
+    /// from here).
+    pub alloc_baseline: megatron_tensor::alloc::SlotBytes,
 }
 
 impl Trainer<'_> {
@@ -218,6 +221,8 @@ pub(crate) fn run(
     );
     set_precision(cfg, &mut comms)?;
     let lead = comms.lead();
+    megatron_tensor::alloc::reset_peak();
+    let alloc_baseline = megatron_tensor::alloc::current();
     let setup = setup_model_and_optimizer(cfg, &mut comms, lead)?;
     if a.log_memory && lead {
         let p = &setup.params;
@@ -269,6 +274,7 @@ pub(crate) fn run(
         last_checkpoint: None,
         staging: Vec::new(),
         buffer_snapshot: Vec::new(),
+        alloc_baseline,
     };
     if a.async_save && a.save.is_some() {
         tr.prepare_async_staging();
@@ -462,15 +468,72 @@ impl Trainer<'_> {
             num_zeros: step.num_zeros,
             params_norm,
             moe,
-            memory: a.log_memory.then(|| crate::memory::MemoryBreakdown {
-                parameters: (self.params.data.len() * 4 + self.params.half.size_in_bytes()) as u64,
-                gradients: (self.grads.data.len() * 4) as u64,
-                optimizer_state: self.optimizer.state_bytes() as u64,
-                activations: step.peak_activation_bytes as u64,
-                micro_batches_in_flight: step.peak_in_flight,
-                pooled: megatron_tensor::pool::pooled_bytes() as u64,
-                process_peak: peak_rss_bytes(),
-            }),
+            memory: match a.log_memory {
+                true => Some(self.memory_breakdown(step)?),
+                false => None,
+            },
+        })
+    }
+
+    /// `--log-memory`: this rank's bytes by kind, its allocator high-water marks beside the
+    /// prediction, and the spread of measured / predicted over every rank.
+    fn memory_breakdown(
+        &mut self,
+        step: &crate::train_step::StepOutcome,
+    ) -> Result<crate::memory::MemoryBreakdown, TrainError> {
+        use megatron_tensor::alloc;
+        let cfg = self.cfg;
+        let parameters = (self.params.data.len() * 4 + self.params.half.size_in_bytes()) as u64;
+        let gradients = (self.grads.data.len() * 4) as u64;
+        let optimizer_state = self.optimizer.state_bytes() as u64;
+        let (pp_rank, pp) = (self.comms.pp.rank(), self.comms.pp.size());
+        let ops = megatron_core::pipeline_parallel::schedule(
+            pp,
+            pp_rank,
+            cfg.num_microbatches,
+            cfg.partition.v,
+        )
+        .map_err(TrainError::Args)?;
+        let predicted = crate::memory::predict_peak(
+            cfg,
+            parameters + gradients + optimizer_state,
+            (self.optimizer.grad_buffer().scratch_elements() * 4) as u64,
+            megatron_tensor::threads::gemm_threads(),
+            pp_rank,
+            megatron_core::pipeline_parallel::peak_in_flight(&ops),
+        );
+        if std::env::var_os("MEMPROBE").is_some() {
+            eprintln!("{predicted:?}");
+        }
+        let predicted = predicted.total();
+        let installed = alloc::installed();
+        let allocated_peak = installed
+            .then(|| (alloc::peak().in_use - self.alloc_baseline.in_use).max(0) as u64);
+        let reserved_peak = installed
+            .then(|| (alloc::peak().reserved - self.alloc_baseline.reserved).max(0) as u64);
+        let peak_over_predicted = match allocated_peak {
+            Some(p) => {
+                let r = p as f32 / predicted.max(1) as f32;
+                let hi = self.comms.world_max(r)?;
+                let lo = -self.comms.world_max(-r)?;
+                Some((lo as f64, hi as f64))
+            }
+            None => None,
+        };
+        Ok(crate::memory::MemoryBreakdown {
+            parameters,
+            gradients,
+            optimizer_state,
+            activations: step.peak_activation_bytes as u64,
+            micro_batches_in_flight: step.peak_in_flight,
+            pooled: megatron_tensor::pool::pooled_bytes() as u64,
+            communication: self.optimizer.comm_buffer_bytes() as u64,
+            kv_ring: megatron_core::context_parallel::take_ring_peak_bytes() as u64,
+            process_peak: peak_rss_bytes(),
+            allocated_peak,
+            reserved_peak,
+            predicted_peak: predicted,
+            peak_over_predicted,
         })
     }
 

@@ -180,6 +180,19 @@ impl GradBuffer {
         self.reduce_slice(b, &mut grads.data[b.range.clone()], dp, scratch)
     }
 
+    /// Elements of the staging buffer the distributed optimizer's reduce-scatter and
+    /// all-gather use (the largest bucket padded to a multiple of DP); 0 without it.
+    pub fn scratch_elements(&self) -> usize {
+        if self.dp == 1 || !self.distributed {
+            return 0;
+        }
+        self.buckets
+            .iter()
+            .map(|b| b.shard_len(self.dp) * self.dp)
+            .max()
+            .unwrap_or(0)
+    }
+
     /// Reduces bucket `b` whose gradients are `data` (the bucket's range of the buffer).
     pub fn reduce_slice(
         &self,
@@ -196,6 +209,8 @@ impl GradBuffer {
         }
         let s = b.shard_len(self.dp);
         scratch.clear();
+        // Exactly the largest bucket (`scratch_elements`), not the doubling of amortized growth.
+        scratch.reserve_exact(s * self.dp);
         scratch.extend_from_slice(data);
         scratch.resize(s * self.dp, 0.0);
         let mut out = vec![0.0f32; s];

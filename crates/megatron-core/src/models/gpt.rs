@@ -101,6 +101,11 @@ pub struct ForwardState {
 const CLASSIFIER_TILE_BYTES: usize = 96 << 20;
 const CLASSIFIER_MAX_ROWS: usize = 1024;
 
+/// Token rows of the output layer's logits tile for `v` vocabulary rows on this rank.
+pub fn classifier_tile_rows(v: usize) -> usize {
+    (CLASSIFIER_TILE_BYTES / (4 * v)).clamp(64, CLASSIFIER_MAX_ROWS)
+}
+
 /// Bytes of activations the engine keeps for backward per micro-batch, at the peak after the
 /// last layer's forward: the engine's counterpart of Korthikanti et al.'s `sbh(34 + 5as/h)`.
 /// Per layer and token: the layer input and the mid-layer residual (h each), the fused QKV
@@ -368,7 +373,7 @@ impl GPTModel {
             n,
             c: self.config.hidden_size,
             v,
-            chunk_rows: (CLASSIFIER_TILE_BYTES / (4 * v)).clamp(64, CLASSIFIER_MAX_ROWS),
+            chunk_rows: classifier_tile_rows(v),
         }
     }
 
@@ -523,12 +528,15 @@ impl ModelChunk for GPTModel {
                 }
             } else {
                 for layer in &self.layers[range] {
+                    let st = megatron_tensor::alloc::probe_reset();
                     let (y, s) = layer.forward(params, tp, x, b, t, ctx, batch.mask())?;
+                    megatron_tensor::alloc::probe_delta("fwd layer", st);
                     saved.push(SavedLayers::Layer(Box::new(s)));
                     x = y;
                 }
             }
         }
+        megatron_tensor::alloc::probe("fwd layers done");
         let mut activation_bytes = saved.iter().map(|s| s.size_in_bytes()).sum::<usize>();
         let Some(lnf_layer) = &self.final_layernorm else {
             let state = ForwardState {
@@ -542,6 +550,7 @@ impl ModelChunk for GPTModel {
         if keep {
             activation_bytes += x.size_in_bytes();
         }
+        let st = megatron_tensor::alloc::probe_reset();
         let (xf, lnf) = lnf_layer.forward(params, &x);
         let xg = self.output_input(tp, xf)?;
         let mut total = [batch.loss_mask.iter().sum::<f32>()];
@@ -577,6 +586,7 @@ impl ModelChunk for GPTModel {
                     dims,
                     self.vocab_start,
                 )?;
+                megatron_tensor::alloc::probe_delta("ce", st);
                 drop(xg);
                 // The output layer is column-parallel over the vocabulary: its input gradient
                 // is summed over TP (reduce-scattered to the token blocks under SP).
@@ -658,7 +668,9 @@ impl ModelChunk for GPTModel {
                 }
             };
             for (layer, s) in self.layers[range.clone()].iter().zip(kept).rev() {
+                let st = megatron_tensor::alloc::probe_reset();
                 dx = layer.backward(params, grads, tp, s, dx, b, t, ctx, batch.mask())?;
+                megatron_tensor::alloc::probe_delta("bwd layer", st);
                 on_ready(offset(layer.input_layernorm.weight()));
             }
             hi = range.start;

@@ -36,7 +36,7 @@ pub struct DistributedOptimizer {
     pub beta1: f32,
     pub beta2: f32,
     pub eps: f32,
-    scratch: Vec<f32>,
+    pub(crate) scratch: Vec<f32>,
 }
 
 impl DistributedOptimizer {

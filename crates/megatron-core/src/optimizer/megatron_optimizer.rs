@@ -104,6 +104,11 @@ pub trait MegatronOptimizer: Send {
     /// Bytes of optimizer state this rank holds (moments, and fp32 mains kept here).
     fn state_bytes(&self) -> usize;
 
+    /// Bytes of the staging buffer the distributed optimizer's collectives use.
+    fn comm_buffer_bytes(&self) -> usize {
+        0
+    }
+
     /// Optimizer steps taken (Adam's bias correction).
     fn step_count(&self) -> u64;
 
@@ -333,6 +338,10 @@ impl MegatronOptimizer for PlainOptimizer {
         (self.adam.exp_avg.capacity() + self.adam.exp_avg_sq.capacity()) * 4
     }
 
+    fn comm_buffer_bytes(&self) -> usize {
+        self.scratch.capacity() * 4
+    }
+
     fn step_count(&self) -> u64 {
         self.adam.step
     }
@@ -516,6 +525,10 @@ impl MegatronOptimizer for DistributedOptimizer {
 
     fn state_bytes(&self) -> usize {
         (self.exp_avg.capacity() + self.exp_avg_sq.capacity() + self.main.capacity()) * 4
+    }
+
+    fn comm_buffer_bytes(&self) -> usize {
+        self.scratch.capacity() * 4
     }
 
     fn step_count(&self) -> u64 {

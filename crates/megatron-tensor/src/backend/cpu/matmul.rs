@@ -391,3 +391,14 @@ pub fn matmul_batched(
         );
     }
 }
+
+/// Bytes of GEMM workspace one thread keeps once it has multiplied (the f32 kernel's packing
+/// panels), for memory predictions; 0 where that kernel does not run (the `gemm` crate's own
+/// per-thread slab is not counted).
+pub fn gemm_workspace_bytes_per_thread() -> usize {
+    #[cfg(target_arch = "x86_64")]
+    if super::sgemm::available() {
+        return super::sgemm::pack_bytes_per_thread();
+    }
+    0
+}

@@ -45,6 +45,12 @@ impl MatRef {
     }
 }
 
+/// Bytes of packing buffers each thread that runs this kernel keeps for the rest of its life
+/// (the A and B panels, each with room to align to a cache line).
+pub fn pack_bytes_per_thread() -> usize {
+    (MR * KC + 16 + KC * NC + 16) * 4
+}
+
 /// Whether this CPU runs the AVX-512 kernel.
 pub(crate) fn available() -> bool {
     use std::sync::OnceLock;
