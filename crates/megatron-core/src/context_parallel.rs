@@ -12,6 +12,7 @@ use megatron_comm::{CommError, Communicator};
 use megatron_tensor::cpu::ring_attention::{
     add_kv_rows, attention_merge, block_doc_start, fuse_q_kv, kv_rows, split_q_kv_add, RingDims,
 };
+use megatron_tensor::cpu::reduce::add_inplace;
 use megatron_tensor::cpu::{
     attention_backward, attention_forward, AttentionDims, AttentionMask, RngBlock,
 };
@@ -252,6 +253,8 @@ fn ring_blocks(cp: CpLayout, src: usize) -> &'static [(usize, usize, bool)] {
 }
 
 const RING_TAG: u64 = 0x5249_4e47;
+/// Backward's key/value gradients travelling around the ring.
+const RING_GRAD_TAG: u64 = 0x5249_4e48;
 
 /// Document starts (`--reset-attention-mask`) of the block of rank `q.0`'s chunk `q.1` of
 /// queries against rank `k.0`'s chunk `k.1` of keys, in the block's key positions.
@@ -335,14 +338,15 @@ fn exchange(
     got: &mut [f32],
     cp: CpLayout,
     comm: &mut dyn Communicator,
+    tag: u64,
 ) -> Result<(), CommError> {
     let (next, prev) = ((cp.rank + 1) % cp.size, (cp.rank + cp.size - 1) % cp.size);
     if cp.rank.is_multiple_of(2) {
-        comm.send(buf, next, RING_TAG)?;
-        comm.recv(got, prev, RING_TAG)?;
+        comm.send(buf, next, tag)?;
+        comm.recv(got, prev, tag)?;
     } else {
-        comm.recv(got, prev, RING_TAG)?;
-        comm.send(buf, next, RING_TAG)?;
+        comm.recv(got, prev, tag)?;
+        comm.send(buf, next, tag)?;
     }
     Ok(())
 }
@@ -380,32 +384,59 @@ fn ring_step<R>(
     comm: &mut dyn Communicator,
     work: impl FnOnce(&[f32]) -> R,
 ) -> Result<(R, Vec<f32>), CommError> {
-    if !more {
+    let (r, kv, _) = ring_step_with(kv, more, None, cp, comm, work)?;
+    Ok((r, kv))
+}
+
+/// [`ring_step`] that also passes `acc` (backward's key/value gradients accumulated so far) to
+/// the next rank on the same thread and returns the previous rank's.
+fn ring_step_with<R>(
+    kv: Vec<f32>,
+    more: bool,
+    acc: Option<&[f32]>,
+    cp: CpLayout,
+    comm: &mut dyn Communicator,
+    work: impl FnOnce(&[f32]) -> R,
+) -> Result<(R, Vec<f32>, Option<Vec<f32>>), CommError> {
+    if !more && acc.is_none() {
         let r = work(&kv);
-        return Ok((r, kv));
+        return Ok((r, kv, None));
     }
-    std::thread::scope(|s| {
+    let (r, got, got_acc) = std::thread::scope(|s| {
         let held = &kv;
-        RING_PEAK_BYTES.with(|c| c.set(c.get().max(2 * held.len() * 4)));
+        let travelling = if more { 2 * held.len() } else { 0 } + 2 * acc.map_or(0, |a| a.len());
+        RING_PEAK_BYTES.with(|c| c.set(c.get().max(travelling * 4)));
         let slot = megatron_tensor::alloc::current_slot();
-        let exchanging = s.spawn(move || {
+        let exchanging = s.spawn(move || -> Result<_, CommError> {
             megatron_tensor::alloc::set_slot(slot);
             let started = Instant::now();
-            let mut got = vec![0.0f32; held.len()];
-            let r = exchange(held, &mut got, cp, comm).map(|()| got);
+            let mut got = Vec::new();
+            if more {
+                got = vec![0.0f32; held.len()];
+                exchange(held, &mut got, cp, comm, RING_TAG)?;
+            }
+            let got_acc = match acc {
+                Some(a) => {
+                    let mut g = vec![0.0f32; a.len()];
+                    exchange(a, &mut g, cp, comm, RING_GRAD_TAG)?;
+                    Some(g)
+                }
+                None => None,
+            };
             let ns = started.elapsed().as_nanos() as u64;
             RING_EXCHANGE_NS.fetch_add(ns, Ordering::Relaxed);
-            r
+            Ok((got, got_acc))
         });
         let r = work(held);
         let waiting = Instant::now();
-        let got = exchanging
+        let (got, got_acc) = exchanging
             .join()
             .expect("the ring exchange thread does not panic")?;
         let ns = waiting.elapsed().as_nanos() as u64;
         RING_WAIT_NS.fetch_add(ns, Ordering::Relaxed);
-        Ok((r, got))
-    })
+        Ok::<_, CommError>((r, got, got_acc))
+    })?;
+    Ok((r, if more { got } else { kv }, got_acc))
 }
 
 /// Ring attention forward (`--cp-comm-type p2p`): this rank's queries (`qkv`, `[b * t_local,
@@ -502,19 +533,25 @@ pub fn ring_attention_backward(
     let o: [Vec<f32>; 2] = [0, 1].map(|k| chunk_rows(out.data(), b, t_local, ow, k));
     let l: [Vec<f32>; 2] = [0, 1].map(|k| chunk_lse(lse.data(), b, d.heads, t_local, k));
     let mut dq: [Vec<f32>; 2] = [vec![0.0f32; b * c * w], vec![0.0f32; b * c * w]];
-    // Only keys and values travel; their gradients for every rank's chunks:
-    // [rank][chunk][b * c * kvw].
+    // Only keys and values travel, and their gradients travel with them (megatron-core /
+    // TransformerEngine): the accumulator for the keys and values in hand at a step arrives from
+    // the previous rank (which used them one step earlier) while this step's blocks compute
+    // their share into `local`; one last exchange brings each rank its own chunks' gradients.
     let kvw = rd.kv_row();
-    let mut dkv = vec![0.0f32; cp.size * 2 * b * c * kvw];
+    let chunk = b * c * kvw;
     let mut kv = vec![0.0f32; n * kvw];
     kv_rows(&mut kv, qkv.data(), rd);
     // One block's buffers, reused by every block of every step.
-    let mut kvc = vec![0.0f32; b * c * kvw];
+    let mut kvc = vec![0.0f32; chunk];
     let (mut pair, mut dpair) = (vec![0.0f32; b * c * w], vec![0.0f32; b * c * w]);
+    let mut local = vec![0.0f32; 2 * chunk];
+    let mut acc: Option<Vec<f32>> = None;
     for step in 0..cp.size {
         let src = (cp.rank + cp.size - step) % cp.size;
-        let (dq, dkv, kvc, pair, dpair) = (&mut dq, &mut dkv, &mut kvc, &mut pair, &mut dpair);
-        let ((), next) = ring_step(kv, step + 1 < cp.size, cp, comm, |kv| {
+        let (dq, kvc, pair, dpair, local) = (&mut dq, &mut kvc, &mut pair, &mut dpair, &mut local);
+        local.fill(0.0);
+        let more = step + 1 < cp.size;
+        let (_, next, arrived) = ring_step_with(kv, more, acc.as_deref(), cp, comm, |kv| {
             for &(kq, kk, causal) in ring_blocks(cp, src) {
                 chunk_rows_into(kvc, kv, b, t_local, kvw, kk);
                 fuse_q_kv(pair, &q[kq], kvc, rd);
@@ -524,22 +561,27 @@ pub fn ring_attention_backward(
                     .as_deref()
                     .map_or_else(AttentionMask::default, AttentionMask::documents);
                 attention_backward(dpair, &dq_in[kq], &o[kq], &l[kq], pair, m, bd, key);
-                let at = (src * 2 + kk) * b * c * kvw;
-                split_q_kv_add(&mut dq[kq], &mut dkv[at..at + b * c * kvw], dpair, rd);
+                split_q_kv_add(&mut dq[kq], &mut local[kk * chunk..(kk + 1) * chunk], dpair, rd);
             }
         })?;
         kv = next;
+        acc = Some(match arrived {
+            Some(mut a) => {
+                add_inplace(&mut a, local);
+                a
+            }
+            None => local.clone(),
+        });
     }
-    let mut got = vec![0.0f32; dkv.len()];
-    comm.all_to_all(&dkv, &mut got)?;
+    // The accumulator in hand belongs to the next rank; this rank's arrives from the previous.
+    let last = acc.expect("at least one ring step");
+    let mut own = vec![0.0f32; last.len()];
+    exchange(&last, &mut own, cp, comm, RING_GRAD_TAG)?;
     let mut dqkv = Tensor::zeros(&[n, w]);
     for (k, dqk) in dq.iter().enumerate() {
-        // Queries' gradients from here, keys' and values' from every rank that used them.
+        // Queries' gradients from here, keys' and values' summed around the ring.
         let mut rows = dqk.clone();
-        for r in 0..cp.size {
-            let at = (r * 2 + k) * b * c * kvw;
-            add_kv_rows(&mut rows, &got[at..at + b * c * kvw], rd);
-        }
+        add_kv_rows(&mut rows, &own[k * chunk..(k + 1) * chunk], rd);
         set_chunk_rows(dqkv.data_mut(), &rows, b, t_local, w, k);
     }
     Ok(dqkv)

@@ -162,11 +162,6 @@ pub fn installed() -> bool {
     INSTALLED.load(Ordering::Relaxed)
 }
 
-/// Bytes allocated by the calling thread's slot and not yet freed.
-pub fn live_bytes() -> i64 {
-    COUNTERS[slot_now()].live.load(Ordering::Relaxed)
-}
-
 /// Bytes the calling thread's slot holds: in use by tensors and other values, and parked in
 /// its threads' tensor pools.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -225,34 +220,3 @@ pub fn release_parked(bytes: usize) {
         .fetch_sub(bytes as i64, Ordering::Relaxed);
 }
 
-#[doc(hidden)]
-pub fn probe(label: &str) {
-    if std::env::var_os("MEMPROBE").is_some() {
-        let (c, p) = (current(), peak());
-        eprintln!(
-            "PROBE slot {} {label}: in use {:.2} peak {:.2} | reserved {:.2} peak {:.2}",
-            slot_now(),
-            c.in_use as f64 / 1048576.0,
-            p.in_use as f64 / 1048576.0,
-            c.reserved as f64 / 1048576.0,
-            p.reserved as f64 / 1048576.0
-        );
-    }
-}
-#[doc(hidden)]
-pub fn probe_reset() -> i64 {
-    if std::env::var_os("MEMPROBE").is_some() {
-        reset_peak();
-    }
-    current().in_use
-}
-#[doc(hidden)]
-pub fn probe_delta(label: &str, start: i64) {
-    if std::env::var_os("MEMPROBE").is_some() {
-        eprintln!(
-            "DELTA {label}: transient {:.3} MiB, kept {:.3} MiB",
-            (peak().in_use - start) as f64 / 1048576.0,
-            (current().in_use - start) as f64 / 1048576.0
-        );
-    }
-}

@@ -150,7 +150,7 @@ pub struct PeakPrediction {
     /// The largest set of buffers alive only inside one layer's forward or backward or the
     /// output layer (with, under context parallelism, the key/value blocks on the ring).
     pub transient: u64,
-    /// Of `transient`: the key/value ring's blocks (context parallelism with p2p).
+    /// Of `transient`: the key/value ring's travelling blocks (context parallelism with p2p).
     pub kv_ring: u64,
 }
 
@@ -206,20 +206,37 @@ pub fn predict_peak(
     let per_mb = formula(layers, cfg.recompute) + if last { rows * h * 4 } else { 0 };
     let layer = formula(1, Recompute::None);
     let gathered = if sp { tok * h } else { 0 };
-    let kv_ring = match (cfg.cp, cfg.cp_comm_type) {
-        (1, _) | (_, megatron_core::context_parallel::CpCommType::A2a) => 0,
-        // The block being used and the one arriving, keys and values of this rank's heads.
-        _ => 2 * tok * 2 * m.query_groups() * m.head_dim() / tp * 4,
+    // Keys and values of this rank's heads for its two chunks, and the query / output widths.
+    let kv = tok * 2 * m.query_groups() * m.head_dim() / tp;
+    let (qw, ow) = (m.qkv_size() / tp, m.query_projection_size() / tp);
+    let ring = cfg.cp > 1 && cfg.cp_comm_type == megatron_core::context_parallel::CpCommType::P2p;
+    // Forward holds the block in use and the one arriving; backward also the gradient
+    // accumulator leaving and the one arriving (both at once from four ranks up).
+    let kv_ring = match (ring, cfg.cp) {
+        (false, _) => 0,
+        (true, 2) => 2 * kv * 4,
+        (true, _) => 4 * kv * 4,
     };
-    let forward = 4 * (rows * h + gathered + tok * ffn) + kv_ring;
-    let backward = 4 * (2 * rows * h + gathered + tok * (ffn + fc1)) + 2 * kv_ring;
+    let forward = 4 * (rows * h + gathered + tok * ffn) + if ring { 2 * kv * 4 } else { 0 };
+    let backward = 4 * (2 * rows * h + gathered + tok * (ffn + fc1));
+    // Ring attention's backward works on its own copies: queries and their gradient, the
+    // incoming output gradient and the output, the fused query/key/value gradient it returns
+    // and the half-size block pair; keys and values five times (in use, arriving, the
+    // accumulator leaving and arriving, this step's share) and one chunk of them.
+    let ring_backward = if ring {
+        4 * (2 * rows * h + tok * (4 * qw + 2 * ow) + kv * 11 / 2)
+    } else {
+        0
+    };
+    // The last layers' backward comes first: under uniform recomputation it re-creates the
+    // last group's saved tensors on top of everything kept; under block recomputation the last
+    // layers keep theirs unless every layer is recomputed.
     let recomputed = match cfg.recompute {
-        // Uniform groups of `num_layers` are re-run together; block recomputes layer by layer.
         Recompute::Full {
             method: megatron_core::transformer::step::RecomputeMethod::Uniform,
             num_layers,
         } => num_layers.clamp(1, layers) * layer,
-        Recompute::Full { .. } => layer,
+        Recompute::Full { num_layers, .. } if num_layers >= layers => layer,
         _ => 0,
     };
     let output = if last {
@@ -228,7 +245,9 @@ pub fn predict_peak(
     } else {
         0
     };
-    let transient = forward.max(recomputed + backward).max(output);
+    let transient = forward
+        .max(recomputed + backward.max(ring_backward))
+        .max(output);
     PeakPrediction {
         model_state,
         communication,
@@ -237,10 +256,6 @@ pub fn predict_peak(
             as u64,
         activations: (per_mb * in_flight) as u64,
         transient: transient as u64,
-        kv_ring: if transient == forward || transient == recomputed + backward {
-            kv_ring as u64
-        } else {
-            0
-        },
+        kv_ring: kv_ring as u64,
     }
 }

@@ -56,14 +56,10 @@ impl Trainer<'_> {
         // are averaged over data x context ranks: scaled by the context-parallel size they sum
         // over the sequence (Megatron multiplies the loss by it).
         let grad_scale = loss_scale * self.cfg.cp as f32 / self.cfg.num_microbatches as f32;
-        megatron_tensor::alloc::probe("step start");
         let pass = self.forward_backward(iteration, grad_scale)?;
-        megatron_tensor::alloc::probe("fb done");
         let opt_start = Instant::now();
         let loss = self.finalize_gradients(iteration, &pass)?;
-        megatron_tensor::alloc::probe("finalized");
         let mut out = self.optimizer_step(iteration, loss)?;
-        megatron_tensor::alloc::probe("opt done");
         self.timers.optimizer += opt_start.elapsed();
         self.timers.record(|| "optimizer".into(), opt_start);
         out.loss_scale = loss_scale;

@@ -501,11 +501,8 @@ impl Trainer<'_> {
             megatron_tensor::threads::gemm_threads(),
             pp_rank,
             megatron_core::pipeline_parallel::peak_in_flight(&ops),
-        );
-        if std::env::var_os("MEMPROBE").is_some() {
-            eprintln!("{predicted:?}");
-        }
-        let predicted = predicted.total();
+        )
+        .total();
         let installed = alloc::installed();
         let allocated_peak = installed
             .then(|| (alloc::peak().in_use - self.alloc_baseline.in_use).max(0) as u64);

@@ -528,15 +528,12 @@ impl ModelChunk for GPTModel {
                 }
             } else {
                 for layer in &self.layers[range] {
-                    let st = megatron_tensor::alloc::probe_reset();
                     let (y, s) = layer.forward(params, tp, x, b, t, ctx, batch.mask())?;
-                    megatron_tensor::alloc::probe_delta("fwd layer", st);
                     saved.push(SavedLayers::Layer(Box::new(s)));
                     x = y;
                 }
             }
         }
-        megatron_tensor::alloc::probe("fwd layers done");
         let mut activation_bytes = saved.iter().map(|s| s.size_in_bytes()).sum::<usize>();
         let Some(lnf_layer) = &self.final_layernorm else {
             let state = ForwardState {
@@ -550,7 +547,6 @@ impl ModelChunk for GPTModel {
         if keep {
             activation_bytes += x.size_in_bytes();
         }
-        let st = megatron_tensor::alloc::probe_reset();
         let (xf, lnf) = lnf_layer.forward(params, &x);
         let xg = self.output_input(tp, xf)?;
         let mut total = [batch.loss_mask.iter().sum::<f32>()];
@@ -586,7 +582,6 @@ impl ModelChunk for GPTModel {
                     dims,
                     self.vocab_start,
                 )?;
-                megatron_tensor::alloc::probe_delta("ce", st);
                 drop(xg);
                 // The output layer is column-parallel over the vocabulary: its input gradient
                 // is summed over TP (reduce-scattered to the token blocks under SP).
@@ -668,9 +663,7 @@ impl ModelChunk for GPTModel {
                 }
             };
             for (layer, s) in self.layers[range.clone()].iter().zip(kept).rev() {
-                let st = megatron_tensor::alloc::probe_reset();
                 dx = layer.backward(params, grads, tp, s, dx, b, t, ctx, batch.mask())?;
-                megatron_tensor::alloc::probe_delta("bwd layer", st);
                 on_ready(offset(layer.input_layernorm.weight()));
             }
             hi = range.start;
