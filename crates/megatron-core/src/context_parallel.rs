@@ -9,10 +9,10 @@
 //! arithmetic), so they are written here with slice copies rather than as backend kernels.
 
 use megatron_comm::{CommError, Communicator};
+use megatron_tensor::cpu::reduce::add_inplace;
 use megatron_tensor::cpu::ring_attention::{
     add_kv_rows, attention_merge, block_doc_start, fuse_q_kv, kv_rows, split_q_kv_add, RingDims,
 };
-use megatron_tensor::cpu::reduce::add_inplace;
 use megatron_tensor::cpu::{
     attention_backward, attention_forward, AttentionDims, AttentionMask, RngBlock,
 };
@@ -384,8 +384,15 @@ fn ring_step<R>(
     comm: &mut dyn Communicator,
     work: impl FnOnce(&[f32]) -> R,
 ) -> Result<(R, Vec<f32>), CommError> {
-    let (r, kv, _) = ring_step_with(kv, more, None, cp, comm, work)?;
-    Ok((r, kv))
+    let (r, arrived) = ring_step_with(kv, more, None, cp, comm, work)?;
+    Ok((r, arrived.kv))
+}
+
+/// What a backward ring step hands on: the keys and values for the next step and the previous
+/// rank's key/value gradient accumulator.
+struct Arrived {
+    kv: Vec<f32>,
+    grads: Option<Vec<f32>>,
 }
 
 /// [`ring_step`] that also passes `acc` (backward's key/value gradients accumulated so far) to
@@ -397,10 +404,10 @@ fn ring_step_with<R>(
     cp: CpLayout,
     comm: &mut dyn Communicator,
     work: impl FnOnce(&[f32]) -> R,
-) -> Result<(R, Vec<f32>, Option<Vec<f32>>), CommError> {
+) -> Result<(R, Arrived), CommError> {
     if !more && acc.is_none() {
         let r = work(&kv);
-        return Ok((r, kv, None));
+        return Ok((r, Arrived { kv, grads: None }));
     }
     let (r, got, got_acc) = std::thread::scope(|s| {
         let held = &kv;
@@ -436,7 +443,8 @@ fn ring_step_with<R>(
         RING_WAIT_NS.fetch_add(ns, Ordering::Relaxed);
         Ok::<_, CommError>((r, got, got_acc))
     })?;
-    Ok((r, if more { got } else { kv }, got_acc))
+    let kv = if more { got } else { kv };
+    Ok((r, Arrived { kv, grads: got_acc }))
 }
 
 /// Ring attention forward (`--cp-comm-type p2p`): this rank's queries (`qkv`, `[b * t_local,
@@ -551,7 +559,7 @@ pub fn ring_attention_backward(
         let (dq, kvc, pair, dpair, local) = (&mut dq, &mut kvc, &mut pair, &mut dpair, &mut local);
         local.fill(0.0);
         let more = step + 1 < cp.size;
-        let (_, next, arrived) = ring_step_with(kv, more, acc.as_deref(), cp, comm, |kv| {
+        let (_, arrived) = ring_step_with(kv, more, acc.as_deref(), cp, comm, |kv| {
             for &(kq, kk, causal) in ring_blocks(cp, src) {
                 chunk_rows_into(kvc, kv, b, t_local, kvw, kk);
                 fuse_q_kv(pair, &q[kq], kvc, rd);
@@ -561,11 +569,16 @@ pub fn ring_attention_backward(
                     .as_deref()
                     .map_or_else(AttentionMask::default, AttentionMask::documents);
                 attention_backward(dpair, &dq_in[kq], &o[kq], &l[kq], pair, m, bd, key);
-                split_q_kv_add(&mut dq[kq], &mut local[kk * chunk..(kk + 1) * chunk], dpair, rd);
+                split_q_kv_add(
+                    &mut dq[kq],
+                    &mut local[kk * chunk..(kk + 1) * chunk],
+                    dpair,
+                    rd,
+                );
             }
         })?;
-        kv = next;
-        acc = Some(match arrived {
+        kv = arrived.kv;
+        acc = Some(match arrived.grads {
             Some(mut a) => {
                 add_inplace(&mut a, local);
                 a

@@ -73,7 +73,8 @@ fn add(slot: usize, bytes: i64) {
 
 fn padded(layout: Layout) -> Option<(Layout, usize)> {
     let head = HEADER.max(layout.align());
-    let l = Layout::from_size_align(layout.size().checked_add(head)?, layout.align().max(8)).ok()?;
+    let l =
+        Layout::from_size_align(layout.size().checked_add(head)?, layout.align().max(8)).ok()?;
     Some((l, head))
 }
 
@@ -219,4 +220,3 @@ pub fn release_parked(bytes: usize) {
         .parked
         .fetch_sub(bytes as i64, Ordering::Relaxed);
 }
-

@@ -108,7 +108,13 @@ pub fn korthikanti_layer_bytes(cfg: &TrainConfig) -> f64 {
 /// The start-up lines: this rank's parameters, gradients and optimizer state (known once the
 /// optimizer exists), and the activations of one micro-batch by the engine's formula beside
 /// Korthikanti's, with the micro-batches a first pipeline stage keeps in flight.
-pub fn predicted(cfg: &TrainConfig, params: u64, grads: u64, optimizer: u64) -> String {
+pub fn predicted(
+    cfg: &TrainConfig,
+    params: u64,
+    grads: u64,
+    optimizer: u64,
+    peak: &PeakPrediction,
+) -> String {
     let a = &cfg.args;
     let mib = |b: f64| b / (1 << 20) as f64;
     let ours = activation_bytes_formula_with(
@@ -125,12 +131,19 @@ pub fn predicted(cfg: &TrainConfig, params: u64, grads: u64, optimizer: u64) -> 
     let theirs = korthikanti_layer_bytes(cfg) * layers;
     let in_flight = cfg.pp.min(cfg.num_microbatches);
     format!(
-        "memory per rank (predicted): params {:.1} MiB, grads {:.1} MiB, optimizer {:.1} MiB; activations per micro-batch {:.1} MiB (engine; Korthikanti et al. with 16-bit activations: {:.1} MiB), up to {in_flight} in flight on the first pipeline stage",
+        "memory per rank (predicted): params {:.1} MiB, grads {:.1} MiB, optimizer {:.1} MiB; activations per micro-batch {:.1} MiB (engine; Korthikanti et al. with 16-bit activations: {:.1} MiB), up to {in_flight} in flight on the first pipeline stage; peak allocated {:.1} MiB on the first stage (model state {:.1}, communication {:.1}, GEMM workspace {:.1}, activations in flight {:.1}, transient {:.1} of which key/value ring {:.1})",
         mib(params as f64),
         mib(grads as f64),
         mib(optimizer as f64),
         mib(ours),
-        mib(theirs)
+        mib(theirs),
+        mib(peak.total() as f64),
+        mib(peak.model_state as f64),
+        mib(peak.communication as f64),
+        mib(peak.gemm_workspace as f64),
+        mib(peak.activations as f64),
+        mib(peak.transient as f64),
+        mib(peak.kv_ring as f64),
     )
 }
 
@@ -162,6 +175,30 @@ impl PeakPrediction {
             + self.activations
             + self.transient
     }
+}
+
+/// [`predict_peak`] for pipeline stage `pp_rank` of this layout: the micro-batches in flight
+/// from its schedule, the GEMM threads of the calling rank thread.
+pub fn predict_rank_peak(
+    cfg: &TrainConfig,
+    model_state: u64,
+    communication: u64,
+    pp_rank: usize,
+) -> Result<PeakPrediction, String> {
+    let ops = megatron_core::pipeline_parallel::schedule(
+        cfg.pp,
+        pp_rank,
+        cfg.num_microbatches,
+        cfg.partition.v,
+    )?;
+    Ok(predict_peak(
+        cfg,
+        model_state,
+        communication,
+        megatron_tensor::threads::gemm_threads(),
+        pp_rank,
+        megatron_core::pipeline_parallel::peak_in_flight(&ops),
+    ))
 }
 
 /// What this rank's allocations should peak at, from the layout alone: the model state,

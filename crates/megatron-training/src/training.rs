@@ -226,14 +226,21 @@ pub(crate) fn run(
     let setup = setup_model_and_optimizer(cfg, &mut comms, lead)?;
     if a.log_memory && lead {
         let p = &setup.params;
+        let (params, grads) = (
+            (p.data.len() * 4 + p.half.size_in_bytes()) as u64,
+            (p.numel() * 4) as u64,
+        );
+        let optimizer = setup.optimizer.state_bytes() as u64;
+        let peak = crate::memory::predict_rank_peak(
+            cfg,
+            params + grads + optimizer,
+            (setup.optimizer.grad_buffer().scratch_elements() * 4) as u64,
+            0,
+        )
+        .map_err(TrainError::Args)?;
         println!(
             "{}",
-            crate::memory::predicted(
-                cfg,
-                (p.data.len() * 4 + p.half.size_in_bytes()) as u64,
-                (p.numel() * 4) as u64,
-                setup.optimizer.state_bytes() as u64,
-            )
+            crate::memory::predicted(cfg, params, grads, optimizer, &peak)
         );
     }
     let data = build_data(cfg, tok, lead)?;
@@ -486,26 +493,17 @@ impl Trainer<'_> {
         let parameters = (self.params.data.len() * 4 + self.params.half.size_in_bytes()) as u64;
         let gradients = (self.grads.data.len() * 4) as u64;
         let optimizer_state = self.optimizer.state_bytes() as u64;
-        let (pp_rank, pp) = (self.comms.pp.rank(), self.comms.pp.size());
-        let ops = megatron_core::pipeline_parallel::schedule(
-            pp,
-            pp_rank,
-            cfg.num_microbatches,
-            cfg.partition.v,
-        )
-        .map_err(TrainError::Args)?;
-        let predicted = crate::memory::predict_peak(
+        let predicted = crate::memory::predict_rank_peak(
             cfg,
             parameters + gradients + optimizer_state,
             (self.optimizer.grad_buffer().scratch_elements() * 4) as u64,
-            megatron_tensor::threads::gemm_threads(),
-            pp_rank,
-            megatron_core::pipeline_parallel::peak_in_flight(&ops),
+            self.comms.pp.rank(),
         )
+        .map_err(TrainError::Args)?
         .total();
         let installed = alloc::installed();
-        let allocated_peak = installed
-            .then(|| (alloc::peak().in_use - self.alloc_baseline.in_use).max(0) as u64);
+        let allocated_peak =
+            installed.then(|| (alloc::peak().in_use - self.alloc_baseline.in_use).max(0) as u64);
         let reserved_peak = installed
             .then(|| (alloc::peak().reserved - self.alloc_baseline.reserved).max(0) as u64);
         let peak_over_predicted = match allocated_peak {
