@@ -129,13 +129,28 @@ pub fn predicted(
         / cfg.pp as f64;
     let layers = cfg.model.num_layers as f64 / cfg.pp as f64;
     let theirs = korthikanti_layer_bytes(cfg) * layers;
+    let mut one = cfg.model.clone();
+    one.num_layers = 1;
+    let sp = a.sequence_parallel && cfg.tp > 1;
+    let s = a.seq_length / cfg.cp;
+    let per_layer =
+        activation_bytes_formula_with(
+            &one,
+            a.micro_batch_size,
+            s,
+            cfg.tp,
+            sp,
+            cfg.precision.half().is_some(),
+            Recompute::None,
+        ) - a.micro_batch_size * s / if sp { cfg.tp } else { 1 } * cfg.model.hidden_size * 4;
     let in_flight = cfg.pp.min(cfg.num_microbatches);
     format!(
-        "memory per rank (predicted): params {:.1} MiB, grads {:.1} MiB, optimizer {:.1} MiB; activations per micro-batch {:.1} MiB (engine; Korthikanti et al. with 16-bit activations: {:.1} MiB), up to {in_flight} in flight on the first pipeline stage; peak allocated {:.1} MiB on the first stage (model state {:.1}, communication {:.1}, GEMM workspace {:.1}, activations in flight {:.1}, transient {:.1} of which key/value ring {:.1})",
+        "memory per rank (predicted): params {:.1} MiB, grads {:.1} MiB, optimizer {:.1} MiB; activations per micro-batch {:.1} MiB ({:.2} MiB per layer without recomputation; engine; Korthikanti et al. with 16-bit activations: {:.1} MiB), up to {in_flight} in flight on the first pipeline stage; peak allocated {:.1} MiB on the first stage (model state {:.1}, communication {:.1}, GEMM workspace {:.1}, activations in flight {:.1}, transient {:.1} of which key/value ring {:.1})",
         mib(params as f64),
         mib(grads as f64),
         mib(optimizer as f64),
         mib(ours),
+        mib(per_layer as f64),
         mib(theirs),
         mib(peak.total() as f64),
         mib(peak.model_state as f64),
