@@ -14,6 +14,7 @@ pub mod mock_dataset;
 pub mod npy;
 pub mod numpy_rng;
 pub mod preprocess;
+pub mod tables;
 pub mod text_dataset;
 pub mod tokenizer;
 pub mod train_tokenizer;

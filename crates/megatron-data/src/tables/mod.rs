@@ -1,0 +1,12 @@
+//! Tables for the tabular foundation model: the synthetic prior it is pre-trained on
+//! (random causal graphs, edge functions, post-processing, targets) and its loader.
+
+pub mod dag;
+pub mod edge;
+pub mod loader;
+pub mod postprocess;
+pub mod prior;
+pub mod stream;
+
+pub use loader::PriorLoader;
+pub use prior::{sample_table, PriorConfig, Table, Target};

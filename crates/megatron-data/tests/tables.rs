@@ -1,0 +1,183 @@
+//! The synthetic-table prior: deterministic per seed and index whatever the thread or order,
+//! shapes within the configured ranges, every post-processing and target kind occurring, and
+//! targets that depend on the features (what the model is to learn).
+
+use megatron_data::tables::postprocess::{kumaraswamy_warp, quantize};
+use megatron_data::tables::{sample_table, PriorConfig, PriorLoader, Table, Target};
+
+fn small() -> PriorConfig {
+    PriorConfig {
+        max_context_rows: 256,
+        max_query_rows: 32,
+        max_features: 30,
+        ..PriorConfig::default()
+    }
+}
+
+#[test]
+fn same_seed_gives_the_same_tables_byte_for_byte_in_any_order_and_thread() {
+    let cfg = small();
+    let direct: Vec<Vec<u8>> = (0..12)
+        .map(|i| sample_table(&cfg, 7, i).to_bytes())
+        .collect();
+    let backwards: Vec<Vec<u8>> = (0..12)
+        .rev()
+        .map(|i| sample_table(&cfg, 7, i).to_bytes())
+        .collect();
+    let mut loader = PriorLoader::new(cfg.clone(), 7, 0, 3, 2);
+    let threaded: Vec<Vec<u8>> = (0..12).map(|_| loader.next_table().to_bytes()).collect();
+    for i in 0..12 {
+        assert_eq!(direct[i], backwards[11 - i], "table {i} depends on order");
+        assert_eq!(
+            direct[i], threaded[i],
+            "table {i} depends on the worker thread"
+        );
+    }
+    assert_ne!(direct[0], direct[1]);
+    assert_ne!(
+        direct[0],
+        sample_table(&cfg, 8, 0).to_bytes(),
+        "seed ignored"
+    );
+    // A loader started at 5 continues the same sequence (resume).
+    let mut resumed = PriorLoader::new(cfg, 7, 5, 2, 1);
+    assert_eq!(resumed.next_table().to_bytes(), direct[5]);
+}
+
+fn corr(a: &[f64], b: &[f64]) -> f64 {
+    let n = a.len() as f64;
+    let (ma, mb) = (a.iter().sum::<f64>() / n, b.iter().sum::<f64>() / n);
+    let cov: f64 = a.iter().zip(b).map(|(x, y)| (x - ma) * (y - mb)).sum();
+    let va: f64 = a.iter().map(|x| (x - ma).powi(2)).sum();
+    let vb: f64 = b.iter().map(|y| (y - mb).powi(2)).sum();
+    if va <= 0.0 || vb <= 0.0 {
+        0.0
+    } else {
+        cov / (va * vb).sqrt()
+    }
+}
+
+/// The largest |correlation| of the target with a feature, over rows without missing cells.
+fn best_feature_correlation(t: &Table) -> f64 {
+    let y: Vec<f64> = match &t.target {
+        Target::Values(v) => v.iter().map(|&x| x as f64).collect(),
+        Target::Classes { labels, .. } => labels.iter().map(|&x| x as f64).collect(),
+    };
+    (0..t.cols)
+        .map(|c| {
+            let (xs, ys): (Vec<f64>, Vec<f64>) = (0..t.rows)
+                .filter(|&r| t.values[r * t.cols + c].is_finite())
+                .map(|r| (t.values[r * t.cols + c] as f64, y[r]))
+                .unzip();
+            if xs.len() < 10 {
+                0.0
+            } else {
+                corr(&xs, &ys).abs()
+            }
+        })
+        .fold(0.0, f64::max)
+}
+
+#[test]
+fn tables_cover_the_configured_shapes_kinds_and_post_processing() {
+    let cfg = PriorConfig::default();
+    let (mut regression, mut classification, mut with_missing, mut with_categorical) = (0, 0, 0, 0);
+    let (mut most_context, mut most_cols) = (0, 0);
+    let mut class_counts = std::collections::BTreeSet::new();
+    let mut correlations = Vec::new();
+    for i in 0..120 {
+        let t = sample_table(&cfg, 1, i);
+        assert!(t.context_rows >= cfg.min_context_rows && t.context_rows <= cfg.max_context_rows);
+        let queries = t.rows - t.context_rows;
+        assert!((1..=cfg.max_query_rows).contains(&queries), "table {i}");
+        assert!(t.cols >= 1 && t.cols <= cfg.max_features, "table {i}");
+        assert_eq!(t.values.len(), t.rows * t.cols);
+        assert_eq!(t.categories.len(), t.cols);
+        most_context = most_context.max(t.context_rows);
+        most_cols = most_cols.max(t.cols);
+        for (c, &k) in t.categories.iter().enumerate() {
+            for r in 0..t.rows {
+                let v = t.values[r * t.cols + c];
+                assert!(v.is_nan() || v.is_finite(), "table {i}: infinite cell");
+                if k > 0 && !v.is_nan() {
+                    assert!(v >= 0.0 && v < k as f32 && v.fract() == 0.0, "table {i}");
+                }
+            }
+        }
+        with_missing += usize::from(t.values.iter().any(|v| v.is_nan()));
+        with_categorical += usize::from(t.categories.iter().any(|&k| k > 0));
+        match &t.target {
+            Target::Values(v) => {
+                regression += 1;
+                assert!(v.iter().all(|x| x.is_finite()));
+            }
+            Target::Classes { k, labels } => {
+                classification += 1;
+                assert!(
+                    (2..=cfg.max_classes as u32).contains(k),
+                    "table {i}: {k} classes"
+                );
+                assert!(labels.iter().all(|&l| l < *k));
+                // Every class occurs among the context rows.
+                for c in 0..*k {
+                    assert!(
+                        labels[..t.context_rows].contains(&c),
+                        "table {i}: class {c}"
+                    );
+                }
+                class_counts.insert(*k);
+            }
+        }
+        correlations.push(best_feature_correlation(&t));
+    }
+    println!(
+        "regression {regression}, classification {classification}, missing {with_missing}, categorical {with_categorical}, classes {class_counts:?}, most context {most_context}, most columns {most_cols}"
+    );
+    assert!(regression >= 15 && classification >= 50);
+    assert!(with_missing >= 20 && with_categorical >= 10);
+    assert!(class_counts.len() >= 5, "{class_counts:?}");
+    assert!(most_context >= 600 && most_cols >= 50);
+    correlations.sort_by(f64::total_cmp);
+    let median = correlations[correlations.len() / 2];
+    println!("median best |correlation| of target and a feature: {median:.3}");
+    assert!(
+        median > 0.3,
+        "targets barely depend on the features: {median}"
+    );
+}
+
+#[test]
+fn warping_and_quantisation_keep_order_and_levels() {
+    let col: Vec<f64> = (0..100).map(|i| (i as f64 * 0.37).sin() * 3.0).collect();
+    let mut w = col.clone();
+    kumaraswamy_warp(&mut w, 0.5, 2.0);
+    for i in 0..col.len() {
+        assert!((0.0..=1.0).contains(&w[i]));
+        for j in 0..col.len() {
+            if col[i] < col[j] {
+                assert!(w[i] <= w[j], "warping is monotone");
+            }
+        }
+    }
+    let mut q = col.clone();
+    quantize(&mut q, 5);
+    let mut levels: Vec<u64> = q.iter().map(|v| v.to_bits()).collect();
+    levels.sort_unstable();
+    levels.dedup();
+    assert!(levels.len() <= 5 && levels.len() >= 2);
+}
+
+#[test]
+fn the_loader_keeps_ahead_of_a_consumer() {
+    let mut loader = PriorLoader::new(small(), 3, 0, 2, 4);
+    let t0 = std::time::Instant::now();
+    for _ in 0..40 {
+        let _ = loader.next_table();
+    }
+    println!(
+        "40 tables in {:?}, waited {:?}",
+        t0.elapsed(),
+        loader.waited()
+    );
+    assert!(loader.waited() <= t0.elapsed());
+}
