@@ -181,3 +181,108 @@ fn the_loader_keeps_ahead_of_a_consumer() {
     );
     assert!(loader.waited() <= t0.elapsed());
 }
+
+mod batching {
+    use super::small;
+    use megatron_data::tables::batching::{
+        collate, data_parallel_share, plan_micro_batches, table_view, COL_MULTIPLE, ROW_MULTIPLE,
+    };
+    use megatron_data::tables::{sample_table, Target};
+
+    #[test]
+    fn a_view_subsamples_context_rows_and_permutes_columns_consistently() {
+        let t = sample_table(&small(), 5, 3);
+        let max_context = t.context_rows / 2;
+        let v = table_view(&t, 5, 3, max_context);
+        assert_eq!(
+            v.to_bytes(),
+            table_view(&t, 5, 3, max_context).to_bytes(),
+            "a view is deterministic"
+        );
+        assert_eq!(v.context_rows, max_context);
+        assert_eq!(
+            v.rows - v.context_rows,
+            t.rows - t.context_rows,
+            "queries all kept"
+        );
+        // Each view column is one table column: same cells (as bits) on the query rows.
+        let q = t.rows - t.context_rows;
+        for c in 0..v.cols {
+            let col =
+                |tab: &megatron_data::tables::Table, c: usize, rows: std::ops::Range<usize>| {
+                    rows.map(|r| tab.values[r * tab.cols + c].to_bits())
+                        .collect::<Vec<_>>()
+                };
+            let mine = col(&v, c, v.context_rows..v.context_rows + q);
+            let src = (0..t.cols)
+                .find(|&s| col(&t, s, t.context_rows..t.rows) == mine)
+                .expect("a source column");
+            assert_eq!(v.categories[c], t.categories[src]);
+        }
+        match (&t.target, &v.target) {
+            (Target::Classes { labels: a, .. }, Target::Classes { labels: b, .. }) => {
+                assert_eq!(&a[t.context_rows..], &b[v.context_rows..])
+            }
+            (Target::Values(a), Target::Values(b)) => {
+                assert_eq!(&a[t.context_rows..], &b[v.context_rows..])
+            }
+            _ => panic!("the task changed"),
+        }
+    }
+
+    #[test]
+    fn micro_batches_cover_every_table_once_within_the_cell_budget() {
+        let tables: Vec<_> = (0..200).map(|i| sample_table(&small(), 9, i)).collect();
+        let shapes: Vec<(usize, usize)> = tables.iter().map(|t| (t.rows, t.cols)).collect();
+        let budget = 64 * 1024;
+        let plan = plan_micro_batches(&shapes, budget).unwrap();
+        assert_eq!(plan, plan_micro_batches(&shapes, budget).unwrap());
+        let mut seen: Vec<usize> = plan.iter().flatten().copied().collect();
+        seen.sort_unstable();
+        assert_eq!(seen, (0..200).collect::<Vec<_>>());
+        let (mut real, mut padded) = (0usize, 0usize);
+        for mb in &plan {
+            let refs: Vec<_> = mb.iter().map(|&i| &tables[i]).collect();
+            let b = collate(&refs);
+            assert!(b.b * b.rows * b.cols <= budget);
+            assert_eq!(b.rows % ROW_MULTIPLE, 0);
+            assert_eq!(b.cols % COL_MULTIPLE, 0);
+            padded += b.b * b.rows * b.cols;
+            for (k, t) in refs.iter().enumerate() {
+                real += t.rows * t.cols;
+                // Size classes keep each table within twice its padded rows and columns.
+                assert!(b.rows < 2 * t.rows.next_multiple_of(ROW_MULTIPLE));
+                assert!(b.cols < 2 * t.cols.next_multiple_of(COL_MULTIPLE));
+                let rows: f32 = b.row_valid[k * b.rows..(k + 1) * b.rows].iter().sum();
+                let cols: f32 = b.col_valid[k * b.cols..(k + 1) * b.cols].iter().sum();
+                assert_eq!((rows as usize, cols as usize), (t.rows, t.cols));
+                let missing = t.values.iter().filter(|v| v.is_nan()).count();
+                let marked: f32 = b.missing[k * b.rows * b.cols..(k + 1) * b.rows * b.cols]
+                    .iter()
+                    .sum();
+                assert_eq!(marked as usize, missing);
+            }
+        }
+        println!(
+            "{} tables in {} micro-batches; padding {:.1} % of cells",
+            tables.len(),
+            plan.len(),
+            100.0 * (1.0 - real as f64 / padded as f64)
+        );
+        let err = plan_micro_batches(&[(10, 3), (5000, 90)], budget).unwrap_err();
+        assert!(
+            err.contains("table 1") && err.contains("cell budget"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn data_parallel_ranks_split_the_micro_batches_without_overlap() {
+        let mbs: Vec<usize> = (0..7).collect();
+        let shares: Vec<Vec<usize>> = (0..3).map(|r| data_parallel_share(&mbs, r, 3)).collect();
+        assert_eq!(shares[0], vec![0, 3, 6]);
+        let mut all: Vec<usize> = shares.concat();
+        all.sort_unstable();
+        assert_eq!(all, mbs);
+    }
+}

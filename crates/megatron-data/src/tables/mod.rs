@@ -1,6 +1,7 @@
 //! Tables for the tabular foundation model: the synthetic prior it is pre-trained on
 //! (random causal graphs, edge functions, post-processing, targets) and its loader.
 
+pub mod batching;
 pub mod dag;
 pub mod edge;
 pub mod loader;
