@@ -12,8 +12,9 @@ pub struct BenchArgs {
     /// bandwidth), `index` (GPTDataset index build), `tp` (a GPT micro-batch at each --ranks tensor-parallel size) or `pipeline`
     /// (the bubble of 1F1B and interleaved schedules at P = the first of --ranks, M = 4..32), `moe` (an MoE layer against
     /// a dense MLP of the same active parameters, sequential against grouped expert GEMMs, and expert parallelism 2
-    /// against 1 on two rank threads) or `cp` (a Llama-style model at --seq-length with context parallelism 1 and each
-    /// of --ranks, ring and all-to-all attention).
+    /// against 1 on two rank threads), `cp` (a Llama-style model at --seq-length with context parallelism 1 and each
+    /// of --ranks, ring and all-to-all attention) or `prior` (tables/s of the synthetic-table prior with 1 and each of
+    /// --ranks worker threads, --num-samples tables per run).
     #[arg(default_value = "gemm")]
     pub what: String,
     #[arg(long, default_value_t = 4096)]
@@ -297,6 +298,9 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
     }
     if a.what == "cp" {
         return crate::bench_cp::cp(a);
+    }
+    if a.what == "prior" {
+        return crate::bench_prior::prior(a);
     }
     if a.what == "index" {
         let prefix = a

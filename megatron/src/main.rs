@@ -13,6 +13,7 @@ mod bench;
 mod bench_cp;
 mod bench_moe;
 mod bench_pipeline;
+mod bench_prior;
 mod bench_tp;
 
 /// GEMM packing buffers and activations are large, short-lived allocations; glibc hands them
