@@ -1,5 +1,6 @@
 pub mod embedding;
 pub mod gpt;
 pub mod model_chunk;
+pub mod tabular;
 
 pub use model_chunk::{ChunkState, ModelChunk, ModelFamily};
