@@ -184,3 +184,49 @@ fn padding_is_never_read_and_query_rows_reach_only_themselves() {
     assert!(changed.iter().any(|&c| c / COLS != cell / COLS));
     assert!(changed.iter().all(|&c| c >= ROWS * COLS), "table 0 changed");
 }
+
+#[test]
+fn tabular_layer_at_tensor_parallel_2_matches_one_rank() {
+    let x = input();
+    let w = weights();
+    let run = move |tp_rank: usize, tp_size: usize, tp: &mut Tp| {
+        let mut params = Params::for_tp_rank(tp_rank, tp_size);
+        let mut inits = Vec::new();
+        let layer = TabularLayer::new(&config(), 0, &mut params, &mut inits);
+        params.initialize(11, &inits);
+        let xt = Tensor::from_vec(&[x.len() / E, E], x.clone()).unwrap();
+        let ctx = StepContext::eval();
+        let (y, saved) = layer.forward(&params, tp, xt, &shape(), &ctx).unwrap();
+        let mut grads = Grads::zeros_like(&params);
+        let dy = Tensor::from_vec(&[x.len() / E, E], w.clone()).unwrap();
+        let dx = layer
+            .backward(&params, &mut grads, tp, saved, dy, &shape())
+            .unwrap();
+        let norm = params
+            .find("tabular.layers.0.column_attention.norm.weight")
+            .unwrap();
+        (
+            y.data().to_vec(),
+            dx.data().to_vec(),
+            grads.get(norm).to_vec(),
+        )
+    };
+    let mut g = serial_group();
+    let one = run(0, 1, &mut Tp::new(&mut g, false));
+    let out = megatron_comm::run_ranks(2, move |rank, c| run(rank, 2, &mut Tp::new(c, false)));
+    for (rank, r) in out.into_iter().enumerate() {
+        let r = r.unwrap();
+        for (what, a, b) in [
+            ("output", &one.0, &r.0),
+            ("input gradient", &one.1, &r.1),
+            ("norm gradient", &one.2, &r.2),
+        ] {
+            let err = a
+                .iter()
+                .zip(b)
+                .map(|(p, q)| (p - q).abs())
+                .fold(0.0f32, f32::max);
+            assert!(err < 1e-5, "rank {rank} {what}: max difference {err}");
+        }
+    }
+}
