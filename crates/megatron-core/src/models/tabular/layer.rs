@@ -54,14 +54,19 @@ impl TableShape<'_> {
 }
 
 pub struct TabularLayer {
-    pub row_norm: LayerNorm,
-    pub row_qkv: ColumnParallelLinear,
-    pub row_proj: RowParallelLinear,
-    pub col_norm: LayerNorm,
-    pub col_qkv: ColumnParallelLinear,
-    pub col_proj: RowParallelLinear,
+    pub row_attention: AttentionBranch,
+    pub column_attention: AttentionBranch,
     pub mlp_norm: LayerNorm,
     pub mlp: MLP,
+}
+
+/// One pre-norm attention branch: LayerNorm, fused QKV (column-parallel), attention along
+/// `axis`, output projection (row-parallel).
+pub struct AttentionBranch {
+    pub norm: LayerNorm,
+    pub linear_qkv: ColumnParallelLinear,
+    pub linear_proj: RowParallelLinear,
+    axis: Axis,
     heads_local: usize,
     head_dim: usize,
 }
@@ -96,115 +101,59 @@ enum Axis {
     Column,
 }
 
-impl TabularLayer {
-    pub fn new(
+impl AttentionBranch {
+    fn new(
         cfg: &TabularConfig,
-        layer: usize,
+        prefix: &str,
+        axis: Axis,
         params: &mut Params,
         inits: &mut Vec<Init>,
     ) -> Self {
         let e = cfg.emb;
-        let p = format!("tabular.layers.{layer}");
-        let std = cfg.init_std;
+        let norm = LayerNorm::new(
+            &format!("{prefix}.norm"),
+            e,
+            cfg.eps,
+            Sharding::Replicated,
+            params,
+            inits,
+        );
+        let (std, name) = (cfg.init_std, |n: &str| format!("{prefix}.{n}"));
+        let linear_qkv = ColumnParallelLinear::new(
+            params,
+            inits,
+            &name("linear_qkv"),
+            e,
+            3 * e,
+            false,
+            std,
+            false,
+            true,
+        );
         let out_std = std / (2.0 * cfg.layers as f32).sqrt();
-        let norm = |name: &str, params: &mut Params, inits: &mut Vec<Init>| {
-            LayerNorm::new(
-                &format!("{p}.{name}"),
-                e,
-                cfg.eps,
-                Sharding::Replicated,
-                params,
-                inits,
-            )
-        };
-        let row_norm = norm("row_attention.norm", params, inits);
-        let row_qkv = ColumnParallelLinear::new(
+        let linear_proj = RowParallelLinear::new(
             params,
             inits,
-            &format!("{p}.row_attention.linear_qkv"),
-            e,
-            3 * e,
-            false,
-            std,
-            false,
-            true,
-        );
-        let row_proj = RowParallelLinear::new(
-            params,
-            inits,
-            &format!("{p}.row_attention.linear_proj"),
+            &name("linear_proj"),
             e,
             e,
             false,
             out_std,
             true,
         );
-        let col_norm = norm("column_attention.norm", params, inits);
-        let col_qkv = ColumnParallelLinear::new(
-            params,
-            inits,
-            &format!("{p}.column_attention.linear_qkv"),
-            e,
-            3 * e,
-            false,
-            std,
-            false,
-            true,
-        );
-        let col_proj = RowParallelLinear::new(
-            params,
-            inits,
-            &format!("{p}.column_attention.linear_proj"),
-            e,
-            e,
-            false,
-            out_std,
-            true,
-        );
-        let mlp_norm = norm("mlp.norm", params, inits);
-        let tcfg = TransformerConfig {
-            hidden_size: e,
-            ffn_hidden_size: cfg.ffn,
-            num_attention_heads: cfg.heads,
-            num_layers: cfg.layers,
-            activation: Activation::Gelu,
-            add_bias_linear: false,
-            init_method_std: std,
-            ..Default::default()
-        };
-        let mlp = MLP::new_named(&tcfg, &format!("{p}.mlp"), cfg.ffn, false, params, inits);
-        let tp = params.tp.1.max(1);
-        TabularLayer {
-            row_norm,
-            row_qkv,
-            row_proj,
-            col_norm,
-            col_qkv,
-            col_proj,
-            mlp_norm,
-            mlp,
-            heads_local: cfg.heads / tp,
+        AttentionBranch {
+            norm,
+            linear_qkv,
+            linear_proj,
+            axis,
+            heads_local: cfg.heads / params.tp.1.max(1),
             head_dim: e / cfg.heads,
         }
     }
 
-    fn dims(&self, seqs: usize, t: usize) -> AttentionDims {
-        AttentionDims {
-            b: seqs,
-            t,
-            heads: self.heads_local,
-            groups: self.heads_local,
-            head_dim: self.head_dim,
-            causal: false,
-            dropout: 0.0,
-            rng_heads: (0, self.heads_local),
-            rng_block: None,
-        }
-    }
-
-    /// Sequences, their length and each one's visible keys for `axis`.
-    fn sequences(&self, s: &TableShape, axis: Axis) -> (usize, usize, Vec<usize>) {
-        match axis {
+    /// Sequences, their length, each one's visible keys, and the attention's sizes.
+    fn sequences(&self, s: &TableShape) -> (Vec<usize>, AttentionDims) {
+        let (seqs, t, keys) = match self.axis {
             Axis::Row => (
                 s.b * s.rows,
                 s.cols,
@@ -219,43 +168,61 @@ impl TabularLayer {
                     .map(|i| s.context_rows[i / s.cols])
                     .collect(),
             ),
-        }
+        };
+        let d = AttentionDims {
+            b: seqs,
+            t,
+            heads: self.heads_local,
+            groups: self.heads_local,
+            head_dim: self.head_dim,
+            causal: false,
+            dropout: 0.0,
+            rng_heads: (0, self.heads_local),
+            rng_block: None,
+        };
+        (keys, d)
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn attention_forward(
-        &self,
-        params: &Params,
-        tp: &mut Tp,
-        norm: &LayerNorm,
-        qkv_linear: &ColumnParallelLinear,
-        proj: &RowParallelLinear,
-        x: &Tensor,
-        s: &TableShape,
-        axis: Axis,
-    ) -> Result<(Tensor, AttentionSaved), CommError> {
-        let (normed, norm_saved) = norm.forward(params, x);
-        let qkv_rows = qkv_linear.forward(params, tp, &normed)?;
-        let w = qkv_rows.shape()[1];
-        let ow = self.heads_local * self.head_dim;
-        let cells = TableDims {
+    /// Row-major cells `[cells, w]` in the branch's sequence layout (a copy only for columns).
+    fn to_sequences(&self, t: Tensor, s: &TableShape) -> Tensor {
+        self.swap(t, s, Axis::Row)
+    }
+
+    /// The inverse of [`Self::to_sequences`].
+    fn to_cells(&self, t: Tensor, s: &TableShape) -> Tensor {
+        self.swap(t, s, Axis::Column)
+    }
+
+    /// Under column attention, swaps `t` out of layout `from` (rows first or columns first).
+    fn swap(&self, t: Tensor, s: &TableShape, from: Axis) -> Tensor {
+        if self.axis == Axis::Row {
+            return t;
+        }
+        let w = t.shape()[1];
+        let d = TableDims {
             b: s.b,
             rows: s.rows,
             cols: s.cols,
             w,
         };
-        let qkv = match axis {
-            Axis::Row => qkv_rows,
-            Axis::Column => {
-                let mut t = Tensor::for_overwrite(&[s.cells(), w]);
-                swap_rows_cols(t.data_mut(), qkv_rows.data(), cells);
-                t
-            }
-        };
-        let (seqs, len, keys) = self.sequences(s, axis);
-        let d = self.dims(seqs, len);
-        let mut out = Tensor::for_overwrite(&[s.cells(), ow]);
-        let mut lse = Tensor::for_overwrite(&[seqs * self.heads_local * len]);
+        let d = if from == Axis::Row { d } else { d.transposed() };
+        let mut out = Tensor::for_overwrite(t.shape());
+        swap_rows_cols(out.data_mut(), t.data(), d);
+        out
+    }
+
+    fn forward(
+        &self,
+        params: &Params,
+        tp: &mut Tp,
+        x: &Tensor,
+        s: &TableShape,
+    ) -> Result<(Tensor, AttentionSaved), CommError> {
+        let (normed, norm) = self.norm.forward(params, x);
+        let qkv = self.to_sequences(self.linear_qkv.forward(params, tp, &normed)?, s);
+        let (keys, d) = self.sequences(s);
+        let mut out = Tensor::for_overwrite(&[s.cells(), self.heads_local * self.head_dim]);
+        let mut lse = Tensor::for_overwrite(&[d.b * d.heads * d.t]);
         attention_forward(
             out.data_mut(),
             lse.data_mut(),
@@ -264,25 +231,13 @@ impl TabularLayer {
             d,
             RngKey::new(0),
         );
-        let out_rows = match axis {
-            Axis::Row => None,
-            Axis::Column => {
-                let mut t = Tensor::for_overwrite(&[s.cells(), ow]);
-                let od = TableDims {
-                    b: s.b,
-                    rows: s.cols,
-                    cols: s.rows,
-                    w: ow,
-                };
-                swap_rows_cols(t.data_mut(), out.data(), od);
-                Some(t)
-            }
-        };
-        let y = proj.forward(params, tp, out_rows.as_ref().unwrap_or(&out))?;
+        let y = self
+            .linear_proj
+            .forward(params, tp, &self.to_cells(out.clone(), s))?;
         Ok((
             y,
             AttentionSaved {
-                norm: norm_saved,
+                norm,
                 normed,
                 qkv,
                 out,
@@ -291,62 +246,24 @@ impl TabularLayer {
         ))
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn attention_backward(
+    fn backward(
         &self,
         params: &Params,
         grads: &mut Grads,
         tp: &mut Tp,
-        norm: &LayerNorm,
-        qkv_linear: &ColumnParallelLinear,
-        proj: &RowParallelLinear,
         saved: AttentionSaved,
         x: &Tensor,
         dy: Tensor,
         s: &TableShape,
-        axis: Axis,
     ) -> Result<Tensor, CommError> {
-        let ow = self.heads_local * self.head_dim;
-        let w = saved.qkv.shape()[1];
-        // The projection's input in row-major cells.
-        let out_rows = match axis {
-            Axis::Row => None,
-            Axis::Column => {
-                let mut t = Tensor::for_overwrite(&[s.cells(), ow]);
-                let od = TableDims {
-                    b: s.b,
-                    rows: s.cols,
-                    cols: s.rows,
-                    w: ow,
-                };
-                swap_rows_cols(t.data_mut(), saved.out.data(), od);
-                Some(t)
-            }
-        };
-        let dout_rows = proj.backward(
-            params,
-            grads,
-            tp,
-            out_rows.as_ref().unwrap_or(&saved.out),
-            dy,
-        )?;
-        drop(out_rows);
-        let dout = match axis {
-            Axis::Row => dout_rows,
-            Axis::Column => {
-                let mut t = Tensor::for_overwrite(&[s.cells(), ow]);
-                let cells = TableDims {
-                    b: s.b,
-                    rows: s.rows,
-                    cols: s.cols,
-                    w: ow,
-                };
-                swap_rows_cols(t.data_mut(), dout_rows.data(), cells);
-                t
-            }
-        };
-        let (seqs, len, keys) = self.sequences(s, axis);
-        let mut dqkv = Tensor::zeros(&[s.cells(), w]);
+        let out_cells = self.to_cells(saved.out.clone(), s);
+        let dout = self
+            .linear_proj
+            .backward(params, grads, tp, &out_cells, dy)?;
+        drop(out_cells);
+        let dout = self.to_sequences(dout, s);
+        let (keys, d) = self.sequences(s);
+        let mut dqkv = Tensor::zeros(saved.qkv.shape());
         attention_backward(
             dqkv.data_mut(),
             dout.data(),
@@ -354,25 +271,59 @@ impl TabularLayer {
             saved.lse.data(),
             saved.qkv.data(),
             AttentionMask::key_lens(&keys),
-            self.dims(seqs, len),
+            d,
             RngKey::new(0),
         );
-        let dqkv_rows = match axis {
-            Axis::Row => dqkv,
-            Axis::Column => {
-                let mut t = Tensor::for_overwrite(&[s.cells(), w]);
-                let cd = TableDims {
-                    b: s.b,
-                    rows: s.cols,
-                    cols: s.rows,
-                    w,
-                };
-                swap_rows_cols(t.data_mut(), dqkv.data(), cd);
-                t
-            }
+        let dqkv = self.to_cells(dqkv, s);
+        let dnormed = self
+            .linear_qkv
+            .backward(params, grads, tp, &saved.normed, dqkv)?;
+        Ok(self.norm.backward(params, grads, &saved.norm, x, &dnormed))
+    }
+}
+
+impl TabularLayer {
+    pub fn new(
+        cfg: &TabularConfig,
+        layer: usize,
+        params: &mut Params,
+        inits: &mut Vec<Init>,
+    ) -> Self {
+        let p = format!("tabular.layers.{layer}");
+        let row_attention =
+            AttentionBranch::new(cfg, &format!("{p}.row_attention"), Axis::Row, params, inits);
+        let column_attention = AttentionBranch::new(
+            cfg,
+            &format!("{p}.column_attention"),
+            Axis::Column,
+            params,
+            inits,
+        );
+        let mlp_norm = LayerNorm::new(
+            &format!("{p}.mlp.norm"),
+            cfg.emb,
+            cfg.eps,
+            Sharding::Replicated,
+            params,
+            inits,
+        );
+        let tcfg = TransformerConfig {
+            hidden_size: cfg.emb,
+            ffn_hidden_size: cfg.ffn,
+            num_attention_heads: cfg.heads,
+            num_layers: cfg.layers,
+            activation: Activation::Gelu,
+            add_bias_linear: false,
+            init_method_std: cfg.init_std,
+            ..Default::default()
         };
-        let dnormed = qkv_linear.backward(params, grads, tp, &saved.normed, dqkv_rows)?;
-        Ok(norm.backward(params, grads, &saved.norm, x, &dnormed))
+        let mlp = MLP::new_named(&tcfg, &format!("{p}.mlp"), cfg.ffn, false, params, inits);
+        TabularLayer {
+            row_attention,
+            column_attention,
+            mlp_norm,
+            mlp,
+        }
     }
 
     /// `x`: `[b * rows * cols, e]` row-major cells.
@@ -384,27 +335,9 @@ impl TabularLayer {
         s: &TableShape,
         ctx: &StepContext,
     ) -> Result<(Tensor, TabularLayerSaved), CommError> {
-        let (ya, row) = self.attention_forward(
-            params,
-            tp,
-            &self.row_norm,
-            &self.row_qkv,
-            &self.row_proj,
-            &x,
-            s,
-            Axis::Row,
-        )?;
+        let (ya, row) = self.row_attention.forward(params, tp, &x, s)?;
         let mid = add(&x, &ya);
-        let (yc, col) = self.attention_forward(
-            params,
-            tp,
-            &self.col_norm,
-            &self.col_qkv,
-            &self.col_proj,
-            &mid,
-            s,
-            Axis::Column,
-        )?;
+        let (yc, col) = self.column_attention.forward(params, tp, &mid, s)?;
         let after_attention = add(&mid, &yc);
         let (mlp_in, mlp_norm) = self.mlp_norm.forward(params, &after_attention);
         let (ym, mlp) = self.mlp.forward(params, tp, &mlp_in, ctx)?;
@@ -436,42 +369,32 @@ impl TabularLayer {
         let dmlp_in =
             self.mlp
                 .backward(params, grads, tp, &saved.mlp, &saved.mlp_in, dout.clone())?;
-        let d_after = add(
-            &dout,
-            &self.mlp_norm.backward(
-                params,
-                grads,
-                &saved.mlp_norm,
-                &saved.after_attention,
-                &dmlp_in,
-            ),
+        let dnorm = self.mlp_norm.backward(
+            params,
+            grads,
+            &saved.mlp_norm,
+            &saved.after_attention,
+            &dmlp_in,
         );
-        let dcol = self.attention_backward(
+        let d_after = add(&dout, &dnorm);
+        let dcol = self.column_attention.backward(
             params,
             grads,
             tp,
-            &self.col_norm,
-            &self.col_qkv,
-            &self.col_proj,
             saved.col,
             &saved.mid,
             d_after.clone(),
             s,
-            Axis::Column,
         )?;
         let dmid = add(&d_after, &dcol);
-        let drow = self.attention_backward(
+        let drow = self.row_attention.backward(
             params,
             grads,
             tp,
-            &self.row_norm,
-            &self.row_qkv,
-            &self.row_proj,
             saved.row,
             &saved.input,
             dmid.clone(),
             s,
-            Axis::Row,
         )?;
         Ok(add(&dmid, &drow))
     }
