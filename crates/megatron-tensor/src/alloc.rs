@@ -16,7 +16,7 @@
 
 use std::alloc::{GlobalAlloc, Layout};
 use std::cell::Cell;
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 
 /// Slots: 0 for threads of no rank, then rank `r` in slot `r + 1`; ranks beyond share the last.
 pub const SLOTS: usize = 256;
@@ -28,12 +28,16 @@ const HEADER: usize = 16;
 /// One slot's figures. `live` counts every byte allocated and not freed (PyTorch's "reserved",
 /// since the tensor pool keeps freed buffers allocated); `parked` the part of it the tensor
 /// pool holds for reuse; `live - parked` is what tensors use (PyTorch's "allocated").
+/// `epoch` counts [`start_epoch`] calls: an allocation remembers the epoch it was made in and
+/// is subtracted only if freed in the same one, so what a slot held before (a previous run's
+/// buffers, freed late by exiting threads) never shows up as negative usage.
 #[repr(align(64))]
 struct Counter {
     live: AtomicI64,
     peak: AtomicI64,
     parked: AtomicI64,
     in_use_peak: AtomicI64,
+    epoch: AtomicU64,
 }
 
 #[allow(clippy::declare_interior_mutable_const)]
@@ -42,6 +46,7 @@ const ZERO: Counter = Counter {
     peak: AtomicI64::new(0),
     parked: AtomicI64::new(0),
     in_use_peak: AtomicI64::new(0),
+    epoch: AtomicU64::new(0),
 };
 
 static COUNTERS: [Counter; SLOTS] = [ZERO; SLOTS];
@@ -59,6 +64,19 @@ fn slot_now() -> usize {
     // During thread teardown the thread-local may be gone: count such frees-side allocations in
     // slot 0 rather than failing.
     SLOT.try_with(|s| s.get() as usize).unwrap_or(0)
+}
+
+/// The header word of a new allocation by `slot`: the slot and its current epoch.
+fn tag(slot: usize) -> u64 {
+    slot as u64 | (COUNTERS[slot].epoch.load(Ordering::Relaxed) << 16)
+}
+
+/// Counts `bytes` against the allocation tagged `tag` if it belongs to its slot's epoch.
+fn add_tagged(tag: u64, bytes: i64) {
+    let slot = (tag & 0xffff) as usize;
+    if tag >> 16 == COUNTERS[slot].epoch.load(Ordering::Relaxed) {
+        add(slot, bytes);
+    }
 }
 
 fn add(slot: usize, bytes: i64) {
@@ -99,9 +117,10 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for RankAllocator<A> {
         // at least 8-aligned.
         unsafe {
             let p = base.add(head);
-            (p.sub(8) as *mut u64).write(slot as u64);
+            let tag = tag(slot);
+            (p.sub(8) as *mut u64).write(tag);
             INSTALLED.store(true, Ordering::Relaxed);
-            add(slot, layout.size() as i64);
+            add_tagged(tag, layout.size() as i64);
             p
         }
     }
@@ -111,8 +130,8 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for RankAllocator<A> {
         // SAFETY: `ptr` came from `alloc`/`realloc` above with this layout: the header precedes
         // it and the block starts `head` bytes before it.
         unsafe {
-            let slot = (ptr.sub(8) as *const u64).read() as usize;
-            add(slot, -(layout.size() as i64));
+            let tag = (ptr.sub(8) as *const u64).read();
+            add_tagged(tag, -(layout.size() as i64));
             self.0.dealloc(ptr.sub(head), l);
         }
     }
@@ -133,12 +152,12 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for RankAllocator<A> {
         // SAFETY: the block starts `head` bytes before `ptr` with layout `l`; `self.0.realloc`
         // keeps its first bytes, so the header moves with it.
         unsafe {
-            let slot = (ptr.sub(8) as *const u64).read() as usize;
+            let tag = (ptr.sub(8) as *const u64).read();
             let base = self.0.realloc(ptr.sub(head), l, new_size + head);
             if base.is_null() {
                 return base;
             }
-            add(slot, new_size as i64 - layout.size() as i64);
+            add_tagged(tag, new_size as i64 - layout.size() as i64);
             base.add(head)
         }
     }
@@ -181,7 +200,7 @@ pub fn current() -> SlotBytes {
     }
 }
 
-/// The calling thread's slot's high-water marks since the last [`reset_peak`].
+/// The calling thread's slot's high-water marks since the last [`start_epoch`].
 pub fn peak() -> SlotBytes {
     let c = &COUNTERS[slot_now()];
     SlotBytes {
@@ -190,13 +209,15 @@ pub fn peak() -> SlotBytes {
     }
 }
 
-/// Restarts the calling thread's slot's high-water marks at what it holds now.
-pub fn reset_peak() {
+/// Starts counting the calling thread's slot afresh: nothing held, no peak; what was allocated
+/// before is not counted when freed. Call when no other thread of the slot allocates (at the
+/// start of a run).
+pub fn start_epoch() {
     let c = &COUNTERS[slot_now()];
-    let live = c.live.load(Ordering::Relaxed);
-    c.peak.store(live, Ordering::Relaxed);
-    c.in_use_peak
-        .store(live - c.parked.load(Ordering::Relaxed), Ordering::Relaxed);
+    c.epoch.fetch_add(1, Ordering::Relaxed);
+    for v in [&c.live, &c.peak, &c.parked, &c.in_use_peak] {
+        v.store(0, Ordering::Relaxed);
+    }
 }
 
 /// The tensor pool parked `bytes` of freed buffers (still allocated, no longer in use).

@@ -20,8 +20,8 @@ fn on_rank<T: Send + 'static>(rank: usize, f: impl FnOnce() -> T + Send + 'stati
 fn a_buffer_freed_on_another_thread_is_subtracted_from_its_owner() {
     const MB: usize = 1 << 20;
     let (buf, before, after) = on_rank(40, || {
+        alloc::start_epoch();
         let before = alloc::current();
-        alloc::reset_peak();
         let buf = vec![1u8; 3 * MB];
         (buf, before, alloc::current())
     });
@@ -77,4 +77,24 @@ fn pooled_buffers_count_as_reserved_not_in_use() {
         book.contains(&(c.reserved - a.reserved - bytes)),
         "but still allocated: {a:?} {c:?}"
     );
+}
+
+#[test]
+fn buffers_from_before_an_epoch_are_not_counted_when_freed() {
+    let (start, after_free, peak) = on_rank(44, || {
+        let old = vec![7u8; 1 << 20];
+        alloc::start_epoch();
+        let start = alloc::current();
+        let fresh = vec![1u8; 1000];
+        drop(old);
+        let after_free = alloc::current();
+        drop(fresh);
+        (start, after_free, alloc::peak())
+    });
+    assert_eq!(start.in_use, 0);
+    assert_eq!(
+        after_free.in_use, 1000,
+        "the old megabyte is not subtracted"
+    );
+    assert_eq!(peak.in_use, 1000);
 }

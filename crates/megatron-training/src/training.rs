@@ -92,9 +92,6 @@ pub(crate) struct Trainer<'a> {
     /// The model's buffers (router expert biases) as of the save being written, on the rank
     /// that writes them (the first tensor- and data-parallel rank of each stage).
     pub buffer_snapshot: Vec<(String, Vec<f32>)>,
-    /// Bytes this rank's allocator slot held when training started (`--log-memory` counts
-    /// from here).
-    pub alloc_baseline: megatron_tensor::alloc::SlotBytes,
 }
 
 impl Trainer<'_> {
@@ -221,8 +218,8 @@ pub(crate) fn run(
     );
     set_precision(cfg, &mut comms)?;
     let lead = comms.lead();
-    megatron_tensor::alloc::reset_peak();
-    let alloc_baseline = megatron_tensor::alloc::current();
+    // `--log-memory` counts this rank's allocations from here.
+    megatron_tensor::alloc::start_epoch();
     let setup = setup_model_and_optimizer(cfg, &mut comms, lead)?;
     if a.log_memory && lead {
         let p = &setup.params;
@@ -281,7 +278,6 @@ pub(crate) fn run(
         last_checkpoint: None,
         staging: Vec::new(),
         buffer_snapshot: Vec::new(),
-        alloc_baseline,
     };
     if a.async_save && a.save.is_some() {
         tr.prepare_async_staging();
@@ -502,10 +498,8 @@ impl Trainer<'_> {
         .map_err(TrainError::Args)?
         .total();
         let installed = alloc::installed();
-        let allocated_peak =
-            installed.then(|| (alloc::peak().in_use - self.alloc_baseline.in_use).max(0) as u64);
-        let reserved_peak = installed
-            .then(|| (alloc::peak().reserved - self.alloc_baseline.reserved).max(0) as u64);
+        let allocated_peak = installed.then(|| alloc::peak().in_use.max(0) as u64);
+        let reserved_peak = installed.then(|| alloc::peak().reserved.max(0) as u64);
         let peak_over_predicted = match allocated_peak {
             Some(p) => {
                 let r = p as f32 / predicted.max(1) as f32;

@@ -18,13 +18,7 @@ fn log_memory_writes_each_kind_and_activations_match_the_formula() {
     ]
     .concat();
     let s = pretrain(&args(&v)).unwrap();
-    let text = std::fs::read_to_string(&metrics).unwrap();
-    let last: serde_json::Value = text
-        .lines()
-        .rfind(|l| l.contains("\"memory\""))
-        .map(|l| serde_json::from_str(l).unwrap())
-        .expect("a memory record at the log interval");
-    let mem = &last["memory"];
+    let mem = &last_memory_record(&metrics);
     let get = |k: &str| mem[k].as_u64().unwrap_or_else(|| panic!("{k} in {mem}"));
     // fp32 plain Adam on one rank: gradients as large as the parameters, two moments.
     assert!(get("parameters") > 0);

@@ -104,13 +104,7 @@ fn measured_peak_per_rank_is_within_5_percent_of_the_prediction() {
         let m = metrics.to_str().unwrap();
         let v = [MODEL, layout, &["--metrics-file", m]].concat();
         pretrain(&args(&v)).unwrap_or_else(|e| panic!("{layout:?}: {e}"));
-        let text = std::fs::read_to_string(&metrics).unwrap();
-        let rec: serde_json::Value = text
-            .lines()
-            .rfind(|l| l.contains("\"memory\""))
-            .map(|l| serde_json::from_str(l).unwrap())
-            .expect("a memory record");
-        let mem = &rec["memory"];
+        let mem = &last_memory_record(&metrics);
         let allocated = mem["allocated_peak"].as_u64().expect("allocator installed");
         let predicted = mem["predicted_peak"].as_u64().unwrap();
         let (lo, hi) = (

@@ -248,3 +248,14 @@ pub fn train_and_load(
     let ck = megatron_training::checkpointing::load_checkpoint(&save, None).unwrap();
     (summary, ck)
 }
+
+/// The `memory` object of the last metrics record that has one (`--log-memory`).
+pub fn last_memory_record(metrics: &std::path::Path) -> serde_json::Value {
+    let text = std::fs::read_to_string(metrics).unwrap();
+    let rec: serde_json::Value = text
+        .lines()
+        .rfind(|l| l.contains("\"memory\""))
+        .map(|l| serde_json::from_str(l).unwrap())
+        .expect("a memory record at the log interval");
+    rec["memory"].clone()
+}
