@@ -230,3 +230,64 @@ fn tabular_layer_at_tensor_parallel_2_matches_one_rank() {
         }
     }
 }
+
+#[test]
+fn cell_embedding_gradient_through_a_layer_matches_finite_difference() {
+    use megatron_core::models::tabular::CellEmbedding;
+    use megatron_tensor::cpu::table_features::FEATURES;
+    let mut params = Params::for_tp_rank(0, 1);
+    let mut inits = Vec::new();
+    let emb = CellEmbedding::new(E, 0.3, &mut params, &mut inits);
+    let layer = TabularLayer::new(&config(), 0, &mut params, &mut inits);
+    params.initialize(3, &inits);
+    let cells = 2 * ROWS * COLS;
+    let k = RngKey::new(8);
+    let feats = Tensor::from_vec(
+        &[cells, FEATURES],
+        (0..cells * FEATURES).map(|i| k.normal(i as u64)).collect(),
+    )
+    .unwrap();
+    let w = weights();
+    let ctx = StepContext::eval();
+    let loss = |params: &Params| -> f64 {
+        let mut g = serial_group();
+        let mut tp = Tp::new(&mut g, false);
+        let x = emb.forward(params, &feats);
+        let (y, _) = layer.forward(params, &mut tp, x, &shape(), &ctx).unwrap();
+        y.data()
+            .iter()
+            .zip(&w)
+            .map(|(a, b)| (*a as f64) * (*b as f64))
+            .sum()
+    };
+    let mut g = serial_group();
+    let mut tp = Tp::new(&mut g, false);
+    let x = emb.forward(&params, &feats);
+    let (_, saved) = layer.forward(&params, &mut tp, x, &shape(), &ctx).unwrap();
+    let mut grads = Grads::zeros_like(&params);
+    let dy = Tensor::from_vec(&[cells, E], w.clone()).unwrap();
+    let dx = layer
+        .backward(&params, &mut grads, &mut tp, saved, dy, &shape())
+        .unwrap();
+    emb.backward(&params, &mut grads, &feats, &dx);
+    let eps = 1e-2f32;
+    for id in [emb.weight, emb.bias] {
+        let meta = params.metas[id.0].clone();
+        for k in 0..4 {
+            let i = meta.offset + (meta.numel * (2 * k + 1)) / 8;
+            let orig = params.data[i];
+            params.data[i] = orig + eps;
+            let fp = loss(&params);
+            params.data[i] = orig - eps;
+            let fm = loss(&params);
+            params.data[i] = orig;
+            let (fd, an) = ((fp - fm) / (2.0 * eps as f64), grads.data[i] as f64);
+            assert!(
+                (fd - an).abs() <= 1e-3 + 5e-2 * an.abs(),
+                "{}[{}]: finite difference {fd} vs analytic {an}",
+                meta.name,
+                i - meta.offset
+            );
+        }
+    }
+}

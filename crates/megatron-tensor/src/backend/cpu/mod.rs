@@ -28,6 +28,7 @@ mod sgemm;
 pub mod simd;
 pub mod swiglu;
 pub mod sync_ptr;
+pub mod table_features;
 pub mod table_layout;
 
 pub use adamw::{adamw_update, AdamWParams};
@@ -58,6 +59,7 @@ pub use reduce::{global_norm_squared, scale_inplace};
 pub use rmsnorm::{rmsnorm_backward, rmsnorm_forward, RMSNormDims};
 pub use rope::{rope_backward, rope_forward, RopeDims, RopeScaling, RopeStyle, RopeTable};
 pub use swiglu::{swiglu_backward, swiglu_forward};
+pub use table_features::{table_features, TableInputs};
 pub use table_layout::{swap_rows_cols, TableDims};
 
 /// Rows per parallel task for row-wise elementwise kernels: big enough to amortize scheduling,
