@@ -291,3 +291,82 @@ fn cell_embedding_gradient_through_a_layer_matches_finite_difference() {
         }
     }
 }
+
+#[test]
+fn head_gradients_match_finite_difference_for_classes_and_bins() {
+    use megatron_core::models::tabular::{bin_of, HeadRows, TabularHead, Task, BINS};
+    let mut params = Params::for_tp_rank(0, 1);
+    let mut inits = Vec::new();
+    let head = TabularHead::new(E, 0.5, 1e-5, &mut params, &mut inits);
+    params.initialize(4, &inits);
+    let cells = 2 * ROWS * COLS;
+    let k = RngKey::new(12);
+    let y = Tensor::from_vec(
+        &[cells, E],
+        (0..cells * E).map(|i| k.normal(i as u64)).collect(),
+    )
+    .unwrap();
+    // Table 0 (classification, 3 classes): query rows 3 and 4; table 1 (regression): row 5.
+    let class_rows = HeadRows {
+        cells: &[(3 * COLS) as u32, (4 * COLS) as u32],
+        targets: &[2, 0],
+        valid: &[3, 3],
+        weights: &[0.25, 0.25],
+    };
+    let borders: Vec<f32> = (1..BINS)
+        .map(|i| -2.0 + 4.0 * i as f32 / BINS as f32)
+        .collect();
+    let bin = bin_of(0.3, &borders);
+    assert!(bin > 0 && (bin as usize) < BINS);
+    let reg_rows = HeadRows {
+        cells: &[((ROWS + 5) * COLS) as u32],
+        targets: &[bin],
+        valid: &[0],
+        weights: &[0.5],
+    };
+    let total = |params: &Params, y: &Tensor, grads: &mut Grads, dy: &mut Tensor| {
+        head.loss_backward(params, grads, y, dy, &class_rows, Task::Classification)
+            + head.loss_backward(params, grads, y, dy, &reg_rows, Task::Regression)
+    };
+    let mut grads = Grads::zeros_like(&params);
+    let mut dy = Tensor::zeros(&[cells, E]);
+    total(&params, &y, &mut grads, &mut dy);
+    let loss_only = |params: &Params, y: &Tensor| {
+        let mut g = Grads::zeros_like(params);
+        let mut d = Tensor::zeros(&[cells, E]);
+        total(params, y, &mut g, &mut d)
+    };
+    let eps = 1e-2f32;
+    let check = |name: &str, fd: f64, an: f64| {
+        assert!(
+            (fd - an).abs() <= 1e-3 + 5e-2 * an.abs(),
+            "{name}: finite difference {fd} vs analytic {an}"
+        );
+    };
+    for meta in params.metas.clone() {
+        for k in 0..3 {
+            let i = meta.offset + (meta.numel * (2 * k + 1)) / 6;
+            let orig = params.data[i];
+            params.data[i] = orig + eps;
+            let fp = loss_only(&params, &y);
+            params.data[i] = orig - eps;
+            let fm = loss_only(&params, &y);
+            params.data[i] = orig;
+            check(
+                &meta.name,
+                (fp - fm) / (2.0 * eps as f64),
+                grads.data[i] as f64,
+            );
+        }
+    }
+    for i in [3 * COLS * E, 4 * COLS * E + 3, (ROWS + 5) * COLS * E + 7, 0] {
+        let mut yp = y.clone();
+        yp.data_mut()[i] += eps;
+        let mut ym = y.clone();
+        ym.data_mut()[i] -= eps;
+        let fd = (loss_only(&params, &yp) - loss_only(&params, &ym)) / (2.0 * eps as f64);
+        check(&format!("output cell element {i}"), fd, dy.data()[i] as f64);
+    }
+    // Cells the head does not read get no gradient.
+    assert!(dy.data()[..3 * COLS * E].iter().all(|&v| v == 0.0));
+}

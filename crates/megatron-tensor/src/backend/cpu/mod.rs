@@ -6,6 +6,7 @@ pub mod adamw;
 pub mod attention;
 mod attention_tile;
 pub mod cast;
+pub mod class_loss;
 pub mod cross_entropy;
 pub mod dispatch;
 pub mod dropout;
@@ -36,6 +37,7 @@ pub use attention::{
     attention_backward, attention_decode_forward, attention_forward, kv_cache_append,
     AttentionDims, AttentionMask, DecodeDims, RngBlock,
 };
+pub use class_loss::masked_cross_entropy;
 pub use cross_entropy::{
     fused_classifier, vocab_parallel_classifier, ClassifierDims, ClassifierReduce, IGNORE_INDEX,
 };

@@ -1,0 +1,197 @@
+//! The tabular model's prediction head, read off the target column of the query rows: a final
+//! LayerNorm, then a linear map to up to `MAX_CLASSES` class logits (classification) or to
+//! `BINS` logits over intervals of the standardised target (regression as a binned distribution,
+//! as TabPFN does: Hollmann et al. 2023 / 2025), trained with softmax cross-entropy over the
+//! classes the table has or over all bins.
+
+use crate::params::Sharding;
+use crate::params::{Grads, Init, ParamId, Params};
+use crate::transformer::norm::LayerNorm;
+use megatron_tensor::cpu::table_features::MAX_CLASSES;
+use megatron_tensor::cpu::{
+    embedding_lookup_backward, embedding_lookup_forward, masked_cross_entropy, matmul_backward,
+    matmul_forward,
+};
+use megatron_tensor::Tensor;
+
+/// Bins of the regression distribution.
+pub const BINS: usize = 32;
+
+pub struct TabularHead {
+    pub norm: LayerNorm,
+    pub classes: (ParamId, ParamId),
+    pub bins: (ParamId, ParamId),
+    emb: usize,
+}
+
+/// Which cells the head predicts and against what, for one task kind.
+pub struct HeadRows<'a> {
+    /// Cell indices (rows of the model output) of query rows' target cells.
+    pub cells: &'a [u32],
+    /// Per row: the class index, or the regression bin (see [`bin_of`]).
+    pub targets: &'a [u32],
+    /// Per row: classes of its table (classification); ignored for regression.
+    pub valid: &'a [u32],
+    /// Per row: the weight of its loss (e.g. 1 / (query rows of its table x tables)).
+    pub weights: &'a [f32],
+}
+
+/// The bin of standardised target `z` among `borders` (`BINS - 1` increasing values).
+pub fn bin_of(z: f32, borders: &[f32]) -> u32 {
+    borders.partition_point(|&b| b < z) as u32
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Task {
+    Classification,
+    Regression,
+}
+
+impl TabularHead {
+    pub fn new(
+        emb: usize,
+        init_std: f32,
+        eps: f32,
+        params: &mut Params,
+        inits: &mut Vec<Init>,
+    ) -> Self {
+        let norm = LayerNorm::new(
+            "tabular.head.norm",
+            emb,
+            eps,
+            Sharding::Replicated,
+            params,
+            inits,
+        );
+        let mut linear = |name: &str, width: usize| {
+            (
+                params.add(
+                    inits,
+                    format!("tabular.head.{name}.weight"),
+                    &[width, emb],
+                    true,
+                    Init::Normal(init_std),
+                ),
+                params.add(
+                    inits,
+                    format!("tabular.head.{name}.bias"),
+                    &[width],
+                    false,
+                    Init::Const(0.0),
+                ),
+            )
+        };
+        let classes = linear("classes", MAX_CLASSES);
+        let bins = linear("bins", BINS);
+        TabularHead {
+            norm,
+            classes,
+            bins,
+            emb,
+        }
+    }
+
+    fn linear(&self, task: Task) -> ((ParamId, ParamId), usize) {
+        match task {
+            Task::Classification => (self.classes, MAX_CLASSES),
+            Task::Regression => (self.bins, BINS),
+        }
+    }
+
+    /// Logits `[rows, width]` for the cells `cells` of the model output `y`.
+    pub fn logits(&self, params: &Params, y: &Tensor, cells: &[u32], task: Task) -> Tensor {
+        let (x, _, normed) = self.normed(params, y, cells);
+        drop(x);
+        let ((w, b), width) = self.linear(task);
+        let mut logits = Tensor::for_overwrite(&[cells.len(), width]);
+        matmul_forward(
+            logits.data_mut(),
+            normed.data(),
+            &params.get(w),
+            Some(&params.get(b)),
+            cells.len(),
+            self.emb,
+            width,
+        );
+        logits
+    }
+
+    fn normed(
+        &self,
+        params: &Params,
+        y: &Tensor,
+        cells: &[u32],
+    ) -> (Tensor, crate::transformer::norm::LayerNormSaved, Tensor) {
+        let mut x = Tensor::for_overwrite(&[cells.len(), self.emb]);
+        embedding_lookup_forward(x.data_mut(), cells, y.data(), 0, false);
+        let (normed, saved) = self.norm.forward(params, &x);
+        (x, saved, normed)
+    }
+
+    /// The weighted loss of `rows` and, into `dy` (`[cells, emb]`, accumulated), its gradient;
+    /// parameter gradients accumulate into `grads`.
+    pub fn loss_backward(
+        &self,
+        params: &Params,
+        grads: &mut Grads,
+        y: &Tensor,
+        dy: &mut Tensor,
+        rows: &HeadRows,
+        task: Task,
+    ) -> f64 {
+        let n = rows.cells.len();
+        if n == 0 {
+            return 0.0;
+        }
+        let (x, saved, normed) = self.normed(params, y, rows.cells);
+        let ((w, b), width) = self.linear(task);
+        let mut logits = Tensor::for_overwrite(&[n, width]);
+        matmul_forward(
+            logits.data_mut(),
+            normed.data(),
+            &params.get(w),
+            Some(&params.get(b)),
+            n,
+            self.emb,
+            width,
+        );
+        let valid: Vec<u32> = match task {
+            Task::Classification => rows.valid.to_vec(),
+            Task::Regression => vec![BINS as u32; n],
+        };
+        let mut losses = vec![0.0f32; n];
+        let mut dlogits = Tensor::for_overwrite(&[n, width]);
+        masked_cross_entropy(
+            &mut losses,
+            Some(dlogits.data_mut()),
+            logits.data(),
+            rows.targets,
+            &valid,
+            rows.weights,
+            width,
+        );
+        let loss = losses
+            .iter()
+            .zip(rows.weights)
+            .map(|(l, w)| *l as f64 * *w as f64)
+            .sum();
+        let mut dnormed = Tensor::for_overwrite(&[n, self.emb]);
+        {
+            let [dw, db] = grads.many_mut([w, b]);
+            matmul_backward(
+                Some(dnormed.data_mut()),
+                dw,
+                Some(db),
+                dlogits.data(),
+                normed.data(),
+                &params.get(w),
+                n,
+                self.emb,
+                width,
+            );
+        }
+        let dx = self.norm.backward(params, grads, &saved, &x, &dnormed);
+        embedding_lookup_backward(dy.data_mut(), dx.data(), rows.cells, 0);
+        loss
+    }
+}
