@@ -370,3 +370,132 @@ fn head_gradients_match_finite_difference_for_classes_and_bins() {
     // Cells the head does not read get no gradient.
     assert!(dy.data()[..3 * COLS * E].iter().all(|&v| v == 0.0));
 }
+
+mod whole_model {
+    use super::*;
+    use megatron_core::models::tabular::{TabularBatch, TabularModel, BINS};
+    use megatron_tensor::cpu::TableInputs;
+
+    const R: usize = 6;
+    const C: usize = 3;
+
+    struct Data {
+        values: Vec<f32>,
+        missing: Vec<f32>,
+        row_valid: Vec<f32>,
+        col_valid: Vec<f32>,
+        targets: Vec<f32>,
+        borders: Vec<f32>,
+    }
+
+    /// Table 0: 3 classes, 3 context + 2 query rows, 2 columns. Table 1: regression, 4 context
+    /// + 2 query rows, 3 columns, one cell missing.
+    fn data() -> Data {
+        let k = RngKey::new(21);
+        let mut values: Vec<f32> = (0..2 * R * C).map(|i| k.normal(i as u64)).collect();
+        let mut missing = vec![0.0; 2 * R * C];
+        missing[R * C + 2 * C + 1] = 1.0;
+        values[R * C + 2 * C + 1] = 0.0;
+        let mut row_valid = vec![1.0; 2 * R];
+        row_valid[5] = 0.0;
+        let col_valid = vec![1.0, 1.0, 0.0, 1.0, 1.0, 1.0];
+        let targets = vec![0.0, 2.0, 1.0, 1.0, 2.0, 0.0, 0.3, -1.2, 2.5, 0.9, 1.7, -0.4];
+        let borders = (1..BINS)
+            .map(|i| -2.0 + 4.0 * i as f32 / BINS as f32)
+            .collect();
+        Data {
+            values,
+            missing,
+            row_valid,
+            col_valid,
+            targets,
+            borders,
+        }
+    }
+
+    fn batch(d: &Data) -> TabularBatch<'_> {
+        TabularBatch {
+            inputs: TableInputs {
+                b: 2,
+                rows: R,
+                cols: C,
+                values: &d.values,
+                missing: &d.missing,
+                row_valid: &d.row_valid,
+                col_valid: &d.col_valid,
+                targets: &d.targets,
+                context_rows: &[3, 4],
+                classes: &[3, 0],
+            },
+            real_rows: &[5, 6],
+            real_cols: &[2, 3],
+            ids: RngKey::new(2),
+            borders: &d.borders,
+            step_tables: 2,
+        }
+    }
+
+    #[test]
+    fn tabular_model_gradient_matches_finite_difference() {
+        let cfg = TabularConfig {
+            layers: 2,
+            ..config()
+        };
+        let (model, mut params) = TabularModel::new(cfg, 5, 0, 1);
+        let d = data();
+        let b = batch(&d);
+        let ctx = StepContext::eval();
+        let loss = |params: &Params| {
+            let mut g = serial_group();
+            model
+                .forward_backward(params, None, &mut Tp::new(&mut g, false), &b, &ctx)
+                .unwrap()
+        };
+        let mut g = serial_group();
+        let mut grads = Grads::zeros_like(&params);
+        let l = model
+            .forward_backward(
+                &params,
+                Some(&mut grads),
+                &mut Tp::new(&mut g, false),
+                &b,
+                &ctx,
+            )
+            .unwrap();
+        assert!(
+            (l - loss(&params)).abs() < 1e-9,
+            "loss with and without gradients"
+        );
+        // An untrained model's loss is near log(classes) and log(bins), averaged.
+        let chance = 0.5 * (3f64.ln() + (BINS as f64).ln());
+        assert!((l - chance).abs() < 1.0, "loss {l} vs chance {chance}");
+        let eps = 1e-2f32;
+        let (mut checked, mut significant) = (0, 0);
+        for meta in params.metas.clone() {
+            for k in 0..3 {
+                let i = meta.offset + (meta.numel * (2 * k + 1)) / 6;
+                let orig = params.data[i];
+                params.data[i] = orig + eps;
+                let fp = loss(&params);
+                params.data[i] = orig - eps;
+                let fm = loss(&params);
+                params.data[i] = orig;
+                let (fd, an) = ((fp - fm) / (2.0 * eps as f64), grads.data[i] as f64);
+                assert!(
+                    (fd - an).abs() <= 1e-3 + 5e-2 * an.abs(),
+                    "{}[{}]: finite difference {fd} vs analytic {an}",
+                    meta.name,
+                    i - meta.offset
+                );
+                checked += 1;
+                significant += usize::from(an.abs() > 0.01);
+            }
+        }
+        assert!(checked >= 3 * 25, "{checked}");
+        // Most checked gradients are well above the absolute tolerance.
+        assert!(
+            significant * 2 >= checked,
+            "{significant} of {checked} above 0.01"
+        );
+    }
+}

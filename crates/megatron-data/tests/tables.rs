@@ -286,3 +286,20 @@ mod batching {
         assert_eq!(all, mbs);
     }
 }
+
+#[test]
+fn regression_borders_split_prior_targets_into_equal_shares() {
+    use megatron_data::tables::borders::regression_borders;
+    let cfg = small();
+    let borders = regression_borders(&cfg, 1, 200, 16);
+    assert_eq!(borders.len(), 15);
+    assert!(borders.windows(2).all(|w| w[0] < w[1]), "{borders:?}");
+    assert_eq!(
+        borders,
+        regression_borders(&cfg, 1, 200, 16),
+        "deterministic"
+    );
+    // Standardised targets: the middle border sits near 0, the outer ones a few sd out.
+    assert!(borders[7].abs() < 0.5, "{borders:?}");
+    assert!(borders[0] < -0.5 && borders[14] > 0.5, "{borders:?}");
+}

@@ -2,6 +2,7 @@
 //! (random causal graphs, edge functions, post-processing, targets) and its loader.
 
 pub mod batching;
+pub mod borders;
 pub mod dag;
 pub mod edge;
 pub mod loader;

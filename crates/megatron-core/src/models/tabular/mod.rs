@@ -6,7 +6,9 @@
 pub mod embedding;
 pub mod head;
 pub mod layer;
+pub mod model;
 
 pub use embedding::CellEmbedding;
 pub use head::{bin_of, HeadRows, TabularHead, Task, BINS};
 pub use layer::{TableShape, TabularConfig, TabularLayer, TabularLayerSaved};
+pub use model::{TabularBatch, TabularModel};

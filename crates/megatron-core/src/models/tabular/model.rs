@@ -1,0 +1,177 @@
+//! The whole tabular model for one step: cell features -> embedding -> layers -> head, with
+//! the loss over every table's query rows (each table weighted equally, each of its query rows
+//! equally within it).
+
+use super::embedding::CellEmbedding;
+use super::head::{bin_of, HeadRows, TabularHead, Task};
+use super::layer::{TableShape, TabularConfig, TabularLayer};
+use crate::params::{Grads, Params};
+use crate::tensor_parallel::Tp;
+use crate::transformer::step::StepContext;
+use megatron_comm::CommError;
+use megatron_tensor::cpu::table_features::FEATURES;
+use megatron_tensor::cpu::{table_features, TableInputs};
+use megatron_tensor::{RngKey, Tensor};
+
+pub struct TabularModel {
+    pub config: TabularConfig,
+    pub embedding: CellEmbedding,
+    pub layers: Vec<TabularLayer>,
+    pub head: TabularHead,
+}
+
+/// One micro-batch of tables as the model reads it.
+#[derive(Clone, Copy)]
+pub struct TabularBatch<'a> {
+    pub inputs: TableInputs<'a>,
+    /// Per table: real rows (context + queries) and real feature columns.
+    pub real_rows: &'a [usize],
+    pub real_cols: &'a [usize],
+    /// Keys the random column identities (a fresh key per step in training).
+    pub ids: RngKey,
+    /// `BINS - 1` increasing borders of the standardised regression target.
+    pub borders: &'a [f32],
+    /// Tables in the whole step (the loss is the mean over them).
+    pub step_tables: usize,
+}
+
+impl TabularModel {
+    /// The model as TP rank `tp_rank` of `tp_size` holds it, initialized from `seed`.
+    pub fn new(config: TabularConfig, seed: u64, tp_rank: usize, tp_size: usize) -> (Self, Params) {
+        let mut params = Params::for_tp_rank(tp_rank, tp_size);
+        let mut inits = Vec::new();
+        let embedding = CellEmbedding::new(config.emb, config.init_std, &mut params, &mut inits);
+        let layers = (0..config.layers)
+            .map(|l| TabularLayer::new(&config, l, &mut params, &mut inits))
+            .collect();
+        let head = TabularHead::new(
+            config.emb,
+            config.init_std,
+            config.eps,
+            &mut params,
+            &mut inits,
+        );
+        params.initialize(seed, &inits);
+        (
+            TabularModel {
+                config,
+                embedding,
+                layers,
+                head,
+            },
+            params,
+        )
+    }
+
+    /// The step's loss share of this micro-batch and, with `grads`, its gradients (without,
+    /// the head still computes its gradient into scratch buffers: evaluation is rare).
+    pub fn forward_backward(
+        &self,
+        params: &Params,
+        grads: Option<&mut Grads>,
+        tp: &mut Tp,
+        batch: &TabularBatch,
+        ctx: &StepContext,
+    ) -> Result<f64, CommError> {
+        let t = batch.inputs;
+        let width = t.cols + 1;
+        let cells = t.b * t.rows * width;
+        let mut features = Tensor::for_overwrite(&[cells, FEATURES]);
+        let mut stats = vec![(0.0f32, 1.0f32); t.b];
+        table_features(features.data_mut(), &mut stats, t, batch.ids);
+        let valid_cols: Vec<usize> = batch.real_cols.iter().map(|c| c + 1).collect();
+        let shape = TableShape {
+            b: t.b,
+            rows: t.rows,
+            cols: width,
+            valid_cols: &valid_cols,
+            context_rows: t.context_rows,
+        };
+        let mut x = self.embedding.forward(params, &features);
+        let keep = grads.is_some();
+        let mut saved = Vec::new();
+        for layer in &self.layers {
+            let (y, s) = layer.forward(params, tp, x, &shape, ctx)?;
+            if keep {
+                saved.push(s);
+            }
+            x = y;
+        }
+        let rows = QueryRows::of(batch, &stats);
+        let Some(grads) = grads else {
+            let mut scratch = Grads::zeros_like(params);
+            let mut dy = Tensor::zeros(x.shape());
+            return Ok(rows.loss(&self.head, params, &mut scratch, &x, &mut dy));
+        };
+        let mut dy = Tensor::zeros(x.shape());
+        let loss = rows.loss(&self.head, params, grads, &x, &mut dy);
+        for (layer, s) in self.layers.iter().zip(saved).rev() {
+            dy = layer.backward(params, grads, tp, s, dy, &shape)?;
+        }
+        self.embedding.backward(params, grads, &features, &dy);
+        Ok(loss)
+    }
+}
+
+/// The query rows' target cells of a batch, split by task, with their targets and weights.
+struct QueryRows {
+    class: (Vec<u32>, Vec<u32>, Vec<u32>, Vec<f32>),
+    reg: (Vec<u32>, Vec<u32>, Vec<f32>),
+}
+
+impl QueryRows {
+    fn of(batch: &TabularBatch, stats: &[(f32, f32)]) -> Self {
+        let t = batch.inputs;
+        let width = t.cols + 1;
+        let mut q = QueryRows {
+            class: Default::default(),
+            reg: Default::default(),
+        };
+        for (tb, &(mean, sd)) in stats.iter().enumerate() {
+            let (ctx, real) = (t.context_rows[tb], batch.real_rows[tb]);
+            let w = 1.0 / ((real - ctx).max(1) * batch.step_tables) as f32;
+            for r in ctx..real {
+                let cell = ((tb * t.rows + r) * width) as u32;
+                let y = t.targets[tb * t.rows + r];
+                match t.classes[tb] {
+                    0 => {
+                        q.reg.0.push(cell);
+                        q.reg.1.push(bin_of((y - mean) / sd, batch.borders));
+                        q.reg.2.push(w);
+                    }
+                    k => {
+                        q.class.0.push(cell);
+                        q.class.1.push(y as u32);
+                        q.class.2.push(k);
+                        q.class.3.push(w);
+                    }
+                }
+            }
+        }
+        q
+    }
+
+    fn loss(
+        &self,
+        head: &TabularHead,
+        params: &Params,
+        grads: &mut Grads,
+        y: &Tensor,
+        dy: &mut Tensor,
+    ) -> f64 {
+        let class = HeadRows {
+            cells: &self.class.0,
+            targets: &self.class.1,
+            valid: &self.class.2,
+            weights: &self.class.3,
+        };
+        let reg = HeadRows {
+            cells: &self.reg.0,
+            targets: &self.reg.1,
+            valid: &[],
+            weights: &self.reg.2,
+        };
+        head.loss_backward(params, grads, y, dy, &class, Task::Classification)
+            + head.loss_backward(params, grads, y, dy, &reg, Task::Regression)
+    }
+}
