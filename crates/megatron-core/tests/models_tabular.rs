@@ -498,4 +498,56 @@ mod whole_model {
             "{significant} of {checked} above 0.01"
         );
     }
+
+    #[test]
+    fn tabular_model_at_tensor_parallel_2_matches_one_rank() {
+        let cfg = TabularConfig {
+            layers: 2,
+            ..config()
+        };
+        let run = move |rank: usize, size: usize, tp: &mut Tp| {
+            let (model, params) = TabularModel::new(cfg, 5, rank, size);
+            let d = data();
+            let mut grads = Grads::zeros_like(&params);
+            let loss = model
+                .forward_backward(
+                    &params,
+                    Some(&mut grads),
+                    tp,
+                    &batch(&d),
+                    &StepContext::eval(),
+                )
+                .unwrap();
+            // Replicated parameters: the embedding and the head's class weights.
+            let pick = |name: &str| grads.get(params.find(name).unwrap()).to_vec();
+            (
+                loss,
+                pick("tabular.embedding.weight"),
+                pick("tabular.head.classes.weight"),
+            )
+        };
+        let mut g = serial_group();
+        let one = run(0, 1, &mut Tp::new(&mut g, false));
+        let out = megatron_comm::run_ranks(2, move |r, c| run(r, 2, &mut Tp::new(c, false)));
+        for (rank, r) in out.into_iter().enumerate() {
+            let r = r.unwrap();
+            assert!(
+                (r.0 - one.0).abs() <= 1e-5 * one.0.abs(),
+                "rank {rank} loss {} vs {}",
+                r.0,
+                one.0
+            );
+            for (what, a, b) in [("embedding", &one.1, &r.1), ("head", &one.2, &r.2)] {
+                let err = a
+                    .iter()
+                    .zip(b)
+                    .map(|(p, q)| (p - q).abs())
+                    .fold(0.0f32, f32::max);
+                assert!(
+                    err < 1e-5,
+                    "rank {rank} {what} gradient: max difference {err}"
+                );
+            }
+        }
+    }
 }
