@@ -15,6 +15,50 @@ const CONTEXT: [usize; 2] = [3, 4];
 /// Real rows per table (context + queries); the rest is padding.
 const REAL_ROWS: [usize; 2] = [5, 6];
 
+/// Central differences (step 1e-2) on `coords` coordinates spread over each of `tensors` (every
+/// parameter when empty) against `grads`, each within 1e-3 + 5 % of the analytic value;
+/// returns how many were checked and how many exceed `significant` in magnitude.
+fn check_parameter_gradients(
+    params: &mut Params,
+    grads: &Grads,
+    tensors: &[megatron_core::ParamId],
+    coords: usize,
+    significant: f32,
+    loss: impl Fn(&Params) -> f64,
+) -> (usize, usize) {
+    let eps = 1e-2f32;
+    let metas: Vec<_> = if tensors.is_empty() {
+        params.metas.clone()
+    } else {
+        tensors
+            .iter()
+            .map(|id| params.metas[id.0].clone())
+            .collect()
+    };
+    let (mut checked, mut above) = (0, 0);
+    for meta in metas {
+        for k in 0..coords {
+            let i = meta.offset + (meta.numel * (2 * k + 1)) / (2 * coords);
+            let orig = params.data[i];
+            params.data[i] = orig + eps;
+            let fp = loss(params);
+            params.data[i] = orig - eps;
+            let fm = loss(params);
+            params.data[i] = orig;
+            let (fd, an) = ((fp - fm) / (2.0 * eps as f64), grads.data[i] as f64);
+            assert!(
+                (fd - an).abs() <= 1e-3 + 5e-2 * an.abs(),
+                "{}[{}]: finite difference {fd} vs analytic {an}",
+                meta.name,
+                i - meta.offset
+            );
+            checked += 1;
+            above += usize::from(an.abs() > significant as f64);
+        }
+    }
+    (checked, above)
+}
+
 fn config() -> TabularConfig {
     TabularConfig {
         emb: E,
@@ -105,26 +149,8 @@ fn tabular_layer_backward_matches_finite_difference() {
             "{name}: finite difference {fd} vs analytic {an}"
         );
     };
-    let mut checked = 0;
-    let mut significant = 0;
-    for meta in params.metas.clone() {
-        for k in 0..3 {
-            let i = meta.offset + (meta.numel * (2 * k + 1)) / 6;
-            let orig = params.data[i];
-            params.data[i] = orig + eps;
-            let fp = loss(&layer, &params, &x);
-            params.data[i] = orig - eps;
-            let fm = loss(&layer, &params, &x);
-            params.data[i] = orig;
-            check(
-                &meta.name,
-                (fp - fm) / (2.0 * eps as f64),
-                grads.data[i] as f64,
-            );
-            checked += 1;
-            significant += usize::from(grads.data[i].abs() > 0.05);
-        }
-    }
+    let (checked, significant) =
+        check_parameter_gradients(&mut params, &grads, &[], 3, 0.05, |p| loss(&layer, p, &x));
     assert!(checked >= 3 * 10, "{checked} coordinates");
     // The check sees real gradients, not a pile of zeros passing on the absolute tolerance.
     assert!(
@@ -270,26 +296,9 @@ fn cell_embedding_gradient_through_a_layer_matches_finite_difference() {
         .backward(&params, &mut grads, &mut tp, saved, dy, &shape())
         .unwrap();
     emb.backward(&params, &mut grads, &feats, &dx);
-    let eps = 1e-2f32;
-    for id in [emb.weight, emb.bias] {
-        let meta = params.metas[id.0].clone();
-        for k in 0..4 {
-            let i = meta.offset + (meta.numel * (2 * k + 1)) / 8;
-            let orig = params.data[i];
-            params.data[i] = orig + eps;
-            let fp = loss(&params);
-            params.data[i] = orig - eps;
-            let fm = loss(&params);
-            params.data[i] = orig;
-            let (fd, an) = ((fp - fm) / (2.0 * eps as f64), grads.data[i] as f64);
-            assert!(
-                (fd - an).abs() <= 1e-3 + 5e-2 * an.abs(),
-                "{}[{}]: finite difference {fd} vs analytic {an}",
-                meta.name,
-                i - meta.offset
-            );
-        }
-    }
+    let (checked, _) =
+        check_parameter_gradients(&mut params, &grads, &[emb.weight, emb.bias], 4, 0.0, loss);
+    assert_eq!(checked, 8);
 }
 
 #[test]
@@ -343,22 +352,7 @@ fn head_gradients_match_finite_difference_for_classes_and_bins() {
             "{name}: finite difference {fd} vs analytic {an}"
         );
     };
-    for meta in params.metas.clone() {
-        for k in 0..3 {
-            let i = meta.offset + (meta.numel * (2 * k + 1)) / 6;
-            let orig = params.data[i];
-            params.data[i] = orig + eps;
-            let fp = loss_only(&params, &y);
-            params.data[i] = orig - eps;
-            let fm = loss_only(&params, &y);
-            params.data[i] = orig;
-            check(
-                &meta.name,
-                (fp - fm) / (2.0 * eps as f64),
-                grads.data[i] as f64,
-            );
-        }
-    }
+    check_parameter_gradients(&mut params, &grads, &[], 3, 0.0, |p| loss_only(p, &y));
     for i in [3 * COLS * E, 4 * COLS * E + 3, (ROWS + 5) * COLS * E + 7, 0] {
         let mut yp = y.clone();
         yp.data_mut()[i] += eps;
@@ -469,28 +463,8 @@ mod whole_model {
         // An untrained model's loss is near log(classes) and log(bins), averaged.
         let chance = 0.5 * (3f64.ln() + (BINS as f64).ln());
         assert!((l - chance).abs() < 1.0, "loss {l} vs chance {chance}");
-        let eps = 1e-2f32;
-        let (mut checked, mut significant) = (0, 0);
-        for meta in params.metas.clone() {
-            for k in 0..3 {
-                let i = meta.offset + (meta.numel * (2 * k + 1)) / 6;
-                let orig = params.data[i];
-                params.data[i] = orig + eps;
-                let fp = loss(&params);
-                params.data[i] = orig - eps;
-                let fm = loss(&params);
-                params.data[i] = orig;
-                let (fd, an) = ((fp - fm) / (2.0 * eps as f64), grads.data[i] as f64);
-                assert!(
-                    (fd - an).abs() <= 1e-3 + 5e-2 * an.abs(),
-                    "{}[{}]: finite difference {fd} vs analytic {an}",
-                    meta.name,
-                    i - meta.offset
-                );
-                checked += 1;
-                significant += usize::from(an.abs() > 0.01);
-            }
-        }
+        let (checked, significant) =
+            check_parameter_gradients(&mut params, &grads, &[], 3, 0.01, loss);
         assert!(checked >= 3 * 25, "{checked}");
         // Most checked gradients are well above the absolute tolerance.
         assert!(
