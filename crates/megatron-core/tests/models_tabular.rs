@@ -367,11 +367,26 @@ fn head_gradients_match_finite_difference_for_classes_and_bins() {
 
 mod whole_model {
     use super::*;
-    use megatron_core::models::tabular::{TabularBatch, TabularModel, BINS};
+    use megatron_core::models::tabular::{HiddenCell, TabularBatch, TabularModel, BINS};
     use megatron_tensor::cpu::TableInputs;
 
     const R: usize = 6;
     const C: usize = 3;
+
+    const HIDDEN: [HiddenCell; 2] = [
+        HiddenCell {
+            table: 0,
+            row: 1,
+            col: 0,
+            value: 0.7,
+        },
+        HiddenCell {
+            table: 1,
+            row: 4,
+            col: 2,
+            value: -1.1,
+        },
+    ];
 
     struct Data {
         values: Vec<f32>,
@@ -382,14 +397,19 @@ mod whole_model {
         borders: Vec<f32>,
     }
 
-    /// Table 0: 3 classes, 3 context + 2 query rows, 2 columns. Table 1: regression, 4 context
-    /// + 2 query rows, 3 columns, one cell missing.
+    /// Table 0: 3 classes, 3 context and 2 query rows, 2 columns. Table 1: regression, 4 context
+    /// and 2 query rows, 3 columns, one cell missing. Two cells hidden for reconstruction
+    /// (marked missing; their true values in `HIDDEN`).
     fn data() -> Data {
         let k = RngKey::new(21);
         let mut values: Vec<f32> = (0..2 * R * C).map(|i| k.normal(i as u64)).collect();
         let mut missing = vec![0.0; 2 * R * C];
         missing[R * C + 2 * C + 1] = 1.0;
         values[R * C + 2 * C + 1] = 0.0;
+        for h in HIDDEN {
+            missing[(h.table * R + h.row) * C + h.col] = 1.0;
+            values[(h.table * R + h.row) * C + h.col] = 0.0;
+        }
         let mut row_valid = vec![1.0; 2 * R];
         row_valid[5] = 0.0;
         let col_valid = vec![1.0, 1.0, 0.0, 1.0, 1.0, 1.0];
@@ -426,6 +446,8 @@ mod whole_model {
             ids: RngKey::new(2),
             borders: &d.borders,
             step_tables: 2,
+            hidden: &HIDDEN,
+            reconstruction_weight: 0.5,
         }
     }
 
@@ -460,12 +482,28 @@ mod whole_model {
             (l - loss(&params)).abs() < 1e-9,
             "loss with and without gradients"
         );
-        // An untrained model's loss is near log(classes) and log(bins), averaged.
-        let chance = 0.5 * (3f64.ln() + (BINS as f64).ln());
+        // An untrained model's loss is near chance: log(classes) and log(bins) averaged over the
+        // tables, plus half of log(bins) for the reconstruction.
+        let chance = 0.5 * (3f64.ln() + (BINS as f64).ln()) + 0.5 * (BINS as f64).ln();
         assert!((l - chance).abs() < 1.0, "loss {l} vs chance {chance}");
         let (checked, significant) =
             check_parameter_gradients(&mut params, &grads, &[], 3, 0.01, loss);
         assert!(checked >= 3 * 25, "{checked}");
+        // A hidden cell's stored value is never read (only its missing flag is): no leak.
+        let mut leaky = data();
+        let h = HIDDEN[1];
+        leaky.values[(h.table * R + h.row) * C + h.col] = 123.0;
+        let mut g = serial_group();
+        let l2 = model
+            .forward_backward(
+                &params,
+                None,
+                &mut Tp::new(&mut g, false),
+                &batch(&leaky),
+                &ctx,
+            )
+            .unwrap();
+        assert_eq!(l2.to_bits(), loss(&params).to_bits());
         // Most checked gradients are well above the absolute tolerance.
         assert!(
             significant * 2 >= checked,

@@ -2,7 +2,7 @@
 //! column identities, the target known on context rows only, zeros on padding.
 
 use megatron_tensor::cpu::table_features::{FEATURES, ID, MAX_CLASSES};
-use megatron_tensor::cpu::{table_features, TableInputs};
+use megatron_tensor::cpu::{table_features, TableInputs, TableStats};
 use megatron_tensor::RngKey;
 
 const ROWS: usize = 4;
@@ -40,7 +40,15 @@ fn table_features_standardise_with_context_rows_and_hide_query_targets() {
     };
     let mut out = vec![f32::NAN; 2 * ROWS * W * FEATURES];
     let mut stats = [(0.0f32, 0.0f32); 2];
-    table_features(&mut out, &mut stats, inputs, RngKey::new(9));
+    let mut columns = [(0.0f32, 0.0f32); 4];
+    let s = TableStats {
+        target: &mut stats,
+        columns: &mut columns,
+    };
+    table_features(&mut out, s, inputs, RngKey::new(9));
+    // Column statistics: table 1 column 1 from its present context values 10 and 30.
+    assert_eq!(columns[3], (20.0, 10.0));
+    assert_eq!(columns[1], (0.0, 1.0), "padding column");
     let close = |a: f32, b: f32| (a - b).abs() < 1e-5;
     // Table 0, column 0: context values 1, 3 -> mean 2, sd 1; the query row's 100 is clipped.
     assert!(close(out[at(0, 0, 1)], -1.0) && close(out[at(0, 1, 1)], 1.0));
@@ -81,7 +89,11 @@ fn table_features_standardise_with_context_rows_and_hide_query_targets() {
     assert_ne!(id(1, 0, 1), id(1, 0, 2));
     assert!(id(1, 0, 1).iter().any(|&v| v != 0.0));
     let mut again = vec![0.0; out.len()];
-    table_features(&mut again, &mut stats, inputs, RngKey::new(9));
+    let s = TableStats {
+        target: &mut stats,
+        columns: &mut columns,
+    };
+    table_features(&mut again, s, inputs, RngKey::new(9));
     assert_eq!(
         out.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
         again.iter().map(|v| v.to_bits()).collect::<Vec<_>>()

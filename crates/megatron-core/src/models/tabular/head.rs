@@ -2,7 +2,8 @@
 //! LayerNorm, then a linear map to up to `MAX_CLASSES` class logits (classification) or to
 //! `BINS` logits over intervals of the standardised target (regression as a binned distribution,
 //! as TabPFN does: Hollmann et al. 2023 / 2025), trained with softmax cross-entropy over the
-//! classes the table has or over all bins.
+//! classes the table has or over all bins; and the same kind of binned distribution for feature
+//! cells hidden from the input (masked-cell reconstruction).
 
 use crate::params::Sharding;
 use crate::params::{Grads, Init, ParamId, Params};
@@ -21,6 +22,8 @@ pub struct TabularHead {
     pub norm: LayerNorm,
     pub classes: (ParamId, ParamId),
     pub bins: (ParamId, ParamId),
+    /// Masked-cell reconstruction: bins over a feature cell's standardised value.
+    pub cells: (ParamId, ParamId),
     emb: usize,
 }
 
@@ -45,6 +48,8 @@ pub fn bin_of(z: f32, borders: &[f32]) -> u32 {
 pub enum Task {
     Classification,
     Regression,
+    /// A hidden feature cell's value (imputation; its negative log-likelihood scores anomalies).
+    Reconstruction,
 }
 
 impl TabularHead {
@@ -83,10 +88,12 @@ impl TabularHead {
         };
         let classes = linear("classes", MAX_CLASSES);
         let bins = linear("bins", BINS);
+        let cells = linear("cells", BINS);
         TabularHead {
             norm,
             classes,
             bins,
+            cells,
             emb,
         }
     }
@@ -95,6 +102,7 @@ impl TabularHead {
         match task {
             Task::Classification => (self.classes, MAX_CLASSES),
             Task::Regression => (self.bins, BINS),
+            Task::Reconstruction => (self.cells, BINS),
         }
     }
 
@@ -157,7 +165,7 @@ impl TabularHead {
         );
         let valid: Vec<u32> = match task {
             Task::Classification => rows.valid.to_vec(),
-            Task::Regression => vec![BINS as u32; n],
+            Task::Regression | Task::Reconstruction => vec![BINS as u32; n],
         };
         let mut losses = vec![0.0f32; n];
         let mut dlogits = Tensor::for_overwrite(&[n, width]);

@@ -11,4 +11,4 @@ pub mod model;
 pub use embedding::CellEmbedding;
 pub use head::{bin_of, HeadRows, TabularHead, Task, BINS};
 pub use layer::{TableShape, TabularConfig, TabularLayer, TabularLayerSaved};
-pub use model::{TabularBatch, TabularModel};
+pub use model::{HiddenCell, TabularBatch, TabularModel};

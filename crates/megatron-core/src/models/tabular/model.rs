@@ -1,6 +1,6 @@
 //! The whole tabular model for one step: cell features -> embedding -> layers -> head, with
 //! the loss over every table's query rows (each table weighted equally, each of its query rows
-//! equally within it).
+//! equally within it) plus, weighted, the reconstruction of feature cells hidden from the input.
 
 use super::embedding::CellEmbedding;
 use super::head::{bin_of, HeadRows, TabularHead, Task};
@@ -10,7 +10,7 @@ use crate::tensor_parallel::Tp;
 use crate::transformer::step::StepContext;
 use megatron_comm::CommError;
 use megatron_tensor::cpu::table_features::FEATURES;
-use megatron_tensor::cpu::{table_features, TableInputs};
+use megatron_tensor::cpu::{table_features, TableInputs, TableStats};
 use megatron_tensor::{RngKey, Tensor};
 
 pub struct TabularModel {
@@ -33,6 +33,19 @@ pub struct TabularBatch<'a> {
     pub borders: &'a [f32],
     /// Tables in the whole step (the loss is the mean over them).
     pub step_tables: usize,
+    /// Feature cells hidden from the input (marked missing in `inputs`) to reconstruct, and
+    /// the weight of that loss beside the supervised one.
+    pub hidden: &'a [HiddenCell],
+    pub reconstruction_weight: f32,
+}
+
+/// A feature cell hidden from the model: table, row, column and its true value.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct HiddenCell {
+    pub table: usize,
+    pub row: usize,
+    pub col: usize,
+    pub value: f32,
 }
 
 impl TabularModel {
@@ -78,7 +91,12 @@ impl TabularModel {
         let cells = t.b * t.rows * width;
         let mut features = Tensor::for_overwrite(&[cells, FEATURES]);
         let mut stats = vec![(0.0f32, 1.0f32); t.b];
-        table_features(features.data_mut(), &mut stats, t, batch.ids);
+        let mut columns = vec![(0.0f32, 1.0f32); t.b * t.cols];
+        let s = TableStats {
+            target: &mut stats,
+            columns: &mut columns,
+        };
+        table_features(features.data_mut(), s, t, batch.ids);
         let valid_cols: Vec<usize> = batch.real_cols.iter().map(|c| c + 1).collect();
         let shape = TableShape {
             b: t.b,
@@ -97,7 +115,7 @@ impl TabularModel {
             }
             x = y;
         }
-        let rows = QueryRows::of(batch, &stats);
+        let rows = QueryRows::of(batch, &stats, &columns);
         let Some(grads) = grads else {
             let mut scratch = Grads::zeros_like(params);
             let mut dy = Tensor::zeros(x.shape());
@@ -113,20 +131,38 @@ impl TabularModel {
     }
 }
 
-/// The query rows' target cells of a batch, split by task, with their targets and weights.
+/// The cells the head reads, by task: query rows' target cells (classification, regression)
+/// and hidden feature cells (reconstruction), with their targets and loss weights.
 struct QueryRows {
     class: (Vec<u32>, Vec<u32>, Vec<u32>, Vec<f32>),
     reg: (Vec<u32>, Vec<u32>, Vec<f32>),
+    cells: (Vec<u32>, Vec<u32>, Vec<f32>),
 }
 
 impl QueryRows {
-    fn of(batch: &TabularBatch, stats: &[(f32, f32)]) -> Self {
+    fn of(batch: &TabularBatch, stats: &[(f32, f32)], columns: &[(f32, f32)]) -> Self {
         let t = batch.inputs;
         let width = t.cols + 1;
         let mut q = QueryRows {
             class: Default::default(),
             reg: Default::default(),
+            cells: Default::default(),
         };
+        let mut hidden_per_table = vec![0usize; t.b];
+        for h in batch.hidden {
+            hidden_per_table[h.table] += 1;
+        }
+        for h in batch.hidden {
+            let (mean, sd) = columns[h.table * t.cols + h.col];
+            q.cells
+                .0
+                .push(((h.table * t.rows + h.row) * width + 1 + h.col) as u32);
+            q.cells.1.push(bin_of((h.value - mean) / sd, batch.borders));
+            q.cells.2.push(
+                batch.reconstruction_weight
+                    / (hidden_per_table[h.table] * batch.step_tables) as f32,
+            );
+        }
         for (tb, &(mean, sd)) in stats.iter().enumerate() {
             let (ctx, real) = (t.context_rows[tb], batch.real_rows[tb]);
             let w = 1.0 / ((real - ctx).max(1) * batch.step_tables) as f32;
@@ -171,7 +207,14 @@ impl QueryRows {
             valid: &[],
             weights: &self.reg.2,
         };
+        let cells = HeadRows {
+            cells: &self.cells.0,
+            targets: &self.cells.1,
+            valid: &[],
+            weights: &self.cells.2,
+        };
         head.loss_backward(params, grads, y, dy, &class, Task::Classification)
             + head.loss_backward(params, grads, y, dy, &reg, Task::Regression)
+            + head.loss_backward(params, grads, y, dy, &cells, Task::Reconstruction)
     }
 }

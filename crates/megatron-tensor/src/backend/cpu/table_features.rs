@@ -63,22 +63,28 @@ fn context_stats(n: usize, x: impl Fn(usize) -> f32, keep: impl Fn(usize) -> boo
     (mean as f32, if sd > 1e-6 { sd as f32 } else { 1.0 })
 }
 
-/// Writes `out` (`[b, rows, 1 + cols, FEATURES]`, zero on padding) and `target_stats` (per table
-/// the regression target's context mean and standard deviation, to turn predictions back into
-/// values; (0, 1) for classification). `ids` keys the columns' random identities (a fresh key
-/// per step in training; any fixed key at inference, or one per ensemble member).
-pub fn table_features(
-    out: &mut [f32],
-    target_stats: &mut [(f32, f32)],
-    t: TableInputs,
-    ids: RngKey,
-) {
+/// Context means and standard deviations the features were standardised with.
+pub struct TableStats<'a> {
+    /// Per table: the regression target's (to turn predictions back into values; (0, 1) for
+    /// classification).
+    pub target: &'a mut [(f32, f32)],
+    /// Per table and column `[b, cols]` ((0, 1) on padding columns).
+    pub columns: &'a mut [(f32, f32)],
+}
+
+/// Writes `out` (`[b, rows, 1 + cols, FEATURES]`, zero on padding) and the statistics used.
+/// `ids` keys the columns' random identities (a fresh key per step in training; any fixed key
+/// at inference, or one per ensemble member).
+pub fn table_features(out: &mut [f32], stats: TableStats, t: TableInputs, ids: RngKey) {
+    let (target_stats, columns) = (stats.target, stats.columns);
     let (rows, cols) = (t.rows, t.cols);
     let width = 1 + cols;
     assert_eq!(out.len(), t.b * rows * width * FEATURES);
     assert_eq!(target_stats.len(), t.b);
+    assert_eq!(columns.len(), t.b * cols);
+    columns.fill((0.0, 1.0));
     out.fill(0.0);
-    for (tb, stats) in target_stats.iter_mut().enumerate() {
+    for (tb, tstat) in target_stats.iter_mut().enumerate() {
         let ctx = t.context_rows[tb].min(rows);
         let cell = |r: usize, c: usize| (tb * rows + r) * cols + c;
         let real_row = |r: usize| t.row_valid[tb * rows + r] > 0.0;
@@ -90,6 +96,7 @@ pub fn table_features(
             }
             let present = |r: usize| t.missing[cell(r, c)] == 0.0;
             let (mean, sd) = context_stats(ctx, |r| t.values[cell(r, c)], present);
+            columns[tb * cols + c] = (mean, sd);
             let key = ids.fold(tb as u64).fold(c as u64);
             for r in (0..rows).filter(|&r| real_row(r)) {
                 let o = &mut out[base(r, 1 + c)..base(r, 1 + c) + FEATURES];
@@ -106,12 +113,12 @@ pub fn table_features(
         // The target column.
         let y = |r: usize| t.targets[tb * rows + r];
         let k = t.classes[tb] as usize;
-        *stats = if k == 0 {
+        *tstat = if k == 0 {
             context_stats(ctx, y, |_| true)
         } else {
             (0.0, 1.0)
         };
-        let (mean, sd) = *stats;
+        let (mean, sd) = *tstat;
         for r in (0..rows).filter(|&r| real_row(r)) {
             let o = &mut out[base(r, 0)..base(r, 0) + FEATURES];
             if r >= ctx {
