@@ -357,12 +357,12 @@ static RING_EXCHANGE_NS: AtomicU64 = AtomicU64::new(0);
 static RING_WAIT_NS: AtomicU64 = AtomicU64::new(0);
 
 thread_local! {
-    /// The largest ring block pair (the one in use and the one arriving) this rank held.
+    /// The most bytes travelling on this rank's ring at once: keys and values leaving and
+    /// arriving, and in backward their gradient accumulators leaving and arriving.
     static RING_PEAK_BYTES: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
-/// Bytes of the largest pair of ring blocks this rank's thread held at once (the one computed
-/// on and the one arriving), since the last call; resets it.
+/// [`RING_PEAK_BYTES`] since the last call; resets it.
 pub fn take_ring_peak_bytes() -> usize {
     RING_PEAK_BYTES.with(|c| c.replace(0))
 }

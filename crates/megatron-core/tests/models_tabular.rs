@@ -93,11 +93,14 @@ fn real(cell: usize) -> bool {
     r < REAL_ROWS[t] && c < VALID_COLS[t]
 }
 
+/// `n` standard normal values from `seed`.
+fn normals(n: usize, seed: u64) -> Vec<f32> {
+    let k = RngKey::new(seed);
+    (0..n).map(|i| k.normal(i as u64)).collect()
+}
+
 fn input() -> Vec<f32> {
-    let k = RngKey::new(5);
-    (0..2 * ROWS * COLS * E)
-        .map(|i| k.normal(i as u64))
-        .collect()
+    normals(2 * ROWS * COLS * E, 5)
 }
 
 /// `sum(w * out)` over real cells, with `w` fixed random weights.
@@ -267,12 +270,7 @@ fn cell_embedding_gradient_through_a_layer_matches_finite_difference() {
     let layer = TabularLayer::new(&config(), 0, &mut params, &mut inits);
     params.initialize(3, &inits);
     let cells = 2 * ROWS * COLS;
-    let k = RngKey::new(8);
-    let feats = Tensor::from_vec(
-        &[cells, FEATURES],
-        (0..cells * FEATURES).map(|i| k.normal(i as u64)).collect(),
-    )
-    .unwrap();
+    let feats = Tensor::from_vec(&[cells, FEATURES], normals(cells * FEATURES, 8)).unwrap();
     let w = weights();
     let ctx = StepContext::eval();
     let loss = |params: &Params| -> f64 {
@@ -309,12 +307,7 @@ fn head_gradients_match_finite_difference_for_classes_and_bins() {
     let head = TabularHead::new(E, 0.5, 1e-5, &mut params, &mut inits);
     params.initialize(4, &inits);
     let cells = 2 * ROWS * COLS;
-    let k = RngKey::new(12);
-    let y = Tensor::from_vec(
-        &[cells, E],
-        (0..cells * E).map(|i| k.normal(i as u64)).collect(),
-    )
-    .unwrap();
+    let y = Tensor::from_vec(&[cells, E], normals(cells * E, 12)).unwrap();
     // Table 0 (classification, 3 classes): query rows 3 and 4; table 1 (regression): row 5.
     let class_rows = HeadRows {
         cells: &[(3 * COLS) as u32, (4 * COLS) as u32],
@@ -333,18 +326,17 @@ fn head_gradients_match_finite_difference_for_classes_and_bins() {
         valid: &[0],
         weights: &[0.5],
     };
-    let total = |params: &Params, y: &Tensor, grads: &mut Grads, dy: &mut Tensor| {
-        head.loss_backward(params, grads, y, dy, &class_rows, Task::Classification)
-            + head.loss_backward(params, grads, y, dy, &reg_rows, Task::Regression)
-    };
     let mut grads = Grads::zeros_like(&params);
     let mut dy = Tensor::zeros(&[cells, E]);
-    total(&params, &y, &mut grads, &mut dy);
+    let backward = Some((&mut grads, &mut dy));
+    let l = head.loss(&params, &y, &class_rows, Task::Classification, backward);
+    let backward = Some((&mut grads, &mut dy));
+    let l = l + head.loss(&params, &y, &reg_rows, Task::Regression, backward);
     let loss_only = |params: &Params, y: &Tensor| {
-        let mut g = Grads::zeros_like(params);
-        let mut d = Tensor::zeros(&[cells, E]);
-        total(params, y, &mut g, &mut d)
+        head.loss(params, y, &class_rows, Task::Classification, None)
+            + head.loss(params, y, &reg_rows, Task::Regression, None)
     };
+    assert_eq!(l.to_bits(), loss_only(&params, &y).to_bits());
     let eps = 1e-2f32;
     let check = |name: &str, fd: f64, an: f64| {
         assert!(
@@ -401,8 +393,7 @@ mod whole_model {
     /// and 2 query rows, 3 columns, one cell missing. Two cells hidden for reconstruction
     /// (marked missing; their true values in `HIDDEN`).
     fn data() -> Data {
-        let k = RngKey::new(21);
-        let mut values: Vec<f32> = (0..2 * R * C).map(|i| k.normal(i as u64)).collect();
+        let mut values = normals(2 * R * C, 21);
         let mut missing = vec![0.0; 2 * R * C];
         missing[R * C + 2 * C + 1] = 1.0;
         values[R * C + 2 * C + 1] = 0.0;

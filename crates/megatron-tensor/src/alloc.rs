@@ -9,10 +9,10 @@
 //! other threads count in slot 0.
 //!
 //! Counting happens only where a binary installs the allocator around the one it uses
-//! (`megatron` wraps mimalloc): `#[global_allocator] static A: RankAllocator<System> =
-//! RankAllocator(System);`. Without it [`installed`] is
-//! false and the figures are absent. No crate counts allocations per thread with a header that
-//! survives cross-thread frees (`stats_alloc` and `cap` count per process), hence this file.
+//! (`megatron` wraps mimalloc; a test: `#[global_allocator] static A: RankAllocator<System> =
+//! RankAllocator(System);`). Without it [`installed`] is false and the figures are absent. No
+//! crate counts allocations per thread with a header that survives cross-thread frees
+//! (`stats_alloc` and `cap` count per process), hence this file.
 
 use std::alloc::{GlobalAlloc, Layout};
 use std::cell::Cell;
@@ -61,8 +61,8 @@ thread_local! {
 pub struct RankAllocator<A>(pub A);
 
 fn slot_now() -> usize {
-    // During thread teardown the thread-local may be gone: count such frees-side allocations in
-    // slot 0 rather than failing.
+    // During thread teardown the thread-local may be gone: count that thread's last
+    // allocations in slot 0 rather than failing.
     SLOT.try_with(|s| s.get() as usize).unwrap_or(0)
 }
 
@@ -210,8 +210,10 @@ pub fn peak() -> SlotBytes {
 }
 
 /// Starts counting the calling thread's slot afresh: nothing held, no peak; what was allocated
-/// before is not counted when freed. Call when no other thread of the slot allocates (at the
-/// start of a run).
+/// before is not counted when freed. Call when no other thread of the slot allocates and its
+/// threads' tensor pools hold nothing from before (at the start of a run, on fresh rank
+/// threads): a buffer parked earlier and handed out again would count as in use without
+/// counting as allocated.
 pub fn start_epoch() {
     let c = &COUNTERS[slot_now()];
     c.epoch.fetch_add(1, Ordering::Relaxed);

@@ -4,7 +4,9 @@
 
 use crate::arguments::TrainConfig;
 use megatron_core::models::gpt::activation_bytes_formula_with;
+use megatron_core::optimizer::MegatronOptimizer;
 use megatron_core::transformer::step::Recompute;
+use megatron_core::Params;
 use serde::Serialize;
 
 /// Bytes this rank holds, by kind.
@@ -22,7 +24,8 @@ pub struct MemoryBreakdown {
     pub pooled: u64,
     /// The distributed optimizer's reduce-scatter / all-gather staging buffer.
     pub communication: u64,
-    /// Context parallelism (p2p): the largest pair of key/value ring blocks held at once.
+    /// Context parallelism (p2p): the most key/value (and, in backward, gradient) bytes on the
+    /// ring at once.
     pub kv_ring: u64,
     /// The process's resident high-water mark (every rank thread of the process together).
     pub process_peak: u64,
@@ -105,50 +108,35 @@ pub fn korthikanti_layer_bytes(cfg: &TrainConfig) -> f64 {
     }
 }
 
+/// The engine's formula for what one micro-batch keeps of `layers` layers on this rank (the
+/// layers' saved tensors, without the final hidden state the last stage also keeps).
+fn kept_activation_bytes(cfg: &TrainConfig, layers: usize, recompute: Recompute) -> usize {
+    let a = &cfg.args;
+    let sp = a.sequence_parallel && cfg.tp > 1;
+    let s = a.seq_length / cfg.cp;
+    let mut one = cfg.model.clone();
+    one.num_layers = layers;
+    let half = cfg.precision.half().is_some();
+    let rows = a.micro_batch_size * s / if sp { cfg.tp } else { 1 };
+    activation_bytes_formula_with(&one, a.micro_batch_size, s, cfg.tp, sp, half, recompute)
+        - rows * cfg.model.hidden_size * 4
+}
+
 /// The start-up lines: this rank's parameters, gradients and optimizer state (known once the
 /// optimizer exists), and the activations of one micro-batch by the engine's formula beside
 /// Korthikanti's, with the micro-batches a first pipeline stage keeps in flight.
-pub fn predicted(
-    cfg: &TrainConfig,
-    params: u64,
-    grads: u64,
-    optimizer: u64,
-    peak: &PeakPrediction,
-) -> String {
-    let a = &cfg.args;
+pub fn predicted(cfg: &TrainConfig, state: &ModelStateBytes, peak: &PeakPrediction) -> String {
     let mib = |b: f64| b / (1 << 20) as f64;
-    let ours = activation_bytes_formula_with(
-        &cfg.model,
-        a.micro_batch_size,
-        a.seq_length / cfg.cp,
-        cfg.tp,
-        a.sequence_parallel && cfg.tp > 1,
-        cfg.precision.half().is_some(),
-        cfg.recompute,
-    ) as f64
-        / cfg.pp as f64;
+    let ours = kept_activation_bytes(cfg, cfg.model.num_layers / cfg.pp, cfg.recompute) as f64;
     let layers = cfg.model.num_layers as f64 / cfg.pp as f64;
     let theirs = korthikanti_layer_bytes(cfg) * layers;
-    let mut one = cfg.model.clone();
-    one.num_layers = 1;
-    let sp = a.sequence_parallel && cfg.tp > 1;
-    let s = a.seq_length / cfg.cp;
-    let per_layer =
-        activation_bytes_formula_with(
-            &one,
-            a.micro_batch_size,
-            s,
-            cfg.tp,
-            sp,
-            cfg.precision.half().is_some(),
-            Recompute::None,
-        ) - a.micro_batch_size * s / if sp { cfg.tp } else { 1 } * cfg.model.hidden_size * 4;
-    let in_flight = cfg.pp.min(cfg.num_microbatches);
+    let per_layer = kept_activation_bytes(cfg, 1, Recompute::None);
+    let in_flight = peak.micro_batches_in_flight;
     format!(
-        "memory per rank (predicted): params {:.1} MiB, grads {:.1} MiB, optimizer {:.1} MiB; activations per micro-batch {:.1} MiB ({:.2} MiB per layer without recomputation; engine; Korthikanti et al. with 16-bit activations: {:.1} MiB), up to {in_flight} in flight on the first pipeline stage; peak allocated {:.1} MiB on the first stage (model state {:.1}, communication {:.1}, GEMM workspace {:.1}, activations in flight {:.1}, transient {:.1} of which key/value ring {:.1})",
-        mib(params as f64),
-        mib(grads as f64),
-        mib(optimizer as f64),
+        "memory per rank (predicted): params {:.1} MiB, grads {:.1} MiB, optimizer {:.1} MiB; activations per micro-batch {:.1} MiB ({:.2} MiB per layer without recomputation; engine; Korthikanti et al. with 16-bit activations: {:.1} MiB), up to {in_flight} in flight on the first pipeline stage (per model chunk); peak allocated {:.1} MiB on the first stage (model state {:.1}, communication {:.1}, GEMM workspace {:.1}, activations in flight {:.1}, transient {:.1} of which key/value ring {:.1})",
+        mib(state.parameters as f64),
+        mib(state.gradients as f64),
+        mib(state.optimizer as f64),
         mib(ours),
         mib(per_layer as f64),
         mib(theirs),
@@ -180,6 +168,8 @@ pub struct PeakPrediction {
     pub transient: u64,
     /// Of `transient`: the key/value ring's travelling blocks (context parallelism with p2p).
     pub kv_ring: u64,
+    /// Micro-batches (per model chunk) the stage's schedule holds at once.
+    pub micro_batches_in_flight: usize,
 }
 
 impl PeakPrediction {
@@ -190,6 +180,41 @@ impl PeakPrediction {
             + self.activations
             + self.transient
     }
+}
+
+/// Bytes of this rank's parameters (fp32 and 16-bit copies), gradients and optimizer state.
+pub struct ModelStateBytes {
+    pub parameters: u64,
+    pub gradients: u64,
+    pub optimizer: u64,
+}
+
+impl ModelStateBytes {
+    pub fn of(params: &Params, optimizer: &dyn MegatronOptimizer) -> Self {
+        ModelStateBytes {
+            parameters: (params.data.len() * 4 + params.half.size_in_bytes()) as u64,
+            gradients: (params.numel() * 4) as u64,
+            optimizer: optimizer.state_bytes() as u64,
+        }
+    }
+
+    pub fn total(&self) -> u64 {
+        self.parameters + self.gradients + self.optimizer
+    }
+}
+
+/// This rank's model state and its predicted peak ([`predict_rank_peak`]), as start-up and
+/// every log interval report them.
+pub fn rank_memory(
+    cfg: &TrainConfig,
+    params: &Params,
+    optimizer: &dyn MegatronOptimizer,
+    pp_rank: usize,
+) -> Result<(ModelStateBytes, PeakPrediction), String> {
+    let state = ModelStateBytes::of(params, optimizer);
+    let communication = (optimizer.grad_buffer().scratch_elements() * 4) as u64;
+    let peak = predict_rank_peak(cfg, state.total(), communication, pp_rank)?;
+    Ok((state, peak))
 }
 
 /// [`predict_peak`] for pipeline stage `pp_rank` of this layout: the micro-batches in flight
@@ -237,7 +262,6 @@ pub fn predict_peak(
     let m = &cfg.model;
     let (tp, pp) = (cfg.tp, cfg.pp);
     let sp = a.sequence_parallel && tp > 1;
-    let half = cfg.precision.half().is_some();
     let tok = a.micro_batch_size * a.seq_length / cfg.cp;
     let rows = if sp { tok / tp } else { tok };
     let h = m.hidden_size;
@@ -247,16 +271,10 @@ pub fn predict_peak(
         Activation::SwiGLU => 2 * ffn,
     };
     let last = pp_rank + 1 == pp;
-    let formula = |layers: usize, recompute| {
-        let mut one = m.clone();
-        one.num_layers = layers;
-        let s = a.seq_length / cfg.cp;
-        activation_bytes_formula_with(&one, a.micro_batch_size, s, tp, sp, half, recompute)
-            - rows * h * 4
-    };
     let layers = m.num_layers / (pp * cfg.partition.v);
-    let per_mb = formula(layers, cfg.recompute) + if last { rows * h * 4 } else { 0 };
-    let layer = formula(1, Recompute::None);
+    let per_mb =
+        kept_activation_bytes(cfg, layers, cfg.recompute) + if last { rows * h * 4 } else { 0 };
+    let layer = kept_activation_bytes(cfg, 1, Recompute::None);
     let gathered = if sp { tok * h } else { 0 };
     // Keys and values of this rank's heads for its two chunks, and the query / output widths.
     let kv = tok * 2 * m.query_groups() * m.head_dim() / tp;
@@ -309,5 +327,6 @@ pub fn predict_peak(
         activations: (per_mb * in_flight) as u64,
         transient: transient as u64,
         kv_ring: kv_ring as u64,
+        micro_batches_in_flight: in_flight,
     }
 }

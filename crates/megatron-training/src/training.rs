@@ -222,23 +222,10 @@ pub(crate) fn run(
     megatron_tensor::alloc::start_epoch();
     let setup = setup_model_and_optimizer(cfg, &mut comms, lead)?;
     if a.log_memory && lead {
-        let p = &setup.params;
-        let (params, grads) = (
-            (p.data.len() * 4 + p.half.size_in_bytes()) as u64,
-            (p.numel() * 4) as u64,
-        );
-        let optimizer = setup.optimizer.state_bytes() as u64;
-        let peak = crate::memory::predict_rank_peak(
-            cfg,
-            params + grads + optimizer,
-            (setup.optimizer.grad_buffer().scratch_elements() * 4) as u64,
-            0,
-        )
-        .map_err(TrainError::Args)?;
-        println!(
-            "{}",
-            crate::memory::predicted(cfg, params, grads, optimizer, &peak)
-        );
+        let (state, peak) =
+            crate::memory::rank_memory(cfg, &setup.params, setup.optimizer.as_ref(), 0)
+                .map_err(TrainError::Args)?;
+        println!("{}", crate::memory::predicted(cfg, &state, &peak));
     }
     let data = build_data(cfg, tok, lead)?;
     // One origin for every rank thread of the process, so trace rows line up.
@@ -485,18 +472,14 @@ impl Trainer<'_> {
         step: &crate::train_step::StepOutcome,
     ) -> Result<crate::memory::MemoryBreakdown, TrainError> {
         use megatron_tensor::alloc;
-        let cfg = self.cfg;
-        let parameters = (self.params.data.len() * 4 + self.params.half.size_in_bytes()) as u64;
-        let gradients = (self.grads.data.len() * 4) as u64;
-        let optimizer_state = self.optimizer.state_bytes() as u64;
-        let predicted = crate::memory::predict_rank_peak(
-            cfg,
-            parameters + gradients + optimizer_state,
-            (self.optimizer.grad_buffer().scratch_elements() * 4) as u64,
+        let (state, peak) = crate::memory::rank_memory(
+            self.cfg,
+            &self.params,
+            self.optimizer.as_ref(),
             self.comms.pp.rank(),
         )
-        .map_err(TrainError::Args)?
-        .total();
+        .map_err(TrainError::Args)?;
+        let predicted = peak.total();
         let installed = alloc::installed();
         let allocated_peak = installed.then(|| alloc::peak().in_use.max(0) as u64);
         let reserved_peak = installed.then(|| alloc::peak().reserved.max(0) as u64);
@@ -510,9 +493,9 @@ impl Trainer<'_> {
             None => None,
         };
         Ok(crate::memory::MemoryBreakdown {
-            parameters,
-            gradients,
-            optimizer_state,
+            parameters: state.parameters,
+            gradients: state.gradients,
+            optimizer_state: state.optimizer,
             activations: step.peak_activation_bytes as u64,
             micro_batches_in_flight: step.peak_in_flight,
             pooled: megatron_tensor::pool::pooled_bytes() as u64,

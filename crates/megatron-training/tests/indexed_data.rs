@@ -186,25 +186,25 @@ fn trains_on_a_blend_of_indexed_datasets_with_cache_and_exact_resume() {
     }
 
     // Document resets and end-of-document loss masking change what the model sees.
-    let plain = run(&[
+    let no_dropout = [
         "--train-iters",
         "2",
         "--hidden-dropout",
         "0",
         "--attention-dropout",
         "0",
-    ]);
-    let reset = run(&[
-        "--train-iters",
-        "2",
-        "--hidden-dropout",
-        "0",
-        "--attention-dropout",
-        "0",
-        "--reset-position-ids",
-        "--reset-attention-mask",
-        "--eod-mask-loss",
-    ]);
+    ];
+    let documents = [
+        &no_dropout[..],
+        &[
+            "--reset-position-ids",
+            "--reset-attention-mask",
+            "--eod-mask-loss",
+        ],
+    ]
+    .concat();
+    let plain = run(&no_dropout);
+    let reset = run(&documents);
     assert!(reset.losses.iter().all(|l| l.1.is_finite()));
     assert_ne!(plain.losses[0].1, reset.losses[0].1);
     // The same documents under context parallelism, both attention layouts: all-to-all hands
@@ -212,23 +212,15 @@ fn trains_on_a_blend_of_indexed_datasets_with_cache_and_exact_resume() {
     // its rows' starts in its keys' positions; each rank's tokens keep their document
     // positions. The one-rank losses either way.
     for comm in ["a2a", "p2p"] {
-        let cp = run(&[
-            "--train-iters",
-            "2",
-            "--hidden-dropout",
-            "0",
-            "--attention-dropout",
-            "0",
-            "--reset-position-ids",
-            "--reset-attention-mask",
-            "--eod-mask-loss",
+        let cp_flags = [
             "--nproc-per-node",
             "2",
             "--context-parallel-size",
             "2",
             "--cp-comm-type",
             comm,
-        ]);
+        ];
+        let cp = run(&[&documents[..], &cp_flags].concat());
         let what = format!("CP 2 ({comm}) with document masks");
         common::assert_losses_close(&what, &reset.losses, &cp.losses, 1e-5);
     }

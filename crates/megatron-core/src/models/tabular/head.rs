@@ -7,7 +7,7 @@
 
 use crate::params::Sharding;
 use crate::params::{Grads, Init, ParamId, Params};
-use crate::transformer::norm::LayerNorm;
+use crate::transformer::norm::{LayerNorm, LayerNormSaved};
 use megatron_tensor::cpu::table_features::MAX_CLASSES;
 use megatron_tensor::cpu::{
     embedding_lookup_backward, embedding_lookup_forward, masked_cross_entropy, matmul_backward,
@@ -108,50 +108,14 @@ impl TabularHead {
 
     /// Logits `[rows, width]` for the cells `cells` of the model output `y`.
     pub fn logits(&self, params: &Params, y: &Tensor, cells: &[u32], task: Task) -> Tensor {
-        let (x, _, normed) = self.normed(params, y, cells);
-        drop(x);
-        let ((w, b), width) = self.linear(task);
-        let mut logits = Tensor::for_overwrite(&[cells.len(), width]);
-        matmul_forward(
-            logits.data_mut(),
-            normed.data(),
-            &params.get(w),
-            Some(&params.get(b)),
-            cells.len(),
-            self.emb,
-            width,
-        );
-        logits
+        self.forward(params, y, cells, task).logits
     }
 
-    fn normed(
-        &self,
-        params: &Params,
-        y: &Tensor,
-        cells: &[u32],
-    ) -> (Tensor, crate::transformer::norm::LayerNormSaved, Tensor) {
-        let mut x = Tensor::for_overwrite(&[cells.len(), self.emb]);
+    fn forward(&self, params: &Params, y: &Tensor, cells: &[u32], task: Task) -> HeadForward {
+        let n = cells.len();
+        let mut x = Tensor::for_overwrite(&[n, self.emb]);
         embedding_lookup_forward(x.data_mut(), cells, y.data(), 0, false);
-        let (normed, saved) = self.norm.forward(params, &x);
-        (x, saved, normed)
-    }
-
-    /// The weighted loss of `rows` and, into `dy` (`[cells, emb]`, accumulated), its gradient;
-    /// parameter gradients accumulate into `grads`.
-    pub fn loss_backward(
-        &self,
-        params: &Params,
-        grads: &mut Grads,
-        y: &Tensor,
-        dy: &mut Tensor,
-        rows: &HeadRows,
-        task: Task,
-    ) -> f64 {
-        let n = rows.cells.len();
-        if n == 0 {
-            return 0.0;
-        }
-        let (x, saved, normed) = self.normed(params, y, rows.cells);
+        let (normed, norm) = self.norm.forward(params, &x);
         let ((w, b), width) = self.linear(task);
         let mut logits = Tensor::for_overwrite(&[n, width]);
         matmul_forward(
@@ -163,16 +127,42 @@ impl TabularHead {
             self.emb,
             width,
         );
+        HeadForward {
+            x,
+            norm,
+            normed,
+            logits,
+        }
+    }
+
+    /// The weighted loss of `rows`; with `backward`, parameter gradients accumulate into its
+    /// `Grads` and the gradient of the model output into its tensor (`[cells, emb]`).
+    pub fn loss(
+        &self,
+        params: &Params,
+        y: &Tensor,
+        rows: &HeadRows,
+        task: Task,
+        backward: Option<(&mut Grads, &mut Tensor)>,
+    ) -> f64 {
+        let n = rows.cells.len();
+        if n == 0 {
+            return 0.0;
+        }
+        let f = self.forward(params, y, rows.cells, task);
+        let ((w, b), width) = self.linear(task);
         let valid: Vec<u32> = match task {
             Task::Classification => rows.valid.to_vec(),
             Task::Regression | Task::Reconstruction => vec![BINS as u32; n],
         };
         let mut losses = vec![0.0f32; n];
-        let mut dlogits = Tensor::for_overwrite(&[n, width]);
+        let mut dlogits = backward
+            .is_some()
+            .then(|| Tensor::for_overwrite(&[n, width]));
         masked_cross_entropy(
             &mut losses,
-            Some(dlogits.data_mut()),
-            logits.data(),
+            dlogits.as_mut().map(|d| d.data_mut()),
+            f.logits.data(),
             rows.targets,
             &valid,
             rows.weights,
@@ -183,23 +173,31 @@ impl TabularHead {
             .zip(rows.weights)
             .map(|(l, w)| *l as f64 * *w as f64)
             .sum();
-        let mut dnormed = Tensor::for_overwrite(&[n, self.emb]);
-        {
+        if let (Some((grads, dy)), Some(dlogits)) = (backward, dlogits) {
+            let mut dnormed = Tensor::for_overwrite(&[n, self.emb]);
             let [dw, db] = grads.many_mut([w, b]);
             matmul_backward(
                 Some(dnormed.data_mut()),
                 dw,
                 Some(db),
                 dlogits.data(),
-                normed.data(),
+                f.normed.data(),
                 &params.get(w),
                 n,
                 self.emb,
                 width,
             );
+            let dx = self.norm.backward(params, grads, &f.norm, &f.x, &dnormed);
+            embedding_lookup_backward(dy.data_mut(), dx.data(), rows.cells, 0);
         }
-        let dx = self.norm.backward(params, grads, &saved, &x, &dnormed);
-        embedding_lookup_backward(dy.data_mut(), dx.data(), rows.cells, 0);
         loss
     }
+}
+
+/// What backward needs of the head's forward.
+struct HeadForward {
+    x: Tensor,
+    norm: LayerNormSaved,
+    normed: Tensor,
+    logits: Tensor,
 }

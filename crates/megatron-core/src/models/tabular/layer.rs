@@ -21,6 +21,7 @@ use megatron_tensor::cpu::{
     attention_backward, attention_forward, swap_rows_cols, AttentionDims, AttentionMask, TableDims,
 };
 use megatron_tensor::{RngKey, Tensor};
+use std::borrow::Cow;
 
 /// The model's sizes.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -185,30 +186,18 @@ impl AttentionBranch {
 
     /// Row-major cells `[cells, w]` in the branch's sequence layout (a copy only for columns).
     fn to_sequences(&self, t: Tensor, s: &TableShape) -> Tensor {
-        self.swap(t, s, Axis::Row)
-    }
-
-    /// The inverse of [`Self::to_sequences`].
-    fn to_cells(&self, t: Tensor, s: &TableShape) -> Tensor {
-        self.swap(t, s, Axis::Column)
-    }
-
-    /// Under column attention, swaps `t` out of layout `from` (rows first or columns first).
-    fn swap(&self, t: Tensor, s: &TableShape, from: Axis) -> Tensor {
-        if self.axis == Axis::Row {
-            return t;
+        match self.axis {
+            Axis::Row => t,
+            Axis::Column => swapped(&t, s, Axis::Row),
         }
-        let w = t.shape()[1];
-        let d = TableDims {
-            b: s.b,
-            rows: s.rows,
-            cols: s.cols,
-            w,
-        };
-        let d = if from == Axis::Row { d } else { d.transposed() };
-        let mut out = Tensor::for_overwrite(t.shape());
-        swap_rows_cols(out.data_mut(), t.data(), d);
-        out
+    }
+
+    /// The inverse of [`Self::to_sequences`], borrowing when nothing moves.
+    fn to_cells<'t>(&self, t: &'t Tensor, s: &TableShape) -> Cow<'t, Tensor> {
+        match self.axis {
+            Axis::Row => Cow::Borrowed(t),
+            Axis::Column => Cow::Owned(swapped(t, s, Axis::Column)),
+        }
     }
 
     fn forward(
@@ -233,7 +222,7 @@ impl AttentionBranch {
         );
         let y = self
             .linear_proj
-            .forward(params, tp, &self.to_cells(out.clone(), s))?;
+            .forward(params, tp, &self.to_cells(&out, s))?;
         Ok((
             y,
             AttentionSaved {
@@ -256,7 +245,7 @@ impl AttentionBranch {
         dy: Tensor,
         s: &TableShape,
     ) -> Result<Tensor, CommError> {
-        let out_cells = self.to_cells(saved.out.clone(), s);
+        let out_cells = self.to_cells(&saved.out, s);
         let dout = self
             .linear_proj
             .backward(params, grads, tp, &out_cells, dy)?;
@@ -274,7 +263,10 @@ impl AttentionBranch {
             d,
             RngKey::new(0),
         );
-        let dqkv = self.to_cells(dqkv, s);
+        let dqkv = match self.to_cells(&dqkv, s) {
+            Cow::Borrowed(_) => dqkv,
+            Cow::Owned(t) => t,
+        };
         let dnormed = self
             .linear_qkv
             .backward(params, grads, tp, &saved.normed, dqkv)?;
@@ -336,12 +328,12 @@ impl TabularLayer {
         ctx: &StepContext,
     ) -> Result<(Tensor, TabularLayerSaved), CommError> {
         let (ya, row) = self.row_attention.forward(params, tp, &x, s)?;
-        let mid = add(&x, &ya);
+        let mid = add(ya, &x);
         let (yc, col) = self.column_attention.forward(params, tp, &mid, s)?;
-        let after_attention = add(&mid, &yc);
+        let after_attention = add(yc, &mid);
         let (mlp_in, mlp_norm) = self.mlp_norm.forward(params, &after_attention);
         let (ym, mlp) = self.mlp.forward(params, tp, &mlp_in, ctx)?;
-        let out = add(&after_attention, &ym);
+        let out = add(ym, &after_attention);
         Ok((
             out,
             TabularLayerSaved {
@@ -376,7 +368,7 @@ impl TabularLayer {
             &saved.after_attention,
             &dmlp_in,
         );
-        let d_after = add(&dout, &dnorm);
+        let d_after = add(dnorm, &dout);
         let dcol = self.column_attention.backward(
             params,
             grads,
@@ -386,7 +378,7 @@ impl TabularLayer {
             d_after.clone(),
             s,
         )?;
-        let dmid = add(&d_after, &dcol);
+        let dmid = add(dcol, &d_after);
         let drow = self.row_attention.backward(
             params,
             grads,
@@ -396,12 +388,27 @@ impl TabularLayer {
             dmid.clone(),
             s,
         )?;
-        Ok(add(&dmid, &drow))
+        Ok(add(drow, &dmid))
     }
 }
 
-fn add(a: &Tensor, b: &Tensor) -> Tensor {
-    let mut out = a.clone();
-    megatron_tensor::cpu::reduce::add_inplace(out.data_mut(), b.data());
+/// `a + b`, into `a` (the residual stream's other operand is kept for backward).
+fn add(mut a: Tensor, b: &Tensor) -> Tensor {
+    megatron_tensor::cpu::reduce::add_inplace(a.data_mut(), b.data());
+    a
+}
+
+/// `t` (`[cells, w]`) with rows and columns swapped, read as rows first (`from` = `Row`) or
+/// columns first.
+fn swapped(t: &Tensor, s: &TableShape, from: Axis) -> Tensor {
+    let d = TableDims {
+        b: s.b,
+        rows: s.rows,
+        cols: s.cols,
+        w: t.shape()[1],
+    };
+    let d = if from == Axis::Row { d } else { d.transposed() };
+    let mut out = Tensor::for_overwrite(t.shape());
+    swap_rows_cols(out.data_mut(), t.data(), d);
     out
 }

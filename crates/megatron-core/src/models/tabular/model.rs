@@ -76,8 +76,7 @@ impl TabularModel {
         )
     }
 
-    /// The step's loss share of this micro-batch and, with `grads`, its gradients (without,
-    /// the head still computes its gradient into scratch buffers: evaluation is rare).
+    /// The step's loss share of this micro-batch and, with `grads`, its gradients.
     pub fn forward_backward(
         &self,
         params: &Params,
@@ -115,14 +114,12 @@ impl TabularModel {
             }
             x = y;
         }
-        let rows = QueryRows::of(batch, &stats, &columns);
+        let rows = HeadTargets::of(batch, &stats, &columns);
         let Some(grads) = grads else {
-            let mut scratch = Grads::zeros_like(params);
-            let mut dy = Tensor::zeros(x.shape());
-            return Ok(rows.loss(&self.head, params, &mut scratch, &x, &mut dy));
+            return Ok(rows.loss(&self.head, params, &x, None));
         };
         let mut dy = Tensor::zeros(x.shape());
-        let loss = rows.loss(&self.head, params, grads, &x, &mut dy);
+        let loss = rows.loss(&self.head, params, &x, Some((&mut *grads, &mut dy)));
         for (layer, s) in self.layers.iter().zip(saved).rev() {
             dy = layer.backward(params, grads, tp, s, dy, &shape)?;
         }
@@ -131,22 +128,49 @@ impl TabularModel {
     }
 }
 
-/// The cells the head reads, by task: query rows' target cells (classification, regression)
-/// and hidden feature cells (reconstruction), with their targets and loss weights.
-struct QueryRows {
-    class: (Vec<u32>, Vec<u32>, Vec<u32>, Vec<f32>),
-    reg: (Vec<u32>, Vec<u32>, Vec<f32>),
-    cells: (Vec<u32>, Vec<u32>, Vec<f32>),
+/// Cells the head reads for one task, with their targets, classes and loss weights.
+#[derive(Default)]
+struct TaskRows {
+    cells: Vec<u32>,
+    targets: Vec<u32>,
+    valid: Vec<u32>,
+    weights: Vec<f32>,
 }
 
-impl QueryRows {
+impl TaskRows {
+    fn push(&mut self, cell: usize, target: u32, valid: u32, weight: f32) {
+        self.cells.push(cell as u32);
+        self.targets.push(target);
+        self.valid.push(valid);
+        self.weights.push(weight);
+    }
+
+    fn rows(&self) -> HeadRows<'_> {
+        HeadRows {
+            cells: &self.cells,
+            targets: &self.targets,
+            valid: &self.valid,
+            weights: &self.weights,
+        }
+    }
+}
+
+/// The cells the head reads, by task: query rows' target cells (classification, regression)
+/// and hidden feature cells (reconstruction).
+struct HeadTargets {
+    class: TaskRows,
+    reg: TaskRows,
+    cells: TaskRows,
+}
+
+impl HeadTargets {
     fn of(batch: &TabularBatch, stats: &[(f32, f32)], columns: &[(f32, f32)]) -> Self {
         let t = batch.inputs;
         let width = t.cols + 1;
-        let mut q = QueryRows {
-            class: Default::default(),
-            reg: Default::default(),
-            cells: Default::default(),
+        let mut q = HeadTargets {
+            class: TaskRows::default(),
+            reg: TaskRows::default(),
+            cells: TaskRows::default(),
         };
         let mut hidden_per_table = vec![0usize; t.b];
         for h in batch.hidden {
@@ -154,11 +178,10 @@ impl QueryRows {
         }
         for h in batch.hidden {
             let (mean, sd) = columns[h.table * t.cols + h.col];
-            q.cells
-                .0
-                .push(((h.table * t.rows + h.row) * width + 1 + h.col) as u32);
-            q.cells.1.push(bin_of((h.value - mean) / sd, batch.borders));
-            q.cells.2.push(
+            q.cells.push(
+                (h.table * t.rows + h.row) * width + 1 + h.col,
+                bin_of((h.value - mean) / sd, batch.borders),
+                0,
                 batch.reconstruction_weight
                     / (hidden_per_table[h.table] * batch.step_tables) as f32,
             );
@@ -167,20 +190,13 @@ impl QueryRows {
             let (ctx, real) = (t.context_rows[tb], batch.real_rows[tb]);
             let w = 1.0 / ((real - ctx).max(1) * batch.step_tables) as f32;
             for r in ctx..real {
-                let cell = ((tb * t.rows + r) * width) as u32;
+                let cell = (tb * t.rows + r) * width;
                 let y = t.targets[tb * t.rows + r];
                 match t.classes[tb] {
-                    0 => {
-                        q.reg.0.push(cell);
-                        q.reg.1.push(bin_of((y - mean) / sd, batch.borders));
-                        q.reg.2.push(w);
-                    }
-                    k => {
-                        q.class.0.push(cell);
-                        q.class.1.push(y as u32);
-                        q.class.2.push(k);
-                        q.class.3.push(w);
-                    }
+                    0 => q
+                        .reg
+                        .push(cell, bin_of((y - mean) / sd, batch.borders), 0, w),
+                    k => q.class.push(cell, y as u32, k, w),
                 }
             }
         }
@@ -191,30 +207,19 @@ impl QueryRows {
         &self,
         head: &TabularHead,
         params: &Params,
-        grads: &mut Grads,
         y: &Tensor,
-        dy: &mut Tensor,
+        mut backward: Option<(&mut Grads, &mut Tensor)>,
     ) -> f64 {
-        let class = HeadRows {
-            cells: &self.class.0,
-            targets: &self.class.1,
-            valid: &self.class.2,
-            weights: &self.class.3,
-        };
-        let reg = HeadRows {
-            cells: &self.reg.0,
-            targets: &self.reg.1,
-            valid: &[],
-            weights: &self.reg.2,
-        };
-        let cells = HeadRows {
-            cells: &self.cells.0,
-            targets: &self.cells.1,
-            valid: &[],
-            weights: &self.cells.2,
-        };
-        head.loss_backward(params, grads, y, dy, &class, Task::Classification)
-            + head.loss_backward(params, grads, y, dy, &reg, Task::Regression)
-            + head.loss_backward(params, grads, y, dy, &cells, Task::Reconstruction)
+        [
+            (&self.class, Task::Classification),
+            (&self.reg, Task::Regression),
+            (&self.cells, Task::Reconstruction),
+        ]
+        .into_iter()
+        .map(|(rows, task)| {
+            let b = backward.as_mut().map(|(g, d)| (&mut **g, &mut **d));
+            head.loss(params, y, &rows.rows(), task, b)
+        })
+        .sum()
     }
 }
