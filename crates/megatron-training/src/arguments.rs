@@ -134,6 +134,18 @@ pub enum PositionEmbeddingArg {
     None,
 }
 
+/// `--model`: which model family `megatron train` builds.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum ModelArg {
+    /// A decoder-only language model (GPT or, by flags, Llama), on token data.
+    #[default]
+    #[value(name = "gpt")]
+    Gpt,
+    /// The tabular foundation model, on tables drawn from the synthetic prior.
+    #[value(name = "tabular")]
+    Tabular,
+}
+
 /// Megatron's tokenizer flags, shared by `train`, `preprocess` and `inspect-data`.
 #[derive(Args, Clone, Debug)]
 pub struct TokenizerArgs {
@@ -168,6 +180,11 @@ impl TokenizerArgs {
 #[derive(Args, Clone, Debug)]
 #[command(allow_negative_numbers = true)]
 pub struct TrainArgs {
+    #[arg(long, value_enum, default_value = "gpt")]
+    pub model: ModelArg,
+    /// Flags of `--model tabular` (ignored otherwise).
+    #[command(flatten)]
+    pub tabular: crate::tabular::TabularArgs,
     // Model.
     #[arg(long, default_value_t = 2)]
     pub num_layers: usize,

@@ -327,7 +327,13 @@ pub(crate) fn finalize(
     let json =
         serde_json::to_string_pretty(&meta).map_err(|e| ckpt_err(&manifest, e.to_string()))?;
     write_synced(&manifest, json.as_bytes())?;
-    let final_dir = iteration_dir(save, meta.iteration);
+    publish(save, partial, meta.iteration)
+}
+
+/// Moves a complete `partial` directory into place as iteration `iteration`, then points the
+/// tracker at it; each step atomic, so a crash leaves either the old or the new checkpoint.
+pub(crate) fn publish(save: &Path, partial: &Path, iteration: u64) -> Result<PathBuf, TrainError> {
+    let final_dir = iteration_dir(save, iteration);
     if final_dir.exists() {
         // A checkpoint of the same iteration from an earlier run: replaced only now that the new
         // one is complete.
@@ -338,7 +344,7 @@ pub(crate) fn finalize(
         let _ = d.sync_all();
     }
     let tracker_tmp = save.join(format!(".{TRACKER}.tmp"));
-    write_synced(&tracker_tmp, format!("{}\n", meta.iteration).as_bytes())?;
+    write_synced(&tracker_tmp, format!("{iteration}\n").as_bytes())?;
     let tracker = save.join(TRACKER);
     std::fs::rename(&tracker_tmp, &tracker).map_err(io_err(&tracker))?;
     Ok(final_dir)

@@ -10,6 +10,16 @@ use megatron_data::build_tokenizer_from;
 
 /// Trains as `megatron train` does; returns the per-iteration losses.
 pub fn pretrain(args: &TrainArgs) -> Result<TrainSummary, TrainError> {
+    if args.model == crate::arguments::ModelArg::Tabular {
+        let s = crate::tabular::pretrain_tabular(crate::tabular::validate(args)?)?;
+        return Ok(TrainSummary {
+            start_iteration: s.start_iteration,
+            final_iteration: s.losses.last().map_or(s.start_iteration, |l| l.0),
+            losses: s.losses,
+            last_checkpoint: s.last_checkpoint,
+            ..TrainSummary::default()
+        });
+    }
     let tok = build_tokenizer_from(&args.tokenizer.spec())?;
     let threads = args
         .num_threads

@@ -16,6 +16,7 @@ pub mod logging;
 pub mod memory;
 pub mod moe_logging;
 mod setup;
+pub mod tabular;
 mod train_step;
 pub mod training;
 

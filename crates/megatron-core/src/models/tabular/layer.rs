@@ -24,7 +24,7 @@ use megatron_tensor::{RngKey, Tensor};
 use std::borrow::Cow;
 
 /// The model's sizes.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct TabularConfig {
     /// Width of a cell's embedding.
     pub emb: usize,

@@ -4,7 +4,7 @@
 
 use super::embedding::CellEmbedding;
 use super::head::{bin_of, HeadRows, TabularHead, Task};
-use super::layer::{TableShape, TabularConfig, TabularLayer};
+use super::layer::{TableShape, TabularConfig, TabularLayer, TabularLayerSaved};
 use crate::params::{Grads, Params};
 use crate::tensor_parallel::Tp;
 use crate::transformer::step::StepContext;
@@ -76,15 +76,33 @@ impl TabularModel {
         )
     }
 
-    /// The step's loss share of this micro-batch and, with `grads`, its gradients.
-    pub fn forward_backward(
+    /// The model output `[b * rows * (1 + cols), emb]` for a batch (no gradients), with the
+    /// context statistics each table was standardised with: what prediction, imputation and
+    /// anomaly scores read the head off.
+    pub fn encode(
         &self,
         params: &Params,
-        grads: Option<&mut Grads>,
         tp: &mut Tp,
         batch: &TabularBatch,
         ctx: &StepContext,
-    ) -> Result<f64, CommError> {
+    ) -> Result<Encoded, CommError> {
+        let (x, enc) = self.run(params, tp, batch, ctx, None)?;
+        Ok(Encoded {
+            output: x,
+            target_stats: enc.stats,
+            column_stats: enc.columns,
+        })
+    }
+
+    /// Features, embedding and layers; each layer's saved activations go to `saved` if given.
+    fn run(
+        &self,
+        params: &Params,
+        tp: &mut Tp,
+        batch: &TabularBatch,
+        ctx: &StepContext,
+        mut saved: Option<&mut Vec<TabularLayerSaved>>,
+    ) -> Result<(Tensor, Inputs), CommError> {
         let t = batch.inputs;
         let width = t.cols + 1;
         let cells = t.b * t.rows * width;
@@ -105,27 +123,72 @@ impl TabularModel {
             context_rows: t.context_rows,
         };
         let mut x = self.embedding.forward(params, &features);
-        let keep = grads.is_some();
-        let mut saved = Vec::new();
         for layer in &self.layers {
             let (y, s) = layer.forward(params, tp, x, &shape, ctx)?;
-            if keep {
+            if let Some(saved) = saved.as_deref_mut() {
                 saved.push(s);
             }
             x = y;
         }
-        let rows = HeadTargets::of(batch, &stats, &columns);
+        let inputs = Inputs {
+            features,
+            stats,
+            columns,
+            valid_cols,
+        };
+        Ok((x, inputs))
+    }
+
+    /// The step's loss share of this micro-batch and, with `grads`, its gradients.
+    pub fn forward_backward(
+        &self,
+        params: &Params,
+        grads: Option<&mut Grads>,
+        tp: &mut Tp,
+        batch: &TabularBatch,
+        ctx: &StepContext,
+    ) -> Result<f64, CommError> {
+        let mut saved = Vec::new();
+        let keep = grads.is_some().then_some(&mut saved);
+        let (x, enc) = self.run(params, tp, batch, ctx, keep)?;
+        let rows = HeadTargets::of(batch, &enc.stats, &enc.columns);
         let Some(grads) = grads else {
             return Ok(rows.loss(&self.head, params, &x, None));
+        };
+        let t = batch.inputs;
+        let shape = TableShape {
+            b: t.b,
+            rows: t.rows,
+            cols: t.cols + 1,
+            valid_cols: &enc.valid_cols,
+            context_rows: t.context_rows,
         };
         let mut dy = Tensor::zeros(x.shape());
         let loss = rows.loss(&self.head, params, &x, Some((&mut *grads, &mut dy)));
         for (layer, s) in self.layers.iter().zip(saved).rev() {
             dy = layer.backward(params, grads, tp, s, dy, &shape)?;
         }
-        self.embedding.backward(params, grads, &features, &dy);
+        self.embedding.backward(params, grads, &enc.features, &dy);
         Ok(loss)
     }
+}
+
+/// What [`TabularModel::encode`] returns.
+pub struct Encoded {
+    /// `[b * rows * (1 + cols), emb]`, the target column first in each row.
+    pub output: Tensor,
+    /// Per table: mean and standard deviation of the target over its context rows.
+    pub target_stats: Vec<(f32, f32)>,
+    /// `[b, cols]`: mean and standard deviation of each feature over the context rows.
+    pub column_stats: Vec<(f32, f32)>,
+}
+
+/// The model's inputs for one batch, kept for the backward pass and the head.
+struct Inputs {
+    features: Tensor,
+    stats: Vec<(f32, f32)>,
+    columns: Vec<(f32, f32)>,
+    valid_cols: Vec<usize>,
 }
 
 /// Cells the head reads for one task, with their targets, classes and loss weights.

@@ -1,0 +1,13 @@
+//! The tabular foundation model's trainer and its use on real tables (issue 18): flags, the
+//! step's micro-batches, checkpoints, evaluation, and prediction / imputation / anomaly scores.
+
+pub mod arguments;
+pub mod batch;
+pub mod checkpoint;
+pub mod evaluate;
+pub mod frame;
+pub mod inference;
+pub mod trainer;
+
+pub use arguments::{validate, TabularArgs, TabularTrainConfig};
+pub use trainer::{pretrain_tabular, TabularSummary};
