@@ -38,7 +38,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Pretrain a GPT (Megatron's pretrain_gpt.py flags).
+    /// Pretrain a GPT (Megatron's pretrain_gpt.py flags), or with `--model tabular` the tabular
+    /// foundation model on the synthetic-table prior.
     Train(Box<TrainArgs>),
     /// Generate text from a checkpoint.
     Generate(GenerateArgs),
@@ -60,6 +61,9 @@ enum Command {
     /// `verify DIR` (every file against the manifest's size and crc32c).
     #[command(subcommand)]
     Checkpoint(CheckpointCommand),
+    /// Use a trained tabular model on CSV tables: predict, impute, score-anomalies.
+    #[command(subcommand)]
+    Tabular(megatron_training::tabular::commands::TabularCommand),
 }
 
 #[derive(clap::Args)]
@@ -93,6 +97,17 @@ fn run_convert(a: &ConvertArgs) -> anyhow::Result<()> {
         ),
     };
     println!("wrote {}", out.display());
+    Ok(())
+}
+
+fn run_tabular(c: &megatron_training::tabular::commands::TabularCommand) -> anyhow::Result<()> {
+    use megatron_training::tabular::commands::{impute, predict, score_anomalies, TabularCommand};
+    let (out, rows) = match c {
+        TabularCommand::Predict(a) => (&a.out, predict(a)?.len()),
+        TabularCommand::Impute(a) => (&a.out, impute(a)?.len()),
+        TabularCommand::ScoreAnomalies(a) => (&a.out, score_anomalies(a)?.len()),
+    };
+    println!("wrote {} ({rows} rows)", out.display());
     Ok(())
 }
 
@@ -161,6 +176,7 @@ fn main() -> ExitCode {
             .map_err(Into::into),
         Command::Bench(args) => bench::run(&args),
         Command::Convert(a) => run_convert(&a),
+        Command::Tabular(c) => run_tabular(&c),
         Command::Checkpoint(c) => match c {
             CheckpointCommand::Inspect { dir } => megatron_training::checkpoint_tool::inspect(&dir),
             CheckpointCommand::Verify { dir } => megatron_training::checkpoint_tool::verify(&dir),

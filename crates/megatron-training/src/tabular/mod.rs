@@ -4,6 +4,7 @@
 pub mod arguments;
 pub mod batch;
 pub mod checkpoint;
+pub mod commands;
 pub mod evaluate;
 pub mod frame;
 pub mod inference;

@@ -57,6 +57,52 @@ pub fn args(extra: &[&str]) -> TrainArgs {
     Wrap::try_parse_from(v).expect("flags parse").args
 }
 
+/// A tiny tabular model (2 layers, emb 16, 4 heads) on small prior tables (at most 48 context
+/// and 16 query rows, 2-6 features), 4 tables a step, with `extra` flags appended.
+pub fn tabular_args(extra: &[&str]) -> TrainArgs {
+    let mut v = vec![
+        "megatron",
+        "--model",
+        "tabular",
+        "--num-layers",
+        "2",
+        "--hidden-size",
+        "16",
+        "--num-attention-heads",
+        "4",
+        "--ffn-hidden-size",
+        "32",
+        "--global-batch-size",
+        "4",
+        "--lr",
+        "3e-3",
+        "--lr-warmup-iters",
+        "1",
+        "--lr-decay-style",
+        "cosine",
+        "--train-iters",
+        "4",
+        "--prior-min-context-rows",
+        "16",
+        "--prior-max-context-rows",
+        "48",
+        "--prior-max-query-rows",
+        "16",
+        "--prior-max-features",
+        "6",
+        "--tabular-cell-budget",
+        "1024",
+        "--tabular-hidden-share",
+        "0.1",
+        "--log-interval",
+        "2",
+        "--num-threads",
+        "2",
+    ];
+    v.extend_from_slice(extra);
+    Wrap::try_parse_from(v).expect("flags parse").args
+}
+
 /// A fresh directory under the system temp dir, unique to this process.
 pub fn tmpdir(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("megatron-rs-test-{name}-{}", std::process::id()));
