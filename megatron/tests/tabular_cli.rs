@@ -1,0 +1,301 @@
+//! `megatron train --model tabular` then `megatron tabular predict | impute | score-anomalies`
+//! through the binary: outputs with the promised shape, inputs refused by name.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn megatron(args: &[&str]) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_megatron"))
+        .args(args)
+        .output()
+        .expect("runs");
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.success(), text)
+}
+
+fn tmpdir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("megatron-rs-cli-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// A tiny tabular checkpoint (3 iterations) under `dir`.
+fn checkpoint(dir: &Path) -> PathBuf {
+    let save = dir.join("ckpt");
+    let (ok, text) = megatron(&[
+        "train",
+        "--model",
+        "tabular",
+        "--num-layers",
+        "1",
+        "--hidden-size",
+        "16",
+        "--num-attention-heads",
+        "2",
+        "--ffn-hidden-size",
+        "32",
+        "--global-batch-size",
+        "4",
+        "--train-iters",
+        "3",
+        "--lr",
+        "1e-3",
+        "--prior-max-context-rows",
+        "48",
+        "--prior-max-query-rows",
+        "16",
+        "--prior-max-features",
+        "8",
+        "--save",
+        s(&save),
+        "--num-threads",
+        "2",
+    ]);
+    assert!(ok, "{text}");
+    assert!(text.contains("saved checkpoint at iteration 3"), "{text}");
+    save
+}
+
+/// Rows of a CSV file (header first).
+fn read(p: &Path) -> Vec<Vec<String>> {
+    std::fs::read_to_string(p)
+        .unwrap()
+        .lines()
+        .map(|l| l.split(',').map(str::to_string).collect())
+        .collect()
+}
+
+fn write_tables(dir: &Path) {
+    let mut train = String::from("x1,x2,colour,label,y\n");
+    let mut test = String::from("x1,x2,colour,y\n");
+    let mut holes = String::from("x1,x2,colour,label,y\n");
+    for i in 0..40 {
+        let (a, b) = ((i % 7) as f32 * 0.5 - 1.5, (i % 5) as f32 - 2.0);
+        let colour = ["red", "blue"][i % 2];
+        let label = if a + b > 0.0 { "yes" } else { "no" };
+        let y = 2.0 * a - b;
+        let row = format!("{a},{b},{colour},{label},{y}\n");
+        if i < 30 {
+            train += &row
+        } else {
+            test += &format!("{a},{b},{colour},{y}\n")
+        }
+        // Missing cells: x1 every 6th row, the label every 9th.
+        let a_text = if i % 6 == 0 {
+            String::new()
+        } else {
+            a.to_string()
+        };
+        let l_text = if i % 9 == 4 { "" } else { label };
+        holes += &format!("{a_text},{b},{colour},{l_text},{y}\n");
+    }
+    std::fs::write(dir.join("train.csv"), train).unwrap();
+    std::fs::write(dir.join("test.csv"), test).unwrap();
+    std::fs::write(dir.join("holes.csv"), holes).unwrap();
+}
+
+#[test]
+fn predict_impute_and_score_write_what_they_promise() {
+    let dir = tmpdir("tabular");
+    let ck = checkpoint(&dir);
+    write_tables(&dir);
+    let (train, test, holes) = (
+        dir.join("train.csv"),
+        dir.join("test.csv"),
+        dir.join("holes.csv"),
+    );
+
+    // Classes: one probability per label, the labels as the header, each row summing to 1.
+    let out = dir.join("pred.csv");
+    let (ok, text) = megatron(&[
+        "tabular",
+        "predict",
+        "--load",
+        s(&ck),
+        "--train",
+        s(&train),
+        "--test",
+        s(&test),
+        "--target",
+        "label",
+        "--categorical",
+        "colour",
+        "--ensemble",
+        "3",
+        "--out",
+        s(&out),
+    ]);
+    assert!(ok, "{text}");
+    let rows = read(&out);
+    assert_eq!(rows[0], vec!["no", "yes"]);
+    assert_eq!(rows.len(), 11);
+    for r in &rows[1..] {
+        let sum: f32 = r.iter().map(|v| v.parse::<f32>().unwrap()).sum();
+        assert!((sum - 1.0).abs() < 1e-4, "{r:?}");
+    }
+
+    // Regression: one `prediction` column of finite values. The test rows lack `label`, so it
+    // cannot be a feature here: predict y from a table without it.
+    let out = dir.join("reg.csv");
+    let train_no_label = dir.join("train_nl.csv");
+    let text: String = std::fs::read_to_string(&train)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let f: Vec<&str> = l.split(',').collect();
+            format!("{},{},{},{}\n", f[0], f[1], f[2], f[4])
+        })
+        .collect();
+    std::fs::write(&train_no_label, text).unwrap();
+    let (ok, text) = megatron(&[
+        "tabular",
+        "predict",
+        "--load",
+        s(&ck),
+        "--train",
+        s(&train_no_label),
+        "--test",
+        s(&test),
+        "--target",
+        "y",
+        "--categorical",
+        "colour",
+        "--out",
+        s(&out),
+    ]);
+    assert!(ok, "{text}");
+    let rows = read(&out);
+    assert_eq!(rows[0], vec!["prediction"]);
+    assert_eq!(rows.len(), 11);
+    assert!(rows[1..]
+        .iter()
+        .all(|r| r[0].parse::<f32>().unwrap().is_finite()));
+
+    // Impute: every hole filled, every observed cell as it was.
+    let out = dir.join("filled.csv");
+    let (ok, text) = megatron(&[
+        "tabular",
+        "impute",
+        "--load",
+        s(&ck),
+        "--table",
+        s(&holes),
+        "--target",
+        "label",
+        "--categorical",
+        "colour",
+        "--out",
+        s(&out),
+    ]);
+    assert!(ok, "{text}");
+    let (before, after) = (read(&holes), read(&out));
+    assert_eq!(before.len(), after.len());
+    for (b, a) in before.iter().zip(&after) {
+        for (x, y) in b.iter().zip(a) {
+            if x.is_empty() {
+                assert!(!y.is_empty(), "a hole was left: {a:?}");
+            } else {
+                assert_eq!(x, y);
+            }
+        }
+    }
+    for r in &after[1..] {
+        assert!(r[3] == "yes" || r[3] == "no", "imputed label {:?}", r[3]);
+    }
+
+    // Scores: one per numeric cell, none for the categorical column.
+    let out = dir.join("scores.csv");
+    let (ok, text) = megatron(&[
+        "tabular",
+        "score-anomalies",
+        "--load",
+        s(&ck),
+        "--table",
+        s(&train),
+        "--categorical",
+        "colour,label",
+        "--out",
+        s(&out),
+    ]);
+    assert!(ok, "{text}");
+    let rows = read(&out);
+    assert_eq!(rows.len(), 31);
+    for r in &rows[1..] {
+        assert!(r[2].is_empty(), "{r:?}");
+        for c in [0, 1, 4] {
+            assert!(r[c].parse::<f32>().unwrap().is_finite(), "{r:?}");
+        }
+    }
+}
+
+#[test]
+fn bad_tables_and_checkpoints_are_refused_by_name() {
+    let dir = tmpdir("tabular-bad");
+    let ck = checkpoint(&dir);
+    let cases: [(&str, &str, &[&str]); 5] = [
+        (
+            "ragged.csv",
+            "a,b,t\n1,2,0\n3,4\n5,6,1\n",
+            &["ragged.csv:3", "ragged row"],
+        ),
+        (
+            "text.csv",
+            "a,b,t\n1,2,0\n1,oops,1\n5,6,1\n",
+            &["text.csv:3", "\"b\"", "\"oops\"", "--categorical"],
+        ),
+        ("empty.csv", "a,b,t\n", &["empty.csv", "empty table"]),
+        (
+            "classes.csv",
+            "a,t\n1,a\n2,b\n3,c\n4,d\n5,e\n6,f\n7,g\n8,h\n9,i\n10,j\n11,k\n",
+            &["classes.csv", "11 classes", "at most 10"],
+        ),
+        (
+            "wide.csv",
+            "a,b,c,d,e,f,g,h,i,t\n1,2,3,4,5,6,7,8,9,0\n1,2,3,4,5,6,7,8,9,1\n",
+            &["wide.csv", "9 feature columns", "at most 8"],
+        ),
+    ];
+    for (name, body, want) in cases {
+        let p = dir.join(name);
+        std::fs::write(&p, body).unwrap();
+        let out = dir.join("out.csv");
+        let mut args = vec![
+            "tabular",
+            "impute",
+            "--load",
+            s(&ck),
+            "--table",
+            s(&p),
+            "--out",
+            s(&out),
+        ];
+        if name == "classes.csv" {
+            args.extend(["--categorical", "t"]);
+        }
+        let (ok, text) = megatron(&args);
+        assert!(!ok, "{name} was accepted");
+        assert!(!text.contains("panicked"), "{name}: {text}");
+        for w in want {
+            assert!(text.contains(w), "{name}: want {w:?} in {text}");
+        }
+        assert!(!out.exists(), "{name}: an output was written");
+    }
+    // A directory that is not a tabular checkpoint.
+    let (ok, text) = megatron(&[
+        "tabular",
+        "impute",
+        "--load",
+        s(&dir),
+        "--table",
+        s(&dir.join("ragged.csv")),
+        "--out",
+        s(&dir.join("o.csv")),
+    ]);
+    assert!(!ok && text.contains("manifest"), "{text}");
+}
