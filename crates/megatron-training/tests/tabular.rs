@@ -62,6 +62,29 @@ fn tabular_training_at_tensor_parallel_2_matches_one_rank() {
 }
 
 #[test]
+fn tabular_training_with_rows_split_over_2_context_parallel_ranks_matches_one_rank() {
+    let one = train(&[]);
+    let two = train(&["--nproc-per-node", "2", "--context-parallel-size", "2"]);
+    assert_same_model("CP 2 vs 1", &one, &two, 2e-5);
+}
+
+#[test]
+fn tabular_training_at_tp_2_cp_2_dp_2_matches_one_rank() {
+    let one = train(&[]);
+    let eight = train(&[
+        "--nproc-per-node",
+        "8",
+        "--tensor-model-parallel-size",
+        "2",
+        "--context-parallel-size",
+        "2",
+        "--num-threads",
+        "8",
+    ]);
+    assert_same_model("TP 2 x CP 2 x DP 2 vs 1", &one, &eight, 2e-5);
+}
+
+#[test]
 fn tabular_resume_from_a_checkpoint_continues_exactly() {
     let dir = tmpdir("tabular-resume");
     let save = dir.join("ckpt");

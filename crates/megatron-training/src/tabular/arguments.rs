@@ -53,6 +53,8 @@ pub struct TabularTrainConfig {
     pub model: TabularConfig,
     pub prior: PriorConfig,
     pub tp: usize,
+    /// Context parallelism: each table's rows split over this many ranks.
+    pub cp: usize,
     pub dp: usize,
     pub train_iters: u64,
     /// Tables per optimizer step (`--global-batch-size`).
@@ -79,7 +81,7 @@ pub struct TabularTrainConfig {
 
 impl TabularTrainConfig {
     pub fn world(&self) -> usize {
-        self.tp * self.dp
+        self.tp * self.cp * self.dp
     }
 }
 
@@ -104,16 +106,11 @@ impl TabularArgs {
 /// Checks `a` for `--model tabular` and types it.
 pub fn validate(a: &TrainArgs) -> Result<TabularTrainConfig, TrainError> {
     let t = &a.tabular;
-    let unsupported: [(&str, bool, &str); 9] = [
+    let unsupported: [(&str, bool, &str); 8] = [
         (
             "--pipeline-model-parallel-size",
             a.pipeline_model_parallel_size > 1,
             "above 1 is not supported (the model is small per table; use data parallelism)",
-        ),
-        (
-            "--context-parallel-size",
-            a.context_parallel_size > 1,
-            "above 1 (rows split over ranks) is not built yet for the tabular model",
         ),
         (
             "--expert-model-parallel-size",
@@ -147,11 +144,19 @@ pub fn validate(a: &TrainArgs) -> Result<TabularTrainConfig, TrainError> {
         return Err(refuse(flag, why));
     }
     let tp = a.tensor_model_parallel_size.max(1);
+    let cp = a.context_parallel_size.max(1);
     let world = a.nproc_per_node.max(1);
-    if world % tp != 0 {
+    if world % (tp * cp) != 0 {
         return Err(TrainError::Args(format!(
-            "--nproc-per-node {world} is not a multiple of --tensor-model-parallel-size {tp}"
+            "--nproc-per-node {world} is not a multiple of --tensor-model-parallel-size {tp} x --context-parallel-size {cp}"
         )));
+    }
+    // Each table's padded rows are cut into 2 x CP chunks (rows pad to a multiple of 16).
+    if !ROW_MULTIPLE.is_multiple_of(2 * cp) {
+        return Err(refuse(
+            "--context-parallel-size",
+            &format!("must be 1, 2, 4 or 8 (rows are padded to multiples of {ROW_MULTIPLE} and cut into 2 x CP chunks), got {cp}"),
+        ));
     }
     let heads = a.num_attention_heads;
     if heads == 0 || a.hidden_size % heads != 0 {
@@ -166,11 +171,17 @@ pub fn validate(a: &TrainArgs) -> Result<TabularTrainConfig, TrainError> {
             "--tensor-model-parallel-size {tp} must divide --num-attention-heads {heads} and --ffn-hidden-size {ffn}"
         )));
     }
+    if (heads / tp) % cp != 0 {
+        return Err(TrainError::Args(format!(
+            "--context-parallel-size {cp} must divide the {} attention heads of a tensor-parallel rank (column attention runs on whole columns of a share of the heads)",
+            heads / tp
+        )));
+    }
     let train_iters = a
         .train_iters
         .ok_or_else(|| refuse("--train-iters", "is required"))?;
     let tables_per_step = a.global_batch_size.unwrap_or(16);
-    let dp = world / tp;
+    let dp = world / (tp * cp);
     if tables_per_step == 0 {
         return Err(refuse("--global-batch-size", "must be at least 1"));
     }
@@ -256,6 +267,7 @@ pub fn validate(a: &TrainArgs) -> Result<TabularTrainConfig, TrainError> {
         },
         prior,
         tp,
+        cp,
         dp,
         train_iters,
         tables_per_step,

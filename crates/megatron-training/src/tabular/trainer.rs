@@ -13,12 +13,14 @@ use super::inference::Predictor;
 use crate::logging::MetricsFile;
 use crate::TrainError;
 use megatron_comm::{Communicator, ReduceOp};
+use megatron_core::context_parallel::{CpCommType, CpLayout};
 use megatron_core::models::tabular::{TabularBatch, TabularModel, BINS};
 use megatron_core::optimizer::{clip_grads_by_norm, Adam};
-use megatron_core::tensor_parallel::finalize::grad_norm_tp;
+use megatron_core::tensor_parallel::finalize::{grad_norm_tp, sum_f64};
 use megatron_core::tensor_parallel::{serial_group, Tp};
 use megatron_core::transformer::step::StepContext;
 use megatron_core::Grads;
+use megatron_data::tables::batching::TableBatch;
 use megatron_data::tables::borders::regression_borders;
 use megatron_data::tables::{CsvTable, PriorLoader};
 use megatron_tensor::cpu::TableInputs;
@@ -66,9 +68,8 @@ pub fn pretrain_tabular(cfg: TabularTrainConfig) -> Result<TabularSummary, Train
             .map_err(|e| TrainError::Args(format!("--num-threads {threads}: {e}")))?;
         return pool.install(|| {
             megatron_tensor::threads::set_gemm_threads(threads);
-            let mut tp = serial_group();
-            let mut dp = serial_group();
-            train_rank(&cfg, 0, &mut tp, &mut dp)
+            let (mut tp, mut cp, mut dp) = (serial_group(), serial_group(), serial_group());
+            train_rank(&cfg, 0, &mut tp, &mut cp, &mut dp)
         });
     }
     let per_rank = (threads / n).max(1);
@@ -79,9 +80,11 @@ pub fn pretrain_tabular(cfg: TabularTrainConfig) -> Result<TabularSummary, Train
         grace,
         move |rank, comm| -> Result<TabularSummary, TrainError> {
             megatron_tensor::alloc::set_rank(rank);
-            // Megatron's order: tensor-parallel ranks adjacent.
-            let mut tp = comm.split_named(rank / cfg.tp, rank % cfg.tp, "tp")?;
-            let mut dp = comm.split_named(rank % cfg.tp, rank / cfg.tp, "dp")?;
+            // Megatron's order: tensor-parallel ranks adjacent, then context, then data.
+            let (t, c) = (cfg.tp, cfg.cp);
+            let mut tp = comm.split_named(rank / t, rank % t, "tp")?;
+            let mut cp = comm.split_named(rank % t + t * (rank / (t * c)), (rank / t) % c, "cp")?;
+            let mut dp = comm.split_named(rank % (t * c), rank / (t * c), "dp")?;
             let pool = rayon::ThreadPoolBuilder::new()
                 .num_threads(per_rank)
                 .start_handler(move |_| megatron_tensor::alloc::set_rank(rank))
@@ -92,7 +95,7 @@ pub fn pretrain_tabular(cfg: TabularTrainConfig) -> Result<TabularSummary, Train
                 })?;
             pool.install(|| {
                 megatron_tensor::threads::set_gemm_threads(per_rank);
-                train_rank(&cfg, rank, tp.as_mut(), dp.as_mut())
+                train_rank(&cfg, rank, tp.as_mut(), cp.as_mut(), dp.as_mut())
             })
         },
     );
@@ -149,6 +152,7 @@ fn train_rank(
     cfg: &TabularTrainConfig,
     world_rank: usize,
     tp_comm: &mut dyn Communicator,
+    cp_comm: &mut dyn Communicator,
     dp: &mut dyn Communicator,
 ) -> Result<TabularSummary, TrainError> {
     let lead = world_rank == 0;
@@ -236,21 +240,14 @@ fn train_rank(
         grads.data.fill(0.0);
         let mut loss = 0.0f64;
         let ctx = StepContext::train(cfg.seed, iteration, first);
+        let cp = CpLayout {
+            rank: cp_comm.rank(),
+            size: cp_comm.size(),
+        };
         for m in micro.iter().skip(dp_rank).step_by(cfg.dp) {
-            let b = &m.batch;
+            let b = RowShare::of(&m.batch, cp);
             let batch = TabularBatch {
-                inputs: TableInputs {
-                    b: b.b,
-                    rows: b.rows,
-                    cols: b.cols,
-                    values: &b.values,
-                    missing: &b.missing,
-                    row_valid: &b.row_valid,
-                    col_valid: &b.col_valid,
-                    targets: &b.targets,
-                    context_rows: &b.context_rows,
-                    classes: &b.classes,
-                },
+                inputs: b.inputs(&m.batch),
                 real_rows: &m.real_rows,
                 real_cols: &m.real_cols,
                 ids: RngKey::new(cfg.seed)
@@ -262,15 +259,18 @@ fn train_rank(
                 hidden: &m.hidden,
                 reconstruction_weight: cfg.reconstruction_weight,
             };
-            let mut tp = Tp::new(tp_comm, false);
+            let mut tp = Tp::new(tp_comm, false).with_context_parallel(cp_comm, CpCommType::A2a);
             loss += model.forward_backward(&params, Some(&mut grads), &mut tp, &batch, &ctx)?;
+        }
+        // Context-parallel ranks hold parts of the same tables: their shares add up.
+        if cfg.cp > 1 {
+            cp_comm.all_reduce(&mut grads.data, ReduceOp::Sum)?;
+            loss = sum_f64(cp_comm, loss)?;
         }
         // Each rank's loss and gradients are its share of a mean over the step's tables.
         if cfg.dp > 1 {
             dp.all_reduce(&mut grads.data, ReduceOp::Sum)?;
-            let mut l = [loss as f32];
-            dp.all_reduce(&mut l, ReduceOp::Sum)?;
-            loss = l[0] as f64;
+            loss = sum_f64(dp, loss)?;
         }
         let grad_norm = {
             let mut tp = Tp::new(tp_comm, false);
@@ -370,6 +370,7 @@ fn train_rank(
             }
             // Nobody runs ahead of a checkpoint that is not yet in place.
             dp.barrier()?;
+            cp_comm.barrier()?;
             tp_comm.barrier()?;
         }
     }
@@ -385,6 +386,54 @@ fn train_rank(
             .collect();
     }
     Ok(summary)
+}
+
+/// This context-parallel rank's rows of a micro-batch (chunks `r` and `2C-1-r` of each
+/// table's padded rows; everything per table or per column as it is).
+struct RowShare {
+    rows: usize,
+    values: Vec<f32>,
+    missing: Vec<f32>,
+    row_valid: Vec<f32>,
+    targets: Vec<f32>,
+}
+
+impl RowShare {
+    fn of(b: &TableBatch, cp: CpLayout) -> Self {
+        let cells = |x: &[f32]| cp.batch_on_this_rank(x, b.b, b.rows * b.cols);
+        let rows = |x: &[f32]| cp.batch_on_this_rank(x, b.b, b.rows);
+        if cp.size == 1 {
+            return RowShare {
+                rows: b.rows,
+                values: b.values.clone(),
+                missing: b.missing.clone(),
+                row_valid: b.row_valid.clone(),
+                targets: b.targets.clone(),
+            };
+        }
+        RowShare {
+            rows: b.rows / cp.size,
+            values: cells(&b.values),
+            missing: cells(&b.missing),
+            row_valid: rows(&b.row_valid),
+            targets: rows(&b.targets),
+        }
+    }
+
+    fn inputs<'a>(&'a self, b: &'a TableBatch) -> TableInputs<'a> {
+        TableInputs {
+            b: b.b,
+            rows: self.rows,
+            cols: b.cols,
+            values: &self.values,
+            missing: &self.missing,
+            row_valid: &self.row_valid,
+            col_valid: &b.col_valid,
+            targets: &self.targets,
+            context_rows: &b.context_rows,
+            classes: &b.classes,
+        }
+    }
 }
 
 fn whole_model(

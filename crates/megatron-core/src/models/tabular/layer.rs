@@ -9,6 +9,7 @@
 //! The projections are Megatron's column- and row-parallel linears: heads split over tensor
 //! parallelism as in a GPT layer.
 
+use crate::context_parallel::{heads_to_sequence, sequence_to_heads, CpLayout};
 use crate::params::Sharding;
 use crate::params::{Grads, Init, Params};
 use crate::tensor_parallel::{ColumnParallelLinear, RowParallelLinear, Tp};
@@ -48,12 +49,6 @@ pub struct TableShape<'a> {
     pub context_rows: &'a [usize],
 }
 
-impl TableShape<'_> {
-    fn cells(&self) -> usize {
-        self.b * self.rows * self.cols
-    }
-}
-
 pub struct TabularLayer {
     pub row_attention: AttentionBranch,
     pub column_attention: AttentionBranch,
@@ -76,9 +71,12 @@ pub struct AttentionBranch {
 pub struct AttentionSaved {
     norm: LayerNormSaved,
     normed: Tensor,
-    /// Fused QKV and output in the branch's sequence layout, and the log-sum-exp.
+    /// Fused QKV and output in the branch's sequence layout, and the log-sum-exp (QKV and the
+    /// log-sum-exp as the kernel saw them: whole columns of a share of the heads under
+    /// context parallelism, whose output is then `out_heads`).
     qkv: Tensor,
     out: Tensor,
+    out_heads: Option<Tensor>,
     lse: Tensor,
 }
 
@@ -200,6 +198,46 @@ impl AttentionBranch {
         }
     }
 
+    /// Whether this branch runs on whole columns of a share of the heads: column attention
+    /// with the rows split over context-parallel ranks (each rank holds two of the `2C` row
+    /// chunks, as for a GPT's tokens). Rows attend to the context rows of the whole column, so
+    /// an all-to-all turns this rank's rows of every head into every row of its heads and back
+    /// (Ulysses); row attention and the MLP never look past their own row.
+    fn splits_heads(&self, tp: &Tp) -> Option<CpLayout> {
+        let cp = tp.cp_layout();
+        (self.axis == Axis::Column && cp.size > 1).then_some(cp)
+    }
+
+    /// `x` (this rank's rows of every sequence, all its heads) to whole sequences of its share
+    /// of the heads, when [`Self::splits_heads`]; else as it is.
+    fn to_heads(&self, tp: &mut Tp, x: Tensor, seqs: usize) -> Result<Tensor, CommError> {
+        match (self.splits_heads(tp), tp.cp()) {
+            (Some(cp), Some(c)) => sequence_to_heads(&x, seqs, cp, c),
+            _ => Ok(x),
+        }
+    }
+
+    /// The inverse of [`Self::to_heads`].
+    fn from_heads(&self, tp: &mut Tp, x: Tensor, seqs: usize) -> Result<Tensor, CommError> {
+        match (self.splits_heads(tp), tp.cp()) {
+            (Some(cp), Some(c)) => heads_to_sequence(&x, seqs, cp, c),
+            _ => Ok(x),
+        }
+    }
+
+    /// [`Self::sequences`] as the attention kernel sees them (whole columns, a share of the
+    /// heads, under [`Self::splits_heads`]).
+    fn kernel_sequences(&self, tp: &Tp, s: &TableShape) -> (Vec<usize>, AttentionDims) {
+        let (keys, mut d) = self.sequences(s);
+        if let Some(cp) = self.splits_heads(tp) {
+            d.t *= cp.size;
+            d.heads /= cp.size;
+            d.groups /= cp.size;
+            d.rng_heads = (0, d.heads);
+        }
+        (keys, d)
+    }
+
     fn forward(
         &self,
         params: &Params,
@@ -209,8 +247,9 @@ impl AttentionBranch {
     ) -> Result<(Tensor, AttentionSaved), CommError> {
         let (normed, norm) = self.norm.forward(params, x);
         let qkv = self.to_sequences(self.linear_qkv.forward(params, tp, &normed)?, s);
-        let (keys, d) = self.sequences(s);
-        let mut out = Tensor::for_overwrite(&[s.cells(), self.heads_local * self.head_dim]);
+        let (keys, d) = self.kernel_sequences(tp, s);
+        let qkv = self.to_heads(tp, qkv, d.b)?;
+        let mut out = Tensor::for_overwrite(&[d.b * d.t, d.heads * d.head_dim]);
         let mut lse = Tensor::for_overwrite(&[d.b * d.heads * d.t]);
         attention_forward(
             out.data_mut(),
@@ -220,6 +259,10 @@ impl AttentionBranch {
             d,
             RngKey::new(0),
         );
+        let (out, out_heads) = match self.splits_heads(tp) {
+            Some(_) => (self.from_heads(tp, out.clone(), d.b)?, Some(out)),
+            None => (out, None),
+        };
         let y = self
             .linear_proj
             .forward(params, tp, &self.to_cells(&out, s))?;
@@ -230,6 +273,7 @@ impl AttentionBranch {
                 normed,
                 qkv,
                 out,
+                out_heads,
                 lse,
             },
         ))
@@ -250,19 +294,20 @@ impl AttentionBranch {
             .linear_proj
             .backward(params, grads, tp, &out_cells, dy)?;
         drop(out_cells);
-        let dout = self.to_sequences(dout, s);
-        let (keys, d) = self.sequences(s);
+        let (keys, d) = self.kernel_sequences(tp, s);
+        let dout = self.to_heads(tp, self.to_sequences(dout, s), d.b)?;
         let mut dqkv = Tensor::zeros(saved.qkv.shape());
         attention_backward(
             dqkv.data_mut(),
             dout.data(),
-            saved.out.data(),
+            saved.out_heads.as_ref().unwrap_or(&saved.out).data(),
             saved.lse.data(),
             saved.qkv.data(),
             AttentionMask::key_lens(&keys),
             d,
             RngKey::new(0),
         );
+        let dqkv = self.from_heads(tp, dqkv, d.b)?;
         let dqkv = match self.to_cells(&dqkv, s) {
             Cow::Borrowed(_) => dqkv,
             Cow::Owned(t) => t,

@@ -10,7 +10,10 @@ use crate::tensor_parallel::Tp;
 use crate::transformer::step::StepContext;
 use megatron_comm::CommError;
 use megatron_tensor::cpu::table_features::FEATURES;
-use megatron_tensor::cpu::{table_features, TableInputs, TableStats};
+use megatron_tensor::cpu::{
+    context_mean_sd, context_means, table_context_partials, table_features,
+    table_features_with_stats, TableInputs, TableStats,
+};
 use megatron_tensor::{RngKey, Tensor};
 
 pub struct TabularModel {
@@ -109,11 +112,40 @@ impl TabularModel {
         let mut features = Tensor::for_overwrite(&[cells, FEATURES]);
         let mut stats = vec![(0.0f32, 1.0f32); t.b];
         let mut columns = vec![(0.0f32, 1.0f32); t.b * t.cols];
-        let s = TableStats {
-            target: &mut stats,
-            columns: &mut columns,
-        };
-        table_features(features.data_mut(), s, t, batch.ids);
+        let cp = tp.cp_layout();
+        let positions = cp.positions(t.rows);
+        match tp.cp() {
+            None => {
+                let s = TableStats {
+                    target: &mut stats,
+                    columns: &mut columns,
+                };
+                table_features(features.data_mut(), s, t, batch.ids);
+            }
+            Some(comm) => {
+                // Rows split over ranks: the context statistics are sums over every rank's rows.
+                let mut sums = table_context_partials(t, &positions, None);
+                sum_f64s(comm, &mut sums)?;
+                let means = context_means(&sums);
+                let mut squares = table_context_partials(t, &positions, Some(&means));
+                sum_f64s(comm, &mut squares)?;
+                for (tb, row) in context_mean_sd(&means, &squares)
+                    .chunks_exact(width)
+                    .enumerate()
+                {
+                    stats[tb] = row[0];
+                    columns[tb * t.cols..(tb + 1) * t.cols].copy_from_slice(&row[1..]);
+                }
+                table_features_with_stats(
+                    features.data_mut(),
+                    &stats,
+                    &columns,
+                    t,
+                    &positions,
+                    batch.ids,
+                );
+            }
+        }
         let valid_cols: Vec<usize> = batch.real_cols.iter().map(|c| c + 1).collect();
         let shape = TableShape {
             b: t.b,
@@ -135,6 +167,7 @@ impl TabularModel {
             stats,
             columns,
             valid_cols,
+            positions,
         };
         Ok((x, inputs))
     }
@@ -151,7 +184,7 @@ impl TabularModel {
         let mut saved = Vec::new();
         let keep = grads.is_some().then_some(&mut saved);
         let (x, enc) = self.run(params, tp, batch, ctx, keep)?;
-        let rows = HeadTargets::of(batch, &enc.stats, &enc.columns);
+        let rows = HeadTargets::of(batch, &enc);
         let Some(grads) = grads else {
             return Ok(rows.loss(&self.head, params, &x, None));
         };
@@ -173,6 +206,22 @@ impl TabularModel {
     }
 }
 
+/// Sums f64s over a group whose collectives carry f32: each value travels as two f32 halves.
+fn sum_f64s(comm: &mut dyn megatron_comm::Communicator, x: &mut [f64]) -> Result<(), CommError> {
+    let mut v: Vec<f32> = x
+        .iter()
+        .flat_map(|&x| {
+            let hi = x as f32;
+            [hi, (x - hi as f64) as f32]
+        })
+        .collect();
+    comm.all_reduce(&mut v, megatron_comm::ReduceOp::Sum)?;
+    for (x, p) in x.iter_mut().zip(v.chunks_exact(2)) {
+        *x = p[0] as f64 + p[1] as f64;
+    }
+    Ok(())
+}
+
 /// What [`TabularModel::encode`] returns.
 pub struct Encoded {
     /// `[b * rows * (1 + cols), emb]`, the target column first in each row.
@@ -189,6 +238,8 @@ struct Inputs {
     stats: Vec<(f32, f32)>,
     columns: Vec<(f32, f32)>,
     valid_cols: Vec<usize>,
+    /// Each local row's row in its table (rows split over context-parallel ranks).
+    positions: Vec<usize>,
 }
 
 /// Cells the head reads for one task, with their targets, classes and loss weights.
@@ -227,8 +278,15 @@ struct HeadTargets {
 }
 
 impl HeadTargets {
-    fn of(batch: &TabularBatch, stats: &[(f32, f32)], columns: &[(f32, f32)]) -> Self {
+    /// `batch.hidden` names rows of the whole tables; those of this rank's rows are read.
+    fn of(batch: &TabularBatch, enc: &Inputs) -> Self {
+        let (stats, columns) = (&enc.stats, &enc.columns);
         let t = batch.inputs;
+        let whole_rows = enc.positions.iter().max().map_or(0, |m| m + 1);
+        let mut local_of = vec![None; whole_rows];
+        for (q, &r) in enc.positions.iter().enumerate() {
+            local_of[r] = Some(q);
+        }
         let width = t.cols + 1;
         let mut q = HeadTargets {
             class: TaskRows::default(),
@@ -240,9 +298,12 @@ impl HeadTargets {
             hidden_per_table[h.table] += 1;
         }
         for h in batch.hidden {
+            let Some(row) = local_of.get(h.row).copied().flatten() else {
+                continue;
+            };
             let (mean, sd) = columns[h.table * t.cols + h.col];
             q.cells.push(
-                (h.table * t.rows + h.row) * width + 1 + h.col,
+                (h.table * t.rows + row) * width + 1 + h.col,
                 bin_of((h.value - mean) / sd, batch.borders),
                 0,
                 batch.reconstruction_weight
@@ -252,7 +313,8 @@ impl HeadTargets {
         for (tb, &(mean, sd)) in stats.iter().enumerate() {
             let (ctx, real) = (t.context_rows[tb], batch.real_rows[tb]);
             let w = 1.0 / ((real - ctx).max(1) * batch.step_tables) as f32;
-            for r in ctx..real {
+            let queries = (0..t.rows).filter(|&q| (ctx..real).contains(&enc.positions[q]));
+            for r in queries {
                 let cell = (tb * t.rows + r) * width;
                 let y = t.targets[tb * t.rows + r];
                 match t.classes[tb] {

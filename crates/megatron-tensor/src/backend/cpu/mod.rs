@@ -61,7 +61,10 @@ pub use reduce::{global_norm_squared, scale_inplace};
 pub use rmsnorm::{rmsnorm_backward, rmsnorm_forward, RMSNormDims};
 pub use rope::{rope_backward, rope_forward, RopeDims, RopeScaling, RopeStyle, RopeTable};
 pub use swiglu::{swiglu_backward, swiglu_forward};
-pub use table_features::{table_features, TableInputs, TableStats};
+pub use table_features::{
+    context_mean_sd, context_means, table_context_partials, table_features,
+    table_features_with_stats, TableInputs, TableStats,
+};
 pub use table_layout::{swap_rows_cols, TableDims};
 
 /// Rows per parallel task for row-wise elementwise kernels: big enough to amortize scheduling,

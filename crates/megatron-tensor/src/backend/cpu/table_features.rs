@@ -78,14 +78,113 @@ pub struct TableStats<'a> {
 pub fn table_features(out: &mut [f32], stats: TableStats, t: TableInputs, ids: RngKey) {
     let (target_stats, columns) = (stats.target, stats.columns);
     let (rows, cols) = (t.rows, t.cols);
-    let width = 1 + cols;
-    assert_eq!(out.len(), t.b * rows * width * FEATURES);
     assert_eq!(target_stats.len(), t.b);
     assert_eq!(columns.len(), t.b * cols);
     columns.fill((0.0, 1.0));
-    out.fill(0.0);
     for (tb, tstat) in target_stats.iter_mut().enumerate() {
         let ctx = t.context_rows[tb].min(rows);
+        let cell = |r: usize, c: usize| (tb * rows + r) * cols + c;
+        for c in 0..cols {
+            if t.col_valid[tb * cols + c] == 0.0 {
+                continue;
+            }
+            let present = |r: usize| t.missing[cell(r, c)] == 0.0;
+            columns[tb * cols + c] = context_stats(ctx, |r| t.values[cell(r, c)], present);
+        }
+        let y = |r: usize| t.targets[tb * rows + r];
+        *tstat = if t.classes[tb] == 0 {
+            context_stats(ctx, y, |_| true)
+        } else {
+            (0.0, 1.0)
+        };
+    }
+    let positions: Vec<usize> = (0..rows).collect();
+    table_features_with_stats(out, target_stats, columns, t, &positions, ids);
+}
+
+/// Per table, the target's and then each column's `(sum, count)` over the context rows this
+/// rank holds (`positions`: each local row's row in the whole table) or, given `centre` (per
+/// table the target's and each column's mean, laid out the same way), `(sum of squared
+/// deviations, count)`. With rows split over ranks (context parallelism) the ranks add these
+/// up to get the statistics [`table_features`] computes on one rank.
+pub fn table_context_partials(
+    t: TableInputs,
+    positions: &[usize],
+    centre: Option<&[f64]>,
+) -> Vec<f64> {
+    let (rows, cols) = (t.rows, t.cols);
+    let width = 1 + cols;
+    let mut out = vec![0.0f64; t.b * width * 2];
+    for tb in 0..t.b {
+        let ctx = t.context_rows[tb];
+        let local = (0..rows).filter(|&r| positions[r] < ctx && t.row_valid[tb * rows + r] > 0.0);
+        for r in local {
+            for c in 0..width {
+                let v = if c == 0 {
+                    if t.classes[tb] != 0 {
+                        continue;
+                    }
+                    t.targets[tb * rows + r]
+                } else {
+                    let at = (tb * rows + r) * cols + c - 1;
+                    if t.col_valid[tb * cols + c - 1] == 0.0 || t.missing[at] != 0.0 {
+                        continue;
+                    }
+                    t.values[at]
+                } as f64;
+                let slot = (tb * width + c) * 2;
+                out[slot] += match centre {
+                    None => v,
+                    Some(m) => (v - m[tb * width + c]).powi(2),
+                };
+                out[slot + 1] += 1.0;
+            }
+        }
+    }
+    out
+}
+
+/// Means from summed [`table_context_partials`] (0 with fewer than two values).
+pub fn context_means(sums: &[f64]) -> Vec<f64> {
+    sums.chunks_exact(2)
+        .map(|p| if p[1] < 2.0 { 0.0 } else { p[0] / p[1] })
+        .collect()
+}
+
+/// `(mean, sd)` per entry from the means and summed squared deviations, as [`table_features`]
+/// computes them ((0, 1) with fewer than two values or no spread).
+pub fn context_mean_sd(means: &[f64], squares: &[f64]) -> Vec<(f32, f32)> {
+    means
+        .iter()
+        .zip(squares.chunks_exact(2))
+        .map(|(&m, p)| {
+            if p[1] < 2.0 {
+                return (0.0, 1.0);
+            }
+            let sd = (p[0] / p[1]).sqrt();
+            (m as f32, if sd > 1e-6 { sd as f32 } else { 1.0 })
+        })
+        .collect()
+}
+
+/// [`table_features`] with the statistics given (`target_stats` per table, `columns`
+/// `[b, cols]`) for rows at `positions` of their tables (rows at or past a table's context
+/// rows are queries).
+pub fn table_features_with_stats(
+    out: &mut [f32],
+    target_stats: &[(f32, f32)],
+    columns: &[(f32, f32)],
+    t: TableInputs,
+    positions: &[usize],
+    ids: RngKey,
+) {
+    let (rows, cols) = (t.rows, t.cols);
+    let width = 1 + cols;
+    assert_eq!(out.len(), t.b * rows * width * FEATURES);
+    assert_eq!(positions.len(), rows);
+    out.fill(0.0);
+    for (tb, &(tmean, tsd)) in target_stats.iter().enumerate() {
+        let ctx = t.context_rows[tb];
         let cell = |r: usize, c: usize| (tb * rows + r) * cols + c;
         let real_row = |r: usize| t.row_valid[tb * rows + r] > 0.0;
         let base = |r: usize, c: usize| ((tb * rows + r) * width + c) * FEATURES;
@@ -95,8 +194,7 @@ pub fn table_features(out: &mut [f32], stats: TableStats, t: TableInputs, ids: R
                 continue;
             }
             let present = |r: usize| t.missing[cell(r, c)] == 0.0;
-            let (mean, sd) = context_stats(ctx, |r| t.values[cell(r, c)], present);
-            columns[tb * cols + c] = (mean, sd);
+            let (mean, sd) = columns[tb * cols + c];
             let key = ids.fold(tb as u64).fold(c as u64);
             for r in (0..rows).filter(|&r| real_row(r)) {
                 let o = &mut out[base(r, 1 + c)..base(r, 1 + c) + FEATURES];
@@ -113,18 +211,12 @@ pub fn table_features(out: &mut [f32], stats: TableStats, t: TableInputs, ids: R
         // The target column.
         let y = |r: usize| t.targets[tb * rows + r];
         let k = t.classes[tb] as usize;
-        *tstat = if k == 0 {
-            context_stats(ctx, y, |_| true)
-        } else {
-            (0.0, 1.0)
-        };
-        let (mean, sd) = *tstat;
         for r in (0..rows).filter(|&r| real_row(r)) {
             let o = &mut out[base(r, 0)..base(r, 0) + FEATURES];
-            if r >= ctx {
+            if positions[r] >= ctx {
                 o[UNKNOWN] = 1.0;
             } else if k == 0 {
-                o[TARGET_Z] = ((y(r) - mean) / sd).clamp(-CLIP, CLIP);
+                o[TARGET_Z] = ((y(r) - tmean) / tsd).clamp(-CLIP, CLIP);
             } else {
                 o[CLASSES + (y(r) as usize).min(MAX_CLASSES - 1)] = 1.0;
             }
