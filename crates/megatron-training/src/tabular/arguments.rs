@@ -146,7 +146,7 @@ pub fn validate(a: &TrainArgs) -> Result<TabularTrainConfig, TrainError> {
     let tp = a.tensor_model_parallel_size.max(1);
     let cp = a.context_parallel_size.max(1);
     let world = a.nproc_per_node.max(1);
-    if world % (tp * cp) != 0 {
+    if !world.is_multiple_of(tp * cp) {
         return Err(TrainError::Args(format!(
             "--nproc-per-node {world} is not a multiple of --tensor-model-parallel-size {tp} x --context-parallel-size {cp}"
         )));
@@ -159,19 +159,19 @@ pub fn validate(a: &TrainArgs) -> Result<TabularTrainConfig, TrainError> {
         ));
     }
     let heads = a.num_attention_heads;
-    if heads == 0 || a.hidden_size % heads != 0 {
+    if heads == 0 || !a.hidden_size.is_multiple_of(heads) {
         return Err(TrainError::Args(format!(
             "--hidden-size {} must be a multiple of --num-attention-heads {heads}",
             a.hidden_size
         )));
     }
     let ffn = a.ffn_hidden_size.unwrap_or(4 * a.hidden_size);
-    if heads % tp != 0 || ffn % tp != 0 {
+    if !heads.is_multiple_of(tp) || !ffn.is_multiple_of(tp) {
         return Err(TrainError::Args(format!(
             "--tensor-model-parallel-size {tp} must divide --num-attention-heads {heads} and --ffn-hidden-size {ffn}"
         )));
     }
-    if (heads / tp) % cp != 0 {
+    if !(heads / tp).is_multiple_of(cp) {
         return Err(TrainError::Args(format!(
             "--context-parallel-size {cp} must divide the {} attention heads of a tensor-parallel rank (column attention runs on whole columns of a share of the heads)",
             heads / tp

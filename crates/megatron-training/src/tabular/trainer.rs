@@ -251,7 +251,7 @@ fn train_rank(
                 real_rows: &m.real_rows,
                 real_cols: &m.real_cols,
                 ids: RngKey::new(cfg.seed)
-                    .fold(0x6964_73)
+                    .fold(0x0069_6473)
                     .fold(iteration)
                     .fold(m.index as u64),
                 borders: &borders,
@@ -292,7 +292,7 @@ fn train_rank(
         adam.step(&mut params, &grads, lr as f32, cfg.weight_decay);
         scheduler.step(per);
         summary.losses.push((iteration, loss));
-        if iteration % cfg.log_interval == 0 || iteration == cfg.train_iters {
+        if iteration.is_multiple_of(cfg.log_interval) || iteration == cfg.train_iters {
             let secs = window_start.elapsed().as_secs_f64().max(1e-9);
             let line = IterationLine {
                 iteration,
@@ -322,7 +322,7 @@ fn train_rank(
         }
         let eval_now = cfg.eval_interval > 0
             && !evals.is_empty()
-            && (iteration % cfg.eval_interval == 0 || iteration == cfg.train_iters);
+            && (iteration.is_multiple_of(cfg.eval_interval) || iteration == cfg.train_iters);
         if eval_now {
             let whole = whole_model(&params, tp_comm)?;
             if lead {
@@ -340,7 +340,7 @@ fn train_rank(
             && (iteration == cfg.train_iters
                 || cfg
                     .save_interval
-                    .is_some_and(|s| s > 0 && iteration % s == 0));
+                    .is_some_and(|s| s > 0 && iteration.is_multiple_of(s)));
         if save_now {
             let dir = cfg.save.as_ref().expect("checked");
             let meta = TabularCheckpointMeta {

@@ -210,15 +210,15 @@ impl AttentionBranch {
 
     /// `x` (this rank's rows of every sequence, all its heads) to whole sequences of its share
     /// of the heads, when [`Self::splits_heads`]; else as it is.
-    fn to_heads(&self, tp: &mut Tp, x: Tensor, seqs: usize) -> Result<Tensor, CommError> {
+    fn rows_to_heads(&self, tp: &mut Tp, x: Tensor, seqs: usize) -> Result<Tensor, CommError> {
         match (self.splits_heads(tp), tp.cp()) {
             (Some(cp), Some(c)) => sequence_to_heads(&x, seqs, cp, c),
             _ => Ok(x),
         }
     }
 
-    /// The inverse of [`Self::to_heads`].
-    fn from_heads(&self, tp: &mut Tp, x: Tensor, seqs: usize) -> Result<Tensor, CommError> {
+    /// The inverse of [`Self::rows_to_heads`].
+    fn heads_to_rows(&self, tp: &mut Tp, x: Tensor, seqs: usize) -> Result<Tensor, CommError> {
         match (self.splits_heads(tp), tp.cp()) {
             (Some(cp), Some(c)) => heads_to_sequence(&x, seqs, cp, c),
             _ => Ok(x),
@@ -248,7 +248,7 @@ impl AttentionBranch {
         let (normed, norm) = self.norm.forward(params, x);
         let qkv = self.to_sequences(self.linear_qkv.forward(params, tp, &normed)?, s);
         let (keys, d) = self.kernel_sequences(tp, s);
-        let qkv = self.to_heads(tp, qkv, d.b)?;
+        let qkv = self.rows_to_heads(tp, qkv, d.b)?;
         let mut out = Tensor::for_overwrite(&[d.b * d.t, d.heads * d.head_dim]);
         let mut lse = Tensor::for_overwrite(&[d.b * d.heads * d.t]);
         attention_forward(
@@ -260,7 +260,7 @@ impl AttentionBranch {
             RngKey::new(0),
         );
         let (out, out_heads) = match self.splits_heads(tp) {
-            Some(_) => (self.from_heads(tp, out.clone(), d.b)?, Some(out)),
+            Some(_) => (self.heads_to_rows(tp, out.clone(), d.b)?, Some(out)),
             None => (out, None),
         };
         let y = self
@@ -295,7 +295,7 @@ impl AttentionBranch {
             .backward(params, grads, tp, &out_cells, dy)?;
         drop(out_cells);
         let (keys, d) = self.kernel_sequences(tp, s);
-        let dout = self.to_heads(tp, self.to_sequences(dout, s), d.b)?;
+        let dout = self.rows_to_heads(tp, self.to_sequences(dout, s), d.b)?;
         let mut dqkv = Tensor::zeros(saved.qkv.shape());
         attention_backward(
             dqkv.data_mut(),
@@ -307,7 +307,7 @@ impl AttentionBranch {
             d,
             RngKey::new(0),
         );
-        let dqkv = self.from_heads(tp, dqkv, d.b)?;
+        let dqkv = self.heads_to_rows(tp, dqkv, d.b)?;
         let dqkv = match self.to_cells(&dqkv, s) {
             Cow::Borrowed(_) => dqkv,
             Cow::Owned(t) => t,
