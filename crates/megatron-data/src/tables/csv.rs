@@ -51,12 +51,27 @@ impl CsvTable {
             line,
             msg,
         };
+        let bytes = std::fs::read(path).map_err(|e| err(None, format!("cannot open: {e}")))?;
+        // The csv crate does not count the blank lines it skips: lines come from byte offsets.
+        let newlines: Vec<usize> = bytes
+            .iter()
+            .enumerate()
+            .filter(|(_, &b)| b == b'\n')
+            .map(|(i, _)| i)
+            .collect();
+        // A record's position is where the reader started on it, before any blank lines.
+        let line_at = |byte: u64| {
+            let mut b = byte as usize;
+            while b < bytes.len() && matches!(bytes[b], b'\n' | b'\r') {
+                b += 1;
+            }
+            1 + newlines.partition_point(|&n| n < b) as u64
+        };
         let mut reader = csv::ReaderBuilder::new()
             .has_headers(true)
             .flexible(true)
             .trim(csv::Trim::All)
-            .from_path(path)
-            .map_err(|e| err(None, format!("cannot open: {e}")))?;
+            .from_reader(bytes.as_slice());
         let header: Vec<String> = reader
             .headers()
             .map_err(|e| err(Some(1), e.to_string()))?
@@ -75,10 +90,10 @@ impl CsvTable {
         let (mut records, mut lines) = (Vec::new(), Vec::new());
         for rec in reader.records() {
             let rec = rec.map_err(|e| {
-                let line = e.position().map(|p| p.line());
+                let line = e.position().map(|p| line_at(p.byte()));
                 err(line, e.to_string())
             })?;
-            let line = rec.position().map_or(0, |p| p.line());
+            let line = rec.position().map_or(0, |p| line_at(p.byte()));
             if rec.len() == 1 && rec.get(0) == Some("") {
                 continue; // a blank line
             }
