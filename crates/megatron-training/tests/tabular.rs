@@ -140,3 +140,98 @@ fn tabular_flags_it_cannot_honour_are_refused_by_name() {
         assert!(err.contains(named), "{flags:?}: {err}");
     }
 }
+
+/// The predictor reads the model as training scores it: on a prior table, minus the mean log
+/// probability it gives the query rows' classes equals the training loss of that table (with
+/// the same column identities and nothing hidden).
+#[test]
+fn predicted_probabilities_match_the_training_loss() {
+    use megatron_core::models::tabular::{TabularBatch, TabularConfig, TabularModel, BINS};
+    use megatron_core::tensor_parallel::{serial_group, Tp};
+    use megatron_core::transformer::step::StepContext;
+    use megatron_data::tables::batching::collate;
+    use megatron_data::tables::{sample_table, PriorConfig, Target};
+    use megatron_tensor::cpu::TableInputs;
+    use megatron_tensor::RngKey;
+    use megatron_training::tabular::inference::{InferenceTable, Predictor};
+
+    let cfg = TabularConfig {
+        emb: 16,
+        heads: 4,
+        ffn: 32,
+        layers: 2,
+        init_std: 0.2,
+        eps: 1e-5,
+    };
+    let (model, params) = TabularModel::new(cfg, 3, 0, 1);
+    let prior = PriorConfig {
+        max_context_rows: 40,
+        max_query_rows: 12,
+        max_features: 5,
+        regression_share: 0.0,
+        ..PriorConfig::default()
+    };
+    let borders: Vec<f32> = (0..BINS - 1).map(|i| i as f32 * 0.2 - 3.0).collect();
+    let mut checked = 0;
+    for index in 0..8 {
+        let t = sample_table(&prior, 9, index);
+        let Target::Classes { k, labels } = &t.target else {
+            continue;
+        };
+        let seed = 77;
+        let b = collate(&[&t]);
+        let batch = TabularBatch {
+            inputs: TableInputs {
+                b: 1,
+                rows: b.rows,
+                cols: b.cols,
+                values: &b.values,
+                missing: &b.missing,
+                row_valid: &b.row_valid,
+                col_valid: &b.col_valid,
+                targets: &b.targets,
+                context_rows: &b.context_rows,
+                classes: &b.classes,
+            },
+            real_rows: &[t.rows],
+            real_cols: &[t.cols],
+            ids: RngKey::new(seed).fold(0),
+            borders: &borders,
+            step_tables: 1,
+            hidden: &[],
+            reconstruction_weight: 0.0,
+        };
+        let mut g = serial_group();
+        let mut tp = Tp::new(&mut g, false);
+        let loss = model
+            .forward_backward(&params, None, &mut tp, &batch, &StepContext::eval())
+            .unwrap();
+        let table = InferenceTable {
+            rows: t.rows,
+            cols: t.cols,
+            context_rows: t.context_rows,
+            values: t.values.clone(),
+            targets: labels.iter().map(|&l| l as f32).collect(),
+            classes: *k,
+        };
+        let p = Predictor {
+            model: &model,
+            params: &params,
+            borders: &borders,
+        };
+        let r = p.read(&table, &[], 1, seed).unwrap();
+        let nll: f64 = r
+            .queries
+            .iter()
+            .zip(&labels[t.context_rows..])
+            .map(|(p, &l)| -(p[l as usize] as f64).ln())
+            .sum::<f64>()
+            / (t.rows - t.context_rows) as f64;
+        assert!(
+            (nll - loss).abs() < 1e-4 * loss.max(1.0),
+            "table {index}: predictor {nll} vs training loss {loss}"
+        );
+        checked += 1;
+    }
+    assert!(checked >= 3, "only {checked} classification tables drawn");
+}
