@@ -235,3 +235,38 @@ fn predicted_probabilities_match_the_training_loss() {
     }
     assert!(checked >= 3, "only {checked} classification tables drawn");
 }
+
+/// `--tabular-eval-data`: each real table's metrics at every evaluation, classes or values,
+/// also when the prior draws no regression tables (the bins still exist for reconstruction).
+#[test]
+fn real_tables_are_evaluated_like_validation_loss() {
+    let dir = tmpdir("tabular-eval");
+    let (cls, reg) = (dir.join("cls.csv"), dir.join("reg.csv"));
+    let (mut a, mut b) = (String::from("x,y,label\n"), String::from("x,y,value\n"));
+    for i in 0..40 {
+        let (x, y) = ((i % 9) as f32 - 4.0, (i % 4) as f32);
+        a += &format!("{x},{y},{}\n", u8::from(x > 0.0));
+        b += &format!("{x},{y},{}\n", 2.0 * x + y + 0.5);
+    }
+    std::fs::write(&cls, a).unwrap();
+    std::fs::write(&reg, b).unwrap();
+    let s = train(&[
+        "--prior-regression-share",
+        "0",
+        "--eval-interval",
+        "2",
+        "--tabular-eval-data",
+        cls.to_str().unwrap(),
+        reg.to_str().unwrap(),
+    ]);
+    assert_eq!(s.evals.iter().map(|e| e.0).collect::<Vec<_>>(), vec![2, 4]);
+    for (_, tables) in &s.evals {
+        let (c, r) = (&tables[0], &tables[1]);
+        assert_eq!((c.name.as_str(), r.name.as_str()), ("cls.csv", "reg.csv"));
+        let acc = c.accuracy.expect("classes give an accuracy");
+        assert!((0.0..=1.0).contains(&acc) && c.log_loss.unwrap() > 0.0);
+        assert!(c.rmse.is_none() && r.accuracy.is_none());
+        assert!(r.rmse.unwrap() > 0.0 && r.r2.unwrap() <= 1.0);
+        assert!(c.reconstruction_rmse.is_finite() && r.reconstruction_rmse > 0.0);
+    }
+}

@@ -22,7 +22,7 @@ use megatron_core::transformer::step::StepContext;
 use megatron_core::Grads;
 use megatron_data::tables::batching::TableBatch;
 use megatron_data::tables::borders::regression_borders;
-use megatron_data::tables::{CsvTable, PriorLoader};
+use megatron_data::tables::{CsvTable, PriorConfig, PriorLoader};
 use megatron_tensor::cpu::TableInputs;
 use megatron_tensor::RngKey;
 use serde::Serialize;
@@ -193,8 +193,14 @@ fn train_rank(
             );
         }
     }
-    let borders =
-        borders.unwrap_or_else(|| regression_borders(&cfg.prior, cfg.seed, BORDER_TABLES, BINS));
+    // The bins also carry reconstructed feature cells, so they exist whatever share of the
+    // prior's tables is regression: estimated from regression tables only.
+    let all_regression = PriorConfig {
+        regression_share: 1.0,
+        ..cfg.prior.clone()
+    };
+    let borders = borders
+        .unwrap_or_else(|| regression_borders(&all_regression, cfg.seed, BORDER_TABLES, BINS));
     let evals = eval_frames(cfg)?;
     let per = cfg.tables_per_step as u64;
     let mut loader = PriorLoader::new(
