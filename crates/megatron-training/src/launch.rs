@@ -180,6 +180,21 @@ pub(crate) fn process_groups(
     Ok(groups)
 }
 
+/// The worker threads of rank thread `rank`: their allocations count towards that rank.
+pub(crate) fn rank_thread_pool(
+    rank: usize,
+    threads: usize,
+) -> Result<rayon::ThreadPool, TrainError> {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .start_handler(move |_| megatron_tensor::alloc::set_rank(rank))
+        .build()
+        .map_err(|e| TrainError::Rank {
+            rank,
+            msg: e.to_string(),
+        })
+}
+
 /// Data-parallel training on `--nproc-per-node` rank threads: each rank owns a share of the cores,
 /// runs its micro-batches, and gradients are averaged over the ranks before every step.
 fn pretrain_ranks(
@@ -202,15 +217,7 @@ fn pretrain_ranks(
             megatron_tensor::alloc::set_rank(rank);
             let tok = build_tokenizer_from(&spec)?;
             let mut groups = process_groups(comm, &cfg, "threads")?;
-            let pool = rayon::ThreadPoolBuilder::new()
-                .num_threads(per_rank)
-                .start_handler(move |_| megatron_tensor::alloc::set_rank(rank))
-                .build()
-                .map_err(|e| TrainError::Rank {
-                    rank,
-                    msg: e.to_string(),
-                })?;
-            pool.install(|| {
+            rank_thread_pool(rank, per_rank)?.install(|| {
                 megatron_tensor::threads::set_gemm_threads(per_rank);
                 run(
                     &cfg,

@@ -151,7 +151,6 @@ fn predicted_probabilities_match_the_training_loss() {
     use megatron_core::transformer::step::StepContext;
     use megatron_data::tables::batching::collate;
     use megatron_data::tables::{sample_table, PriorConfig, Target};
-    use megatron_tensor::cpu::TableInputs;
     use megatron_tensor::RngKey;
     use megatron_training::tabular::inference::{InferenceTable, Predictor};
 
@@ -181,18 +180,7 @@ fn predicted_probabilities_match_the_training_loss() {
         let seed = 77;
         let b = collate(&[&t]);
         let batch = TabularBatch {
-            inputs: TableInputs {
-                b: 1,
-                rows: b.rows,
-                cols: b.cols,
-                values: &b.values,
-                missing: &b.missing,
-                row_valid: &b.row_valid,
-                col_valid: &b.col_valid,
-                targets: &b.targets,
-                context_rows: &b.context_rows,
-                classes: &b.classes,
-            },
+            inputs: b.inputs(),
             real_rows: &[t.rows],
             real_cols: &[t.cols],
             ids: RngKey::new(seed).fold(0),

@@ -138,6 +138,24 @@ pub struct TableBatch {
     pub targets: Vec<f32>,
 }
 
+impl TableBatch {
+    /// The batch as the model's feature kernel reads it.
+    pub fn inputs(&self) -> megatron_tensor::cpu::TableInputs<'_> {
+        megatron_tensor::cpu::TableInputs {
+            b: self.b,
+            rows: self.rows,
+            cols: self.cols,
+            values: &self.values,
+            missing: &self.missing,
+            row_valid: &self.row_valid,
+            col_valid: &self.col_valid,
+            targets: &self.targets,
+            context_rows: &self.context_rows,
+            classes: &self.classes,
+        }
+    }
+}
+
 /// Pads `tables` into one [`TableBatch`].
 pub fn collate(tables: &[&Table]) -> TableBatch {
     let b = tables.len();

@@ -8,11 +8,10 @@ use megatron_core::models::tabular::{TabularBatch, TabularModel, Task, BINS};
 use megatron_core::tensor_parallel::{serial_group, Tp};
 use megatron_core::transformer::step::StepContext;
 use megatron_core::Params;
-use megatron_data::tables::batching::{collate, TableBatch};
+use megatron_data::tables::batching::collate;
 use megatron_data::tables::stream::Stream;
 use megatron_data::tables::{Table, Target};
 use megatron_tensor::cpu::table_features::MAX_CLASSES;
-use megatron_tensor::cpu::TableInputs;
 use megatron_tensor::RngKey;
 
 /// A table to read the model on: `rows` x `cols` feature values (row-major, NaN = missing), the
@@ -80,21 +79,6 @@ fn softmax(x: &[f32]) -> Vec<f32> {
     let e: Vec<f32> = x.iter().map(|v| (v - m).exp()).collect();
     let s: f32 = e.iter().sum();
     e.into_iter().map(|v| v / s).collect()
-}
-
-fn inputs(b: &TableBatch) -> TableInputs<'_> {
-    TableInputs {
-        b: b.b,
-        rows: b.rows,
-        cols: b.cols,
-        values: &b.values,
-        missing: &b.missing,
-        row_valid: &b.row_valid,
-        col_valid: &b.col_valid,
-        targets: &b.targets,
-        context_rows: &b.context_rows,
-        classes: &b.classes,
-    }
 }
 
 /// A cell to read: row, feature column, and the observed value to score (NaN: none).
@@ -178,7 +162,7 @@ impl Predictor<'_> {
             let b = collate(&[&table]);
             let width = b.cols + 1;
             let batch = TabularBatch {
-                inputs: inputs(&b),
+                inputs: b.inputs(),
                 real_rows: &[t.rows],
                 real_cols: &[t.cols],
                 ids: RngKey::new(seed).fold(m as u64),

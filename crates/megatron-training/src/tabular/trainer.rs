@@ -23,9 +23,9 @@ use megatron_core::Grads;
 use megatron_data::tables::batching::TableBatch;
 use megatron_data::tables::borders::regression_borders;
 use megatron_data::tables::{CsvTable, PriorConfig, PriorLoader};
-use megatron_tensor::cpu::TableInputs;
 use megatron_tensor::RngKey;
 use serde::Serialize;
+use std::borrow::Cow;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -85,15 +85,7 @@ pub fn pretrain_tabular(cfg: TabularTrainConfig) -> Result<TabularSummary, Train
             let mut tp = comm.split_named(rank / t, rank % t, "tp")?;
             let mut cp = comm.split_named(rank % t + t * (rank / (t * c)), (rank / t) % c, "cp")?;
             let mut dp = comm.split_named(rank % (t * c), rank / (t * c), "dp")?;
-            let pool = rayon::ThreadPoolBuilder::new()
-                .num_threads(per_rank)
-                .start_handler(move |_| megatron_tensor::alloc::set_rank(rank))
-                .build()
-                .map_err(|e| TrainError::Rank {
-                    rank,
-                    msg: e.to_string(),
-                })?;
-            pool.install(|| {
+            crate::launch::rank_thread_pool(rank, per_rank)?.install(|| {
                 megatron_tensor::threads::set_gemm_threads(per_rank);
                 train_rank(&cfg, rank, tp.as_mut(), cp.as_mut(), dp.as_mut())
             })
@@ -251,9 +243,9 @@ fn train_rank(
             size: cp_comm.size(),
         };
         for m in micro.iter().skip(dp_rank).step_by(cfg.dp) {
-            let b = RowShare::of(&m.batch, cp);
+            let b = rows_on_this_rank(&m.batch, cp);
             let batch = TabularBatch {
-                inputs: b.inputs(&m.batch),
+                inputs: b.inputs(),
                 real_rows: &m.real_rows,
                 real_cols: &m.real_cols,
                 ids: RngKey::new(cfg.seed)
@@ -396,50 +388,20 @@ fn train_rank(
 
 /// This context-parallel rank's rows of a micro-batch (chunks `r` and `2C-1-r` of each
 /// table's padded rows; everything per table or per column as it is).
-struct RowShare {
-    rows: usize,
-    values: Vec<f32>,
-    missing: Vec<f32>,
-    row_valid: Vec<f32>,
-    targets: Vec<f32>,
-}
-
-impl RowShare {
-    fn of(b: &TableBatch, cp: CpLayout) -> Self {
-        let cells = |x: &[f32]| cp.batch_on_this_rank(x, b.b, b.rows * b.cols);
-        let rows = |x: &[f32]| cp.batch_on_this_rank(x, b.b, b.rows);
-        if cp.size == 1 {
-            return RowShare {
-                rows: b.rows,
-                values: b.values.clone(),
-                missing: b.missing.clone(),
-                row_valid: b.row_valid.clone(),
-                targets: b.targets.clone(),
-            };
-        }
-        RowShare {
-            rows: b.rows / cp.size,
-            values: cells(&b.values),
-            missing: cells(&b.missing),
-            row_valid: rows(&b.row_valid),
-            targets: rows(&b.targets),
-        }
+fn rows_on_this_rank(b: &TableBatch, cp: CpLayout) -> Cow<'_, TableBatch> {
+    if cp.size == 1 {
+        return Cow::Borrowed(b);
     }
-
-    fn inputs<'a>(&'a self, b: &'a TableBatch) -> TableInputs<'a> {
-        TableInputs {
-            b: b.b,
-            rows: self.rows,
-            cols: b.cols,
-            values: &self.values,
-            missing: &self.missing,
-            row_valid: &self.row_valid,
-            col_valid: &b.col_valid,
-            targets: &self.targets,
-            context_rows: &b.context_rows,
-            classes: &b.classes,
-        }
-    }
+    let cells = |x: &[f32]| cp.batch_on_this_rank(x, b.b, b.rows * b.cols);
+    let rows = |x: &[f32]| cp.batch_on_this_rank(x, b.b, b.rows);
+    Cow::Owned(TableBatch {
+        rows: b.rows / cp.size,
+        values: cells(&b.values),
+        missing: cells(&b.missing),
+        row_valid: rows(&b.row_valid),
+        targets: rows(&b.targets),
+        ..b.clone()
+    })
 }
 
 fn whole_model(
