@@ -11,6 +11,12 @@ use megatron_data::build_tokenizer_from;
 /// Trains as `megatron train` does; returns the per-iteration losses.
 pub fn pretrain(args: &TrainArgs) -> Result<TrainSummary, TrainError> {
     if args.model == crate::arguments::ModelArg::Tabular {
+        #[cfg(feature = "mpi")]
+        if megatron_comm::mpi_comm::launched_by_mpi() {
+            return Err(TrainError::Args(
+                "--model tabular runs its ranks as threads (--nproc-per-node); under mpirun every process would train alone".into(),
+            ));
+        }
         let s = crate::tabular::pretrain_tabular(crate::tabular::validate(args)?)?;
         return Ok(TrainSummary {
             start_iteration: s.start_iteration,
