@@ -136,8 +136,12 @@ fn main() -> ExitCode {
         Command::Train(args) => pretrain(&args)
             .map(|s| {
                 if let (Some(first), Some(last)) = (s.losses.first(), s.losses.last()) {
+                    let what = match args.model {
+                        megatron_training::arguments::ModelArg::Gpt => "lm loss",
+                        megatron_training::arguments::ModelArg::Tabular => "loss",
+                    };
                     println!(
-                        "done: iterations {}..{} | first lm loss {:.4} | last lm loss {:.4}",
+                        "done: iterations {}..{} | first {what} {:.4} | last {what} {:.4}",
                         first.0, last.0, first.1, last.1
                     );
                 }
