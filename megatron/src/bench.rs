@@ -29,8 +29,9 @@ pub struct BenchArgs {
     pub threads: Option<usize>,
     /// GEMM implementation for `bench gemm`: `gemm` (the engine's matmul), `gemm-crate` (the
     /// `gemm` crate, the portable fallback), `versus` (engine and crate alternating call by
-    /// call), `matrixmultiply` (for comparison; threads through MATMUL_NUM_THREADS) or `bf16`
-    /// (the engine's bf16-operand GEMM).
+    /// call), `matrixmultiply` (for comparison; threads through MATMUL_NUM_THREADS), `bf16`
+    /// (the engine's bf16-operand GEMM on the dot-product instruction), `amx` (on AMX tiles) or
+    /// `bf16-versus` (AMX, dot-product and rounded-operand f32 kernels alternating call by call).
     #[arg(long, default_value = "gemm")]
     pub gemm_impl: String,
     #[arg(long, default_value_t = 512)]
@@ -337,6 +338,13 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
             .map(|_| megatron_tensor::cpu::peak::measure_peak_flops(threads))
             .collect();
         v.sort_by(f64::total_cmp);
+        match megatron_tensor::cpu::matmul_amx::amx_peak_gflops(threads) {
+            Some(g) => println!("AMX tile (TDPBF16PS) peak, {threads} threads: {g:.1} GFLOP/s"),
+            None => println!(
+                "AMX: not used ({})",
+                megatron_tensor::cpu::amx::amx_unavailable_reason().unwrap_or("")
+            ),
+        }
         if let Some(g) = megatron_tensor::cpu::matmul_bf16::bf16_dot_peak_gflops(threads) {
             println!("bf16 dot-product (VDPBF16PS) peak, {threads} threads: {g:.1} GFLOP/s");
             let (dot, fma) = megatron_tensor::cpu::dispatch::bf16_gemm_seconds();
@@ -372,20 +380,29 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
         ("dgrad dy[N,f]·W[f,h]", n, h, f, false, false),
         ("wgrad dy[N,f]^T·x[N,h]", f, h, n, true, false),
     ];
+    if a.gemm_impl == "bf16-versus" {
+        return bf16_versus(a, threads, &cases);
+    }
+    let use_amx = a.gemm_impl == "amx";
     let (use_mm, use_bf16, use_crate) = match a.gemm_impl.as_str() {
-        "gemm" => (false, false, false),
+        "gemm" | "amx" => (false, false, false),
         "gemm-crate" | "versus" => (false, false, true),
         "matrixmultiply" => (true, false, false),
         "bf16" => (false, true, false),
         other => anyhow::bail!(
-            "--gemm-impl {other}: expected gemm, gemm-crate, versus, matrixmultiply or bf16"
+            "--gemm-impl {other}: expected gemm, gemm-crate, versus, matrixmultiply, bf16, amx or bf16-versus"
         ),
     };
     if use_mm {
         // matrixmultiply reads its thread count from the environment.
         std::env::set_var("MATMUL_NUM_THREADS", threads.to_string());
     }
-    let label_impl = if use_mm {
+    let label_impl = if use_amx {
+        match megatron_tensor::cpu::amx::amx_unavailable_reason() {
+            None => "bf16 operands, f32 accumulation (AMX tiles)",
+            Some(_) => "bf16 operands (no AMX: dot-product fallback)",
+        }
+    } else if use_mm {
         "matrixmultiply 0.3 (threading)"
     } else if use_bf16 {
         if megatron_tensor::cpu::matmul_bf16::bf16_gemm_available() {
@@ -412,7 +429,9 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
         d.trans_a = ta;
         d.trans_b = tb;
         let run = |out: &mut [f32]| {
-            if use_mm {
+            if use_amx {
+                megatron_tensor::cpu::matmul_amx::matmul_amx_with_threads(out, &x, &w, d, threads);
+            } else if use_mm {
                 mm_sgemm(out, &x, &w, d);
             } else if use_bf16 {
                 megatron_tensor::cpu::matmul_bf16::matmul_bf16_with_threads(
@@ -463,6 +482,71 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
         println!(
             "{label:<26} {m}x{nn}x{k}: {:.1} GFLOP/s",
             2.0 * (m * nn * k) as f64 / med / 1e9
+        );
+    }
+    Ok(())
+}
+
+/// The three bf16 kernels on each case, alternating call by call so all see the same load:
+/// AMX tiles, the dot-product instruction, and operands rounded onto the f32 GEMM (rounding
+/// included, as `--bf16-matmul-kernel fma` pays it).
+fn bf16_versus(
+    a: &BenchArgs,
+    threads: usize,
+    cases: &[(&str, usize, usize, usize, bool, bool)],
+) -> anyhow::Result<()> {
+    use megatron_tensor::cpu::cast::Half;
+    use megatron_tensor::cpu::matmul::rounded_operand;
+    println!(
+        "bf16 operands, f32 accumulation: AMX / dot-product / rounded f32 GEMM, alternating, {threads} threads, median of {} calls{}",
+        a.repeats,
+        match megatron_tensor::cpu::amx::amx_unavailable_reason() {
+            None => String::new(),
+            Some(why) => format!(" (AMX column runs the fallback: {why})"),
+        }
+    );
+    let key = megatron_tensor::RngKey::new(3);
+    for &(label, m, nn, k, ta, tb) in cases {
+        // Random operands: constant ones would round exactly and skip the rounding copy.
+        let x: Vec<f32> = (0..m * k).map(|i| key.normal(i as u64)).collect();
+        let w: Vec<f32> = (0..k * nn)
+            .map(|i| key.normal((m * k + i) as u64))
+            .collect();
+        let mut out = vec![0.0f32; m * nn];
+        let mut d = MatmulDims::new(m, nn, k);
+        d.trans_a = ta;
+        d.trans_b = tb;
+        type Kernel<'a> = &'a dyn Fn(&mut [f32]);
+        let kernels: [Kernel; 3] = [
+            &|o| megatron_tensor::cpu::matmul_amx::matmul_amx_with_threads(o, &x, &w, d, threads),
+            &|o| megatron_tensor::cpu::matmul_bf16::matmul_bf16_with_threads(o, &x, &w, d, threads),
+            &|o| {
+                let xr = rounded_operand(&x, Half::BF16);
+                let wr = rounded_operand(&w, Half::BF16);
+                matmul_with_threads(o, &xr, &wr, d, threads)
+            },
+        ];
+        let mut times = vec![Vec::new(); 3];
+        for round in 0..=a.repeats {
+            for (kernel, t) in kernels.iter().zip(times.iter_mut()) {
+                let s = Instant::now();
+                kernel(&mut out);
+                if round > 0 {
+                    t.push(s.elapsed().as_secs_f64());
+                }
+            }
+        }
+        let f = 2.0 * (m * nn * k) as f64 / 1e9;
+        let gf: Vec<f64> = times
+            .iter_mut()
+            .map(|t| {
+                t.sort_by(f64::total_cmp);
+                f / t[t.len() / 2]
+            })
+            .collect();
+        println!(
+            "{label:<26} {m}x{nn}x{k}: AMX {:.1} / dot {:.1} / fma {:.1} GFLOP/s",
+            gf[0], gf[1], gf[2]
         );
     }
     Ok(())

@@ -2,38 +2,15 @@
 //! transpose combination, accumulate, ragged edges (m, n, k not multiples of the blocking);
 //! the 16-bit precisions of `matmul` (both bf16 kernels, f16) and the rounding they use.
 
+mod common;
+
+use common::naive_matmul_bf16 as naive;
 use half::{bf16, f16};
 use megatron_tensor::cpu::cast::{round_to_half, round_to_half_inplace, Half};
 use megatron_tensor::cpu::matmul::{
     matmul, set_bf16_kernel, set_matmul_precision, Bf16Kernel, MatmulDims, MatmulPrecision,
 };
 use megatron_tensor::cpu::matmul_bf16::matmul_bf16_with_threads;
-
-fn naive(a: &[f32], b: &[f32], d: MatmulDims) -> Vec<f64> {
-    let r = |x: f32| bf16::from_f32(x).to_f32() as f64;
-    let (m, n, k) = (d.m, d.n, d.k);
-    let mut out = vec![0.0f64; m * n];
-    for i in 0..m {
-        for j in 0..n {
-            let mut s = 0.0;
-            for kk in 0..k {
-                let av = if d.trans_a {
-                    a[kk * m + i]
-                } else {
-                    a[i * k + kk]
-                };
-                let bv = if d.trans_b {
-                    b[j * k + kk]
-                } else {
-                    b[kk * n + j]
-                };
-                s += r(av) * r(bv);
-            }
-            out[i * n + j] = s;
-        }
-    }
-    out
-}
 
 #[test]
 fn bf16_matmul_matches_a_reference_on_bf16_operands() {

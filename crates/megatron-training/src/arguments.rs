@@ -27,6 +27,8 @@ pub enum Bf16KernelArg {
     Dot,
     /// Operands rounded to bf16, f32 FMA GEMM.
     Fma,
+    /// Intel AMX tiles (`tdpbf16ps`); refused where the CPU or OS has none.
+    Amx,
 }
 
 /// Parameters' and matmul operands' precision (`--bf16`, `--fp16`, else fp32).
@@ -491,8 +493,9 @@ pub struct TrainArgs {
     /// As --bf16 with IEEE half precision, and the dynamic loss scaler.
     #[arg(long)]
     pub fp16: bool,
-    /// Instructions of bf16 matmuls: `dot` (AVX512_BF16 vdpbf16ps), `fma` (operands rounded to
-    /// bf16, f32 FMA GEMM) or `auto` (whichever measures faster on this CPU).
+    /// Instructions of bf16 matmuls: `amx` (Intel AMX tiles), `dot` (AVX512_BF16 vdpbf16ps),
+    /// `fma` (operands rounded to bf16, f32 FMA GEMM) or `auto` (whichever measures fastest on
+    /// this CPU, AMX among them where the CPU and OS allow it).
     #[arg(long, value_enum, default_value = "auto")]
     pub bf16_matmul_kernel: Bf16KernelArg,
     /// Constant loss scale (otherwise --fp16 scales dynamically).
@@ -697,6 +700,13 @@ impl TrainArgs {
                     .to_possible_value()
                     .map_or_else(String::new, |v| v.get_name().to_string())
             )));
+        }
+        if self.bf16_matmul_kernel == Bf16KernelArg::Amx {
+            if let Some(why) = megatron_tensor::cpu::amx::amx_unavailable_reason() {
+                return Err(bad(format!(
+                    "--bf16-matmul-kernel amx: AMX is not usable here: {why}"
+                )));
+            }
         }
         if self.overlap_param_gather && !self.use_distributed_optimizer {
             return Err(bad(

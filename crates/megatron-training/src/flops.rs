@@ -34,19 +34,50 @@ pub fn num_floating_point_operations(c: &TransformerConfig, batch: usize) -> f64
     tokens * (mlp + attn_proj + logits) + batch as f64 * s * s * 6.0 * q * l
 }
 
+/// The unit a run's matmuls run on, whose peak its MFU is against.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PeakUnit {
+    /// The f32 FMA units (also the `dot` and `fma` bf16 kernels: vector instructions).
+    Fma,
+    /// Intel AMX tiles (`--bf16` with the AMX kernel): ~8-16x the FMA peak.
+    AmxBf16,
+}
+
+impl PeakUnit {
+    /// The unit of the calling thread's matmuls (precision and bf16 kernel as set up).
+    pub fn of_this_thread() -> Self {
+        use megatron_tensor::cpu::matmul::MatmulPrecision;
+        use megatron_tensor::cpu::matmul::{bf16_kernel, matmul_precision, Bf16Kernel};
+        if matmul_precision() == MatmulPrecision::BF16
+            && bf16_kernel() == Bf16Kernel::Amx
+            && megatron_tensor::cpu::amx::amx_available()
+        {
+            PeakUnit::AmxBf16
+        } else {
+            PeakUnit::Fma
+        }
+    }
+}
+
 /// The peak from `--peak-tflops`, else a cached measurement, else a fresh one (cached under
-/// `$XDG_CACHE_HOME` or `~/.cache`).
-pub fn peak_flops(flag_tflops: Option<f64>, threads: usize) -> f64 {
+/// `$XDG_CACHE_HOME` or `~/.cache`), of the unit the matmuls run on.
+pub fn peak_flops(flag_tflops: Option<f64>, threads: usize, unit: PeakUnit) -> f64 {
     if let Some(t) = flag_tflops {
         return t * 1e12;
     }
+    let (name, measure): (&str, fn(usize) -> f64) = match unit {
+        PeakUnit::Fma => ("fp32", megatron_tensor::cpu::peak::measure_peak_flops),
+        PeakUnit::AmxBf16 => ("amx_bf16", |t| {
+            megatron_tensor::cpu::matmul_amx::amx_peak_gflops(t).unwrap_or(0.0) * 1e9
+        }),
+    };
     let dir = std::env::var_os("XDG_CACHE_HOME")
         .map(std::path::PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".cache")))
         .map(|d| d.join("megatron-rs"));
     let file = dir
         .as_ref()
-        .map(|d| d.join(format!("peak_fp32_flops_{threads}t.txt")));
+        .map(|d| d.join(format!("peak_{name}_flops_{threads}t.txt")));
     if let Some(f) = &file {
         if let Some(v) = std::fs::read_to_string(f)
             .ok()
@@ -56,9 +87,7 @@ pub fn peak_flops(flag_tflops: Option<f64>, threads: usize) -> f64 {
         }
     }
     // The peak is a property of the hardware: the best of a few runs filters out neighbours.
-    let v = (0..3)
-        .map(|_| megatron_tensor::cpu::peak::measure_peak_flops(threads))
-        .fold(0.0, f64::max);
+    let v = (0..3).map(|_| measure(threads)).fold(0.0, f64::max);
     if let (Some(d), Some(f)) = (dir, file) {
         let _ = std::fs::create_dir_all(&d);
         let _ = std::fs::write(f, format!("{v}\n"));

@@ -154,6 +154,7 @@ pub(crate) fn set_precision(cfg: &TrainConfig, comms: &mut RankComms) -> Result<
     let mut kernel = match cfg.args.bf16_matmul_kernel {
         Bf16KernelArg::Dot => Bf16Kernel::Dot,
         Bf16KernelArg::Fma => Bf16Kernel::Fma,
+        Bf16KernelArg::Amx => Bf16Kernel::Amx,
         Bf16KernelArg::Auto if bf16 => megatron_tensor::cpu::fastest_bf16_kernel(),
         Bf16KernelArg::Auto => Bf16Kernel::Fma,
     };
@@ -162,19 +163,23 @@ pub(crate) fn set_precision(cfg: &TrainConfig, comms: &mut RankComms) -> Result<
         println!("note: --sequence-parallel has no effect with --tensor-model-parallel-size 1");
     }
     if bf16 && cfg.args.bf16_matmul_kernel == Bf16KernelArg::Auto {
-        let mut dot = [if kernel == Bf16Kernel::Dot {
-            1.0f32
-        } else {
-            0.0
-        }];
-        comms.tp.comm.all_reduce(&mut dot, ReduceOp::Min)?;
-        comms.pp.all_reduce(&mut dot, ReduceOp::Min)?;
+        // The least capable choice of any process: a CPU with AMX has the dot-product
+        // instruction, and every CPU has the FMA path.
+        let rank = |k: Bf16Kernel| match k {
+            Bf16Kernel::Fma => 0.0f32,
+            Bf16Kernel::Dot => 1.0,
+            Bf16Kernel::Amx => 2.0,
+        };
+        let mut choice = [rank(kernel)];
+        comms.tp.comm.all_reduce(&mut choice, ReduceOp::Min)?;
+        comms.pp.all_reduce(&mut choice, ReduceOp::Min)?;
         if let Some(c) = comms.dp.as_deref_mut() {
-            c.all_reduce(&mut dot, ReduceOp::Min)?;
+            c.all_reduce(&mut choice, ReduceOp::Min)?;
         }
-        if dot[0] == 0.0 {
-            kernel = Bf16Kernel::Fma;
-        }
+        kernel = [Bf16Kernel::Fma, Bf16Kernel::Dot, Bf16Kernel::Amx]
+            .into_iter()
+            .find(|k| rank(*k) == choice[0])
+            .unwrap_or(Bf16Kernel::Fma);
     }
     set_bf16_kernel(kernel);
     Ok(())

@@ -271,9 +271,10 @@ pub(crate) fn run(
     }
     // MFU is against the whole job's peak: the process's thread budget for rank threads (they
     // share its cores), the per-process peak times the world under MPI.
+    let unit = crate::flops::PeakUnit::of_this_thread();
     let peak = match world_peak {
-        PeakOf::Threads(n) => peak_flops(a.peak_tflops, n),
-        PeakOf::Processes(n) => peak_flops(a.peak_tflops, threads) * n as f64,
+        PeakOf::Threads(n) => peak_flops(a.peak_tflops, n, unit),
+        PeakOf::Processes(n) => peak_flops(a.peak_tflops, threads, unit) * n as f64,
     };
     let metrics_err = |e| TrainError::Io {
         path: a.metrics_file.clone().unwrap_or_default(),
@@ -407,6 +408,18 @@ fn print_setup(cfg: &TrainConfig, params: &Params, threads: usize, peak: f64, pe
         threads,
         peak / 1e9
     );
+    if cfg.precision == crate::arguments::Precision::BF16 {
+        use megatron_tensor::cpu::matmul::{bf16_kernel, Bf16Kernel};
+        println!(
+            "bf16 matmuls on {}",
+            match bf16_kernel() {
+                Bf16Kernel::Amx if megatron_tensor::cpu::amx::amx_available() =>
+                    "AMX tiles (MFU against the measured tile peak)",
+                Bf16Kernel::Amx | Bf16Kernel::Dot => "the bf16 dot-product instruction",
+                Bf16Kernel::Fma => "the f32 FMA GEMM with rounded operands",
+            }
+        );
+    }
     println!(
         "weights + gradients + optimizer state: {per_param:.2} bytes per parameter on this rank ({:.1} MiB)",
         per_param * params.numel() as f64 / (1 << 20) as f64

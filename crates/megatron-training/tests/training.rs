@@ -958,12 +958,17 @@ fn bf16_and_fp16_track_the_f32_loss_curve_over_200_steps() {
     assert_eq!(f32_run.len(), 200);
     // The learning signal: the loss falls by more than 1 nat.
     assert!(f32_run[0].1 - f32_run[199].1 > 1.0, "the model must learn");
-    for precision in [
+    let mut precisions = vec![
         &["--bf16", "--bf16-matmul-kernel", "dot"][..],
         &["--bf16", "--bf16-matmul-kernel", "fma"][..],
         // A constant scale keeps every step: the curves line up step by step.
         &["--fp16", "--loss-scale", "1024"][..],
-    ] {
+    ];
+    match megatron_tensor::cpu::amx::amx_unavailable_reason() {
+        None => precisions.push(&["--bf16", "--bf16-matmul-kernel", "amx"][..]),
+        Some(why) => eprintln!("--bf16-matmul-kernel amx curve skipped: {why}"),
+    }
+    for precision in precisions {
         let s = run(precision);
         assert_eq!(s.skipped_iterations, 0, "{precision:?}");
         let diffs: Vec<f64> = f32_run
@@ -999,6 +1004,10 @@ fn precision_flags_are_checked() {
             "--bf16-matmul-kernel dot only applies with --bf16",
         ),
         (
+            &["--fp16", "--bf16-matmul-kernel", "amx"][..],
+            "--bf16-matmul-kernel amx only applies with --bf16",
+        ),
+        (
             &["--overlap-param-gather"][..],
             "--overlap-param-gather needs --use-distributed-optimizer",
         ),
@@ -1007,6 +1016,26 @@ fn precision_flags_are_checked() {
         v.extend_from_slice(flags);
         let e = pretrain(&args(&v)).unwrap_err();
         assert!(e.to_string().contains(want), "{flags:?}: {e}");
+    }
+    // Asking for AMX where it cannot run is refused with the reason; where it can, accepted.
+    let amx = pretrain(&args(&[
+        "--train-iters",
+        "2",
+        "--lr-warmup-iters",
+        "0",
+        "--bf16",
+        "--bf16-matmul-kernel",
+        "amx",
+    ]));
+    match megatron_tensor::cpu::amx::amx_unavailable_reason() {
+        None => assert!(amx.is_ok(), "{:?}", amx.err()),
+        Some(why) => {
+            let e = amx.unwrap_err().to_string();
+            assert!(
+                e.contains("--bf16-matmul-kernel amx") && e.contains(why),
+                "{e}"
+            );
+        }
     }
 }
 
@@ -1042,7 +1071,16 @@ fn fp16_gradients_overflow_at_megatrons_initial_scale_and_the_scaler_recovers() 
 #[test]
 fn bf16_distributed_optimizer_and_the_3d_layout_match_one_bf16_rank() {
     let dir = tmpdir("bf16-distopt");
-    let serial = pp_run(&dir, "serial", &["--bf16"]);
+    // With AMX the test runs on its tile kernel, named explicitly (auto would pick it too).
+    let kernel: &[&str] = match megatron_tensor::cpu::amx::amx_unavailable_reason() {
+        None => &["--bf16-matmul-kernel", "amx"],
+        Some(why) => {
+            eprintln!("bf16 layouts run without AMX ({why})");
+            &[]
+        }
+    };
+    let with_kernel = |flags: &[&'static str]| [flags, kernel].concat();
+    let serial = pp_run(&dir, "serial", &with_kernel(&["--bf16"]));
     for (name, layout) in [
         (
             "dp2-distopt",
@@ -1080,7 +1118,7 @@ fn bf16_distributed_optimizer_and_the_3d_layout_match_one_bf16_rank() {
             ][..],
         ),
     ] {
-        let run = pp_run(&dir, name, layout);
+        let run = pp_run(&dir, name, &with_kernel(layout));
         assert_same_training_within(name, &serial, &run, BF16_LOSS_TOL, BF16_PARAM_TOL);
         let (mut sum, mut n) = (0.0f64, 0usize);
         for (t, v1) in serial

@@ -1,6 +1,7 @@
 #![allow(dead_code)]
 //! Naive references and a finite-difference checker shared by the kernel tests.
 
+use megatron_tensor::cpu::matmul::MatmulDims;
 use megatron_tensor::RngKey;
 
 pub fn randn(n: usize, seed: u64, std: f32) -> Vec<f32> {
@@ -87,4 +88,31 @@ pub fn check_grad(
 /// Σ out * r, the scalar whose gradient w.r.t. out is r.
 pub fn dot(out: &[f32], r: &[f32]) -> f64 {
     out.iter().zip(r).map(|(a, b)| *a as f64 * *b as f64).sum()
+}
+
+/// `op(a) · op(b)` on operands rounded to bf16, summed in f64 (`MatmulDims` transposes).
+pub fn naive_matmul_bf16(a: &[f32], b: &[f32], d: MatmulDims) -> Vec<f64> {
+    let r = |x: f32| half::bf16::from_f32(x).to_f32() as f64;
+    let (m, n, k) = (d.m, d.n, d.k);
+    let mut out = vec![0.0f64; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            let mut s = 0.0;
+            for kk in 0..k {
+                let av = if d.trans_a {
+                    a[kk * m + i]
+                } else {
+                    a[i * k + kk]
+                };
+                let bv = if d.trans_b {
+                    b[j * k + kk]
+                } else {
+                    b[kk * n + j]
+                };
+                s += r(av) * r(bv);
+            }
+            out[i * n + j] = s;
+        }
+    }
+    out
 }

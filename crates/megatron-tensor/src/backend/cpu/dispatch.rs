@@ -12,6 +12,8 @@ use super::matmul::Bf16Kernel;
 /// trained (beyond summation order). Peak loops do not predict this: on an AMD Zen 4 the
 /// `vdpbf16ps` loop measured 60 GFLOP/s against the FMA loop's 109, while the dot-product GEMM
 /// ran 1.2-1.4x the f32 GEMM (BENCHMARKS.md).
+///
+/// Where AMX is usable its tile kernel is measured on the same GEMM and joins the choice.
 pub fn fastest_bf16_kernel() -> Bf16Kernel {
     static CHOICE: std::sync::OnceLock<Bf16Kernel> = std::sync::OnceLock::new();
     *CHOICE.get_or_init(|| {
@@ -19,12 +21,40 @@ pub fn fastest_bf16_kernel() -> Bf16Kernel {
             return Bf16Kernel::Fma;
         }
         let (dot, fma) = bf16_gemm_seconds();
-        if dot < fma {
+        let amx = amx_gemm_seconds().unwrap_or(f64::INFINITY);
+        if amx < dot.min(fma) {
+            Bf16Kernel::Amx
+        } else if dot < fma {
             Bf16Kernel::Dot
         } else {
             Bf16Kernel::Fma
         }
     })
+}
+
+/// Best-of-three seconds of the same GEMM as [`bf16_gemm_seconds`] on AMX tiles, one thread;
+/// `None` where AMX is not usable.
+pub fn amx_gemm_seconds() -> Option<f64> {
+    use super::matmul::MatmulDims;
+    use super::matmul_amx::matmul_amx_with_threads;
+    if !super::amx::amx_available() {
+        return None;
+    }
+    let (m, n, k) = (256, 512, 512);
+    let key = crate::RngKey::new(7);
+    let a: Vec<f32> = (0..m * k).map(|i| key.normal(i as u64)).collect();
+    let b: Vec<f32> = (0..k * n).map(|i| key.normal((m * k + i) as u64)).collect();
+    let mut out = vec![0.0f32; m * n];
+    let d = MatmulDims::new(m, n, k);
+    Some(
+        (0..3)
+            .map(|_| {
+                let t = std::time::Instant::now();
+                matmul_amx_with_threads(&mut out, &a, &b, d, 1);
+                t.elapsed().as_secs_f64()
+            })
+            .fold(f64::INFINITY, f64::min),
+    )
 }
 
 /// Best-of-three seconds of one 256 x 512 x 512 GEMM on the dot-product kernel and on the

@@ -82,6 +82,8 @@ pub enum Bf16Kernel {
     Dot,
     /// Operands rounded to bf16, then the f32 GEMM.
     Fma,
+    /// Intel AMX tiles (`tdpbf16ps`); the dot-product kernel where the CPU or OS lacks them.
+    Amx,
 }
 
 thread_local! {
@@ -130,6 +132,9 @@ fn matmul_as(
         MatmulPrecision::F32 => matmul_with_threads(out, a, b, d, threads),
         MatmulPrecision::BF16 if kernel == Bf16Kernel::Dot => {
             super::matmul_bf16::matmul_bf16_with_threads(out, a, b, d, threads)
+        }
+        MatmulPrecision::BF16 if kernel == Bf16Kernel::Amx => {
+            super::matmul_amx::matmul_amx_with_threads(out, a, b, d, threads)
         }
         p => {
             let half = p.half().expect("a 16-bit precision");

@@ -3,6 +3,8 @@
 //! overwrites input gradients unless its doc says otherwise.
 
 pub mod adamw;
+pub mod amx;
+mod amx_pack;
 pub mod attention;
 mod attention_tile;
 pub mod cast;
@@ -15,6 +17,7 @@ pub mod gelu;
 pub mod layernorm;
 pub mod layout;
 pub mod matmul;
+pub mod matmul_amx;
 pub mod matmul_bf16;
 pub mod moe_gate;
 pub mod moe_permute;

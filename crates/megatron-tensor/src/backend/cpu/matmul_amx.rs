@@ -1,0 +1,278 @@
+//! bf16 matrix multiply with f32 accumulation on Intel AMX tiles (`tdpbf16ps`: a 16 x 16 f32
+//! tile += 16 x 32 bf16 · 32 x 16 bf16, 16,384 flop per instruction, about 8-16x a core's f32
+//! FMA rate). Inputs are f32 slices rounded to bf16 (round to nearest even) while they are
+//! packed, as autocast rounds a matmul's operands; outputs stay f32.
+//!
+//! Layout, after oneDNN's brgemm AMX kernel and OpenBLAS's SPR sbgemm (facts in
+//! `shared/research/amx.md`): C in 32 x 32 blocks held in four accumulator tiles (tmm0-3) over
+//! the whole of k, A as two 16-row tiles (tmm4-5) and B as two 16-column tiles (tmm6-7) per
+//! 32-deep k step. A is packed tile-contiguous (`[row block][k step][2][16 rows][16 words]`,
+//! a word = two bf16 of adjacent k), B in VNNI panels of 32 columns (`[panel][k pair][32
+//! words]`, loaded with a 128-byte stride), both zero-padded to whole tiles so one tile shape
+//! serves every edge. B is packed in column blocks that stay in L2 while every row block
+//! sweeps them.
+//!
+//! Every output element is one kernel call's sum over all of k in a fixed order, and row blocks
+//! are only spread over threads, so results are bit-identical for every thread count.
+//! `tdpbf16ps` treats bf16 subnormal inputs as zero and does not read MXCSR; products of bf16
+//! values are exact in f32, so this computes the products of the dot-product and rounded-FMA
+//! kernels, summed in another order.
+
+use super::amx::{amx_available, configure_tiles};
+use super::amx_pack::{pack_a, pack_b, PackBuffer, A_STEP, KB, MB, NB};
+use super::matmul::MatmulDims;
+use super::sync_ptr::SyncPtr;
+use rayon::prelude::*;
+use std::cell::RefCell;
+
+/// The 32 x 32 f32 block a kernel call stores, on a cache line like the packed operands.
+#[repr(C, align(64))]
+struct CTile([f32; MB * NB]);
+
+/// Row blocks (of 32) per task: 256 rows of packed A stay in L2 while B panels pass through L1.
+const GROUP: usize = 8;
+/// Bytes of packed B a column block may take, so it stays in a core's L2 while row blocks sweep it.
+const B_BLOCK_BYTES: usize = 1 << 20;
+
+thread_local! {
+    /// Packing buffers of the calling thread, kept between calls so a training step does not
+    /// fault in fresh pages for every GEMM.
+    static PACKED: RefCell<(PackBuffer, PackBuffer)> =
+        const { RefCell::new((PackBuffer::new(), PackBuffer::new())) };
+}
+
+/// `out (=|+=) op(a) · op(b)` with bf16 operands and f32 accumulation on AMX tiles;
+/// [`MatmulDims`] as [`super::matmul::matmul`]. Without AMX the bf16 dot-product kernel runs
+/// (and without that, the rounded-operand f32 GEMM).
+pub fn matmul_amx_with_threads(
+    out: &mut [f32],
+    a: &[f32],
+    b: &[f32],
+    d: MatmulDims,
+    threads: usize,
+) {
+    let MatmulDims { m, n, k, .. } = d;
+    assert_eq!(out.len(), m * n, "matmul out");
+    assert_eq!(a.len(), m * k, "matmul a");
+    assert_eq!(b.len(), k * n, "matmul b");
+    if !amx_available() || m == 0 || n == 0 || k == 0 {
+        return super::matmul_bf16::matmul_bf16_with_threads(out, a, b, d, threads);
+    }
+    #[cfg(target_arch = "x86_64")]
+    PACKED.with(|bufs| {
+        // A nested call (none today) would find the buffers borrowed and use fresh ones.
+        let mut fresh = (PackBuffer::new(), PackBuffer::new());
+        let mut guard = bufs.try_borrow_mut();
+        let (ap, bp) = match guard.as_deref_mut() {
+            Ok(b) => b,
+            Err(_) => &mut fresh,
+        };
+        amx_gemm(out, a, b, d, threads, ap, bp);
+    });
+}
+
+#[cfg(target_arch = "x86_64")]
+fn amx_gemm(
+    out: &mut [f32],
+    a: &[f32],
+    b: &[f32],
+    d: MatmulDims,
+    threads: usize,
+    ap: &mut PackBuffer,
+    bp: &mut PackBuffer,
+) {
+    let MatmulDims { m, n, k, .. } = d;
+    let steps = k.div_ceil(2 * KB);
+    let kpp = steps * KB;
+    let row_blocks = m.div_ceil(MB);
+    let parallel = threads > 1 && m * n * k >= 1 << 18;
+
+    let ap = ap.zeroed(row_blocks * steps * A_STEP);
+    let pack_a_block = |(blk, dst): (usize, &mut [u32])| pack_a(dst, a, d, blk * MB, steps);
+    if parallel {
+        ap.par_chunks_mut(steps * A_STEP)
+            .enumerate()
+            .for_each(pack_a_block);
+    } else {
+        ap.chunks_mut(steps * A_STEP)
+            .enumerate()
+            .for_each(pack_a_block);
+    }
+
+    let nc_max = (B_BLOCK_BYTES / (kpp * 4) / NB).max(1) * NB;
+    let out_ptr = SyncPtr(out.as_mut_ptr());
+    let mut c_blk = 0;
+    while c_blk < n {
+        let nc = nc_max.min(n - c_blk);
+        let panels = nc.div_ceil(NB);
+        let bp = bp.zeroed(panels * kpp * NB);
+        let pack_b_panel =
+            |(p, dst): (usize, &mut [u32])| pack_b(dst, b, d, c_blk + p * NB, c_blk + nc);
+        if parallel {
+            bp.par_chunks_mut(kpp * NB)
+                .enumerate()
+                .for_each(pack_b_panel);
+        } else {
+            bp.chunks_mut(kpp * NB).enumerate().for_each(pack_b_panel);
+        }
+        let bp = &bp[..];
+        let ap = &ap[..];
+        // A task is a group of row blocks; each B panel is loaded once per group and used by
+        // all its row blocks from L1, while the group's packed A stays in L2.
+        let groups = row_blocks.div_ceil(GROUP);
+        let work = |g: usize| {
+            // SAFETY: `amx_gemm` runs only when `amx_available()`.
+            unsafe { configure_tiles() };
+            let mut tile = CTile([0.0; MB * NB]);
+            for p in 0..panels {
+                let b_panel = &bp[p * kpp * NB..(p + 1) * kpp * NB];
+                let c0 = c_blk + p * NB;
+                let cols = NB.min(c_blk + nc - c0);
+                for blk in g * GROUP..row_blocks.min((g + 1) * GROUP) {
+                    let a_blk = &ap[blk * steps * A_STEP..(blk + 1) * steps * A_STEP];
+                    // SAFETY: tiles are configured on this thread; `a_blk` holds `steps` k
+                    // steps of two A tiles, `b_panel` `kpp` rows of NB words, `tile` 32 x 32.
+                    unsafe {
+                        tile_kernel_32x32(
+                            tile.0.as_mut_ptr(),
+                            a_blk.as_ptr(),
+                            b_panel.as_ptr(),
+                            steps,
+                        )
+                    };
+                    let r0 = blk * MB;
+                    for r in 0..MB.min(m - r0) {
+                        // SAFETY: row groups are disjoint between tasks; `(r0 + r) * n + c0 +
+                        // cols <= m * n`.
+                        let row = unsafe { out_ptr.slice((r0 + r) * n + c0, cols) };
+                        let t = &tile.0[r * NB..r * NB + cols];
+                        if d.accumulate {
+                            row.iter_mut().zip(t).for_each(|(x, y)| *x += y);
+                        } else {
+                            row.copy_from_slice(t);
+                        }
+                    }
+                }
+            }
+        };
+        if parallel && groups > 1 {
+            (0..groups)
+                .into_par_iter()
+                .with_min_len(groups.div_ceil(threads))
+                .for_each(work);
+        } else {
+            (0..groups).for_each(work);
+        }
+        c_blk += nc;
+    }
+}
+
+/// `c[32][32] = Σ_steps a · b`: four accumulator tiles over `steps` k steps of 32.
+///
+/// # Safety
+/// The calling thread's tiles are configured ([`configure_tiles`]); `a` points at `steps` k
+/// steps of two packed A tiles (2,048 bytes each step), `b` at `steps * 16` rows of 32 words,
+/// `c` at 1,024 writable f32; `steps >= 1`.
+#[cfg(target_arch = "x86_64")]
+unsafe fn tile_kernel_32x32(c: *mut f32, a: *const u32, b: *const u32, steps: usize) {
+    debug_assert!(steps >= 1);
+    // SAFETY: the caller's contract; the whole micro-kernel is one block because tile
+    // registers cannot be carried between `asm!` blocks.
+    std::arch::asm!(
+        "tilezero tmm0",
+        "tilezero tmm1",
+        "tilezero tmm2",
+        "tilezero tmm3",
+        "2:",
+        "tileloadd tmm4, [{a} + {s64}*1]",
+        "tileloadd tmm6, [{b} + {s128}*1]",
+        "tileloadd tmm7, [{b} + {s128}*1 + 64]",
+        "tdpbf16ps tmm0, tmm4, tmm6",
+        "tileloadd tmm5, [{a} + {s64}*1 + 1024]",
+        "tdpbf16ps tmm1, tmm4, tmm7",
+        "tdpbf16ps tmm2, tmm5, tmm6",
+        "tdpbf16ps tmm3, tmm5, tmm7",
+        "add {a}, 2048",
+        "add {b}, 2048",
+        "dec {steps}",
+        "jnz 2b",
+        "tilestored [{c} + {s128}*1], tmm0",
+        "tilestored [{c} + {s128}*1 + 64], tmm1",
+        "tilestored [{c} + {s128}*1 + 2048], tmm2",
+        "tilestored [{c} + {s128}*1 + 2112], tmm3",
+        a = inout(reg) a => _,
+        b = inout(reg) b => _,
+        steps = inout(reg) steps => _,
+        c = in(reg) c,
+        s64 = in(reg) 64usize,
+        s128 = in(reg) 128usize,
+        out("tmm0") _,
+        out("tmm1") _,
+        out("tmm2") _,
+        out("tmm3") _,
+        out("tmm4") _,
+        out("tmm5") _,
+        out("tmm6") _,
+        out("tmm7") _,
+        options(nostack),
+    );
+}
+
+/// The tile unit's throughput on `threads` threads (GFLOP/s, 16,384 flop per `tdpbf16ps`):
+/// four independent accumulators, no loads. `None` without AMX. The MFU of a `--bf16` run whose
+/// matmuls run on AMX is against this peak.
+pub fn amx_peak_gflops(threads: usize) -> Option<f64> {
+    if !amx_available() {
+        return None;
+    }
+    const ITERS: usize = 2_000_000;
+    let start = std::time::Instant::now();
+    std::thread::scope(|s| {
+        for _ in 0..threads.max(1) {
+            // SAFETY: AMX was detected and granted above; tiles are configured on this thread.
+            s.spawn(|| unsafe {
+                configure_tiles();
+                peak_loop(ITERS)
+            });
+        }
+    });
+    let secs = start.elapsed().as_secs_f64();
+    Some((threads.max(1) * ITERS * 4 * 16_384) as f64 / secs / 1e9)
+}
+
+/// # Safety
+/// The calling thread's tiles are configured.
+#[cfg(target_arch = "x86_64")]
+unsafe fn peak_loop(iters: usize) {
+    // SAFETY: the caller's contract; operand tiles are zeroed, so every product is defined.
+    std::arch::asm!(
+        "tilezero tmm0",
+        "tilezero tmm1",
+        "tilezero tmm2",
+        "tilezero tmm3",
+        "tilezero tmm4",
+        "tilezero tmm5",
+        "tilezero tmm6",
+        "tilezero tmm7",
+        "2:",
+        "tdpbf16ps tmm0, tmm4, tmm6",
+        "tdpbf16ps tmm1, tmm4, tmm7",
+        "tdpbf16ps tmm2, tmm5, tmm6",
+        "tdpbf16ps tmm3, tmm5, tmm7",
+        "dec {n}",
+        "jnz 2b",
+        n = inout(reg) iters => _,
+        out("tmm0") _,
+        out("tmm1") _,
+        out("tmm2") _,
+        out("tmm3") _,
+        out("tmm4") _,
+        out("tmm5") _,
+        out("tmm6") _,
+        out("tmm7") _,
+        options(nostack, nomem),
+    );
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn peak_loop(_: usize) {}

@@ -1,0 +1,143 @@
+//! The AMX bf16 GEMM against a naive reference on the same bf16-rounded operands: every
+//! transpose, accumulate, shapes crossing every tile (16), kernel block (32) and packed-B column
+//! block edge, and bit-identical results for 1, 2 and 3 threads. Where the CPU or OS has no AMX
+//! the same calls run the fallback kernel, which is what is then tested (and the test says so).
+
+mod common;
+
+use common::naive_matmul_bf16;
+use megatron_tensor::cpu::amx::{amx_available, amx_unavailable_reason};
+use megatron_tensor::cpu::matmul::{
+    matmul, set_bf16_kernel, set_matmul_precision, Bf16Kernel, MatmulDims, MatmulPrecision,
+};
+use megatron_tensor::cpu::matmul_amx::{amx_peak_gflops, matmul_amx_with_threads};
+
+fn say_which_kernel() {
+    match amx_unavailable_reason() {
+        None => eprintln!("AMX available: testing the tile kernel"),
+        Some(why) => eprintln!("AMX tile kernel skipped ({why}): testing its fallback instead"),
+    }
+}
+
+fn operands(m: usize, n: usize, k: usize, seed: usize) -> (Vec<f32>, Vec<f32>) {
+    let a = (0..m * k)
+        .map(|i| (((i + seed) * 37 % 101) as f32 - 50.0) * 0.013)
+        .collect();
+    let b = (0..k * n)
+        .map(|i| (((i + seed) * 53 % 97) as f32 - 48.0) * 0.017)
+        .collect();
+    (a, b)
+}
+
+fn dims(m: usize, n: usize, k: usize, ta: bool, tb: bool, acc: bool) -> MatmulDims {
+    let mut d = MatmulDims::new(m, n, k);
+    d.trans_a = ta;
+    d.trans_b = tb;
+    d.accumulate = acc;
+    d
+}
+
+fn check_against_reference(m: usize, n: usize, k: usize, d: MatmulDims, threads: usize) {
+    let (a, b) = operands(m, n, k, m + n + k);
+    let init: Vec<f32> = (0..m * n).map(|i| (i % 5) as f32 - 2.0).collect();
+    let mut out = init.clone();
+    matmul_amx_with_threads(&mut out, &a, &b, d, threads);
+    let want = naive_matmul_bf16(&a, &b, d);
+    for i in 0..m * n {
+        let w = want[i] + if d.accumulate { init[i] as f64 } else { 0.0 };
+        // f32 accumulation of exact bf16 products.
+        let tol = 1e-5 * (k as f64).sqrt() * (1.0 + w.abs());
+        assert!(
+            (out[i] as f64 - w).abs() <= tol,
+            "{d:?} threads {threads}: [{i}] {} vs {w}",
+            out[i]
+        );
+    }
+}
+
+#[test]
+fn amx_matmul_matches_a_reference_on_bf16_operands_for_every_transpose() {
+    say_which_kernel();
+    for (m, n, k) in [
+        (1, 1, 1),
+        (16, 16, 32),
+        (17, 33, 31),
+        (33, 31, 65),
+        (70, 100, 200),
+    ] {
+        for ta in [false, true] {
+            for tb in [false, true] {
+                for acc in [false, true] {
+                    check_against_reference(m, n, k, dims(m, n, k, ta, tb, acc), 2);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn amx_matmul_handles_ragged_shapes_across_tile_and_block_edges() {
+    say_which_kernel();
+    for m in [15, 16, 17, 31, 32, 33, 65] {
+        for (n, k) in [(1, 33), (17, 63), (32, 64), (47, 95)] {
+            check_against_reference(m, n, k, dims(m, n, k, false, true, false), 1);
+        }
+    }
+    // k = 2047: 1,024 k pairs, so a packed-B column block holds 256 columns and n = 300 crosses it.
+    let (m, n, k) = (40, 300, 2047);
+    check_against_reference(m, n, k, dims(m, n, k, true, false, true), 2);
+}
+
+#[test]
+fn amx_matmul_is_bit_identical_for_one_two_and_three_threads() {
+    say_which_kernel();
+    let (m, n, k) = (200, 150, 300);
+    for (ta, tb) in [(false, false), (false, true), (true, false)] {
+        let d = dims(m, n, k, ta, tb, false);
+        let (a, b) = operands(m, n, k, 3);
+        let run = |threads| {
+            let mut out = vec![0.0f32; m * n];
+            matmul_amx_with_threads(&mut out, &a, &b, d, threads);
+            out
+        };
+        let one = run(1);
+        for threads in [2, 3] {
+            let other = run(threads);
+            assert!(
+                one.iter()
+                    .zip(&other)
+                    .all(|(x, y)| x.to_bits() == y.to_bits()),
+                "{threads} threads differ from one ({d:?})"
+            );
+        }
+    }
+}
+
+#[test]
+fn bf16_matmul_on_the_amx_kernel_is_chosen_by_the_thread_setting() {
+    say_which_kernel();
+    let (m, n, k) = (48, 40, 96);
+    let (a, b) = operands(m, n, k, 11);
+    let d = MatmulDims::new(m, n, k).tb();
+    let mut via_matmul = vec![0.0f32; m * n];
+    set_matmul_precision(MatmulPrecision::BF16);
+    set_bf16_kernel(Bf16Kernel::Amx);
+    matmul(&mut via_matmul, &a, &b, d);
+    set_matmul_precision(MatmulPrecision::F32);
+    set_bf16_kernel(Bf16Kernel::Dot);
+    let mut direct = vec![0.0f32; m * n];
+    matmul_amx_with_threads(&mut direct, &a, &b, d, 1);
+    assert_eq!(via_matmul, direct);
+}
+
+#[test]
+fn amx_peak_is_reported_only_where_amx_runs() {
+    say_which_kernel();
+    let peak = amx_peak_gflops(1);
+    assert_eq!(peak.is_some(), amx_available());
+    if let Some(p) = peak {
+        // One core's tile unit: ~1,024 flop/cycle; anything under 100 GFLOP/s means the
+        // instructions are not running on the unit.
+        assert!(p > 100.0, "AMX peak {p} GFLOP/s");
+    }
+}
