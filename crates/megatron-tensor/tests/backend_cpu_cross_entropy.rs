@@ -155,3 +155,40 @@ fn fused_classifier_rows_with_zero_dloss_contribute_no_gradient() {
     );
     assert_close(&dw, &only, 1e-6, 1e-5, "dw");
 }
+
+#[test]
+fn fused_classifier_on_amx_matches_the_rounded_operand_f32_path() {
+    use megatron_tensor::cpu::matmul::{
+        set_bf16_kernel, set_matmul_precision, Bf16Kernel, MatmulPrecision,
+    };
+    if let Some(why) = megatron_tensor::cpu::amx::amx_unavailable_reason() {
+        eprintln!("skipped: the AMX classifier path needs AMX ({why})");
+        return;
+    }
+    // Several tiles, so the weight packed once per call serves every tile.
+    let (n, c, v) = (70, 40, 150);
+    let (x, w, tg) = setup(n, c, v, 5);
+    let dloss = vec![1.0 / n as f32; n];
+    let d = ClassifierDims {
+        n,
+        c,
+        v,
+        chunk_rows: 16,
+    };
+    let run = |kernel| {
+        set_matmul_precision(MatmulPrecision::BF16);
+        set_bf16_kernel(kernel);
+        let (mut l, mut dx, mut dw) = (vec![0.0; n], vec![0.0; n * c], vec![0.0; v * c]);
+        fused_classifier(&mut l, Some((&mut dx, &mut dw)), &x, &w, &tg, &dloss, d);
+        set_matmul_precision(MatmulPrecision::F32);
+        set_bf16_kernel(Bf16Kernel::Dot);
+        (l, dx, dw)
+    };
+    let (l_amx, dx_amx, dw_amx) = run(Bf16Kernel::Amx);
+    let (l_fma, dx_fma, dw_fma) = run(Bf16Kernel::Fma);
+    // The same bf16 products summed in another order: f32 summation error, far below a bf16
+    // unit; a kernel that skipped the rounding or a tile would be off by much more.
+    assert_close(&l_amx, &l_fma, 1e-5, 1e-5, "losses");
+    assert_close(&dx_amx, &dx_fma, 1e-6, 1e-4, "dx");
+    assert_close(&dw_amx, &dw_fma, 1e-6, 1e-4, "dw");
+}

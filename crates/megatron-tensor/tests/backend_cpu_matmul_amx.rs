@@ -141,3 +141,30 @@ fn amx_peak_is_reported_only_where_amx_runs() {
         assert!(p > 100.0, "AMX peak {p} GFLOP/s");
     }
 }
+
+#[test]
+fn a_prepacked_b_gives_the_bits_of_packing_per_call() {
+    use megatron_tensor::cpu::matmul_amx::{matmul_amx_prepacked, PackedB};
+    if let Some(why) = amx_unavailable_reason() {
+        eprintln!("skipped: prepacking needs AMX ({why})");
+        assert!(PackedB::new(&[0.0; 4], MatmulDims::new(0, 2, 2), 1).is_none());
+        return;
+    }
+    // k = 2047 makes 256-column B blocks, so n = 300 reads the packed panels across a block edge.
+    let (m, n, k) = (50, 300, 2047);
+    for tb in [false, true] {
+        let d = dims(m, n, k, false, tb, true);
+        let (a, b) = operands(m, n, k, 9);
+        let packed = PackedB::new(&b, d, 2).expect("AMX is available");
+        let mut once = vec![0.5f32; m * n];
+        let mut per_call = once.clone();
+        matmul_amx_prepacked(&mut once, &a, &packed, d, 2);
+        matmul_amx_with_threads(&mut per_call, &a, &b, d, 2);
+        assert!(
+            once.iter()
+                .zip(&per_call)
+                .all(|(x, y)| x.to_bits() == y.to_bits()),
+            "trans_b {tb}"
+        );
+    }
+}

@@ -34,6 +34,12 @@ impl PackBuffer {
         PackBuffer(Vec::new())
     }
 
+    /// The packed words.
+    pub(crate) fn words(&self) -> &[u32] {
+        // SAFETY: as in `zeroed`: the storage is `16 * len` initialised `u32`.
+        unsafe { std::slice::from_raw_parts(self.0.as_ptr() as *const u32, self.0.len() * 16) }
+    }
+
     /// `words` zeroed words (a multiple of 16), starting on a cache line.
     pub(crate) fn zeroed(&mut self, words: usize) -> &mut [u32] {
         debug_assert_eq!(words % 16, 0);

@@ -8,10 +8,11 @@
 
 use super::cast::{round_to_half_inplace, Half};
 use super::matmul::{
-    matmul, matmul_precision, matmul_with_threads, rounded_operand, MatmulDims, RoundedOperand,
+    matmul, matmul_on_rounded, matmul_precision, matmul_prepacked, prepack_b, rounded_operand,
+    MatmulDims, RoundedOperand,
 };
+use super::matmul_amx::PackedB;
 use super::simd::{exp, multiversion};
-use crate::threads::gemm_threads;
 use rayon::prelude::*;
 
 /// Target id that contributes neither loss nor gradient.
@@ -49,6 +50,7 @@ pub fn fused_classifier(
     assert_eq!(losses.len(), n);
     let (half, xh, wh) = classifier_operands(x, weight);
     let (x, weight) = (&*xh, &*wh);
+    let packed = ClassifierWeight::pack(weight, c, v, grads.is_some());
     let rows = d.chunk_rows.max(1).min(n.max(1));
     let mut logits = crate::pool::take_any(rows * v);
     let mut r0 = 0;
@@ -56,7 +58,7 @@ pub fn fused_classifier(
         let nr = rows.min(n - r0);
         let tile = &mut logits[..nr * v];
         let xr = &x[r0 * c..(r0 + nr) * c];
-        tile_matmul(tile, xr, weight, MatmulDims::new(nr, v, c).tb(), half);
+        logits_matmul(tile, xr, weight, &packed, (nr, c, v), half);
         let want_grad = grads.is_some();
         tile.par_chunks_mut(v)
             .zip(losses[r0..r0 + nr].par_iter_mut())
@@ -79,7 +81,7 @@ pub fn fused_classifier(
                 dw,
                 tile,
                 xr,
-                weight,
+                (weight, &packed),
                 (nr, c, v),
                 half,
             );
@@ -96,7 +98,7 @@ fn classifier_tile_backward(
     dw: &mut [f32],
     dlogits: &mut [f32],
     x: &[f32],
-    weight: &[f32],
+    (weight, packed): (&[f32], &ClassifierWeight),
     (rows, c, v): (usize, usize, usize),
     half: Option<Half>,
 ) {
@@ -105,8 +107,48 @@ fn classifier_tile_backward(
             .par_chunks_mut(1 << 16)
             .for_each(|t| round_to_half_inplace(t, h));
     }
-    tile_matmul(dx, dlogits, weight, MatmulDims::new(rows, c, v), half);
+    let d = MatmulDims::new(rows, c, v);
+    match &packed.backward {
+        Some(p) => matmul_prepacked(dx, dlogits, p, d),
+        None => tile_matmul(dx, dlogits, weight, d, half),
+    }
     tile_matmul(dw, dlogits, x, MatmulDims::new(v, c, rows).ta().acc(), half);
+}
+
+/// The output weight packed once per call for the kernel that packs (bf16 on AMX): as the `b`
+/// of the logits (`x · Wᵀ`) and of the input gradient (`dlogits · W`).
+struct ClassifierWeight {
+    forward: Option<PackedB>,
+    backward: Option<PackedB>,
+}
+
+impl ClassifierWeight {
+    fn pack(weight: &[f32], c: usize, v: usize, with_grads: bool) -> Self {
+        ClassifierWeight {
+            forward: prepack_b(weight, MatmulDims::new(0, v, c).tb()),
+            backward: if with_grads {
+                prepack_b(weight, MatmulDims::new(0, c, v))
+            } else {
+                None
+            },
+        }
+    }
+}
+
+/// A logits tile `x · Wᵀ`, on the packed weight where there is one.
+fn logits_matmul(
+    tile: &mut [f32],
+    x: &[f32],
+    weight: &[f32],
+    packed: &ClassifierWeight,
+    (rows, c, v): (usize, usize, usize),
+    half: Option<Half>,
+) {
+    let d = MatmulDims::new(rows, v, c).tb();
+    match &packed.forward {
+        Some(p) => matmul_prepacked(tile, x, p, d),
+        None => tile_matmul(tile, x, weight, d, half),
+    }
 }
 
 /// Under 16-bit matmuls the classifier's operands, rounded once per call rather than once per
@@ -128,7 +170,7 @@ fn classifier_operands<'a>(
 /// A tile GEMM whose operands are already rounded when `half` is set.
 fn tile_matmul(out: &mut [f32], a: &[f32], b: &[f32], d: MatmulDims, half: Option<Half>) {
     if half.is_some() {
-        matmul_with_threads(out, a, b, d, gemm_threads());
+        matmul_on_rounded(out, a, b, d);
     } else {
         matmul(out, a, b, d);
     }
@@ -219,6 +261,7 @@ pub fn vocab_parallel_classifier<E>(
     assert_eq!(losses.len(), n);
     let (half, xh, wh) = classifier_operands(x, weight);
     let (x, weight) = (&*xh, &*wh);
+    let packed = ClassifierWeight::pack(weight, c, v, grads.is_some());
     let rows = d.chunk_rows.max(1).min(n.max(1));
     let mut logits = crate::pool::take_any(rows * v);
     let owned = |tgt: u32| -> Option<usize> {
@@ -231,7 +274,7 @@ pub fn vocab_parallel_classifier<E>(
         let tile = &mut logits[..nr * v];
         let xr = &x[r0 * c..(r0 + nr) * c];
         let tg = &targets[r0..r0 + nr];
-        tile_matmul(tile, xr, weight, MatmulDims::new(nr, v, c).tb(), half);
+        logits_matmul(tile, xr, weight, &packed, (nr, c, v), half);
         let mut mx: Vec<f32> = tile
             .par_chunks(v)
             .map(|row| row.iter().copied().fold(f32::NEG_INFINITY, f32::max))
@@ -277,7 +320,7 @@ pub fn vocab_parallel_classifier<E>(
                 dw,
                 tile,
                 xr,
-                weight,
+                (weight, &packed),
                 (nr, c, v),
                 half,
             );

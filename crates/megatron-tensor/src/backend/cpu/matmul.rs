@@ -145,6 +145,32 @@ fn matmul_as(
     }
 }
 
+/// Matmul of operands already rounded to this thread's 16-bit precision (the output layer rounds
+/// its weight once per call, not once per tile): the AMX kernel converts while packing anyway;
+/// the others run the f32 GEMM, skipping the rounding check.
+pub fn matmul_on_rounded(out: &mut [f32], a: &[f32], b: &[f32], d: MatmulDims) {
+    match (matmul_precision(), bf16_kernel()) {
+        (MatmulPrecision::BF16, Bf16Kernel::Amx) => matmul(out, a, b, d),
+        _ => matmul_with_threads(out, a, b, d, gemm_threads()),
+    }
+}
+
+/// `op(b)` packed once for many products with different `a` (the output layer's weight across
+/// its token tiles), where this thread's matmuls run on a kernel that packs (bf16 on AMX);
+/// `None` elsewhere, and the caller multiplies as usual. `d.m` is ignored.
+pub fn prepack_b(b: &[f32], d: MatmulDims) -> Option<super::matmul_amx::PackedB> {
+    if matmul_precision() == MatmulPrecision::BF16 && bf16_kernel() == Bf16Kernel::Amx {
+        super::matmul_amx::PackedB::new(b, d, gemm_threads())
+    } else {
+        None
+    }
+}
+
+/// `out (=|+=) op(a) · op(b)` with `b` from [`prepack_b`] (the same dims but `m`).
+pub fn matmul_prepacked(out: &mut [f32], a: &[f32], b: &super::matmul_amx::PackedB, d: MatmulDims) {
+    super::matmul_amx::matmul_amx_prepacked(out, a, b, d, gemm_threads());
+}
+
 /// One of the independent products of [`grouped_matmul`].
 pub struct GemmProblem<'a> {
     pub out: &'a mut [f32],

@@ -67,19 +67,119 @@ pub fn matmul_amx_with_threads(
             Ok(b) => b,
             Err(_) => &mut fresh,
         };
-        amx_gemm(out, a, b, d, threads, ap, bp);
+        amx_gemm(out, a, BSource::Pack(b, bp), d, threads, ap);
     });
+}
+
+/// A `b` operand packed once for many products (the output layer's weight across its token
+/// tiles): the packing, a large share of an AMX GEMM, is paid once instead of once per call.
+pub struct PackedB {
+    words: PackBuffer,
+    k: usize,
+    n: usize,
+    trans_b: bool,
+}
+
+impl PackedB {
+    /// Packs all of `op(b)` (`d.k` x `d.n`, `d.trans_b`; `d.m` is ignored). `None` where AMX is
+    /// not usable.
+    pub fn new(b: &[f32], d: MatmulDims, threads: usize) -> Option<Self> {
+        let MatmulDims { n, k, .. } = d;
+        assert_eq!(b.len(), k * n, "matmul b");
+        if !amx_available() || n == 0 || k == 0 {
+            return None;
+        }
+        let kpp = k.div_ceil(2 * KB) * KB;
+        let mut words = PackBuffer::new();
+        pack_b_panels(
+            words.zeroed(n.div_ceil(NB) * kpp * NB),
+            b,
+            d,
+            0,
+            n,
+            threads > 1,
+        );
+        Some(PackedB {
+            words,
+            k,
+            n,
+            trans_b: d.trans_b,
+        })
+    }
+}
+
+/// `out (=|+=) op(a) · op(b)` with `b` packed beforehand; `d` must describe the same `b`.
+pub fn matmul_amx_prepacked(
+    out: &mut [f32],
+    a: &[f32],
+    b: &PackedB,
+    d: MatmulDims,
+    threads: usize,
+) {
+    assert!(
+        d.k == b.k && d.n == b.n && d.trans_b == b.trans_b,
+        "packed b is {}x{} (trans {}), the product wants {}x{} (trans {})",
+        b.k,
+        b.n,
+        b.trans_b,
+        d.k,
+        d.n,
+        d.trans_b
+    );
+    assert_eq!(out.len(), d.m * d.n, "matmul out");
+    assert_eq!(a.len(), d.m * d.k, "matmul a");
+    if d.m == 0 {
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    PACKED.with(|bufs| {
+        let mut fresh = PackBuffer::new();
+        let mut guard = bufs.try_borrow_mut();
+        let ap = match guard.as_deref_mut() {
+            Ok(b) => &mut b.0,
+            Err(_) => &mut fresh,
+        };
+        amx_gemm(out, a, BSource::Packed(&b.words), d, threads, ap);
+    });
+}
+
+/// Where a product's B panels come from.
+enum BSource<'a> {
+    /// Packed per column block into the buffer.
+    Pack(&'a [f32], &'a mut PackBuffer),
+    /// All panels packed beforehand.
+    Packed(&'a PackBuffer),
+}
+
+/// Packs columns `[c_blk, c_blk + nc)` of `op(b)` into panels of NB columns.
+fn pack_b_panels(
+    dst: &mut [u32],
+    b: &[f32],
+    d: MatmulDims,
+    c_blk: usize,
+    nc: usize,
+    parallel: bool,
+) {
+    let kpp = d.k.div_ceil(2 * KB) * KB;
+    let pack_b_panel =
+        |(p, dst): (usize, &mut [u32])| pack_b(dst, b, d, c_blk + p * NB, c_blk + nc);
+    if parallel {
+        dst.par_chunks_mut(kpp * NB)
+            .enumerate()
+            .for_each(pack_b_panel);
+    } else {
+        dst.chunks_mut(kpp * NB).enumerate().for_each(pack_b_panel);
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
 fn amx_gemm(
     out: &mut [f32],
     a: &[f32],
-    b: &[f32],
+    mut b_src: BSource<'_>,
     d: MatmulDims,
     threads: usize,
     ap: &mut PackBuffer,
-    bp: &mut PackBuffer,
 ) {
     let MatmulDims { m, n, k, .. } = d;
     let steps = k.div_ceil(2 * KB);
@@ -105,17 +205,17 @@ fn amx_gemm(
     while c_blk < n {
         let nc = nc_max.min(n - c_blk);
         let panels = nc.div_ceil(NB);
-        let bp = bp.zeroed(panels * kpp * NB);
-        let pack_b_panel =
-            |(p, dst): (usize, &mut [u32])| pack_b(dst, b, d, c_blk + p * NB, c_blk + nc);
-        if parallel {
-            bp.par_chunks_mut(kpp * NB)
-                .enumerate()
-                .for_each(pack_b_panel);
-        } else {
-            bp.chunks_mut(kpp * NB).enumerate().for_each(pack_b_panel);
-        }
-        let bp = &bp[..];
+        let bp: &[u32] = match &mut b_src {
+            BSource::Pack(b, buf) => {
+                let dst = buf.zeroed(panels * kpp * NB);
+                pack_b_panels(dst, b, d, c_blk, nc, parallel);
+                dst
+            }
+            BSource::Packed(all) => {
+                let first = c_blk / NB;
+                &all.words()[first * kpp * NB..(first + panels) * kpp * NB]
+            }
+        };
         let ap = &ap[..];
         // A task is a group of row blocks; each B panel is loaded once per group and used by
         // all its row blocks from L1, while the group's packed A stays in L2.
