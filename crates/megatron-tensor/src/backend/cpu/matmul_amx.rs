@@ -39,6 +39,8 @@ thread_local! {
     /// fault in fresh pages for every GEMM.
     static PACKED: RefCell<(PackBuffer, PackBuffer)> =
         const { RefCell::new((PackBuffer::new(), PackBuffer::new())) };
+    /// Buffers of dropped [`PackedB`]s (the output layer's weight, twice per step).
+    static SPARE: RefCell<Vec<PackBuffer>> = const { RefCell::new(Vec::new()) };
 }
 
 /// `out (=|+=) op(a) · op(b)` with bf16 operands and f32 accumulation on AMX tiles;
@@ -90,7 +92,7 @@ impl PackedB {
             return None;
         }
         let kpp = k.div_ceil(2 * KB) * KB;
-        let mut words = PackBuffer::new();
+        let mut words = SPARE.with(|s| s.borrow_mut().pop()).unwrap_or_else(PackBuffer::new);
         pack_b_panels(
             words.zeroed(n.div_ceil(NB) * kpp * NB),
             b,
@@ -105,6 +107,20 @@ impl PackedB {
             n,
             trans_b: d.trans_b,
         })
+    }
+}
+
+impl Drop for PackedB {
+    /// The buffer goes back to this thread's spares: a weight the size of the output layer's is
+    /// tens of MiB, and fresh pages for it every step cost more than packing.
+    fn drop(&mut self) {
+        let words = std::mem::replace(&mut self.words, PackBuffer::new());
+        SPARE.with(|s| {
+            let mut s = s.borrow_mut();
+            if s.len() < 2 {
+                s.push(words);
+            }
+        });
     }
 }
 
