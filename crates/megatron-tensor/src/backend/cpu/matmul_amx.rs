@@ -246,18 +246,31 @@ fn amx_gemm(
                 let cols = NB.min(c_blk + nc - c0);
                 for blk in g * GROUP..row_blocks.min((g + 1) * GROUP) {
                     let a_blk = &ap[blk * steps * A_STEP..(blk + 1) * steps * A_STEP];
-                    // SAFETY: tiles are configured on this thread; `a_blk` holds `steps` k
-                    // steps of two A tiles, `b_panel` `kpp` rows of NB words, `tile` 32 x 32.
-                    unsafe {
-                        tile_kernel_32x32(
-                            tile.0.as_mut_ptr(),
-                            a_blk.as_ptr(),
-                            b_panel.as_ptr(),
-                            steps,
-                        )
-                    };
                     let r0 = blk * MB;
-                    for r in 0..MB.min(m - r0) {
+                    let rows = MB.min(m - r0);
+                    if rows == MB && cols == NB {
+                        // A whole block: the tiles store to (and start from) C itself.
+                        // SAFETY: row groups are disjoint between tasks, so the block's 32 rows
+                        // of 32 f32 at `(r0 + r) * n + c0` are this task's; tiles configured.
+                        let ptr = unsafe { out_ptr.ptr().add(r0 * n + c0) };
+                        let row_bytes = n * 4;
+                        let c = if d.accumulate {
+                            CBlock::Accumulate { ptr, row_bytes }
+                        } else {
+                            CBlock::Store { ptr, row_bytes }
+                        };
+                        // SAFETY: `a_blk` holds `steps` k steps of two A tiles, `b_panel`
+                        // `kpp` rows of NB words; C as above.
+                        unsafe { tile_kernel_32x32(c, a_blk.as_ptr(), b_panel.as_ptr(), steps) };
+                        continue;
+                    }
+                    let scratch = CBlock::Store {
+                        ptr: tile.0.as_mut_ptr(),
+                        row_bytes: NB * 4,
+                    };
+                    // SAFETY: as above, C being the 32 x 32 scratch tile.
+                    unsafe { tile_kernel_32x32(scratch, a_blk.as_ptr(), b_panel.as_ptr(), steps) };
+                    for r in 0..rows {
                         // SAFETY: row groups are disjoint between tasks; `(r0 + r) * n + c0 +
                         // cols <= m * n`.
                         let row = unsafe { out_ptr.slice((r0 + r) * n + c0, cols) };
@@ -283,18 +296,43 @@ fn amx_gemm(
     }
 }
 
-/// `c[32][32] = Σ_steps a · b`: four accumulator tiles over `steps` k steps of 32.
+/// Where a kernel call's 32 x 32 block of C goes, and whether it starts from what is there.
+#[derive(Clone, Copy)]
+enum CBlock {
+    /// `C = A · B`, rows `row_bytes` apart.
+    Store { ptr: *mut f32, row_bytes: usize },
+    /// `C += A · B`: the tiles start from C's values, so products add to them one k step at a
+    /// time (the scratch path adds the finished sum instead; each output element always takes
+    /// the same path, whatever the thread count).
+    Accumulate { ptr: *mut f32, row_bytes: usize },
+}
+
+/// `C (=|+=) Σ_steps a · b` on a 32 x 32 block: four accumulator tiles over `steps` k steps
+/// of 32, stored straight to C (no scratch pass).
 ///
 /// # Safety
 /// The calling thread's tiles are configured ([`configure_tiles`]); `a` points at `steps` k
-/// steps of two packed A tiles (2,048 bytes each step), `b` at `steps * 16` rows of 32 words,
-/// `c` at 1,024 writable f32; `steps >= 1`.
+/// steps of two packed A tiles (2,048 bytes each step), `b` at `steps * 16` rows of 32 words;
+/// C's 32 rows of 32 f32 are writable (and readable) at `row_bytes` apart; `steps >= 1`.
 #[cfg(target_arch = "x86_64")]
-unsafe fn tile_kernel_32x32(c: *mut f32, a: *const u32, b: *const u32, steps: usize) {
+unsafe fn tile_kernel_32x32(c: CBlock, a: *const u32, b: *const u32, steps: usize) {
     debug_assert!(steps >= 1);
+    let (ptr, row_bytes, load) = match c {
+        CBlock::Store { ptr, row_bytes } => (ptr, row_bytes, 0usize),
+        CBlock::Accumulate { ptr, row_bytes } => (ptr, row_bytes, 1),
+    };
+    let c16 = (ptr as *mut u8).add(16 * row_bytes);
     // SAFETY: the caller's contract; the whole micro-kernel is one block because tile
     // registers cannot be carried between `asm!` blocks.
     std::arch::asm!(
+        "test {load}, {load}",
+        "jz 3f",
+        "tileloadd tmm0, [{c} + {cs}*1]",
+        "tileloadd tmm1, [{c} + {cs}*1 + 64]",
+        "tileloadd tmm2, [{c16} + {cs}*1]",
+        "tileloadd tmm3, [{c16} + {cs}*1 + 64]",
+        "jmp 2f",
+        "3:",
         "tilezero tmm0",
         "tilezero tmm1",
         "tilezero tmm2",
@@ -312,14 +350,17 @@ unsafe fn tile_kernel_32x32(c: *mut f32, a: *const u32, b: *const u32, steps: us
         "add {b}, 2048",
         "dec {steps}",
         "jnz 2b",
-        "tilestored [{c} + {s128}*1], tmm0",
-        "tilestored [{c} + {s128}*1 + 64], tmm1",
-        "tilestored [{c} + {s128}*1 + 2048], tmm2",
-        "tilestored [{c} + {s128}*1 + 2112], tmm3",
+        "tilestored [{c} + {cs}*1], tmm0",
+        "tilestored [{c} + {cs}*1 + 64], tmm1",
+        "tilestored [{c16} + {cs}*1], tmm2",
+        "tilestored [{c16} + {cs}*1 + 64], tmm3",
         a = inout(reg) a => _,
         b = inout(reg) b => _,
         steps = inout(reg) steps => _,
-        c = in(reg) c,
+        load = in(reg) load,
+        c = in(reg) ptr,
+        c16 = in(reg) c16,
+        cs = in(reg) row_bytes,
         s64 = in(reg) 64usize,
         s128 = in(reg) 128usize,
         out("tmm0") _,
