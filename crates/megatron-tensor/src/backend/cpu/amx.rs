@@ -54,7 +54,11 @@ fn cpu_has_amx_bf16() -> bool {
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 fn detect_and_request() -> bool {
     use std::arch::x86_64::__cpuid_count;
-    if !cpu_has_amx_bf16() {
+    // The packing routines convert with AVX512_BF16 (every AMX CPU has it).
+    let avx512 = is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512bw")
+        && is_x86_feature_detected!("avx512bf16");
+    if !cpu_has_amx_bf16() || !avx512 {
         return false;
     }
     #[allow(unused_unsafe)]

@@ -4,12 +4,11 @@
 //! of k = 2q (low half) and 2q + 1 (high half). Zero beyond the matrix, so every tile is whole.
 //!
 //! Packing converts every operand value once per call, which at AMX speed is a large share of
-//! a GEMM: the AVX-512 paths convert 16 or 32 values per instruction (`vcvtne2ps2bf16`); the
-//! scalar paths are for CPUs without AVX512_BF16 (none has AMX without it, but the layout is
-//! tested on them too).
+//! a GEMM: AVX-512 converts 16 or 32 values per instruction (`vcvtne2ps2bf16`, round to
+//! nearest even, NaN kept) and transposes 16 x 16 word blocks in registers where the operand
+//! runs the other way. Every AMX CPU has AVX512_BF16; `amx_available()` requires it.
 
 use super::matmul::MatmulDims;
-use std::sync::OnceLock;
 
 /// Rows of C per kernel call (two A tiles).
 pub(crate) const MB: usize = 32;
@@ -51,84 +50,20 @@ impl PackBuffer {
     }
 }
 
-fn simd() -> bool {
-    static SIMD: OnceLock<bool> = OnceLock::new();
-    *SIMD.get_or_init(|| {
-        #[cfg(target_arch = "x86_64")]
-        {
-            is_x86_feature_detected!("avx512f")
-                && is_x86_feature_detected!("avx512bf16")
-                && is_x86_feature_detected!("avx512bw")
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        {
-            false
-        }
-    })
-}
-
 /// Index of (row `r` of the block, k pair `q`) in a packed A block.
 #[inline(always)]
 fn a_index(r: usize, q: usize) -> usize {
     ((q / KB) * 2 + r / 16) * 256 + (r % 16) * KB + q % KB
 }
 
-/// f32 to bf16 bits, round to nearest even (NaN stays NaN: quiet bit set).
-#[inline(always)]
-fn bf16_bits(x: f32) -> u32 {
-    let b = x.to_bits();
-    if x.is_nan() {
-        (b >> 16) | 0x40
-    } else {
-        b.wrapping_add(0x7FFF + ((b >> 16) & 1)) >> 16
-    }
-}
-
-/// Two f32 rounded to bf16 in one word, `lo` (the even k) in the low half.
-#[inline(always)]
-fn pair(lo: f32, hi: f32) -> u32 {
-    bf16_bits(lo) | (bf16_bits(hi) << 16)
-}
-
 /// Packs rows `[r0, r0 + 32)` of `op(a)` into `dst` (`steps` k steps; dst arrives zeroed).
 pub(crate) fn pack_a(dst: &mut [u32], a: &[f32], d: MatmulDims, r0: usize, steps: usize) {
     debug_assert_eq!(dst.len(), steps * A_STEP);
     #[cfg(target_arch = "x86_64")]
-    if simd() {
-        // SAFETY: AVX-512F/BW/BF16 detected; indices in bounds as for the scalar path.
-        return unsafe { pack_a_avx512(dst, a, d, r0, steps) };
-    }
-    pack_a_scalar(dst, a, d, r0, steps)
-}
-
-fn pack_a_scalar(dst: &mut [u32], a: &[f32], d: MatmulDims, r0: usize, steps: usize) {
-    let MatmulDims { m, k, .. } = d;
-    let rows = MB.min(m - r0);
-    let kp = k.div_ceil(2);
-    if d.trans_a {
-        // a is [k, m]: rows 2q and 2q + 1 hold the pair for every row of op(a).
-        for q in 0..kp {
-            let lo = &a[2 * q * m + r0..2 * q * m + r0 + rows];
-            for (r, l) in lo.iter().enumerate() {
-                let h = if 2 * q + 1 < k {
-                    a[(2 * q + 1) * m + r0 + r]
-                } else {
-                    0.0
-                };
-                dst[a_index(r, q)] = pair(*l, h);
-            }
-        }
-    } else {
-        for r in 0..rows {
-            let row = &a[(r0 + r) * k..(r0 + r + 1) * k];
-            for s in 0..steps {
-                let src = &row[(s * 2 * KB).min(k)..((s + 1) * 2 * KB).min(k)];
-                let at = a_index(r, s * KB);
-                for (q, p) in src.chunks(2).enumerate() {
-                    dst[at + q] = pair(p[0], p.get(1).copied().unwrap_or(0.0));
-                }
-            }
-        }
+    // SAFETY: AVX-512F/BW/BF16 are part of `amx_available()`, the only way here; `dst` holds
+    // `steps` k steps of a 32-row block and rows `r0..` of `op(a)` exist (the caller's blocks).
+    unsafe {
+        pack_a_avx512(dst, a, d, r0, steps)
     }
 }
 
@@ -136,38 +71,9 @@ fn pack_a_scalar(dst: &mut [u32], a: &[f32], d: MatmulDims, r0: usize, steps: us
 /// (dst arrives zeroed).
 pub(crate) fn pack_b(dst: &mut [u32], b: &[f32], d: MatmulDims, c0: usize, c_end: usize) {
     #[cfg(target_arch = "x86_64")]
-    if simd() {
-        // SAFETY: AVX-512F/BW/BF16 detected; indices in bounds as for the scalar path.
-        return unsafe { pack_b_avx512(dst, b, d, c0, c_end) };
-    }
-    pack_b_scalar(dst, b, d, c0, c_end)
-}
-
-fn pack_b_scalar(dst: &mut [u32], b: &[f32], d: MatmulDims, c0: usize, c_end: usize) {
-    let MatmulDims { n, k, .. } = d;
-    let cols = NB.min(c_end - c0);
-    let kp = k.div_ceil(2);
-    if d.trans_b {
-        // b is [n, k]: column c's k values are contiguous, pairs adjacent.
-        for c in 0..cols {
-            let col = &b[(c0 + c) * k..(c0 + c + 1) * k];
-            for (q, p) in col.chunks(2).enumerate() {
-                dst[q * NB + c] = pair(p[0], p.get(1).copied().unwrap_or(0.0));
-            }
-        }
-    } else {
-        // b is [k, n]: rows 2q and 2q + 1 interleave.
-        for q in 0..kp {
-            let lo = &b[2 * q * n + c0..2 * q * n + c0 + cols];
-            for (c, l) in lo.iter().enumerate() {
-                let h = if 2 * q + 1 < k {
-                    b[(2 * q + 1) * n + c0 + c]
-                } else {
-                    0.0
-                };
-                dst[q * NB + c] = pair(*l, h);
-            }
-        }
+    // SAFETY: as for `pack_a`; `dst` is one whole panel of columns `c0..c_end` of `op(b)`.
+    unsafe {
+        pack_b_avx512(dst, b, d, c0, c_end)
     }
 }
 
@@ -204,6 +110,40 @@ mod avx512 {
         std::mem::transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(hi16, lo16))
     }
 
+    /// Transposes a 16 x 16 block of 32-bit words held as 16 vectors (rows) into columns.
+    ///
+    /// # Safety
+    /// AVX-512F.
+    #[inline(always)]
+    pub(super) unsafe fn transpose16(r: &[__m512i; 16]) -> [__m512i; 16] {
+        // After the two unpack stages, u[4g + c] holds, in 128-bit lane L, column 4L + c of
+        // rows 4g..4g + 4; two lane shuffles gather lane L of the four groups.
+        let mut t = [_mm512_setzero_si512(); 16];
+        for i in 0..8 {
+            t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+            t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+        }
+        let mut u = [_mm512_setzero_si512(); 16];
+        for g in 0..4 {
+            u[4 * g] = _mm512_unpacklo_epi64(t[4 * g], t[4 * g + 2]);
+            u[4 * g + 1] = _mm512_unpackhi_epi64(t[4 * g], t[4 * g + 2]);
+            u[4 * g + 2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);
+            u[4 * g + 3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
+        }
+        let mut out = [_mm512_setzero_si512(); 16];
+        for c in 0..4 {
+            let x = _mm512_shuffle_i32x4::<0x88>(u[c], u[4 + c]);
+            let y = _mm512_shuffle_i32x4::<0xdd>(u[c], u[4 + c]);
+            let x2 = _mm512_shuffle_i32x4::<0x88>(u[8 + c], u[12 + c]);
+            let y2 = _mm512_shuffle_i32x4::<0xdd>(u[8 + c], u[12 + c]);
+            out[c] = _mm512_shuffle_i32x4::<0x88>(x, x2);
+            out[8 + c] = _mm512_shuffle_i32x4::<0xdd>(x, x2);
+            out[4 + c] = _mm512_shuffle_i32x4::<0x88>(y, y2);
+            out[12 + c] = _mm512_shuffle_i32x4::<0xdd>(y, y2);
+        }
+        out
+    }
+
     /// 16 words, word j = (bf16 of `even[j]`, bf16 of `odd[j]`).
     ///
     /// # Safety
@@ -231,25 +171,26 @@ unsafe fn pack_a_avx512(dst: &mut [u32], a: &[f32], d: MatmulDims, r0: usize, st
     let kp = k.div_ceil(2);
     let out = dst.as_mut_ptr();
     if d.trans_a {
-        // 16 rows of op(a) per vector; their words go 16 words apart in the packed tile.
-        let stride = _mm512_mullo_epi32(
-            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-            _mm512_set1_epi32(KB as i32),
-        );
-        for q in 0..kp {
-            let even = a.as_ptr().add(2 * q * m + r0);
-            let odd = a.as_ptr().add((2 * q + 1) * m + r0);
-            for h in (0..rows).step_by(16) {
-                let len = 16.min(rows - h);
-                let e = load(even.add(h), len);
-                let o = if 2 * q + 1 < k {
-                    load(odd.add(h), len)
-                } else {
-                    _mm512_setzero_ps()
-                };
-                let w = pairs_of_rows(e, o);
-                let base = out.add(a_index(h, q)) as *mut i32;
-                _mm512_mask_i32scatter_epi32::<4>(base as *mut _, lanes(len), stride, w);
+        // 16 k pairs x 16 rows of op(a) at a time: pairs of a's rows 2q, 2q + 1 (contiguous
+        // over op(a)'s rows), transposed in registers so each row's 16 words store at once.
+        for h in (0..rows).step_by(16) {
+            let len = 16.min(rows - h);
+            for q0 in (0..kp).step_by(KB) {
+                let mut block = [_mm512_setzero_si512(); 16];
+                for (qq, v) in block.iter_mut().enumerate().take(kp - q0) {
+                    let q = q0 + qq;
+                    let e = load(a.as_ptr().add(2 * q * m + r0 + h), len);
+                    let o = if 2 * q + 1 < k {
+                        load(a.as_ptr().add((2 * q + 1) * m + r0 + h), len)
+                    } else {
+                        _mm512_setzero_ps()
+                    };
+                    *v = pairs_of_rows(e, o);
+                }
+                let rows_words = transpose16(&block);
+                for (j, w) in rows_words.iter().enumerate().take(len) {
+                    _mm512_storeu_si512(out.add(a_index(h + j, q0)) as *mut _, *w);
+                }
             }
         }
     } else {
@@ -279,22 +220,22 @@ unsafe fn pack_b_avx512(dst: &mut [u32], b: &[f32], d: MatmulDims, c0: usize, c_
     let kp = k.div_ceil(2);
     let out = dst.as_mut_ptr();
     if d.trans_b {
-        // Column c: 32 consecutive k make 16 words, one per k-pair row (NB words apart).
-        let stride = _mm512_mullo_epi32(
-            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-            _mm512_set1_epi32(NB as i32),
-        );
-        for c in 0..cols {
-            let col = b.as_ptr().add((c0 + c) * k);
+        // Column c: 32 consecutive k make 16 words (k pairs q0..q0 + 16); 16 columns are
+        // transposed in registers so each k-pair row's 16 words store at once.
+        for h in (0..cols).step_by(16) {
+            let ncols = 16.min(cols - h);
             for q0 in (0..kp).step_by(KB) {
                 let k0 = 2 * q0;
                 let len = (k - k0).min(2 * KB);
-                let lo = load(col.add(k0), len);
-                let hi = load(col.add(k0 + 16), len.saturating_sub(16));
-                let w = pairs_of_run(lo, hi);
-                let words = (kp - q0).min(KB);
-                let base = out.add(q0 * NB + c) as *mut i32;
-                _mm512_mask_i32scatter_epi32::<4>(base as *mut _, lanes(words), stride, w);
+                let mut block = [_mm512_setzero_si512(); 16];
+                for (cc, v) in block.iter_mut().enumerate().take(ncols) {
+                    let col = b.as_ptr().add((c0 + h + cc) * k + k0);
+                    *v = pairs_of_run(load(col, len), load(col.add(16), len.saturating_sub(16)));
+                }
+                let pair_rows = transpose16(&block);
+                for (qq, w) in pair_rows.iter().enumerate().take(kp - q0) {
+                    _mm512_storeu_si512(out.add((q0 + qq) * NB + h) as *mut _, *w);
+                }
             }
         }
     } else {

@@ -92,7 +92,9 @@ impl PackedB {
             return None;
         }
         let kpp = k.div_ceil(2 * KB) * KB;
-        let mut words = SPARE.with(|s| s.borrow_mut().pop()).unwrap_or_else(PackBuffer::new);
+        let mut words = SPARE
+            .with(|s| s.borrow_mut().pop())
+            .unwrap_or_else(PackBuffer::new);
         pack_b_panels(
             words.zeroed(n.div_ceil(NB) * kpp * NB),
             b,
