@@ -42,7 +42,7 @@ rows = [json.loads(l) for l in open(sys.argv[1]) if '"lm_loss"' in l]
 warm, b, t, rss_kb = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 ms = statistics.median(r["ms_per_iter"] for r in rows[warm:])
 print(json.dumps({"impl": "megatron-rs" + ("-bf16" if "--bf16" in sys.argv[6] else ""), "step_s": ms / 1e3, "tokens_per_sec": b * t / (ms / 1e3),
-                  "peak_rss_bytes": rss_kb * 1024, "mfu_vs_fma_peak": statistics.median(r["mfu"] for r in rows[warm:]),
+                  "peak_rss_bytes": rss_kb * 1024, "mfu_vs_unit_peak": statistics.median(r["mfu"] for r in rows[warm:]),
                   "first_loss": rows[0]["lm_loss"], "last_loss": rows[-1]["lm_loss"]}))
 PY
   /usr/bin/time -f "%M" -o "$OUT/rss" "$PYTHON" "${TORCH_SCRIPT[@]}" \
