@@ -168,3 +168,24 @@ fn a_prepacked_b_gives_the_bits_of_packing_per_call() {
         );
     }
 }
+
+#[test]
+fn products_of_few_rows_take_the_rounded_f32_gemm_under_the_amx_setting() {
+    use megatron_tensor::cpu::matmul::AMX_MIN_ROWS;
+    // A decoded token: packing the weight for one row would cost more than the product.
+    let (n, k) = (70, 90);
+    for m in [1, AMX_MIN_ROWS - 1] {
+        let (a, b) = operands(m, n, k, 4);
+        let d = MatmulDims::new(m, n, k).tb();
+        let run = |kernel| {
+            let mut out = vec![0.0f32; m * n];
+            set_matmul_precision(MatmulPrecision::BF16);
+            set_bf16_kernel(kernel);
+            matmul(&mut out, &a, &b, d);
+            set_matmul_precision(MatmulPrecision::F32);
+            set_bf16_kernel(Bf16Kernel::Dot);
+            out
+        };
+        assert_eq!(run(Bf16Kernel::Amx), run(Bf16Kernel::Fma), "m {m}");
+    }
+}

@@ -50,7 +50,7 @@ pub fn fused_classifier(
     assert_eq!(losses.len(), n);
     let (half, xh, wh) = classifier_operands(x, weight);
     let (x, weight) = (&*xh, &*wh);
-    let packed = ClassifierWeight::pack(weight, c, v, grads.is_some());
+    let packed = ClassifierWeight::pack(weight, (n, c, v), grads.is_some());
     let rows = d.chunk_rows.max(1).min(n.max(1));
     let mut logits = crate::pool::take_any(rows * v);
     let mut r0 = 0;
@@ -123,11 +123,12 @@ struct ClassifierWeight {
 }
 
 impl ClassifierWeight {
-    fn pack(weight: &[f32], c: usize, v: usize, with_grads: bool) -> Self {
+    /// `n` tokens in all (the tiles together): too few and nothing is packed.
+    fn pack(weight: &[f32], (n, c, v): (usize, usize, usize), with_grads: bool) -> Self {
         ClassifierWeight {
-            forward: prepack_b(weight, MatmulDims::new(0, v, c).tb()),
+            forward: prepack_b(weight, MatmulDims::new(n, v, c).tb()),
             backward: if with_grads {
-                prepack_b(weight, MatmulDims::new(0, c, v))
+                prepack_b(weight, MatmulDims::new(n, c, v))
             } else {
                 None
             },
@@ -261,7 +262,7 @@ pub fn vocab_parallel_classifier<E>(
     assert_eq!(losses.len(), n);
     let (half, xh, wh) = classifier_operands(x, weight);
     let (x, weight) = (&*xh, &*wh);
-    let packed = ClassifierWeight::pack(weight, c, v, grads.is_some());
+    let packed = ClassifierWeight::pack(weight, (n, c, v), grads.is_some());
     let rows = d.chunk_rows.max(1).min(n.max(1));
     let mut logits = crate::pool::take_any(rows * v);
     let owned = |tgt: u32| -> Option<usize> {

@@ -118,6 +118,11 @@ pub fn matmul(out: &mut [f32], a: &[f32], b: &[f32], d: MatmulDims) {
     matmul_as(out, a, b, d, gemm_threads(), how);
 }
 
+/// Fewer rows than this (a decoded token, a tiny micro-batch) do not pay for packing `b` into
+/// AMX tiles: those products take the rounded-operand f32 GEMM (the same products; the choice
+/// depends only on the shape, so it is the same for every thread count).
+pub const AMX_MIN_ROWS: usize = 32;
+
 /// The one place a matmul's kernel is chosen: by precision and bf16 instructions, on
 /// `threads` threads.
 fn matmul_as(
@@ -133,7 +138,7 @@ fn matmul_as(
         MatmulPrecision::BF16 if kernel == Bf16Kernel::Dot => {
             super::matmul_bf16::matmul_bf16_with_threads(out, a, b, d, threads)
         }
-        MatmulPrecision::BF16 if kernel == Bf16Kernel::Amx => {
+        MatmulPrecision::BF16 if kernel == Bf16Kernel::Amx && d.m >= AMX_MIN_ROWS => {
             super::matmul_amx::matmul_amx_with_threads(out, a, b, d, threads)
         }
         p => {
@@ -150,23 +155,28 @@ fn matmul_as(
 /// the others run the f32 GEMM, skipping the rounding check.
 pub fn matmul_on_rounded(out: &mut [f32], a: &[f32], b: &[f32], d: MatmulDims) {
     match (matmul_precision(), bf16_kernel()) {
-        (MatmulPrecision::BF16, Bf16Kernel::Amx) => matmul(out, a, b, d),
+        (MatmulPrecision::BF16, Bf16Kernel::Amx) if d.m >= AMX_MIN_ROWS => matmul(out, a, b, d),
         _ => matmul_with_threads(out, a, b, d, gemm_threads()),
     }
 }
 
 /// `op(b)` packed once for many products with different `a` (the output layer's weight across
-/// its token tiles), where this thread's matmuls run on a kernel that packs (bf16 on AMX);
-/// `None` elsewhere, and the caller multiplies as usual. `d.m` is ignored.
+/// its token tiles), where this thread's matmuls run on a kernel that packs (bf16 on AMX) and
+/// `d.m`, the rows all those products have together, is at least [`AMX_MIN_ROWS`]; `None`
+/// elsewhere, and the caller multiplies as usual.
 pub fn prepack_b(b: &[f32], d: MatmulDims) -> Option<super::matmul_amx::PackedB> {
-    if matmul_precision() == MatmulPrecision::BF16 && bf16_kernel() == Bf16Kernel::Amx {
+    if matmul_precision() == MatmulPrecision::BF16
+        && bf16_kernel() == Bf16Kernel::Amx
+        && d.m >= AMX_MIN_ROWS
+    {
         super::matmul_amx::PackedB::new(b, d, gemm_threads())
     } else {
         None
     }
 }
 
-/// `out (=|+=) op(a) · op(b)` with `b` from [`prepack_b`] (the same dims but `m`).
+/// `out (=|+=) op(a) · op(b)` with `b` from [`prepack_b`] (the same dims but `m`), on AMX
+/// whatever `m` (the packing is paid already).
 pub fn matmul_prepacked(out: &mut [f32], a: &[f32], b: &super::matmul_amx::PackedB, d: MatmulDims) {
     super::matmul_amx::matmul_amx_prepacked(out, a, b, d, gemm_threads());
 }
