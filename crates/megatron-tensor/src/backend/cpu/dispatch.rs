@@ -32,60 +32,71 @@ pub fn fastest_bf16_kernel() -> Bf16Kernel {
     })
 }
 
-/// Best-of-three seconds of the same GEMM as [`bf16_gemm_seconds`] on AMX tiles, one thread;
-/// `None` where AMX is not usable.
+/// The probe GEMM: 256 x 512 x 512, a transformer-like shape small enough to time in
+/// milliseconds; random operands (constant ones would round exactly and skip the rounding copy).
+struct Probe {
+    a: Vec<f32>,
+    b: Vec<f32>,
+    out: Vec<f32>,
+    d: super::matmul::MatmulDims,
+}
+
+impl Probe {
+    fn new() -> Self {
+        let (m, n, k) = (256, 512, 512);
+        let key = crate::RngKey::new(7);
+        Probe {
+            a: (0..m * k).map(|i| key.normal(i as u64)).collect(),
+            b: (0..k * n).map(|i| key.normal((m * k + i) as u64)).collect(),
+            out: vec![0.0f32; m * n],
+            d: super::matmul::MatmulDims::new(m, n, k),
+        }
+    }
+
+    /// Seconds of one call of `kernel` on the probe, one thread.
+    fn seconds(
+        &mut self,
+        kernel: fn(&mut [f32], &[f32], &[f32], super::matmul::MatmulDims),
+    ) -> f64 {
+        let t = std::time::Instant::now();
+        kernel(&mut self.out, &self.a, &self.b, self.d);
+        t.elapsed().as_secs_f64()
+    }
+}
+
+/// Best-of-three seconds of the probe GEMM on AMX tiles, one thread; `None` where AMX is not
+/// usable.
 pub fn amx_gemm_seconds() -> Option<f64> {
-    use super::matmul::MatmulDims;
-    use super::matmul_amx::matmul_amx_with_threads;
     if !super::amx::amx_available() {
         return None;
     }
-    let (m, n, k) = (256, 512, 512);
-    let key = crate::RngKey::new(7);
-    let a: Vec<f32> = (0..m * k).map(|i| key.normal(i as u64)).collect();
-    let b: Vec<f32> = (0..k * n).map(|i| key.normal((m * k + i) as u64)).collect();
-    let mut out = vec![0.0f32; m * n];
-    let d = MatmulDims::new(m, n, k);
-    Some(
-        (0..3)
-            .map(|_| {
-                let t = std::time::Instant::now();
-                matmul_amx_with_threads(&mut out, &a, &b, d, 1);
-                t.elapsed().as_secs_f64()
-            })
-            .fold(f64::INFINITY, f64::min),
-    )
+    let mut p = Probe::new();
+    let amx = |o: &mut [f32], a: &[f32], b: &[f32], d| {
+        super::matmul_amx::matmul_amx_with_threads(o, a, b, d, 1)
+    };
+    Some((0..3).map(|_| p.seconds(amx)).fold(f64::INFINITY, f64::min))
 }
 
-/// Best-of-three seconds of one 256 x 512 x 512 GEMM on the dot-product kernel and on the
-/// rounded-operand f32 GEMM, one thread each, alternated.
+/// Best-of-three seconds of the probe GEMM (256 x 512 x 512) on the dot-product kernel and on
+/// the rounded-operand f32 GEMM, one thread each, alternated.
 pub fn bf16_gemm_seconds() -> (f64, f64) {
     use super::cast::Half;
-    use super::matmul::{matmul_with_threads, rounded_operand, MatmulDims};
-    use super::matmul_bf16::matmul_bf16_with_threads;
-    let (m, n, k) = (256, 512, 512);
-    let key = crate::RngKey::new(7);
-    let a: Vec<f32> = (0..m * k).map(|i| key.normal(i as u64)).collect();
-    let b: Vec<f32> = (0..k * n).map(|i| key.normal((m * k + i) as u64)).collect();
-    let mut out = vec![0.0f32; m * n];
-    let d = MatmulDims::new(m, n, k);
-    let time = |f: &mut dyn FnMut()| {
-        let t = std::time::Instant::now();
-        f();
-        t.elapsed().as_secs_f64()
+    use super::matmul::{matmul_with_threads, rounded_operand};
+    let mut p = Probe::new();
+    let dot = |o: &mut [f32], a: &[f32], b: &[f32], d| {
+        super::matmul_bf16::matmul_bf16_with_threads(o, a, b, d, 1)
     };
-    let (mut dot, mut fma) = (f64::INFINITY, f64::INFINITY);
+    let fma = |o: &mut [f32], a: &[f32], b: &[f32], d| {
+        let ar = rounded_operand(a, Half::BF16);
+        let br = rounded_operand(b, Half::BF16);
+        matmul_with_threads(o, &ar, &br, d, 1)
+    };
+    let (mut t_dot, mut t_fma) = (f64::INFINITY, f64::INFINITY);
     for _ in 0..3 {
-        dot = dot.min(time(&mut || {
-            matmul_bf16_with_threads(&mut out, &a, &b, d, 1)
-        }));
-        fma = fma.min(time(&mut || {
-            let ar = rounded_operand(&a, Half::BF16);
-            let br = rounded_operand(&b, Half::BF16);
-            matmul_with_threads(&mut out, &ar, &br, d, 1)
-        }));
+        t_dot = t_dot.min(p.seconds(dot));
+        t_fma = t_fma.min(p.seconds(fma));
     }
-    (dot, fma)
+    (t_dot, t_fma)
 }
 
 /// Which kernels this machine runs (vector level and f32 GEMM): two machines with the same
