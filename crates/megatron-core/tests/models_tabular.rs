@@ -554,3 +554,24 @@ mod whole_model {
         }
     }
 }
+
+#[test]
+fn full_recomputation_groups_layers_as_megatrons_methods_do() {
+    use megatron_core::models::tabular::layer_groups;
+    use megatron_core::transformer::step::{Recompute, RecomputeMethod};
+    let full = |method, num_layers| Recompute::Full { method, num_layers };
+    // uniform: every group of num_layers layers keeps only its input and runs again.
+    assert_eq!(
+        layer_groups(full(RecomputeMethod::Uniform, 2), 5),
+        vec![(0..2, true), (2..4, true), (4..5, true)]
+    );
+    // block: the first num_layers layers are recomputed one by one, the rest keep everything.
+    assert_eq!(
+        layer_groups(full(RecomputeMethod::Block, 2), 4),
+        vec![(0..1, true), (1..2, true), (2..3, false), (3..4, false)]
+    );
+    assert_eq!(
+        layer_groups(Recompute::None, 2),
+        vec![(0..1, false), (1..2, false)]
+    );
+}

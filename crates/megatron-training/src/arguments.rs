@@ -1088,7 +1088,9 @@ impl TrainArgs {
     }
 
     /// The `--recompute-*` flags as Megatron reads them.
-    fn recompute(&self) -> Result<megatron_core::transformer::step::Recompute, TrainError> {
+    pub(crate) fn recompute(
+        &self,
+    ) -> Result<megatron_core::transformer::step::Recompute, TrainError> {
         use megatron_core::transformer::step::{Recompute, RecomputeMethod, SelectiveModules};
         let granularity = match (self.recompute_granularity, self.recompute_activations) {
             (Some(RecomputeGranularityArg::Full), true) => {

@@ -85,6 +85,39 @@ fn tabular_training_at_tp_2_cp_2_dp_2_matches_one_rank() {
 }
 
 #[test]
+fn full_recomputation_trains_the_tabular_model_bit_identically() {
+    // Recomputed layers run the same forward again: the same losses and parameters, bit for
+    // bit, with uniform groups of 2 and with the first layer recomputed alone (block); also
+    // with the rows split over context-parallel ranks, whose collectives run again.
+    let one = train(&["--num-layers", "3"]);
+    for flags in [
+        &[
+            "--recompute-method",
+            "uniform",
+            "--recompute-num-layers",
+            "2",
+        ][..],
+        &["--recompute-method", "block", "--recompute-num-layers", "1"][..],
+    ] {
+        let mut v = vec!["--num-layers", "3", "--recompute-granularity", "full"];
+        v.extend_from_slice(flags);
+        assert_same_model(&format!("{flags:?}"), &one, &train(&v), 0.0);
+    }
+    let cp = [
+        "--num-layers",
+        "3",
+        "--nproc-per-node",
+        "2",
+        "--context-parallel-size",
+        "2",
+    ];
+    let plain = train(&cp);
+    let mut v = cp.to_vec();
+    v.extend_from_slice(&["--recompute-granularity", "full"]);
+    assert_same_model("CP 2 with recomputation", &plain, &train(&v), 0.0);
+}
+
+#[test]
 fn tabular_resume_from_a_checkpoint_continues_exactly() {
     let dir = tmpdir("tabular-resume");
     let save = dir.join("ckpt");
@@ -131,6 +164,7 @@ fn tabular_flags_it_cannot_honour_are_refused_by_name() {
             "--context-parallel-size",
         ),
         (vec!["--tabular-cell-budget", "64"], "--tabular-cell-budget"),
+        (vec!["--recompute-activations"], "--recompute-granularity"),
         (
             vec!["--nproc-per-node", "3", "--tensor-model-parallel-size", "2"],
             "--nproc-per-node",

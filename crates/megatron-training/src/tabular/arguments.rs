@@ -7,6 +7,7 @@ use crate::TrainError;
 use clap::Args;
 use megatron_core::models::tabular::TabularConfig;
 use megatron_core::optimizer::{LrDecayStyle, OptimizerParamScheduler, WsdDecayStyle};
+use megatron_core::transformer::step::Recompute;
 use megatron_data::tables::batching::{COL_MULTIPLE, ROW_MULTIPLE};
 use megatron_data::tables::PriorConfig;
 use std::path::PathBuf;
@@ -77,6 +78,8 @@ pub struct TabularTrainConfig {
     pub load: Option<PathBuf>,
     pub metrics_file: Option<String>,
     pub threads: usize,
+    /// `--recompute-granularity full` (uniform or block): layers run again in backward.
+    pub recompute: Recompute,
 }
 
 impl TabularTrainConfig {
@@ -142,6 +145,13 @@ pub fn validate(a: &TrainArgs) -> Result<TabularTrainConfig, TrainError> {
     ];
     if let Some((flag, _, why)) = unsupported.iter().find(|u| u.1) {
         return Err(refuse(flag, why));
+    }
+    let recompute = a.recompute()?;
+    if let Recompute::Selective(_) = recompute {
+        return Err(refuse(
+            "--recompute-granularity",
+            "selective (or --recompute-activations) is not supported for the tabular model; use --recompute-granularity full",
+        ));
     }
     let tp = a.tensor_model_parallel_size.max(1);
     let cp = a.context_parallel_size.max(1);
@@ -291,5 +301,6 @@ pub fn validate(a: &TrainArgs) -> Result<TabularTrainConfig, TrainError> {
         threads: a
             .num_threads
             .unwrap_or_else(megatron_tensor::threads::available_cores),
+        recompute,
     })
 }

@@ -237,7 +237,10 @@ fn train_rank(
         window_cells += micro.iter().map(|m| m.cells() as u64).sum::<u64>();
         grads.data.fill(0.0);
         let mut loss = 0.0f64;
-        let ctx = StepContext::train(cfg.seed, iteration, first);
+        let ctx = StepContext {
+            recompute: cfg.recompute,
+            ..StepContext::train(cfg.seed, iteration, first)
+        };
         let cp = CpLayout {
             rank: cp_comm.rank(),
             size: cp_comm.size(),

@@ -12,4 +12,4 @@ pub mod model;
 pub use embedding::CellEmbedding;
 pub use head::{bin_of, HeadRows, TabularHead, Task, BINS};
 pub use layer::{TableShape, TabularConfig, TabularLayer, TabularLayerSaved};
-pub use model::{Encoded, HiddenCell, TabularBatch, TabularModel};
+pub use model::{layer_groups, Encoded, HiddenCell, TabularBatch, TabularModel};

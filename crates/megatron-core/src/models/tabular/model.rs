@@ -7,7 +7,7 @@ use super::head::{bin_of, HeadRows, TabularHead, Task};
 use super::layer::{TableShape, TabularConfig, TabularLayer, TabularLayerSaved};
 use crate::params::{Grads, Params};
 use crate::tensor_parallel::Tp;
-use crate::transformer::step::StepContext;
+use crate::transformer::step::{Recompute, RecomputeMethod, StepContext};
 use megatron_comm::CommError;
 use megatron_tensor::cpu::table_features::FEATURES;
 use megatron_tensor::cpu::{
@@ -15,6 +15,7 @@ use megatron_tensor::cpu::{
     table_features_with_stats, TableInputs, TableStats,
 };
 use megatron_tensor::{RngKey, Tensor};
+use std::ops::Range;
 
 pub struct TabularModel {
     pub config: TabularConfig,
@@ -97,14 +98,15 @@ impl TabularModel {
         })
     }
 
-    /// Features, embedding and layers; each layer's saved activations go to `saved` if given.
+    /// Features, embedding and layers; with `kept`, what backward needs of each layer group
+    /// (its layers' activations, or under full recomputation only the group's input).
     fn run(
         &self,
         params: &Params,
         tp: &mut Tp,
         batch: &TabularBatch,
         ctx: &StepContext,
-        mut saved: Option<&mut Vec<TabularLayerSaved>>,
+        mut kept: Option<&mut Vec<Kept>>,
     ) -> Result<(Tensor, Inputs), CommError> {
         let t = batch.inputs;
         let width = t.cols + 1;
@@ -155,12 +157,27 @@ impl TabularModel {
             context_rows: t.context_rows,
         };
         let mut x = self.embedding.forward(params, &features);
-        for layer in &self.layers {
-            let (y, s) = layer.forward(params, tp, x, &shape, ctx)?;
-            if let Some(saved) = saved.as_deref_mut() {
-                saved.push(s);
+        for (range, recompute) in layer_groups(ctx.recompute, self.layers.len()) {
+            match kept.as_deref_mut() {
+                Some(kept) if recompute => {
+                    kept.push(Kept::GroupInput(x.clone()));
+                    for layer in &self.layers[range] {
+                        x = layer.forward(params, tp, x, &shape, ctx)?.0;
+                    }
+                }
+                Some(kept) => {
+                    for layer in &self.layers[range] {
+                        let (y, s) = layer.forward(params, tp, x, &shape, ctx)?;
+                        kept.push(Kept::Layer(s));
+                        x = y;
+                    }
+                }
+                None => {
+                    for layer in &self.layers[range] {
+                        x = layer.forward(params, tp, x, &shape, ctx)?.0;
+                    }
+                }
             }
-            x = y;
         }
         let inputs = Inputs {
             features,
@@ -181,8 +198,8 @@ impl TabularModel {
         batch: &TabularBatch,
         ctx: &StepContext,
     ) -> Result<f64, CommError> {
-        let mut saved = Vec::new();
-        let keep = grads.is_some().then_some(&mut saved);
+        let mut kept = Vec::new();
+        let keep = grads.is_some().then_some(&mut kept);
         let (x, enc) = self.run(params, tp, batch, ctx, keep)?;
         let rows = HeadTargets::of(batch, &enc);
         let Some(grads) = grads else {
@@ -198,11 +215,73 @@ impl TabularModel {
         };
         let mut dy = Tensor::zeros(x.shape());
         let loss = rows.loss(&self.head, params, &x, Some((&mut *grads, &mut dy)));
-        for (layer, s) in self.layers.iter().zip(saved).rev() {
-            dy = layer.backward(params, grads, tp, s, dy, &shape)?;
+        let again = StepContext {
+            recomputing: true,
+            ..*ctx
+        };
+        for (range, recompute) in layer_groups(ctx.recompute, self.layers.len())
+            .into_iter()
+            .rev()
+        {
+            let saved: Vec<TabularLayerSaved> = if recompute {
+                // The group runs again from its kept input, keeping everything this time.
+                let Some(Kept::GroupInput(mut x)) = kept.pop() else {
+                    unreachable!("a recomputed group keeps its input")
+                };
+                let mut saved = Vec::with_capacity(range.len());
+                for layer in &self.layers[range.clone()] {
+                    let (y, s) = layer.forward(params, tp, x, &shape, &again)?;
+                    saved.push(s);
+                    x = y;
+                }
+                saved
+            } else {
+                let mut saved: Vec<TabularLayerSaved> = (0..range.len())
+                    .map(|_| match kept.pop() {
+                        Some(Kept::Layer(s)) => s,
+                        _ => unreachable!("a kept group keeps every layer"),
+                    })
+                    .collect();
+                saved.reverse();
+                saved
+            };
+            for (layer, s) in self.layers[range].iter().zip(saved).rev() {
+                dy = layer.backward(params, grads, tp, s, dy, &shape)?;
+            }
         }
         self.embedding.backward(params, grads, &enc.features, &dy);
         Ok(loss)
+    }
+}
+
+/// What the forward pass keeps of a layer group for backward.
+enum Kept {
+    /// One layer's activations.
+    Layer(TabularLayerSaved),
+    /// A recomputed group's input: its layers run again in backward.
+    GroupInput(Tensor),
+}
+
+/// The layers in groups as `--recompute-granularity full` asks, each with whether it is
+/// recomputed (Megatron's methods: `uniform` recomputes every group of `num_layers` layers from
+/// its input; `block` recomputes the first `num_layers` layers one by one and keeps the rest).
+/// Without full recomputation every layer is its own kept group.
+pub fn layer_groups(recompute: Recompute, layers: usize) -> Vec<(Range<usize>, bool)> {
+    match recompute {
+        Recompute::Full {
+            method: RecomputeMethod::Uniform,
+            num_layers,
+        } => (0..layers)
+            .step_by(num_layers.max(1))
+            .map(|l| (l..(l + num_layers.max(1)).min(layers), true))
+            .collect(),
+        Recompute::Full {
+            method: RecomputeMethod::Block,
+            num_layers,
+        } => (0..layers).map(|l| (l..l + 1, l < num_layers)).collect(),
+        Recompute::None | Recompute::Selective(_) => {
+            (0..layers).map(|l| (l..l + 1, false)).collect()
+        }
     }
 }
 
