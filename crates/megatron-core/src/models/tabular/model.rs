@@ -168,7 +168,7 @@ impl TabularModel {
                 Some(kept) => {
                     for layer in &self.layers[range] {
                         let (y, s) = layer.forward(params, tp, x, &shape, ctx)?;
-                        kept.push(Kept::Layer(s));
+                        kept.push(Kept::Layer(Box::new(s)));
                         x = y;
                     }
                 }
@@ -238,7 +238,7 @@ impl TabularModel {
             } else {
                 let mut saved: Vec<TabularLayerSaved> = (0..range.len())
                     .map(|_| match kept.pop() {
-                        Some(Kept::Layer(s)) => s,
+                        Some(Kept::Layer(s)) => *s,
                         _ => unreachable!("a kept group keeps every layer"),
                     })
                     .collect();
@@ -257,7 +257,7 @@ impl TabularModel {
 /// What the forward pass keeps of a layer group for backward.
 enum Kept {
     /// One layer's activations.
-    Layer(TabularLayerSaved),
+    Layer(Box<TabularLayerSaved>),
     /// A recomputed group's input: its layers run again in backward.
     GroupInput(Tensor),
 }
