@@ -46,12 +46,7 @@ pub enum PeakUnit {
 impl PeakUnit {
     /// The unit of the calling thread's matmuls (precision and bf16 kernel as set up).
     pub fn of_this_thread() -> Self {
-        use megatron_tensor::cpu::matmul::MatmulPrecision;
-        use megatron_tensor::cpu::matmul::{bf16_kernel, matmul_precision, Bf16Kernel};
-        if matmul_precision() == MatmulPrecision::BF16
-            && bf16_kernel() == Bf16Kernel::Amx
-            && megatron_tensor::cpu::amx::amx_available()
-        {
+        if megatron_tensor::cpu::matmul::bf16_matmuls_on_amx() {
             PeakUnit::AmxBf16
         } else {
             PeakUnit::Fma

@@ -409,12 +409,11 @@ fn print_setup(cfg: &TrainConfig, params: &Params, threads: usize, peak: f64, pe
         peak / 1e9
     );
     if cfg.precision == crate::arguments::Precision::BF16 {
-        use megatron_tensor::cpu::matmul::{bf16_kernel, Bf16Kernel};
+        use megatron_tensor::cpu::matmul::{bf16_kernel, bf16_matmuls_on_amx, Bf16Kernel};
         println!(
             "bf16 matmuls on {}",
             match bf16_kernel() {
-                Bf16Kernel::Amx if megatron_tensor::cpu::amx::amx_available() =>
-                    "AMX tiles (MFU against the measured tile peak)",
+                _ if bf16_matmuls_on_amx() => "AMX tiles (MFU against the measured tile peak)",
                 Bf16Kernel::Amx | Bf16Kernel::Dot => "the bf16 dot-product instruction",
                 Bf16Kernel::Fma => "the f32 FMA GEMM with rounded operands",
             }

@@ -27,7 +27,7 @@ pub fn amx_unavailable_reason() -> Option<&'static str> {
     } else if !cpu_has_amx_bf16() {
         Some("this CPU has no AMX-BF16 (amx_bf16 not in /proc/cpuinfo)")
     } else {
-        Some("the OS did not grant the AMX tile state (XCR0 or arch_prctl refused)")
+        Some("AVX512_BF16 is missing, or the OS did not grant the AMX tile state (XCR0 or arch_prctl refused)")
     }
 }
 

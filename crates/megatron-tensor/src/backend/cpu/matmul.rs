@@ -123,6 +123,21 @@ pub fn matmul(out: &mut [f32], a: &[f32], b: &[f32], d: MatmulDims) {
 /// depends only on the shape, so it is the same for every thread count).
 pub const AMX_MIN_ROWS: usize = 32;
 
+/// Whether this thread's matmuls run on AMX tiles: bf16 operands, the AMX kernel chosen, and
+/// AMX usable here (what the log and the MFU's peak report).
+pub fn bf16_matmuls_on_amx() -> bool {
+    matmul_precision() == MatmulPrecision::BF16
+        && bf16_kernel() == Bf16Kernel::Amx
+        && super::amx::amx_available()
+}
+
+/// Whether a product of `d`'s shape goes to the AMX kernel under these settings (the one rule;
+/// [`matmul`], [`grouped_matmul`], [`matmul_on_rounded`] and [`prepack_b`] all follow it; the
+/// kernel itself falls back where AMX is not usable).
+fn product_on_amx((precision, kernel): (MatmulPrecision, Bf16Kernel), d: MatmulDims) -> bool {
+    precision == MatmulPrecision::BF16 && kernel == Bf16Kernel::Amx && d.m >= AMX_MIN_ROWS
+}
+
 /// The one place a matmul's kernel is chosen: by precision and bf16 instructions, on
 /// `threads` threads.
 fn matmul_as(
@@ -138,7 +153,7 @@ fn matmul_as(
         MatmulPrecision::BF16 if kernel == Bf16Kernel::Dot => {
             super::matmul_bf16::matmul_bf16_with_threads(out, a, b, d, threads)
         }
-        MatmulPrecision::BF16 if kernel == Bf16Kernel::Amx && d.m >= AMX_MIN_ROWS => {
+        _ if product_on_amx((precision, kernel), d) => {
             super::matmul_amx::matmul_amx_with_threads(out, a, b, d, threads)
         }
         p => {
@@ -154,9 +169,10 @@ fn matmul_as(
 /// its weight once per call, not once per tile): the AMX kernel converts while packing anyway;
 /// the others run the f32 GEMM, skipping the rounding check.
 pub fn matmul_on_rounded(out: &mut [f32], a: &[f32], b: &[f32], d: MatmulDims) {
-    match (matmul_precision(), bf16_kernel()) {
-        (MatmulPrecision::BF16, Bf16Kernel::Amx) if d.m >= AMX_MIN_ROWS => matmul(out, a, b, d),
-        _ => matmul_with_threads(out, a, b, d, gemm_threads()),
+    if product_on_amx((matmul_precision(), bf16_kernel()), d) {
+        matmul(out, a, b, d)
+    } else {
+        matmul_with_threads(out, a, b, d, gemm_threads())
     }
 }
 
@@ -165,10 +181,7 @@ pub fn matmul_on_rounded(out: &mut [f32], a: &[f32], b: &[f32], d: MatmulDims) {
 /// `d.m`, the rows all those products have together, is at least [`AMX_MIN_ROWS`]; `None`
 /// elsewhere, and the caller multiplies as usual.
 pub fn prepack_b(b: &[f32], d: MatmulDims) -> Option<super::matmul_amx::PackedB> {
-    if matmul_precision() == MatmulPrecision::BF16
-        && bf16_kernel() == Bf16Kernel::Amx
-        && d.m >= AMX_MIN_ROWS
-    {
+    if product_on_amx((matmul_precision(), bf16_kernel()), d) {
         super::matmul_amx::PackedB::new(b, d, gemm_threads())
     } else {
         None
