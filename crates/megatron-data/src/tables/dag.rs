@@ -55,4 +55,28 @@ impl CausalGraph {
     pub fn is_root(&self, i: usize) -> bool {
         self.parents[i].is_empty()
     }
+
+    /// Hops from `from` to every node with edges taken either way (`usize::MAX` where none
+    /// leads): how near a feature's node is to the target's, cause or effect.
+    pub fn distances_from(&self, from: usize) -> Vec<usize> {
+        let n = self.parents.len();
+        let mut children = vec![Vec::new(); n];
+        for (c, ps) in self.parents.iter().enumerate() {
+            for &p in ps {
+                children[p].push(c);
+            }
+        }
+        let mut dist = vec![usize::MAX; n];
+        dist[from] = 0;
+        let mut queue = std::collections::VecDeque::from([from]);
+        while let Some(i) = queue.pop_front() {
+            for &j in self.parents[i].iter().chain(&children[i]) {
+                if dist[j] == usize::MAX {
+                    dist[j] = dist[i] + 1;
+                    queue.push_back(j);
+                }
+            }
+        }
+        dist
+    }
 }

@@ -120,7 +120,7 @@ pub fn sample_table(cfg: &PriorConfig, seed: u64, index: u64) -> Table {
                 .collect()
         })
         .collect();
-    let noise: Vec<f64> = (0..nodes).map(|_| g.log_range(0.01, 0.5)).collect();
+    let noise: Vec<f64> = (0..nodes).map(|_| g.log_range(0.001, 0.1)).collect();
 
     // Node values [node][row * width + j], and a category per row for nodes whose first cause
     // is a discretisation.
@@ -180,6 +180,25 @@ pub fn sample_table(cfg: &PriorConfig, seed: u64, index: u64) -> Table {
         .position(|&(n, _)| !graph.is_root(n))
         .unwrap_or(0);
     let (tn, tj) = slots.remove(t_at);
+    // Features drawn near the target in the graph (its causes, effects and their kin), each
+    // hop away `locality` times less likely, so a table's features mostly carry information
+    // about its target; the rest are weaker or irrelevant columns. Drawn uniformly (as before),
+    // most tables' targets were unrelated to every feature: a random forest beat the majority
+    // class by 8 points on average over 400 tables, and the model learnt only class priors.
+    let hops = graph.distances_from(tn);
+    let locality = sel.range(0.5, 3.0);
+    let mut keyed: Vec<(f64, (usize, usize))> = slots
+        .iter()
+        .map(|&(n, j)| {
+            let d = hops[n].min(nodes) as f64;
+            // Efraimidis-Spirakis weighted sampling without replacement: key u^(1/w).
+            ((1.0 - sel.uniform()).ln() * (locality * d).exp(), (n, j))
+        })
+        .collect();
+    keyed.sort_by(|a, b| b.0.total_cmp(&a.0));
+    let mut slots: Vec<(usize, usize)> = keyed.into_iter().map(|(_, s)| s).collect();
+    let take = features.min(slots.len());
+    sel.shuffle(&mut slots[..take]);
     let column = |n: usize, j: usize| -> Vec<f64> {
         (0..rows).map(|row| value[n][row * width + j]).collect()
     };
