@@ -1,7 +1,7 @@
 //! `megatron`: the command-line front end. Logic lives in the library crates; this file parses
 //! flags, dispatches, and turns errors into one clear line and a non-zero exit status.
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use megatron_training::generate::generate;
 use megatron_training::{
     inspect_data, pretrain, GenerateArgs, InspectArgs, MergeArgs, PreprocessArgs, TrainArgs,
@@ -61,6 +61,10 @@ enum Command {
     /// `verify DIR` (every file against the manifest's size and crc32c).
     #[command(subcommand)]
     Checkpoint(CheckpointCommand),
+    /// Rank the layouts of a model on a cluster by predicted throughput, with memory per device
+    /// (`--cluster dgx-a100|dgx-h100|this-machine`, model flags as for `train`; `--measure K`
+    /// runs the best K here).
+    Plan(Box<megatron_training::plan::PlanArgs>),
     /// Use a trained tabular model on CSV tables: predict, impute, score-anomalies.
     #[command(subcommand)]
     Tabular(megatron_training::tabular::commands::TabularCommand),
@@ -131,7 +135,8 @@ fn main() -> ExitCode {
     // SAFETY: setting an option before any other thread exists.
     unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, -1) };
     restore_sigpipe();
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     let result: anyhow::Result<()> = match cli.command {
         Command::Train(args) => pretrain(&args)
             .map(|s| {
@@ -181,6 +186,16 @@ fn main() -> ExitCode {
         Command::Bench(args) => bench::run(&args),
         Command::Convert(a) => run_convert(&a),
         Command::Tabular(c) => run_tabular(&c),
+        Command::Plan(a) => {
+            let sub = matches.subcommand_matches("plan");
+            let given = |id: &str| {
+                sub.and_then(|m| m.value_source(id)) == Some(clap::parser::ValueSource::CommandLine)
+            };
+            let pins = megatron_training::plan::layout::Pins::from_flags(&a, given);
+            megatron_training::plan::run_plan(&a, &pins)
+                .map(|s| print!("{s}"))
+                .map_err(Into::into)
+        }
         Command::Checkpoint(c) => match c {
             CheckpointCommand::Inspect { dir } => megatron_training::checkpoint_tool::inspect(&dir),
             CheckpointCommand::Verify { dir } => megatron_training::checkpoint_tool::verify(&dir),

@@ -15,6 +15,7 @@ mod launch;
 pub mod logging;
 pub mod memory;
 pub mod moe_logging;
+pub mod plan;
 mod setup;
 pub mod tabular;
 mod train_step;

@@ -1,0 +1,532 @@
+//! What a layout costs on a cluster: memory per device and time per iteration, from the
+//! model's shapes alone (nothing is allocated, so a trillion-parameter model plans in
+//! milliseconds).
+//!
+//! Time: every GEMM at the cluster's GEMM efficiency of peak, every memory-bound kernel
+//! (norms, activation functions, bias-dropout-add, the dense softmax and its dropout) at its
+//! memory efficiency, tensor-parallel collectives and pipeline sends on the critical path (as
+//! in Megatron without communication overlap), the pipeline bubble `(p - 1) / v` stage-times,
+//! the data-parallel gradient reduction after the last backward (hidden behind it with
+//! `--overlap-grad-reduce`), and the optimizer step. Memory: Megatron's bytes per parameter
+//! under mixed precision (18, or 6 + 12/d with the distributed optimizer) and Korthikanti et
+//! al.'s activation terms (2022, Table 2) generalised to grouped-query attention, SwiGLU and
+//! experts, times the micro-batches the schedule keeps in flight.
+
+use super::cluster::{AttentionKernel, Cluster, Engine};
+use crate::arguments::{OptimizerKind, Precision, TrainConfig};
+use megatron_core::transformer::config::{Activation, PositionEmbeddingType};
+use megatron_core::transformer::step::Recompute;
+use serde::Serialize;
+
+/// One layout's predicted cost.
+#[derive(Clone, Debug, Serialize)]
+pub struct Prediction {
+    /// Bytes on the device that holds the most (the first or the last pipeline stage).
+    pub memory: MemoryCost,
+    pub time: TimeCost,
+    /// FLOPs executed per device per second (recomputation included, as Narayanan et al.
+    /// count them), and model FLOPs (Megatron's `num_floating_point_operations`) per device
+    /// per second.
+    pub tflops_per_device: f64,
+    pub model_tflops_per_device: f64,
+    pub tokens_per_second: f64,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct MemoryCost {
+    pub weights_and_optimizer: f64,
+    pub activations: f64,
+    /// Micro-batches (model chunks x micro-batches) the first stage keeps at once.
+    pub in_flight: usize,
+    pub logits: f64,
+    pub reserved: f64,
+}
+
+impl MemoryCost {
+    pub fn total(&self) -> f64 {
+        self.weights_and_optimizer + self.activations + self.logits + self.reserved
+    }
+}
+
+/// Seconds per iteration, by where they go.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct TimeCost {
+    pub compute: f64,
+    pub tensor_parallel: f64,
+    pub context_parallel: f64,
+    pub expert_parallel: f64,
+    pub pipeline_bubble: f64,
+    pub pipeline_p2p: f64,
+    pub data_parallel: f64,
+    pub optimizer: f64,
+}
+
+impl TimeCost {
+    pub fn total(&self) -> f64 {
+        self.compute
+            + self.tensor_parallel
+            + self.context_parallel
+            + self.expert_parallel
+            + self.pipeline_bubble
+            + self.pipeline_p2p
+            + self.data_parallel
+            + self.optimizer
+    }
+}
+
+/// Ring all-reduce time of `bytes` over `n` ranks at bus bandwidth `bw`.
+fn all_reduce(bytes: f64, n: usize, bw: f64) -> f64 {
+    if n <= 1 {
+        0.0
+    } else {
+        2.0 * (n - 1) as f64 / n as f64 * bytes / bw
+    }
+}
+
+/// Parameters per rank: `(first stage, last stage)` of the pipeline, and the largest share
+/// (the one the optimizer and the gradient reduction work on).
+pub fn parameters_per_rank(cfg: &TrainConfig) -> (f64, f64) {
+    let m = &cfg.model;
+    let (h, t) = (m.hidden_size as f64, cfg.tp as f64);
+    let (q, kv) = (
+        m.query_projection_size() as f64,
+        (m.query_groups() * m.head_dim()) as f64,
+    );
+    let gated = match m.activation {
+        Activation::Gelu => 2.0,
+        Activation::SwiGLU => 3.0,
+    };
+    let bias = if m.add_bias_linear { 1.0 } else { 0.0 };
+    let attention = (h * (q + 2.0 * kv) + q * h) / t + bias * ((q + 2.0 * kv) / t + h) + 2.0 * h;
+    let dense_mlp = h * m.ffn_hidden_size as f64 * gated / t;
+    let moe_mlp = m.moe.as_ref().map_or(0.0, |e| {
+        let local = e.num_experts as f64 / cfg.ep as f64;
+        let experts = local * h * e.ffn_hidden_size as f64 * gated / cfg.etp as f64;
+        let shared = e
+            .shared_expert_ffn
+            .map_or(0.0, |f| h * f as f64 * gated / t);
+        experts + shared + h * e.num_experts as f64
+    });
+    let layers_per_stage = m.num_layers / cfg.pp;
+    let stage = |s: usize| -> f64 {
+        (s * layers_per_stage..(s + 1) * layers_per_stage)
+            .map(|l| {
+                attention
+                    + if m.is_moe_layer(l) {
+                        moe_mlp
+                    } else {
+                        dense_mlp
+                    }
+            })
+            .sum()
+    };
+    let v = m.padded_vocab_size as f64;
+    let positions = match m.position_embedding_type {
+        PositionEmbeddingType::LearnedAbsolute => m.max_position_embeddings as f64 * h,
+        _ => 0.0,
+    };
+    let embedding = v * h / t + positions;
+    // The output layer: its own weight, or (tied, pipeline > 1) a copy of the embedding's.
+    let output = if m.untie_embeddings_and_output_weights || cfg.pp > 1 {
+        v * h / t
+    } else {
+        0.0
+    };
+    let last = stage(cfg.pp - 1) + output + h;
+    if cfg.pp == 1 {
+        let whole = stage(0) + embedding + output + h;
+        (whole, whole)
+    } else {
+        (stage(0) + embedding, last)
+    }
+}
+
+/// Bytes of weights, gradients and optimizer state per parameter (Megatron's accounting).
+fn state_bytes_per_parameter(cfg: &TrainConfig) -> f64 {
+    let d = (cfg.dp * cfg.cp) as f64;
+    let half = cfg.precision != Precision::F32;
+    match (half, cfg.optimizer) {
+        // 16-bit weight, fp32 gradient, fp32 main weight and two Adam moments.
+        (true, OptimizerKind::Adam) => 18.0,
+        (true, OptimizerKind::DistributedAdam) => 6.0 + 12.0 / d,
+        (false, OptimizerKind::Adam) => 16.0,
+        (false, OptimizerKind::DistributedAdam) => 8.0 + 8.0 / d,
+    }
+}
+
+/// Activation bytes one layer keeps for backward per token of a micro-batch on this rank,
+/// without recomputation (Korthikanti et al.'s `34h + 5as` with 16-bit activations, for
+/// general query/key-value widths, gated MLPs and experts; divided over tensor parallelism
+/// as they divide, and wholly with sequence parallelism).
+fn layer_activation_bytes_per_token(cfg: &TrainConfig, cluster: &Cluster, moe: bool) -> f64 {
+    let m = &cfg.model;
+    let e = cluster.activation_bytes;
+    let (h, t) = (m.hidden_size as f64, cfg.tp as f64);
+    let (q, kv) = (
+        m.query_projection_size() as f64,
+        (m.query_groups() * m.head_dim()) as f64,
+    );
+    let sp = if cfg.args.sequence_parallel && cfg.tp > 1 {
+        t
+    } else {
+        1.0
+    };
+    let fc1_factor = match m.activation {
+        Activation::Gelu => 1.0,
+        Activation::SwiGLU => 2.0,
+    };
+    let s = (cfg.args.seq_length / cfg.cp) as f64;
+    let a = m.num_attention_heads as f64;
+    let scores = match (cluster.attention, cfg.recompute) {
+        (AttentionKernel::Flash, _) => 0.0,
+        (_, Recompute::Selective(sel)) if sel.core_attn => 0.0,
+        // Softmax output, dropout mask and dropout output per score (16-bit + 1 byte).
+        _ => (2.0 * e + 1.0) * a * s / t,
+    };
+    // Per token: two norm inputs, the QKV input, the output projection's dropout mask (1 byte)
+    // are h-wide and replicated (split by sequence parallelism).
+    let replicated = (4.0 * h * e / 2.0 + e * h + h + e * h + h) / sp;
+    let attention = (e * (q + kv) + e * kv + e * q) / t + scores;
+    let mlp = if moe {
+        let x = m.moe.as_ref().expect("an expert layer has a MoE config");
+        let f = x.ffn_hidden_size as f64;
+        x.topk as f64 * (e * h + e * f * fc1_factor + e * f) / cfg.etp as f64
+    } else {
+        let f = m.ffn_hidden_size as f64;
+        (e * f * fc1_factor + e * f) / t
+    };
+    replicated + attention + mlp
+}
+
+/// The first stage's peak as this engine allocates it (`--log-memory`'s prediction): f32
+/// weights (and their 16-bit copy), f32 gradients, Adam moments (sharded, with fp32 mains under
+/// 16-bit weights, by the distributed optimizer) and its staging buffer.
+fn this_engine_memory(cfg: &TrainConfig, params: f64) -> Result<MemoryCost, String> {
+    let half = cfg.precision.half().is_some();
+    let d = (cfg.dp * cfg.cp) as f64;
+    let weights = params * if half { 6.0 } else { 4.0 };
+    let (optimizer, staging) = match cfg.optimizer {
+        OptimizerKind::Adam => (8.0 * params, 0.0),
+        OptimizerKind::DistributedAdam => {
+            let bucket = cfg
+                .args
+                .ddp_bucket_size
+                .map_or((40e6f64).max(1e6 * d), |b| b as f64);
+            (
+                (if half { 12.0 } else { 8.0 }) * params / d,
+                if d > 1.0 {
+                    4.0 * params.min(bucket)
+                } else {
+                    0.0
+                },
+            )
+        }
+    };
+    let state = weights + 4.0 * params + optimizer;
+    let peak = crate::memory::predict_rank_peak(cfg, state as u64, staging as u64, 0)?;
+    Ok(MemoryCost {
+        weights_and_optimizer: state,
+        activations: (peak.total() as f64 - state).max(0.0),
+        in_flight: peak.micro_batches_in_flight,
+        logits: 0.0,
+        reserved: 0.0,
+    })
+}
+
+/// Predicts memory and time of `cfg` on `cluster`.
+pub fn predict(cfg: &TrainConfig, cluster: &Cluster) -> Result<Prediction, String> {
+    let m = &cfg.model;
+    let (t, p, v, cp, d) = (cfg.tp, cfg.pp, cfg.partition.v, cfg.cp, cfg.dp);
+    let b = cfg.args.micro_batch_size;
+    let s = cfg.args.seq_length;
+    let tok = (b * s / cp) as f64;
+    let mb = cfg.num_microbatches;
+    let h = m.hidden_size as f64;
+    let e = cluster.activation_bytes;
+    let layers_per_stage = m.num_layers / p;
+    let node = cluster.gpus_per_node;
+
+    // --- Memory (first stage: most micro-batches in flight; last stage: the logits).
+    let (first_params, last_params) = parameters_per_rank(cfg);
+    let per_param = state_bytes_per_parameter(cfg);
+    let ops = megatron_core::pipeline_parallel::schedule(p, 0, mb, v)?;
+    let in_flight = megatron_core::pipeline_parallel::peak_in_flight(&ops);
+    let per_layer: f64 = tok
+        * (0..layers_per_stage)
+            .map(|l| layer_activation_bytes_per_token(cfg, cluster, m.is_moe_layer(l)))
+            .fold(0.0, f64::max);
+    let sp = if cfg.args.sequence_parallel && t > 1 {
+        t as f64
+    } else {
+        1.0
+    };
+    let chunk_layers = (layers_per_stage / v) as f64;
+    let kept_per_chunk = match cfg.recompute {
+        // Each recomputed group keeps its input; one layer's activations live in its backward.
+        Recompute::Full { num_layers, .. } => {
+            let groups = (chunk_layers / num_layers.max(1) as f64).ceil();
+            groups * tok * h * e / sp
+        }
+        _ => chunk_layers * per_layer,
+    };
+    let transient = if matches!(cfg.recompute, Recompute::Full { .. }) {
+        per_layer
+    } else {
+        0.0
+    };
+    let activations = in_flight as f64 * kept_per_chunk + transient;
+    let vocab = m.padded_vocab_size as f64;
+    // fp32 logits and their gradient for one micro-batch on the last stage.
+    let logits = 2.0 * 4.0 * tok * vocab / t as f64;
+    let first = first_params * per_param + activations + if p == 1 { logits } else { 0.0 };
+    let last = last_params * per_param
+        + if p == 1 {
+            activations
+        } else {
+            // The last stage keeps one micro-batch per chunk in flight at a time (1F1B).
+            v as f64 * kept_per_chunk + transient
+        }
+        + logits;
+    let memory = if first >= last {
+        MemoryCost {
+            weights_and_optimizer: first_params * per_param,
+            activations,
+            in_flight,
+            logits: if p == 1 { logits } else { 0.0 },
+            reserved: cluster.reserved_memory,
+        }
+    } else {
+        MemoryCost {
+            weights_and_optimizer: last_params * per_param,
+            activations: last - last_params * per_param - logits,
+            in_flight: v,
+            logits,
+            reserved: cluster.reserved_memory,
+        }
+    };
+
+    let memory = match cluster.engine {
+        Engine::Megatron => memory,
+        Engine::ThisEngine => this_engine_memory(cfg, first_params)?,
+    };
+
+    // --- Time of one micro-batch through one pipeline stage.
+    let gemm = |flops: f64| flops / (cluster.peak_flops * cluster.gemm_efficiency);
+    let memory_bound = |bytes: f64| bytes / (cluster.memory_bandwidth * cluster.memory_efficiency);
+    let (q, kv) = (
+        m.query_projection_size() as f64,
+        (m.query_groups() * m.head_dim()) as f64,
+    );
+    let gated = match m.activation {
+        Activation::Gelu => 2.0,
+        Activation::SwiGLU => 3.0,
+    };
+    let tf = t as f64;
+    // Forward passes a layer runs per micro-batch: forward, backward (2), full recomputation.
+    let (passes, attention_passes) = match cfg.recompute {
+        Recompute::Full { .. } => (4.0, 4.0),
+        Recompute::Selective(sel) if sel.core_attn => (3.0, 4.0),
+        _ => (3.0, 3.0),
+    };
+    let keys = match cluster.attention {
+        AttentionKernel::Dense => s as f64,
+        AttentionKernel::Flash => s as f64 / 2.0,
+    };
+    let projections = 2.0 * tok * (h * (q + 2.0 * kv) + q * h) / tf;
+    let core_attention = 2.0 * 2.0 * tok * keys * q / tf;
+    let mlp_flops = |moe: bool| -> f64 {
+        if moe {
+            let x = m.moe.as_ref().expect("MoE config");
+            let shared = x.shared_expert_ffn.unwrap_or(0) as f64;
+            2.0 * tok
+                * h
+                * gated
+                * (x.topk as f64 * x.ffn_hidden_size as f64 / cfg.etp as f64 + shared / tf)
+                + 2.0 * tok * h * x.num_experts as f64
+        } else {
+            2.0 * tok * h * gated * m.ffn_hidden_size as f64 / tf
+        }
+    };
+    let layer_flops =
+        |moe: bool| passes * (projections + mlp_flops(moe)) + attention_passes * core_attention;
+    // Memory-bound traffic of one forward (bytes per token): norms, bias-dropout-adds and the
+    // QKV/context re-layouts (h-wide, replicated without sequence parallelism), the activation
+    // function, and with dense attention the scaled-masked softmax and its dropout.
+    let fc1 = match m.activation {
+        Activation::Gelu => 2.0,
+        Activation::SwiGLU => 3.0,
+    };
+    let a = m.num_attention_heads as f64;
+    let elementwise = tok
+        * ((11.0 * h * e) / sp
+            + (e * (q + 2.0 * kv) + 2.0 * e * q) / tf
+            + fc1 * e * m.ffn_hidden_size as f64 / tf
+            + match cluster.attention {
+                AttentionKernel::Dense => (4.0 * e + 1.0) * a * s as f64 / tf,
+                AttentionKernel::Flash => 0.0,
+            });
+    // Backward moves twice the forward's bytes: `passes` forwards' worth in all.
+    let layer_memory = memory_bound(elementwise * passes);
+    let tp_bw = if t <= node {
+        cluster.intra_node_bandwidth
+    } else {
+        cluster.inter_node_bandwidth
+    };
+    // Two all-reduces (or reduce-scatter + all-gather) per forward and per backward.
+    let tp_layer = (passes - 1.0) * 2.0 * all_reduce(tok * h * e, t, tp_bw);
+    let cp_bw = if t * cp <= node {
+        cluster.intra_node_bandwidth
+    } else {
+        cluster.inter_node_bandwidth
+    };
+    // Key/value ring: (cp - 1) blocks each way per forward, twice that in backward; hidden
+    // behind the attention it feeds when that is longer.
+    let cp_layer = if cp > 1 {
+        let ring = (cp - 1) as f64 * 2.0 * tok * kv * e / tf / cp_bw * passes;
+        (ring - gemm(attention_passes * core_attention)).max(0.0)
+    } else {
+        0.0
+    };
+    let ep_bw = if t * cfg.ep <= node {
+        cluster.intra_node_bandwidth
+    } else {
+        cluster.inter_node_bandwidth
+    };
+    let ep_layer = |moe: bool| -> f64 {
+        match (moe, m.moe.as_ref()) {
+            (true, Some(x)) if cfg.ep > 1 => {
+                let share = (cfg.ep - 1) as f64 / cfg.ep as f64;
+                // Dispatch and combine all-to-alls in each forward and backward.
+                2.0 * (passes - 1.0) * tok * x.topk as f64 * h * e * share / ep_bw
+            }
+            _ => 0.0,
+        }
+    };
+    let (mut compute, mut tp_time, mut cp_time, mut ep_time) = (0.0, 0.0, 0.0, 0.0);
+    for l in 0..layers_per_stage {
+        let moe = m.is_moe_layer(l);
+        compute += gemm(layer_flops(moe)) + layer_memory;
+        tp_time += tp_layer;
+        cp_time += cp_layer;
+        ep_time += ep_layer(moe);
+    }
+    // The output layer and the cross entropy run on the last stage (forward and backward).
+    let head = gemm(3.0 * 2.0 * tok * h * vocab / tf) + memory_bound(3.0 * 4.0 * tok * vocab / tf);
+    // Every stage waits for the slowest, the last (its layers and the head).
+    let stage_compute = compute + head;
+    let stage = stage_compute + tp_time + cp_time + ep_time;
+    let mbf = mb as f64;
+    let bubble = if p > 1 {
+        (p - 1) as f64 / v as f64 * stage
+    } else {
+        0.0
+    };
+    // Pipeline sends: one activation forward and one gradient back per micro-batch and model
+    // chunk, over the network when the stages sit on different nodes (scatter/gather: 1/t of
+    // it per device, then an all-gather inside the node).
+    let p2p = if p > 1 {
+        let bytes = tok * h * e;
+        // Neighbouring stages are t x cp x d ranks apart (pipeline outermost).
+        let across = t * cp * d >= node;
+        let one = if across {
+            bytes / tf / cluster.inter_node_bandwidth
+                + bytes * (tf - 1.0) / tf / cluster.intra_node_bandwidth
+        } else {
+            bytes / cluster.intra_node_bandwidth
+        };
+        mbf * v as f64 * 2.0 * one
+    } else {
+        0.0
+    };
+    // Gradient reduction over data (and context) parallel ranks: fp16 gradients under
+    // --fp16 (Megatron reduces them as they are), fp32 main gradients otherwise.
+    let grad_bytes = if cfg.precision == Precision::F16 {
+        2.0
+    } else {
+        4.0
+    };
+    let params = first_params.max(last_params);
+    let dp_ranks = d * cp;
+    // The reducing ranks are t apart: all on one node, or spread over nodes with node / t of
+    // them on each, whose network links the collective uses together (NCCL's rings over
+    // every NIC of a node), up to the node's internal bandwidth.
+    let dp_bw = if t * cp * d <= node {
+        cluster.intra_node_bandwidth
+    } else {
+        let per_node = (node / t).max(1) as f64;
+        (cluster.inter_node_bandwidth * per_node).min(cluster.intra_node_bandwidth)
+    };
+    let mut reduce = all_reduce(params * grad_bytes, dp_ranks, dp_bw);
+    if cfg.args.overlap_grad_reduce {
+        // Hidden behind the last micro-batch's backward, but for its last bucket.
+        let backward = stage_compute * 2.0 / passes;
+        reduce = (reduce - backward).max(reduce / 10.0);
+    }
+    let optimizer_params = match cfg.optimizer {
+        OptimizerKind::Adam => params,
+        OptimizerKind::DistributedAdam => params / dp_ranks as f64,
+    };
+    let optimizer = memory_bound(optimizer_params * 36.0);
+    let time = TimeCost {
+        compute: mbf * stage_compute,
+        tensor_parallel: mbf * tp_time,
+        context_parallel: mbf * cp_time,
+        expert_parallel: mbf * ep_time,
+        pipeline_bubble: bubble,
+        pipeline_p2p: p2p,
+        data_parallel: reduce,
+        optimizer,
+    };
+    let devices = (t * p * cp * d) as f64;
+    let total = time.total();
+    let gbs = cfg.global_batch_size as f64;
+    let executed = executed_flops(cfg, cluster.attention);
+    let model = crate::flops::num_floating_point_operations(m, cfg.global_batch_size);
+    Ok(Prediction {
+        memory,
+        time,
+        tflops_per_device: executed / total / devices / 1e12,
+        model_tflops_per_device: model / total / devices / 1e12,
+        tokens_per_second: gbs * s as f64 / total,
+    })
+}
+
+/// FLOPs an iteration executes (recomputation included; the attention scores in full under
+/// the dense kernel, as Narayanan et al. 2021 count them: `96 B s l h² (1 + s/6h + V/16lh)`
+/// for GPT under full recomputation).
+pub fn executed_flops(cfg: &TrainConfig, attention: AttentionKernel) -> f64 {
+    let m = &cfg.model;
+    let (h, s) = (m.hidden_size as f64, cfg.args.seq_length as f64);
+    let tokens = cfg.global_batch_size as f64 * s;
+    let (q, kv) = (
+        m.query_projection_size() as f64,
+        (m.query_groups() * m.head_dim()) as f64,
+    );
+    let gated = match m.activation {
+        Activation::Gelu => 2.0,
+        Activation::SwiGLU => 3.0,
+    };
+    let (passes, attention_passes) = match cfg.recompute {
+        Recompute::Full { .. } => (4.0, 4.0),
+        Recompute::Selective(sel) if sel.core_attn => (3.0, 4.0),
+        _ => (3.0, 3.0),
+    };
+    let keys = match attention {
+        AttentionKernel::Dense => s,
+        AttentionKernel::Flash => s / 2.0,
+    };
+    let per_layer = |l: usize| -> f64 {
+        let mlp = match (&m.moe, m.is_moe_layer(l)) {
+            (Some(x), true) => {
+                h * gated
+                    * (x.topk as f64 * x.ffn_hidden_size as f64
+                        + x.shared_expert_ffn.unwrap_or(0) as f64)
+                    + h * x.num_experts as f64
+            }
+            _ => h * gated * m.ffn_hidden_size as f64,
+        };
+        passes * 2.0 * (h * (q + 2.0 * kv) + q * h + mlp) + attention_passes * 4.0 * keys * q
+    };
+    let layers: f64 = (0..m.num_layers).map(per_layer).sum();
+    tokens * (layers + 6.0 * h * m.padded_vocab_size as f64)
+}

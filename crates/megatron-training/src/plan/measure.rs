@@ -1,0 +1,113 @@
+//! `megatron plan --measure K`: the K best layouts run here for a few iterations on rank
+//! threads (mock data), and their measured step time and peak memory printed beside the
+//! prediction, so the cost model is checked on the machine it plans for.
+
+use super::Plan;
+use crate::TrainError;
+
+/// Measured step time (median after the first iteration) and the largest per-rank allocator
+/// peak (or, where the binary does not count allocations per rank, the process's peak).
+#[derive(Clone, Debug)]
+pub struct Measured {
+    pub step_seconds: f64,
+    pub peak_bytes: f64,
+}
+
+/// Runs `args` (a layout's flags) for `iters` iterations and reads its metrics file.
+pub fn run_layout(args: &crate::TrainArgs, iters: u64) -> Result<Measured, TrainError> {
+    let dir = std::env::temp_dir().join(format!(
+        "megatron-plan-{}-{:x}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos())
+    ));
+    std::fs::create_dir_all(&dir).map_err(|e| TrainError::Io {
+        path: dir.display().to_string(),
+        source: e,
+    })?;
+    let metrics = dir.join("metrics.jsonl");
+    let mut a = args.clone();
+    a.train_iters = Some(iters.max(2));
+    a.train_samples = None;
+    a.lr_warmup_iters = Some(0);
+    a.lr_decay_iters = None;
+    a.eval_iters = 0;
+    a.eval_interval = iters.max(2) + 1;
+    a.log_interval = 1;
+    a.log_memory = true;
+    a.save = None;
+    a.load = None;
+    a.no_progress_bar = true;
+    a.metrics_file = Some(metrics.display().to_string());
+    let result = crate::pretrain(&a);
+    let text = std::fs::read_to_string(&metrics).unwrap_or_default();
+    std::fs::remove_dir_all(&dir).ok();
+    result?;
+    let (mut steps, mut peak) = (Vec::new(), 0.0f64);
+    for line in text.lines() {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap_or_default();
+        let Some(ms) = v.get("ms_per_iter").and_then(|x| x.as_f64()) else {
+            continue;
+        };
+        if v.get("iteration").and_then(|x| x.as_u64()) > Some(1) {
+            steps.push(ms / 1e3);
+        }
+        let m = &v["memory"];
+        let ranks = m["peak_over_predicted"]
+            .as_array()
+            .and_then(|r| r.get(1))
+            .and_then(|x| x.as_f64());
+        let allocated = m["allocated_peak"].as_f64();
+        let predicted = m["predicted_peak"].as_f64();
+        let bytes = match (allocated, ranks, predicted) {
+            // The largest rank's peak: rank 0's scaled by the largest measured/predicted ratio
+            // over ranks against rank 0's own ratio.
+            (Some(a), Some(hi), Some(p)) if p > 0.0 => a.max(hi * p),
+            (Some(a), _, _) => a,
+            _ => m["process_peak"].as_f64().unwrap_or(0.0),
+        };
+        peak = peak.max(bytes);
+    }
+    if steps.is_empty() {
+        return Err(TrainError::Args(
+            "--measure: the run logged no timed iteration".into(),
+        ));
+    }
+    steps.sort_by(f64::total_cmp);
+    Ok(Measured {
+        step_seconds: steps[steps.len() / 2],
+        peak_bytes: peak,
+    })
+}
+
+/// The measured-versus-predicted table for the plan's `k` best layouts.
+pub fn measure(plan: &Plan, k: usize, iters: u64) -> Result<String, TrainError> {
+    let mut out = format!(
+        "measured here ({iters} iterations each, median step after the first; peak: the largest rank's allocator high-water mark):\n TP  PP  VP  CP  EP    DP  MBS recompute dist. | step predicted  measured  ratio | peak MiB predicted  measured  ratio\n"
+    );
+    for p in plan.fits.iter().take(k) {
+        let m = run_layout(&p.layout.config.args, iters)?;
+        let l = &p.layout;
+        let (ps, pm) = (p.prediction.time.total(), p.prediction.memory.total());
+        out += &format!(
+            "{:>3} {:>3} {:>3} {:>3} {:>3} {:>5} {:>4} {:>9} {:>5} | {:>14.3} {:>9.3} {:>6.2} | {:>18.1} {:>9.1} {:>6.3}\n",
+            l.tp,
+            l.pp,
+            l.virtual_stages(),
+            l.cp,
+            l.ep,
+            l.dp,
+            l.micro_batch_size,
+            l.recompute.name(),
+            if l.distributed_optimizer { "yes" } else { "no" },
+            ps,
+            m.step_seconds,
+            m.step_seconds / ps,
+            pm / (1 << 20) as f64,
+            m.peak_bytes / (1 << 20) as f64,
+            m.peak_bytes / pm,
+        );
+    }
+    Ok(out)
+}
