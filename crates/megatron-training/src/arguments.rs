@@ -398,6 +398,26 @@ pub struct TrainArgs {
     pub log_interval: u64,
     #[arg(long)]
     pub metrics_file: Option<String>,
+    /// Write TensorBoard event files here (rank 0), flushed every log interval: loss, learning
+    /// rate, grad norm, loss scale, throughput, MFU, memory, validation loss.
+    #[arg(long)]
+    pub tensorboard_dir: Option<String>,
+    /// Also the per-stage timers (forward, backward, p2p wait, optimizer, iteration time).
+    #[arg(long)]
+    pub log_timers_to_tensorboard: bool,
+    /// Also the allocator high-water marks (with --log-memory) and the peak resident memory.
+    #[arg(long)]
+    pub log_memory_to_tensorboard: bool,
+    /// Also the validation perplexity.
+    #[arg(long)]
+    pub log_validation_ppl_to_tensorboard: bool,
+    /// Also the world size.
+    #[arg(long)]
+    pub log_world_size_to_tensorboard: bool,
+    #[arg(long)]
+    pub no_log_loss_scale_to_tensorboard: bool,
+    #[arg(long)]
+    pub no_log_learning_rate_to_tensorboard: bool,
     #[arg(long)]
     pub save: Option<String>,
     #[arg(long)]

@@ -18,6 +18,7 @@ pub mod moe_logging;
 pub mod plan;
 mod setup;
 pub mod tabular;
+pub mod tensorboard;
 mod train_step;
 pub mod training;
 

@@ -286,6 +286,11 @@ pub(crate) fn run(
     if lead {
         print_setup(cfg, &tr.params, threads, peak, per_param);
     }
+    let mut tensorboard = crate::tensorboard::training_log::TensorboardLog::open(a, lead)?;
+    let tb_err = |e| TrainError::Io {
+        path: a.tensorboard_dir.clone().unwrap_or_default(),
+        source: e,
+    };
     let rep = Reporter::new(cfg.train_iters, iteration, a.no_progress_bar, !lead);
     let mut summary = TrainSummary {
         bytes_per_param: per_param,
@@ -334,10 +339,21 @@ pub(crate) fn run(
                 summary.skipped_iterations,
             )?;
             rep.line(&m.line(cfg.train_iters));
-            if let Some(bubble) = tr.log_timers(&rep, interval.iters) {
+            let times = tr.log_timers(&rep, interval.iters);
+            if let Some((bubble, _)) = times {
                 summary.bubble_fraction = bubble;
             }
             metrics.write(&m).map_err(metrics_err)?;
+            if let Some(tb) = &mut tensorboard {
+                let world = cfg.world();
+                tb.iteration(
+                    &m,
+                    cfg.global_batch_size,
+                    world,
+                    times.as_ref().map(|t| &t.1),
+                )
+                .map_err(tb_err)?;
+            }
             if let Some(moe) = &m.moe {
                 summary.moe.push((iteration, moe.clone()));
             }
@@ -352,6 +368,9 @@ pub(crate) fn run(
                     val_loss: val,
                 };
                 metrics.write(&ev).map_err(metrics_err)?;
+                if let Some(tb) = &mut tensorboard {
+                    tb.validation(iteration, tr.consumed, val).map_err(tb_err)?;
+                }
                 summary.val_losses.push((iteration, val));
             }
         }
@@ -523,7 +542,11 @@ impl Trainer<'_> {
 
     /// `--timing-log-level`: per-stage timers on the first rank of each stage; returns the
     /// bubble fraction when printed.
-    fn log_timers(&mut self, rep: &Reporter, iters: u64) -> Option<f64> {
+    fn log_timers(
+        &mut self,
+        rep: &Reporter,
+        iters: u64,
+    ) -> Option<(f64, crate::tensorboard::training_log::StageTimes)> {
         let (dp_rank, _) = self.comms.dp_rank_size();
         if self.cfg.args.timing_log_level == 0 || dp_rank != 0 || self.comms.tp.rank() != 0 {
             return None;
@@ -541,8 +564,15 @@ impl Trainer<'_> {
             100.0 * tm.bubble_fraction()
         ));
         let bubble = tm.bubble_fraction();
+        let times = crate::tensorboard::training_log::StageTimes {
+            forward_ms: ms(tm.forward),
+            backward_ms: ms(tm.backward),
+            p2p_wait_ms: ms(tm.p2p_wait),
+            optimizer_ms: ms(tm.optimizer),
+            pipeline_ms: ms(tm.pipeline),
+        };
         tm.reset();
-        Some(bubble)
+        Some((bubble, times))
     }
 }
 
