@@ -533,10 +533,27 @@ pub struct TrainArgs {
     pub log_num_zeros_in_grad: bool,
     #[arg(long)]
     pub log_params_norm: bool,
+    /// Gather every rank's compute time per iteration each log interval: the log line shows
+    /// the fastest and slowest rank and names a rank that stays slower than the median by
+    /// --straggler-margin for --straggler-patience intervals in a row.
+    #[arg(long)]
+    pub log_straggler: bool,
+    /// Share over the median step compute time that makes a rank slow.
+    #[arg(long, default_value_t = 0.1)]
+    pub straggler_margin: f64,
+    /// Log intervals in a row a rank must be slow before it is named.
+    #[arg(long, default_value_t = 2)]
+    pub straggler_patience: usize,
     /// Testing: this world rank stops arriving (parks forever) at the start of iteration 2, as
     /// a hung or stopped process would.
     #[arg(long, hide = true)]
     pub inject_rank_stall: Option<usize>,
+    /// Testing: this world rank sleeps --inject-slow-ms before each step's forward/backward,
+    /// as a slow device would.
+    #[arg(long, hide = true)]
+    pub inject_slow_rank: Option<usize>,
+    #[arg(long, hide = true, default_value_t = 0)]
+    pub inject_slow_ms: u64,
     /// Testing: make the gradients of these iterations overflow (inf), as an fp16 overflow would.
     #[arg(long, hide = true, num_args = 1..)]
     pub inject_grad_overflow: Vec<u64>,
@@ -709,6 +726,15 @@ impl TrainArgs {
                     "{flag} must be a non-negative number, got {v}"
                 )));
             }
+        }
+        if !(self.straggler_margin > 0.0 && self.straggler_margin.is_finite()) {
+            return Err(bad(format!(
+                "--straggler-margin must be positive, got {}",
+                self.straggler_margin
+            )));
+        }
+        if self.straggler_patience == 0 {
+            return Err(bad("--straggler-patience must be at least 1".into()));
         }
         if self.fp16 && self.bf16 {
             return Err(bad("give only one of --fp16 and --bf16".into()));

@@ -17,6 +17,7 @@ pub mod memory;
 pub mod moe_logging;
 pub mod plan;
 mod setup;
+pub mod straggler;
 pub mod tabular;
 pub mod tensorboard;
 mod train_step;

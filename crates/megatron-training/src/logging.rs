@@ -27,6 +27,9 @@ pub struct IterationMetrics {
     /// Mixture of experts: auxiliary losses and expert load.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub moe: Option<crate::moe_logging::MoELogMetrics>,
+    /// `--log-straggler`: compute time per iteration across ranks.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rank_step_times: Option<crate::straggler::RankStepTimes>,
     /// `--log-memory`: this rank's memory by kind.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub memory: Option<crate::memory::MemoryBreakdown>,
@@ -75,6 +78,9 @@ impl IterationMetrics {
         }
         if let Some(m) = &self.memory {
             s += &m.line();
+        }
+        if let Some(r) = &self.rank_step_times {
+            s += &r.line();
         }
         s
     }

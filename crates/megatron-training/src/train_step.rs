@@ -56,7 +56,18 @@ impl Trainer<'_> {
         // are averaged over data x context ranks: scaled by the context-parallel size they sum
         // over the sequence (Megatron multiplies the loss by it).
         let grad_scale = loss_scale * self.cfg.cp as f32 / self.cfg.num_microbatches as f32;
+        // This rank's own work in the step (for --log-straggler): the forward/backward pass
+        // less the time it waited for pipeline neighbours.
+        let (busy_start, waited) = (Instant::now(), self.timers.p2p_wait);
+        if self.cfg.args.inject_slow_rank == Some(self.comms.world_rank) {
+            std::thread::sleep(std::time::Duration::from_millis(
+                self.cfg.args.inject_slow_ms,
+            ));
+        }
         let pass = self.forward_backward(iteration, grad_scale)?;
+        self.busy += busy_start
+            .elapsed()
+            .saturating_sub(self.timers.p2p_wait.saturating_sub(waited));
         let opt_start = Instant::now();
         let loss = self.finalize_gradients(iteration, &pass)?;
         let mut out = self.optimizer_step(iteration, loss)?;

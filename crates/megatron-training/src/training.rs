@@ -77,6 +77,10 @@ pub(crate) struct Trainer<'a> {
     pub scaler: Option<GradScaler>,
     pub sched: OptimizerParamScheduler,
     pub timers: Timers,
+    /// This rank's compute time since the last log interval, and who has been slow
+    /// (`--log-straggler`).
+    pub busy: std::time::Duration,
+    pub straggler: Option<crate::straggler::StragglerWatch>,
     pub data: Box<dyn GPTSampleSource>,
     /// Buffers of the step's micro-batches.
     pub mbs: Vec<MicroBatch>,
@@ -251,6 +255,10 @@ pub(crate) fn run(
         optimizer: setup.optimizer,
         scaler: grad_scaler(cfg),
         sched,
+        busy: std::time::Duration::ZERO,
+        straggler: a.log_straggler.then(|| {
+            crate::straggler::StragglerWatch::new(a.straggler_margin, a.straggler_patience)
+        }),
         timers: Timers::new(
             *TRACE_ORIGIN.get_or_init(Instant::now),
             a.profile_trace.is_some(),
@@ -471,6 +479,14 @@ impl Trainer<'_> {
             self.cfg.model.num_layers,
             self.cfg.model.moe.as_ref().map(|m| m.num_experts),
         )?;
+        let busy_ms = std::mem::take(&mut self.busy).as_secs_f64() * 1e3 / interval.iters as f64;
+        let rank_step_times = match self.straggler.is_some() {
+            true => {
+                let times = crate::straggler::gather_world(&mut self.comms, busy_ms)?;
+                self.straggler.as_mut().map(|w| w.observe(times))
+            }
+            false => None,
+        };
         let flops = num_floating_point_operations(&self.cfg.model, self.cfg.global_batch_size);
         let per_iter = interval.secs / interval.iters as f64;
         Ok(IterationMetrics {
@@ -489,6 +505,7 @@ impl Trainer<'_> {
             num_zeros: step.num_zeros,
             params_norm,
             moe,
+            rank_step_times,
             memory: match a.log_memory {
                 true => Some(self.memory_breakdown(step)?),
                 false => None,
