@@ -65,9 +65,22 @@ enum Command {
     /// (`--cluster dgx-a100|dgx-h100|this-machine`, model flags as for `train`; `--measure K`
     /// runs the best K here).
     Plan(Box<megatron_training::plan::PlanArgs>),
+    /// Plot loss and validation loss against tokens, throughput, peak memory and learning rate
+    /// from `--metrics-file` JSON lines, several runs overlaid: `plot A.jsonl B.jsonl --out
+    /// curves.png`.
+    Plot(PlotArgs),
     /// Use a trained tabular model on CSV tables: predict, impute, score-anomalies.
     #[command(subcommand)]
     Tabular(megatron_training::tabular::commands::TabularCommand),
+}
+
+#[derive(clap::Args)]
+struct PlotArgs {
+    /// Metrics files (`megatron train --metrics-file`), one per run.
+    #[arg(required = true)]
+    metrics: Vec<std::path::PathBuf>,
+    #[arg(long, default_value = "curves.png")]
+    out: std::path::PathBuf,
 }
 
 #[derive(clap::Args)]
@@ -149,6 +162,10 @@ fn main() -> ExitCode {
                         "done: iterations {}..{} | first {what} {:.4} | last {what} {:.4}",
                         first.0, last.0, first.1, last.1
                     );
+                    if let Some(m) = &args.metrics_file {
+                        let png = std::path::Path::new(m).with_extension("png");
+                        println!("plot: megatron plot {m} --out {}", png.display());
+                    }
                 }
             })
             .map_err(Into::into),
@@ -186,6 +203,16 @@ fn main() -> ExitCode {
         Command::Bench(args) => bench::run(&args),
         Command::Convert(a) => run_convert(&a),
         Command::Tabular(c) => run_tabular(&c),
+        Command::Plot(a) => megatron_training::plot::plot(&a.metrics, &a.out)
+            .map(|runs| {
+                let points: usize = runs.iter().map(|r| r.loss.len()).sum();
+                println!(
+                    "wrote {} ({} runs, {points} logged iterations)",
+                    a.out.display(),
+                    runs.len()
+                )
+            })
+            .map_err(Into::into),
         Command::Plan(a) => {
             let sub = matches.subcommand_matches("plan");
             let given = |id: &str| {

@@ -16,6 +16,7 @@ pub mod logging;
 pub mod memory;
 pub mod moe_logging;
 pub mod plan;
+pub mod plot;
 mod setup;
 pub mod straggler;
 pub mod tabular;
