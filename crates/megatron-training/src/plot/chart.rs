@@ -19,7 +19,7 @@ pub struct Panel {
 
 /// Tick positions covering [lo, hi]: steps of 1, 2 or 5 times a power of ten, about 5 of them.
 pub fn nice_ticks(lo: f64, hi: f64) -> Vec<f64> {
-    if !(hi > lo) {
+    if hi.partial_cmp(&lo) != Some(std::cmp::Ordering::Greater) {
         return vec![lo];
     }
     let raw = (hi - lo) / 5.0;
