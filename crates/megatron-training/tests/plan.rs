@@ -141,3 +141,43 @@ fn plan_reproduces_table_1_of_narayanan_2021() {
     println!("largest error {:.1} %", 100.0 * worst);
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+#[test]
+fn a_model_too_big_for_the_cluster_is_refused_with_what_it_needs() {
+    // The 1T model of Table 1 on one DGX A100 node.
+    let r = &table1()[9];
+    let p = plan(&flags(r), &Cluster::dgx_a100(1), &paper_pins()).expect("plans");
+    assert!(p.fits.is_empty());
+    let report = p.report(5);
+    assert!(
+        report.contains("no layout fits in 80 GB per device"),
+        "{report}"
+    );
+    assert!(
+        report.contains("weights, gradients and optimizer state"),
+        "{report}"
+    );
+    // 1e12 parameters x 18 bytes over 8 devices, at least.
+    let smallest = p.too_big[0].prediction.memory.total();
+    assert!(smallest > 1.0e12 * 18.0 / 8.0, "{smallest}");
+}
+
+#[test]
+fn every_layout_keeps_tensor_parallelism_inside_a_node_and_uses_every_device() {
+    let r = &table1()[6];
+    let c = Cluster::dgx_a100(r.gpus / 8);
+    let p = plan(&flags(r), &c, &Pins::default()).expect("plans");
+    assert!(p.fits.len() > 10);
+    for x in p.fits.iter().chain(&p.too_big) {
+        let l = &x.layout;
+        assert!(l.tp <= 8, "{}", l.flags());
+        assert_eq!(l.tp * l.pp * l.cp * l.dp, r.gpus, "{}", l.flags());
+        assert_eq!(r.layers % l.pp, 0);
+        assert!(x.prediction.time.total() > 0.0);
+    }
+    // Fastest first, and only layouts that fit are ranked.
+    for w in p.fits.windows(2) {
+        assert!(w[0].prediction.tokens_per_second >= w[1].prediction.tokens_per_second);
+    }
+    assert!(p.fits.iter().all(|x| x.prediction.memory.total() <= 80e9));
+}

@@ -86,6 +86,13 @@ pub struct Cluster {
     /// Bytes per activation element (2 on GPUs under fp16/bf16; this engine keeps f32).
     pub activation_bytes: f64,
     pub engine: Engine,
+    /// Seconds a context-parallel ring exchange waits for its peer beyond the bytes' time
+    /// (negligible on GPUs; on an oversubscribed CPU, where the ring's communication thread
+    /// shares cores with the ranks, a scheduler slice: measured for this machine).
+    pub ring_exchange_latency: f64,
+    /// Bytes the optimizer step moves per parameter it updates (Adam with fp32 state: about
+    /// 36 on a GPU; measured for this machine, whose element-wise loops run below bandwidth).
+    pub optimizer_bytes_per_parameter: f64,
 }
 
 impl Cluster {
@@ -114,6 +121,8 @@ impl Cluster {
             attention: AttentionKernel::Dense,
             activation_bytes: 2.0,
             engine: Engine::Megatron,
+            ring_exchange_latency: 0.0,
+            optimizer_bytes_per_parameter: 36.0,
         }
     }
 

@@ -383,7 +383,11 @@ pub fn predict(cfg: &TrainConfig, cluster: &Cluster) -> Result<Prediction, Strin
     // behind the attention it feeds when that is longer.
     let cp_layer = if cp > 1 {
         let ring = (cp - 1) as f64 * 2.0 * tok * kv * e / tf / cp_bw * passes;
+        // Each exchange also waits for the peer: (cp - 1) per forward pass, cp per backward
+        // (the gradients' last hop home).
+        let exchanges = (passes - 2.0) * (cp - 1) as f64 + cp as f64;
         (ring - gemm(attention_passes * core_attention)).max(0.0)
+            + exchanges * cluster.ring_exchange_latency
     } else {
         0.0
     };
@@ -466,7 +470,7 @@ pub fn predict(cfg: &TrainConfig, cluster: &Cluster) -> Result<Prediction, Strin
         OptimizerKind::Adam => params,
         OptimizerKind::DistributedAdam => params / dp_ranks as f64,
     };
-    let optimizer = memory_bound(optimizer_params * 36.0);
+    let optimizer = memory_bound(optimizer_params * cluster.optimizer_bytes_per_parameter);
     let time = TimeCost {
         compute: mbf * stage_compute,
         tensor_parallel: mbf * tp_time,

@@ -1,7 +1,13 @@
 //! `--cluster this-machine`: one node whose devices are rank threads, with its numbers
-//! measured here (a second or two): the FMA peak the MFU uses, a GEMM of the model's width
-//! against it, memory bandwidth by a parallel copy, and the thread communicator's all-reduce
-//! bus bandwidth. Memory per rank is the machine's memory shared by the ranks.
+//! measured here (a few seconds): the FMA peak the MFU uses, memory bandwidth by a parallel
+//! copy, the thread communicator's all-reduce bus bandwidth, and the engine's compute
+//! efficiency and optimizer cost on this model: every rank runs a few steps of one and of three
+//! micro-batches (data parallel, so the cores are as loaded as in the layouts: two busy cores
+//! clock and share memory differently from one), and the efficiency and the optimizer's bytes
+//! per parameter are what make the cost model's times of those runs the measured ones (a GEMM probe alone misses the backward GEMMs' layouts, the attention
+//! kernel and the element-wise passes, which on a CPU are not bandwidth-bound). The layouts'
+//! predictions then come from the cost model. Memory per rank is the machine's memory shared
+//! by the ranks.
 
 use super::cluster::{AttentionKernel, Cluster, Engine};
 use crate::arguments::TrainArgs;
@@ -60,22 +66,100 @@ fn all_reduce_bandwidth(ranks: usize) -> Result<f64, TrainError> {
     Ok(2.0 * (ranks - 1) as f64 / ranks as f64 * (n * 4) as f64 / worst)
 }
 
-/// Share of `peak` (FLOP/s of `threads` threads) our f32 GEMM reaches at width `h`.
-fn gemm_efficiency(h: usize, threads: usize, peak: f64) -> f64 {
-    use megatron_tensor::cpu::matmul_forward;
-    let rows = 256;
-    let x = vec![0.5f32; rows * h];
-    let w = vec![0.25f32; h * h];
-    let mut out = vec![0.0f32; rows * h];
-    megatron_tensor::threads::set_gemm_threads(threads);
-    let mut best = f64::MAX;
-    for _ in 0..4 {
-        let t0 = Instant::now();
-        matmul_forward(&mut out, &x, &w, None, rows, h, h);
-        best = best.min(t0.elapsed().as_secs_f64());
+/// The flags of a calibration run: one micro-batch per step of the model on `ranks` ranks of
+/// `threads` threads each, context parallel over `cp` of them.
+fn calibration_args(a: &TrainArgs, ranks: usize, threads: usize, cp: usize) -> TrainArgs {
+    let mut one = a.clone();
+    one.nproc_per_node = ranks;
+    one.num_threads = Some(threads * ranks);
+    one.tensor_model_parallel_size = 1;
+    one.pipeline_model_parallel_size = 1;
+    one.num_layers_per_virtual_pipeline_stage = None;
+    one.context_parallel_size = cp;
+    one.expert_model_parallel_size = 1;
+    one.micro_batch_size = 1;
+    one.global_batch_size = Some(ranks / cp);
+    one.use_distributed_optimizer = false;
+    one.overlap_param_gather = false;
+    one.mock_data = true;
+    one.recompute_activations = false;
+    one.recompute_granularity = None;
+    one.recompute_method = None;
+    one.recompute_num_layers = None;
+    if one.train_iters.is_none() && one.train_samples.is_none() {
+        one.train_iters = Some(one.lr_warmup_iters.unwrap_or(0) + 1);
     }
-    std::hint::black_box(&out);
-    (2.0 * (rows * h * h) as f64 / best / peak).min(1.0)
+    one
+}
+
+/// The GEMM efficiency and the optimizer's bytes per parameter that make the cost model's
+/// times the measured ones: every rank (data parallel, so the cores are as loaded as in the
+/// layouts) runs steps of one and of three micro-batches; their difference is one micro-batch's
+/// compute, what remains of the one-micro-batch step is the gradient reduction and the
+/// optimizer.
+fn calibrate(
+    a: &TrainArgs,
+    cluster: &Cluster,
+    ranks: usize,
+    threads: usize,
+) -> Result<(f64, f64), TrainError> {
+    let vocab = a.tokenizer.vocab_size.unwrap_or(0);
+    let one = calibration_args(a, ranks, threads, 1);
+    let mut three = one.clone();
+    three.global_batch_size = Some(3 * ranks);
+    let t1 = super::measure::run_layout(&one, 6)?.step_seconds;
+    let t3 = super::measure::run_layout(&three, 6)?.step_seconds;
+    let per_micro_batch = ((t3 - t1) / 2.0).max(t1 * 0.05);
+    let step_rest = (t1 - per_micro_batch).max(0.0);
+    let cfg = one.validate(vocab)?;
+    let at = |eff: f64| -> Result<super::cost::TimeCost, TrainError> {
+        let c = Cluster {
+            gemm_efficiency: eff,
+            ..cluster.clone()
+        };
+        Ok(super::cost::predict(&cfg, &c)
+            .map_err(TrainError::Args)?
+            .time)
+    };
+    let (full, half) = (at(1.0)?, at(0.5)?);
+    // compute(eff) = gemm / eff + memory-bound.
+    let gemm = half.compute - full.compute;
+    let memory_bound = full.compute - gemm;
+    let eff = (gemm / (per_micro_batch - memory_bound).max(gemm * 1e-3)).clamp(0.01, 1.0);
+    let params = super::cost::parameters_per_rank(&cfg).0;
+    let optimizer_seconds = (step_rest - full.data_parallel).max(0.0);
+    let bytes = optimizer_seconds * cluster.memory_bandwidth * cluster.memory_efficiency / params;
+    Ok((eff, bytes.max(1.0)))
+}
+
+/// Seconds each context-parallel ring exchange waits beyond the cost model's time: one
+/// micro-batch per step at context parallelism 2, measured against its prediction without the
+/// wait (0 with fewer than two ranks, or a sequence that does not split in 4).
+fn ring_latency(
+    a: &TrainArgs,
+    cluster: &Cluster,
+    ranks: usize,
+    threads: usize,
+) -> Result<f64, TrainError> {
+    if ranks < 2 || !a.seq_length.is_multiple_of(4) {
+        return Ok(0.0);
+    }
+    let two = calibration_args(a, 2, threads, 2);
+    let cfg = two.validate(a.tokenizer.vocab_size.unwrap_or(0))?;
+    let measured = super::measure::run_layout(&two, 6)?.step_seconds;
+    let time = |latency: f64| -> Result<f64, TrainError> {
+        let c = Cluster {
+            ring_exchange_latency: latency,
+            ..cluster.clone()
+        };
+        Ok(super::cost::predict(&cfg, &c)
+            .map_err(TrainError::Args)?
+            .time
+            .total())
+    };
+    // time(latency) = base + exchanges x latency.
+    let (base, per) = (time(0.0)?, time(1.0)? - time(0.0)?);
+    Ok(((measured - base) / per).max(0.0))
 }
 
 /// This machine as a cluster of `--nproc-per-node` rank threads.
@@ -94,7 +178,7 @@ pub fn this_machine(a: &TrainArgs) -> Result<Cluster, TrainError> {
     let bandwidth = copy_bandwidth(threads) / ranks as f64;
     let all_reduce = all_reduce_bandwidth(ranks)?;
     let half = a.bf16 || a.fp16;
-    Ok(Cluster {
+    let mut c = Cluster {
         gpus_per_node: ranks,
         num_nodes: 1,
         memory_per_gpu: memory / ranks as f64,
@@ -103,10 +187,15 @@ pub fn this_machine(a: &TrainArgs) -> Result<Cluster, TrainError> {
         intra_node_bandwidth: all_reduce.min(bandwidth * 4.0),
         inter_node_bandwidth: all_reduce.min(bandwidth * 4.0),
         memory_bandwidth: bandwidth,
-        gemm_efficiency: gemm_efficiency(a.hidden_size, per_rank, peak),
+        gemm_efficiency: 1.0,
         memory_efficiency: 1.0,
         attention: AttentionKernel::Flash,
         activation_bytes: if half { 2.0 } else { 4.0 },
         engine: Engine::ThisEngine,
-    })
+        ring_exchange_latency: 0.0,
+        optimizer_bytes_per_parameter: 36.0,
+    };
+    (c.gemm_efficiency, c.optimizer_bytes_per_parameter) = calibrate(a, &c, ranks, per_rank)?;
+    c.ring_exchange_latency = ring_latency(a, &c, ranks, per_rank)?;
+    Ok(c)
 }

@@ -81,12 +81,30 @@ pub fn run_layout(args: &crate::TrainArgs, iters: u64) -> Result<Measured, Train
     })
 }
 
-/// The measured-versus-predicted table for the plan's `k` best layouts.
+/// The measured-versus-predicted table for the plan's `k` best parallel layouts.
 pub fn measure(plan: &Plan, k: usize, iters: u64) -> Result<String, TrainError> {
     let mut out = format!(
         "measured here ({iters} iterations each, median step after the first; peak: the largest rank's allocator high-water mark):\n TP  PP  VP  CP  EP    DP  MBS recompute dist. | step predicted  measured  ratio | peak MiB predicted  measured  ratio\n"
     );
-    for p in plan.fits.iter().take(k) {
+    // The best layout of each distinct parallel shape (layouts that differ only in micro-batch
+    // size, recomputation or optimizer sharding would measure the same thing again).
+    // When there are fewer shapes than `k`, the next best layouts fill the list.
+    let mut seen = Vec::new();
+    let (mut picked, mut rest) = (Vec::new(), Vec::new());
+    for p in &plan.fits {
+        let l = &p.layout;
+        let key = (l.tp, l.pp, l.virtual_stages(), l.cp, l.ep);
+        if seen.contains(&key) {
+            rest.push(p);
+        } else {
+            seen.push(key);
+            picked.push(p);
+        }
+    }
+    picked.truncate(k);
+    let fill = k.saturating_sub(picked.len());
+    picked.extend(rest.into_iter().take(fill));
+    for p in picked {
         let m = run_layout(&p.layout.config.args, iters)?;
         let l = &p.layout;
         let (ps, pm) = (p.prediction.time.total(), p.prediction.memory.total());

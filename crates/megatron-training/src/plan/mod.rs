@@ -25,12 +25,13 @@ pub struct PlanArgs {
     /// Layouts to print.
     #[arg(long, default_value_t = 10)]
     pub top: usize,
-    /// Run the best K layouts here for a few iterations on thread ranks (`--cluster
-    /// this-machine`) and print the measured step time and peak memory beside the prediction.
+    /// Run the best K parallel layouts (the best of each TP x PP x VP x CP x EP) here for a few
+    /// iterations on thread ranks (`--cluster this-machine`) and print the measured step time
+    /// and peak memory beside the prediction.
     #[arg(long, default_value_t = 0)]
     pub measure: usize,
     /// Iterations each measured layout runs (the first is not timed).
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 6)]
     pub measure_iters: u64,
     /// Search only layouts without the distributed optimizer (`--use-distributed-optimizer`
     /// fixes it on).
@@ -181,6 +182,24 @@ impl Plan {
             c.gemm_efficiency * 100.0,
             c.memory_efficiency * 100.0,
         );
+        if c.engine == cluster::Engine::ThisEngine {
+            s.insert_str(
+                s.len() - 1,
+                &format!(
+                    "; the optimizer moves {:.0} bytes per parameter",
+                    c.optimizer_bytes_per_parameter
+                ),
+            );
+        }
+        if c.ring_exchange_latency > 0.0 {
+            s.insert_str(
+                s.len() - 1,
+                &format!(
+                    "; a context-parallel ring exchange waits {:.2} ms",
+                    c.ring_exchange_latency * 1e3
+                ),
+            );
+        }
         if self.fits.is_empty() {
             s += &format!(
                 "no layout fits in {:.0} GB per device",
