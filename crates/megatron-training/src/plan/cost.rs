@@ -74,6 +74,25 @@ impl TimeCost {
     }
 }
 
+/// A layer's widths: query projection, key/value projection (grouped-query attention), and
+/// the MLP's matrices per FFN column (2, or 3 gated) — what every cost below multiplies.
+struct Widths {
+    q: f64,
+    kv: f64,
+    gated: f64,
+}
+
+fn widths(m: &megatron_core::TransformerConfig) -> Widths {
+    Widths {
+        q: m.query_projection_size() as f64,
+        kv: (m.query_groups() * m.head_dim()) as f64,
+        gated: match m.activation {
+            Activation::Gelu => 2.0,
+            Activation::SwiGLU => 3.0,
+        },
+    }
+}
+
 /// Ring all-reduce time of `bytes` over `n` ranks at bus bandwidth `bw`.
 fn all_reduce(bytes: f64, n: usize, bw: f64) -> f64 {
     if n <= 1 {
@@ -88,14 +107,7 @@ fn all_reduce(bytes: f64, n: usize, bw: f64) -> f64 {
 pub fn parameters_per_rank(cfg: &TrainConfig) -> (f64, f64) {
     let m = &cfg.model;
     let (h, t) = (m.hidden_size as f64, cfg.tp as f64);
-    let (q, kv) = (
-        m.query_projection_size() as f64,
-        (m.query_groups() * m.head_dim()) as f64,
-    );
-    let gated = match m.activation {
-        Activation::Gelu => 2.0,
-        Activation::SwiGLU => 3.0,
-    };
+    let Widths { q, kv, gated } = widths(m);
     let bias = if m.add_bias_linear { 1.0 } else { 0.0 };
     let attention = (h * (q + 2.0 * kv) + q * h) / t + bias * ((q + 2.0 * kv) / t + h) + 2.0 * h;
     let dense_mlp = h * m.ffn_hidden_size as f64 * gated / t;
@@ -162,19 +174,14 @@ fn layer_activation_bytes_per_token(cfg: &TrainConfig, cluster: &Cluster, moe: b
     let m = &cfg.model;
     let e = cluster.activation_bytes;
     let (h, t) = (m.hidden_size as f64, cfg.tp as f64);
-    let (q, kv) = (
-        m.query_projection_size() as f64,
-        (m.query_groups() * m.head_dim()) as f64,
-    );
+    let Widths { q, kv, gated } = widths(m);
     let sp = if cfg.args.sequence_parallel && cfg.tp > 1 {
         t
     } else {
         1.0
     };
-    let fc1_factor = match m.activation {
-        Activation::Gelu => 1.0,
-        Activation::SwiGLU => 2.0,
-    };
+    // fc1's output is 1 (or 2 gated) FFN widths.
+    let fc1_factor = gated - 1.0;
     let s = (cfg.args.seq_length / cfg.cp) as f64;
     let a = m.num_attention_heads as f64;
     let scores = match (cluster.attention, cfg.recompute) {
@@ -313,14 +320,7 @@ pub fn predict(cfg: &TrainConfig, cluster: &Cluster) -> Result<Prediction, Strin
     // --- Time of one micro-batch through one pipeline stage.
     let gemm = |flops: f64| flops / (cluster.peak_flops * cluster.gemm_efficiency);
     let memory_bound = |bytes: f64| bytes / (cluster.memory_bandwidth * cluster.memory_efficiency);
-    let (q, kv) = (
-        m.query_projection_size() as f64,
-        (m.query_groups() * m.head_dim()) as f64,
-    );
-    let gated = match m.activation {
-        Activation::Gelu => 2.0,
-        Activation::SwiGLU => 3.0,
-    };
+    let Widths { q, kv, gated } = widths(m);
     let tf = t as f64;
     // Forward passes a layer runs per micro-batch: forward, backward (2), full recomputation.
     let (passes, attention_passes) = match cfg.recompute {
@@ -352,10 +352,9 @@ pub fn predict(cfg: &TrainConfig, cluster: &Cluster) -> Result<Prediction, Strin
     // Memory-bound traffic of one forward (bytes per token): norms, bias-dropout-adds and the
     // QKV/context re-layouts (h-wide, replicated without sequence parallelism), the activation
     // function, and with dense attention the scaled-masked softmax and its dropout.
-    let fc1 = match m.activation {
-        Activation::Gelu => 2.0,
-        Activation::SwiGLU => 3.0,
-    };
+    // The activation function reads fc1's output and writes its input to fc2: 2 (or 3
+    // gated) FFN-wide passes, `gated`.
+    let fc1 = gated;
     let a = m.num_attention_heads as f64;
     let elementwise = tok
         * ((11.0 * h * e) / sp
@@ -502,14 +501,7 @@ pub fn executed_flops(cfg: &TrainConfig, attention: AttentionKernel) -> f64 {
     let m = &cfg.model;
     let (h, s) = (m.hidden_size as f64, cfg.args.seq_length as f64);
     let tokens = cfg.global_batch_size as f64 * s;
-    let (q, kv) = (
-        m.query_projection_size() as f64,
-        (m.query_groups() * m.head_dim()) as f64,
-    );
-    let gated = match m.activation {
-        Activation::Gelu => 2.0,
-        Activation::SwiGLU => 3.0,
-    };
+    let Widths { q, kv, gated } = widths(m);
     let (passes, attention_passes) = match cfg.recompute {
         Recompute::Full { .. } => (4.0, 4.0),
         Recompute::Selective(sel) if sel.core_attn => (3.0, 4.0),

@@ -93,6 +93,54 @@ impl Candidate {
     }
 }
 
+/// One combination of the searched choices.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Choice {
+    pub tp: usize,
+    pub pp: usize,
+    pub vp_layers: Option<usize>,
+    pub cp: usize,
+    pub ep: usize,
+    pub micro_batch_size: usize,
+    pub recompute: RecomputeChoice,
+    pub distributed_optimizer: bool,
+}
+
+/// The training flags `template` with the layout `c` of `devices` ranks written in (mock data:
+/// a plan and its measurements do not read the corpus).
+pub fn layout_args(template: &TrainArgs, devices: usize, c: &Choice) -> TrainArgs {
+    let mut a = template.clone();
+    a.tensor_model_parallel_size = c.tp;
+    a.pipeline_model_parallel_size = c.pp;
+    a.num_layers_per_virtual_pipeline_stage = c.vp_layers;
+    a.context_parallel_size = c.cp;
+    a.expert_model_parallel_size = c.ep;
+    a.micro_batch_size = c.micro_batch_size;
+    a.nproc_per_node = devices;
+    a.use_distributed_optimizer = c.distributed_optimizer;
+    a.overlap_param_gather = a.overlap_param_gather && c.distributed_optimizer;
+    a.mock_data = true;
+    a.recompute_activations = false;
+    (
+        a.recompute_granularity,
+        a.recompute_method,
+        a.recompute_num_layers,
+    ) = match c.recompute {
+        RecomputeChoice::None => (None, None, None),
+        RecomputeChoice::Selective => (Some(RecomputeGranularityArg::Selective), None, None),
+        RecomputeChoice::Full => (
+            Some(RecomputeGranularityArg::Full),
+            Some(RecomputeMethodArg::Uniform),
+            Some(1),
+        ),
+    };
+    if a.train_iters.is_none() && a.train_samples.is_none() {
+        // A schedule long enough for the warm-up: the plan does not depend on it.
+        a.train_iters = Some(a.lr_warmup_iters.unwrap_or(0) + 1);
+    }
+    a
+}
+
 fn divisors(n: usize) -> Vec<usize> {
     (1..=n).filter(|d| n.is_multiple_of(*d)).collect()
 }
@@ -179,33 +227,17 @@ pub fn enumerate(
                                     if dist && dp * cp == 1 {
                                         continue;
                                     }
-                                    let mut a = template.clone();
-                                    a.tensor_model_parallel_size = tp;
-                                    a.pipeline_model_parallel_size = pp;
-                                    a.num_layers_per_virtual_pipeline_stage = vp;
-                                    a.context_parallel_size = cp;
-                                    a.expert_model_parallel_size = ep;
-                                    a.micro_batch_size = mbs;
-                                    a.nproc_per_node = devices;
-                                    a.use_distributed_optimizer = dist;
-                                    a.overlap_param_gather = a.overlap_param_gather && dist;
-                                    a.mock_data = true;
-                                    a.recompute_activations = false;
-                                    (
-                                        a.recompute_granularity,
-                                        a.recompute_method,
-                                        a.recompute_num_layers,
-                                    ) = match rc {
-                                        RecomputeChoice::None => (None, None, None),
-                                        RecomputeChoice::Selective => {
-                                            (Some(RecomputeGranularityArg::Selective), None, None)
-                                        }
-                                        RecomputeChoice::Full => (
-                                            Some(RecomputeGranularityArg::Full),
-                                            Some(RecomputeMethodArg::Uniform),
-                                            Some(1),
-                                        ),
+                                    let choice = Choice {
+                                        tp,
+                                        pp,
+                                        vp_layers: vp,
+                                        cp,
+                                        ep,
+                                        micro_batch_size: mbs,
+                                        recompute: rc,
+                                        distributed_optimizer: dist,
                                     };
+                                    let a = layout_args(template, devices, &choice);
                                     match a.validate(vocab_size) {
                                         Ok(config) => out.push(Candidate {
                                             tp,

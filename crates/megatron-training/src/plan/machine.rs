@@ -69,26 +69,19 @@ fn all_reduce_bandwidth(ranks: usize) -> Result<f64, TrainError> {
 /// The flags of a calibration run: one micro-batch per step of the model on `ranks` ranks of
 /// `threads` threads each, context parallel over `cp` of them.
 fn calibration_args(a: &TrainArgs, ranks: usize, threads: usize, cp: usize) -> TrainArgs {
-    let mut one = a.clone();
-    one.nproc_per_node = ranks;
+    let choice = super::layout::Choice {
+        tp: 1,
+        pp: 1,
+        vp_layers: None,
+        cp,
+        ep: 1,
+        micro_batch_size: 1,
+        recompute: super::layout::RecomputeChoice::None,
+        distributed_optimizer: false,
+    };
+    let mut one = super::layout::layout_args(a, ranks, &choice);
     one.num_threads = Some(threads * ranks);
-    one.tensor_model_parallel_size = 1;
-    one.pipeline_model_parallel_size = 1;
-    one.num_layers_per_virtual_pipeline_stage = None;
-    one.context_parallel_size = cp;
-    one.expert_model_parallel_size = 1;
-    one.micro_batch_size = 1;
     one.global_batch_size = Some(ranks / cp);
-    one.use_distributed_optimizer = false;
-    one.overlap_param_gather = false;
-    one.mock_data = true;
-    one.recompute_activations = false;
-    one.recompute_granularity = None;
-    one.recompute_method = None;
-    one.recompute_num_layers = None;
-    if one.train_iters.is_none() && one.train_samples.is_none() {
-        one.train_iters = Some(one.lr_warmup_iters.unwrap_or(0) + 1);
-    }
     one
 }
 

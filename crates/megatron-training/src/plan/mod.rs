@@ -69,13 +69,9 @@ pub fn plan(template: &TrainArgs, cluster: &Cluster, pins: &Pins) -> Result<Plan
                 .into(),
         ));
     }
-    let mut t = template.clone();
-    if t.train_iters.is_none() && t.train_samples.is_none() {
-        // A schedule long enough for the warm-up: the plan does not depend on it.
-        t.train_iters = Some(t.lr_warmup_iters.unwrap_or(0) + 1);
-    }
     let devices = cluster.devices();
-    let (candidates, refusal) = layout::enumerate(&t, vocab, devices, cluster.gpus_per_node, pins);
+    let (candidates, refusal) =
+        layout::enumerate(template, vocab, devices, cluster.gpus_per_node, pins);
     if candidates.is_empty() {
         return Err(TrainError::Args(format!(
             "no layout of {devices} devices is valid for these flags: {}",
