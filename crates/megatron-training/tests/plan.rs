@@ -181,3 +181,56 @@ fn every_layout_keeps_tensor_parallelism_inside_a_node_and_uses_every_device() {
     }
     assert!(p.fits.iter().all(|x| x.prediction.memory.total() <= 80e9));
 }
+
+/// A Mixtral-like model (GQA, SwiGLU, 8 experts, top-2) plans on 4 DGX H100 nodes: expert
+/// parallelism is searched, every expert-parallel size divides the experts, and expert
+/// parallelism pays its all-to-alls.
+#[test]
+fn a_mixture_of_experts_model_with_grouped_query_attention_plans_with_expert_parallelism() {
+    let a = common::args(&[
+        "--bf16",
+        "--num-layers",
+        "32",
+        "--hidden-size",
+        "4096",
+        "--ffn-hidden-size",
+        "14336",
+        "--num-attention-heads",
+        "32",
+        "--group-query-attention",
+        "--num-query-groups",
+        "8",
+        "--swiglu",
+        "--normalization",
+        "RMSNorm",
+        "--position-embedding-type",
+        "rope",
+        "--disable-bias-linear",
+        "--num-experts",
+        "8",
+        "--moe-router-topk",
+        "2",
+        "--seq-length",
+        "4096",
+        "--max-position-embeddings",
+        "4096",
+        "--vocab-size",
+        "32000",
+        "--global-batch-size",
+        "256",
+        "--sequence-parallel",
+    ]);
+    let p = plan(&a, &Cluster::dgx_h100(4), &Pins::default()).expect("plans");
+    assert!(!p.fits.is_empty(), "{}", p.report(5));
+    let eps: std::collections::BTreeSet<usize> = p.fits.iter().map(|x| x.layout.ep).collect();
+    assert!(eps.len() >= 3, "{eps:?}");
+    assert!(eps.iter().all(|e| 8 % e == 0));
+    let with_ep = p.fits.iter().find(|x| x.layout.ep > 1).unwrap();
+    assert!(with_ep.prediction.time.expert_parallel > 0.0);
+    assert!(p
+        .fits
+        .iter()
+        .filter(|x| x.layout.ep == 1)
+        .all(|x| x.prediction.time.expert_parallel == 0.0));
+    println!("{}", p.report(5));
+}
