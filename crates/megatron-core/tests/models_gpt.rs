@@ -208,3 +208,59 @@ fn reset_position_ids_and_attention_mask_isolate_documents() {
         "without resets, document A leaks into B"
     );
 }
+
+/// The encoder's attention (`AttnMaskType::Padding`: every token sees its whole sequence)
+/// through the same layers: gradients hold, and an early position's loss depends on a later
+/// token, which under the causal mask it never does.
+mod bidirectional {
+    use super::*;
+    use megatron_core::transformer::config::AttnMaskType;
+
+    fn encoder() -> TransformerConfig {
+        TransformerConfig {
+            attn_mask_type: AttnMaskType::Padding,
+            ..tiny(false, 0.0)
+        }
+    }
+
+    #[test]
+    fn bidirectional_attention_whole_model_gradient_matches_finite_difference() {
+        gradient_check(encoder());
+    }
+
+    /// Loss at position 0 alone, with the last token `last`.
+    fn first_position_loss(cfg: TransformerConfig, last: u32) -> f32 {
+        let (model, params) = GPTModel::new(cfg, 3);
+        let (b, t) = (1, 8);
+        let (mut tokens, labels, _) = data(b, t);
+        tokens[t - 1] = last;
+        let mut mask = vec![0.0f32; t];
+        mask[0] = 1.0;
+        model.forward_loss_serial(
+            &params,
+            &Batch {
+                tokens: &tokens,
+                labels: &labels,
+                loss_mask: &mask,
+                b,
+                t,
+                position_ids: None,
+                doc_start: None,
+            },
+        )
+    }
+
+    #[test]
+    fn an_early_position_sees_a_later_token_only_without_the_causal_mask() {
+        let causal = tiny(false, 0.0);
+        assert_eq!(
+            first_position_loss(causal.clone(), 1).to_bits(),
+            first_position_loss(causal, 50).to_bits()
+        );
+        let (a, b) = (
+            first_position_loss(encoder(), 1),
+            first_position_loss(encoder(), 50),
+        );
+        assert!((a - b).abs() > 1e-4, "{a} vs {b}");
+    }
+}

@@ -949,6 +949,7 @@ impl TrainArgs {
             add_qkv_bias: !self.disable_bias_linear || self.add_qkv_bias,
             qk_layernorm: self.qk_layernorm,
             moe: self.moe_config()?,
+            attn_mask_type: Default::default(),
         };
         model.validate()?;
         if self.group_query_attention && !model.query_groups().is_multiple_of(tp) {

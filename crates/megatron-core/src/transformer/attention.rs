@@ -5,7 +5,7 @@
 //! group's K and V inside the kernel), output projection (row-parallel). The output projection's
 //! bias is left to the layer's fused bias-dropout-add.
 
-use super::config::TransformerConfig;
+use super::config::{AttnMaskType, TransformerConfig};
 use super::qk_norm::{QKNorm, QKNormSaved};
 use super::saved::{keep, restore};
 use super::step::StepContext;
@@ -44,6 +44,8 @@ pub struct SelfAttention {
     pub rope: Option<(Arc<RopeTable>, RopeStyle)>,
     /// `--qk-layernorm`.
     pub qk_norm: Option<QKNorm>,
+    /// Causal (decoders) or bidirectional over the real keys (encoders).
+    causal: bool,
 }
 
 /// What backward needs: the QKV activations (as attention read them), the attention output and
@@ -134,6 +136,7 @@ impl SelfAttention {
             attention_dropout: cfg.attention_dropout,
             rope,
             qk_norm,
+            causal: cfg.attn_mask_type == AttnMaskType::Causal,
         }
     }
 
@@ -147,7 +150,7 @@ impl SelfAttention {
             heads,
             groups: self.groups / cp.size,
             head_dim: self.head_dim,
-            causal: true,
+            causal: self.causal,
             dropout: ctx.p(self.attention_dropout),
             rng_heads: (self.head_offset + cp.rank * heads, self.total_heads),
             rng_block: None,

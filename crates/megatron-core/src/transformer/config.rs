@@ -190,6 +190,17 @@ fn yes() -> bool {
     true
 }
 
+/// Which keys a token's attention sees (Megatron's `AttnMaskType`): the tokens before it
+/// (decoders), or every real token of its sequence, padding excluded (encoders: BERT, T5's
+/// encoder). Context parallelism's ring, `--reset-attention-mask` and KV-cache decoding are
+/// causal by construction: the encoder families that set `Padding` refuse them.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub enum AttnMaskType {
+    #[default]
+    Causal,
+    Padding,
+}
+
 /// Megatron's `TransformerConfig`: one config-driven decoder covers GPT-2 (the defaults) and
 /// the Llama family (RMSNorm, SwiGLU, RoPE, grouped-query attention, no biases), as megatron-core's
 /// `GPTModel` does with another layer spec. Fields added after the first checkpoints default
@@ -236,6 +247,9 @@ pub struct TransformerConfig {
     /// Mixture of experts in place of the MLP on the layers `moe.layer_freq` picks.
     #[serde(default)]
     pub moe: Option<MoEConfig>,
+    /// Causal (decoders) or bidirectional over the real tokens (encoders).
+    #[serde(default)]
+    pub attn_mask_type: AttnMaskType,
 }
 
 impl TransformerConfig {
@@ -387,6 +401,7 @@ impl Default for TransformerConfig {
             add_qkv_bias: true,
             qk_layernorm: false,
             moe: None,
+            attn_mask_type: AttnMaskType::Causal,
         }
     }
 }
