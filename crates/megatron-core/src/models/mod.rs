@@ -1,3 +1,4 @@
+pub mod bert;
 pub mod embedding;
 pub mod gpt;
 pub mod model_chunk;

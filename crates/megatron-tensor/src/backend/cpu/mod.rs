@@ -34,6 +34,7 @@ pub mod swiglu;
 pub mod sync_ptr;
 pub mod table_features;
 pub mod table_layout;
+pub mod tanh;
 
 pub use adamw::{adamw_update, AdamWParams};
 pub use attention::{
@@ -69,6 +70,7 @@ pub use table_features::{
     table_features_with_stats, TableInputs, TableStats,
 };
 pub use table_layout::{swap_rows_cols, TableDims};
+pub use tanh::{tanh_backward, tanh_forward};
 
 /// Rows per parallel task for row-wise elementwise kernels: big enough to amortize scheduling,
 /// small enough to balance two to a few dozen cores. Fixed (not derived from the thread count) so
