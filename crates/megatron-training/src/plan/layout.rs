@@ -63,6 +63,30 @@ impl Candidate {
         self.config.partition.v
     }
 
+    /// The layout's table columns: TP PP VP CP EP DP MBS recompute dist.
+    pub fn columns(&self) -> String {
+        let vp = match self.virtual_stages() {
+            1 => "-".to_string(),
+            v => v.to_string(),
+        };
+        format!(
+            "{:>3} {:>3} {:>3} {:>3} {:>3} {:>5} {:>4} {:>9} {:>5}",
+            self.tp,
+            self.pp,
+            vp,
+            self.cp,
+            self.ep,
+            self.dp,
+            self.micro_batch_size,
+            self.recompute.name(),
+            if self.distributed_optimizer {
+                "yes"
+            } else {
+                "no"
+            }
+        )
+    }
+
     /// The flags that select this layout in `megatron train`.
     pub fn flags(&self) -> String {
         let mut f = format!(

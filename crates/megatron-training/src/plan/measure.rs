@@ -106,19 +106,10 @@ pub fn measure(plan: &Plan, k: usize, iters: u64) -> Result<String, TrainError> 
     picked.extend(rest.into_iter().take(fill));
     for p in picked {
         let m = run_layout(&p.layout.config.args, iters)?;
-        let l = &p.layout;
         let (ps, pm) = (p.prediction.time.total(), p.prediction.memory.total());
         out += &format!(
-            "{:>3} {:>3} {:>3} {:>3} {:>3} {:>5} {:>4} {:>9} {:>5} | {:>14.3} {:>9.3} {:>6.2} | {:>18.1} {:>9.1} {:>6.3}\n",
-            l.tp,
-            l.pp,
-            l.virtual_stages(),
-            l.cp,
-            l.ep,
-            l.dp,
-            l.micro_batch_size,
-            l.recompute.name(),
-            if l.distributed_optimizer { "yes" } else { "no" },
+            "{} | {:>14.3} {:>9.3} {:>6.2} | {:>18.1} {:>9.1} {:>6.3}\n",
+            p.layout.columns(),
             ps,
             m.step_seconds,
             m.step_seconds / ps,

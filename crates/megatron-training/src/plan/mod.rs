@@ -111,24 +111,10 @@ pub fn plan(template: &TrainArgs, cluster: &Cluster, pins: &Pins) -> Result<Plan
 impl Planned {
     /// One table row: the layout, its memory and its speed.
     pub fn row(&self) -> String {
-        let l = &self.layout;
         let p = &self.prediction;
-        let vp = if l.virtual_stages() > 1 {
-            format!("{}", l.virtual_stages())
-        } else {
-            "-".into()
-        };
         format!(
-            "{:>3} {:>3} {:>3} {:>3} {:>3} {:>5} {:>4} {:>9} {:>5} | {:>8.2} | {:>9.3} {:>8.1} {:>11.0} | {}",
-            l.tp,
-            l.pp,
-            vp,
-            l.cp,
-            l.ep,
-            l.dp,
-            l.micro_batch_size,
-            l.recompute.name(),
-            if l.distributed_optimizer { "yes" } else { "no" },
+            "{} | {:>8.2} | {:>9.3} {:>8.1} {:>11.0} | {}",
+            self.layout.columns(),
             p.memory.total() / 1e9,
             p.time.total(),
             p.tflops_per_device,
