@@ -65,18 +65,7 @@ pub struct BenchArgs {
     pub moe_ffn: usize,
 }
 
-fn time_median(repeats: usize, mut f: impl FnMut()) -> f64 {
-    f();
-    let mut t: Vec<f64> = (0..repeats)
-        .map(|_| {
-            let s = Instant::now();
-            f();
-            s.elapsed().as_secs_f64()
-        })
-        .collect();
-    t.sort_by(f64::total_cmp);
-    t[t.len() / 2]
-}
+use megatron_training::machine_probes::time_median;
 
 fn kernels(a: &BenchArgs) -> anyhow::Result<()> {
     use megatron_tensor::cpu::layernorm::LayerNormDims;
@@ -598,39 +587,20 @@ fn memcpy_bandwidth(repeats: usize) -> f64 {
     2.0 * (n * 4) as f64 / t / 1e9
 }
 
-/// Aggregate memcpy bandwidth of `threads` threads each copying its own 256 MiB / `threads`
-/// (GB/s, read + write bytes): what the memory system gives all rank threads together.
-fn memcpy_bandwidth_threads(threads: usize, repeats: usize) -> f64 {
-    let n = (64 << 20) / threads;
-    let mut bufs: Vec<(Vec<f32>, Vec<f32>)> = (0..threads)
-        .map(|_| (vec![1.0f32; n], vec![0.0f32; n]))
-        .collect();
-    let mut copy = || {
-        std::thread::scope(|s| {
-            for (src, dst) in bufs.iter_mut() {
-                s.spawn(move || dst.copy_from_slice(src));
-            }
-        })
-    };
-    copy();
-    let t = time_median(repeats, copy);
-    2.0 * (n * threads * 4) as f64 / t / 1e9
-}
-
 /// nccl-tests' bus bandwidth of the thread backend's all-reduce: algbw x 2(n-1)/n.
 ///
 /// Bound printed beside it: any shared-memory all-reduce that leaves the result in each of the
 /// n ranks' own buffers reads n x S bytes and writes n x S, so at aggregate memory bandwidth B
 /// (read + write) it takes at least 2nS/B and its bus bandwidth is at most B (n-1)/n^2.
 fn comm(a: &BenchArgs) -> anyhow::Result<()> {
-    use megatron_comm::{run_ranks, Communicator, ReduceOp};
     #[cfg(feature = "mpi")]
     if megatron_comm::mpi_comm::launched_by_mpi() {
         return comm_mpi(a);
     }
     let mem = memcpy_bandwidth(a.repeats.max(3));
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let agg = memcpy_bandwidth_threads(cores, a.repeats.max(3));
+    let agg =
+        megatron_training::machine_probes::memcpy_bandwidth_threads(cores, a.repeats.max(3)) / 1e9;
     println!(
         "memcpy, 256 MiB: 1 thread {mem:.1} GB/s, {cores} threads {agg:.1} GB/s (read + write)"
     );
@@ -654,30 +624,12 @@ fn comm(a: &BenchArgs) -> anyhow::Result<()> {
             64 << 20,
             256 << 20,
         ] {
-            let n = bytes / 4;
-            let repeats = a.repeats.max(3);
-            let times = run_ranks(p, move |rank, c| {
-                let mut v = vec![rank as f32; n];
-                c.all_reduce(&mut v, ReduceOp::Sum).expect("warm-up");
-                let mut ts = Vec::new();
-                for _ in 0..repeats {
-                    c.barrier().expect("barrier");
-                    let t = Instant::now();
-                    c.all_reduce(&mut v, ReduceOp::Sum).expect("all_reduce");
-                    ts.push(t.elapsed().as_secs_f64());
-                }
-                ts
-            });
-            let mut per_call: Vec<f64> = (0..repeats)
-                .map(|i| {
-                    times
-                        .iter()
-                        .map(|t| t.as_ref().expect("rank ok")[i])
-                        .fold(0.0, f64::max)
-                })
-                .collect();
-            per_call.sort_by(f64::total_cmp);
-            let t = per_call[per_call.len() / 2];
+            let t = megatron_training::machine_probes::thread_all_reduce_seconds(
+                p,
+                bytes,
+                a.repeats.max(3),
+            )
+            .map_err(anyhow::Error::msg)?;
             print_bus_row(p, bytes, t);
         }
     }

@@ -54,14 +54,6 @@ impl PeakUnit {
     }
 }
 
-/// FMA FLOP/s of `threads` threads over a short loop (a lower bound of the peak).
-fn quick_fma_flops(threads: usize) -> f64 {
-    let handles: Vec<_> = (0..threads.max(1))
-        .map(|_| std::thread::spawn(|| megatron_tensor::cpu::peak::fma_flops_per_sec(50_000_000)))
-        .collect();
-    handles.into_iter().map(|h| h.join().unwrap_or(0.0)).sum()
-}
-
 /// The peak from `--peak-tflops`, else a cached measurement, else a fresh one (cached under
 /// `$XDG_CACHE_HOME` or `~/.cache`), of the unit the matmuls run on.
 pub fn peak_flops(flag_tflops: Option<f64>, threads: usize, unit: PeakUnit) -> f64 {
@@ -89,7 +81,8 @@ pub fn peak_flops(flag_tflops: Option<f64>, threads: usize, unit: PeakUnit) -> f
             // A peak measured while another job held the cores is too low, and would make
             // every later MFU on this machine too high: a short FMA check (~20 ms) that beats
             // the cached figure by 10 % means the cache was measured under load.
-            let stale = unit == PeakUnit::Fma && quick_fma_flops(threads) > 1.1 * v;
+            let stale = unit == PeakUnit::Fma
+                && megatron_tensor::cpu::peak::fma_flops_threads(threads, 50_000_000) > 1.1 * v;
             if !stale {
                 return v;
             }

@@ -13,6 +13,7 @@ pub mod flops;
 pub mod generate;
 mod launch;
 pub mod logging;
+pub mod machine_probes;
 pub mod memory;
 pub mod moe_logging;
 pub mod plan;

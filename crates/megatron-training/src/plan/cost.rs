@@ -93,6 +93,26 @@ fn widths(m: &megatron_core::TransformerConfig) -> Widths {
     }
 }
 
+/// Forward passes a layer's GEMMs run per micro-batch (forward, backward counted as two, and
+/// the recomputed forward), and those of the core attention (which selective recomputation
+/// alone repeats).
+fn passes(recompute: Recompute) -> (f64, f64) {
+    match recompute {
+        Recompute::Full { .. } => (4.0, 4.0),
+        Recompute::Selective(sel) if sel.core_attn => (3.0, 4.0),
+        _ => (3.0, 3.0),
+    }
+}
+
+/// Keys a query multiplies against on average: the whole sequence under the dense kernel
+/// (masked scores computed anyway), half of it under a causal blockwise kernel.
+fn attention_keys(kernel: AttentionKernel, s: f64) -> f64 {
+    match kernel {
+        AttentionKernel::Dense => s,
+        AttentionKernel::Flash => s / 2.0,
+    }
+}
+
 /// Ring all-reduce time of `bytes` over `n` ranks at bus bandwidth `bw`.
 fn all_reduce(bytes: f64, n: usize, bw: f64) -> f64 {
     if n <= 1 {
@@ -102,8 +122,7 @@ fn all_reduce(bytes: f64, n: usize, bw: f64) -> f64 {
     }
 }
 
-/// Parameters per rank: `(first stage, last stage)` of the pipeline, and the largest share
-/// (the one the optimizer and the gradient reduction work on).
+/// Parameters per rank on the first and on the last pipeline stage (the same with one stage).
 pub fn parameters_per_rank(cfg: &TrainConfig) -> (f64, f64) {
     let m = &cfg.model;
     let (h, t) = (m.hidden_size as f64, cfg.tp as f64);
@@ -153,6 +172,15 @@ pub fn parameters_per_rank(cfg: &TrainConfig) -> (f64, f64) {
     }
 }
 
+/// What sequence parallelism divides the h-wide activations by (1 without it).
+fn sequence_parallel_divisor(cfg: &TrainConfig) -> f64 {
+    if cfg.args.sequence_parallel && cfg.tp > 1 {
+        cfg.tp as f64
+    } else {
+        1.0
+    }
+}
+
 /// Bytes of weights, gradients and optimizer state per parameter (Megatron's accounting).
 fn state_bytes_per_parameter(cfg: &TrainConfig) -> f64 {
     let d = (cfg.dp * cfg.cp) as f64;
@@ -175,11 +203,7 @@ fn layer_activation_bytes_per_token(cfg: &TrainConfig, cluster: &Cluster, moe: b
     let e = cluster.activation_bytes;
     let (h, t) = (m.hidden_size as f64, cfg.tp as f64);
     let Widths { q, kv, gated } = widths(m);
-    let sp = if cfg.args.sequence_parallel && cfg.tp > 1 {
-        t
-    } else {
-        1.0
-    };
+    let sp = sequence_parallel_divisor(cfg);
     // fc1's output is 1 (or 2 gated) FFN widths.
     let fc1_factor = gated - 1.0;
     let s = (cfg.args.seq_length / cfg.cp) as f64;
@@ -240,33 +264,28 @@ fn this_engine_memory(cfg: &TrainConfig, params: f64) -> Result<MemoryCost, Stri
     })
 }
 
-/// Predicts memory and time of `cfg` on `cluster`.
-pub fn predict(cfg: &TrainConfig, cluster: &Cluster) -> Result<Prediction, String> {
+/// The device that holds the most (the first stage: most micro-batches in flight; or the last:
+/// the logits) under Megatron's accounting.
+fn megatron_memory(
+    cfg: &TrainConfig,
+    cluster: &Cluster,
+    first_params: f64,
+    last_params: f64,
+) -> Result<MemoryCost, String> {
     let m = &cfg.model;
-    let (t, p, v, cp, d) = (cfg.tp, cfg.pp, cfg.partition.v, cfg.cp, cfg.dp);
-    let b = cfg.args.micro_batch_size;
-    let s = cfg.args.seq_length;
-    let tok = (b * s / cp) as f64;
-    let mb = cfg.num_microbatches;
+    let (t, p, v) = (cfg.tp, cfg.pp, cfg.partition.v);
+    let tok = (cfg.args.micro_batch_size * cfg.args.seq_length / cfg.cp) as f64;
     let h = m.hidden_size as f64;
     let e = cluster.activation_bytes;
     let layers_per_stage = m.num_layers / p;
-    let node = cluster.gpus_per_node;
-
-    // --- Memory (first stage: most micro-batches in flight; last stage: the logits).
-    let (first_params, last_params) = parameters_per_rank(cfg);
     let per_param = state_bytes_per_parameter(cfg);
-    let ops = megatron_core::pipeline_parallel::schedule(p, 0, mb, v)?;
+    let ops = megatron_core::pipeline_parallel::schedule(p, 0, cfg.num_microbatches, v)?;
     let in_flight = megatron_core::pipeline_parallel::peak_in_flight(&ops);
     let per_layer: f64 = tok
         * (0..layers_per_stage)
             .map(|l| layer_activation_bytes_per_token(cfg, cluster, m.is_moe_layer(l)))
             .fold(0.0, f64::max);
-    let sp = if cfg.args.sequence_parallel && t > 1 {
-        t as f64
-    } else {
-        1.0
-    };
+    let sp = sequence_parallel_divisor(cfg);
     let chunk_layers = (layers_per_stage / v) as f64;
     let kept_per_chunk = match cfg.recompute {
         // Each recomputed group keeps its input; one layer's activations live in its backward.
@@ -294,7 +313,7 @@ pub fn predict(cfg: &TrainConfig, cluster: &Cluster) -> Result<Prediction, Strin
             v as f64 * kept_per_chunk + transient
         }
         + logits;
-    let memory = if first >= last {
+    Ok(if first >= last {
         MemoryCost {
             weights_and_optimizer: first_params * per_param,
             activations,
@@ -310,28 +329,37 @@ pub fn predict(cfg: &TrainConfig, cluster: &Cluster) -> Result<Prediction, Strin
             logits,
             reserved: cluster.reserved_memory,
         }
-    };
+    })
+}
 
+/// Predicts memory and time of `cfg` on `cluster`.
+pub fn predict(cfg: &TrainConfig, cluster: &Cluster) -> Result<Prediction, String> {
+    let m = &cfg.model;
+    let (t, p, v, cp, d) = (cfg.tp, cfg.pp, cfg.partition.v, cfg.cp, cfg.dp);
+    let b = cfg.args.micro_batch_size;
+    let s = cfg.args.seq_length;
+    let tok = (b * s / cp) as f64;
+    let mb = cfg.num_microbatches;
+    let h = m.hidden_size as f64;
+    let e = cluster.activation_bytes;
+    let layers_per_stage = m.num_layers / p;
+    let node = cluster.gpus_per_node;
+
+    let (first_params, last_params) = parameters_per_rank(cfg);
     let memory = match cluster.engine {
-        Engine::Megatron => memory,
+        Engine::Megatron => megatron_memory(cfg, cluster, first_params, last_params)?,
         Engine::ThisEngine => this_engine_memory(cfg, first_params)?,
     };
+    let vocab = m.padded_vocab_size as f64;
 
     // --- Time of one micro-batch through one pipeline stage.
     let gemm = |flops: f64| flops / (cluster.peak_flops * cluster.gemm_efficiency);
     let memory_bound = |bytes: f64| bytes / (cluster.memory_bandwidth * cluster.memory_efficiency);
     let Widths { q, kv, gated } = widths(m);
+    let sp = sequence_parallel_divisor(cfg);
     let tf = t as f64;
-    // Forward passes a layer runs per micro-batch: forward, backward (2), full recomputation.
-    let (passes, attention_passes) = match cfg.recompute {
-        Recompute::Full { .. } => (4.0, 4.0),
-        Recompute::Selective(sel) if sel.core_attn => (3.0, 4.0),
-        _ => (3.0, 3.0),
-    };
-    let keys = match cluster.attention {
-        AttentionKernel::Dense => s as f64,
-        AttentionKernel::Flash => s as f64 / 2.0,
-    };
+    let (passes, attention_passes) = passes(cfg.recompute);
+    let keys = attention_keys(cluster.attention, s as f64);
     let projections = 2.0 * tok * (h * (q + 2.0 * kv) + q * h) / tf;
     let core_attention = 2.0 * 2.0 * tok * keys * q / tf;
     let mlp_flops = |moe: bool| -> f64 {
@@ -502,15 +530,8 @@ pub fn executed_flops(cfg: &TrainConfig, attention: AttentionKernel) -> f64 {
     let (h, s) = (m.hidden_size as f64, cfg.args.seq_length as f64);
     let tokens = cfg.global_batch_size as f64 * s;
     let Widths { q, kv, gated } = widths(m);
-    let (passes, attention_passes) = match cfg.recompute {
-        Recompute::Full { .. } => (4.0, 4.0),
-        Recompute::Selective(sel) if sel.core_attn => (3.0, 4.0),
-        _ => (3.0, 3.0),
-    };
-    let keys = match attention {
-        AttentionKernel::Dense => s,
-        AttentionKernel::Flash => s / 2.0,
-    };
+    let (passes, attention_passes) = passes(cfg.recompute);
+    let keys = attention_keys(attention, s);
     let per_layer = |l: usize| -> f64 {
         let mlp = match (&m.moe, m.is_moe_layer(l)) {
             (Some(x), true) => {

@@ -4,16 +4,15 @@
 //! efficiency and optimizer cost on this model: every rank runs a few steps of one and of three
 //! micro-batches (data parallel, so the cores are as loaded as in the layouts: two busy cores
 //! clock and share memory differently from one), and the efficiency and the optimizer's bytes
-//! per parameter are what make the cost model's times of those runs the measured ones (a GEMM probe alone misses the backward GEMMs' layouts, the attention
-//! kernel and the element-wise passes, which on a CPU are not bandwidth-bound). The layouts'
+//! per parameter are what make the cost model's times of those runs the measured ones (a GEMM
+//! probe alone misses the backward GEMMs' layouts, the attention kernel and the element-wise
+//! passes, which on a CPU are not bandwidth-bound). The layouts'
 //! predictions then come from the cost model. Memory per rank is the machine's memory shared
 //! by the ranks.
 
 use super::cluster::{AttentionKernel, Cluster, Engine};
 use crate::arguments::TrainArgs;
 use crate::TrainError;
-use megatron_comm::{Communicator, ReduceOp};
-use std::time::Instant;
 
 fn mem_total_bytes() -> Option<f64> {
     let s = std::fs::read_to_string("/proc/meminfo").ok()?;
@@ -22,48 +21,15 @@ fn mem_total_bytes() -> Option<f64> {
     Some(kib * 1024.0)
 }
 
-/// Bytes per second a parallel copy (read + write) reaches on `threads` threads.
-fn copy_bandwidth(threads: usize) -> f64 {
-    let n = 16 << 20; // 64 MiB of f32 per buffer: well beyond the caches
-    let src = vec![1.0f32; n];
-    let mut dst = vec![0.0f32; n];
-    let chunk = n.div_ceil(threads);
-    let mut best = f64::MAX;
-    for _ in 0..5 {
-        let t0 = Instant::now();
-        std::thread::scope(|s| {
-            for (d, c) in dst.chunks_mut(chunk).zip(src.chunks(chunk)) {
-                s.spawn(move || d.copy_from_slice(c));
-            }
-        });
-        best = best.min(t0.elapsed().as_secs_f64());
-    }
-    std::hint::black_box(&dst);
-    2.0 * (n * 4) as f64 / best
-}
-
-/// The thread communicator's all-reduce bus bandwidth over `ranks` rank threads.
+/// The thread communicator's all-reduce bus bandwidth over `ranks` rank threads (4 MiB).
 fn all_reduce_bandwidth(ranks: usize) -> Result<f64, TrainError> {
     if ranks < 2 {
         return Ok(f64::INFINITY);
     }
-    let n = 1 << 20;
-    let times = megatron_comm::run_ranks(ranks, move |_, comm| {
-        let mut buf = vec![1.0f32; n];
-        let mut best = f64::MAX;
-        for _ in 0..6 {
-            comm.barrier().ok();
-            let t0 = Instant::now();
-            comm.all_reduce(&mut buf, ReduceOp::Sum).ok();
-            best = best.min(t0.elapsed().as_secs_f64());
-        }
-        best
-    });
-    let mut worst: f64 = 0.0;
-    for t in times {
-        worst = worst.max(t.map_err(|e| TrainError::Args(format!("measuring all-reduce: {e}")))?);
-    }
-    Ok(2.0 * (ranks - 1) as f64 / ranks as f64 * (n * 4) as f64 / worst)
+    let bytes = 4 << 20;
+    let t = crate::machine_probes::thread_all_reduce_seconds(ranks, bytes, 6)
+        .map_err(|e| TrainError::Args(format!("measuring all-reduce: {e}")))?;
+    Ok(2.0 * (ranks - 1) as f64 / ranks as f64 * bytes as f64 / t)
 }
 
 /// The flags of a calibration run: one micro-batch per step of the model on `ranks` ranks of
@@ -83,6 +49,19 @@ fn calibration_args(a: &TrainArgs, ranks: usize, threads: usize, cp: usize) -> T
     one.num_threads = Some(threads * ranks);
     one.global_batch_size = Some(ranks / cp);
     one
+}
+
+/// The cost model's time of `cfg` on `cluster` with one of its figures changed by `set`.
+fn time_with(
+    cfg: &crate::arguments::TrainConfig,
+    cluster: &Cluster,
+    set: impl FnOnce(&mut Cluster),
+) -> Result<super::cost::TimeCost, TrainError> {
+    let mut c = cluster.clone();
+    set(&mut c);
+    Ok(super::cost::predict(cfg, &c)
+        .map_err(TrainError::Args)?
+        .time)
 }
 
 /// The GEMM efficiency and the optimizer's bytes per parameter that make the cost model's
@@ -105,16 +84,8 @@ fn calibrate(
     let per_micro_batch = ((t3 - t1) / 2.0).max(t1 * 0.05);
     let step_rest = (t1 - per_micro_batch).max(0.0);
     let cfg = one.validate(vocab)?;
-    let at = |eff: f64| -> Result<super::cost::TimeCost, TrainError> {
-        let c = Cluster {
-            gemm_efficiency: eff,
-            ..cluster.clone()
-        };
-        Ok(super::cost::predict(&cfg, &c)
-            .map_err(TrainError::Args)?
-            .time)
-    };
-    let (full, half) = (at(1.0)?, at(0.5)?);
+    let full = time_with(&cfg, cluster, |c| c.gemm_efficiency = 1.0)?;
+    let half = time_with(&cfg, cluster, |c| c.gemm_efficiency = 0.5)?;
     // compute(eff) = gemm / eff + memory-bound.
     let gemm = half.compute - full.compute;
     let memory_bound = full.compute - gemm;
@@ -141,17 +112,11 @@ fn ring_latency(
     let cfg = two.validate(a.tokenizer.vocab_size.unwrap_or(0))?;
     let measured = super::measure::run_layout(&two, 6)?.step_seconds;
     let time = |latency: f64| -> Result<f64, TrainError> {
-        let c = Cluster {
-            ring_exchange_latency: latency,
-            ..cluster.clone()
-        };
-        Ok(super::cost::predict(&cfg, &c)
-            .map_err(TrainError::Args)?
-            .time
-            .total())
+        Ok(time_with(&cfg, cluster, |c| c.ring_exchange_latency = latency)?.total())
     };
     // time(latency) = base + exchanges x latency.
-    let (base, per) = (time(0.0)?, time(1.0)? - time(0.0)?);
+    let base = time(0.0)?;
+    let per = time(1.0)? - base;
     Ok(((measured - base) / per).max(0.0))
 }
 
@@ -168,7 +133,7 @@ pub fn this_machine(a: &TrainArgs) -> Result<Cluster, TrainError> {
     let memory = mem_total_bytes().ok_or_else(|| {
         TrainError::Args("this-machine: cannot read MemTotal from /proc/meminfo".into())
     })?;
-    let bandwidth = copy_bandwidth(threads) / ranks as f64;
+    let bandwidth = crate::machine_probes::memcpy_bandwidth_threads(threads, 5) / ranks as f64;
     let all_reduce = all_reduce_bandwidth(ranks)?;
     let half = a.bf16 || a.fp16;
     let mut c = Cluster {

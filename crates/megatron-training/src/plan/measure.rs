@@ -5,8 +5,9 @@
 use super::Plan;
 use crate::TrainError;
 
-/// Measured step time (median after the first iteration) and the largest per-rank allocator
-/// peak (or, where the binary does not count allocations per rank, the process's peak).
+/// Measured step time (median after the first iteration) and rank 0's allocator peak, raised
+/// to the worst rank's measured/predicted ratio (or, where the binary does not count
+/// allocations per rank, the process's peak).
 #[derive(Clone, Debug)]
 pub struct Measured {
     pub step_seconds: f64,
@@ -61,8 +62,9 @@ pub fn run_layout(args: &crate::TrainArgs, iters: u64) -> Result<Measured, Train
         let allocated = m["allocated_peak"].as_f64();
         let predicted = m["predicted_peak"].as_f64();
         let bytes = match (allocated, ranks, predicted) {
-            // The largest rank's peak: rank 0's scaled by the largest measured/predicted ratio
-            // over ranks against rank 0's own ratio.
+            // Rank 0's peak (the first stage, which the plan predicts), raised when another
+            // rank overshoots its own prediction by more: the worst rank's measured/predicted
+            // ratio applied to rank 0's prediction.
             (Some(a), Some(hi), Some(p)) if p > 0.0 => a.max(hi * p),
             (Some(a), _, _) => a,
             _ => m["process_peak"].as_f64().unwrap_or(0.0),
@@ -84,7 +86,7 @@ pub fn run_layout(args: &crate::TrainArgs, iters: u64) -> Result<Measured, Train
 /// The measured-versus-predicted table for the plan's `k` best parallel layouts.
 pub fn measure(plan: &Plan, k: usize, iters: u64) -> Result<String, TrainError> {
     let mut out = format!(
-        "measured here ({iters} iterations each, median step after the first; peak: the largest rank's allocator high-water mark):\n TP  PP  VP  CP  EP    DP  MBS recompute dist. | step predicted  measured  ratio | peak MiB predicted  measured  ratio\n"
+        "measured here ({iters} iterations each, median step after the first; peak: rank 0's allocator high-water mark, or the worst rank's measured/predicted ratio times rank 0's prediction if that is more):\n TP  PP  VP  CP  EP    DP  MBS recompute dist. | step predicted  measured  ratio | peak MiB predicted  measured  ratio\n"
     );
     // The best layout of each distinct parallel shape (layouts that differ only in micro-batch
     // size, recomputation or optimizer sharding would measure the same thing again).

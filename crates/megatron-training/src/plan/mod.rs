@@ -153,7 +153,7 @@ impl Plan {
     pub fn report(&self, top: usize) -> String {
         let c = &self.cluster;
         let mut s = format!(
-            "cluster: {} nodes x {} devices, {:.0} GB each, peak {:.1} TFLOP/s, memory {:.0} GB/s, intra-node {:.0} GB/s, inter-node {:.0} GB/s; GEMMs at {:.0} % of peak, memory-bound kernels at {:.0} % of bandwidth\n",
+            "cluster: {} nodes x {} devices, {:.0} GB each, peak {:.1} TFLOP/s, memory {:.0} GB/s, intra-node {:.0} GB/s, inter-node {:.0} GB/s; GEMMs at {:.0} % of peak, memory-bound kernels at {:.0} % of bandwidth",
             c.num_nodes,
             c.gpus_per_node,
             c.memory_per_gpu / 1e9,
@@ -165,23 +165,18 @@ impl Plan {
             c.memory_efficiency * 100.0,
         );
         if c.engine == cluster::Engine::ThisEngine {
-            s.insert_str(
-                s.len() - 1,
-                &format!(
-                    "; the optimizer moves {:.0} bytes per parameter",
-                    c.optimizer_bytes_per_parameter
-                ),
+            s += &format!(
+                "; the optimizer moves {:.0} bytes per parameter",
+                c.optimizer_bytes_per_parameter
             );
         }
         if c.ring_exchange_latency > 0.0 {
-            s.insert_str(
-                s.len() - 1,
-                &format!(
-                    "; a context-parallel ring exchange waits {:.2} ms",
-                    c.ring_exchange_latency * 1e3
-                ),
+            s += &format!(
+                "; a context-parallel ring exchange waits {:.2} ms",
+                c.ring_exchange_latency * 1e3
             );
         }
+        s.push('\n');
         if self.fits.is_empty() {
             s += &format!(
                 "no layout fits in {:.0} GB per device",

@@ -3,6 +3,7 @@
 //! (megatron-core's `Pooler` and `BertModel.binary_head`, both replicated over tensor
 //! parallelism).
 
+use super::linear;
 use crate::params::{Grads, Init, ParamId, Params};
 use megatron_tensor::cpu::{
     embedding_lookup_backward, embedding_lookup_forward, masked_cross_entropy, matmul_backward,
@@ -14,32 +15,6 @@ pub struct BertBinaryHead {
     pub pooler: (ParamId, ParamId),
     pub head: (ParamId, ParamId),
     hidden: usize,
-}
-
-fn linear(
-    params: &mut Params,
-    inits: &mut Vec<Init>,
-    name: &str,
-    out: usize,
-    inp: usize,
-    std: f32,
-) -> (ParamId, ParamId) {
-    (
-        params.add(
-            inits,
-            format!("{name}.weight"),
-            &[out, inp],
-            true,
-            Init::Normal(std),
-        ),
-        params.add(
-            inits,
-            format!("{name}.bias"),
-            &[out],
-            false,
-            Init::Const(0.0),
-        ),
-    )
 }
 
 impl BertBinaryHead {

@@ -6,6 +6,7 @@
 //! GELU is the tanh approximation of the backend (exact-erf GELU is needed for Hugging Face
 //! BERT checkpoints and comes with their conversion).
 
+use super::linear;
 use crate::params::{Grads, Init, ParamId, Params, Sharding};
 use crate::transformer::norm::LayerNorm;
 use megatron_tensor::cpu::{
@@ -38,22 +39,7 @@ impl BertLMHead {
         params: &mut Params,
         inits: &mut Vec<Init>,
     ) -> Self {
-        let dense = (
-            params.add(
-                inits,
-                "lm_head.dense.weight".into(),
-                &[hidden, hidden],
-                true,
-                Init::Normal(init_std),
-            ),
-            params.add(
-                inits,
-                "lm_head.dense.bias".into(),
-                &[hidden],
-                false,
-                Init::Const(0.0),
-            ),
-        );
+        let dense = linear(params, inits, "lm_head.dense", hidden, hidden, init_std);
         let norm = LayerNorm::new(
             "lm_head.layer_norm",
             hidden,

@@ -8,3 +8,33 @@ pub mod lm_head;
 
 pub use binary_head::BertBinaryHead;
 pub use lm_head::{BertLMHead, MaskedTokens};
+
+use crate::params::{Init, ParamId, Params};
+
+/// A replicated linear layer's weight `[out, inp]` (decayed, normal init) and bias (zeros)
+/// under `name`.
+fn linear(
+    params: &mut Params,
+    inits: &mut Vec<Init>,
+    name: &str,
+    out: usize,
+    inp: usize,
+    std: f32,
+) -> (ParamId, ParamId) {
+    (
+        params.add(
+            inits,
+            format!("{name}.weight"),
+            &[out, inp],
+            true,
+            Init::Normal(std),
+        ),
+        params.add(
+            inits,
+            format!("{name}.bias"),
+            &[out],
+            false,
+            Init::Const(0.0),
+        ),
+    )
+}

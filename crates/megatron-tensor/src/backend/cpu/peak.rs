@@ -7,9 +7,13 @@ use std::time::Instant;
 /// widest vector unit present (AVX-512, else AVX2+FMA, else scalar).
 pub fn measure_peak_flops(threads: usize) -> f64 {
     // About 0.1-0.3 s per thread: long enough that thread start-up does not count.
-    let run = || fma_flops_per_sec(1_000_000_000);
+    fma_flops_threads(threads, 1_000_000_000)
+}
+
+/// FLOP/s of `threads` threads each running `iters` iterations of the FMA loop.
+pub fn fma_flops_threads(threads: usize, iters: u64) -> f64 {
     let handles: Vec<_> = (0..threads.max(1))
-        .map(|_| std::thread::spawn(run))
+        .map(|_| std::thread::spawn(move || fma_flops_per_sec(iters)))
         .collect();
     handles.into_iter().map(|h| h.join().unwrap_or(0.0)).sum()
 }
