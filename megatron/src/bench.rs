@@ -110,11 +110,15 @@ fn kernels(a: &BenchArgs) -> anyhow::Result<()> {
         );
         report(
             "bias_gelu_forward [N,f]",
-            time_median(r, || bias_gelu_forward(&mut big, &big2, &bias)),
+            time_median(r, || {
+                bias_gelu_forward(&mut big, &big2, &bias, GeluApprox::Tanh)
+            }),
         );
         report(
             "bias_gelu_backward [N,f]",
-            time_median(r, || bias_gelu_backward(&mut big, &big2, &big2, &bias)),
+            time_median(r, || {
+                bias_gelu_backward(&mut big, &big2, &big2, &bias, GeluApprox::Tanh)
+            }),
         );
         let mut mean = vec![0.0f32; n];
         let mut rstd = vec![0.0f32; n];
@@ -259,6 +263,7 @@ fn kernels(a: &BenchArgs) -> anyhow::Result<()> {
                     Some((&mut dx, &mut dwv)),
                     &x,
                     &wv,
+                    None,
                     &tg,
                     &dl,
                     cd,

@@ -1,11 +1,16 @@
 //! BERT's heads: the masked-language-model head (dense, GELU, LayerNorm, logits against the
 //! tied word embeddings plus an output bias) and the sentence-order head (tanh pooler of the
 //! first token, two logits): gradients of every parameter and of the encoder output against
-//! central differences.
+//! central differences. The whole model (`bert_model`): gradients pre-LN and post-LN, the
+//! padding mask, and tensor and pipeline parallelism against one rank.
 
-use megatron_core::models::bert::{BertBinaryHead, BertLMHead, MaskedTokens};
+#[path = "models_bert/bert_model.rs"]
+mod bert_model;
+
+use megatron_core::models::bert::{BertBinaryHead, BertLMHead, HeadBackward, MaskedTokens};
 use megatron_core::params::{Init, ParamId, Params};
-use megatron_core::Grads;
+use megatron_core::tensor_parallel::{serial_group, Tp};
+use megatron_core::{Grads, TransformerConfig};
 use megatron_tensor::Tensor;
 
 const H: usize = 8;
@@ -31,8 +36,14 @@ fn setup() -> Setup {
         true,
         Init::Normal(0.5),
     );
-    let lm = BertLMHead::new(H, V, 0.5, 1e-5, &mut params, &mut inits);
-    let binary = BertBinaryHead::new(H, 0.5, &mut params, &mut inits);
+    let cfg = TransformerConfig {
+        hidden_size: H,
+        padded_vocab_size: V,
+        init_method_std: 0.5,
+        ..Default::default()
+    };
+    let lm = BertLMHead::new(&cfg, &mut params, &mut inits);
+    let binary = BertBinaryHead::new(&cfg, &mut params, &mut inits);
     params.initialize(7, &inits);
     // Non-zero biases and norm weights, so their gradients are checked away from the init.
     for (i, v) in params.data.iter_mut().enumerate() {
@@ -63,7 +74,10 @@ fn loss(s: &Setup, params: &Params, y: &Tensor) -> f64 {
         rows: &ROWS,
         labels: &LABELS,
     };
-    s.lm.loss(params, y, s.emb, &masked, None) + s.binary.loss(params, y, T, &ORDER, None)
+    let mut one = serial_group();
+    let mut tp = Tp::new(&mut one, false);
+    s.lm.loss(params, &mut tp, y, s.emb, &masked, None).unwrap()
+        + s.binary.loss(params, y, T, &ORDER, None)
 }
 
 #[test]
@@ -75,15 +89,24 @@ fn bert_heads_gradients_match_finite_difference() {
         rows: &ROWS,
         labels: &LABELS,
     };
-    let l = s.lm.loss(
-        &s.params,
-        &s.y,
-        s.emb,
-        &masked,
-        Some((&mut grads, &mut dy, 1.0)),
-    ) + s
-        .binary
-        .loss(&s.params, &s.y, T, &ORDER, Some((&mut grads, &mut dy, 1.0)));
+    let mut one = serial_group();
+    let mut tp = Tp::new(&mut one, false);
+    let mut back = HeadBackward {
+        grads: &mut grads,
+        dy: &mut dy,
+        dloss: 1.0,
+    };
+    let l =
+        s.lm.loss(
+            &s.params,
+            &mut tp,
+            &s.y,
+            s.emb,
+            &masked,
+            Some(back.reborrow()),
+        )
+        .unwrap()
+            + s.binary.loss(&s.params, &s.y, T, &ORDER, Some(back));
     assert!((l - loss(&s, &s.params, &s.y)).abs() < 1e-9);
     // An untrained head is near chance: ln V for the tokens, ln 2 for the order.
     assert!((l - (V as f64).ln() - 2f64.ln()).abs() < 1.5, "{l}");

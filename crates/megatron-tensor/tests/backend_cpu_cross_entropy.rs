@@ -50,7 +50,7 @@ fn fused_classifier_losses_match_naive_for_any_chunking() {
             v,
             chunk_rows: chunk,
         };
-        fused_classifier(&mut losses, None, &x, &w, &tg, &vec![0.0; n], d);
+        fused_classifier(&mut losses, None, &x, &w, None, &tg, &vec![0.0; n], d);
         assert_close(&losses, &want, 1e-4, 1e-4, &format!("chunk {chunk}"));
     }
 }
@@ -74,6 +74,7 @@ fn fused_classifier_backward_matches_finite_difference() {
         Some((&mut dx, &mut dw)),
         &x,
         &w,
+        None,
         &tg,
         &dloss,
         d,
@@ -104,9 +105,27 @@ fn fused_classifier_accumulates_weight_gradient() {
     let dloss = vec![1.0; n];
     let mut l = vec![0.0; n];
     let (mut dx, mut dw1) = (vec![0.0; n * c], vec![0.0; v * c]);
-    fused_classifier(&mut l, Some((&mut dx, &mut dw1)), &x, &w, &tg, &dloss, d);
+    fused_classifier(
+        &mut l,
+        Some((&mut dx, &mut dw1)),
+        &x,
+        &w,
+        None,
+        &tg,
+        &dloss,
+        d,
+    );
     let mut dw2 = vec![1.0; v * c];
-    fused_classifier(&mut l, Some((&mut dx, &mut dw2)), &x, &w, &tg, &dloss, d);
+    fused_classifier(
+        &mut l,
+        Some((&mut dx, &mut dw2)),
+        &x,
+        &w,
+        None,
+        &tg,
+        &dloss,
+        d,
+    );
     let want: Vec<f32> = dw1.iter().map(|g| g + 1.0).collect();
     assert_close(&dw2, &want, 1e-6, 1e-6, "accumulate");
 }
@@ -126,7 +145,16 @@ fn fused_classifier_rows_with_zero_dloss_contribute_no_gradient() {
     dloss[2] = 1.0;
     let mut l = vec![0.0; n];
     let (mut dx, mut dw) = (vec![0.0; n * c], vec![0.0; v * c]);
-    fused_classifier(&mut l, Some((&mut dx, &mut dw)), &x, &w, &tg, &dloss, d);
+    fused_classifier(
+        &mut l,
+        Some((&mut dx, &mut dw)),
+        &x,
+        &w,
+        None,
+        &tg,
+        &dloss,
+        d,
+    );
     for i in 0..n {
         let row_zero = dx[i * c..(i + 1) * c].iter().all(|g| *g == 0.0);
         assert_eq!(row_zero, i != 2, "row {i}");
@@ -149,6 +177,7 @@ fn fused_classifier_rows_with_zero_dloss_contribute_no_gradient() {
         Some((&mut dx1, &mut only)),
         &x[2 * c..3 * c],
         &w,
+        None,
         &tg[2..3],
         &[1.0],
         d1,
@@ -179,7 +208,16 @@ fn fused_classifier_on_amx_matches_the_rounded_operand_f32_path() {
         set_matmul_precision(MatmulPrecision::BF16);
         set_bf16_kernel(kernel);
         let (mut l, mut dx, mut dw) = (vec![0.0; n], vec![0.0; n * c], vec![0.0; v * c]);
-        fused_classifier(&mut l, Some((&mut dx, &mut dw)), &x, &w, &tg, &dloss, d);
+        fused_classifier(
+            &mut l,
+            Some((&mut dx, &mut dw)),
+            &x,
+            &w,
+            None,
+            &tg,
+            &dloss,
+            d,
+        );
         set_matmul_precision(MatmulPrecision::F32);
         set_bf16_kernel(Bf16Kernel::Dot);
         (l, dx, dw)

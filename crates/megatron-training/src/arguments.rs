@@ -950,6 +950,8 @@ impl TrainArgs {
             qk_layernorm: self.qk_layernorm,
             moe: self.moe_config()?,
             attn_mask_type: Default::default(),
+            gelu: Default::default(),
+            layernorm_placement: Default::default(),
         };
         model.validate()?;
         if self.group_query_attention && !model.query_groups().is_multiple_of(tp) {

@@ -11,18 +11,18 @@ use crate::tensor_parallel::mappings::{
     gather_from_sequence_parallel_region_forward,
 };
 use crate::tensor_parallel::{vocab_parallel_cross_entropy, Tp};
+use crate::transformer::block::{
+    transformer_block_backward, transformer_block_forward, ForwardMode, TransformerBlockSaved,
+};
 use crate::transformer::config::PositionEmbeddingType;
 use crate::transformer::config::TransformerConfig;
-use crate::transformer::layer::{
-    FeedForward, LayerNormSaved, Norm, TransformerLayer, TransformerLayerSaved,
-};
+use crate::transformer::layer::{FeedForward, LayerNormSaved, Norm, TransformerLayer};
 use crate::transformer::moe::{MoELayer, MoEMetrics};
-use crate::transformer::saved::{keep, restore};
 use crate::transformer::step::{Recompute, RecomputeMethod, StepContext};
 use megatron_comm::CommError;
 use megatron_tensor::cpu::{AttentionMask, ClassifierDims, RopeScaling, RopeStyle, RopeTable};
 use megatron_tensor::Tensor;
-use std::ops::Range;
+
 use std::sync::Arc;
 
 /// One micro-batch: `tokens` and `labels` are `[b, t]` flattened; `loss_mask` weights each label.
@@ -75,16 +75,9 @@ pub struct GPTModel {
     vocab_per_partition: usize,
 }
 
-/// A copy of `x` as activations are kept (16-bit under `--bf16`).
-fn kept_copy(x: &Tensor) -> Tensor {
-    let mut c = Tensor::for_overwrite(x.shape());
-    c.data_mut().copy_from_slice(x.data());
-    keep(c)
-}
-
 /// What a stage keeps of one micro-batch between its forward and its backward.
 pub struct ForwardState {
-    saved: Vec<SavedLayers>,
+    saved: TransformerBlockSaved,
     /// Last stage: the last layer's output, the final LayerNorm statistics and the gradient of
     /// the LayerNorm output (the loss gradient is known in the forward: the output layer and
     /// the cross entropy are fused and run their backward right away).
@@ -197,47 +190,6 @@ pub fn activation_bytes_formula_with(
     kept + rows * h * 4
 }
 
-/// What a stage keeps of one layer, or of a group of layers under full recomputation.
-enum SavedLayers {
-    Layer(Box<TransformerLayerSaved>),
-    /// The input of the chunk's layers `layers`, run again in backward.
-    Recompute {
-        input: Tensor,
-        layers: Range<usize>,
-    },
-}
-
-impl SavedLayers {
-    fn size_in_bytes(&self) -> usize {
-        match self {
-            SavedLayers::Layer(s) => s.size_in_bytes(),
-            SavedLayers::Recompute { input, .. } => input.size_in_bytes(),
-        }
-    }
-}
-
-/// The chunk's `n` layers in the groups full recomputation treats as one (`true`: keep only
-/// the group's input), or one layer each.
-fn recompute_groups(n: usize, recompute: Recompute) -> Vec<(Range<usize>, bool)> {
-    match recompute {
-        Recompute::Full {
-            method: RecomputeMethod::Uniform,
-            num_layers,
-        } => {
-            let k = num_layers.max(1);
-            (0..n)
-                .step_by(k)
-                .map(|lo| (lo..(lo + k).min(n), true))
-                .collect()
-        }
-        Recompute::Full {
-            method: RecomputeMethod::Block,
-            num_layers,
-        } => (0..n).map(|i| (i..i + 1, i < num_layers)).collect(),
-        _ => (0..n).map(|i| (i..i + 1, false)).collect(),
-    }
-}
-
 /// The rotary table every layer shares, for the longest sequence the model sees (training
 /// length or position limit, whichever is larger, so generation can run to
 /// `--max-position-embeddings`).
@@ -289,9 +241,8 @@ impl GPTModel {
 
     /// One pipeline stage's chunk: layers `layers` (global numbers), with the embedding if
     /// `pre_process` and the final LayerNorm and output layer if `post_process`. The last stage
-    /// of a tied model registers its own copy of the word embedding, under the same name and
-    /// with the same initialization (so no start-up synchronization is needed); it is marked
-    /// `shared`.
+    /// of a tied model registers its own copy of the word embedding
+    /// ([`LanguageModelEmbedding::last_stage_copy`]).
     pub fn build_chunk(
         config: TransformerConfig,
         params: &mut Params,
@@ -334,16 +285,9 @@ impl GPTModel {
         } else if let Some(e) = &embedding {
             Some(e.word_embeddings)
         } else {
-            let id = params.add_sharded(
-                inits,
-                "embedding.word_embeddings.weight".into(),
-                &[config.padded_vocab_size, config.hidden_size],
-                true,
-                Init::Normal(config.init_method_std),
-                Sharding::Split(0),
-            );
-            params.metas[id.0].shared = true;
-            Some(id)
+            Some(LanguageModelEmbedding::last_stage_copy(
+                &config, params, inits,
+            ))
         };
         let per = config.padded_vocab_size / t;
         GPTModel {
@@ -506,35 +450,28 @@ impl ModelChunk for GPTModel {
     ) -> Result<(Option<Tensor>, ForwardState), CommError> {
         let (b, t) = (batch.b, batch.t);
         let n = b * t;
-        let mut x = match (&self.embedding, input) {
+        let x = match (&self.embedding, input) {
             (Some(e), _) => e.forward(params, tp, batch.tokens, batch.position_ids, t, ctx)?,
             (None, Some(x)) => x,
             (None, None) => panic!("a stage without the embedding needs its input"),
         };
         let keep = grads.is_some();
-        let mut saved = Vec::with_capacity(if keep { self.layers.len() } else { 0 });
-        let recompute = if keep { ctx.recompute } else { Recompute::None };
-        for (range, again) in recompute_groups(self.layers.len(), recompute) {
-            if !keep || again {
-                let input = keep.then(|| kept_copy(&x));
-                for layer in &self.layers[range.clone()] {
-                    x = layer.forward_no_grad(params, tp, x, b, t, ctx, batch.mask())?;
-                }
-                if let Some(input) = input {
-                    saved.push(SavedLayers::Recompute {
-                        input,
-                        layers: range,
-                    });
-                }
-            } else {
-                for layer in &self.layers[range] {
-                    let (y, s) = layer.forward(params, tp, x, b, t, ctx, batch.mask())?;
-                    saved.push(SavedLayers::Layer(Box::new(s)));
-                    x = y;
-                }
-            }
-        }
-        let mut activation_bytes = saved.iter().map(|s| s.size_in_bytes()).sum::<usize>();
+        let mode = if keep {
+            ForwardMode::Train
+        } else {
+            ForwardMode::Eval
+        };
+        let (x, saved) = transformer_block_forward(
+            &self.layers,
+            params,
+            tp,
+            x,
+            (b, t),
+            ctx,
+            batch.mask(),
+            mode,
+        )?;
+        let mut activation_bytes = saved.size_in_bytes();
         let Some(lnf_layer) = &self.final_layernorm else {
             let state = ForwardState {
                 saved,
@@ -577,6 +514,7 @@ impl ModelChunk for GPTModel {
                     Some((dxg.data_mut(), grads.get_mut(wid))),
                     xg.data(),
                     &params.get(wid),
+                    None,
                     batch.labels,
                     &dloss,
                     dims,
@@ -598,6 +536,7 @@ impl ModelChunk for GPTModel {
                 None,
                 xg.data(),
                 &params.get(wid),
+                None,
                 batch.labels,
                 &[],
                 dims,
@@ -635,7 +574,7 @@ impl ModelChunk for GPTModel {
     ) -> Result<Option<Tensor>, CommError> {
         let (b, t) = (batch.b, batch.t);
         let offset = |id: ParamId| params.metas[id.0].offset;
-        let mut dx = match (state.tail, &self.final_layernorm) {
+        let dx = match (state.tail, &self.final_layernorm) {
             (Some((x, lnf, dxf)), Some(ln)) => {
                 let dx = ln.backward(params, grads, &lnf, &x, &dxf);
                 on_ready(offset(ln.weight()));
@@ -644,30 +583,18 @@ impl ModelChunk for GPTModel {
             (None, None) => dy.expect("a stage without the loss needs the output gradient"),
             _ => panic!("backward_step of a state not made by forward_step with gradients"),
         };
-        let mut hi = self.layers.len();
-        for seg in state.saved.into_iter().rev() {
-            let (range, kept) = match seg {
-                SavedLayers::Layer(s) => (hi - 1..hi, vec![*s]),
-                SavedLayers::Recompute { input, layers } => {
-                    // The group's forward again, from its input, with the same dropout masks.
-                    let again = ctx.recomputing();
-                    let mut x = restore(&input).into_owned();
-                    drop(input);
-                    let mut kept = Vec::with_capacity(layers.len());
-                    for layer in &self.layers[layers.clone()] {
-                        let (y, s) = layer.forward(params, tp, x, b, t, &again, batch.mask())?;
-                        kept.push(s);
-                        x = y;
-                    }
-                    (layers, kept)
-                }
-            };
-            for (layer, s) in self.layers[range.clone()].iter().zip(kept).rev() {
-                dx = layer.backward(params, grads, tp, s, dx, b, t, ctx, batch.mask())?;
-                on_ready(offset(layer.input_layernorm.weight()));
-            }
-            hi = range.start;
-        }
+        let dx = transformer_block_backward(
+            &self.layers,
+            params,
+            grads,
+            tp,
+            state.saved,
+            dx,
+            (b, t),
+            ctx,
+            batch.mask(),
+            on_ready,
+        )?;
         match &self.embedding {
             Some(e) => {
                 e.backward(grads, tp, batch.tokens, batch.position_ids, t, dx, ctx)?;

@@ -5,11 +5,12 @@
 use super::Tp;
 use megatron_comm::{CommError, ReduceOp};
 use megatron_tensor::cpu::{
-    fused_classifier, vocab_parallel_classifier, ClassifierDims, ClassifierReduce,
+    fused_classifier, vocab_parallel_classifier, ClassifierBias, ClassifierDims, ClassifierReduce,
 };
 
 /// Per-token losses for `x [n, c]` against this rank's output-weight shard (vocabulary rows
-/// `[vocab_start, vocab_start + d.v)`). With `grads`, `dx` gets this rank's partial input
+/// `[vocab_start, vocab_start + d.v)`; `bias`, if any, is this rank's slice of the output
+/// layer's bias). With `grads`, `dx` gets this rank's partial input
 /// gradient (the caller reduces it over TP) and the shard's weight gradient accumulates.
 #[allow(clippy::type_complexity, clippy::too_many_arguments)]
 pub fn vocab_parallel_cross_entropy(
@@ -18,13 +19,14 @@ pub fn vocab_parallel_cross_entropy(
     grads: Option<(&mut [f32], &mut [f32])>,
     x: &[f32],
     weight: &[f32],
+    bias: Option<ClassifierBias>,
     targets: &[u32],
     dloss: &[f32],
     d: ClassifierDims,
     vocab_start: usize,
 ) -> Result<(), CommError> {
     if tp.size() == 1 {
-        fused_classifier(losses, grads, x, weight, targets, dloss, d);
+        fused_classifier(losses, grads, x, weight, bias, targets, dloss, d);
         return Ok(());
     }
     let comm = &mut *tp.comm;
@@ -40,6 +42,7 @@ pub fn vocab_parallel_cross_entropy(
         grads,
         x,
         weight,
+        bias,
         targets,
         dloss,
         d,

@@ -155,6 +155,27 @@ pub enum Activation {
     SwiGLU,
 }
 
+/// The GELU's form, where the MLP's activation (or BERT's LM head) is GELU: Megatron's fused
+/// bias-GELU is the tanh approximation (the default, and GPT-2's); under
+/// `--no-bias-gelu-fusion` Megatron runs torch's exact `F.gelu`, which is also Hugging Face
+/// BERT's `"gelu"`.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub enum GeluForm {
+    #[default]
+    Tanh,
+    Erf,
+}
+
+impl GeluForm {
+    /// The backend kernel's form.
+    pub fn kernel(self) -> megatron_tensor::cpu::GeluApprox {
+        match self {
+            GeluForm::Tanh => megatron_tensor::cpu::GeluApprox::Tanh,
+            GeluForm::Erf => megatron_tensor::cpu::GeluApprox::Erf,
+        }
+    }
+}
+
 /// `--position-embedding-type`.
 #[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub enum PositionEmbeddingType {
@@ -250,6 +271,23 @@ pub struct TransformerConfig {
     /// Causal (decoders) or bidirectional over the real tokens (encoders).
     #[serde(default)]
     pub attn_mask_type: AttnMaskType,
+    /// Tanh-approximated or exact GELU.
+    #[serde(default)]
+    pub gelu: GeluForm,
+    /// Where the LayerNorms sit in a layer: before each block (GPT, Megatron's BERT) or after
+    /// each residual add (the original BERT, Hugging Face's `BertModel`).
+    #[serde(default)]
+    pub layernorm_placement: LayerNormPlacement,
+}
+
+/// `--transformer-block-type` (NeMo's name): `pre_ln` normalizes each block's input and the
+/// stack's output (a final LayerNorm); `post_ln` normalizes each residual sum and the
+/// embeddings instead, with no final LayerNorm.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub enum LayerNormPlacement {
+    #[default]
+    PreLn,
+    PostLn,
 }
 
 impl TransformerConfig {
@@ -402,6 +440,8 @@ impl Default for TransformerConfig {
             qk_layernorm: false,
             moe: None,
             attn_mask_type: AttnMaskType::Causal,
+            gelu: GeluForm::Tanh,
+            layernorm_placement: LayerNormPlacement::PreLn,
         }
     }
 }

@@ -1,13 +1,15 @@
-//! `TransformerLayer`: pre-LayerNorm attention and MLP blocks with fused bias-dropout-add
-//! residuals. Saves its input, the two residual-stream LayerNorm statistics and what the
-//! sub-blocks save; LayerNorm outputs are recomputed in backward (cheap, memory-bound).
+//! `TransformerLayer`: attention and MLP blocks with fused bias-dropout-add residuals, the
+//! LayerNorms before each block (pre-LN: GPT, Llama, Megatron's BERT) or after each residual
+//! sum (post-LN: the original BERT, Hugging Face's `BertModel`). Saves its input, the
+//! residual-stream tensors the norms read, their statistics and what the sub-blocks save;
+//! LayerNorm outputs are recomputed in backward (cheap, memory-bound).
 //!
 //! Under sequence parallelism the residual stream, LayerNorms and dropout hold this rank's block
 //! of token rows; dropout masks are numbered by global element index (the block's first row is
 //! an offset into the stream), so every TP size and either mode draws the TP = 1 masks.
 
 use super::attention::{LayerKVCache, SelfAttention, SelfAttentionSaved};
-use super::config::TransformerConfig;
+use super::config::{LayerNormPlacement, TransformerConfig};
 use super::mlp::{MLPSaved, MLP};
 use super::moe::{MoELayer, MoESaved, TokenRows};
 pub use super::norm::{LayerNorm, LayerNormSaved, Norm, RMSNorm};
@@ -25,20 +27,29 @@ use std::sync::Arc;
 
 pub struct TransformerLayer {
     pub layer: usize,
+    /// The attention block's norm: before it (pre-LN, `input_layernorm`), or after its
+    /// residual sum (post-LN, `post_self_attn_layernorm`). Registered first of the layer's
+    /// parameters either way.
     pub input_layernorm: Norm,
     pub self_attention: SelfAttention,
+    /// The MLP block's norm: `pre_mlp_layernorm`, or post-LN `post_mlp_layernorm`.
     pub pre_mlp_layernorm: Norm,
     pub mlp: FeedForward,
-    hidden_dropout: f32,
+    pub(super) hidden_dropout: f32,
+    placement: LayerNormPlacement,
 }
 
 pub struct TransformerLayerSaved {
     pub input: Tensor,
     pub ln1: LayerNormSaved,
     pub attn: SelfAttentionSaved,
+    /// The attention block's residual sum (pre-LN: the MLP block's input; post-LN: the first
+    /// norm's input).
     pub mid: Tensor,
     pub ln2: LayerNormSaved,
     pub mlp: FeedForwardSaved,
+    /// Post-LN: the MLP block's residual sum, the second norm's input.
+    pub post: Option<Tensor>,
 }
 
 impl TransformerLayerSaved {
@@ -50,11 +61,12 @@ impl TransformerLayerSaved {
             + self.mid.size_in_bytes()
             + self.ln2.size_in_bytes()
             + self.mlp.size_in_bytes()
+            + self.post.as_ref().map_or(0, |t| t.size_in_bytes())
     }
 }
 
-const SITE_ATTN_RESIDUAL: u64 = 2;
-const SITE_MLP_RESIDUAL: u64 = 3;
+pub(super) const SITE_ATTN_RESIDUAL: u64 = 2;
+pub(super) const SITE_MLP_RESIDUAL: u64 = 3;
 
 impl TransformerLayer {
     pub fn new(
@@ -66,9 +78,13 @@ impl TransformerLayer {
     ) -> Self {
         let h = cfg.hidden_size;
         let p = format!("decoder.layers.{layer}");
+        let (norm1, norm2) = match cfg.layernorm_placement {
+            LayerNormPlacement::PreLn => ("input_layernorm", "pre_mlp_layernorm"),
+            LayerNormPlacement::PostLn => ("post_self_attn_layernorm", "post_mlp_layernorm"),
+        };
         let input_layernorm = Norm::new(
             cfg.normalization,
-            &format!("{p}.input_layernorm"),
+            &format!("{p}.{norm1}"),
             h,
             cfg.layernorm_epsilon,
             params,
@@ -77,7 +93,7 @@ impl TransformerLayer {
         let self_attention = SelfAttention::new(cfg, layer, rope, params, inits);
         let pre_mlp_layernorm = Norm::new(
             cfg.normalization,
-            &format!("{p}.pre_mlp_layernorm"),
+            &format!("{p}.{norm2}"),
             h,
             cfg.layernorm_epsilon,
             params,
@@ -95,11 +111,29 @@ impl TransformerLayer {
             pre_mlp_layernorm,
             mlp,
             hidden_dropout: cfg.hidden_dropout,
+            placement: cfg.layernorm_placement,
         }
     }
 
     #[allow(clippy::too_many_arguments)]
     pub fn forward(
+        &self,
+        params: &Params,
+        tp: &mut Tp,
+        x: Tensor,
+        b: usize,
+        t: usize,
+        ctx: &StepContext,
+        mask: AttentionMask,
+    ) -> Result<(Tensor, TransformerLayerSaved), CommError> {
+        match self.placement {
+            LayerNormPlacement::PreLn => self.forward_pre_ln(params, tp, x, b, t, ctx, mask),
+            LayerNormPlacement::PostLn => self.forward_post_ln(params, tp, x, b, t, ctx, mask),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn forward_pre_ln(
         &self,
         params: &Params,
         tp: &mut Tp,
@@ -161,6 +195,7 @@ impl TransformerLayer {
                 mid: keep(mid),
                 ln2,
                 mlp,
+                post: None,
             },
         ))
     }
@@ -182,6 +217,29 @@ impl TransformerLayer {
 
     #[allow(clippy::too_many_arguments)]
     pub fn backward(
+        &self,
+        params: &Params,
+        grads: &mut Grads,
+        tp: &mut Tp,
+        saved: TransformerLayerSaved,
+        dout: Tensor,
+        b: usize,
+        t: usize,
+        ctx: &StepContext,
+        mask: AttentionMask,
+    ) -> Result<Tensor, CommError> {
+        match self.placement {
+            LayerNormPlacement::PreLn => {
+                self.backward_pre_ln(params, grads, tp, saved, dout, b, t, ctx, mask)
+            }
+            LayerNormPlacement::PostLn => {
+                self.backward_post_ln(params, grads, tp, saved, dout, b, t, ctx, mask)
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn backward_pre_ln(
         &self,
         params: &Params,
         grads: &mut Grads,
@@ -260,7 +318,7 @@ impl TransformerLayer {
 }
 
 /// `out = residual + dropout(x + bias)`, the bias optional (`--disable-bias-linear`).
-fn residual_forward(
+pub(super) fn residual_forward(
     params: &Params,
     bias: Option<ParamId>,
     out: &mut [f32],
@@ -277,7 +335,7 @@ fn residual_forward(
 
 /// Where this rank's rows of the residual stream sit in the micro-batch, for the dropout
 /// masks: one run of rows, or under context parallelism one per chunk.
-struct DropoutRows {
+pub(super) struct DropoutRows {
     /// (element range in this rank's tensor, element offset in the micro-batch).
     runs: Vec<(std::ops::Range<usize>, u64)>,
     /// Elements per sequence of the whole micro-batch.
@@ -285,7 +343,7 @@ struct DropoutRows {
 }
 
 impl DropoutRows {
-    fn new(tp: &Tp, lo: usize, rows: usize, t: usize, h: usize) -> Self {
+    pub(super) fn new(tp: &Tp, lo: usize, rows: usize, t: usize, h: usize) -> Self {
         let cp = tp.cp_layout();
         DropoutRows {
             runs: crate::context_parallel::element_runs(lo, lo + rows, t, cp, h),
@@ -293,11 +351,11 @@ impl DropoutRows {
         }
     }
 
-    fn key(&self, ctx: &StepContext, layer: usize, site: u64) -> RngKey {
+    pub(super) fn key(&self, ctx: &StepContext, layer: usize, site: u64) -> RngKey {
         ctx.site_for(layer, site, self.per_sample)
     }
 
-    fn each(&self, mut f: impl FnMut(std::ops::Range<usize>, u64)) {
+    pub(super) fn each(&self, mut f: impl FnMut(std::ops::Range<usize>, u64)) {
         for (r, k) in &self.runs {
             f(r.clone(), *k);
         }
@@ -305,7 +363,7 @@ impl DropoutRows {
 }
 
 /// The branch's gradient through [`residual_forward`]'s dropout (and its bias gradient).
-fn residual_backward(
+pub(super) fn residual_backward(
     grads: &mut Grads,
     bias: Option<ParamId>,
     dx: &mut [f32],
@@ -332,10 +390,15 @@ impl TransformerLayer {
     ) -> Result<Tensor, CommError> {
         let no_key = RngKey::new(0);
         let (rows, h) = (x.shape()[0], x.shape()[1]);
-        let (ln1, _) = self.input_layernorm.forward(params, &x);
-        let proj = self
-            .self_attention
-            .decode_forward(params, tp, &ln1, cache, pos)?;
+        let pre_ln = self.placement == LayerNormPlacement::PreLn;
+        let proj = if pre_ln {
+            let (ln1, _) = self.input_layernorm.forward(params, &x);
+            self.self_attention
+                .decode_forward(params, tp, &ln1, cache, pos)?
+        } else {
+            self.self_attention
+                .decode_forward(params, tp, &x, cache, pos)?
+        };
         let mut mid = Tensor::for_overwrite(&[rows, h]);
         let bias = self.self_attention.proj_bias;
         residual_forward(
@@ -347,14 +410,19 @@ impl TransformerLayer {
             0.0,
             no_key,
         );
-        let (ln2, _) = self.pre_mlp_layernorm.forward(params, &mid);
+        if !pre_ln {
+            mid = self.input_layernorm.forward(params, &mid).0;
+        }
+        // The MLP's input: the second norm of the residual (pre-LN), or the residual itself.
+        let ln2_out = pre_ln.then(|| self.pre_mlp_layernorm.forward(params, &mid).0);
+        let ln2 = ln2_out.as_ref().unwrap_or(&mid);
         let at = TokenRows {
             first: 0,
             seq_length: 1,
         };
         let (y, _) = self
             .mlp
-            .forward(params, tp, &ln2, at, &StepContext::eval())?;
+            .forward(params, tp, ln2, at, &StepContext::eval())?;
         let mut out = Tensor::for_overwrite(&[rows, h]);
         let b2 = self.mlp.fc2_bias();
         residual_forward(
@@ -366,6 +434,9 @@ impl TransformerLayer {
             0.0,
             no_key,
         );
+        if !pre_ln {
+            out = self.pre_mlp_layernorm.forward(params, &out).0;
+        }
         Ok(out)
     }
 }
@@ -442,6 +513,6 @@ impl FeedForward {
     }
 }
 
-fn add_inplace(a: &mut Tensor, b: &Tensor) {
+pub(super) fn add_inplace(a: &mut Tensor, b: &Tensor) {
     megatron_tensor::cpu::reduce::add_inplace(a.data_mut(), b.data());
 }

@@ -10,6 +10,7 @@ use crate::params::{Grads, Init, ParamId, Params};
 use crate::tensor_parallel::{ColumnParallelLinear, RowParallelLinear, Tp};
 use megatron_comm::CommError;
 use megatron_tensor::cpu::gelu::bias_gelu_recompute;
+use megatron_tensor::cpu::GeluApprox;
 use megatron_tensor::cpu::{
     bias_backward, bias_gelu_backward, gelu_backward, gelu_forward, swiglu_backward, swiglu_forward,
 };
@@ -23,6 +24,7 @@ pub struct MLP {
     pub fc2_weight: ParamId,
     pub fc2_bias: Option<ParamId>,
     pub activation: Activation,
+    gelu: GeluApprox,
     /// Activation outputs on this TP rank (fc2's input features).
     ffn_local: usize,
 }
@@ -88,6 +90,7 @@ impl MLP {
             fc2_weight: linear_fc2.weight,
             fc2_bias: linear_fc2.bias,
             activation: cfg.activation,
+            gelu: cfg.gelu.kernel(),
             ffn_local: linear_fc2.input_size_per_partition,
             linear_fc1,
             linear_fc2,
@@ -98,8 +101,10 @@ impl MLP {
     fn activate(&self, params: &Params, act: &mut Tensor, fc1_pre: &Tensor) {
         match self.activation {
             Activation::Gelu => match self.fc1_bias {
-                Some(b) => bias_gelu_recompute(act.data_mut(), fc1_pre.data(), &params.get(b)),
-                None => gelu_forward(act.data_mut(), fc1_pre.data()),
+                Some(b) => {
+                    bias_gelu_recompute(act.data_mut(), fc1_pre.data(), &params.get(b), self.gelu)
+                }
+                None => gelu_forward(act.data_mut(), fc1_pre.data(), self.gelu),
             },
             Activation::SwiGLU => swiglu_forward(act.data_mut(), fc1_pre.data(), self.ffn_local),
         }
@@ -150,11 +155,17 @@ impl MLP {
                 match self.fc1_bias {
                     Some(b) => {
                         let bias = params.get(b);
-                        bias_gelu_backward(dpre.data_mut(), dact.data(), fc1_pre.data(), &bias);
+                        bias_gelu_backward(
+                            dpre.data_mut(),
+                            dact.data(),
+                            fc1_pre.data(),
+                            &bias,
+                            self.gelu,
+                        );
                         drop(bias);
                         bias_backward(grads.get_mut(b), dpre.data(), n, f);
                     }
-                    None => gelu_backward(dpre.data_mut(), dact.data(), fc1_pre.data()),
+                    None => gelu_backward(dpre.data_mut(), dact.data(), fc1_pre.data(), self.gelu),
                 }
                 dpre
             }

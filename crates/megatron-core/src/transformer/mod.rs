@@ -1,6 +1,8 @@
 pub mod attention;
+pub mod block;
 pub mod config;
 pub mod layer;
+mod layer_post_ln;
 pub mod mlp;
 pub mod moe;
 pub mod norm;

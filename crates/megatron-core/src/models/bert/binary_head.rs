@@ -4,7 +4,9 @@
 //! parallelism).
 
 use super::linear;
-use crate::params::{Grads, Init, ParamId, Params};
+use super::lm_head::HeadBackward;
+use crate::params::{Init, ParamId, Params};
+use crate::transformer::config::TransformerConfig;
 use megatron_tensor::cpu::{
     embedding_lookup_backward, embedding_lookup_forward, masked_cross_entropy, matmul_backward,
     matmul_forward, tanh_backward, tanh_forward,
@@ -13,17 +15,37 @@ use megatron_tensor::Tensor;
 
 pub struct BertBinaryHead {
     pub pooler: (ParamId, ParamId),
-    pub head: (ParamId, ParamId),
+    /// The two-logit layer; `None` for a pooler kept only for conversion (Hugging Face's
+    /// `BertModel`), which computes no loss.
+    pub head: Option<(ParamId, ParamId)>,
     hidden: usize,
 }
 
 impl BertBinaryHead {
-    pub fn new(hidden: usize, init_std: f32, params: &mut Params, inits: &mut Vec<Init>) -> Self {
+    pub fn new(cfg: &TransformerConfig, params: &mut Params, inits: &mut Vec<Init>) -> Self {
+        let mut h = Self::pooler_only(cfg, params, inits);
+        let (hidden, std) = (cfg.hidden_size, cfg.init_method_std);
+        h.head = Some(linear(params, inits, "binary_head", 2, hidden, std));
+        h
+    }
+
+    /// The pooler alone.
+    pub fn pooler_only(
+        cfg: &TransformerConfig,
+        params: &mut Params,
+        inits: &mut Vec<Init>,
+    ) -> Self {
+        let (hidden, std) = (cfg.hidden_size, cfg.init_method_std);
         BertBinaryHead {
-            pooler: linear(params, inits, "pooler.dense", hidden, hidden, init_std),
-            head: linear(params, inits, "binary_head", 2, hidden, init_std),
+            pooler: linear(params, inits, "pooler.dense", hidden, hidden, std),
+            head: None,
             hidden,
         }
+    }
+
+    /// Whether it computes the sentence-order loss.
+    pub fn has_head(&self) -> bool {
+        self.head.is_some()
     }
 
     /// Mean loss over the `b` sequences of `y` (`[b * t, hidden]`, sequence-major) against
@@ -35,7 +57,7 @@ impl BertBinaryHead {
         y: &Tensor,
         t: usize,
         labels: &[u32],
-        backward: Option<(&mut Grads, &mut Tensor, f32)>,
+        backward: Option<HeadBackward>,
     ) -> f64 {
         let (b, h) = (labels.len(), self.hidden);
         // The first token of each sequence, gathered as embedding rows of `y`.
@@ -56,7 +78,9 @@ impl BertBinaryHead {
         );
         let mut pooled = Tensor::for_overwrite(&[b, h]);
         tanh_forward(pooled.data_mut(), pre.data());
-        let (hw, hb) = self.head;
+        let (hw, hb) = self
+            .head
+            .expect("the sentence-order loss needs the binary head");
         let head_w = params.get(hw);
         let mut logits = Tensor::for_overwrite(&[b, 2]);
         matmul_forward(
@@ -69,7 +93,7 @@ impl BertBinaryHead {
             2,
         );
         let mut losses = vec![0.0f32; b];
-        let scale = backward.as_ref().map_or(1.0, |x| x.2) / b as f32;
+        let scale = backward.as_ref().map_or(1.0, |x| x.dloss) / b as f32;
         let mut dlogits = backward.is_some().then(|| Tensor::for_overwrite(&[b, 2]));
         masked_cross_entropy(
             &mut losses,
@@ -81,7 +105,7 @@ impl BertBinaryHead {
             2,
         );
         let loss = losses.iter().map(|&l| l as f64).sum::<f64>() / b as f64;
-        if let (Some((grads, dy, _)), Some(dlogits)) = (backward, dlogits) {
+        if let (Some(HeadBackward { grads, dy, .. }), Some(dlogits)) = (backward, dlogits) {
             let mut dpooled = Tensor::for_overwrite(&[b, h]);
             {
                 let [dw, db] = grads.many_mut([hw, hb]);

@@ -1,27 +1,34 @@
 //! BERT's masked-language-model head (megatron-core's `BertLMHead` and the output layer):
-//! the masked positions' hidden states through a dense layer, GELU and LayerNorm, then logits
-//! against the word embeddings (tied, as Megatron's BERT always ties them) plus an output
-//! bias, and softmax cross-entropy over the masked tokens. One tensor-parallel rank's whole
-//! vocabulary for now: the vocab-parallel classifier comes with the model's TP layout.
-//! GELU is the tanh approximation of the backend (exact-erf GELU is needed for Hugging Face
-//! BERT checkpoints and comes with their conversion).
+//! the masked positions' hidden states through a dense layer, GELU and LayerNorm (replicated
+//! over tensor parallelism, as Megatron's `get_linear_layer` dense is), then logits against the
+//! word embeddings (tied, as Megatron's BERT always ties them) plus the output layer's bias,
+//! both split over the vocabulary like a column-parallel layer, and
+//! `vocab_parallel_cross_entropy` over the masked tokens (the full-vocabulary logits never
+//! exist). Megatron computes the head on every position and masks the loss; only the masked
+//! rows reach the loss, so only they are computed here — the same loss and gradients.
 
 use super::linear;
 use crate::params::{Grads, Init, ParamId, Params, Sharding};
+use crate::tensor_parallel::mappings::copy_to_tensor_model_parallel_region_backward;
+use crate::tensor_parallel::{vocab_parallel_cross_entropy, Tp};
+use crate::transformer::config::TransformerConfig;
 use crate::transformer::norm::LayerNorm;
+use megatron_comm::CommError;
 use megatron_tensor::cpu::{
     embedding_lookup_backward, embedding_lookup_forward, gelu_backward, gelu_forward,
-    masked_cross_entropy, matmul_backward, matmul_forward,
+    matmul_backward, matmul_forward, ClassifierBias, ClassifierDims, GeluApprox,
 };
 use megatron_tensor::Tensor;
 
 pub struct BertLMHead {
     pub dense: (ParamId, ParamId),
     pub norm: LayerNorm,
-    /// The output layer's bias over the vocabulary.
+    /// This rank's slice of the output layer's bias over the vocabulary.
     pub output_bias: ParamId,
     hidden: usize,
-    vocab: usize,
+    vocab_start: usize,
+    vocab_per_partition: usize,
+    gelu: GeluApprox,
 }
 
 /// The masked tokens of a micro-batch: rows of the model output and their original tokens.
@@ -30,55 +37,77 @@ pub struct MaskedTokens<'a> {
     pub labels: &'a [u32],
 }
 
+/// What the head's backward adds to: parameter gradients, the gradient of the encoder output
+/// (`[rows, hidden]`, every row of the micro-batch) and the loss gradient's scale.
+pub struct HeadBackward<'a> {
+    pub grads: &'a mut Grads,
+    pub dy: &'a mut Tensor,
+    pub dloss: f32,
+}
+
+impl HeadBackward<'_> {
+    /// The same gradients, for one more head.
+    pub fn reborrow(&mut self) -> HeadBackward<'_> {
+        HeadBackward {
+            grads: self.grads,
+            dy: self.dy,
+            dloss: self.dloss,
+        }
+    }
+}
+
 impl BertLMHead {
-    pub fn new(
-        hidden: usize,
-        vocab: usize,
-        init_std: f32,
-        eps: f32,
-        params: &mut Params,
-        inits: &mut Vec<Init>,
-    ) -> Self {
-        let dense = linear(params, inits, "lm_head.dense", hidden, hidden, init_std);
+    /// Registers the head (`lm_head.*`, `output_layer.bias`) for the config's hidden and padded
+    /// vocabulary sizes, on `params`' tensor-parallel rank.
+    pub fn new(cfg: &TransformerConfig, params: &mut Params, inits: &mut Vec<Init>) -> Self {
+        let h = cfg.hidden_size;
+        let dense = linear(params, inits, "lm_head.dense", h, h, cfg.init_method_std);
         let norm = LayerNorm::new(
             "lm_head.layer_norm",
-            hidden,
-            eps,
+            h,
+            cfg.layernorm_epsilon,
             Sharding::Replicated,
             params,
             inits,
         );
-        let output_bias = params.add(
+        let output_bias = params.add_sharded(
             inits,
             "output_layer.bias".into(),
-            &[vocab],
+            &[cfg.padded_vocab_size],
             false,
             Init::Const(0.0),
+            Sharding::Split(0),
         );
+        let (tp_rank, t) = (params.tp.0, params.tp.1.max(1));
+        let per = cfg.padded_vocab_size / t;
         BertLMHead {
             dense,
             norm,
             output_bias,
-            hidden,
-            vocab,
+            hidden: h,
+            vocab_start: tp_rank * per,
+            vocab_per_partition: per,
+            gelu: cfg.gelu.kernel(),
         }
     }
 
-    /// Mean cross-entropy over the masked tokens of `y` (`[rows, hidden]`), logits against
-    /// `word_embeddings` (`[vocab, hidden]`); with `backward`, parameter gradients (the
-    /// embedding's included) accumulate into its `Grads` and `dloss` times the gradient of `y`
-    /// into its tensor.
+    /// Mean cross-entropy over the masked tokens of `y` (`[rows, hidden]`, the whole
+    /// micro-batch on every tensor-parallel rank), logits against this rank's shard of
+    /// `word_embeddings`. With `backward`, parameter gradients (the embedding's included)
+    /// accumulate and `dloss` times the gradient of `y` is added to its tensor, the same on
+    /// every rank. Collective over `tp`.
     pub fn loss(
         &self,
         params: &Params,
+        tp: &mut Tp,
         y: &Tensor,
         word_embeddings: ParamId,
         masked: &MaskedTokens,
-        backward: Option<(&mut Grads, &mut Tensor, f32)>,
-    ) -> f64 {
-        let (n, h, v) = (masked.rows.len(), self.hidden, self.vocab);
+        backward: Option<HeadBackward>,
+    ) -> Result<f64, CommError> {
+        let (n, h) = (masked.rows.len(), self.hidden);
         if n == 0 {
-            return 0.0;
+            return Ok(0.0);
         }
         let mut x = Tensor::for_overwrite(&[n, h]);
         embedding_lookup_forward(x.data_mut(), masked.rows, y.data(), 0, false);
@@ -95,68 +124,82 @@ impl BertLMHead {
             h,
         );
         let mut act = Tensor::for_overwrite(&[n, h]);
-        gelu_forward(act.data_mut(), pre.data());
+        gelu_forward(act.data_mut(), pre.data(), self.gelu);
         let (normed, norm_saved) = self.norm.forward(params, &act);
+        let v = self.vocab_per_partition;
+        let dims = ClassifierDims {
+            n,
+            c: h,
+            v,
+            chunk_rows: crate::models::gpt::classifier_tile_rows(v),
+        };
+        let mut losses = vec![0.0f32; n];
         let emb = params.get(word_embeddings);
-        let mut logits = Tensor::for_overwrite(&[n, v]);
-        matmul_forward(
-            logits.data_mut(),
-            normed.data(),
-            &emb,
-            Some(&params.get(self.output_bias)),
+        let bias = params.get(self.output_bias);
+        let Some(HeadBackward { grads, dy, dloss }) = backward else {
+            vocab_parallel_cross_entropy(
+                tp,
+                &mut losses,
+                None,
+                normed.data(),
+                &emb,
+                Some(ClassifierBias {
+                    bias: &bias,
+                    dbias: None,
+                }),
+                masked.labels,
+                &[],
+                dims,
+                self.vocab_start,
+            )?;
+            return Ok(mean(&losses));
+        };
+        let mut dnormed = Tensor::for_overwrite(&[n, h]);
+        {
+            let [demb, dbias] = grads.many_mut([word_embeddings, self.output_bias]);
+            vocab_parallel_cross_entropy(
+                tp,
+                &mut losses,
+                Some((dnormed.data_mut(), demb)),
+                normed.data(),
+                &emb,
+                Some(ClassifierBias {
+                    bias: &bias,
+                    dbias: Some(dbias),
+                }),
+                masked.labels,
+                &vec![dloss / n as f32; n],
+                dims,
+                self.vocab_start,
+            )?;
+        }
+        drop((emb, bias));
+        // Each rank holds its vocabulary slice's part of the gradient: summed over TP, as the
+        // input gradient of a column-parallel layer is.
+        let dnormed = copy_to_tensor_model_parallel_region_backward(tp, dnormed)?;
+        let dact = self
+            .norm
+            .backward(params, grads, &norm_saved, &act, &dnormed);
+        let mut dpre = Tensor::for_overwrite(&[n, h]);
+        gelu_backward(dpre.data_mut(), dact.data(), pre.data(), self.gelu);
+        let mut dx = Tensor::for_overwrite(&[n, h]);
+        let [ddw, ddb] = grads.many_mut([dw, db]);
+        matmul_backward(
+            Some(dx.data_mut()),
+            ddw,
+            Some(ddb),
+            dpre.data(),
+            x.data(),
+            &dense_w,
             n,
             h,
-            v,
+            h,
         );
-        let scale = backward.as_ref().map_or(1.0, |x| x.2) / n as f32;
-        let mut losses = vec![0.0f32; n];
-        let mut dlogits = backward.is_some().then(|| Tensor::for_overwrite(&[n, v]));
-        masked_cross_entropy(
-            &mut losses,
-            dlogits.as_mut().map(|d| d.data_mut()),
-            logits.data(),
-            masked.labels,
-            &vec![v as u32; n],
-            &vec![scale; n],
-            v,
-        );
-        let loss = losses.iter().map(|&l| l as f64).sum::<f64>() / n as f64;
-        if let (Some((grads, dy, _)), Some(dlogits)) = (backward, dlogits) {
-            let mut dnormed = Tensor::for_overwrite(&[n, h]);
-            {
-                let [demb, dbias] = grads.many_mut([word_embeddings, self.output_bias]);
-                matmul_backward(
-                    Some(dnormed.data_mut()),
-                    demb,
-                    Some(dbias),
-                    dlogits.data(),
-                    normed.data(),
-                    &emb,
-                    n,
-                    h,
-                    v,
-                );
-            }
-            let dact = self
-                .norm
-                .backward(params, grads, &norm_saved, &act, &dnormed);
-            let mut dpre = Tensor::for_overwrite(&[n, h]);
-            gelu_backward(dpre.data_mut(), dact.data(), pre.data());
-            let mut dx = Tensor::for_overwrite(&[n, h]);
-            let [ddw, ddb] = grads.many_mut([dw, db]);
-            matmul_backward(
-                Some(dx.data_mut()),
-                ddw,
-                Some(ddb),
-                dpre.data(),
-                x.data(),
-                &dense_w,
-                n,
-                h,
-                h,
-            );
-            embedding_lookup_backward(dy.data_mut(), dx.data(), masked.rows, 0);
-        }
-        loss
+        embedding_lookup_backward(dy.data_mut(), dx.data(), masked.rows, 0);
+        Ok(mean(&losses))
     }
+}
+
+fn mean(losses: &[f32]) -> f64 {
+    losses.iter().map(|&l| l as f64).sum::<f64>() / losses.len().max(1) as f64
 }

@@ -1,13 +1,14 @@
-//! BERT (issue 21): the encoder is the config-driven transformer stack with
-//! `AttnMaskType::Padding`; what only BERT has lives here — its masked-language-model head and
-//! its sentence-order (binary) head. The model chunk, Megatron's `BertDataset` samples and the
-//! layouts come next.
+//! BERT: the encoder is the config-driven transformer stack with `AttnMaskType::Padding`;
+//! what only BERT has lives here — its embeddings' segments, its masked-language-model head,
+//! its sentence-order (binary) head and the model chunk that assembles them.
 
 pub mod binary_head;
 pub mod lm_head;
+pub mod model;
 
 pub use binary_head::BertBinaryHead;
-pub use lm_head::{BertLMHead, MaskedTokens};
+pub use lm_head::{BertLMHead, HeadBackward, MaskedTokens};
+pub use model::{BertBatch, BertConfig, BertModel, BinaryHead};
 
 use crate::params::{Init, ParamId, Params};
 

@@ -25,6 +25,7 @@ pub struct GroupedMLP {
     /// Global index of the first.
     pub first: usize,
     activation: Activation,
+    gelu: megatron_tensor::cpu::GeluApprox,
     hidden: usize,
     /// This rank's slice of each expert's FFN width.
     ffn: usize,
@@ -120,6 +121,7 @@ impl GroupedMLP {
             experts,
             first,
             activation: cfg.activation,
+            gelu: cfg.gelu.kernel(),
             hidden: h,
             ffn: f / etp,
             grouped: m.grouped_gemm,
@@ -159,7 +161,7 @@ impl GroupedMLP {
 
     fn activate(&self, act: &mut [f32], h1: &[f32]) {
         match self.activation {
-            Activation::Gelu => gelu_forward(act, h1),
+            Activation::Gelu => gelu_forward(act, h1, self.gelu),
             Activation::SwiGLU => swiglu_forward(act, h1, self.ffn),
         }
     }
@@ -246,7 +248,7 @@ impl GroupedMLP {
         ));
         let mut dh1 = Tensor::for_overwrite(&[n, f1]);
         match self.activation {
-            Activation::Gelu => gelu_backward(dh1.data_mut(), dact.data(), h1.data()),
+            Activation::Gelu => gelu_backward(dh1.data_mut(), dact.data(), h1.data(), self.gelu),
             Activation::SwiGLU => swiglu_backward(dh1.data_mut(), dact.data(), h1.data(), f),
         }
         drop(dact);

@@ -8,8 +8,8 @@
 
 use super::cast::{round_to_half_inplace, Half};
 use super::matmul::{
-    matmul, matmul_on_rounded, matmul_precision, matmul_prepacked, prepack_b, rounded_operand,
-    MatmulDims, RoundedOperand,
+    bias_backward, matmul, matmul_on_rounded, matmul_precision, matmul_prepacked, prepack_b,
+    rounded_operand, MatmulDims, RoundedOperand,
 };
 use super::matmul_amx::PackedB;
 use super::simd::{exp, multiversion};
@@ -30,15 +30,45 @@ pub struct ClassifierDims {
     pub chunk_rows: usize,
 }
 
-/// `losses[i] = logsumexp(x_i W^T) - (x_i W^T)[target_i]` (0 for `IGNORE_INDEX`).
+/// The output layer's bias over the weight's vocabulary rows (BERT's `output_layer.bias`) and,
+/// with gradients, where its gradient accumulates.
+pub struct ClassifierBias<'a> {
+    pub bias: &'a [f32],
+    pub dbias: Option<&'a mut [f32]>,
+}
+
+impl ClassifierBias<'_> {
+    /// Adds the bias to every logits row of `tile`.
+    fn add(&self, tile: &mut [f32]) {
+        let v = self.bias.len();
+        tile.par_chunks_mut(v).for_each(|row| {
+            for (z, b) in row.iter_mut().zip(self.bias) {
+                *z += b;
+            }
+        });
+    }
+
+    /// Accumulates the bias gradient of a tile already turned into `dlogits`.
+    fn backward(&mut self, dlogits: &[f32]) {
+        if let Some(db) = self.dbias.as_deref_mut() {
+            let v = db.len();
+            bias_backward(db, dlogits, dlogits.len() / v, v);
+        }
+    }
+}
+
+/// `losses[i] = logsumexp(x_i W^T + b) - (x_i W^T + b)[target_i]` (0 for `IGNORE_INDEX`; the
+/// bias `b` optional).
 /// With `grads = Some((dx, dweight))`: writes `dx = dlogits · W` and accumulates
 /// `dweight += dlogits^T · x`, where `dlogits_i = (softmax_i - onehot_i) · dloss[i]`.
 #[allow(clippy::type_complexity)]
+#[allow(clippy::too_many_arguments)]
 pub fn fused_classifier(
     losses: &mut [f32],
     mut grads: Option<(&mut [f32], &mut [f32])>,
     x: &[f32],
     weight: &[f32],
+    mut bias: Option<ClassifierBias>,
     targets: &[u32],
     dloss: &[f32],
     d: ClassifierDims,
@@ -59,6 +89,9 @@ pub fn fused_classifier(
         let tile = &mut logits[..nr * v];
         let xr = &x[r0 * c..(r0 + nr) * c];
         logits_matmul(tile, xr, weight, &packed, (nr, c, v), half);
+        if let Some(b) = &bias {
+            b.add(tile);
+        }
         let want_grad = grads.is_some();
         tile.par_chunks_mut(v)
             .zip(losses[r0..r0 + nr].par_iter_mut())
@@ -76,6 +109,9 @@ pub fn fused_classifier(
                 *loss = softmax_xent_row(row, tgt as usize, g);
             });
         if let Some((dx, dw)) = grads.as_mut() {
+            if let Some(b) = bias.as_mut() {
+                b.backward(tile);
+            }
             classifier_tile_backward(
                 &mut dx[r0 * c..(r0 + nr) * c],
                 dw,
@@ -249,6 +285,7 @@ pub fn vocab_parallel_classifier<E>(
     mut grads: Option<(&mut [f32], &mut [f32])>,
     x: &[f32],
     weight: &[f32],
+    mut bias: Option<ClassifierBias>,
     targets: &[u32],
     dloss: &[f32],
     d: ClassifierDims,
@@ -276,6 +313,9 @@ pub fn vocab_parallel_classifier<E>(
         let xr = &x[r0 * c..(r0 + nr) * c];
         let tg = &targets[r0..r0 + nr];
         logits_matmul(tile, xr, weight, &packed, (nr, c, v), half);
+        if let Some(b) = &bias {
+            b.add(tile);
+        }
         let mut mx: Vec<f32> = tile
             .par_chunks(v)
             .map(|row| row.iter().copied().fold(f32::NEG_INFINITY, f32::max))
@@ -316,6 +356,9 @@ pub fn vocab_parallel_classifier<E>(
                 }
             });
         if let Some((dx, dw)) = grads.as_mut() {
+            if let Some(b) = bias.as_mut() {
+                b.backward(tile);
+            }
             classifier_tile_backward(
                 &mut dx[r0 * c..(r0 + nr) * c],
                 dw,

@@ -43,7 +43,8 @@ pub use attention::{
 };
 pub use class_loss::masked_cross_entropy;
 pub use cross_entropy::{
-    fused_classifier, vocab_parallel_classifier, ClassifierDims, ClassifierReduce, IGNORE_INDEX,
+    fused_classifier, vocab_parallel_classifier, ClassifierBias, ClassifierDims, ClassifierReduce,
+    IGNORE_INDEX,
 };
 pub use dispatch::{fastest_bf16_kernel, kernel_fingerprint};
 pub use dropout::{
@@ -52,7 +53,7 @@ pub use dropout::{
 pub use embedding::{
     embedding_backward, embedding_forward, embedding_lookup_backward, embedding_lookup_forward,
 };
-pub use gelu::{bias_gelu_backward, bias_gelu_forward, gelu_backward, gelu_forward};
+pub use gelu::{bias_gelu_backward, bias_gelu_forward, gelu_backward, gelu_forward, GeluApprox};
 pub use layernorm::{layernorm_backward, layernorm_forward};
 pub use layout::{
     concat_columns, gather_group_blocks, scatter_group_blocks, split_columns, GroupBlocks,

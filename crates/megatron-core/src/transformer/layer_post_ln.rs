@@ -1,0 +1,162 @@
+//! The post-LayerNorm layer (the original BERT, Hugging Face's `BertLayer`):
+//! `mid = LN1(x + dropout(attn(x) + b))`, `out = LN2(mid + dropout(mlp(mid) + b))`. Saves the
+//! input, the two residual sums the norms read and their statistics; the first norm's output
+//! (the MLP's input) is recomputed in backward, as the pre-LN layer recomputes its norms.
+
+use super::layer::{
+    add_inplace, residual_backward, residual_forward, DropoutRows, TransformerLayer,
+    TransformerLayerSaved, SITE_ATTN_RESIDUAL, SITE_MLP_RESIDUAL,
+};
+use super::moe::TokenRows;
+use super::saved::{keep, restore};
+use super::step::StepContext;
+use crate::params::{Grads, Params};
+use crate::tensor_parallel::Tp;
+use megatron_comm::CommError;
+use megatron_tensor::cpu::AttentionMask;
+use megatron_tensor::Tensor;
+
+impl TransformerLayer {
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn forward_post_ln(
+        &self,
+        params: &Params,
+        tp: &mut Tp,
+        x: Tensor,
+        b: usize,
+        t: usize,
+        ctx: &StepContext,
+        mask: AttentionMask,
+    ) -> Result<(Tensor, TransformerLayerSaved), CommError> {
+        let (rows, h) = (x.shape()[0], x.shape()[1]);
+        let (lo, _) = tp.sequence_shard(b * t);
+        let p = ctx.p(self.hidden_dropout);
+        let (proj, attn) = self
+            .self_attention
+            .forward(params, tp, &x, b, t, ctx, mask)?;
+        let at = DropoutRows::new(tp, lo, rows, t, h);
+        let mut mid_sum = Tensor::for_overwrite(&[rows, h]);
+        let key = at.key(ctx, self.layer, SITE_ATTN_RESIDUAL);
+        at.each(|r, k| {
+            residual_forward(
+                params,
+                self.self_attention.proj_bias,
+                &mut mid_sum.data_mut()[r.clone()],
+                &proj.data()[r.clone()],
+                &x.data()[r],
+                p,
+                key.offset(k),
+            )
+        });
+        drop(proj);
+        let (mid, ln1) = self.input_layernorm.forward(params, &mid_sum);
+        let moe_rows = TokenRows {
+            first: lo,
+            seq_length: t,
+        };
+        let (y, mlp) = self.mlp.forward(params, tp, &mid, moe_rows, ctx)?;
+        let mut out_sum = Tensor::for_overwrite(&[rows, h]);
+        let key = at.key(ctx, self.layer, SITE_MLP_RESIDUAL);
+        at.each(|r, k| {
+            residual_forward(
+                params,
+                self.mlp.fc2_bias(),
+                &mut out_sum.data_mut()[r.clone()],
+                &y.data()[r.clone()],
+                &mid.data()[r],
+                p,
+                key.offset(k),
+            )
+        });
+        drop((y, mid));
+        let (out, ln2) = self.pre_mlp_layernorm.forward(params, &out_sum);
+        Ok((
+            out,
+            TransformerLayerSaved {
+                input: keep(x),
+                ln1,
+                attn,
+                mid: keep(mid_sum),
+                ln2,
+                mlp,
+                post: Some(keep(out_sum)),
+            },
+        ))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn backward_post_ln(
+        &self,
+        params: &Params,
+        grads: &mut Grads,
+        tp: &mut Tp,
+        saved: TransformerLayerSaved,
+        dout: Tensor,
+        b: usize,
+        t: usize,
+        ctx: &StepContext,
+        mask: AttentionMask,
+    ) -> Result<Tensor, CommError> {
+        let (rows, h) = (dout.shape()[0], dout.shape()[1]);
+        let (lo, _) = tp.sequence_shard(b * t);
+        let p = ctx.p(self.hidden_dropout);
+        let out_sum = restore(saved.post.as_ref().expect("a post-LN layer's saved state"));
+        let dout_sum = self
+            .pre_mlp_layernorm
+            .backward(params, grads, &saved.ln2, &out_sum, &dout);
+        drop((out_sum, dout));
+        // The MLP branch's gradient through its dropout (and its bias gradient).
+        let at = DropoutRows::new(tp, lo, rows, t, h);
+        let mut dy = Tensor::for_overwrite(&[rows, h]);
+        let key = at.key(ctx, self.layer, SITE_MLP_RESIDUAL);
+        at.each(|r, k| {
+            residual_backward(
+                grads,
+                self.mlp.fc2_bias(),
+                &mut dy.data_mut()[r.clone()],
+                &dout_sum.data()[r],
+                p,
+                key.offset(k),
+            )
+        });
+        let mid_sum = restore(&saved.mid);
+        let (mid, _) = self.input_layernorm.forward(params, &mid_sum);
+        let mut dmid = self
+            .mlp
+            .backward(params, grads, tp, &saved.mlp, &mid, dy, ctx)?;
+        drop(mid);
+        add_inplace(&mut dmid, &dout_sum);
+        drop(dout_sum);
+        let dmid_sum = self
+            .input_layernorm
+            .backward(params, grads, &saved.ln1, &mid_sum, &dmid);
+        drop((mid_sum, dmid));
+        let mut dproj = Tensor::for_overwrite(&[rows, h]);
+        let key = at.key(ctx, self.layer, SITE_ATTN_RESIDUAL);
+        at.each(|r, k| {
+            residual_backward(
+                grads,
+                self.self_attention.proj_bias,
+                &mut dproj.data_mut()[r.clone()],
+                &dmid_sum.data()[r],
+                p,
+                key.offset(k),
+            )
+        });
+        let input = restore(&saved.input);
+        let mut dx = self.self_attention.backward(
+            params,
+            grads,
+            tp,
+            &saved.attn,
+            &input,
+            dproj,
+            b,
+            t,
+            ctx,
+            mask,
+        )?;
+        add_inplace(&mut dx, &dmid_sum);
+        Ok(dx)
+    }
+}
