@@ -43,6 +43,9 @@ enum Command {
     Train(Box<TrainArgs>),
     /// Generate text from a checkpoint.
     Generate(GenerateArgs),
+    /// Sentence embeddings from a BERT checkpoint: `embed --load SAVE --input texts.txt --out
+    /// embeddings.npy` (mean-pooled over each line's tokens; `--normalize` for unit vectors).
+    Embed(megatron_training::embed::EmbedArgs),
     /// Tokenize JSON lines or text into Megatron's .bin/.idx (tools/preprocess_data.py).
     Preprocess(PreprocessArgs),
     /// Train a byte-level BPE tokenizer (tokenizer.json, vocab.json, merges.txt).
@@ -54,7 +57,7 @@ enum Command {
     /// Micro-benchmarks (GEMM throughput on transformer shapes).
     Bench(bench::BenchArgs),
     /// Convert checkpoints: `--from hf --input HF_DIR --output SAVE` (GPT-2, Llama, Mistral,
-    /// Qwen2), `--from gguf --input FILE.gguf --output SAVE` (Llama) or `--to hf --input SAVE
+    /// Qwen2, Mixtral, Qwen2-MoE, BERT), `--from gguf --input FILE.gguf --output SAVE` (Llama) or `--to hf --input SAVE
     /// --output HF_DIR`.
     Convert(ConvertArgs),
     /// Look into checkpoints: `inspect DIR` (iteration, layout saved from, files, tensors) or
@@ -176,6 +179,9 @@ fn main() -> ExitCode {
                 let echo = !args.chat && args.prompt_ids.is_none();
                 println!("{}{}", if echo { args.prompt.as_str() } else { "" }, text)
             })
+            .map_err(Into::into),
+        Command::Embed(args) => megatron_training::embed::embed(&args)
+            .map(|n| println!("wrote {} ({n} embeddings)", args.out.display()))
             .map_err(Into::into),
         Command::Preprocess(args) => run_preprocess(&args),
         Command::TrainTokenizer(args) => {

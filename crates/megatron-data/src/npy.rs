@@ -1,5 +1,6 @@
-//! Minimal `.npy` (format 1.0) for 1-D and 2-D little-endian integer arrays: the index caches are
-//! written in numpy's format so they can be inspected (and loaded) with numpy.
+//! Minimal `.npy` (format 1.0) for 1-D and 2-D little-endian arrays: the index caches (`<i8`)
+//! are written in numpy's format so they can be inspected (and loaded) with numpy, and
+//! `megatron embed` writes its vectors (`<f4`) for numpy.
 
 use crate::DataError;
 use std::io::Write;
@@ -14,7 +15,24 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> DataError + '_ {
 
 /// Writes `data` (`<i8`, row-major) with `shape`, via a temporary file renamed into place.
 pub fn write_i64(path: &Path, shape: &[usize], data: &[i64]) -> Result<(), DataError> {
-    assert_eq!(shape.iter().product::<usize>(), data.len());
+    let bytes: Vec<u8> = data.iter().flat_map(|v| v.to_le_bytes()).collect();
+    write_raw(path, "<i8", shape, data.len(), &bytes)
+}
+
+/// Writes `data` (`<f4`, row-major) with `shape` (embeddings for numpy), atomically.
+pub fn write_f32(path: &Path, shape: &[usize], data: &[f32]) -> Result<(), DataError> {
+    let bytes: Vec<u8> = data.iter().flat_map(|v| v.to_le_bytes()).collect();
+    write_raw(path, "<f4", shape, data.len(), &bytes)
+}
+
+fn write_raw(
+    path: &Path,
+    descr: &str,
+    shape: &[usize],
+    len: usize,
+    data: &[u8],
+) -> Result<(), DataError> {
+    assert_eq!(shape.iter().product::<usize>(), len);
     let shape_s = match shape {
         [n] => format!("({n},)"),
         _ => format!(
@@ -26,17 +44,16 @@ pub fn write_i64(path: &Path, shape: &[usize], data: &[i64]) -> Result<(), DataE
                 .join(", ")
         ),
     };
-    let mut header = format!("{{'descr': '<i8', 'fortran_order': False, 'shape': {shape_s}, }}");
+    let mut header =
+        format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape_s}, }}");
     let total = 10 + header.len() + 1;
     header.push_str(&" ".repeat((64 - total % 64) % 64));
     header.push('\n');
-    let mut bytes = Vec::with_capacity(10 + header.len() + data.len() * 8);
+    let mut bytes = Vec::with_capacity(10 + header.len() + data.len());
     bytes.extend_from_slice(b"\x93NUMPY\x01\x00");
     bytes.extend_from_slice(&(header.len() as u16).to_le_bytes());
     bytes.extend_from_slice(header.as_bytes());
-    for v in data {
-        bytes.extend_from_slice(&v.to_le_bytes());
-    }
+    bytes.extend_from_slice(data);
     let tmp = path.with_extension(format!("npy.tmp-{}", std::process::id()));
     let mut f = std::fs::File::create(&tmp).map_err(io(&tmp))?;
     f.write_all(&bytes).map_err(io(&tmp))?;

@@ -108,6 +108,8 @@ impl crate::training::Trainer<'_> {
                 data_parallel: cfg.dp,
                 distributed_optimizer: cfg.optimizer == OptimizerKind::DistributedAdam,
             }),
+            bert: None,
+            hf_buffers: Vec::new(),
         }
     }
 

@@ -75,6 +75,28 @@ pub struct CheckpointMeta {
     pub files: Vec<FileEntry>,
     #[serde(default)]
     pub layout: Option<SavedLayout>,
+    /// A BERT: its segments and heads (`model` is then its encoder's config).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bert: Option<megatron_core::models::bert::BertHeads>,
+    /// Integer buffers of a converted Hugging Face file that are not parameters (older
+    /// BERT files' `embeddings.position_ids`), kept so the export writes the same file.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hf_buffers: Vec<HfBuffer>,
+}
+
+/// An `I64` tensor of a Hugging Face file kept as it was.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct HfBuffer {
+    pub name: String,
+    pub shape: Vec<usize>,
+    pub values: Vec<i64>,
+}
+
+/// What a converted model records beside its transformer config.
+#[derive(Clone, Debug, Default)]
+pub struct ConvertedExtras {
+    pub bert: Option<megatron_core::models::bert::BertHeads>,
+    pub hf_buffers: Vec<HfBuffer>,
 }
 
 pub fn iteration_dir(save: &Path, iteration: u64) -> PathBuf {
@@ -406,6 +428,7 @@ pub(crate) fn load_optimizer_state(
 pub(crate) fn write_whole_checkpoint(
     save: &Path,
     model: TransformerConfig,
+    extras: ConvertedExtras,
     tensors: &crate::convert::Tensors,
     vocab_size: usize,
     tokenizer_model: Option<String>,
@@ -473,6 +496,8 @@ pub(crate) fn write_whole_checkpoint(
         shard_bytes: 0,
         files: Vec::new(),
         layout: None,
+        bert: extras.bert,
+        hf_buffers: extras.hf_buffers,
     };
     crate::checkpoint_save::finalize(save, &partial, meta, 1)?;
     Ok(())

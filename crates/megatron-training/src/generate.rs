@@ -129,6 +129,12 @@ fn write_logits(path: &Path, rows: &[Vec<f32>]) -> Result<(), TrainError> {
 /// last line of the new token ids).
 pub fn generate(args: &GenerateArgs) -> Result<String, TrainError> {
     let ck = load_checkpoint_weights(Path::new(&args.load))?;
+    if ck.meta.bert.is_some() {
+        return Err(TrainError::Checkpoint {
+            path: ck.dir.display().to_string(),
+            msg: "a BERT encoder does not generate text (use `megatron embed`)".into(),
+        });
+    }
     let tok = build_tokenizer_from(&TokenizerSpec {
         tokenizer_type: ck.meta.tokenizer_type.clone(),
         vocab_file: ck.meta.vocab_file.clone(),

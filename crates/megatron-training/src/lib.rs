@@ -8,6 +8,7 @@ pub mod checkpointing;
 pub mod convert;
 mod data;
 pub mod dist_checkpointing;
+pub mod embed;
 mod evaluate;
 pub mod flops;
 pub mod generate;

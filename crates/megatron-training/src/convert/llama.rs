@@ -158,7 +158,7 @@ pub(crate) fn num(hf: &Value, key: &str) -> Result<usize, String> {
 }
 
 /// `q [heads*hd, cols]`, `k`, `v [groups*hd, cols]` into the fused per-group rows.
-fn fuse_qkv(
+pub(crate) fn fuse_qkv(
     q: &[f32],
     k: &[f32],
     v: &[f32],
@@ -178,7 +178,7 @@ fn fuse_qkv(
 }
 
 /// The inverse of [`fuse_qkv`].
-fn split_qkv(
+pub(crate) fn split_qkv(
     x: &[f32],
     heads: usize,
     groups: usize,

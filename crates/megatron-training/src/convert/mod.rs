@@ -4,13 +4,16 @@
 //! the containers (safetensors, sharded or not; megatron-rs checkpoints) and never looks inside
 //! a family.
 
+mod bert;
 pub mod gguf;
 mod gpt2;
 mod llama;
 mod mixtral;
 mod qwen2_moe;
 
-use crate::checkpointing::{iteration_dir, load_checkpoint_weights, write_whole_checkpoint};
+use crate::checkpointing::{
+    iteration_dir, load_checkpoint_weights, write_whole_checkpoint, ConvertedExtras, HfBuffer,
+};
 use crate::TrainError;
 use megatron_core::TransformerConfig;
 use safetensors::tensor::{Dtype, TensorView};
@@ -93,8 +96,8 @@ pub(crate) fn pad_rows(mut x: Vec<f32>, cols: usize, padded: usize) -> Vec<f32> 
 }
 
 /// Reads `model.safetensors`, or every file a `model.safetensors.index.json` names, as f32
-/// (F32, F16 and BF16 tensors).
-fn read_hf_tensors(dir: &Path) -> Result<Tensors, TrainError> {
+/// (F32, F16 and BF16 tensors), and its integer (I64) buffers apart.
+fn read_hf_tensors(dir: &Path) -> Result<(Tensors, Vec<HfBuffer>), TrainError> {
     let index = dir.join("model.safetensors.index.json");
     let files: Vec<PathBuf> = if index.exists() {
         let text = std::fs::read_to_string(&index).map_err(crate::io_err(&index))?;
@@ -114,6 +117,7 @@ fn read_hf_tensors(dir: &Path) -> Result<Tensors, TrainError> {
         vec![dir.join("model.safetensors")]
     };
     let mut out = Tensors::new();
+    let mut buffers = Vec::new();
     for f in files {
         let file = std::fs::File::open(&f).map_err(|e| err(&f, format!("cannot open: {e}")))?;
         // SAFETY: the file is only read, and converters do not run beside writers of it.
@@ -135,6 +139,17 @@ fn read_hf_tensors(dir: &Path) -> Result<Tensors, TrainError> {
                     .chunks_exact(2)
                     .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
                     .collect(),
+                Dtype::I64 => {
+                    buffers.push(HfBuffer {
+                        name,
+                        shape: view.shape().to_vec(),
+                        values: b
+                            .chunks_exact(8)
+                            .map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes")))
+                            .collect(),
+                    });
+                    continue;
+                }
                 other => {
                     return Err(err(
                         &f,
@@ -145,7 +160,8 @@ fn read_hf_tensors(dir: &Path) -> Result<Tensors, TrainError> {
             out.insert(name, (view.shape().to_vec(), v));
         }
     }
-    Ok(out)
+    buffers.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok((out, buffers))
 }
 
 /// `megatron convert --from hf --input DIR --output SAVE`: a megatron-rs checkpoint (iteration
@@ -162,9 +178,32 @@ pub fn hf_to_megatron(
     let hf: serde_json::Value =
         serde_json::from_str(&text).map_err(|e| err(&cfg_path, e.to_string()))?;
     let arch = hf["architectures"][0].as_str().unwrap_or("").to_string();
-    let fam = family(&arch).ok_or_else(|| {
-        err(&cfg_path, format!("unknown architecture '{arch}' (known: GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM)"))
-    })?;
+    let (mut hf_tensors, buffers) = read_hf_tensors(input)?;
+    let mut extras = ConvertedExtras::default();
+    let fam: Box<dyn HfFamily> = if bert::ARCHITECTURES.contains(&arch.as_str()) {
+        let b = bert::Bert::from_file(&arch, &hf, &hf_tensors);
+        extras.bert = Some(b.heads);
+        Box::new(b)
+    } else {
+        family(&arch).ok_or_else(|| {
+            err(&cfg_path, format!("unknown architecture '{arch}' (known: GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM, {})", bert::ARCHITECTURES.join(", ")))
+        })?
+    };
+    for b in buffers {
+        // Position ids 0..n are what the model computes anyway; anything else is not a buffer
+        // this engine knows how to keep.
+        let counting = b.values.iter().enumerate().all(|(i, &v)| v == i as i64);
+        if extras.bert.is_none() || !b.name.ends_with("embeddings.position_ids") || !counting {
+            return Err(err(
+                input,
+                format!(
+                    "unexpected integer tensor {} (not part of a {arch})",
+                    b.name
+                ),
+            ));
+        }
+        extras.hf_buffers.push(b);
+    }
     let cfg = fam
         .megatron_config(&hf, divisible_by)
         .map_err(|m| err(&cfg_path, m))?;
@@ -172,7 +211,6 @@ pub fn hf_to_megatron(
     let vocab = hf["vocab_size"]
         .as_u64()
         .ok_or_else(|| err(&cfg_path, "no vocab_size"))? as usize;
-    let mut hf_tensors = read_hf_tensors(input)?;
     let tensors = fam
         .to_megatron(&cfg, &mut hf_tensors, vocab)
         .map_err(|m| err(input, m))?;
@@ -186,7 +224,7 @@ pub fn hf_to_megatron(
     let tok = tokenizer_model
         .exists()
         .then(|| tokenizer_model.display().to_string());
-    write_whole_checkpoint(output, cfg, &tensors, vocab, tok)?;
+    write_whole_checkpoint(output, cfg, extras, &tensors, vocab, tok)?;
     Ok(iteration_dir(output, 0))
 }
 
@@ -210,7 +248,9 @@ pub fn megatron_to_hf(input: &Path, output: &Path) -> Result<PathBuf, TrainError
             (n, (shape, v))
         })
         .collect();
-    let fam: Box<dyn HfFamily> = if cfg.position_embedding_type
+    let fam: Box<dyn HfFamily> = if let Some(heads) = ck.meta.bert {
+        Box::new(bert::Bert::for_heads(heads))
+    } else if cfg.position_embedding_type
         == megatron_core::transformer::config::PositionEmbeddingType::LearnedAbsolute
     {
         Box::new(gpt2::Gpt2)
@@ -257,12 +297,23 @@ pub fn megatron_to_hf(input: &Path, output: &Path) -> Result<PathBuf, TrainError
             )
         })
         .collect();
+    let buffer_bytes: Vec<(String, Vec<usize>, Vec<u8>)> = ck
+        .meta
+        .hf_buffers
+        .iter()
+        .map(|b| {
+            let bytes = b.values.iter().flat_map(|x| x.to_le_bytes()).collect();
+            (b.name.clone(), b.shape.clone(), bytes)
+        })
+        .collect();
     let views: Vec<(String, TensorView)> = bytes
         .iter()
-        .map(|(n, s, b)| {
+        .map(|(n, s, b)| (n, s, b, Dtype::F32))
+        .chain(buffer_bytes.iter().map(|(n, s, b)| (n, s, b, Dtype::I64)))
+        .map(|(n, s, b, dtype)| {
             (
                 n.clone(),
-                TensorView::new(Dtype::F32, s.clone(), b).expect("shape matches"),
+                TensorView::new(dtype, s.clone(), b).expect("shape matches"),
             )
         })
         .collect();
@@ -323,6 +374,6 @@ pub fn gguf_to_megatron(
         }
         None => None,
     };
-    write_whole_checkpoint(output, cfg, &m, vocab, tok)?;
+    write_whole_checkpoint(output, cfg, ConvertedExtras::default(), &m, vocab, tok)?;
     Ok(iteration_dir(output, 0))
 }

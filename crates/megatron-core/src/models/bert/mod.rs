@@ -8,7 +8,7 @@ pub mod model;
 
 pub use binary_head::BertBinaryHead;
 pub use lm_head::{BertLMHead, HeadBackward, MaskedTokens};
-pub use model::{BertBatch, BertConfig, BertModel, BinaryHead};
+pub use model::{BertBatch, BertConfig, BertHeads, BertModel, BinaryHead, LmHead};
 
 use crate::params::{Init, ParamId, Params};
 

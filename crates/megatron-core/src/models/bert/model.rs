@@ -43,31 +43,60 @@ pub enum BinaryHead {
     None,
 }
 
-/// The BERT family: the encoder's `TransformerConfig` (with `AttnMaskType::Padding`), its
-/// segments and its heads.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct BertConfig {
-    pub transformer: TransformerConfig,
+/// Whether the model has the masked-language-model head (a Hugging Face `BertModel`, e.g. a
+/// sentence encoder, has none: it embeds but does not pre-train).
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub enum LmHead {
+    #[default]
+    MaskedLm,
+    None,
+}
+
+/// What makes a BERT of a `TransformerConfig`: its segments and its heads (recorded in
+/// checkpoints beside the transformer config).
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct BertHeads {
     /// Token types (segments): Megatron's `num_tokentypes`, 2 with the binary head, else 0;
     /// Hugging Face's `type_vocab_size`.
     pub num_tokentypes: usize,
     pub binary_head: BinaryHead,
+    #[serde(default)]
+    pub lm_head: LmHead,
 }
 
-impl BertConfig {
-    /// Megatron's BERT of `transformer`'s sizes: bidirectional under the padding mask, two
-    /// token types with the binary head and none without.
-    pub fn new(mut transformer: TransformerConfig, binary_head: BinaryHead) -> Self {
-        transformer.attn_mask_type = AttnMaskType::Padding;
+impl BertHeads {
+    /// Megatron's BERT: the MLM head; two token types with the binary head and none without.
+    pub fn megatron(binary_head: BinaryHead) -> Self {
         let num_tokentypes = match binary_head {
             BinaryHead::None => 0,
             _ => 2,
         };
-        BertConfig {
-            transformer,
+        BertHeads {
             num_tokentypes,
             binary_head,
+            lm_head: LmHead::MaskedLm,
         }
+    }
+}
+
+/// The BERT family: the encoder's `TransformerConfig` (with `AttnMaskType::Padding`) and its
+/// heads.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct BertConfig {
+    pub transformer: TransformerConfig,
+    pub heads: BertHeads,
+}
+
+impl BertConfig {
+    /// Megatron's BERT of `transformer`'s sizes (bidirectional under the padding mask).
+    pub fn new(transformer: TransformerConfig, binary_head: BinaryHead) -> Self {
+        Self::with_heads(transformer, BertHeads::megatron(binary_head))
+    }
+
+    /// A BERT with the given heads (a converted checkpoint's).
+    pub fn with_heads(mut transformer: TransformerConfig, heads: BertHeads) -> Self {
+        transformer.attn_mask_type = AttnMaskType::Padding;
+        BertConfig { transformer, heads }
     }
 }
 
@@ -160,7 +189,7 @@ impl BertModel {
             )
         };
         let embedding = pre_process.then(|| {
-            LanguageModelEmbedding::with_tokentypes(cfg, config.num_tokentypes, params, inits)
+            LanguageModelEmbedding::with_tokentypes(cfg, config.heads.num_tokentypes, params, inits)
         });
         let embedding_norm =
             (pre_process && post_ln).then(|| norm("embedding.layernorm", params, inits));
@@ -172,8 +201,9 @@ impl BertModel {
         let tail_first = post_process.then_some(ParamId(params.metas.len()));
         let final_layernorm =
             (post_process && !post_ln).then(|| norm("encoder.final_layernorm", params, inits));
-        let lm_head = post_process.then(|| BertLMHead::new(cfg, params, inits));
-        let binary_head = match config.binary_head {
+        let lm_head = (post_process && config.heads.lm_head == LmHead::MaskedLm)
+            .then(|| BertLMHead::new(cfg, params, inits));
+        let binary_head = match config.heads.binary_head {
             _ if !post_process => None,
             BinaryHead::None => None,
             BinaryHead::PoolerOnly => Some(BertBinaryHead::pooler_only(cfg, params, inits)),
@@ -207,6 +237,42 @@ impl BertModel {
         (model, params)
     }
 
+    /// The encoder's output for every token of `batch` (`[b * t, hidden]`, after the final
+    /// LayerNorm under pre-LN; padding rows included): what sentence embeddings pool. A whole
+    /// model (embeddings and every layer), no dropout. Collective over `tp`.
+    pub fn encode(
+        &self,
+        params: &Params,
+        tp: &mut Tp,
+        batch: &BertBatch,
+    ) -> Result<Tensor, CommError> {
+        let e = self
+            .embedding
+            .as_ref()
+            .expect("encode runs a whole model, embeddings included");
+        let ctx = StepContext::eval();
+        let (x, _) = self.embed(e, params, tp, batch, &ctx, ForwardMode::Eval)?;
+        let (x, _) = transformer_block_forward(
+            &self.layers,
+            params,
+            tp,
+            x,
+            (batch.b, batch.t),
+            &ctx,
+            batch.mask(),
+            ForwardMode::Eval,
+        )?;
+        let x = match &self.final_layernorm {
+            Some(ln) => ln.forward(params, &x).0,
+            None => x,
+        };
+        if tp.sequence_parallel {
+            gather_from_sequence_parallel_region_forward(tp, &x)
+        } else {
+            Ok(x)
+        }
+    }
+
     /// The embeddings of a first stage: `[rows, h]` of this rank, and what backward needs.
     fn embed(
         &self,
@@ -217,7 +283,7 @@ impl BertModel {
         ctx: &StepContext,
         mode: ForwardMode,
     ) -> Result<(Tensor, Option<(Tensor, LayerNormSaved)>), CommError> {
-        let types = (self.config.num_tokentypes > 0).then_some(batch.tokentypes);
+        let types = (self.config.heads.num_tokentypes > 0).then_some(batch.tokentypes);
         let sum = e.sum_forward(params, tp, batch.tokens, None, types, batch.t)?;
         let (x, saved) = match &self.embedding_norm {
             Some(ln) => {
@@ -278,7 +344,7 @@ impl ModelChunk for BertModel {
     }
 
     fn post_process(&self) -> bool {
-        self.lm_head.is_some()
+        self.tail_first.is_some()
     }
 
     fn input_shape(&self, batch: &BertBatch<'_>, tp: &Tp) -> [usize; 2] {
@@ -429,7 +495,7 @@ impl ModelChunk for BertModel {
         if let (Some((sum, s)), Some(ln)) = (state.embedding, &self.embedding_norm) {
             dsum = ln.backward(params, grads, &s, &restore(&sum), &dsum);
         }
-        let types = (self.config.num_tokentypes > 0).then_some(batch.tokentypes);
+        let types = (self.config.heads.num_tokentypes > 0).then_some(batch.tokentypes);
         e.sum_backward(grads, tp, batch.tokens, None, types, batch.t, dsum)?;
         on_ready(offset(e.word_embeddings));
         Ok(None)

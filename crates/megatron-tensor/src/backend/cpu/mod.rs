@@ -23,6 +23,7 @@ pub mod moe_gate;
 pub mod moe_permute;
 pub mod moe_router;
 pub mod peak;
+pub mod pooling;
 pub mod reduce;
 pub mod ring_attention;
 pub mod rmsnorm;
@@ -62,6 +63,7 @@ pub use matmul::{
     bias_backward, grouped_matmul, matmul, matmul_backward, matmul_batched, matmul_forward,
     matmul_with_threads, BatchStrides, GemmProblem, MatmulDims,
 };
+pub use pooling::{mean_pool_forward, PoolNorm};
 pub use reduce::{global_norm_squared, scale_inplace};
 pub use rmsnorm::{rmsnorm_backward, rmsnorm_forward, RMSNormDims};
 pub use rope::{rope_backward, rope_forward, RopeDims, RopeScaling, RopeStyle, RopeTable};
