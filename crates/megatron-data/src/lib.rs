@@ -2,6 +2,7 @@
 //! lands, training reads mock sequences or raw text tokenized byte by byte, both through the
 //! [`GPTSampleSource`] trait that the indexed datasets will implement too.
 
+pub mod bert_dataset;
 pub mod blended_dataset;
 pub mod data_samplers;
 pub mod gpt2_bpe;

@@ -83,6 +83,35 @@ impl RandomState {
         }
     }
 
+    /// `random_sample()` / `random()`: 53 random bits as a double in `[0, 1)`.
+    pub fn random(&mut self) -> f64 {
+        let a = (self.next_u32() >> 5) as f64;
+        let b = (self.next_u32() >> 6) as f64;
+        (a * 67_108_864.0 + b) / 9_007_199_254_740_992.0
+    }
+
+    /// `randint(low, high)` (one int64 in `[low, high)`, a range below 2^32).
+    pub fn randint(&mut self, low: i64, high: i64) -> i64 {
+        assert!(high > low, "randint: empty range");
+        low + self.random_interval((high - low - 1) as u64) as i64
+    }
+
+    /// `choice(len(p), p=p)` for one draw: the cumulative sums of `p` normalized by their last
+    /// and searched (side right) with one `random()`.
+    pub fn choice_index(&mut self, p: &[f64]) -> usize {
+        let mut cdf: Vec<f64> = p
+            .iter()
+            .scan(0.0, |acc, &x| {
+                *acc += x;
+                Some(*acc)
+            })
+            .collect();
+        let last = *cdf.last().expect("choice from an empty set");
+        cdf.iter_mut().for_each(|c| *c /= last);
+        let u = self.random();
+        cdf.partition_point(|&c| c <= u)
+    }
+
     /// `RandomState.shuffle` of a 1-D array: Fisher-Yates from the end.
     pub fn shuffle<T>(&mut self, x: &mut [T]) {
         for i in (1..x.len()).rev() {
