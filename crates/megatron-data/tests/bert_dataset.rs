@@ -116,3 +116,4 @@ fn bert_samples_with_the_binary_head_equal_megatron_cores() {
 fn bert_samples_without_the_binary_head_equal_megatron_cores() {
     check(false);
 }
+
