@@ -4,7 +4,8 @@ sample-construction test of megatron-rs's BertDataset.
 Writes crates/megatron-data/tests/fixtures/bert/: sotu_sentence.{bin,idx} (6 State of the Union
 speeches of examples/sotu, documents of 2 to 13 consecutive sentences, one sequence per sentence, WordPiece
 ids of bert-base-uncased's vocabulary from all-MiniLM-L6-v2), and samples.json: the config,
-the special ids, the vocabulary size, the ids whose piece starts with "##", and the first 50
+the special ids, the vocabulary size, the ids whose piece starts with "##", the first 40 sentences with their ids (the tokenizer's
+check), and the first 50
 training samples and first 10 validation samples (text, types, labels, is_random,
 padding_mask, loss_mask, truncated) as megatron-core 0.16 builds them with pretrain_bert.py's
 settings (masking_max_ngram 3, whole-word masking, no permutation), with and without the
@@ -34,6 +35,7 @@ vocab = [l.rstrip("\n") for l in open(vocab_file, encoding="utf-8")]
 prefix = os.path.join(out, "sotu_sentence")
 b = IndexedDatasetBuilder(prefix + ".bin", dtype=numpy.uint16)
 split = re.compile(r'(?<=[.!?])\s+(?=[A-Z"])')
+tokenized = []
 for path in sorted(glob.glob(os.path.join(root, "examples", "sotu", "*.txt")))[:6]:
     sents = [s for s in split.split(open(path, encoding="utf-8").read().strip()) if s]
     # Documents of 2 to 13 sentences (the speeches are single paragraphs).
@@ -41,7 +43,10 @@ for path in sorted(glob.glob(os.path.join(root, "examples", "sotu", "*.txt")))[:
     while k < len(sents):
         n = 2 + (k * 7) % 12
         for s in sents[k:k + n]:
-            b.add_item(torch.tensor(hf(s, add_special_tokens=False)["input_ids"], dtype=torch.int64))
+            ids = hf(s, add_special_tokens=False)["input_ids"]
+            if len(tokenized) < 40:
+                tokenized.append({"text": s, "ids": ids})
+            b.add_item(torch.tensor(ids, dtype=torch.int64))
         b.end_document()
         k += n
 b.finalize(prefix + ".idx")
@@ -61,7 +66,8 @@ def dump(ds, n):
 
 result = {"seq_length": 64, "seed": 1234, "split": "95,5,0", "mask_prob": 0.15, "short_seq_prob": 0.1,
           "num_samples": [300, 40, 0], "cls": Tok.cls, "sep": Tok.sep, "mask": Tok.mask, "pad": Tok.pad,
-          "vocab_size": len(vocab), "continuation_ids": [i for i, t in enumerate(vocab) if t.startswith("##")]}
+          "vocab_size": len(vocab), "continuation_ids": [i for i, t in enumerate(vocab) if t.startswith("##")],
+          "tokenized": tokenized}
 for head in (True, False):
     with tempfile.TemporaryDirectory() as cache:
         cfg = BERTMaskedWordPieceDatasetConfig(

@@ -268,7 +268,14 @@ fn run_preprocess(args: &PreprocessArgs) -> anyhow::Result<()> {
         },
         args.json_keys
             .iter()
-            .map(|k| format!("{}_{k}_document.bin/.idx", args.output_prefix))
+            .map(|k| {
+                let level = if args.split_sentences {
+                    "sentence"
+                } else {
+                    "document"
+                };
+                format!("{}_{k}_{level}.bin/.idx", args.output_prefix)
+            })
             .collect::<Vec<_>>()
             .join(", ")
     );

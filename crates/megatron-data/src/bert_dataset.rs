@@ -277,8 +277,8 @@ impl BertDataset {
             }
         }
         let p = self.cfg.masking_probability;
-        let n_maskings = (p * target as f64)
-            .min(1f64.max((tokens.len() as f64 * p).round_ties_even()));
+        let n_maskings =
+            (p * target as f64).min(1f64.max((tokens.len() as f64 * p).round_ties_even()));
         let max_ngram = self.cfg.masking_max_ngram;
         let mut nprobs: Vec<f64> = (1..=max_ngram).map(|n| 1.0 / n as f64).collect();
         let s: f64 = nprobs.iter().sum();

@@ -15,12 +15,13 @@ pub struct HFTokenizer {
 }
 
 /// End-of-document tokens tried in order (GPT-2 / Llama-3, SentencePiece, others).
-const EOD_TOKENS: [&str; 5] = [
+const EOD_TOKENS: [&str; 6] = [
     "<|endoftext|>",
     "<|end_of_text|>",
     "</s>",
     "<eos>",
     "<|eot_id|>",
+    "[SEP]",
 ];
 
 fn err(path: &str, e: impl std::fmt::Display) -> DataError {
@@ -39,6 +40,31 @@ impl HFTokenizer {
         inner.with_pre_tokenizer(Some(ByteLevel::default().add_prefix_space(false)));
         inner.with_decoder(Some(ByteLevel::default()));
         Self::wrap(inner, "GPT2BPETokenizer", vocab)
+    }
+
+    /// Megatron's `BertWordPieceLowerCase` / `BertWordPieceCase` (`--vocab-file vocab.txt`):
+    /// BERT's basic tokenization (text cleanup, CJK characters apart, accents stripped when
+    /// lower-casing, punctuation split) then greedy longest-match WordPiece with `[UNK]`, as
+    /// Google's `FullTokenizer` and Hugging Face's `BertTokenizerFast` do.
+    pub fn bert_wordpiece(vocab: &str, lower_case: bool) -> Result<Self, DataError> {
+        use tokenizers::decoders::wordpiece::WordPiece as WordPieceDecoder;
+        use tokenizers::models::wordpiece::WordPiece;
+        use tokenizers::normalizers::bert::BertNormalizer;
+        use tokenizers::pre_tokenizers::bert::BertPreTokenizer;
+        let wp = WordPiece::from_file(vocab)
+            .unk_token("[UNK]".into())
+            .build()
+            .map_err(|e| err(vocab, e))?;
+        let mut inner = tokenizers::Tokenizer::new(wp);
+        inner.with_normalizer(Some(BertNormalizer::new(true, true, None, lower_case)));
+        inner.with_pre_tokenizer(Some(BertPreTokenizer));
+        inner.with_decoder(Some(WordPieceDecoder::default()));
+        let name = if lower_case {
+            "BertWordPieceLowerCase"
+        } else {
+            "BertWordPieceCase"
+        };
+        Self::wrap(inner, name, vocab)
     }
 
     pub fn from_file(path: &str) -> Result<Self, DataError> {
@@ -98,5 +124,9 @@ impl Tokenizer for HFTokenizer {
 
     fn token_id(&self, token: &str) -> Option<u32> {
         self.inner.token_to_id(token)
+    }
+
+    fn token_text(&self, id: u32) -> Option<String> {
+        self.inner.id_to_token(id)
     }
 }

@@ -15,6 +15,7 @@ pub mod mock_dataset;
 pub mod npy;
 pub mod numpy_rng;
 pub mod preprocess;
+pub mod sentences;
 pub mod tables;
 pub mod text_dataset;
 pub mod tokenizer;

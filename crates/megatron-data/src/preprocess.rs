@@ -1,5 +1,6 @@
 //! `megatron preprocess`: Megatron's `tools/preprocess_data.py` — JSON lines (or plain text
-//! files) to `<output-prefix>_<key>_document.{bin,idx}`.
+//! files) to `<output-prefix>_<key>_document.{bin,idx}`, or with `--split-sentences` one
+//! sequence per sentence (documents still delimited) in `<output-prefix>_<key>_sentence.*`.
 //!
 //! Streaming and parallel: the input is read in chunks of at most `CHUNK_BYTES` per worker,
 //! each chunk's documents are tokenized in parallel on `workers` threads, and written in input
@@ -24,6 +25,8 @@ pub struct PreprocessConfig {
     pub json_keys: Vec<String>,
     pub output_prefix: String,
     pub append_eod: bool,
+    /// One sequence per sentence (BERT's and T5's datasets read sentences).
+    pub split_sentences: bool,
     pub workers: usize,
     pub skip_bad_lines: bool,
     /// Print progress every this many documents (0: never).
@@ -55,10 +58,17 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> DataError + '_ {
     }
 }
 
-/// Tokenized output of one record: one token list per JSON key, or `Err` for a bad line.
-type Tokenized = Result<Vec<Vec<u32>>, DataError>;
+/// Tokenized output of one record: per JSON key its sequences (one, or one per sentence), or
+/// `Err` for a bad line.
+type Tokenized = Result<Vec<Vec<Vec<u32>>>, DataError>;
 
-fn tokenize(rec: &Record, keys: &[String], tok: &dyn Tokenizer, append_eod: bool) -> Tokenized {
+fn tokenize(
+    rec: &Record,
+    keys: &[String],
+    tok: &dyn Tokenizer,
+    append_eod: bool,
+    split_sentences: bool,
+) -> Tokenized {
     let bad = |msg: String| DataError::Format {
         path: format!("{}:{}", rec.file, rec.line),
         msg,
@@ -82,11 +92,23 @@ fn tokenize(rec: &Record, keys: &[String], tok: &dyn Tokenizer, append_eod: bool
         .map(|t| {
             // A token the tokenizer refuses (e.g. an id beyond NullTokenizer's vocabulary) is a
             // bad line: named by file and line, skippable with --skip-bad-lines.
-            let mut ids = tok.encode(t).map_err(|e| bad(e.to_string()))?;
-            if append_eod && !ids.is_empty() {
-                ids.push(tok.eod());
+            let parts = if split_sentences {
+                crate::sentences::split_sentences(t)
+            } else {
+                vec![t.as_str()]
+            };
+            let mut seqs = Vec::with_capacity(parts.len());
+            for p in parts {
+                let ids = tok.encode(p).map_err(|e| bad(e.to_string()))?;
+                if !ids.is_empty() || !split_sentences {
+                    seqs.push(ids);
+                }
             }
-            Ok(ids)
+            // Megatron appends the end-of-document token to the document's last sequence.
+            if let Some(last) = seqs.last_mut().filter(|s| append_eod && !s.is_empty()) {
+                last.push(tok.eod());
+            }
+            Ok(seqs)
         })
         .collect()
 }
@@ -161,7 +183,14 @@ pub fn preprocess(
     let mut builders: Vec<IndexedDatasetBuilder> = cfg
         .json_keys
         .iter()
-        .map(|k| IndexedDatasetBuilder::new(&format!("{}_{k}_document", cfg.output_prefix), dtype))
+        .map(|k| {
+            let level = if cfg.split_sentences {
+                "sentence"
+            } else {
+                "document"
+            };
+            IndexedDatasetBuilder::new(&format!("{}_{k}_{level}", cfg.output_prefix), dtype)
+        })
         .collect::<Result<_, _>>()?;
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(cfg.workers.max(1))
@@ -203,6 +232,7 @@ pub fn preprocess(
                         &cfg.json_keys,
                         t.as_deref().unwrap_or(tok),
                         cfg.append_eod,
+                        cfg.split_sentences,
                     )
                 })
                 .collect()
@@ -211,17 +241,19 @@ pub fn preprocess(
             stats.bytes += rec.text.len() as u64;
             match res {
                 Ok(per_key) => {
-                    if per_key.iter().all(|ids| ids.is_empty()) {
+                    if per_key.iter().flatten().all(|ids| ids.is_empty()) {
                         stats.empty_documents += 1;
                         continue;
                     }
-                    for (b, ids) in builders.iter_mut().zip(&per_key) {
-                        b.add_item(ids).map_err(|e| DataError::Format {
-                            path: format!("{}:{}", rec.file, rec.line),
-                            msg: e.to_string(),
-                        })?;
+                    for (b, seqs) in builders.iter_mut().zip(&per_key) {
+                        for ids in seqs {
+                            b.add_item(ids).map_err(|e| DataError::Format {
+                                path: format!("{}:{}", rec.file, rec.line),
+                                msg: e.to_string(),
+                            })?;
+                            stats.tokens += ids.len() as u64;
+                        }
                         b.end_document();
-                        stats.tokens += ids.len() as u64;
                     }
                     stats.documents += 1;
                 }

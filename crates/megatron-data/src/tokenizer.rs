@@ -12,6 +12,10 @@ pub trait Tokenizer: Send + Sync {
     fn token_id(&self, _token: &str) -> Option<u32> {
         None
     }
+    /// The text of token `id`, if the tokenizer has a vocabulary of strings.
+    fn token_text(&self, _id: u32) -> Option<String> {
+        None
+    }
     /// An independent copy for one worker thread, where sharing would contend (tiktoken's
     /// regex keeps one scratch pool per regex, behind a lock). `None`: share `self`.
     fn for_worker(&self) -> Option<Box<dyn Tokenizer>> {
@@ -114,6 +118,18 @@ pub fn build_tokenizer_from(spec: &TokenizerSpec) -> Result<Box<dyn Tokenizer>, 
                 Some(fast) => Ok(Box::new(fast)),
                 None => Ok(Box::new(crate::hf_tokenizer::HFTokenizer::gpt2(&v, &m)?)),
             }
+        }
+        "BertWordPieceLowerCase" | "BertWordPieceCase" => {
+            let name = if spec.tokenizer_type == "BertWordPieceCase" {
+                "BertWordPieceCase"
+            } else {
+                "BertWordPieceLowerCase"
+            };
+            let v = need(&spec.vocab_file, "--vocab-file", name)?;
+            Ok(Box::new(crate::hf_tokenizer::HFTokenizer::bert_wordpiece(
+                &v,
+                name == "BertWordPieceLowerCase",
+            )?))
         }
         "HuggingFaceTokenizer" => {
             let t = need(

@@ -50,7 +50,11 @@ fn check(head: bool) {
         whole_word: true,
         binary_head: head,
     };
-    let key = if head { "binary_head" } else { "no_binary_head" };
+    let key = if head {
+        "binary_head"
+    } else {
+        "no_binary_head"
+    };
     let want = &j[key];
     let weights: Vec<f64> = j["split"]
         .as_str()
@@ -83,7 +87,11 @@ fn check(head: bool) {
             assert_eq!(text, ints(&w["text"]), "{key} {name} sample {i}: text");
             let types: Vec<i64> = got.types.iter().map(|&x| x as i64).collect();
             assert_eq!(types, ints(&w["types"]), "{key} {name} sample {i}: types");
-            assert_eq!(got.labels, ints(&w["labels"]), "{key} {name} sample {i}: labels");
+            assert_eq!(
+                got.labels,
+                ints(&w["labels"]),
+                "{key} {name} sample {i}: labels"
+            );
             assert_eq!(
                 got.is_random as i64,
                 w["is_random"].as_i64().unwrap(),
@@ -92,10 +100,18 @@ fn check(head: bool) {
             let pad: Vec<i64> = (0..cfg.seq_length)
                 .map(|p| i64::from(p < got.len))
                 .collect();
-            assert_eq!(pad, ints(&w["padding_mask"]), "{key} {name} sample {i}: padding");
+            assert_eq!(
+                pad,
+                ints(&w["padding_mask"]),
+                "{key} {name} sample {i}: padding"
+            );
             let mut loss = vec![0i64; cfg.seq_length];
             got.masked_positions.iter().for_each(|&p| loss[p] = 1);
-            assert_eq!(loss, ints(&w["loss_mask"]), "{key} {name} sample {i}: loss mask");
+            assert_eq!(
+                loss,
+                ints(&w["loss_mask"]),
+                "{key} {name} sample {i}: loss mask"
+            );
             assert_eq!(
                 got.truncated as i64,
                 w["truncated"].as_i64().unwrap(),
@@ -116,4 +132,3 @@ fn bert_samples_with_the_binary_head_equal_megatron_cores() {
 fn bert_samples_without_the_binary_head_equal_megatron_cores() {
     check(false);
 }
-

@@ -26,6 +26,7 @@ fn cfg(input: &std::path::Path, out: &std::path::Path, workers: usize) -> Prepro
         json_keys: vec!["text".into()],
         output_prefix: out.display().to_string(),
         append_eod: true,
+        split_sentences: false,
         workers,
         skip_bad_lines: false,
         log_interval: 0,
@@ -166,4 +167,70 @@ fn an_out_of_range_token_id_is_named_with_its_file_and_line() {
     assert!(e.contains("ids.jsonl:2") && e.contains("500"), "{e}");
     assert!(!dir.join("out_text_document.idx").exists());
     let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn split_sentences_writes_one_sequence_per_sentence_within_documents() {
+    let dir = tmp("sentences");
+    let input = dir.join("in.jsonl");
+    let lines = [
+        r#"{"text": "Mr. Smith went to Washington. He arrived at 3 p.m. on Tuesday! Did he stay?"}"#,
+        r#"{"text": "One sentence only"}"#,
+    ];
+    std::fs::write(&input, lines.join("\n")).unwrap();
+    let out = dir.join("out");
+    let mut c = cfg(&input, &out, 1);
+    c.split_sentences = true;
+    let tok = megatron_data::tokenizer::ByteLevelTokenizer;
+    preprocess(&c, &tok).unwrap();
+    let ds = IndexedDataset::open(&format!("{}_text_sentence", out.display())).unwrap();
+    assert_eq!(ds.document_indices(), &[0, 3, 4]);
+    let text = |i: usize| String::from_utf8(ds.item(i).iter().map(|&b| b as u8).collect()).unwrap();
+    assert_eq!(text(0), "Mr. Smith went to Washington.");
+    assert_eq!(text(1), "He arrived at 3 p.m. on Tuesday!");
+    // --append-eod: the end-of-document token closes the document's last sentence.
+    assert_eq!(ds.item(2).last(), Some(&256));
+    assert_eq!(ds.item(3).len(), "One sentence only".len() + 1);
+}
+
+#[test]
+fn bert_wordpiece_tokenizer_matches_the_bert_dataset_fixture() {
+    // The fixture's sentences were tokenized by transformers' BertTokenizerFast (bert-base-
+    // uncased's vocabulary); the same vocabulary is bundled as examples/bert/vocab.txt.
+    let vocab = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/bert/vocab.txt");
+    let tok = build_tokenizer_from(&TokenizerSpec {
+        tokenizer_type: "BertWordPieceLowerCase".into(),
+        vocab_file: Some(vocab.into()),
+        ..Default::default()
+    })
+    .unwrap();
+    assert_eq!(tok.vocab_size(), 30522);
+    assert_eq!(tok.encode("Hello world").unwrap(), vec![7592, 2088]);
+    assert_eq!(tok.token_id("[MASK]"), Some(103));
+    assert_eq!(tok.token_text(2088).as_deref(), Some("world"));
+    // Words split into pieces ("##..."), accents stripped, punctuation apart.
+    let ids = tok.encode("Eisenhower's Café, naïvely!").unwrap();
+    let pieces: Vec<String> = ids.iter().map(|&i| tok.token_text(i).unwrap()).collect();
+    assert!(pieces.iter().any(|p| p.starts_with("##")), "{pieces:?}");
+    assert_eq!(pieces.last().map(String::as_str), Some("!"));
+    assert!(pieces.contains(&"cafe".to_string()), "{pieces:?}");
+    let j: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/bert/samples.json"
+        ))
+        .unwrap(),
+    )
+    .unwrap();
+    let rows = j["tokenized"].as_array().unwrap();
+    assert_eq!(rows.len(), 40);
+    for r in rows {
+        let want: Vec<u32> = r["ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap() as u32)
+            .collect();
+        assert_eq!(tok.encode(r["text"].as_str().unwrap()).unwrap(), want, "{}", r["text"]);
+    }
 }

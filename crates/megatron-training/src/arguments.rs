@@ -1381,6 +1381,10 @@ pub struct PreprocessArgs {
     pub tokenizer: TokenizerArgs,
     #[arg(long)]
     pub append_eod: bool,
+    /// One sequence per sentence, documents still delimited (`<prefix>_<key>_sentence.*`), for
+    /// BERT's dataset.
+    #[arg(long)]
+    pub split_sentences: bool,
     #[arg(long, default_value_t = 1)]
     pub workers: usize,
     /// Count and report malformed lines instead of stopping at the first.
@@ -1397,6 +1401,7 @@ impl PreprocessArgs {
             json_keys: self.json_keys.clone(),
             output_prefix: self.output_prefix.clone(),
             append_eod: self.append_eod,
+            split_sentences: self.split_sentences,
             workers: self.workers,
             skip_bad_lines: self.skip_bad_lines,
             log_interval: self.log_interval,

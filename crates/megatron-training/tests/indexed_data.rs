@@ -52,6 +52,7 @@ fn corpora(dir: &std::path::Path) -> (String, String) {
             json_keys: vec!["text".into()],
             output_prefix: out.clone(),
             append_eod: true,
+            split_sentences: false,
             workers: 2,
             skip_bad_lines: false,
             log_interval: 0,
