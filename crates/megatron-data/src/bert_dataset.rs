@@ -65,7 +65,7 @@ fn target_sample_len(short_seq_ratio: u32, max_length: i32, gen: &mut Mt) -> i32
         return max_length;
     }
     let r = gen.next_u32();
-    if r % short_seq_ratio == 0 {
+    if r.is_multiple_of(short_seq_ratio) {
         return 2 + (r % (max_length as u32 - 1)) as i32;
     }
     max_length
