@@ -160,6 +160,8 @@ fn main() -> ExitCode {
                     let what = match args.model {
                         megatron_training::arguments::ModelArg::Gpt => "lm loss",
                         megatron_training::arguments::ModelArg::Tabular => "loss",
+                        // Masked-LM plus sentence-order loss, as Megatron's BERT trains on.
+                        megatron_training::arguments::ModelArg::Bert => "loss",
                     };
                     println!(
                         "done: iterations {}..{} | first {what} {:.4} | last {what} {:.4}",

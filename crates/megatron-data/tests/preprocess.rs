@@ -231,6 +231,11 @@ fn bert_wordpiece_tokenizer_matches_the_bert_dataset_fixture() {
             .iter()
             .map(|x| x.as_u64().unwrap() as u32)
             .collect();
-        assert_eq!(tok.encode(r["text"].as_str().unwrap()).unwrap(), want, "{}", r["text"]);
+        assert_eq!(
+            tok.encode(r["text"].as_str().unwrap()).unwrap(),
+            want,
+            "{}",
+            r["text"]
+        );
     }
 }

@@ -7,7 +7,12 @@ use megatron_data::sentences::split_sentences;
 fn sentences_end_at_marks_followed_by_a_capital() {
     assert_eq!(
         split_sentences("It rained. Then it stopped! Was it over? \"Yes,\" she said."),
-        vec!["It rained.", "Then it stopped!", "Was it over?", "\"Yes,\" she said."]
+        vec![
+            "It rained.",
+            "Then it stopped!",
+            "Was it over?",
+            "\"Yes,\" she said."
+        ]
     );
 }
 
@@ -21,7 +26,10 @@ fn abbreviations_initials_and_numbers_do_not_end_sentences() {
         ]
     );
     // A lower-case word after a period continues the sentence ("e.g. this").
-    assert_eq!(split_sentences("Use tools, e.g. this one. Done."), vec!["Use tools, e.g. this one.", "Done."]);
+    assert_eq!(
+        split_sentences("Use tools, e.g. this one. Done."),
+        vec!["Use tools, e.g. this one.", "Done."]
+    );
 }
 
 #[test]

@@ -146,6 +146,22 @@ pub enum ModelArg {
     /// The tabular foundation model, on tables drawn from the synthetic prior.
     #[value(name = "tabular")]
     Tabular,
+    /// A BERT encoder (masked-language-model and sentence-order losses), on a sentence-split
+    /// indexed dataset (`pretrain_bert.py`).
+    #[value(name = "bert")]
+    Bert,
+}
+
+/// `--transformer-block-type` (NeMo's flag): where a layer's LayerNorms sit.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum BlockTypeArg {
+    /// Before each block, and a final LayerNorm (GPT, Megatron's BERT).
+    #[default]
+    #[value(name = "pre_ln")]
+    PreLn,
+    /// After each residual sum, and on the embeddings (the original BERT).
+    #[value(name = "post_ln")]
+    PostLn,
 }
 
 /// Megatron's tokenizer flags, shared by `train`, `preprocess` and `inspect-data`.
@@ -187,6 +203,18 @@ pub struct TrainArgs {
     /// Flags of `--model tabular` (ignored otherwise).
     #[command(flatten)]
     pub tabular: crate::tabular::TabularArgs,
+    /// `--model bert`: no sentence-order (binary) head, one segment per sample.
+    #[arg(long)]
+    pub bert_no_binary_head: bool,
+    /// `--model bert`: the fraction of tokens masked.
+    #[arg(long, default_value_t = 0.15)]
+    pub mask_prob: f64,
+    /// `--model bert`: the probability of a sample shorter than --seq-length.
+    #[arg(long, default_value_t = 0.1)]
+    pub short_seq_prob: f64,
+    /// `--model bert`: `pre_ln` (Megatron's BERT) or `post_ln` (the original BERT).
+    #[arg(long, value_enum, default_value = "pre_ln")]
+    pub transformer_block_type: BlockTypeArg,
     // Model.
     #[arg(long, default_value_t = 2)]
     pub num_layers: usize,
@@ -681,6 +709,8 @@ pub struct TrainConfig {
     /// Activation recomputation.
     pub recompute: megatron_core::transformer::step::Recompute,
     pub vocab_size: usize,
+    /// `--model bert`: its heads and masking.
+    pub bert: Option<crate::family_bert::BertSettings>,
 }
 
 fn bad(msg: String) -> TrainError {
@@ -831,10 +861,11 @@ impl TrainArgs {
         if self.num_threads == Some(0) {
             return Err(bad("--num-threads must be positive, got 0".into()));
         }
-        let model = match ckpt_model {
+        let mut model = match ckpt_model {
             Some(m) => m,
             None => self.model_config(vocab_size, tp)?,
         };
+        let bert = self.bert_settings(&mut model, cp)?;
         if self.sequence_parallel
             && tp > 1
             && !(self.micro_batch_size * self.seq_length).is_multiple_of(tp)
@@ -898,7 +929,98 @@ impl TrainArgs {
             lr_wsd_decay_style,
             recompute,
             vocab_size,
+            bert,
         })
+    }
+
+    /// `--model bert`: the encoder's attention and norms set on `model`, the flags BERT
+    /// refuses named, the heads and masking settings.
+    fn bert_settings(
+        &self,
+        model: &mut TransformerConfig,
+        cp: usize,
+    ) -> Result<Option<crate::family_bert::BertSettings>, TrainError> {
+        use megatron_core::models::bert::{BertHeads, BinaryHead};
+        if self.model != ModelArg::Bert {
+            if self.transformer_block_type != BlockTypeArg::PreLn {
+                return Err(bad(
+                    "--transformer-block-type post_ln is built for --model bert".into(),
+                ));
+            }
+            return Ok(None);
+        }
+        let refuse = |on: bool, flag: &str, why: &str| {
+            if on {
+                Err(bad(format!(
+                    "--model bert: {flag} is not supported ({why})"
+                )))
+            } else {
+                Ok(())
+            }
+        };
+        refuse(
+            cp > 1,
+            "--context-parallel-size > 1",
+            "the ring and all-to-all attention are causal",
+        )?;
+        refuse(
+            self.reset_attention_mask,
+            "--reset-attention-mask",
+            "samples are sentence pairs, not packed documents",
+        )?;
+        refuse(
+            self.reset_position_ids,
+            "--reset-position-ids",
+            "samples are sentence pairs, not packed documents",
+        )?;
+        refuse(
+            self.mock_data,
+            "--mock-data",
+            "BERT samples are built from a sentence-split dataset",
+        )?;
+        refuse(
+            model.untie_embeddings_and_output_weights,
+            "--untie-embeddings-and-output-weights",
+            "the MLM head's output layer is the word embedding",
+        )?;
+        refuse(
+            model.moe.is_some(),
+            "--num-experts",
+            "mixture-of-experts BERT is not built",
+        )?;
+        refuse(
+            model.position_embedding_type
+                != megatron_core::transformer::config::PositionEmbeddingType::LearnedAbsolute,
+            "--position-embedding-type other than learned_absolute",
+            "BERT learns its positions",
+        )?;
+        if !(self.mask_prob > 0.0 && self.mask_prob < 1.0) {
+            return Err(bad(format!(
+                "--mask-prob must be in (0, 1), got {}",
+                self.mask_prob
+            )));
+        }
+        if !(0.0..=1.0).contains(&self.short_seq_prob) {
+            return Err(bad(format!(
+                "--short-seq-prob must be in [0, 1], got {}",
+                self.short_seq_prob
+            )));
+        }
+        model.attn_mask_type = megatron_core::transformer::config::AttnMaskType::Padding;
+        model.layernorm_placement = match self.transformer_block_type {
+            BlockTypeArg::PreLn => megatron_core::transformer::config::LayerNormPlacement::PreLn,
+            BlockTypeArg::PostLn => megatron_core::transformer::config::LayerNormPlacement::PostLn,
+        };
+        let binary = if self.bert_no_binary_head {
+            BinaryHead::None
+        } else {
+            BinaryHead::SentenceOrder
+        };
+        Ok(Some(crate::family_bert::BertSettings {
+            heads: BertHeads::megatron(binary),
+            mask_prob: self.mask_prob,
+            short_seq_prob: self.short_seq_prob,
+        }))
     }
 
     /// The model's `TransformerConfig` from the model flags, checked, and checked against

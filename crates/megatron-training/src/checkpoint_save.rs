@@ -13,7 +13,7 @@ use crate::{io_err, TrainError};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-impl crate::training::Trainer<'_> {
+impl<F: crate::family::TrainFamily> crate::training::Trainer<'_, F> {
     /// The pieces this rank writes: its shards of every parameter and both moments that no
     /// other rank writes (TP-replicated tensors by TP rank 0, copies owned by another stage never,
     /// DP-replicated state split over the DP ranks, distributed state as its shards).
@@ -108,7 +108,7 @@ impl crate::training::Trainer<'_> {
                 data_parallel: cfg.dp,
                 distributed_optimizer: cfg.optimizer == OptimizerKind::DistributedAdam,
             }),
-            bert: None,
+            bert: F::bert_heads(self.cfg),
             hf_buffers: Vec::new(),
         }
     }

@@ -2,47 +2,36 @@
 //! batches, forward only, through the same pipeline executor as training (one stage runs the
 //! same way, with nothing to send).
 
-use crate::data::{eod_mask, MicroBatch};
+use crate::family::TrainFamily;
 use crate::training::Trainer;
 use crate::TrainError;
 use megatron_core::pipeline_parallel::executor::Stage;
 use megatron_core::pipeline_parallel::Op;
 use megatron_core::tensor_parallel::sum_f64;
 use megatron_core::transformer::step::StepContext;
-use megatron_core::Batch;
 use megatron_data::Split;
 
-impl Trainer<'_> {
+impl<F: TrainFamily> Trainer<'_, F> {
     /// The same samples every time, so curves are comparable, and the same samples for every
     /// layout: data-parallel rank r takes micro-batches r, r + d, ...; the sum is all-reduced
     /// over DP. Every rank calls it; `None` without a validation split or with
     /// `--eval-iters 0`.
     pub(crate) fn evaluate(&mut self) -> Result<Option<f64>, TrainError> {
         let cfg = self.cfg;
-        let data = self.data.as_ref();
-        if data.num_samples(Split::Valid) == 0 || cfg.args.eval_iters == 0 {
+        if F::num_samples(&self.data, Split::Valid) == 0 || cfg.args.eval_iters == 0 {
             return Ok(None);
         }
-        let (b, t) = (cfg.args.micro_batch_size, cfg.args.seq_length);
+        let b = cfg.args.micro_batch_size;
         let (dp_rank, dp_size) = self.comms.data_rank_size();
         let global = cfg.args.eval_iters as usize * cfg.global_batch_size / b;
         let mine: Vec<usize> = (dp_rank..global).step_by(dp_size).collect();
         let count = mine.len();
         let cp = self.comms.cp_layout();
-        let mut mbs: Vec<MicroBatch> = (0..count)
-            .map(|_| MicroBatch::new(b, t, cfg).on_context_parallel_rank(cp))
-            .collect();
+        let mut mbs: Vec<F::MicroBatch> = (0..count).map(|_| F::micro_batch(cfg, cp)).collect();
         for (mb, &g) in mbs.iter_mut().zip(&mine) {
-            mb.fill(
-                data,
-                Split::Valid,
-                (g * b) as u64,
-                b,
-                t,
-                eod_mask(cfg, data),
-            );
+            F::fill(cfg, &self.data, mb, Split::Valid, (g * b) as u64);
         }
-        let batches: Vec<Batch> = mbs.iter().map(|x| x.batch(b, t)).collect();
+        let batches: Vec<_> = mbs.iter().map(|x| F::batch(cfg, x)).collect();
         let partition = cfg.partition;
         let ops: Vec<Op> = (0..count)
             .flat_map(|mb| (0..partition.v).map(move |chunk| Op::Forward { chunk, mb }))

@@ -2,7 +2,6 @@
 
 use crate::arguments::GenerateArgs;
 use crate::checkpointing::{load_checkpoint_weights, restore};
-use crate::setup::Model;
 use crate::TrainError;
 use megatron_core::inference::{decode_step, KVCache};
 use megatron_core::models::ModelFamily;
@@ -151,10 +150,10 @@ pub fn generate(args: &GenerateArgs) -> Result<String, TrainError> {
     let mut params = Params::default();
     let mut inits = Vec::new();
     let layers = ck.meta.model.num_layers();
-    let model: Model = ck
-        .meta
-        .model
-        .build_chunk(&mut params, &mut inits, 0..layers, true, true);
+    let model: megatron_core::GPTModel =
+        ck.meta
+            .model
+            .build_chunk(&mut params, &mut inits, 0..layers, true, true);
     params.data = vec![0.0; params.numel()];
     restore(&ck, &mut params, None)?;
     crate::checkpointing::restore_buffers(&ck, &model);

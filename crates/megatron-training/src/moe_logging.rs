@@ -3,7 +3,7 @@
 //! per MoE layer the expert load (rows per expert, its max over its mean) and the share of
 //! routed rows dropped over capacity, summed over every rank for the log interval.
 
-use crate::setup::{Model, RankComms};
+use crate::setup::RankComms;
 use crate::TrainError;
 use megatron_comm::ReduceOp;
 use megatron_core::models::ModelChunk;
@@ -51,7 +51,7 @@ impl MoELogMetrics {
 /// Takes every chunk's statistics since the last call and sums them over the world (all
 /// ranks call it); `None` for a model without experts.
 pub(crate) fn gather_moe_metrics(
-    chunks: &[Model],
+    chunks: &[impl ModelChunk],
     comms: &mut RankComms,
     num_layers: usize,
     num_experts: Option<usize>,

@@ -16,15 +16,11 @@ use megatron_core::optimizer::{
 use megatron_core::params::ExpertLayout;
 use megatron_core::pipeline_parallel::build_stage;
 use megatron_core::tensor_parallel::Tp;
-use megatron_core::{Params, TransformerConfig};
+use megatron_core::Params;
 use megatron_tensor::cpu::matmul::{
     set_bf16_kernel, set_matmul_precision, Bf16Kernel, MatmulPrecision,
 };
 use std::ops::Range;
-
-/// The model family `megatron train` builds: the config-driven decoder (GPT, Llama, ...). The
-/// one place the training crate names a model.
-pub(crate) type Model = <TransformerConfig as ModelFamily>::Chunk;
 
 /// This rank's communicators: its tensor-parallel group (as `Tp`), pipeline group, data-parallel
 /// group (`None` on a single data-parallel rank) and embedding group (first and last stages of
@@ -193,9 +189,9 @@ pub(crate) struct Restored {
 }
 
 /// This rank's model chunks, their parameters and the optimizer.
-pub(crate) struct ModelAndOptimizer {
+pub(crate) struct ModelAndOptimizer<C> {
     pub params: Params,
-    pub chunks: Vec<Model>,
+    pub chunks: Vec<C>,
     /// Each chunk's parameter indices (what `--overlap-grad-reduce` tracks).
     pub chunk_params: Vec<Range<usize>>,
     pub optimizer: Box<dyn MegatronOptimizer>,
@@ -205,11 +201,12 @@ pub(crate) struct ModelAndOptimizer {
 /// Builds this rank's chunks (its pipeline stage, its tensor-parallel shard), initializes them,
 /// restores `--load`, then sets up 16-bit parameters and the optimizer, which takes its state
 /// (moments, fp32 mains) from what was restored.
-pub(crate) fn setup_model_and_optimizer(
+pub(crate) fn setup_model_and_optimizer<F: ModelFamily>(
     cfg: &TrainConfig,
+    family: &F,
     comms: &mut RankComms,
     lead: bool,
-) -> Result<ModelAndOptimizer, TrainError> {
+) -> Result<ModelAndOptimizer<F::Chunk>, TrainError> {
     let a = &cfg.args;
     let (dp_rank, dp) = comms.dp_rank_size();
     let mut params = Params::for_tp_rank(comms.tp.rank(), comms.tp.size());
@@ -221,7 +218,7 @@ pub(crate) fn setup_model_and_optimizer(
     };
     let mut inits = Vec::new();
     let (chunks, chunk_params) = build_stage(
-        &cfg.model,
+        family,
         &cfg.partition,
         comms.pp.rank(),
         &mut params,

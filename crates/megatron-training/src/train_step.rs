@@ -4,7 +4,7 @@
 //! the overlapped reduction and parameter all-gather on a communication thread), then loss
 //! scaling, the gradient norm, clipping and the optimizer step behind `MegatronOptimizer`.
 
-use crate::data::eod_mask;
+use crate::family::TrainFamily;
 use crate::training::Trainer;
 use crate::TrainError;
 use megatron_comm::{Communicator, ReduceOp};
@@ -17,7 +17,6 @@ use megatron_core::pipeline_parallel::executor::Stage;
 use megatron_core::pipeline_parallel::schedule;
 use megatron_core::tensor_parallel::{allreduce_sequence_parallel_grads, sum_f64};
 use megatron_core::transformer::step::StepContext;
-use megatron_core::Batch;
 use megatron_data::data_samplers::MegatronPretrainingSampler;
 use megatron_data::Split;
 use std::time::Instant;
@@ -46,7 +45,7 @@ struct Pass {
     peak_in_flight: usize,
 }
 
-impl Trainer<'_> {
+impl<F: TrainFamily> Trainer<'_, F> {
     pub(crate) fn train_step(&mut self, iteration: u64) -> Result<StepOutcome, TrainError> {
         self.grads.zero();
         // fp16 loss scaling: the loss gradient is multiplied by the scale, the gradients divided
@@ -106,13 +105,11 @@ impl Trainer<'_> {
     fn forward_backward(&mut self, iteration: u64, grad_scale: f32) -> Result<Pass, TrainError> {
         let cfg = self.cfg;
         let a = &cfg.args;
-        let (b, t) = (a.micro_batch_size, a.seq_length);
         let starts = self.micro_batch_starts();
-        let eod = eod_mask(cfg, self.data.as_ref());
         for (mb, &start) in self.mbs.iter_mut().zip(&starts) {
-            mb.fill(self.data.as_ref(), Split::Train, start, b, t, eod);
+            F::fill(cfg, &self.data, mb, Split::Train, start);
         }
-        let batches: Vec<Batch> = self.mbs.iter().map(|x| x.batch(b, t)).collect();
+        let batches: Vec<_> = self.mbs.iter().map(|x| F::batch(cfg, x)).collect();
         let ctxs: Vec<StepContext> = starts
             .iter()
             .map(|&s| {

@@ -3,12 +3,10 @@
 //! `logging`, `evaluate`, `checkpointing`; ranks are launched by `launch`).
 
 use crate::arguments::TrainConfig;
-use crate::data::{build_data, MicroBatch};
+use crate::family::TrainFamily;
 use crate::flops::{num_floating_point_operations, peak_flops};
 use crate::logging::{peak_rss_bytes, IterationMetrics, MetricsFile, Reporter};
-use crate::setup::{
-    grad_scaler, scheduler, set_precision, setup_model_and_optimizer, Model, RankComms,
-};
+use crate::setup::{grad_scaler, scheduler, set_precision, setup_model_and_optimizer, RankComms};
 use crate::TrainError;
 use megatron_comm::{Communicator, ThreadCommunicator};
 use megatron_core::optimizer::{GradScaler, MegatronOptimizer, OptimizerParamScheduler};
@@ -16,7 +14,7 @@ use megatron_core::params::ParamId;
 use megatron_core::pipeline_parallel::timers::Timers;
 use megatron_core::tensor_parallel::{serial_group, sum_f64, Tp};
 use megatron_core::{Grads, Params};
-use megatron_data::{GPTSampleSource, Tokenizer};
+use megatron_data::Tokenizer;
 use std::ops::Range;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -64,14 +62,14 @@ pub(crate) enum PeakOf {
 }
 
 /// Everything one rank trains with, shared by the step, evaluation, logging and checkpoints.
-pub(crate) struct Trainer<'a> {
+pub(crate) struct Trainer<'a, F: TrainFamily> {
     pub cfg: &'a TrainConfig,
     pub comms: RankComms<'a>,
     /// Stands in for the data-parallel group on a single data-parallel rank.
     pub serial_dp: ThreadCommunicator,
     pub params: Params,
     pub grads: Grads,
-    pub chunks: Vec<Model>,
+    pub chunks: Vec<F::Chunk>,
     pub chunk_params: Vec<Range<usize>>,
     pub optimizer: Box<dyn MegatronOptimizer>,
     pub scaler: Option<GradScaler>,
@@ -81,9 +79,9 @@ pub(crate) struct Trainer<'a> {
     /// (`--log-straggler`).
     pub busy: std::time::Duration,
     pub straggler: Option<crate::straggler::StragglerWatch>,
-    pub data: Box<dyn GPTSampleSource>,
+    pub data: F::Data,
     /// Buffers of the step's micro-batches.
-    pub mbs: Vec<MicroBatch>,
+    pub mbs: Vec<F::MicroBatch>,
     /// `--overlap-param-gather`: the last step's all-gather still runs (in the next forward).
     pub pending_gather: bool,
     pub consumed: u64,
@@ -98,7 +96,7 @@ pub(crate) struct Trainer<'a> {
     pub buffer_snapshot: Vec<(String, Vec<f32>)>,
 }
 
-impl Trainer<'_> {
+impl<F: TrainFamily> Trainer<'_, F> {
     /// Evaluation, checkpoints, the parameter norm and the end of training need every
     /// parameter: an all-gather still pending from `--overlap-param-gather` runs first.
     pub fn finish_param_gather(&mut self) -> Result<(), TrainError> {
@@ -160,7 +158,7 @@ impl Drop for ExitWatch {
     }
 }
 
-impl Trainer<'_> {
+impl<F: TrainFamily> Trainer<'_, F> {
     /// Whether to save and stop after `iteration`, agreed over the world (a signal may reach
     /// one rank only, clocks differ).
     fn exit_requested(
@@ -211,6 +209,22 @@ pub(crate) fn run(
     groups: Option<&mut megatron_comm::ProcessGroups>,
     world_peak: PeakOf,
 ) -> Result<TrainSummary, TrainError> {
+    match cfg.args.model {
+        crate::arguments::ModelArg::Bert => {
+            run_family::<crate::family_bert::Bert>(cfg, tok, threads, groups, world_peak)
+        }
+        _ => run_family::<crate::family_gpt::Gpt>(cfg, tok, threads, groups, world_peak),
+    }
+}
+
+/// [`run`] for one model family.
+fn run_family<F: TrainFamily>(
+    cfg: &TrainConfig,
+    tok: &dyn Tokenizer,
+    threads: usize,
+    groups: Option<&mut megatron_comm::ProcessGroups>,
+    world_peak: PeakOf,
+) -> Result<TrainSummary, TrainError> {
     let a = &cfg.args;
     let (mut serial_tp, mut serial_pp) = (serial_group(), serial_group());
     let mut comms = RankComms::new(
@@ -224,17 +238,16 @@ pub(crate) fn run(
     let lead = comms.lead();
     // `--log-memory` counts this rank's allocations from here.
     megatron_tensor::alloc::start_epoch();
-    let setup = setup_model_and_optimizer(cfg, &mut comms, lead)?;
+    let setup = setup_model_and_optimizer(cfg, &F::config(cfg), &mut comms, lead)?;
     if a.log_memory && lead {
         let (state, peak) =
             crate::memory::rank_memory(cfg, &setup.params, setup.optimizer.as_ref(), 0)
                 .map_err(TrainError::Args)?;
         println!("{}", crate::memory::predicted(cfg, &state, &peak));
     }
-    let data = build_data(cfg, tok, lead)?;
+    let data = F::build_data(cfg, tok, lead)?;
     // One origin for every rank thread of the process, so trace rows line up.
     static TRACE_ORIGIN: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
-    let (b, t) = (a.micro_batch_size, a.seq_length);
     let mut sched = scheduler(cfg);
     let (mut iteration, consumed) = match &setup.restored {
         Some(r) => {
@@ -244,7 +257,7 @@ pub(crate) fn run(
         None => (0, 0),
     };
     let cp = comms.cp_layout();
-    let mut tr = Trainer {
+    let mut tr = Trainer::<F> {
         cfg,
         comms,
         serial_dp: serial_group(),
@@ -265,7 +278,7 @@ pub(crate) fn run(
         ),
         data,
         mbs: (0..cfg.num_microbatches)
-            .map(|_| MicroBatch::new(b, t, cfg).on_context_parallel_rank(cp))
+            .map(|_| F::micro_batch(cfg, cp))
             .collect(),
         pending_gather: false,
         consumed,
@@ -452,7 +465,7 @@ fn print_setup(cfg: &TrainConfig, params: &Params, threads: usize, peak: f64, pe
     );
 }
 
-impl Trainer<'_> {
+impl<F: TrainFamily> Trainer<'_, F> {
     /// The log line's figures over the interval just ended.
     fn log_metrics(
         &mut self,

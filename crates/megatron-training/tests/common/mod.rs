@@ -57,6 +57,69 @@ pub fn args(extra: &[&str]) -> TrainArgs {
     Wrap::try_parse_from(v).expect("flags parse").args
 }
 
+/// A tiny BERT (2 layers, hidden 32, 4 heads, seq 32, binary head) on the committed
+/// sentence-split fixture (6 State of the Union speeches, bert-base-uncased WordPiece ids),
+/// 2 GEMM threads, with `extra` flags appended.
+pub fn bert_args(extra: &[&str]) -> TrainArgs {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let data = format!("{root}/../megatron-data/tests/fixtures/bert/sotu_sentence");
+    let vocab = format!("{root}/../../examples/bert/vocab.txt");
+    let mut v = vec![
+        "megatron".to_string(),
+        "--model".into(),
+        "bert".into(),
+        "--data-path".into(),
+        data,
+        "--split".into(),
+        "90,10,0".into(),
+        "--tokenizer-type".into(),
+        "BertWordPieceLowerCase".into(),
+        "--vocab-file".into(),
+        vocab,
+    ];
+    // The unpadded vocabulary (30522) splits over 2 tensor-parallel ranks: every layout then
+    // has the same vocabulary rows, as Megatron's padding to 128 x TP would not.
+    v.extend([
+        "--make-vocab-size-divisible-by".to_string(),
+        "1".to_string(),
+    ]);
+    for f in [
+        "--num-layers",
+        "2",
+        "--hidden-size",
+        "32",
+        "--num-attention-heads",
+        "4",
+        "--seq-length",
+        "32",
+        "--micro-batch-size",
+        "2",
+        "--global-batch-size",
+        "4",
+        "--lr",
+        "3e-3",
+        "--lr-warmup-iters",
+        "2",
+        "--lr-decay-style",
+        "cosine",
+        "--eval-iters",
+        "1",
+        "--eval-interval",
+        "3",
+        "--log-interval",
+        "1",
+        "--peak-tflops",
+        "1",
+        "--no-progress-bar",
+        "--num-threads",
+        "2",
+    ] {
+        v.push(f.into());
+    }
+    v.extend(extra.iter().map(|s| s.to_string()));
+    Wrap::try_parse_from(v).expect("flags parse").args
+}
+
 /// A tiny tabular model (2 layers, emb 16, 4 heads) on small prior tables (at most 48 context
 /// and 16 query rows, 2-6 features), 4 tables a step, with `extra` flags appended.
 pub fn tabular_args(extra: &[&str]) -> TrainArgs {

@@ -1,0 +1,181 @@
+//! `megatron train --model bert` on the committed sentence-split fixture: losses fall, and
+//! every layout trains the model one rank trains (fp32, dropout on): TP 2 with sequence
+//! parallelism, PP 2, DP 2 with the distributed optimizer; the checkpoint records the BERT
+//! heads and resumes bit for bit; BERT-only flags and refusals are named.
+
+mod common;
+
+use common::{assert_same_training, bert_args, tmpdir};
+use megatron_training::checkpointing::{load_checkpoint, LoadedCheckpoint};
+use megatron_training::{pretrain, TrainSummary};
+
+fn bert_run(
+    dir: &std::path::Path,
+    name: &str,
+    layout: &[&str],
+) -> (TrainSummary, LoadedCheckpoint) {
+    let save = dir.join(name);
+    let s = save.to_str().unwrap().to_string();
+    let mut extra = vec!["--train-iters", "5", "--save", &s];
+    extra.extend_from_slice(layout);
+    let summary = pretrain(&bert_args(&extra)).unwrap();
+    (summary, load_checkpoint(&save, None).unwrap())
+}
+
+#[test]
+fn bert_layouts_match_one_rank() {
+    let dir = tmpdir("bert-layouts");
+    let serial = bert_run(&dir, "serial", &[]);
+    let heads = serial
+        .1
+        .meta
+        .bert
+        .expect("a BERT checkpoint records its heads");
+    assert_eq!(heads.num_tokentypes, 2);
+    assert!(serial.1.tensors.contains_key("binary_head.weight"));
+    assert!(serial
+        .1
+        .tensors
+        .contains_key("encoder.final_layernorm.weight"));
+    for (name, layout) in [
+        (
+            "tp2 + sp",
+            &[
+                "--nproc-per-node",
+                "2",
+                "--tensor-model-parallel-size",
+                "2",
+                "--sequence-parallel",
+            ][..],
+        ),
+        (
+            "pp2",
+            &[
+                "--nproc-per-node",
+                "2",
+                "--pipeline-model-parallel-size",
+                "2",
+            ][..],
+        ),
+        (
+            "dp2 + distributed optimizer",
+            &["--nproc-per-node", "2", "--use-distributed-optimizer"][..],
+        ),
+    ] {
+        let run = bert_run(&dir, &name.replace(' ', ""), layout);
+        assert_same_training(&format!("bert {name}"), &serial, &run, 1e-5);
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn bert_pretraining_loss_falls_and_post_ln_without_the_binary_head_trains() {
+    let dir = tmpdir("bert-falls");
+    let save = dir.join("ck");
+    let s = save.to_str().unwrap();
+    let flags = [
+        "--train-iters",
+        "60",
+        "--lr",
+        "5e-3",
+        "--eval-interval",
+        "60",
+        "--transformer-block-type",
+        "post_ln",
+        "--bert-no-binary-head",
+        "--save",
+        s,
+    ];
+    let summary = pretrain(&bert_args(&flags)).unwrap();
+    let first: f64 = summary.losses[..5].iter().map(|l| l.1).sum::<f64>() / 5.0;
+    let last: f64 = summary.losses[55..].iter().map(|l| l.1).sum::<f64>() / 5.0;
+    assert!(
+        first > 9.5,
+        "an untrained MLM loss is near ln(30522) = 10.3: {first}"
+    );
+    assert!(last < first - 1.0, "loss {first} -> {last}");
+    let ck = load_checkpoint(&save, None).unwrap();
+    let heads = ck.meta.bert.unwrap();
+    assert_eq!(heads.num_tokentypes, 0);
+    assert!(!ck.tensors.contains_key("binary_head.weight"));
+    assert!(ck.tensors.contains_key("embedding.layernorm.weight"));
+    assert!(ck
+        .tensors
+        .contains_key("encoder.layers.1.post_mlp_layernorm.weight"));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn bert_resumes_from_its_checkpoint_bit_for_bit() {
+    let dir = tmpdir("bert-resume");
+    let (a, b) = (dir.join("a"), dir.join("b"));
+    let full = pretrain(&bert_args(&[
+        "--train-iters",
+        "6",
+        "--save",
+        a.to_str().unwrap(),
+    ]))
+    .unwrap();
+    pretrain(&bert_args(&[
+        "--train-iters",
+        "3",
+        "--save",
+        b.to_str().unwrap(),
+    ]))
+    .unwrap();
+    let resumed = pretrain(&bert_args(&[
+        "--train-iters",
+        "6",
+        "--load",
+        b.to_str().unwrap(),
+        "--save",
+        b.to_str().unwrap(),
+    ]))
+    .unwrap();
+    assert_eq!(resumed.start_iteration, 3);
+    for (x, y) in full.losses[3..].iter().zip(&resumed.losses) {
+        assert_eq!(x.0, y.0);
+        assert_eq!(
+            x.1.to_bits(),
+            y.1.to_bits(),
+            "iteration {}: {} vs {}",
+            x.0,
+            x.1,
+            y.1
+        );
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn bert_refuses_what_it_does_not_support_by_flag() {
+    for (flags, want) in [
+        (
+            &["--context-parallel-size", "2", "--nproc-per-node", "2"][..],
+            "--context-parallel-size",
+        ),
+        (&["--reset-attention-mask"][..], "--reset-attention-mask"),
+        (
+            &["--untie-embeddings-and-output-weights"][..],
+            "--untie-embeddings-and-output-weights",
+        ),
+        (&["--mask-prob", "1.5"][..], "--mask-prob"),
+    ] {
+        let e = pretrain(&bert_args(&[&["--train-iters", "3"], flags].concat()))
+            .expect_err("refused")
+            .to_string();
+        assert!(e.contains(want), "{flags:?}: {e}");
+    }
+    // A tokenizer without BERT's special tokens is named.
+    let e = pretrain(&bert_args(&[
+        "--train-iters",
+        "3",
+        "--tokenizer-type",
+        "NullTokenizer",
+        "--vocab-size",
+        "30522",
+    ]))
+    .expect_err("refused")
+    .to_string();
+    assert!(e.contains("[CLS]") && e.contains("NullTokenizer"), "{e}");
+}
