@@ -145,26 +145,14 @@ impl TransformerLayer {
     ) -> Result<(Tensor, TransformerLayerSaved), CommError> {
         let (rows, h) = (x.shape()[0], x.shape()[1]);
         let (lo, _) = tp.sequence_shard(b * t);
-        let p = ctx.p(self.hidden_dropout);
         let (ln1_out, ln1) = self.input_layernorm.forward(params, &x);
         let (proj, attn) = self
             .self_attention
             .forward(params, tp, &ln1_out, b, t, ctx, mask)?;
         drop(ln1_out);
-        let mut mid = Tensor::for_overwrite(&[rows, h]);
         let at = DropoutRows::new(tp, lo, rows, t, h);
-        let key = at.key(ctx, self.layer, SITE_ATTN_RESIDUAL);
-        at.each(|r, k| {
-            residual_forward(
-                params,
-                self.self_attention.proj_bias,
-                &mut mid.data_mut()[r.clone()],
-                &proj.data()[r.clone()],
-                &x.data()[r],
-                p,
-                key.offset(k),
-            )
-        });
+        let bias = self.self_attention.proj_bias;
+        let mid = self.residual_add(params, (&proj, bias), &x, &at, ctx, SITE_ATTN_RESIDUAL);
         drop(proj);
         let (ln2_out, ln2) = self.pre_mlp_layernorm.forward(params, &mid);
         let moe_rows = TokenRows {
@@ -173,19 +161,8 @@ impl TransformerLayer {
         };
         let (y, mlp) = self.mlp.forward(params, tp, &ln2_out, moe_rows, ctx)?;
         drop(ln2_out);
-        let mut out = Tensor::for_overwrite(&[rows, h]);
-        let key = at.key(ctx, self.layer, SITE_MLP_RESIDUAL);
-        at.each(|r, k| {
-            residual_forward(
-                params,
-                self.mlp.fc2_bias(),
-                &mut out.data_mut()[r.clone()],
-                &y.data()[r.clone()],
-                &mid.data()[r],
-                p,
-                key.offset(k),
-            )
-        });
+        let bias = self.mlp.fc2_bias();
+        let out = self.residual_add(params, (&y, bias), &mid, &at, ctx, SITE_MLP_RESIDUAL);
         Ok((
             out,
             TransformerLayerSaved {
@@ -253,21 +230,10 @@ impl TransformerLayer {
     ) -> Result<Tensor, CommError> {
         let (rows, h) = (dout.shape()[0], dout.shape()[1]);
         let (lo, _) = tp.sequence_shard(b * t);
-        let p = ctx.p(self.hidden_dropout);
         // MLP residual: d(mid) gets dout directly plus the MLP branch.
-        let mut dy = Tensor::for_overwrite(&[rows, h]);
         let at = DropoutRows::new(tp, lo, rows, t, h);
-        let key = at.key(ctx, self.layer, SITE_MLP_RESIDUAL);
-        at.each(|r, k| {
-            residual_backward(
-                grads,
-                self.mlp.fc2_bias(),
-                &mut dy.data_mut()[r.clone()],
-                &dout.data()[r],
-                p,
-                key.offset(k),
-            )
-        });
+        let bias = self.mlp.fc2_bias();
+        let dy = self.residual_branch_grad(grads, bias, &dout, &at, ctx, SITE_MLP_RESIDUAL);
         let mid = restore(&saved.mid);
         let (ln2_out, _) = self.pre_mlp_layernorm.forward(params, &mid);
         let dln2 = self
@@ -281,18 +247,8 @@ impl TransformerLayer {
         add_inplace(&mut dmid, &dout);
         drop(dout);
         // Attention residual.
-        let mut dproj = Tensor::for_overwrite(&[rows, h]);
-        let key = at.key(ctx, self.layer, SITE_ATTN_RESIDUAL);
-        at.each(|r, k| {
-            residual_backward(
-                grads,
-                self.self_attention.proj_bias,
-                &mut dproj.data_mut()[r.clone()],
-                &dmid.data()[r],
-                p,
-                key.offset(k),
-            )
-        });
+        let bias = self.self_attention.proj_bias;
+        let dproj = self.residual_branch_grad(grads, bias, &dmid, &at, ctx, SITE_ATTN_RESIDUAL);
         drop(mid);
         let input = restore(&saved.input);
         let (ln1_out, _) = self.input_layernorm.forward(params, &input);
@@ -359,6 +315,63 @@ impl DropoutRows {
         for (r, k) in &self.runs {
             f(r.clone(), *k);
         }
+    }
+}
+
+impl TransformerLayer {
+    /// `residual + dropout(branch + bias)` over this rank's rows `at`, with the dropout masks
+    /// of `site`.
+    pub(super) fn residual_add(
+        &self,
+        params: &Params,
+        (branch, bias): (&Tensor, Option<ParamId>),
+        residual: &Tensor,
+        at: &DropoutRows,
+        ctx: &StepContext,
+        site: u64,
+    ) -> Tensor {
+        let p = ctx.p(self.hidden_dropout);
+        let mut out = Tensor::for_overwrite(residual.shape());
+        let key = at.key(ctx, self.layer, site);
+        at.each(|r, k| {
+            residual_forward(
+                params,
+                bias,
+                &mut out.data_mut()[r.clone()],
+                &branch.data()[r.clone()],
+                &residual.data()[r],
+                p,
+                key.offset(k),
+            )
+        });
+        out
+    }
+
+    /// The branch's gradient through [`Self::residual_add`]'s dropout, the bias gradient
+    /// accumulated.
+    pub(super) fn residual_branch_grad(
+        &self,
+        grads: &mut Grads,
+        bias: Option<ParamId>,
+        dout: &Tensor,
+        at: &DropoutRows,
+        ctx: &StepContext,
+        site: u64,
+    ) -> Tensor {
+        let p = ctx.p(self.hidden_dropout);
+        let mut d = Tensor::for_overwrite(dout.shape());
+        let key = at.key(ctx, self.layer, site);
+        at.each(|r, k| {
+            residual_backward(
+                grads,
+                bias,
+                &mut d.data_mut()[r.clone()],
+                &dout.data()[r],
+                p,
+                key.offset(k),
+            )
+        });
+        d
     }
 }
 

@@ -4,8 +4,8 @@
 //! (the MLP's input) is recomputed in backward, as the pre-LN layer recomputes its norms.
 
 use super::layer::{
-    add_inplace, residual_backward, residual_forward, DropoutRows, TransformerLayer,
-    TransformerLayerSaved, SITE_ATTN_RESIDUAL, SITE_MLP_RESIDUAL,
+    add_inplace, DropoutRows, TransformerLayer, TransformerLayerSaved, SITE_ATTN_RESIDUAL,
+    SITE_MLP_RESIDUAL,
 };
 use super::moe::TokenRows;
 use super::saved::{keep, restore};
@@ -30,24 +30,12 @@ impl TransformerLayer {
     ) -> Result<(Tensor, TransformerLayerSaved), CommError> {
         let (rows, h) = (x.shape()[0], x.shape()[1]);
         let (lo, _) = tp.sequence_shard(b * t);
-        let p = ctx.p(self.hidden_dropout);
         let (proj, attn) = self
             .self_attention
             .forward(params, tp, &x, b, t, ctx, mask)?;
         let at = DropoutRows::new(tp, lo, rows, t, h);
-        let mut mid_sum = Tensor::for_overwrite(&[rows, h]);
-        let key = at.key(ctx, self.layer, SITE_ATTN_RESIDUAL);
-        at.each(|r, k| {
-            residual_forward(
-                params,
-                self.self_attention.proj_bias,
-                &mut mid_sum.data_mut()[r.clone()],
-                &proj.data()[r.clone()],
-                &x.data()[r],
-                p,
-                key.offset(k),
-            )
-        });
+        let bias = self.self_attention.proj_bias;
+        let mid_sum = self.residual_add(params, (&proj, bias), &x, &at, ctx, SITE_ATTN_RESIDUAL);
         drop(proj);
         let (mid, ln1) = self.input_layernorm.forward(params, &mid_sum);
         let moe_rows = TokenRows {
@@ -55,19 +43,8 @@ impl TransformerLayer {
             seq_length: t,
         };
         let (y, mlp) = self.mlp.forward(params, tp, &mid, moe_rows, ctx)?;
-        let mut out_sum = Tensor::for_overwrite(&[rows, h]);
-        let key = at.key(ctx, self.layer, SITE_MLP_RESIDUAL);
-        at.each(|r, k| {
-            residual_forward(
-                params,
-                self.mlp.fc2_bias(),
-                &mut out_sum.data_mut()[r.clone()],
-                &y.data()[r.clone()],
-                &mid.data()[r],
-                p,
-                key.offset(k),
-            )
-        });
+        let bias = self.mlp.fc2_bias();
+        let out_sum = self.residual_add(params, (&y, bias), &mid, &at, ctx, SITE_MLP_RESIDUAL);
         drop((y, mid));
         let (out, ln2) = self.pre_mlp_layernorm.forward(params, &out_sum);
         Ok((
@@ -99,7 +76,6 @@ impl TransformerLayer {
     ) -> Result<Tensor, CommError> {
         let (rows, h) = (dout.shape()[0], dout.shape()[1]);
         let (lo, _) = tp.sequence_shard(b * t);
-        let p = ctx.p(self.hidden_dropout);
         let out_sum = restore(saved.post.as_ref().expect("a post-LN layer's saved state"));
         let dout_sum = self
             .pre_mlp_layernorm
@@ -107,18 +83,8 @@ impl TransformerLayer {
         drop((out_sum, dout));
         // The MLP branch's gradient through its dropout (and its bias gradient).
         let at = DropoutRows::new(tp, lo, rows, t, h);
-        let mut dy = Tensor::for_overwrite(&[rows, h]);
-        let key = at.key(ctx, self.layer, SITE_MLP_RESIDUAL);
-        at.each(|r, k| {
-            residual_backward(
-                grads,
-                self.mlp.fc2_bias(),
-                &mut dy.data_mut()[r.clone()],
-                &dout_sum.data()[r],
-                p,
-                key.offset(k),
-            )
-        });
+        let bias = self.mlp.fc2_bias();
+        let dy = self.residual_branch_grad(grads, bias, &dout_sum, &at, ctx, SITE_MLP_RESIDUAL);
         let mid_sum = restore(&saved.mid);
         let (mid, _) = self.input_layernorm.forward(params, &mid_sum);
         let mut dmid = self
@@ -131,18 +97,8 @@ impl TransformerLayer {
             .input_layernorm
             .backward(params, grads, &saved.ln1, &mid_sum, &dmid);
         drop((mid_sum, dmid));
-        let mut dproj = Tensor::for_overwrite(&[rows, h]);
-        let key = at.key(ctx, self.layer, SITE_ATTN_RESIDUAL);
-        at.each(|r, k| {
-            residual_backward(
-                grads,
-                self.self_attention.proj_bias,
-                &mut dproj.data_mut()[r.clone()],
-                &dmid_sum.data()[r],
-                p,
-                key.offset(k),
-            )
-        });
+        let bias = self.self_attention.proj_bias;
+        let dproj = self.residual_branch_grad(grads, bias, &dmid_sum, &at, ctx, SITE_ATTN_RESIDUAL);
         let input = restore(&saved.input);
         let mut dx = self.self_attention.backward(
             params,
