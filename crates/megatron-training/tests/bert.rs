@@ -69,6 +69,56 @@ fn bert_layouts_match_one_rank() {
 }
 
 #[test]
+fn bert_at_tp2_pp2_dp2_with_the_distributed_optimizer_matches_one_rank_and_reshards() {
+    // Every layout at once (8 rank threads), then its checkpoint resumed at another layout.
+    let dir = tmpdir("bert-3d");
+    let serial = bert_run(&dir, "serial", &[]);
+    let three_d = [
+        "--nproc-per-node",
+        "8",
+        "--tensor-model-parallel-size",
+        "2",
+        "--pipeline-model-parallel-size",
+        "2",
+        "--sequence-parallel",
+        "--use-distributed-optimizer",
+        "--num-threads",
+        "1",
+    ];
+    let run = bert_run(&dir, "3d", &three_d);
+    assert_same_training("bert tp2 x pp2 x dp2", &serial, &run, 1e-5);
+    // The 8-rank checkpoint continued on one rank and on 2 pipeline stages: the same losses.
+    let more = |name: &str, layout: &[&str]| {
+        let from = dir.join("3d");
+        let to = dir.join(name);
+        let mut flags = vec![
+            "--train-iters",
+            "7",
+            "--load",
+            from.to_str().unwrap(),
+            "--save",
+            to.to_str().unwrap(),
+        ];
+        flags.extend_from_slice(layout);
+        // A copy to load from, so the two continuations start alike.
+        pretrain(&bert_args(&flags)).unwrap()
+    };
+    let one = more("resumed-1", &[]);
+    let pp2 = more(
+        "resumed-pp2",
+        &[
+            "--nproc-per-node",
+            "2",
+            "--pipeline-model-parallel-size",
+            "2",
+        ],
+    );
+    assert_eq!(one.start_iteration, 5);
+    common::assert_losses_close("bert resharded 3d -> pp2", &one.losses, &pp2.losses, 1e-5);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
 fn bert_pretraining_loss_falls_and_post_ln_without_the_binary_head_trains() {
     let dir = tmpdir("bert-falls");
     let save = dir.join("ck");
