@@ -6,6 +6,7 @@ pub mod adamw;
 pub mod amx;
 mod amx_pack;
 pub mod attention;
+pub mod attention_bias;
 mod attention_tile;
 pub mod cast;
 pub mod class_loss;
