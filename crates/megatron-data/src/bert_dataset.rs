@@ -10,9 +10,9 @@
 use crate::indexed_dataset::IndexedDataset;
 pub use crate::masked_dataset::WordPieceTokens;
 use crate::masked_dataset::{
-    build_mapping, create_masked_lm_predictions, MaskReplacement, MaskingConfig, NgramDistribution,
+    create_masked_lm_predictions, sample_rng, split_sample_index, MaskReplacement, MaskingConfig,
+    NgramDistribution,
 };
-use crate::numpy_rng::RandomState;
 use std::sync::Arc;
 
 /// What shapes the samples (Megatron's `BERTMaskedWordPieceDatasetConfig` as
@@ -66,24 +66,13 @@ impl BertDataset {
         cfg: BertSampleConfig,
         tok: WordPieceTokens,
     ) -> Self {
-        let di = ds.document_indices();
-        let mut bounds: Vec<i64> = documents.iter().map(|&d| di[d as usize]).collect();
-        if let Some(&last) = documents.last() {
-            bounds.push(di[last as usize + 1]);
-        }
-        let sizes = ds.lengths();
-        let (epochs, max) = match num_samples {
-            Some(n) => (i32::MAX - 1, n),
-            None => (1, u64::MAX),
-        };
-        let sample_index = build_mapping(
-            &bounds,
-            &sizes,
-            epochs,
-            max,
-            cfg.seq_length as i32 - 3,
+        let sample_index = split_sample_index(
+            &ds,
+            documents,
+            num_samples,
+            cfg.seq_length - 3,
             cfg.short_seq_prob,
-            cfg.seed as i32,
+            cfg.seed,
             if cfg.binary_head { 2 } else { 1 },
         );
         BertDataset {
@@ -107,8 +96,7 @@ impl BertDataset {
         let [beg, end, target] = self.sample_index[idx];
         let target = target as usize;
         let sentences: Vec<Vec<u32>> = (beg..end).map(|i| self.ds.item(i as usize)).collect();
-        let seed = (self.cfg.seed.wrapping_add(idx as u64) % (1u64 << 32)) as u32;
-        let mut rng = RandomState::new(seed);
+        let mut rng = sample_rng(self.cfg.seed, idx);
         let mut pivot = sentences.len();
         let mut is_random = false;
         if self.cfg.binary_head {

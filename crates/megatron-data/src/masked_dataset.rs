@@ -94,6 +94,44 @@ pub fn build_mapping(
     maps
 }
 
+/// The sample index of a split (`_build_sample_index`): `build_mapping` over the sentence
+/// boundaries of `documents` (the split's document ids, ascending); with `num_samples`, epochs
+/// until at least that many, else one epoch.
+pub fn split_sample_index(
+    ds: &crate::indexed_dataset::IndexedDataset,
+    documents: &[i32],
+    num_samples: Option<u64>,
+    max_seq_length: usize,
+    short_seq_prob: f64,
+    seed: u64,
+    min_num_sent: i32,
+) -> Vec<[i64; 3]> {
+    let di = ds.document_indices();
+    let mut bounds: Vec<i64> = documents.iter().map(|&d| di[d as usize]).collect();
+    if let Some(&last) = documents.last() {
+        bounds.push(di[last as usize + 1]);
+    }
+    let (epochs, max) = match num_samples {
+        Some(n) => (i32::MAX - 1, n),
+        None => (1, u64::MAX),
+    };
+    build_mapping(
+        &bounds,
+        &ds.lengths(),
+        epochs,
+        max,
+        max_seq_length as i32,
+        short_seq_prob,
+        seed as i32,
+        min_num_sent,
+    )
+}
+
+/// The numpy random state of sample `idx`: `RandomState((seed + idx) % 2**32)`.
+pub fn sample_rng(seed: u64, idx: usize) -> RandomState {
+    RandomState::new((seed.wrapping_add(idx as u64) % (1u64 << 32)) as u32)
+}
+
 /// How n-gram lengths are drawn: weights `1/n` for `n <= max_ngram` (BERT), or a geometric
 /// distribution with `p = 0.2` capped at `max_ngram` (T5's span corruption).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -9,10 +9,9 @@
 
 use crate::indexed_dataset::IndexedDataset;
 use crate::masked_dataset::{
-    build_mapping, create_masked_lm_predictions, MaskReplacement, MaskingConfig, NgramDistribution,
-    WordPieceTokens,
+    create_masked_lm_predictions, sample_rng, split_sample_index, MaskReplacement, MaskingConfig,
+    NgramDistribution, WordPieceTokens,
 };
-use crate::numpy_rng::RandomState;
 use std::sync::Arc;
 
 /// T5's special tokens beyond BERT's: Megatron's `BertWordPieceTokenizer` adds `[BOS]`,
@@ -73,23 +72,13 @@ impl T5Dataset {
         cfg: T5SampleConfig,
         tok: T5Tokens,
     ) -> Self {
-        let di = ds.document_indices();
-        let mut bounds: Vec<i64> = documents.iter().map(|&d| di[d as usize]).collect();
-        if let Some(&last) = documents.last() {
-            bounds.push(di[last as usize + 1]);
-        }
-        let (epochs, max) = match num_samples {
-            Some(n) => (i32::MAX - 1, n),
-            None => (1, u64::MAX),
-        };
-        let sample_index = build_mapping(
-            &bounds,
-            &ds.lengths(),
-            epochs,
-            max,
-            cfg.encoder_seq_length as i32 - 2,
+        let sample_index = split_sample_index(
+            &ds,
+            documents,
+            num_samples,
+            cfg.encoder_seq_length - 2,
             cfg.short_seq_prob,
-            cfg.seed as i32,
+            cfg.seed,
             1,
         );
         T5Dataset {
@@ -114,8 +103,7 @@ impl T5Dataset {
         let [beg, end, target] = self.sample_index[idx];
         let target = target as usize;
         let mut tokens: Vec<u32> = (beg..end).flat_map(|i| self.ds.item(i as usize)).collect();
-        let seed = (self.cfg.seed.wrapping_add(idx as u64) % (1u64 << 32)) as u32;
-        let mut rng = RandomState::new(seed);
+        let mut rng = sample_rng(self.cfg.seed, idx);
         let truncated = tokens.len() > target;
         tokens.truncate(target);
         let masking = MaskingConfig {
