@@ -861,11 +861,12 @@ impl TrainArgs {
         if self.num_threads == Some(0) {
             return Err(bad("--num-threads must be positive, got 0".into()));
         }
+        let from_checkpoint = ckpt_model.is_some();
         let mut model = match ckpt_model {
             Some(m) => m,
             None => self.model_config(vocab_size, tp)?,
         };
-        let bert = self.bert_settings(&mut model, cp)?;
+        let bert = self.bert_settings(&mut model, cp, from_checkpoint)?;
         if self.sequence_parallel
             && tp > 1
             && !(self.micro_batch_size * self.seq_length).is_multiple_of(tp)
@@ -939,6 +940,7 @@ impl TrainArgs {
         &self,
         model: &mut TransformerConfig,
         cp: usize,
+        from_checkpoint: bool,
     ) -> Result<Option<crate::family_bert::BertSettings>, TrainError> {
         use megatron_core::models::bert::{BertHeads, BinaryHead};
         if self.model != ModelArg::Bert {
@@ -1007,10 +1009,18 @@ impl TrainArgs {
             )));
         }
         model.attn_mask_type = megatron_core::transformer::config::AttnMaskType::Padding;
-        model.layernorm_placement = match self.transformer_block_type {
-            BlockTypeArg::PreLn => megatron_core::transformer::config::LayerNormPlacement::PreLn,
-            BlockTypeArg::PostLn => megatron_core::transformer::config::LayerNormPlacement::PostLn,
-        };
+        // A checkpoint's model (--use-checkpoint-args: a converted BERT is post-LN) keeps its
+        // LayerNorm placement.
+        if !from_checkpoint {
+            model.layernorm_placement = match self.transformer_block_type {
+                BlockTypeArg::PreLn => {
+                    megatron_core::transformer::config::LayerNormPlacement::PreLn
+                }
+                BlockTypeArg::PostLn => {
+                    megatron_core::transformer::config::LayerNormPlacement::PostLn
+                }
+            };
+        }
         let binary = if self.bert_no_binary_head {
             BinaryHead::None
         } else {
