@@ -297,3 +297,36 @@ pub fn relative_position_bias_backward(dtable: &mut [f32], dout: &[f32], d: Rela
         }
     }
 }
+
+/// Splits a fused projection `[rows, heads, parts, head_dim]` (megatron-core's per-head
+/// `[q_h, k_h, v_h]`, or `[k_h, v_h]`) into `parts` tensors `[rows, heads, head_dim]`.
+pub fn unfuse_heads(outs: &mut [&mut [f32]], fused: &[f32], heads: usize, head_dim: usize) {
+    let parts = outs.len();
+    let row = heads * parts * head_dim;
+    assert_eq!(fused.len() % row, 0);
+    for (r, chunk) in fused.chunks_exact(row).enumerate() {
+        for h in 0..heads {
+            for (p, out) in outs.iter_mut().enumerate() {
+                let src = &chunk[(h * parts + p) * head_dim..(h * parts + p + 1) * head_dim];
+                let o = (r * heads + h) * head_dim;
+                out[o..o + head_dim].copy_from_slice(src);
+            }
+        }
+    }
+}
+
+/// The inverse of [`unfuse_heads`] (the gradient of the fused projection's output).
+pub fn fuse_heads(fused: &mut [f32], parts: &[&[f32]], heads: usize, head_dim: usize) {
+    let n = parts.len();
+    let row = heads * n * head_dim;
+    assert_eq!(fused.len() % row, 0);
+    for (r, chunk) in fused.chunks_exact_mut(row).enumerate() {
+        for h in 0..heads {
+            for (p, part) in parts.iter().enumerate() {
+                let o = (r * heads + h) * head_dim;
+                chunk[(h * n + p) * head_dim..(h * n + p + 1) * head_dim]
+                    .copy_from_slice(&part[o..o + head_dim]);
+            }
+        }
+    }
+}

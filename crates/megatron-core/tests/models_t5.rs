@@ -1,0 +1,253 @@
+//! T5's attention block: encoder self-attention with a relative bias, causal decoder
+//! self-attention, and cross-attention to the encoder output with padded keys — gradients of
+//! every parameter, of the states, of the encoder output and of the bias against central
+//! differences; at tensor parallelism 2 (heads split) the same outputs and gradients as one rank.
+
+use megatron_core::models::t5::attention::T5AttentionShape;
+use megatron_core::models::t5::{T5Attention, T5AttentionKind};
+use megatron_core::params::{Grads, Params};
+use megatron_core::tensor_parallel::{serial_group, Tp};
+use megatron_core::transformer::step::StepContext;
+use megatron_tensor::Tensor;
+
+const H: usize = 8;
+const HEADS: usize = 4;
+const HD: usize = 3;
+const B: usize = 2;
+
+fn build(kind: T5AttentionKind, rank: usize, size: usize) -> (T5Attention, Params) {
+    let mut params = Params::for_tp_rank(rank, size);
+    let mut inits = Vec::new();
+    let a = T5Attention::new(
+        kind,
+        "decoder.layers.0.cross_attention",
+        H,
+        (HEADS, HD),
+        (0.4, 0.4),
+        1.0,
+        0.0,
+        0,
+        &mut params,
+        &mut inits,
+    );
+    params.initialize(11, &inits);
+    (a, params)
+}
+
+fn tensor(n: usize, seed: usize) -> Tensor {
+    Tensor::from_vec(
+        &[n / H, H],
+        (0..n)
+            .map(|i| (((i * 37 + seed * 11) % 23) as f32 - 11.0) / 9.0)
+            .collect(),
+    )
+    .unwrap()
+}
+
+/// `Σ y * r` and, with gradients, (dx, dmemory, dbias) for this rank's heads.
+#[allow(clippy::type_complexity)]
+fn run(
+    a: &T5Attention,
+    params: &Params,
+    grads: Option<&mut Grads>,
+    tp: &mut Tp,
+    x: &Tensor,
+    mem: Option<&Tensor>,
+    bias: &[f32],
+    s: T5AttentionShape,
+) -> (f64, Option<(Tensor, Option<Tensor>, Option<Vec<f32>>)>) {
+    let ctx = StepContext::eval();
+    let lens = [s.tk, s.tk - 2];
+    let (y, saved) = a
+        .forward(params, tp, x, mem, Some(bias), Some(&lens), s, &ctx)
+        .unwrap();
+    let r = tensor(y.data().len(), 5);
+    let loss: f64 = y
+        .data()
+        .iter()
+        .zip(r.data())
+        .map(|(a, b)| (*a as f64) * (*b as f64))
+        .sum();
+    let back = grads.map(|g| {
+        a.backward(params, g, tp, saved, x, mem, r, true, s, &ctx)
+            .unwrap()
+    });
+    (loss, back)
+}
+
+fn shape(kind: T5AttentionKind) -> T5AttentionShape {
+    match kind {
+        T5AttentionKind::Cross => T5AttentionShape { b: B, tq: 4, tk: 6 },
+        _ => T5AttentionShape { b: B, tq: 5, tk: 5 },
+    }
+}
+
+#[test]
+fn t5_attention_gradients_match_finite_difference() {
+    for kind in [
+        T5AttentionKind::EncoderSelf,
+        T5AttentionKind::DecoderSelf,
+        T5AttentionKind::Cross,
+    ] {
+        let s = shape(kind);
+        let (a, mut params) = build(kind, 0, 1);
+        let mut x = tensor(B * s.tq * H, 1);
+        let mut mem = (kind == T5AttentionKind::Cross).then(|| tensor(B * s.tk * H, 2));
+        let mut bias: Vec<f32> = (0..HEADS * s.tq * s.tk)
+            .map(|i| ((i * 13 % 7) as f32 - 3.0) / 4.0)
+            .collect();
+        let mut grads = Grads::zeros_like(&params);
+        let mut one = serial_group();
+        let (_, back) = run(
+            &a,
+            &params,
+            Some(&mut grads),
+            &mut Tp::new(&mut one, false),
+            &x,
+            mem.as_ref(),
+            &bias,
+            s,
+        );
+        let (dx, dmem, dbias) = back.unwrap();
+        let eps = 1e-2f32;
+        let mut checked = 0;
+        let mut check = |fd: f64, an: f64, what: &str| {
+            assert!(
+                (fd - an).abs() <= 2e-3 + 3e-2 * an.abs(),
+                "{kind:?} {what}: {fd} vs {an}"
+            );
+            checked += 1;
+        };
+        macro_rules! fd {
+            ($buf:expr, $i:expr) => {{
+                let orig = $buf[$i];
+                $buf[$i] = orig + eps;
+                let mut one = serial_group();
+                let fp = run(
+                    &a,
+                    &params,
+                    None,
+                    &mut Tp::new(&mut one, false),
+                    &x,
+                    mem.as_ref(),
+                    &bias,
+                    s,
+                )
+                .0;
+                $buf[$i] = orig - eps;
+                let mut one = serial_group();
+                let fm = run(
+                    &a,
+                    &params,
+                    None,
+                    &mut Tp::new(&mut one, false),
+                    &x,
+                    mem.as_ref(),
+                    &bias,
+                    s,
+                )
+                .0;
+                $buf[$i] = orig;
+                (fp - fm) / (2.0 * eps as f64)
+            }};
+        }
+        for meta in params.metas.clone() {
+            for k in 0..4 {
+                let i = meta.offset + (meta.numel * (2 * k + 1)) / 8;
+                let f = fd!(params.data, i);
+                check(f, grads.data[i] as f64, &meta.name);
+            }
+        }
+        for i in (0..x.data().len()).step_by(7) {
+            let f = fd!(x.data_mut(), i);
+            check(f, dx.data()[i] as f64, "x");
+        }
+        if let (Some(m), Some(dm)) = (mem.as_mut(), &dmem) {
+            for i in (0..m.data().len()).step_by(7) {
+                let orig = m.data()[i];
+                let eval = |v: f32, m: &mut Tensor| {
+                    m.data_mut()[i] = v;
+                    let mut one = serial_group();
+                    run(
+                        &a,
+                        &params,
+                        None,
+                        &mut Tp::new(&mut one, false),
+                        &x,
+                        Some(m),
+                        &bias,
+                        s,
+                    )
+                    .0
+                };
+                let f = (eval(orig + eps, m) - eval(orig - eps, m)) / (2.0 * eps as f64);
+                m.data_mut()[i] = orig;
+                check(f, dm.data()[i] as f64, "memory");
+            }
+            // Padded keys of the second sequence get no gradient.
+            let padded = &dm.data()[(s.tk + s.tk - 2) * H..];
+            assert!(padded.iter().all(|v| *v == 0.0));
+        }
+        let db = dbias.unwrap();
+        for i in (0..bias.len()).step_by(5) {
+            let f = fd!(bias, i);
+            check(f, db[i] as f64, "bias");
+        }
+        assert!(checked >= 30, "{kind:?}: {checked}");
+    }
+}
+
+#[test]
+fn t5_attention_at_tensor_parallel_2_matches_one_rank() {
+    for kind in [T5AttentionKind::DecoderSelf, T5AttentionKind::Cross] {
+        let s = shape(kind);
+        let bias: Vec<f32> = (0..HEADS * s.tq * s.tk)
+            .map(|i| ((i * 13 % 7) as f32 - 3.0) / 4.0)
+            .collect();
+        let go = move |rank: usize, size: usize, tp: &mut Tp| {
+            let (a, params) = build(kind, rank, size);
+            let x = tensor(B * s.tq * H, 1);
+            let mem = (kind == T5AttentionKind::Cross).then(|| tensor(B * s.tk * H, 2));
+            let per = HEADS / size * s.tq * s.tk;
+            let local = &bias[rank * per..(rank + 1) * per];
+            let mut grads = Grads::zeros_like(&params);
+            let (loss, back) = run(
+                &a,
+                &params,
+                Some(&mut grads),
+                tp,
+                &x,
+                mem.as_ref(),
+                local,
+                s,
+            );
+            let (dx, dmem, dbias) = back.unwrap();
+            (
+                loss,
+                dx.data().to_vec(),
+                dmem.map(|t| t.data().to_vec()),
+                dbias.unwrap(),
+            )
+        };
+        let mut g = serial_group();
+        let one = go(0, 1, &mut Tp::new(&mut g, false));
+        let out = megatron_comm::run_ranks(2, move |r, c| go(r, 2, &mut Tp::new(c, false)));
+        let close = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| (x - y).abs() < 1e-5);
+        for (rank, r) in out.into_iter().enumerate() {
+            let r = r.unwrap();
+            assert!(
+                (r.0 - one.0).abs() < 1e-5 * one.0.abs().max(1.0),
+                "{kind:?} rank {rank} loss"
+            );
+            assert!(close(&r.1, &one.1), "{kind:?} rank {rank} dx");
+            if let (Some(a), Some(b)) = (&r.2, &one.2) {
+                assert!(close(a, b), "{kind:?} rank {rank} dmemory");
+            }
+            let per = r.3.len();
+            assert!(
+                close(&r.3, &one.3[rank * per..(rank + 1) * per]),
+                "{kind:?} rank {rank} dbias"
+            );
+        }
+    }
+}
