@@ -251,3 +251,161 @@ fn t5_attention_at_tensor_parallel_2_matches_one_rank() {
         }
     }
 }
+
+mod layers {
+    use megatron_core::models::t5::{T5AttentionShape, T5Layer, T5LayerInputs, T5Stack};
+    use megatron_core::params::{Grads, Params};
+    use megatron_core::tensor_parallel::{serial_group, Tp};
+    use megatron_core::transformer::config::Normalization;
+    use megatron_core::transformer::step::StepContext;
+    use megatron_core::TransformerConfig;
+    use megatron_tensor::Tensor;
+
+    const H: usize = 8;
+
+    fn cfg(dropout: f32) -> TransformerConfig {
+        TransformerConfig {
+            num_layers: 2,
+            hidden_size: H,
+            num_attention_heads: 4,
+            ffn_hidden_size: 12,
+            normalization: Normalization::RMSNorm,
+            layernorm_epsilon: 1e-6,
+            add_bias_linear: false,
+            add_qkv_bias: false,
+            hidden_dropout: dropout,
+            attention_dropout: dropout,
+            init_method_std: 0.4,
+            ..Default::default()
+        }
+    }
+
+    fn states(rows: usize, seed: usize) -> Tensor {
+        Tensor::from_vec(
+            &[rows, H],
+            (0..rows * H)
+                .map(|i| (((i * 29 + seed * 7) % 19) as f32 - 9.0) / 7.0)
+                .collect(),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn t5_encoder_and_decoder_layers_match_finite_difference() {
+        for (stack, dropout) in [
+            (T5Stack::Encoder, 0.0),
+            (T5Stack::Decoder, 0.0),
+            (T5Stack::Decoder, 0.2),
+        ] {
+            let mut params = Params::for_tp_rank(0, 1);
+            let mut inits = Vec::new();
+            let layer = T5Layer::new(&cfg(dropout), stack, 0, 3, 1.0, &mut params, &mut inits);
+            params.initialize(5, &inits);
+            let (b, t, te) = (2, 5, 6);
+            let s = T5AttentionShape { b, tq: t, tk: t };
+            let x = states(b * t, 1);
+            let mut mem = states(b * te, 2);
+            let bias: Vec<f32> = (0..4 * t * t)
+                .map(|i| ((i % 9) as f32 - 4.0) / 5.0)
+                .collect();
+            let self_lens = [t, t];
+            let enc_lens = [te, te - 2];
+            let ctx = if dropout > 0.0 {
+                StepContext::train(3, 1, 0)
+            } else {
+                StepContext::eval()
+            };
+            let r = states(b * t, 3);
+            let loss = |params: &Params, x: &Tensor, mem: &Tensor| -> f64 {
+                let inp = T5LayerInputs {
+                    shape: s,
+                    bias: &bias,
+                    self_lens: &self_lens,
+                    memory: (stack == T5Stack::Decoder).then_some((mem, &enc_lens[..], te)),
+                };
+                let mut one = serial_group();
+                let (y, _) = layer
+                    .forward(params, &mut Tp::new(&mut one, false), x.clone(), &inp, &ctx)
+                    .unwrap();
+                y.data()
+                    .iter()
+                    .zip(r.data())
+                    .map(|(a, b)| (*a as f64) * (*b as f64))
+                    .sum()
+            };
+            let inp = T5LayerInputs {
+                shape: s,
+                bias: &bias,
+                self_lens: &self_lens,
+                memory: (stack == T5Stack::Decoder).then_some((&mem, &enc_lens[..], te)),
+            };
+            let mut grads = Grads::zeros_like(&params);
+            let mut one = serial_group();
+            let mut tp = Tp::new(&mut one, false);
+            let (_, saved) = layer
+                .forward(&params, &mut tp, x.clone(), &inp, &ctx)
+                .unwrap();
+            let g = layer
+                .backward(&params, &mut grads, &mut tp, saved, r.clone(), &inp, &ctx)
+                .unwrap();
+            let eps = 1e-2f32;
+            let mut checked = 0;
+            let mut check = |fd: f64, an: f64, what: &str| {
+                assert!(
+                    (fd - an).abs() <= 2e-3 + 4e-2 * an.abs(),
+                    "{stack:?} p {dropout} {what}: {fd} vs {an}"
+                );
+                checked += 1;
+            };
+            for meta in params.metas.clone() {
+                for k in 0..3 {
+                    let i = meta.offset + (meta.numel * (2 * k + 1)) / 6;
+                    let mut p2 = Params {
+                        data: params.data.clone(),
+                        ..params.clone()
+                    };
+                    p2.data[i] += eps;
+                    let fp = loss(&p2, &x, &mem);
+                    p2.data[i] -= 2.0 * eps;
+                    let fm = loss(&p2, &x, &mem);
+                    check(
+                        (fp - fm) / (2.0 * eps as f64),
+                        grads.data[i] as f64,
+                        &meta.name,
+                    );
+                }
+            }
+            let mut x2 = x.clone();
+            for i in (0..x.data().len()).step_by(5) {
+                let o = x2.data()[i];
+                x2.data_mut()[i] = o + eps;
+                let fp = loss(&params, &x2, &mem);
+                x2.data_mut()[i] = o - eps;
+                let fm = loss(&params, &x2, &mem);
+                x2.data_mut()[i] = o;
+                check((fp - fm) / (2.0 * eps as f64), g.dx.data()[i] as f64, "x");
+            }
+            if let Some(dm) = &g.dmemory {
+                for i in (0..mem.data().len()).step_by(5) {
+                    let o = mem.data()[i];
+                    mem.data_mut()[i] = o + eps;
+                    let fp = loss(&params, &x, &mem);
+                    mem.data_mut()[i] = o - eps;
+                    let fm = loss(&params, &x, &mem);
+                    mem.data_mut()[i] = o;
+                    check(
+                        (fp - fm) / (2.0 * eps as f64),
+                        dm.data()[i] as f64,
+                        "memory",
+                    );
+                }
+            }
+            assert_eq!(g.dbias.len(), bias.len());
+            assert!(
+                g.dbias.iter().any(|v| v.abs() > 1e-4),
+                "the bias gets a gradient"
+            );
+            assert!(checked >= 30, "{stack:?}: {checked}");
+        }
+    }
+}
