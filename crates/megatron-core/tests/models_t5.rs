@@ -409,3 +409,199 @@ mod layers {
         }
     }
 }
+
+mod whole_model {
+    use megatron_core::models::t5::{T5Batch, T5Config, T5Model};
+    use megatron_core::params::{Grads, Params};
+    use megatron_core::tensor_parallel::{serial_group, Tp};
+    use megatron_core::transformer::config::Normalization;
+    use megatron_core::transformer::step::StepContext;
+    use megatron_core::TransformerConfig;
+    use megatron_tensor::cpu::IGNORE_INDEX;
+
+    fn config(dropout: f32) -> T5Config {
+        T5Config {
+            transformer: TransformerConfig {
+                num_layers: 2,
+                hidden_size: 8,
+                num_attention_heads: 4,
+                ffn_hidden_size: 12,
+                padded_vocab_size: 24,
+                normalization: Normalization::RMSNorm,
+                layernorm_epsilon: 1e-6,
+                add_bias_linear: false,
+                add_qkv_bias: false,
+                hidden_dropout: dropout,
+                attention_dropout: dropout,
+                init_method_std: 0.5,
+                ..Default::default()
+            },
+            encoder_layers: 2,
+            decoder_layers: 2,
+            relative_buckets: 8,
+            relative_max_distance: 12,
+            softmax_scale: 1.0,
+        }
+    }
+
+    struct Data {
+        enc: Vec<u32>,
+        dec: Vec<u32>,
+        labels: Vec<u32>,
+        mask: Vec<f32>,
+    }
+
+    const B: usize = 2;
+    const TE: usize = 7;
+    const TD: usize = 5;
+
+    fn data() -> Data {
+        let labels: Vec<u32> = (0..B * TD)
+            .map(|i| {
+                if i == 9 {
+                    IGNORE_INDEX
+                } else {
+                    ((i * 5 + 3) % 24) as u32
+                }
+            })
+            .collect();
+        Data {
+            enc: (0..B * TE).map(|i| ((i * 7 + 1) % 24) as u32).collect(),
+            dec: (0..B * TD).map(|i| ((i * 11 + 2) % 24) as u32).collect(),
+            mask: labels
+                .iter()
+                .map(|&l| if l == IGNORE_INDEX { 0.0 } else { 1.0 })
+                .collect(),
+            labels,
+        }
+    }
+
+    fn batch(d: &Data) -> T5Batch<'_> {
+        T5Batch {
+            enc_tokens: &d.enc,
+            dec_tokens: &d.dec,
+            labels: &d.labels,
+            loss_mask: &d.mask,
+            enc_lens: &[TE, TE - 3],
+            dec_lens: &[TD, TD - 1],
+            b: B,
+            te: TE,
+            td: TD,
+        }
+    }
+
+    fn loss(m: &T5Model, params: &Params, tp: &mut Tp, ctx: &StepContext) -> f32 {
+        let d = data();
+        m.forward(params, None, tp, &batch(&d), 1.0, ctx)
+            .unwrap()
+            .loss
+    }
+
+    fn grads_of(m: &T5Model, params: &Params, tp: &mut Tp, ctx: &StepContext) -> (f32, Grads) {
+        let d = data();
+        let mut g = Grads::zeros_like(params);
+        let st = m
+            .forward(params, Some(&mut g), tp, &batch(&d), 1.0, ctx)
+            .unwrap();
+        let l = st.loss;
+        m.backward(params, &mut g, tp, st, &batch(&d), ctx).unwrap();
+        (l, g)
+    }
+
+    #[test]
+    fn whole_t5_gradients_match_finite_difference() {
+        for dropout in [0.0, 0.1] {
+            let (m, mut params) = T5Model::new_tp(config(dropout), 3, 0, 1);
+            let ctx = if dropout > 0.0 {
+                StepContext::train(5, 1, 0)
+            } else {
+                StepContext::eval()
+            };
+            let mut one = serial_group();
+            let mut tp = Tp::new(&mut one, false);
+            let (l, g) = grads_of(&m, &params, &mut tp, &ctx);
+            assert!(
+                (l - (24f32).ln()).abs() < 1.5,
+                "an untrained T5 is near ln(vocab): {l}"
+            );
+            let eps = 1e-2f32;
+            let mut checked = 0;
+            for meta in params.metas.clone() {
+                for k in 0..3 {
+                    let i = meta.offset + (meta.numel * (2 * k + 1)) / 6;
+                    let o = params.data[i];
+                    params.data[i] = o + eps;
+                    let fp = loss(&m, &params, &mut tp, &ctx) as f64;
+                    params.data[i] = o - eps;
+                    let fm = loss(&m, &params, &mut tp, &ctx) as f64;
+                    params.data[i] = o;
+                    let (fd, an) = ((fp - fm) / (2.0 * eps as f64), g.data[i] as f64);
+                    assert!(
+                        (fd - an).abs() <= 2e-3 + 5e-2 * an.abs(),
+                        "p {dropout} {}[{}]: {fd} vs {an}",
+                        meta.name,
+                        i - meta.offset
+                    );
+                    checked += 1;
+                }
+            }
+            assert!(checked >= 3 * 30, "{checked}");
+            for name in [
+                "encoder.relative_pos_emb.relative_attention_bias.weight",
+                "decoder.relative_pos_emb.relative_attention_bias.weight",
+                "decoder.layers.1.cross_attention.linear_kv.weight",
+            ] {
+                let id = params.find(name).unwrap();
+                assert!(
+                    g.get(id).iter().any(|v| v.abs() > 1e-4),
+                    "{name} has a gradient"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn whole_t5_at_tensor_parallel_2_matches_one_rank() {
+        let go = |rank: usize, size: usize, tp: &mut Tp| {
+            let (m, params) = T5Model::new_tp(config(0.1), 3, rank, size);
+            let ctx = StepContext::train(5, 1, 0);
+            let (l, g) = grads_of(&m, &params, tp, &ctx);
+            let pick = |n: &str| g.get(params.find(n).unwrap()).to_vec();
+            (
+                l,
+                pick("encoder.layers.0.input_layernorm.weight"),
+                pick("decoder.final_layernorm.weight"),
+                pick("embedding.word_embeddings.weight"),
+                pick("decoder.relative_pos_emb.relative_attention_bias.weight"),
+            )
+        };
+        let mut s = serial_group();
+        let one = go(0, 1, &mut Tp::new(&mut s, false));
+        let out = megatron_comm::run_ranks(2, move |r, c| go(r, 2, &mut Tp::new(c, false)));
+        let close = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| (x - y).abs() < 1e-5);
+        for (rank, r) in out.into_iter().enumerate() {
+            let r = r.unwrap();
+            assert!(
+                (r.0 - one.0).abs() < 1e-5 * one.0,
+                "rank {rank}: {} vs {}",
+                r.0,
+                one.0
+            );
+            assert!(close(&r.1, &one.1), "rank {rank}: encoder norm");
+            assert!(close(&r.2, &one.2), "rank {rank}: decoder norm");
+            let per = r.3.len();
+            assert!(
+                close(&r.3, &one.3[rank * per..(rank + 1) * per]),
+                "rank {rank}: embedding rows"
+            );
+            // The bias table is split by heads (columns of [buckets, heads]).
+            let heads = 4;
+            let local = heads / 2;
+            for (bucket, row) in r.4.chunks(local).enumerate() {
+                let want =
+                    &one.4[bucket * heads + rank * local..bucket * heads + (rank + 1) * local];
+                assert!(close(row, want), "rank {rank}: bias bucket {bucket}");
+            }
+        }
+    }
+}

@@ -1,0 +1,386 @@
+//! `T5Model` on one pipeline stage (Hugging Face's `T5ForConditionalGeneration`,
+//! megatron-core's `T5Model` with relative positions): one word embedding shared by the
+//! encoder, the decoder and the tied output layer; each stack with its relative position bias
+//! (bidirectional buckets in the encoder, causal ones in the decoder), its layers and a final
+//! norm followed by dropout; the decoder's output scaled by `hidden^-1/2` before the tied
+//! logits (T5's rescaling), and vocabulary-parallel cross-entropy over the counted labels.
+//! The pipeline split of encoder and decoder stages comes with `--model t5`.
+
+use super::layer::{T5Layer, T5LayerInputs, T5LayerSaved, T5Stack};
+use super::relative_bias::RelativePositionBias;
+use super::T5AttentionShape;
+use crate::params::{Grads, Init, Params};
+use crate::tensor_parallel::mappings::copy_to_tensor_model_parallel_region_backward;
+use crate::tensor_parallel::{vocab_parallel_cross_entropy, Tp, VocabParallelEmbedding};
+use crate::transformer::config::TransformerConfig;
+use crate::transformer::layer::{LayerNormSaved, Norm};
+use crate::transformer::step::StepContext;
+use megatron_comm::CommError;
+use megatron_tensor::cpu::dropout::{dropout_backward, dropout_forward};
+use megatron_tensor::cpu::reduce::scale_inplace;
+use megatron_tensor::cpu::ClassifierDims;
+use megatron_tensor::Tensor;
+use serde::{Deserialize, Serialize};
+
+/// A T5: the layers' sizes, norms and activation in `transformer` (its `num_layers` unused),
+/// the stacks' depths, the relative positions and the attention scale.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct T5Config {
+    pub transformer: TransformerConfig,
+    pub encoder_layers: usize,
+    pub decoder_layers: usize,
+    /// `relative_attention_num_buckets`, `relative_attention_max_distance`.
+    pub relative_buckets: usize,
+    pub relative_max_distance: usize,
+    /// The attention scores' factor (1 in T5).
+    pub softmax_scale: f32,
+}
+
+/// One micro-batch: encoder inputs `[b, te]`, decoder inputs and labels `[b, td]` (labels
+/// `IGNORE_INDEX` where not counted), the loss mask, each sequence's real lengths.
+pub struct T5Batch<'a> {
+    pub enc_tokens: &'a [u32],
+    pub dec_tokens: &'a [u32],
+    pub labels: &'a [u32],
+    pub loss_mask: &'a [f32],
+    pub enc_lens: &'a [usize],
+    pub dec_lens: &'a [usize],
+    pub b: usize,
+    pub te: usize,
+    pub td: usize,
+}
+
+pub struct T5Model {
+    pub config: T5Config,
+    pub embedding: VocabParallelEmbedding,
+    pub encoder_bias: RelativePositionBias,
+    pub encoder: Vec<T5Layer>,
+    pub encoder_norm: Norm,
+    pub decoder_bias: RelativePositionBias,
+    pub decoder: Vec<T5Layer>,
+    pub decoder_norm: Norm,
+}
+
+/// Dropout streams of the embeddings and the stacks' outputs (layers use their numbers).
+const STREAM_EMBEDDING: usize = 1 << 20;
+const SITE_ENCODER_EMBEDDING: u64 = 1;
+const SITE_DECODER_EMBEDDING: u64 = 2;
+const SITE_ENCODER_OUTPUT: u64 = 3;
+const SITE_DECODER_OUTPUT: u64 = 4;
+
+/// What backward needs of a forward.
+pub struct T5State {
+    encoder: Vec<T5LayerSaved>,
+    encoder_out: (Tensor, LayerNormSaved),
+    memory: Tensor,
+    decoder: Vec<T5LayerSaved>,
+    decoder_out: (Tensor, LayerNormSaved),
+    /// Gradient of the decoder's final (scaled, dropped) output, known in the forward.
+    dlast: Tensor,
+    enc_bias: Vec<f32>,
+    dec_bias: Vec<f32>,
+    pub loss: f32,
+}
+
+impl T5Model {
+    pub fn build(config: T5Config, params: &mut Params, inits: &mut Vec<Init>) -> T5Model {
+        let cfg = &config.transformer;
+        let (h, heads) = (cfg.hidden_size, cfg.num_attention_heads);
+        let std = cfg.init_method_std;
+        let embedding = VocabParallelEmbedding::new(
+            params,
+            inits,
+            "embedding.word_embeddings.weight",
+            cfg.padded_vocab_size,
+            h,
+            std,
+        );
+        let rel = (config.relative_buckets, config.relative_max_distance);
+        let norm = |name: &str, params: &mut Params, inits: &mut Vec<Init>| {
+            Norm::new(
+                cfg.normalization,
+                name,
+                h,
+                cfg.layernorm_epsilon,
+                params,
+                inits,
+            )
+        };
+        let encoder_bias = RelativePositionBias::new(
+            "encoder.relative_pos_emb",
+            rel,
+            true,
+            heads,
+            std,
+            params,
+            inits,
+        );
+        let encoder = (0..config.encoder_layers)
+            .map(|l| {
+                T5Layer::new(
+                    cfg,
+                    T5Stack::Encoder,
+                    l,
+                    l,
+                    config.softmax_scale,
+                    params,
+                    inits,
+                )
+            })
+            .collect();
+        let encoder_norm = norm("encoder.final_layernorm", params, inits);
+        let decoder_bias = RelativePositionBias::new(
+            "decoder.relative_pos_emb",
+            rel,
+            false,
+            heads,
+            std,
+            params,
+            inits,
+        );
+        let decoder = (0..config.decoder_layers)
+            .map(|l| {
+                let stream = config.encoder_layers + l;
+                T5Layer::new(
+                    cfg,
+                    T5Stack::Decoder,
+                    l,
+                    stream,
+                    config.softmax_scale,
+                    params,
+                    inits,
+                )
+            })
+            .collect();
+        let decoder_norm = norm("decoder.final_layernorm", params, inits);
+        T5Model {
+            config,
+            embedding,
+            encoder_bias,
+            encoder,
+            encoder_norm,
+            decoder_bias,
+            decoder,
+            decoder_norm,
+        }
+    }
+
+    /// The whole model on one tensor-parallel rank of `tp_size`, initialized from `seed`.
+    pub fn new_tp(
+        config: T5Config,
+        seed: u64,
+        tp_rank: usize,
+        tp_size: usize,
+    ) -> (T5Model, Params) {
+        let mut params = Params::for_tp_rank(tp_rank, tp_size);
+        let mut inits = Vec::new();
+        let m = Self::build(config, &mut params, &mut inits);
+        params.initialize(seed, &inits);
+        (m, params)
+    }
+
+    fn p(&self, ctx: &StepContext) -> f32 {
+        ctx.p(self.config.transformer.hidden_dropout)
+    }
+
+    fn dropout(&self, x: Tensor, ctx: &StepContext, site: u64) -> Tensor {
+        let p = self.p(ctx);
+        if p == 0.0 {
+            return x;
+        }
+        let mut d = Tensor::for_overwrite(x.shape());
+        dropout_forward(d.data_mut(), x.data(), p, ctx.site(STREAM_EMBEDDING, site));
+        d
+    }
+
+    fn dropout_grad(&self, dy: Tensor, ctx: &StepContext, site: u64) -> Tensor {
+        let p = self.p(ctx);
+        if p == 0.0 {
+            return dy;
+        }
+        let mut d = Tensor::for_overwrite(dy.shape());
+        dropout_backward(d.data_mut(), dy.data(), p, ctx.site(STREAM_EMBEDDING, site));
+        d
+    }
+
+    /// The decoder output's rescaling before the tied logits: `hidden^-1/2`.
+    fn output_scale(&self) -> f32 {
+        (self.config.transformer.hidden_size as f32).powf(-0.5)
+    }
+
+    /// Forward and, with `grads`, what backward needs (the output layer and loss gradients are
+    /// computed here, as GPT's fused output layer does). The loss is the mean over the counted
+    /// labels, its gradient scaled by `grad_scale`. Collective over `tp`.
+    pub fn forward(
+        &self,
+        params: &Params,
+        mut grads: Option<&mut Grads>,
+        tp: &mut Tp,
+        batch: &T5Batch,
+        grad_scale: f32,
+        ctx: &StepContext,
+    ) -> Result<T5State, CommError> {
+        let (b, te, td) = (batch.b, batch.te, batch.td);
+        let h = self.config.transformer.hidden_size;
+        // Encoder.
+        let x = self.embedding.forward(params, tp, batch.enc_tokens)?;
+        let mut x = self.dropout(x, ctx, SITE_ENCODER_EMBEDDING);
+        let enc_bias = self.encoder_bias.forward(params, te, te);
+        let enc_in = T5LayerInputs {
+            shape: T5AttentionShape { b, tq: te, tk: te },
+            bias: &enc_bias,
+            self_lens: batch.enc_lens,
+            memory: None,
+        };
+        let mut encoder = Vec::with_capacity(self.encoder.len());
+        for l in &self.encoder {
+            let (y, s) = l.forward(params, tp, x, &enc_in, ctx)?;
+            encoder.push(s);
+            x = y;
+        }
+        let (normed, ln) = self.encoder_norm.forward(params, &x);
+        let memory = self.dropout(normed, ctx, SITE_ENCODER_OUTPUT);
+        let encoder_out = (x, ln);
+        // Decoder.
+        let y = self.embedding.forward(params, tp, batch.dec_tokens)?;
+        let mut y = self.dropout(y, ctx, SITE_DECODER_EMBEDDING);
+        let dec_bias = self.decoder_bias.forward(params, td, td);
+        let dec_in = T5LayerInputs {
+            shape: T5AttentionShape { b, tq: td, tk: td },
+            bias: &dec_bias,
+            self_lens: batch.dec_lens,
+            memory: Some((&memory, batch.enc_lens, te)),
+        };
+        let mut decoder = Vec::with_capacity(self.decoder.len());
+        for l in &self.decoder {
+            let (z, s) = l.forward(params, tp, y, &dec_in, ctx)?;
+            decoder.push(s);
+            y = z;
+        }
+        let (normed, ln) = self.decoder_norm.forward(params, &y);
+        let mut last = self.dropout(normed, ctx, SITE_DECODER_OUTPUT);
+        scale_inplace(last.data_mut(), self.output_scale());
+        let decoder_out = (y, ln);
+        // Tied logits and the loss.
+        let n = b * td;
+        let total = batch.loss_mask.iter().sum::<f32>().max(1.0);
+        let v = self.embedding.vocab_per_partition;
+        let dims = ClassifierDims {
+            n,
+            c: h,
+            v,
+            chunk_rows: crate::models::gpt::classifier_tile_rows(v),
+        };
+        let mut losses = vec![0.0f32; n];
+        let w = self.embedding.weight;
+        let mut dlast = Tensor::for_overwrite(&[0]);
+        match grads.as_deref_mut() {
+            Some(g) => {
+                let dloss: Vec<f32> = batch
+                    .loss_mask
+                    .iter()
+                    .map(|m| m / total * grad_scale)
+                    .collect();
+                let mut dx = Tensor::for_overwrite(&[n, h]);
+                vocab_parallel_cross_entropy(
+                    tp,
+                    &mut losses,
+                    Some((dx.data_mut(), g.get_mut(w))),
+                    last.data(),
+                    &params.get(w),
+                    None,
+                    batch.labels,
+                    &dloss,
+                    dims,
+                    self.embedding.vocab_start,
+                )?;
+                dlast = copy_to_tensor_model_parallel_region_backward(tp, dx)?;
+            }
+            None => vocab_parallel_cross_entropy(
+                tp,
+                &mut losses,
+                None,
+                last.data(),
+                &params.get(w),
+                None,
+                batch.labels,
+                &[],
+                dims,
+                self.embedding.vocab_start,
+            )?,
+        }
+        let loss = losses
+            .iter()
+            .zip(batch.loss_mask)
+            .map(|(l, m)| (*l as f64) * (*m as f64))
+            .sum::<f64>()
+            / total as f64;
+        Ok(T5State {
+            encoder,
+            encoder_out,
+            memory,
+            decoder,
+            decoder_out,
+            dlast,
+            enc_bias,
+            dec_bias,
+            loss: loss as f32,
+        })
+    }
+
+    /// Backward of [`T5Model::forward`] (which was given gradients).
+    pub fn backward(
+        &self,
+        params: &Params,
+        grads: &mut Grads,
+        tp: &mut Tp,
+        state: T5State,
+        batch: &T5Batch,
+        ctx: &StepContext,
+    ) -> Result<(), CommError> {
+        let (b, te, td) = (batch.b, batch.te, batch.td);
+        let mut dlast = state.dlast;
+        scale_inplace(dlast.data_mut(), self.output_scale());
+        let dnormed = self.dropout_grad(dlast, ctx, SITE_DECODER_OUTPUT);
+        let (y, ln) = &state.decoder_out;
+        let mut dy = self.decoder_norm.backward(params, grads, ln, y, &dnormed);
+        let dec_in = T5LayerInputs {
+            shape: T5AttentionShape { b, tq: td, tk: td },
+            bias: &state.dec_bias,
+            self_lens: batch.dec_lens,
+            memory: Some((&state.memory, batch.enc_lens, te)),
+        };
+        let mut dmemory = Tensor::zeros(state.memory.shape());
+        let mut dbias = vec![0.0f32; state.dec_bias.len()];
+        for (l, s) in self.decoder.iter().zip(state.decoder).rev() {
+            let g = l.backward(params, grads, tp, s, dy, &dec_in, ctx)?;
+            dy = g.dx;
+            let dm = g.dmemory.expect("a decoder layer reads the encoder output");
+            megatron_tensor::cpu::reduce::add_inplace(dmemory.data_mut(), dm.data());
+            megatron_tensor::cpu::reduce::add_inplace(&mut dbias, &g.dbias);
+        }
+        self.decoder_bias.backward(grads, &dbias, td, td);
+        let dy = self.dropout_grad(dy, ctx, SITE_DECODER_EMBEDDING);
+        self.embedding.backward(grads, tp, batch.dec_tokens, dy)?;
+        // Encoder.
+        let dnormed = self.dropout_grad(dmemory, ctx, SITE_ENCODER_OUTPUT);
+        let (x, ln) = &state.encoder_out;
+        let mut dx = self.encoder_norm.backward(params, grads, ln, x, &dnormed);
+        let enc_in = T5LayerInputs {
+            shape: T5AttentionShape { b, tq: te, tk: te },
+            bias: &state.enc_bias,
+            self_lens: batch.enc_lens,
+            memory: None,
+        };
+        let mut dbias = vec![0.0f32; state.enc_bias.len()];
+        for (l, s) in self.encoder.iter().zip(state.encoder).rev() {
+            let g = l.backward(params, grads, tp, s, dx, &enc_in, ctx)?;
+            dx = g.dx;
+            megatron_tensor::cpu::reduce::add_inplace(&mut dbias, &g.dbias);
+        }
+        self.encoder_bias.backward(grads, &dbias, te, te);
+        let dx = self.dropout_grad(dx, ctx, SITE_ENCODER_EMBEDDING);
+        self.embedding.backward(grads, tp, batch.enc_tokens, dx)?;
+        Ok(())
+    }
+}
