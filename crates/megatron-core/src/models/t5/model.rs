@@ -214,7 +214,7 @@ impl T5Model {
     pub fn forward(
         &self,
         params: &Params,
-        mut grads: Option<&mut Grads>,
+        grads: Option<&mut Grads>,
         tp: &mut Tp,
         batch: &T5Batch,
         grad_scale: f32,
@@ -274,7 +274,7 @@ impl T5Model {
         let mut losses = vec![0.0f32; n];
         let w = self.embedding.weight;
         let mut dlast = Tensor::for_overwrite(&[0]);
-        match grads.as_deref_mut() {
+        match grads {
             Some(g) => {
                 let dloss: Vec<f32> = batch
                     .loss_mask
