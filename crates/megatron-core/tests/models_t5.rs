@@ -411,7 +411,7 @@ mod layers {
 }
 
 mod whole_model {
-    use megatron_core::models::t5::{T5Batch, T5Config, T5Model};
+    use megatron_core::models::t5::{T5Batch, T5Config, T5Model, T5Stacks};
     use megatron_core::params::{Grads, Params};
     use megatron_core::tensor_parallel::{serial_group, Tp};
     use megatron_core::transformer::config::Normalization;
@@ -436,11 +436,13 @@ mod whole_model {
                 init_method_std: 0.5,
                 ..Default::default()
             },
-            encoder_layers: 2,
-            decoder_layers: 2,
-            relative_buckets: 8,
-            relative_max_distance: 12,
-            softmax_scale: 1.0,
+            stacks: T5Stacks {
+                encoder_layers: 2,
+                decoder_layers: 2,
+                relative_buckets: 8,
+                relative_max_distance: 12,
+                softmax_scale: 1.0,
+            },
         }
     }
 

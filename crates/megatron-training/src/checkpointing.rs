@@ -78,6 +78,9 @@ pub struct CheckpointMeta {
     /// A BERT: its segments and heads (`model` is then its encoder's config).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bert: Option<megatron_core::models::bert::BertHeads>,
+    /// A T5: its stacks (`model` is then the layers' config).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub t5: Option<megatron_core::models::t5::T5Stacks>,
     /// Integer buffers of a converted Hugging Face file that are not parameters (older
     /// BERT files' `embeddings.position_ids`), kept so the export writes the same file.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -96,6 +99,7 @@ pub struct HfBuffer {
 #[derive(Clone, Debug, Default)]
 pub struct ConvertedExtras {
     pub bert: Option<megatron_core::models::bert::BertHeads>,
+    pub t5: Option<megatron_core::models::t5::T5Stacks>,
     pub hf_buffers: Vec<HfBuffer>,
 }
 
@@ -497,6 +501,7 @@ pub(crate) fn write_whole_checkpoint(
         files: Vec::new(),
         layout: None,
         bert: extras.bert,
+        t5: extras.t5,
         hf_buffers: extras.hf_buffers,
     };
     crate::checkpoint_save::finalize(save, &partial, meta, 1)?;

@@ -5,14 +5,13 @@
 //! padding mask, the outputs mean-pooled over the real tokens and, with `--normalize`, scaled
 //! to unit length. Written as a float32 `.npy` of `[lines, hidden]`.
 
-use crate::checkpointing::{load_checkpoint_weights, restore, LoadedCheckpoint};
+pub use crate::load::load_bert;
 use crate::{io_err, TrainError};
-use megatron_core::models::bert::{BertBatch, BertConfig, BertModel};
-use megatron_core::models::ModelFamily;
+use megatron_core::models::bert::{BertBatch, BertModel};
 use megatron_core::tensor_parallel::{serial_group, Tp};
 use megatron_core::Params;
 use megatron_tensor::cpu::{mean_pool_forward, PoolNorm};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct EmbedArgs {
@@ -38,22 +37,6 @@ pub struct EmbedArgs {
     /// A `tokenizer.json` other than the one the checkpoint records.
     #[arg(long)]
     pub tokenizer_model: Option<PathBuf>,
-}
-
-/// A BERT checkpoint's model, with its weights.
-pub fn load_bert(load: &Path) -> Result<(BertModel, Params, LoadedCheckpoint), TrainError> {
-    let ck = load_checkpoint_weights(load)?;
-    let heads = ck.meta.bert.ok_or_else(|| TrainError::Checkpoint {
-        path: ck.dir.display().to_string(),
-        msg: "not a BERT checkpoint (its manifest records no BERT heads)".into(),
-    })?;
-    let cfg = BertConfig::with_heads(ck.meta.model.clone(), heads);
-    let mut params = Params::default();
-    let layers = cfg.num_layers();
-    let model = cfg.build_chunk(&mut params, &mut Vec::new(), 0..layers, true, true);
-    params.data = vec![0.0; params.numel()];
-    restore(&ck, &mut params, None)?;
-    Ok((model, params, ck))
 }
 
 /// Token ids and segments of one line, truncated to `max_length` with the closing `[SEP]`

@@ -128,6 +128,12 @@ fn write_logits(path: &Path, rows: &[Vec<f32>]) -> Result<(), TrainError> {
 /// last line of the new token ids).
 pub fn generate(args: &GenerateArgs) -> Result<String, TrainError> {
     let ck = load_checkpoint_weights(Path::new(&args.load))?;
+    if ck.meta.t5.is_some() {
+        return Err(TrainError::Checkpoint {
+            path: ck.dir.display().to_string(),
+            msg: "generation from a T5 (encoder input, decoder output) is not built yet".into(),
+        });
+    }
     if ck.meta.bert.is_some() {
         return Err(TrainError::Checkpoint {
             path: ck.dir.display().to_string(),

@@ -16,6 +16,7 @@ mod family_gpt;
 pub mod flops;
 pub mod generate;
 mod launch;
+pub mod load;
 pub mod logging;
 pub mod machine_probes;
 pub mod memory;

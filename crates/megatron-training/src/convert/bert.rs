@@ -6,7 +6,7 @@
 //! The task models prefix the encoder with `bert.`; `BertModel` does not.
 
 use super::llama::{fuse_qkv, num, split_qkv};
-use super::{pad_rows, take, HfFamily, Tensors};
+use super::{decimal, pad_rows, take, HfFamily, Tensors};
 use megatron_core::models::bert::{BertHeads, BinaryHead, LmHead};
 use megatron_core::transformer::config::{GeluForm, LayerNormPlacement};
 use megatron_core::TransformerConfig;
@@ -337,12 +337,6 @@ impl Bert {
         }
         Ok(m)
     }
-}
-
-/// An f32 as the shortest decimal that reads back as it (`1e-12`, not `9.99999996e-13`), as
-/// config.json writers print it.
-fn decimal(x: f32) -> f64 {
-    x.to_string().parse().expect("an f32 prints as a number")
 }
 
 impl HfFamily for Bert {

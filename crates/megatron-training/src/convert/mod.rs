@@ -10,6 +10,7 @@ mod gpt2;
 mod llama;
 mod mixtral;
 mod qwen2_moe;
+mod t5;
 
 use crate::checkpointing::{
     iteration_dir, load_checkpoint_weights, write_whole_checkpoint, ConvertedExtras, HfBuffer,
@@ -87,6 +88,12 @@ pub(crate) fn take(t: &mut Tensors, name: &str, shape: &[usize]) -> Result<Vec<f
         return Err(format!("tensor {name} has shape {s:?}, expected {shape:?}"));
     }
     Ok(v)
+}
+
+/// An f32 as the shortest decimal that reads back as it (`1e-12`, not `9.99999996e-13`), as
+/// config.json writers print it.
+pub(crate) fn decimal(x: f32) -> f64 {
+    x.to_string().parse().expect("an f32 prints as a number")
 }
 
 /// `rows` of `x` (row-major, `cols` wide) appended with zero rows up to `padded`.
@@ -184,9 +191,13 @@ pub fn hf_to_megatron(
         let b = bert::Bert::from_file(&arch, &hf, &hf_tensors);
         extras.bert = Some(b.heads);
         Box::new(b)
+    } else if arch == t5::ARCHITECTURE {
+        let t = t5::T5::from_config(&hf).map_err(|m| err(&cfg_path, m))?;
+        extras.t5 = Some(t.stacks);
+        Box::new(t)
     } else {
         family(&arch).ok_or_else(|| {
-            err(&cfg_path, format!("unknown architecture '{arch}' (known: GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM, {})", bert::ARCHITECTURES.join(", ")))
+            err(&cfg_path, format!("unknown architecture '{arch}' (known: GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM, {}, {})", bert::ARCHITECTURES.join(", "), t5::ARCHITECTURE))
         })?
     };
     for b in buffers {
@@ -250,6 +261,8 @@ pub fn megatron_to_hf(input: &Path, output: &Path) -> Result<PathBuf, TrainError
         .collect();
     let fam: Box<dyn HfFamily> = if let Some(heads) = ck.meta.bert {
         Box::new(bert::Bert::for_heads(heads))
+    } else if let Some(stacks) = ck.meta.t5 {
+        Box::new(t5::T5 { stacks })
     } else if cfg.position_embedding_type
         == megatron_core::transformer::config::PositionEmbeddingType::LearnedAbsolute
     {

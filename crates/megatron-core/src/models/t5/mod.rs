@@ -11,5 +11,5 @@ pub mod relative_bias;
 
 pub use attention::{T5Attention, T5AttentionKind, T5AttentionSaved, T5AttentionShape};
 pub use layer::{T5Layer, T5LayerInputs, T5Stack};
-pub use model::{T5Batch, T5Config, T5Model};
+pub use model::{T5Batch, T5Config, T5Model, T5Stacks};
 pub use relative_bias::RelativePositionBias;

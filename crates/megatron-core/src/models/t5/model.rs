@@ -22,11 +22,10 @@ use megatron_tensor::cpu::ClassifierDims;
 use megatron_tensor::Tensor;
 use serde::{Deserialize, Serialize};
 
-/// A T5: the layers' sizes, norms and activation in `transformer` (its `num_layers` unused),
-/// the stacks' depths, the relative positions and the attention scale.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct T5Config {
-    pub transformer: TransformerConfig,
+/// What makes a T5 of a `TransformerConfig` (recorded in checkpoints beside it): the stacks'
+/// depths, the relative positions and the attention scale.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq)]
+pub struct T5Stacks {
     pub encoder_layers: usize,
     pub decoder_layers: usize,
     /// `relative_attention_num_buckets`, `relative_attention_max_distance`.
@@ -34,6 +33,14 @@ pub struct T5Config {
     pub relative_max_distance: usize,
     /// The attention scores' factor (1 in T5).
     pub softmax_scale: f32,
+}
+
+/// A T5: the layers' sizes, norms and activation in `transformer` (its `num_layers` unused)
+/// and the stacks.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct T5Config {
+    pub transformer: TransformerConfig,
+    pub stacks: T5Stacks,
 }
 
 /// One micro-batch: encoder inputs `[b, te]`, decoder inputs and labels `[b, td]` (labels
@@ -68,17 +75,22 @@ const SITE_DECODER_EMBEDDING: u64 = 2;
 const SITE_ENCODER_OUTPUT: u64 = 3;
 const SITE_DECODER_OUTPUT: u64 = 4;
 
-/// What backward needs of a forward.
-pub struct T5State {
+/// What the stacks keep for backward.
+struct SavedStacks {
     encoder: Vec<T5LayerSaved>,
     encoder_out: (Tensor, LayerNormSaved),
     memory: Tensor,
     decoder: Vec<T5LayerSaved>,
     decoder_out: (Tensor, LayerNormSaved),
-    /// Gradient of the decoder's final (scaled, dropped) output, known in the forward.
-    dlast: Tensor,
     enc_bias: Vec<f32>,
     dec_bias: Vec<f32>,
+}
+
+/// What backward needs of a forward.
+pub struct T5State {
+    stacks: SavedStacks,
+    /// Gradient of the decoder's final (scaled, dropped) output, known in the forward.
+    dlast: Tensor,
     pub loss: f32,
 }
 
@@ -95,7 +107,8 @@ impl T5Model {
             h,
             std,
         );
-        let rel = (config.relative_buckets, config.relative_max_distance);
+        let st = config.stacks;
+        let rel = (st.relative_buckets, st.relative_max_distance);
         let norm = |name: &str, params: &mut Params, inits: &mut Vec<Init>| {
             Norm::new(
                 cfg.normalization,
@@ -115,14 +128,14 @@ impl T5Model {
             params,
             inits,
         );
-        let encoder = (0..config.encoder_layers)
+        let encoder = (0..st.encoder_layers)
             .map(|l| {
                 T5Layer::new(
                     cfg,
                     T5Stack::Encoder,
                     l,
                     l,
-                    config.softmax_scale,
+                    config.stacks.softmax_scale,
                     params,
                     inits,
                 )
@@ -138,15 +151,15 @@ impl T5Model {
             params,
             inits,
         );
-        let decoder = (0..config.decoder_layers)
+        let decoder = (0..st.decoder_layers)
             .map(|l| {
-                let stream = config.encoder_layers + l;
+                let stream = st.encoder_layers + l;
                 T5Layer::new(
                     cfg,
                     T5Stack::Decoder,
                     l,
                     stream,
-                    config.softmax_scale,
+                    config.stacks.softmax_scale,
                     params,
                     inits,
                 )
@@ -208,20 +221,44 @@ impl T5Model {
         (self.config.transformer.hidden_size as f32).powf(-0.5)
     }
 
-    /// Forward and, with `grads`, what backward needs (the output layer and loss gradients are
-    /// computed here, as GPT's fused output layer does). The loss is the mean over the counted
-    /// labels, its gradient scaled by `grad_scale`. Collective over `tp`.
-    pub fn forward(
+    /// This rank's vocabulary slice of the logits, `[b * td, vocab / tp]`, without dropout
+    /// (evaluation, conversion checks, generation).
+    pub fn logits(
         &self,
         params: &Params,
-        grads: Option<&mut Grads>,
         tp: &mut Tp,
         batch: &T5Batch,
-        grad_scale: f32,
+    ) -> Result<Tensor, CommError> {
+        let ctx = StepContext::eval();
+        let (last, _) = self.decoder_output(params, tp, batch, &ctx)?;
+        let (n, h, v) = (
+            last.shape()[0],
+            self.config.transformer.hidden_size,
+            self.embedding.vocab_per_partition,
+        );
+        let mut logits = Tensor::for_overwrite(&[n, v]);
+        megatron_tensor::cpu::matmul_forward(
+            logits.data_mut(),
+            last.data(),
+            &params.get(self.embedding.weight),
+            None,
+            n,
+            h,
+            v,
+        );
+        Ok(logits)
+    }
+
+    /// Both stacks: the decoder's final output (normed, dropped, rescaled) `[b * td, hidden]`
+    /// and what backward needs of them.
+    fn decoder_output(
+        &self,
+        params: &Params,
+        tp: &mut Tp,
+        batch: &T5Batch,
         ctx: &StepContext,
-    ) -> Result<T5State, CommError> {
+    ) -> Result<(Tensor, SavedStacks), CommError> {
         let (b, te, td) = (batch.b, batch.te, batch.td);
-        let h = self.config.transformer.hidden_size;
         // Encoder.
         let x = self.embedding.forward(params, tp, batch.enc_tokens)?;
         let mut x = self.dropout(x, ctx, SITE_ENCODER_EMBEDDING);
@@ -261,6 +298,35 @@ impl T5Model {
         let mut last = self.dropout(normed, ctx, SITE_DECODER_OUTPUT);
         scale_inplace(last.data_mut(), self.output_scale());
         let decoder_out = (y, ln);
+        Ok((
+            last,
+            SavedStacks {
+                encoder,
+                encoder_out,
+                memory,
+                decoder,
+                decoder_out,
+                enc_bias,
+                dec_bias,
+            },
+        ))
+    }
+
+    /// Forward and, with `grads`, what backward needs (the output layer and loss gradients are
+    /// computed here, as GPT's fused output layer does). The loss is the mean over the counted
+    /// labels, its gradient scaled by `grad_scale`. Collective over `tp`.
+    pub fn forward(
+        &self,
+        params: &Params,
+        grads: Option<&mut Grads>,
+        tp: &mut Tp,
+        batch: &T5Batch,
+        grad_scale: f32,
+        ctx: &StepContext,
+    ) -> Result<T5State, CommError> {
+        let (b, td) = (batch.b, batch.td);
+        let h = self.config.transformer.hidden_size;
+        let (last, stacks) = self.decoder_output(params, tp, batch, ctx)?;
         // Tied logits and the loss.
         let n = b * td;
         let total = batch.loss_mask.iter().sum::<f32>().max(1.0);
@@ -316,14 +382,8 @@ impl T5Model {
             .sum::<f64>()
             / total as f64;
         Ok(T5State {
-            encoder,
-            encoder_out,
-            memory,
-            decoder,
-            decoder_out,
+            stacks,
             dlast,
-            enc_bias,
-            dec_bias,
             loss: loss as f32,
         })
     }
@@ -342,17 +402,17 @@ impl T5Model {
         let mut dlast = state.dlast;
         scale_inplace(dlast.data_mut(), self.output_scale());
         let dnormed = self.dropout_grad(dlast, ctx, SITE_DECODER_OUTPUT);
-        let (y, ln) = &state.decoder_out;
+        let (y, ln) = &state.stacks.decoder_out;
         let mut dy = self.decoder_norm.backward(params, grads, ln, y, &dnormed);
         let dec_in = T5LayerInputs {
             shape: T5AttentionShape { b, tq: td, tk: td },
-            bias: &state.dec_bias,
+            bias: &state.stacks.dec_bias,
             self_lens: batch.dec_lens,
-            memory: Some((&state.memory, batch.enc_lens, te)),
+            memory: Some((&state.stacks.memory, batch.enc_lens, te)),
         };
-        let mut dmemory = Tensor::zeros(state.memory.shape());
-        let mut dbias = vec![0.0f32; state.dec_bias.len()];
-        for (l, s) in self.decoder.iter().zip(state.decoder).rev() {
+        let mut dmemory = Tensor::zeros(state.stacks.memory.shape());
+        let mut dbias = vec![0.0f32; state.stacks.dec_bias.len()];
+        for (l, s) in self.decoder.iter().zip(state.stacks.decoder).rev() {
             let g = l.backward(params, grads, tp, s, dy, &dec_in, ctx)?;
             dy = g.dx;
             let dm = g.dmemory.expect("a decoder layer reads the encoder output");
@@ -364,16 +424,16 @@ impl T5Model {
         self.embedding.backward(grads, tp, batch.dec_tokens, dy)?;
         // Encoder.
         let dnormed = self.dropout_grad(dmemory, ctx, SITE_ENCODER_OUTPUT);
-        let (x, ln) = &state.encoder_out;
+        let (x, ln) = &state.stacks.encoder_out;
         let mut dx = self.encoder_norm.backward(params, grads, ln, x, &dnormed);
         let enc_in = T5LayerInputs {
             shape: T5AttentionShape { b, tq: te, tk: te },
-            bias: &state.enc_bias,
+            bias: &state.stacks.enc_bias,
             self_lens: batch.enc_lens,
             memory: None,
         };
-        let mut dbias = vec![0.0f32; state.enc_bias.len()];
-        for (l, s) in self.encoder.iter().zip(state.encoder).rev() {
+        let mut dbias = vec![0.0f32; state.stacks.enc_bias.len()];
+        for (l, s) in self.encoder.iter().zip(state.stacks.encoder).rev() {
             let g = l.backward(params, grads, tp, s, dx, &enc_in, ctx)?;
             dx = g.dx;
             megatron_tensor::cpu::reduce::add_inplace(&mut dbias, &g.dbias);

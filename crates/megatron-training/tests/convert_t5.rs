@@ -1,0 +1,131 @@
+//! T5 conversion against transformers (`bench/make_hf_t5_fixture.py`; a tiny random
+//! `T5ForConditionalGeneration` committed with its outputs): the converted model gives
+//! transformers' logits (padded encoder input, causal decoder, relative position buckets,
+//! tied rescaled output) and loss; converted back it gives the original file byte for byte.
+
+mod common;
+
+use common::tmpdir;
+use megatron_core::models::t5::T5Batch;
+use megatron_core::tensor_parallel::{serial_group, Tp};
+use megatron_core::transformer::step::StepContext;
+use megatron_tensor::cpu::IGNORE_INDEX;
+use megatron_training::convert::{hf_to_megatron, megatron_to_hf};
+use megatron_training::load::load_t5;
+use safetensors::SafeTensors;
+use std::path::PathBuf;
+
+fn fixture() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf/t5")
+}
+
+fn ints(r: &SafeTensors, name: &str) -> Vec<i64> {
+    r.tensor(name)
+        .unwrap()
+        .data()
+        .chunks_exact(8)
+        .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+fn floats(r: &SafeTensors, name: &str) -> Vec<f32> {
+    r.tensor(name)
+        .unwrap()
+        .data()
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+#[test]
+fn t5_converts_to_transformers_logits_and_loss_and_back_byte_for_byte() {
+    let dir = tmpdir("convert-t5");
+    let save = dir.join("megatron");
+    hf_to_megatron(&fixture(), &save, 128).unwrap();
+    let refb = std::fs::read(fixture().join("reference.safetensors")).unwrap();
+    let r = SafeTensors::deserialize(&refb).unwrap();
+    let enc: Vec<u32> = ints(&r, "input_ids").iter().map(|&x| x as u32).collect();
+    let dec: Vec<u32> = ints(&r, "decoder_input_ids")
+        .iter()
+        .map(|&x| x as u32)
+        .collect();
+    let labels: Vec<u32> = ints(&r, "labels")
+        .iter()
+        .map(|&x| if x < 0 { IGNORE_INDEX } else { x as u32 })
+        .collect();
+    let mask: Vec<f32> = labels
+        .iter()
+        .map(|&l| if l == IGNORE_INDEX { 0.0 } else { 1.0 })
+        .collect();
+    let (b, te) = (2, r.tensor("input_ids").unwrap().shape()[1]);
+    let td = r.tensor("decoder_input_ids").unwrap().shape()[1];
+    let enc_lens: Vec<usize> = ints(&r, "attention_mask")
+        .chunks(te)
+        .map(|m| m.iter().filter(|&&x| x == 1).count())
+        .collect();
+    let batch = T5Batch {
+        enc_tokens: &enc,
+        dec_tokens: &dec,
+        labels: &labels,
+        loss_mask: &mask,
+        enc_lens: &enc_lens,
+        dec_lens: &[td, td],
+        b,
+        te,
+        td,
+    };
+    let (model, params, ck) = load_t5(&save).unwrap();
+    let mut one = serial_group();
+    let mut tp = Tp::new(&mut one, false);
+    let logits = model.logits(&params, &mut tp, &batch).unwrap();
+    let vocab = ck.meta.vocab_size;
+    let vp = logits.shape()[1];
+    let want = floats(&r, "logits");
+    let mut diff = 0.0f32;
+    for row in 0..b * td {
+        for c in 0..vocab {
+            diff = diff.max((logits.data()[row * vp + c] - want[row * vocab + c]).abs());
+        }
+    }
+    eprintln!("t5: max |logit difference| {diff:e}");
+    assert!(diff <= 1e-4, "logits differ by {diff}");
+    // The loss counts the padded vocabulary's zero rows too (as Megatron's would): converted
+    // with no padding it is transformers' loss.
+    let save1 = dir.join("unpadded");
+    hf_to_megatron(&fixture(), &save1, 1).unwrap();
+    let (m1, p1, _) = load_t5(&save1).unwrap();
+    let st = m1
+        .forward(&p1, None, &mut tp, &batch, 1.0, &StepContext::eval())
+        .unwrap();
+    let want_loss = floats(&r, "loss")[0];
+    assert!(
+        (st.loss - want_loss).abs() <= 1e-5 * want_loss,
+        "loss {} vs {want_loss}",
+        st.loss
+    );
+    // And back.
+    let back = dir.join("hf");
+    megatron_to_hf(&save, &back).unwrap();
+    let a = std::fs::read(fixture().join("model.safetensors")).unwrap();
+    let c = std::fs::read(back.join("model.safetensors")).unwrap();
+    assert!(
+        a == c,
+        "the exported model.safetensors differs from the original"
+    );
+    let cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(back.join("config.json")).unwrap()).unwrap();
+    let orig: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture().join("config.json")).unwrap())
+            .unwrap();
+    for key in [
+        "architectures",
+        "d_kv",
+        "num_decoder_layers",
+        "relative_attention_num_buckets",
+        "layer_norm_epsilon",
+        "feed_forward_proj",
+    ] {
+        assert_eq!(cfg[key], orig[key], "config.json {key}");
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
