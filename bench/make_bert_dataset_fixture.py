@@ -53,10 +53,14 @@ for path in sorted(glob.glob(os.path.join(root, "examples", "sotu", "*.txt")))[:
         k += n
 b.finalize(prefix + ".idx")
 
+# Megatron's _BertWordPieceTokenizer appends [BOS] and [EOS] to the vocabulary (and T5's
+# sentinels after them): the random replacement draws from all of inv_vocab.
+full_vocab = vocab + ["[BOS]", "[EOS]"]
+
 class Tok:
     cls, sep, mask, pad = vocab.index("[CLS]"), vocab.index("[SEP]"), vocab.index("[MASK]"), vocab.index("[PAD]")
-    inv_vocab = {i: t for i, t in enumerate(vocab)}
-    vocab_size = len(vocab)
+    inv_vocab = {i: t for i, t in enumerate(full_vocab)}
+    vocab_size = len(full_vocab)
     unique_identifiers = {"class": "Tok"}
 
 def dump(ds, n):
@@ -68,7 +72,7 @@ def dump(ds, n):
 
 result = {"seq_length": 64, "seed": 1234, "split": "95,5,0", "mask_prob": 0.15, "short_seq_prob": 0.1,
           "num_samples": [300, 40, 0], "cls": Tok.cls, "sep": Tok.sep, "mask": Tok.mask, "pad": Tok.pad,
-          "vocab_size": len(vocab), "continuation_ids": [i for i, t in enumerate(vocab) if t.startswith("##")],
+          "vocab_size": len(full_vocab), "continuation_ids": [i for i, t in enumerate(vocab) if t.startswith("##")],
           "tokenized": tokenized}
 for head in (True, False):
     with tempfile.TemporaryDirectory() as cache:
@@ -87,6 +91,7 @@ for head in (True, False):
 class T5Tok(Tok):
     bos, eos = len(vocab), len(vocab) + 1
     additional_special_tokens_ids = list(range(len(vocab) + 2, len(vocab) + 102))
+    inv_vocab = {i: t for i, t in enumerate(full_vocab + [f"<extra_id_{k}>" for k in range(100)])}
     unique_identifiers = {"class": "T5Tok"}
 
 with tempfile.TemporaryDirectory() as cache:

@@ -45,8 +45,14 @@ impl HFTokenizer {
     /// Megatron's `BertWordPieceLowerCase` / `BertWordPieceCase` (`--vocab-file vocab.txt`):
     /// BERT's basic tokenization (text cleanup, CJK characters apart, accents stripped when
     /// lower-casing, punctuation split) then greedy longest-match WordPiece with `[UNK]`, as
-    /// Google's `FullTokenizer` and Hugging Face's `BertTokenizerFast` do.
-    pub fn bert_wordpiece(vocab: &str, lower_case: bool) -> Result<Self, DataError> {
+    /// Google's `FullTokenizer` and Hugging Face's `BertTokenizerFast` do. Like Megatron's
+    /// `_BertWordPieceTokenizer`, `[BOS]` and `[EOS]` are appended to the vocabulary, then
+    /// `extra_ids` sentinels `<extra_id_0>`... (`--vocab-extra-ids`, T5's).
+    pub fn bert_wordpiece(
+        vocab: &str,
+        lower_case: bool,
+        extra_ids: usize,
+    ) -> Result<Self, DataError> {
         use tokenizers::decoders::wordpiece::WordPiece as WordPieceDecoder;
         use tokenizers::models::wordpiece::WordPiece;
         use tokenizers::normalizers::bert::BertNormalizer;
@@ -59,6 +65,12 @@ impl HFTokenizer {
         inner.with_normalizer(Some(BertNormalizer::new(true, true, None, lower_case)));
         inner.with_pre_tokenizer(Some(BertPreTokenizer));
         inner.with_decoder(Some(WordPieceDecoder::default()));
+        let added: Vec<tokenizers::AddedToken> = ["[BOS]".to_string(), "[EOS]".to_string()]
+            .into_iter()
+            .chain((0..extra_ids).map(|i| format!("<extra_id_{i}>")))
+            .map(|t| tokenizers::AddedToken::from(t, true))
+            .collect();
+        inner.add_special_tokens(&added);
         let name = if lower_case {
             "BertWordPieceLowerCase"
         } else {

@@ -89,6 +89,9 @@ pub struct TokenizerSpec {
     pub merge_file: Option<String>,
     pub tokenizer_model: Option<String>,
     pub vocab_size: Option<usize>,
+    /// `--vocab-extra-ids`: T5's sentinels `<extra_id_0>`... appended to a WordPiece
+    /// vocabulary.
+    pub vocab_extra_ids: usize,
 }
 
 pub fn build_tokenizer(
@@ -129,6 +132,7 @@ pub fn build_tokenizer_from(spec: &TokenizerSpec) -> Result<Box<dyn Tokenizer>, 
             Ok(Box::new(crate::hf_tokenizer::HFTokenizer::bert_wordpiece(
                 &v,
                 name == "BertWordPieceLowerCase",
+                spec.vocab_extra_ids,
             )?))
         }
         "HuggingFaceTokenizer" => {

@@ -204,7 +204,9 @@ fn bert_wordpiece_tokenizer_matches_the_bert_dataset_fixture() {
         ..Default::default()
     })
     .unwrap();
-    assert_eq!(tok.vocab_size(), 30522);
+    // Megatron's WordPiece tokenizer appends [BOS] and [EOS].
+    assert_eq!(tok.vocab_size(), 30524);
+    assert_eq!(tok.token_text(30522).as_deref(), Some("[BOS]"));
     assert_eq!(tok.encode("Hello world").unwrap(), vec![7592, 2088]);
     assert_eq!(tok.token_id("[MASK]"), Some(103));
     assert_eq!(tok.token_text(2088).as_deref(), Some("world"));

@@ -179,6 +179,9 @@ pub struct TokenizerArgs {
     /// A Hugging Face tokenizer.json.
     #[arg(long)]
     pub tokenizer_model: Option<String>,
+    /// T5's sentinel tokens `<extra_id_0>`... appended to a WordPiece vocabulary.
+    #[arg(long, default_value_t = 0)]
+    pub vocab_extra_ids: usize,
 }
 
 impl TokenizerArgs {
@@ -189,6 +192,7 @@ impl TokenizerArgs {
             merge_file: self.merge_file.clone(),
             tokenizer_model: self.tokenizer_model.clone(),
             vocab_size: self.vocab_size,
+            vocab_extra_ids: self.vocab_extra_ids,
         }
     }
 }

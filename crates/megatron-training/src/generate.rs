@@ -146,6 +146,7 @@ pub fn generate(args: &GenerateArgs) -> Result<String, TrainError> {
         merge_file: ck.meta.merge_file.clone(),
         tokenizer_model: ck.meta.tokenizer_model.clone(),
         vocab_size: Some(ck.meta.vocab_size),
+        vocab_extra_ids: 0,
     });
     // Token ids need no tokenizer.
     let tok = match (tok, &args.prompt_ids) {
