@@ -162,6 +162,7 @@ fn main() -> ExitCode {
                         megatron_training::arguments::ModelArg::Tabular => "loss",
                         // Masked-LM plus sentence-order loss, as Megatron's BERT trains on.
                         megatron_training::arguments::ModelArg::Bert => "loss",
+                        megatron_training::arguments::ModelArg::T5 => "lm loss",
                     };
                     println!(
                         "done: iterations {}..{} | first {what} {:.4} | last {what} {:.4}",

@@ -150,6 +150,10 @@ pub enum ModelArg {
     /// indexed dataset (`pretrain_bert.py`).
     #[value(name = "bert")]
     Bert,
+    /// A T5 encoder-decoder (span corruption), on a sentence-split indexed dataset
+    /// (`pretrain_t5.py`).
+    #[value(name = "t5")]
+    T5,
 }
 
 /// `--transformer-block-type` (NeMo's flag): where a layer's LayerNorms sit.
@@ -216,6 +220,23 @@ pub struct TrainArgs {
     /// `--model bert`: the probability of a sample shorter than --seq-length.
     #[arg(long, default_value_t = 0.1)]
     pub short_seq_prob: f64,
+    /// `--model t5`: encoder layers (default --num-layers).
+    #[arg(long)]
+    pub encoder_num_layers: Option<usize>,
+    /// `--model t5`: decoder layers (default --num-layers).
+    #[arg(long)]
+    pub decoder_num_layers: Option<usize>,
+    /// `--model t5`: the encoder's sequence length (sets --seq-length).
+    #[arg(long)]
+    pub encoder_seq_length: Option<usize>,
+    /// `--model t5`: the decoder's sequence length.
+    #[arg(long, default_value_t = 128)]
+    pub decoder_seq_length: usize,
+    /// `--model t5`: relative position buckets and the distance the last one starts at.
+    #[arg(long, default_value_t = 32)]
+    pub relative_attention_num_buckets: usize,
+    #[arg(long, default_value_t = 128)]
+    pub relative_attention_max_distance: usize,
     /// `--model bert`: `pre_ln` (Megatron's BERT) or `post_ln` (the original BERT).
     #[arg(long, value_enum, default_value = "pre_ln")]
     pub transformer_block_type: BlockTypeArg,
@@ -715,6 +736,8 @@ pub struct TrainConfig {
     pub vocab_size: usize,
     /// `--model bert`: its heads and masking.
     pub bert: Option<crate::family_bert::BertSettings>,
+    /// `--model t5`: its stacks, decoder length and masking.
+    pub t5: Option<crate::family_t5::T5Settings>,
 }
 
 fn bad(msg: String) -> TrainError {
@@ -871,6 +894,7 @@ impl TrainArgs {
             None => self.model_config(vocab_size, tp)?,
         };
         let bert = self.bert_settings(&mut model, cp, from_checkpoint)?;
+        let t5 = self.t5_settings(&model, pp, cp)?;
         if self.sequence_parallel
             && tp > 1
             && !(self.micro_batch_size * self.seq_length).is_multiple_of(tp)
@@ -899,8 +923,13 @@ impl TrainArgs {
                 ))
             })?;
         }
+        let mut args = self.clone();
+        if let (ModelArg::T5, Some(e)) = (self.model, self.encoder_seq_length) {
+            // Megatron's --encoder-seq-length is the run's sequence length.
+            args.seq_length = e;
+        }
         Ok(TrainConfig {
-            args: self.clone(),
+            args,
             model,
             precision: if self.bf16 {
                 Precision::BF16
@@ -935,7 +964,85 @@ impl TrainArgs {
             recompute,
             vocab_size,
             bert,
+            t5,
         })
+    }
+
+    /// `--model t5`: the stacks and the flags T5 refuses, named.
+    fn t5_settings(
+        &self,
+        model: &TransformerConfig,
+        pp: usize,
+        cp: usize,
+    ) -> Result<Option<crate::family_t5::T5Settings>, TrainError> {
+        if self.model != ModelArg::T5 {
+            return Ok(None);
+        }
+        let refuse = |on: bool, flag: &str, why: &str| {
+            if on {
+                Err(bad(format!("--model t5: {flag} is not supported ({why})")))
+            } else {
+                Ok(())
+            }
+        };
+        refuse(
+            pp > 1,
+            "--pipeline-model-parallel-size > 1",
+            "the encoder/decoder stage split is not built yet",
+        )?;
+        refuse(
+            self.sequence_parallel,
+            "--sequence-parallel",
+            "T5's layers keep whole sequences on every tensor-parallel rank",
+        )?;
+        refuse(
+            cp > 1,
+            "--context-parallel-size > 1",
+            "context parallelism is built for decoders",
+        )?;
+        refuse(
+            self.reset_attention_mask || self.reset_position_ids,
+            "--reset-attention-mask / --reset-position-ids",
+            "samples are spans of sentences",
+        )?;
+        refuse(
+            self.mock_data,
+            "--mock-data",
+            "T5 samples are built from a sentence-split dataset",
+        )?;
+        refuse(
+            model.untie_embeddings_and_output_weights,
+            "--untie-embeddings-and-output-weights",
+            "the output layer is the shared embedding",
+        )?;
+        refuse(
+            model.moe.is_some(),
+            "--num-experts",
+            "mixture-of-experts T5 is not built",
+        )?;
+        refuse(
+            self.tokenizer.vocab_extra_ids == 0,
+            "--vocab-extra-ids 0",
+            "span corruption needs sentinel tokens (Megatron's recipe uses 100)",
+        )?;
+        if !(self.mask_prob > 0.0 && self.mask_prob < 1.0) {
+            return Err(bad(format!(
+                "--mask-prob must be in (0, 1), got {}",
+                self.mask_prob
+            )));
+        }
+        Ok(Some(crate::family_t5::T5Settings {
+            stacks: megatron_core::models::t5::T5Stacks {
+                encoder_layers: self.encoder_num_layers.unwrap_or(self.num_layers),
+                decoder_layers: self.decoder_num_layers.unwrap_or(self.num_layers),
+                relative_buckets: self.relative_attention_num_buckets,
+                relative_max_distance: self.relative_attention_max_distance,
+                softmax_scale: 1.0,
+            },
+            decoder_seq_length: self.decoder_seq_length,
+            mask_prob: self.mask_prob,
+            short_seq_prob: self.short_seq_prob,
+        }))
     }
 
     /// `--model bert`: the encoder's attention and norms set on `model`, the flags BERT

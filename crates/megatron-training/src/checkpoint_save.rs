@@ -109,7 +109,7 @@ impl<F: crate::family::TrainFamily> crate::training::Trainer<'_, F> {
                 distributed_optimizer: cfg.optimizer == OptimizerKind::DistributedAdam,
             }),
             bert: F::bert_heads(self.cfg),
-            t5: None,
+            t5: F::t5_stacks(self.cfg),
             hf_buffers: Vec::new(),
         }
     }

@@ -44,4 +44,8 @@ pub(crate) trait TrainFamily: 'static {
     fn bert_heads(_cfg: &TrainConfig) -> Option<BertHeads> {
         None
     }
+    /// A T5's stacks, recorded in checkpoints.
+    fn t5_stacks(_cfg: &TrainConfig) -> Option<megatron_core::models::t5::T5Stacks> {
+        None
+    }
 }

@@ -49,7 +49,7 @@ fn split_of(s: Split) -> usize {
 }
 
 /// The tokenizer's special ids and word pieces, or an error naming what it lacks.
-fn wordpiece(tok: &dyn Tokenizer) -> Result<WordPieceTokens, TrainError> {
+pub(crate) fn wordpiece(tok: &dyn Tokenizer) -> Result<WordPieceTokens, TrainError> {
     let id = |t: &str| {
         tok.token_id(t).ok_or_else(|| {
             TrainError::Args(format!(

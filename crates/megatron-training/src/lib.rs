@@ -13,6 +13,7 @@ mod evaluate;
 mod family;
 pub mod family_bert;
 mod family_gpt;
+pub mod family_t5;
 pub mod flops;
 pub mod generate;
 mod launch;

@@ -213,6 +213,9 @@ pub(crate) fn run(
         crate::arguments::ModelArg::Bert => {
             run_family::<crate::family_bert::Bert>(cfg, tok, threads, groups, world_peak)
         }
+        crate::arguments::ModelArg::T5 => {
+            run_family::<crate::family_t5::T5>(cfg, tok, threads, groups, world_peak)
+        }
         _ => run_family::<crate::family_gpt::Gpt>(cfg, tok, threads, groups, world_peak),
     }
 }

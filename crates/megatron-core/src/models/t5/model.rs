@@ -92,6 +92,115 @@ pub struct T5State {
     /// Gradient of the decoder's final (scaled, dropped) output, known in the forward.
     dlast: Tensor,
     pub loss: f32,
+    /// Counted labels.
+    pub tokens: f32,
+}
+
+impl SavedStacks {
+    fn size_in_bytes(&self) -> usize {
+        self.encoder
+            .iter()
+            .map(|s| s.size_in_bytes())
+            .sum::<usize>()
+            + self
+                .decoder
+                .iter()
+                .map(|s| s.size_in_bytes())
+                .sum::<usize>()
+            + self.encoder_out.0.size_in_bytes()
+            + self.memory.size_in_bytes()
+            + self.decoder_out.0.size_in_bytes()
+            + 4 * (self.enc_bias.len() + self.dec_bias.len())
+    }
+}
+
+impl crate::models::ChunkState for T5State {
+    fn activation_bytes(&self) -> usize {
+        self.stacks.size_in_bytes()
+    }
+    fn loss(&self) -> Option<(f32, f32)> {
+        Some((self.loss, self.tokens))
+    }
+}
+
+/// One pipeline stage holds the whole T5 for now (the encoder/decoder stage split comes with
+/// the pipeline schedules' second tensor): `--model t5` refuses pipeline parallelism.
+impl crate::models::ModelChunk for T5Model {
+    type Batch<'b> = T5Batch<'b>;
+    type State = T5State;
+
+    fn pre_process(&self) -> bool {
+        true
+    }
+    fn post_process(&self) -> bool {
+        true
+    }
+    fn input_shape(&self, batch: &T5Batch<'_>, _tp: &Tp) -> [usize; 2] {
+        [batch.b * batch.td, self.config.transformer.hidden_size]
+    }
+    fn output_shape(&self, batch: &T5Batch<'_>, tp: &Tp) -> [usize; 2] {
+        self.input_shape(batch, tp)
+    }
+
+    fn forward_step(
+        &self,
+        params: &Params,
+        grads: Option<&mut Grads>,
+        tp: &mut Tp,
+        _input: Option<Tensor>,
+        batch: &T5Batch<'_>,
+        grad_scale: f32,
+        ctx: &StepContext,
+    ) -> Result<(Option<Tensor>, T5State), CommError> {
+        Ok((
+            None,
+            self.forward(params, grads, tp, batch, grad_scale, ctx)?,
+        ))
+    }
+
+    fn backward_step(
+        &self,
+        params: &Params,
+        grads: &mut Grads,
+        tp: &mut Tp,
+        state: T5State,
+        _dy: Option<Tensor>,
+        batch: &T5Batch<'_>,
+        ctx: &StepContext,
+        on_ready: &mut dyn FnMut(usize),
+    ) -> Result<Option<Tensor>, CommError> {
+        self.backward(params, grads, tp, state, batch, ctx)?;
+        on_ready(0);
+        Ok(None)
+    }
+
+    fn shared_embedding(&self) -> Option<crate::params::ParamId> {
+        None
+    }
+}
+
+impl crate::models::ModelFamily for T5Config {
+    type Chunk = T5Model;
+
+    fn num_layers(&self) -> usize {
+        self.stacks.encoder_layers + self.stacks.decoder_layers
+    }
+
+    fn build_chunk(
+        &self,
+        params: &mut Params,
+        inits: &mut Vec<Init>,
+        _layers: std::ops::Range<usize>,
+        pre_process: bool,
+        post_process: bool,
+    ) -> T5Model {
+        // The stage's layer range counts `--num-layers`; a T5 stage holds both stacks whole.
+        assert!(
+            pre_process && post_process,
+            "a T5 is built on one pipeline stage"
+        );
+        T5Model::build(self.clone(), params, inits)
+    }
 }
 
 impl T5Model {
@@ -385,6 +494,7 @@ impl T5Model {
             stacks,
             dlast,
             loss: loss as f32,
+            tokens: batch.loss_mask.iter().sum(),
         })
     }
 
