@@ -132,7 +132,10 @@ impl T5Dataset {
         encoder_input.extend_from_slice(&m.tokens[from..]);
         decoder_output.push(t.eos);
         let (ne, nd) = (encoder_input.len(), decoder_input.len());
-        assert!(ne <= self.cfg.encoder_seq_length && nd <= self.cfg.decoder_seq_length);
+        assert!(
+            ne <= self.cfg.encoder_seq_length && nd <= self.cfg.decoder_seq_length,
+            "sample {idx}: {ne} encoder and {nd} decoder tokens"
+        );
         let pad = t.pieces.pad;
         let (encoder_len, decoder_len) = (ne, nd);
         encoder_input.resize(self.cfg.encoder_seq_length, pad);

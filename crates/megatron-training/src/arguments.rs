@@ -1031,6 +1031,17 @@ impl TrainArgs {
                 self.mask_prob
             )));
         }
+        // The decoder reads [BOS], then a sentinel and the tokens of each masked span: at most
+        // twice the masked tokens plus one (Megatron asserts it per sample; here it is checked
+        // once, before any sample is drawn).
+        let encoder = self.encoder_seq_length.unwrap_or(self.seq_length);
+        let worst = 1 + 2 * (self.mask_prob * encoder.saturating_sub(2) as f64).floor() as usize;
+        if self.decoder_seq_length < worst {
+            return Err(bad(format!(
+                "--decoder-seq-length {} is too short for --mask-prob {} of --encoder-seq-length {encoder}: a sample's decoder input can reach {worst} tokens",
+                self.decoder_seq_length, self.mask_prob
+            )));
+        }
         Ok(Some(crate::family_t5::T5Settings {
             stacks: megatron_core::models::t5::T5Stacks {
                 encoder_layers: self.encoder_num_layers.unwrap_or(self.num_layers),

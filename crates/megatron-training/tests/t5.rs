@@ -116,6 +116,7 @@ fn t5_refuses_what_it_does_not_support_by_flag() {
             "--sequence-parallel",
         ),
         (&["--vocab-extra-ids", "0"][..], "--vocab-extra-ids"),
+        (&["--decoder-seq-length", "8"][..], "--decoder-seq-length"),
     ] {
         let e = pretrain(&t5_args(&[&["--train-iters", "3"], flags].concat()))
             .expect_err("refused")
