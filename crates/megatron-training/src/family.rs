@@ -49,3 +49,84 @@ pub(crate) trait TrainFamily: 'static {
         None
     }
 }
+
+/// The sentence-split dataset of `--data-path PREFIX` and, per split (train, validation,
+/// test), the samples `build(document ids, samples wanted)` makes of its documents, with
+/// Megatron's sample counts (every training sample, every evaluation, one test pass). Shared
+/// by the masked-language families (BERT, T5); `what` names the family in errors.
+pub(crate) fn sentence_splits<D>(
+    cfg: &TrainConfig,
+    what: &str,
+    lead: bool,
+    mut build: impl FnMut(
+        std::sync::Arc<megatron_data::indexed_dataset::IndexedDataset>,
+        &[i32],
+        u64,
+    ) -> D,
+    len: impl Fn(&D) -> usize,
+) -> Result<[Option<D>; 3], TrainError> {
+    use megatron_data::gpt_dataset::{split_indices, split_matrix};
+    let a = &cfg.args;
+    let blend = megatron_data::blended_dataset::parse_blend(&a.data_path)?;
+    let [(_, prefix)] = blend.as_slice() else {
+        return Err(TrainError::Args(format!(
+            "--model {what} reads one sentence-split dataset (--data-path PREFIX); got {} prefixes",
+            blend.len()
+        )));
+    };
+    let ds = std::sync::Arc::new(megatron_data::indexed_dataset::IndexedDataset::open(
+        prefix,
+    )?);
+    let gbs = cfg.global_batch_size as u64;
+    let eval = a.eval_iters * gbs;
+    let want = [
+        cfg.train_iters * gbs,
+        (cfg.train_iters / a.eval_interval + 1) * eval,
+        eval,
+    ];
+    let matrix = split_matrix(&megatron_data::text_dataset::parse_split(&a.split)?);
+    let names = ["train", "validation", "test"];
+    let mut splits: [Option<D>; 3] = [None, None, None];
+    for k in 0..3 {
+        let (Some(bounds), n) = (matrix[k], want[k]) else {
+            continue;
+        };
+        let docs = split_indices(bounds, ds.num_documents());
+        if n == 0 || docs.is_empty() {
+            continue;
+        }
+        let d = build(ds.clone(), &docs, n);
+        if len(&d) == 0 {
+            return Err(TrainError::Args(format!(
+                "{prefix}: the {} split's {} documents make no {what} sample (preprocess with --split-sentences; BERT's binary head needs 2 sentences per document)",
+                names[k],
+                docs.len()
+            )));
+        }
+        if lead {
+            println!(
+                "data: {} split, {prefix}: {} documents, {} {what} samples",
+                names[k],
+                docs.len(),
+                len(&d)
+            );
+        }
+        splits[k] = Some(d);
+    }
+    if splits[0].is_none() {
+        return Err(TrainError::Args(format!(
+            "--split {}: the training split of {prefix} is empty",
+            a.split
+        )));
+    }
+    Ok(splits)
+}
+
+/// The index of a split in [`sentence_splits`]' array.
+pub(crate) fn split_index(s: Split) -> usize {
+    match s {
+        Split::Train => 0,
+        Split::Valid => 1,
+        Split::Test => 2,
+    }
+}

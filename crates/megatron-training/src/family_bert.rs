@@ -4,16 +4,12 @@
 //! masked positions with their labels and the sentence-order labels.
 
 use crate::arguments::TrainConfig;
-use crate::family::TrainFamily;
+use crate::family::{sentence_splits, split_index, TrainFamily};
 use crate::TrainError;
 use megatron_core::context_parallel::CpLayout;
 use megatron_core::models::bert::{BertBatch, BertConfig, BertHeads, BertModel};
 use megatron_data::bert_dataset::{BertDataset, BertSampleConfig, WordPieceTokens};
-use megatron_data::blended_dataset::parse_blend;
-use megatron_data::gpt_dataset::{split_indices, split_matrix};
-use megatron_data::indexed_dataset::IndexedDataset;
 use megatron_data::{Split, Tokenizer};
-use std::sync::Arc;
 
 /// `--mask-prob`, `--short-seq-prob` and the model's heads, validated.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -38,14 +34,6 @@ pub(crate) struct BertMicroBatch {
     rows: Vec<u32>,
     labels: Vec<u32>,
     order: Vec<u32>,
-}
-
-fn split_of(s: Split) -> usize {
-    match s {
-        Split::Train => 0,
-        Split::Valid => 1,
-        Split::Test => 2,
-    }
 }
 
 /// The tokenizer's special ids and word pieces, or an error naming what it lacks.
@@ -91,14 +79,6 @@ impl TrainFamily for Bert {
     ) -> Result<BertData, TrainError> {
         let a = &cfg.args;
         let s = cfg.bert.expect("--model bert has BERT settings");
-        let blend = parse_blend(&a.data_path)?;
-        let [(_, prefix)] = blend.as_slice() else {
-            return Err(TrainError::Args(format!(
-                "--model bert reads one sentence-split dataset (--data-path PREFIX); got {} prefixes",
-                blend.len()
-            )));
-        };
-        let ds = Arc::new(IndexedDataset::open(prefix)?);
         let pieces = wordpiece(tok)?;
         let sample_cfg = BertSampleConfig {
             seq_length: a.seq_length,
@@ -110,54 +90,18 @@ impl TrainFamily for Bert {
             binary_head: s.heads.binary_head
                 == megatron_core::models::bert::BinaryHead::SentenceOrder,
         };
-        let gbs = cfg.global_batch_size as u64;
-        let eval = a.eval_iters * gbs;
-        let want = [
-            cfg.train_iters * gbs,
-            (cfg.train_iters / a.eval_interval + 1) * eval,
-            eval,
-        ];
-        let matrix = split_matrix(&megatron_data::text_dataset::parse_split(&a.split)?);
-        let names = ["train", "validation", "test"];
-        let mut splits: [Option<BertDataset>; 3] = [None, None, None];
-        for k in 0..3 {
-            let (Some(bounds), n) = (matrix[k], want[k]) else {
-                continue;
-            };
-            let docs = split_indices(bounds, ds.num_documents());
-            if n == 0 || docs.is_empty() {
-                continue;
-            }
-            let d = BertDataset::new(ds.clone(), &docs, Some(n), sample_cfg, pieces.clone());
-            if d.is_empty() {
-                return Err(TrainError::Args(format!(
-                    "{prefix}: the {} split's {} documents make no BERT sample (each needs {} sentences; preprocess with --split-sentences)",
-                    names[k],
-                    docs.len(),
-                    if sample_cfg.binary_head { "at least 2" } else { "a" }
-                )));
-            }
-            if lead {
-                println!(
-                    "data: {} split, {prefix}: {} documents, {} BERT samples",
-                    names[k],
-                    docs.len(),
-                    d.len()
-                );
-            }
-            splits[k] = Some(d);
-        }
-        if splits[0].is_none() {
-            return Err(TrainError::Args(format!(
-                "--split {}: the training split of {prefix} is empty",
-                a.split
-            )));
-        }
+        let splits = sentence_splits(
+            cfg,
+            "bert",
+            lead,
+            |ds, docs, n| BertDataset::new(ds, docs, Some(n), sample_cfg, pieces.clone()),
+            BertDataset::len,
+        )?;
         Ok(BertData { splits })
     }
 
     fn num_samples(data: &BertData, split: Split) -> u64 {
-        data.splits[split_of(split)]
+        data.splits[split_index(split)]
             .as_ref()
             .map_or(0, |d| d.len() as u64)
     }
@@ -176,7 +120,7 @@ impl TrainFamily for Bert {
 
     fn fill(cfg: &TrainConfig, data: &BertData, mb: &mut BertMicroBatch, split: Split, first: u64) {
         let (b, t) = (cfg.args.micro_batch_size, cfg.args.seq_length);
-        let ds = data.splits[split_of(split)]
+        let ds = data.splits[split_index(split)]
             .as_ref()
             .expect("a split with samples");
         mb.rows.clear();

@@ -4,18 +4,14 @@
 //! sequences' lengths. One pipeline stage (the encoder/decoder stage split is not built yet).
 
 use crate::arguments::TrainConfig;
-use crate::family::TrainFamily;
+use crate::family::{sentence_splits, split_index, TrainFamily};
 use crate::family_bert::wordpiece;
 use crate::TrainError;
 use megatron_core::context_parallel::CpLayout;
 use megatron_core::models::t5::{T5Batch, T5Config, T5Model, T5Stacks};
-use megatron_data::blended_dataset::parse_blend;
-use megatron_data::gpt_dataset::{split_indices, split_matrix};
-use megatron_data::indexed_dataset::IndexedDataset;
 use megatron_data::t5_dataset::{T5Dataset, T5SampleConfig, T5Tokens};
 use megatron_data::{Split, Tokenizer};
 use megatron_tensor::cpu::IGNORE_INDEX;
-use std::sync::Arc;
 
 /// The validated T5 settings: the stacks, the decoder's length and the masking.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -69,14 +65,6 @@ impl TrainFamily for T5 {
     ) -> Result<T5Data, TrainError> {
         let a = &cfg.args;
         let s = settings(cfg);
-        let blend = parse_blend(&a.data_path)?;
-        let [(_, prefix)] = blend.as_slice() else {
-            return Err(TrainError::Args(format!(
-                "--model t5 reads one sentence-split dataset (--data-path PREFIX); got {} prefixes",
-                blend.len()
-            )));
-        };
-        let ds = Arc::new(IndexedDataset::open(prefix)?);
         let id = |t: &str| {
             tok.token_id(t).ok_or_else(|| {
                 TrainError::Args(format!(
@@ -101,51 +89,20 @@ impl TrainFamily for T5 {
             masking_probability: s.mask_prob,
             short_seq_prob: s.short_seq_prob,
         };
-        let gbs = cfg.global_batch_size as u64;
-        let eval = a.eval_iters * gbs;
-        let want = [
-            cfg.train_iters * gbs,
-            (cfg.train_iters / a.eval_interval + 1) * eval,
-            eval,
-        ];
-        let matrix = split_matrix(&megatron_data::text_dataset::parse_split(&a.split)?);
-        let names = ["train", "validation", "test"];
-        let mut splits: [Option<T5Dataset>; 3] = [None, None, None];
-        for k in 0..3 {
-            let (Some(bounds), n) = (matrix[k], want[k]) else {
-                continue;
-            };
-            let docs = split_indices(bounds, ds.num_documents());
-            if n == 0 || docs.is_empty() {
-                continue;
-            }
-            let d = T5Dataset::new(ds.clone(), &docs, Some(n), sample_cfg, tokens.clone());
-            if lead {
-                println!(
-                    "data: {} split, {prefix}: {} documents, {} T5 samples",
-                    names[k],
-                    docs.len(),
-                    d.len()
-                );
-            }
-            splits[k] = Some(d).filter(|d| !d.is_empty());
-        }
-        if splits[0].is_none() {
-            return Err(TrainError::Args(format!(
-                "--split {}: the training split of {prefix} is empty",
-                a.split
-            )));
-        }
+        let splits = sentence_splits(
+            cfg,
+            "t5",
+            lead,
+            |ds, docs, n| T5Dataset::new(ds, docs, Some(n), sample_cfg, tokens.clone()),
+            T5Dataset::len,
+        )?;
         Ok(T5Data { splits })
     }
 
     fn num_samples(data: &T5Data, split: Split) -> u64 {
-        let k = match split {
-            Split::Train => 0,
-            Split::Valid => 1,
-            Split::Test => 2,
-        };
-        data.splits[k].as_ref().map_or(0, |d| d.len() as u64)
+        data.splits[split_index(split)]
+            .as_ref()
+            .map_or(0, |d| d.len() as u64)
     }
 
     fn micro_batch(cfg: &TrainConfig, _cp: CpLayout) -> T5MicroBatch {
@@ -170,12 +127,9 @@ impl TrainFamily for T5 {
             cfg.args.seq_length,
             settings(cfg).decoder_seq_length,
         );
-        let k = match split {
-            Split::Train => 0,
-            Split::Valid => 1,
-            Split::Test => 2,
-        };
-        let ds = data.splits[k].as_ref().expect("a split with samples");
+        let ds = data.splits[split_index(split)]
+            .as_ref()
+            .expect("a split with samples");
         for j in 0..b {
             let s = ds.sample(((first + j as u64) % ds.len() as u64) as usize);
             mb.enc[j * te..(j + 1) * te].copy_from_slice(&s.encoder_input);

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::tmpdir;
+use common::{safetensor_f32 as floats, safetensor_i64 as ints, tmpdir};
 use megatron_core::models::bert::BertBatch;
 use megatron_core::models::{ChunkState, ModelChunk};
 use megatron_core::tensor_parallel::{serial_group, Tp};
@@ -19,24 +19,6 @@ fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/hf")
         .join(name)
-}
-
-fn ints(r: &SafeTensors, name: &str) -> Vec<i64> {
-    r.tensor(name)
-        .unwrap()
-        .data()
-        .chunks_exact(8)
-        .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
-        .collect()
-}
-
-fn floats(r: &SafeTensors, name: &str) -> Vec<f32> {
-    r.tensor(name)
-        .unwrap()
-        .data()
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-        .collect()
 }
 
 fn max_diff(a: &[f32], b: &[f32]) -> f32 {

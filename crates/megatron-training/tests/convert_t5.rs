@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::tmpdir;
+use common::{safetensor_f32 as floats, safetensor_i64 as ints, tmpdir};
 use megatron_core::models::t5::T5Batch;
 use megatron_core::tensor_parallel::{serial_group, Tp};
 use megatron_core::transformer::step::StepContext;
@@ -17,24 +17,6 @@ use std::path::PathBuf;
 
 fn fixture() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf/t5")
-}
-
-fn ints(r: &SafeTensors, name: &str) -> Vec<i64> {
-    r.tensor(name)
-        .unwrap()
-        .data()
-        .chunks_exact(8)
-        .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
-        .collect()
-}
-
-fn floats(r: &SafeTensors, name: &str) -> Vec<f32> {
-    r.tensor(name)
-        .unwrap()
-        .data()
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-        .collect()
 }
 
 #[test]

@@ -368,3 +368,23 @@ pub fn last_memory_record(metrics: &std::path::Path) -> serde_json::Value {
         .expect("a memory record at the log interval");
     rec["memory"].clone()
 }
+
+/// An I64 tensor of a safetensors file (reference fixtures).
+pub fn safetensor_i64(r: &safetensors::SafeTensors, name: &str) -> Vec<i64> {
+    r.tensor(name)
+        .unwrap()
+        .data()
+        .chunks_exact(8)
+        .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+/// An F32 tensor of a safetensors file (reference fixtures).
+pub fn safetensor_f32(r: &safetensors::SafeTensors, name: &str) -> Vec<f32> {
+    r.tensor(name)
+        .unwrap()
+        .data()
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
