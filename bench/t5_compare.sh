@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Side-by-side benchmark: `megatron train --model t5` (RMSNorm, no biases, GELU tanh, on the
+# bundled corpus's span-corruption samples) against transformers' T5ForConditionalGeneration in
+# PyTorch eager (bench/torch_t5.py) on the same shapes, alternating runs in one invocation.
+# Tokens/s counts encoder and decoder tokens. Usage: bench/t5_compare.sh [runs] ;
+# PYTHON=path/to/python with torch and transformers.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+RUNS=${1:-3}; PYTHON=${PYTHON:-python3}
+L=4; H=256; A=4; TE=128; TD=40; B=8; V=30624; WARM=3; STEPS=15
+cargo build --release --quiet
+OUT=$(mktemp -d)
+M=./target/release/megatron
+$M preprocess --input examples/sotu --output-prefix "$OUT/sotu" --split-sentences \
+  --tokenizer-type BertWordPieceLowerCase --vocab-file examples/bert/vocab.txt > /dev/null
+echo "# T5: $L + $L layers hidden $H heads $A encoder $TE decoder $TD micro-batch $B vocab $V; $RUNS runs each, alternating"
+echo "# load before start: $(cut -d' ' -f1-3 /proc/loadavg)"
+for r in $(seq 1 "$RUNS"); do
+  rm -f "$OUT/m.jsonl"
+  /usr/bin/time -f "%M" -o "$OUT/rss" $M train --model t5 --data-path "$OUT/sotu_text_sentence" \
+    --split 95,5,0 --tokenizer-type BertWordPieceLowerCase --vocab-file examples/bert/vocab.txt \
+    --vocab-extra-ids 100 --encoder-num-layers $L --decoder-num-layers $L --hidden-size $H \
+    --num-attention-heads $A --encoder-seq-length $TE --decoder-seq-length $TD \
+    --normalization RMSNorm --disable-bias-linear --micro-batch-size $B --global-batch-size $B \
+    --train-iters $((WARM + STEPS)) --lr 1e-4 --weight-decay 0.01 --clip-grad 1.0 \
+    --hidden-dropout 0 --attention-dropout 0 --log-interval 1 --eval-interval 100000 --eval-iters 0 \
+    --metrics-file "$OUT/m.jsonl" --no-progress-bar --num-threads 2 > "$OUT/log"
+  python3 - "$OUT/m.jsonl" "$WARM" "$B" "$((TE + TD))" "$(cat "$OUT/rss")" <<'PY'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if '"lm_loss"' in l]
+warm, b, t, rss_kb = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+ms = statistics.median(r["ms_per_iter"] for r in rows[warm:])
+print(json.dumps({"impl": "megatron-rs", "step_s": ms / 1e3, "tokens_per_sec": b * t / (ms / 1e3),
+                  "peak_rss_bytes": rss_kb * 1024, "first_loss": rows[0]["lm_loss"], "last_loss": rows[-1]["lm_loss"]}))
+PY
+  /usr/bin/time -f "%M" -o "$OUT/rss" "$PYTHON" bench/torch_t5.py --layers $L --hidden $H --heads $A \
+    --enc $TE --dec $TD --batch $B --vocab $V --warmup $WARM --steps $STEPS --threads 2
+done | tee "$OUT/rows"
+python3 - "$OUT/rows" <<'PY'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+pairs = [(rows[i], rows[i + 1]) for i in range(0, len(rows) - 1, 2)]
+ratios = [t["step_s"] / m["step_s"] for m, t in pairs]
+print("# step-time ratio PyTorch / megatron-rs per pair: " + " ".join(f"{r:.2f}" for r in ratios))
+print(f"# median ratio {statistics.median(ratios):.2f}x over {len(ratios)} pairs; peak RSS "
+      f"{max(m['peak_rss_bytes'] for m, _ in pairs) / 1e9:.2f} vs {max(t['peak_rss_bytes'] for _, t in pairs) / 1e9:.2f} GB")
+PY
+rm -rf "$OUT"
