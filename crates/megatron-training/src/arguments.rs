@@ -700,6 +700,14 @@ pub struct GenerateArgs {
     /// Weights rounded to bf16 once, every matmul on bf16 operands with f32 accumulation.
     #[arg(long)]
     pub bf16: bool,
+    /// T5: the decoder's first token (default: the tokenizer's `[BOS]`, else 0 as Hugging
+    /// Face's T5 starts from its pad token).
+    #[arg(long)]
+    pub decoder_start_id: Option<u32>,
+    /// T5: the token that ends the output (default: the tokenizer's `[EOS]`, else 1, Hugging
+    /// Face's T5 `</s>`).
+    #[arg(long)]
+    pub eos_id: Option<u32>,
 }
 
 /// The validated configuration of a run.

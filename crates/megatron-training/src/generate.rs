@@ -128,12 +128,6 @@ fn write_logits(path: &Path, rows: &[Vec<f32>]) -> Result<(), TrainError> {
 /// last line of the new token ids).
 pub fn generate(args: &GenerateArgs) -> Result<String, TrainError> {
     let ck = load_checkpoint_weights(Path::new(&args.load))?;
-    if ck.meta.t5.is_some() {
-        return Err(TrainError::Checkpoint {
-            path: ck.dir.display().to_string(),
-            msg: "generation from a T5 (encoder input, decoder output) is not built yet".into(),
-        });
-    }
     if ck.meta.bert.is_some() {
         return Err(TrainError::Checkpoint {
             path: ck.dir.display().to_string(),
@@ -154,6 +148,9 @@ pub fn generate(args: &GenerateArgs) -> Result<String, TrainError> {
         (Err(_), Some(_)) => None,
         (Err(e), None) => return Err(e.into()),
     };
+    if ck.meta.t5.is_some() {
+        return generate_t5(args, tok.as_deref());
+    }
     let mut params = Params::default();
     let mut inits = Vec::new();
     let layers = ck.meta.model.num_layers();
@@ -251,6 +248,57 @@ pub fn generate(args: &GenerateArgs) -> Result<String, TrainError> {
     };
     if args.print_ids {
         text = format!("{text}\n{}", ids());
+    }
+    Ok(text)
+}
+
+/// T5: the prompt is the encoder's input; the decoder starts from `--decoder-start-id` and
+/// decodes greedily until `--eos-id` or `--max-new-tokens`.
+fn generate_t5(args: &GenerateArgs, tok: Option<&dyn Tokenizer>) -> Result<String, TrainError> {
+    if !args.greedy {
+        return Err(TrainError::Args(
+            "T5 generation is greedy here: pass --greedy (sampling is built for decoders)".into(),
+        ));
+    }
+    let (model, params, ck) = crate::load::load_t5(Path::new(&args.load))?;
+    let prompt = prompt_ids(args, tok)?;
+    let special = |name: &str, default: u32| tok.and_then(|t| t.token_id(name)).unwrap_or(default);
+    let start = args.decoder_start_id.unwrap_or_else(|| special("[BOS]", 0));
+    let eos = args.eos_id.unwrap_or_else(|| special("[EOS]", 1));
+    let mut one = megatron_core::tensor_parallel::serial_group();
+    let mut tp = megatron_core::tensor_parallel::Tp::new(&mut one, false);
+    let started = std::time::Instant::now();
+    let seqs = model.greedy(
+        &params,
+        &mut tp,
+        &prompt,
+        &[prompt.len()],
+        (start, eos, 0),
+        ck.meta.vocab_size,
+        args.max_new_tokens,
+    )?;
+    let out: Vec<u32> = seqs[0][1..]
+        .iter()
+        .copied()
+        .take_while(|&t| t != eos)
+        .collect();
+    eprintln!(
+        "encoder input {} tokens; generated {} tokens in {:.2} s",
+        prompt.len(),
+        out.len(),
+        started.elapsed().as_secs_f64()
+    );
+    let ids = out
+        .iter()
+        .map(|i| i.to_string())
+        .collect::<Vec<_>>()
+        .join(" ");
+    let mut text = match tok {
+        Some(t) => t.decode(&out),
+        None => ids.clone(),
+    };
+    if args.print_ids {
+        text = format!("{text}\n{ids}");
     }
     Ok(text)
 }

@@ -5,6 +5,7 @@
 
 mod common;
 
+use clap::Parser;
 use common::{safetensor_f32 as floats, safetensor_i64 as ints, tmpdir};
 use megatron_core::models::t5::T5Batch;
 use megatron_core::tensor_parallel::{serial_group, Tp};
@@ -13,6 +14,12 @@ use megatron_tensor::cpu::IGNORE_INDEX;
 use megatron_training::convert::{hf_to_megatron, megatron_to_hf};
 use megatron_training::load::load_t5;
 use safetensors::SafeTensors;
+
+#[derive(Parser)]
+struct GenWrap {
+    #[command(flatten)]
+    args: megatron_training::GenerateArgs,
+}
 use std::path::PathBuf;
 
 fn fixture() -> PathBuf {
@@ -85,6 +92,38 @@ fn t5_converts_to_transformers_logits_and_loss_and_back_byte_for_byte() {
         "loss {} vs {want_loss}",
         st.loss
     );
+    // Greedy decoding: transformers' `generate` (decoder start 0, eos 1, pad 0).
+    let want: Vec<u32> = ints(&r, "greedy").iter().map(|&x| x as u32).collect();
+    let steps = r.tensor("greedy").unwrap().shape()[1] - 1;
+    let got = model
+        .greedy(&params, &mut tp, &enc, &enc_lens, (0, 1, 0), vocab, steps)
+        .unwrap();
+    assert_eq!(got.concat(), want, "greedy decoding");
+    // The same through `megatron generate` (the prompt is the encoder's input).
+    let prompt: Vec<String> = enc[..te].iter().map(|t| t.to_string()).collect();
+    let ids = prompt.join(" ");
+    let g = GenWrap::try_parse_from([
+        "m",
+        "--load",
+        save.to_str().unwrap(),
+        "--prompt-ids",
+        &ids,
+        "--greedy",
+        "--max-new-tokens",
+        &steps.to_string(),
+    ])
+    .unwrap();
+    let text = megatron_training::generate::generate(&g.args).unwrap();
+    let gen: Vec<u32> = text
+        .split_whitespace()
+        .map(|x| x.parse().unwrap())
+        .collect();
+    let expect: Vec<u32> = want[1..=steps]
+        .iter()
+        .copied()
+        .take_while(|&t| t != 1)
+        .collect();
+    assert_eq!(gen, expect, "megatron generate");
     // And back.
     let back = dir.join("hf");
     megatron_to_hf(&save, &back).unwrap();
