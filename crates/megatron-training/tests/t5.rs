@@ -124,3 +124,53 @@ fn t5_refuses_what_it_does_not_support_by_flag() {
         assert!(e.contains(want), "{flags:?}: {e}");
     }
 }
+
+#[test]
+fn t5_checkpoint_saved_at_tp2_resumes_on_one_rank_and_at_dp2() {
+    let dir = tmpdir("t5-reshard");
+    let full = pretrain(&t5_args(&["--train-iters", "6"])).unwrap();
+    let tp2 = dir.join("tp2");
+    pretrain(&t5_args(&[
+        "--train-iters",
+        "3",
+        "--save",
+        tp2.to_str().unwrap(),
+        "--nproc-per-node",
+        "2",
+        "--tensor-model-parallel-size",
+        "2",
+    ]))
+    .unwrap();
+    for (name, layout) in [
+        ("one rank", &[][..]),
+        (
+            "dp2",
+            &["--nproc-per-node", "2", "--use-distributed-optimizer"][..],
+        ),
+    ] {
+        let to = dir.join(name.replace(' ', ""));
+        let resumed = pretrain(&t5_args(
+            &[
+                &[
+                    "--train-iters",
+                    "6",
+                    "--load",
+                    tp2.to_str().unwrap(),
+                    "--save",
+                    to.to_str().unwrap(),
+                ][..],
+                layout,
+            ]
+            .concat(),
+        ))
+        .unwrap();
+        assert_eq!(resumed.start_iteration, 3, "{name}");
+        common::assert_losses_close(
+            &format!("t5 tp2 -> {name}"),
+            &full.losses[3..],
+            &resumed.losses,
+            1e-5,
+        );
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
