@@ -48,15 +48,5 @@ PY
   /usr/bin/time -f "%M" -o "$OUT/rss" "$PYTHON" "${TORCH_SCRIPT[@]}" \
     --warmup $WARM --steps $STEPS --threads 2 ${TORCH_BF16:+--bf16}
 done | tee "$OUT/rows"
-# Each run pairs with the PyTorch run right after it: the ratio of those two is the figure that
-# neighbours' load moves least.
-python3 - "$OUT/rows" <<'PY'
-import json, statistics, sys
-rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
-pairs = [(rows[i], rows[i + 1]) for i in range(0, len(rows) - 1, 2)]
-ratios = [t["step_s"] / m["step_s"] for m, t in pairs]
-print("# step-time ratio PyTorch / megatron-rs per pair: " + " ".join(f"{r:.2f}" for r in ratios))
-print(f"# median ratio {statistics.median(ratios):.2f}x over {len(ratios)} pairs; peak RSS "
-      f"{max(m['peak_rss_bytes'] for m, _ in pairs) / 1e9:.2f} vs {max(t['peak_rss_bytes'] for _, t in pairs) / 1e9:.2f} GB")
-PY
+python3 bench/pair_ratios.py "$OUT/rows"
 rm -rf "$OUT"

@@ -57,7 +57,7 @@ fn moe_layer(cfg: &TransformerConfig, ep: usize, ep_rank: usize) -> (MoELayer, P
         ..Default::default()
     };
     let mut inits = Vec::new();
-    let m = MoELayer::new(cfg, 0, &mut params, &mut inits);
+    let m = MoELayer::new(cfg, 0, "decoder.layers.0", &mut params, &mut inits);
     params.initialize(1, &inits);
     (m, params)
 }

@@ -480,17 +480,6 @@ impl Params {
         self.register_sharded(name, shape, weight_decay, sharding)
     }
 
-    /// Renames the parameters registered from index `first` on whose names start with `from`
-    /// to start with `to`: how an encoder's layers, built by the same `TransformerLayer` as a
-    /// decoder's, take megatron-core's `encoder.layers.*` names.
-    pub fn rename_prefix(&mut self, first: usize, from: &str, to: &str) {
-        for m in &mut self.metas[first..] {
-            if let Some(rest) = m.name.strip_prefix(from) {
-                m.name = format!("{to}{rest}");
-            }
-        }
-    }
-
     pub fn numel(&self) -> usize {
         self.metas.last().map_or(0, |m| m.offset + m.numel)
     }

@@ -5,7 +5,7 @@
 //! padding mask, the outputs mean-pooled over the real tokens and, with `--normalize`, scaled
 //! to unit length. Written as a float32 `.npy` of `[lines, hidden]`.
 
-pub use crate::load::load_bert;
+use crate::load::load_bert;
 use crate::{io_err, TrainError};
 use megatron_core::models::bert::{BertBatch, BertModel};
 use megatron_core::tensor_parallel::{serial_group, Tp};

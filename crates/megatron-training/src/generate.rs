@@ -22,7 +22,7 @@ pub fn sample_next(
 ) -> u32 {
     let logits = &logits[..vocab];
     if temperature <= 0.0 {
-        return argmax(logits);
+        return megatron_tensor::cpu::reduce::argmax(logits) as u32;
     }
     let mut idx: Vec<usize> = (0..vocab).collect();
     idx.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]));
@@ -59,16 +59,6 @@ pub fn sample_next(
         }
     }
     idx[probs.len() - 1] as u32
-}
-
-fn argmax(x: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, v) in x.iter().enumerate() {
-        if *v > x[best] {
-            best = i;
-        }
-    }
-    best as u32
 }
 
 /// The prompt's token ids: `--prompt-ids`, or `--prompt` (in the ChatML template under `--chat`)

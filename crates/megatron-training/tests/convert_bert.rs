@@ -11,7 +11,7 @@ use megatron_core::models::{ChunkState, ModelChunk};
 use megatron_core::tensor_parallel::{serial_group, Tp};
 use megatron_core::transformer::step::StepContext;
 use megatron_training::convert::{hf_to_megatron, megatron_to_hf};
-use megatron_training::embed::load_bert;
+use megatron_training::load::load_bert;
 use safetensors::SafeTensors;
 use std::path::PathBuf;
 

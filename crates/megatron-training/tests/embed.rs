@@ -9,7 +9,8 @@ use common::tmpdir;
 use megatron_core::models::bert::BertBatch;
 use megatron_core::tensor_parallel::{serial_group, Tp};
 use megatron_training::convert::hf_to_megatron;
-use megatron_training::embed::{embed, load_bert, EmbedArgs};
+use megatron_training::embed::{embed, EmbedArgs};
+use megatron_training::load::load_bert;
 use std::path::{Path, PathBuf};
 
 fn fixture() -> PathBuf {

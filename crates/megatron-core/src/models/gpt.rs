@@ -254,7 +254,7 @@ impl GPTModel {
         let embedding = pre_process.then(|| LanguageModelEmbedding::new(&config, params, inits));
         let rope = rope_table(&config);
         let layers = layers
-            .map(|l| TransformerLayer::new(&config, l, rope.clone(), params, inits))
+            .map(|l| TransformerLayer::new(&config, "decoder", l, rope.clone(), params, inits))
             .collect();
         let final_layernorm = post_process.then(|| {
             Norm::new(

@@ -87,13 +87,14 @@ impl SelfAttention {
     pub fn new(
         cfg: &TransformerConfig,
         layer: usize,
+        prefix: &str,
         rope: Option<(Arc<RopeTable>, RopeStyle)>,
         params: &mut Params,
         inits: &mut Vec<Init>,
     ) -> Self {
         let h = cfg.hidden_size;
         let (tp_rank, t) = (params.tp.0, params.tp.1.max(1));
-        let p = format!("decoder.layers.{layer}.self_attention");
+        let p = format!("{prefix}.self_attention");
         let linear_qkv = ColumnParallelLinear::new(
             params,
             inits,

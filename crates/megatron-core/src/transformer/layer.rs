@@ -69,15 +69,18 @@ pub(super) const SITE_ATTN_RESIDUAL: u64 = 2;
 pub(super) const SITE_MLP_RESIDUAL: u64 = 3;
 
 impl TransformerLayer {
+    /// Layer `layer` of the `stack` (`"decoder"`, or `"encoder"` in an encoder: megatron-core
+    /// names its parameters `{stack}.layers.{layer}.*`).
     pub fn new(
         cfg: &TransformerConfig,
+        stack: &str,
         layer: usize,
         rope: Option<(Arc<RopeTable>, RopeStyle)>,
         params: &mut Params,
         inits: &mut Vec<Init>,
     ) -> Self {
         let h = cfg.hidden_size;
-        let p = format!("decoder.layers.{layer}");
+        let p = format!("{stack}.layers.{layer}");
         let (norm1, norm2) = match cfg.layernorm_placement {
             LayerNormPlacement::PreLn => ("input_layernorm", "pre_mlp_layernorm"),
             LayerNormPlacement::PostLn => ("post_self_attn_layernorm", "post_mlp_layernorm"),
@@ -90,7 +93,7 @@ impl TransformerLayer {
             params,
             inits,
         );
-        let self_attention = SelfAttention::new(cfg, layer, rope, params, inits);
+        let self_attention = SelfAttention::new(cfg, layer, &p, rope, params, inits);
         let pre_mlp_layernorm = Norm::new(
             cfg.normalization,
             &format!("{p}.{norm2}"),
@@ -100,9 +103,16 @@ impl TransformerLayer {
             inits,
         );
         let mlp = if cfg.is_moe_layer(layer) {
-            FeedForward::MoE(Box::new(MoELayer::new(cfg, layer, params, inits)))
+            FeedForward::MoE(Box::new(MoELayer::new(cfg, layer, &p, params, inits)))
         } else {
-            FeedForward::Dense(MLP::new(cfg, layer, params, inits))
+            FeedForward::Dense(MLP::new_named(
+                cfg,
+                &format!("{p}.mlp"),
+                cfg.ffn_hidden_size,
+                cfg.add_bias_linear,
+                params,
+                inits,
+            ))
         };
         TransformerLayer {
             layer,
@@ -401,17 +411,18 @@ impl TransformerLayer {
         cache: &mut LayerKVCache,
         pos: usize,
     ) -> Result<Tensor, CommError> {
+        // Only decoders decode, and they are pre-LN (post-LN is built for BERT's encoder).
+        assert_eq!(
+            self.placement,
+            LayerNormPlacement::PreLn,
+            "KV-cache decoding is built for pre-LN decoder layers"
+        );
         let no_key = RngKey::new(0);
         let (rows, h) = (x.shape()[0], x.shape()[1]);
-        let pre_ln = self.placement == LayerNormPlacement::PreLn;
-        let proj = if pre_ln {
-            let (ln1, _) = self.input_layernorm.forward(params, &x);
-            self.self_attention
-                .decode_forward(params, tp, &ln1, cache, pos)?
-        } else {
-            self.self_attention
-                .decode_forward(params, tp, &x, cache, pos)?
-        };
+        let (ln1, _) = self.input_layernorm.forward(params, &x);
+        let proj = self
+            .self_attention
+            .decode_forward(params, tp, &ln1, cache, pos)?;
         let mut mid = Tensor::for_overwrite(&[rows, h]);
         let bias = self.self_attention.proj_bias;
         residual_forward(
@@ -423,19 +434,14 @@ impl TransformerLayer {
             0.0,
             no_key,
         );
-        if !pre_ln {
-            mid = self.input_layernorm.forward(params, &mid).0;
-        }
-        // The MLP's input: the second norm of the residual (pre-LN), or the residual itself.
-        let ln2_out = pre_ln.then(|| self.pre_mlp_layernorm.forward(params, &mid).0);
-        let ln2 = ln2_out.as_ref().unwrap_or(&mid);
+        let (ln2, _) = self.pre_mlp_layernorm.forward(params, &mid);
         let at = TokenRows {
             first: 0,
             seq_length: 1,
         };
         let (y, _) = self
             .mlp
-            .forward(params, tp, ln2, at, &StepContext::eval())?;
+            .forward(params, tp, &ln2, at, &StepContext::eval())?;
         let mut out = Tensor::for_overwrite(&[rows, h]);
         let b2 = self.mlp.fc2_bias();
         residual_forward(
@@ -447,9 +453,6 @@ impl TransformerLayer {
             0.0,
             no_key,
         );
-        if !pre_ln {
-            out = self.pre_mlp_layernorm.forward(params, &out).0;
-        }
         Ok(out)
     }
 }
@@ -526,6 +529,7 @@ impl FeedForward {
     }
 }
 
-pub(super) fn add_inplace(a: &mut Tensor, b: &Tensor) {
+/// `a += b` on tensors (residual gradients).
+pub(crate) fn add_inplace(a: &mut Tensor, b: &Tensor) {
     megatron_tensor::cpu::reduce::add_inplace(a.data_mut(), b.data());
 }

@@ -193,11 +193,9 @@ impl BertModel {
         });
         let embedding_norm =
             (pre_process && post_ln).then(|| norm("embedding.layernorm", params, inits));
-        let first_layer_param = params.metas.len();
         let layers: Vec<TransformerLayer> = layers
-            .map(|l| TransformerLayer::new(cfg, l, None, params, inits))
+            .map(|l| TransformerLayer::new(cfg, "encoder", l, None, params, inits))
             .collect();
-        params.rename_prefix(first_layer_param, "decoder.", "encoder.");
         let tail_first = post_process.then_some(ParamId(params.metas.len()));
         let final_layernorm =
             (post_process && !post_ln).then(|| norm("encoder.final_layernorm", params, inits));

@@ -8,7 +8,7 @@ use super::attention::{T5Attention, T5AttentionKind, T5AttentionSaved, T5Attenti
 use crate::params::{Grads, Init, Params};
 use crate::tensor_parallel::Tp;
 use crate::transformer::config::TransformerConfig;
-use crate::transformer::layer::{LayerNormSaved, Norm};
+use crate::transformer::layer::{add_inplace, LayerNormSaved, Norm};
 use crate::transformer::mlp::{MLPSaved, MLP};
 use crate::transformer::step::StepContext;
 use megatron_comm::CommError;
@@ -262,7 +262,7 @@ impl T5Layer {
         let mut dh = self
             .pre_mlp_layernorm
             .backward(params, grads, &saved.ln3, before_mlp, &dn3);
-        add(&mut dh, &dout);
+        add_inplace(&mut dh, &dout);
         drop(dout);
         let mut dmemory = None;
         if let (Some((norm, attn)), Some((ln2, csaved, _)), Some((mem, _, t_enc))) =
@@ -285,7 +285,7 @@ impl T5Layer {
             )?;
             drop(n2);
             let mut dmid = norm.backward(params, grads, &ln2, &saved.mid, &dn2);
-            add(&mut dmid, &dh);
+            add_inplace(&mut dmid, &dh);
             dh = dmid;
             dmemory = dmem;
         }
@@ -298,16 +298,11 @@ impl T5Layer {
         let mut dx = self
             .input_layernorm
             .backward(params, grads, &saved.ln1, &saved.input, &dn1);
-        add(&mut dx, &dh);
+        add_inplace(&mut dx, &dh);
         Ok(T5LayerGrads {
             dx,
             dmemory,
             dbias: dbias.expect("self-attention returns its bias gradient"),
         })
     }
-}
-
-/// `a += b` (residual gradients).
-fn add(a: &mut Tensor, b: &Tensor) {
-    megatron_tensor::cpu::reduce::add_inplace(a.data_mut(), b.data());
 }

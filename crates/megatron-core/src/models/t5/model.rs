@@ -13,7 +13,7 @@ use crate::params::{Grads, Init, Params};
 use crate::tensor_parallel::mappings::copy_to_tensor_model_parallel_region_backward;
 use crate::tensor_parallel::{vocab_parallel_cross_entropy, Tp, VocabParallelEmbedding};
 use crate::transformer::config::TransformerConfig;
-use crate::transformer::layer::{LayerNormSaved, Norm};
+use crate::transformer::layer::{add_inplace, LayerNormSaved, Norm};
 use crate::transformer::step::StepContext;
 use megatron_comm::CommError;
 use megatron_tensor::cpu::dropout::{dropout_backward, dropout_forward};
@@ -466,17 +466,7 @@ impl T5Model {
                 }
                 let row =
                     &logits.data()[(s * td + td - 1) * v..(s * td + td - 1) * v + vocab.min(v)];
-                let next = row
-                    .iter()
-                    .enumerate()
-                    .fold((0usize, f32::NEG_INFINITY), |best, (i, &x)| {
-                        if x > best.1 {
-                            (i, x)
-                        } else {
-                            best
-                        }
-                    })
-                    .0 as u32;
+                let next = megatron_tensor::cpu::reduce::argmax(row) as u32;
                 seq.push(next);
                 done[s] = next == eos;
             }
@@ -589,7 +579,7 @@ impl T5Model {
             let g = l.backward(params, grads, tp, s, dy, &dec_in, ctx)?;
             dy = g.dx;
             let dm = g.dmemory.expect("a decoder layer reads the encoder output");
-            megatron_tensor::cpu::reduce::add_inplace(dmemory.data_mut(), dm.data());
+            add_inplace(&mut dmemory, &dm);
             megatron_tensor::cpu::reduce::add_inplace(&mut dbias, &g.dbias);
         }
         self.decoder_bias.backward(grads, &dbias, td, td);

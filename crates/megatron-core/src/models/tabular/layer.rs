@@ -439,7 +439,7 @@ impl TabularLayer {
 
 /// `a + b`, into `a` (the residual stream's other operand is kept for backward).
 fn add(mut a: Tensor, b: &Tensor) -> Tensor {
-    megatron_tensor::cpu::reduce::add_inplace(a.data_mut(), b.data());
+    crate::transformer::layer::add_inplace(&mut a, b);
     a
 }
 

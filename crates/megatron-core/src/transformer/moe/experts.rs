@@ -79,7 +79,7 @@ impl GroupedMLP {
     /// names with global expert numbers, so checkpoints do not depend on the expert layout.
     pub fn new(
         cfg: &TransformerConfig,
-        layer: usize,
+        prefix: &str,
         which: Range<usize>,
         params: &mut Params,
         inits: &mut Vec<Init>,
@@ -96,7 +96,7 @@ impl GroupedMLP {
         let first = which.start;
         let experts = which
             .map(|e| {
-                let q = format!("decoder.layers.{layer}.mlp.experts.local_experts.{e}");
+                let q = format!("{prefix}.mlp.experts.local_experts.{e}");
                 Expert {
                     fc1: params.add_sharded(
                         inits,

@@ -14,6 +14,7 @@ pub mod shared_experts;
 pub mod token_dispatcher;
 
 use super::config::{LoadBalancing, MoEConfig, RouterScore, TransformerConfig};
+use super::layer::add_inplace;
 use super::saved::{keep, restore};
 use super::step::StepContext;
 use crate::params::{Grads, Init, ParamId, Params, Sharding};
@@ -67,8 +68,10 @@ pub struct MoELayer {
     pub router: ParamId,
     pub experts: GroupedMLP,
     pub shared_experts: Option<SharedExpertMLP>,
-    /// Global layer number (names of the layer's buffers).
+    /// Global layer number (the routing statistics').
     pub layer: usize,
+    /// The layer's name prefix (`decoder.layers.3`; its buffers' names).
+    prefix: String,
     cfg: MoEConfig,
     hidden: usize,
     state: Mutex<RouterState>,
@@ -105,6 +108,7 @@ impl MoELayer {
     pub fn new(
         cfg: &TransformerConfig,
         layer: usize,
+        prefix: &str,
         params: &mut Params,
         inits: &mut Vec<Init>,
     ) -> Self {
@@ -112,17 +116,17 @@ impl MoELayer {
         let h = cfg.hidden_size;
         let router = params.add_sharded(
             inits,
-            format!("decoder.layers.{layer}.mlp.router.weight"),
+            format!("{prefix}.mlp.router.weight"),
             &[m.num_experts, h],
             true,
             Init::Normal(cfg.init_method_std),
             Sharding::ReplicatedSequenceParallel,
         );
         let which = params.experts.local_experts(m.num_experts);
-        let experts = GroupedMLP::new(cfg, layer, which, params, inits);
+        let experts = GroupedMLP::new(cfg, prefix, which, params, inits);
         let shared_experts = m
             .shared_expert_ffn
-            .map(|f| SharedExpertMLP::new(cfg, layer, f, m.shared_expert_gate, params, inits));
+            .map(|f| SharedExpertMLP::new(cfg, prefix, f, m.shared_expert_gate, params, inits));
         let state = RouterState {
             expert_bias: m.expert_bias_update_rate.map(|_| vec![0.0; m.num_experts]),
             step_tokens: vec![0.0; m.num_experts],
@@ -133,6 +137,7 @@ impl MoELayer {
             experts,
             shared_experts,
             layer,
+            prefix: prefix.to_string(),
             cfg: m,
             hidden: h,
             state: Mutex::new(state),
@@ -440,7 +445,7 @@ impl MoELayer {
     }
 
     pub fn expert_bias_name(&self) -> String {
-        format!("decoder.layers.{}.mlp.router.expert_bias", self.layer)
+        format!("{}.mlp.router.expert_bias", self.prefix)
     }
 
     /// Restores the expert bias from a checkpoint.
@@ -461,8 +466,4 @@ fn sum_over_tp_cp(tp: &mut Tp, sp: bool, counts: &mut [f32]) -> Result<(), CommE
         c.all_reduce(counts, ReduceOp::Sum)?;
     }
     Ok(())
-}
-
-fn add_inplace(a: &mut Tensor, b: &Tensor) {
-    megatron_tensor::cpu::reduce::add_inplace(a.data_mut(), b.data());
 }

@@ -39,13 +39,13 @@ impl SharedExpertSaved {
 impl SharedExpertMLP {
     pub fn new(
         cfg: &TransformerConfig,
-        layer: usize,
+        prefix: &str,
         ffn: usize,
         gated: bool,
         params: &mut Params,
         inits: &mut Vec<Init>,
     ) -> Self {
-        let p = format!("decoder.layers.{layer}.mlp.shared_experts");
+        let p = format!("{prefix}.mlp.shared_experts");
         // As megatron-core's MoE layers: no biases in the experts.
         let mlp = MLP::new_named(cfg, &p, ffn, false, params, inits);
         let gate = gated.then(|| {

@@ -70,10 +70,17 @@ fn scatter_head(
     }
 }
 
-/// The probabilities after dropout (scaled by `1 / (1 - p)`), from the saved ones.
-fn dropped(p: &[f32], d: &BiasedAttentionDims, key: RngKey, b: usize, h: usize) -> Vec<f32> {
+/// The probabilities after dropout (scaled by `1 / (1 - p)`), from the saved ones; the saved
+/// ones themselves without dropout.
+fn dropped<'a>(
+    p: &'a [f32],
+    d: &BiasedAttentionDims,
+    key: RngKey,
+    b: usize,
+    h: usize,
+) -> std::borrow::Cow<'a, [f32]> {
     if d.dropout == 0.0 {
-        return p.to_vec();
+        return std::borrow::Cow::Borrowed(p);
     }
     let keep_scale = 1.0 / (1.0 - d.dropout);
     p.iter()
@@ -86,7 +93,8 @@ fn dropped(p: &[f32], d: &BiasedAttentionDims, key: RngKey, b: usize, h: usize) 
                 0.0
             }
         })
-        .collect()
+        .collect::<Vec<f32>>()
+        .into()
 }
 
 /// `out = dropout(softmax(scale * q kᵀ + bias, masked)) v`; `probs` receives the softmax

@@ -39,6 +39,17 @@ pub fn all_finite(x: &[f32]) -> bool {
     x.par_chunks(CHUNK).all(|c| c.iter().all(|v| v.is_finite()))
 }
 
+/// The index of the first maximum (`torch.argmax`'s tie rule): greedy decoding.
+pub fn argmax(x: &[f32]) -> usize {
+    let mut best = 0;
+    for (i, v) in x.iter().enumerate() {
+        if *v > x[best] {
+            best = i;
+        }
+    }
+    best
+}
+
 /// `a += b` (residual-stream gradient accumulation).
 pub fn add_inplace(a: &mut [f32], b: &[f32]) {
     assert_eq!(a.len(), b.len());
