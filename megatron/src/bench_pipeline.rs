@@ -40,6 +40,7 @@ fn measure(
                 v,
                 first: None,
                 last: None,
+                encoder: None,
             };
             let mut params = Params::for_tp_rank(0, 1);
             let mut inits = Vec::new();

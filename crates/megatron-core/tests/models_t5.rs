@@ -496,7 +496,7 @@ mod whole_model {
         let d = data();
         m.forward(params, None, tp, &batch(&d), 1.0, ctx)
             .unwrap()
-            .loss
+            .loss()
     }
 
     fn grads_of(m: &T5Model, params: &Params, tp: &mut Tp, ctx: &StepContext) -> (f32, Grads) {
@@ -505,7 +505,7 @@ mod whole_model {
         let st = m
             .forward(params, Some(&mut g), tp, &batch(&d), 1.0, ctx)
             .unwrap();
-        let l = st.loss;
+        let l = st.loss();
         m.backward(params, &mut g, tp, st, &batch(&d), ctx).unwrap();
         (l, g)
     }
@@ -603,6 +603,147 @@ mod whole_model {
                 let want =
                     &one.4[bucket * heads + rank * local..bucket * heads + (rank + 1) * local];
                 assert!(close(row, want), "rank {rank}: bias bucket {bucket}");
+            }
+        }
+    }
+
+    /// Megatron's encoder/decoder stage split: every stage's gradients, summed over the copies
+    /// of the tied parameters (what the pipeline group's all-reduce does), equal one rank's,
+    /// for 1 + 1, 1 + 2 and 2 + 1 encoder + decoder stages, dropout on, 3 micro-batches.
+    #[test]
+    fn t5_encoder_decoder_pipeline_split_matches_one_rank() {
+        use megatron_core::models::ModelChunk;
+        use megatron_core::pipeline_parallel::executor::Stage;
+        use megatron_core::pipeline_parallel::partition::{EncoderStages, StagePartition};
+        use megatron_core::pipeline_parallel::timers::Timers;
+        use megatron_core::pipeline_parallel::{build_stage, schedule};
+        let cfg = config(0.1);
+        let m: usize = 3;
+        let ctxs: Vec<StepContext> = (0..m as u64)
+            .map(|mb| StepContext::train(7, 1, mb))
+            .collect();
+        let (model, params) = T5Model::new_tp(cfg.clone(), 3, 0, 1);
+        let mut grads = Grads::zeros_like(&params);
+        let mut one = serial_group();
+        let d = data();
+        let mut want_losses = Vec::new();
+        for ctx in &ctxs {
+            let mut tp = Tp::new(&mut one, false);
+            let st = model
+                .forward(&params, Some(&mut grads), &mut tp, &batch(&d), 0.5, ctx)
+                .unwrap();
+            want_losses.push(st.loss());
+            model
+                .backward(&params, &mut grads, &mut tp, st, &batch(&d), ctx)
+                .unwrap();
+        }
+        for (p, split, copies) in [(2, 1, 1), (3, 1, 3), (3, 2, 2)] {
+            let cfg = cfg.clone();
+            let ctxs = ctxs.clone();
+            let out = megatron_comm::run_ranks(p, move |rank, c| {
+                let part = StagePartition {
+                    num_layers: 4,
+                    p,
+                    v: 1,
+                    first: None,
+                    last: None,
+                    encoder: Some(EncoderStages {
+                        layers: 2,
+                        stages: split,
+                    }),
+                };
+                part.check().unwrap();
+                let mut params = Params::for_tp_rank(0, 1);
+                let mut inits = Vec::new();
+                let (chunks, _) = build_stage(&cfg, &part, rank, &mut params, &mut inits);
+                params.initialize(3, &inits);
+                let tied = chunks[0].pipeline_tied();
+                let mut grads = Grads::zeros_like(&params);
+                let d = data();
+                let bs: Vec<T5Batch> = (0..m).map(|_| batch(&d)).collect();
+                let ops = schedule(p, rank, m, 1).unwrap();
+                let mut one = serial_group();
+                let mut tp = Tp::new(&mut one, false);
+                let mut timers = Timers::new(std::time::Instant::now(), false);
+                let run = Stage {
+                    chunks: &chunks,
+                    partition: part,
+                    rank,
+                    pp: c,
+                    tp: &mut tp,
+                }
+                .run(
+                    &params,
+                    Some(&mut grads),
+                    &ops,
+                    &bs,
+                    &ctxs,
+                    0.5,
+                    &mut timers,
+                )
+                .unwrap();
+                let named = params
+                    .metas
+                    .iter()
+                    .map(|meta| {
+                        (
+                            meta.name.clone(),
+                            meta.shared,
+                            grads.data[meta.offset..meta.offset + meta.numel].to_vec(),
+                        )
+                    })
+                    .collect::<Vec<_>>();
+                (
+                    run.losses,
+                    tied.len(),
+                    tied.iter().map(|t| t.numel).collect::<Vec<_>>(),
+                    named,
+                )
+            });
+            let mut summed: std::collections::BTreeMap<String, Vec<f32>> = Default::default();
+            let mut shared = 0;
+            let mut numels = None;
+            for (rank, r) in out.into_iter().enumerate() {
+                let (losses, tied, n, named) = r.unwrap();
+                assert_eq!(tied, 3, "p {p}: the embedding and both biases are tied");
+                // Every stage lists the same sizes, so the all-reduces pair up.
+                assert_eq!(*numels.get_or_insert(n.clone()), n, "p {p} rank {rank}");
+                if rank == p - 1 {
+                    let got: Vec<f32> = losses.iter().map(|l| l.0).collect();
+                    assert_eq!(got.len(), m);
+                    for (a, b) in got.iter().zip(&want_losses) {
+                        assert!((a - b).abs() <= 1e-5 * b, "p {p}: loss {a} vs {b}");
+                    }
+                } else {
+                    assert!(losses.is_empty(), "p {p}: only the last stage has losses");
+                }
+                for (name, sh, g) in named {
+                    shared += usize::from(sh);
+                    let acc = summed.entry(name).or_insert_with(|| vec![0.0; g.len()]);
+                    acc.iter_mut().zip(&g).for_each(|(a, b)| *a += b);
+                }
+            }
+            assert_eq!(
+                shared, copies,
+                "p {p} split {split}: copies of tied parameters"
+            );
+            assert_eq!(
+                summed.len(),
+                params.metas.len(),
+                "p {p}: every parameter somewhere"
+            );
+            for (name, g) in summed {
+                let want = grads.get(params.find(&name).unwrap());
+                let err = g
+                    .iter()
+                    .zip(want)
+                    .map(|(a, b)| (a - b).abs())
+                    .fold(0.0f32, f32::max);
+                let scale = want.iter().fold(0.0f32, |a, b| a.max(b.abs()));
+                assert!(
+                    scale > 0.0 && err <= 1e-5 * scale.max(1.0),
+                    "p {p} split {split} {name}: {err}"
+                );
             }
         }
     }

@@ -84,6 +84,7 @@ fn pipelined(p: usize, v: usize, m: usize) -> Vec<StageResult> {
             v,
             first: None,
             last: None,
+            encoder: None,
         };
         let mut params = Params::for_tp_rank(0, 1);
         let mut inits = Vec::new();

@@ -2,7 +2,7 @@
 //! validity rules, the in-flight bound, and that every valid combination completes (a
 //! simulation of all stages exchanging messages, which a deadlock would stall).
 
-use megatron_core::pipeline_parallel::partition::StagePartition;
+use megatron_core::pipeline_parallel::partition::{EncoderStages, StagePartition};
 use megatron_core::pipeline_parallel::{interleaved, peak_in_flight, schedule, Op};
 use std::collections::HashSet;
 
@@ -150,6 +150,7 @@ fn stage_partitions_split_layers_or_name_the_flag() {
         v: 1,
         first: None,
         last: None,
+        encoder: None,
     };
     even.check().unwrap();
     assert_eq!(
@@ -166,6 +167,7 @@ fn stage_partitions_split_layers_or_name_the_flag() {
         num_layers: 7,
         first: Some(1),
         last: Some(2),
+        encoder: None,
         ..even
     };
     uneven.check().unwrap();
@@ -173,6 +175,34 @@ fn stage_partitions_split_layers_or_name_the_flag() {
         (0..4).map(|r| uneven.layers(r, 0)).collect::<Vec<_>>(),
         vec![0..1, 1..3, 3..5, 5..7]
     );
+    // T5's split rank 1 of 3 stages: the 2 encoder layers on stage 0, 4 decoder layers on 1 and 2.
+    let t5 = StagePartition {
+        num_layers: 6,
+        p: 3,
+        encoder: Some(EncoderStages {
+            layers: 2,
+            stages: 1,
+        }),
+        ..even
+    };
+    t5.check().unwrap();
+    assert_eq!(
+        (0..3).map(|r| t5.layers(r, 0)).collect::<Vec<_>>(),
+        vec![0..2, 2..4, 4..6]
+    );
+    let bad = StagePartition {
+        num_layers: 5,
+        ..t5
+    };
+    assert!(bad.check().unwrap_err().contains("decoder's 3 over its 2"));
+    let bad = StagePartition {
+        encoder: Some(EncoderStages {
+            layers: 2,
+            stages: 3,
+        }),
+        ..t5
+    };
+    assert!(bad.check().unwrap_err().contains("split-rank (3)"));
     let bad = StagePartition {
         num_layers: 6,
         ..even

@@ -114,6 +114,40 @@ impl Tensor {
         Ok(self)
     }
 
+    /// `[a; b]`: the rows of two f32 `[n, w]` tensors of one width, one after the other (what
+    /// travels between pipeline stages as one message when a stage sends two tensors).
+    pub fn cat_rows(a: &Tensor, b: &Tensor) -> Tensor {
+        let w = a.shape[1..].iter().product::<usize>();
+        assert_eq!(
+            w,
+            b.shape[1..].iter().product::<usize>(),
+            "cat_rows: widths"
+        );
+        let rows = a.numel() / w.max(1) + b.numel() / w.max(1);
+        let mut shape = a.shape.clone();
+        shape[0] = rows;
+        let mut out = Tensor::for_overwrite(&shape);
+        let (head, tail) = out.data_mut().split_at_mut(a.numel());
+        head.copy_from_slice(a.data());
+        tail.copy_from_slice(b.data());
+        out
+    }
+
+    /// The inverse of [`Tensor::cat_rows`]: the first `rows` rows and the rest.
+    pub fn split_rows(&self, rows: usize) -> (Tensor, Tensor) {
+        let w = self.shape[1..].iter().product::<usize>();
+        let (head, tail) = self.data().split_at(rows * w);
+        let mut first = self.shape.clone();
+        first[0] = rows;
+        let mut second = self.shape.clone();
+        second[0] -= rows;
+        let mut a = Tensor::for_overwrite(&first);
+        a.data_mut().copy_from_slice(head);
+        let mut b = Tensor::for_overwrite(&second);
+        b.data_mut().copy_from_slice(tail);
+        (a, b)
+    }
+
     /// Casts to another storage type (round-to-nearest-even into half types).
     pub fn to_dtype(&self, dtype: DType) -> Tensor {
         if self.dtype() == dtype {

@@ -1287,6 +1287,7 @@ impl TrainArgs {
             v: vp,
             first: self.decoder_first_pipeline_num_layers,
             last: self.decoder_last_pipeline_num_layers,
+            encoder: None,
         };
         partition.check().map_err(bad)?;
         Ok((tp, pp, vp, partition))

@@ -230,6 +230,25 @@ impl<F: TrainFamily> Trainer<'_, F> {
                 e.all_reduce(self.grads.get_mut(id), ReduceOp::Sum)?;
             }
         }
+        if self.comms.pp.size() > 1 {
+            // Copies on several stages (a T5's embedding and relative biases): one gradient.
+            let tied = self
+                .chunks
+                .first()
+                .map_or(Vec::new(), |c| c.pipeline_tied());
+            for t in tied {
+                match t.id {
+                    Some(id) => self
+                        .comms
+                        .pp
+                        .all_reduce(self.grads.get_mut(id), ReduceOp::Sum)?,
+                    None => self
+                        .comms
+                        .pp
+                        .all_reduce(&mut vec![0.0f32; t.numel], ReduceOp::Sum)?,
+                }
+            }
+        }
         if cfg.args.inject_grad_overflow.contains(&iteration) {
             self.grads.data[0] = f32::INFINITY;
         }

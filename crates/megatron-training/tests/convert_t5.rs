@@ -88,9 +88,9 @@ fn t5_converts_to_transformers_logits_and_loss_and_back_byte_for_byte() {
         .unwrap();
     let want_loss = floats(&r, "loss")[0];
     assert!(
-        (st.loss - want_loss).abs() <= 1e-5 * want_loss,
+        (st.loss() - want_loss).abs() <= 1e-5 * want_loss,
         "loss {} vs {want_loss}",
-        st.loss
+        st.loss()
     );
     // Greedy decoding: transformers' `generate` (decoder start 0, eos 1, pad 0).
     let want: Vec<u32> = ints(&r, "greedy").iter().map(|&x| x as u32).collect();

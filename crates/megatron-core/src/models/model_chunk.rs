@@ -13,6 +13,14 @@ use megatron_comm::CommError;
 use megatron_tensor::Tensor;
 use std::ops::Range;
 
+/// One entry of [`ModelChunk::pipeline_tied`]: the parameter's local size (the same on every
+/// stage) and this chunk's copy, if it holds one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TiedParam {
+    pub numel: usize,
+    pub id: Option<ParamId>,
+}
+
 /// What a chunk keeps of one micro-batch between its forward and its backward.
 pub trait ChunkState {
     /// Bytes of saved activations held for backward.
@@ -74,6 +82,15 @@ pub trait ModelChunk: Send + Sync {
     /// over the embedding group every step (the tied word embedding on the first and last
     /// stages).
     fn shared_embedding(&self) -> Option<ParamId>;
+
+    /// Parameters held on several pipeline stages other than the first and last stage's word
+    /// embedding (a T5's word embedding on its decoder's first stage, its stacks' relative
+    /// position biases on every stage of the stack): the same list, in the same order, on every
+    /// stage of the pipeline, with this chunk's copy where it holds one. Their gradients are
+    /// summed over the whole pipeline group every step (stages without a copy add zeros).
+    fn pipeline_tied(&self) -> Vec<TiedParam> {
+        Vec::new()
+    }
 
     /// Routing statistics of this chunk's mixture-of-experts layers since the last call, by
     /// global layer number (none for dense models).

@@ -2,9 +2,10 @@
 
 use std::ops::Range;
 
-/// How the decoder is split: `p` stages, `v` chunks per stage; `first`/`last` override the
+/// How the layers are split: `p` stages, `v` chunks per stage; `first`/`last` override the
 /// layer counts of the first and last stage (Megatron's `--decoder-first-pipeline-num-layers`
-/// / `--decoder-last-pipeline-num-layers`, without interleaving).
+/// / `--decoder-last-pipeline-num-layers`, without interleaving); `encoder` puts an
+/// encoder-decoder's encoder layers on the first stages and its decoder's on the rest.
 #[derive(Clone, Copy, Debug)]
 pub struct StagePartition {
     pub num_layers: usize,
@@ -12,6 +13,16 @@ pub struct StagePartition {
     pub v: usize,
     pub first: Option<usize>,
     pub last: Option<usize>,
+    pub encoder: Option<EncoderStages>,
+}
+
+/// Megatron's encoder/decoder stage split (`--pipeline-model-parallel-split-rank`): the first
+/// `layers` of the model (its encoder) evenly over stages `0..stages`, the rest (its decoder)
+/// evenly over the others, so that no stage holds layers of both stacks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EncoderStages {
+    pub layers: usize,
+    pub stages: usize,
 }
 
 impl StagePartition {
@@ -20,6 +31,29 @@ impl StagePartition {
         let (l, p, v) = (self.num_layers, self.p, self.v);
         if p == 0 || v == 0 {
             return Err("--pipeline-model-parallel-size must be positive".into());
+        }
+        if let Some(e) = self.encoder {
+            if v > 1 || self.first.is_some() || self.last.is_some() {
+                return Err("the encoder/decoder stage split cannot be combined with virtual stages or --decoder-first/last-pipeline-num-layers".into());
+            }
+            let (el, dl, ds) = (
+                e.layers,
+                l.saturating_sub(e.layers),
+                p.saturating_sub(e.stages),
+            );
+            if e.stages == 0 || ds == 0 {
+                return Err(format!(
+                    "--pipeline-model-parallel-split-rank ({}) must leave encoder and decoder stages among --pipeline-model-parallel-size ({p})",
+                    e.stages
+                ));
+            }
+            if !el.is_multiple_of(e.stages) || !dl.is_multiple_of(ds) {
+                return Err(format!(
+                    "the encoder's {el} layers must divide over its {} stages and the decoder's {dl} over its {ds} (--encoder-num-layers, --decoder-num-layers, --pipeline-model-parallel-split-rank)",
+                    e.stages
+                ));
+            }
+            return Ok(());
         }
         if v > 1 && (self.first.is_some() || self.last.is_some()) {
             return Err("--decoder-first/last-pipeline-num-layers cannot be combined with --num-layers-per-virtual-pipeline-stage".into());
@@ -56,6 +90,15 @@ impl StagePartition {
     /// Layers of stage `rank`'s chunk `chunk` (global numbers); virtual stage `chunk * p + rank`.
     pub fn layers(&self, rank: usize, chunk: usize) -> Range<usize> {
         let (l, p) = (self.num_layers, self.p);
+        if let Some(e) = self.encoder {
+            if rank < e.stages {
+                let per = e.layers / e.stages;
+                return rank * per..(rank + 1) * per;
+            }
+            let per = (l - e.layers) / (p - e.stages);
+            let start = e.layers + (rank - e.stages) * per;
+            return start..start + per;
+        }
         if self.first.is_some() || self.last.is_some() {
             let first = self.first.unwrap_or(0);
             let last = self.last.unwrap_or(0);

@@ -339,6 +339,7 @@ fn pipelined_bert_gradients_equal_the_whole_model_gradients() {
             v: 1,
             first: None,
             last: None,
+            encoder: None,
         };
         let mut params = Params::for_tp_rank(0, 1);
         let mut inits = Vec::new();

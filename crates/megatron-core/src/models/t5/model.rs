@@ -4,7 +4,7 @@
 //! (bidirectional buckets in the encoder, causal ones in the decoder), its layers and a final
 //! norm followed by dropout; the decoder's output scaled by `hidden^-1/2` before the tied
 //! logits (T5's rescaling), and vocabulary-parallel cross-entropy over the counted labels.
-//! The pipeline split of encoder and decoder stages comes with `--model t5`.
+//! Under pipeline parallelism a stage holds a part of one stack ([`T5Part`]).
 
 use super::layer::{T5Layer, T5LayerInputs, T5LayerSaved, T5Stack};
 use super::relative_bias::RelativePositionBias;
@@ -59,13 +59,63 @@ pub struct T5Batch<'a> {
 
 pub struct T5Model {
     pub config: T5Config,
-    pub embedding: VocabParallelEmbedding,
-    pub encoder_bias: RelativePositionBias,
+    /// The encoder's and the decoder's layers this chunk holds (each stack's own numbers).
+    pub part: T5Part,
+    /// On the stages that embed tokens or compute logits (the encoder's and the decoder's
+    /// first stages and the last one); the copies after the first are tied to it.
+    pub embedding: Option<VocabParallelEmbedding>,
+    /// On every stage of its stack (tied over them).
+    pub encoder_bias: Option<RelativePositionBias>,
     pub encoder: Vec<T5Layer>,
-    pub encoder_norm: Norm,
-    pub decoder_bias: RelativePositionBias,
+    /// With the encoder's last layer.
+    pub encoder_norm: Option<Norm>,
+    pub decoder_bias: Option<RelativePositionBias>,
     pub decoder: Vec<T5Layer>,
-    pub decoder_norm: Norm,
+    /// With the decoder's last layer: on the last stage.
+    pub decoder_norm: Option<Norm>,
+    tp_size: usize,
+}
+
+/// What one pipeline stage holds of a T5: ranges of the encoder's and of the decoder's layers
+/// (either may be empty). Under Megatron's encoder/decoder split a stage holds layers of one
+/// stack; without pipelining, all of both.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct T5Part {
+    pub encoder: std::ops::Range<usize>,
+    pub decoder: std::ops::Range<usize>,
+}
+
+impl T5Part {
+    /// The part of a stage holding the model's layers `layers` (encoder layers first).
+    pub fn of_layers(stacks: &T5Stacks, layers: std::ops::Range<usize>) -> T5Part {
+        let e = stacks.encoder_layers;
+        T5Part {
+            encoder: layers.start.min(e)..layers.end.min(e),
+            decoder: layers.start.max(e) - e..layers.end.max(e) - e,
+        }
+    }
+    fn has_encoder(&self) -> bool {
+        !self.encoder.is_empty()
+    }
+    fn has_decoder(&self) -> bool {
+        !self.decoder.is_empty()
+    }
+    /// Embeds the encoder's tokens: the first stage.
+    fn encoder_start(&self) -> bool {
+        self.has_encoder() && self.encoder.start == 0
+    }
+    fn encoder_end(&self, st: &T5Stacks) -> bool {
+        self.has_encoder() && self.encoder.end == st.encoder_layers
+    }
+    /// Embeds the decoder's tokens (its input from the previous stage is the encoder output
+    /// alone).
+    fn decoder_start(&self) -> bool {
+        self.has_decoder() && self.decoder.start == 0
+    }
+    /// Computes the logits and the loss: the last stage.
+    fn decoder_end(&self, st: &T5Stacks) -> bool {
+        self.has_decoder() && self.decoder.end == st.decoder_layers
+    }
 }
 
 /// Dropout streams of the embeddings and the stacks' outputs (layers use their numbers).
@@ -75,13 +125,16 @@ const SITE_DECODER_EMBEDDING: u64 = 2;
 const SITE_ENCODER_OUTPUT: u64 = 3;
 const SITE_DECODER_OUTPUT: u64 = 4;
 
-/// What the stacks keep for backward.
+/// What a stage's stacks keep for backward.
+#[derive(Default)]
 struct SavedStacks {
     encoder: Vec<T5LayerSaved>,
-    encoder_out: (Tensor, LayerNormSaved),
-    memory: Tensor,
+    /// The encoder's last layer's output and its final norm's statistics.
+    encoder_out: Option<(Tensor, LayerNormSaved)>,
+    /// The encoder output the decoder layers read.
+    memory: Option<Tensor>,
     decoder: Vec<T5LayerSaved>,
-    decoder_out: (Tensor, LayerNormSaved),
+    decoder_out: Option<(Tensor, LayerNormSaved)>,
     enc_bias: Vec<f32>,
     dec_bias: Vec<f32>,
 }
@@ -89,27 +142,35 @@ struct SavedStacks {
 /// What backward needs of a forward.
 pub struct T5State {
     stacks: SavedStacks,
-    /// Gradient of the decoder's final (scaled, dropped) output, known in the forward.
-    dlast: Tensor,
-    pub loss: f32,
-    /// Counted labels.
-    pub tokens: f32,
+    /// Last stage: gradient of the decoder's final (scaled, dropped) output, known in the
+    /// forward.
+    dlast: Option<Tensor>,
+    /// Last stage: the mean loss and the counted labels.
+    loss_and_tokens: Option<(f32, f32)>,
+}
+
+impl T5State {
+    /// The micro-batch's mean loss (last stage; 0 elsewhere).
+    pub fn loss(&self) -> f32 {
+        self.loss_and_tokens.map_or(0.0, |l| l.0)
+    }
 }
 
 impl SavedStacks {
     fn size_in_bytes(&self) -> usize {
+        let t = |x: &Option<Tensor>| x.as_ref().map_or(0, |x| x.size_in_bytes());
+        let out = |x: &Option<(Tensor, LayerNormSaved)>| {
+            x.as_ref()
+                .map_or(0, |(x, l)| x.size_in_bytes() + l.size_in_bytes())
+        };
         self.encoder
             .iter()
+            .chain(&self.decoder)
             .map(|s| s.size_in_bytes())
             .sum::<usize>()
-            + self
-                .decoder
-                .iter()
-                .map(|s| s.size_in_bytes())
-                .sum::<usize>()
-            + self.encoder_out.0.size_in_bytes()
-            + self.memory.size_in_bytes()
-            + self.decoder_out.0.size_in_bytes()
+            + out(&self.encoder_out)
+            + t(&self.memory)
+            + out(&self.decoder_out)
             + 4 * (self.enc_bias.len() + self.dec_bias.len())
     }
 }
@@ -119,27 +180,41 @@ impl crate::models::ChunkState for T5State {
         self.stacks.size_in_bytes()
     }
     fn loss(&self) -> Option<(f32, f32)> {
-        Some((self.loss, self.tokens))
+        self.loss_and_tokens
     }
 }
 
-/// One pipeline stage holds the whole T5 for now (the encoder/decoder stage split comes with
-/// the pipeline schedules' second tensor): `--model t5` refuses pipeline parallelism.
+/// A T5's pipeline chunk under Megatron's encoder/decoder stage split: encoder stages pass the
+/// encoder's hidden states on, its last stage the encoder output (`[b * te, h]`); a decoder
+/// stage sends its hidden states and the encoder output together, `[b * td + b * te, h]`
+/// (Megatron sends the two as two tensors; one message of both rows keeps the executor's
+/// one-tensor exchange), so every decoder stage reads the encoder output for its
+/// cross-attention, and in backward it sends the sum of the later stages' gradients of it.
 impl crate::models::ModelChunk for T5Model {
     type Batch<'b> = T5Batch<'b>;
     type State = T5State;
 
     fn pre_process(&self) -> bool {
-        true
+        self.part.encoder_start()
     }
     fn post_process(&self) -> bool {
-        true
+        self.part.decoder_end(&self.config.stacks)
     }
     fn input_shape(&self, batch: &T5Batch<'_>, _tp: &Tp) -> [usize; 2] {
-        [batch.b * batch.td, self.config.transformer.hidden_size]
+        let h = self.config.transformer.hidden_size;
+        if self.part.has_encoder() || self.part.decoder_start() {
+            [batch.b * batch.te, h]
+        } else {
+            [batch.b * (batch.td + batch.te), h]
+        }
     }
-    fn output_shape(&self, batch: &T5Batch<'_>, tp: &Tp) -> [usize; 2] {
-        self.input_shape(batch, tp)
+    fn output_shape(&self, batch: &T5Batch<'_>, _tp: &Tp) -> [usize; 2] {
+        let h = self.config.transformer.hidden_size;
+        if self.part.has_decoder() {
+            [batch.b * (batch.td + batch.te), h]
+        } else {
+            [batch.b * batch.te, h]
+        }
     }
 
     fn forward_step(
@@ -147,14 +222,23 @@ impl crate::models::ModelChunk for T5Model {
         params: &Params,
         grads: Option<&mut Grads>,
         tp: &mut Tp,
-        _input: Option<Tensor>,
+        input: Option<Tensor>,
         batch: &T5Batch<'_>,
         grad_scale: f32,
         ctx: &StepContext,
     ) -> Result<(Option<Tensor>, T5State), CommError> {
+        let (y, stacks) = self.run_stacks(params, tp, input, batch, ctx)?;
+        if !self.post_process() {
+            let state = T5State {
+                stacks,
+                dlast: None,
+                loss_and_tokens: None,
+            };
+            return Ok((Some(y), state));
+        }
         Ok((
             None,
-            self.forward(params, grads, tp, batch, grad_scale, ctx)?,
+            self.loss(params, grads, tp, y, stacks, batch, grad_scale)?,
         ))
     }
 
@@ -164,18 +248,47 @@ impl crate::models::ModelChunk for T5Model {
         grads: &mut Grads,
         tp: &mut Tp,
         state: T5State,
-        _dy: Option<Tensor>,
+        dy: Option<Tensor>,
         batch: &T5Batch<'_>,
         ctx: &StepContext,
         on_ready: &mut dyn FnMut(usize),
     ) -> Result<Option<Tensor>, CommError> {
-        self.backward(params, grads, tp, state, batch, ctx)?;
+        let dy = match dy {
+            Some(d) => d,
+            None => state
+                .dlast
+                .expect("the last stage's forward was given gradients"),
+        };
+        let dx = self.backward_stacks(params, grads, tp, state.stacks, dy, batch, ctx)?;
         on_ready(0);
-        Ok(None)
+        Ok(dx)
     }
 
     fn shared_embedding(&self) -> Option<crate::params::ParamId> {
         None
+    }
+
+    fn pipeline_tied(&self) -> Vec<crate::models::TiedParam> {
+        if self.pre_process() && self.post_process() {
+            return Vec::new();
+        }
+        let cfg = &self.config.transformer;
+        let t = self.tp_size;
+        let bias = self.config.stacks.relative_buckets * cfg.num_attention_heads / t;
+        vec![
+            crate::models::TiedParam {
+                numel: cfg.padded_vocab_size / t * cfg.hidden_size,
+                id: self.embedding.as_ref().map(|e| e.weight),
+            },
+            crate::models::TiedParam {
+                numel: bias,
+                id: self.encoder_bias.as_ref().map(|b| b.table),
+            },
+            crate::models::TiedParam {
+                numel: bias,
+                id: self.decoder_bias.as_ref().map(|b| b.table),
+            },
+        ]
     }
 }
 
@@ -186,37 +299,66 @@ impl crate::models::ModelFamily for T5Config {
         self.stacks.encoder_layers + self.stacks.decoder_layers
     }
 
+    /// `layers` count the encoder's layers first, then the decoder's.
     fn build_chunk(
         &self,
         params: &mut Params,
         inits: &mut Vec<Init>,
-        _layers: std::ops::Range<usize>,
-        pre_process: bool,
-        post_process: bool,
+        layers: std::ops::Range<usize>,
+        _pre_process: bool,
+        _post_process: bool,
     ) -> T5Model {
-        // The stage's layer range counts `--num-layers`; a T5 stage holds both stacks whole.
-        assert!(
-            pre_process && post_process,
-            "a T5 is built on one pipeline stage"
-        );
-        T5Model::build(self.clone(), params, inits)
+        T5Model::build_part(
+            self.clone(),
+            T5Part::of_layers(&self.stacks, layers),
+            params,
+            inits,
+        )
     }
 }
 
 impl T5Model {
+    /// The whole model on one stage.
     pub fn build(config: T5Config, params: &mut Params, inits: &mut Vec<Init>) -> T5Model {
+        let st = config.stacks;
+        let part = T5Part {
+            encoder: 0..st.encoder_layers,
+            decoder: 0..st.decoder_layers,
+        };
+        Self::build_part(config, part, params, inits)
+    }
+
+    /// The layers of `part` and what goes with them. Copies of parameters another stage owns
+    /// (the word embedding after the first stage, a relative bias after its stack's first
+    /// stage) are registered under the owner's name and marked shared: saved by the owner,
+    /// counted once in the gradient norm, and initialized to the same values (initialization
+    /// is a function of the name).
+    pub fn build_part(
+        config: T5Config,
+        part: T5Part,
+        params: &mut Params,
+        inits: &mut Vec<Init>,
+    ) -> T5Model {
         let cfg = &config.transformer;
         let (h, heads) = (cfg.hidden_size, cfg.num_attention_heads);
         let std = cfg.init_method_std;
-        let embedding = VocabParallelEmbedding::new(
-            params,
-            inits,
-            "embedding.word_embeddings.weight",
-            cfg.padded_vocab_size,
-            h,
-            std,
-        );
         let st = config.stacks;
+        let share = |params: &mut Params, id: crate::params::ParamId, copy: bool| {
+            params.metas[id.0].shared = copy;
+        };
+        let embedding = (part.encoder_start() || part.decoder_start() || part.decoder_end(&st))
+            .then(|| {
+                let e = VocabParallelEmbedding::new(
+                    params,
+                    inits,
+                    "embedding.word_embeddings.weight",
+                    cfg.padded_vocab_size,
+                    h,
+                    std,
+                );
+                share(params, e.weight, !part.encoder_start());
+                e
+            });
         let rel = (st.relative_buckets, st.relative_max_distance);
         let norm = |name: &str, params: &mut Params, inits: &mut Vec<Init>| {
             Norm::new(
@@ -228,55 +370,55 @@ impl T5Model {
                 inits,
             )
         };
-        let encoder_bias = RelativePositionBias::new(
+        let bias = |name: &str,
+                    range: &std::ops::Range<usize>,
+                    bidirectional: bool,
+                    params: &mut Params,
+                    inits: &mut Vec<Init>| {
+            (!range.is_empty()).then(|| {
+                let b =
+                    RelativePositionBias::new(name, rel, bidirectional, heads, std, params, inits);
+                share(params, b.table, range.start != 0);
+                b
+            })
+        };
+        let layer = |stack, l: usize, stream: usize, params: &mut Params, inits: &mut _| {
+            T5Layer::new(cfg, stack, l, stream, st.softmax_scale, params, inits)
+        };
+        let encoder_bias = bias(
             "encoder.relative_pos_emb",
-            rel,
+            &part.encoder,
             true,
-            heads,
-            std,
             params,
             inits,
         );
-        let encoder = (0..st.encoder_layers)
-            .map(|l| {
-                T5Layer::new(
-                    cfg,
-                    T5Stack::Encoder,
-                    l,
-                    l,
-                    config.stacks.softmax_scale,
-                    params,
-                    inits,
-                )
-            })
+        let encoder = part
+            .encoder
+            .clone()
+            .map(|l| layer(T5Stack::Encoder, l, l, params, inits))
             .collect();
-        let encoder_norm = norm("encoder.final_layernorm", params, inits);
-        let decoder_bias = RelativePositionBias::new(
+        let encoder_norm = part
+            .encoder_end(&st)
+            .then(|| norm("encoder.final_layernorm", params, inits));
+        let decoder_bias = bias(
             "decoder.relative_pos_emb",
-            rel,
+            &part.decoder,
             false,
-            heads,
-            std,
             params,
             inits,
         );
-        let decoder = (0..st.decoder_layers)
-            .map(|l| {
-                let stream = st.encoder_layers + l;
-                T5Layer::new(
-                    cfg,
-                    T5Stack::Decoder,
-                    l,
-                    stream,
-                    config.stacks.softmax_scale,
-                    params,
-                    inits,
-                )
-            })
+        let decoder = part
+            .decoder
+            .clone()
+            .map(|l| layer(T5Stack::Decoder, l, st.encoder_layers + l, params, inits))
             .collect();
-        let decoder_norm = norm("decoder.final_layernorm", params, inits);
+        let decoder_norm = part
+            .decoder_end(&st)
+            .then(|| norm("decoder.final_layernorm", params, inits));
+        let tp_size = params.tp.1.max(1);
         T5Model {
             config,
+            part,
             embedding,
             encoder_bias,
             encoder,
@@ -284,6 +426,7 @@ impl T5Model {
             decoder_bias,
             decoder,
             decoder_norm,
+            tp_size,
         }
     }
 
@@ -330,8 +473,14 @@ impl T5Model {
         (self.config.transformer.hidden_size as f32).powf(-0.5)
     }
 
+    fn word_embedding(&self) -> &VocabParallelEmbedding {
+        self.embedding
+            .as_ref()
+            .expect("this stage embeds tokens or computes logits")
+    }
+
     /// This rank's vocabulary slice of the logits, `[b * td, vocab / tp]`, without dropout
-    /// (evaluation, conversion checks, generation).
+    /// (evaluation, conversion checks, generation). The whole model on one stage.
     pub fn logits(
         &self,
         params: &Params,
@@ -339,17 +488,18 @@ impl T5Model {
         batch: &T5Batch,
     ) -> Result<Tensor, CommError> {
         let ctx = StepContext::eval();
-        let (last, _) = self.decoder_output(params, tp, batch, &ctx)?;
+        let (last, _) = self.run_stacks(params, tp, None, batch, &ctx)?;
+        let e = self.word_embedding();
         let (n, h, v) = (
             last.shape()[0],
             self.config.transformer.hidden_size,
-            self.embedding.vocab_per_partition,
+            e.vocab_per_partition,
         );
         let mut logits = Tensor::for_overwrite(&[n, v]);
         megatron_tensor::cpu::matmul_forward(
             logits.data_mut(),
             last.data(),
-            &params.get(self.embedding.weight),
+            &params.get(e.weight),
             None,
             n,
             h,
@@ -358,67 +508,196 @@ impl T5Model {
         Ok(logits)
     }
 
-    /// Both stacks: the decoder's final output (normed, dropped, rescaled) `[b * td, hidden]`
-    /// and what backward needs of them.
-    fn decoder_output(
+    /// This stage's stacks on one micro-batch: what it sends on (on the last stage, the
+    /// decoder's final output: normed, dropped, rescaled, `[b * td, hidden]`) and what backward
+    /// needs. `input` is the previous stage's message (none on the first stage).
+    fn run_stacks(
         &self,
         params: &Params,
         tp: &mut Tp,
+        input: Option<Tensor>,
         batch: &T5Batch,
         ctx: &StepContext,
     ) -> Result<(Tensor, SavedStacks), CommError> {
         let (b, te, td) = (batch.b, batch.te, batch.td);
-        // Encoder.
-        let x = self.embedding.forward(params, tp, batch.enc_tokens)?;
-        let mut x = self.dropout(x, ctx, SITE_ENCODER_EMBEDDING);
-        let enc_bias = self.encoder_bias.forward(params, te, te);
-        let enc_in = T5LayerInputs {
-            shape: T5AttentionShape { b, tq: te, tk: te },
-            bias: &enc_bias,
-            self_lens: batch.enc_lens,
-            memory: None,
-        };
-        let mut encoder = Vec::with_capacity(self.encoder.len());
-        for l in &self.encoder {
-            let (y, s) = l.forward(params, tp, x, &enc_in, ctx)?;
-            encoder.push(s);
-            x = y;
+        let st = &self.config.stacks;
+        let mut saved = SavedStacks::default();
+        let mut input = input;
+        let mut memory = None;
+        if let Some(bias) = &self.encoder_bias {
+            let mut x = match input.take() {
+                Some(x) => x,
+                None => {
+                    let x = self
+                        .word_embedding()
+                        .forward(params, tp, batch.enc_tokens)?;
+                    self.dropout(x, ctx, SITE_ENCODER_EMBEDDING)
+                }
+            };
+            saved.enc_bias = bias.forward(params, te, te);
+            let enc_in = T5LayerInputs {
+                shape: T5AttentionShape { b, tq: te, tk: te },
+                bias: &saved.enc_bias,
+                self_lens: batch.enc_lens,
+                memory: None,
+            };
+            for l in &self.encoder {
+                let (y, s) = l.forward(params, tp, x, &enc_in, ctx)?;
+                saved.encoder.push(s);
+                x = y;
+            }
+            let Some(norm) = &self.encoder_norm else {
+                return Ok((x, saved));
+            };
+            let (normed, ln) = norm.forward(params, &x);
+            let m = self.dropout(normed, ctx, SITE_ENCODER_OUTPUT);
+            saved.encoder_out = Some((x, ln));
+            if !self.part.has_decoder() {
+                return Ok((m, saved));
+            }
+            memory = Some(m);
         }
-        let (normed, ln) = self.encoder_norm.forward(params, &x);
-        let memory = self.dropout(normed, ctx, SITE_ENCODER_OUTPUT);
-        let encoder_out = (x, ln);
-        // Decoder.
-        let y = self.embedding.forward(params, tp, batch.dec_tokens)?;
-        let mut y = self.dropout(y, ctx, SITE_DECODER_EMBEDDING);
-        let dec_bias = self.decoder_bias.forward(params, td, td);
+        let bias = self
+            .decoder_bias
+            .as_ref()
+            .expect("a T5 stage holds encoder or decoder layers");
+        // The decoder's hidden states (unless this stage embeds them) and the encoder output.
+        let (hidden, memory) = match (memory, input) {
+            (Some(m), _) => (None, m),
+            (None, Some(x)) if self.part.decoder_start() => (None, x),
+            (None, Some(x)) => {
+                let (y, m) = x.split_rows(b * td);
+                (Some(y), m)
+            }
+            (None, None) => unreachable!("a decoder stage after the first receives its input"),
+        };
+        let mut y = match hidden {
+            Some(y) => y,
+            None => {
+                let y = self
+                    .word_embedding()
+                    .forward(params, tp, batch.dec_tokens)?;
+                self.dropout(y, ctx, SITE_DECODER_EMBEDDING)
+            }
+        };
+        saved.dec_bias = bias.forward(params, td, td);
         let dec_in = T5LayerInputs {
             shape: T5AttentionShape { b, tq: td, tk: td },
-            bias: &dec_bias,
+            bias: &saved.dec_bias,
             self_lens: batch.dec_lens,
             memory: Some((&memory, batch.enc_lens, te)),
         };
-        let mut decoder = Vec::with_capacity(self.decoder.len());
         for l in &self.decoder {
             let (z, s) = l.forward(params, tp, y, &dec_in, ctx)?;
-            decoder.push(s);
+            saved.decoder.push(s);
             y = z;
         }
-        let (normed, ln) = self.decoder_norm.forward(params, &y);
-        let mut last = self.dropout(normed, ctx, SITE_DECODER_OUTPUT);
-        scale_inplace(last.data_mut(), self.output_scale());
-        let decoder_out = (y, ln);
-        Ok((
-            last,
-            SavedStacks {
-                encoder,
-                encoder_out,
-                memory,
-                decoder,
-                decoder_out,
-                enc_bias,
-                dec_bias,
-            },
-        ))
+        let out = match &self.decoder_norm {
+            Some(norm) if self.part.decoder_end(st) => {
+                let (normed, ln) = norm.forward(params, &y);
+                let mut last = self.dropout(normed, ctx, SITE_DECODER_OUTPUT);
+                scale_inplace(last.data_mut(), self.output_scale());
+                saved.decoder_out = Some((y, ln));
+                last
+            }
+            _ => Tensor::cat_rows(&y, &memory),
+        };
+        saved.memory = Some(memory);
+        Ok((out, saved))
+    }
+
+    /// Backward of [`T5Model::run_stacks`]: `dy` is the gradient of what it returned. Returns
+    /// the gradient of its input (none on the first stage).
+    #[allow(clippy::too_many_arguments)]
+    fn backward_stacks(
+        &self,
+        params: &Params,
+        grads: &mut Grads,
+        tp: &mut Tp,
+        saved: SavedStacks,
+        dy: Tensor,
+        batch: &T5Batch,
+        ctx: &StepContext,
+    ) -> Result<Option<Tensor>, CommError> {
+        let (b, te, td) = (batch.b, batch.te, batch.td);
+        let mut dy = Some(dy);
+        let mut dmemory = None;
+        if let Some(bias) = &self.decoder_bias {
+            let memory = saved
+                .memory
+                .as_ref()
+                .expect("a decoder stage saves the memory");
+            let d = dy.take().expect("one output gradient");
+            let (mut dh, mut dm) = match (&self.decoder_norm, &saved.decoder_out) {
+                (Some(norm), Some((y, ln))) => {
+                    let mut d = d;
+                    scale_inplace(d.data_mut(), self.output_scale());
+                    let dnormed = self.dropout_grad(d, ctx, SITE_DECODER_OUTPUT);
+                    let dh = norm.backward(params, grads, ln, y, &dnormed);
+                    (dh, Tensor::zeros(memory.shape()))
+                }
+                _ => d.split_rows(b * td),
+            };
+            let dec_in = T5LayerInputs {
+                shape: T5AttentionShape { b, tq: td, tk: td },
+                bias: &saved.dec_bias,
+                self_lens: batch.dec_lens,
+                memory: Some((memory, batch.enc_lens, te)),
+            };
+            let mut dbias = vec![0.0f32; saved.dec_bias.len()];
+            for (l, s) in self.decoder.iter().zip(saved.decoder).rev() {
+                let g = l.backward(params, grads, tp, s, dh, &dec_in, ctx)?;
+                dh = g.dx;
+                add_inplace(
+                    &mut dm,
+                    &g.dmemory.expect("a decoder layer reads the memory"),
+                );
+                megatron_tensor::cpu::reduce::add_inplace(&mut dbias, &g.dbias);
+            }
+            bias.backward(grads, &dbias, td, td);
+            if !self.part.decoder_start() {
+                return Ok(Some(Tensor::cat_rows(&dh, &dm)));
+            }
+            let dh = self.dropout_grad(dh, ctx, SITE_DECODER_EMBEDDING);
+            self.word_embedding()
+                .backward(grads, tp, batch.dec_tokens, dh)?;
+            if !self.part.has_encoder() {
+                return Ok(Some(dm));
+            }
+            dmemory = Some(dm);
+        }
+        let bias = self
+            .encoder_bias
+            .as_ref()
+            .expect("a T5 stage holds encoder or decoder layers");
+        let mut dx = match (&self.encoder_norm, saved.encoder_out) {
+            (Some(norm), Some((x, ln))) => {
+                let dm = dmemory.or(dy).expect("the encoder output's gradient");
+                let dnormed = self.dropout_grad(dm, ctx, SITE_ENCODER_OUTPUT);
+                norm.backward(params, grads, &ln, &x, &dnormed)
+            }
+            _ => dy.expect("the encoder's hidden states' gradient"),
+        };
+        let enc_in = T5LayerInputs {
+            shape: T5AttentionShape { b, tq: te, tk: te },
+            bias: &saved.enc_bias,
+            self_lens: batch.enc_lens,
+            memory: None,
+        };
+        let mut dbias = vec![0.0f32; saved.enc_bias.len()];
+        for (l, s) in self.encoder.iter().zip(saved.encoder).rev() {
+            let g = l.backward(params, grads, tp, s, dx, &enc_in, ctx)?;
+            dx = g.dx;
+            megatron_tensor::cpu::reduce::add_inplace(&mut dbias, &g.dbias);
+        }
+        bias.backward(grads, &dbias, te, te);
+        if !self.part.encoder_start() {
+            return Ok(Some(dx));
+        }
+        let dx = self.dropout_grad(dx, ctx, SITE_ENCODER_EMBEDDING);
+        self.word_embedding()
+            .backward(grads, tp, batch.enc_tokens, dx)?;
+        Ok(None)
     }
 
     /// Greedy decoding (Hugging Face's `generate` without sampling or beams): each sequence's
@@ -474,9 +753,9 @@ impl T5Model {
         Ok(out)
     }
 
-    /// Forward and, with `grads`, what backward needs (the output layer and loss gradients are
-    /// computed here, as GPT's fused output layer does). The loss is the mean over the counted
-    /// labels, its gradient scaled by `grad_scale`. Collective over `tp`.
+    /// Forward of the whole model (one stage) and, with `grads`, what backward needs. The
+    /// loss is the mean over the counted labels, its gradient scaled by `grad_scale`.
+    /// Collective over `tp`.
     pub fn forward(
         &self,
         params: &Params,
@@ -486,13 +765,28 @@ impl T5Model {
         grad_scale: f32,
         ctx: &StepContext,
     ) -> Result<T5State, CommError> {
-        let (b, td) = (batch.b, batch.td);
+        let (last, stacks) = self.run_stacks(params, tp, None, batch, ctx)?;
+        self.loss(params, grads, tp, last, stacks, batch, grad_scale)
+    }
+
+    /// The tied logits and the loss of the decoder's final output `last` (the output layer and
+    /// loss gradients are computed here, as GPT's fused output layer does).
+    #[allow(clippy::too_many_arguments)]
+    fn loss(
+        &self,
+        params: &Params,
+        grads: Option<&mut Grads>,
+        tp: &mut Tp,
+        last: Tensor,
+        stacks: SavedStacks,
+        batch: &T5Batch,
+        grad_scale: f32,
+    ) -> Result<T5State, CommError> {
+        let n = batch.b * batch.td;
         let h = self.config.transformer.hidden_size;
-        let (last, stacks) = self.decoder_output(params, tp, batch, ctx)?;
-        // Tied logits and the loss.
-        let n = b * td;
         let total = batch.loss_mask.iter().sum::<f32>().max(1.0);
-        let v = self.embedding.vocab_per_partition;
+        let e = self.word_embedding();
+        let v = e.vocab_per_partition;
         let dims = ClassifierDims {
             n,
             c: h,
@@ -500,8 +794,8 @@ impl T5Model {
             chunk_rows: crate::models::gpt::classifier_tile_rows(v),
         };
         let mut losses = vec![0.0f32; n];
-        let w = self.embedding.weight;
-        let mut dlast = Tensor::for_overwrite(&[0]);
+        let w = e.weight;
+        let mut dlast = None;
         match grads {
             Some(g) => {
                 let dloss: Vec<f32> = batch
@@ -520,9 +814,9 @@ impl T5Model {
                     batch.labels,
                     &dloss,
                     dims,
-                    self.embedding.vocab_start,
+                    e.vocab_start,
                 )?;
-                dlast = copy_to_tensor_model_parallel_region_backward(tp, dx)?;
+                dlast = Some(copy_to_tensor_model_parallel_region_backward(tp, dx)?);
             }
             None => vocab_parallel_cross_entropy(
                 tp,
@@ -534,7 +828,7 @@ impl T5Model {
                 batch.labels,
                 &[],
                 dims,
-                self.embedding.vocab_start,
+                e.vocab_start,
             )?,
         }
         let loss = losses
@@ -546,8 +840,7 @@ impl T5Model {
         Ok(T5State {
             stacks,
             dlast,
-            loss: loss as f32,
-            tokens: batch.loss_mask.iter().sum(),
+            loss_and_tokens: Some((loss as f32, batch.loss_mask.iter().sum())),
         })
     }
 
@@ -561,49 +854,8 @@ impl T5Model {
         batch: &T5Batch,
         ctx: &StepContext,
     ) -> Result<(), CommError> {
-        let (b, te, td) = (batch.b, batch.te, batch.td);
-        let mut dlast = state.dlast;
-        scale_inplace(dlast.data_mut(), self.output_scale());
-        let dnormed = self.dropout_grad(dlast, ctx, SITE_DECODER_OUTPUT);
-        let (y, ln) = &state.stacks.decoder_out;
-        let mut dy = self.decoder_norm.backward(params, grads, ln, y, &dnormed);
-        let dec_in = T5LayerInputs {
-            shape: T5AttentionShape { b, tq: td, tk: td },
-            bias: &state.stacks.dec_bias,
-            self_lens: batch.dec_lens,
-            memory: Some((&state.stacks.memory, batch.enc_lens, te)),
-        };
-        let mut dmemory = Tensor::zeros(state.stacks.memory.shape());
-        let mut dbias = vec![0.0f32; state.stacks.dec_bias.len()];
-        for (l, s) in self.decoder.iter().zip(state.stacks.decoder).rev() {
-            let g = l.backward(params, grads, tp, s, dy, &dec_in, ctx)?;
-            dy = g.dx;
-            let dm = g.dmemory.expect("a decoder layer reads the encoder output");
-            add_inplace(&mut dmemory, &dm);
-            megatron_tensor::cpu::reduce::add_inplace(&mut dbias, &g.dbias);
-        }
-        self.decoder_bias.backward(grads, &dbias, td, td);
-        let dy = self.dropout_grad(dy, ctx, SITE_DECODER_EMBEDDING);
-        self.embedding.backward(grads, tp, batch.dec_tokens, dy)?;
-        // Encoder.
-        let dnormed = self.dropout_grad(dmemory, ctx, SITE_ENCODER_OUTPUT);
-        let (x, ln) = &state.stacks.encoder_out;
-        let mut dx = self.encoder_norm.backward(params, grads, ln, x, &dnormed);
-        let enc_in = T5LayerInputs {
-            shape: T5AttentionShape { b, tq: te, tk: te },
-            bias: &state.stacks.enc_bias,
-            self_lens: batch.enc_lens,
-            memory: None,
-        };
-        let mut dbias = vec![0.0f32; state.stacks.enc_bias.len()];
-        for (l, s) in self.encoder.iter().zip(state.stacks.encoder).rev() {
-            let g = l.backward(params, grads, tp, s, dx, &enc_in, ctx)?;
-            dx = g.dx;
-            megatron_tensor::cpu::reduce::add_inplace(&mut dbias, &g.dbias);
-        }
-        self.encoder_bias.backward(grads, &dbias, te, te);
-        let dx = self.dropout_grad(dx, ctx, SITE_ENCODER_EMBEDDING);
-        self.embedding.backward(grads, tp, batch.enc_tokens, dx)?;
+        let dlast = state.dlast.expect("the forward was given gradients");
+        self.backward_stacks(params, grads, tp, state.stacks, dlast, batch, ctx)?;
         Ok(())
     }
 }
