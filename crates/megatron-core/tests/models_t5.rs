@@ -562,12 +562,22 @@ mod whole_model {
         }
     }
 
+    /// TP 2 without and with sequence parallelism (the residual stream, norms and dropout on
+    /// each rank's block of rows; the norms' gradients then summed over TP).
     #[test]
-    fn whole_t5_at_tensor_parallel_2_matches_one_rank() {
+    fn whole_t5_at_tensor_parallel_2_with_and_without_sp_matches_one_rank() {
+        for sp in [false, true] {
+            whole_t5_at_tensor_parallel_2_matches_one_rank(sp);
+        }
+    }
+
+    fn whole_t5_at_tensor_parallel_2_matches_one_rank(sp: bool) {
         let go = |rank: usize, size: usize, tp: &mut Tp| {
             let (m, params) = T5Model::new_tp(config(0.1), 3, rank, size);
             let ctx = StepContext::train(5, 1, 0);
-            let (l, g) = grads_of(&m, &params, tp, &ctx);
+            let (l, mut g) = grads_of(&m, &params, tp, &ctx);
+            megatron_core::tensor_parallel::allreduce_sequence_parallel_grads(&params, &mut g, tp)
+                .unwrap();
             let pick = |n: &str| g.get(params.find(n).unwrap()).to_vec();
             (
                 l,
@@ -579,18 +589,18 @@ mod whole_model {
         };
         let mut s = serial_group();
         let one = go(0, 1, &mut Tp::new(&mut s, false));
-        let out = megatron_comm::run_ranks(2, move |r, c| go(r, 2, &mut Tp::new(c, false)));
+        let out = megatron_comm::run_ranks(2, move |r, c| go(r, 2, &mut Tp::new(c, sp)));
         let close = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| (x - y).abs() < 1e-5);
         for (rank, r) in out.into_iter().enumerate() {
             let r = r.unwrap();
             assert!(
                 (r.0 - one.0).abs() < 1e-5 * one.0,
-                "rank {rank}: {} vs {}",
+                "sp {sp} rank {rank}: {} vs {}",
                 r.0,
                 one.0
             );
-            assert!(close(&r.1, &one.1), "rank {rank}: encoder norm");
-            assert!(close(&r.2, &one.2), "rank {rank}: decoder norm");
+            assert!(close(&r.1, &one.1), "sp {sp} rank {rank}: encoder norm");
+            assert!(close(&r.2, &one.2), "sp {sp} rank {rank}: decoder norm");
             let per = r.3.len();
             assert!(
                 close(&r.3, &one.3[rank * per..(rank + 1) * per]),

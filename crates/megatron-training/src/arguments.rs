@@ -541,6 +541,14 @@ pub struct TrainArgs {
     /// and runs the interleaved 1F1B schedule.
     #[arg(long)]
     pub num_layers_per_virtual_pipeline_stage: Option<usize>,
+    /// `--model t5`: the pipeline stage the decoder starts on; stages before it hold the
+    /// encoder (Megatron's split rank), each stack's layers split evenly over its stages.
+    #[arg(long)]
+    pub pipeline_model_parallel_split_rank: Option<usize>,
+    /// `--model t5`: pipeline stages of the encoder, added before the decoder's
+    /// --pipeline-model-parallel-size stages (megatron-core's form of the split).
+    #[arg(long)]
+    pub encoder_pipeline_model_parallel_size: Option<usize>,
     /// Layers of the first / last pipeline stage when the layers do not split evenly.
     #[arg(long)]
     pub decoder_first_pipeline_num_layers: Option<usize>,
@@ -902,7 +910,7 @@ impl TrainArgs {
             None => self.model_config(vocab_size, tp)?,
         };
         let bert = self.bert_settings(&mut model, cp, from_checkpoint)?;
-        let t5 = self.t5_settings(&model, pp, cp)?;
+        let t5 = self.t5_settings(&model, cp)?;
         if self.sequence_parallel
             && tp > 1
             && !(self.micro_batch_size * self.seq_length).is_multiple_of(tp)
@@ -980,7 +988,6 @@ impl TrainArgs {
     fn t5_settings(
         &self,
         model: &TransformerConfig,
-        pp: usize,
         cp: usize,
     ) -> Result<Option<crate::family_t5::T5Settings>, TrainError> {
         if self.model != ModelArg::T5 {
@@ -993,16 +1000,6 @@ impl TrainArgs {
                 Ok(())
             }
         };
-        refuse(
-            pp > 1,
-            "--pipeline-model-parallel-size > 1",
-            "the encoder/decoder stage split is not built yet",
-        )?;
-        refuse(
-            self.sequence_parallel,
-            "--sequence-parallel",
-            "T5's layers keep whole sequences on every tensor-parallel rank",
-        )?;
         refuse(
             cp > 1,
             "--context-parallel-size > 1",
@@ -1048,6 +1045,16 @@ impl TrainArgs {
             return Err(bad(format!(
                 "--decoder-seq-length {} is too short for --mask-prob {} of --encoder-seq-length {encoder}: a sample's decoder input can reach {worst} tokens",
                 self.decoder_seq_length, self.mask_prob
+            )));
+        }
+        let tp = self.tensor_model_parallel_size;
+        if self.sequence_parallel
+            && tp > 1
+            && !(self.micro_batch_size * self.decoder_seq_length).is_multiple_of(tp)
+        {
+            return Err(bad(format!(
+                "--sequence-parallel: the decoder's tokens of a micro-batch (--micro-batch-size {} x --decoder-seq-length {}) must be divisible by --tensor-model-parallel-size ({tp})",
+                self.micro_batch_size, self.decoder_seq_length
             )));
         }
         Ok(Some(crate::family_t5::T5Settings {
@@ -1256,7 +1263,7 @@ impl TrainArgs {
                 self.nproc_per_node
             )));
         }
-        let pp = self.pipeline_model_parallel_size;
+        let (pp, encoder) = self.pipeline_stages()?;
         if pp == 0 || !self.nproc_per_node.is_multiple_of(tp * pp) {
             return Err(bad(format!(
                 "--tensor-model-parallel-size ({tp}) x --pipeline-model-parallel-size ({pp}) must divide the number of ranks (--nproc-per-node {}, or the MPI world)",
@@ -1281,16 +1288,65 @@ impl TrainArgs {
                 num_layers / (pp * lv)
             }
         };
+        // A T5's pipeline splits its encoder's and its decoder's layers, in that order.
+        let (num_layers, encoder) = match self.model {
+            ModelArg::T5 => {
+                let enc = self.encoder_num_layers.unwrap_or(num_layers);
+                let dec = self.decoder_num_layers.unwrap_or(num_layers);
+                let split = encoder.map(|stages| {
+                    megatron_core::pipeline_parallel::partition::EncoderStages {
+                        layers: enc,
+                        stages,
+                    }
+                });
+                (enc + dec, split)
+            }
+            _ => (num_layers, None),
+        };
         let partition = megatron_core::pipeline_parallel::partition::StagePartition {
             num_layers,
             p: pp,
             v: vp,
             first: self.decoder_first_pipeline_num_layers,
             last: self.decoder_last_pipeline_num_layers,
-            encoder: None,
+            encoder,
         };
         partition.check().map_err(bad)?;
         Ok((tp, pp, vp, partition))
+    }
+
+    /// The pipeline's stages and, for a T5, how many hold its encoder: the split rank within
+    /// --pipeline-model-parallel-size, or --encoder-pipeline-model-parallel-size stages before
+    /// the decoder's.
+    fn pipeline_stages(&self) -> Result<(usize, Option<usize>), TrainError> {
+        let pp = self.pipeline_model_parallel_size;
+        let (split, enc) = (
+            self.pipeline_model_parallel_split_rank,
+            self.encoder_pipeline_model_parallel_size,
+        );
+        if self.model != ModelArg::T5 {
+            if split.is_some() || enc.is_some() {
+                return Err(bad("--pipeline-model-parallel-split-rank and --encoder-pipeline-model-parallel-size split an encoder-decoder (--model t5)".into()));
+            }
+            return Ok((pp, None));
+        }
+        match (split, enc) {
+            (Some(_), Some(_)) => Err(bad(
+                "give --pipeline-model-parallel-split-rank or --encoder-pipeline-model-parallel-size, not both".into(),
+            )),
+            (Some(s), None) if pp < 2 => Err(bad(format!(
+                "--pipeline-model-parallel-split-rank {s} needs --pipeline-model-parallel-size > 1"
+            ))),
+            (Some(s), None) => Ok((pp, Some(s))),
+            (None, Some(0)) => Err(bad(
+                "--encoder-pipeline-model-parallel-size must be positive".into(),
+            )),
+            (None, Some(e)) => Ok((pp + e, Some(e))),
+            (None, None) if pp > 1 => Err(bad(format!(
+                "--model t5 at --pipeline-model-parallel-size {pp} needs --pipeline-model-parallel-split-rank S (stages before S hold the encoder) or --encoder-pipeline-model-parallel-size"
+            ))),
+            (None, None) => Ok((pp, None)),
+        }
     }
 
     /// `--use-checkpoint-args`: the model of the checkpoint --load would resume from, trained at

@@ -1,7 +1,7 @@
 //! T5 under `megatron train --model t5`: Megatron's `T5Dataset` span-corruption samples of a
 //! sentence-split indexed dataset (`--vocab-extra-ids` sentinels), read in the pretraining
 //! sampler's order, into encoder and decoder tokens, labels (padding not counted) and the
-//! sequences' lengths. One pipeline stage (the encoder/decoder stage split is not built yet).
+//! sequences' lengths, on any layout but sequence and context parallelism.
 
 use crate::arguments::TrainConfig;
 use crate::family::{sentence_splits, split_index, TrainFamily};

@@ -1,7 +1,9 @@
 //! `megatron train --model t5` on the committed sentence-split fixture (span corruption with
-//! 100 sentinels): losses fall, TP 2 and DP 2 with the distributed optimizer train the model
-//! one rank trains (fp32, dropout on), the checkpoint records the T5 stacks, and what T5 does
-//! not support yet is refused by flag.
+//! 100 sentinels): losses fall; TP 2 with and without SP, DP 2 with the distributed optimizer,
+//! the encoder/decoder pipeline split and TP 2 + SP x PP 2 x DP 2 train the model one rank
+//! trains (fp32, dropout on);
+//! checkpoints record the T5 stacks and change layout; what T5 does not support is refused by
+//! flag.
 
 mod common;
 
@@ -65,8 +67,42 @@ fn t5_tensor_and_data_parallel_layouts_match_one_rank() {
             &["--nproc-per-node", "2", "--tensor-model-parallel-size", "2"][..],
         ),
         (
+            "tp2 + sp",
+            &[
+                "--nproc-per-node",
+                "2",
+                "--tensor-model-parallel-size",
+                "2",
+                "--sequence-parallel",
+            ][..],
+        ),
+        (
             "dp2 + distributed optimizer",
             &["--nproc-per-node", "2", "--use-distributed-optimizer"][..],
+        ),
+        (
+            "pp2 split at the decoder",
+            &[
+                "--nproc-per-node",
+                "2",
+                "--pipeline-model-parallel-size",
+                "2",
+                "--pipeline-model-parallel-split-rank",
+                "1",
+            ][..],
+        ),
+        (
+            "tp2 + sp x (1 encoder + 1 decoder stage) x dp2 + distributed optimizer",
+            &[
+                "--nproc-per-node",
+                "8",
+                "--tensor-model-parallel-size",
+                "2",
+                "--encoder-pipeline-model-parallel-size",
+                "1",
+                "--use-distributed-optimizer",
+                "--sequence-parallel",
+            ][..],
         ),
     ] {
         let run = t5_run(&dir, &name.replace(' ', ""), layout);
@@ -103,7 +139,29 @@ fn t5_refuses_what_it_does_not_support_by_flag() {
                 "--nproc-per-node",
                 "2",
             ][..],
-            "--pipeline-model-parallel-size",
+            "needs --pipeline-model-parallel-split-rank",
+        ),
+        (
+            &[
+                "--pipeline-model-parallel-size",
+                "2",
+                "--pipeline-model-parallel-split-rank",
+                "2",
+                "--nproc-per-node",
+                "2",
+            ][..],
+            "--pipeline-model-parallel-split-rank (2)",
+        ),
+        (
+            &[
+                "--pipeline-model-parallel-size",
+                "3",
+                "--pipeline-model-parallel-split-rank",
+                "1",
+                "--nproc-per-node",
+                "3",
+            ][..],
+            "the decoder's 1 over its 2",
         ),
         (
             &[
@@ -112,8 +170,12 @@ fn t5_refuses_what_it_does_not_support_by_flag() {
                 "--nproc-per-node",
                 "2",
                 "--sequence-parallel",
+                "--micro-batch-size",
+                "1",
+                "--decoder-seq-length",
+                "17",
             ][..],
-            "--sequence-parallel",
+            "--decoder-seq-length 17) must be divisible",
         ),
         (&["--vocab-extra-ids", "0"][..], "--vocab-extra-ids"),
         (&["--decoder-seq-length", "8"][..], "--decoder-seq-length"),
@@ -126,29 +188,51 @@ fn t5_refuses_what_it_does_not_support_by_flag() {
 }
 
 #[test]
-fn t5_checkpoint_saved_at_tp2_resumes_on_one_rank_and_at_dp2() {
+fn t5_checkpoints_saved_at_tp2_and_pp2_resume_on_other_layouts() {
     let dir = tmpdir("t5-reshard");
     let full = pretrain(&t5_args(&["--train-iters", "6"])).unwrap();
-    let tp2 = dir.join("tp2");
-    pretrain(&t5_args(&[
-        "--train-iters",
-        "3",
-        "--save",
-        tp2.to_str().unwrap(),
+    let pp2: &[&str] = &[
         "--nproc-per-node",
         "2",
-        "--tensor-model-parallel-size",
+        "--pipeline-model-parallel-size",
         "2",
-    ]))
-    .unwrap();
-    for (name, layout) in [
-        ("one rank", &[][..]),
+        "--pipeline-model-parallel-split-rank",
+        "1",
+    ];
+    for (from, saved_at, name, layout) in [
         (
+            "tp2",
+            &["--nproc-per-node", "2", "--tensor-model-parallel-size", "2"][..],
+            "one rank",
+            &[][..],
+        ),
+        (
+            "tp2",
+            &["--nproc-per-node", "2", "--tensor-model-parallel-size", "2"][..],
             "dp2",
             &["--nproc-per-node", "2", "--use-distributed-optimizer"][..],
         ),
+        ("pp2", pp2, "one rank", &[][..]),
+        (
+            "tp2",
+            &["--nproc-per-node", "2", "--tensor-model-parallel-size", "2"][..],
+            "pp2",
+            pp2,
+        ),
     ] {
-        let to = dir.join(name.replace(' ', ""));
+        let tp2 = dir.join(from);
+        if !tp2.exists() {
+            pretrain(&t5_args(
+                &[
+                    &["--train-iters", "3", "--save", tp2.to_str().unwrap()][..],
+                    saved_at,
+                ]
+                .concat(),
+            ))
+            .unwrap();
+        }
+        let name = format!("{from} -> {name}");
+        let to = dir.join(name.replace(' ', "").replace("->", "-"));
         let resumed = pretrain(&t5_args(
             &[
                 &[
@@ -166,7 +250,7 @@ fn t5_checkpoint_saved_at_tp2_resumes_on_one_rank_and_at_dp2() {
         .unwrap();
         assert_eq!(resumed.start_iteration, 3, "{name}");
         common::assert_losses_close(
-            &format!("t5 tp2 -> {name}"),
+            &format!("t5 {name}"),
             &full.losses[3..],
             &resumed.losses,
             1e-5,

@@ -153,13 +153,14 @@ impl T5Attention {
         }
     }
 
-    fn key(&self, ctx: &StepContext) -> megatron_tensor::RngKey {
+    /// The probabilities' dropout masks, numbered among all of the step's samples.
+    fn key(&self, ctx: &StepContext, s: T5AttentionShape) -> megatron_tensor::RngKey {
         const SITE: u64 = 7;
         let site = match self.kind {
             T5AttentionKind::Cross => SITE + 1,
             _ => SITE,
         };
-        ctx.site(self.layer, site)
+        ctx.site_for(self.layer, site, self.total_heads * s.tq * s.tk)
     }
 
     /// `x` is the queries' states `[b * tq, hidden]`; `memory` the encoder output
@@ -207,7 +208,7 @@ impl T5Attention {
             bias,
             key_lens,
             d,
-            self.key(ctx),
+            self.key(ctx, s),
         );
         let y = self.linear_proj.forward(params, tp, &context)?;
         Ok((
@@ -259,7 +260,7 @@ impl T5Attention {
             saved.k.data(),
             saved.v.data(),
             d,
-            self.key(ctx),
+            self.key(ctx, s),
         );
         match &self.proj {
             Projections::Fused(qkv) => {

@@ -2,7 +2,9 @@
 //! pre-norm blocks with residual dropout — self-attention (with the stack's relative bias),
 //! in the decoder cross-attention to the encoder output, then the MLP. Saves the residual
 //! stream before each norm and the norms' statistics; the norms' outputs are recomputed in
-//! backward, as `TransformerLayer` does.
+//! backward, as `TransformerLayer` does. Under sequence parallelism the residual stream,
+//! norms and dropout hold this rank's block of rows; the attention and MLP linears gather
+//! and reduce-scatter them.
 
 use super::attention::{T5Attention, T5AttentionKind, T5AttentionSaved, T5AttentionShape};
 use crate::params::{Grads, Init, Params};
@@ -14,6 +16,32 @@ use crate::transformer::step::StepContext;
 use megatron_comm::CommError;
 use megatron_tensor::cpu::{dropout_add_forward, dropout_backward};
 use megatron_tensor::{RngKey, Tensor};
+
+/// Where this rank's rows of a stack's residual stream sit in the dropout stream: masks are
+/// numbered by the element's index among all of the step's samples (`first_sample` of the
+/// micro-batch, then the row, under sequence parallelism this rank's block's first row), so
+/// every micro-batch draws its own masks and every layout draws the one-rank masks.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct StreamAt {
+    per_sample: usize,
+    offset: u64,
+}
+
+impl StreamAt {
+    /// Rows of `b` sequences of `t` tokens of width `h`, this rank's block of them.
+    pub(crate) fn new(tp: &Tp, b: usize, t: usize, h: usize) -> Self {
+        let (lo, _) = tp.sequence_shard(b * t);
+        StreamAt {
+            per_sample: t * h,
+            offset: (lo * h) as u64,
+        }
+    }
+
+    pub(crate) fn key(&self, ctx: &StepContext, stream: usize, site: u64) -> RngKey {
+        ctx.site_for(stream, site, self.per_sample)
+            .offset(self.offset)
+    }
+}
 
 /// Which stack a layer belongs to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -158,12 +186,15 @@ impl T5Layer {
         }
     }
 
-    fn key(&self, ctx: &StepContext, site: u64) -> RngKey {
-        ctx.site(self.stream, site)
-    }
-
-    /// `residual + dropout(branch)`.
-    fn residual(&self, branch: &Tensor, residual: &Tensor, ctx: &StepContext, site: u64) -> Tensor {
+    /// `residual + dropout(branch)` over this rank's rows `at`.
+    fn residual(
+        &self,
+        branch: &Tensor,
+        residual: &Tensor,
+        ctx: &StepContext,
+        at: StreamAt,
+        site: u64,
+    ) -> Tensor {
         let mut out = Tensor::for_overwrite(residual.shape());
         let p = ctx.p(self.hidden_dropout);
         dropout_add_forward(
@@ -171,15 +202,15 @@ impl T5Layer {
             branch.data(),
             residual.data(),
             p,
-            self.key(ctx, site),
+            at.key(ctx, self.stream, site),
         );
         out
     }
 
-    fn branch_grad(&self, dout: &Tensor, ctx: &StepContext, site: u64) -> Tensor {
+    fn branch_grad(&self, dout: &Tensor, ctx: &StepContext, at: StreamAt, site: u64) -> Tensor {
         let mut d = Tensor::for_overwrite(dout.shape());
         let p = ctx.p(self.hidden_dropout);
-        dropout_backward(d.data_mut(), dout.data(), p, self.key(ctx, site));
+        dropout_backward(d.data_mut(), dout.data(), p, at.key(ctx, self.stream, site));
         d
     }
 
@@ -196,6 +227,7 @@ impl T5Layer {
         ctx: &StepContext,
     ) -> Result<(Tensor, T5LayerSaved), CommError> {
         let s = inp.shape;
+        let at = StreamAt::new(tp, s.b, s.tq, x.shape()[1]);
         let (n1, ln1) = self.input_layernorm.forward(params, &x);
         let (a, attn) = self.self_attention.forward(
             params,
@@ -208,7 +240,7 @@ impl T5Layer {
             ctx,
         )?;
         drop(n1);
-        let mid = self.residual(&a, &x, ctx, SITE_SELF);
+        let mid = self.residual(&a, &x, ctx, at, SITE_SELF);
         drop(a);
         let (h2, cross) = match (&self.cross, inp.memory) {
             (Some((norm, attn)), Some((mem, lens, t_enc))) => {
@@ -216,7 +248,7 @@ impl T5Layer {
                 let cs = Self::cross_shape(s, t_enc);
                 let (c, saved) =
                     attn.forward(params, tp, &n2, Some(mem), None, Some(lens), cs, ctx)?;
-                let h2 = self.residual(&c, &mid, ctx, SITE_CROSS);
+                let h2 = self.residual(&c, &mid, ctx, at, SITE_CROSS);
                 (h2, Some((ln2, saved, Tensor::for_overwrite(&[0]))))
             }
             (None, None) => (Tensor::for_overwrite(&[0]), None),
@@ -227,7 +259,7 @@ impl T5Layer {
         let (n3, ln3) = self.pre_mlp_layernorm.forward(params, before_mlp);
         let (f, mlp) = self.mlp.forward(params, tp, &n3, ctx)?;
         drop(n3);
-        let out = self.residual(&f, before_mlp, ctx, SITE_MLP);
+        let out = self.residual(&f, before_mlp, ctx, at, SITE_MLP);
         let cross = cross.map(|(l, a, _)| (l, a, h2));
         Ok((
             out,
@@ -254,8 +286,9 @@ impl T5Layer {
         ctx: &StepContext,
     ) -> Result<T5LayerGrads, CommError> {
         let s = inp.shape;
+        let at = StreamAt::new(tp, s.b, s.tq, dout.shape()[1]);
         let before_mlp = saved.cross.as_ref().map_or(&saved.mid, |c| &c.2);
-        let df = self.branch_grad(&dout, ctx, SITE_MLP);
+        let df = self.branch_grad(&dout, ctx, at, SITE_MLP);
         let (n3, _) = self.pre_mlp_layernorm.forward(params, before_mlp);
         let dn3 = self.mlp.backward(params, grads, tp, &saved.mlp, &n3, df)?;
         drop(n3);
@@ -268,7 +301,7 @@ impl T5Layer {
         if let (Some((norm, attn)), Some((ln2, csaved, _)), Some((mem, _, t_enc))) =
             (&self.cross, saved.cross, inp.memory)
         {
-            let dc = self.branch_grad(&dh, ctx, SITE_CROSS);
+            let dc = self.branch_grad(&dh, ctx, at, SITE_CROSS);
             let (n2, _) = norm.forward(params, &saved.mid);
             let cs = Self::cross_shape(s, t_enc);
             let (dn2, dmem, _) = attn.backward(
@@ -289,7 +322,7 @@ impl T5Layer {
             dh = dmid;
             dmemory = dmem;
         }
-        let da = self.branch_grad(&dh, ctx, SITE_SELF);
+        let da = self.branch_grad(&dh, ctx, at, SITE_SELF);
         let (n1, _) = self.input_layernorm.forward(params, &saved.input);
         let (dn1, _, dbias) = self
             .self_attention

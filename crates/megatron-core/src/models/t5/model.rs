@@ -6,11 +6,14 @@
 //! logits (T5's rescaling), and vocabulary-parallel cross-entropy over the counted labels.
 //! Under pipeline parallelism a stage holds a part of one stack ([`T5Part`]).
 
-use super::layer::{T5Layer, T5LayerInputs, T5LayerSaved, T5Stack};
+use super::layer::{StreamAt, T5Layer, T5LayerInputs, T5LayerSaved, T5Stack};
 use super::relative_bias::RelativePositionBias;
 use super::T5AttentionShape;
 use crate::params::{Grads, Init, Params};
-use crate::tensor_parallel::mappings::copy_to_tensor_model_parallel_region_backward;
+use crate::tensor_parallel::mappings::{
+    copy_to_tensor_model_parallel_region_backward, gather_from_sequence_parallel_region_backward,
+    gather_from_sequence_parallel_region_forward,
+};
 use crate::tensor_parallel::{vocab_parallel_cross_entropy, Tp, VocabParallelEmbedding};
 use crate::transformer::config::TransformerConfig;
 use crate::transformer::layer::{add_inplace, LayerNormSaved, Norm};
@@ -118,6 +121,12 @@ impl T5Part {
     }
 }
 
+/// This rank's rows of `n` token rows: its block under sequence parallelism.
+fn rows(tp: &Tp, n: usize) -> usize {
+    let (lo, hi) = tp.sequence_shard(n);
+    hi - lo
+}
+
 /// Dropout streams of the embeddings and the stacks' outputs (layers use their numbers).
 const STREAM_EMBEDDING: usize = 1 << 20;
 const SITE_ENCODER_EMBEDDING: u64 = 1;
@@ -200,20 +209,22 @@ impl crate::models::ModelChunk for T5Model {
     fn post_process(&self) -> bool {
         self.part.decoder_end(&self.config.stacks)
     }
-    fn input_shape(&self, batch: &T5Batch<'_>, _tp: &Tp) -> [usize; 2] {
+    fn input_shape(&self, batch: &T5Batch<'_>, tp: &Tp) -> [usize; 2] {
         let h = self.config.transformer.hidden_size;
+        let (enc, dec) = (rows(tp, batch.b * batch.te), rows(tp, batch.b * batch.td));
         if self.part.has_encoder() || self.part.decoder_start() {
-            [batch.b * batch.te, h]
+            [enc, h]
         } else {
-            [batch.b * (batch.td + batch.te), h]
+            [dec + enc, h]
         }
     }
-    fn output_shape(&self, batch: &T5Batch<'_>, _tp: &Tp) -> [usize; 2] {
+    fn output_shape(&self, batch: &T5Batch<'_>, tp: &Tp) -> [usize; 2] {
         let h = self.config.transformer.hidden_size;
+        let (enc, dec) = (rows(tp, batch.b * batch.te), rows(tp, batch.b * batch.td));
         if self.part.has_decoder() {
-            [batch.b * (batch.td + batch.te), h]
+            [dec + enc, h]
         } else {
-            [batch.b * batch.te, h]
+            [enc, h]
         }
     }
 
@@ -448,24 +459,44 @@ impl T5Model {
         ctx.p(self.config.transformer.hidden_dropout)
     }
 
-    fn dropout(&self, x: Tensor, ctx: &StepContext, site: u64) -> Tensor {
+    /// Dropout of this rank's rows `at` of a stack's stream.
+    fn dropout(&self, x: Tensor, ctx: &StepContext, at: StreamAt, site: u64) -> Tensor {
         let p = self.p(ctx);
         if p == 0.0 {
             return x;
         }
         let mut d = Tensor::for_overwrite(x.shape());
-        dropout_forward(d.data_mut(), x.data(), p, ctx.site(STREAM_EMBEDDING, site));
+        dropout_forward(
+            d.data_mut(),
+            x.data(),
+            p,
+            at.key(ctx, STREAM_EMBEDDING, site),
+        );
         d
     }
 
-    fn dropout_grad(&self, dy: Tensor, ctx: &StepContext, site: u64) -> Tensor {
+    fn dropout_grad(&self, dy: Tensor, ctx: &StepContext, at: StreamAt, site: u64) -> Tensor {
         let p = self.p(ctx);
         if p == 0.0 {
             return dy;
         }
         let mut d = Tensor::for_overwrite(dy.shape());
-        dropout_backward(d.data_mut(), dy.data(), p, ctx.site(STREAM_EMBEDDING, site));
+        dropout_backward(
+            d.data_mut(),
+            dy.data(),
+            p,
+            at.key(ctx, STREAM_EMBEDDING, site),
+        );
         d
+    }
+
+    /// Where this rank's rows of the encoder's and of the decoder's stream sit.
+    fn streams(&self, tp: &Tp, batch: &T5Batch) -> (StreamAt, StreamAt) {
+        let h = self.config.transformer.hidden_size;
+        (
+            StreamAt::new(tp, batch.b, batch.te, h),
+            StreamAt::new(tp, batch.b, batch.td, h),
+        )
     }
 
     /// The decoder output's rescaling before the tied logits: `hidden^-1/2`.
@@ -489,6 +520,11 @@ impl T5Model {
     ) -> Result<Tensor, CommError> {
         let ctx = StepContext::eval();
         let (last, _) = self.run_stacks(params, tp, None, batch, &ctx)?;
+        let last = if tp.sequence_parallel {
+            gather_from_sequence_parallel_region_forward(tp, &last)?
+        } else {
+            last
+        };
         let e = self.word_embedding();
         let (n, h, v) = (
             last.shape()[0],
@@ -521,6 +557,7 @@ impl T5Model {
     ) -> Result<(Tensor, SavedStacks), CommError> {
         let (b, te, td) = (batch.b, batch.te, batch.td);
         let st = &self.config.stacks;
+        let (enc_at, dec_at) = self.streams(tp, batch);
         let mut saved = SavedStacks::default();
         let mut input = input;
         let mut memory = None;
@@ -531,7 +568,7 @@ impl T5Model {
                     let x = self
                         .word_embedding()
                         .forward(params, tp, batch.enc_tokens)?;
-                    self.dropout(x, ctx, SITE_ENCODER_EMBEDDING)
+                    self.dropout(x, ctx, enc_at, SITE_ENCODER_EMBEDDING)
                 }
             };
             saved.enc_bias = bias.forward(params, te, te);
@@ -550,7 +587,7 @@ impl T5Model {
                 return Ok((x, saved));
             };
             let (normed, ln) = norm.forward(params, &x);
-            let m = self.dropout(normed, ctx, SITE_ENCODER_OUTPUT);
+            let m = self.dropout(normed, ctx, enc_at, SITE_ENCODER_OUTPUT);
             saved.encoder_out = Some((x, ln));
             if !self.part.has_decoder() {
                 return Ok((m, saved));
@@ -566,7 +603,7 @@ impl T5Model {
             (Some(m), _) => (None, m),
             (None, Some(x)) if self.part.decoder_start() => (None, x),
             (None, Some(x)) => {
-                let (y, m) = x.split_rows(b * td);
+                let (y, m) = x.split_rows(rows(tp, b * td));
                 (Some(y), m)
             }
             (None, None) => unreachable!("a decoder stage after the first receives its input"),
@@ -577,7 +614,7 @@ impl T5Model {
                 let y = self
                     .word_embedding()
                     .forward(params, tp, batch.dec_tokens)?;
-                self.dropout(y, ctx, SITE_DECODER_EMBEDDING)
+                self.dropout(y, ctx, dec_at, SITE_DECODER_EMBEDDING)
             }
         };
         saved.dec_bias = bias.forward(params, td, td);
@@ -595,7 +632,7 @@ impl T5Model {
         let out = match &self.decoder_norm {
             Some(norm) if self.part.decoder_end(st) => {
                 let (normed, ln) = norm.forward(params, &y);
-                let mut last = self.dropout(normed, ctx, SITE_DECODER_OUTPUT);
+                let mut last = self.dropout(normed, ctx, dec_at, SITE_DECODER_OUTPUT);
                 scale_inplace(last.data_mut(), self.output_scale());
                 saved.decoder_out = Some((y, ln));
                 last
@@ -620,6 +657,7 @@ impl T5Model {
         ctx: &StepContext,
     ) -> Result<Option<Tensor>, CommError> {
         let (b, te, td) = (batch.b, batch.te, batch.td);
+        let (enc_at, dec_at) = self.streams(tp, batch);
         let mut dy = Some(dy);
         let mut dmemory = None;
         if let Some(bias) = &self.decoder_bias {
@@ -632,11 +670,11 @@ impl T5Model {
                 (Some(norm), Some((y, ln))) => {
                     let mut d = d;
                     scale_inplace(d.data_mut(), self.output_scale());
-                    let dnormed = self.dropout_grad(d, ctx, SITE_DECODER_OUTPUT);
+                    let dnormed = self.dropout_grad(d, ctx, dec_at, SITE_DECODER_OUTPUT);
                     let dh = norm.backward(params, grads, ln, y, &dnormed);
                     (dh, Tensor::zeros(memory.shape()))
                 }
-                _ => d.split_rows(b * td),
+                _ => d.split_rows(rows(tp, b * td)),
             };
             let dec_in = T5LayerInputs {
                 shape: T5AttentionShape { b, tq: td, tk: td },
@@ -658,7 +696,7 @@ impl T5Model {
             if !self.part.decoder_start() {
                 return Ok(Some(Tensor::cat_rows(&dh, &dm)));
             }
-            let dh = self.dropout_grad(dh, ctx, SITE_DECODER_EMBEDDING);
+            let dh = self.dropout_grad(dh, ctx, dec_at, SITE_DECODER_EMBEDDING);
             self.word_embedding()
                 .backward(grads, tp, batch.dec_tokens, dh)?;
             if !self.part.has_encoder() {
@@ -673,7 +711,7 @@ impl T5Model {
         let mut dx = match (&self.encoder_norm, saved.encoder_out) {
             (Some(norm), Some((x, ln))) => {
                 let dm = dmemory.or(dy).expect("the encoder output's gradient");
-                let dnormed = self.dropout_grad(dm, ctx, SITE_ENCODER_OUTPUT);
+                let dnormed = self.dropout_grad(dm, ctx, enc_at, SITE_ENCODER_OUTPUT);
                 norm.backward(params, grads, &ln, &x, &dnormed)
             }
             _ => dy.expect("the encoder's hidden states' gradient"),
@@ -694,7 +732,7 @@ impl T5Model {
         if !self.part.encoder_start() {
             return Ok(Some(dx));
         }
-        let dx = self.dropout_grad(dx, ctx, SITE_ENCODER_EMBEDDING);
+        let dx = self.dropout_grad(dx, ctx, enc_at, SITE_ENCODER_EMBEDDING);
         self.word_embedding()
             .backward(grads, tp, batch.enc_tokens, dx)?;
         Ok(None)
@@ -793,6 +831,12 @@ impl T5Model {
             v,
             chunk_rows: crate::models::gpt::classifier_tile_rows(v),
         };
+        // The output layer reads every token row (gathered under sequence parallelism).
+        let last = if tp.sequence_parallel {
+            gather_from_sequence_parallel_region_forward(tp, &last)?
+        } else {
+            last
+        };
         let mut losses = vec![0.0f32; n];
         let w = e.weight;
         let mut dlast = None;
@@ -816,7 +860,11 @@ impl T5Model {
                     dims,
                     e.vocab_start,
                 )?;
-                dlast = Some(copy_to_tensor_model_parallel_region_backward(tp, dx)?);
+                dlast = Some(if tp.sequence_parallel {
+                    gather_from_sequence_parallel_region_backward(tp, &dx)?
+                } else {
+                    copy_to_tensor_model_parallel_region_backward(tp, dx)?
+                });
             }
             None => vocab_parallel_cross_entropy(
                 tp,
