@@ -243,13 +243,9 @@ pub fn generate(args: &GenerateArgs) -> Result<String, TrainError> {
 }
 
 /// T5: the prompt is the encoder's input; the decoder starts from `--decoder-start-id` and
-/// decodes greedily until `--eos-id` or `--max-new-tokens`.
+/// decodes (greedy, or sampled as for decoders: `--temperature`, `--top-k`, `--top-p`,
+/// `--seed`) until `--eos-id` or `--max-new-tokens`, with the decoder's cache.
 fn generate_t5(args: &GenerateArgs, tok: Option<&dyn Tokenizer>) -> Result<String, TrainError> {
-    if !args.greedy {
-        return Err(TrainError::Args(
-            "T5 generation is greedy here: pass --greedy (sampling is built for decoders)".into(),
-        ));
-    }
     let (model, params, ck) = crate::load::load_t5(Path::new(&args.load))?;
     let prompt = prompt_ids(args, tok)?;
     let special = |name: &str, default: u32| tok.and_then(|t| t.token_id(name)).unwrap_or(default);
@@ -258,7 +254,9 @@ fn generate_t5(args: &GenerateArgs, tok: Option<&dyn Tokenizer>) -> Result<Strin
     let mut one = megatron_core::tensor_parallel::serial_group();
     let mut tp = megatron_core::tensor_parallel::Tp::new(&mut one, false);
     let started = std::time::Instant::now();
-    let seqs = model.greedy(
+    let temperature = if args.greedy { 0.0 } else { args.temperature };
+    let key = RngKey::new(args.seed).fold(0x6E6);
+    let seqs = model.generate(
         &params,
         &mut tp,
         &prompt,
@@ -266,17 +264,29 @@ fn generate_t5(args: &GenerateArgs, tok: Option<&dyn Tokenizer>) -> Result<Strin
         (start, eos, 0),
         ck.meta.vocab_size,
         args.max_new_tokens,
+        &mut |row, s, step| {
+            sample_next(
+                row,
+                row.len(),
+                temperature,
+                args.top_k,
+                args.top_p,
+                key.fold(s as u64),
+                step as u64,
+            )
+        },
     )?;
     let out: Vec<u32> = seqs[0][1..]
         .iter()
         .copied()
         .take_while(|&t| t != eos)
         .collect();
+    let secs = started.elapsed().as_secs_f64();
     eprintln!(
-        "encoder input {} tokens; generated {} tokens in {:.2} s",
+        "encoder input {} tokens; generated {} tokens in {secs:.2} s ({:.1} tokens/s)",
         prompt.len(),
         out.len(),
-        started.elapsed().as_secs_f64()
+        out.len() as f64 / secs.max(1e-9)
     );
     let ids = out
         .iter()

@@ -124,6 +124,54 @@ fn t5_converts_to_transformers_logits_and_loss_and_back_byte_for_byte() {
         .take_while(|&t| t != 1)
         .collect();
     assert_eq!(gen, expect, "megatron generate");
+    // Sampling: top-k 1 is greedy; a seed gives one output; seeds at a high temperature differ.
+    let sample = |extra: &[&str]| -> Vec<u32> {
+        let base = [
+            "m",
+            "--load",
+            save.to_str().unwrap(),
+            "--prompt-ids",
+            &ids,
+            "--max-new-tokens",
+            "12",
+            "--eos-id",
+            "100000",
+        ];
+        let g = GenWrap::try_parse_from(base.iter().copied().chain(extra.iter().copied())).unwrap();
+        megatron_training::generate::generate(&g.args)
+            .unwrap()
+            .split_whitespace()
+            .map(|x| x.parse().unwrap())
+            .collect()
+    };
+    let greedy12 = sample(&["--greedy"]);
+    assert_eq!(greedy12.len(), 12);
+    // Up to transformers' end of sequence, the same ids as its greedy output.
+    let k = want[1..=steps]
+        .iter()
+        .position(|&t| t == 1)
+        .unwrap_or(steps)
+        .min(12);
+    assert!(k > 0);
+    assert_eq!(greedy12[..k], want[1..=k], "greedy without an end id");
+    assert_eq!(
+        sample(&["--top-k", "1", "--seed", "3"]),
+        greedy12,
+        "top-k 1"
+    );
+    let hot = |seed: &str| sample(&["--temperature", "5", "--seed", seed]);
+    let a = hot("1");
+    assert_eq!(a, hot("1"), "one seed, one output");
+    assert!(
+        a.iter().all(|&t| (t as usize) < vocab),
+        "sampled ids in the vocabulary"
+    );
+    let outputs: std::collections::HashSet<Vec<u32>> =
+        ["1", "2", "3", "4"].into_iter().map(hot).collect();
+    assert!(
+        outputs.len() > 1,
+        "seeds sample different outputs: {outputs:?}"
+    );
     // And back.
     let back = dir.join("hf");
     megatron_to_hf(&save, &back).unwrap();

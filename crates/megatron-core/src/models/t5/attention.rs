@@ -284,4 +284,135 @@ impl T5Attention {
             }
         }
     }
+
+    /// Decoding: one position per sequence.
+    fn decode_dims(&self, tk: usize) -> BiasedAttentionDims {
+        BiasedAttentionDims {
+            b: 1,
+            tq: 1,
+            tk,
+            heads: self.heads,
+            head_dim: self.head_dim,
+            causal: false,
+            scale: self.scale,
+            dropout: 0.0,
+            rng_heads: (self.head0, self.total_heads),
+        }
+    }
+
+    /// Generation, the decoder's self-attention: `x` holds one new position per sequence
+    /// (`[b, hidden]`) at `pos`; its key and value join `cache` and it attends to positions
+    /// `0..=pos` with `bias` (`[heads, pos + 1]`, the query's row of the relative bias).
+    pub fn decode_self(
+        &self,
+        params: &Params,
+        tp: &mut Tp,
+        x: &Tensor,
+        cache: &mut SelfKV,
+        pos: usize,
+        bias: &[f32],
+    ) -> Result<Tensor, CommError> {
+        let Projections::Fused(qkv) = &self.proj else {
+            panic!("decode_self runs a self-attention");
+        };
+        let (b, row) = (x.shape()[0], self.heads * self.head_dim);
+        let fused = qkv.forward(params, tp, x)?;
+        let mut q = Tensor::for_overwrite(&[b, row]);
+        let mut k = Tensor::for_overwrite(&[b, row]);
+        let mut v = Tensor::for_overwrite(&[b, row]);
+        let mut outs = [q.data_mut(), k.data_mut(), v.data_mut()];
+        unfuse_heads(&mut outs, fused.data(), self.heads, self.head_dim);
+        let mut context = Tensor::for_overwrite(&[b, row]);
+        let mut probs = vec![0.0f32; self.heads * (pos + 1)];
+        let at = pos * row..(pos + 1) * row;
+        for s in 0..b {
+            let here = s * row..(s + 1) * row;
+            cache.k[s][at.clone()].copy_from_slice(&k.data()[here.clone()]);
+            cache.v[s][at.clone()].copy_from_slice(&v.data()[here.clone()]);
+            biased_attention_forward(
+                &mut context.data_mut()[here.clone()],
+                &mut probs,
+                &q.data()[here],
+                &cache.k[s][..at.end],
+                &cache.v[s][..at.end],
+                Some(bias),
+                None,
+                self.decode_dims(pos + 1),
+                megatron_tensor::RngKey::new(0),
+            );
+        }
+        self.linear_proj.forward(params, tp, &context)
+    }
+
+    /// Generation, cross-attention: the keys and values of the encoder output `memory`
+    /// (`[b * te, hidden]`), computed once.
+    pub fn cross_kv(
+        &self,
+        params: &Params,
+        tp: &mut Tp,
+        memory: &Tensor,
+    ) -> Result<(Tensor, Tensor), CommError> {
+        let Projections::Split { kv, .. } = &self.proj else {
+            panic!("cross_kv runs a cross-attention");
+        };
+        let n = memory.shape()[0];
+        let mut k = Tensor::for_overwrite(&[n, self.heads * self.head_dim]);
+        let mut v = Tensor::for_overwrite(&[n, self.heads * self.head_dim]);
+        let fused = kv.forward(params, tp, memory)?;
+        let mut outs = [k.data_mut(), v.data_mut()];
+        unfuse_heads(&mut outs, fused.data(), self.heads, self.head_dim);
+        Ok((k, v))
+    }
+
+    /// Generation, cross-attention of one position per sequence (`x`: `[b, hidden]`) to the
+    /// encoder output's keys and values of [`T5Attention::cross_kv`] (`te` rows per sequence,
+    /// `enc_lens` of them real).
+    pub fn decode_cross(
+        &self,
+        params: &Params,
+        tp: &mut Tp,
+        x: &Tensor,
+        (k, v): (&Tensor, &Tensor),
+        enc_lens: &[usize],
+        te: usize,
+    ) -> Result<Tensor, CommError> {
+        let Projections::Split { q: lq, .. } = &self.proj else {
+            panic!("decode_cross runs a cross-attention");
+        };
+        let (b, row) = (x.shape()[0], self.heads * self.head_dim);
+        let q = lq.forward(params, tp, x)?;
+        let mut context = Tensor::for_overwrite(&[b, row]);
+        let mut probs = vec![0.0f32; self.heads * te];
+        for s in 0..b {
+            let here = s * row..(s + 1) * row;
+            let keys = s * te * row..(s + 1) * te * row;
+            biased_attention_forward(
+                &mut context.data_mut()[here.clone()],
+                &mut probs,
+                &q.data()[here],
+                &k.data()[keys.clone()],
+                &v.data()[keys],
+                None,
+                Some(&enc_lens[s..s + 1]),
+                self.decode_dims(te),
+                megatron_tensor::RngKey::new(0),
+            );
+        }
+        self.linear_proj.forward(params, tp, &context)
+    }
+
+    /// An empty self-attention cache for `b` sequences of up to `max_t` positions.
+    pub fn self_kv(&self, b: usize, max_t: usize) -> SelfKV {
+        let n = max_t * self.heads * self.head_dim;
+        SelfKV {
+            k: vec![vec![0.0; n]; b],
+            v: vec![vec![0.0; n]; b],
+        }
+    }
+}
+
+/// The decoder self-attention's keys and values so far, per sequence `[max_t, heads * head_dim]`.
+pub struct SelfKV {
+    k: Vec<Vec<f32>>,
+    v: Vec<Vec<f32>>,
 }

@@ -6,7 +6,7 @@
 //! norms and dropout hold this rank's block of rows; the attention and MLP linears gather
 //! and reduce-scatter them.
 
-use super::attention::{T5Attention, T5AttentionKind, T5AttentionSaved, T5AttentionShape};
+use super::attention::{SelfKV, T5Attention, T5AttentionKind, T5AttentionSaved, T5AttentionShape};
 use crate::params::{Grads, Init, Params};
 use crate::tensor_parallel::Tp;
 use crate::transformer::config::TransformerConfig;
@@ -338,4 +338,68 @@ impl T5Layer {
             dbias: dbias.expect("self-attention returns its bias gradient"),
         })
     }
+
+    /// Generation: one decoder position per sequence (`x`: `[b, hidden]`) at `pos`, without
+    /// dropout; the self-attention's keys and values join `cache`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn decode_step(
+        &self,
+        params: &Params,
+        tp: &mut Tp,
+        x: Tensor,
+        cache: &mut T5LayerCache,
+        pos: usize,
+        bias: &[f32],
+        enc_lens: &[usize],
+    ) -> Result<Tensor, CommError> {
+        let (n1, _) = self.input_layernorm.forward(params, &x);
+        let a = self
+            .self_attention
+            .decode_self(params, tp, &n1, &mut cache.self_kv, pos, bias)?;
+        let mut h = x;
+        add_inplace(&mut h, &a);
+        if let Some((norm, attn)) = &self.cross {
+            let (n2, _) = norm.forward(params, &h);
+            let c = attn.decode_cross(
+                params,
+                tp,
+                &n2,
+                (&cache.cross.0, &cache.cross.1),
+                enc_lens,
+                cache.te,
+            )?;
+            add_inplace(&mut h, &c);
+        }
+        let (n3, _) = self.pre_mlp_layernorm.forward(params, &h);
+        let (f, _) = self.mlp.forward(params, tp, &n3, &StepContext::eval())?;
+        add_inplace(&mut h, &f);
+        Ok(h)
+    }
+
+    /// A decoder layer's cache for `b` sequences of up to `max_t` positions, with the
+    /// cross-attention's keys and values of the encoder output `memory` (`te` rows each).
+    pub fn decode_cache(
+        &self,
+        params: &Params,
+        tp: &mut Tp,
+        memory: &Tensor,
+        b: usize,
+        te: usize,
+        max_t: usize,
+    ) -> Result<T5LayerCache, CommError> {
+        let (_, attn) = self.cross.as_ref().expect("a decoder layer decodes");
+        Ok(T5LayerCache {
+            self_kv: self.self_attention.self_kv(b, max_t),
+            cross: attn.cross_kv(params, tp, memory)?,
+            te,
+        })
+    }
+}
+
+/// What a decoder layer keeps between decoding steps: its self-attention's keys and values
+/// and the cross-attention's of the encoder output.
+pub struct T5LayerCache {
+    self_kv: SelfKV,
+    cross: (Tensor, Tensor),
+    te: usize,
 }

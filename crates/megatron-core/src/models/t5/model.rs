@@ -500,11 +500,11 @@ impl T5Model {
     }
 
     /// The decoder output's rescaling before the tied logits: `hidden^-1/2`.
-    fn output_scale(&self) -> f32 {
+    pub(super) fn output_scale(&self) -> f32 {
         (self.config.transformer.hidden_size as f32).powf(-0.5)
     }
 
-    fn word_embedding(&self) -> &VocabParallelEmbedding {
+    pub(super) fn word_embedding(&self) -> &VocabParallelEmbedding {
         self.embedding
             .as_ref()
             .expect("this stage embeds tokens or computes logits")
@@ -736,59 +736,6 @@ impl T5Model {
         self.word_embedding()
             .backward(grads, tp, batch.enc_tokens, dx)?;
         Ok(None)
-    }
-
-    /// Greedy decoding (Hugging Face's `generate` without sampling or beams): each sequence's
-    /// decoder starts from `start` and appends the most likely of the first `vocab` ids (the
-    /// padded rows excluded) until `eos`, then `pad`, for `max_new` tokens. The decoder is run
-    /// again over the whole prefix at every step (no cache): T5 generation here is for checks
-    /// and short outputs. Returns `[b][1 + max_new]` ids. Whole vocabulary on one rank.
-    #[allow(clippy::too_many_arguments)]
-    pub fn greedy(
-        &self,
-        params: &Params,
-        tp: &mut Tp,
-        enc_tokens: &[u32],
-        enc_lens: &[usize],
-        (start, eos, pad): (u32, u32, u32),
-        vocab: usize,
-        max_new: usize,
-    ) -> Result<Vec<Vec<u32>>, CommError> {
-        let b = enc_lens.len();
-        let te = enc_tokens.len() / b.max(1);
-        let mut out: Vec<Vec<u32>> = vec![vec![start]; b];
-        let mut done = vec![false; b];
-        for _ in 0..max_new {
-            let td = out[0].len();
-            let dec: Vec<u32> = out.iter().flatten().copied().collect();
-            let labels = vec![megatron_tensor::cpu::IGNORE_INDEX; b * td];
-            let mask = vec![0.0f32; b * td];
-            let batch = T5Batch {
-                enc_tokens,
-                dec_tokens: &dec,
-                labels: &labels,
-                loss_mask: &mask,
-                enc_lens,
-                dec_lens: &vec![td; b],
-                b,
-                te,
-                td,
-            };
-            let logits = self.logits(params, tp, &batch)?;
-            let v = logits.shape()[1];
-            for (s, seq) in out.iter_mut().enumerate() {
-                if done[s] {
-                    seq.push(pad);
-                    continue;
-                }
-                let row =
-                    &logits.data()[(s * td + td - 1) * v..(s * td + td - 1) * v + vocab.min(v)];
-                let next = megatron_tensor::cpu::reduce::argmax(row) as u32;
-                seq.push(next);
-                done[s] = next == eos;
-            }
-        }
-        Ok(out)
     }
 
     /// Forward of the whole model (one stage) and, with `grads`, what backward needs. The
