@@ -40,6 +40,22 @@ pub(crate) trait TrainFamily: 'static {
         cfg: &TrainConfig,
         mb: &'m Self::MicroBatch,
     ) -> <Self::Chunk as ModelChunk>::Batch<'m>;
+    /// Model FLOPs of one iteration of `batch` samples (the logged TFLOP/s and MFU).
+    fn flops(cfg: &TrainConfig, batch: usize) -> f64 {
+        crate::flops::num_floating_point_operations(&cfg.model, batch)
+    }
+    /// The activation formulas printed beside the measured bytes (the decoder's; none for the
+    /// families they do not describe).
+    fn activation_formulas(
+        cfg: &TrainConfig,
+        tp: &megatron_core::tensor_parallel::Tp,
+    ) -> Option<(f64, f64)> {
+        Some(crate::logging::decoder_activation_formulas(cfg, tp))
+    }
+    /// The layers, as the start-up line names them.
+    fn describe_layers(cfg: &TrainConfig) -> String {
+        format!("{} layers", cfg.model.num_layers)
+    }
     /// What checkpoints record beside the transformer config (a BERT's heads).
     fn bert_heads(_cfg: &TrainConfig) -> Option<BertHeads> {
         None

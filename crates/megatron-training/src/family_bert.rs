@@ -63,6 +63,17 @@ impl TrainFamily for Bert {
     type Data = BertData;
     type MicroBatch = BertMicroBatch;
 
+    fn activation_formulas(
+        _cfg: &TrainConfig,
+        _tp: &megatron_core::tensor_parallel::Tp,
+    ) -> Option<(f64, f64)> {
+        None
+    }
+
+    fn flops(cfg: &TrainConfig, batch: usize) -> f64 {
+        crate::flops::bert_floating_point_operations(&cfg.model, batch)
+    }
+
     fn config(cfg: &TrainConfig) -> BertConfig {
         let s = cfg.bert.expect("--model bert has BERT settings");
         BertConfig::with_heads(cfg.model.clone(), s.heads)

@@ -54,6 +54,31 @@ impl TrainFamily for T5 {
         }
     }
 
+    fn activation_formulas(
+        _cfg: &TrainConfig,
+        _tp: &megatron_core::tensor_parallel::Tp,
+    ) -> Option<(f64, f64)> {
+        None
+    }
+
+    fn flops(cfg: &TrainConfig, batch: usize) -> f64 {
+        let s = settings(cfg);
+        crate::flops::t5_floating_point_operations(
+            &cfg.model,
+            (s.stacks.encoder_layers, s.stacks.decoder_layers),
+            (cfg.args.seq_length, s.decoder_seq_length),
+            batch,
+        )
+    }
+
+    fn describe_layers(cfg: &TrainConfig) -> String {
+        let s = settings(cfg).stacks;
+        format!(
+            "{} encoder + {} decoder layers",
+            s.encoder_layers, s.decoder_layers
+        )
+    }
+
     fn t5_stacks(cfg: &TrainConfig) -> Option<T5Stacks> {
         cfg.t5.map(|s| s.stacks)
     }

@@ -34,6 +34,48 @@ pub fn num_floating_point_operations(c: &TransformerConfig, batch: usize) -> f64
     tokens * (mlp + attn_proj + logits) + batch as f64 * s * s * 6.0 * q * l
 }
 
+/// FLOPs of one iteration of `batch` BERT sequences: the decoder's terms with bidirectional
+/// attention (the full `s²` score and context products) and the MLM head's dense layer.
+pub fn bert_floating_point_operations(c: &TransformerConfig, batch: usize) -> f64 {
+    let (h, l, s) = (
+        c.hidden_size as f64,
+        c.num_layers as f64,
+        c.seq_length as f64,
+    );
+    let q = c.query_projection_size() as f64;
+    let b = batch as f64;
+    // The causal formula counts half of the score products; the encoder computes all of them.
+    num_floating_point_operations(c, batch) + b * s * s * 6.0 * q * l + b * s * 6.0 * h * h
+}
+
+/// FLOPs of one iteration of `batch` T5 samples of `te` encoder and `td` decoder tokens:
+/// each encoder layer's projections, bidirectional scores and MLP over `te`; each decoder
+/// layer's self-attention (causal) over `td`, its cross-attention (queries and output over
+/// `td`, keys and values of the `te` encoder rows, `td x te` scores) and MLP; the logits over
+/// `td`. Forward and both backward GEMMs (x 6 per multiply-add), as Megatron counts.
+pub fn t5_floating_point_operations(
+    c: &TransformerConfig,
+    (encoder_layers, decoder_layers): (usize, usize),
+    (te, td): (usize, usize),
+    batch: usize,
+) -> f64 {
+    let h = c.hidden_size as f64;
+    let q = c.query_projection_size() as f64;
+    let ffn = c.ffn_hidden_size as f64;
+    let v = c.padded_vocab_size as f64;
+    let (te, td, b) = (te as f64, td as f64, batch as f64);
+    let gated = match c.activation {
+        megatron_core::transformer::config::Activation::Gelu => 2.0,
+        megatron_core::transformer::config::Activation::SwiGLU => 3.0,
+    };
+    let mlp = |t: f64| 6.0 * t * h * ffn * gated;
+    let self_proj = |t: f64| 6.0 * t * 4.0 * h * q;
+    let encoder = self_proj(te) + 12.0 * te * te * q + mlp(te);
+    let cross = 6.0 * td * 2.0 * h * q + 6.0 * te * 2.0 * h * q + 12.0 * td * te * q;
+    let decoder = self_proj(td) + 6.0 * td * td * q + cross + mlp(td);
+    b * (encoder * encoder_layers as f64 + decoder * decoder_layers as f64 + 6.0 * td * h * v)
+}
+
 /// The unit a run's matmuls run on, whose peak its MFU is against.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PeakUnit {

@@ -213,7 +213,35 @@ pub(crate) fn print_activations(
     cfg: &crate::arguments::TrainConfig,
     tp: &megatron_core::tensor_parallel::Tp,
     summary: &crate::training::TrainSummary,
+    formulas: Option<(f64, f64)>,
 ) {
+    let mib = |x: f64| x / (1 << 20) as f64;
+    if cfg.pp > 1 {
+        println!(
+            "saved activations on pipeline stage 0 at the peak: {:.2} MiB ({} micro-batch chunks in flight)",
+            mib(summary.peak_activation_bytes as f64),
+            summary.peak_in_flight
+        );
+        return;
+    }
+    let measured = mib(summary.peak_activation_bytes as f64);
+    match formulas {
+        Some((engine, megatron)) => println!(
+            "activations held per micro-batch and rank: {measured:.2} MiB measured, engine formula {:.2} MiB; Megatron's sbh(34 + 5as/h){} per layer would be {:.2} MiB in f32",
+            mib(engine),
+            if tp.sequence_parallel { "/t" } else { "" },
+            mib(megatron)
+        ),
+        None => println!("activations held per micro-batch and rank: {measured:.2} MiB measured"),
+    }
+}
+
+/// The decoder's activation formulas for this run (the engine's and Megatron's
+/// `sbh(34 + 5as/h)` per layer, divided by t under sequence parallelism), in bytes.
+pub(crate) fn decoder_activation_formulas(
+    cfg: &crate::arguments::TrainConfig,
+    tp: &megatron_core::tensor_parallel::Tp,
+) -> (f64, f64) {
     let (b, t) = (cfg.args.micro_batch_size, cfg.args.seq_length);
     let (s_, b_, h_, a_) = (
         t as f64,
@@ -221,7 +249,13 @@ pub(crate) fn print_activations(
         cfg.model.hidden_size as f64,
         cfg.model.num_attention_heads as f64,
     );
-    let formula = 2.0 * s_ * b_ * h_ * (34.0 + 5.0 * a_ * s_ / h_) * cfg.model.num_layers as f64;
+    let sp = if tp.sequence_parallel {
+        tp.size() as f64
+    } else {
+        1.0
+    };
+    let megatron =
+        2.0 * s_ * b_ * h_ * (34.0 + 5.0 * a_ * s_ / h_) * cfg.model.num_layers as f64 / sp;
     let engine = megatron_core::models::gpt::activation_bytes_formula(
         &cfg.model,
         b,
@@ -230,21 +264,5 @@ pub(crate) fn print_activations(
         tp.sequence_parallel,
         cfg.precision.half().is_some(),
     );
-    let mib = |x: f64| x / (1 << 20) as f64;
-    if cfg.pp > 1 {
-        println!(
-            "saved activations on pipeline stage 0 at the peak: {:.2} MiB ({} micro-batch chunks in flight)",
-            mib(summary.peak_activation_bytes as f64),
-            summary.peak_in_flight
-        );
-    } else {
-        let sp = tp.sequence_parallel;
-        println!(
-            "activations held per micro-batch and rank: {:.2} MiB measured, engine formula {:.2} MiB; Megatron's sbh(34 + 5as/h){} per layer would be {:.2} MiB in f32",
-            mib(summary.peak_activation_bytes as f64),
-            mib(engine as f64),
-            if sp { "/t" } else { "" },
-            mib(formula) / if sp { tp.size() as f64 } else { 1.0 }
-        );
-    }
+    (engine as f64, megatron)
 }

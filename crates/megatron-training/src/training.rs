@@ -4,7 +4,7 @@
 
 use crate::arguments::TrainConfig;
 use crate::family::TrainFamily;
-use crate::flops::{num_floating_point_operations, peak_flops};
+use crate::flops::peak_flops;
 use crate::logging::{peak_rss_bytes, IterationMetrics, MetricsFile, Reporter};
 use crate::setup::{grad_scaler, scheduler, set_precision, setup_model_and_optimizer, RankComms};
 use crate::TrainError;
@@ -308,7 +308,13 @@ fn run_family<F: TrainFamily>(
         MetricsFile::open(a.metrics_file.as_deref().filter(|_| lead)).map_err(metrics_err)?;
     let per_param = tr.bytes_per_param();
     if lead {
-        print_setup(cfg, &tr.params, threads, peak, per_param);
+        print_setup(
+            cfg,
+            &F::describe_layers(cfg),
+            &tr.params,
+            (threads, peak),
+            per_param,
+        );
     }
     let mut tensorboard = crate::tensorboard::training_log::TensorboardLog::open(a, lead)?;
     let tb_err = |e| TrainError::Io {
@@ -429,18 +435,24 @@ fn run_family<F: TrainFamily>(
         summary.trace = ev;
     }
     if lead && summary.peak_activation_bytes > 0 {
-        crate::logging::print_activations(cfg, &tr.comms.tp, &summary);
+        let formulas = F::activation_formulas(cfg, &tr.comms.tp);
+        crate::logging::print_activations(cfg, &tr.comms.tp, &summary, formulas);
     }
     Ok(summary)
 }
 
 /// The start-up lines: the model and batch, and the bytes per parameter.
-fn print_setup(cfg: &TrainConfig, params: &Params, threads: usize, peak: f64, per_param: f64) {
+fn print_setup(
+    cfg: &TrainConfig,
+    layers: &str,
+    params: &Params,
+    (threads, peak): (usize, f64),
+    per_param: f64,
+) {
     let m = &cfg.model;
     println!(
-        "model: {} parameters, {} layers, hidden {}, heads {}, seq {}, padded vocab {} | global batch {} = {} micro-batches of {} | {} threads | peak {:.1} GFLOP/s",
+        "model: {} parameters, {layers}, hidden {}, heads {}, seq {}, padded vocab {} | global batch {} = {} micro-batches of {} | {} threads | peak {:.1} GFLOP/s",
         params.numel(),
-        m.num_layers,
         m.hidden_size,
         m.num_attention_heads,
         cfg.args.seq_length,
@@ -503,7 +515,7 @@ impl<F: TrainFamily> Trainer<'_, F> {
             }
             false => None,
         };
-        let flops = num_floating_point_operations(&self.cfg.model, self.cfg.global_batch_size);
+        let flops = F::flops(self.cfg, self.cfg.global_batch_size);
         let per_iter = interval.secs / interval.iters as f64;
         Ok(IterationMetrics {
             iteration,

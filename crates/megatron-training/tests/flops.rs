@@ -72,3 +72,37 @@ fn moe_flops_count_the_active_experts_only() {
     let want = want + tokens * 6.0 * 768.0 * 2.0 * 6.0 * 256.0;
     assert!((shared - want).abs() / want < 1e-12, "{shared} vs {want}");
 }
+
+#[test]
+fn bert_flops_count_bidirectional_scores_and_the_lm_head_dense() {
+    // BERT-base: MHA, ffn 4h, GELU, bidirectional: 72 B s L h² (1 + s/(6h) + V/(12 L h) +
+    // 1/(12 L)), the last term the MLM head's h x h dense.
+    let c = TransformerConfig {
+        seq_length: 512,
+        padded_vocab_size: 30592,
+        ..gpt2_small()
+    };
+    let (b, s, l, h, v) = (8.0, 512.0, 12.0, 768.0, 30592.0);
+    let want =
+        72.0 * b * s * l * h * h * (1.0 + s / (6.0 * h) + v / (12.0 * l * h) + 1.0 / (12.0 * l));
+    let got = megatron_training::flops::bert_floating_point_operations(&c, 8);
+    assert!((got - want).abs() < 1e-9 * want, "{got} vs {want}");
+}
+
+#[test]
+fn t5_flops_count_both_stacks_and_the_cross_attention() {
+    // T5-base shape with te = td = s: per token an encoder layer costs 72 h² + 12 s h
+    // (bidirectional scores), a decoder layer 96 h² + 18 s h (self-attention 24 h² + 6 s h
+    // causal, cross-attention 24 h² + 12 s h, MLP 48 h²); logits 6 h V per decoder token.
+    let c = TransformerConfig {
+        padded_vocab_size: 32128,
+        ..gpt2_small()
+    };
+    let (b, s, l, h, v) = (4.0, 512.0, 12.0, 768.0, 32128.0);
+    let want = b * s * l * (168.0 * h * h + 30.0 * s * h) + 6.0 * b * s * h * v;
+    let got = megatron_training::flops::t5_floating_point_operations(&c, (12, 12), (512, 512), 4);
+    assert!((got - want).abs() < 1e-9 * want, "{got} vs {want}");
+    // A shorter decoder costs less than the encoder-length one.
+    let short = megatron_training::flops::t5_floating_point_operations(&c, (12, 12), (512, 114), 4);
+    assert!(short < got);
+}
