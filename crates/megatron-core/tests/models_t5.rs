@@ -414,12 +414,17 @@ mod whole_model {
     use megatron_core::models::t5::{T5Batch, T5Config, T5Model, T5Stacks};
     use megatron_core::params::{Grads, Params};
     use megatron_core::tensor_parallel::{serial_group, Tp};
+    use megatron_core::transformer::config::Activation;
     use megatron_core::transformer::config::Normalization;
     use megatron_core::transformer::step::StepContext;
     use megatron_core::TransformerConfig;
     use megatron_tensor::cpu::IGNORE_INDEX;
 
     fn config(dropout: f32) -> T5Config {
+        config_with(dropout, Activation::Gelu)
+    }
+
+    fn config_with(dropout: f32, activation: Activation) -> T5Config {
         T5Config {
             transformer: TransformerConfig {
                 num_layers: 2,
@@ -434,6 +439,7 @@ mod whole_model {
                 hidden_dropout: dropout,
                 attention_dropout: dropout,
                 init_method_std: 0.5,
+                activation,
                 ..Default::default()
             },
             stacks: T5Stacks {
@@ -805,6 +811,76 @@ mod whole_model {
             }
             for (s, p) in prefix.iter_mut().enumerate() {
                 p.push(((step * 7 + s * 3 + 1) % 24) as u32);
+            }
+        }
+    }
+
+    /// The original T5's ReLU and T5 v1.1's gated GELU: gradients match finite differences
+    /// (inputs of the ReLU away from its kink) and TP 2 + SP matches one rank.
+    #[test]
+    fn t5_relu_and_gated_gelu_mlps_match_finite_difference_and_tensor_parallel_2() {
+        for act in [Activation::Relu, Activation::GeGLU] {
+            let (m, mut params) = T5Model::new_tp(config_with(0.0, act), 3, 0, 1);
+            let ctx = StepContext::eval();
+            let mut one = serial_group();
+            let mut tp = Tp::new(&mut one, false);
+            let (_, g) = grads_of(&m, &params, &mut tp, &ctx);
+            let eps = 1e-3f32;
+            let mut checked = 0;
+            for meta in params.metas.clone() {
+                if !meta.name.contains("mlp") {
+                    continue;
+                }
+                for k in 0..4 {
+                    let i = meta.offset + (meta.numel * (2 * k + 1)) / 8;
+                    let o = params.data[i];
+                    params.data[i] = o + eps;
+                    let fp = loss(&m, &params, &mut tp, &ctx) as f64;
+                    params.data[i] = o - eps;
+                    let fm = loss(&m, &params, &mut tp, &ctx) as f64;
+                    params.data[i] = o;
+                    let (fd, an) = ((fp - fm) / (2.0 * eps as f64), g.data[i] as f64);
+                    assert!(
+                        (fd - an).abs() <= 3e-3 + 5e-2 * an.abs(),
+                        "{act:?} {}[{}]: {fd} vs {an}",
+                        meta.name,
+                        i - meta.offset
+                    );
+                    checked += 1;
+                }
+            }
+            assert!(checked >= 4 * 8, "{act:?}: {checked}");
+            let fc1 = params
+                .find("decoder.layers.1.mlp.linear_fc1.weight")
+                .unwrap();
+            let rows = params.metas[fc1.0].shape[0];
+            assert_eq!(
+                rows,
+                if act == Activation::GeGLU { 24 } else { 12 },
+                "{act:?} fc1"
+            );
+            let go = move |rank: usize, size: usize, tp: &mut Tp| {
+                let (m, params) = T5Model::new_tp(config_with(0.1, act), 3, rank, size);
+                let ctx = StepContext::train(5, 1, 0);
+                let (l, mut g) = grads_of(&m, &params, tp, &ctx);
+                megatron_core::tensor_parallel::allreduce_sequence_parallel_grads(
+                    &params, &mut g, tp,
+                )
+                .unwrap();
+                let n = "encoder.layers.0.pre_mlp_layernorm.weight";
+                (l, g.get(params.find(n).unwrap()).to_vec())
+            };
+            let mut s = serial_group();
+            let want = go(0, 1, &mut Tp::new(&mut s, false));
+            for r in megatron_comm::run_ranks(2, move |r, c| go(r, 2, &mut Tp::new(c, true))) {
+                let r = r.unwrap();
+                assert!((r.0 - want.0).abs() < 1e-5 * want.0, "{act:?} loss");
+                let err =
+                    r.1.iter()
+                        .zip(&want.1)
+                        .map(|(a, b)| (a - b).abs())
+                        .fold(0.0f32, f32::max);
+                assert!(err < 1e-5, "{act:?} norm gradient {err}");
             }
         }
     }

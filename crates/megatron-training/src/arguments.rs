@@ -1016,11 +1016,6 @@ impl TrainArgs {
             "T5 samples are built from a sentence-split dataset",
         )?;
         refuse(
-            model.untie_embeddings_and_output_weights,
-            "--untie-embeddings-and-output-weights",
-            "the output layer is the shared embedding",
-        )?;
-        refuse(
             model.moe.is_some(),
             "--num-experts",
             "mixture-of-experts T5 is not built",
@@ -1064,6 +1059,8 @@ impl TrainArgs {
                 relative_buckets: self.relative_attention_num_buckets,
                 relative_max_distance: self.relative_attention_max_distance,
                 softmax_scale: 1.0,
+                // Tied: the original T5's rescaled output; untied: T5 v1.1's.
+                scale_decoder_outputs: !model.untie_embeddings_and_output_weights,
             },
             decoder_seq_length: self.decoder_seq_length,
             mask_prob: self.mask_prob,

@@ -18,10 +18,7 @@ pub fn num_floating_point_operations(c: &TransformerConfig, batch: usize) -> f64
     let q = c.query_projection_size() as f64;
     let kv = (c.query_groups() * c.head_dim()) as f64;
     let tokens = batch as f64 * s;
-    let gated = match c.activation {
-        megatron_core::transformer::config::Activation::Gelu => 2.0,
-        megatron_core::transformer::config::Activation::SwiGLU => 3.0,
-    };
+    let gated = if c.activation.is_gated() { 3.0 } else { 2.0 };
     // MoE layers count their active experts only (moe_ffn x top-k) plus the shared expert,
     // as Megatron does (the router and the shared expert's gate are ignored, like biases).
     let moe_layers = (0..c.num_layers).filter(|&i| c.is_moe_layer(i)).count() as f64;
@@ -64,10 +61,7 @@ pub fn t5_floating_point_operations(
     let ffn = c.ffn_hidden_size as f64;
     let v = c.padded_vocab_size as f64;
     let (te, td, b) = (te as f64, td as f64, batch as f64);
-    let gated = match c.activation {
-        megatron_core::transformer::config::Activation::Gelu => 2.0,
-        megatron_core::transformer::config::Activation::SwiGLU => 3.0,
-    };
+    let gated = if c.activation.is_gated() { 3.0 } else { 2.0 };
     let mlp = |t: f64| 6.0 * t * h * ffn * gated;
     let self_proj = |t: f64| 6.0 * t * 4.0 * h * q;
     let encoder = self_proj(te) + 12.0 * te * te * q + mlp(te);

@@ -257,7 +257,6 @@ pub fn predict_peak(
     pp_rank: usize,
     in_flight: usize,
 ) -> PeakPrediction {
-    use megatron_core::transformer::config::Activation;
     let a = &cfg.args;
     let m = &cfg.model;
     let (tp, pp) = (cfg.tp, cfg.pp);
@@ -266,9 +265,10 @@ pub fn predict_peak(
     let rows = if sp { tok / tp } else { tok };
     let h = m.hidden_size;
     let ffn = m.ffn_hidden_size / tp;
-    let fc1 = match m.activation {
-        Activation::Gelu => ffn,
-        Activation::SwiGLU => 2 * ffn,
+    let fc1 = if m.activation.is_gated() {
+        2 * ffn
+    } else {
+        ffn
     };
     let last = pp_rank + 1 == pp;
     let layers = m.num_layers / (pp * cfg.partition.v);

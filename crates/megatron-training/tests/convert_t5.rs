@@ -198,3 +198,87 @@ fn t5_converts_to_transformers_logits_and_loss_and_back_byte_for_byte() {
     }
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// The original T5's ReLU MLP (tied, rescaled output) and T5 v1.1's gated GELU with an untied
+/// `lm_head` and no rescaling (`bench/make_hf_t5_variant_fixtures.py`): transformers' logits and
+/// loss, and back byte for byte with the config's MLP and tying.
+#[test]
+fn t5_relu_and_gated_gelu_untied_variants_convert_both_ways() {
+    for (name, proj, tied) in [("t5_relu", "relu", true), ("t5_gated", "gated-gelu", false)] {
+        let src = fixture().with_file_name(name);
+        let dir = tmpdir(&format!("convert-{name}"));
+        let save = dir.join("megatron");
+        hf_to_megatron(&src, &save, 1).unwrap();
+        let refb = std::fs::read(src.join("reference.safetensors")).unwrap();
+        let r = SafeTensors::deserialize(&refb).unwrap();
+        let enc: Vec<u32> = ints(&r, "input_ids").iter().map(|&x| x as u32).collect();
+        let dec: Vec<u32> = ints(&r, "decoder_input_ids")
+            .iter()
+            .map(|&x| x as u32)
+            .collect();
+        let labels: Vec<u32> = ints(&r, "labels")
+            .iter()
+            .map(|&x| if x < 0 { IGNORE_INDEX } else { x as u32 })
+            .collect();
+        let mask: Vec<f32> = labels
+            .iter()
+            .map(|&l| if l == IGNORE_INDEX { 0.0 } else { 1.0 })
+            .collect();
+        let te = r.tensor("input_ids").unwrap().shape()[1];
+        let td = r.tensor("decoder_input_ids").unwrap().shape()[1];
+        let enc_lens: Vec<usize> = ints(&r, "attention_mask")
+            .chunks(te)
+            .map(|m| m.iter().filter(|&&x| x == 1).count())
+            .collect();
+        let batch = T5Batch {
+            enc_tokens: &enc,
+            dec_tokens: &dec,
+            labels: &labels,
+            loss_mask: &mask,
+            enc_lens: &enc_lens,
+            dec_lens: &[td, td],
+            b: 2,
+            te,
+            td,
+        };
+        let (model, params, ck) = load_t5(&save).unwrap();
+        assert_eq!(
+            ck.meta.model.untie_embeddings_and_output_weights, !tied,
+            "{name}: tying"
+        );
+        assert_eq!(model.output_layer.is_some(), !tied, "{name}: output layer");
+        let mut one = serial_group();
+        let mut tp = Tp::new(&mut one, false);
+        let logits = model.logits(&params, &mut tp, &batch).unwrap();
+        let want = floats(&r, "logits");
+        let diff = logits
+            .data()
+            .iter()
+            .zip(&want)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max);
+        eprintln!("{name}: max |logit difference| {diff:e}");
+        assert!(diff <= 1e-4, "{name}: logits differ by {diff}");
+        let st = model
+            .forward(&params, None, &mut tp, &batch, 1.0, &StepContext::eval())
+            .unwrap();
+        let want_loss = floats(&r, "loss")[0];
+        assert!(
+            (st.loss() - want_loss).abs() <= 1e-5 * want_loss,
+            "{name}: loss {} vs {want_loss}",
+            st.loss()
+        );
+        let back = dir.join("hf");
+        megatron_to_hf(&save, &back).unwrap();
+        let a = std::fs::read(src.join("model.safetensors")).unwrap();
+        let c = std::fs::read(back.join("model.safetensors")).unwrap();
+        assert!(a == c, "{name}: the exported model.safetensors differs");
+        let cfg: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(back.join("config.json")).unwrap())
+                .unwrap();
+        assert_eq!(cfg["feed_forward_proj"], proj, "{name}");
+        assert_eq!(cfg["tie_word_embeddings"], tied, "{name}");
+        assert_eq!(cfg["scale_decoder_outputs"], tied, "{name}");
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}

@@ -136,11 +136,12 @@ pub fn activation_bytes_formula_with(
     half: bool,
     recompute: Recompute,
 ) -> usize {
-    use crate::transformer::config::{Activation, Normalization};
+    use crate::transformer::config::Normalization;
     let (h, a, l) = (cfg.hidden_size, cfg.num_attention_heads, cfg.num_layers);
-    let fc1 = match cfg.activation {
-        Activation::Gelu => cfg.ffn_hidden_size,
-        Activation::SwiGLU => 2 * cfg.ffn_hidden_size,
+    let fc1 = if cfg.activation.is_gated() {
+        2 * cfg.ffn_hidden_size
+    } else {
+        cfg.ffn_hidden_size
     };
     let stats = match cfg.normalization {
         Normalization::LayerNorm => 4,

@@ -147,12 +147,33 @@ pub enum Normalization {
     RMSNorm,
 }
 
-/// The MLP's activation: GELU, or SwiGLU on a fused `[gate; up]` fc1 (`--swiglu`).
+/// The MLP's activation: GELU, ReLU (the original T5), or a gated unit on a fused
+/// `[gate; up]` fc1 — SwiGLU (`--swiglu`, Llama) or GeGLU (T5 v1.1 / Flan-T5's gated GELU).
 #[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub enum Activation {
     #[default]
     Gelu,
     SwiGLU,
+    Relu,
+    GeGLU,
+}
+
+impl Activation {
+    /// fc1 is `[gate; up]`: twice the MLP's width.
+    pub fn is_gated(self) -> bool {
+        matches!(self, Activation::SwiGLU | Activation::GeGLU)
+    }
+
+    /// The backend's kernel (GELU's form where the activation has one).
+    pub fn kernel(self, gelu: GeluForm) -> megatron_tensor::cpu::MlpActivation {
+        use megatron_tensor::cpu::MlpActivation as K;
+        match self {
+            Activation::Gelu => K::Gelu(gelu.kernel()),
+            Activation::SwiGLU => K::SwiGLU,
+            Activation::Relu => K::Relu,
+            Activation::GeGLU => K::GeGLU(gelu.kernel()),
+        }
+    }
 }
 
 /// The GELU's form, where the MLP's activation (or BERT's LM head) is GELU: Megatron's fused
@@ -329,12 +350,13 @@ impl TransformerConfig {
         (self.head_dim() as f32 * self.rotary.percent) as usize
     }
 
-    /// Megatron's default FFN width: 4h, or under SwiGLU `int(4h * 2/3 / 64) * 64`, which keeps
+    /// Megatron's default FFN width: 4h, or gated `int(4h * 2/3 / 64) * 64`, which keeps
     /// the three matrices near the parameter count of GELU's two.
     pub fn default_ffn_hidden_size(hidden: usize, activation: Activation) -> usize {
-        match activation {
-            Activation::Gelu => 4 * hidden,
-            Activation::SwiGLU => ((4 * hidden) as f64 * 2.0 / 3.0 / 64.0) as usize * 64,
+        if activation.is_gated() {
+            ((4 * hidden) as f64 * 2.0 / 3.0 / 64.0) as usize * 64
+        } else {
+            4 * hidden
         }
     }
 

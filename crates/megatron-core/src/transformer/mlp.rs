@@ -1,7 +1,7 @@
 //! `MLP`: fc1 (column-parallel), the activation, fc2 (row-parallel). GELU: fc1's bias is fused
-//! into the activation. SwiGLU (`--swiglu`): fc1 is megatron-core's fused `[gate; up]`, each rank
-//! holding `[gate_r; up_r]`, with its bias (if any) added in the GEMM. The fc2 bias is left to
-//! the layer's bias-dropout-add.
+//! into the activation; ReLU adds it in the GEMM. Gated units (SwiGLU `--swiglu`, GeGLU): fc1
+//! is megatron-core's fused `[gate; up]`, each rank holding `[gate_r; up_r]`, with its bias (if
+//! any) added in the GEMM. The fc2 bias is left to the layer's bias-dropout-add.
 
 use super::config::{Activation, TransformerConfig};
 use super::saved::{keep, restore};
@@ -12,7 +12,8 @@ use megatron_comm::CommError;
 use megatron_tensor::cpu::gelu::bias_gelu_recompute;
 use megatron_tensor::cpu::GeluApprox;
 use megatron_tensor::cpu::{
-    bias_backward, bias_gelu_backward, gelu_backward, gelu_forward, swiglu_backward, swiglu_forward,
+    bias_backward, bias_gelu_backward, mlp_activation_backward, mlp_activation_forward,
+    MlpActivation,
 };
 use megatron_tensor::Tensor;
 
@@ -24,6 +25,7 @@ pub struct MLP {
     pub fc2_weight: ParamId,
     pub fc2_bias: Option<ParamId>,
     pub activation: Activation,
+    kernel: MlpActivation,
     gelu: GeluApprox,
     /// Activation outputs on this TP rank (fc2's input features).
     ffn_local: usize,
@@ -66,11 +68,15 @@ impl MLP {
         let h = cfg.hidden_size;
         let fc1_name = format!("{p}.linear_fc1");
         let std = cfg.init_method_std;
+        // GELU's bias is fused into the activation; the others add theirs in the GEMM.
         let linear_fc1 = match cfg.activation {
             Activation::Gelu => {
                 ColumnParallelLinear::new(params, inits, &fc1_name, h, f, bias, std, false, true)
             }
-            Activation::SwiGLU => {
+            Activation::Relu => {
+                ColumnParallelLinear::new(params, inits, &fc1_name, h, f, bias, std, false, false)
+            }
+            Activation::SwiGLU | Activation::GeGLU => {
                 ColumnParallelLinear::new_gated(params, inits, &fc1_name, h, f, bias, std)
             }
         };
@@ -90,6 +96,7 @@ impl MLP {
             fc2_weight: linear_fc2.weight,
             fc2_bias: linear_fc2.bias,
             activation: cfg.activation,
+            kernel: cfg.activation.kernel(cfg.gelu),
             gelu: cfg.gelu.kernel(),
             ffn_local: linear_fc2.input_size_per_partition,
             linear_fc1,
@@ -99,14 +106,13 @@ impl MLP {
 
     /// `act = activation(fc1_pre)`.
     fn activate(&self, params: &Params, act: &mut Tensor, fc1_pre: &Tensor) {
-        match self.activation {
-            Activation::Gelu => match self.fc1_bias {
-                Some(b) => {
-                    bias_gelu_recompute(act.data_mut(), fc1_pre.data(), &params.get(b), self.gelu)
-                }
-                None => gelu_forward(act.data_mut(), fc1_pre.data(), self.gelu),
-            },
-            Activation::SwiGLU => swiglu_forward(act.data_mut(), fc1_pre.data(), self.ffn_local),
+        match (self.activation, self.fc1_bias) {
+            (Activation::Gelu, Some(b)) => {
+                bias_gelu_recompute(act.data_mut(), fc1_pre.data(), &params.get(b), self.gelu)
+            }
+            _ => {
+                mlp_activation_forward(act.data_mut(), fc1_pre.data(), self.ffn_local, self.kernel)
+            }
         }
     }
 
@@ -148,31 +154,37 @@ impl MLP {
         let mut act = Tensor::for_overwrite(&[n, f]);
         self.activate(params, &mut act, &fc1_pre);
         let dact = self.linear_fc2.backward(params, grads, tp, &act, dout)?;
-        let dpre = match self.activation {
-            Activation::Gelu => {
+        let dpre = match (self.activation, self.fc1_bias) {
+            (Activation::Gelu, Some(b)) => {
                 // Reuse the activation buffer for the pre-activation gradient.
                 let mut dpre = act;
-                match self.fc1_bias {
-                    Some(b) => {
-                        let bias = params.get(b);
-                        bias_gelu_backward(
-                            dpre.data_mut(),
-                            dact.data(),
-                            fc1_pre.data(),
-                            &bias,
-                            self.gelu,
-                        );
-                        drop(bias);
-                        bias_backward(grads.get_mut(b), dpre.data(), n, f);
-                    }
-                    None => gelu_backward(dpre.data_mut(), dact.data(), fc1_pre.data(), self.gelu),
-                }
+                let bias = params.get(b);
+                bias_gelu_backward(
+                    dpre.data_mut(),
+                    dact.data(),
+                    fc1_pre.data(),
+                    &bias,
+                    self.gelu,
+                );
+                drop(bias);
+                bias_backward(grads.get_mut(b), dpre.data(), n, f);
                 dpre
             }
-            Activation::SwiGLU => {
-                drop(act);
-                let mut dpre = Tensor::for_overwrite(fc1_pre.shape());
-                swiglu_backward(dpre.data_mut(), dact.data(), fc1_pre.data(), f);
+            _ => {
+                // Non-gated: the activation buffer has fc1's shape and is reused.
+                let mut dpre = if self.activation.is_gated() {
+                    drop(act);
+                    Tensor::for_overwrite(fc1_pre.shape())
+                } else {
+                    act
+                };
+                mlp_activation_backward(
+                    dpre.data_mut(),
+                    dact.data(),
+                    fc1_pre.data(),
+                    f,
+                    self.kernel,
+                );
                 dpre
             }
         };

@@ -1,8 +1,12 @@
-//! T5 (`T5ForConditionalGeneration` with tied embeddings) <-> megatron-rs's T5: separate
-//! `q`/`k`/`v` (ours fused per head: self-attention `[q_h, k_h, v_h]`, cross-attention `q` and
-//! `[k_h, v_h]`), the relative position bias of each stack's block 0 (ours one table per
-//! stack), T5's RMSNorm ("T5LayerNorm"), `DenseReluDense` `wi`/`wo` as the MLP (non-gated
-//! `gelu_new` or `gelu`; ReLU and gated variants are refused for now), no biases anywhere.
+//! T5 (`T5ForConditionalGeneration`) <-> megatron-rs's T5: separate `q`/`k`/`v` (ours fused
+//! per head: self-attention `[q_h, k_h, v_h]`, cross-attention `q` and `[k_h, v_h]`), the
+//! relative position bias of each stack's block 0 (ours one table per stack), T5's RMSNorm
+//! ("T5LayerNorm"), no biases anywhere. The MLP is the original T5's `DenseReluDense` `wi`/`wo`
+//! (ReLU, or GELU) or T5 v1.1 / Flan-T5's gated `wi_0` (gate) / `wi_1` (up) / `wo` (GeGLU from
+//! `"gated-gelu"`, SwiGLU from `"gated-silu"`), ours a fused `[gate; up]` fc1. The output
+//! layer is the shared embedding, or `lm_head` when `tie_word_embeddings` is false (T5 v1.1 as
+//! transformers 4 saved it); the decoder output is rescaled by `d_model^-1/2` unless
+//! `scale_decoder_outputs` (transformers 5) or an untied `lm_head` says otherwise.
 
 use super::llama::num;
 use super::{decimal, pad_rows, take, HfFamily, Tensors};
@@ -33,6 +37,9 @@ impl T5 {
                     .as_u64()
                     .unwrap_or(128) as usize,
                 softmax_scale: 1.0,
+                scale_decoder_outputs: hf["scale_decoder_outputs"]
+                    .as_bool()
+                    .unwrap_or(hf["tie_word_embeddings"].as_bool() != Some(false)),
             },
         })
     }
@@ -135,11 +142,13 @@ fn plain(cfg: &TransformerConfig, st: &T5Stacks) -> Vec<(String, String, Vec<usi
                 format!("{hf}.{ff}.layer_norm.weight"),
                 vec![h],
             );
-            put(
-                format!("{m}.mlp.linear_fc1.weight"),
-                format!("{hf}.{ff}.DenseReluDense.wi.weight"),
-                vec![f, h],
-            );
+            if !cfg.activation.is_gated() {
+                put(
+                    format!("{m}.mlp.linear_fc1.weight"),
+                    format!("{hf}.{ff}.DenseReluDense.wi.weight"),
+                    vec![f, h],
+                );
+            }
             put(
                 format!("{m}.mlp.linear_fc2.weight"),
                 format!("{hf}.{ff}.DenseReluDense.wo.weight"),
@@ -148,6 +157,46 @@ fn plain(cfg: &TransformerConfig, st: &T5Stacks) -> Vec<(String, String, Vec<usi
         }
     }
     v
+}
+
+/// The gated MLPs' fc1: (megatron-rs name, Hugging Face's gate and up projections).
+fn gated_fc1(cfg: &TransformerConfig, st: &T5Stacks) -> Vec<(String, [String; 2])> {
+    if !cfg.activation.is_gated() {
+        return Vec::new();
+    }
+    let mut v = Vec::new();
+    for (stack, n, ff) in [
+        ("encoder", st.encoder_layers, 1),
+        ("decoder", st.decoder_layers, 2),
+    ] {
+        for l in 0..n {
+            let hf = format!("{stack}.block.{l}.layer.{ff}.DenseReluDense");
+            v.push((
+                format!("{stack}.layers.{l}.mlp.linear_fc1.weight"),
+                [format!("{hf}.wi_0.weight"), format!("{hf}.wi_1.weight")],
+            ));
+        }
+    }
+    v
+}
+
+/// The MLP of a config.json: the activation and its GELU's form.
+fn activation(hf: &Value) -> Result<(Activation, GeluForm), String> {
+    Ok(match hf["feed_forward_proj"].as_str().unwrap_or("relu") {
+        "relu" => (Activation::Relu, GeluForm::Tanh),
+        "gelu_new" | "gelu_pytorch_tanh" => (Activation::Gelu, GeluForm::Tanh),
+        "gelu" => (Activation::Gelu, GeluForm::Erf),
+        // transformers maps "gated-gelu" to gelu_new.
+        "gated-gelu" | "gated-gelu_new" | "gated-gelu_pytorch_tanh" => {
+            (Activation::GeGLU, GeluForm::Tanh)
+        }
+        "gated-silu" => (Activation::SwiGLU, GeluForm::Tanh),
+        other => {
+            return Err(format!(
+                "feed_forward_proj '{other}' is not built (relu, gelu, gelu_new, gated-gelu and gated-silu are)"
+            ))
+        }
+    })
 }
 
 /// The fused projections: (megatron-rs name, Hugging Face names per part).
@@ -186,18 +235,7 @@ impl HfFamily for T5 {
         hf: &Value,
         divisible_by: usize,
     ) -> Result<TransformerConfig, String> {
-        let gelu = match hf["feed_forward_proj"].as_str().unwrap_or("relu") {
-            "gelu_new" | "gelu_pytorch_tanh" => GeluForm::Tanh,
-            "gelu" => GeluForm::Erf,
-            other => {
-                return Err(format!(
-                    "feed_forward_proj '{other}': only non-gated gelu_new / gelu is built (ReLU and gated GELU are not yet)"
-                ))
-            }
-        };
-        if hf["tie_word_embeddings"].as_bool() == Some(false) {
-            return Err("tie_word_embeddings false: only T5 with tied embeddings is built".into());
-        }
+        let (activation, gelu) = activation(hf)?;
         let (h, heads) = (num(hf, "d_model")?, num(hf, "num_heads")?);
         let dropout = hf["dropout_rate"].as_f64().unwrap_or(0.1) as f32;
         Ok(TransformerConfig {
@@ -212,9 +250,9 @@ impl HfFamily for T5 {
             hidden_dropout: dropout,
             attention_dropout: dropout,
             layernorm_epsilon: hf["layer_norm_epsilon"].as_f64().unwrap_or(1e-6) as f32,
-            untie_embeddings_and_output_weights: false,
+            untie_embeddings_and_output_weights: hf["tie_word_embeddings"].as_bool() == Some(false),
             normalization: Normalization::RMSNorm,
-            activation: Activation::Gelu,
+            activation,
             gelu,
             add_bias_linear: false,
             add_qkv_bias: false,
@@ -240,6 +278,16 @@ impl HfFamily for T5 {
                 pad_rows(shared, h, cfg.padded_vocab_size),
             ),
         );
+        if cfg.untie_embeddings_and_output_weights {
+            let lm_head = take(t, "lm_head.weight", &[vocab, h])?;
+            m.insert(
+                "output_layer.weight".into(),
+                (
+                    vec![cfg.padded_vocab_size, h],
+                    pad_rows(lm_head, h, cfg.padded_vocab_size),
+                ),
+            );
+        }
         // The tied copies, when a writer saved them.
         for n in [
             "encoder.embed_tokens.weight",
@@ -247,6 +295,12 @@ impl HfFamily for T5 {
             "lm_head.weight",
         ] {
             t.remove(n);
+        }
+        let f = cfg.ffn_hidden_size;
+        for (ours, [gate, up]) in gated_fc1(cfg, &self.stacks) {
+            let mut x = take(t, &gate, &[f, h])?;
+            x.extend(take(t, &up, &[f, h])?);
+            m.insert(ours, (vec![2 * f, h], x));
         }
         for (ours, theirs, shape) in plain(cfg, &self.stacks) {
             let x = take(t, &theirs, &shape)?;
@@ -279,6 +333,19 @@ impl HfFamily for T5 {
         )?;
         shared.truncate(vocab * h);
         t.insert("shared.weight".into(), (vec![vocab, h], shared));
+        let untied = cfg.untie_embeddings_and_output_weights;
+        if untied {
+            let mut w = take(m, "output_layer.weight", &[cfg.padded_vocab_size, h])?;
+            w.truncate(vocab * h);
+            t.insert("lm_head.weight".into(), (vec![vocab, h], w));
+        }
+        let f = cfg.ffn_hidden_size;
+        for (ours, [gate, up]) in gated_fc1(cfg, &self.stacks) {
+            let mut x = take(m, &ours, &[2 * f, h])?;
+            let u = x.split_off(f * h);
+            t.insert(gate, (vec![f, h], x));
+            t.insert(up, (vec![f, h], u));
+        }
         for (ours, theirs, shape) in plain(cfg, &self.stacks) {
             let x = take(m, &ours, &shape)?;
             t.insert(theirs, (shape, x));
@@ -294,9 +361,15 @@ impl HfFamily for T5 {
             }
         }
         let st = &self.stacks;
-        let act = match cfg.gelu {
+        let gelu = match cfg.gelu {
             GeluForm::Tanh => "gelu_new",
             GeluForm::Erf => "gelu",
+        };
+        let (proj, act) = match cfg.activation {
+            Activation::Gelu => (gelu, gelu),
+            Activation::Relu => ("relu", "relu"),
+            Activation::GeGLU => ("gated-gelu", "gelu_new"),
+            Activation::SwiGLU => ("gated-silu", "silu"),
         };
         let config = json!({
             "architectures": [ARCHITECTURE],
@@ -311,11 +384,12 @@ impl HfFamily for T5 {
             "relative_attention_max_distance": st.relative_max_distance,
             "dropout_rate": decimal(cfg.hidden_dropout),
             "layer_norm_epsilon": decimal(cfg.layernorm_epsilon),
-            "feed_forward_proj": act,
+            "feed_forward_proj": proj,
             "dense_act_fn": act,
-            "is_gated_act": false,
+            "is_gated_act": cfg.activation.is_gated(),
             "is_encoder_decoder": true,
-            "tie_word_embeddings": true,
+            "tie_word_embeddings": !untied,
+            "scale_decoder_outputs": st.scale_decoder_outputs,
             "vocab_size": vocab,
             "pad_token_id": 0,
             "eos_token_id": 1,

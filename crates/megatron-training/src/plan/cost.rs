@@ -14,7 +14,7 @@
 
 use super::cluster::{AttentionKernel, Cluster, Engine};
 use crate::arguments::{OptimizerKind, Precision, TrainConfig};
-use megatron_core::transformer::config::{Activation, PositionEmbeddingType};
+use megatron_core::transformer::config::PositionEmbeddingType;
 use megatron_core::transformer::step::Recompute;
 use serde::Serialize;
 
@@ -86,10 +86,7 @@ fn widths(m: &megatron_core::TransformerConfig) -> Widths {
     Widths {
         q: m.query_projection_size() as f64,
         kv: (m.query_groups() * m.head_dim()) as f64,
-        gated: match m.activation {
-            Activation::Gelu => 2.0,
-            Activation::SwiGLU => 3.0,
-        },
+        gated: if m.activation.is_gated() { 3.0 } else { 2.0 },
     }
 }
 

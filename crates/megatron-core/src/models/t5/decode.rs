@@ -99,23 +99,7 @@ impl T5Model {
         let norm = self.decoder_norm.as_ref().expect("the whole model");
         let (mut last, _) = norm.forward(params, &y);
         scale_inplace(last.data_mut(), self.output_scale());
-        let e = self.word_embedding();
-        let (n, h, v) = (
-            tokens.len(),
-            self.config.transformer.hidden_size,
-            e.vocab_per_partition,
-        );
-        let mut logits = Tensor::for_overwrite(&[n, v]);
-        megatron_tensor::cpu::matmul_forward(
-            logits.data_mut(),
-            last.data(),
-            &params.get(e.weight),
-            None,
-            n,
-            h,
-            v,
-        );
-        Ok(logits)
+        Ok(self.output_logits(params, &last))
     }
 
     /// Decoding: each sequence's decoder starts from `start` and appends

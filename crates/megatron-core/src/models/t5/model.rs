@@ -36,6 +36,14 @@ pub struct T5Stacks {
     pub relative_max_distance: usize,
     /// The attention scores' factor (1 in T5).
     pub softmax_scale: f32,
+    /// The decoder output scaled by `hidden^-1/2` before the logits (the original T5, with
+    /// tied embeddings; not T5 v1.1 / Flan-T5: transformers' `scale_decoder_outputs`).
+    #[serde(default = "scaled")]
+    pub scale_decoder_outputs: bool,
+}
+
+fn scaled() -> bool {
+    true
 }
 
 /// A T5: the layers' sizes, norms and activation in `transformer` (its `num_layers` unused)
@@ -76,6 +84,10 @@ pub struct T5Model {
     pub decoder: Vec<T5Layer>,
     /// With the decoder's last layer: on the last stage.
     pub decoder_norm: Option<Norm>,
+    /// The last stage's own output layer (`--untie-embeddings-and-output-weights`, T5 v1.1's
+    /// `lm_head`); the word embedding otherwise.
+    pub output_layer: Option<crate::params::ParamId>,
+    tp_rank: usize,
     tp_size: usize,
 }
 
@@ -357,7 +369,9 @@ impl T5Model {
         let share = |params: &mut Params, id: crate::params::ParamId, copy: bool| {
             params.metas[id.0].shared = copy;
         };
-        let embedding = (part.encoder_start() || part.decoder_start() || part.decoder_end(&st))
+        let untied = cfg.untie_embeddings_and_output_weights;
+        let logits_from_embedding = part.decoder_end(&st) && !untied;
+        let embedding = (part.encoder_start() || part.decoder_start() || logits_from_embedding)
             .then(|| {
                 let e = VocabParallelEmbedding::new(
                     params,
@@ -426,7 +440,17 @@ impl T5Model {
         let decoder_norm = part
             .decoder_end(&st)
             .then(|| norm("decoder.final_layernorm", params, inits));
-        let tp_size = params.tp.1.max(1);
+        let output_layer = (part.decoder_end(&st) && untied).then(|| {
+            params.add_sharded(
+                inits,
+                "output_layer.weight".into(),
+                &[cfg.padded_vocab_size, h],
+                true,
+                Init::Normal(std),
+                crate::params::Sharding::Split(0),
+            )
+        });
+        let (tp_rank, tp_size) = (params.tp.0, params.tp.1.max(1));
         T5Model {
             config,
             part,
@@ -437,6 +461,8 @@ impl T5Model {
             decoder_bias,
             decoder,
             decoder_norm,
+            output_layer,
+            tp_rank,
             tp_size,
         }
     }
@@ -499,9 +525,28 @@ impl T5Model {
         )
     }
 
-    /// The decoder output's rescaling before the tied logits: `hidden^-1/2`.
+    /// The decoder output's rescaling before the logits: `hidden^-1/2`, or none.
     pub(super) fn output_scale(&self) -> f32 {
-        (self.config.transformer.hidden_size as f32).powf(-0.5)
+        if self.config.stacks.scale_decoder_outputs {
+            (self.config.transformer.hidden_size as f32).powf(-0.5)
+        } else {
+            1.0
+        }
+    }
+
+    /// The output layer's weight (this rank's vocabulary rows) and their first id.
+    pub(super) fn output_weight(&self) -> (crate::params::ParamId, usize, usize) {
+        let cfg = &self.config.transformer;
+        let per = cfg.padded_vocab_size / self.tp_size;
+        match (self.output_layer, &self.embedding) {
+            (Some(w), _) => (w, per, self.word_embedding_rank_start(per)),
+            (None, Some(e)) => (e.weight, e.vocab_per_partition, e.vocab_start),
+            (None, None) => panic!("the last stage computes the logits"),
+        }
+    }
+
+    fn word_embedding_rank_start(&self, per: usize) -> usize {
+        self.tp_rank * per
     }
 
     pub(super) fn word_embedding(&self) -> &VocabParallelEmbedding {
@@ -525,23 +570,24 @@ impl T5Model {
         } else {
             last
         };
-        let e = self.word_embedding();
-        let (n, h, v) = (
-            last.shape()[0],
-            self.config.transformer.hidden_size,
-            e.vocab_per_partition,
-        );
+        Ok(self.output_logits(params, &last))
+    }
+
+    /// This rank's vocabulary slice of the logits of the decoder's final output `last`.
+    pub(super) fn output_logits(&self, params: &Params, last: &Tensor) -> Tensor {
+        let (w, v, _) = self.output_weight();
+        let (n, h) = (last.shape()[0], self.config.transformer.hidden_size);
         let mut logits = Tensor::for_overwrite(&[n, v]);
         megatron_tensor::cpu::matmul_forward(
             logits.data_mut(),
             last.data(),
-            &params.get(e.weight),
+            &params.get(w),
             None,
             n,
             h,
             v,
         );
-        Ok(logits)
+        logits
     }
 
     /// This stage's stacks on one micro-batch: what it sends on (on the last stage, the
@@ -770,8 +816,7 @@ impl T5Model {
         let n = batch.b * batch.td;
         let h = self.config.transformer.hidden_size;
         let total = batch.loss_mask.iter().sum::<f32>().max(1.0);
-        let e = self.word_embedding();
-        let v = e.vocab_per_partition;
+        let (w, v, vocab_start) = self.output_weight();
         let dims = ClassifierDims {
             n,
             c: h,
@@ -785,7 +830,6 @@ impl T5Model {
             last
         };
         let mut losses = vec![0.0f32; n];
-        let w = e.weight;
         let mut dlast = None;
         match grads {
             Some(g) => {
@@ -805,7 +849,7 @@ impl T5Model {
                     batch.labels,
                     &dloss,
                     dims,
-                    e.vocab_start,
+                    vocab_start,
                 )?;
                 dlast = Some(if tp.sequence_parallel {
                     gather_from_sequence_parallel_region_backward(tp, &dx)?
@@ -823,7 +867,7 @@ impl T5Model {
                 batch.labels,
                 &[],
                 dims,
-                e.vocab_start,
+                vocab_start,
             )?,
         }
         let loss = losses

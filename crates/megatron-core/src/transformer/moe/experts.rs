@@ -5,11 +5,11 @@
 //! `SequentialMLP`), or with `--moe-grouped-gemm` all at once, one block per thread
 //! (`GroupedMLP`): the same bits either way.
 
-use super::super::config::{Activation, TransformerConfig};
+use super::super::config::TransformerConfig;
 use crate::params::{Grads, Init, ParamId, ParamRef, Params, Sharding};
 use megatron_tensor::cpu::{
-    gelu_backward, gelu_forward, grouped_matmul, matmul, swiglu_backward, swiglu_forward,
-    GemmProblem, MatmulDims,
+    grouped_matmul, matmul, mlp_activation_backward, mlp_activation_forward, GemmProblem,
+    MatmulDims, MlpActivation,
 };
 use megatron_tensor::Tensor;
 use std::ops::Range;
@@ -24,8 +24,7 @@ pub struct GroupedMLP {
     pub experts: Vec<Expert>,
     /// Global index of the first.
     pub first: usize,
-    activation: Activation,
-    gelu: megatron_tensor::cpu::GeluApprox,
+    activation: MlpActivation,
     hidden: usize,
     /// This rank's slice of each expert's FFN width.
     ffn: usize,
@@ -88,9 +87,10 @@ impl GroupedMLP {
         let (h, f) = (cfg.hidden_size, m.ffn_hidden_size);
         // Under expert tensor parallelism fc1 is column-parallel (SwiGLU's [gate; up] split
         // blockwise) and fc2 row-parallel, as in the dense MLP.
-        let (fc1_rows, fc1_split) = match cfg.activation {
-            Activation::Gelu => (f, Sharding::ExpertSplit(0)),
-            Activation::SwiGLU => (2 * f, Sharding::ExpertSplitChunks(2)),
+        let (fc1_rows, fc1_split) = if cfg.activation.is_gated() {
+            (2 * f, Sharding::ExpertSplitChunks(2))
+        } else {
+            (f, Sharding::ExpertSplit(0))
         };
         let etp = params.experts.etp.max(1);
         let first = which.start;
@@ -120,8 +120,7 @@ impl GroupedMLP {
         GroupedMLP {
             experts,
             first,
-            activation: cfg.activation,
-            gelu: cfg.gelu.kernel(),
+            activation: cfg.activation.kernel(cfg.gelu),
             hidden: h,
             ffn: f / etp,
             grouped: m.grouped_gemm,
@@ -129,10 +128,7 @@ impl GroupedMLP {
     }
 
     fn fc1_width(&self) -> usize {
-        match self.activation {
-            Activation::Gelu => self.ffn,
-            Activation::SwiGLU => 2 * self.ffn,
-        }
+        self.activation.fc1_factor() * self.ffn
     }
 
     /// Non-empty row blocks of each local expert in a buffer of `counts[l]` rows per expert.
@@ -160,10 +156,7 @@ impl GroupedMLP {
     }
 
     fn activate(&self, act: &mut [f32], h1: &[f32]) {
-        match self.activation {
-            Activation::Gelu => gelu_forward(act, h1, self.gelu),
-            Activation::SwiGLU => swiglu_forward(act, h1, self.ffn),
-        }
+        mlp_activation_forward(act, h1, self.ffn, self.activation)
     }
 
     fn weights<'p>(
@@ -247,10 +240,7 @@ impl GroupedMLP {
             |m| MatmulDims::new(m, f, h),
         ));
         let mut dh1 = Tensor::for_overwrite(&[n, f1]);
-        match self.activation {
-            Activation::Gelu => gelu_backward(dh1.data_mut(), dact.data(), h1.data(), self.gelu),
-            Activation::SwiGLU => swiglu_backward(dh1.data_mut(), dact.data(), h1.data(), f),
-        }
+        mlp_activation_backward(dh1.data_mut(), dact.data(), h1.data(), f, self.activation);
         drop(dact);
         // fc1: dW1 += dh1^T x, dx = dh1 W1.
         self.run(&mut products(

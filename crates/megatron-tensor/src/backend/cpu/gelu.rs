@@ -49,7 +49,7 @@ fn gelu_erf_grad(x: f32) -> f32 {
 }
 
 #[inline(always)]
-fn gelu(x: f32, a: GeluApprox) -> f32 {
+pub(super) fn gelu(x: f32, a: GeluApprox) -> f32 {
     match a {
         GeluApprox::Tanh => gelu_tanh(x),
         GeluApprox::Erf => gelu_erf(x),
@@ -57,7 +57,7 @@ fn gelu(x: f32, a: GeluApprox) -> f32 {
 }
 
 #[inline(always)]
-fn gelu_grad(x: f32, a: GeluApprox) -> f32 {
+pub(super) fn gelu_grad(x: f32, a: GeluApprox) -> f32 {
     match a {
         GeluApprox::Tanh => gelu_tanh_grad(x),
         GeluApprox::Erf => gelu_erf_grad(x),

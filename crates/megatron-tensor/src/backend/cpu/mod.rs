@@ -20,6 +20,7 @@ pub mod layout;
 pub mod matmul;
 pub mod matmul_amx;
 pub mod matmul_bf16;
+pub mod mlp_activation;
 pub mod moe_gate;
 pub mod moe_permute;
 pub mod moe_router;
@@ -63,6 +64,10 @@ pub use layout::{
 pub use matmul::{
     bias_backward, grouped_matmul, matmul, matmul_backward, matmul_batched, matmul_forward,
     matmul_with_threads, BatchStrides, GemmProblem, MatmulDims,
+};
+pub use mlp_activation::{
+    geglu_backward, geglu_forward, mlp_activation_backward, mlp_activation_forward, relu_backward,
+    relu_forward, MlpActivation,
 };
 pub use pooling::{mean_pool_forward, PoolNorm};
 pub use reduce::{global_norm_squared, scale_inplace};

@@ -1,0 +1,78 @@
+mod common;
+use common::*;
+use megatron_tensor::cpu::{
+    mlp_activation_backward, mlp_activation_forward, GeluApprox, MlpActivation,
+};
+
+/// The activation in f64 from its definition (GELU's tanh form or erf via libm).
+fn naive(x: &[f32], f: usize, act: MlpActivation) -> Vec<f32> {
+    let gelu = |g: f64, a: GeluApprox| match a {
+        GeluApprox::Tanh => {
+            0.5 * g
+                * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (g + 0.044715 * g * g * g)).tanh())
+        }
+        GeluApprox::Erf => 0.5 * g * (1.0 + libm::erf(g / std::f64::consts::SQRT_2)),
+    };
+    match act {
+        MlpActivation::Relu => x.iter().map(|v| v.max(0.0)).collect(),
+        MlpActivation::Gelu(a) => x.iter().map(|&v| gelu(v as f64, a) as f32).collect(),
+        MlpActivation::SwiGLU | MlpActivation::GeGLU(_) => x
+            .chunks(2 * f)
+            .flat_map(|r| {
+                (0..f).map(move |j| {
+                    let g = r[j] as f64;
+                    let a = match act {
+                        MlpActivation::GeGLU(a) => gelu(g, a),
+                        _ => g / (1.0 + (-g).exp()),
+                    };
+                    (a * r[f + j] as f64) as f32
+                })
+            })
+            .collect(),
+    }
+}
+
+const ALL: [MlpActivation; 5] = [
+    MlpActivation::Relu,
+    MlpActivation::Gelu(GeluApprox::Tanh),
+    MlpActivation::SwiGLU,
+    MlpActivation::GeGLU(GeluApprox::Tanh),
+    MlpActivation::GeGLU(GeluApprox::Erf),
+];
+
+#[test]
+fn mlp_activation_forward_matches_definition() {
+    let (rows, f) = (33, 40);
+    for act in ALL {
+        let x = randn(rows * act.fc1_factor() * f, 1, 3.0);
+        let mut out = vec![f32::NAN; rows * f];
+        mlp_activation_forward(&mut out, &x, f, act);
+        assert_close(&out, &naive(&x, f, act), 1e-5, 1e-5, &format!("{act:?}"));
+    }
+}
+
+#[test]
+fn mlp_activation_backward_matches_finite_difference() {
+    let (rows, f) = (9, 10);
+    for act in ALL {
+        let mut x = randn(rows * act.fc1_factor() * f, 2, 2.0);
+        if act == MlpActivation::Relu {
+            // Keep inputs away from the kink, where a finite difference is meaningless.
+            x.iter_mut()
+                .for_each(|v| *v += if *v >= 0.0 { 0.1 } else { -0.1 });
+        }
+        let r = randn(rows * f, 3, 1.0);
+        let mut dx = vec![f32::NAN; x.len()];
+        mlp_activation_backward(&mut dx, &r, &x, f, act);
+        check_grad(
+            &mut x,
+            &dx,
+            |x| dot(&naive(x, f, act), &r),
+            1e-2,
+            1e-3,
+            1e-2,
+            180,
+            &format!("{act:?} dinp"),
+        );
+    }
+}
