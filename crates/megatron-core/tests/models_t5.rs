@@ -448,6 +448,7 @@ mod whole_model {
                 relative_buckets: 8,
                 relative_max_distance: 12,
                 softmax_scale: 1.0,
+                scale_decoder_outputs: true,
             },
         }
     }
