@@ -124,7 +124,7 @@ fn run_tabular(c: &megatron_training::tabular::commands::TabularCommand) -> anyh
     use megatron_training::tabular::commands::{impute, predict, score_anomalies, TabularCommand};
     let (out, rows) = match c {
         TabularCommand::Predict(a) => (&a.out, predict(a)?.len()),
-        TabularCommand::Impute(a) => (&a.out, impute(a)?.len()),
+        TabularCommand::Impute(a) => (&a.table.out, impute(a)?.len()),
         TabularCommand::ScoreAnomalies(a) => (&a.out, score_anomalies(a)?.len()),
     };
     println!("wrote {} ({rows} rows)", out.display());

@@ -177,37 +177,45 @@ fn predict_impute_and_score_write_what_they_promise() {
         .iter()
         .all(|r| r[0].parse::<f32>().unwrap().is_finite()));
 
-    // Impute: every hole filled, every observed cell as it was.
-    let out = dir.join("filled.csv");
-    let (ok, text) = megatron(&[
-        "tabular",
-        "impute",
-        "--load",
-        s(&ck),
-        "--table",
-        s(&holes),
-        "--target",
-        "label",
-        "--categorical",
-        "colour",
-        "--out",
-        s(&out),
-    ]);
-    assert!(ok, "{text}");
-    let (before, after) = (read(&holes), read(&out));
-    assert_eq!(before.len(), after.len());
-    for (b, a) in before.iter().zip(&after) {
-        for (x, y) in b.iter().zip(a) {
-            if x.is_empty() {
-                assert!(!y.is_empty(), "a hole was left: {a:?}");
-            } else {
-                assert_eq!(x, y);
+    // Impute, by either method: every hole filled, every observed cell as it was.
+    let mut filled = Vec::new();
+    for method in ["conditional", "reconstruction"] {
+        let out = dir.join(format!("filled-{method}.csv"));
+        let (ok, text) = megatron(&[
+            "tabular",
+            "impute",
+            "--load",
+            s(&ck),
+            "--table",
+            s(&holes),
+            "--target",
+            "label",
+            "--categorical",
+            "colour",
+            "--impute-method",
+            method,
+            "--out",
+            s(&out),
+        ]);
+        assert!(ok, "{text}");
+        let (before, after) = (read(&holes), read(&out));
+        assert_eq!(before.len(), after.len());
+        for (b, a) in before.iter().zip(&after) {
+            for (x, y) in b.iter().zip(a) {
+                if x.is_empty() {
+                    assert!(!y.is_empty(), "{method}: a hole was left: {a:?}");
+                } else {
+                    assert_eq!(x, y);
+                }
             }
         }
+        for r in &after[1..] {
+            assert!(r[3] == "yes" || r[3] == "no", "imputed label {:?}", r[3]);
+        }
+        filled.push(after);
     }
-    for r in &after[1..] {
-        assert!(r[3] == "yes" || r[3] == "no", "imputed label {:?}", r[3]);
-    }
+    // The numeric holes are filled by different heads.
+    assert_ne!(filled[0], filled[1], "the two methods fill alike");
 
     // Scores: one per numeric cell, none for the categorical column.
     let out = dir.join("scores.csv");

@@ -240,6 +240,7 @@ fn predicted_probabilities_match_the_training_loss() {
             model: &model,
             params: &params,
             borders: &borders,
+            max_context: usize::MAX,
         };
         let r = p.read(&table, &[], 1, seed).unwrap();
         let nll: f64 = r
@@ -291,4 +292,55 @@ fn real_tables_are_evaluated_like_validation_loss() {
         assert!(r.rmse.unwrap() > 0.0 && r.r2.unwrap() <= 1.0);
         assert!(c.reconstruction_rmse.is_finite() && r.reconstruction_rmse > 0.0);
     }
+}
+
+/// A context larger than the model's training context is subsampled per ensemble member: the
+/// reading keeps one answer per query row, is the same for the same seed, and with the limit
+/// at the context's size equals the reading of the whole table.
+#[test]
+fn predictor_subsamples_a_context_larger_than_training_s() {
+    use megatron_core::models::tabular::{TabularConfig, TabularModel, BINS};
+    use megatron_training::tabular::inference::{InferenceTable, Predictor};
+    let cfg = TabularConfig {
+        emb: 16,
+        heads: 4,
+        ffn: 32,
+        layers: 2,
+        init_std: 0.2,
+        eps: 1e-5,
+    };
+    let (model, params) = TabularModel::new(cfg, 3, 0, 1);
+    let borders: Vec<f32> = (0..BINS - 1).map(|i| i as f32 * 0.2 - 3.0).collect();
+    let (rows, cols, context) = (50, 3, 40);
+    let values: Vec<f32> = (0..rows * cols)
+        .map(|i| ((i * 37) % 11) as f32 - 5.0)
+        .collect();
+    let table = InferenceTable {
+        rows,
+        cols,
+        context_rows: context,
+        values,
+        targets: (0..rows).map(|r| (r % 3) as f32).collect(),
+        classes: 3,
+    };
+    let read = |max_context: usize, seed: u64| {
+        Predictor {
+            model: &model,
+            params: &params,
+            borders: &borders,
+            max_context,
+        }
+        .read(&table, &[], 2, seed)
+        .unwrap()
+        .queries
+    };
+    let whole = read(context, 5);
+    assert_eq!(whole, read(usize::MAX, 5), "no subsampling at the limit");
+    let sub = read(16, 5);
+    assert_eq!(sub.len(), rows - context);
+    assert!(sub
+        .iter()
+        .all(|p| (p.iter().sum::<f32>() - 1.0).abs() < 1e-5));
+    assert_eq!(sub, read(16, 5), "one seed, one reading");
+    assert_ne!(sub, whole, "a 16-row context reads differently");
 }

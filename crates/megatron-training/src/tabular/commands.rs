@@ -18,9 +18,9 @@ pub enum TabularCommand {
     /// Class probabilities or values of the target column for the rows of --test, with the
     /// rows of --train as context.
     Predict(PredictArgs),
-    /// Fills the missing cells of a table (feature cells from their reconstruction, a missing
-    /// target from the prediction).
-    Impute(TableArgs),
+    /// Fills the missing cells of a table (numeric feature cells predicted from the other
+    /// columns, or reconstructed: --impute-method; a missing target from the prediction).
+    Impute(ImputeArgs),
     /// One score per numeric cell: the negative log-density of its value given the rest of the
     /// table (higher = more unusual).
     ScoreAnomalies(TableArgs),
@@ -74,6 +74,16 @@ pub struct TableArgs {
     pub out: PathBuf,
 }
 
+#[derive(Args, Debug, Clone)]
+pub struct ImputeArgs {
+    #[command(flatten)]
+    pub table: TableArgs,
+    /// `conditional`: each numeric column predicted from the others by the regression head;
+    /// `reconstruction`: the masked-cell head (categorical cells always use it).
+    #[arg(long, value_enum, default_value = "conditional")]
+    pub impute_method: super::impute::ImputeMethod,
+}
+
 /// A trained model ready to read tables.
 pub struct LoadedModel {
     pub model: TabularModel,
@@ -100,6 +110,7 @@ impl LoadedModel {
             model: &self.model,
             params: &self.params,
             borders: &self.meta.borders,
+            max_context: self.meta.max_context,
         }
     }
 }
@@ -270,7 +281,8 @@ fn read_table(a: &TableArgs, lm: &LoadedModel) -> Result<(CsvTable, Frame, usize
 }
 
 /// `megatron tabular impute`: returns the filled records.
-pub fn impute(a: &TableArgs) -> Result<Vec<Vec<String>>, TrainError> {
+pub fn impute(args: &ImputeArgs) -> Result<Vec<Vec<String>>, TrainError> {
+    let a = &args.table;
     let lm = LoadedModel::load(&a.model.load)?;
     let (csv, f, t) = read_table(a, &lm)?;
     let (y, _) = targets_of(&f);
@@ -305,6 +317,12 @@ pub fn impute(a: &TableArgs) -> Result<Vec<Vec<String>>, TrainError> {
     })?;
     let mut records = csv.records.clone();
     let feature_col: Vec<usize> = (0..csv.header.len()).filter(|&c| c != t).collect();
+    let conditional = match args.impute_method {
+        super::impute::ImputeMethod::Conditional => pool.install(|| {
+            super::impute::conditional_fill(&lm.predictor(), &f, y, a.model.ensemble, a.model.seed)
+        })?,
+        super::impute::ImputeMethod::Reconstruction => Vec::new(),
+    };
     for (q, &v) in cells.iter().zip(&r.cells) {
         let row = order[q.row];
         records[row][feature_col[q.col]] = match &f.levels[q.col] {
@@ -313,6 +331,9 @@ pub fn impute(a: &TableArgs) -> Result<Vec<Vec<String>>, TrainError> {
             }
             _ => format!("{v:.6}"),
         };
+    }
+    for &(row, c, v) in &conditional {
+        records[row][feature_col[c]] = format!("{v:.6}");
     }
     for (i, &row) in unknown.iter().enumerate() {
         let q = &r.queries[i];

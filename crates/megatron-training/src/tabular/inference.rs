@@ -47,6 +47,10 @@ pub struct Predictor<'a> {
     pub model: &'a TabularModel,
     pub params: &'a Params,
     pub borders: &'a [f32],
+    /// Most context rows the model saw in training: a larger context is subsampled to this
+    /// many rows per ensemble member (a different subset each), as TabPFN does beyond its
+    /// training size, when no cells are read.
+    pub max_context: usize,
 }
 
 /// Bin centres and widths of the standardised value; the two open outer bins take their
@@ -91,8 +95,9 @@ pub struct CellQuery {
 
 impl Predictor<'_> {
     /// The model's reading of `t`, averaged over `ensemble` members (member 0 keeps the
-    /// table as it is; the others permute its columns and, for classes, its labels). `cells`
-    /// must be missing in `t.values` (the model reconstructs them from the rest).
+    /// table as it is; the others permute its columns and, for classes, its labels, and the
+    /// odd ones quantile-normalise the features unless cells are read). `cells` must be
+    /// missing in `t.values` (the model reconstructs them from the rest).
     pub fn read(
         &self,
         t: &InferenceTable,
@@ -116,6 +121,18 @@ impl Predictor<'_> {
         let mut tp = Tp::new(&mut g, false);
         for m in 0..members {
             let mut rng = Stream::new(RngKey::new(seed).fold(0x656e_7365).fold(m as u64));
+            // This member's rows: a subset of the context when it is larger than training's,
+            // then every query row, in order.
+            let rows: Vec<usize> = if cells.is_empty() && t.context_rows > self.max_context {
+                let mut ctx: Vec<usize> = (0..t.context_rows).collect();
+                rng.shuffle(&mut ctx);
+                ctx.truncate(self.max_context);
+                ctx.sort_unstable();
+                ctx.into_iter().chain(t.context_rows..t.rows).collect()
+            } else {
+                (0..t.rows).collect()
+            };
+            let context_rows = rows.len() - queries;
             let mut order: Vec<usize> = (0..t.cols).collect();
             let mut relabel: Vec<usize> = (0..k).collect();
             if m > 0 {
@@ -129,21 +146,26 @@ impl Predictor<'_> {
                 }
                 p
             };
-            let values = (0..t.rows)
-                .flat_map(|r| order.iter().map(move |&c| t.values[r * t.cols + c]))
+            let mut values: Vec<f32> = rows
+                .iter()
+                .flat_map(|&r| order.iter().map(move |&c| t.values[r * t.cols + c]))
                 .collect();
+            // Every other member reads the features quantile-normalised (TabPFN's ensemble);
+            // not where cells are read back in the columns' own units.
+            if m % 2 == 1 && cells.is_empty() {
+                values =
+                    super::quantile::quantile_normal(&values, rows.len(), t.cols, context_rows);
+            }
             let target = if k == 0 {
-                Target::Values(t.targets.clone())
+                Target::Values(rows.iter().map(|&r| t.targets[r]).collect())
             } else {
                 Target::Classes {
                     k: t.classes,
-                    labels: t
-                        .targets
+                    labels: rows
                         .iter()
-                        .enumerate()
-                        .map(|(r, &y)| {
+                        .map(|&r| {
                             if r < t.context_rows {
-                                relabel[y as usize] as u32
+                                relabel[t.targets[r] as usize] as u32
                             } else {
                                 0
                             }
@@ -152,9 +174,9 @@ impl Predictor<'_> {
                 }
             };
             let table = Table {
-                rows: t.rows,
+                rows: rows.len(),
                 cols: t.cols,
-                context_rows: t.context_rows,
+                context_rows,
                 values,
                 categories: vec![0; t.cols],
                 target,
@@ -163,7 +185,7 @@ impl Predictor<'_> {
             let width = b.cols + 1;
             let batch = TabularBatch {
                 inputs: b.inputs(),
-                real_rows: &[t.rows],
+                real_rows: &[rows.len()],
                 real_cols: &[t.cols],
                 ids: RngKey::new(seed).fold(m as u64),
                 borders: self.borders,
@@ -175,7 +197,7 @@ impl Predictor<'_> {
                 .model
                 .encode(self.params, &mut tp, &batch, &StepContext::eval())?;
             let head = &self.model.head;
-            let qcells: Vec<u32> = (t.context_rows..t.rows)
+            let qcells: Vec<u32> = (context_rows..rows.len())
                 .map(|r| (r * width) as u32)
                 .collect();
             if !qcells.is_empty() {

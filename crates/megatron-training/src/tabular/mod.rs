@@ -7,7 +7,9 @@ pub mod checkpoint;
 pub mod commands;
 pub mod evaluate;
 pub mod frame;
+pub mod impute;
 pub mod inference;
+pub mod quantile;
 pub mod trainer;
 
 pub use arguments::{validate, TabularArgs, TabularTrainConfig};

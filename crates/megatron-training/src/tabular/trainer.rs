@@ -449,6 +449,7 @@ fn evaluate_whole(
         model: &model,
         params: &params,
         borders,
+        max_context: cfg.max_context,
     };
     evals
         .iter()
