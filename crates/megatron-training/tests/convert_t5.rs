@@ -26,6 +26,67 @@ fn fixture() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf/t5")
 }
 
+/// A fixture's reference inputs (`bench/make_hf_t5_fixture.py`): encoder ids with padding and
+/// their lengths, decoder ids, labels (-100 not counted).
+struct Reference {
+    enc: Vec<u32>,
+    dec: Vec<u32>,
+    labels: Vec<u32>,
+    mask: Vec<f32>,
+    enc_lens: Vec<usize>,
+    dec_lens: Vec<usize>,
+    te: usize,
+    td: usize,
+}
+
+impl Reference {
+    fn read(r: &SafeTensors) -> Reference {
+        let enc: Vec<u32> = ints(r, "input_ids").iter().map(|&x| x as u32).collect();
+        let dec: Vec<u32> = ints(r, "decoder_input_ids")
+            .iter()
+            .map(|&x| x as u32)
+            .collect();
+        let labels: Vec<u32> = ints(r, "labels")
+            .iter()
+            .map(|&x| if x < 0 { IGNORE_INDEX } else { x as u32 })
+            .collect();
+        let mask = labels
+            .iter()
+            .map(|&l| if l == IGNORE_INDEX { 0.0 } else { 1.0 })
+            .collect();
+        let te = r.tensor("input_ids").unwrap().shape()[1];
+        let td = r.tensor("decoder_input_ids").unwrap().shape()[1];
+        let enc_lens = ints(r, "attention_mask")
+            .chunks(te)
+            .map(|m| m.iter().filter(|&&x| x == 1).count())
+            .collect();
+        Reference {
+            enc,
+            dec,
+            labels,
+            mask,
+            enc_lens,
+            dec_lens: vec![td, td],
+            te,
+            td,
+        }
+    }
+
+    fn batch(&self) -> T5Batch<'_> {
+        T5Batch {
+            enc_tokens: &self.enc,
+            dec_tokens: &self.dec,
+            labels: &self.labels,
+            loss_mask: &self.mask,
+            enc_lens: &self.enc_lens,
+            dec_lens: &self.dec_lens,
+            b: 2,
+            te: self.te,
+            td: self.td,
+        }
+    }
+}
+
 #[test]
 fn t5_converts_to_transformers_logits_and_loss_and_back_byte_for_byte() {
     let dir = tmpdir("convert-t5");
@@ -33,36 +94,10 @@ fn t5_converts_to_transformers_logits_and_loss_and_back_byte_for_byte() {
     hf_to_megatron(&fixture(), &save, 128).unwrap();
     let refb = std::fs::read(fixture().join("reference.safetensors")).unwrap();
     let r = SafeTensors::deserialize(&refb).unwrap();
-    let enc: Vec<u32> = ints(&r, "input_ids").iter().map(|&x| x as u32).collect();
-    let dec: Vec<u32> = ints(&r, "decoder_input_ids")
-        .iter()
-        .map(|&x| x as u32)
-        .collect();
-    let labels: Vec<u32> = ints(&r, "labels")
-        .iter()
-        .map(|&x| if x < 0 { IGNORE_INDEX } else { x as u32 })
-        .collect();
-    let mask: Vec<f32> = labels
-        .iter()
-        .map(|&l| if l == IGNORE_INDEX { 0.0 } else { 1.0 })
-        .collect();
-    let (b, te) = (2, r.tensor("input_ids").unwrap().shape()[1]);
-    let td = r.tensor("decoder_input_ids").unwrap().shape()[1];
-    let enc_lens: Vec<usize> = ints(&r, "attention_mask")
-        .chunks(te)
-        .map(|m| m.iter().filter(|&&x| x == 1).count())
-        .collect();
-    let batch = T5Batch {
-        enc_tokens: &enc,
-        dec_tokens: &dec,
-        labels: &labels,
-        loss_mask: &mask,
-        enc_lens: &enc_lens,
-        dec_lens: &[td, td],
-        b,
-        te,
-        td,
-    };
+    let reference = Reference::read(&r);
+    let batch = reference.batch();
+    let (b, te, td) = (2, reference.te, reference.td);
+    let (enc, enc_lens) = (&reference.enc, &reference.enc_lens);
     let (model, params, ck) = load_t5(&save).unwrap();
     let mut one = serial_group();
     let mut tp = Tp::new(&mut one, false);
@@ -96,7 +131,7 @@ fn t5_converts_to_transformers_logits_and_loss_and_back_byte_for_byte() {
     let want: Vec<u32> = ints(&r, "greedy").iter().map(|&x| x as u32).collect();
     let steps = r.tensor("greedy").unwrap().shape()[1] - 1;
     let got = model
-        .greedy(&params, &mut tp, &enc, &enc_lens, (0, 1, 0), vocab, steps)
+        .greedy(&params, &mut tp, enc, enc_lens, (0, 1, 0), vocab, steps)
         .unwrap();
     assert_eq!(got.concat(), want, "greedy decoding");
     // The same through `megatron generate` (the prompt is the encoder's input).
@@ -211,36 +246,8 @@ fn t5_relu_and_gated_gelu_untied_variants_convert_both_ways() {
         hf_to_megatron(&src, &save, 1).unwrap();
         let refb = std::fs::read(src.join("reference.safetensors")).unwrap();
         let r = SafeTensors::deserialize(&refb).unwrap();
-        let enc: Vec<u32> = ints(&r, "input_ids").iter().map(|&x| x as u32).collect();
-        let dec: Vec<u32> = ints(&r, "decoder_input_ids")
-            .iter()
-            .map(|&x| x as u32)
-            .collect();
-        let labels: Vec<u32> = ints(&r, "labels")
-            .iter()
-            .map(|&x| if x < 0 { IGNORE_INDEX } else { x as u32 })
-            .collect();
-        let mask: Vec<f32> = labels
-            .iter()
-            .map(|&l| if l == IGNORE_INDEX { 0.0 } else { 1.0 })
-            .collect();
-        let te = r.tensor("input_ids").unwrap().shape()[1];
-        let td = r.tensor("decoder_input_ids").unwrap().shape()[1];
-        let enc_lens: Vec<usize> = ints(&r, "attention_mask")
-            .chunks(te)
-            .map(|m| m.iter().filter(|&&x| x == 1).count())
-            .collect();
-        let batch = T5Batch {
-            enc_tokens: &enc,
-            dec_tokens: &dec,
-            labels: &labels,
-            loss_mask: &mask,
-            enc_lens: &enc_lens,
-            dec_lens: &[td, td],
-            b: 2,
-            te,
-            td,
-        };
+        let reference = Reference::read(&r);
+        let batch = reference.batch();
         let (model, params, ck) = load_t5(&save).unwrap();
         assert_eq!(
             ck.meta.model.untie_embeddings_and_output_weights, !tied,
