@@ -539,14 +539,10 @@ impl T5Model {
         let cfg = &self.config.transformer;
         let per = cfg.padded_vocab_size / self.tp_size;
         match (self.output_layer, &self.embedding) {
-            (Some(w), _) => (w, per, self.word_embedding_rank_start(per)),
+            (Some(w), _) => (w, per, self.tp_rank * per),
             (None, Some(e)) => (e.weight, e.vocab_per_partition, e.vocab_start),
             (None, None) => panic!("the last stage computes the logits"),
         }
-    }
-
-    fn word_embedding_rank_start(&self, per: usize) -> usize {
-        self.tp_rank * per
     }
 
     pub(super) fn word_embedding(&self) -> &VocabParallelEmbedding {
