@@ -92,6 +92,21 @@ fn t5_tensor_and_data_parallel_layouts_match_one_rank() {
             ][..],
         ),
         (
+            "pp2 x dp2 + distributed optimizer, overlapped reduction",
+            &[
+                "--nproc-per-node",
+                "4",
+                "--pipeline-model-parallel-size",
+                "2",
+                "--pipeline-model-parallel-split-rank",
+                "1",
+                "--use-distributed-optimizer",
+                "--overlap-grad-reduce",
+                "--ddp-bucket-size",
+                "20000",
+            ][..],
+        ),
+        (
             "tp2 + sp x (1 encoder + 1 decoder stage) x dp2 + distributed optimizer",
             &[
                 "--nproc-per-node",
