@@ -139,6 +139,32 @@ fn predict_impute_and_score_write_what_they_promise() {
         let sum: f32 = r.iter().map(|v| v.parse::<f32>().unwrap()).sum();
         assert!((sum - 1.0).abs() < 1e-4, "{r:?}");
     }
+    // A context of 30 rows read 8 at a time: the same shape, other probabilities.
+    let sub = dir.join("pred-sub.csv");
+    let (ok, text) = megatron(&[
+        "tabular",
+        "predict",
+        "--load",
+        s(&ck),
+        "--train",
+        s(&train),
+        "--test",
+        s(&test),
+        "--target",
+        "label",
+        "--categorical",
+        "colour",
+        "--ensemble",
+        "3",
+        "--max-context-rows",
+        "8",
+        "--out",
+        s(&sub),
+    ]);
+    assert!(ok, "{text}");
+    let sub_rows = read(&sub);
+    assert_eq!(sub_rows.len(), 11);
+    assert_ne!(sub_rows, rows, "an 8-row context reads differently");
 
     // Regression: one `prediction` column of finite values. The test rows lack `label`, so it
     // cannot be a feature here: predict y from a table without it.

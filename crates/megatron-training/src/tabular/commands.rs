@@ -39,6 +39,11 @@ pub struct ModelArgs {
     /// Members of the ensemble over column orders and class relabellings.
     #[arg(long, default_value_t = 4)]
     pub ensemble: usize,
+    /// Most context rows read at once: each ensemble member reads a different random subset of
+    /// a larger context (the cost of the attention down a column grows with the square of the
+    /// rows).
+    #[arg(long, default_value_t = 1024)]
+    pub max_context_rows: usize,
     #[arg(long, default_value_t = 1234)]
     pub seed: u64,
     #[arg(long)]
@@ -105,12 +110,13 @@ impl LoadedModel {
         })
     }
 
-    pub fn predictor(&self) -> Predictor<'_> {
+    /// Reads contexts of at most `max_context` rows (`--max-context-rows`).
+    pub fn predictor(&self, max_context: usize) -> Predictor<'_> {
         Predictor {
             model: &self.model,
             params: &self.params,
             borders: &self.meta.borders,
-            max_context: self.meta.max_context,
+            max_context,
         }
     }
 }
@@ -246,7 +252,7 @@ pub fn predict(a: &PredictArgs) -> Result<Vec<Vec<f32>>, TrainError> {
     let table = inference_table(&f, &order, context.len(), &[]);
     let pool = thread_pool(a.model.num_threads)?;
     let r = pool.install(|| {
-        lm.predictor()
+        lm.predictor(a.model.max_context_rows)
             .read(&table, &[], a.model.ensemble, a.model.seed)
     })?;
     let header: Vec<String> = match f.target.as_ref().expect("a target") {
@@ -312,14 +318,20 @@ pub fn impute(args: &ImputeArgs) -> Result<Vec<Vec<String>>, TrainError> {
     let table = inference_table(&f, &order, known.len(), &[]);
     let pool = thread_pool(a.model.num_threads)?;
     let r = pool.install(|| {
-        lm.predictor()
+        lm.predictor(a.model.max_context_rows)
             .read(&table, &cells, a.model.ensemble, a.model.seed)
     })?;
     let mut records = csv.records.clone();
     let feature_col: Vec<usize> = (0..csv.header.len()).filter(|&c| c != t).collect();
     let conditional = match args.impute_method {
         super::impute::ImputeMethod::Conditional => pool.install(|| {
-            super::impute::conditional_fill(&lm.predictor(), &f, y, a.model.ensemble, a.model.seed)
+            super::impute::conditional_fill(
+                &lm.predictor(a.model.max_context_rows),
+                &f,
+                y,
+                a.model.ensemble,
+                a.model.seed,
+            )
         })?,
         super::impute::ImputeMethod::Reconstruction => Vec::new(),
     };
@@ -357,7 +369,7 @@ pub fn score_anomalies(a: &TableArgs) -> Result<Vec<Vec<f32>>, TrainError> {
     let feature_col: Vec<usize> = (0..csv.header.len()).filter(|&c| c != t).collect();
     let mut scores = vec![vec![f32::NAN; csv.header.len()]; f.rows];
     let pool = thread_pool(a.model.num_threads)?;
-    let p = lm.predictor();
+    let p = lm.predictor(a.model.max_context_rows);
     let (_, widths) = super::inference::bin_geometry(&lm.meta.borders);
     for round in 0..ROUNDS {
         let queries: Vec<usize> = (0..f.rows)

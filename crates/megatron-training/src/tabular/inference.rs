@@ -47,9 +47,9 @@ pub struct Predictor<'a> {
     pub model: &'a TabularModel,
     pub params: &'a Params,
     pub borders: &'a [f32],
-    /// Most context rows the model saw in training: a larger context is subsampled to this
-    /// many rows per ensemble member (a different subset each), as TabPFN does beyond its
-    /// training size, when no cells are read.
+    /// Most context rows to read at once: a larger context is subsampled to this many rows
+    /// per ensemble member (a different subset each), as TabPFN does for large tables, when no
+    /// cells are read; the column attention's cost grows with the square of the rows.
     pub max_context: usize,
 }
 
@@ -95,9 +95,8 @@ pub struct CellQuery {
 
 impl Predictor<'_> {
     /// The model's reading of `t`, averaged over `ensemble` members (member 0 keeps the
-    /// table as it is; the others permute its columns and, for classes, its labels, and the
-    /// odd ones quantile-normalise the features unless cells are read). `cells` must be
-    /// missing in `t.values` (the model reconstructs them from the rest).
+    /// table as it is; the others permute its columns and, for classes, its labels). `cells`
+    /// must be missing in `t.values` (the model reconstructs them from the rest).
     pub fn read(
         &self,
         t: &InferenceTable,
@@ -146,16 +145,10 @@ impl Predictor<'_> {
                 }
                 p
             };
-            let mut values: Vec<f32> = rows
+            let values: Vec<f32> = rows
                 .iter()
                 .flat_map(|&r| order.iter().map(move |&c| t.values[r * t.cols + c]))
                 .collect();
-            // Every other member reads the features quantile-normalised (TabPFN's ensemble);
-            // not where cells are read back in the columns' own units.
-            if m % 2 == 1 && cells.is_empty() {
-                values =
-                    super::quantile::quantile_normal(&values, rows.len(), t.cols, context_rows);
-            }
             let target = if k == 0 {
                 Target::Values(rows.iter().map(|&r| t.targets[r]).collect())
             } else {

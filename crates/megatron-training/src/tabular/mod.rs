@@ -9,7 +9,6 @@ pub mod evaluate;
 pub mod frame;
 pub mod impute;
 pub mod inference;
-pub mod quantile;
 pub mod trainer;
 
 pub use arguments::{validate, TabularArgs, TabularTrainConfig};
