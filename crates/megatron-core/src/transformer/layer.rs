@@ -300,8 +300,10 @@ pub(super) fn residual_forward(
 }
 
 /// Where this rank's rows of the residual stream sit in the micro-batch, for the dropout
-/// masks: one run of rows, or under context parallelism one per chunk.
-pub(super) struct DropoutRows {
+/// masks: one run of rows, or under context parallelism one per chunk. Masks are numbered by
+/// the element's index among all of the step's samples, so every micro-batch draws its own and
+/// every layout draws the one-rank masks (the T5 stacks use it too).
+pub(crate) struct DropoutRows {
     /// (element range in this rank's tensor, element offset in the micro-batch).
     runs: Vec<(std::ops::Range<usize>, u64)>,
     /// Elements per sequence of the whole micro-batch.
@@ -309,6 +311,13 @@ pub(super) struct DropoutRows {
 }
 
 impl DropoutRows {
+    /// This rank's `rows` of `b` sequences of `t` tokens of width `h` (its sequence-parallel
+    /// block of them).
+    pub(crate) fn of_block(tp: &Tp, b: usize, t: usize, rows: usize, h: usize) -> Self {
+        let (lo, _) = tp.sequence_shard(b * t);
+        Self::new(tp, lo, rows, t, h)
+    }
+
     pub(super) fn new(tp: &Tp, lo: usize, rows: usize, t: usize, h: usize) -> Self {
         let cp = tp.cp_layout();
         DropoutRows {
@@ -317,11 +326,11 @@ impl DropoutRows {
         }
     }
 
-    pub(super) fn key(&self, ctx: &StepContext, layer: usize, site: u64) -> RngKey {
+    pub(crate) fn key(&self, ctx: &StepContext, layer: usize, site: u64) -> RngKey {
         ctx.site_for(layer, site, self.per_sample)
     }
 
-    pub(super) fn each(&self, mut f: impl FnMut(std::ops::Range<usize>, u64)) {
+    pub(crate) fn each(&self, mut f: impl FnMut(std::ops::Range<usize>, u64)) {
         for (r, k) in &self.runs {
             f(r.clone(), *k);
         }

@@ -10,38 +10,12 @@ use super::attention::{SelfKV, T5Attention, T5AttentionKind, T5AttentionSaved, T
 use crate::params::{Grads, Init, Params};
 use crate::tensor_parallel::Tp;
 use crate::transformer::config::TransformerConfig;
-use crate::transformer::layer::{add_inplace, LayerNormSaved, Norm};
+use crate::transformer::layer::{add_inplace, DropoutRows, LayerNormSaved, Norm};
 use crate::transformer::mlp::{MLPSaved, MLP};
 use crate::transformer::step::StepContext;
 use megatron_comm::CommError;
 use megatron_tensor::cpu::{dropout_add_forward, dropout_backward};
-use megatron_tensor::{RngKey, Tensor};
-
-/// Where this rank's rows of a stack's residual stream sit in the dropout stream: masks are
-/// numbered by the element's index among all of the step's samples (`first_sample` of the
-/// micro-batch, then the row, under sequence parallelism this rank's block's first row), so
-/// every micro-batch draws its own masks and every layout draws the one-rank masks.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct StreamAt {
-    per_sample: usize,
-    offset: u64,
-}
-
-impl StreamAt {
-    /// Rows of `b` sequences of `t` tokens of width `h`, this rank's block of them.
-    pub(crate) fn new(tp: &Tp, b: usize, t: usize, h: usize) -> Self {
-        let (lo, _) = tp.sequence_shard(b * t);
-        StreamAt {
-            per_sample: t * h,
-            offset: (lo * h) as u64,
-        }
-    }
-
-    pub(crate) fn key(&self, ctx: &StepContext, stream: usize, site: u64) -> RngKey {
-        ctx.site_for(stream, site, self.per_sample)
-            .offset(self.offset)
-    }
-}
+use megatron_tensor::Tensor;
 
 /// Which stack a layer belongs to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -192,25 +166,36 @@ impl T5Layer {
         branch: &Tensor,
         residual: &Tensor,
         ctx: &StepContext,
-        at: StreamAt,
+        at: &DropoutRows,
         site: u64,
     ) -> Tensor {
         let mut out = Tensor::for_overwrite(residual.shape());
         let p = ctx.p(self.hidden_dropout);
-        dropout_add_forward(
-            out.data_mut(),
-            branch.data(),
-            residual.data(),
-            p,
-            at.key(ctx, self.stream, site),
-        );
+        let key = at.key(ctx, self.stream, site);
+        at.each(|r, k| {
+            dropout_add_forward(
+                &mut out.data_mut()[r.clone()],
+                &branch.data()[r.clone()],
+                &residual.data()[r],
+                p,
+                key.offset(k),
+            )
+        });
         out
     }
 
-    fn branch_grad(&self, dout: &Tensor, ctx: &StepContext, at: StreamAt, site: u64) -> Tensor {
+    fn branch_grad(&self, dout: &Tensor, ctx: &StepContext, at: &DropoutRows, site: u64) -> Tensor {
         let mut d = Tensor::for_overwrite(dout.shape());
         let p = ctx.p(self.hidden_dropout);
-        dropout_backward(d.data_mut(), dout.data(), p, at.key(ctx, self.stream, site));
+        let key = at.key(ctx, self.stream, site);
+        at.each(|r, k| {
+            dropout_backward(
+                &mut d.data_mut()[r.clone()],
+                &dout.data()[r],
+                p,
+                key.offset(k),
+            )
+        });
         d
     }
 
@@ -227,7 +212,7 @@ impl T5Layer {
         ctx: &StepContext,
     ) -> Result<(Tensor, T5LayerSaved), CommError> {
         let s = inp.shape;
-        let at = StreamAt::new(tp, s.b, s.tq, x.shape()[1]);
+        let at = &DropoutRows::of_block(tp, s.b, s.tq, x.shape()[0], x.shape()[1]);
         let (n1, ln1) = self.input_layernorm.forward(params, &x);
         let (a, attn) = self.self_attention.forward(
             params,
@@ -286,7 +271,7 @@ impl T5Layer {
         ctx: &StepContext,
     ) -> Result<T5LayerGrads, CommError> {
         let s = inp.shape;
-        let at = StreamAt::new(tp, s.b, s.tq, dout.shape()[1]);
+        let at = &DropoutRows::of_block(tp, s.b, s.tq, dout.shape()[0], dout.shape()[1]);
         let before_mlp = saved.cross.as_ref().map_or(&saved.mid, |c| &c.2);
         let df = self.branch_grad(&dout, ctx, at, SITE_MLP);
         let (n3, _) = self.pre_mlp_layernorm.forward(params, before_mlp);

@@ -6,7 +6,7 @@
 //! logits (T5's rescaling), and vocabulary-parallel cross-entropy over the counted labels.
 //! Under pipeline parallelism a stage holds a part of one stack ([`T5Part`]).
 
-use super::layer::{StreamAt, T5Layer, T5LayerInputs, T5LayerSaved, T5Stack};
+use super::layer::{T5Layer, T5LayerInputs, T5LayerSaved, T5Stack};
 use super::relative_bias::RelativePositionBias;
 use super::T5AttentionShape;
 use crate::params::{Grads, Init, Params};
@@ -16,7 +16,7 @@ use crate::tensor_parallel::mappings::{
 };
 use crate::tensor_parallel::{vocab_parallel_cross_entropy, Tp, VocabParallelEmbedding};
 use crate::transformer::config::TransformerConfig;
-use crate::transformer::layer::{add_inplace, LayerNormSaved, Norm};
+use crate::transformer::layer::{add_inplace, DropoutRows, LayerNormSaved, Norm};
 use crate::transformer::step::StepContext;
 use megatron_comm::CommError;
 use megatron_tensor::cpu::dropout::{dropout_backward, dropout_forward};
@@ -486,42 +486,44 @@ impl T5Model {
     }
 
     /// Dropout of this rank's rows `at` of a stack's stream.
-    fn dropout(&self, x: Tensor, ctx: &StepContext, at: StreamAt, site: u64) -> Tensor {
+    fn dropout(&self, x: Tensor, ctx: &StepContext, at: &DropoutRows, site: u64) -> Tensor {
         let p = self.p(ctx);
         if p == 0.0 {
             return x;
         }
         let mut d = Tensor::for_overwrite(x.shape());
-        dropout_forward(
-            d.data_mut(),
-            x.data(),
-            p,
-            at.key(ctx, STREAM_EMBEDDING, site),
-        );
+        let key = at.key(ctx, STREAM_EMBEDDING, site);
+        at.each(|r, k| {
+            dropout_forward(&mut d.data_mut()[r.clone()], &x.data()[r], p, key.offset(k))
+        });
         d
     }
 
-    fn dropout_grad(&self, dy: Tensor, ctx: &StepContext, at: StreamAt, site: u64) -> Tensor {
+    fn dropout_grad(&self, dy: Tensor, ctx: &StepContext, at: &DropoutRows, site: u64) -> Tensor {
         let p = self.p(ctx);
         if p == 0.0 {
             return dy;
         }
         let mut d = Tensor::for_overwrite(dy.shape());
-        dropout_backward(
-            d.data_mut(),
-            dy.data(),
-            p,
-            at.key(ctx, STREAM_EMBEDDING, site),
-        );
+        let key = at.key(ctx, STREAM_EMBEDDING, site);
+        at.each(|r, k| {
+            dropout_backward(
+                &mut d.data_mut()[r.clone()],
+                &dy.data()[r],
+                p,
+                key.offset(k),
+            )
+        });
         d
     }
 
     /// Where this rank's rows of the encoder's and of the decoder's stream sit.
-    fn streams(&self, tp: &Tp, batch: &T5Batch) -> (StreamAt, StreamAt) {
+    fn streams(&self, tp: &Tp, batch: &T5Batch) -> (DropoutRows, DropoutRows) {
         let h = self.config.transformer.hidden_size;
+        let (b, te, td) = (batch.b, batch.te, batch.td);
         (
-            StreamAt::new(tp, batch.b, batch.te, h),
-            StreamAt::new(tp, batch.b, batch.td, h),
+            DropoutRows::of_block(tp, b, te, rows(tp, b * te), h),
+            DropoutRows::of_block(tp, b, td, rows(tp, b * td), h),
         )
     }
 
@@ -610,7 +612,7 @@ impl T5Model {
                     let x = self
                         .word_embedding()
                         .forward(params, tp, batch.enc_tokens)?;
-                    self.dropout(x, ctx, enc_at, SITE_ENCODER_EMBEDDING)
+                    self.dropout(x, ctx, &enc_at, SITE_ENCODER_EMBEDDING)
                 }
             };
             saved.enc_bias = bias.forward(params, te, te);
@@ -629,7 +631,7 @@ impl T5Model {
                 return Ok((x, saved));
             };
             let (normed, ln) = norm.forward(params, &x);
-            let m = self.dropout(normed, ctx, enc_at, SITE_ENCODER_OUTPUT);
+            let m = self.dropout(normed, ctx, &enc_at, SITE_ENCODER_OUTPUT);
             saved.encoder_out = Some((x, ln));
             if !self.part.has_decoder() {
                 return Ok((m, saved));
@@ -656,7 +658,7 @@ impl T5Model {
                 let y = self
                     .word_embedding()
                     .forward(params, tp, batch.dec_tokens)?;
-                self.dropout(y, ctx, dec_at, SITE_DECODER_EMBEDDING)
+                self.dropout(y, ctx, &dec_at, SITE_DECODER_EMBEDDING)
             }
         };
         saved.dec_bias = bias.forward(params, td, td);
@@ -674,7 +676,7 @@ impl T5Model {
         let out = match &self.decoder_norm {
             Some(norm) if self.part.decoder_end(st) => {
                 let (normed, ln) = norm.forward(params, &y);
-                let mut last = self.dropout(normed, ctx, dec_at, SITE_DECODER_OUTPUT);
+                let mut last = self.dropout(normed, ctx, &dec_at, SITE_DECODER_OUTPUT);
                 scale_inplace(last.data_mut(), self.output_scale());
                 saved.decoder_out = Some((y, ln));
                 last
@@ -712,7 +714,7 @@ impl T5Model {
                 (Some(norm), Some((y, ln))) => {
                     let mut d = d;
                     scale_inplace(d.data_mut(), self.output_scale());
-                    let dnormed = self.dropout_grad(d, ctx, dec_at, SITE_DECODER_OUTPUT);
+                    let dnormed = self.dropout_grad(d, ctx, &dec_at, SITE_DECODER_OUTPUT);
                     let dh = norm.backward(params, grads, ln, y, &dnormed);
                     (dh, Tensor::zeros(memory.shape()))
                 }
@@ -738,7 +740,7 @@ impl T5Model {
             if !self.part.decoder_start() {
                 return Ok(Some(Tensor::cat_rows(&dh, &dm)));
             }
-            let dh = self.dropout_grad(dh, ctx, dec_at, SITE_DECODER_EMBEDDING);
+            let dh = self.dropout_grad(dh, ctx, &dec_at, SITE_DECODER_EMBEDDING);
             self.word_embedding()
                 .backward(grads, tp, batch.dec_tokens, dh)?;
             if !self.part.has_encoder() {
@@ -753,7 +755,7 @@ impl T5Model {
         let mut dx = match (&self.encoder_norm, saved.encoder_out) {
             (Some(norm), Some((x, ln))) => {
                 let dm = dmemory.or(dy).expect("the encoder output's gradient");
-                let dnormed = self.dropout_grad(dm, ctx, enc_at, SITE_ENCODER_OUTPUT);
+                let dnormed = self.dropout_grad(dm, ctx, &enc_at, SITE_ENCODER_OUTPUT);
                 norm.backward(params, grads, &ln, &x, &dnormed)
             }
             _ => dy.expect("the encoder's hidden states' gradient"),
@@ -774,7 +776,7 @@ impl T5Model {
         if !self.part.encoder_start() {
             return Ok(Some(dx));
         }
-        let dx = self.dropout_grad(dx, ctx, enc_at, SITE_ENCODER_EMBEDDING);
+        let dx = self.dropout_grad(dx, ctx, &enc_at, SITE_ENCODER_EMBEDDING);
         self.word_embedding()
             .backward(grads, tp, batch.enc_tokens, dx)?;
         Ok(None)
