@@ -57,23 +57,40 @@ fn a_index(r: usize, q: usize) -> usize {
 }
 
 /// Packs rows `[r0, r0 + 32)` of `op(a)` into `dst` (`steps` k steps; dst arrives zeroed).
-pub(crate) fn pack_a(dst: &mut [u32], a: &[f32], d: MatmulDims, r0: usize, steps: usize) {
+/// `lda` is the distance between stored rows of `a` (`k`, or `m` with `trans_a`, for a dense
+/// matrix; more for a view into a wider one, such as one head of a fused QKV row).
+pub(crate) fn pack_a(
+    dst: &mut [u32],
+    a: &[f32],
+    d: MatmulDims,
+    lda: usize,
+    r0: usize,
+    steps: usize,
+) {
     debug_assert_eq!(dst.len(), steps * A_STEP);
     #[cfg(target_arch = "x86_64")]
     // SAFETY: AVX-512F/BW/BF16 are part of `amx_available()`, the only way here; `dst` holds
     // `steps` k steps of a 32-row block and rows `r0..` of `op(a)` exist (the caller's blocks).
     unsafe {
-        pack_a_avx512(dst, a, d, r0, steps)
+        pack_a_avx512(dst, a, d, lda, r0, steps)
     }
 }
 
 /// Packs columns `[c0, min(c0 + 32, c_end))` of `op(b)` into one panel `[k pair][32 words]`
-/// (dst arrives zeroed).
-pub(crate) fn pack_b(dst: &mut [u32], b: &[f32], d: MatmulDims, c0: usize, c_end: usize) {
+/// (dst arrives zeroed). `ldb` is the distance between stored rows of `b` (as `lda` of
+/// [`pack_a`]).
+pub(crate) fn pack_b(
+    dst: &mut [u32],
+    b: &[f32],
+    d: MatmulDims,
+    ldb: usize,
+    c0: usize,
+    c_end: usize,
+) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: as for `pack_a`; `dst` is one whole panel of columns `c0..c_end` of `op(b)`.
     unsafe {
-        pack_b_avx512(dst, b, d, c0, c_end)
+        pack_b_avx512(dst, b, d, ldb, c0, c_end)
     }
 }
 
@@ -160,10 +177,18 @@ mod avx512 {
 }
 
 /// # Safety
-/// AVX-512F/BW and AVX512_BF16; `dst.len() == steps * A_STEP`, rows `r0..` of `op(a)` exist.
+/// AVX-512F/BW and AVX512_BF16; `dst.len() == steps * A_STEP`, rows `r0..` of `op(a)` exist
+/// `lda` apart.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-unsafe fn pack_a_avx512(dst: &mut [u32], a: &[f32], d: MatmulDims, r0: usize, steps: usize) {
+unsafe fn pack_a_avx512(
+    dst: &mut [u32],
+    a: &[f32],
+    d: MatmulDims,
+    lda: usize,
+    r0: usize,
+    steps: usize,
+) {
     use avx512::*;
     use std::arch::x86_64::*;
     let MatmulDims { m, k, .. } = d;
@@ -179,9 +204,9 @@ unsafe fn pack_a_avx512(dst: &mut [u32], a: &[f32], d: MatmulDims, r0: usize, st
                 let mut block = [_mm512_setzero_si512(); 16];
                 for (qq, v) in block.iter_mut().enumerate().take(kp - q0) {
                     let q = q0 + qq;
-                    let e = load(a.as_ptr().add(2 * q * m + r0 + h), len);
+                    let e = load(a.as_ptr().add(2 * q * lda + r0 + h), len);
                     let o = if 2 * q + 1 < k {
-                        load(a.as_ptr().add((2 * q + 1) * m + r0 + h), len)
+                        load(a.as_ptr().add((2 * q + 1) * lda + r0 + h), len)
                     } else {
                         _mm512_setzero_ps()
                     };
@@ -195,7 +220,7 @@ unsafe fn pack_a_avx512(dst: &mut [u32], a: &[f32], d: MatmulDims, r0: usize, st
         }
     } else {
         for r in 0..rows {
-            let row = a.as_ptr().add((r0 + r) * k);
+            let row = a.as_ptr().add((r0 + r) * lda);
             for s in 0..steps {
                 let k0 = s * 2 * KB;
                 let len = k.saturating_sub(k0).min(2 * KB);
@@ -209,13 +234,21 @@ unsafe fn pack_a_avx512(dst: &mut [u32], a: &[f32], d: MatmulDims, r0: usize, st
 }
 
 /// # Safety
-/// AVX-512F/BW and AVX512_BF16; `dst` holds a whole panel, columns `c0..c_end` of `op(b)` exist.
+/// AVX-512F/BW and AVX512_BF16; `dst` holds a whole panel, columns `c0..c_end` of `op(b)` exist
+/// (stored rows `ldb` apart).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-unsafe fn pack_b_avx512(dst: &mut [u32], b: &[f32], d: MatmulDims, c0: usize, c_end: usize) {
+unsafe fn pack_b_avx512(
+    dst: &mut [u32],
+    b: &[f32],
+    d: MatmulDims,
+    ldb: usize,
+    c0: usize,
+    c_end: usize,
+) {
     use avx512::*;
     use std::arch::x86_64::*;
-    let MatmulDims { n, k, .. } = d;
+    let k = d.k;
     let cols = NB.min(c_end - c0);
     let kp = k.div_ceil(2);
     let out = dst.as_mut_ptr();
@@ -229,7 +262,7 @@ unsafe fn pack_b_avx512(dst: &mut [u32], b: &[f32], d: MatmulDims, c0: usize, c_
                 let len = (k - k0).min(2 * KB);
                 let mut block = [_mm512_setzero_si512(); 16];
                 for (cc, v) in block.iter_mut().enumerate().take(ncols) {
-                    let col = b.as_ptr().add((c0 + h + cc) * k + k0);
+                    let col = b.as_ptr().add((c0 + h + cc) * ldb + k0);
                     *v = pairs_of_run(load(col, len), load(col.add(16), len.saturating_sub(16)));
                 }
                 let pair_rows = transpose16(&block);
@@ -240,8 +273,8 @@ unsafe fn pack_b_avx512(dst: &mut [u32], b: &[f32], d: MatmulDims, c0: usize, c_
         }
     } else {
         for q in 0..kp {
-            let even = b.as_ptr().add(2 * q * n + c0);
-            let odd = b.as_ptr().add((2 * q + 1) * n + c0);
+            let even = b.as_ptr().add(2 * q * ldb + c0);
+            let odd = b.as_ptr().add((2 * q + 1) * ldb + c0);
             for h in (0..cols).step_by(16) {
                 let len = 16.min(cols - h);
                 let e = load(even.add(h), len);

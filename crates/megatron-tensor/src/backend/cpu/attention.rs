@@ -52,28 +52,28 @@ pub struct RngBlock {
 }
 
 impl AttentionDims {
-    fn q_per_group(&self) -> usize {
+    pub(super) fn q_per_group(&self) -> usize {
         self.heads / self.groups
     }
-    fn qkv_row(&self) -> usize {
+    pub(super) fn qkv_row(&self) -> usize {
         self.groups * (self.q_per_group() + 2) * self.head_dim
     }
     /// Offsets inside a token's QKV row: query head `h`, and the key and value of group `g`.
-    fn q_offset(&self, h: usize) -> usize {
+    pub(super) fn q_offset(&self, h: usize) -> usize {
         let qpg = self.q_per_group();
         ((h / qpg) * (qpg + 2) + h % qpg) * self.head_dim
     }
-    fn k_offset(&self, g: usize) -> usize {
+    pub(super) fn k_offset(&self, g: usize) -> usize {
         let qpg = self.q_per_group();
         (g * (qpg + 2) + qpg) * self.head_dim
     }
-    fn v_offset(&self, g: usize) -> usize {
+    pub(super) fn v_offset(&self, g: usize) -> usize {
         self.k_offset(g) + self.head_dim
     }
-    fn out_row(&self) -> usize {
+    pub(super) fn out_row(&self) -> usize {
         self.heads * self.head_dim
     }
-    fn scale(&self) -> f32 {
+    pub(super) fn scale(&self) -> f32 {
         1.0 / (self.head_dim as f32).sqrt()
     }
 }
@@ -193,6 +193,132 @@ fn exp_shift_sum(x: &mut [f32], shift: f32) -> f32 {
     total
 }
 
+/// Where a row of a score tile sits: sequence `b`, head `h`, query `i`, the tile's first key.
+#[derive(Clone, Copy)]
+pub(super) struct RowAt {
+    pub b: usize,
+    pub h: usize,
+    pub i: usize,
+    pub j0: usize,
+}
+
+/// One query row of a score tile through the online softmax (shared by the f32 and AMX
+/// kernels, so both mask, normalise and drop alike): scores times `scale` (1 where K was
+/// pre-scaled), invisible keys zeroed, the visible ones replaced by `exp(s - max)` (with
+/// dropout); `m`/`l` are the row's running max and sum. Returns the factor the row's
+/// accumulator must be multiplied by, or `None` when no key of the tile is visible.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn softmax_row_online(
+    row: &mut [f32],
+    scale: f32,
+    m: &mut f32,
+    l: &mut f32,
+    d: &AttentionDims,
+    mask: &AttentionMask,
+    klen: usize,
+    key: RngKey,
+    at: RowAt,
+) -> Option<f32> {
+    let (lo, nv) = visible(d, mask, at.b, klen, at.i, at.j0, row.len());
+    row[nv..].fill(0.0);
+    row[..lo].fill(0.0);
+    if nv == lo {
+        return None;
+    }
+    let visible = &mut row[lo..nv];
+    if scale != 1.0 {
+        visible.iter_mut().for_each(|x| *x *= scale);
+    }
+    let mx = m.max(max16(visible));
+    let corr = exp(*m - mx);
+    let sum = exp_shift_sum(visible, mx);
+    if d.dropout > 0.0 {
+        apply_dropout(visible, d, key, at.b, at.h, at.i, at.j0 + lo);
+    }
+    *l = *l * corr + sum;
+    *m = mx;
+    Some(corr)
+}
+
+/// A finished output row: the accumulator over the softmax sum (zero for a row that saw no
+/// key); returns the row's log-sum-exp (infinite for such a row).
+#[inline(always)]
+pub(super) fn finish_row(o: &mut [f32], acc: &[f32], m: f32, l: f32) -> f32 {
+    if l > 0.0 {
+        let inv = 1.0 / l;
+        for (ov, av) in o.iter_mut().zip(acc) {
+            *ov = av * inv;
+        }
+        m + l.ln()
+    } else {
+        o.fill(0.0);
+        f32::INFINITY
+    }
+}
+
+/// `D_i = rowsum(dO_i * O_i)` for the `t` rows of one head (rows `stride` apart).
+#[inline(always)]
+pub(super) fn output_dots(o: &[f32], dout: &[f32], stride: usize, t: usize, hd: usize) -> Vec<f32> {
+    (0..t)
+        .map(|i| {
+            let orow = &o[i * stride..i * stride + hd];
+            let drow = &dout[i * stride..i * stride + hd];
+            orow.iter().zip(drow).map(|(a, b)| a * b).sum()
+        })
+        .collect()
+}
+
+/// Backward: a row of probabilities recomputed from its scores (times `scale`) and the
+/// forward's log-sum-exp `shift`, zero outside the visible keys; `pdrow` gets it with dropout.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn probabilities_row(
+    prow: &mut [f32],
+    pdrow: &mut [f32],
+    scale: f32,
+    shift: f32,
+    d: &AttentionDims,
+    mask: &AttentionMask,
+    klen: usize,
+    key: RngKey,
+    at: RowAt,
+) {
+    let (lo, nv) = visible(d, mask, at.b, klen, at.i, at.j0, prow.len());
+    for x in &mut prow[lo..nv] {
+        *x = exp(*x * scale - shift);
+    }
+    prow[nv..].fill(0.0);
+    prow[..lo].fill(0.0);
+    pdrow.copy_from_slice(prow);
+    if d.dropout > 0.0 {
+        apply_dropout(&mut pdrow[lo..nv], d, key, at.b, at.h, at.i, at.j0 + lo);
+    }
+}
+
+/// Backward: `dP` (with dropout) into `dS = P * (dP - D_i) * scale`, in place.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn score_grad_row(
+    dprow: &mut [f32],
+    prow: &[f32],
+    di: f32,
+    scale: f32,
+    d: &AttentionDims,
+    mask: &AttentionMask,
+    klen: usize,
+    key: RngKey,
+    at: RowAt,
+) {
+    if d.dropout > 0.0 {
+        let (lo, nv) = visible(d, mask, at.b, klen, at.i, at.j0, dprow.len());
+        apply_dropout(&mut dprow[lo..nv], d, key, at.b, at.h, at.i, at.j0 + lo);
+    }
+    for (g, pv) in dprow.iter_mut().zip(prow) {
+        *g = pv * (*g - di) * scale;
+    }
+}
+
 /// `key_lens[b]` (optional) masks keys at positions `>= key_lens[b]` (padding).
 pub fn attention_forward(
     out: &mut [f32],
@@ -220,9 +346,17 @@ pub fn attention_forward(
     }
     let out_p = SyncPtr(out.as_mut_ptr());
     let lse_p = SyncPtr(lse.as_mut_ptr());
+    #[cfg(target_arch = "x86_64")]
+    let task = if super::matmul::attention_on_amx() {
+        super::attention_amx::forward_task
+    } else {
+        forward_task
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let task = forward_task;
     (0..d.b * d.heads)
         .into_par_iter()
-        .for_each(|task| forward_task(task, out_p, lse_p, qkv, mask, d, key));
+        .for_each(|i| task(i, out_p, lse_p, qkv, mask, d, key));
 }
 
 multiversion! {
@@ -255,24 +389,12 @@ multiversion! {
                 let nk = BK.min(kend - j0);
                 tile_matmul(&mut s, BK, q, qrs, 1, &kt[j0..], t, nq, nk, hd, false);
                 for r in 0..nq {
-                    let (lo, nv) = visible(&d, &mask, b, klen, i0 + r, j0, nk);
+                    let at = RowAt { b, h, i: i0 + r, j0 };
                     let row = &mut s[r * BK..r * BK + nk];
-                    row[nv..].fill(0.0);
-                    row[..lo].fill(0.0);
-                    if nv == lo {
-                        continue;
-                    }
-                    let visible = &mut row[lo..nv];
-                    let mx = m[r].max(max16(visible));
-                    let corr = exp(m[r] - mx);
-                    let sum = exp_shift_sum(visible, mx);
-                    if d.dropout > 0.0 {
-                        apply_dropout(visible, &d, key, b, h, i0 + r, j0 + lo);
-                    }
-                    l[r] = l[r] * corr + sum;
-                    m[r] = mx;
-                    for a in &mut acc[r * hd..(r + 1) * hd] {
-                        *a *= corr;
+                    if let Some(corr) = softmax_row_online(row, 1.0, &mut m[r], &mut l[r], &d, &mask, klen, key, at) {
+                        for a in &mut acc[r * hd..(r + 1) * hd] {
+                            *a *= corr;
+                        }
                     }
                 }
                 tile_matmul(&mut acc, hd, &s, BK, 1, &vv[j0 * hd..], hd, nq, hd, nk, true);
@@ -283,16 +405,7 @@ multiversion! {
                 // SAFETY: each task owns head h of batch b.
                 let o = unsafe { out_p.slice((b * t + i) * d.out_row() + h * hd, hd) };
                 let lrow = unsafe { lse_p.slice((b * d.heads + h) * t + i, 1) };
-                if l[r] > 0.0 {
-                    let inv = 1.0 / l[r];
-                    for (ov, av) in o.iter_mut().zip(&acc[r * hd..(r + 1) * hd]) {
-                        *ov = av * inv;
-                    }
-                    lrow[0] = m[r] + l[r].ln();
-                } else {
-                    o.fill(0.0);
-                    lrow[0] = f32::INFINITY;
-                }
+                lrow[0] = finish_row(o, &acc[r * hd..(r + 1) * hd], m[r], l[r]);
             }
             i0 += BQ;
         }
@@ -320,10 +433,18 @@ pub fn attention_backward(
     assert_eq!(dqkv.len(), qkv.len());
     assert_eq!(dout.len(), out.len());
     let dq_p = SyncPtr(dqkv.as_mut_ptr());
+    #[cfg(target_arch = "x86_64")]
+    let task = if super::matmul::attention_on_amx() {
+        super::attention_amx::backward_task
+    } else {
+        backward_task
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let task = backward_task;
     // One task per (batch, query group): the group's heads all add into its dK and dV.
     (0..d.b * d.groups)
         .into_par_iter()
-        .for_each(|task| backward_task(task, dq_p, dout, out, lse, qkv, mask, d, key));
+        .for_each(|i| task(i, dq_p, dout, out, lse, qkv, mask, d, key));
 }
 
 multiversion! {
@@ -360,13 +481,7 @@ multiversion! {
             let dout_h = &dout[b * t * ors + h * hd..];
             let lse_h = &lse[(b * d.heads + h) * t..(b * d.heads + h + 1) * t];
             // D_i = rowsum(dO_i * O_i)
-            let dsum: Vec<f32> = (0..t)
-                .map(|i| {
-                    let orow = &o[i * ors..i * ors + hd];
-                    let drow = &dout_h[i * ors..i * ors + hd];
-                    orow.iter().zip(drow).map(|(a, b)| a * b).sum()
-                })
-                .collect();
+            let dsum = output_dots(o, dout_h, ors, t, hd);
             // Q for dK and dO for dV, per head.
             pack_rows(&mut qq, q, qrs, t, hd);
             pack_rows(&mut dd, dout_h, ors, t, hd);
@@ -383,37 +498,18 @@ multiversion! {
                     let nq = BQ.min(t - i0);
                     tile_matmul(&mut p, BK, &q[i0 * qrs..], qrs, 1, &kt[j0..], t, nq, nk, hd, false);
                     for r in 0..nq {
-                        let i = i0 + r;
-                        let (lo, nv) = visible(&d, &mask, b, klen, i, j0, nk);
-                        let prow = &mut p[r * BK..r * BK + nk];
-                        let shift = lse_h[i];
-                        for x in &mut prow[lo..nv] {
-                            *x = exp(*x - shift);
-                        }
-                        prow[nv..].fill(0.0);
-                        prow[..lo].fill(0.0);
-                        let pdrow = &mut pd[r * BK..r * BK + nk];
-                        pdrow.copy_from_slice(prow);
-                        if d.dropout > 0.0 {
-                            apply_dropout(&mut pdrow[lo..nv], &d, key, b, h, i, j0 + lo);
-                        }
+                        let at = RowAt { b, h, i: i0 + r, j0 };
+                        let (prow, pdrow) = (&mut p[r * BK..r * BK + nk], &mut pd[r * BK..r * BK + nk]);
+                        probabilities_row(prow, pdrow, 1.0, lse_h[at.i], &d, &mask, klen, key, at);
                     }
                     // dV_j += Pd^T dO_i
                     tile_matmul(&mut dv, hd, &pd, 1, BK, &dd[i0 * hd..], hd, nk, hd, nq, true);
                     // dP = dO_i V_j^T
                     tile_matmul(&mut dp, BK, &dout_h[i0 * ors..], ors, 1, &vt[j0..], t, nq, nk, hd, false);
                     for r in 0..nq {
-                        let i = i0 + r;
-                        let (lo, nv) = visible(&d, &mask, b, klen, i, j0, nk);
+                        let at = RowAt { b, h, i: i0 + r, j0 };
                         let dprow = &mut dp[r * BK..r * BK + nk];
-                        if d.dropout > 0.0 {
-                            apply_dropout(&mut dprow[lo..nv], &d, key, b, h, i, j0 + lo);
-                        }
-                        // dS, pre-multiplied by the softmax scale.
-                        let di = dsum[i];
-                        for (g, pv) in dprow.iter_mut().zip(&p[r * BK..r * BK + nk]) {
-                            *g = pv * (*g - di) * scale;
-                        }
+                        score_grad_row(dprow, &p[r * BK..r * BK + nk], dsum[at.i], scale, &d, &mask, klen, key, at);
                     }
                     // dQ_i += dS K_j ; dK_j += dS^T Q_i
                     tile_matmul(&mut dq[i0 * hd..], hd, &dp, BK, 1, &kk[j0 * hd..], hd, nq, hd, nk, true);

@@ -41,6 +41,22 @@ impl MatmulDims {
         self.accumulate = true;
         self
     }
+    /// Distance between stored rows of a dense `a`.
+    pub fn lda(&self) -> usize {
+        if self.trans_a {
+            self.m
+        } else {
+            self.k
+        }
+    }
+    /// Distance between stored rows of a dense `b`.
+    pub fn ldb(&self) -> usize {
+        if self.trans_b {
+            self.k
+        } else {
+            self.n
+        }
+    }
 }
 
 /// Operand precision of matmuls (`--bf16`, `--fp16`; like autocast): operands are rounded to
@@ -129,6 +145,14 @@ pub fn bf16_matmuls_on_amx() -> bool {
     matmul_precision() == MatmulPrecision::BF16
         && bf16_kernel() == Bf16Kernel::Amx
         && super::amx::amx_available()
+}
+
+/// Whether this thread's attention runs its products on AMX tiles (`attention_amx.rs`; the
+/// softmax stays f32): wherever its bf16 matmuls do, so a `--bf16` model rounds the operands of
+/// every product alike. The choice depends on no shape, so every layout (tensor-parallel heads,
+/// context-parallel blocks) runs the same kernel as one rank.
+pub fn attention_on_amx() -> bool {
+    bf16_matmuls_on_amx()
 }
 
 /// Whether a product of `d`'s shape goes to the AMX kernel under these settings (the one rule;

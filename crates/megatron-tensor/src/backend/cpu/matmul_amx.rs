@@ -180,7 +180,7 @@ fn pack_b_panels(
 ) {
     let kpp = d.k.div_ceil(2 * KB) * KB;
     let pack_b_panel =
-        |(p, dst): (usize, &mut [u32])| pack_b(dst, b, d, c_blk + p * NB, c_blk + nc);
+        |(p, dst): (usize, &mut [u32])| pack_b(dst, b, d, d.ldb(), c_blk + p * NB, c_blk + nc);
     if parallel {
         dst.par_chunks_mut(kpp * NB)
             .enumerate()
@@ -206,7 +206,8 @@ fn amx_gemm(
     let parallel = threads > 1 && m * n * k >= 1 << 18;
 
     let ap = ap.zeroed(row_blocks * steps * A_STEP);
-    let pack_a_block = |(blk, dst): (usize, &mut [u32])| pack_a(dst, a, d, blk * MB, steps);
+    let pack_a_block =
+        |(blk, dst): (usize, &mut [u32])| pack_a(dst, a, d, d.lda(), blk * MB, steps);
     if parallel {
         ap.par_chunks_mut(steps * A_STEP)
             .enumerate()
@@ -300,7 +301,7 @@ fn amx_gemm(
 
 /// Where a kernel call's 32 x 32 block of C goes, and whether it starts from what is there.
 #[derive(Clone, Copy)]
-enum CBlock {
+pub(crate) enum CBlock {
     /// `C = A · B`, rows `row_bytes` apart.
     Store { ptr: *mut f32, row_bytes: usize },
     /// `C += A · B`: the tiles start from C's values, so products add to them one k step at a
@@ -317,7 +318,7 @@ enum CBlock {
 /// steps of two packed A tiles (2,048 bytes each step), `b` at `steps * 16` rows of 32 words;
 /// C's 32 rows of 32 f32 are writable (and readable) at `row_bytes` apart; `steps >= 1`.
 #[cfg(target_arch = "x86_64")]
-unsafe fn tile_kernel_32x32(c: CBlock, a: *const u32, b: *const u32, steps: usize) {
+pub(crate) unsafe fn tile_kernel_32x32(c: CBlock, a: *const u32, b: *const u32, steps: usize) {
     debug_assert!(steps >= 1);
     let (ptr, row_bytes, load) = match c {
         CBlock::Store { ptr, row_bytes } => (ptr, row_bytes, 0usize),

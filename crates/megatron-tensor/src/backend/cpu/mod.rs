@@ -6,6 +6,8 @@ pub mod adamw;
 pub mod amx;
 mod amx_pack;
 pub mod attention;
+#[cfg(target_arch = "x86_64")]
+mod attention_amx;
 pub mod attention_bias;
 mod attention_tile;
 pub mod cast;
