@@ -14,7 +14,8 @@ pub struct BenchArgs {
     /// a dense MLP of the same active parameters, sequential against grouped expert GEMMs, and expert parallelism 2
     /// against 1 on two rank threads), `cp` (a Llama-style model at --seq-length with context parallelism 1 and each
     /// of --ranks, ring and all-to-all attention) or `prior` (tables/s of the synthetic-table prior with 1 and each of
-    /// --ranks worker threads, --num-samples tables per run).
+    /// --ranks worker threads, --num-samples tables per run) or `attention` (causal attention forward/backward on the f32
+    /// kernel and on AMX tiles, alternated).
     #[arg(default_value = "gemm")]
     pub what: String,
     #[arg(long, default_value_t = 4096)]
@@ -293,6 +294,9 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
     }
     if a.what == "cp" {
         return crate::bench_cp::cp(a);
+    }
+    if a.what == "attention" {
+        return crate::bench_attention::attention(a);
     }
     if a.what == "prior" {
         return crate::bench_prior::prior(a);

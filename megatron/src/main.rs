@@ -10,6 +10,7 @@ use megatron_training::{
 use std::process::ExitCode;
 
 mod bench;
+mod bench_attention;
 mod bench_cp;
 mod bench_moe;
 mod bench_pipeline;
