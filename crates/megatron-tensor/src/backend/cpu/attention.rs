@@ -319,6 +319,28 @@ pub(super) fn score_grad_row(
     }
 }
 
+/// Writes a backward task's dK and dV (`[t, head_dim]` each, summed over the group's query
+/// heads) into the key and value head of group `g` of the sequence at `base` in `dqkv`.
+#[inline(always)]
+pub(super) fn write_key_value_grads(
+    dq_p: SyncPtr,
+    base: usize,
+    d: &AttentionDims,
+    g: usize,
+    dk: &[f32],
+    dv: &[f32],
+) {
+    let (hd, qrs) = (d.head_dim, d.qkv_row());
+    for i in 0..d.t {
+        let row = base + i * qrs;
+        // SAFETY: each backward task owns the key and value head of group g of its sequence.
+        unsafe {
+            dq_p.write(row + d.k_offset(g), &dk[i * hd..(i + 1) * hd]);
+            dq_p.write(row + d.v_offset(g), &dv[i * hd..(i + 1) * hd]);
+        }
+    }
+}
+
 /// `key_lens[b]` (optional) masks keys at positions `>= key_lens[b]` (padding).
 pub fn attention_forward(
     out: &mut [f32],
@@ -529,14 +551,7 @@ multiversion! {
                 unsafe { dq_p.write(base + i * qrs + d.q_offset(h), &dq[i * hd..(i + 1) * hd]) };
             }
         }
-        for i in 0..t {
-            let row = base + i * qrs;
-            // SAFETY: each task owns the key and value head of group g of batch b in dqkv.
-            unsafe {
-                dq_p.write(row + d.k_offset(g), &dk_all[i * hd..(i + 1) * hd]);
-                dq_p.write(row + d.v_offset(g), &dv_all[i * hd..(i + 1) * hd]);
-            }
-        }
+        write_key_value_grads(dq_p, base, &d, g, &dk_all, &dv_all);
     }
 }
 

@@ -20,8 +20,8 @@
 use super::amx::configure_tiles;
 use super::amx_pack::{pack_a, pack_b, PackBuffer, A_STEP, KB, MB, NB};
 use super::attention::{
-    finish_row, output_dots, probabilities_row, score_grad_row, softmax_row_online, AttentionDims,
-    AttentionMask, RowAt,
+    finish_row, output_dots, probabilities_row, score_grad_row, softmax_row_online,
+    write_key_value_grads, AttentionDims, AttentionMask, RowAt,
 };
 use super::matmul::MatmulDims;
 use super::matmul_amx::{tile_kernel_32x32, CBlock};
@@ -40,16 +40,29 @@ struct Panels {
 }
 
 impl Panels {
-    /// `op(b)` of shape `d.k x d.n` (`d.trans_b` as in a GEMM), stored rows `ld` apart.
-    fn pack(b: &[f32], d: MatmulDims, ld: usize) -> Self {
-        let kpp = d.k.div_ceil(2 * KB) * KB;
-        let panels = d.n.div_ceil(NB);
-        let mut buf = PackBuffer::new();
-        let words = buf.zeroed(panels * kpp * NB);
+    fn new() -> Self {
+        Panels {
+            buf: PackBuffer::new(),
+            kpp: 0,
+        }
+    }
+
+    /// Packs `op(b)` of shape `d.k x d.n` (`d.trans_b` as in a GEMM), stored rows `ld` apart,
+    /// reusing the buffer.
+    fn pack(&mut self, b: &[f32], d: MatmulDims, ld: usize) {
+        self.kpp = d.k.div_ceil(2 * KB) * KB;
+        let kpp = self.kpp;
+        let words = self.buf.zeroed(d.n.div_ceil(NB) * kpp * NB);
         for (p, dst) in words.chunks_mut(kpp * NB).enumerate() {
             pack_b(dst, b, d, ld, p * NB, d.n);
         }
-        Panels { buf, kpp }
+    }
+
+    /// [`Panels::pack`] into a new buffer.
+    fn packed(b: &[f32], d: MatmulDims, ld: usize) -> Self {
+        let mut p = Panels::new();
+        p.pack(b, d, ld);
+        p
     }
 
     /// Panels `first..` from k step `step` (32 values of k) on.
@@ -182,8 +195,8 @@ multiversion! {
         let base = b * t * qrs;
         let hp = blocks(hd) * 32;
         // K as the B of S = Q Kᵀ (op(b) = Kᵀ, hd x t), V as the B of O = P V (t x hd), Q as A.
-        let kt = Panels::pack(&qkv[base + d.k_offset(g)..], MatmulDims::new(0, t, hd).tb(), qrs);
-        let vv = Panels::pack(&qkv[base + d.v_offset(g)..], MatmulDims::new(0, hd, t), qrs);
+        let kt = Panels::packed(&qkv[base + d.k_offset(g)..], MatmulDims::new(0, t, hd).tb(), qrs);
+        let vv = Panels::packed(&qkv[base + d.v_offset(g)..], MatmulDims::new(0, hd, t), qrs);
         let mut qa = Blocks::new();
         qa.pack(&qkv[base + d.q_offset(h)..], MatmulDims::new(t, 0, hd), qrs);
         let mut pa = Blocks::new();
@@ -243,12 +256,13 @@ multiversion! {
         let k = &qkv[base + d.k_offset(g)..];
         let v = &qkv[base + d.v_offset(g)..];
         // The group's K as the B of the scores (Kᵀ) and of dQ (K), V as the B of dP (Vᵀ).
-        let kt = Panels::pack(k, MatmulDims::new(0, t, hd).tb(), qrs);
-        let kk = Panels::pack(k, MatmulDims::new(0, hd, t), qrs);
-        let vt = Panels::pack(v, MatmulDims::new(0, t, hd).tb(), qrs);
+        let kt = Panels::packed(k, MatmulDims::new(0, t, hd).tb(), qrs);
+        let kk = Panels::packed(k, MatmulDims::new(0, hd, t), qrs);
+        let vt = Panels::packed(v, MatmulDims::new(0, t, hd).tb(), qrs);
         let mut dk_all = vec![0.0f32; t * hd];
         let mut dv_all = vec![0.0f32; t * hd];
         let (mut qa, mut da, mut tile_a) = (Blocks::new(), Blocks::new(), Blocks::new());
+        let (mut qb, mut db) = (Panels::new(), Panels::new());
         let mut dq = vec![0.0f32; tp * hp];
         let mut dk = vec![0.0f32; BK * hp];
         let mut dv = vec![0.0f32; BK * hp];
@@ -263,9 +277,9 @@ multiversion! {
             let dsum = output_dots(o, dout_h, ors, t, hd);
             // Q as the A of the scores and the B of dK; dO as the A of dP and the B of dV.
             qa.pack(q, MatmulDims::new(t, 0, hd), qrs);
-            let qb = Panels::pack(q, MatmulDims::new(0, hd, t), qrs);
+            qb.pack(q, MatmulDims::new(0, hd, t), qrs);
             da.pack(dout_h, MatmulDims::new(t, 0, hd), ors);
-            let db = Panels::pack(dout_h, MatmulDims::new(0, hd, t), ors);
+            db.pack(dout_h, MatmulDims::new(0, hd, t), ors);
             dq.fill(0.0);
             let mut j0 = 0;
             while j0 < t {
@@ -315,13 +329,6 @@ multiversion! {
                 unsafe { dq_p.write(base + i * qrs + d.q_offset(h), &dq[i * hp..i * hp + hd]) };
             }
         }
-        for i in 0..t {
-            let row = base + i * qrs;
-            // SAFETY: each task owns the key and value head of group g of batch b in dqkv.
-            unsafe {
-                dq_p.write(row + d.k_offset(g), &dk_all[i * hd..(i + 1) * hd]);
-                dq_p.write(row + d.v_offset(g), &dv_all[i * hd..(i + 1) * hd]);
-            }
-        }
+        write_key_value_grads(dq_p, base, &d, g, &dk_all, &dv_all);
     }
 }
