@@ -189,3 +189,58 @@ fn products_of_few_rows_take_the_rounded_f32_gemm_under_the_amx_setting() {
         assert_eq!(run(Bf16Kernel::Amx), run(Bf16Kernel::Fma), "m {m}");
     }
 }
+
+/// Operands kept in bf16 (a `--bf16` weight's copy, an activation stored in bf16) are packed as
+/// they are on AMX and widened elsewhere; either way the product must be the bits of the same
+/// matmul on their f32 values, for every transpose, accumulate and mixed storage, across tile
+/// and block edges, for 1 and 3 threads.
+#[test]
+fn bf16_operands_give_the_bits_of_their_f32_values() {
+    use half::bf16;
+    use megatron_tensor::cpu::matmul::{matmul_operands, Operand};
+    use megatron_tensor::threads::set_gemm_threads;
+    say_which_kernel();
+    set_matmul_precision(MatmulPrecision::BF16);
+    set_bf16_kernel(Bf16Kernel::Amx);
+    for (m, n, k) in [(33, 17, 45), (64, 70, 129), (40, 33, 31)] {
+        for (ta, tb, acc) in [
+            (false, false, false),
+            (true, false, false),
+            (false, true, true),
+            (true, true, false),
+        ] {
+            let d = dims(m, n, k, ta, tb, acc);
+            let (a, b) = operands(m, n, k, m + n);
+            let a16: Vec<bf16> = a.iter().map(|&v| bf16::from_f32(v)).collect();
+            let b16: Vec<bf16> = b.iter().map(|&v| bf16::from_f32(v)).collect();
+            let aw: Vec<f32> = a16.iter().map(|v| v.to_f32()).collect();
+            let bw: Vec<f32> = b16.iter().map(|v| v.to_f32()).collect();
+            let start: Vec<f32> = (0..m * n).map(|i| (i % 7) as f32 * 0.25).collect();
+            for threads in [1, 3] {
+                let mut want = start.clone();
+                set_gemm_threads(threads);
+                matmul(&mut want, &aw, &bw, d);
+                let cases = [
+                    (Operand::BF16(&a16), Operand::BF16(&b16)),
+                    (Operand::F32(&aw), Operand::BF16(&b16)),
+                    (Operand::BF16(&a16), Operand::F32(&bw)),
+                ];
+                for (i, (x, y)) in cases.into_iter().enumerate() {
+                    let mut got = start.clone();
+                    matmul_operands(&mut got, x, y, d);
+                    let same = got
+                        .iter()
+                        .zip(&want)
+                        .all(|(g, w)| g.to_bits() == w.to_bits());
+                    assert!(
+                        same,
+                        "{m}x{n}x{k} ta={ta} tb={tb} acc={acc} case {i} threads {threads}"
+                    );
+                }
+            }
+        }
+    }
+    set_matmul_precision(MatmulPrecision::F32);
+    set_bf16_kernel(Bf16Kernel::Dot);
+    set_gemm_threads(megatron_tensor::threads::available_cores());
+}

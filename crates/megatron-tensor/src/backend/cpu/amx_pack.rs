@@ -9,6 +9,43 @@
 //! runs the other way. Every AMX CPU has AVX512_BF16; `amx_available()` requires it.
 
 use super::matmul::MatmulDims;
+use half::bf16;
+
+/// An element type the packers read: f32 (rounded to bf16 while packing) or bf16 (activations
+/// and weights already kept in bf16, read at half the bytes and without a widening copy; the
+/// packed words are the same bits either way, since rounding a bf16 value is exact).
+pub(crate) trait PackElem: Copy + Send + Sync + 'static {
+    /// Up to 16 values from `p` as f32 (zero past `len`).
+    ///
+    /// # Safety
+    /// AVX-512F/BW; `p..p + min(len, 16)` readable.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load16(p: *const Self, len: usize) -> std::arch::x86_64::__m512;
+}
+
+impl PackElem for f32 {
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load16(p: *const f32, len: usize) -> std::arch::x86_64::__m512 {
+        // SAFETY: the caller's contract.
+        unsafe { std::arch::x86_64::_mm512_maskz_loadu_ps(avx512::lanes(len), p) }
+    }
+}
+
+impl PackElem for bf16 {
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load16(p: *const bf16, len: usize) -> std::arch::x86_64::__m512 {
+        use std::arch::x86_64::*;
+        // SAFETY: the caller's contract; a masked load reads only the first `len` halves, and a
+        // bf16 widens to f32 by a 16-bit shift.
+        unsafe {
+            let w = _mm512_maskz_loadu_epi16(avx512::lanes(len) as __mmask32, p as *const i16);
+            let x = _mm512_cvtepu16_epi32(_mm512_castsi512_si256(w));
+            _mm512_castsi512_ps(_mm512_slli_epi32::<16>(x))
+        }
+    }
+}
 
 /// Rows of C per kernel call (two A tiles).
 pub(crate) const MB: usize = 32;
@@ -59,9 +96,9 @@ fn a_index(r: usize, q: usize) -> usize {
 /// Packs rows `[r0, r0 + 32)` of `op(a)` into `dst` (`steps` k steps; dst arrives zeroed).
 /// `lda` is the distance between stored rows of `a` (`k`, or `m` with `trans_a`, for a dense
 /// matrix; more for a view into a wider one, such as one head of a fused QKV row).
-pub(crate) fn pack_a(
+pub(crate) fn pack_a<T: PackElem>(
     dst: &mut [u32],
-    a: &[f32],
+    a: &[T],
     d: MatmulDims,
     lda: usize,
     r0: usize,
@@ -79,9 +116,9 @@ pub(crate) fn pack_a(
 /// Packs columns `[c0, min(c0 + 32, c_end))` of `op(b)` into one panel `[k pair][32 words]`
 /// (dst arrives zeroed). `ldb` is the distance between stored rows of `b` (as `lda` of
 /// [`pack_a`]).
-pub(crate) fn pack_b(
+pub(crate) fn pack_b<T: PackElem>(
     dst: &mut [u32],
-    b: &[f32],
+    b: &[T],
     d: MatmulDims,
     ldb: usize,
     c0: usize,
@@ -106,15 +143,6 @@ mod avx512 {
         } else {
             ((1u32 << len) - 1) as __mmask16
         }
-    }
-
-    /// Up to 16 f32 from `p` (zero past `len`).
-    ///
-    /// # Safety
-    /// AVX-512F; `p..p + min(len, 16)` readable.
-    #[inline(always)]
-    pub(super) unsafe fn load(p: *const f32, len: usize) -> __m512 {
-        _mm512_maskz_loadu_ps(lanes(len), p)
     }
 
     /// 32 consecutive f32 (k order) as 16 words of bf16 pairs, in k order.
@@ -181,9 +209,9 @@ mod avx512 {
 /// `lda` apart.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-unsafe fn pack_a_avx512(
+unsafe fn pack_a_avx512<T: PackElem>(
     dst: &mut [u32],
-    a: &[f32],
+    a: &[T],
     d: MatmulDims,
     lda: usize,
     r0: usize,
@@ -204,9 +232,9 @@ unsafe fn pack_a_avx512(
                 let mut block = [_mm512_setzero_si512(); 16];
                 for (qq, v) in block.iter_mut().enumerate().take(kp - q0) {
                     let q = q0 + qq;
-                    let e = load(a.as_ptr().add(2 * q * lda + r0 + h), len);
+                    let e = T::load16(a.as_ptr().add(2 * q * lda + r0 + h), len);
                     let o = if 2 * q + 1 < k {
-                        load(a.as_ptr().add((2 * q + 1) * lda + r0 + h), len)
+                        T::load16(a.as_ptr().add((2 * q + 1) * lda + r0 + h), len)
                     } else {
                         _mm512_setzero_ps()
                     };
@@ -224,8 +252,8 @@ unsafe fn pack_a_avx512(
             for s in 0..steps {
                 let k0 = s * 2 * KB;
                 let len = k.saturating_sub(k0).min(2 * KB);
-                let lo = load(row.add(k0), len);
-                let hi = load(row.add(k0 + 16), len.saturating_sub(16));
+                let lo = T::load16(row.add(k0), len);
+                let hi = T::load16(row.add(k0 + 16), len.saturating_sub(16));
                 let w = pairs_of_run(lo, hi);
                 _mm512_storeu_si512(out.add(a_index(r, s * KB)) as *mut _, w);
             }
@@ -238,9 +266,9 @@ unsafe fn pack_a_avx512(
 /// (stored rows `ldb` apart).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-unsafe fn pack_b_avx512(
+unsafe fn pack_b_avx512<T: PackElem>(
     dst: &mut [u32],
-    b: &[f32],
+    b: &[T],
     d: MatmulDims,
     ldb: usize,
     c0: usize,
@@ -263,7 +291,10 @@ unsafe fn pack_b_avx512(
                 let mut block = [_mm512_setzero_si512(); 16];
                 for (cc, v) in block.iter_mut().enumerate().take(ncols) {
                     let col = b.as_ptr().add((c0 + h + cc) * ldb + k0);
-                    *v = pairs_of_run(load(col, len), load(col.add(16), len.saturating_sub(16)));
+                    *v = pairs_of_run(
+                        T::load16(col, len),
+                        T::load16(col.add(16), len.saturating_sub(16)),
+                    );
                 }
                 let pair_rows = transpose16(&block);
                 for (qq, w) in pair_rows.iter().enumerate().take(kp - q0) {
@@ -277,9 +308,9 @@ unsafe fn pack_b_avx512(
             let odd = b.as_ptr().add((2 * q + 1) * ldb + c0);
             for h in (0..cols).step_by(16) {
                 let len = 16.min(cols - h);
-                let e = load(even.add(h), len);
+                let e = T::load16(even.add(h), len);
                 let o = if 2 * q + 1 < k {
-                    load(odd.add(h), len)
+                    T::load16(odd.add(h), len)
                 } else {
                     _mm512_setzero_ps()
                 };

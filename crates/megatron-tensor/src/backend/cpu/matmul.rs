@@ -189,6 +189,72 @@ fn matmul_as(
     }
 }
 
+/// A matmul operand as it is stored: f32, or bf16 (a `--bf16` weight's 16-bit copy, an
+/// activation kept or written in bf16). bf16 operands reach the AMX kernel's packing as they
+/// are, with no widening copy; every other kernel gets them widened to f32, which is exact, so
+/// a product gives the same bits whichever form its operands come in.
+#[derive(Clone, Copy)]
+pub enum Operand<'a> {
+    F32(&'a [f32]),
+    BF16(&'a [half::bf16]),
+}
+
+impl Operand<'_> {
+    pub fn len(&self) -> usize {
+        match self {
+            Operand::F32(x) => x.len(),
+            Operand::BF16(x) => x.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The values as f32: borrowed, or widened into a pooled buffer (exact, so the rounding
+    /// check of a 16-bit product finds them exact and borrows them).
+    fn widened(&self) -> RoundedOperand<'_> {
+        match self {
+            Operand::F32(x) => RoundedOperand::Exact(x),
+            Operand::BF16(x) => {
+                let mut t = crate::Tensor::for_overwrite(&[x.len()]);
+                const CHUNK: usize = 1 << 16;
+                t.data_mut()
+                    .par_chunks_mut(CHUNK)
+                    .zip(x.par_chunks(CHUNK))
+                    .for_each(|(o, i)| super::cast::bf16_to_f32(o, i));
+                RoundedOperand::Rounded(t)
+            }
+        }
+    }
+}
+
+impl<'a> From<&'a [f32]> for Operand<'a> {
+    fn from(x: &'a [f32]) -> Self {
+        Operand::F32(x)
+    }
+}
+
+/// [`matmul`] of operands in either storage form, with this thread's GEMM budget and operand
+/// precision (bf16 operands of an f32-precision product are widened: exact).
+pub fn matmul_operands(out: &mut [f32], a: Operand<'_>, b: Operand<'_>, d: MatmulDims) {
+    let how = (matmul_precision(), bf16_kernel());
+    if let (Operand::F32(a), Operand::F32(b)) = (a, b) {
+        return matmul_as(out, a, b, d, gemm_threads(), how);
+    }
+    if product_on_amx(how, d) && super::amx::amx_available() {
+        use super::matmul_amx::matmul_amx_of;
+        let t = gemm_threads();
+        return match (a, b) {
+            (Operand::F32(a), Operand::BF16(b)) => matmul_amx_of(out, a, b, d, t),
+            (Operand::BF16(a), Operand::F32(b)) => matmul_amx_of(out, a, b, d, t),
+            (Operand::BF16(a), Operand::BF16(b)) => matmul_amx_of(out, a, b, d, t),
+            (Operand::F32(a), Operand::F32(b)) => matmul_amx_of(out, a, b, d, t),
+        };
+    }
+    matmul_as(out, &a.widened(), &b.widened(), d, gemm_threads(), how);
+}
+
 /// Matmul of operands already rounded to this thread's 16-bit precision (the output layer rounds
 /// its weight once per call, not once per tile): the AMX kernel converts while packing anyway;
 /// the others run the f32 GEMM, skipping the rounding check.
@@ -246,8 +312,8 @@ pub fn grouped_matmul(problems: &mut [GemmProblem<'_>]) {
         .for_each(|p| matmul_as(p.out, p.a, p.b, p.dims, 1, how));
 }
 
-/// A matmul operand rounded to a 16-bit format: borrowed when every value already is one (a
-/// weight widened from 16-bit storage, a kept activation), else a pooled rounded copy.
+/// A matmul operand rounded to a 16-bit format (or widened from one): borrowed when every value
+/// already is one (a weight widened from 16-bit storage, a kept activation), else a pooled copy.
 pub enum RoundedOperand<'a> {
     Exact(&'a [f32]),
     Rounded(crate::Tensor),

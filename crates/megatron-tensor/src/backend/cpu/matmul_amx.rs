@@ -19,7 +19,7 @@
 //! kernels, summed in another order.
 
 use super::amx::{amx_available, configure_tiles};
-use super::amx_pack::{pack_a, pack_b, PackBuffer, A_STEP, KB, MB, NB};
+use super::amx_pack::{pack_a, pack_b, PackBuffer, PackElem, A_STEP, KB, MB, NB};
 use super::matmul::MatmulDims;
 use super::sync_ptr::SyncPtr;
 use rayon::prelude::*;
@@ -54,11 +54,32 @@ pub fn matmul_amx_with_threads(
     threads: usize,
 ) {
     let MatmulDims { m, n, k, .. } = d;
+    if !amx_available() || m == 0 || n == 0 || k == 0 {
+        assert_eq!(out.len(), m * n, "matmul out");
+        return super::matmul_bf16::matmul_bf16_with_threads(out, a, b, d, threads);
+    }
+    matmul_amx_of(out, a, b, d, threads);
+}
+
+/// [`matmul_amx_with_threads`] for operands of either element type (bf16 operands are packed
+/// as they are); AMX must be usable.
+pub(crate) fn matmul_amx_of<A: PackElem, B: PackElem>(
+    out: &mut [f32],
+    a: &[A],
+    b: &[B],
+    d: MatmulDims,
+    threads: usize,
+) {
+    let MatmulDims { m, n, k, .. } = d;
     assert_eq!(out.len(), m * n, "matmul out");
     assert_eq!(a.len(), m * k, "matmul a");
     assert_eq!(b.len(), k * n, "matmul b");
-    if !amx_available() || m == 0 || n == 0 || k == 0 {
-        return super::matmul_bf16::matmul_bf16_with_threads(out, a, b, d, threads);
+    assert!(amx_available(), "matmul_amx_of without AMX");
+    if m == 0 || n == 0 || k == 0 {
+        if k == 0 && !d.accumulate {
+            out.fill(0.0);
+        }
+        return;
     }
     #[cfg(target_arch = "x86_64")]
     PACKED.with(|bufs| {
@@ -86,6 +107,11 @@ impl PackedB {
     /// Packs all of `op(b)` (`d.k` x `d.n`, `d.trans_b`; `d.m` is ignored). `None` where AMX is
     /// not usable.
     pub fn new(b: &[f32], d: MatmulDims, threads: usize) -> Option<Self> {
+        Self::of(b, d, threads)
+    }
+
+    /// [`PackedB::new`] of a `b` of either element type.
+    pub(crate) fn of<B: PackElem>(b: &[B], d: MatmulDims, threads: usize) -> Option<Self> {
         let MatmulDims { n, k, .. } = d;
         assert_eq!(b.len(), k * n, "matmul b");
         if !amx_available() || n == 0 || k == 0 {
@@ -134,6 +160,17 @@ pub fn matmul_amx_prepacked(
     d: MatmulDims,
     threads: usize,
 ) {
+    matmul_amx_prepacked_of(out, a, b, d, threads)
+}
+
+/// [`matmul_amx_prepacked`] for an `a` of either element type.
+pub(crate) fn matmul_amx_prepacked_of<A: PackElem>(
+    out: &mut [f32],
+    a: &[A],
+    b: &PackedB,
+    d: MatmulDims,
+    threads: usize,
+) {
     assert!(
         d.k == b.k && d.n == b.n && d.trans_b == b.trans_b,
         "packed b is {}x{} (trans {}), the product wants {}x{} (trans {})",
@@ -157,22 +194,22 @@ pub fn matmul_amx_prepacked(
             Ok(b) => &mut b.0,
             Err(_) => &mut fresh,
         };
-        amx_gemm(out, a, BSource::Packed(&b.words), d, threads, ap);
+        amx_gemm::<A, f32>(out, a, BSource::Packed(&b.words), d, threads, ap);
     });
 }
 
 /// Where a product's B panels come from.
-enum BSource<'a> {
+enum BSource<'a, B> {
     /// Packed per column block into the buffer.
-    Pack(&'a [f32], &'a mut PackBuffer),
+    Pack(&'a [B], &'a mut PackBuffer),
     /// All panels packed beforehand.
     Packed(&'a PackBuffer),
 }
 
 /// Packs columns `[c_blk, c_blk + nc)` of `op(b)` into panels of NB columns.
-fn pack_b_panels(
+fn pack_b_panels<B: PackElem>(
     dst: &mut [u32],
-    b: &[f32],
+    b: &[B],
     d: MatmulDims,
     c_blk: usize,
     nc: usize,
@@ -191,10 +228,10 @@ fn pack_b_panels(
 }
 
 #[cfg(target_arch = "x86_64")]
-fn amx_gemm(
+fn amx_gemm<A: PackElem, B: PackElem>(
     out: &mut [f32],
-    a: &[f32],
-    mut b_src: BSource<'_>,
+    a: &[A],
+    mut b_src: BSource<'_, B>,
     d: MatmulDims,
     threads: usize,
     ap: &mut PackBuffer,

@@ -65,7 +65,7 @@ pub use layout::{
 };
 pub use matmul::{
     bias_backward, grouped_matmul, matmul, matmul_backward, matmul_batched, matmul_forward,
-    matmul_with_threads, BatchStrides, GemmProblem, MatmulDims,
+    matmul_operands, matmul_with_threads, BatchStrides, GemmProblem, MatmulDims, Operand,
 };
 pub use mlp_activation::{
     geglu_backward, geglu_forward, mlp_activation_backward, mlp_activation_forward, relu_backward,
