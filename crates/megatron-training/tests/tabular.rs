@@ -131,6 +131,45 @@ fn tabular_resume_from_a_checkpoint_continues_exactly() {
     assert_eq!(resumed.params, whole.params);
 }
 
+/// A resumed run keeps the checkpoint's learning-rate schedule, unless
+/// `--override-opt_param-scheduler` takes it from the flags, at the checkpoint's step count.
+#[test]
+fn override_opt_param_scheduler_takes_the_flags_schedule_on_resume() {
+    let dir = tmpdir("tabular-override-scheduler");
+    let save = dir.join("ckpt");
+    let s = save.to_str().unwrap();
+    let sched = ["--lr-warmup-iters", "2", "--lr-decay-style", "cosine"];
+    let mut first = sched.to_vec();
+    first.extend_from_slice(&["--save", s, "--save-interval", "2"]);
+    let whole = train(&first);
+    let resume = |extra: &[&str]| {
+        std::fs::write(save.join("latest_checkpointed_iteration.txt"), "2\n").unwrap();
+        let mut v = sched.to_vec();
+        v.extend_from_slice(&["--load", s]);
+        v.extend_from_slice(extra);
+        train(&v)
+    };
+    let kept = resume(&["--lr", "5e-2"]);
+    assert_eq!(
+        kept.params, whole.params,
+        "the checkpoint's schedule was not kept"
+    );
+    let same = resume(&["--override-opt_param-scheduler"]);
+    assert_eq!(
+        same.params, whole.params,
+        "the step count was not carried over"
+    );
+    let other = resume(&["--lr", "5e-2", "--override-opt_param-scheduler"]);
+    assert_eq!(
+        other.losses[0], whole.losses[2],
+        "the first resumed step reads the saved model"
+    );
+    assert_ne!(
+        other.params, whole.params,
+        "the flags' learning rate was not used"
+    );
+}
+
 #[test]
 fn a_damaged_tabular_checkpoint_is_refused_by_name() {
     let dir = tmpdir("tabular-damage");
@@ -165,6 +204,11 @@ fn tabular_flags_it_cannot_honour_are_refused_by_name() {
         ),
         (vec!["--tabular-cell-budget", "64"], "--tabular-cell-budget"),
         (vec!["--recompute-activations"], "--recompute-granularity"),
+        (
+            vec!["--override-opt_param-scheduler"],
+            "--override-opt_param-scheduler",
+        ),
+        (vec!["--prior-linear-share", "1.5"], "--prior-linear-share"),
         (
             vec!["--nproc-per-node", "3", "--tensor-model-parallel-size", "2"],
             "--nproc-per-node",

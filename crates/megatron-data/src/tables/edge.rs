@@ -93,8 +93,18 @@ pub enum EdgeFunction {
 }
 
 impl EdgeFunction {
-    /// A random function; `categorical_share` is the chance of a discretisation.
-    pub fn sample(rng: &mut Stream, d_in: usize, d_out: usize, categorical_share: f64) -> Self {
+    /// A random function; `linear_share` is the chance of a linear map (drawn first),
+    /// `categorical_share` that of a discretisation.
+    pub fn sample(
+        rng: &mut Stream,
+        d_in: usize,
+        d_out: usize,
+        linear_share: f64,
+        categorical_share: f64,
+    ) -> Self {
+        if rng.chance(linear_share) {
+            return Self::mlp(rng, d_in, d_out, Activation::Identity);
+        }
         if rng.chance(categorical_share) {
             let k = rng.int(2, 10);
             let prototypes = (0..k * d_in).map(|_| rng.normal()).collect();
@@ -115,6 +125,12 @@ impl EdgeFunction {
                 leaves: (0..(1 << depth) * d_out).map(|_| rng.normal()).collect(),
             };
         }
+        let act = ACTIVATIONS[rng.below(ACTIVATIONS.len())];
+        Self::mlp(rng, d_in, d_out, act)
+    }
+
+    /// `W2 act(W1 x + b1)` with random weights (a linear map of rank up to 8 for `Identity`).
+    fn mlp(rng: &mut Stream, d_in: usize, d_out: usize, act: Activation) -> Self {
         let hidden = rng.int(2, 8);
         let s1 = 1.0 / (d_in as f64).sqrt();
         let s2 = rng.range(0.5, 1.5) / (hidden as f64).sqrt();
@@ -123,7 +139,7 @@ impl EdgeFunction {
             b1: (0..hidden).map(|_| rng.normal() * 0.5).collect(),
             w2: (0..d_out * hidden).map(|_| rng.normal() * s2).collect(),
             hidden,
-            act: ACTIVATIONS[rng.below(ACTIVATIONS.len())],
+            act,
         }
     }
 

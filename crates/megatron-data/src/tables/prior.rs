@@ -30,6 +30,13 @@ pub struct PriorConfig {
     pub regression_share: f64,
     /// Largest per-table MCAR rate (half the tables have none).
     pub max_missing: f64,
+    /// Share of tables whose causal functions are mostly linear: in such a table each edge is
+    /// a linear map with a chance drawn from [0.5, 1]. Real tables are full of near-linear
+    /// dependencies (measurements of one quantity in several units, sums and ratios of
+    /// sizes) that a linear model reads exactly; with random nonlinear edges alone the model
+    /// saw them rarely and fell behind logistic regression and IterativeImputer on such tables
+    /// (breast_cancer: ROC AUC 0.979 vs 0.993, imputation 0.70 vs 0.35 sd).
+    pub linear_table_share: f64,
     /// Share of tables whose rows drift (non-i.i.d.).
     pub non_iid_share: f64,
 }
@@ -45,6 +52,7 @@ impl Default for PriorConfig {
             max_classes: 10,
             regression_share: 0.3,
             max_missing: 0.2,
+            linear_table_share: 0.3,
             non_iid_share: 0.2,
         }
     }
@@ -111,12 +119,19 @@ pub fn sample_table(cfg: &PriorConfig, seed: u64, index: u64) -> Table {
     let (roots, redirect, extra) = (g.int(1, 3), g.range(0.2, 0.8), g.range(0.0, 0.5));
     let graph = CausalGraph::sample(&mut g, nodes, roots, redirect, extra);
     let categorical_share = g.range(0.0, 0.3);
+    let linear_share = if g.chance(cfg.linear_table_share) {
+        g.range(0.5, 1.0)
+    } else {
+        0.0
+    };
     let edges: Vec<Vec<EdgeFunction>> = graph
         .parents
         .iter()
         .map(|ps| {
             ps.iter()
-                .map(|_| EdgeFunction::sample(&mut g, width, width, categorical_share))
+                .map(|_| {
+                    EdgeFunction::sample(&mut g, width, width, linear_share, categorical_share)
+                })
                 .collect()
         })
         .collect();

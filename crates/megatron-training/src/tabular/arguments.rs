@@ -43,6 +43,13 @@ pub struct TabularArgs {
     /// Share of prior tables with a continuous target.
     #[arg(long, default_value_t = 0.3)]
     pub prior_regression_share: f64,
+    /// Share of prior tables whose causal functions are mostly linear maps.
+    #[arg(long, default_value_t = 0.3)]
+    pub prior_linear_share: f64,
+    /// With --load: take the learning-rate schedule from these flags (continuing at the
+    /// checkpoint's step count) instead of the checkpoint's, as Megatron's flag does.
+    #[arg(long = "override-opt_param-scheduler")]
+    pub override_opt_param_scheduler: bool,
     /// Threads drawing prior tables ahead of the training step.
     #[arg(long, default_value_t = 1)]
     pub prior_workers: usize,
@@ -61,6 +68,9 @@ pub struct TabularTrainConfig {
     /// Tables per optimizer step (`--global-batch-size`).
     pub tables_per_step: usize,
     pub scheduler: OptimizerParamScheduler,
+    /// A resumed run keeps these flags' schedule (at the checkpoint's step count), not the
+    /// checkpoint's.
+    pub override_scheduler: bool,
     pub weight_decay: f32,
     pub adam: (f32, f32, f32),
     pub clip_grad: f32,
@@ -101,6 +111,7 @@ impl TabularArgs {
             min_features: self.prior_min_features,
             max_features: self.prior_max_features,
             regression_share: self.prior_regression_share,
+            linear_table_share: self.prior_linear_share,
             ..PriorConfig::default()
         }
     }
@@ -214,6 +225,12 @@ pub fn validate(a: &TrainArgs) -> Result<TabularTrainConfig, TrainError> {
     if !(0.0..=1.0).contains(&prior.regression_share) {
         return Err(refuse("--prior-regression-share", "must be in [0, 1]"));
     }
+    if !(0.0..=1.0).contains(&prior.linear_table_share) {
+        return Err(refuse("--prior-linear-share", "must be in [0, 1]"));
+    }
+    if t.override_opt_param_scheduler && a.load.is_none() {
+        return Err(refuse("--override-opt_param-scheduler", "needs --load"));
+    }
     if !(0.0..0.5).contains(&t.tabular_hidden_share) {
         return Err(refuse("--tabular-hidden-share", "must be in [0, 0.5)"));
     }
@@ -282,6 +299,7 @@ pub fn validate(a: &TrainArgs) -> Result<TabularTrainConfig, TrainError> {
         train_iters,
         tables_per_step,
         scheduler,
+        override_scheduler: t.override_opt_param_scheduler,
         weight_decay: a.weight_decay,
         adam: (a.adam_beta1, a.adam_beta2, a.adam_eps),
         clip_grad: a.clip_grad,

@@ -175,7 +175,11 @@ fn train_rank(
             scatter_whole(&params, &ck.tensors, v, &mut adam.exp_avg_sq, &ck.dir)?;
             adam.step = ck.meta.optimizer_step;
         }
-        scheduler = ck.meta.scheduler.clone();
+        if cfg.override_scheduler {
+            scheduler.num_steps = ck.meta.scheduler.num_steps;
+        } else {
+            scheduler = ck.meta.scheduler.clone();
+        }
         iteration = ck.meta.iteration;
         borders = Some(ck.meta.borders.clone());
         if lead {
