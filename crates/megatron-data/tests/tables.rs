@@ -390,6 +390,8 @@ fn classification_targets_are_predictable_from_the_features() {
 
 /// R^2 of the least-squares fit of a regression table's target on its complete numeric
 /// feature columns (with an intercept; ridge 1e-6 for collinear columns), over all rows.
+/// (Index loops: it is the normal equations written as they read.)
+#[allow(clippy::needless_range_loop)]
 fn linear_fit_r2(t: &Table) -> Option<f64> {
     let Target::Values(y) = &t.target else {
         return None;
