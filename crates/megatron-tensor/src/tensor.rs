@@ -103,35 +103,6 @@ impl Tensor {
         }
     }
 
-    /// The elements as a matmul operand: f32 or bf16 as stored. Panics on an f16 tensor (a
-    /// programming error: f16 operands are widened first, `transformer::saved::for_matmul`).
-    pub fn operand(&self) -> crate::cpu::matmul::Operand<'_> {
-        use crate::cpu::matmul::Operand;
-        match &self.storage {
-            Storage::F32(v) => Operand::F32(v),
-            Storage::BF16(v) => Operand::BF16(v),
-            Storage::F16(_) => panic!("operand() on an f16 tensor"),
-        }
-    }
-
-    /// A bf16 tensor of `shape` whose contents are arbitrary, for a kernel that writes all of it.
-    pub fn bf16_for_overwrite(shape: &[usize]) -> Tensor {
-        let n = shape.iter().product();
-        Tensor {
-            shape: shape.to_vec(),
-            storage: Storage::BF16(vec![bf16::ZERO; n]),
-            device: Device::Cpu,
-        }
-    }
-
-    /// The bf16 elements. Panics on another dtype (a programming error, as [`Tensor::data`]).
-    pub fn bf16_data_mut(&mut self) -> &mut [bf16] {
-        match &mut self.storage {
-            Storage::BF16(v) => v,
-            _ => panic!("bf16_data_mut() on a non-bf16 tensor"),
-        }
-    }
-
     pub fn reshape(mut self, shape: &[usize]) -> Result<Tensor, TensorError> {
         if shape.iter().product::<usize>() != self.numel() {
             return Err(TensorError::Shape {

@@ -55,6 +55,15 @@ pub struct TabularArgs {
     pub prior_workers: usize,
 }
 
+/// Whose learning-rate schedule a run resumed with `--load` follows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ResumeSchedule {
+    /// The checkpoint's (Megatron's default).
+    Checkpoint,
+    /// These flags', at the checkpoint's step count (`--override-opt_param-scheduler`).
+    Flags,
+}
+
 /// Everything the tabular trainer reads, validated.
 #[derive(Clone, Debug)]
 pub struct TabularTrainConfig {
@@ -68,9 +77,8 @@ pub struct TabularTrainConfig {
     /// Tables per optimizer step (`--global-batch-size`).
     pub tables_per_step: usize,
     pub scheduler: OptimizerParamScheduler,
-    /// A resumed run keeps these flags' schedule (at the checkpoint's step count), not the
-    /// checkpoint's.
-    pub override_scheduler: bool,
+    /// Whose learning-rate schedule a resumed run follows.
+    pub resume_schedule: ResumeSchedule,
     pub weight_decay: f32,
     pub adam: (f32, f32, f32),
     pub clip_grad: f32,
@@ -299,7 +307,11 @@ pub fn validate(a: &TrainArgs) -> Result<TabularTrainConfig, TrainError> {
         train_iters,
         tables_per_step,
         scheduler,
-        override_scheduler: t.override_opt_param_scheduler,
+        resume_schedule: if t.override_opt_param_scheduler {
+            ResumeSchedule::Flags
+        } else {
+            ResumeSchedule::Checkpoint
+        },
         weight_decay: a.weight_decay,
         adam: (a.adam_beta1, a.adam_beta2, a.adam_eps),
         clip_grad: a.clip_grad,

@@ -11,5 +11,5 @@ pub mod impute;
 pub mod inference;
 pub mod trainer;
 
-pub use arguments::{validate, TabularArgs, TabularTrainConfig};
+pub use arguments::{validate, ResumeSchedule, TabularArgs, TabularTrainConfig};
 pub use trainer::{pretrain_tabular, TabularSummary};

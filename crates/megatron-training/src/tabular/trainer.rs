@@ -4,7 +4,7 @@
 //! micro-batch of the step's plan, so the plan and the loss do not depend on the layout), Adam
 //! with Megatron's schedule and clipping, real-table evaluation and atomic checkpoints.
 
-use super::arguments::TabularTrainConfig;
+use super::arguments::{ResumeSchedule, TabularTrainConfig};
 use super::batch::{step_micro_batches, StepBatching};
 use super::checkpoint::{self, gather_whole, scatter_whole, TabularCheckpointMeta, TABULAR_FORMAT};
 use super::evaluate::{evaluate_frame, TableMetrics};
@@ -175,10 +175,9 @@ fn train_rank(
             scatter_whole(&params, &ck.tensors, v, &mut adam.exp_avg_sq, &ck.dir)?;
             adam.step = ck.meta.optimizer_step;
         }
-        if cfg.override_scheduler {
-            scheduler.num_steps = ck.meta.scheduler.num_steps;
-        } else {
-            scheduler = ck.meta.scheduler.clone();
+        match cfg.resume_schedule {
+            ResumeSchedule::Flags => scheduler.num_steps = ck.meta.scheduler.num_steps,
+            ResumeSchedule::Checkpoint => scheduler = ck.meta.scheduler.clone(),
         }
         iteration = ck.meta.iteration;
         borders = Some(ck.meta.borders.clone());

@@ -238,21 +238,17 @@ impl<'a> From<&'a [f32]> for Operand<'a> {
 /// [`matmul`] of operands in either storage form, with this thread's GEMM budget and operand
 /// precision (bf16 operands of an f32-precision product are widened: exact).
 pub fn matmul_operands(out: &mut [f32], a: Operand<'_>, b: Operand<'_>, d: MatmulDims) {
+    use super::matmul_amx::matmul_amx_of;
     let how = (matmul_precision(), bf16_kernel());
-    if let (Operand::F32(a), Operand::F32(b)) = (a, b) {
-        return matmul_as(out, a, b, d, gemm_threads(), how);
+    let t = gemm_threads();
+    let amx = product_on_amx(how, d) && super::amx::amx_available();
+    match (a, b) {
+        (Operand::F32(a), Operand::F32(b)) => matmul_as(out, a, b, d, t, how),
+        (Operand::F32(a), Operand::BF16(b)) if amx => matmul_amx_of(out, a, b, d, t),
+        (Operand::BF16(a), Operand::F32(b)) if amx => matmul_amx_of(out, a, b, d, t),
+        (Operand::BF16(a), Operand::BF16(b)) if amx => matmul_amx_of(out, a, b, d, t),
+        (a, b) => matmul_as(out, &a.widened(), &b.widened(), d, t, how),
     }
-    if product_on_amx(how, d) && super::amx::amx_available() {
-        use super::matmul_amx::matmul_amx_of;
-        let t = gemm_threads();
-        return match (a, b) {
-            (Operand::F32(a), Operand::BF16(b)) => matmul_amx_of(out, a, b, d, t),
-            (Operand::BF16(a), Operand::F32(b)) => matmul_amx_of(out, a, b, d, t),
-            (Operand::BF16(a), Operand::BF16(b)) => matmul_amx_of(out, a, b, d, t),
-            (Operand::F32(a), Operand::F32(b)) => matmul_amx_of(out, a, b, d, t),
-        };
-    }
-    matmul_as(out, &a.widened(), &b.widened(), d, gemm_threads(), how);
 }
 
 /// Matmul of operands already rounded to this thread's 16-bit precision (the output layer rounds

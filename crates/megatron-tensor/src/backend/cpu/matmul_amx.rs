@@ -107,11 +107,6 @@ impl PackedB {
     /// Packs all of `op(b)` (`d.k` x `d.n`, `d.trans_b`; `d.m` is ignored). `None` where AMX is
     /// not usable.
     pub fn new(b: &[f32], d: MatmulDims, threads: usize) -> Option<Self> {
-        Self::of(b, d, threads)
-    }
-
-    /// [`PackedB::new`] of a `b` of either element type.
-    pub(crate) fn of<B: PackElem>(b: &[B], d: MatmulDims, threads: usize) -> Option<Self> {
         let MatmulDims { n, k, .. } = d;
         assert_eq!(b.len(), k * n, "matmul b");
         if !amx_available() || n == 0 || k == 0 {
@@ -160,17 +155,6 @@ pub fn matmul_amx_prepacked(
     d: MatmulDims,
     threads: usize,
 ) {
-    matmul_amx_prepacked_of(out, a, b, d, threads)
-}
-
-/// [`matmul_amx_prepacked`] for an `a` of either element type.
-pub(crate) fn matmul_amx_prepacked_of<A: PackElem>(
-    out: &mut [f32],
-    a: &[A],
-    b: &PackedB,
-    d: MatmulDims,
-    threads: usize,
-) {
     assert!(
         d.k == b.k && d.n == b.n && d.trans_b == b.trans_b,
         "packed b is {}x{} (trans {}), the product wants {}x{} (trans {})",
@@ -194,7 +178,7 @@ pub(crate) fn matmul_amx_prepacked_of<A: PackElem>(
             Ok(b) => &mut b.0,
             Err(_) => &mut fresh,
         };
-        amx_gemm::<A, f32>(out, a, BSource::Packed(&b.words), d, threads, ap);
+        amx_gemm::<f32, f32>(out, a, BSource::Packed(&b.words), d, threads, ap);
     });
 }
 
