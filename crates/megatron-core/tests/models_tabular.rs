@@ -304,7 +304,7 @@ fn head_gradients_match_finite_difference_for_classes_and_bins() {
     use megatron_core::models::tabular::{bin_of, HeadRows, TabularHead, Task, BINS};
     let mut params = Params::for_tp_rank(0, 1);
     let mut inits = Vec::new();
-    let head = TabularHead::new(E, 0.5, 1e-5, &mut params, &mut inits);
+    let head = TabularHead::new(E, BINS, 0.5, 1e-5, &mut params, &mut inits);
     params.initialize(4, &inits);
     let cells = 2 * ROWS * COLS;
     let y = Tensor::from_vec(&[cells, E], normals(cells * E, 12)).unwrap();
@@ -448,7 +448,7 @@ mod whole_model {
             layers: 2,
             ..config()
         };
-        let (model, mut params) = TabularModel::new(cfg, 5, 0, 1);
+        let (model, mut params) = TabularModel::new(cfg, BINS, 5, 0, 1);
         let d = data();
         let b = batch(&d);
         let ctx = StepContext::eval();
@@ -509,7 +509,7 @@ mod whole_model {
             ..config()
         };
         let run = move |rank: usize, size: usize, tp: &mut Tp| {
-            let (model, params) = TabularModel::new(cfg, 5, rank, size);
+            let (model, params) = TabularModel::new(cfg, BINS, 5, rank, size);
             let d = data();
             let mut grads = Grads::zeros_like(&params);
             let loss = model

@@ -106,7 +106,7 @@ fn tabular_model_learns_a_threshold_rule_in_context() {
         init_std: 0.02,
         eps: 1e-5,
     };
-    let (model, mut params) = TabularModel::new(cfg, 1, 0, 1);
+    let (model, mut params) = TabularModel::new(cfg, BINS, 1, 0, 1);
     let mut adam = Adam::new(&params, 0.9, 0.999, 1e-8);
     let mut rng = Lcg(7);
     let mut losses = Vec::new();

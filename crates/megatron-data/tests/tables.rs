@@ -479,3 +479,29 @@ fn linear_tables_have_targets_a_linear_fit_explains() {
         "linear {linear:.3} vs nonlinear {nonlinear:.3}"
     );
 }
+
+#[test]
+fn tail_borders_extend_only_beyond_the_quantile_bins_and_every_bin_gets_a_share() {
+    use megatron_data::tables::borders::{bin_shares, regression_borders, with_tails};
+    let cfg = small();
+    let body = regression_borders(&cfg, 1, 200, 16);
+    let tails = [0.1, 2.5, 4.0, 8.0];
+    let borders = with_tails(&body, &tails);
+    assert_eq!(&borders[3..3 + body.len()], &body[..], "the body is kept");
+    assert_eq!(&borders[..3], &[-8.0, -4.0, -2.5]);
+    assert_eq!(&borders[3 + body.len()..], &[2.5, 4.0, 8.0]);
+    assert_eq!(
+        with_tails(&borders, &tails),
+        borders,
+        "extending twice adds nothing"
+    );
+    let shares = bin_shares(&cfg, 1, 200, &borders);
+    assert_eq!(shares.len(), borders.len() + 1);
+    assert!((shares.iter().sum::<f64>() - 1.0).abs() < 1e-9);
+    assert!(shares.iter().all(|&s| s > 0.0));
+    // The body's bins hold about 1/16 each; the tails, beyond 2.5 sd, far less.
+    for s in &shares[4..3 + body.len()] {
+        assert!((s - 1.0 / 16.0).abs() < 0.02, "{shares:?}");
+    }
+    assert!(shares[..3].iter().sum::<f64>() < 1.0 / 16.0, "{shares:?}");
+}

@@ -240,7 +240,7 @@ fn predicted_probabilities_match_the_training_loss() {
         init_std: 0.2,
         eps: 1e-5,
     };
-    let (model, params) = TabularModel::new(cfg, 3, 0, 1);
+    let (model, params) = TabularModel::new(cfg, BINS, 3, 0, 1);
     let prior = PriorConfig {
         max_context_rows: 40,
         max_query_rows: 12,
@@ -353,7 +353,7 @@ fn predictor_subsamples_a_context_larger_than_training_s() {
         init_std: 0.2,
         eps: 1e-5,
     };
-    let (model, params) = TabularModel::new(cfg, 3, 0, 1);
+    let (model, params) = TabularModel::new(cfg, BINS, 3, 0, 1);
     let borders: Vec<f32> = (0..BINS - 1).map(|i| i as f32 * 0.2 - 3.0).collect();
     let (rows, cols, context) = (50, 3, 40);
     let values: Vec<f32> = (0..rows * cols)

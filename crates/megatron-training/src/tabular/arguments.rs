@@ -26,6 +26,12 @@ pub struct TabularArgs {
     /// Weight of the masked-cell reconstruction loss beside the supervised one.
     #[arg(long, default_value_t = 0.5)]
     pub tabular_reconstruction_weight: f32,
+    /// Borders of the regression and reconstruction bins beyond the prior's quantile bins, in
+    /// standard deviations (mirrored below zero; comma-separated, increasing; the flag with no
+    /// value: none). With --load of a checkpoint whose bins stop short of them, its outer bins
+    /// are split at them and training goes on.
+    #[arg(long, num_args = 0.., value_delimiter = ',', default_values_t = [2.25f32, 2.75, 3.5, 4.5, 6.0])]
+    pub tabular_tail_borders: Vec<f32>,
     /// Real tables evaluated every --eval-interval iterations: CSV files whose last column is
     /// the target (classes when it holds text or at most 10 distinct integers).
     #[arg(long, num_args = 1..)]
@@ -87,6 +93,8 @@ pub struct TabularTrainConfig {
     pub cell_budget: usize,
     pub hidden_share: f64,
     pub reconstruction_weight: f32,
+    /// Bin borders beyond the prior's quantiles, positive and increasing (mirrored below zero).
+    pub tail_borders: Vec<f32>,
     pub prior_workers: usize,
     pub eval_data: Vec<PathBuf>,
     pub eval_interval: u64,
@@ -239,6 +247,13 @@ pub fn validate(a: &TrainArgs) -> Result<TabularTrainConfig, TrainError> {
     if t.override_opt_param_scheduler && a.load.is_none() {
         return Err(refuse("--override-opt_param-scheduler", "needs --load"));
     }
+    let tails = &t.tabular_tail_borders;
+    if !tails.iter().all(|v| v.is_finite() && *v > 0.0) || !tails.windows(2).all(|w| w[0] < w[1]) {
+        return Err(refuse(
+            "--tabular-tail-borders",
+            "must be positive, finite and increasing",
+        ));
+    }
     if !(0.0..0.5).contains(&t.tabular_hidden_share) {
         return Err(refuse("--tabular-hidden-share", "must be in [0, 0.5)"));
     }
@@ -320,6 +335,7 @@ pub fn validate(a: &TrainArgs) -> Result<TabularTrainConfig, TrainError> {
         cell_budget: t.tabular_cell_budget,
         hidden_share: t.tabular_hidden_share,
         reconstruction_weight: t.tabular_reconstruction_weight,
+        tail_borders: tails.clone(),
         prior_workers: t.prior_workers.max(1),
         eval_data: t.tabular_eval_data.clone(),
         eval_interval: a.eval_interval,

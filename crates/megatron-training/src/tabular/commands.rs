@@ -99,7 +99,8 @@ pub struct LoadedModel {
 impl LoadedModel {
     pub fn load(path: &Path) -> Result<Self, TrainError> {
         let ck = checkpoint::load(path)?;
-        let (model, mut params) = TabularModel::new(ck.meta.model, 0, 0, 1);
+        let bins = ck.meta.borders.len() + 1;
+        let (model, mut params) = TabularModel::new(ck.meta.model, bins, 0, 0, 1);
         let mut local = params.data.clone();
         scatter_whole(&params, &ck.tensors, "", &mut local, &ck.dir)?;
         params.data = local;

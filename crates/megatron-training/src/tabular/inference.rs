@@ -4,7 +4,7 @@
 //! (imputation: its mean; anomaly score: the negative log-density of the observed value).
 
 use megatron_comm::CommError;
-use megatron_core::models::tabular::{TabularBatch, TabularModel, Task, BINS};
+use megatron_core::models::tabular::{TabularBatch, TabularModel, Task};
 use megatron_core::tensor_parallel::{serial_group, Tp};
 use megatron_core::transformer::step::StepContext;
 use megatron_core::Params;
@@ -107,9 +107,10 @@ impl Predictor<'_> {
         let k = t.classes as usize;
         let queries = t.rows - t.context_rows;
         let (centres, widths) = bin_geometry(self.borders);
+        let bins = self.model.head.bins();
         let mut out = Reading {
             queries: vec![vec![0.0; if k == 0 { 1 } else { k }]; queries],
-            query_bins: vec![vec![0.0; BINS]; if k == 0 { queries } else { 0 }],
+            query_bins: vec![vec![0.0; bins]; if k == 0 { queries } else { 0 }],
             cells: vec![0.0; cells.len()],
             cell_nll: vec![0.0; cells.len()],
             target_stats: (0.0, 1.0),
@@ -200,7 +201,7 @@ impl Predictor<'_> {
                     Task::Classification
                 };
                 let logits = head.logits(self.params, &enc.output, &qcells, task);
-                let w = if k == 0 { BINS } else { MAX_CLASSES };
+                let w = if k == 0 { bins } else { MAX_CLASSES };
                 for (q, row) in logits.data().chunks_exact(w).enumerate() {
                     if k == 0 {
                         let p = softmax(row);
@@ -225,7 +226,7 @@ impl Predictor<'_> {
                     .map(|c| (c.row * width + 1 + position[c.col]) as u32)
                     .collect();
                 let logits = head.logits(self.params, &enc.output, &ccells, Task::Reconstruction);
-                for (i, row) in logits.data().chunks_exact(BINS).enumerate() {
+                for (i, row) in logits.data().chunks_exact(bins).enumerate() {
                     let p = softmax(row);
                     let (mean, sd) = enc.column_stats[position[cells[i].col]];
                     let z: f32 = p.iter().zip(&centres).map(|(p, c)| p * c).sum();

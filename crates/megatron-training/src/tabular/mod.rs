@@ -9,6 +9,7 @@ pub mod evaluate;
 pub mod frame;
 pub mod impute;
 pub mod inference;
+pub mod tail_bins;
 pub mod trainer;
 
 pub use arguments::{validate, ResumeSchedule, TabularArgs, TabularTrainConfig};

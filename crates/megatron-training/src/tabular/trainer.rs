@@ -10,6 +10,7 @@ use super::checkpoint::{self, gather_whole, scatter_whole, TabularCheckpointMeta
 use super::evaluate::{evaluate_frame, TableMetrics};
 use super::frame::{frame, Frame, TaskArg};
 use super::inference::Predictor;
+use super::tail_bins::split_bins;
 use crate::logging::MetricsFile;
 use crate::TrainError;
 use megatron_comm::{Communicator, ReduceOp};
@@ -21,7 +22,7 @@ use megatron_core::tensor_parallel::{serial_group, Tp};
 use megatron_core::transformer::step::StepContext;
 use megatron_core::Grads;
 use megatron_data::tables::batching::TableBatch;
-use megatron_data::tables::borders::regression_borders;
+use megatron_data::tables::borders::{bin_shares, regression_borders, with_tails};
 use megatron_data::tables::{CsvTable, PriorConfig, PriorLoader};
 use megatron_tensor::RngKey;
 use serde::Serialize;
@@ -149,14 +150,43 @@ fn train_rank(
 ) -> Result<TabularSummary, TrainError> {
     let lead = world_rank == 0;
     let (tp_rank, dp_rank) = (tp_comm.rank(), dp.rank());
-    let (model, mut params) = TabularModel::new(cfg.model, cfg.seed, tp_rank, cfg.tp);
+    // The bins also carry reconstructed feature cells, so they exist whatever share of the
+    // prior's tables is regression: estimated from regression tables only.
+    let all_regression = PriorConfig {
+        regression_share: 1.0,
+        ..cfg.prior.clone()
+    };
+    let mut ck = cfg.load.as_deref().map(checkpoint::load).transpose()?;
+    let borders = match &mut ck {
+        Some(ck) => {
+            let old = ck.meta.borders.clone();
+            let borders = with_tails(&old, &cfg.tail_borders);
+            if borders != old {
+                let shares = bin_shares(&all_regression, cfg.seed, BORDER_TABLES, &borders);
+                let (m, v) = checkpoint::moment_names();
+                split_bins(&mut ck.tensors, &old, &borders, &shares, &[m, v], &ck.dir)?;
+                if lead {
+                    println!(
+                        " split the checkpoint's {} bins into {} at --tabular-tail-borders",
+                        old.len() + 1,
+                        borders.len() + 1
+                    );
+                }
+            }
+            borders
+        }
+        None => with_tails(
+            &regression_borders(&all_regression, cfg.seed, BORDER_TABLES, BINS),
+            &cfg.tail_borders,
+        ),
+    };
+    let (model, mut params) =
+        TabularModel::new(cfg.model, borders.len() + 1, cfg.seed, tp_rank, cfg.tp);
     let (b1, b2, eps) = cfg.adam;
     let mut adam = Adam::new(&params, b1, b2, eps);
     let mut scheduler = cfg.scheduler.clone();
     let mut iteration = 0u64;
-    let mut borders = None;
-    if let Some(load) = &cfg.load {
-        let ck = checkpoint::load(load)?;
+    if let Some(ck) = &ck {
         if ck.meta.model != cfg.model {
             return Err(crate::checkpointing::ckpt_err(
                 &ck.dir,
@@ -180,7 +210,6 @@ fn train_rank(
             ResumeSchedule::Checkpoint => scheduler = ck.meta.scheduler.clone(),
         }
         iteration = ck.meta.iteration;
-        borders = Some(ck.meta.borders.clone());
         if lead {
             println!(
                 " loaded tabular checkpoint {} (iteration {iteration})",
@@ -188,14 +217,7 @@ fn train_rank(
             );
         }
     }
-    // The bins also carry reconstructed feature cells, so they exist whatever share of the
-    // prior's tables is regression: estimated from regression tables only.
-    let all_regression = PriorConfig {
-        regression_share: 1.0,
-        ..cfg.prior.clone()
-    };
-    let borders = borders
-        .unwrap_or_else(|| regression_borders(&all_regression, cfg.seed, BORDER_TABLES, BINS));
+    drop(ck);
     let evals = eval_frames(cfg)?;
     let per = cfg.tables_per_step as u64;
     let mut loader = PriorLoader::new(
@@ -444,7 +466,7 @@ fn evaluate_whole(
     borders: &[f32],
     evals: &[(String, Frame)],
 ) -> Result<Vec<TableMetrics>, TrainError> {
-    let (model, mut params) = TabularModel::new(cfg.model, cfg.seed, 0, 1);
+    let (model, mut params) = TabularModel::new(cfg.model, borders.len() + 1, cfg.seed, 0, 1);
     for (m, w) in params.metas.clone().iter().zip(whole) {
         params.data[m.offset..m.offset + m.numel].copy_from_slice(w);
     }

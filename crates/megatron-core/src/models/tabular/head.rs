@@ -15,7 +15,8 @@ use megatron_tensor::cpu::{
 };
 use megatron_tensor::Tensor;
 
-/// Bins of the regression distribution.
+/// Bins of the regression distribution's body, cut at equal-probability quantiles of the
+/// prior's targets; tail bins may be added beyond them, so a head's width is its borders + 1.
 pub const BINS: usize = 32;
 
 pub struct TabularHead {
@@ -25,6 +26,8 @@ pub struct TabularHead {
     /// Masked-cell reconstruction: bins over a feature cell's standardised value.
     pub cells: (ParamId, ParamId),
     emb: usize,
+    /// Bins of the regression and reconstruction distributions.
+    bin_count: usize,
 }
 
 /// Which cells the head predicts and against what, for one task kind.
@@ -39,7 +42,7 @@ pub struct HeadRows<'a> {
     pub weights: &'a [f32],
 }
 
-/// The bin of standardised target `z` among `borders` (`BINS - 1` increasing values).
+/// The bin of standardised target `z` among `borders` (increasing values).
 pub fn bin_of(z: f32, borders: &[f32]) -> u32 {
     borders.partition_point(|&b| b < z) as u32
 }
@@ -53,8 +56,10 @@ pub enum Task {
 }
 
 impl TabularHead {
+    /// A head over `bins` bins (the borders + 1) for regression and reconstruction.
     pub fn new(
         emb: usize,
+        bins: usize,
         init_std: f32,
         eps: f32,
         params: &mut Params,
@@ -87,22 +92,29 @@ impl TabularHead {
             )
         };
         let classes = linear("classes", MAX_CLASSES);
-        let bins = linear("bins", BINS);
-        let cells = linear("cells", BINS);
+        let bin_count = bins;
+        let bins = linear("bins", bin_count);
+        let cells = linear("cells", bin_count);
         TabularHead {
             norm,
             classes,
             bins,
             cells,
             emb,
+            bin_count,
         }
+    }
+
+    /// Bins of the regression and reconstruction distributions.
+    pub fn bins(&self) -> usize {
+        self.bin_count
     }
 
     fn linear(&self, task: Task) -> ((ParamId, ParamId), usize) {
         match task {
             Task::Classification => (self.classes, MAX_CLASSES),
-            Task::Regression => (self.bins, BINS),
-            Task::Reconstruction => (self.cells, BINS),
+            Task::Regression => (self.bins, self.bin_count),
+            Task::Reconstruction => (self.cells, self.bin_count),
         }
     }
 
@@ -153,7 +165,7 @@ impl TabularHead {
         let ((w, b), width) = self.linear(task);
         let valid: Vec<u32> = match task {
             Task::Classification => rows.valid.to_vec(),
-            Task::Regression | Task::Reconstruction => vec![BINS as u32; n],
+            Task::Regression | Task::Reconstruction => vec![self.bin_count as u32; n],
         };
         let mut losses = vec![0.0f32; n];
         let mut dlogits = backward

@@ -33,7 +33,7 @@ pub struct TabularBatch<'a> {
     pub real_cols: &'a [usize],
     /// Keys the random column identities (a fresh key per step in training).
     pub ids: RngKey,
-    /// `BINS - 1` increasing borders of the standardised regression target.
+    /// Increasing borders of the standardised regression target (the head's bins - 1).
     pub borders: &'a [f32],
     /// Tables in the whole step (the loss is the mean over them).
     pub step_tables: usize,
@@ -53,8 +53,15 @@ pub struct HiddenCell {
 }
 
 impl TabularModel {
-    /// The model as TP rank `tp_rank` of `tp_size` holds it, initialized from `seed`.
-    pub fn new(config: TabularConfig, seed: u64, tp_rank: usize, tp_size: usize) -> (Self, Params) {
+    /// The model as TP rank `tp_rank` of `tp_size` holds it, initialized from `seed`, its
+    /// regression and reconstruction heads over `bins` bins.
+    pub fn new(
+        config: TabularConfig,
+        bins: usize,
+        seed: u64,
+        tp_rank: usize,
+        tp_size: usize,
+    ) -> (Self, Params) {
         let mut params = Params::for_tp_rank(tp_rank, tp_size);
         let mut inits = Vec::new();
         let embedding = CellEmbedding::new(config.emb, config.init_std, &mut params, &mut inits);
@@ -63,6 +70,7 @@ impl TabularModel {
             .collect();
         let head = TabularHead::new(
             config.emb,
+            bins,
             config.init_std,
             config.eps,
             &mut params,
@@ -198,6 +206,11 @@ impl TabularModel {
         batch: &TabularBatch,
         ctx: &StepContext,
     ) -> Result<f64, CommError> {
+        assert_eq!(
+            batch.borders.len() + 1,
+            self.head.bins(),
+            "the batch's bin borders must match the head's bins"
+        );
         let mut kept = Vec::new();
         let keep = grads.is_some().then_some(&mut kept);
         let (x, enc) = self.run(params, tp, batch, ctx, keep)?;
