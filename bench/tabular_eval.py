@@ -2,6 +2,7 @@
 """Issue 18's evaluation of a trained tabular checkpoint on real scikit-learn tables.
 
 Usage: python bench/tabular_eval.py --megatron target/release/megatron --load CKPT [--ensemble 4]
+       [--parts supervised,imputation,latency]
 
 For each table, 5 repeated 70/30 splits (seeds 0-4): `megatron tabular predict` against
 scikit-learn's logistic/linear regression, random forest and HistGradientBoosting (ROC AUC,
@@ -77,13 +78,16 @@ def main():
     ap.add_argument("--ensemble", type=int, default=4)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--splits", type=int, default=5)
+    ap.add_argument("--parts", default="supervised,imputation,latency",
+                    help="comma-separated: supervised (predict), imputation (impute and anomaly scores), latency")
     args = ap.parse_args()
+    parts = set(args.parts.split(","))
     tmp = tempfile.mkdtemp()
     print(f"checkpoint {args.load}, ensemble {args.ensemble}, {args.splits} splits\n")
     print("| table | model | ROC AUC | accuracy | log loss | RMSE | R^2 |")
     print("|---|---|---|---|---|---|---|")
     summary = {}
-    for name, X, y, task in tables():
+    for name, X, y, task in (tables() if "supervised" in parts else []):
         res = {}
         for seed in range(args.splits):
             strat = y if task == "classification" else None
@@ -121,11 +125,12 @@ def main():
                 print(f"| {name} | {m} | | | | {v[0]:.4f} | {v[1]:.4f} |")
             summary.setdefault(m, []).append(v[0] if task == "classification" else None)
     aucs = {m: np.mean([a for a in v if a is not None]) for m, v in summary.items() if any(a is not None for a in v)}
-    print("\nMean ROC AUC over the classification tables:", ", ".join(f"{m} {a:.4f}" for m, a in aucs.items()))
+    if aucs:
+        print("\nMean ROC AUC over the classification tables:", ", ".join(f"{m} {a:.4f}" for m, a in aucs.items()))
 
     print("\n| table | imputation RMSE (sd units): megatron-rs | IterativeImputer | anomaly ROC AUC: megatron-rs | abs z |")
     print("|---|---|---|---|---|")
-    for name, X, y, task in tables():
+    for name, X, y, task in (tables() if "imputation" in parts else []):
         imp, anom = [], []
         for seed in range(args.splits):
             rng = np.random.default_rng(seed)
@@ -159,6 +164,8 @@ def main():
         i, a = np.array(imp).mean(0), np.array(anom).mean(0)
         print(f"| {name} | {i[0]:.4f} | {i[1]:.4f} | {a[0]:.4f} | {a[1]:.4f} |")
 
+    if "latency" not in parts:
+        return
     # Latency: 1,000 context rows x 20 columns, 1,000 query rows.
     rng = np.random.default_rng(0)
     Xl = rng.normal(size=(2000, 20)); yl = (Xl[:, :3].sum(1) > 0).astype(int)
