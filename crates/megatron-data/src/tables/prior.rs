@@ -4,8 +4,10 @@
 //!
 //! Each node holds a vector (width 1-4); a node's vector is the sum of random edge functions of
 //! its parents' vectors plus Gaussian noise, standardised over the table's rows before its
-//! children read it (so depth cannot blow values up). Roots draw from a normal, a uniform or a
-//! per-dimension mix, optionally drifting from row to row (non-i.i.d. rows, an AR(1) process in
+//! children read it (so depth cannot blow values up). Roots draw from a normal, a uniform, a
+//! log-normal or a per-dimension mix (the log-normal's right tail reaches 5-10 standard
+//! deviations, as sizes, counts and their errors do in real tables; through linear edges it
+//! gives columns that are heavy-tailed and linearly related at once), optionally drifting from row to row (non-i.i.d. rows, an AR(1) process in
 //! row order: later rows, the queries, come from a later stretch). Features are node dimensions
 //! chosen at random; a node reached through a discretisation can give a categorical column.
 //! The target is another node dimension: continuous (regression) or cut at random quantiles
@@ -97,6 +99,15 @@ impl Table {
     }
 }
 
+/// What a root dimension's values are drawn from.
+#[derive(Clone, Copy)]
+enum RootKind {
+    Normal,
+    Uniform,
+    /// `exp(s * normal)`: skewed, with a heavy right tail.
+    LogNormal(f64),
+}
+
 /// Table `index` of the prior with seed `seed`: a pure function of both.
 pub fn sample_table(cfg: &PriorConfig, seed: u64, index: u64) -> Table {
     let mut rng = Stream::new(RngKey::new(seed).fold(index));
@@ -141,7 +152,14 @@ pub fn sample_table(cfg: &PriorConfig, seed: u64, index: u64) -> Table {
     // is a discretisation.
     let mut r = rng.fork(3);
     let drift = r.chance(cfg.non_iid_share).then(|| r.range(0.5, 0.99));
-    let root_kind: Vec<u8> = (0..width).map(|_| r.int(0, 1) as u8).collect();
+    // Per root dimension: normal, uniform, or log-normal with the log's sd drawn in [0.4, 1.2].
+    let root_kind: Vec<RootKind> = (0..width)
+        .map(|_| match r.int(0, 2) {
+            0 => RootKind::Normal,
+            1 => RootKind::Uniform,
+            _ => RootKind::LogNormal(r.range(0.4, 1.2)),
+        })
+        .collect();
     let mut value = vec![vec![0.0f64; rows * width]; nodes];
     let mut category: Vec<Option<(usize, Vec<u32>)>> = (0..nodes).map(|_| None).collect();
     for n in 0..nodes {
@@ -150,10 +168,10 @@ pub fn sample_table(cfg: &PriorConfig, seed: u64, index: u64) -> Table {
             let mut prev = vec![0.0f64; width];
             for row in 0..rows {
                 for j in 0..width {
-                    let fresh = if root_kind[j] == 0 {
-                        r.normal()
-                    } else {
-                        r.range(-1.7, 1.7)
+                    let fresh = match root_kind[j] {
+                        RootKind::Normal => r.normal(),
+                        RootKind::Uniform => r.range(-1.7, 1.7),
+                        RootKind::LogNormal(s) => (s * r.normal()).exp(),
                     };
                     let x = match drift {
                         Some(rho) => rho * prev[j] + (1.0 - rho * rho).sqrt() * fresh,
