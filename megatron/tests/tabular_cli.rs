@@ -333,3 +333,44 @@ fn bad_tables_and_checkpoints_are_refused_by_name() {
     ]);
     assert!(!ok && text.contains("manifest"), "{text}");
 }
+
+/// A query far beyond the context's range: on the linear base the prediction follows the
+/// linear trend out there; the in-context model alone stays within the context's targets.
+#[test]
+fn the_linear_regression_base_extrapolates_where_the_model_alone_cannot() {
+    let dir = tmpdir("linear-base");
+    let ck = checkpoint(&dir);
+    let (train, test) = (dir.join("lin_train.csv"), dir.join("lin_test.csv"));
+    let mut text = String::from("a,b,y\n");
+    for r in 0..60 {
+        let (a, b) = ((r as f32 * 0.37).sin(), (r as f32 * 0.91).cos());
+        text += &format!("{a},{b},{}\n", 2.0 * a - b + 1.0);
+    }
+    std::fs::write(&train, text).unwrap();
+    // a = 10, b = 0.5: y = 20.5, where the context's targets stay within [-2, 4].
+    std::fs::write(&test, "a,b\n10,0.5\n").unwrap();
+    let mut got = Vec::new();
+    for base in ["linear", "none"] {
+        let out = dir.join(format!("lin_{base}.csv"));
+        let (ok, text) = megatron(&[
+            "tabular",
+            "predict",
+            "--load",
+            s(&ck),
+            "--train",
+            s(&train),
+            "--test",
+            s(&test),
+            "--target",
+            "y",
+            "--regression-base",
+            base,
+            "--out",
+            s(&out),
+        ]);
+        assert!(ok, "{text}");
+        got.push(read(&out)[1][0].parse::<f32>().unwrap());
+    }
+    assert!((got[0] - 20.5).abs() < 1.5, "linear base: {}", got[0]);
+    assert!(got[1] < 5.0, "the model alone: {}", got[1]);
+}

@@ -6,6 +6,7 @@ use super::checkpoint::{self, scatter_whole, TabularCheckpointMeta};
 use super::evaluate::argmax;
 use super::frame::{frame, Frame, FrameTarget, TaskArg};
 use super::inference::{CellQuery, InferenceTable, Predictor, Reading};
+use super::linear_base::{read_regression, RegressionBase};
 use crate::TrainError;
 use clap::{Args, Subcommand};
 use megatron_core::models::tabular::TabularModel;
@@ -44,6 +45,11 @@ pub struct ModelArgs {
     /// rows).
     #[arg(long, default_value_t = 1024)]
     pub max_context_rows: usize,
+    /// What a regression (and a conditionally imputed cell) is predicted on: `linear`, a
+    /// ridge fit on the context plus the model's reading of its residuals (extrapolates
+    /// beyond the context's range); `none`, the model alone.
+    #[arg(long, value_enum, default_value = "linear")]
+    pub regression_base: RegressionBase,
     #[arg(long, default_value_t = 1234)]
     pub seed: u64,
     #[arg(long)]
@@ -87,6 +93,10 @@ pub struct ImputeArgs {
     /// `reconstruction`: the masked-cell head (categorical cells always use it).
     #[arg(long, value_enum, default_value = "conditional")]
     pub impute_method: super::impute::ImputeMethod,
+    /// Rounds of conditional imputation: after the first, each column is predicted again from
+    /// the others as the last round filled them (chained equations; each round costs a pass).
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=20))]
+    pub impute_rounds: u64,
 }
 
 /// A trained model ready to read tables.
@@ -252,21 +262,28 @@ pub fn predict(a: &PredictArgs) -> Result<Vec<Vec<f32>>, TrainError> {
         .collect();
     let table = inference_table(&f, &order, context.len(), &[]);
     let pool = thread_pool(a.model.num_threads)?;
-    let r = pool.install(|| {
-        lm.predictor(a.model.max_context_rows)
-            .read(&table, &[], a.model.ensemble, a.model.seed)
-    })?;
-    let header: Vec<String> = match f.target.as_ref().expect("a target") {
-        FrameTarget::Classes { labels, .. } => labels.clone(),
-        FrameTarget::Values(_) => vec!["prediction".into()],
+    let p = lm.predictor(a.model.max_context_rows);
+    let (m, seed) = (a.model.ensemble, a.model.seed);
+    let (header, queries): (Vec<String>, Vec<Vec<f32>>) = match f.target.as_ref().expect("a target")
+    {
+        FrameTarget::Classes { labels, .. } => (
+            labels.clone(),
+            pool.install(|| p.read(&table, &[], m, seed))?.queries,
+        ),
+        FrameTarget::Values(_) => (
+            vec!["prediction".into()],
+            pool.install(|| read_regression(&p, &table, a.model.regression_base, m, seed))?
+                .into_iter()
+                .map(|v| vec![v])
+                .collect(),
+        ),
     };
-    let rows: Vec<Vec<String>> = r
-        .queries
+    let rows: Vec<Vec<String>> = queries
         .iter()
         .map(|q| q.iter().map(|v| format!("{v:.6}")).collect())
         .collect();
     write_csv(&a.out, &header, &rows)?;
-    Ok(r.queries)
+    Ok(queries)
 }
 
 /// The table of `a` read with its target.
@@ -330,8 +347,10 @@ pub fn impute(args: &ImputeArgs) -> Result<Vec<Vec<String>>, TrainError> {
                 &lm.predictor(a.model.max_context_rows),
                 &f,
                 y,
+                a.model.regression_base,
                 a.model.ensemble,
                 a.model.seed,
+                args.impute_rounds as usize,
             )
         })?,
         super::impute::ImputeMethod::Reconstruction => Vec::new(),

@@ -8,6 +8,7 @@
 
 use super::frame::Frame;
 use super::inference::{InferenceTable, Predictor};
+use super::linear_base::{read_regression, RegressionBase};
 use megatron_comm::CommError;
 
 /// How `megatron tabular impute` fills feature cells.
@@ -22,10 +23,38 @@ pub enum ImputeMethod {
 
 /// Fills: (row, feature column, value) for each missing numeric feature cell of `f` whose
 /// column is observed in at least 2 rows; `y` is the target per row (NaN where unknown).
+/// After the first of `rounds`, each column is predicted again from the others as the last
+/// round filled them (chained equations, as IterativeImputer does: van Buuren and
+/// Groothuis-Oudshoorn 2011), so that a row missing several cells reads its other gaps as
+/// estimates rather than as missing.
 pub fn conditional_fill(
     p: &Predictor<'_>,
     f: &Frame,
     y: &[f32],
+    base: RegressionBase,
+    ensemble: usize,
+    seed: u64,
+    rounds: usize,
+) -> Result<Vec<(usize, usize, f32)>, CommError> {
+    let mut current = f.values.clone();
+    let mut out = Vec::new();
+    for _ in 0..rounds.max(1) {
+        out = fill_round(p, f, &current, y, base, ensemble, seed)?;
+        for &(r, c, v) in &out {
+            current[r * f.cols + c] = v;
+        }
+    }
+    Ok(out)
+}
+
+/// One round: each column's missing cells of `f` predicted from `values` (`f`'s, or with the
+/// last round's fills) of the other columns.
+fn fill_round(
+    p: &Predictor<'_>,
+    f: &Frame,
+    values: &[f32],
+    y: &[f32],
+    base: RegressionBase,
     ensemble: usize,
     seed: u64,
 ) -> Result<Vec<(usize, usize, f32)>, CommError> {
@@ -48,7 +77,7 @@ pub fn conditional_fill(
             .flat_map(|&r| {
                 (0..cols)
                     .filter(move |&k| k != c)
-                    .map(move |k| f.values[r * cols + k])
+                    .map(move |k| values[r * cols + k])
                     .chain(std::iter::once(y[r]))
             })
             .collect();
@@ -64,9 +93,9 @@ pub fn conditional_fill(
                 .collect(),
             classes: 0,
         };
-        let reading = p.read(&table, &[], ensemble, seed.wrapping_add(c as u64))?;
-        for (i, &r) in missing.iter().enumerate() {
-            out.push((r, c, reading.queries[i][0]));
+        let filled = read_regression(p, &table, base, ensemble, seed.wrapping_add(c as u64))?;
+        for (&r, v) in missing.iter().zip(filled) {
+            out.push((r, c, v));
         }
     }
     Ok(out)

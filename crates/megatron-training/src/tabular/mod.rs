@@ -9,6 +9,7 @@ pub mod evaluate;
 pub mod frame;
 pub mod impute;
 pub mod inference;
+pub mod linear_base;
 pub mod tail_bins;
 pub mod trainer;
 
