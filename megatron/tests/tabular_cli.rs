@@ -334,6 +334,33 @@ fn bad_tables_and_checkpoints_are_refused_by_name() {
     assert!(!ok && text.contains("manifest"), "{text}");
 }
 
+/// `megatron tabular predict` of `target` with `extra` flags into `out`.
+fn predict(
+    ck: &Path,
+    train: &Path,
+    test: &Path,
+    target: &str,
+    extra: &[&str],
+    out: &Path,
+) -> (bool, String) {
+    let mut args = vec![
+        "tabular",
+        "predict",
+        "--load",
+        s(ck),
+        "--train",
+        s(train),
+        "--test",
+        s(test),
+        "--target",
+        target,
+        "--out",
+        s(out),
+    ];
+    args.extend_from_slice(extra);
+    megatron(&args)
+}
+
 /// A query far beyond the context's range: on the linear base the prediction follows the
 /// linear trend out there; the in-context model alone stays within the context's targets.
 #[test]
@@ -352,22 +379,7 @@ fn the_linear_regression_base_extrapolates_where_the_model_alone_cannot() {
     let mut got = Vec::new();
     for base in ["linear", "none"] {
         let out = dir.join(format!("lin_{base}.csv"));
-        let (ok, text) = megatron(&[
-            "tabular",
-            "predict",
-            "--load",
-            s(&ck),
-            "--train",
-            s(&train),
-            "--test",
-            s(&test),
-            "--target",
-            "y",
-            "--regression-base",
-            base,
-            "--out",
-            s(&out),
-        ]);
+        let (ok, text) = predict(&ck, &train, &test, "y", &["--regression-base", base], &out);
         assert!(ok, "{text}");
         got.push(read(&out)[1][0].parse::<f32>().unwrap());
     }
