@@ -7,10 +7,10 @@
 //! children read it (so depth cannot blow values up). Roots draw from a normal, a uniform, a
 //! log-normal or a per-dimension mix (the log-normal's right tail reaches 5-10 standard
 //! deviations, as sizes, counts and their errors do in real tables; through linear edges it
-//! gives columns that are heavy-tailed and linearly related at once), optionally drifting from row to row (non-i.i.d. rows, an AR(1) process in
-//! row order: later rows, the queries, come from a later stretch). Features are node dimensions
-//! chosen at random; a node reached through a discretisation can give a categorical column.
-//! The target is another node dimension: continuous (regression) or cut at random quantiles
+//! gives columns that are heavy-tailed and linearly related at once), optionally drifting from
+//! row to row (non-i.i.d. rows, an AR(1) process in row order: later rows, the queries, come
+//! from a later stretch). Features are node dimensions chosen at random; a node reached
+//! through a discretisation can give a categorical column. The target is another node dimension: continuous (regression) or cut at random quantiles
 //! into 2-10 classes with shuffled labels.
 
 use super::dag::CausalGraph;

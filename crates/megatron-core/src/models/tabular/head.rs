@@ -56,10 +56,10 @@ pub enum Task {
 }
 
 impl TabularHead {
-    /// A head over `bins` bins (the borders + 1) for regression and reconstruction.
+    /// A head over `bin_count` bins (the borders + 1) for regression and reconstruction.
     pub fn new(
         emb: usize,
-        bins: usize,
+        bin_count: usize,
         init_std: f32,
         eps: f32,
         params: &mut Params,
@@ -92,7 +92,6 @@ impl TabularHead {
             )
         };
         let classes = linear("classes", MAX_CLASSES);
-        let bin_count = bins;
         let bins = linear("bins", bin_count);
         let cells = linear("cells", bin_count);
         TabularHead {
