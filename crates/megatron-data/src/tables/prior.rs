@@ -10,8 +10,9 @@
 //! gives columns that are heavy-tailed and linearly related at once), optionally drifting from
 //! row to row (non-i.i.d. rows, an AR(1) process in row order: later rows, the queries, come
 //! from a later stretch). Features are node dimensions chosen at random; a node reached
-//! through a discretisation can give a categorical column. The target is another node dimension: continuous (regression) or cut at random quantiles
-//! into 2-10 classes with shuffled labels.
+//! through a discretisation can give a categorical column. The target is another node
+//! dimension: continuous (regression) or cut at random quantiles into 2-10 classes with
+//! shuffled labels.
 
 use super::dag::CausalGraph;
 use super::edge::EdgeFunction;
