@@ -78,7 +78,7 @@ fn leave_one_out_residuals_equal_refits_without_the_row() {
 /// features are noise to the target, so a small context over-fits them without a penalty.
 fn noisy_table(rows: usize, cols: usize) -> InferenceTable {
     let cell =
-        |r: usize, c: usize| ((r * 31 + c * 17) as f32 * 0.7853).sin() + (r * c % 7) as f32 * 0.1;
+        |r: usize, c: usize| ((r * 31 + c * 17) as f32 * 0.77).sin() + (r * c % 7) as f32 * 0.1;
     InferenceTable {
         rows,
         cols,
