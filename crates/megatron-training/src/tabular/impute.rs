@@ -47,12 +47,12 @@ pub fn conditional_fill(
     Ok(out)
 }
 
-/// One round: each column's missing cells of `f` predicted from `values` (`f`'s, or with the
-/// last round's fills) of the other columns.
+/// One round: each column's missing cells of `f` predicted from `current` (`f`'s values, or
+/// with the last round's fills) of the other columns.
 fn fill_round(
     p: &Predictor<'_>,
     f: &Frame,
-    values: &[f32],
+    current: &[f32],
     y: &[f32],
     base: RegressionBase,
     ensemble: usize,
@@ -77,7 +77,7 @@ fn fill_round(
             .flat_map(|&r| {
                 (0..cols)
                     .filter(move |&k| k != c)
-                    .map(move |k| values[r * cols + k])
+                    .map(move |k| current[r * cols + k])
                     .chain(std::iter::once(y[r]))
             })
             .collect();

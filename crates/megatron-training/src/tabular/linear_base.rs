@@ -40,13 +40,38 @@ pub const PENALTIES: [f64; 11] = [
 /// A ridge regression of the target on `InferenceTable` features: missing features read as
 /// the context's mean, features standardised by the context's statistics, intercept free.
 pub struct LinearBase {
-    mean: Vec<f64>,
-    scale: Vec<f64>,
+    standard: Standardisation,
     beta: Vec<f64>,
     penalty: f64,
 }
 
-impl LinearBase {
+/// The context's per-feature mean and standard deviation.
+#[derive(Clone)]
+struct Standardisation {
+    mean: Vec<f64>,
+    scale: Vec<f64>,
+}
+
+impl Standardisation {
+    fn of_context(t: &InferenceTable) -> Self {
+        let mut mean = vec![0.0; t.cols];
+        let mut scale = vec![1.0; t.cols];
+        for c in 0..t.cols {
+            let seen: Vec<f64> = (0..t.context_rows)
+                .map(|r| t.values[r * t.cols + c] as f64)
+                .filter(|v| !v.is_nan())
+                .collect();
+            if seen.is_empty() {
+                continue;
+            }
+            let m = seen.iter().sum::<f64>() / seen.len() as f64;
+            let var = seen.iter().map(|v| (v - m).powi(2)).sum::<f64>() / seen.len() as f64;
+            mean[c] = m;
+            scale[c] = if var > 1e-18 { var.sqrt() } else { 1.0 };
+        }
+        Standardisation { mean, scale }
+    }
+
     /// The standardised design row of row `r` of `t`: 1 then the features.
     fn design(&self, t: &InferenceTable, r: usize) -> Vec<f64> {
         std::iter::once(1.0)
@@ -60,9 +85,11 @@ impl LinearBase {
             }))
             .collect()
     }
+}
 
+impl LinearBase {
     pub fn predict(&self, t: &InferenceTable, r: usize) -> f64 {
-        dot(&self.beta, &self.design(t, r))
+        dot(&self.beta, &self.standard.design(t, r))
     }
 
     /// The ridge penalty of the fit.
@@ -96,8 +123,7 @@ impl LinearBase {
 
 /// The normal equations of a context, shared by the penalties tried.
 struct Problem {
-    mean: Vec<f64>,
-    scale: Vec<f64>,
+    standard: Standardisation,
     rows: Vec<Vec<f64>>,
     y: Vec<f64>,
     gram: Vec<f64>,
@@ -107,28 +133,8 @@ struct Problem {
 impl Problem {
     fn new(t: &InferenceTable) -> Self {
         let n = t.context_rows;
-        let mut mean = vec![0.0; t.cols];
-        let mut scale = vec![1.0; t.cols];
-        for c in 0..t.cols {
-            let seen: Vec<f64> = (0..n)
-                .map(|r| t.values[r * t.cols + c] as f64)
-                .filter(|v| !v.is_nan())
-                .collect();
-            if seen.is_empty() {
-                continue;
-            }
-            let m = seen.iter().sum::<f64>() / seen.len() as f64;
-            let var = seen.iter().map(|v| (v - m).powi(2)).sum::<f64>() / seen.len() as f64;
-            mean[c] = m;
-            scale[c] = if var > 1e-18 { var.sqrt() } else { 1.0 };
-        }
-        let standardise = LinearBase {
-            mean,
-            scale,
-            beta: Vec::new(),
-            penalty: 0.0,
-        };
-        let rows: Vec<Vec<f64>> = (0..n).map(|r| standardise.design(t, r)).collect();
+        let standard = Standardisation::of_context(t);
+        let rows: Vec<Vec<f64>> = (0..n).map(|r| standard.design(t, r)).collect();
         let y: Vec<f64> = t.targets[..n].iter().map(|&v| v as f64).collect();
         let k = t.cols + 1;
         let mut gram = vec![0.0; k * k];
@@ -142,8 +148,7 @@ impl Problem {
             }
         }
         Problem {
-            mean: standardise.mean,
-            scale: standardise.scale,
+            standard,
             rows,
             y,
             gram,
@@ -154,8 +159,7 @@ impl Problem {
     fn solve(&self, penalty: f64) -> (LinearBase, Vec<f64>) {
         let k = self.rhs.len();
         let mut base = LinearBase {
-            mean: self.mean.clone(),
-            scale: self.scale.clone(),
+            standard: self.standard.clone(),
             beta: vec![0.0; k],
             penalty,
         };
