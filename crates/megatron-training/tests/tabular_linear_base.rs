@@ -1,9 +1,10 @@
 //! The linear base under tabular regression (`tabular::linear_base`): the ridge fit recovers a
 //! linear relation and extrapolates it, its leave-one-out residuals are those of refits
-//! without each row, and its penalty is the grid's with the least leave-one-out error.
+//! without each row, its penalty is the grid's with the least leave-one-out error, and a
+//! positive target related to positive features by powers is fitted on the log scale.
 
 use megatron_training::tabular::inference::InferenceTable;
-use megatron_training::tabular::linear_base::{LinearBase, PENALTIES};
+use megatron_training::tabular::linear_base::{LinearBase, TargetScale, PENALTIES};
 
 /// `rows` rows of 2 features (one missing now and then) and `y = 3 x0 - 2 x1 + 5 + noise`.
 fn table(rows: usize, context: usize, noise: f32) -> InferenceTable {
@@ -111,4 +112,153 @@ fn the_penalty_is_the_one_with_the_least_leave_one_out_error() {
     assert!(fit.penalty() >= 10.0, "penalty {}", fit.penalty());
     let (clean, _) = LinearBase::fit(&table(200, 190, 0.0));
     assert_eq!(clean.penalty(), PENALTIES[0]);
+}
+
+/// `rows` rows of 3 positive features and `y = 2 x0^2 sqrt(x1)` (x2 irrelevant), as radius,
+/// perimeter and area relate in breast_cancer.
+fn power_table(rows: usize, context: usize) -> InferenceTable {
+    let mut values = Vec::new();
+    let mut targets = Vec::new();
+    for r in 0..rows {
+        let x0 = 1.0 + (r as f32 * 0.37).sin().abs() * 2.0;
+        let x1 = 0.5 + (r as f32 * 0.91).cos().abs() * 3.0;
+        let x2 = 1.0 + (r % 5) as f32;
+        values.extend([x0, x1, x2]);
+        targets.push(2.0 * x0 * x0 * x1.sqrt());
+    }
+    InferenceTable {
+        rows,
+        cols: 3,
+        context_rows: context,
+        values,
+        targets,
+        classes: 0,
+    }
+}
+
+fn is_log(scale: TargetScale) -> bool {
+    matches!(scale, TargetScale::Log { .. })
+}
+
+#[test]
+fn a_power_law_is_fitted_on_the_log_scale_and_extrapolated() {
+    let mut t = power_table(160, 150);
+    // A query with x0 twice the context's largest (3).
+    t.values[155 * 3] = 6.0;
+    let truth = |r: usize| 2.0 * (t.values[r * 3] as f64).powi(2) * (t.values[r * 3 + 1] as f64).sqrt();
+    let (fit, loo) = LinearBase::fit(&t);
+    assert!(is_log(fit.target_scale()), "{:?}", fit.target_scale());
+    for r in 150..160 {
+        let (got, want) = (fit.predict(&t, r), truth(r));
+        assert!((got - want).abs() < 0.01 * want, "row {r}: {got} vs {want}");
+    }
+    // Leave-one-out residuals are in the target's units, and small.
+    assert!(loo.iter().all(|e| e.abs() < 0.05), "{loo:?}");
+    // The target's own scale misses the curvature: far off on the extrapolated row.
+    let (raw, _) = LinearBase::fit_penalised(&t, PENALTIES[0]);
+    let miss = (raw.predict(&t, 155) - truth(155)).abs();
+    assert!(miss > 0.1 * truth(155), "raw fit misses by only {miss}");
+}
+
+#[test]
+fn a_linear_relation_stays_on_the_targets_own_scale_though_all_is_positive() {
+    let mut t = table(200, 190, 0.0);
+    // Shift the features and the target positive: y = 3 x0 - 2 x1 + 30, x0 + 5 > 0, x1 + 2 > 0.
+    for (i, v) in t.values.iter_mut().enumerate() {
+        *v += if i % 2 == 0 { 5.0 } else { 2.0 };
+    }
+    for r in 0..200 {
+        t.targets[r] = 3.0 * t.values[r * 2] - 2.0 * t.values[r * 2 + 1] + 19.0;
+    }
+    assert!(t.targets.iter().all(|&y| y > 0.0) && t.values.iter().all(|&v| v > 0.0));
+    let (fit, _) = LinearBase::fit(&t);
+    assert_eq!(fit.target_scale(), TargetScale::Identity);
+}
+
+#[test]
+fn a_non_positive_target_or_feature_keeps_the_log_away_from_it() {
+    // One context target at zero: no log scale at all.
+    let mut zero = power_table(60, 50);
+    zero.targets[7] = 0.0;
+    let (fit, _) = LinearBase::fit(&zero);
+    assert_eq!(fit.target_scale(), TargetScale::Identity);
+    // An irrelevant feature negative in one query row: the log scale still fits the others,
+    // that column is read as it is, and every prediction is finite and close.
+    let mut t = power_table(60, 50);
+    t.values[55 * 3 + 2] = -4.0;
+    let (fit, _) = LinearBase::fit(&t);
+    assert!(is_log(fit.target_scale()), "{:?}", fit.target_scale());
+    for r in 50..60 {
+        let want = 2.0 * (t.values[r * 3] as f64).powi(2) * (t.values[r * 3 + 1] as f64).sqrt();
+        let got = fit.predict(&t, r);
+        assert!(got.is_finite() && (got - want).abs() < 0.05 * want, "row {r}: {got} vs {want}");
+    }
+}
+
+#[test]
+fn smearing_makes_the_log_fit_unbiased_in_the_targets_units() {
+    // ln y = 0.5 x0 + e, e roughly normal with sd 0.8: exp of the fitted log is the median of
+    // y, about exp(-0.32) = 0.73 of its mean; the smearing factor restores the mean.
+    let (rows, context) = (4000, 2000);
+    let mut state = 12345u64;
+    let mut uniform = move || {
+        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (state >> 11) as f64 / (1u64 << 53) as f64
+    };
+    let mut values = Vec::new();
+    let mut targets = Vec::new();
+    for _ in 0..rows {
+        let x0 = 4.0 * uniform() - 2.0;
+        // Sum of 12 uniforms minus 6: mean 0, sd 1.
+        let e = 0.8 * ((0..12).map(|_| uniform()).sum::<f64>() - 6.0);
+        values.push(x0 as f32);
+        targets.push((0.5 * x0 + e).exp() as f32);
+    }
+    let t = InferenceTable {
+        rows,
+        cols: 1,
+        context_rows: context,
+        values,
+        targets,
+        classes: 0,
+    };
+    let (fit, _) = LinearBase::fit(&t);
+    let TargetScale::Log { smear, .. } = fit.target_scale() else {
+        panic!("log-normal target fitted on {:?}", fit.target_scale());
+    };
+    assert!((1.25..1.5).contains(&smear), "smear {smear}");
+    let predicted: f64 = (context..rows).map(|r| fit.predict(&t, r)).sum();
+    let actual: f64 = t.targets[context..].iter().map(|&y| y as f64).sum();
+    assert!(
+        (predicted / actual - 1.0).abs() < 0.08,
+        "mean prediction {} vs mean target {}",
+        predicted / (rows - context) as f64,
+        actual / (rows - context) as f64
+    );
+}
+
+#[test]
+fn the_log_scale_needs_to_win_by_more_than_a_standard_error() {
+    // y = x0^1.1 + noise on x0 in 1..3: the log scale fits the slight curvature, so its PRESS
+    // is the lesser, but by far less than the noise's spread of squared residuals.
+    let rows = 80;
+    let x: Vec<f32> = (0..rows).map(|r| 1.0 + 2.0 * (r as f32 * 0.618).fract()).collect();
+    let t = InferenceTable {
+        rows,
+        cols: 1,
+        context_rows: rows,
+        values: x.clone(),
+        targets: x
+            .iter()
+            .enumerate()
+            .map(|(r, v)| v.powf(1.1) + 0.3 * ((r * 7919 % 101) as f32 / 50.0 - 1.0) + 1.0)
+            .collect(),
+        classes: 0,
+    };
+    let press = |loo: &[f64]| loo.iter().map(|e| e * e).sum::<f64>();
+    let (_, identity) = LinearBase::fit_identity(&t);
+    let (_, log) = LinearBase::fit_log(&t).expect("positive targets");
+    assert!(press(&log) < press(&identity), "{} vs {}", press(&log), press(&identity));
+    let (fit, _) = LinearBase::fit(&t);
+    assert_eq!(fit.target_scale(), TargetScale::Identity);
 }

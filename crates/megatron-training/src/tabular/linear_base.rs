@@ -13,7 +13,9 @@
 //! residuals a new row will have. The ridge penalty is the one of a log grid with the least
 //! leave-one-out error (PRESS, Allen 1974, as scikit-learn's `RidgeCV` chooses): a fixed penalty
 //! under-regularised the small, collinear tables (wine: 178 rows, 13 columns), where an
-//! adaptive one (IterativeImputer's `BayesianRidge`) does better. The p+1 system (p <= the
+//! adaptive one (IterativeImputer's `BayesianRidge`) does better. A positive target may be
+//! fitted as its logarithm on the logarithms of the positive features (see [`LinearBase::fit`]):
+//! breast_cancer's sizes are powers of one another. The p+1 system (p <= the
 //! model's features + 1, a hundred or so) is solved by a Cholesky factorisation written here
 //! rather than a linear-algebra crate for a few small solves per column.
 
@@ -43,22 +45,37 @@ pub struct LinearBase {
     standard: Standardisation,
     beta: Vec<f64>,
     penalty: f64,
+    target: TargetScale,
 }
 
-/// The context's per-feature mean and standard deviation.
+/// The scale the base fits the target on.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum TargetScale {
+    /// The target as it is.
+    Identity,
+    /// `ln y` on the logarithms of the table's positive feature columns; a prediction is
+    /// `smear * exp(fit)`, the fit clamped to `low..=high` (the context's range of `ln y`
+    /// widened by its width on each side, so that a query far outside the context cannot
+    /// overflow).
+    Log { smear: f64, low: f64, high: f64 },
+}
+
+/// The context's per-feature mean and standard deviation, on the scale each feature is read
+/// on (`logged`: its logarithm).
 #[derive(Clone)]
 struct Standardisation {
+    logged: Vec<bool>,
     mean: Vec<f64>,
     scale: Vec<f64>,
 }
 
 impl Standardisation {
-    fn of_context(t: &InferenceTable) -> Self {
+    fn of_context(t: &InferenceTable, logged: Vec<bool>) -> Self {
         let mut mean = vec![0.0; t.cols];
         let mut scale = vec![1.0; t.cols];
         for c in 0..t.cols {
             let seen: Vec<f64> = (0..t.context_rows)
-                .map(|r| t.values[r * t.cols + c] as f64)
+                .map(|r| read(t.values[r * t.cols + c], logged[c]))
                 .filter(|v| !v.is_nan())
                 .collect();
             if seen.is_empty() {
@@ -69,14 +86,18 @@ impl Standardisation {
             mean[c] = m;
             scale[c] = if var > 1e-18 { var.sqrt() } else { 1.0 };
         }
-        Standardisation { mean, scale }
+        Standardisation {
+            logged,
+            mean,
+            scale,
+        }
     }
 
     /// The standardised design row of row `r` of `t`: 1 then the features.
     fn design(&self, t: &InferenceTable, r: usize) -> Vec<f64> {
         std::iter::once(1.0)
             .chain((0..t.cols).map(|c| {
-                let v = t.values[r * t.cols + c] as f64;
+                let v = read(t.values[r * t.cols + c], self.logged[c]);
                 if v.is_nan() {
                     0.0
                 } else {
@@ -87,9 +108,22 @@ impl Standardisation {
     }
 }
 
+/// A cell as the base reads it: its value, or its logarithm (NaN stays NaN).
+fn read(v: f32, logged: bool) -> f64 {
+    if logged {
+        (v as f64).ln()
+    } else {
+        v as f64
+    }
+}
+
 impl LinearBase {
     pub fn predict(&self, t: &InferenceTable, r: usize) -> f64 {
-        dot(&self.beta, &self.standard.design(t, r))
+        let fit = dot(&self.beta, &self.standard.design(t, r));
+        match self.target {
+            TargetScale::Identity => fit,
+            TargetScale::Log { smear, low, high } => smear * fit.clamp(low, high).exp(),
+        }
     }
 
     /// The ridge penalty of the fit.
@@ -97,49 +131,130 @@ impl LinearBase {
         self.penalty
     }
 
-    /// Fits the context rows of `t` (targets `t.targets[..context_rows]`) at the penalty of
-    /// [`PENALTIES`] with the least sum of squared leave-one-out residuals (the first on a tie);
-    /// returns the fit and each context row's leave-one-out residual.
-    pub fn fit(t: &InferenceTable) -> (Self, Vec<f64>) {
-        let problem = Problem::new(t);
-        let mut best: Option<(f64, Self, Vec<f64>)> = None;
-        for &penalty in &PENALTIES {
-            let (fit, loo) = problem.solve(penalty);
-            let press = loo.iter().map(|e| e * e).sum::<f64>();
-            if best.as_ref().is_none_or(|(b, _, _)| press < *b) {
-                best = Some((press, fit, loo));
-            }
-        }
-        let (_, fit, loo) = best.expect("PENALTIES is not empty");
-        (fit, loo)
+    /// The scale the fit reads the target on.
+    pub fn target_scale(&self) -> TargetScale {
+        self.target
     }
 
-    /// Fits the context rows of `t` at ridge penalty `penalty`; returns the fit and each context
-    /// row's leave-one-out residual.
+    /// Fits the context rows of `t` (targets `t.targets[..context_rows]`) at the penalty of
+    /// [`PENALTIES`] with the least sum of squared leave-one-out residuals (PRESS) in the
+    /// target's units, on the target's own scale or, where its PRESS is less by more than one
+    /// standard error, the log scale; returns the fit and each context row's leave-one-out
+    /// residual.
+    ///
+    /// Why a log scale: measurements of size (breast_cancer's radius, perimeter and area) are
+    /// related by powers, which are linear between logarithms; a ridge on the raw values
+    /// misses them and the model, reading residuals in context, does not extrapolate. The log
+    /// scale is tried where every context target is positive, on the logarithms of the feature
+    /// columns positive in every row (TabPFN v2 likewise reads features through power
+    /// transforms: Hollmann et al. 2025), and is back-transformed with Duan's (1983) smearing
+    /// estimate, the mean of `exp` of the leave-one-out residuals, since `exp` of a mean log is
+    /// the median, below the mean a squared error wants.
+    pub fn fit(t: &InferenceTable) -> (Self, Vec<f64>) {
+        let identity = Self::fit_identity(t);
+        let Some(log) = Self::fit_log(t) else {
+            return identity;
+        };
+        // The one-standard-error rule (Breiman et al. 1984; Hastie et al., ESL 7.10): the log
+        // scale only where it beats the target's own by more than the standard error of the
+        // difference, so that a near tie stays on the simpler scale.
+        let d: Vec<f64> = identity
+            .1
+            .iter()
+            .zip(&log.1)
+            .map(|(a, b)| a * a - b * b)
+            .collect();
+        let n = d.len() as f64;
+        let mean = d.iter().sum::<f64>() / n;
+        let var = d.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0).max(1.0);
+        if mean * n > (n * var).sqrt() {
+            log
+        } else {
+            identity
+        }
+    }
+
+    /// The fit on the target's own scale at the penalty with the least leave-one-out error.
+    pub fn fit_identity(t: &InferenceTable) -> (Self, Vec<f64>) {
+        least_press(&Problem::new(t, TargetScale::Identity))
+    }
+
+    /// The fit on the log scale at the penalty with the least leave-one-out error (residuals
+    /// in the target's units), or `None` where a context target is not positive.
+    pub fn fit_log(t: &InferenceTable) -> Option<(Self, Vec<f64>)> {
+        let positive = |v: &f32| v.is_finite() && *v > 0.0;
+        t.targets[..t.context_rows].iter().all(positive).then(|| {
+            least_press(&Problem::new(
+                t,
+                TargetScale::Log {
+                    smear: 1.0,
+                    low: f64::NEG_INFINITY,
+                    high: f64::INFINITY,
+                },
+            ))
+        })
+    }
+
+    /// Fits the context rows of `t` at ridge penalty `penalty` on the target's own scale;
+    /// returns the fit and each context row's leave-one-out residual.
     pub fn fit_penalised(t: &InferenceTable, penalty: f64) -> (Self, Vec<f64>) {
-        Problem::new(t).solve(penalty)
+        Problem::new(t, TargetScale::Identity).solve(penalty)
     }
 }
 
-/// The normal equations of a context, shared by the penalties tried.
+/// The fit of `problem` at the penalty of [`PENALTIES`] with the least sum of squared
+/// leave-one-out residuals (the first on a tie), and those residuals.
+fn least_press(problem: &Problem) -> (LinearBase, Vec<f64>) {
+    let mut best: Option<(f64, LinearBase, Vec<f64>)> = None;
+    for &penalty in &PENALTIES {
+        let (fit, loo) = problem.solve(penalty);
+        let press = loo.iter().map(|e| e * e).sum::<f64>();
+        if best.as_ref().is_none_or(|(b, _, _)| press < *b) {
+            best = Some((press, fit, loo));
+        }
+    }
+    let (_, fit, loo) = best.expect("PENALTIES is not empty");
+    (fit, loo)
+}
+
+/// The normal equations of a context on one scale, shared by the penalties tried.
 struct Problem {
     standard: Standardisation,
+    target: TargetScale,
     rows: Vec<Vec<f64>>,
+    /// The context targets in their units.
     y: Vec<f64>,
+    /// The context targets on the fit's scale.
+    fitted: Vec<f64>,
     gram: Vec<f64>,
     rhs: Vec<f64>,
 }
 
 impl Problem {
-    fn new(t: &InferenceTable) -> Self {
+    /// The problem on `target`'s scale (a `Log`'s parameters are set by [`Problem::solve`]);
+    /// on the log scale, every feature column positive in all of `t`'s rows is read as its log.
+    fn new(t: &InferenceTable, target: TargetScale) -> Self {
         let n = t.context_rows;
-        let standard = Standardisation::of_context(t);
+        let logged = (0..t.cols)
+            .map(|c| {
+                matches!(target, TargetScale::Log { .. })
+                    && (0..t.rows).all(|r| {
+                        let v = t.values[r * t.cols + c];
+                        v.is_nan() || (v.is_finite() && v > 0.0)
+                    })
+            })
+            .collect();
+        let standard = Standardisation::of_context(t, logged);
         let rows: Vec<Vec<f64>> = (0..n).map(|r| standard.design(t, r)).collect();
         let y: Vec<f64> = t.targets[..n].iter().map(|&v| v as f64).collect();
+        let fitted: Vec<f64> = match target {
+            TargetScale::Identity => y.clone(),
+            TargetScale::Log { .. } => y.iter().map(|v| v.ln()).collect(),
+        };
         let k = t.cols + 1;
         let mut gram = vec![0.0; k * k];
         let mut rhs = vec![0.0; k];
-        for (z, &yi) in rows.iter().zip(&y) {
+        for (z, &yi) in rows.iter().zip(&fitted) {
             for i in 0..k {
                 rhs[i] += z[i] * yi;
                 for j in 0..k {
@@ -149,19 +264,23 @@ impl Problem {
         }
         Problem {
             standard,
+            target,
             rows,
             y,
+            fitted,
             gram,
             rhs,
         }
     }
 
+    /// The fit at `penalty` and its leave-one-out residuals in the target's units.
     fn solve(&self, penalty: f64) -> (LinearBase, Vec<f64>) {
         let k = self.rhs.len();
         let mut base = LinearBase {
             standard: self.standard.clone(),
             beta: vec![0.0; k],
             penalty,
+            target: TargetScale::Identity,
         };
         let mut gram = self.gram.clone();
         for i in 1..k {
@@ -174,16 +293,41 @@ impl Problem {
             return (base, loo);
         };
         base.beta = solve(&chol, k, &self.rhs);
-        let loo = self
+        let loo: Vec<f64> = self
             .rows
             .iter()
-            .zip(&self.y)
+            .zip(&self.fitted)
             .map(|(z, &yi)| {
                 let leverage = dot(z, &solve(&chol, k, z));
                 (yi - dot(&base.beta, z)) / (1.0 - leverage).max(1e-6)
             })
             .collect();
-        (base, loo)
+        match self.target {
+            TargetScale::Identity => (base, loo),
+            TargetScale::Log { .. } => {
+                let smear = loo.iter().map(|e| e.exp()).sum::<f64>() / loo.len() as f64;
+                let (lo, hi) = self
+                    .fitted
+                    .iter()
+                    .fold((f64::INFINITY, f64::NEG_INFINITY), |(l, h), &v| {
+                        (l.min(v), h.max(v))
+                    });
+                base.target = TargetScale::Log {
+                    smear,
+                    low: lo - (hi - lo),
+                    high: hi + (hi - lo),
+                };
+                // The held-out fit of row i is ln y_i - e_i on the log scale.
+                let units = self
+                    .y
+                    .iter()
+                    .zip(&self.fitted)
+                    .zip(&loo)
+                    .map(|((&yi, &li), &e)| yi - smear * (li - e).exp())
+                    .collect();
+                (base, units)
+            }
+        }
     }
 }
 
