@@ -1,7 +1,8 @@
 //! The linear base under tabular regression (`tabular::linear_base`): the ridge fit recovers a
 //! linear relation and extrapolates it, its leave-one-out residuals are those of refits
 //! without each row, its penalty is the grid's with the least leave-one-out error, and a
-//! positive target related to positive features by powers is fitted on the log scale.
+//! positive target related to positive features by powers is fitted on the log scale; the
+//! model's correction is weighted by how well it reads held-out context rows.
 
 use megatron_training::tabular::inference::InferenceTable;
 use megatron_training::tabular::linear_base::{LinearBase, TargetScale, PENALTIES};
@@ -145,7 +146,8 @@ fn a_power_law_is_fitted_on_the_log_scale_and_extrapolated() {
     let mut t = power_table(160, 150);
     // A query with x0 twice the context's largest (3).
     t.values[155 * 3] = 6.0;
-    let truth = |r: usize| 2.0 * (t.values[r * 3] as f64).powi(2) * (t.values[r * 3 + 1] as f64).sqrt();
+    let truth =
+        |r: usize| 2.0 * (t.values[r * 3] as f64).powi(2) * (t.values[r * 3 + 1] as f64).sqrt();
     let (fit, loo) = LinearBase::fit(&t);
     assert!(is_log(fit.target_scale()), "{:?}", fit.target_scale());
     for r in 150..160 {
@@ -191,7 +193,10 @@ fn a_non_positive_target_or_feature_keeps_the_log_away_from_it() {
     for r in 50..60 {
         let want = 2.0 * (t.values[r * 3] as f64).powi(2) * (t.values[r * 3 + 1] as f64).sqrt();
         let got = fit.predict(&t, r);
-        assert!(got.is_finite() && (got - want).abs() < 0.05 * want, "row {r}: {got} vs {want}");
+        assert!(
+            got.is_finite() && (got - want).abs() < 0.05 * want,
+            "row {r}: {got} vs {want}"
+        );
     }
 }
 
@@ -202,7 +207,9 @@ fn smearing_makes_the_log_fit_unbiased_in_the_targets_units() {
     let (rows, context) = (4000, 2000);
     let mut state = 12345u64;
     let mut uniform = move || {
-        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         (state >> 11) as f64 / (1u64 << 53) as f64
     };
     let mut values = Vec::new();
@@ -242,7 +249,9 @@ fn the_log_scale_needs_to_win_by_more_than_a_standard_error() {
     // y = x0^1.1 + noise on x0 in 1..3: the log scale fits the slight curvature, so its PRESS
     // is the lesser, but by far less than the noise's spread of squared residuals.
     let rows = 80;
-    let x: Vec<f32> = (0..rows).map(|r| 1.0 + 2.0 * (r as f32 * 0.618).fract()).collect();
+    let x: Vec<f32> = (0..rows)
+        .map(|r| 1.0 + 2.0 * (r as f32 * 0.618).fract())
+        .collect();
     let t = InferenceTable {
         rows,
         cols: 1,
@@ -258,7 +267,63 @@ fn the_log_scale_needs_to_win_by_more_than_a_standard_error() {
     let press = |loo: &[f64]| loo.iter().map(|e| e * e).sum::<f64>();
     let (_, identity) = LinearBase::fit_identity(&t);
     let (_, log) = LinearBase::fit_log(&t).expect("positive targets");
-    assert!(press(&log) < press(&identity), "{} vs {}", press(&log), press(&identity));
+    assert!(
+        press(&log) < press(&identity),
+        "{} vs {}",
+        press(&log),
+        press(&identity)
+    );
     let (fit, _) = LinearBase::fit(&t);
     assert_eq!(fit.target_scale(), TargetScale::Identity);
+}
+
+/// `rows` rows of 2 features from a fixed sequence and the target `f(x0, x1, noise)` with noise
+/// uniform in -1..1.
+fn table_of(rows: usize, context: usize, f: impl Fn(f32, f32, f32) -> f32) -> InferenceTable {
+    let mut values = Vec::new();
+    let mut targets = Vec::new();
+    for r in 0..rows {
+        let x0 = 6.0 * (r as f32 * 0.618_034).fract() - 3.0;
+        let x1 = 4.0 * (r as f32 * 0.414_214).fract() - 2.0;
+        // splitmix64 of the row: noise unrelated to the features.
+        let mut z = (r as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        let noise = ((z ^ (z >> 31)) >> 40) as f32 / (1u64 << 23) as f32 - 1.0;
+        values.extend([x0, x1]);
+        targets.push(f(x0, x1, noise));
+    }
+    InferenceTable {
+        rows,
+        cols: 2,
+        context_rows: context,
+        values,
+        targets,
+        classes: 0,
+    }
+}
+
+#[test]
+fn the_models_correction_is_weighted_by_how_well_it_reads_held_out_rows() {
+    use megatron_training::tabular::commands::LoadedModel;
+    use megatron_training::tabular::linear_base::{correction_weight, MIN_STACKING_ROWS};
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/tabular/checkpoint");
+    let lm = LoadedModel::load(&path).expect("the committed tabular checkpoint");
+    let p = lm.predictor(usize::MAX);
+    // A curve the ridge cannot follow: the trained model reads it from the residuals.
+    let curve = table_of(160, 150, |x0, x1, _| 2.0 * (2.0 * x0).sin() + 0.3 * x1);
+    let w_curve = correction_weight(&p, &curve, 1, 0).unwrap();
+    // A linear relation plus noise: the ridge leaves only noise.
+    let line = table_of(160, 150, |x0, x1, e| x0 - x1 + 0.5 * e);
+    let w_line = correction_weight(&p, &line, 1, 0).unwrap();
+    println!("weights: curve {w_curve}, line {w_line}");
+    // (At iteration 11,000: 1 and 0.34.)
+    assert!(w_curve > 0.9, "curve: {w_curve}");
+    assert!(w_line < 0.5, "line: {w_line}");
+    // Too few context rows to hold half out: the correction is taken whole.
+    let small = table_of(MIN_STACKING_ROWS + 5, MIN_STACKING_ROWS - 1, |x0, _, _| {
+        x0.sin()
+    });
+    assert_eq!(correction_weight(&p, &small, 1, 0).unwrap(), 1.0);
 }
