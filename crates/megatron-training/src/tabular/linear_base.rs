@@ -15,7 +15,8 @@
 //! under-regularised the small, collinear tables (wine: 178 rows, 13 columns), where an
 //! adaptive one (IterativeImputer's `BayesianRidge`) does better. A positive target may be
 //! fitted as its logarithm on the logarithms of the positive features (see [`LinearBase::fit`]):
-//! breast_cancer's sizes are powers of one another. The p+1 system (p <= the
+//! breast_cancer's sizes are powers of one another. The model's correction is added with a
+//! weight fitted on held-out context rows ([`correction_weight`]). The p+1 system (p <= the
 //! model's features + 1, a hundred or so) is solved by a Cholesky factorisation written here
 //! rather than a linear-algebra crate for a few small solves per column.
 
