@@ -423,7 +423,8 @@ pub const MIN_STACKING_ROWS: usize = 20;
 /// Why: on some tables the model reads nothing in what the ridge leaves (breast_cancer and
 /// diabetes imputation, where a checkpoint's correction added 0.2-1 % to the ridge's error), and
 /// then its correction is noise; on others it carries much (wine_alcohol). The weight lets the
-/// context say which, at the cost of two reads of half the table.
+/// context say which, at the cost of two more reads of the context rows (each with half of
+/// them as context).
 pub fn correction_weight(
     p: &Predictor<'_>,
     t: &InferenceTable,
