@@ -152,11 +152,15 @@ fn embed_mean_pools_each_line_alone_or_in_a_padded_micro_batch() {
     embed(&a).unwrap();
     let (_, short) = read_npy_f32(&out);
     assert_ne!(&short[..32], &got[..32], "the first line was truncated");
-    assert_eq!(
-        &short[32..64],
-        &got[32..64],
-        "the empty line is 2 tokens either way"
-    );
+    // The same 2 tokens either way, but the batch is padded to 4 tokens here and to the longest
+    // line above, and the kernels' blocking follows the padded shape: equal to rounding, as each
+    // line alone is above (bit-equal on AVX-512 machines, not on an AVX2-only Zen 3).
+    let d = short[32..64]
+        .iter()
+        .zip(&got[32..64])
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max);
+    assert!(d < 1e-5, "the empty line is 2 tokens either way: {d}");
     let _ = std::fs::remove_dir_all(dir);
 }
 
