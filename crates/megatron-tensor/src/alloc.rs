@@ -18,8 +18,11 @@ use std::alloc::{GlobalAlloc, Layout};
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 
-/// Slots: 0 for threads of no rank, then rank `r` in slot `r + 1`; ranks beyond share the last.
-pub const SLOTS: usize = 256;
+/// Slots: 0 for threads of no rank, then rank `r` in slot `r + 1`; ranks beyond share the last
+/// but one; the last is [`PROBE_SLOT`].
+pub const SLOTS: usize = 257;
+/// The slot a measuring probe counts in (`matmul::gemm_workspace_bytes`), which no rank shares.
+pub const PROBE_SLOT: usize = SLOTS - 1;
 
 /// Bytes in front of each allocation for the owner's slot (at least 16 so alignment up to 16,
 /// the allocator's usual guarantee, keeps the realloc fast path).
@@ -174,7 +177,12 @@ pub fn current_slot() -> usize {
 }
 
 pub fn set_slot(slot: usize) {
-    SLOT.with(|s| s.set(slot.min(SLOTS - 1) as u16));
+    SLOT.with(|s| s.set(slot.min(SLOTS - 2) as u16));
+}
+
+/// Counts this thread's later allocations in [`PROBE_SLOT`].
+pub fn set_probe_slot() {
+    SLOT.with(|s| s.set(PROBE_SLOT as u16));
 }
 
 /// Whether the running binary counts allocations (installed [`RankAllocator`] and allocated).

@@ -7,6 +7,7 @@ use megatron_core::models::gpt::activation_bytes_formula_with;
 use megatron_core::optimizer::MegatronOptimizer;
 use megatron_core::transformer::step::Recompute;
 use megatron_core::Params;
+use megatron_tensor::cpu::matmul::MatmulDims;
 use serde::Serialize;
 
 /// Bytes this rank holds, by kind.
@@ -321,12 +322,46 @@ pub fn predict_peak(
     PeakPrediction {
         model_state,
         communication,
-        gemm_workspace: (gemm_threads
-            * megatron_tensor::cpu::matmul::gemm_workspace_bytes_per_thread())
-            as u64,
+        gemm_workspace: megatron_tensor::cpu::matmul::gemm_workspace_bytes(
+            &linear_gemm_shapes(cfg),
+            gemm_threads,
+        ) as u64,
         activations: (per_mb * in_flight) as u64,
         transient: transient as u64,
         kv_ring: kv_ring as u64,
         micro_batches_in_flight: in_flight,
     }
+}
+
+/// The f32 products of one micro-batch's dense linear layers on this rank (forward `x Wᵀ`,
+/// input gradient `dy W`, weight gradient `dyᵀ x`): what the `gemm` crate sizes its workspace
+/// by. Not the output layer's: the fused classifier multiplies in row tiles of its own shape
+/// (with its products in the output layer's place, a context-parallel run was predicted 7 %
+/// over what it used).
+fn linear_gemm_shapes(cfg: &TrainConfig) -> Vec<MatmulDims> {
+    let (m, tp) = (&cfg.model, cfg.tp);
+    let tok = cfg.args.micro_batch_size * cfg.args.seq_length / cfg.cp;
+    let h = m.hidden_size;
+    let ffn = m.ffn_hidden_size / tp;
+    let fc1 = if m.activation.is_gated() {
+        2 * ffn
+    } else {
+        ffn
+    };
+    [
+        (h, m.qkv_size() / tp),
+        (m.query_projection_size() / tp, h),
+        (h, fc1),
+        (ffn, h),
+    ]
+    .into_iter()
+    .filter(|&(i, o)| tok > 0 && i > 0 && o > 0)
+    .flat_map(|(i, o)| {
+        [
+            MatmulDims::new(tok, o, i).tb(),
+            MatmulDims::new(tok, i, o),
+            MatmulDims::new(o, i, tok).ta(),
+        ]
+    })
+    .collect()
 }

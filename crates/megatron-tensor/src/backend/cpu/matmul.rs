@@ -533,12 +533,53 @@ pub fn matmul_batched(
 }
 
 /// Bytes of GEMM workspace one thread keeps once it has multiplied (the f32 kernel's packing
-/// panels), for memory predictions; 0 where that kernel does not run (the `gemm` crate's own
-/// per-thread slab is not counted).
+/// panels), for memory predictions; 0 where that kernel does not run (see
+/// [`gemm_workspace_bytes`] for the `gemm` crate's).
 pub fn gemm_workspace_bytes_per_thread() -> usize {
     #[cfg(target_arch = "x86_64")]
     if super::sgemm::available() {
         return super::sgemm::pack_bytes_per_thread();
     }
     0
+}
+
+/// Peak bytes of GEMM workspace on a rank whose `threads` threads multiply the f32 products
+/// `shapes`: our kernel's panels where it runs, otherwise the `gemm` crate's, measured by
+/// running each shape once on a probe thread under the counting allocator (0 where none is
+/// installed): a slab per thread that it keeps (the L2 cache's size) and the packed operands
+/// of the call in flight.
+///
+/// Why measured: the crate sizes both from the cache hierarchy it detects and each call's
+/// shape and transposition (its `kernel_params`), which is its own business; on a model of
+/// 20 MiB the ~1.6 MiB they come to is 8 % of the peak.
+pub fn gemm_workspace_bytes(shapes: &[MatmulDims], threads: usize) -> usize {
+    let ours = gemm_workspace_bytes_per_thread();
+    if ours > 0 || !crate::alloc::installed() || shapes.is_empty() {
+        return threads * ours;
+    }
+    // One probe at a time: ranks predicting at once would count in the same slot.
+    static PROBE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = PROBE.lock().unwrap_or_else(|e| e.into_inner());
+    let shapes = shapes.to_vec();
+    std::thread::spawn(move || {
+        crate::alloc::set_probe_slot();
+        let mut kept = 0i64;
+        let mut in_flight = 0i64;
+        for d in shapes {
+            let a = vec![0.0f32; d.m * d.k];
+            let b = vec![0.0f32; d.k * d.n];
+            let mut out = vec![0.0f32; d.m * d.n];
+            crate::alloc::start_epoch();
+            matmul_with_threads(&mut out, &a, &b, d, 1);
+            let (now, peak) = (
+                crate::alloc::current().reserved,
+                crate::alloc::peak().reserved,
+            );
+            kept += now.max(0);
+            in_flight = in_flight.max(peak - now);
+        }
+        (threads as i64 * kept + in_flight).max(0) as usize
+    })
+    .join()
+    .unwrap_or(0)
 }
