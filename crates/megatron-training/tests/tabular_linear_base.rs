@@ -18,8 +18,13 @@ fn table(rows: usize, context: usize, noise: f32) -> InferenceTable {
         let e = noise * ((r * 7919 % 13) as f32 / 6.0 - 1.0);
         targets.push(3.0 * x0 - 2.0 * x1 + 5.0 + e);
     }
+    two_columns(context, values, targets)
+}
+
+/// A regression table of 2 feature columns, its first `context` rows the context.
+fn two_columns(context: usize, values: Vec<f32>, targets: Vec<f32>) -> InferenceTable {
     InferenceTable {
-        rows,
+        rows: targets.len(),
         cols: 2,
         context_rows: context,
         values,
@@ -293,14 +298,7 @@ fn table_of(rows: usize, context: usize, f: impl Fn(f32, f32, f32) -> f32) -> In
         values.extend([x0, x1]);
         targets.push(f(x0, x1, noise));
     }
-    InferenceTable {
-        rows,
-        cols: 2,
-        context_rows: context,
-        values,
-        targets,
-        classes: 0,
-    }
+    two_columns(context, values, targets)
 }
 
 #[test]
