@@ -557,29 +557,55 @@ pub fn gemm_workspace_bytes(shapes: &[MatmulDims], threads: usize) -> usize {
     if ours > 0 || !crate::alloc::installed() || shapes.is_empty() {
         return threads * ours;
     }
-    // One probe at a time: ranks predicting at once would count in the same slot.
-    static PROBE: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _one = PROBE.lock().unwrap_or_else(|e| e.into_inner());
-    let shapes = shapes.to_vec();
-    std::thread::spawn(move || {
-        crate::alloc::set_probe_slot();
-        let mut kept = 0i64;
-        let mut in_flight = 0i64;
-        for d in shapes {
-            let a = vec![0.0f32; d.m * d.k];
-            let b = vec![0.0f32; d.k * d.n];
-            let mut out = vec![0.0f32; d.m * d.n];
-            crate::alloc::start_epoch();
-            matmul_with_threads(&mut out, &a, &b, d, 1);
-            let (now, peak) = (
-                crate::alloc::current().reserved,
-                crate::alloc::peak().reserved,
-            );
-            kept += now.max(0);
-            in_flight = in_flight.max(peak - now);
-        }
-        (threads as i64 * kept + in_flight).max(0) as usize
-    })
-    .join()
-    .unwrap_or(0)
+    // Each dimension clamped: the crate's blocking is bounded by the caches, not the shape,
+    // so a large model's products pack no more than these, and the probe stays fast.
+    let shapes: Vec<MatmulDims> = shapes
+        .iter()
+        .map(|&d| MatmulDims {
+            m: d.m.min(PROBE_MAX_DIM),
+            n: d.n.min(PROBE_MAX_DIM),
+            k: d.k.min(PROBE_MAX_DIM),
+            ..d
+        })
+        .collect();
+    let key: Vec<_> = shapes
+        .iter()
+        .map(|d| (d.m, d.n, d.k, d.trans_a, d.trans_b))
+        .collect();
+    // One probe at a time (ranks predicting at once would count in the same slot), each shape
+    // list once per process (`megatron plan` predicts many layouts).
+    type Probed = std::collections::HashMap<Vec<(usize, usize, usize, bool, bool)>, (i64, i64)>;
+    static PROBED: std::sync::Mutex<Option<Probed>> = std::sync::Mutex::new(None);
+    let mut probed = PROBED.lock().unwrap_or_else(|e| e.into_inner());
+    let (kept, in_flight) = *probed
+        .get_or_insert_with(Default::default)
+        .entry(key)
+        .or_insert_with(|| {
+            std::thread::spawn(move || {
+                crate::alloc::set_probe_slot();
+                let mut kept = 0i64;
+                let mut in_flight = 0i64;
+                for d in shapes {
+                    let a = vec![0.0f32; d.m * d.k];
+                    let b = vec![0.0f32; d.k * d.n];
+                    let mut out = vec![0.0f32; d.m * d.n];
+                    crate::alloc::start_epoch();
+                    matmul_with_threads(&mut out, &a, &b, d, 1);
+                    let (now, peak) = (
+                        crate::alloc::current().reserved,
+                        crate::alloc::peak().reserved,
+                    );
+                    kept += now.max(0);
+                    in_flight = in_flight.max(peak - now);
+                }
+                (kept, in_flight)
+            })
+            .join()
+            .unwrap_or((0, 0))
+        });
+    (threads as i64 * kept + in_flight).max(0) as usize
 }
+
+/// The largest dimension [`gemm_workspace_bytes`] multiplies (products of at most 2 x 2048^3
+/// flops, a few tenths of a second each on one core).
+const PROBE_MAX_DIM: usize = 2048;
