@@ -323,7 +323,7 @@ pub fn predict_peak(
         model_state,
         communication,
         gemm_workspace: megatron_tensor::cpu::matmul::gemm_workspace_bytes(
-            &linear_gemm_shapes(cfg),
+            &linear_gemm_shapes(tok, &[(h, qw), (ow, h), (h, fc1), (ffn, h)]),
             gemm_threads,
         ) as u64,
         activations: (per_mb * in_flight) as u64,
@@ -333,35 +333,21 @@ pub fn predict_peak(
     }
 }
 
-/// The f32 products of one micro-batch's dense linear layers on this rank (forward `x Wᵀ`,
-/// input gradient `dy W`, weight gradient `dyᵀ x`): what the `gemm` crate sizes its workspace
-/// by. Not the output layer's: the fused classifier multiplies in row tiles of its own shape
+/// The f32 products of one micro-batch's `tok` tokens through linear layers of (input, output)
+/// widths `linears` on this rank (forward `x Wᵀ`, input gradient `dy W`, weight gradient
+/// `dyᵀ x`): what the `gemm` crate sizes its workspace by. Not the output layer's: the fused classifier multiplies in row tiles of its own shape
 /// (with its products in the output layer's place, a context-parallel run was predicted 7 %
 /// over what it used).
-fn linear_gemm_shapes(cfg: &TrainConfig) -> Vec<MatmulDims> {
-    let (m, tp) = (&cfg.model, cfg.tp);
-    let tok = cfg.args.micro_batch_size * cfg.args.seq_length / cfg.cp;
-    let h = m.hidden_size;
-    let ffn = m.ffn_hidden_size / tp;
-    let fc1 = if m.activation.is_gated() {
-        2 * ffn
-    } else {
-        ffn
-    };
-    [
-        (h, m.qkv_size() / tp),
-        (m.query_projection_size() / tp, h),
-        (h, fc1),
-        (ffn, h),
-    ]
-    .into_iter()
-    .filter(|&(i, o)| tok > 0 && i > 0 && o > 0)
-    .flat_map(|(i, o)| {
-        [
-            MatmulDims::new(tok, o, i).tb(),
-            MatmulDims::new(tok, i, o),
-            MatmulDims::new(o, i, tok).ta(),
-        ]
-    })
-    .collect()
+fn linear_gemm_shapes(tok: usize, linears: &[(usize, usize)]) -> Vec<MatmulDims> {
+    linears
+        .iter()
+        .filter(|&&(i, o)| tok > 0 && i > 0 && o > 0)
+        .flat_map(|&(i, o)| {
+            [
+                MatmulDims::new(tok, o, i).tb(),
+                MatmulDims::new(tok, i, o),
+                MatmulDims::new(o, i, tok).ta(),
+            ]
+        })
+        .collect()
 }

@@ -179,26 +179,11 @@ fn inference_table(
     hide: &[CellQuery],
 ) -> InferenceTable {
     let (y, classes) = targets_of(f);
-    let cols = f.cols;
-    let mut values: Vec<f32> = order
-        .iter()
-        .flat_map(|&r| f.values[r * cols..(r + 1) * cols].iter().copied())
-        .collect();
+    let mut t = InferenceTable::of_rows(&f.values, f.cols, y, order, context, classes);
     for q in hide {
-        values[q.row * cols + q.col] = f32::NAN;
+        t.values[q.row * f.cols + q.col] = f32::NAN;
     }
-    InferenceTable {
-        rows: order.len(),
-        cols,
-        context_rows: context,
-        values,
-        targets: order
-            .iter()
-            .enumerate()
-            .map(|(i, &r)| if i < context { y[r] } else { 0.0 })
-            .collect(),
-        classes,
-    }
+    t
 }
 
 fn thread_pool(n: Option<usize>) -> Result<rayon::ThreadPool, TrainError> {

@@ -27,6 +27,35 @@ pub struct InferenceTable {
     pub classes: u32,
 }
 
+impl InferenceTable {
+    /// The rows `order` of a row-major table of `cols` columns with `targets` per row, the
+    /// first `context` of them context (their targets kept), the rest queries (targets 0).
+    pub fn of_rows(
+        values: &[f32],
+        cols: usize,
+        targets: &[f32],
+        order: &[usize],
+        context: usize,
+        classes: u32,
+    ) -> Self {
+        InferenceTable {
+            rows: order.len(),
+            cols,
+            context_rows: context,
+            values: order
+                .iter()
+                .flat_map(|&r| values[r * cols..(r + 1) * cols].iter().copied())
+                .collect(),
+            targets: order
+                .iter()
+                .enumerate()
+                .map(|(i, &r)| if i < context { targets[r] } else { 0.0 })
+                .collect(),
+            classes,
+        }
+    }
+}
+
 /// What the model says about a table.
 #[derive(Clone, Debug, Default)]
 pub struct Reading {

@@ -177,29 +177,23 @@ impl LinearBase {
 
     /// The fit on the target's own scale at the penalty with the least leave-one-out error.
     pub fn fit_identity(t: &InferenceTable) -> (Self, Vec<f64>) {
-        least_press(&Problem::new(t, TargetScale::Identity))
+        least_press(&Problem::new(t, Scale::Target))
     }
 
     /// The fit on the log scale at the penalty with the least leave-one-out error (residuals
     /// in the target's units), or `None` where a context target is not positive.
     pub fn fit_log(t: &InferenceTable) -> Option<(Self, Vec<f64>)> {
         let positive = |v: &f32| v.is_finite() && *v > 0.0;
-        t.targets[..t.context_rows].iter().all(positive).then(|| {
-            least_press(&Problem::new(
-                t,
-                TargetScale::Log {
-                    smear: 1.0,
-                    low: f64::NEG_INFINITY,
-                    high: f64::INFINITY,
-                },
-            ))
-        })
+        t.targets[..t.context_rows]
+            .iter()
+            .all(positive)
+            .then(|| least_press(&Problem::new(t, Scale::Log)))
     }
 
     /// Fits the context rows of `t` at ridge penalty `penalty` on the target's own scale;
     /// returns the fit and each context row's leave-one-out residual.
     pub fn fit_penalised(t: &InferenceTable, penalty: f64) -> (Self, Vec<f64>) {
-        Problem::new(t, TargetScale::Identity).solve(penalty)
+        Problem::new(t, Scale::Target).solve(penalty)
     }
 }
 
@@ -218,10 +212,17 @@ fn least_press(problem: &Problem) -> (LinearBase, Vec<f64>) {
     (fit, loo)
 }
 
+/// The scale a [`Problem`] is posed on (its fit's [`TargetScale`] follows from the solve).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Scale {
+    Target,
+    Log,
+}
+
 /// The normal equations of a context on one scale, shared by the penalties tried.
 struct Problem {
     standard: Standardisation,
-    target: TargetScale,
+    scale: Scale,
     rows: Vec<Vec<f64>>,
     /// The context targets in their units.
     y: Vec<f64>,
@@ -232,13 +233,13 @@ struct Problem {
 }
 
 impl Problem {
-    /// The problem on `target`'s scale (a `Log`'s parameters are set by [`Problem::solve`]);
-    /// on the log scale, every feature column positive in all of `t`'s rows is read as its log.
-    fn new(t: &InferenceTable, target: TargetScale) -> Self {
+    /// The problem on `scale`; on the log scale, every feature column positive in all of `t`'s
+    /// rows is read as its log.
+    fn new(t: &InferenceTable, scale: Scale) -> Self {
         let n = t.context_rows;
         let logged = (0..t.cols)
             .map(|c| {
-                matches!(target, TargetScale::Log { .. })
+                scale == Scale::Log
                     && (0..t.rows).all(|r| {
                         let v = t.values[r * t.cols + c];
                         v.is_nan() || (v.is_finite() && v > 0.0)
@@ -248,9 +249,9 @@ impl Problem {
         let standard = Standardisation::of_context(t, logged);
         let rows: Vec<Vec<f64>> = (0..n).map(|r| standard.design(t, r)).collect();
         let y: Vec<f64> = t.targets[..n].iter().map(|&v| v as f64).collect();
-        let fitted: Vec<f64> = match target {
-            TargetScale::Identity => y.clone(),
-            TargetScale::Log { .. } => y.iter().map(|v| v.ln()).collect(),
+        let fitted: Vec<f64> = match scale {
+            Scale::Target => y.clone(),
+            Scale::Log => y.iter().map(|v| v.ln()).collect(),
         };
         let k = t.cols + 1;
         let mut gram = vec![0.0; k * k];
@@ -265,7 +266,7 @@ impl Problem {
         }
         Problem {
             standard,
-            target,
+            scale,
             rows,
             y,
             fitted,
@@ -303,9 +304,9 @@ impl Problem {
                 (yi - dot(&base.beta, z)) / (1.0 - leverage).max(1e-6)
             })
             .collect();
-        match self.target {
-            TargetScale::Identity => (base, loo),
-            TargetScale::Log { .. } => {
+        match self.scale {
+            Scale::Target => (base, loo),
+            Scale::Log => {
                 let smear = loo.iter().map(|e| e.exp()).sum::<f64>() / loo.len() as f64;
                 let (lo, hi) = self
                     .fitted
@@ -438,7 +439,9 @@ pub fn correction_weight(
     for half in 0..2 {
         let (held, kept): (Vec<usize>, Vec<usize>) =
             (0..t.context_rows).partition(|r| r % 2 == half);
-        let fold = rows_of(t, &kept, &held);
+        let order: Vec<usize> = kept.iter().chain(&held).copied().collect();
+        let fold =
+            InferenceTable::of_rows(&t.values, t.cols, &t.targets, &order, kept.len(), t.classes);
         let (fit, correction) = read_residuals(p, &fold, ensemble, seed)?;
         for (i, (m, &r)) in correction.into_iter().zip(&held).enumerate() {
             let residual = t.targets[r] as f64 - fit.predict(&fold, kept.len() + i);
@@ -451,24 +454,4 @@ pub fn correction_weight(
     } else {
         1.0
     })
-}
-
-/// The table of `t`'s rows `context` (with their targets) then `queries` (targets hidden).
-fn rows_of(t: &InferenceTable, context: &[usize], queries: &[usize]) -> InferenceTable {
-    let order: Vec<usize> = context.iter().chain(queries).copied().collect();
-    InferenceTable {
-        rows: order.len(),
-        cols: t.cols,
-        context_rows: context.len(),
-        values: order
-            .iter()
-            .flat_map(|&r| t.values[r * t.cols..(r + 1) * t.cols].iter().copied())
-            .collect(),
-        targets: order
-            .iter()
-            .enumerate()
-            .map(|(i, &r)| if i < context.len() { t.targets[r] } else { 0.0 })
-            .collect(),
-        classes: t.classes,
-    }
 }
