@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 /// Slots: 0 for threads of no rank, then rank `r` in slot `r + 1`; ranks beyond share the last
 /// but one; the last is [`PROBE_SLOT`].
 pub const SLOTS: usize = 257;
-/// The slot a measuring probe counts in (`matmul::gemm_workspace_bytes`), which no rank shares.
+/// The slot a measuring probe counts in (`matmul::gemm_workspace`), which no rank shares.
 pub const PROBE_SLOT: usize = SLOTS - 1;
 
 /// Bytes in front of each allocation for the owner's slot (at least 16 so alignment up to 16,

@@ -7,7 +7,7 @@ use megatron_core::models::gpt::activation_bytes_formula_with;
 use megatron_core::optimizer::MegatronOptimizer;
 use megatron_core::transformer::step::Recompute;
 use megatron_core::Params;
-use megatron_tensor::cpu::matmul::MatmulDims;
+use megatron_tensor::cpu::matmul::{gemm_workspace, GemmWorkspace, MatmulDims};
 use serde::Serialize;
 
 /// Bytes this rank holds, by kind.
@@ -310,22 +310,35 @@ pub fn predict_peak(
         Recompute::Full { num_layers, .. } if num_layers >= layers => layer,
         _ => 0,
     };
+    let classifier_rows = |v: usize| tok.min(megatron_core::models::gpt::classifier_tile_rows(v));
+    let v = m.padded_vocab_size / tp;
     let output = if last {
-        let v = m.padded_vocab_size / tp;
-        4 * (tok.min(megatron_core::models::gpt::classifier_tile_rows(v)) * v + 2 * tok * h)
+        4 * (classifier_rows(v) * v + 2 * tok * h)
     } else {
         0
     };
-    let transient = forward
-        .max(recomputed + backward.max(ring_backward))
-        .max(output);
+    let linears = linear_gemm_shapes(tok, &[(h, qw), (ow, h), (h, fc1), (ffn, h)]);
+    let classifier = if last {
+        classifier_gemm_shapes(classifier_rows(v), h, v)
+    } else {
+        Vec::new()
+    };
+    let calls = gemm_workspace(&[&linears[..], &classifier[..]].concat());
+    let (in_layers, in_output) = calls.split_at(linears.len());
+    let packing = |c: &[GemmWorkspace]| c.iter().map(|c| c.in_flight).max().unwrap_or(0);
+    // The slabs every thread keeps are there throughout; the packed operands of the products
+    // in flight belong to the phase they run in: the layers' or the output layer's.
+    let kept: usize = calls.iter().map(|c| c.kept).sum();
+    let layers = forward.max(recomputed + backward.max(ring_backward));
+    let (transient, packed) = if output + packing(in_output) > layers + packing(in_layers) {
+        (output, packing(in_output))
+    } else {
+        (layers, packing(in_layers))
+    };
     PeakPrediction {
         model_state,
         communication,
-        gemm_workspace: megatron_tensor::cpu::matmul::gemm_workspace_bytes(
-            &linear_gemm_shapes(tok, &[(h, qw), (ow, h), (h, fc1), (ffn, h)]),
-            gemm_threads,
-        ) as u64,
+        gemm_workspace: (gemm_threads * kept + packed) as u64,
         activations: (per_mb * in_flight) as u64,
         transient: transient as u64,
         kv_ring: kv_ring as u64,
@@ -335,9 +348,7 @@ pub fn predict_peak(
 
 /// The f32 products of one micro-batch's `tok` tokens through linear layers of (input, output)
 /// widths `linears` on this rank (forward `x Wᵀ`, input gradient `dy W`, weight gradient
-/// `dyᵀ x`): what the `gemm` crate sizes its workspace by. Not the output layer's: the fused classifier multiplies in row tiles of its own shape
-/// (with its products in the output layer's place, a context-parallel run was predicted 7 %
-/// over what it used).
+/// `dyᵀ x`): what the `gemm` crate sizes its workspace by.
 fn linear_gemm_shapes(tok: usize, linears: &[(usize, usize)]) -> Vec<MatmulDims> {
     linears
         .iter()
@@ -350,4 +361,18 @@ fn linear_gemm_shapes(tok: usize, linears: &[(usize, usize)]) -> Vec<MatmulDims>
             ]
         })
         .collect()
+}
+
+/// The fused output layer's three products on one logits tile of `rows` tokens, hidden `h`
+/// and `v` vocabulary rows on this rank (`cross_entropy::fused_classifier`): logits `x Wᵀ`,
+/// input gradient `dlogits W`, weight gradient `dlogitsᵀ x`.
+fn classifier_gemm_shapes(rows: usize, h: usize, v: usize) -> Vec<MatmulDims> {
+    if rows == 0 || h == 0 || v == 0 {
+        return Vec::new();
+    }
+    vec![
+        MatmulDims::new(rows, v, h).tb(),
+        MatmulDims::new(rows, h, v),
+        MatmulDims::new(v, h, rows).ta(),
+    ]
 }

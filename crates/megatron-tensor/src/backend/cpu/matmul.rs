@@ -534,7 +534,7 @@ pub fn matmul_batched(
 
 /// Bytes of GEMM workspace one thread keeps once it has multiplied (the f32 kernel's packing
 /// panels), for memory predictions; 0 where that kernel does not run (see
-/// [`gemm_workspace_bytes`] for the `gemm` crate's).
+/// [`gemm_workspace`] for the `gemm` crate's).
 pub fn gemm_workspace_bytes_per_thread() -> usize {
     #[cfg(target_arch = "x86_64")]
     if super::sgemm::available() {
@@ -543,19 +543,33 @@ pub fn gemm_workspace_bytes_per_thread() -> usize {
     0
 }
 
-/// Peak bytes of GEMM workspace on a rank whose `threads` threads multiply the f32 products
-/// `shapes`: our kernel's panels where it runs, otherwise the `gemm` crate's, measured by
-/// running each shape once on a probe thread under the counting allocator (0 where none is
-/// installed): a slab per thread that it keeps (the L2 cache's size) and the packed operands
-/// of the call in flight.
+/// What one f32 product costs in GEMM workspace beyond its operands: `kept`, the bytes a
+/// thread still holds after it (grown once, then reused by later calls), and `in_flight`, the
+/// bytes alive only while it runs (packed operands).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GemmWorkspace {
+    pub kept: usize,
+    pub in_flight: usize,
+}
+
+/// [`GemmWorkspace`] of each of the products `shapes`, run in that order on one thread: our
+/// kernel's panels where it runs (all kept, counted on the first), otherwise the `gemm`
+/// crate's, measured by running each shape once on a probe thread under the counting allocator
+/// (zeros where none is installed): a slab per thread that it keeps (the L2 cache's size) and
+/// the packed operands of the call in flight.
 ///
 /// Why measured: the crate sizes both from the cache hierarchy it detects and each call's
 /// shape and transposition (its `kernel_params`), which is its own business; on a model of
 /// 20 MiB the ~1.6 MiB they come to is 8 % of the peak.
-pub fn gemm_workspace_bytes(shapes: &[MatmulDims], threads: usize) -> usize {
+pub fn gemm_workspace(shapes: &[MatmulDims]) -> Vec<GemmWorkspace> {
     let ours = gemm_workspace_bytes_per_thread();
-    if ours > 0 || !crate::alloc::installed() || shapes.is_empty() {
-        return threads * ours;
+    if ours > 0 || !crate::alloc::installed() {
+        return (0..shapes.len())
+            .map(|i| GemmWorkspace {
+                kept: if i == 0 { ours } else { 0 },
+                in_flight: 0,
+            })
+            .collect();
     }
     // Each dimension clamped: the crate's blocking is bounded by the caches, not the shape,
     // so a large model's products pack no more than these, and the probe stays fast.
@@ -574,38 +588,42 @@ pub fn gemm_workspace_bytes(shapes: &[MatmulDims], threads: usize) -> usize {
         .collect();
     // One probe at a time (ranks predicting at once would count in the same slot), each shape
     // list once per process (`megatron plan` predicts many layouts).
-    type Probed = std::collections::HashMap<Vec<(usize, usize, usize, bool, bool)>, (i64, i64)>;
+    type Probed =
+        std::collections::HashMap<Vec<(usize, usize, usize, bool, bool)>, Vec<GemmWorkspace>>;
     static PROBED: std::sync::Mutex<Option<Probed>> = std::sync::Mutex::new(None);
     let mut probed = PROBED.lock().unwrap_or_else(|e| e.into_inner());
-    let (kept, in_flight) = *probed
+    let n = shapes.len();
+    probed
         .get_or_insert_with(Default::default)
         .entry(key)
         .or_insert_with(|| {
             std::thread::spawn(move || {
                 crate::alloc::set_probe_slot();
-                let mut kept = 0i64;
-                let mut in_flight = 0i64;
-                for d in shapes {
-                    let a = vec![0.0f32; d.m * d.k];
-                    let b = vec![0.0f32; d.k * d.n];
-                    let mut out = vec![0.0f32; d.m * d.n];
-                    crate::alloc::start_epoch();
-                    matmul_with_threads(&mut out, &a, &b, d, 1);
-                    let (now, peak) = (
-                        crate::alloc::current().reserved,
-                        crate::alloc::peak().reserved,
-                    );
-                    kept += now.max(0);
-                    in_flight = in_flight.max(peak - now);
-                }
-                (kept, in_flight)
+                shapes
+                    .into_iter()
+                    .map(|d| {
+                        let a = vec![0.0f32; d.m * d.k];
+                        let b = vec![0.0f32; d.k * d.n];
+                        let mut out = vec![0.0f32; d.m * d.n];
+                        crate::alloc::start_epoch();
+                        matmul_with_threads(&mut out, &a, &b, d, 1);
+                        let (now, peak) = (
+                            crate::alloc::current().reserved,
+                            crate::alloc::peak().reserved,
+                        );
+                        GemmWorkspace {
+                            kept: now.max(0) as usize,
+                            in_flight: (peak - now).max(0) as usize,
+                        }
+                    })
+                    .collect()
             })
             .join()
-            .unwrap_or((0, 0))
-        });
-    (threads as i64 * kept + in_flight).max(0) as usize
+            .unwrap_or_else(|_| vec![GemmWorkspace::default(); n])
+        })
+        .clone()
 }
 
-/// The largest dimension [`gemm_workspace_bytes`] multiplies (products of at most 2 x 2048^3
+/// The largest dimension [`gemm_workspace`] multiplies (products of at most 2 x 2048^3
 /// flops, a few tenths of a second each on one core).
 const PROBE_MAX_DIM: usize = 2048;
