@@ -1,12 +1,16 @@
-//! `megatron plan` against a published table: Narayanan et al. 2021, Table 1 (the fixture
-//! cites it). For each of its ten GPT models, with the paper's tensor and pipeline sizes on
-//! DGX A100 nodes, the predicted TFLOP/s per GPU is within 15 % of the published one.
+//! `megatron plan` against published measurements: Narayanan et al. 2021 (SC 21), with each
+//! run's settings from the paper's artifact scripts (NVIDIA/Megatron-LM, `examples/sc21/`).
 //!
-//! Where the paper's layout ranks among all the planner's layouts is printed, not asserted:
-//! for five of the ten rows the model ranks smaller tensor-parallel sizes with more
-//! (interleaved) pipeline stages ahead of the paper's "tensor parallelism up to the node
-//! first" choice (fewer all-reduces and replicated norm/dropout passes; at these batch sizes
-//! the bubble is a few per cent), and the paper did not measure those layouts.
+//! Table 1 (the fixture cites it): for each of its ten GPT models, with the paper's layout
+//! (tensor and pipeline sizes, micro-batch size, virtual stages) on DGX A100 nodes, the
+//! predicted TFLOP/s per GPU is within 15 % of the published one. Where the paper's layout
+//! ranks among all the planner's layouts is printed, not asserted: for half the rows the model
+//! ranks smaller tensor-parallel sizes with more (interleaved) pipeline stages first, layouts
+//! the paper did not measure.
+//!
+//! Section 5.3-5.4's controlled comparisons (one axis varied, the rest fixed, as its figures
+//! 12-15 ran them): the planner orders those layouts as the paper's text reports the
+//! measurements did.
 
 mod common;
 
@@ -24,6 +28,8 @@ struct Row {
     gpus: usize,
     batch: usize,
     tflops: f64,
+    micro_batch: usize,
+    vp_layers: Option<usize>,
 }
 
 fn table1() -> Vec<Row> {
@@ -44,14 +50,21 @@ fn table1() -> Vec<Row> {
                 gpus: n(6),
                 batch: n(7),
                 tflops: f[8].parse().expect("tflops"),
+                micro_batch: n(9),
+                vp_layers: (!f[10].is_empty()).then(|| n(10)),
             }
         })
         .collect()
 }
 
 fn flags(r: &Row) -> megatron_training::TrainArgs {
+    gpt(r.layers, r.hidden, r.heads, r.batch)
+}
+
+/// A GPT model of the paper (sequence 2048, vocabulary 51,200, fp16) at global batch `batch`.
+fn gpt(layers: usize, hidden: usize, heads: usize, batch: usize) -> megatron_training::TrainArgs {
     let s = |v: usize| v.to_string();
-    let (l, h, a, b) = (s(r.layers), s(r.hidden), s(r.heads), s(r.batch));
+    let (l, h, a, b) = (s(layers), s(hidden), s(heads), s(batch));
     common::args(&[
         "--fp16",
         "--num-layers",
@@ -96,26 +109,38 @@ fn plan_reproduces_table_1_of_narayanan_2021() {
         let pinned = Pins {
             tp: Some(r.tp),
             pp: Some(r.pp),
+            micro_batch_size: Some(r.micro_batch),
+            vp_layers: r.vp_layers,
             ..paper_pins()
         };
         let theirs = plan(&args, &cluster, &pinned).expect("the paper's layout plans");
-        let best = theirs.fits.first().unwrap_or_else(|| {
-            panic!(
-                "{}B: the paper's layout does not fit: {}",
-                r.params,
-                theirs.report(3)
-            )
-        });
+        // Unpinned, the virtual stages include none; pinned as the paper ran it.
+        let best = theirs
+            .fits
+            .iter()
+            .find(|p| p.layout.vp_layers == r.vp_layers)
+            .unwrap_or_else(|| {
+                panic!(
+                    "{}B: the paper's layout does not fit: {}",
+                    r.params,
+                    theirs.report(3)
+                )
+            });
         let predicted = best.prediction.tflops_per_device;
         let error = predicted / r.tflops - 1.0;
         worst = worst.max(error.abs());
         let all = plan(&args, &cluster, &paper_pins()).expect("plans");
-        let rank = all
+        let rank = all.fits.iter().position(|p| {
+            let l = &p.layout;
+            (l.tp, l.pp, l.micro_batch_size, l.vp_layers)
+                == (r.tp, r.pp, r.micro_batch, r.vp_layers)
+        });
+        let rank_tp_pp = all
             .fits
             .iter()
             .position(|p| p.layout.tp == r.tp && p.layout.pp == r.pp);
         println!(
-            "{:>7}B on {:>4} GPUs: paper {:>3} TFLOP/s, predicted {predicted:6.1} ({:+5.1} %) with {}; paper's layout ranks {:?} of {}; best: {}",
+            "{:>7}B on {:>4} GPUs: paper {:>3} TFLOP/s, predicted {predicted:6.1} ({:+5.1} %) with {}; the paper's layout ranks {:?} of {} (its TP x PP first at {:?}); best: {}",
             r.params,
             r.gpus,
             r.tflops,
@@ -123,6 +148,7 @@ fn plan_reproduces_table_1_of_narayanan_2021() {
             best.layout.flags(),
             rank.map(|i| i + 1),
             all.fits.len(),
+            rank_tp_pp.map(|i| i + 1),
             all.fits[0].row()
         );
         if error.abs() > 0.15 {
@@ -233,4 +259,159 @@ fn a_mixture_of_experts_model_with_grouped_query_attention_plans_with_expert_par
         .filter(|x| x.layout.ep == 1)
         .all(|x| x.prediction.time.expert_parallel == 0.0));
     println!("{}", p.report(5));
+}
+
+/// Predicted TFLOP/s per GPU of one layout of the paper's system (full recomputation, no
+/// distributed optimizer, no context parallelism) on `nodes` DGX A100 nodes, the schedule
+/// non-interleaved unless `vp_layers` is given.
+fn tflops(a: &megatron_training::TrainArgs, nodes: usize, layout: PaperLayout) -> f64 {
+    let pins = Pins {
+        tp: Some(layout.tp),
+        pp: Some(layout.pp),
+        micro_batch_size: Some(layout.mbs),
+        vp_layers: layout.vp_layers,
+        ..paper_pins()
+    };
+    let p = plan(a, &Cluster::dgx_a100(nodes), &pins).expect("plans");
+    let x = p
+        .fits
+        .iter()
+        .find(|x| x.layout.vp_layers == layout.vp_layers)
+        .unwrap_or_else(|| panic!("{layout:?} does not fit: {}", p.report(3)));
+    x.prediction.tflops_per_device
+}
+
+#[derive(Clone, Copy, Debug)]
+struct PaperLayout {
+    tp: usize,
+    pp: usize,
+    mbs: usize,
+    vp_layers: Option<usize>,
+}
+
+fn tp_pp(tp: usize, pp: usize) -> PaperLayout {
+    PaperLayout {
+        tp,
+        pp,
+        mbs: 1,
+        vp_layers: None,
+    }
+}
+
+/// Figure 13 (section 5.4.1): a 161-billion-parameter GPT (32 layers, hidden 20480, 128
+/// heads) on 64 GPUs, tensor x pipeline = 64, micro-batch 1, global batch 32 and 128
+/// (`examples/sc21/run_figure_13.sh`). The paper: "we see peak performance when the
+/// tensor-parallel size is equal to the number of GPUs in a single node (8 with DGX A100
+/// nodes)". Tensor sizes across nodes (16, 32) are not planned at all (TP stays in a node);
+/// of the rest, (8, 8) is best at both batch sizes and each halving of TP loses more.
+#[test]
+fn tensor_parallelism_up_to_the_node_is_best_at_a_fixed_model_parallel_size() {
+    for batch in [32, 128] {
+        let a = gpt(32, 20480, 128, batch);
+        let t: Vec<f64> = [(8, 8), (4, 16), (2, 32)]
+            .iter()
+            .map(|&(t, p)| tflops(&a, 8, tp_pp(t, p)))
+            .collect();
+        println!("figure 13, batch {batch}: (t,p) = (8,8) (4,16) (2,32): {t:.1?} TFLOP/s");
+        assert!(t[0] > t[1] && t[1] > t[2], "batch {batch}: {t:?}");
+    }
+}
+
+/// Figure 14 (section 5.4.2): a 5.9-billion-parameter GPT (32 layers, hidden 3840, 32 heads)
+/// on 64 GPUs, tensor size 1, pipeline x data = 64, micro-batch 1, global batch 32 and 512
+/// (`examples/sc21/run_figure_14.sh`). The paper: "for each batch size, the throughput
+/// decreases as the pipeline-parallel size increases".
+#[test]
+fn throughput_falls_as_pipeline_parallelism_replaces_data_parallelism() {
+    for batch in [32, 512] {
+        let a = gpt(32, 3840, 32, batch);
+        let t: Vec<f64> = [2, 4, 8, 16, 32]
+            .iter()
+            .map(|&p| tflops(&a, 8, tp_pp(1, p)))
+            .collect();
+        println!("figure 14, batch {batch}: p = 2 4 8 16 32: {t:.1?} TFLOP/s");
+        assert!(t.windows(2).all(|w| w[0] > w[1]), "batch {batch}: {t:?}");
+    }
+}
+
+/// Figure 15 (section 5.4.3): the same 5.9B model, pipeline size 1, tensor x data = 64,
+/// micro-batch 1, global batch 32, 128 and 512 (`examples/sc21/run_figure_15.sh`). The paper:
+/// tensor parallelism's all-reduces, needed for every micro-batch, and its smaller matrix
+/// multiplications make throughput fall as the tensor size grows. Within a node (2, 4, 8):
+/// never more than noise (0.5 %) up from one size to the next, and TP 8 well (5 %) under TP 2.
+#[test]
+fn throughput_falls_as_tensor_parallelism_replaces_data_parallelism() {
+    for batch in [32, 128, 512] {
+        let a = gpt(32, 3840, 32, batch);
+        let t: Vec<f64> = [2, 4, 8]
+            .iter()
+            .map(|&tp| tflops(&a, 8, tp_pp(tp, 1)))
+            .collect();
+        println!("figure 15, batch {batch}: t = 2 4 8: {t:.1?} TFLOP/s");
+        assert!(
+            t.windows(2).all(|w| w[1] <= w[0] * 1.005),
+            "batch {batch}: {t:?}"
+        );
+        assert!(t[2] < 0.95 * t[0], "batch {batch}: {t:?}");
+    }
+}
+
+/// Figure 12 (section 5.3.2): GPT-3 175B (96 layers, hidden 12288, 96 heads) at (t, p) =
+/// (8, 12) on 96 GPUs, micro-batch 1, global batch 12 to 60, non-interleaved against 2 layers
+/// per virtual stage (`examples/sc21/run_figure_12.sh`). The paper: the interleaved schedule
+/// (with the scatter/gather optimization, which the planner assumes) is faster, and "this gap
+/// closes as the batch size increases".
+#[test]
+fn the_interleaved_schedule_wins_by_less_as_the_batch_grows() {
+    let mut gains = Vec::new();
+    for batch in [12, 24, 36, 48, 60] {
+        let a = gpt(96, 12288, 96, batch);
+        let plain = tflops(&a, 12, tp_pp(8, 12));
+        let interleaved = tflops(
+            &a,
+            12,
+            PaperLayout {
+                vp_layers: Some(2),
+                ..tp_pp(8, 12)
+            },
+        );
+        println!(
+            "figure 12, batch {batch}: non-interleaved {plain:.1}, interleaved {interleaved:.1} TFLOP/s"
+        );
+        gains.push(interleaved / plain);
+    }
+    assert!(gains.iter().all(|&g| g > 1.0), "{gains:?}");
+    assert!(gains.windows(2).all(|w| w[1] < w[0]), "{gains:?}");
+}
+
+/// Figure 17 (section 5.6): GPT 145B (80 layers, hidden 12288, 96 heads) at (t, p) = (8, 16)
+/// on 128 GPUs, micro-batch 1 (`examples/sc21/run_figure_17.sh`). The paper: "for small batch
+/// sizes, activation recomputation leads to up to 33 % lower throughput (in sequences per
+/// second) due to the extra forward pass". At batch 1: lower, by no more than that.
+#[test]
+fn recomputation_costs_at_most_a_third_of_the_throughput_at_a_small_batch() {
+    let a = gpt(80, 12288, 96, 1);
+    let sequences_per_second = |recompute| {
+        let pins = Pins {
+            tp: Some(8),
+            pp: Some(16),
+            micro_batch_size: Some(1),
+            recompute: Some(recompute),
+            ..paper_pins()
+        };
+        let p = plan(&a, &Cluster::dgx_a100(16), &pins).expect("plans");
+        let x = p
+            .fits
+            .iter()
+            .find(|x| x.layout.vp_layers.is_none())
+            .expect("fits");
+        x.prediction.tokens_per_second / 2048.0
+    };
+    let with = sequences_per_second(RecomputeChoice::Full);
+    let without = sequences_per_second(RecomputeChoice::None);
+    println!("figure 17, batch 1: {without:.3} sequences/s without recomputation, {with:.3} with");
+    assert!(
+        with < without && with >= 0.67 * without,
+        "{with} vs {without}"
+    );
 }

@@ -238,7 +238,7 @@ pub fn enumerate(
                         vec![1]
                     };
                     for ep in choose(pins.ep, eps) {
-                        for mbs in choose(pins.micro_batch_size, vec![1, 2, 4, 8]) {
+                        for mbs in choose(pins.micro_batch_size, vec![1, 2, 4, 8, 16]) {
                             for rc in choose(
                                 pins.recompute,
                                 vec![
