@@ -595,11 +595,12 @@ pub struct TrainArgs {
     #[arg(long)]
     pub log_params_norm: bool,
     /// Gather every rank's compute time per iteration each log interval: the log line shows
-    /// the fastest and slowest rank and names a rank that stays slower than the median by
-    /// --straggler-margin for --straggler-patience intervals in a row.
+    /// the fastest and slowest rank and names a rank that stays slower than the median of its
+    /// pipeline stage's other ranks by --straggler-margin for --straggler-patience intervals in
+    /// a row.
     #[arg(long)]
     pub log_straggler: bool,
-    /// Share over the median step compute time that makes a rank slow.
+    /// Share over the median compute time of its stage's other ranks that makes a rank slow.
     #[arg(long, default_value_t = 0.1)]
     pub straggler_margin: f64,
     /// Log intervals in a row a rank must be slow before it is named.

@@ -1,10 +1,17 @@
 //! `--log-straggler`: every rank's compute time per iteration, gathered each log interval
 //! ("a single slow GPU slows every step": with synchronous collectives every rank's wall time
 //! is the slowest one's, so the comparison is of each rank's own work: its forward/backward
-//! time less the time it waited for pipeline neighbours). A rank slower than the median by the
-//! margin for `patience` intervals in a row is named. Inside a tensor-parallel group a slow
-//! rank's peers wait for it in the layer collectives, so the group shows slow together; the
-//! slow group is still named across data and pipeline parallelism.
+//! time less the time it waited for pipeline neighbours).
+//!
+//! A rank is compared with the ranks that do the same work: those of its pipeline stage (its
+//! data- and context-parallel replicas and tensor-parallel peers). Stages do not do the same
+//! work (the first holds the embedding, the last the output layer and the loss, and layers
+//! need not divide evenly), so a comparison across stages would name the last stage of every
+//! pipeline. A rank slower than the median of its stage's other ranks by the margin for
+//! `patience` intervals in a row is named; a stage of one rank has no one to compare with.
+//! Inside a tensor-parallel group a slow rank's peers wait for it in the layer collectives, so
+//! the group shows slow together; the slow group is still named against its stage's other
+//! replicas.
 
 use crate::setup::RankComms;
 use megatron_comm::{CommError, Communicator};
@@ -18,7 +25,11 @@ pub struct RankStepTimes {
     pub median_ms: f64,
     pub max_ms: f64,
     pub max_rank: usize,
-    /// The rank persistently slower than the median: (rank, intervals in a row).
+    /// The rank slowest against the other ranks of its pipeline stage, and its time over
+    /// their median (1.1: 10 % slower); absent when no stage has two ranks.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub slowest_against_stage: Option<(usize, f64)>,
+    /// The rank persistently slower than its stage by the margin: (rank, intervals in a row).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub straggler: Option<(usize, usize)>,
 }
@@ -29,13 +40,30 @@ impl RankStepTimes {
             " | compute per iteration across ranks (ms): min {:.1} (rank {}) median {:.1} max {:.1} (rank {})",
             self.min_ms, self.min_rank, self.median_ms, self.max_ms, self.max_rank
         );
-        if let Some((rank, n)) = self.straggler {
+        if let (Some((rank, n)), Some((_, ratio))) = (self.straggler, self.slowest_against_stage) {
             s += &format!(
-                " | straggler: rank {rank} ({:+.0} % over the median for {n} intervals)",
-                100.0 * (self.max_ms / self.median_ms - 1.0)
+                " | straggler: rank {rank} ({:+.0} % over the median of its pipeline stage for {n} intervals)",
+                100.0 * (ratio - 1.0)
             );
         }
         s
+    }
+}
+
+/// One rank's compute time in an interval, and the pipeline stage it works for.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RankTime {
+    pub rank: usize,
+    pub stage: usize,
+    pub ms: f64,
+}
+
+fn median(sorted: &[f64]) -> f64 {
+    let n = sorted.len();
+    if n % 2 == 1 {
+        sorted[n / 2]
+    } else {
+        0.5 * (sorted[n / 2 - 1] + sorted[n / 2])
     }
 }
 
@@ -53,20 +81,21 @@ fn gather(comm: &mut dyn Communicator, mine: &[f32]) -> Result<Vec<f32>, CommErr
     Ok(out)
 }
 
-/// `(world rank, value)` of every rank, on every rank: gathered over the tensor-, then the
+/// Every rank's [`RankTime`], on every rank: gathered over the tensor-, then the
 /// data-(and context-), then the pipeline-parallel group, which together cover the world.
-pub(crate) fn gather_world(
-    comms: &mut RankComms,
-    value: f64,
-) -> Result<Vec<(usize, f64)>, CommError> {
-    let mine = [comms.world_rank as f32, value as f32];
+pub(crate) fn gather_world(comms: &mut RankComms, ms: f64) -> Result<Vec<RankTime>, CommError> {
+    let mine = [comms.world_rank as f32, comms.pp.rank() as f32, ms as f32];
     let mut v = gather(&mut *comms.tp.comm, &mine)?;
     if let Some(dp) = comms.dp.as_deref_mut() {
         v = gather(dp, &v)?;
     }
     v = gather(&mut *comms.pp, &v)?;
-    Ok(v.chunks_exact(2)
-        .map(|p| (p[0] as usize, p[1] as f64))
+    Ok(v.chunks_exact(3)
+        .map(|p| RankTime {
+            rank: p[0] as usize,
+            stage: p[1] as usize,
+            ms: p[2] as f64,
+        })
         .collect())
 }
 
@@ -79,29 +108,43 @@ impl StragglerWatch {
         }
     }
 
-    /// This interval's times (`(rank, ms)` of every rank), and the straggler if one has been
-    /// slow long enough.
-    pub fn observe(&mut self, mut times: Vec<(usize, f64)>) -> RankStepTimes {
-        times.sort_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)));
-        let n = times.len();
-        let median = if n % 2 == 1 {
-            times[n / 2].1
-        } else {
-            0.5 * (times[n / 2 - 1].1 + times[n / 2].1)
-        };
-        let (min, max) = (times[0], times[n - 1]);
-        let slow = n > 1 && max.1 > median * (1.0 + self.margin);
+    /// This interval's times (every rank's), and the straggler if one has been slow long
+    /// enough.
+    pub fn observe(&mut self, times: &[RankTime]) -> RankStepTimes {
+        let mut all: Vec<(usize, f64)> = times.iter().map(|t| (t.rank, t.ms)).collect();
+        all.sort_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)));
+        let ms: Vec<f64> = all.iter().map(|a| a.1).collect();
+        let (min, max) = (all[0], all[all.len() - 1]);
+        // Each rank against the median of the other ranks of its stage; the slowest of those
+        // (ties to the lower rank).
+        let slowest = times
+            .iter()
+            .filter_map(|t| {
+                let mut others: Vec<f64> = times
+                    .iter()
+                    .filter(|o| o.stage == t.stage && o.rank != t.rank)
+                    .map(|o| o.ms)
+                    .collect();
+                if others.is_empty() {
+                    return None;
+                }
+                others.sort_by(f64::total_cmp);
+                Some((t.rank, t.ms / median(&others).max(f64::MIN_POSITIVE)))
+            })
+            .max_by(|a, b| a.1.total_cmp(&b.1).then(b.0.cmp(&a.0)));
+        let slow = slowest.filter(|&(_, ratio)| ratio > 1.0 + self.margin);
         self.streak = match (slow, self.streak) {
-            (false, _) => None,
-            (true, Some((r, k))) if r == max.0 => Some((r, k + 1)),
-            (true, _) => Some((max.0, 1)),
+            (None, _) => None,
+            (Some((r, _)), Some((s, k))) if r == s => Some((r, k + 1)),
+            (Some((r, _)), _) => Some((r, 1)),
         };
         RankStepTimes {
             min_ms: min.1,
             min_rank: min.0,
-            median_ms: median,
+            median_ms: median(&ms),
             max_ms: max.1,
             max_rank: max.0,
+            slowest_against_stage: slowest,
             straggler: self.streak.filter(|&(_, k)| k >= self.patience),
         }
     }

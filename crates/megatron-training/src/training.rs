@@ -511,7 +511,7 @@ impl<F: TrainFamily> Trainer<'_, F> {
         let rank_step_times = match self.straggler.is_some() {
             true => {
                 let times = crate::straggler::gather_world(&mut self.comms, busy_ms)?;
-                self.straggler.as_mut().map(|w| w.observe(times))
+                self.straggler.as_mut().map(|w| w.observe(&times))
             }
             false => None,
         };
