@@ -58,6 +58,7 @@ pub struct RankTime {
     pub ms: f64,
 }
 
+/// The median of a sorted, non-empty slice.
 fn median(sorted: &[f64]) -> f64 {
     let n = sorted.len();
     if n % 2 == 1 {

@@ -90,6 +90,11 @@ pub struct Cluster {
     /// (negligible on GPUs; on an oversubscribed CPU, where the ring's communication thread
     /// shares cores with the ranks, a scheduler slice: measured for this machine).
     pub ring_exchange_latency: f64,
+    /// Seconds each tensor-parallel collective waits beyond its bytes' time: tens of
+    /// microseconds under NCCL against milliseconds of GEMMs per layer on the GPU presets (0
+    /// there); on a CPU whose rank threads share cores, their rendezvous (measured for this
+    /// machine).
+    pub tp_collective_latency: f64,
     /// Bytes the optimizer step moves per parameter it updates (Adam with fp32 state: about
     /// 36 on a GPU; measured for this machine, whose element-wise loops run below bandwidth).
     pub optimizer_bytes_per_parameter: f64,
@@ -103,7 +108,7 @@ impl Cluster {
     /// A100 SXM4 80 GB: 312 TFLOP/s dense fp16/bf16, 2.04 TB/s HBM2e; NVSwitch all-reduce
     /// bus bandwidth ~240 GB/s (nccl-tests on DGX A100); HDR 200 Gb/s = 25 GB/s per GPU.
     /// The efficiencies (GEMMs at 70 % of peak, memory-bound kernels at 70 % of bandwidth) are
-    /// what makes this model reproduce Table 1 of Narayanan et al. 2021 within 8 % on all ten
+    /// what makes this model reproduce Table 1 of Narayanan et al. 2021 within 6 % on all ten
     /// rows (tests/plan.rs); both are typical of large fp16 GEMMs and fused elementwise
     /// kernels on A100.
     pub fn dgx_a100(num_nodes: usize) -> Self {
@@ -122,6 +127,7 @@ impl Cluster {
             activation_bytes: 2.0,
             engine: Engine::Megatron,
             ring_exchange_latency: 0.0,
+            tp_collective_latency: 0.0,
             optimizer_bytes_per_parameter: 36.0,
         }
     }

@@ -397,7 +397,11 @@ pub fn predict(cfg: &TrainConfig, cluster: &Cluster) -> Result<Prediction, Strin
         cluster.inter_node_bandwidth
     };
     // Two all-reduces (or reduce-scatter + all-gather) per forward and per backward.
-    let tp_layer = (passes - 1.0) * 2.0 * all_reduce(tok * h * e, t, tp_bw);
+    let tp_layer = if t > 1 {
+        (passes - 1.0) * 2.0 * (all_reduce(tok * h * e, t, tp_bw) + cluster.tp_collective_latency)
+    } else {
+        0.0
+    };
     let cp_bw = if t * cp <= node {
         cluster.intra_node_bandwidth
     } else {

@@ -33,10 +33,15 @@ fn all_reduce_bandwidth(ranks: usize) -> Result<f64, TrainError> {
 }
 
 /// The flags of a calibration run: one micro-batch per step of the model on `ranks` ranks of
-/// `threads` threads each, context parallel over `cp` of them.
-fn calibration_args(a: &TrainArgs, ranks: usize, threads: usize, cp: usize) -> TrainArgs {
+/// `threads` threads each, tensor parallel over `tp` of them and context parallel over `cp`.
+fn calibration_args(
+    a: &TrainArgs,
+    ranks: usize,
+    threads: usize,
+    (tp, cp): (usize, usize),
+) -> TrainArgs {
     let choice = super::layout::Choice {
-        tp: 1,
+        tp,
         pp: 1,
         vp_layers: None,
         cp,
@@ -47,7 +52,7 @@ fn calibration_args(a: &TrainArgs, ranks: usize, threads: usize, cp: usize) -> T
     };
     let mut one = super::layout::layout_args(a, ranks, &choice);
     one.num_threads = Some(threads * ranks);
-    one.global_batch_size = Some(ranks / cp);
+    one.global_batch_size = Some(ranks / (tp * cp));
     one
 }
 
@@ -76,7 +81,7 @@ fn calibrate(
     threads: usize,
 ) -> Result<(f64, f64), TrainError> {
     let vocab = a.tokenizer.vocab_size.unwrap_or(0);
-    let one = calibration_args(a, ranks, threads, 1);
+    let one = calibration_args(a, ranks, threads, (1, 1));
     let mut three = one.clone();
     three.global_batch_size = Some(3 * ranks);
     let t1 = super::measure::run_layout(&one, 6)?.step_seconds;
@@ -96,9 +101,32 @@ fn calibrate(
     Ok((eff, bytes.max(1.0)))
 }
 
-/// Seconds each context-parallel ring exchange waits beyond the cost model's time: one
-/// micro-batch per step at context parallelism 2, measured against its prediction without the
-/// wait (0 with fewer than two ranks, or a sequence that does not split in 4).
+/// What one wait of a kind costs beyond the cost model's time: a two-rank calibration run of
+/// layout `(tp, cp)` (one micro-batch per step) measured against the prediction without the
+/// wait, `set` putting a latency into the cluster. 0 where the model does not split that way.
+fn latency(
+    a: &TrainArgs,
+    cluster: &Cluster,
+    threads: usize,
+    layout: (usize, usize),
+    set: impl Fn(&mut Cluster, f64),
+) -> Result<f64, TrainError> {
+    let two = calibration_args(a, 2, threads, layout);
+    let Ok(cfg) = two.validate(a.tokenizer.vocab_size.unwrap_or(0)) else {
+        return Ok(0.0);
+    };
+    let measured = super::measure::run_layout(&two, 6)?.step_seconds;
+    let time = |latency: f64| -> Result<f64, TrainError> {
+        Ok(time_with(&cfg, cluster, |c| set(c, latency))?.total())
+    };
+    // time(latency) = base + waits x latency.
+    let base = time(0.0)?;
+    let per = time(1.0)? - base;
+    Ok(((measured - base) / per).max(0.0))
+}
+
+/// Seconds each context-parallel ring exchange waits beyond the cost model's time (context
+/// parallelism 2; 0 with fewer than two ranks, or a sequence that does not split in 4).
 fn ring_latency(
     a: &TrainArgs,
     cluster: &Cluster,
@@ -108,16 +136,28 @@ fn ring_latency(
     if ranks < 2 || !a.seq_length.is_multiple_of(4) {
         return Ok(0.0);
     }
-    let two = calibration_args(a, 2, threads, 2);
-    let cfg = two.validate(a.tokenizer.vocab_size.unwrap_or(0))?;
-    let measured = super::measure::run_layout(&two, 6)?.step_seconds;
-    let time = |latency: f64| -> Result<f64, TrainError> {
-        Ok(time_with(&cfg, cluster, |c| c.ring_exchange_latency = latency)?.total())
-    };
-    // time(latency) = base + exchanges x latency.
-    let base = time(0.0)?;
-    let per = time(1.0)? - base;
-    Ok(((measured - base) / per).max(0.0))
+    latency(a, cluster, threads, (1, 2), |c, l| {
+        c.ring_exchange_latency = l
+    })
+}
+
+/// Seconds each tensor-parallel collective waits beyond the cost model's time (tensor
+/// parallelism 2; 0 with fewer than two ranks or where the heads or widths do not split in 2).
+/// Why measured: rank threads meet in every collective, and where they share cores with each
+/// other's GEMM threads a late one costs a scheduler slice (2.2 ms each here, 15 % of a
+/// hidden-256 model's TP 2 step; BENCHMARKS.md).
+fn tp_latency(
+    a: &TrainArgs,
+    cluster: &Cluster,
+    ranks: usize,
+    threads: usize,
+) -> Result<f64, TrainError> {
+    if ranks < 2 {
+        return Ok(0.0);
+    }
+    latency(a, cluster, threads, (2, 1), |c, l| {
+        c.tp_collective_latency = l
+    })
 }
 
 /// This machine as a cluster of `--nproc-per-node` rank threads.
@@ -151,9 +191,11 @@ pub fn this_machine(a: &TrainArgs) -> Result<Cluster, TrainError> {
         activation_bytes: if half { 2.0 } else { 4.0 },
         engine: Engine::ThisEngine,
         ring_exchange_latency: 0.0,
+        tp_collective_latency: 0.0,
         optimizer_bytes_per_parameter: 36.0,
     };
     (c.gemm_efficiency, c.optimizer_bytes_per_parameter) = calibrate(a, &c, ranks, per_rank)?;
     c.ring_exchange_latency = ring_latency(a, &c, ranks, per_rank)?;
+    c.tp_collective_latency = tp_latency(a, &c, ranks, per_rank)?;
     Ok(c)
 }

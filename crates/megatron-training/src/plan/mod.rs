@@ -176,6 +176,12 @@ impl Plan {
                 c.ring_exchange_latency * 1e3
             );
         }
+        if c.tp_collective_latency > 0.0 {
+            s += &format!(
+                "; a tensor-parallel collective waits {:.2} ms",
+                c.tp_collective_latency * 1e3
+            );
+        }
         s.push('\n');
         if self.fits.is_empty() {
             s += &format!(
