@@ -1,0 +1,75 @@
+//! `megatron plan --cluster this-machine`: the machine measured and the cost model calibrated
+//! on the model's own short runs, then the best layouts of each parallel shape run here. What
+//! this asserts is what does not depend on the machine's load: the calibrated figures are
+//! sane, and every measured layout's peak memory per rank is within 5 % of the plan's
+//! prediction (the step times are printed; they are benchmarked in BENCHMARKS.md, not tested).
+
+mod common;
+
+use megatron_tensor::alloc::RankAllocator;
+use megatron_training::plan::layout::Pins;
+use megatron_training::plan::machine::this_machine;
+use megatron_training::plan::measure::run_layout;
+use megatron_training::plan::plan;
+
+#[global_allocator]
+static ALLOCATOR: RankAllocator<std::alloc::System> = RankAllocator(std::alloc::System);
+
+#[test]
+fn this_machine_calibrates_and_predicts_each_measured_layouts_peak_memory_within_5_percent() {
+    let a = common::args(&[
+        "--nproc-per-node",
+        "2",
+        "--num-threads",
+        "2",
+        "--num-layers",
+        "4",
+        "--hidden-size",
+        "128",
+        "--num-attention-heads",
+        "4",
+        "--seq-length",
+        "256",
+        "--max-position-embeddings",
+        "256",
+        "--vocab-size",
+        "1000",
+        "--global-batch-size",
+        "8",
+    ]);
+    let cluster = this_machine(&a).expect("this machine measures");
+    println!("{cluster:?}");
+    assert_eq!(cluster.devices(), 2);
+    assert!(cluster.gemm_efficiency > 0.0 && cluster.gemm_efficiency <= 1.0);
+    assert!(cluster.peak_flops > 0.0 && cluster.memory_bandwidth > 0.0);
+    for wait in [cluster.ring_exchange_latency, cluster.tp_collective_latency] {
+        assert!(wait.is_finite() && wait >= 0.0, "{cluster:?}");
+    }
+    let p = plan(&a, &cluster, &Pins::default()).expect("plans");
+    assert!(p.fits.len() > 10, "{}", p.report(5));
+    // The best layout of each of three parallel shapes (as --measure picks them).
+    let mut shapes = Vec::new();
+    for x in &p.fits {
+        let l = &x.layout;
+        let shape = (l.tp, l.pp, l.cp);
+        if shapes.contains(&shape) {
+            continue;
+        }
+        shapes.push(shape);
+        let m = run_layout(&l.config.args, 3).expect("the layout runs");
+        let ratio = m.peak_bytes / x.prediction.memory.total();
+        println!(
+            "{}: step {:.3} s predicted, {:.3} s measured; peak {:.1} MiB predicted, ratio {ratio:.3}",
+            l.flags(),
+            x.prediction.time.total(),
+            m.step_seconds,
+            x.prediction.memory.total() / (1 << 20) as f64
+        );
+        assert!(m.step_seconds > 0.0);
+        assert!((0.95..=1.05).contains(&ratio), "{}: {ratio}", l.flags());
+        if shapes.len() == 3 {
+            break;
+        }
+    }
+    assert_eq!(shapes.len(), 3);
+}
