@@ -8,8 +8,8 @@
 //! ranks smaller tensor-parallel sizes with more (interleaved) pipeline stages first, layouts
 //! the paper did not measure.
 //!
-//! Section 5.3-5.4's controlled comparisons (one axis varied, the rest fixed, as its figures
-//! 12-15 ran them): the planner orders those layouts as the paper's text reports the
+//! Sections 5.3-5.6's controlled comparisons (one axis varied, the rest fixed, as its figures
+//! 12-15 and 17 ran them): the planner orders those layouts as the paper's text reports the
 //! measurements did.
 
 mod common;
@@ -106,26 +106,14 @@ fn plan_reproduces_table_1_of_narayanan_2021() {
     for r in &rows {
         let cluster = Cluster::dgx_a100(r.gpus / 8);
         let args = flags(r);
-        let pinned = Pins {
-            tp: Some(r.tp),
-            pp: Some(r.pp),
-            micro_batch_size: Some(r.micro_batch),
+        let layout = PaperLayout {
+            tp: r.tp,
+            pp: r.pp,
+            mbs: r.micro_batch,
             vp_layers: r.vp_layers,
-            ..paper_pins()
+            recompute: RecomputeChoice::Full,
         };
-        let theirs = plan(&args, &cluster, &pinned).expect("the paper's layout plans");
-        // Unpinned, the virtual stages include none; pinned as the paper ran it.
-        let best = theirs
-            .fits
-            .iter()
-            .find(|p| p.layout.vp_layers == r.vp_layers)
-            .unwrap_or_else(|| {
-                panic!(
-                    "{}B: the paper's layout does not fit: {}",
-                    r.params,
-                    theirs.report(3)
-                )
-            });
+        let best = paper_layout(&args, r.gpus / 8, layout);
         let predicted = best.prediction.tflops_per_device;
         let error = predicted / r.tflops - 1.0;
         worst = worst.max(error.abs());
@@ -270,24 +258,34 @@ fn a_mixture_of_experts_model_with_grouped_query_attention_plans_with_expert_par
     println!("{}", p.report(5));
 }
 
-/// Predicted TFLOP/s per GPU of one layout of the paper's system (full recomputation, no
-/// distributed optimizer, no context parallelism) on `nodes` DGX A100 nodes, the schedule
-/// non-interleaved unless `vp_layers` is given.
-fn tflops(a: &megatron_training::TrainArgs, nodes: usize, layout: PaperLayout) -> f64 {
+/// One layout of the paper's system (no distributed optimizer, no context parallelism) on
+/// `nodes` DGX A100 nodes, planned with every choice pinned. The schedule is non-interleaved
+/// unless `vp_layers` is given: an unpinned virtual-stage count is searched, so the
+/// non-interleaved one is picked out of the plan.
+fn paper_layout(
+    a: &megatron_training::TrainArgs,
+    nodes: usize,
+    layout: PaperLayout,
+) -> megatron_training::plan::Planned {
     let pins = Pins {
         tp: Some(layout.tp),
         pp: Some(layout.pp),
         micro_batch_size: Some(layout.mbs),
         vp_layers: layout.vp_layers,
+        recompute: Some(layout.recompute),
         ..paper_pins()
     };
     let p = plan(a, &Cluster::dgx_a100(nodes), &pins).expect("plans");
-    let x = p
-        .fits
+    p.fits
         .iter()
         .find(|x| x.layout.vp_layers == layout.vp_layers)
-        .unwrap_or_else(|| panic!("{layout:?} does not fit: {}", p.report(3)));
-    x.prediction.tflops_per_device
+        .unwrap_or_else(|| panic!("{layout:?} does not fit: {}", p.report(3)))
+        .clone()
+}
+
+/// Predicted TFLOP/s per GPU of [`paper_layout`].
+fn tflops(a: &megatron_training::TrainArgs, nodes: usize, layout: PaperLayout) -> f64 {
+    paper_layout(a, nodes, layout).prediction.tflops_per_device
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -296,14 +294,17 @@ struct PaperLayout {
     pp: usize,
     mbs: usize,
     vp_layers: Option<usize>,
+    recompute: RecomputeChoice,
 }
 
+/// TP x PP, micro-batch 1, non-interleaved, full recomputation (the paper's default).
 fn tp_pp(tp: usize, pp: usize) -> PaperLayout {
     PaperLayout {
         tp,
         pp,
         mbs: 1,
         vp_layers: None,
+        recompute: RecomputeChoice::Full,
     }
 }
 
@@ -401,20 +402,11 @@ fn the_interleaved_schedule_wins_by_less_as_the_batch_grows() {
 fn recomputation_costs_at_most_a_third_of_the_throughput_at_a_small_batch() {
     let a = gpt(80, 12288, 96, 1);
     let sequences_per_second = |recompute| {
-        let pins = Pins {
-            tp: Some(8),
-            pp: Some(16),
-            micro_batch_size: Some(1),
-            recompute: Some(recompute),
-            ..paper_pins()
+        let layout = PaperLayout {
+            recompute,
+            ..tp_pp(8, 16)
         };
-        let p = plan(&a, &Cluster::dgx_a100(16), &pins).expect("plans");
-        let x = p
-            .fits
-            .iter()
-            .find(|x| x.layout.vp_layers.is_none())
-            .expect("fits");
-        x.prediction.tokens_per_second / 2048.0
+        paper_layout(&a, 16, layout).prediction.tokens_per_second / 2048.0
     };
     let with = sequences_per_second(RecomputeChoice::Full);
     let without = sequences_per_second(RecomputeChoice::None);
