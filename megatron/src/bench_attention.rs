@@ -18,6 +18,10 @@ pub fn attention(a: &BenchArgs) -> anyhow::Result<()> {
         .unwrap_or_else(megatron_tensor::threads::available_cores);
     let (t, h) = (a.seq_length, a.hidden);
     anyhow::ensure!(
+        t > 0 && a.heads > 0 && a.tokens > 0,
+        "--tokens, --seq-length and --heads must be positive"
+    );
+    anyhow::ensure!(
         a.tokens.is_multiple_of(t) && h.is_multiple_of(a.heads),
         "--tokens must be a multiple of --seq-length and --hidden of --heads"
     );

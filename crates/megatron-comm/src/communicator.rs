@@ -29,6 +29,13 @@ pub enum CommError {
         seq: u64,
         rank: usize,
     },
+    #[error("group {group}: {op} #{seq} aborted: rank {rank} stopped with an error")]
+    PeerFailed {
+        group: String,
+        op: &'static str,
+        seq: u64,
+        rank: usize,
+    },
     #[error("group {group}: {op}: {msg}")]
     Usage {
         group: String,

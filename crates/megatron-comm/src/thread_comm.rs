@@ -20,7 +20,8 @@ struct Slots {
     /// Per rank: the sequence number it has reached, and the buffers it published.
     arrived: Vec<u64>,
     bufs: Vec<Option<(Ptr, Ptr)>>,
-    panicked: Option<usize>,
+    /// The first rank that left the group early (panicked, or returned an error), and how.
+    left: Option<(usize, PeerExit)>,
     /// Set by the first timeout: the group is unusable, as an aborted NCCL communicator is;
     /// later calls fail with this error instead of reading buffers of ranks that gave up.
     broken: Option<CommError>,
@@ -49,26 +50,47 @@ pub struct ThreadCommunicator {
     memberships: Memberships,
 }
 
-/// Marks a rank as panicked in every group it belongs to when dropped during unwinding.
 /// Every group a rank belongs to (the world and the groups split from it) with its rank there;
 /// shared by the rank's communicators so a split registers its new group.
 type Memberships = Arc<Mutex<Vec<(Arc<Shared>, usize)>>>;
 
-pub struct PanicGuard(Memberships);
+/// How a rank left its groups before the end of the job.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PeerExit {
+    Panicked,
+    /// Its work returned an error (bad data, a checkpoint it could not write, ...).
+    Failed,
+}
 
-impl Drop for PanicGuard {
+/// Marks a rank as gone in every group it belongs to, so that its peers' calls fail at once
+/// naming it instead of waiting out the distributed timeout: on drop during unwinding
+/// (a panic), or when told that the rank's work failed ([`ExitGuard::failed`]).
+pub struct ExitGuard(Memberships);
+
+impl ExitGuard {
+    fn leave(&self, how: PeerExit) {
+        let groups = match self.0.lock() {
+            Ok(g) => g.clone(),
+            Err(p) => p.into_inner().clone(),
+        };
+        for (s, r) in &groups {
+            if let Ok(mut st) = s.state.lock() {
+                st.left.get_or_insert((*r, how));
+            }
+            s.cv.notify_all();
+        }
+    }
+
+    /// The rank's work returned an error: it will make no more calls.
+    pub fn failed(&self) {
+        self.leave(PeerExit::Failed);
+    }
+}
+
+impl Drop for ExitGuard {
     fn drop(&mut self) {
         if std::thread::panicking() {
-            let groups = match self.0.lock() {
-                Ok(g) => g.clone(),
-                Err(p) => p.into_inner().clone(),
-            };
-            for (s, r) in &groups {
-                if let Ok(mut st) = s.state.lock() {
-                    st.panicked.get_or_insert(*r);
-                }
-                s.cv.notify_all();
-            }
+            self.leave(PeerExit::Panicked);
         }
     }
 }
@@ -91,8 +113,28 @@ impl ThreadCommunicator {
 
     /// A guard that, if this rank's thread panics, fails the waiting peers of every group this
     /// rank belongs to (the world and every group split from it, now or later) — and only them.
-    pub fn panic_guard(&self) -> PanicGuard {
-        PanicGuard(self.memberships.clone())
+    pub fn exit_guard(&self) -> ExitGuard {
+        ExitGuard(self.memberships.clone())
+    }
+
+    /// The error of a call that a peer's early exit aborted.
+    fn peer_left(&self, op: &'static str, (rank, how): (usize, PeerExit)) -> CommError {
+        let group = self.shared.name.clone();
+        let seq = self.seq;
+        match how {
+            PeerExit::Panicked => CommError::PeerPanicked {
+                group,
+                op,
+                seq,
+                rank,
+            },
+            PeerExit::Failed => CommError::PeerFailed {
+                group,
+                op,
+                seq,
+                rank,
+            },
+        }
     }
 
     fn count(&mut self, op: &'static str, bytes: usize) {
@@ -100,7 +142,7 @@ impl ThreadCommunicator {
         *self.stats.bytes.entry(op).or_default() += bytes as u64;
     }
 
-    /// Waits until every rank reached `target` (or a peer panicked, or, if `timed`, the timeout
+    /// Waits until every rank reached `target` (or a peer left early, or, if `timed`, the timeout
     /// passed: the group is then marked broken under the same lock, so a rank arriving later
     /// cannot read this rank's buffers).
     fn wait_all(
@@ -120,13 +162,8 @@ impl ThreadCommunicator {
             if st.arrived.iter().all(|&a| a >= target) {
                 return Ok(st);
             }
-            if let Some((group, rank)) = st.panicked.map(|r| (self.shared.name.clone(), r)) {
-                return Err(CommError::PeerPanicked {
-                    group,
-                    op,
-                    seq: self.seq,
-                    rank,
-                });
+            if let Some(left) = st.left {
+                return Err(self.peer_left(op, left));
             }
             let now = Instant::now();
             if timed && now >= deadline {
@@ -488,13 +525,8 @@ impl Communicator for ThreadCommunicator {
                 buf.copy_from_slice(&msg);
                 return Ok(());
             }
-            if let Some((group, rank)) = st.panicked.map(|r| (self.shared.name.clone(), r)) {
-                return Err(CommError::PeerPanicked {
-                    group,
-                    op: "recv",
-                    seq: self.seq,
-                    rank,
-                });
+            if let Some(left) = st.left {
+                return Err(self.peer_left("recv", left));
             }
             let now = Instant::now();
             if now >= deadline {
@@ -604,7 +636,7 @@ pub fn run_ranks<T: Send + 'static>(
             std::thread::Builder::new()
                 .name(format!("rank-{rank}"))
                 .spawn(move || {
-                    let _guard = comm.panic_guard();
+                    let _guard = comm.exit_guard();
                     f(rank, &mut comm)
                 })
                 .expect("spawn rank thread")
@@ -655,8 +687,12 @@ pub fn run_ranks_until_failure<T: Send + 'static, E: Send + 'static>(
             .spawn(move || {
                 // The guard drops during the unwind, inside the catch: peers see the panic.
                 let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    let _guard = comm.panic_guard();
-                    f(rank, &mut comm)
+                    let guard = comm.exit_guard();
+                    let r = f(rank, &mut comm);
+                    if r.is_err() {
+                        guard.failed();
+                    }
+                    r
                 }));
                 let outcome = match out {
                     Ok(r) => RankOutcome::Finished(r),

@@ -1,9 +1,11 @@
 //! The thread backend: the shared collective suite (`megatron_comm::conformance`, also run
 //! against MPI by `tests/mpi_comm.rs`) plus what only threads can show in-process: bit-identical
-//! reruns and a panicking rank that does not hang its peers.
+//! reruns and a panicking or failing rank that does not hang its peers.
 
 use megatron_comm::conformance::{collective_suite, timeout_suite};
-use megatron_comm::{run_ranks, CommError, Communicator, ReduceOp};
+use megatron_comm::{
+    run_ranks, run_ranks_until_failure, CommError, Communicator, RankOutcome, ReduceOp,
+};
 use std::time::{Duration, Instant};
 
 const WORLDS: [usize; 5] = [1, 2, 3, 4, 8];
@@ -123,6 +125,50 @@ fn a_rank_panicking_outside_a_subgroup_call_fails_that_subgroup_fast() {
         "{e}"
     );
     assert!(out[0].as_ref().unwrap().is_ok(), "{:?}", out[0]);
+}
+
+#[test]
+fn a_rank_returning_an_error_fails_its_peers_fast_naming_it() {
+    // Rank 2's work fails (say, a sample it cannot read) after a split: its peers' calls in the
+    // world and in its subgroup end at once instead of waiting out the 60 s timeout.
+    let t = Instant::now();
+    let out = run_ranks_until_failure(4, Duration::from_secs(90), |rank, c| {
+        c.set_timeout(Duration::from_secs(60));
+        let mut sub = c.split(rank % 2, rank).unwrap();
+        if rank == 2 {
+            return Err(CommError::Usage {
+                group: "data".into(),
+                op: "fill",
+                msg: "bad sample".into(),
+            });
+        }
+        let mut v = vec![1.0f32; 4];
+        sub.all_reduce(&mut v, ReduceOp::Sum)?;
+        c.all_reduce(&mut v, ReduceOp::Sum)
+    });
+    assert!(
+        t.elapsed() < Duration::from_secs(10),
+        "peers waited for the timeout"
+    );
+    let err = |r: usize| match &out[r] {
+        RankOutcome::Finished(Err(e)) => e.clone(),
+        other => panic!("rank {r}: {other:?}"),
+    };
+    assert!(err(2).to_string().contains("bad sample"));
+    // Rank 0 shares the even group with rank 2 (its rank 1 there); ranks 1 and 3 finish their
+    // odd group and meet the failure in the world, where it is rank 2.
+    assert!(
+        matches!(err(0), CommError::PeerFailed { rank: 1, ref group, .. } if group == "world/0[0, 2]"),
+        "{}",
+        err(0)
+    );
+    for r in [1, 3] {
+        assert!(
+            matches!(err(r), CommError::PeerFailed { rank: 2, ref group, .. } if group == "world"),
+            "{}",
+            err(r)
+        );
+    }
 }
 
 #[test]

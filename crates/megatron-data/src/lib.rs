@@ -56,7 +56,7 @@ pub enum DataError {
     },
     #[error("{path}: {msg}")]
     Tokenizer { path: String, msg: String },
-    #[error("--tokenizer-type NullTokenizer needs --vocab-size")]
+    #[error("--tokenizer-type NullTokenizer needs a positive --vocab-size")]
     NullNeedsVocab,
     #[error("token id {token} does not fit the dataset's {dtype} tokens")]
     TokenTooLarge { token: u32, dtype: String },

@@ -112,7 +112,10 @@ pub fn build_tokenizer_from(spec: &TokenizerSpec) -> Result<Box<dyn Tokenizer>, 
     match spec.tokenizer_type.as_str() {
         "ByteLevelTokenizer" => Ok(Box::new(ByteLevelTokenizer)),
         "NullTokenizer" => Ok(Box::new(NullTokenizer {
-            vocab_size: spec.vocab_size.ok_or(DataError::NullNeedsVocab)?,
+            vocab_size: spec
+                .vocab_size
+                .filter(|&v| v > 0)
+                .ok_or(DataError::NullNeedsVocab)?,
         })),
         "GPT2BPETokenizer" => {
             let v = need(&spec.vocab_file, "--vocab-file", "GPT2BPETokenizer")?;

@@ -683,7 +683,7 @@ pub struct GenerateArgs {
     /// 0 means no top-k filtering.
     #[arg(long, default_value_t = 0)]
     pub top_k: usize,
-    /// 1.0 means no nucleus filtering.
+    /// 0 or 1 means no nucleus filtering (0 is Megatron's "off").
     #[arg(long, default_value_t = 1.0)]
     pub top_p: f32,
     #[arg(long, default_value_t = 1234)]
@@ -800,6 +800,31 @@ impl TrainArgs {
                     "{flag} must be a non-negative number, got {v}"
                 )));
             }
+        }
+        // torch.optim.Adam's own checks: a beta of 1 or more makes the bias correction
+        // 1 - beta^t zero or negative, and the first step divides by it.
+        for (flag, v) in [
+            ("--adam-beta1", self.adam_beta1),
+            ("--adam-beta2", self.adam_beta2),
+        ] {
+            if !(0.0..1.0).contains(&v) {
+                return Err(bad(format!("{flag} must be in [0, 1), got {v}")));
+            }
+        }
+        for (flag, v) in [
+            ("--adam-eps", self.adam_eps),
+            ("--init-method-std", self.init_method_std),
+        ] {
+            if !(v >= 0.0 && v.is_finite()) {
+                return Err(bad(format!(
+                    "{flag} must be a non-negative number, got {v}"
+                )));
+            }
+        }
+        if self.make_vocab_size_divisible_by == 0 {
+            return Err(bad(
+                "--make-vocab-size-divisible-by must be positive, got 0 (1 pads nothing)".into(),
+            ));
         }
         if !(self.straggler_margin > 0.0 && self.straggler_margin.is_finite()) {
             return Err(bad(format!(

@@ -334,6 +334,49 @@ pub fn restore_buffers(ck: &LoadedCheckpoint, model: &impl ModelChunk) {
     }
 }
 
+/// The fields in which two model configurations differ, as `name: A in the checkpoint, B from
+/// the flags`: the whole configurations printed side by side hide the one field that differs
+/// among thirty.
+pub(crate) fn config_differences(saved: &TransformerConfig, given: &TransformerConfig) -> String {
+    fn flatten(prefix: &str, v: serde_json::Value, out: &mut Vec<(String, String)>) {
+        match v {
+            serde_json::Value::Object(map) => {
+                for (k, v) in map {
+                    let name = if prefix.is_empty() {
+                        k
+                    } else {
+                        format!("{prefix}.{k}")
+                    };
+                    flatten(&name, v, out);
+                }
+            }
+            v => out.push((prefix.to_string(), v.to_string())),
+        }
+    }
+    let fields = |c: &TransformerConfig| {
+        let mut out = Vec::new();
+        flatten("", serde_json::to_value(c).unwrap_or_default(), &mut out);
+        out.into_iter()
+            .collect::<std::collections::BTreeMap<_, _>>()
+    };
+    let (a, b) = (fields(saved), fields(given));
+    let absent = "absent".to_string();
+    let names: std::collections::BTreeSet<&String> = a.keys().chain(b.keys()).collect();
+    let diffs: Vec<String> = names
+        .into_iter()
+        .filter_map(|k| {
+            let (x, y) = (a.get(k).unwrap_or(&absent), b.get(k).unwrap_or(&absent));
+            (x != y).then(|| format!("{k}: {x} in the checkpoint, {y} from the flags"))
+        })
+        .collect();
+    if diffs.is_empty() {
+        // Equal as JSON but not as values (a float that prints the same): show both.
+        format!("{saved:?}; the flags give {given:?}")
+    } else {
+        diffs.join("; ")
+    }
+}
+
 /// `--load`: picks the checkpoint (see [`find_checkpoint`]), refuses one saved for another
 /// model, and reads this rank's shards of the parameters. The optimizer's state is read later
 /// from the returned reader ([`load_optimizer_state`]), once the optimizer exists.
@@ -351,8 +394,8 @@ pub(crate) fn load_into(
         return Err(TrainError::Checkpoint {
             path: r.dir.display().to_string(),
             msg: format!(
-                "was saved for another model configuration ({:?}); the flags give {:?}",
-                r.meta.model, cfg.model
+                "was saved for another model configuration: {}",
+                config_differences(&saved, &cfg.model)
             ),
         });
     }

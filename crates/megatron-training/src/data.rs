@@ -83,6 +83,10 @@ pub(crate) struct MicroBatch {
     doc_start: Option<Vec<u32>>,
     /// Under context parallelism: this rank's layout and its chunks of the micro-batch.
     cp: Option<(CpLayout, LocalChunks)>,
+    /// The tokenizer's vocabulary: every id of a sample must be below it.
+    vocab: usize,
+    /// The data flags, as an out-of-vocabulary error names them.
+    source: String,
 }
 
 /// A context-parallel rank's chunks of a micro-batch, with their positions in the sequence.
@@ -110,6 +114,8 @@ impl MicroBatch {
             position_ids: cfg.args.reset_position_ids.then(|| vec![0; b * t]),
             doc_start: cfg.args.reset_attention_mask.then(|| vec![0; b * t]),
             cp: None,
+            vocab: cfg.vocab_size,
+            source: data_flags(cfg),
         }
     }
 
@@ -121,9 +127,11 @@ impl MicroBatch {
         b: usize,
         t: usize,
         eod_mask: Option<u32>,
-    ) {
+    ) -> Result<(), TrainError> {
         for j in 0..b {
-            data.sample(split, first + j as u64, &mut self.sample);
+            let index = first + j as u64;
+            data.sample(split, index, &mut self.sample);
+            check_token_ids(&self.sample, self.vocab, &self.source, split, index)?;
             self.tokens[j * t..(j + 1) * t].copy_from_slice(&self.sample[..t]);
             self.labels[j * t..(j + 1) * t].copy_from_slice(&self.sample[1..]);
         }
@@ -164,6 +172,7 @@ impl MicroBatch {
                 }
             };
         }
+        Ok(())
     }
 
     pub(crate) fn batch(&self, b: usize, t: usize) -> Batch<'_> {
@@ -188,6 +197,38 @@ impl MicroBatch {
             position_ids: self.position_ids.as_deref(),
             doc_start: self.doc_start.as_deref(),
         }
+    }
+}
+
+/// Refuses a sample with an id at or above the tokenizer's vocabulary. A dataset tokenized with
+/// another tokenizer (or under a wrong `--vocab-size`) would otherwise index past the embedding
+/// and the output layer, or silently train on padding rows that stand for no word.
+pub(crate) fn check_token_ids(
+    ids: &[u32],
+    vocab: usize,
+    source: &str,
+    split: Split,
+    index: u64,
+) -> Result<(), TrainError> {
+    match ids.iter().find(|&&id| id as usize >= vocab) {
+        None => Ok(()),
+        Some(&id) => Err(TrainError::Args(format!(
+            "{source}: sample {index} of the {split:?} split holds token id {id}, outside the \
+             tokenizer's vocabulary of {vocab} ids (--tokenizer-type / --vocab-size); was the \
+             data preprocessed with another tokenizer?"
+        ))),
+    }
+}
+
+/// The flags that name a run's samples.
+pub(crate) fn data_flags(cfg: &TrainConfig) -> String {
+    let a = &cfg.args;
+    if a.mock_data {
+        "--mock-data".into()
+    } else if !a.train_data_path.is_empty() {
+        format!("--train-data-path {}", a.train_data_path.join(" "))
+    } else {
+        format!("--data-path {}", a.data_path.join(" "))
     }
 }
 

@@ -29,7 +29,7 @@ impl<F: TrainFamily> Trainer<'_, F> {
         let cp = self.comms.cp_layout();
         let mut mbs: Vec<F::MicroBatch> = (0..count).map(|_| F::micro_batch(cfg, cp)).collect();
         for (mb, &g) in mbs.iter_mut().zip(&mine) {
-            F::fill(cfg, &self.data, mb, Split::Valid, (g * b) as u64);
+            F::fill(cfg, &self.data, mb, Split::Valid, (g * b) as u64)?;
         }
         let batches: Vec<_> = mbs.iter().map(|x| F::batch(cfg, x)).collect();
         let partition = cfg.partition;

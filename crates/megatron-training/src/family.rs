@@ -35,7 +35,7 @@ pub(crate) trait TrainFamily: 'static {
         mb: &mut Self::MicroBatch,
         split: Split,
         first: u64,
-    );
+    ) -> Result<(), TrainError>;
     fn batch<'m>(
         cfg: &TrainConfig,
         mb: &'m Self::MicroBatch,

@@ -4,6 +4,7 @@
 //! masked positions with their labels and the sentence-order labels.
 
 use crate::arguments::TrainConfig;
+use crate::data::{check_token_ids, data_flags};
 use crate::family::{sentence_splits, split_index, TrainFamily};
 use crate::TrainError;
 use megatron_core::context_parallel::CpLayout;
@@ -129,7 +130,13 @@ impl TrainFamily for Bert {
         }
     }
 
-    fn fill(cfg: &TrainConfig, data: &BertData, mb: &mut BertMicroBatch, split: Split, first: u64) {
+    fn fill(
+        cfg: &TrainConfig,
+        data: &BertData,
+        mb: &mut BertMicroBatch,
+        split: Split,
+        first: u64,
+    ) -> Result<(), TrainError> {
         let (b, t) = (cfg.args.micro_batch_size, cfg.args.seq_length);
         let ds = data.splits[split_index(split)]
             .as_ref()
@@ -137,7 +144,9 @@ impl TrainFamily for Bert {
         mb.rows.clear();
         mb.labels.clear();
         for j in 0..b {
-            let s = ds.sample(((first + j as u64) % ds.len() as u64) as usize);
+            let index = (first + j as u64) % ds.len() as u64;
+            let s = ds.sample(index as usize);
+            check_token_ids(&s.tokens, cfg.vocab_size, &data_flags(cfg), split, index)?;
             mb.tokens[j * t..(j + 1) * t].copy_from_slice(&s.tokens);
             mb.types[j * t..(j + 1) * t].copy_from_slice(&s.types);
             mb.key_lens[j] = s.len;
@@ -147,6 +156,7 @@ impl TrainFamily for Bert {
                 mb.labels.push(s.labels[p] as u32);
             }
         }
+        Ok(())
     }
 
     fn batch<'m>(cfg: &TrainConfig, mb: &'m BertMicroBatch) -> BertBatch<'m> {

@@ -38,7 +38,13 @@ impl TrainFamily for Gpt {
             .on_context_parallel_rank(cp)
     }
 
-    fn fill(cfg: &TrainConfig, data: &Self::Data, mb: &mut MicroBatch, split: Split, first: u64) {
+    fn fill(
+        cfg: &TrainConfig,
+        data: &Self::Data,
+        mb: &mut MicroBatch,
+        split: Split,
+        first: u64,
+    ) -> Result<(), TrainError> {
         let (b, t) = (cfg.args.micro_batch_size, cfg.args.seq_length);
         mb.fill(
             data.as_ref(),
@@ -47,7 +53,7 @@ impl TrainFamily for Gpt {
             b,
             t,
             eod_mask(cfg, data.as_ref()),
-        );
+        )
     }
 
     fn batch<'m>(cfg: &TrainConfig, mb: &'m MicroBatch) -> Batch<'m> {

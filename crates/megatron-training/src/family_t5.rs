@@ -4,6 +4,7 @@
 //! sequences' lengths, on any layout but sequence and context parallelism.
 
 use crate::arguments::TrainConfig;
+use crate::data::{check_token_ids, data_flags};
 use crate::family::{sentence_splits, split_index, TrainFamily};
 use crate::family_bert::wordpiece;
 use crate::TrainError;
@@ -146,7 +147,13 @@ impl TrainFamily for T5 {
         }
     }
 
-    fn fill(cfg: &TrainConfig, data: &T5Data, mb: &mut T5MicroBatch, split: Split, first: u64) {
+    fn fill(
+        cfg: &TrainConfig,
+        data: &T5Data,
+        mb: &mut T5MicroBatch,
+        split: Split,
+        first: u64,
+    ) -> Result<(), TrainError> {
         let (b, te, td) = (
             cfg.args.micro_batch_size,
             cfg.args.seq_length,
@@ -155,8 +162,13 @@ impl TrainFamily for T5 {
         let ds = data.splits[split_index(split)]
             .as_ref()
             .expect("a split with samples");
+        let source = data_flags(cfg);
         for j in 0..b {
-            let s = ds.sample(((first + j as u64) % ds.len() as u64) as usize);
+            let index = (first + j as u64) % ds.len() as u64;
+            let s = ds.sample(index as usize);
+            for ids in [&s.encoder_input, &s.decoder_input] {
+                check_token_ids(ids, cfg.vocab_size, &source, split, index)?;
+            }
             mb.enc[j * te..(j + 1) * te].copy_from_slice(&s.encoder_input);
             mb.dec[j * td..(j + 1) * td].copy_from_slice(&s.decoder_input);
             for p in 0..td {
@@ -171,6 +183,7 @@ impl TrainFamily for T5 {
             mb.enc_lens[j] = s.encoder_len;
             mb.dec_lens[j] = s.decoder_len;
         }
+        Ok(())
     }
 
     fn batch<'m>(cfg: &TrainConfig, mb: &'m T5MicroBatch) -> T5Batch<'m> {

@@ -36,7 +36,8 @@ pub fn sample_next(
         .collect();
     let sum: f64 = probs.iter().sum();
     probs.iter_mut().for_each(|p| *p /= sum);
-    if top_p < 1.0 {
+    // 0 is Megatron's "off" (`top_p > 0.0` enables the filter), as is 1.
+    if top_p > 0.0 && top_p < 1.0 {
         let mut acc = 0.0;
         let mut keep = probs.len();
         for (i, p) in probs.iter().enumerate() {
@@ -65,13 +66,19 @@ pub fn sample_next(
 /// through the tokenizer.
 fn prompt_ids(args: &GenerateArgs, tok: Option<&dyn Tokenizer>) -> Result<Vec<u32>, TrainError> {
     if let Some(ids) = &args.prompt_ids {
-        return ids
+        let ids: Vec<u32> = ids
             .split_whitespace()
             .map(|t| {
                 t.parse::<u32>()
                     .map_err(|_| TrainError::Args(format!("--prompt-ids: '{t}' is not a token id")))
             })
-            .collect();
+            .collect::<Result<_, _>>()?;
+        if ids.is_empty() {
+            return Err(TrainError::Args(
+                "--prompt-ids is empty: give at least one token id".into(),
+            ));
+        }
+        return Ok(ids);
     }
     let tok = tok.ok_or_else(|| {
         TrainError::Args("the checkpoint names no tokenizer: give --prompt-ids".into())
@@ -96,6 +103,23 @@ fn prompt_ids(args: &GenerateArgs, tok: Option<&dyn Tokenizer>) -> Result<Vec<u3
     Ok(ids)
 }
 
+/// The sampling flags, checked before the checkpoint is read.
+fn check_sampling(args: &GenerateArgs) -> Result<(), TrainError> {
+    if !(args.temperature >= 0.0 && args.temperature.is_finite()) {
+        return Err(TrainError::Args(format!(
+            "--temperature must be a non-negative number (0 is greedy), got {}",
+            args.temperature
+        )));
+    }
+    if !(0.0..=1.0).contains(&args.top_p) {
+        return Err(TrainError::Args(format!(
+            "--top-p must be in [0, 1] (0 and 1 filter nothing), got {}",
+            args.top_p
+        )));
+    }
+    Ok(())
+}
+
 /// Writes the prompt's logits (`[positions, vocab]`) as f32 safetensors.
 fn write_logits(path: &Path, rows: &[Vec<f32>]) -> Result<(), TrainError> {
     let vocab = rows.first().map_or(0, |r| r.len());
@@ -117,6 +141,7 @@ fn write_logits(path: &Path, rows: &[Vec<f32>]) -> Result<(), TrainError> {
 /// Generates a continuation of the prompt; returns the new text (and, with `--print-ids`, a
 /// last line of the new token ids).
 pub fn generate(args: &GenerateArgs) -> Result<String, TrainError> {
+    check_sampling(args)?;
     let ck = load_checkpoint_weights(Path::new(&args.load))?;
     if ck.meta.bert.is_some() {
         return Err(TrainError::Checkpoint {
@@ -167,7 +192,12 @@ pub fn generate(args: &GenerateArgs) -> Result<String, TrainError> {
     }
     let max_pos = model.config.max_position_embeddings;
     let mut prompt = prompt_ids(args, tok.as_deref())?;
-    let vocab = ck.meta.vocab_size.min(model.config.padded_vocab_size);
+    // The tokenizer's vocabulary where there is one: a NullTokenizer's end-of-document id is
+    // one past the `--vocab-size` the checkpoint records.
+    let vocab = tok
+        .as_ref()
+        .map_or(ck.meta.vocab_size, |t| t.vocab_size())
+        .min(model.config.padded_vocab_size);
     if let Some(bad) = prompt.iter().find(|&&i| i as usize >= vocab) {
         return Err(TrainError::Args(format!(
             "prompt token id {bad} is outside the vocabulary ({vocab})"
@@ -182,6 +212,14 @@ pub fn generate(args: &GenerateArgs) -> Result<String, TrainError> {
         stop.extend(tok.as_ref().and_then(|t| t.token_id("<|im_end|>")));
     }
     let new_tokens = args.max_new_tokens.min(max_pos - prompt.len());
+    if new_tokens < args.max_new_tokens {
+        eprintln!(
+            "generating at most {new_tokens} tokens, not --max-new-tokens {}: the prompt's {} \
+             tokens and the new ones fill the model's {max_pos} positions",
+            args.max_new_tokens,
+            prompt.len()
+        );
+    }
     let mut cache = KVCache::new(&model, 1, prompt.len() + new_tokens);
     let temperature = if args.greedy { 0.0 } else { args.temperature };
     let key = RngKey::new(args.seed).fold(0x6E6);

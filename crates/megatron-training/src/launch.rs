@@ -237,6 +237,7 @@ fn pretrain_ranks(
     );
     use megatron_comm::RankOutcome;
     let mut first_err = None;
+    let mut consequence = None;
     let mut lead = None;
     let mut traces = Vec::new();
     for (rank, r) in results.into_iter().enumerate() {
@@ -247,10 +248,14 @@ fn pretrain_ranks(
                     lead = Some(s);
                 }
             }
-            // A peer's failure is the consequence; report the first root cause.
+            // A call aborted by a peer's exit is a consequence: report the first root cause,
+            // whatever rank order the consequences came in.
             RankOutcome::Finished(Err(TrainError::Comm(
-                megatron_comm::CommError::PeerPanicked { .. },
-            ))) if first_err.is_some() => {}
+                e @ (megatron_comm::CommError::PeerPanicked { .. }
+                | megatron_comm::CommError::PeerFailed { .. }),
+            ))) => {
+                consequence.get_or_insert(TrainError::Comm(e));
+            }
             RankOutcome::Finished(Err(e)) => {
                 first_err.get_or_insert(e);
             }
@@ -267,6 +272,7 @@ fn pretrain_ranks(
             }
         }
     }
+    let first_err = first_err.or(consequence);
     if let (Some(path), None) = (&trace_path, &first_err) {
         write_trace(path, &traces)?;
     }

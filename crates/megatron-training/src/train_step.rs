@@ -107,7 +107,7 @@ impl<F: TrainFamily> Trainer<'_, F> {
         let a = &cfg.args;
         let starts = self.micro_batch_starts();
         for (mb, &start) in self.mbs.iter_mut().zip(&starts) {
-            F::fill(cfg, &self.data, mb, Split::Train, start);
+            F::fill(cfg, &self.data, mb, Split::Train, start)?;
         }
         let batches: Vec<_> = self.mbs.iter().map(|x| F::batch(cfg, x)).collect();
         let ctxs: Vec<StepContext> = starts

@@ -288,6 +288,11 @@ fn a_quantized_llama_gguf_dequantizes_and_unpermutes_exactly_as_gguf_py() {
         assert_eq!(w.shape(), g.shape(), "{name}");
         assert_eq!(w.data(), g.data(), "{name}: values differ from gguf-py's");
     }
+    // A directory given for the .gguf file is named as one (mapping it fails with ENODEV).
+    let e = megatron_training::convert::gguf_to_megatron(&fx, &dir.join("d"), 128)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("is a directory"), "{e}");
     let _ = std::fs::remove_dir_all(dir);
 }
 

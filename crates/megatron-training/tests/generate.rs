@@ -94,6 +94,28 @@ fn assert_greedy_generation_continues_the_learned_sequence(name: &str, model: &[
         ["8", "9", "10", "11", "12"],
         "{name}: generated '{text}'"
     );
+    let gen = |extra: &[&str]| {
+        let mut flags = vec!["m", "--load", s, "--max-new-tokens", "3"];
+        flags.extend_from_slice(extra);
+        generate(&GenWrap::try_parse_from(flags).unwrap().args).map_err(|e| e.to_string())
+    };
+    // An empty text prompt starts from the end-of-document id, which a NullTokenizer places
+    // one past --vocab-size (the checkpoint records 40; id 40 is in the model's vocabulary).
+    let from_eod = gen(&["--prompt", ""]).unwrap();
+    assert_eq!(
+        from_eod.split_whitespace().count(),
+        3,
+        "{name}: '{from_eod}'"
+    );
+    let e = gen(&["--prompt-ids", ""]).unwrap_err();
+    assert!(e.contains("--prompt-ids is empty"), "{e}");
+    let e = gen(&["--prompt-ids", "5", "--temperature=-1"]).unwrap_err();
+    assert!(
+        e.contains("--temperature must be a non-negative number"),
+        "{e}"
+    );
+    let e = gen(&["--prompt-ids", "5", "--top-p", "1.5"]).unwrap_err();
+    assert!(e.contains("--top-p must be in [0, 1]"), "{e}");
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -134,6 +156,15 @@ fn sampling_respects_top_k_and_greedy() {
         let p = sample_next(&logits, 5, 1.0, 0, 0.5, RngKey::new(3), step);
         assert_eq!(p, 1, "top-p 0.5 keeps only the most likely token here");
     }
+    // top-p 0 filters nothing, as in Megatron (`top_p > 0.0` enables the filter): the second
+    // token (logit 4.9 against 5.0) is drawn about half the time.
+    let second = (0..200)
+        .filter(|&step| sample_next(&logits, 5, 1.0, 0, 0.0, RngKey::new(5), step) == 2)
+        .count();
+    assert!(
+        (50..150).contains(&second),
+        "token 2 drawn {second} of 200 times"
+    );
     // Padded vocabulary entries beyond the real vocabulary are never sampled.
     let padded = [0.0f32, 0.0, 100.0];
     assert!(sample_next(&padded, 2, 1.0, 0, 1.0, RngKey::new(4), 0) < 2);

@@ -270,3 +270,36 @@ fn trains_on_a_blend_of_indexed_datasets_with_cache_and_exact_resume() {
     assert!(text.contains("liberty") && text.contains("union"), "{text}");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn a_dataset_of_another_tokenizer_is_refused_naming_the_token_id_on_every_layout() {
+    // GPT-2 token ids read under a NullTokenizer of 100 ids: every sample holds ids past the
+    // vocabulary. One rank, and two data-parallel ranks (where a rank that fails must not leave
+    // its peer waiting in the gradient all-reduce).
+    let dir = std::env::temp_dir().join(format!("megatron-rs-oov-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let (a, _) = corpora(&dir);
+    for layout in [&["--nproc-per-node", "1"], &["--nproc-per-node", "2"]] {
+        let mut args = base(&[
+            "--data-path",
+            &a,
+            "--tokenizer-type",
+            "NullTokenizer",
+            "--vocab-size",
+            "100",
+            "--train-iters",
+            "2",
+        ]);
+        args.extend(layout.iter().map(|s| s.to_string()));
+        let e = pretrain(&Wrap::try_parse_from(args).unwrap().args)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(&format!("--data-path {a}: sample "))
+                && e.contains("outside the tokenizer's vocabulary of 101 ids"),
+            "{layout:?}: {e}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}

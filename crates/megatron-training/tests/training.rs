@@ -211,7 +211,18 @@ fn checkpoint_of_another_model_is_refused() {
         save.to_str().unwrap(),
     ]))
     .unwrap_err();
-    assert!(e.to_string().contains("another model configuration"), "{e}");
+    let e = e.to_string();
+    assert!(e.contains("another model configuration"), "{e}");
+    // The message names the fields that differ (the FFN follows the hidden size), not the rest.
+    assert!(
+        e.contains("hidden_size: 32 in the checkpoint, 64 from the flags"),
+        "{e}"
+    );
+    assert!(
+        e.contains("ffn_hidden_size: 128 in the checkpoint, 256 from the flags"),
+        "{e}"
+    );
+    assert!(!e.contains("num_layers"), "{e}");
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -1284,7 +1295,15 @@ fn a_rank_thread_that_stops_arriving_ends_the_run_with_the_named_error() {
 
 #[test]
 fn negative_numbers_reach_validation_and_are_refused_naming_the_flag() {
-    for (flag, v) in [("--lr", "-1"), ("--min-lr", "-0.5")] {
+    for (flag, v) in [
+        ("--lr", "-1"),
+        ("--min-lr", "-0.5"),
+        ("--adam-beta1", "1.5"),
+        ("--adam-beta2", "-0.1"),
+        ("--adam-eps", "-0.001"),
+        ("--init-method-std", "-0.02"),
+        ("--make-vocab-size-divisible-by", "0"),
+    ] {
         let e = pretrain(&args(&["--train-iters", "2", flag, v]))
             .unwrap_err()
             .to_string();
@@ -1299,4 +1318,9 @@ fn negative_numbers_reach_validation_and_are_refused_naming_the_flag() {
     .unwrap_err()
     .to_string();
     assert!(e.contains("--distributed-timeout-minutes"), "{e}");
+    // A NullTokenizer of no ids is refused, not padded up to a vocabulary of padding.
+    let e = pretrain(&args(&["--train-iters", "2", "--vocab-size", "0"]))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("positive --vocab-size"), "{e}");
 }

@@ -135,6 +135,11 @@ impl Gguf {
             path: path.display().to_string(),
             msg: m,
         };
+        if path.is_dir() {
+            return Err(bad(
+                "is a directory: --from gguf reads one .gguf file".into()
+            ));
+        }
         let f = std::fs::File::open(path).map_err(|e| bad(format!("cannot open: {e}")))?;
         // SAFETY: read-only mapping of a file that is not written while converting.
         let map = unsafe { memmap2::Mmap::map(&f) }.map_err(|e| bad(e.to_string()))?;
