@@ -368,6 +368,9 @@ pub struct TrainArgs {
     /// Accepted for compatibility: softmax always runs in fp32 here.
     #[arg(long)]
     pub attention_softmax_in_fp32: bool,
+    /// GPU kernel, fusion and launcher flags of Megatron's scripts, accepted without effect.
+    #[command(flatten)]
+    pub script_compat: crate::script_compat::ScriptCompatArgs,
 
     // Batches and iterations.
     #[arg(long, default_value_t = 4)]
@@ -835,6 +838,7 @@ impl TrainArgs {
         if self.straggler_patience == 0 {
             return Err(bad("--straggler-patience must be at least 1".into()));
         }
+        self.script_compat.check()?;
         if self.fp16 && self.bf16 {
             return Err(bad("give only one of --fp16 and --bf16".into()));
         }

@@ -24,6 +24,7 @@ pub mod memory;
 pub mod moe_logging;
 pub mod plan;
 pub mod plot;
+pub mod script_compat;
 mod setup;
 pub mod straggler;
 pub mod tabular;

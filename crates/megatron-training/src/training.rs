@@ -450,6 +450,9 @@ fn print_setup(
     per_param: f64,
 ) {
     let m = &cfg.model;
+    if let Some(note) = cfg.args.script_compat.note() {
+        println!("{note}");
+    }
     println!(
         "model: {} parameters, {layers}, hidden {}, heads {}, seq {}, padded vocab {} | global batch {} = {} micro-batches of {} | {} threads | peak {:.1} GFLOP/s",
         params.numel(),
