@@ -380,8 +380,14 @@ pub struct TrainArgs {
     pub global_batch_size: Option<usize>,
     #[arg(long)]
     pub train_iters: Option<u64>,
+    /// Sample-based training (Megatron's): the learning-rate flags are then `--lr-*-samples`.
     #[arg(long)]
     pub train_samples: Option<u64>,
+    /// `START INCREMENT SAMPLES`: the global batch size grows from START by INCREMENT, one
+    /// step per SAMPLES / ((--global-batch-size - START) / INCREMENT) samples consumed, up to
+    /// --global-batch-size (with --train-samples, as in Megatron).
+    #[arg(long, num_args = 3, value_names = ["START", "INCREMENT", "SAMPLES"])]
+    pub rampup_batch_size: Option<Vec<u64>>,
 
     // Optimizer and schedule.
     #[arg(long, default_value_t = 1e-3)]
@@ -400,6 +406,15 @@ pub struct TrainArgs {
     pub lr_warmup_init: f64,
     #[arg(long)]
     pub lr_wsd_decay_iters: Option<u64>,
+    /// Under --train-samples: samples over which the learning rate decays (default: all).
+    #[arg(long)]
+    pub lr_decay_samples: Option<u64>,
+    /// Under --train-samples: warm-up samples.
+    #[arg(long)]
+    pub lr_warmup_samples: Option<u64>,
+    /// Under --train-samples: the WSD decay phase, in samples.
+    #[arg(long)]
+    pub lr_wsd_decay_samples: Option<u64>,
     #[arg(long, default_value = "exponential")]
     pub lr_wsd_decay_style: String,
     #[arg(long, default_value_t = 0.01)]
@@ -744,11 +759,16 @@ pub struct TrainConfig {
     pub ep: usize,
     pub etp: usize,
     pub partition: megatron_core::pipeline_parallel::partition::StagePartition,
-    /// Micro-batches per data-parallel rank and iteration.
+    /// Micro-batches per data-parallel rank in an iteration at the final global batch size
+    /// (the most any iteration runs; buffers are sized for it).
     pub num_microbatches: usize,
+    /// The global batch size of each iteration (ramped up under --rampup-batch-size).
+    pub batches: crate::num_microbatches::BatchSizeSchedule,
     pub train_iters: u64,
-    pub lr_decay_iters: u64,
-    pub lr_warmup_iters: u64,
+    /// The learning-rate schedule in samples, as Megatron's `OptimizerParamScheduler` counts.
+    pub lr_decay_samples: u64,
+    pub lr_warmup_samples: u64,
+    pub lr_wsd_decay_samples: u64,
     pub lr_decay_style: LrDecayStyle,
     pub lr_wsd_decay_style: WsdDecayStyle,
     /// Activation recomputation.
@@ -765,6 +785,14 @@ fn bad(msg: String) -> TrainError {
 }
 
 impl TrainConfig {
+    /// Training samples the run reads (Megatron's first entry of `train_val_test_num_samples`):
+    /// `--train-samples`, else iterations times the global batch size.
+    pub fn train_samples(&self) -> u64 {
+        self.args
+            .train_samples
+            .unwrap_or(self.train_iters * self.global_batch_size as u64)
+    }
+
     /// Ranks of the job: data x tensor x pipeline x context parallel.
     pub fn world(&self) -> usize {
         self.dp * self.tp * self.pp * self.cp
@@ -893,6 +921,24 @@ impl TrainArgs {
                 self.micro_batch_size
             )));
         }
+        let rampup = match self.rampup_batch_size.as_deref() {
+            None => None,
+            Some(&[start, increment, samples]) => Some(crate::num_microbatches::Rampup {
+                start,
+                increment,
+                samples,
+            }),
+            Some(other) => {
+                return Err(bad(format!(
+                    "--rampup-batch-size takes START INCREMENT SAMPLES, got {other:?}"
+                )))
+            }
+        };
+        let batches = crate::num_microbatches::BatchSizeSchedule::new(
+            gbs as u64,
+            (self.micro_batch_size * dp) as u64,
+            rampup,
+        )?;
         let train_iters = match (self.train_iters, self.train_samples) {
             (Some(_), Some(_)) => {
                 return Err(bad(
@@ -905,15 +951,21 @@ impl TrainArgs {
                 ))
             }
             (Some(i), None) => i,
-            (None, Some(s)) => s.div_ceil(gbs as u64),
+            (None, Some(s)) => match batches.train_iters(s) {
+                0 => {
+                    return Err(bad(format!(
+                        "--train-samples ({s}) holds no whole global batch ({gbs})"
+                    )))
+                }
+                i => i,
+            },
             (None, None) => {
                 return Err(bad(
                     "one of --train-iters or --train-samples is required".into()
                 ))
             }
         };
-        let (lr_decay_style, lr_wsd_decay_style, lr_decay_iters, lr_warmup_iters) =
-            self.lr_schedule(train_iters)?;
+        let (lr_decay_style, lr_wsd_decay_style, schedule) = self.lr_schedule(train_iters, gbs)?;
         for (flag, v) in [
             ("--log-interval", self.log_interval),
             ("--eval-interval", self.eval_interval),
@@ -960,14 +1012,17 @@ impl TrainArgs {
             }
         }
         let recompute = self.recompute()?;
-        let m = gbs / (self.micro_batch_size * dp);
         if vp > 1 {
-            megatron_core::pipeline_parallel::interleaved::check(pp, m, vp).map_err(|e| {
-                bad(format!(
-                    "{e} (micro-batches = --global-batch-size {gbs} / (--micro-batch-size {} x data-parallel size {dp}))",
-                    self.micro_batch_size
-                ))
-            })?;
+            // Every iteration's count, the ramp's included.
+            for size in batches.batch_sizes() {
+                let m = size as usize / (self.micro_batch_size * dp);
+                megatron_core::pipeline_parallel::interleaved::check(pp, m, vp).map_err(|e| {
+                    bad(format!(
+                        "{e} (micro-batches = global batch size {size} / (--micro-batch-size {} x data-parallel size {dp}); see --global-batch-size and --rampup-batch-size)",
+                        self.micro_batch_size
+                    ))
+                })?;
+            }
         }
         let mut args = self.clone();
         if let (ModelArg::T5, Some(e)) = (self.model, self.encoder_seq_length) {
@@ -1003,10 +1058,12 @@ impl TrainArgs {
             partition,
             num_microbatches: gbs / (self.micro_batch_size * dp),
             train_iters,
-            lr_decay_iters,
-            lr_warmup_iters,
             lr_decay_style,
             lr_wsd_decay_style,
+            batches,
+            lr_decay_samples: schedule.decay,
+            lr_warmup_samples: schedule.warmup,
+            lr_wsd_decay_samples: schedule.wsd_decay,
             recompute,
             vocab_size,
             bert,
@@ -1666,7 +1723,8 @@ impl TrainArgs {
     fn lr_schedule(
         &self,
         train_iters: u64,
-    ) -> Result<(LrDecayStyle, WsdDecayStyle, u64, u64), TrainError> {
+        gbs: usize,
+    ) -> Result<(LrDecayStyle, WsdDecayStyle, LrSchedule), TrainError> {
         let lr_decay_style = LrDecayStyle::parse(&self.lr_decay_style).ok_or_else(|| {
             bad(format!("--lr-decay-style '{}': expected constant, linear, cosine, inverse-square-root or WSD", self.lr_decay_style))
         })?;
@@ -1683,34 +1741,97 @@ impl TrainArgs {
                 self.min_lr, self.lr
             )));
         }
-        let lr_decay_iters = self.lr_decay_iters.unwrap_or(train_iters);
-        let lr_warmup_iters = match (self.lr_warmup_iters, self.lr_warmup_fraction) {
-            (Some(_), Some(_)) => {
-                return Err(bad(
-                    "give only one of --lr-warmup-iters and --lr-warmup-fraction".into(),
-                ))
-            }
-            (Some(w), None) => w,
-            (None, Some(f)) if (0.0..=1.0).contains(&f) => (f * lr_decay_iters as f64) as u64,
-            (None, Some(f)) => {
+        if let Some(f) = self.lr_warmup_fraction {
+            if !(0.0..=1.0).contains(&f) {
                 return Err(bad(format!(
                     "--lr-warmup-fraction must be in [0, 1], got {f}"
-                )))
+                )));
             }
-            (None, None) => 0,
+        }
+        let schedule = match self.train_samples {
+            // Sample-based training: Megatron refuses its iteration-based flags and ramp-up's
+            // absence of them alike.
+            Some(train_samples) => {
+                for (flag, given) in [
+                    ("--lr-decay-iters", self.lr_decay_iters.is_some()),
+                    ("--lr-warmup-iters", self.lr_warmup_iters.is_some()),
+                    ("--lr-wsd-decay-iters", self.lr_wsd_decay_iters.is_some()),
+                ] {
+                    if given {
+                        return Err(bad(format!(
+                            "{flag} is for --train-iters; under --train-samples use {} (as Megatron)",
+                            flag.replace("iters", "samples")
+                        )));
+                    }
+                }
+                let decay = self.lr_decay_samples.unwrap_or(train_samples);
+                let warmup = match (self.lr_warmup_samples, self.lr_warmup_fraction) {
+                    (Some(_), Some(_)) => {
+                        return Err(bad(
+                            "give only one of --lr-warmup-samples and --lr-warmup-fraction".into(),
+                        ))
+                    }
+                    (Some(w), None) => w,
+                    (None, Some(f)) => (f * decay as f64) as u64,
+                    (None, None) => 0,
+                };
+                LrSchedule {
+                    decay,
+                    warmup,
+                    wsd_decay: self.lr_wsd_decay_samples.unwrap_or(0),
+                }
+            }
+            None => {
+                for (flag, given) in [
+                    ("--rampup-batch-size", self.rampup_batch_size.is_some()),
+                    ("--lr-decay-samples", self.lr_decay_samples.is_some()),
+                    ("--lr-warmup-samples", self.lr_warmup_samples.is_some()),
+                    (
+                        "--lr-wsd-decay-samples",
+                        self.lr_wsd_decay_samples.is_some(),
+                    ),
+                ] {
+                    if given {
+                        return Err(bad(format!(
+                            "{flag} needs sample-based training (--train-samples), as in Megatron"
+                        )));
+                    }
+                }
+                let decay_iters = self.lr_decay_iters.unwrap_or(train_iters);
+                let warmup_iters = match (self.lr_warmup_iters, self.lr_warmup_fraction) {
+                    (Some(_), Some(_)) => {
+                        return Err(bad(
+                            "give only one of --lr-warmup-iters and --lr-warmup-fraction".into(),
+                        ))
+                    }
+                    (Some(w), None) => w,
+                    (None, Some(f)) => (f * decay_iters as f64) as u64,
+                    (None, None) => 0,
+                };
+                let gbs = gbs as u64;
+                LrSchedule {
+                    decay: decay_iters * gbs,
+                    warmup: warmup_iters * gbs,
+                    wsd_decay: self.lr_wsd_decay_iters.unwrap_or(0) * gbs,
+                }
+            }
         };
-        if lr_warmup_iters > lr_decay_iters {
+        if schedule.warmup > schedule.decay {
             return Err(bad(format!(
-                "--lr-warmup-iters ({lr_warmup_iters}) exceeds --lr-decay-iters ({lr_decay_iters})"
+                "the learning-rate warm-up ({} samples) exceeds its decay ({} samples): see --lr-warmup-iters/-samples and --lr-decay-iters/-samples",
+                schedule.warmup, schedule.decay
             )));
         }
-        Ok((
-            lr_decay_style,
-            lr_wsd_decay_style,
-            lr_decay_iters,
-            lr_warmup_iters,
-        ))
+        Ok((lr_decay_style, lr_wsd_decay_style, schedule))
     }
+}
+
+/// The learning-rate schedule's lengths in samples (Megatron's scheduler steps).
+#[derive(Clone, Copy, Debug)]
+struct LrSchedule {
+    decay: u64,
+    warmup: u64,
+    wsd_decay: u64,
 }
 
 /// `megatron preprocess` (Megatron's `tools/preprocess_data.py` flags).

@@ -38,7 +38,7 @@ pub(crate) fn build_data(
             seed: a.seed,
             // Megatron's sizes: every training sample, every evaluation, one test pass.
             num_samples: [
-                cfg.train_iters * gbs,
+                cfg.train_samples(),
                 (cfg.train_iters / a.eval_interval + 1) * eval,
                 eval,
             ],

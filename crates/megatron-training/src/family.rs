@@ -96,7 +96,7 @@ pub(crate) fn sentence_splits<D>(
     let gbs = cfg.global_batch_size as u64;
     let eval = a.eval_iters * gbs;
     let want = [
-        cfg.train_iters * gbs,
+        cfg.train_samples(),
         (cfg.train_iters / a.eval_interval + 1) * eval,
         eval,
     ];

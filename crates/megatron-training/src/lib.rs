@@ -22,6 +22,7 @@ pub mod logging;
 pub mod machine_probes;
 pub mod memory;
 pub mod moe_logging;
+pub mod num_microbatches;
 pub mod plan;
 pub mod plot;
 pub mod script_compat;

@@ -13,6 +13,9 @@ pub struct IterationMetrics {
     pub grad_norm: f64,
     pub ms_per_iter: f64,
     pub tokens_per_sec: f64,
+    /// Under `--rampup-batch-size`: the last iteration's global batch size.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub global_batch_size: Option<usize>,
     pub tflops: f64,
     pub mfu: f64,
     pub peak_mem_bytes: u64,
@@ -61,6 +64,9 @@ impl IterationMetrics {
 
     fn extras(&self) -> String {
         let mut s = String::new();
+        if let Some(b) = self.global_batch_size {
+            s += &format!(" | global batch size: {b}");
+        }
         if let Some(x) = self.loss_scale {
             s += &format!(
                 " | loss scale: {x:.1} | number of skipped iterations: {}",

@@ -309,15 +309,14 @@ pub(crate) fn setup_model_and_optimizer<F: ModelFamily>(
 
 /// The learning-rate schedule in samples, as Megatron's `OptimizerParamScheduler`.
 pub(crate) fn scheduler(cfg: &TrainConfig) -> OptimizerParamScheduler {
-    let gbs = cfg.global_batch_size as u64;
     OptimizerParamScheduler {
         init_lr: cfg.args.lr_warmup_init,
         max_lr: cfg.args.lr,
         min_lr: cfg.args.min_lr,
-        warmup_steps: cfg.lr_warmup_iters * gbs,
-        decay_steps: cfg.lr_decay_iters * gbs,
+        warmup_steps: cfg.lr_warmup_samples,
+        decay_steps: cfg.lr_decay_samples,
         decay_style: cfg.lr_decay_style,
-        wsd_decay_steps: cfg.args.lr_wsd_decay_iters.unwrap_or(0) * gbs,
+        wsd_decay_steps: cfg.lr_wsd_decay_samples,
         wsd_decay_style: cfg.lr_wsd_decay_style,
         num_steps: 0,
     }

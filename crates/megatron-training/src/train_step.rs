@@ -54,7 +54,8 @@ impl<F: TrainFamily> Trainer<'_, F> {
         // Under context parallelism each rank's gradients cover its part of the sequence and
         // are averaged over data x context ranks: scaled by the context-parallel size they sum
         // over the sequence (Megatron multiplies the loss by it).
-        let grad_scale = loss_scale * self.cfg.cp as f32 / self.cfg.num_microbatches as f32;
+        let m = self.cfg.batches.num_microbatches(self.consumed);
+        let grad_scale = loss_scale * self.cfg.cp as f32 / m as f32;
         // This rank's own work in the step (for --log-straggler): the forward/backward pass
         // less the time it waited for pipeline neighbours.
         let (busy_start, waited) = (Instant::now(), self.timers.p2p_wait);
@@ -89,7 +90,7 @@ impl<F: TrainFamily> Trainer<'_, F> {
             data_parallel_rank: dp_rank as u64,
             data_parallel_size: dp as u64,
         };
-        (0..self.cfg.num_microbatches)
+        (0..self.cfg.batches.num_microbatches(self.consumed))
             .map(|_| {
                 sampler
                     .next_micro_batch()
@@ -109,7 +110,11 @@ impl<F: TrainFamily> Trainer<'_, F> {
         for (mb, &start) in self.mbs.iter_mut().zip(&starts) {
             F::fill(cfg, &self.data, mb, Split::Train, start)?;
         }
-        let batches: Vec<_> = self.mbs.iter().map(|x| F::batch(cfg, x)).collect();
+        // Under batch-size ramp-up the buffers (sized for the final batch) are used in part.
+        let batches: Vec<_> = self.mbs[..starts.len()]
+            .iter()
+            .map(|x| F::batch(cfg, x))
+            .collect();
         let ctxs: Vec<StepContext> = starts
             .iter()
             .map(|&s| {
@@ -119,7 +124,7 @@ impl<F: TrainFamily> Trainer<'_, F> {
             })
             .collect();
         let (pp_rank, pp_size) = (self.comms.pp.rank(), self.comms.pp.size());
-        let m = cfg.num_microbatches;
+        let m = starts.len();
         let ops = schedule(pp_size, pp_rank, m, cfg.partition.v).map_err(TrainError::Args)?;
         let (_, dp) = self.comms.dp_rank_size();
         let overlap_grad = a.overlap_grad_reduce && dp > 1;
@@ -213,7 +218,7 @@ impl<F: TrainFamily> Trainer<'_, F> {
     /// data-parallel ranks. Returns the step's mean loss.
     fn finalize_gradients(&mut self, iteration: u64, pass: &Pass) -> Result<f64, TrainError> {
         let cfg = self.cfg;
-        let mut loss = pass.loss_sum / cfg.num_microbatches as f64;
+        let mut loss = pass.loss_sum / cfg.batches.num_microbatches(self.consumed) as f64;
         allreduce_sequence_parallel_grads(&self.params, &mut self.grads, &mut self.comms.tp)?;
         for c in &self.chunks {
             c.finalize_step(
@@ -338,7 +343,8 @@ impl<F: TrainFamily> Trainer<'_, F> {
         };
         opt.step(params, grads, lr as f32, a.weight_decay, dp, gather)?;
         self.pending_gather = gather == ParamGather::Deferred;
-        self.sched.step(self.cfg.global_batch_size as u64);
+        self.sched
+            .step(self.cfg.batches.global_batch_size(self.consumed));
         Ok(out)
     }
 

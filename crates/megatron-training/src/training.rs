@@ -200,6 +200,10 @@ pub(crate) struct Interval {
     pub loss: f64,
     pub iters: u64,
     pub secs: f64,
+    /// Samples trained (the global batch sizes, which ramp-up varies).
+    pub samples: u64,
+    /// The last iteration's global batch size.
+    pub last_batch: u64,
 }
 
 pub(crate) fn run(
@@ -329,7 +333,6 @@ fn run_family<F: TrainFamily>(
     };
     let mut interval = Interval::default();
     let exits = ExitWatch::new(cfg)?;
-    let gbs = cfg.global_batch_size as u64;
     let save_dir = a.save.as_ref().map(PathBuf::from);
     while iteration < cfg.train_iters {
         let started = Instant::now();
@@ -354,7 +357,10 @@ fn run_family<F: TrainFamily>(
         summary.peak_in_flight = summary.peak_in_flight.max(step.peak_in_flight);
         summary.skipped_iterations += u64::from(step.skipped);
         summary.loss_scale = tr.scaler.as_ref().map(|s| s.scale());
-        tr.consumed += gbs;
+        let step_samples = cfg.batches.global_batch_size(tr.consumed);
+        tr.consumed += step_samples;
+        interval.samples += step_samples;
+        interval.last_batch = step_samples;
         summary.losses.push((iteration, step.loss));
         interval.loss += step.loss;
         interval.iters += 1;
@@ -378,7 +384,7 @@ fn run_family<F: TrainFamily>(
                 let world = cfg.world();
                 tb.iteration(
                     &m,
-                    cfg.global_batch_size,
+                    interval.last_batch as usize,
                     world,
                     times.as_ref().map(|t| &t.1),
                 )
@@ -466,6 +472,12 @@ fn print_setup(
         threads,
         peak / 1e9
     );
+    if let Some(r) = cfg.batches.rampup {
+        println!(
+            "batch size ramp-up: global batch {} growing by {} over the first {} samples to {} ({} iterations in all)",
+            r.start, r.increment, r.samples, cfg.global_batch_size, cfg.train_iters
+        );
+    }
     if cfg.precision == crate::arguments::Precision::BF16 {
         use megatron_tensor::cpu::matmul::{bf16_kernel, bf16_matmuls_on_amx, Bf16Kernel};
         println!(
@@ -518,8 +530,9 @@ impl<F: TrainFamily> Trainer<'_, F> {
             }
             false => None,
         };
-        let flops = F::flops(self.cfg, self.cfg.global_batch_size);
+        // Per iteration, averaged over the interval (ramp-up varies the batch).
         let per_iter = interval.secs / interval.iters as f64;
+        let flops = F::flops(self.cfg, interval.samples as usize) / interval.iters as f64;
         Ok(IterationMetrics {
             iteration,
             consumed_samples: self.consumed,
@@ -527,7 +540,12 @@ impl<F: TrainFamily> Trainer<'_, F> {
             lr: step.lr,
             grad_norm: step.grad_norm,
             ms_per_iter: per_iter * 1e3,
-            tokens_per_sec: (self.cfg.global_batch_size as f64 * a.seq_length as f64) / per_iter,
+            tokens_per_sec: (interval.samples as f64 * a.seq_length as f64) / interval.secs,
+            global_batch_size: self
+                .cfg
+                .batches
+                .rampup
+                .map(|_| interval.last_batch as usize),
             tflops: flops / per_iter / 1e12,
             mfu: flops / per_iter / peak,
             peak_mem_bytes: peak_rss_bytes(),
