@@ -1749,65 +1749,56 @@ impl TrainArgs {
             }
         }
         let schedule = match self.train_samples {
-            // Sample-based training: Megatron refuses its iteration-based flags and ramp-up's
-            // absence of them alike.
+            // Sample-based training: Megatron refuses the iteration-based flags, and the
+            // sample-based ones (and ramp-up) under --train-iters.
             Some(train_samples) => {
-                for (flag, given) in [
-                    ("--lr-decay-iters", self.lr_decay_iters.is_some()),
-                    ("--lr-warmup-iters", self.lr_warmup_iters.is_some()),
-                    ("--lr-wsd-decay-iters", self.lr_wsd_decay_iters.is_some()),
-                ] {
-                    if given {
-                        return Err(bad(format!(
+                refuse_given(
+                    &[
+                        ("--lr-decay-iters", self.lr_decay_iters.is_some()),
+                        ("--lr-warmup-iters", self.lr_warmup_iters.is_some()),
+                        ("--lr-wsd-decay-iters", self.lr_wsd_decay_iters.is_some()),
+                    ],
+                    |flag| {
+                        format!(
                             "{flag} is for --train-iters; under --train-samples use {} (as Megatron)",
                             flag.replace("iters", "samples")
-                        )));
-                    }
-                }
+                        )
+                    },
+                )?;
                 let decay = self.lr_decay_samples.unwrap_or(train_samples);
-                let warmup = match (self.lr_warmup_samples, self.lr_warmup_fraction) {
-                    (Some(_), Some(_)) => {
-                        return Err(bad(
-                            "give only one of --lr-warmup-samples and --lr-warmup-fraction".into(),
-                        ))
-                    }
-                    (Some(w), None) => w,
-                    (None, Some(f)) => (f * decay as f64) as u64,
-                    (None, None) => 0,
-                };
                 LrSchedule {
                     decay,
-                    warmup,
+                    warmup: warmup_of(
+                        ("--lr-warmup-samples", self.lr_warmup_samples),
+                        self.lr_warmup_fraction,
+                        decay,
+                    )?,
                     wsd_decay: self.lr_wsd_decay_samples.unwrap_or(0),
                 }
             }
             None => {
-                for (flag, given) in [
-                    ("--rampup-batch-size", self.rampup_batch_size.is_some()),
-                    ("--lr-decay-samples", self.lr_decay_samples.is_some()),
-                    ("--lr-warmup-samples", self.lr_warmup_samples.is_some()),
-                    (
-                        "--lr-wsd-decay-samples",
-                        self.lr_wsd_decay_samples.is_some(),
-                    ),
-                ] {
-                    if given {
-                        return Err(bad(format!(
+                refuse_given(
+                    &[
+                        ("--rampup-batch-size", self.rampup_batch_size.is_some()),
+                        ("--lr-decay-samples", self.lr_decay_samples.is_some()),
+                        ("--lr-warmup-samples", self.lr_warmup_samples.is_some()),
+                        (
+                            "--lr-wsd-decay-samples",
+                            self.lr_wsd_decay_samples.is_some(),
+                        ),
+                    ],
+                    |flag| {
+                        format!(
                             "{flag} needs sample-based training (--train-samples), as in Megatron"
-                        )));
-                    }
-                }
+                        )
+                    },
+                )?;
                 let decay_iters = self.lr_decay_iters.unwrap_or(train_iters);
-                let warmup_iters = match (self.lr_warmup_iters, self.lr_warmup_fraction) {
-                    (Some(_), Some(_)) => {
-                        return Err(bad(
-                            "give only one of --lr-warmup-iters and --lr-warmup-fraction".into(),
-                        ))
-                    }
-                    (Some(w), None) => w,
-                    (None, Some(f)) => (f * decay_iters as f64) as u64,
-                    (None, None) => 0,
-                };
+                let warmup_iters = warmup_of(
+                    ("--lr-warmup-iters", self.lr_warmup_iters),
+                    self.lr_warmup_fraction,
+                    decay_iters,
+                )?;
                 let gbs = gbs as u64;
                 LrSchedule {
                     decay: decay_iters * gbs,
@@ -1823,6 +1814,31 @@ impl TrainArgs {
             )));
         }
         Ok((lr_decay_style, lr_wsd_decay_style, schedule))
+    }
+}
+
+/// The first of `flags` that was given, refused with `why(flag)`.
+fn refuse_given(flags: &[(&str, bool)], why: impl Fn(&str) -> String) -> Result<(), TrainError> {
+    match flags.iter().find(|(_, given)| *given) {
+        Some((flag, _)) => Err(bad(why(flag))),
+        None => Ok(()),
+    }
+}
+
+/// Warm-up length: the explicit flag's value, or `--lr-warmup-fraction` of the decay (in the
+/// same unit), or none.
+fn warmup_of(
+    (flag, explicit): (&str, Option<u64>),
+    fraction: Option<f64>,
+    decay: u64,
+) -> Result<u64, TrainError> {
+    match (explicit, fraction) {
+        (Some(_), Some(_)) => Err(bad(format!(
+            "give only one of {flag} and --lr-warmup-fraction"
+        ))),
+        (Some(w), None) => Ok(w),
+        (None, Some(f)) => Ok((f * decay as f64) as u64),
+        (None, None) => Ok(0),
     }
 }
 
