@@ -825,7 +825,12 @@ impl TrainArgs {
                 self.distributed_timeout_minutes
             )));
         }
-        for (flag, v) in [("--lr", self.lr), ("--min-lr", self.min_lr)] {
+        for (flag, v) in [
+            ("--lr", self.lr),
+            ("--min-lr", self.min_lr),
+            ("--lr-warmup-init", self.lr_warmup_init),
+            ("--weight-decay", f64::from(self.weight_decay)),
+        ] {
             if !(v >= 0.0 && v.is_finite()) {
                 return Err(bad(format!(
                     "{flag} must be a non-negative number, got {v}"
@@ -1656,6 +1661,9 @@ impl TrainArgs {
             return Err(bad(
                 "--moe-pad-expert-input-to-capacity needs --moe-expert-capacity-factor".into(),
             ));
+        }
+        if self.moe_ffn_hidden_size == Some(0) {
+            return Err(bad("--moe-ffn-hidden-size must be positive, got 0".into()));
         }
         if self.moe_shared_expert_intermediate_size == Some(0) {
             return Err(bad(

@@ -223,6 +223,7 @@ fn a_moe_model_learns_on_mock_data_and_bad_flags_are_refused() {
             &["--moe-shared-expert-gate"][..],
             "--moe-shared-expert-intermediate-size",
         ),
+        (&["--moe-ffn-hidden-size", "0"][..], "--moe-ffn-hidden-size"),
     ] {
         let v = [PP_MODEL, MOE, &["--train-iters", "2"], extra].concat();
         let e = pretrain(&args(&v)).unwrap_err().to_string();

@@ -1303,6 +1303,8 @@ fn negative_numbers_reach_validation_and_are_refused_naming_the_flag() {
         ("--adam-eps", "-0.001"),
         ("--init-method-std", "-0.02"),
         ("--make-vocab-size-divisible-by", "0"),
+        ("--weight-decay", "-0.1"),
+        ("--lr-warmup-init", "-1"),
     ] {
         let e = pretrain(&args(&["--train-iters", "2", flag, v]))
             .unwrap_err()
