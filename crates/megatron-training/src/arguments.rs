@@ -31,6 +31,18 @@ pub enum Bf16KernelArg {
     Amx,
 }
 
+/// What `--load` does when the checkpoint's learning-rate schedule differs from the flags'
+/// (Megatron's `OptimizerParamScheduler.load_state_dict`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SchedulerOnLoad {
+    /// Refuse the difference, naming it.
+    Check,
+    /// `--override-opt_param-scheduler`: the flags' schedule.
+    Override,
+    /// `--use-checkpoint-opt_param-scheduler`: the checkpoint's schedule.
+    UseCheckpoint,
+}
+
 /// Parameters' and matmul operands' precision (`--bf16`, `--fp16`, else fp32).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Precision {
@@ -507,6 +519,20 @@ pub struct TrainArgs {
     /// Load the weights and the iteration but not the optimizer's moments.
     #[arg(long)]
     pub no_load_optim: bool,
+    /// With --load: take the learning-rate schedule from these flags (continuing at the
+    /// checkpoint's step count) where it differs from the checkpoint's, which is otherwise
+    /// refused (GPT family; the tabular model keeps the checkpoint's). Megatron's spelling.
+    #[arg(
+        long = "override-opt_param-scheduler",
+        alias = "override-opt-param-scheduler"
+    )]
+    pub override_opt_param_scheduler: bool,
+    /// With --load: keep the checkpoint's learning-rate schedule whatever these flags say.
+    #[arg(
+        long = "use-checkpoint-opt_param-scheduler",
+        alias = "use-checkpoint-opt-param-scheduler"
+    )]
+    pub use_checkpoint_opt_param_scheduler: bool,
     /// Accepted: random streams are counter-based from --seed and the iteration, so there is no
     /// RNG state to skip.
     #[arg(long)]
@@ -765,6 +791,8 @@ pub struct TrainConfig {
     /// The global batch size of each iteration (ramped up under --rampup-batch-size).
     pub batches: crate::num_microbatches::BatchSizeSchedule,
     pub train_iters: u64,
+    /// What `--load` does with the checkpoint's learning-rate schedule.
+    pub scheduler_on_load: SchedulerOnLoad,
     /// The learning-rate schedule in samples, as Megatron's `OptimizerParamScheduler` counts.
     pub lr_decay_samples: u64,
     pub lr_warmup_samples: u64,
@@ -1066,6 +1094,19 @@ impl TrainArgs {
             lr_decay_style,
             lr_wsd_decay_style,
             batches,
+            scheduler_on_load: match (
+                self.override_opt_param_scheduler,
+                self.use_checkpoint_opt_param_scheduler,
+            ) {
+                (true, true) => {
+                    return Err(bad(
+                        "give only one of --override-opt_param-scheduler and --use-checkpoint-opt_param-scheduler".into(),
+                    ))
+                }
+                (true, false) => SchedulerOnLoad::Override,
+                (false, true) => SchedulerOnLoad::UseCheckpoint,
+                (false, false) => SchedulerOnLoad::Check,
+            },
             lr_decay_samples: schedule.decay,
             lr_warmup_samples: schedule.warmup,
             lr_wsd_decay_samples: schedule.wsd_decay,

@@ -416,17 +416,24 @@ pub(crate) fn load_into(
             }
         );
     }
+    let dir = r.dir.display().to_string();
     let restored = if cfg.args.finetune {
         crate::setup::Restored {
             iteration: 0,
             consumed_samples: 0,
             scheduler_steps: 0,
+            scheduler: None,
+            dir,
         }
     } else {
+        // A converted checkpoint (no step taken) has no schedule to continue.
+        let continued = !cfg.args.no_load_optim && r.meta.scheduler.num_steps > 0;
         crate::setup::Restored {
             iteration,
             consumed_samples: consumed,
             scheduler_steps: r.meta.scheduler.num_steps,
+            scheduler: continued.then(|| r.meta.scheduler.clone()),
+            dir,
         }
     };
     Ok((restored, r))

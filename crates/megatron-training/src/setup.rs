@@ -186,6 +186,11 @@ pub(crate) struct Restored {
     pub iteration: u64,
     pub consumed_samples: u64,
     pub scheduler_steps: u64,
+    /// The checkpoint's learning-rate schedule, where the run continues it (not under
+    /// --finetune or --no-load-optim, nor from a converted checkpoint, which has none).
+    pub scheduler: Option<megatron_core::optimizer::OptimizerParamScheduler>,
+    /// The checkpoint directory, for errors.
+    pub dir: String,
 }
 
 /// This rank's model chunks, their parameters and the optimizer.
@@ -305,6 +310,77 @@ pub(crate) fn setup_model_and_optimizer<F: ModelFamily>(
         optimizer,
         restored,
     })
+}
+
+/// The schedule a resumed run continues: the flags' where they agree with the checkpoint's, or
+/// as `--override-opt_param-scheduler` / `--use-checkpoint-opt_param-scheduler` say; a
+/// difference is refused otherwise, naming each field (Megatron's `_check_and_set`).
+pub(crate) fn resumed_scheduler(
+    cfg: &TrainConfig,
+    r: &Restored,
+) -> Result<OptimizerParamScheduler, TrainError> {
+    use crate::arguments::SchedulerOnLoad;
+    let mut flags = scheduler(cfg);
+    flags.num_steps = r.scheduler_steps;
+    let Some(saved) = &r.scheduler else {
+        return Ok(flags);
+    };
+    match cfg.scheduler_on_load {
+        SchedulerOnLoad::Override => Ok(flags),
+        SchedulerOnLoad::UseCheckpoint => Ok(saved.clone()),
+        SchedulerOnLoad::Check => {
+            let fields = [
+                ("initial learning rate", flags.init_lr, saved.init_lr),
+                ("learning rate", flags.max_lr, saved.max_lr),
+                ("minimum learning rate", flags.min_lr, saved.min_lr),
+                (
+                    "warm-up samples",
+                    flags.warmup_steps as f64,
+                    saved.warmup_steps as f64,
+                ),
+                (
+                    "decay samples",
+                    flags.decay_steps as f64,
+                    saved.decay_steps as f64,
+                ),
+                (
+                    "WSD decay samples",
+                    flags.wsd_decay_steps as f64,
+                    saved.wsd_decay_steps as f64,
+                ),
+            ];
+            let mut diffs: Vec<String> = fields
+                .iter()
+                .filter(|(_, f, s)| f != s)
+                .map(|(name, f, s)| format!("{name} {f} from the flags, {s} in the checkpoint"))
+                .collect();
+            if flags.decay_style != saved.decay_style {
+                diffs.push(format!(
+                    "decay style {:?} from the flags, {:?} in the checkpoint",
+                    flags.decay_style, saved.decay_style
+                ));
+            }
+            if flags.wsd_decay_style != saved.wsd_decay_style {
+                diffs.push(format!(
+                    "WSD decay style {:?} from the flags, {:?} in the checkpoint",
+                    flags.wsd_decay_style, saved.wsd_decay_style
+                ));
+            }
+            if diffs.is_empty() {
+                Ok(flags)
+            } else {
+                Err(TrainError::Checkpoint {
+                    path: r.dir.clone(),
+                    msg: format!(
+                        "the learning-rate schedule differs from the one saved: {}; pass \
+                         --override-opt_param-scheduler to follow the flags or \
+                         --use-checkpoint-opt_param-scheduler to keep the checkpoint's",
+                        diffs.join("; ")
+                    ),
+                })
+            }
+        }
+    }
 }
 
 /// The learning-rate schedule in samples, as Megatron's `OptimizerParamScheduler`.

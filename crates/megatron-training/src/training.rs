@@ -6,7 +6,9 @@ use crate::arguments::TrainConfig;
 use crate::family::TrainFamily;
 use crate::flops::peak_flops;
 use crate::logging::{peak_rss_bytes, IterationMetrics, MetricsFile, Reporter};
-use crate::setup::{grad_scaler, scheduler, set_precision, setup_model_and_optimizer, RankComms};
+use crate::setup::{
+    grad_scaler, resumed_scheduler, scheduler, set_precision, setup_model_and_optimizer, RankComms,
+};
 use crate::TrainError;
 use megatron_comm::{Communicator, ThreadCommunicator};
 use megatron_core::optimizer::{GradScaler, MegatronOptimizer, OptimizerParamScheduler};
@@ -255,13 +257,9 @@ fn run_family<F: TrainFamily>(
     let data = F::build_data(cfg, tok, lead)?;
     // One origin for every rank thread of the process, so trace rows line up.
     static TRACE_ORIGIN: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
-    let mut sched = scheduler(cfg);
-    let (mut iteration, consumed) = match &setup.restored {
-        Some(r) => {
-            sched.num_steps = r.scheduler_steps;
-            (r.iteration, r.consumed_samples)
-        }
-        None => (0, 0),
+    let (sched, mut iteration, consumed) = match &setup.restored {
+        Some(r) => (resumed_scheduler(cfg, r)?, r.iteration, r.consumed_samples),
+        None => (scheduler(cfg), 0, 0),
     };
     let cp = comms.cp_layout();
     let mut tr = Trainer::<F> {

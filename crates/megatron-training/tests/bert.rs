@@ -94,6 +94,7 @@ fn bert_at_tp2_pp2_dp2_with_the_distributed_optimizer_matches_one_rank_and_resha
         let mut flags = vec![
             "--train-iters",
             "7",
+            "--override-opt_param-scheduler",
             "--load",
             from.to_str().unwrap(),
             "--save",
@@ -176,6 +177,7 @@ fn bert_resumes_from_its_checkpoint_bit_for_bit() {
     let resumed = pretrain(&bert_args(&[
         "--train-iters",
         "6",
+        "--override-opt_param-scheduler",
         "--load",
         b.to_str().unwrap(),
         "--save",

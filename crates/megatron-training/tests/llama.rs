@@ -247,7 +247,13 @@ fn a_llama_checkpoint_saved_at_tp2_pp2_resumes_on_one_rank_and_at_dp2() {
         "2",
     ]);
     for layout in [&[][..], &["--nproc-per-node", "2"][..]] {
-        let mut v = vec!["--train-iters", "5", "--load", &f];
+        let mut v = vec![
+            "--train-iters",
+            "5",
+            "--override-opt_param-scheduler",
+            "--load",
+            &f,
+        ];
         v.extend_from_slice(layout);
         let resumed = run(&v);
         assert_eq!(resumed.losses.len(), 2, "{layout:?}");

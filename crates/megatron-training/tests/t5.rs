@@ -253,6 +253,7 @@ fn t5_checkpoints_saved_at_tp2_and_pp2_resume_on_other_layouts() {
                 &[
                     "--train-iters",
                     "6",
+                    "--override-opt_param-scheduler",
                     "--load",
                     tp2.to_str().unwrap(),
                     "--save",

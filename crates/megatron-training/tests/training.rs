@@ -541,6 +541,7 @@ fn a_checkpoint_saved_at_tp2_resumes_at_tp4_and_tp1() {
             tp,
             "--tensor-model-parallel-size",
             tp,
+            "--override-opt_param-scheduler",
             "--load",
             &f,
         ]);
@@ -1219,7 +1220,13 @@ fn a_distributed_optimizer_checkpoint_resumes_under_another_layout() {
             "2",
         ][..],
     ] {
-        let mut more = vec!["--train-iters", "5", "--load", &f];
+        let mut more = vec![
+            "--train-iters",
+            "5",
+            "--override-opt_param-scheduler",
+            "--load",
+            &f,
+        ];
         more.extend_from_slice(layout);
         let resumed = with(&more);
         assert_eq!(resumed.losses.len(), 2, "{layout:?}");
@@ -1254,7 +1261,13 @@ fn a_bf16_distributed_optimizer_checkpoint_keeps_the_fp32_main_parameters() {
         (&dp2[..], 0.0),
         (&["--nproc-per-node", "1"][..], BF16_LOSS_TOL),
     ] {
-        let mut more = vec!["--train-iters", "5", "--load", &f];
+        let mut more = vec![
+            "--train-iters",
+            "5",
+            "--override-opt_param-scheduler",
+            "--load",
+            &f,
+        ];
         more.extend_from_slice(layout);
         let resumed = with(&more);
         assert_eq!(resumed.losses.len(), 2, "{layout:?}");
@@ -1373,4 +1386,49 @@ fn megatron_script_kernel_flags_are_accepted_without_changing_training() {
     .unwrap_err()
     .to_string();
     assert!(e.contains("--dataloader-type cyclic"), "{e}");
+}
+
+#[test]
+fn a_learning_rate_schedule_that_differs_from_the_checkpoints_is_refused_unless_chosen() {
+    // Megatron's OptimizerParamScheduler.load_state_dict: a resumed run whose flags give another
+    // schedule stops, naming the difference, unless told whose schedule to follow.
+    let dir = tmpdir("sched-on-load");
+    let save = dir.join("ckpt");
+    let s = save.to_str().unwrap();
+    let resume = |more: &[&str]| {
+        let mut v = vec!["--train-iters", "4", "--load", s];
+        v.extend_from_slice(more);
+        pretrain(&args(&v)).map_err(|e| e.to_string())
+    };
+    let mut first = args(&["--train-iters", "4", "--save", s, "--save-interval", "2"]);
+    first.exit_interval = Some(2);
+    pretrain(&first).unwrap();
+    let same = resume(&[]).unwrap();
+    assert_eq!(same.losses.len(), 2);
+    let e = resume(&["--lr", "9e-3"]).unwrap_err();
+    assert!(
+        e.contains("learning rate 0.009 from the flags, 0.003 in the checkpoint"),
+        "{e}"
+    );
+    assert!(e.contains("--override-opt_param-scheduler"), "{e}");
+    // Extending the run moves the decay (it defaults to --train-iters): 6 x 4 samples, not 16.
+    let e = resume(&["--train-iters", "6"]).unwrap_err();
+    assert!(
+        e.contains("decay samples 24 from the flags, 16 in the checkpoint"),
+        "{e}"
+    );
+    // The checkpoint's schedule: the same losses as resuming with the saved flags.
+    let kept = resume(&["--lr", "9e-3", "--use-checkpoint-opt_param-scheduler"]).unwrap();
+    assert_eq!(kept.losses, same.losses);
+    // The flags' schedule (Megatron's other spelling too): another learning rate, other losses.
+    let overridden = resume(&["--lr", "9e-3", "--override-opt-param-scheduler"]).unwrap();
+    assert_eq!(overridden.losses[0], same.losses[0]);
+    assert_ne!(overridden.losses[1], same.losses[1]);
+    let e = resume(&[
+        "--override-opt_param-scheduler",
+        "--use-checkpoint-opt_param-scheduler",
+    ])
+    .unwrap_err();
+    assert!(e.contains("give only one of"), "{e}");
+    let _ = std::fs::remove_dir_all(dir);
 }

@@ -52,10 +52,6 @@ pub struct TabularArgs {
     /// Share of prior tables whose causal functions are mostly linear maps.
     #[arg(long, default_value_t = 0.3)]
     pub prior_linear_share: f64,
-    /// With --load: take the learning-rate schedule from these flags (continuing at the
-    /// checkpoint's step count) instead of the checkpoint's, as Megatron's flag does.
-    #[arg(long = "override-opt_param-scheduler")]
-    pub override_opt_param_scheduler: bool,
     /// Threads drawing prior tables ahead of the training step.
     #[arg(long, default_value_t = 1)]
     pub prior_workers: usize,
@@ -244,7 +240,7 @@ pub fn validate(a: &TrainArgs) -> Result<TabularTrainConfig, TrainError> {
     if !(0.0..=1.0).contains(&prior.linear_table_share) {
         return Err(refuse("--prior-linear-share", "must be in [0, 1]"));
     }
-    if t.override_opt_param_scheduler && a.load.is_none() {
+    if a.override_opt_param_scheduler && a.load.is_none() {
         return Err(refuse("--override-opt_param-scheduler", "needs --load"));
     }
     let tails = &t.tabular_tail_borders;
@@ -322,7 +318,7 @@ pub fn validate(a: &TrainArgs) -> Result<TabularTrainConfig, TrainError> {
         train_iters,
         tables_per_step,
         scheduler,
-        resume_schedule: if t.override_opt_param_scheduler {
+        resume_schedule: if a.override_opt_param_scheduler {
             ResumeSchedule::Flags
         } else {
             ResumeSchedule::Checkpoint
