@@ -47,6 +47,20 @@ pub fn inspect(path: &Path) -> Result<String, TrainError> {
         "iteration {} | consumed samples {} | optimizer steps {} | seed {}",
         m.iteration, m.consumed_train_samples, m.optimizer_step, m.seed
     );
+    // What a resumed run's flags must reproduce (or override): the saved schedule.
+    let sc = &m.scheduler;
+    let wsd = match sc.decay_style {
+        megatron_core::optimizer::LrDecayStyle::WSD => format!(
+            " (final {:?} phase {} samples)",
+            sc.wsd_decay_style, sc.wsd_decay_steps
+        ),
+        _ => String::new(),
+    };
+    let _ = writeln!(
+        s,
+        "learning rate: {:e} -> {:e} ({:?}{wsd}), warm-up {} samples from {:e}, decay {} samples, at sample {}",
+        sc.max_lr, sc.min_lr, sc.decay_style, sc.warmup_steps, sc.init_lr, sc.decay_steps, sc.num_steps
+    );
     match &m.layout {
         Some(l) => {
             let _ = writeln!(

@@ -1403,6 +1403,14 @@ fn a_learning_rate_schedule_that_differs_from_the_checkpoints_is_refused_unless_
     let mut first = args(&["--train-iters", "4", "--save", s, "--save-interval", "2"]);
     first.exit_interval = Some(2);
     pretrain(&first).unwrap();
+    // `megatron checkpoint inspect` shows the schedule a resumed run must reproduce.
+    let shown = megatron_training::checkpoint_tool::inspect(&save).unwrap();
+    assert!(
+        shown.contains(
+            "learning rate: 3e-3 -> 0e0 (Cosine), warm-up 8 samples from 0e0, decay 16 samples, at sample 8"
+        ),
+        "{shown}"
+    );
     let same = resume(&[]).unwrap();
     assert_eq!(same.losses.len(), 2);
     let e = resume(&["--lr", "9e-3"]).unwrap_err();
