@@ -459,6 +459,15 @@ pub struct TrainArgs {
     pub valid_data_path: Vec<String>,
     #[arg(long, num_args = 1..)]
     pub test_data_path: Vec<String>,
+    /// A file holding what --data-path would (a long blend: `0.3 a 0.7 b ...`, whitespace
+    /// separated), as Megatron's flag.
+    #[arg(long)]
+    pub data_args_path: Option<String>,
+    /// A JSON file with `train`, `valid` and `test` keys, each what --train-data-path,
+    /// --valid-data-path and --test-data-path would hold (a list, or one whitespace-separated
+    /// string), as Megatron's flag.
+    #[arg(long)]
+    pub per_split_data_args_path: Option<String>,
     /// Where GPTDataset indices are cached (named by a hash of their description).
     #[arg(long)]
     pub data_cache_path: Option<String>,
@@ -830,6 +839,9 @@ impl TrainConfig {
 impl TrainArgs {
     /// Checks the flags against each other (the layout checklist) and derives the rest.
     pub fn validate(&self, vocab_size: usize) -> Result<TrainConfig, TrainError> {
+        if self.data_args_path.is_some() || self.per_split_data_args_path.is_some() {
+            return self.with_data_args_files()?.validate(vocab_size);
+        }
         if self.micro_batch_size == 0 {
             return Err(bad("--micro-batch-size must be positive, got 0".into()));
         }
@@ -1863,6 +1875,84 @@ impl TrainArgs {
             )));
         }
         Ok((lr_decay_style, lr_wsd_decay_style, schedule))
+    }
+}
+
+impl TrainArgs {
+    /// These flags with `--data-args-path` / `--per-split-data-args-path` read into the
+    /// data-path flags they stand for (Megatron's `get_blend_and_blend_per_split`).
+    fn with_data_args_files(&self) -> Result<TrainArgs, TrainError> {
+        let given = [
+            ("--data-path", !self.data_path.is_empty()),
+            ("--train-data-path", !self.train_data_path.is_empty()),
+            ("--valid-data-path", !self.valid_data_path.is_empty()),
+            ("--test-data-path", !self.test_data_path.is_empty()),
+            ("--mock-data", self.mock_data),
+        ];
+        let mut a = self.clone();
+        let read = |flag: &str, path: &str| {
+            std::fs::read_to_string(path).map_err(|e| bad(format!("{flag} {path}: {e}")))
+        };
+        match (&self.data_args_path, &self.per_split_data_args_path) {
+            (Some(_), Some(_)) => {
+                return Err(bad(
+                    "give only one of --data-args-path and --per-split-data-args-path".into(),
+                ))
+            }
+            (Some(path), None) => {
+                refuse_given(&given, |flag| {
+                    format!("--data-args-path stands for the data flags: drop {flag}")
+                })?;
+                a.data_path = read("--data-args-path", path)?
+                    .split_whitespace()
+                    .map(str::to_string)
+                    .collect();
+                if a.data_path.is_empty() {
+                    return Err(bad(format!("--data-args-path {path}: the file is empty")));
+                }
+            }
+            (None, Some(path)) => {
+                refuse_given(&given, |flag| {
+                    format!("--per-split-data-args-path stands for the data flags: drop {flag}")
+                })?;
+                let text = read("--per-split-data-args-path", path)?;
+                let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
+                    bad(format!("--per-split-data-args-path {path}: not JSON: {e}"))
+                })?;
+                let split = |key: &str| -> Result<Vec<String>, TrainError> {
+                    let words = |s: &str| s.split_whitespace().map(str::to_string).collect();
+                    match &json[key] {
+                        serde_json::Value::String(s) => Ok(words(s)),
+                        serde_json::Value::Array(items) => items
+                            .iter()
+                            .map(|v| match v {
+                                serde_json::Value::String(s) => Ok(s.clone()),
+                                serde_json::Value::Number(n) => Ok(n.to_string()),
+                                other => Err(bad(format!(
+                                    "--per-split-data-args-path {path}: \"{key}\" holds {other}, not a path or weight"
+                                ))),
+                            })
+                            .collect(),
+                        serde_json::Value::Null => Ok(Vec::new()),
+                        other => Err(bad(format!(
+                            "--per-split-data-args-path {path}: \"{key}\" is {other}, not a list of paths and weights"
+                        ))),
+                    }
+                };
+                a.train_data_path = split("train")?;
+                a.valid_data_path = split("valid")?;
+                a.test_data_path = split("test")?;
+                if a.train_data_path.is_empty() {
+                    return Err(bad(format!(
+                        "--per-split-data-args-path {path}: no \"train\" blend"
+                    )));
+                }
+            }
+            (None, None) => {}
+        }
+        a.data_args_path = None;
+        a.per_split_data_args_path = None;
+        Ok(a)
     }
 }
 

@@ -303,3 +303,56 @@ fn a_dataset_of_another_tokenizer_is_refused_naming_the_token_id_on_every_layout
     }
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn data_args_files_stand_for_the_data_path_flags_they_hold() {
+    // Megatron's --data-args-path and --per-split-data-args-path: long blends read from a file
+    // train exactly as the same blend on the command line.
+    let dir = std::env::temp_dir().join(format!("megatron-rs-data-args-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let (a, b) = corpora(&dir);
+    let train = |extra: &[&str]| {
+        let mut args = base(&["--train-iters", "3"]);
+        args.extend(extra.iter().map(|s| s.to_string()));
+        pretrain(&Wrap::try_parse_from(args).unwrap().args).map_err(|e| e.to_string())
+    };
+    let blend = dir.join("blend.txt");
+    std::fs::write(&blend, format!("0.3 {a}\n0.7 {b}\n")).unwrap();
+    let inline = train(&["--data-path", "0.3", &a, "0.7", &b]).unwrap();
+    let from_file = train(&["--data-args-path", blend.to_str().unwrap()]).unwrap();
+    assert_eq!(inline.losses, from_file.losses);
+    assert_eq!(inline.val_losses, from_file.val_losses);
+    let per_split = dir.join("splits.json");
+    let json = serde_json::json!({ "train": ["0.3", a, "0.7", b], "valid": b, "test": [] });
+    std::fs::write(&per_split, json.to_string()).unwrap();
+    let inline = train(&[
+        "--train-data-path",
+        "0.3",
+        &a,
+        "0.7",
+        &b,
+        "--valid-data-path",
+        &b,
+    ])
+    .unwrap();
+    let from_file = train(&["--per-split-data-args-path", per_split.to_str().unwrap()]).unwrap();
+    assert_eq!(inline.losses, from_file.losses);
+    assert_eq!(inline.val_losses, from_file.val_losses);
+    // Refused by name: both forms at once, a missing file.
+    let e = train(&[
+        "--data-args-path",
+        blend.to_str().unwrap(),
+        "--data-path",
+        &a,
+    ])
+    .unwrap_err();
+    assert!(e.contains("drop --data-path"), "{e}");
+    let missing = dir.join("none.txt");
+    let e = train(&["--data-args-path", missing.to_str().unwrap()]).unwrap_err();
+    assert!(
+        e.contains(&format!("--data-args-path {}", missing.display())),
+        "{e}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
