@@ -1,6 +1,6 @@
-//! Flags of Megatron launch scripts that choose GPU kernels, fusions or launchers: accepted so
-//! that a script's argument lists run unchanged, and named once at start-up as having no effect
-//! here. None of them changes what is computed (Megatron's fused and unfused paths compute the
+//! Flags of Megatron launch scripts that choose GPU kernels, fusions, overlaps, checkpoint
+//! formats, loggers or launchers: accepted so that a script's argument lists run unchanged, and
+//! named once at start-up as having no effect here. None of them changes what is computed (Megatron's fused and unfused paths compute the
 //! same function); flags that would change the model or the sample order are refused instead.
 
 use crate::TrainError;
@@ -40,6 +40,28 @@ pub enum DataloaderTypeArg {
     Single,
     Cyclic,
     External,
+}
+
+/// `--ckpt-format`: checkpoints here are always megatron-rs's sharded safetensors with a
+/// manifest (`megatron convert --to hf` exports them).
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CkptFormatArg {
+    Torch,
+    #[value(name = "torch_dist")]
+    TorchDist,
+    Zarr,
+    #[value(name = "torch_dcp")]
+    TorchDcp,
+    #[value(name = "fsdp_dtensor")]
+    FsdpDtensor,
+}
+
+/// `--timing-log-option`.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TimingLogOptionArg {
+    Max,
+    Minmax,
+    All,
 }
 
 /// The accepted flags (see the module doc).
@@ -87,6 +109,40 @@ pub struct ScriptCompatArgs {
     pub manual_gc: bool,
     #[arg(long)]
     pub manual_gc_interval: Option<u64>,
+    /// GPU caching-allocator flushes.
+    #[arg(long)]
+    pub empty_unused_memory_level: Option<u8>,
+    #[arg(long)]
+    pub use_cpu_initialization: bool,
+    #[arg(long, value_enum)]
+    pub ckpt_format: Option<CkptFormatArg>,
+    #[arg(long)]
+    pub use_dist_ckpt: bool,
+    /// Every rank already writes and reads its own shards.
+    #[arg(long)]
+    pub ckpt_fully_parallel_save: bool,
+    #[arg(long)]
+    pub ckpt_fully_parallel_load: bool,
+    /// There is no RNG state to save: streams are counter-based.
+    #[arg(long)]
+    pub no_save_rng: bool,
+    #[arg(long)]
+    pub async_tensor_model_parallel_allreduce: bool,
+    #[arg(long)]
+    pub no_async_tensor_model_parallel_allreduce: bool,
+    #[arg(long)]
+    pub tp_comm_overlap: bool,
+    #[arg(long)]
+    pub overlap_p2p_communication: bool,
+    #[arg(long, value_enum)]
+    pub timing_log_option: Option<TimingLogOptionArg>,
+    /// Weights & Biases logging (no client here; --tensorboard-dir and --metrics-file log).
+    #[arg(long)]
+    pub wandb_project: Option<String>,
+    #[arg(long)]
+    pub wandb_exp_name: Option<String>,
+    #[arg(long)]
+    pub wandb_save_dir: Option<String>,
 }
 
 impl ScriptCompatArgs {
@@ -141,6 +197,33 @@ impl ScriptCompatArgs {
             ),
             ("--manual-gc", self.manual_gc),
             ("--manual-gc-interval", self.manual_gc_interval.is_some()),
+            (
+                "--empty-unused-memory-level",
+                self.empty_unused_memory_level.is_some(),
+            ),
+            ("--use-cpu-initialization", self.use_cpu_initialization),
+            ("--ckpt-format", self.ckpt_format.is_some()),
+            ("--use-dist-ckpt", self.use_dist_ckpt),
+            ("--ckpt-fully-parallel-save", self.ckpt_fully_parallel_save),
+            ("--ckpt-fully-parallel-load", self.ckpt_fully_parallel_load),
+            ("--no-save-rng", self.no_save_rng),
+            (
+                "--async-tensor-model-parallel-allreduce",
+                self.async_tensor_model_parallel_allreduce,
+            ),
+            (
+                "--no-async-tensor-model-parallel-allreduce",
+                self.no_async_tensor_model_parallel_allreduce,
+            ),
+            ("--tp-comm-overlap", self.tp_comm_overlap),
+            (
+                "--overlap-p2p-communication",
+                self.overlap_p2p_communication,
+            ),
+            ("--timing-log-option", self.timing_log_option.is_some()),
+            ("--wandb-project", self.wandb_project.is_some()),
+            ("--wandb-exp-name", self.wandb_exp_name.is_some()),
+            ("--wandb-save-dir", self.wandb_save_dir.is_some()),
         ];
         options
             .into_iter()
@@ -154,8 +237,11 @@ impl ScriptCompatArgs {
         (!given.is_empty()).then(|| {
             format!(
                 "note: {} accepted from Megatron's scripts and without effect here (they choose \
-                 GPU kernels, fusions or launchers; the computation is the same; gradients are \
-                 always reduced in fp32 and throughput always logged)",
+                 GPU kernels, fusions, overlaps or launchers, and the computation is the same; \
+                 gradients are always reduced in fp32, throughput always logged, every rank \
+                 writes its own checkpoint shards in megatron-rs's format, random streams have \
+                 no state to save, and there is no Weights & Biases client: --tensorboard-dir \
+                 and --metrics-file log)",
                 given.join(", ")
             )
         })

@@ -1372,6 +1372,19 @@ fn megatron_script_kernel_flags_are_accepted_without_changing_training() {
         "--manual-gc",
         "--manual-gc-interval",
         "100",
+        "--empty-unused-memory-level",
+        "1",
+        "--use-cpu-initialization",
+        "--ckpt-format",
+        "torch_dist",
+        "--ckpt-fully-parallel-save",
+        "--no-save-rng",
+        "--tp-comm-overlap",
+        "--overlap-p2p-communication",
+        "--timing-log-option",
+        "minmax",
+        "--wandb-project",
+        "p",
     ]))
     .unwrap();
     assert_eq!(plain.losses, script.losses);
