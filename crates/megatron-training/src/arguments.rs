@@ -528,6 +528,10 @@ pub struct TrainArgs {
     /// Load the weights and the iteration but not the optimizer's moments.
     #[arg(long)]
     pub no_load_optim: bool,
+    /// Train nothing: evaluate the model (from --load) on the validation and test splits
+    /// over --eval-iters global batches, and exit (Megatron's flag).
+    #[arg(long)]
+    pub skip_train: bool,
     /// With --load: take the learning-rate schedule from these flags (continuing at the
     /// checkpoint's step count) where it differs from the checkpoint's, which is otherwise
     /// refused (GPT family; the tabular model keeps the checkpoint's). Megatron's spelling.

@@ -12,13 +12,14 @@ use megatron_core::transformer::step::StepContext;
 use megatron_data::Split;
 
 impl<F: TrainFamily> Trainer<'_, F> {
-    /// The same samples every time, so curves are comparable, and the same samples for every
-    /// layout: data-parallel rank r takes micro-batches r, r + d, ...; the sum is all-reduced
-    /// over DP. Every rank calls it; `None` without a validation split or with
-    /// `--eval-iters 0`.
-    pub(crate) fn evaluate(&mut self) -> Result<Option<f64>, TrainError> {
+    /// The mean loss over `--eval-iters` global batches of `split` (validation during
+    /// training; validation and test under `--skip-train`). The same samples every time, so
+    /// curves are comparable, and the same samples for every layout: data-parallel rank r
+    /// takes micro-batches r, r + d, ...; the sum is all-reduced over DP. Every rank calls it;
+    /// `None` without samples in the split or with `--eval-iters 0`.
+    pub(crate) fn evaluate(&mut self, split: Split) -> Result<Option<f64>, TrainError> {
         let cfg = self.cfg;
-        if F::num_samples(&self.data, Split::Valid) == 0 || cfg.args.eval_iters == 0 {
+        if F::num_samples(&self.data, split) == 0 || cfg.args.eval_iters == 0 {
             return Ok(None);
         }
         let b = cfg.args.micro_batch_size;
@@ -29,7 +30,7 @@ impl<F: TrainFamily> Trainer<'_, F> {
         let cp = self.comms.cp_layout();
         let mut mbs: Vec<F::MicroBatch> = (0..count).map(|_| F::micro_batch(cfg, cp)).collect();
         for (mb, &g) in mbs.iter_mut().zip(&mine) {
-            F::fill(cfg, &self.data, mb, Split::Valid, (g * b) as u64)?;
+            F::fill(cfg, &self.data, mb, split, (g * b) as u64)?;
         }
         let batches: Vec<_> = mbs.iter().map(|x| F::batch(cfg, x)).collect();
         let partition = cfg.partition;

@@ -16,6 +16,7 @@ use megatron_core::params::ParamId;
 use megatron_core::pipeline_parallel::timers::Timers;
 use megatron_core::tensor_parallel::{serial_group, sum_f64, Tp};
 use megatron_core::{Grads, Params};
+use megatron_data::Split;
 use megatron_data::Tokenizer;
 use std::ops::Range;
 use std::path::PathBuf;
@@ -32,6 +33,8 @@ pub struct TrainSummary {
     pub losses: Vec<(u64, f64)>,
     /// `(iteration, validation loss)` of every evaluation.
     pub val_losses: Vec<(u64, f64)>,
+    /// `--skip-train`: the loss on the test split.
+    pub test_loss: Option<f64>,
     pub last_checkpoint: Option<PathBuf>,
     pub peak_activation_bytes: usize,
     /// Most micro-batches (per model chunk) whose activations one pipeline stage held at once.
@@ -332,7 +335,26 @@ fn run_family<F: TrainFamily>(
     let mut interval = Interval::default();
     let exits = ExitWatch::new(cfg)?;
     let save_dir = a.save.as_ref().map(PathBuf::from);
-    while iteration < cfg.train_iters {
+    if a.skip_train {
+        // Megatron's --skip-train: evaluate the loaded model on validation and test, train
+        // nothing.
+        tr.finish_param_gather()?;
+        let (val, test) = (tr.evaluate(Split::Valid)?, tr.evaluate(Split::Test)?);
+        if lead {
+            for (name, loss) in [("validation", val), ("test", test)] {
+                match loss {
+                    Some(l) => rep.line(&format!(
+                        " {name} loss at iteration {iteration} on the {name} set | lm loss value: {l:.6E} | lm loss PPL: {:.3E}",
+                        l.exp()
+                    )),
+                    None => rep.line(&format!(" no {name} samples (or --eval-iters 0)")),
+                }
+            }
+            summary.val_losses.extend(val.map(|v| (iteration, v)));
+            summary.test_loss = test;
+        }
+    }
+    while iteration < cfg.train_iters && !a.skip_train {
         let started = Instant::now();
         iteration += 1;
         if iteration == 2 && a.inject_rank_stall == Some(tr.comms.world_rank) {
@@ -395,7 +417,7 @@ fn run_family<F: TrainFamily>(
         }
         if iteration.is_multiple_of(a.eval_interval) || iteration == cfg.train_iters {
             tr.finish_param_gather()?;
-            if let (Some(val), true) = (tr.evaluate()?, lead) {
+            if let (Some(val), true) = (tr.evaluate(Split::Valid)?, lead) {
                 rep.line(&format!(" validation loss at iteration {iteration} | lm loss value: {val:.6E} | lm loss PPL: {:.3E}", val.exp()));
                 let ev = crate::logging::EvalMetrics {
                     iteration,

@@ -1453,3 +1453,34 @@ fn a_learning_rate_schedule_that_differs_from_the_checkpoints_is_refused_unless_
     assert!(e.contains("give only one of"), "{e}");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn skip_train_evaluates_the_loaded_model_on_validation_and_test_without_training() {
+    // Megatron's --skip-train: the loaded model's validation loss is the one the training run
+    // logged at the same iteration (same samples, same parameters); the test split is scored too.
+    let dir = tmpdir("skip-train");
+    let save = dir.join("ckpt");
+    let s = save.to_str().unwrap();
+    let trained = pretrain(&args(&["--train-iters", "3", "--save", s])).unwrap();
+    let last_val = *trained.val_losses.last().unwrap();
+    assert_eq!(last_val.0, 3);
+    let eval = pretrain(&args(&["--train-iters", "3", "--load", s, "--skip-train"])).unwrap();
+    assert!(eval.losses.is_empty(), "{:?}", eval.losses);
+    assert_eq!(eval.val_losses, vec![last_val]);
+    let test = eval.test_loss.expect("a test loss");
+    assert!(test.is_finite() && test != last_val.1, "{test}");
+    // On two data-parallel ranks: the same samples, the same losses.
+    let dp2 = pretrain(&args(&[
+        "--train-iters",
+        "3",
+        "--load",
+        s,
+        "--skip-train",
+        "--nproc-per-node",
+        "2",
+    ]))
+    .unwrap();
+    common::assert_losses_close("DP 2 validation", &eval.val_losses, &dp2.val_losses, 1e-6);
+    assert!((dp2.test_loss.unwrap() - test).abs() <= 1e-6 * test.abs());
+    let _ = std::fs::remove_dir_all(dir);
+}
