@@ -528,6 +528,10 @@ pub struct TrainArgs {
     /// Load the weights and the iteration but not the optimizer's moments.
     #[arg(long)]
     pub no_load_optim: bool,
+    /// Save checkpoints without the optimizer's moments (a third of the bytes): resuming from
+    /// one then needs --no-load-optim or --finetune (Megatron's flag).
+    #[arg(long)]
+    pub no_save_optim: bool,
     /// Train nothing: evaluate the model (from --load) on the validation and test splits
     /// over --eval-iters global batches, and exit (Megatron's flag).
     #[arg(long)]

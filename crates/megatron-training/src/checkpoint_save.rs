@@ -21,17 +21,20 @@ impl<F: crate::family::TrainFamily> crate::training::Trainer<'_, F> {
         let (dp_rank, dp) = self.comms.dp_rank_size();
         let tp_rank = self.comms.tp.rank();
         let mut out = Vec::new();
+        let moments = !self.cfg.args.no_save_optim;
         for p in self.optimizer.state_pieces(&self.params, dp_rank, dp) {
             let m = &self.params.metas[p.param];
             if m.shared || (m.tp_replicated && tp_rank != 0) {
                 continue;
             }
             for segment in m.global_segments(p.local.clone(), m.tp_rank) {
-                for (tensor, data) in [
+                let state = [
                     (m.name.clone(), p.value),
                     (format!("optimizer.exp_avg.{}", m.name), p.exp_avg),
                     (format!("optimizer.exp_avg_sq.{}", m.name), p.exp_avg_sq),
-                ] {
+                ];
+                // --no-save-optim: the parameters alone.
+                for (tensor, data) in state.into_iter().take(if moments { 3 } else { 1 }) {
                     let shape = m.shape.clone();
                     let base = p.local.start;
                     out.push(PieceSrc {

@@ -448,7 +448,19 @@ pub(crate) fn load_optimizer_state(
     let step = r.meta.optimizer_step;
     if let Some(m) = params.metas.first() {
         if !r.has(&format!("optimizer.exp_avg.{}", m.name)) {
-            // A converted model: weights only.
+            // A run saved with --no-save-optim continues only when told to restart Adam (as
+            // Megatron refuses it); a converted model (iteration 0) simply starts.
+            if r.meta.iteration > 0 {
+                return Err(ckpt_err(
+                    &r.dir,
+                    format!(
+                        "holds no optimizer state (saved with --no-save-optim) at iteration {}: \
+                         pass --no-load-optim to continue with Adam's moments restarted from \
+                         zero, or --finetune to start a new run from its weights",
+                        r.meta.iteration
+                    ),
+                ));
+            }
             println!(
                 "checkpoint {} holds no optimizer state: Adam starts from zero moments",
                 r.dir.display()

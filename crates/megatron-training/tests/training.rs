@@ -1484,3 +1484,65 @@ fn skip_train_evaluates_the_loaded_model_on_validation_and_test_without_training
     assert!((dp2.test_loss.unwrap() - test).abs() <= 1e-6 * test.abs());
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn a_checkpoint_saved_without_optimizer_state_resumes_only_when_told_to_restart_adam() {
+    // Megatron's --no-save-optim: parameters only (here a third of the bytes); a run resumed
+    // from it must say what to do about the missing moments.
+    let dir = tmpdir("no-save-optim");
+    let (full, slim) = (dir.join("full"), dir.join("slim"));
+    for (path, extra) in [(&full, None), (&slim, Some("--no-save-optim"))] {
+        let mut v = vec!["--train-iters", "2", "--save", path.to_str().unwrap()];
+        v.extend(extra);
+        pretrain(&args(&v)).unwrap();
+    }
+    let ck = megatron_training::checkpointing::load_checkpoint(&slim, None).unwrap();
+    assert!(!ck.tensors.is_empty());
+    assert!(
+        ck.tensors.keys().all(|k| !k.starts_with("optimizer.")),
+        "{:?}",
+        ck.tensors
+            .keys()
+            .filter(|k| k.starts_with("optimizer."))
+            .take(3)
+            .collect::<Vec<_>>()
+    );
+    let bytes = |p: &std::path::Path| {
+        let it = p.join("iter_0000002");
+        std::fs::read_dir(&it)
+            .unwrap()
+            .map(|e| e.unwrap().metadata().unwrap().len())
+            .sum::<u64>()
+    };
+    assert!(
+        bytes(&slim) * 2 < bytes(&full),
+        "{} vs {}",
+        bytes(&slim),
+        bytes(&full)
+    );
+    let s = slim.to_str().unwrap();
+    let e = pretrain(&args(&[
+        "--train-iters",
+        "4",
+        "--load",
+        s,
+        "--override-opt_param-scheduler",
+    ]))
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("holds no optimizer state") && e.contains("--no-load-optim"),
+        "{e}"
+    );
+    let resumed = pretrain(&args(&[
+        "--train-iters",
+        "4",
+        "--load",
+        s,
+        "--no-load-optim",
+        "--override-opt_param-scheduler",
+    ]))
+    .unwrap();
+    assert_eq!(resumed.losses.first().map(|l| l.0), Some(3));
+    let _ = std::fs::remove_dir_all(dir);
+}
