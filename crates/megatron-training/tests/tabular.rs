@@ -203,6 +203,8 @@ fn tabular_flags_it_cannot_honour_are_refused_by_name() {
             "--context-parallel-size",
         ),
         (vec!["--tabular-cell-budget", "64"], "--tabular-cell-budget"),
+        (vec!["--hidden-size", "0"], "--hidden-size must be positive"),
+        (vec!["--num-layers", "0"], "--num-layers must be positive"),
         (vec!["--recompute-activations"], "--recompute-granularity"),
         (
             vec!["--override-opt_param-scheduler"],

@@ -191,8 +191,18 @@ pub fn validate(a: &TrainArgs) -> Result<TabularTrainConfig, TrainError> {
             &format!("must be 1, 2, 4 or 8 (rows are padded to multiples of {ROW_MULTIPLE} and cut into 2 x CP chunks), got {cp}"),
         ));
     }
+    for (flag, v) in [
+        ("--hidden-size", a.hidden_size),
+        ("--num-attention-heads", a.num_attention_heads),
+        ("--num-layers", a.num_layers),
+        ("--ffn-hidden-size", a.ffn_hidden_size.unwrap_or(1)),
+    ] {
+        if v == 0 {
+            return Err(refuse(flag, "must be positive, got 0"));
+        }
+    }
     let heads = a.num_attention_heads;
-    if heads == 0 || !a.hidden_size.is_multiple_of(heads) {
+    if !a.hidden_size.is_multiple_of(heads) {
         return Err(TrainError::Args(format!(
             "--hidden-size {} must be a multiple of --num-attention-heads {heads}",
             a.hidden_size
