@@ -1295,6 +1295,14 @@ impl TrainArgs {
                 self.short_seq_prob
             )));
         }
+        // A sample is [CLS] A [SEP] B [SEP]: the target length (Megatron's
+        // `get_target_sample_len`, 2 + r % (seq - 4)) needs at least two tokens of text.
+        if self.seq_length < 5 {
+            return Err(bad(format!(
+                "--model bert: --seq-length must be at least 5 ([CLS], two [SEP] and a token on each side), got {}",
+                self.seq_length
+            )));
+        }
         model.attn_mask_type = megatron_core::transformer::config::AttnMaskType::Padding;
         // A checkpoint's model (--use-checkpoint-args: a converted BERT is post-LN) keeps its
         // LayerNorm placement.

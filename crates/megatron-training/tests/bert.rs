@@ -212,6 +212,10 @@ fn bert_refuses_what_it_does_not_support_by_flag() {
             "--untie-embeddings-and-output-weights",
         ),
         (&["--mask-prob", "1.5"][..], "--mask-prob"),
+        (
+            &["--seq-length", "4", "--max-position-embeddings", "4"][..],
+            "--seq-length must be at least 5",
+        ),
     ] {
         let e = pretrain(&bert_args(&[&["--train-iters", "3"], flags].concat()))
             .expect_err("refused")
