@@ -802,9 +802,6 @@ pub struct TrainConfig {
     pub ep: usize,
     pub etp: usize,
     pub partition: megatron_core::pipeline_parallel::partition::StagePartition,
-    /// Micro-batches per data-parallel rank in an iteration at the final global batch size
-    /// (the most any iteration runs; buffers are sized for it).
-    pub num_microbatches: usize,
     /// The global batch size of each iteration (ramped up under --rampup-batch-size).
     pub batches: crate::num_microbatches::BatchSizeSchedule,
     pub train_iters: u64,
@@ -830,6 +827,12 @@ fn bad(msg: String) -> TrainError {
 }
 
 impl TrainConfig {
+    /// Micro-batches per data-parallel rank in an iteration at the final global batch size
+    /// (the most any iteration runs; buffers and memory predictions are sized for it).
+    pub fn num_microbatches(&self) -> usize {
+        self.batches.num_microbatches(u64::MAX)
+    }
+
     /// Training samples the run reads (Megatron's first entry of `train_val_test_num_samples`):
     /// `--train-samples`, else iterations times the global batch size.
     pub fn train_samples(&self) -> u64 {
@@ -1109,7 +1112,6 @@ impl TrainArgs {
             ep,
             etp,
             partition,
-            num_microbatches: gbs / (self.micro_batch_size * dp),
             train_iters,
             lr_decay_style,
             lr_wsd_decay_style,

@@ -131,7 +131,13 @@ impl MicroBatch {
         for j in 0..b {
             let index = first + j as u64;
             data.sample(split, index, &mut self.sample);
-            check_token_ids(&self.sample, self.vocab, &self.source, split, index)?;
+            check_token_ids(
+                &self.sample,
+                self.vocab,
+                || self.source.clone(),
+                split,
+                index,
+            )?;
             self.tokens[j * t..(j + 1) * t].copy_from_slice(&self.sample[..t]);
             self.labels[j * t..(j + 1) * t].copy_from_slice(&self.sample[1..]);
         }
@@ -203,19 +209,21 @@ impl MicroBatch {
 /// Refuses a sample with an id at or above the tokenizer's vocabulary. A dataset tokenized with
 /// another tokenizer (or under a wrong `--vocab-size`) would otherwise index past the embedding
 /// and the output layer, or silently train on padding rows that stand for no word.
+/// `source` names the data flags; it is built only for the error.
 pub(crate) fn check_token_ids(
     ids: &[u32],
     vocab: usize,
-    source: &str,
+    source: impl FnOnce() -> String,
     split: Split,
     index: u64,
 ) -> Result<(), TrainError> {
     match ids.iter().find(|&&id| id as usize >= vocab) {
         None => Ok(()),
         Some(&id) => Err(TrainError::Args(format!(
-            "{source}: sample {index} of the {split:?} split holds token id {id}, outside the \
+            "{}: sample {index} of the {split:?} split holds token id {id}, outside the \
              tokenizer's vocabulary of {vocab} ids (--tokenizer-type / --vocab-size); was the \
-             data preprocessed with another tokenizer?"
+             data preprocessed with another tokenizer?",
+            source()
         ))),
     }
 }

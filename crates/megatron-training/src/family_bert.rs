@@ -146,7 +146,7 @@ impl TrainFamily for Bert {
         for j in 0..b {
             let index = (first + j as u64) % ds.len() as u64;
             let s = ds.sample(index as usize);
-            check_token_ids(&s.tokens, cfg.vocab_size, &data_flags(cfg), split, index)?;
+            check_token_ids(&s.tokens, cfg.vocab_size, || data_flags(cfg), split, index)?;
             mb.tokens[j * t..(j + 1) * t].copy_from_slice(&s.tokens);
             mb.types[j * t..(j + 1) * t].copy_from_slice(&s.types);
             mb.key_lens[j] = s.len;

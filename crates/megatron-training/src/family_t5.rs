@@ -162,12 +162,11 @@ impl TrainFamily for T5 {
         let ds = data.splits[split_index(split)]
             .as_ref()
             .expect("a split with samples");
-        let source = data_flags(cfg);
         for j in 0..b {
             let index = (first + j as u64) % ds.len() as u64;
             let s = ds.sample(index as usize);
             for ids in [&s.encoder_input, &s.decoder_input] {
-                check_token_ids(ids, cfg.vocab_size, &source, split, index)?;
+                check_token_ids(ids, cfg.vocab_size, || data_flags(cfg), split, index)?;
             }
             mb.enc[j * te..(j + 1) * te].copy_from_slice(&s.encoder_input);
             mb.dec[j * td..(j + 1) * td].copy_from_slice(&s.decoder_input);

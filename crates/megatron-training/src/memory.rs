@@ -229,7 +229,7 @@ pub fn predict_rank_peak(
     let ops = megatron_core::pipeline_parallel::schedule(
         cfg.pp,
         pp_rank,
-        cfg.num_microbatches,
+        cfg.num_microbatches(),
         cfg.partition.v,
     )?;
     Ok(predict_peak(

@@ -285,7 +285,7 @@ fn run_family<F: TrainFamily>(
             a.profile_trace.is_some(),
         ),
         data,
-        mbs: (0..cfg.num_microbatches)
+        mbs: (0..cfg.num_microbatches())
             .map(|_| F::micro_batch(cfg, cp))
             .collect(),
         pending_gather: false,
@@ -487,7 +487,7 @@ fn print_setup(
         cfg.args.seq_length,
         m.padded_vocab_size,
         cfg.global_batch_size,
-        cfg.num_microbatches,
+        cfg.num_microbatches(),
         cfg.args.micro_batch_size,
         threads,
         peak / 1e9

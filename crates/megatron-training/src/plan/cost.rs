@@ -276,7 +276,7 @@ fn megatron_memory(
     let e = cluster.activation_bytes;
     let layers_per_stage = m.num_layers / p;
     let per_param = state_bytes_per_parameter(cfg);
-    let ops = megatron_core::pipeline_parallel::schedule(p, 0, cfg.num_microbatches, v)?;
+    let ops = megatron_core::pipeline_parallel::schedule(p, 0, cfg.num_microbatches(), v)?;
     let in_flight = megatron_core::pipeline_parallel::peak_in_flight(&ops);
     let per_layer: f64 = tok
         * (0..layers_per_stage)
@@ -336,7 +336,7 @@ pub fn predict(cfg: &TrainConfig, cluster: &Cluster) -> Result<Prediction, Strin
     let b = cfg.args.micro_batch_size;
     let s = cfg.args.seq_length;
     let tok = (b * s / cp) as f64;
-    let mb = cfg.num_microbatches;
+    let mb = cfg.num_microbatches();
     let h = m.hidden_size as f64;
     let e = cluster.activation_bytes;
     let layers_per_stage = m.num_layers / p;
