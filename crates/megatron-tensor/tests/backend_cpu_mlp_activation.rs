@@ -15,14 +15,16 @@ fn naive(x: &[f32], f: usize, act: MlpActivation) -> Vec<f32> {
     };
     match act {
         MlpActivation::Relu => x.iter().map(|v| v.max(0.0)).collect(),
+        MlpActivation::SquaredRelu => x.iter().map(|v| v.max(0.0).powi(2)).collect(),
         MlpActivation::Gelu(a) => x.iter().map(|&v| gelu(v as f64, a) as f32).collect(),
-        MlpActivation::SwiGLU | MlpActivation::GeGLU(_) => x
+        MlpActivation::SwiGLU | MlpActivation::GeGLU(_) | MlpActivation::QuickGeGLU => x
             .chunks(2 * f)
             .flat_map(|r| {
                 (0..f).map(move |j| {
                     let g = r[j] as f64;
                     let a = match act {
                         MlpActivation::GeGLU(a) => gelu(g, a),
+                        MlpActivation::QuickGeGLU => g / (1.0 + (-1.702 * g).exp()),
                         _ => g / (1.0 + (-g).exp()),
                     };
                     (a * r[f + j] as f64) as f32
@@ -32,8 +34,10 @@ fn naive(x: &[f32], f: usize, act: MlpActivation) -> Vec<f32> {
     }
 }
 
-const ALL: [MlpActivation; 5] = [
+const ALL: [MlpActivation; 7] = [
     MlpActivation::Relu,
+    MlpActivation::SquaredRelu,
+    MlpActivation::QuickGeGLU,
     MlpActivation::Gelu(GeluApprox::Tanh),
     MlpActivation::SwiGLU,
     MlpActivation::GeGLU(GeluApprox::Tanh),
@@ -56,7 +60,7 @@ fn mlp_activation_backward_matches_finite_difference() {
     let (rows, f) = (9, 10);
     for act in ALL {
         let mut x = randn(rows * act.fc1_factor() * f, 2, 2.0);
-        if act == MlpActivation::Relu {
+        if matches!(act, MlpActivation::Relu | MlpActivation::SquaredRelu) {
             // Keep inputs away from the kink, where a finite difference is meaningless.
             x.iter_mut()
                 .for_each(|v| *v += if *v >= 0.0 { 0.1 } else { -0.1 });

@@ -288,6 +288,12 @@ pub struct TrainArgs {
     /// SwiGLU MLP: fused fc1 = [gate; up], silu(gate) * up.
     #[arg(long)]
     pub swiglu: bool,
+    /// Squared-ReLU MLP: relu(x)² (megatron-core's `squared_relu`).
+    #[arg(long)]
+    pub squared_relu: bool,
+    /// Quick-GEGLU MLP: fused fc1 = [gate; up], gate * sigmoid(1.702 gate) * up.
+    #[arg(long)]
+    pub quick_geglu: bool,
     #[arg(long, value_enum, default_value = "learned_absolute")]
     pub position_embedding_type: PositionEmbeddingArg,
     #[arg(long, default_value_t = 10000.0)]
@@ -1330,14 +1336,31 @@ impl TrainArgs {
         }))
     }
 
+    /// The MLP's activation: `--swiglu`, `--squared-relu`, `--quick-geglu` (at most one, as
+    /// Megatron asserts), else GELU.
+    fn activation(&self) -> Result<Activation, TrainError> {
+        let chosen: Vec<(&str, Activation)> = [
+            (self.swiglu, "--swiglu", Activation::SwiGLU),
+            (self.squared_relu, "--squared-relu", Activation::SquaredRelu),
+            (self.quick_geglu, "--quick-geglu", Activation::QuickGeGLU),
+        ]
+        .into_iter()
+        .filter(|(on, _, _)| *on)
+        .map(|(_, flag, a)| (flag, a))
+        .collect();
+        match chosen.as_slice() {
+            [] => Ok(Activation::Gelu),
+            [(_, a)] => Ok(*a),
+            [(a, _), (b, _), ..] => Err(bad(format!(
+                "{a} and {b} choose two MLP activations: pass one"
+            ))),
+        }
+    }
+
     /// The model's `TransformerConfig` from the model flags, checked, and checked against
     /// the tensor-parallel size `tp`.
     fn model_config(&self, vocab_size: usize, tp: usize) -> Result<TransformerConfig, TrainError> {
-        let activation = if self.swiglu {
-            Activation::SwiGLU
-        } else {
-            Activation::Gelu
-        };
+        let activation = self.activation()?;
         let model = TransformerConfig {
             num_layers: self.num_layers,
             hidden_size: self.hidden_size,
@@ -1756,11 +1779,9 @@ impl TrainArgs {
             num_experts: e,
             ffn_hidden_size: self.moe_ffn_hidden_size.unwrap_or_else(|| {
                 self.ffn_hidden_size.unwrap_or_else(|| {
-                    let act = if self.swiglu {
-                        megatron_core::transformer::config::Activation::SwiGLU
-                    } else {
-                        megatron_core::transformer::config::Activation::Gelu
-                    };
+                    let act = self
+                        .activation()
+                        .unwrap_or(megatron_core::transformer::config::Activation::Gelu);
                     TransformerConfig::default_ffn_hidden_size(self.hidden_size, act)
                 })
             }),

@@ -135,6 +135,26 @@ fn llama_with_gqa_and_untied_output_converts_to_transformers_logits_and_back() {
     check("llama");
 }
 
+/// `--squared-relu` and `--quick-geglu` against transformers' `relu2` and `quick_gelu`
+/// (`bench/make_hf_activation_fixtures.py`), and back with the activation in config.json.
+#[test]
+fn squared_relu_gpt2_and_quick_gelu_llama_convert_to_transformers_logits_and_back() {
+    for (arch, key, act) in [
+        ("gpt2_relu2", "activation_function", "relu2"),
+        ("llama_quick_gelu", "hidden_act", "quick_gelu"),
+    ] {
+        check(arch);
+        let dir = tmpdir(&format!("convert-act-{arch}"));
+        hf_to_megatron(&fixture(arch), &dir.join("m"), 128).unwrap();
+        megatron_to_hf(&dir.join("m"), &dir.join("hf")).unwrap();
+        let cfg: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("hf/config.json")).unwrap())
+                .unwrap();
+        assert_eq!(cfg[key], act, "{arch}");
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
 #[test]
 fn qwen2_with_qkv_bias_and_tied_embeddings_converts_to_transformers_logits_and_back() {
     check("qwen2");

@@ -235,11 +235,17 @@ fn t5_converts_to_transformers_logits_and_loss_and_back_byte_for_byte() {
 }
 
 /// The original T5's ReLU MLP (tied, rescaled output) and T5 v1.1's gated GELU with an untied
-/// `lm_head` and no rescaling (`bench/make_hf_t5_variant_fixtures.py`): transformers' logits and
-/// loss, and back byte for byte with the config's MLP and tying.
+/// `lm_head` and no rescaling (`bench/make_hf_t5_variant_fixtures.py`), and squared ReLU and
+/// Quick-GEGLU (`bench/make_hf_activation_fixtures.py`): transformers' logits and loss, and back
+/// byte for byte with the config's MLP and tying.
 #[test]
 fn t5_relu_and_gated_gelu_untied_variants_convert_both_ways() {
-    for (name, proj, tied) in [("t5_relu", "relu", true), ("t5_gated", "gated-gelu", false)] {
+    for (name, proj, tied) in [
+        ("t5_relu", "relu", true),
+        ("t5_gated", "gated-gelu", false),
+        ("t5_relu2", "relu2", true),
+        ("t5_quick_geglu", "gated-quick_gelu", true),
+    ] {
         let src = fixture().with_file_name(name);
         let dir = tmpdir(&format!("convert-{name}"));
         let save = dir.join("megatron");

@@ -147,8 +147,9 @@ pub enum Normalization {
     RMSNorm,
 }
 
-/// The MLP's activation: GELU, ReLU (the original T5), or a gated unit on a fused
-/// `[gate; up]` fc1 — SwiGLU (`--swiglu`, Llama) or GeGLU (T5 v1.1 / Flan-T5's gated GELU).
+/// The MLP's activation: GELU, ReLU (the original T5), squared ReLU (`--squared-relu`), or a
+/// gated unit on a fused `[gate; up]` fc1 — SwiGLU (`--swiglu`, Llama), GeGLU (T5 v1.1 /
+/// Flan-T5's gated GELU) or Quick-GEGLU (`--quick-geglu`).
 #[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub enum Activation {
     #[default]
@@ -156,12 +157,17 @@ pub enum Activation {
     SwiGLU,
     Relu,
     GeGLU,
+    SquaredRelu,
+    QuickGeGLU,
 }
 
 impl Activation {
     /// fc1 is `[gate; up]`: twice the MLP's width.
     pub fn is_gated(self) -> bool {
-        matches!(self, Activation::SwiGLU | Activation::GeGLU)
+        matches!(
+            self,
+            Activation::SwiGLU | Activation::GeGLU | Activation::QuickGeGLU
+        )
     }
 
     /// The backend's kernel (GELU's form where the activation has one).
@@ -172,6 +178,8 @@ impl Activation {
             Activation::SwiGLU => K::SwiGLU,
             Activation::Relu => K::Relu,
             Activation::GeGLU => K::GeGLU(gelu.kernel()),
+            Activation::SquaredRelu => K::SquaredRelu,
+            Activation::QuickGeGLU => K::QuickGeGLU,
         }
     }
 }
@@ -350,10 +358,11 @@ impl TransformerConfig {
         (self.head_dim() as f32 * self.rotary.percent) as usize
     }
 
-    /// Megatron's default FFN width: 4h, or gated `int(4h * 2/3 / 64) * 64`, which keeps
-    /// the three matrices near the parameter count of GELU's two.
+    /// Megatron's default FFN width: 4h, or under SwiGLU `int(4h * 2/3 / 64) * 64`, which
+    /// keeps the three matrices near the parameter count of GELU's two (Megatron leaves
+    /// `--quick-geglu` at 4h).
     pub fn default_ffn_hidden_size(hidden: usize, activation: Activation) -> usize {
-        if activation.is_gated() {
+        if matches!(activation, Activation::SwiGLU | Activation::GeGLU) {
             ((4 * hidden) as f64 * 2.0 / 3.0 / 64.0) as usize * 64
         } else {
             4 * hidden

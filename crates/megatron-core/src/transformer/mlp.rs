@@ -1,5 +1,6 @@
 //! `MLP`: fc1 (column-parallel), the activation, fc2 (row-parallel). GELU: fc1's bias is fused
-//! into the activation; ReLU adds it in the GEMM. Gated units (SwiGLU `--swiglu`, GeGLU): fc1
+//! into the activation; ReLU and squared ReLU add it in the GEMM. Gated units (SwiGLU
+//! `--swiglu`, GeGLU, Quick-GEGLU `--quick-geglu`): fc1
 //! is megatron-core's fused `[gate; up]`, each rank holding `[gate_r; up_r]`, with its bias (if
 //! any) added in the GEMM. The fc2 bias is left to the layer's bias-dropout-add.
 
@@ -73,10 +74,10 @@ impl MLP {
             Activation::Gelu => {
                 ColumnParallelLinear::new(params, inits, &fc1_name, h, f, bias, std, false, true)
             }
-            Activation::Relu => {
+            Activation::Relu | Activation::SquaredRelu => {
                 ColumnParallelLinear::new(params, inits, &fc1_name, h, f, bias, std, false, false)
             }
-            Activation::SwiGLU | Activation::GeGLU => {
+            Activation::SwiGLU | Activation::GeGLU | Activation::QuickGeGLU => {
                 ColumnParallelLinear::new_gated(params, inits, &fc1_name, h, f, bias, std)
             }
         };

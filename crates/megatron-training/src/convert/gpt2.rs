@@ -3,6 +3,7 @@
 //! learned positions, LayerNorm, GELU(tanh), tied output layer.
 
 use super::{pad_rows, take, HfFamily, Tensors};
+use megatron_core::transformer::config::Activation;
 use megatron_core::TransformerConfig;
 use serde_json::{json, Value};
 
@@ -53,12 +54,15 @@ impl HfFamily for Gpt2 {
         hf: &Value,
         divisible_by: usize,
     ) -> Result<TransformerConfig, String> {
-        let act = hf["activation_function"].as_str().unwrap_or("gelu_new");
-        if act != "gelu_new" {
-            return Err(format!(
-                "activation_function '{act}': only gelu_new (GELU, tanh) is built"
-            ));
-        }
+        let activation = match hf["activation_function"].as_str().unwrap_or("gelu_new") {
+            "gelu_new" => Activation::Gelu,
+            "relu2" => Activation::SquaredRelu,
+            other => {
+                return Err(format!(
+                    "activation_function '{other}': only gelu_new (GELU, tanh) and relu2 (squared ReLU) are built"
+                ))
+            }
+        };
         let h = num(hf, "n_embd")?;
         let positions = num(hf, "n_positions")?;
         Ok(TransformerConfig {
@@ -74,6 +78,7 @@ impl HfFamily for Gpt2 {
             init_method_std: hf["initializer_range"].as_f64().unwrap_or(0.02) as f32,
             layernorm_epsilon: hf["layer_norm_epsilon"].as_f64().unwrap_or(1e-5) as f32,
             untie_embeddings_and_output_weights: false,
+            activation,
             ..Default::default()
         })
     }
@@ -191,6 +196,15 @@ impl HfFamily for Gpt2 {
             cfg.num_attention_heads,
         );
         let hd = h / heads;
+        let activation_function = match cfg.activation {
+            Activation::Gelu => "gelu_new",
+            Activation::SquaredRelu => "relu2",
+            other => {
+                return Err(format!(
+                    "the MLP's activation {other:?} has no counterpart in GPT-2 (GELU and squared ReLU have)"
+                ))
+            }
+        };
         let mut t = Tensors::new();
         let mut wte = take(
             m,
@@ -299,7 +313,7 @@ impl HfFamily for Gpt2 {
         let config = json!({
             "architectures": ["GPT2LMHeadModel"],
             "model_type": "gpt2",
-            "activation_function": "gelu_new",
+            "activation_function": activation_function,
             "n_layer": cfg.num_layers,
             "n_embd": h,
             "n_head": heads,

@@ -11,6 +11,17 @@ use megatron_core::transformer::config::{
 use megatron_core::TransformerConfig;
 use serde_json::{json, Value};
 
+/// transformers' `hidden_act` of a gated MLP (`act(gate_proj x) * up_proj x`).
+fn hf_gated_act(a: Activation) -> Result<&'static str, String> {
+    match a {
+        Activation::SwiGLU => Ok("silu"),
+        Activation::QuickGeGLU => Ok("quick_gelu"),
+        other => Err(format!(
+            "the MLP's activation {other:?} has no counterpart in Llama's gated MLP (SwiGLU and Quick-GEGLU have)"
+        )),
+    }
+}
+
 pub(crate) struct Llama {
     pub arch: String,
     /// How each layer's feed-forward block maps: the dense SwiGLU MLP here, or a mixture of
@@ -210,10 +221,13 @@ impl HfFamily for Llama {
         hf: &Value,
         divisible_by: usize,
     ) -> Result<TransformerConfig, String> {
-        let act = hf["hidden_act"].as_str().unwrap_or("silu");
-        if act != "silu" {
-            return Err(format!("hidden_act '{act}': only silu (SwiGLU) is built"));
-        }
+        let activation = match hf["hidden_act"].as_str().unwrap_or("silu") {
+            "silu" => Activation::SwiGLU,
+            "quick_gelu" => Activation::QuickGeGLU,
+            other => return Err(format!(
+                "hidden_act '{other}': only silu (SwiGLU) and quick_gelu (Quick-GEGLU) are built"
+            )),
+        };
         let h = num(hf, "hidden_size")?;
         let heads = num(hf, "num_attention_heads")?;
         let groups = hf["num_key_value_heads"]
@@ -280,7 +294,7 @@ impl HfFamily for Llama {
                 .as_bool()
                 .unwrap_or(false),
             normalization: Normalization::RMSNorm,
-            activation: Activation::SwiGLU,
+            activation,
             position_embedding_type: PositionEmbeddingType::Rope,
             rotary: RotaryConfig {
                 base,
@@ -407,6 +421,7 @@ impl HfFamily for Llama {
             cfg.query_groups(),
             cfg.head_dim(),
         );
+        let hidden_act = hf_gated_act(cfg.activation)?;
         let vp = cfg.padded_vocab_size;
         let mut t = Tensors::new();
         let mut emb = take(m, "embedding.word_embeddings.weight", &[vp, h])?;
@@ -489,7 +504,7 @@ impl HfFamily for Llama {
         let config = json!({
             "architectures": [arch],
             "model_type": model_type,
-            "hidden_act": "silu",
+            "hidden_act": hidden_act,
             "hidden_size": h,
             "intermediate_size": f,
             "num_hidden_layers": cfg.num_layers,

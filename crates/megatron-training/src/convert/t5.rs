@@ -191,9 +191,11 @@ fn activation(hf: &Value) -> Result<(Activation, GeluForm), String> {
             (Activation::GeGLU, GeluForm::Tanh)
         }
         "gated-silu" => (Activation::SwiGLU, GeluForm::Tanh),
+        "relu2" => (Activation::SquaredRelu, GeluForm::Tanh),
+        "gated-quick_gelu" => (Activation::QuickGeGLU, GeluForm::Tanh),
         other => {
             return Err(format!(
-                "feed_forward_proj '{other}' is not built (relu, gelu, gelu_new, gated-gelu and gated-silu are)"
+                "feed_forward_proj '{other}' is not built (relu, relu2, gelu, gelu_new, gated-gelu, gated-silu and gated-quick_gelu are)"
             ))
         }
     })
@@ -370,6 +372,8 @@ impl HfFamily for T5 {
             Activation::Relu => ("relu", "relu"),
             Activation::GeGLU => ("gated-gelu", "gelu_new"),
             Activation::SwiGLU => ("gated-silu", "silu"),
+            Activation::SquaredRelu => ("relu2", "relu2"),
+            Activation::QuickGeGLU => ("gated-quick_gelu", "quick_gelu"),
         };
         let config = json!({
             "architectures": [ARCHITECTURE],

@@ -1,10 +1,12 @@
 //! The MLP's activation on fc1's output, chosen in one place: GELU, ReLU (the original T5's
-//! `DenseReluDense`), or a gated unit on megatron-core's fused `[gate | up]` rows — SwiGLU
-//! (`silu(gate) * up`, Llama) or GeGLU (`gelu(gate) * up`, T5 v1.1 / Flan-T5's
-//! `"gated-gelu"`, Shazeer 2020). Backward recomputes from fc1's output. The fused bias + GELU
+//! `DenseReluDense`), squared ReLU (megatron-core's `squared_relu`, `--squared-relu`; So et
+//! al.'s Primer, Nemotron), or a gated unit on megatron-core's fused `[gate | up]` rows —
+//! SwiGLU (`silu(gate) * up`, Llama), GeGLU (`gelu(gate) * up`, T5 v1.1 / Flan-T5's
+//! `"gated-gelu"`, Shazeer 2020) or Quick-GEGLU (`--quick-geglu`). Backward recomputes from fc1's output. The fused bias + GELU
 //! of Megatron's GPT stays in [`super::gelu`].
 
 use super::gelu::{gelu, gelu_backward, gelu_forward, gelu_grad, GeluApprox};
+use super::quick_geglu::{quick_geglu_backward, quick_geglu_forward};
 use super::simd::multiversion;
 use super::swiglu::{swiglu_backward, swiglu_forward};
 use rayon::prelude::*;
@@ -16,16 +18,18 @@ const CHUNK: usize = 1 << 14;
 pub enum MlpActivation {
     Gelu(GeluApprox),
     Relu,
+    SquaredRelu,
     SwiGLU,
     GeGLU(GeluApprox),
+    QuickGeGLU,
 }
 
 impl MlpActivation {
     /// fc1's outputs per activation output: 2 for the gated units.
     pub fn fc1_factor(self) -> usize {
         match self {
-            MlpActivation::Gelu(_) | MlpActivation::Relu => 1,
-            MlpActivation::SwiGLU | MlpActivation::GeGLU(_) => 2,
+            MlpActivation::Gelu(_) | MlpActivation::Relu | MlpActivation::SquaredRelu => 1,
+            MlpActivation::SwiGLU | MlpActivation::GeGLU(_) | MlpActivation::QuickGeGLU => 2,
         }
     }
 }
@@ -35,8 +39,10 @@ pub fn mlp_activation_forward(out: &mut [f32], inp: &[f32], f: usize, act: MlpAc
     match act {
         MlpActivation::Gelu(a) => gelu_forward(out, inp, a),
         MlpActivation::Relu => relu_forward(out, inp),
+        MlpActivation::SquaredRelu => squared_relu_forward(out, inp),
         MlpActivation::SwiGLU => swiglu_forward(out, inp, f),
         MlpActivation::GeGLU(a) => geglu_forward(out, inp, f, a),
+        MlpActivation::QuickGeGLU => quick_geglu_forward(out, inp, f),
     }
 }
 
@@ -51,8 +57,10 @@ pub fn mlp_activation_backward(
     match act {
         MlpActivation::Gelu(a) => gelu_backward(dinp, dout, inp, a),
         MlpActivation::Relu => relu_backward(dinp, dout, inp),
+        MlpActivation::SquaredRelu => squared_relu_backward(dinp, dout, inp),
         MlpActivation::SwiGLU => swiglu_backward(dinp, dout, inp, f),
         MlpActivation::GeGLU(a) => geglu_backward(dinp, dout, inp, f, a),
+        MlpActivation::QuickGeGLU => quick_geglu_backward(dinp, dout, inp, f),
     }
 }
 
@@ -72,6 +80,41 @@ pub fn relu_backward(dinp: &mut [f32], dout: &[f32], inp: &[f32]) {
         .zip(dout.par_chunks(CHUNK))
         .zip(inp.par_chunks(CHUNK))
         .for_each(|((di, dy), x)| relu_grad_plain(di, dy, x));
+}
+
+/// `out = max(inp, 0)²`.
+pub fn squared_relu_forward(out: &mut [f32], inp: &[f32]) {
+    assert_eq!(out.len(), inp.len());
+    out.par_chunks_mut(CHUNK)
+        .zip(inp.par_chunks(CHUNK))
+        .for_each(|(o, x)| squared_relu_plain(o, x));
+}
+
+/// `dinp = 2 max(inp, 0) dout`.
+pub fn squared_relu_backward(dinp: &mut [f32], dout: &[f32], inp: &[f32]) {
+    assert_eq!(dinp.len(), inp.len());
+    assert_eq!(dout.len(), inp.len());
+    dinp.par_chunks_mut(CHUNK)
+        .zip(dout.par_chunks(CHUNK))
+        .zip(inp.par_chunks(CHUNK))
+        .for_each(|((di, dy), x)| squared_relu_grad_plain(di, dy, x));
+}
+
+multiversion! {
+    fn squared_relu_plain(o: &mut [f32], x: &[f32]) {
+        for (ov, xv) in o.iter_mut().zip(x) {
+            let r = xv.max(0.0);
+            *ov = r * r;
+        }
+    }
+}
+
+multiversion! {
+    fn squared_relu_grad_plain(di: &mut [f32], dy: &[f32], x: &[f32]) {
+        for ((dv, yv), xv) in di.iter_mut().zip(dy).zip(x) {
+            *dv = 2.0 * xv.max(0.0) * *yv;
+        }
+    }
 }
 
 multiversion! {

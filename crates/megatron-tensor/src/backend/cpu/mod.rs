@@ -28,6 +28,7 @@ pub mod moe_permute;
 pub mod moe_router;
 pub mod peak;
 pub mod pooling;
+pub mod quick_geglu;
 pub mod reduce;
 pub mod ring_attention;
 pub mod rmsnorm;
@@ -72,6 +73,7 @@ pub use mlp_activation::{
     relu_forward, MlpActivation,
 };
 pub use pooling::{mean_pool_forward, PoolNorm};
+pub use quick_geglu::{quick_geglu_backward, quick_geglu_forward};
 pub use reduce::{global_norm_squared, scale_inplace};
 pub use rmsnorm::{rmsnorm_backward, rmsnorm_forward, RMSNormDims};
 pub use rope::{rope_backward, rope_forward, RopeDims, RopeScaling, RopeStyle, RopeTable};
