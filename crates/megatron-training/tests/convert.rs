@@ -241,6 +241,38 @@ fn a_router_expert_bias_with_no_hugging_face_counterpart_is_refused_by_name() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// A Llama-shaped model with a non-gated MLP (squared ReLU) and a GPT-2-shaped one with a gated
+/// MLP have no Hugging Face counterpart: the export names the activation, writes nothing.
+#[test]
+fn an_activation_the_hugging_face_family_cannot_express_is_refused_by_name() {
+    let dir = tmpdir("convert-activation");
+    for (name, act, family, extra) in [
+        (
+            "rope",
+            "--squared-relu",
+            "Llama",
+            &["--position-embedding-type", "rope"][..],
+        ),
+        ("learned", "--quick-geglu", "GPT-2", &[][..]),
+    ] {
+        let save = dir.join(name);
+        let s = save.to_str().unwrap();
+        let mut flags = vec![act, "--train-iters", "2", "--save", s];
+        flags.extend_from_slice(extra);
+        megatron_training::pretrain(&common::args(&flags)).unwrap();
+        let out = dir.join(format!("{name}-hf"));
+        let e = megatron_to_hf(&save, &out).unwrap_err().to_string();
+        let shown = if act == "--squared-relu" {
+            "SquaredRelu"
+        } else {
+            "QuickGeGLU"
+        };
+        assert!(e.contains(shown) && e.contains(family), "{e}");
+        assert!(!out.exists());
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 #[test]
 fn an_unknown_architecture_and_a_missing_tensor_are_named() {
     let dir = tmpdir("convert-bad");

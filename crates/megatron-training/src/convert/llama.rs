@@ -224,9 +224,11 @@ impl HfFamily for Llama {
         let activation = match hf["hidden_act"].as_str().unwrap_or("silu") {
             "silu" => Activation::SwiGLU,
             "quick_gelu" => Activation::QuickGeGLU,
-            other => return Err(format!(
+            other => {
+                return Err(format!(
                 "hidden_act '{other}': only silu (SwiGLU) and quick_gelu (Quick-GEGLU) are built"
-            )),
+            ))
+            }
         };
         let h = num(hf, "hidden_size")?;
         let heads = num(hf, "num_attention_heads")?;
