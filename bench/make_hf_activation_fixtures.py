@@ -1,5 +1,6 @@
 """Tiny random Hugging Face models with the MLP activations of `--squared-relu` and
-`--quick-geglu`, for the `megatron convert` tests, beside make_hf_fixtures.py's: `gpt2_relu2`
+`--quick-geglu` (and the exact GELU of `--no-bias-gelu-fusion`), for the `megatron convert`
+tests, beside make_hf_fixtures.py's: `gpt2_gelu` (`activation_function: gelu`), `gpt2_relu2`
 (GPT-2 with `activation_function: relu2`, transformers' squared ReLU), `llama_quick_gelu`
 (Llama's gated MLP with `hidden_act: quick_gelu`, x * sigmoid(1.702 x)), and the T5 MLPs
 `t5_relu2` (`feed_forward_proj: relu2`) and `t5_quick_geglu` (`gated-quick_gelu`), both tied.
@@ -28,6 +29,9 @@ def save(model, d, tensors):
 
 
 decoders = {
+    "gpt2_gelu": lambda: GPT2LMHeadModel(GPT2Config(
+        n_layer=2, n_head=4, n_embd=32, n_positions=64, vocab_size=V, bos_token_id=0,
+        eos_token_id=0, activation_function="gelu")),
     "gpt2_relu2": lambda: GPT2LMHeadModel(GPT2Config(
         n_layer=2, n_head=4, n_embd=32, n_positions=64, vocab_size=V, bos_token_id=0,
         eos_token_id=0, activation_function="relu2")),

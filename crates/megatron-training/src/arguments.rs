@@ -5,7 +5,7 @@ use crate::TrainError;
 use clap::{Args, ValueEnum};
 use megatron_core::optimizer::{LrDecayStyle, WsdDecayStyle};
 use megatron_core::transformer::config::{
-    Activation, Normalization, PositionEmbeddingType, RotaryConfig,
+    Activation, GeluForm, Normalization, PositionEmbeddingType, RotaryConfig,
 };
 use megatron_core::TransformerConfig;
 
@@ -288,6 +288,10 @@ pub struct TrainArgs {
     /// SwiGLU MLP: fused fc1 = [gate; up], silu(gate) * up.
     #[arg(long)]
     pub swiglu: bool,
+    /// The GELU MLP's exact erf GELU (megatron-core's unfused `F.gelu`) instead of the fused
+    /// bias-GELU's tanh approximation.
+    #[arg(long)]
+    pub no_bias_gelu_fusion: bool,
     /// Squared-ReLU MLP: relu(x)² (megatron-core's `squared_relu`).
     #[arg(long)]
     pub squared_relu: bool,
@@ -296,6 +300,13 @@ pub struct TrainArgs {
     pub quick_geglu: bool,
     #[arg(long, value_enum, default_value = "learned_absolute")]
     pub position_embedding_type: PositionEmbeddingArg,
+    /// Megatron's legacy spelling of `--position-embedding-type rope`.
+    #[arg(long)]
+    pub use_rotary_position_embeddings: bool,
+    /// Megatron's legacy "no learned position embedding": accepted with rope (which has none),
+    /// refused otherwise as Megatron refuses it.
+    #[arg(long)]
+    pub no_position_embedding: bool,
     #[arg(long, default_value_t = 10000.0)]
     pub rotary_base: f64,
     /// Fraction of each head's features that rotary embeddings rotate.
@@ -1336,6 +1347,19 @@ impl TrainArgs {
         }))
     }
 
+    /// `--position-embedding-type` after Megatron's legacy RoPE flags.
+    fn position_embedding(&self) -> Result<PositionEmbeddingArg, TrainError> {
+        let t = if self.use_rotary_position_embeddings {
+            PositionEmbeddingArg::Rope
+        } else {
+            self.position_embedding_type
+        };
+        if self.no_position_embedding && t != PositionEmbeddingArg::Rope {
+            return Err(bad("--no-position-embedding is deprecated, use --position-embedding-type (as Megatron says; with rope it is accepted: rope has no learned position embedding)".into()));
+        }
+        Ok(t)
+    }
+
     /// The MLP's activation: `--swiglu`, `--squared-relu`, `--quick-geglu` (at most one, as
     /// Megatron asserts), else GELU.
     fn activation(&self) -> Result<Activation, TrainError> {
@@ -1384,7 +1408,7 @@ impl TrainArgs {
                 NormalizationArg::RMSNorm => Normalization::RMSNorm,
             },
             activation,
-            position_embedding_type: match self.position_embedding_type {
+            position_embedding_type: match self.position_embedding()? {
                 PositionEmbeddingArg::LearnedAbsolute => PositionEmbeddingType::LearnedAbsolute,
                 PositionEmbeddingArg::Rope => PositionEmbeddingType::Rope,
                 PositionEmbeddingArg::None => PositionEmbeddingType::None,
@@ -1402,7 +1426,11 @@ impl TrainArgs {
             qk_layernorm: self.qk_layernorm,
             moe: self.moe_config()?,
             attn_mask_type: Default::default(),
-            gelu: Default::default(),
+            gelu: if self.no_bias_gelu_fusion {
+                GeluForm::Erf
+            } else {
+                GeluForm::Tanh
+            },
             layernorm_placement: Default::default(),
         };
         model.validate()?;

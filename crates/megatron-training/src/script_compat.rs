@@ -1,7 +1,9 @@
 //! Flags of Megatron launch scripts that choose GPU kernels, fusions, overlaps, checkpoint
 //! formats, loggers or launchers: accepted so that a script's argument lists run unchanged, and
-//! named once at start-up as having no effect here. None of them changes what is computed (Megatron's fused and unfused paths compute the
-//! same function); flags that would change the model or the sample order are refused instead.
+//! named once at start-up as having no effect here. None of them changes what is computed
+//! (Megatron's fused and unfused paths compute the same function, except bias-GELU's: that
+//! flag, `--no-bias-gelu-fusion`, is a model flag here); flags that would change the model or
+//! the sample order are refused instead.
 
 use crate::TrainError;
 use clap::{Args, ValueEnum};
@@ -92,8 +94,6 @@ pub struct ScriptCompatArgs {
     #[arg(long)]
     pub no_masked_softmax_fusion: bool,
     #[arg(long)]
-    pub no_bias_gelu_fusion: bool,
-    #[arg(long)]
     pub no_bias_swiglu_fusion: bool,
     #[arg(long)]
     pub no_bias_dropout_fusion: bool,
@@ -134,6 +134,24 @@ pub struct ScriptCompatArgs {
     pub tp_comm_overlap: bool,
     #[arg(long)]
     pub overlap_p2p_communication: bool,
+    #[arg(long)]
+    pub no_overlap_p2p_communication: bool,
+    /// Attention masks are never built by the data loader here.
+    #[arg(long)]
+    pub no_create_attention_mask_in_dataloader: bool,
+    /// `.bin` files are memory-mapped; reading them gives the same tokens.
+    #[arg(long)]
+    pub no_mmap_bin_files: bool,
+    /// Threads that build the dataset indices (the same indices for any count).
+    #[arg(long)]
+    pub num_dataset_builder_threads: Option<usize>,
+    /// A non-finite loss or gradient norm still stops the run here (the check costs nothing):
+    /// accepted so scripts run, named at start-up.
+    #[arg(long)]
+    pub no_check_for_nan_in_loss_and_grad: bool,
+    /// Read by no code path of current Megatron; the fused GELU is the tanh one already.
+    #[arg(long)]
+    pub openai_gelu: bool,
     #[arg(long, value_enum)]
     pub timing_log_option: Option<TimingLogOptionArg>,
     /// Weights & Biases logging (no client here; --tensorboard-dir and --metrics-file log).
@@ -182,8 +200,25 @@ impl ScriptCompatArgs {
                 self.no_gradient_accumulation_fusion,
             ),
             ("--no-masked-softmax-fusion", self.no_masked_softmax_fusion),
-            ("--no-bias-gelu-fusion", self.no_bias_gelu_fusion),
             ("--no-bias-swiglu-fusion", self.no_bias_swiglu_fusion),
+            (
+                "--no-overlap-p2p-communication",
+                self.no_overlap_p2p_communication,
+            ),
+            (
+                "--no-create-attention-mask-in-dataloader",
+                self.no_create_attention_mask_in_dataloader,
+            ),
+            ("--no-mmap-bin-files", self.no_mmap_bin_files),
+            (
+                "--num-dataset-builder-threads",
+                self.num_dataset_builder_threads.is_some(),
+            ),
+            (
+                "--no-check-for-nan-in-loss-and-grad",
+                self.no_check_for_nan_in_loss_and_grad,
+            ),
+            ("--openai-gelu", self.openai_gelu),
             ("--no-bias-dropout-fusion", self.no_bias_dropout_fusion),
             ("--no-rope-fusion", self.no_rope_fusion),
             ("--no-persist-layer-norm", self.no_persist_layer_norm),
@@ -240,8 +275,9 @@ impl ScriptCompatArgs {
                  GPU kernels, fusions, overlaps or launchers, and the computation is the same; \
                  gradients are always reduced in fp32, throughput always logged, every rank \
                  writes its own checkpoint shards in megatron-rs's format, random streams have \
-                 no state to save, and there is no Weights & Biases client: --tensorboard-dir \
-                 and --metrics-file log)",
+                 no state to save, data is memory-mapped, a non-finite loss or gradient norm \
+                 always stops the run, and there is no Weights & Biases client: \
+                 --tensorboard-dir and --metrics-file log)",
                 given.join(", ")
             )
         })

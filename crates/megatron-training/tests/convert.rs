@@ -135,11 +135,13 @@ fn llama_with_gqa_and_untied_output_converts_to_transformers_logits_and_back() {
     check("llama");
 }
 
-/// `--squared-relu` and `--quick-geglu` against transformers' `relu2` and `quick_gelu`
-/// (`bench/make_hf_activation_fixtures.py`), and back with the activation in config.json.
+/// `--no-bias-gelu-fusion`'s exact GELU, `--squared-relu` and `--quick-geglu` against
+/// transformers' `gelu`, `relu2` and `quick_gelu` (`bench/make_hf_activation_fixtures.py`), and
+/// back with the activation in config.json.
 #[test]
-fn squared_relu_gpt2_and_quick_gelu_llama_convert_to_transformers_logits_and_back() {
+fn erf_gelu_and_squared_relu_gpt2_and_quick_gelu_llama_convert_to_transformers_logits_and_back() {
     for (arch, key, act) in [
+        ("gpt2_gelu", "activation_function", "gelu"),
         ("gpt2_relu2", "activation_function", "relu2"),
         ("llama_quick_gelu", "hidden_act", "quick_gelu"),
     ] {

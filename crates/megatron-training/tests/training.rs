@@ -1362,7 +1362,6 @@ fn megatron_script_kernel_flags_are_accepted_without_changing_training() {
         "2",
         "--no-gradient-accumulation-fusion",
         "--no-masked-softmax-fusion",
-        "--no-bias-gelu-fusion",
         "--no-bias-dropout-fusion",
         "--cross-entropy-loss-fusion",
         "--accumulate-allreduce-grads-in-fp32",
@@ -1385,6 +1384,13 @@ fn megatron_script_kernel_flags_are_accepted_without_changing_training() {
         "minmax",
         "--wandb-project",
         "p",
+        "--no-overlap-p2p-communication",
+        "--no-create-attention-mask-in-dataloader",
+        "--no-mmap-bin-files",
+        "--num-dataset-builder-threads",
+        "4",
+        "--no-check-for-nan-in-loss-and-grad",
+        "--openai-gelu",
     ]))
     .unwrap();
     assert_eq!(plain.losses, script.losses);
@@ -1399,6 +1405,32 @@ fn megatron_script_kernel_flags_are_accepted_without_changing_training() {
     .unwrap_err()
     .to_string();
     assert!(e.contains("--dataloader-type cyclic"), "{e}");
+}
+
+#[test]
+fn megatrons_legacy_rope_flags_mean_position_embedding_type_rope() {
+    let rope = pretrain(&args(&[
+        "--train-iters",
+        "3",
+        "--position-embedding-type",
+        "rope",
+    ]))
+    .unwrap();
+    let legacy = pretrain(&args(&[
+        "--train-iters",
+        "3",
+        "--use-rotary-position-embeddings",
+        "--no-position-embedding",
+    ]))
+    .unwrap();
+    assert_eq!(rope.losses, legacy.losses);
+    let learned = pretrain(&args(&["--train-iters", "3"])).unwrap();
+    assert_ne!(rope.losses, learned.losses);
+    // Without rope, Megatron refuses --no-position-embedding and so do we.
+    let e = pretrain(&args(&["--train-iters", "3", "--no-position-embedding"]))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("--no-position-embedding is deprecated"), "{e}");
 }
 
 #[test]

@@ -3,7 +3,7 @@
 //! learned positions, LayerNorm, GELU(tanh), tied output layer.
 
 use super::{pad_rows, take, HfFamily, Tensors};
-use megatron_core::transformer::config::Activation;
+use megatron_core::transformer::config::{Activation, GeluForm};
 use megatron_core::TransformerConfig;
 use serde_json::{json, Value};
 
@@ -54,12 +54,13 @@ impl HfFamily for Gpt2 {
         hf: &Value,
         divisible_by: usize,
     ) -> Result<TransformerConfig, String> {
-        let activation = match hf["activation_function"].as_str().unwrap_or("gelu_new") {
-            "gelu_new" => Activation::Gelu,
-            "relu2" => Activation::SquaredRelu,
+        let (activation, gelu) = match hf["activation_function"].as_str().unwrap_or("gelu_new") {
+            "gelu_new" | "gelu_pytorch_tanh" => (Activation::Gelu, GeluForm::Tanh),
+            "gelu" => (Activation::Gelu, GeluForm::Erf),
+            "relu2" => (Activation::SquaredRelu, GeluForm::Tanh),
             other => {
                 return Err(format!(
-                    "activation_function '{other}': only gelu_new (GELU, tanh) and relu2 (squared ReLU) are built"
+                    "activation_function '{other}': only gelu_new (GELU, tanh), gelu (erf) and relu2 (squared ReLU) are built"
                 ))
             }
         };
@@ -79,6 +80,7 @@ impl HfFamily for Gpt2 {
             layernorm_epsilon: hf["layer_norm_epsilon"].as_f64().unwrap_or(1e-5) as f32,
             untie_embeddings_and_output_weights: false,
             activation,
+            gelu,
             ..Default::default()
         })
     }
@@ -197,7 +199,10 @@ impl HfFamily for Gpt2 {
         );
         let hd = h / heads;
         let activation_function = match cfg.activation {
-            Activation::Gelu => "gelu_new",
+            Activation::Gelu => match cfg.gelu {
+                GeluForm::Tanh => "gelu_new",
+                GeluForm::Erf => "gelu",
+            },
             Activation::SquaredRelu => "relu2",
             other => {
                 return Err(format!(
