@@ -1,7 +1,7 @@
 use megatron_comm::run_ranks;
 use megatron_core::distributed::overlap_param_gather::{gather_params, ParamGate, ParamsPtr};
 use megatron_core::distributed::GradBuffer;
-use megatron_core::optimizer::{Adam, DistributedOptimizer};
+use megatron_core::optimizer::{Adam, DistributedOptimizer, UpdateRule};
 use megatron_core::params::{Grads, ParamId};
 use megatron_core::{GPTModel, TransformerConfig};
 use megatron_tensor::cpu::cast::{round_to_half_inplace, Half};
@@ -23,6 +23,12 @@ fn cfg() -> TransformerConfig {
         ..Default::default()
     }
 }
+
+const ADAM: UpdateRule = UpdateRule::Adam {
+    beta1: 0.9,
+    beta2: 0.95,
+    eps: 1e-8,
+};
 
 /// The gradient DP rank `rank` contributes for element `i`: different on every rank.
 fn rank_grad(i: usize, rank: usize) -> f32 {
@@ -77,7 +83,7 @@ fn the_distributed_optimizer_matches_adam_and_holds_one_dp_th_of_the_state() {
                 *g = rank_grad(i, rank);
             }
             let buffer = GradBuffer::new(&params, 700, dp, rank, true);
-            let mut d = DistributedOptimizer::new(&params, buffer, 0.9, 0.95, 1e-8);
+            let mut d = DistributedOptimizer::new(&params, buffer, ADAM);
             let state = d.state_len();
             d.reduce_gradients(&mut grads, c).unwrap();
             d.step(&mut params, &grads, 1e-2, 0.1, c).unwrap();
@@ -112,6 +118,59 @@ fn the_distributed_optimizer_matches_adam_and_holds_one_dp_th_of_the_state() {
 }
 
 #[test]
+fn the_distributed_optimizer_with_sgd_matches_torchs_sgd_and_holds_one_dp_th_of_the_buffer() {
+    // Two steps, so the second uses the momentum buffer the first left in the shards; weight
+    // decay only where the parameter's metadata asks.
+    let (lr, wd, momentum) = (1e-2f32, 0.1f32, 0.9f32);
+    for dp in [2usize, 3] {
+        let out = run_ranks(dp, move |rank, c| {
+            let (_, mut params) = GPTModel::new(cfg(), 1);
+            let buffer = GradBuffer::new(&params, 700, dp, rank, true);
+            let mut d = DistributedOptimizer::new(&params, buffer, UpdateRule::Sgd { momentum });
+            for step in 0..2 {
+                let mut grads = Grads::zeros_like(&params);
+                for (i, g) in grads.data.iter_mut().enumerate() {
+                    *g = rank_grad(i + step, rank);
+                }
+                d.reduce_gradients(&mut grads, c).unwrap();
+                d.step(&mut params, &grads, lr, wd, c).unwrap();
+            }
+            (params.data, d.moments.iter().map(Vec::len).sum::<usize>())
+        });
+        // torch.optim.SGD in f64 on the averaged gradients.
+        let (_, params) = GPTModel::new(cfg(), 1);
+        let mut p: Vec<f64> = params.data.iter().map(|&x| x as f64).collect();
+        let mut buf = vec![0.0f64; p.len()];
+        for step in 0..2 {
+            for m in &params.metas {
+                let decay = if m.weight_decay { wd as f64 } else { 0.0 };
+                for i in m.offset..m.offset + m.numel {
+                    let g = averaged_grad(i + step, dp) as f64 + decay * p[i];
+                    buf[i] = if step == 0 {
+                        g
+                    } else {
+                        momentum as f64 * buf[i] + g
+                    };
+                    p[i] -= lr as f64 * buf[i];
+                }
+            }
+        }
+        let mut held = 0;
+        for r in out {
+            let (got, state) = r.unwrap();
+            held += state;
+            let err = got
+                .iter()
+                .zip(&p)
+                .map(|(a, b)| (*a as f64 - b).abs())
+                .fold(0.0f64, f64::max);
+            assert!(err < 1e-6, "dp {dp}: {err}");
+        }
+        assert_eq!(held, p.len(), "dp {dp}: one momentum buffer, partitioned");
+    }
+}
+
+#[test]
 fn with_16_bit_parameters_the_distributed_optimizer_keeps_fp32_main_shards_and_gathers_the_rounding(
 ) {
     // Odd bucket sizes give odd shard lengths: the 16-bit all-gather packs two values per
@@ -126,7 +185,7 @@ fn with_16_bit_parameters_the_distributed_optimizer_keeps_fp32_main_shards_and_g
                     *g = rank_grad(i, rank);
                 }
                 let buffer = GradBuffer::new(&params, 701, dp, rank, true);
-                let mut d = DistributedOptimizer::new(&params, buffer, 0.9, 0.95, 1e-8);
+                let mut d = DistributedOptimizer::new(&params, buffer, ADAM);
                 params.data = Vec::new();
                 d.reduce_gradients(&mut grads, c).unwrap();
                 d.step(&mut params, &grads, 1e-2, 0.1, c).unwrap();
@@ -192,7 +251,7 @@ fn params_read_during_an_overlapped_gather_are_already_gathered() {
                     *g = rank_grad(i, rank);
                 }
                 let buffer = GradBuffer::new(&params, 300, 2, rank, true);
-                let mut d = DistributedOptimizer::new(&params, buffer, 0.9, 0.95, 1e-8);
+                let mut d = DistributedOptimizer::new(&params, buffer, ADAM);
                 if half.is_some() {
                     params.data = Vec::new();
                 }

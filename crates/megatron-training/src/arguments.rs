@@ -3,6 +3,7 @@
 
 use crate::TrainError;
 use clap::{Args, ValueEnum};
+use megatron_core::optimizer::UpdateRule;
 use megatron_core::optimizer::{LrDecayStyle, WsdDecayStyle};
 use megatron_core::transformer::config::{
     Activation, GeluForm, Normalization, PositionEmbeddingType, RotaryConfig,
@@ -66,10 +67,20 @@ impl Precision {
 /// `--use-distributed-optimizer` or not.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OptimizerKind {
-    /// AdamW with the whole state on every data-parallel rank.
+    /// The whole optimizer state on every data-parallel rank.
+    Replicated,
+    /// The state sharded over the data-parallel ranks (ZeRO-1).
+    Distributed,
+}
+
+/// `--optimizer` (megatron-core's names).
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum OptimizerArg {
+    /// AdamW: --adam-beta1, --adam-beta2, --adam-eps.
+    #[default]
     Adam,
-    /// AdamW with state sharded over the data-parallel ranks (ZeRO-1).
-    DistributedAdam,
+    /// SGD with momentum (--sgd-momentum) and L2 weight decay, as torch's.
+    Sgd,
 }
 
 /// `--moe-router-score-function`.
@@ -448,6 +459,10 @@ pub struct TrainArgs {
     pub lr_wsd_decay_style: String,
     #[arg(long, default_value_t = 0.01)]
     pub weight_decay: f32,
+    #[arg(long, value_enum, default_value = "adam")]
+    pub optimizer: OptimizerArg,
+    #[arg(long, default_value_t = 0.9)]
+    pub sgd_momentum: f32,
     #[arg(long, default_value_t = 0.9)]
     pub adam_beta1: f32,
     #[arg(long, default_value_t = 0.999)]
@@ -804,6 +819,8 @@ pub struct TrainConfig {
     pub model: TransformerConfig,
     pub precision: Precision,
     pub optimizer: OptimizerKind,
+    /// `--optimizer` with its hyperparameters.
+    pub update_rule: UpdateRule,
     pub global_batch_size: usize,
     /// Data-parallel size (ranks / model-parallel sizes).
     pub dp: usize,
@@ -917,6 +934,7 @@ impl TrainArgs {
         }
         for (flag, v) in [
             ("--adam-eps", self.adam_eps),
+            ("--sgd-momentum", self.sgd_momentum),
             ("--init-method-std", self.init_method_std),
         ] {
             if !(v >= 0.0 && v.is_finite()) {
@@ -1113,9 +1131,19 @@ impl TrainArgs {
                 Precision::F32
             },
             optimizer: if self.use_distributed_optimizer {
-                OptimizerKind::DistributedAdam
+                OptimizerKind::Distributed
             } else {
-                OptimizerKind::Adam
+                OptimizerKind::Replicated
+            },
+            update_rule: match self.optimizer {
+                OptimizerArg::Adam => UpdateRule::Adam {
+                    beta1: self.adam_beta1,
+                    beta2: self.adam_beta2,
+                    eps: self.adam_eps,
+                },
+                OptimizerArg::Sgd => UpdateRule::Sgd {
+                    momentum: self.sgd_momentum,
+                },
             },
             global_batch_size: gbs,
             dp,

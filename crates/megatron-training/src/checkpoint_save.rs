@@ -28,13 +28,16 @@ impl<F: crate::family::TrainFamily> crate::training::Trainer<'_, F> {
                 continue;
             }
             for segment in m.global_segments(p.local.clone(), m.tp_rank) {
-                let state = [
-                    (m.name.clone(), p.value),
-                    (format!("optimizer.exp_avg.{}", m.name), p.exp_avg),
-                    (format!("optimizer.exp_avg_sq.{}", m.name), p.exp_avg_sq),
-                ];
+                let mut state = vec![(m.name.clone(), p.value)];
                 // --no-save-optim: the parameters alone.
-                for (tensor, data) in state.into_iter().take(if moments { 3 } else { 1 }) {
+                if moments {
+                    state.extend(
+                        p.moments
+                            .iter()
+                            .map(|(k, data)| (format!("optimizer.{}.{}", k.name(), m.name), *data)),
+                    );
+                }
+                for (tensor, data) in state {
                     let shape = m.shape.clone();
                     let base = p.local.start;
                     out.push(PieceSrc {
@@ -90,6 +93,7 @@ impl<F: crate::family::TrainFamily> crate::training::Trainer<'_, F> {
             consumed_train_samples: self.consumed,
             scheduler: self.sched.clone(),
             optimizer_step: self.optimizer.step_count(),
+            optimizer: self.optimizer.update_rule().name().into(),
             adam_beta1: a.adam_beta1,
             adam_beta2: a.adam_beta2,
             adam_eps: a.adam_eps,
@@ -109,7 +113,7 @@ impl<F: crate::family::TrainFamily> crate::training::Trainer<'_, F> {
                 pipeline_model_parallel: cfg.pp,
                 virtual_pipeline: cfg.partition.v,
                 data_parallel: cfg.dp,
-                distributed_optimizer: cfg.optimizer == OptimizerKind::DistributedAdam,
+                distributed_optimizer: cfg.optimizer == OptimizerKind::Distributed,
             }),
             bert: F::bert_heads(self.cfg),
             t5: F::t5_stacks(self.cfg),

@@ -44,8 +44,8 @@ pub fn inspect(path: &Path) -> Result<String, TrainError> {
     let _ = writeln!(s, "checkpoint {} ({})", r.dir.display(), m.format);
     let _ = writeln!(
         s,
-        "iteration {} | consumed samples {} | optimizer steps {} | seed {}",
-        m.iteration, m.consumed_train_samples, m.optimizer_step, m.seed
+        "iteration {} | consumed samples {} | optimizer {}, steps {} | seed {}",
+        m.iteration, m.consumed_train_samples, m.optimizer, m.optimizer_step, m.seed
     );
     // What a resumed run's flags must reproduce (or override): the saved schedule.
     let sc = &m.scheduler;

@@ -43,6 +43,10 @@ pub struct TensorEntry {
     pub pieces: Vec<Piece>,
 }
 
+fn adam() -> String {
+    "adam".into()
+}
+
 #[derive(Serialize, Deserialize, Clone, Debug)]
 pub struct CheckpointMeta {
     pub format: String,
@@ -50,6 +54,9 @@ pub struct CheckpointMeta {
     pub consumed_train_samples: u64,
     pub scheduler: OptimizerParamScheduler,
     pub optimizer_step: u64,
+    /// `--optimizer` of the run that saved it (megatron-core's name; older checkpoints: adam).
+    #[serde(default = "adam")]
+    pub optimizer: String,
     pub adam_beta1: f32,
     pub adam_beta2: f32,
     pub adam_eps: f32,
@@ -446,35 +453,59 @@ pub(crate) fn load_optimizer_state(
     optimizer: &mut dyn megatron_core::optimizer::MegatronOptimizer,
 ) -> Result<(), TrainError> {
     let step = r.meta.optimizer_step;
-    if let Some(m) = params.metas.first() {
-        if !r.has(&format!("optimizer.exp_avg.{}", m.name)) {
-            // A run saved with --no-save-optim continues only when told to restart Adam (as
-            // Megatron refuses it); a converted model (iteration 0) simply starts.
-            if r.meta.iteration > 0 {
-                return Err(ckpt_err(
-                    &r.dir,
-                    format!(
-                        "holds no optimizer state (saved with --no-save-optim) at iteration {}: \
-                         pass --no-load-optim to continue with Adam's moments restarted from \
-                         zero, or --finetune to start a new run from its weights",
-                        r.meta.iteration
-                    ),
-                ));
-            }
-            println!(
-                "checkpoint {} holds no optimizer state: Adam starts from zero moments",
-                r.dir.display()
-            );
-            return Ok(());
-        }
+    let rule = optimizer.update_rule();
+    let has = |k: Moment, r: &CheckpointReader| {
+        params
+            .metas
+            .first()
+            .is_some_and(|m| r.has(&format!("optimizer.{}.{}", k.name(), m.name)))
+    };
+    let any_state = [Moment::ExpAvg, Moment::MomentumBuffer]
+        .into_iter()
+        .any(|k| has(k, r));
+    if !any_state && r.meta.iteration == 0 {
+        // A converted model: the optimizer simply starts.
+        println!(
+            "checkpoint {} holds no optimizer state: the optimizer starts from zero state",
+            r.dir.display()
+        );
+        return Ok(());
+    }
+    if r.meta.optimizer != rule.name() {
+        return Err(ckpt_err(
+            &r.dir,
+            format!(
+                "holds the state of --optimizer {} at iteration {}, and this run uses \
+                 --optimizer {}: pass --no-load-optim to start its state from zero, or \
+                 --finetune to start a new run from the weights",
+                r.meta.optimizer,
+                r.meta.iteration,
+                rule.name()
+            ),
+        ));
+    }
+    if let Some(k) = rule.moments().iter().find(|k| !has(**k, r)) {
+        // A run saved with --no-save-optim continues only when told to restart the optimizer
+        // (as Megatron refuses it).
+        let why = if any_state {
+            format!("no {} (saved with --sgd-momentum 0)", k.name())
+        } else {
+            "no optimizer state (saved with --no-save-optim)".into()
+        };
+        return Err(ckpt_err(
+            &r.dir,
+            format!(
+                "holds {why} at iteration {}: pass --no-load-optim to continue with the \
+                 optimizer's state restarted from zero, or --finetune to start a new run from \
+                 its weights",
+                r.meta.iteration
+            ),
+        ));
     }
     let mut failure = None;
     let res = optimizer.load_state(params, step, &mut |moment, param, local, out| {
         let m = &params.metas[param];
-        let which = match moment {
-            Moment::ExpAvg => "exp_avg",
-            Moment::ExpAvgSq => "exp_avg_sq",
-        };
+        let which = moment.name();
         r.read_local(&format!("optimizer.{which}.{}", m.name), m, local, out)
             .map_err(|e| {
                 let s = e.to_string();
@@ -544,6 +575,7 @@ pub(crate) fn write_whole_checkpoint(
             num_steps: 0,
         },
         optimizer_step: 0,
+        optimizer: adam(),
         adam_beta1: 0.9,
         adam_beta2: 0.999,
         adam_eps: 1e-8,

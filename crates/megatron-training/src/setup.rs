@@ -10,8 +10,7 @@ use megatron_comm::{Communicator, ProcessGroups, ReduceOp, ThreadCommunicator};
 use megatron_core::distributed::{ExpertGrads, GradBuffer, ParamGroup};
 use megatron_core::models::{ModelChunk, ModelFamily};
 use megatron_core::optimizer::{
-    Adam, DistributedOptimizer, GradScaler, MegatronOptimizer, OptimizerParamScheduler,
-    PlainOptimizer,
+    DistributedOptimizer, GradScaler, MegatronOptimizer, OptimizerParamScheduler, PlainOptimizer,
 };
 use megatron_core::params::ExpertLayout;
 use megatron_core::pipeline_parallel::build_stage;
@@ -230,7 +229,7 @@ pub(crate) fn setup_model_and_optimizer<F: ModelFamily>(
         &mut inits,
     );
     params.initialize(a.seed, &inits);
-    let distributed = cfg.optimizer == OptimizerKind::DistributedAdam;
+    let distributed = cfg.optimizer == OptimizerKind::Distributed;
     let bucket_size = a.ddp_bucket_size.unwrap_or_else(|| {
         if a.overlap_grad_reduce || distributed {
             // Megatron's default bucket for overlapped communication.
@@ -274,24 +273,24 @@ pub(crate) fn setup_model_and_optimizer<F: ModelFamily>(
     // parameters, which the distributed optimizer shards (then `params.data` is freed).
     let half = cfg.precision.half();
     params.set_half(half);
-    let (b1, b2, eps) = (a.adam_beta1, a.adam_beta2, a.adam_eps);
+    let rule = cfg.update_rule;
     let mut optimizer: Box<dyn MegatronOptimizer> = match cfg.optimizer {
-        OptimizerKind::Adam => {
-            let plain = PlainOptimizer::new(Adam::new(&params, b1, b2, eps), buffer);
+        OptimizerKind::Replicated => {
+            let plain = PlainOptimizer::new(&params, rule, buffer);
             Box::new(match expert {
                 Some(e) => plain.with_experts(e),
                 None => plain,
             })
         }
-        OptimizerKind::DistributedAdam => Box::new(DistributedOptimizer::new_with_experts(
-            &params, buffer, expert, b1, b2, eps,
+        OptimizerKind::Distributed => Box::new(DistributedOptimizer::new_with_experts(
+            &params, buffer, expert, rule,
         )),
     };
     if let Some(r) = reader.as_mut().filter(|_| !(a.finetune || a.no_load_optim)) {
         load_optimizer_state(r, &params, optimizer.as_mut())?;
         if lead {
             // Values of this rank's shards plus the moments it holds, 4 bytes each.
-            let bytes = (params.numel() + 2 * optimizer.state_elements()) * 4;
+            let bytes = (params.numel() + optimizer.state_elements()) * 4;
             let secs = load_started.elapsed().as_secs_f64();
             println!(
                 "read this rank's shards of the checkpoint in {secs:.2} s ({:.1} MB, {:.2} GB/s)",

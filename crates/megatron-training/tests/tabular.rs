@@ -211,6 +211,8 @@ fn tabular_flags_it_cannot_honour_are_refused_by_name() {
             "--override-opt_param-scheduler",
         ),
         (vec!["--prior-linear-share", "1.5"], "--prior-linear-share"),
+        (vec!["--optimizer", "sgd"], "--optimizer sgd"),
+        (vec!["--squared-relu"], "--squared-relu"),
         (
             vec!["--nproc-per-node", "3", "--tensor-model-parallel-size", "2"],
             "--nproc-per-node",

@@ -1,13 +1,14 @@
 //! The distributed optimizer (ZeRO-1, Megatron's `DistribOptimizer`): each data-parallel rank
-//! keeps Adam state (and, with 16-bit parameters, the fp32 main parameters) only for its shard of
+//! keeps the update rule's state (Adam's moments, SGD's momentum buffer) (and, with 16-bit parameters, the fp32 main parameters) only for its shard of
 //! every gradient bucket, updates that shard after the gradients were reduce-scattered, and the
 //! updated parameters are all-gathered back. Shards ignore parameter boundaries; the pieces
 //! below split them where the weight-decay flag or the norm filters change.
 
+use super::UpdateRule;
 use crate::distributed::{ExpertGrads, GradBuffer};
 use crate::params::{Grads, Params};
 use megatron_comm::{CommError, Communicator};
-use megatron_tensor::cpu::{adamw_update, global_norm_squared, scale_inplace, AdamWParams};
+use megatron_tensor::cpu::{global_norm_squared, scale_inplace};
 use std::ops::Range;
 
 /// A piece of an owned shard inside one parameter.
@@ -27,21 +28,21 @@ pub struct DistributedOptimizer {
     /// Under expert parallelism: the experts' buckets, sharded over their own group.
     pub expert: Option<ExpertGrads>,
     pieces: Vec<Piece>,
-    pub exp_avg: Vec<f32>,
-    pub exp_avg_sq: Vec<f32>,
+    /// Elements of this rank's shards.
+    state_len: usize,
+    pub rule: UpdateRule,
+    /// One vector per moment of the rule, over this rank's shards.
+    pub moments: Vec<Vec<f32>>,
     /// fp32 main parameters of this rank's shards when the model's parameters are 16-bit
     /// (laid out like the moments); empty otherwise.
     pub main: Vec<f32>,
     pub step: u64,
-    pub beta1: f32,
-    pub beta2: f32,
-    pub eps: f32,
     pub(crate) scratch: Vec<f32>,
 }
 
 impl DistributedOptimizer {
-    pub fn new(params: &Params, buffer: GradBuffer, beta1: f32, beta2: f32, eps: f32) -> Self {
-        Self::new_with_experts(params, buffer, None, beta1, beta2, eps)
+    pub fn new(params: &Params, buffer: GradBuffer, rule: UpdateRule) -> Self {
+        Self::new_with_experts(params, buffer, None, rule)
     }
 
     /// With the experts' buckets in `expert` (then `buffer` covers the dense parameters).
@@ -49,9 +50,7 @@ impl DistributedOptimizer {
         params: &Params,
         buffer: GradBuffer,
         expert: Option<ExpertGrads>,
-        beta1: f32,
-        beta2: f32,
-        eps: f32,
+        rule: UpdateRule,
     ) -> Self {
         let mut pieces = Vec::new();
         let mut state = 0;
@@ -87,13 +86,11 @@ impl DistributedOptimizer {
             buffer,
             expert,
             pieces,
-            exp_avg: vec![0.0; state],
-            exp_avg_sq: vec![0.0; state],
+            state_len: state,
+            rule,
+            moments: rule.new_state(state),
             main,
             step: 0,
-            beta1,
-            beta2,
-            eps,
             scratch: Vec::new(),
         }
     }
@@ -109,7 +106,7 @@ impl DistributedOptimizer {
 
     /// Elements of optimizer state this rank holds.
     pub fn state_len(&self) -> usize {
-        self.exp_avg.len()
+        self.state_len
     }
 
     /// Reduce-scatters the gradients over DP: this rank's shards then hold the averages.
@@ -203,7 +200,7 @@ impl DistributedOptimizer {
         }
     }
 
-    /// AdamW on the owned shards, then all-gathers the updated parameters over DP.
+    /// The update rule on the owned shards, then all-gathers the updated parameters over DP.
     pub fn step(
         &mut self,
         params: &mut Params,
@@ -216,34 +213,29 @@ impl DistributedOptimizer {
         self.gather(params, dp)
     }
 
-    /// AdamW on the owned shards only: the rest of the parameters are stale until
+    /// The update rule on the owned shards only: the rest of the parameters are stale until
     /// [`DistributedOptimizer::gather`] (or an overlapped gather) has run.
     pub fn update(&mut self, params: &mut Params, grads: &Grads, lr: f32, weight_decay: f32) {
         self.step += 1;
         for p in &self.pieces {
             let wd = params.metas[p.param].weight_decay;
-            let h = AdamWParams {
-                lr,
-                beta1: self.beta1,
-                beta2: self.beta2,
-                eps: self.eps,
-                weight_decay: if wd { weight_decay } else { 0.0 },
-                step: self.step,
-            };
             let s = p.state..p.state + p.range.len();
-            // The fp32 values Adam updates: the parameters themselves, or this rank's main copy
+            // The fp32 values the rule updates: the parameters themselves, or this rank's main copy
             // of 16-bit ones (re-rounded into the model's copy right after).
             let fp32 = if self.main.is_empty() {
                 &mut params.data[p.range.clone()]
             } else {
                 &mut self.main[s.clone()]
             };
-            adamw_update(
+            let mut state: Vec<&mut [f32]> =
+                self.moments.iter_mut().map(|m| &mut m[s.clone()]).collect();
+            self.rule.apply(
                 fp32,
                 &grads.data[p.range.clone()],
-                &mut self.exp_avg[s.clone()],
-                &mut self.exp_avg_sq[s.clone()],
-                h,
+                &mut state,
+                lr,
+                if wd { weight_decay } else { 0.0 },
+                self.step,
             );
             if !self.main.is_empty() {
                 params.half.write(p.range.clone(), &self.main[s]);
@@ -280,16 +272,16 @@ impl DistributedOptimizer {
         }
     }
 
-    /// The moments laid out like the whole parameter buffer (all-gathered over DP), for
-    /// checkpoints. Every DP rank must call it.
+    /// Each moment laid out like the whole parameter buffer (all-gathered over DP). Every DP
+    /// rank must call it.
     pub fn full_moments(
         &mut self,
         numel: usize,
         dp: &mut dyn Communicator,
-    ) -> Result<(Vec<f32>, Vec<f32>), CommError> {
-        let m = self.full_state(|d| &d.exp_avg, numel, dp)?;
-        let v = self.full_state(|d| &d.exp_avg_sq, numel, dp)?;
-        Ok((m, v))
+    ) -> Result<Vec<Vec<f32>>, CommError> {
+        (0..self.moments.len())
+            .map(|k| self.full_state(|d| &d.moments[k], numel, dp))
+            .collect()
     }
 
     /// The fp32 main parameters laid out like the whole parameter buffer (all-gathered over
@@ -306,7 +298,7 @@ impl DistributedOptimizer {
     /// and all-gathered over DP.
     fn full_state(
         &mut self,
-        which: fn(&Self) -> &Vec<f32>,
+        which: impl Fn(&Self) -> &Vec<f32>,
         numel: usize,
         dp: &mut dyn Communicator,
     ) -> Result<Vec<f32>, CommError> {
@@ -319,12 +311,14 @@ impl DistributedOptimizer {
         Ok(out)
     }
 
-    /// Takes this rank's shards of whole-buffer moments (from a checkpoint).
-    pub fn load_moments(&mut self, exp_avg: &[f32], exp_avg_sq: &[f32], step: u64) {
+    /// Takes this rank's shards of whole-buffer moments (one per moment of the rule).
+    pub fn load_moments(&mut self, full: &[Vec<f32>], step: u64) {
+        assert_eq!(full.len(), self.moments.len());
         for p in &self.pieces {
             let s = p.state..p.state + p.range.len();
-            self.exp_avg[s.clone()].copy_from_slice(&exp_avg[p.range.clone()]);
-            self.exp_avg_sq[s].copy_from_slice(&exp_avg_sq[p.range.clone()]);
+            for (mine, whole) in self.moments.iter_mut().zip(full) {
+                mine[s.clone()].copy_from_slice(&whole[p.range.clone()]);
+            }
         }
         self.step = step;
     }

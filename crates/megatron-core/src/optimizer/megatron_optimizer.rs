@@ -1,11 +1,11 @@
 //! Megatron's `MegatronOptimizer` interface: what the training loop asks of an optimizer —
 //! reduce the gradients over data parallelism, their norm, scale (unscale, clip), step, and the
-//! full state for checkpoints — so the loop never branches on which optimizer it has. Plain
-//! AdamW over replicated state ([`PlainOptimizer`]) and the distributed optimizer (ZeRO-1,
-//! [`DistributedOptimizer`]) implement it. Each keeps the exact reduction order it always had, so
+//! full state for checkpoints — so the loop never branches on which optimizer it has. Replicated
+//! state ([`PlainOptimizer`]) and the distributed optimizer (ZeRO-1, [`DistributedOptimizer`])
+//! implement it, each with any [`UpdateRule`] (`--optimizer adam|sgd`). Each keeps the exact reduction order it always had, so
 //! losses are bit-identical to before the interface.
 
-use super::{Adam, DistributedOptimizer};
+use super::{DistributedOptimizer, Moment, UpdateRule};
 use crate::distributed::{ExpertGrads, GradBuffer};
 use crate::params::{Grads, Params};
 use crate::tensor_parallel::{grad_norm_squared_tp, sum_f64, Tp};
@@ -24,20 +24,12 @@ pub enum ParamGather {
 
 /// A piece of optimizer state this rank writes to a sharded checkpoint: elements `local` of
 /// parameter `param`'s local (tensor-parallel) tensor, with the fp32 values the optimizer
-/// steps on and both moments.
+/// steps on and each moment of its update rule.
 pub struct StatePiece<'a> {
     pub param: usize,
     pub local: std::ops::Range<usize>,
     pub value: &'a [f32],
-    pub exp_avg: &'a [f32],
-    pub exp_avg_sq: &'a [f32],
-}
-
-/// Which moment a checkpoint reader is asked for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Moment {
-    ExpAvg,
-    ExpAvgSq,
+    pub moments: Vec<(Moment, &'a [f32])>,
 }
 
 /// Fills `out` with elements `local` of parameter `param`'s local tensor of a moment.
@@ -83,7 +75,7 @@ pub trait MegatronOptimizer: Send {
         dp: Option<&mut dyn Communicator>,
     ) -> Result<u64, CommError>;
 
-    /// AdamW with learning rate `lr` on the (clipped) gradients.
+    /// The update rule's step with learning rate `lr` on the (clipped) gradients.
     fn step(
         &mut self,
         params: &mut Params,
@@ -112,7 +104,10 @@ pub trait MegatronOptimizer: Send {
     /// Optimizer steps taken (Adam's bias correction).
     fn step_count(&self) -> u64;
 
-    /// Elements of each moment this rank holds.
+    /// The element-wise update (`--optimizer`).
+    fn update_rule(&self) -> UpdateRule;
+
+    /// Elements of optimizer state this rank holds, all moments together.
     fn state_elements(&self) -> usize;
 
     /// The state data-parallel rank `dp_rank` of `dp` writes to a sharded checkpoint, each
@@ -136,9 +131,13 @@ pub trait MegatronOptimizer: Send {
     ) -> Result<(), String>;
 }
 
-/// AdamW with the whole model's state on every DP rank; gradients all-reduced bucket by bucket.
+/// The whole model's optimizer state on every DP rank; gradients all-reduced bucket by bucket.
 pub struct PlainOptimizer {
-    pub adam: Adam,
+    pub rule: UpdateRule,
+    /// One vector per moment of the rule, laid out like the parameters.
+    pub moments: Vec<Vec<f32>>,
+    /// Successful optimizer steps taken (bias correction).
+    pub step: u64,
     /// Buckets of every parameter, or of the dense ones when the experts have their own.
     pub buffer: GradBuffer,
     /// Under expert parallelism: the experts' buckets and groups.
@@ -147,9 +146,11 @@ pub struct PlainOptimizer {
 }
 
 impl PlainOptimizer {
-    pub fn new(adam: Adam, buffer: GradBuffer) -> Self {
+    pub fn new(params: &Params, rule: UpdateRule, buffer: GradBuffer) -> Self {
         PlainOptimizer {
-            adam,
+            rule,
+            moments: rule.new_state(params.numel()),
+            step: 0,
             buffer,
             expert: None,
             scratch: Vec::new(),
@@ -322,7 +323,33 @@ impl MegatronOptimizer for PlainOptimizer {
         _dp: &mut dyn Communicator,
         _gather: ParamGather,
     ) -> Result<(), CommError> {
-        self.adam.step(params, grads, lr, weight_decay);
+        self.step += 1;
+        // Consecutive parameters with the same decay flag are updated in one call.
+        let mut runs: Vec<(usize, usize, bool)> = Vec::new();
+        for m in &params.metas {
+            match runs.last_mut() {
+                Some(r) if r.2 == m.weight_decay && r.1 == m.offset => r.1 += m.numel,
+                _ => runs.push((m.offset, m.offset + m.numel, m.weight_decay)),
+            }
+        }
+        for (start, end, wd) in runs {
+            let mut state: Vec<&mut [f32]> = self
+                .moments
+                .iter_mut()
+                .map(|m| &mut m[start..end])
+                .collect();
+            self.rule.apply(
+                &mut params.data[start..end],
+                &grads.data[start..end],
+                &mut state,
+                lr,
+                if wd { weight_decay } else { 0.0 },
+                self.step,
+            );
+        }
+        // Under 16-bit storage `data` holds the fp32 main parameters; the model reads their
+        // rounding.
+        params.refresh_half(0..params.numel());
         Ok(())
     }
 
@@ -335,7 +362,7 @@ impl MegatronOptimizer for PlainOptimizer {
     }
 
     fn state_bytes(&self) -> usize {
-        (self.adam.exp_avg.capacity() + self.adam.exp_avg_sq.capacity()) * 4
+        self.moments.iter().map(|m| m.capacity() * 4).sum()
     }
 
     fn comm_buffer_bytes(&self) -> usize {
@@ -343,11 +370,15 @@ impl MegatronOptimizer for PlainOptimizer {
     }
 
     fn step_count(&self) -> u64 {
-        self.adam.step
+        self.step
+    }
+
+    fn update_rule(&self) -> UpdateRule {
+        self.rule
     }
 
     fn state_elements(&self) -> usize {
-        self.adam.exp_avg.len()
+        self.moments.iter().map(Vec::len).sum()
     }
 
     fn state_pieces<'a>(
@@ -390,8 +421,13 @@ impl MegatronOptimizer for PlainOptimizer {
                     param: i,
                     local: 0..m.numel,
                     value: &params.data[r.clone()],
-                    exp_avg: &self.adam.exp_avg[r.clone()],
-                    exp_avg_sq: &self.adam.exp_avg_sq[r],
+                    moments: self
+                        .rule
+                        .moments()
+                        .iter()
+                        .zip(&self.moments)
+                        .map(|(k, v)| (*k, &v[r.clone()]))
+                        .collect(),
                 }
             })
             .collect()
@@ -405,20 +441,11 @@ impl MegatronOptimizer for PlainOptimizer {
     ) -> Result<(), String> {
         for (i, m) in params.metas.iter().enumerate() {
             let r = m.offset..m.offset + m.numel;
-            read(
-                Moment::ExpAvg,
-                i,
-                0..m.numel,
-                &mut self.adam.exp_avg[r.clone()],
-            )?;
-            read(
-                Moment::ExpAvgSq,
-                i,
-                0..m.numel,
-                &mut self.adam.exp_avg_sq[r],
-            )?;
+            for (k, v) in self.rule.moments().iter().zip(&mut self.moments) {
+                read(*k, i, 0..m.numel, &mut v[r.clone()])?;
+            }
         }
-        self.adam.step = step;
+        self.step = step;
         Ok(())
     }
 }
@@ -524,7 +551,7 @@ impl MegatronOptimizer for DistributedOptimizer {
     }
 
     fn state_bytes(&self) -> usize {
-        (self.exp_avg.capacity() + self.exp_avg_sq.capacity() + self.main.capacity()) * 4
+        (self.moments.iter().map(Vec::capacity).sum::<usize>() + self.main.capacity()) * 4
     }
 
     fn comm_buffer_bytes(&self) -> usize {
@@ -535,8 +562,12 @@ impl MegatronOptimizer for DistributedOptimizer {
         self.step
     }
 
+    fn update_rule(&self) -> UpdateRule {
+        self.rule
+    }
+
     fn state_elements(&self) -> usize {
-        self.exp_avg.len()
+        self.moments.iter().map(Vec::len).sum()
     }
 
     fn state_pieces<'a>(
@@ -557,8 +588,13 @@ impl MegatronOptimizer for DistributedOptimizer {
                     } else {
                         &self.main[s.clone()]
                     },
-                    exp_avg: &self.exp_avg[s.clone()],
-                    exp_avg_sq: &self.exp_avg_sq[s],
+                    moments: self
+                        .rule
+                        .moments()
+                        .iter()
+                        .zip(&self.moments)
+                        .map(|(k, v)| (*k, &v[s.clone()]))
+                        .collect(),
                 }
             })
             .collect()
@@ -575,13 +611,9 @@ impl MegatronOptimizer for DistributedOptimizer {
             let m = &params.metas[param];
             let local = range.start - m.offset..range.end - m.offset;
             let s = state..state + range.len();
-            read(
-                Moment::ExpAvg,
-                param,
-                local.clone(),
-                &mut self.exp_avg[s.clone()],
-            )?;
-            read(Moment::ExpAvgSq, param, local, &mut self.exp_avg_sq[s])?;
+            for (k, v) in self.rule.moments().iter().zip(&mut self.moments) {
+                read(*k, param, local.clone(), &mut v[s.clone()])?;
+            }
         }
         self.step = step;
         Ok(())

@@ -4,6 +4,7 @@ pub mod distrib_optimizer;
 pub mod grad_scaler;
 pub mod lr_scheduler;
 pub mod megatron_optimizer;
+pub mod update_rule;
 
 pub use adam::Adam;
 pub use clip_grads::{clip_grad_norm, clip_grads_by_norm, get_grad_norm};
@@ -11,5 +12,6 @@ pub use distrib_optimizer::DistributedOptimizer;
 pub use grad_scaler::GradScaler;
 pub use lr_scheduler::{LrDecayStyle, OptimizerParamScheduler, WsdDecayStyle};
 pub use megatron_optimizer::{
-    MegatronOptimizer, Moment, MomentReader, ParamGather, PlainOptimizer, StatePiece,
+    MegatronOptimizer, MomentReader, ParamGather, PlainOptimizer, StatePiece,
 };
+pub use update_rule::{Moment, UpdateRule};

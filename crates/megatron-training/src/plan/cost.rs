@@ -178,16 +178,22 @@ fn sequence_parallel_divisor(cfg: &TrainConfig) -> f64 {
     }
 }
 
-/// Bytes of weights, gradients and optimizer state per parameter (Megatron's accounting).
+/// Bytes of weights, gradients and optimizer state per parameter (Megatron's accounting: with
+/// Adam's two moments 18, or 6 + 12/d distributed, under 16-bit weights; 16 or 8 + 8/d in fp32;
+/// SGD keeps one moment, or none without momentum).
 fn state_bytes_per_parameter(cfg: &TrainConfig) -> f64 {
     let d = (cfg.dp * cfg.cp) as f64;
     let half = cfg.precision != Precision::F32;
-    match (half, cfg.optimizer) {
-        // 16-bit weight, fp32 gradient, fp32 main weight and two Adam moments.
-        (true, OptimizerKind::Adam) => 18.0,
-        (true, OptimizerKind::DistributedAdam) => 6.0 + 12.0 / d,
-        (false, OptimizerKind::Adam) => 16.0,
-        (false, OptimizerKind::DistributedAdam) => 8.0 + 8.0 / d,
+    let moments = cfg.update_rule.moments().len() as f64;
+    // The fp32 main weight joins the sharded state under 16-bit weights.
+    let (weight_and_grad, sharded) = if half {
+        (6.0, 4.0 * (1.0 + moments))
+    } else {
+        (8.0, 4.0 * moments)
+    };
+    match cfg.optimizer {
+        OptimizerKind::Replicated => weight_and_grad + sharded,
+        OptimizerKind::Distributed => weight_and_grad + sharded / d,
     }
 }
 
@@ -233,15 +239,16 @@ fn this_engine_memory(cfg: &TrainConfig, params: f64) -> Result<MemoryCost, Stri
     let half = cfg.precision.half().is_some();
     let d = (cfg.dp * cfg.cp) as f64;
     let weights = params * if half { 6.0 } else { 4.0 };
+    let moments = 4.0 * cfg.update_rule.moments().len() as f64;
     let (optimizer, staging) = match cfg.optimizer {
-        OptimizerKind::Adam => (8.0 * params, 0.0),
-        OptimizerKind::DistributedAdam => {
+        OptimizerKind::Replicated => (moments * params, 0.0),
+        OptimizerKind::Distributed => {
             let bucket = cfg
                 .args
                 .ddp_bucket_size
                 .map_or((40e6f64).max(1e6 * d), |b| b as f64);
             (
-                (if half { 12.0 } else { 8.0 }) * params / d,
+                (moments + if half { 4.0 } else { 0.0 }) * params / d,
                 if d > 1.0 {
                     4.0 * params.min(bucket)
                 } else {
@@ -495,8 +502,8 @@ pub fn predict(cfg: &TrainConfig, cluster: &Cluster) -> Result<Prediction, Strin
         reduce = (reduce - backward).max(reduce / 10.0);
     }
     let optimizer_params = match cfg.optimizer {
-        OptimizerKind::Adam => params,
-        OptimizerKind::DistributedAdam => params / dp_ranks as f64,
+        OptimizerKind::Replicated => params,
+        OptimizerKind::Distributed => params / dp_ranks as f64,
     };
     let optimizer = memory_bound(optimizer_params * cluster.optimizer_bytes_per_parameter);
     let time = TimeCost {

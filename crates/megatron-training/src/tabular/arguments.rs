@@ -132,7 +132,7 @@ impl TabularArgs {
 /// Checks `a` for `--model tabular` and types it.
 pub fn validate(a: &TrainArgs) -> Result<TabularTrainConfig, TrainError> {
     let t = &a.tabular;
-    let unsupported: [(&str, bool, &str); 8] = [
+    let unsupported: [(&str, bool, &str); 10] = [
         (
             "--pipeline-model-parallel-size",
             a.pipeline_model_parallel_size > 1,
@@ -164,6 +164,16 @@ pub fn validate(a: &TrainArgs) -> Result<TabularTrainConfig, TrainError> {
             "--use-distributed-optimizer",
             a.use_distributed_optimizer,
             "is not supported yet for the tabular model",
+        ),
+        (
+            "--optimizer sgd",
+            a.optimizer == crate::arguments::OptimizerArg::Sgd,
+            "is not supported yet for the tabular model (Adam only)",
+        ),
+        (
+            "--swiglu / --squared-relu / --quick-geglu / --no-bias-gelu-fusion",
+            a.swiglu || a.squared_relu || a.quick_geglu || a.no_bias_gelu_fusion,
+            "does not apply (the tabular model's MLP is its own GELU)",
         ),
     ];
     if let Some((flag, _, why)) = unsupported.iter().find(|u| u.1) {

@@ -33,6 +33,7 @@ pub mod reduce;
 pub mod ring_attention;
 pub mod rmsnorm;
 pub mod rope;
+pub mod sgd;
 #[cfg(target_arch = "x86_64")]
 mod sgemm;
 pub mod simd;
@@ -77,6 +78,7 @@ pub use quick_geglu::{quick_geglu_backward, quick_geglu_forward};
 pub use reduce::{global_norm_squared, scale_inplace};
 pub use rmsnorm::{rmsnorm_backward, rmsnorm_forward, RMSNormDims};
 pub use rope::{rope_backward, rope_forward, RopeDims, RopeScaling, RopeStyle, RopeTable};
+pub use sgd::{sgd_update, SgdParams};
 pub use swiglu::{swiglu_backward, swiglu_forward};
 pub use table_features::{
     context_mean_sd, context_means, table_context_partials, table_features,
