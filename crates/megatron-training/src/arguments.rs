@@ -434,6 +434,13 @@ pub struct TrainArgs {
     pub lr: f64,
     #[arg(long, default_value_t = 0.0)]
     pub min_lr: f64,
+    /// Peak learning rate of the word embedding and the output layer (Megatron's decoupled
+    /// group), on the same warm-up and decay.
+    #[arg(long)]
+    pub decoupled_lr: Option<f64>,
+    /// Floor of the decoupled group (default --min-lr).
+    #[arg(long)]
+    pub decoupled_min_lr: Option<f64>,
     #[arg(long, default_value = "linear")]
     pub lr_decay_style: String,
     #[arg(long)]
@@ -931,6 +938,21 @@ impl TrainArgs {
             if !(0.0..1.0).contains(&v) {
                 return Err(bad(format!("{flag} must be in [0, 1), got {v}")));
             }
+        }
+        for (flag, v) in [
+            ("--decoupled-lr", self.decoupled_lr),
+            ("--decoupled-min-lr", self.decoupled_min_lr),
+        ] {
+            if let Some(v) = v.filter(|v| !(*v >= 0.0 && v.is_finite())) {
+                return Err(bad(format!(
+                    "{flag} must be a non-negative number, got {v}"
+                )));
+            }
+        }
+        if self.decoupled_min_lr.is_some() && self.decoupled_lr.is_none() {
+            return Err(bad(
+                "--decoupled-min-lr needs --decoupled-lr (the group it is the floor of)".into(),
+            ));
         }
         for (flag, v) in [
             ("--adam-eps", self.adam_eps),

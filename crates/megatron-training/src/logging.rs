@@ -19,6 +19,8 @@ pub struct IterationMetrics {
     pub tflops: f64,
     pub mfu: f64,
     pub peak_mem_bytes: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub decoupled_lr: Option<f64>,
     /// Loss scale (fp16 / `--loss-scale`), iterations skipped on overflow so far.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub loss_scale: Option<f32>,
@@ -64,6 +66,9 @@ impl IterationMetrics {
 
     fn extras(&self) -> String {
         let mut s = String::new();
+        if let Some(lr) = self.decoupled_lr {
+            s += &format!(" | decoupled learning rate: {lr:.6E}");
+        }
         if let Some(b) = self.global_batch_size {
             s += &format!(" | global batch size: {b}");
         }

@@ -12,7 +12,7 @@ use megatron_core::distributed::overlap::{reduce_buckets, GradsPtr, OverlapGradR
 use megatron_core::distributed::overlap_param_gather::{gather_params, ParamGate, ParamsPtr};
 use megatron_core::distributed::GradBuffer;
 use megatron_core::models::ModelChunk;
-use megatron_core::optimizer::ParamGather;
+use megatron_core::optimizer::{ParamGather, StepLr};
 use megatron_core::pipeline_parallel::executor::Stage;
 use megatron_core::pipeline_parallel::schedule;
 use megatron_core::tensor_parallel::{allreduce_sequence_parallel_grads, sum_f64};
@@ -26,6 +26,8 @@ pub(crate) struct StepOutcome {
     /// Mean loss over the global batch.
     pub loss: f64,
     pub lr: f64,
+    /// `--decoupled-lr`'s rate for the embedding and output layer.
+    pub decoupled_lr: Option<f64>,
     /// NaN when the step was skipped.
     pub grad_norm: f64,
     pub num_zeros: Option<u64>,
@@ -283,9 +285,15 @@ impl<F: TrainFamily> Trainer<'_, F> {
             });
         }
         let lr = self.sched.get_lr();
+        // Megatron's decoupled group: its own peak (and floor, else --min-lr) on the schedule.
+        let decoupled_lr = a.decoupled_lr.map(|max| {
+            self.sched
+                .get_lr_in(max, a.decoupled_min_lr.unwrap_or(self.sched.min_lr))
+        });
         let mut out = StepOutcome {
             loss,
             lr,
+            decoupled_lr,
             grad_norm: f64::NAN,
             num_zeros: None,
             skipped: skip,
@@ -341,7 +349,11 @@ impl<F: TrainFamily> Trainer<'_, F> {
             Some(c) => c,
             None => &mut self.serial_dp,
         };
-        opt.step(params, grads, lr as f32, a.weight_decay, dp, gather)?;
+        let rates = StepLr {
+            base: lr as f32,
+            decoupled: decoupled_lr.map(|x| x as f32),
+        };
+        opt.step(params, grads, rates, a.weight_decay, dp, gather)?;
         self.pending_gather = gather == ParamGather::Deferred;
         self.sched
             .step(self.cfg.batches.global_batch_size(self.consumed));

@@ -558,6 +558,7 @@ impl<F: TrainFamily> Trainer<'_, F> {
             consumed_samples: self.consumed,
             lm_loss: interval.loss / interval.iters as f64,
             lr: step.lr,
+            decoupled_lr: step.decoupled_lr,
             grad_norm: step.grad_norm,
             ms_per_iter: per_iter * 1e3,
             tokens_per_sec: (interval.samples as f64 * a.seq_length as f64) / interval.secs,

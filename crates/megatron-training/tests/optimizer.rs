@@ -187,3 +187,88 @@ fn sgd_without_momentum_keeps_no_state_and_differs_from_momentum() {
     assert!(e.contains("--sgd-momentum"), "{e}");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// `--decoupled-lr` (Megatron's `is_embedding_or_output_parameter` group): the word embedding
+/// and the output layer step at their own rate on the shared schedule. At rate 0 they stay at
+/// their initial values while the rest trains; at the base rate the run is the plain one.
+#[test]
+fn decoupled_lr_steps_the_embedding_and_output_layer_at_their_own_rate() {
+    let dir = tmpdir("decoupled-lr");
+    let untied = ["--untie-embeddings-and-output-weights"];
+    let frozen = [
+        "--decoupled-lr",
+        "0",
+        "--untie-embeddings-and-output-weights",
+    ];
+    let one = run(
+        &dir,
+        "one",
+        &[&frozen[..], &["--train-iters", "3"]].concat(),
+    );
+    let five = run(&dir, "five", &frozen);
+    for name in ["embedding.word_embeddings.weight", "output_layer.weight"] {
+        assert_eq!(one.1.tensors[name], five.1.tensors[name], "{name} moved");
+    }
+    for name in [
+        "embedding.position_embeddings.weight",
+        "decoder.layers.0.mlp.linear_fc1.weight",
+    ] {
+        assert_ne!(one.1.tensors[name], five.1.tensors[name], "{name} froze");
+    }
+    // The base rate and floor as the decoupled ones: the plain run, bit for bit.
+    let plain = run(&dir, "plain", &untied);
+    let same = run(
+        &dir,
+        "same",
+        &[
+            &untied[..],
+            &["--decoupled-lr", "0.05", "--decoupled-min-lr", "0"],
+        ]
+        .concat(),
+    );
+    assert_eq!(plain.0.losses, same.0.losses);
+    let e = pretrain(&args(&["--train-iters", "3", "--decoupled-min-lr", "1e-5"]))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("--decoupled-min-lr needs --decoupled-lr"), "{e}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The decoupled group in every layout: the tied embedding's copy on the last pipeline stage
+/// steps at the decoupled rate too, and the distributed optimizer's shards pick each element's
+/// rate by its parameter. (Adam at the 0.05 that suits SGD above lets reduction-order rounding
+/// flip the sign of near-zero gradients, whose steps are then ±lr apart: the usual 3e-3 here.)
+#[test]
+fn decoupled_lr_trains_the_same_model_in_every_layout_as_one_rank() {
+    let dir = tmpdir("decoupled-layouts");
+    let d = [
+        "--lr",
+        "3e-3",
+        "--decoupled-lr",
+        "0.01",
+        "--decoupled-min-lr",
+        "0.001",
+    ];
+    let serial = run(&dir, "serial", &d);
+    let plain = run(&dir, "plain", &["--lr", "3e-3"]);
+    assert_ne!(serial.0.losses[4], plain.0.losses[4]);
+    let n2 = ["--nproc-per-node", "2"];
+    for (name, layout) in [
+        (
+            "dp2-distopt",
+            &[&n2[..], &["--use-distributed-optimizer"]].concat()[..],
+        ),
+        (
+            "tp2",
+            &[&n2[..], &["--tensor-model-parallel-size", "2"]].concat()[..],
+        ),
+        (
+            "pp2",
+            &[&n2[..], &["--pipeline-model-parallel-size", "2"]].concat()[..],
+        ),
+    ] {
+        let other = run(&dir, name, &[&d[..], layout].concat());
+        assert_same_training(name, &serial, &other, 1e-5);
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -4,7 +4,7 @@
 //! updated parameters are all-gathered back. Shards ignore parameter boundaries; the pieces
 //! below split them where the weight-decay flag or the norm filters change.
 
-use super::UpdateRule;
+use super::{StepLr, UpdateRule};
 use crate::distributed::{ExpertGrads, GradBuffer};
 use crate::params::{Grads, Params};
 use megatron_comm::{CommError, Communicator};
@@ -205,7 +205,7 @@ impl DistributedOptimizer {
         &mut self,
         params: &mut Params,
         grads: &Grads,
-        lr: f32,
+        lr: impl Into<StepLr>,
         weight_decay: f32,
         dp: &mut dyn Communicator,
     ) -> Result<(), CommError> {
@@ -215,10 +215,18 @@ impl DistributedOptimizer {
 
     /// The update rule on the owned shards only: the rest of the parameters are stale until
     /// [`DistributedOptimizer::gather`] (or an overlapped gather) has run.
-    pub fn update(&mut self, params: &mut Params, grads: &Grads, lr: f32, weight_decay: f32) {
+    pub fn update(
+        &mut self,
+        params: &mut Params,
+        grads: &Grads,
+        lr: impl Into<StepLr>,
+        weight_decay: f32,
+    ) {
+        let lr: StepLr = lr.into();
         self.step += 1;
         for p in &self.pieces {
             let wd = params.metas[p.param].weight_decay;
+            let rate = lr.of(&params.metas[p.param]);
             let s = p.state..p.state + p.range.len();
             // The fp32 values the rule updates: the parameters themselves, or this rank's main copy
             // of 16-bit ones (re-rounded into the model's copy right after).
@@ -233,7 +241,7 @@ impl DistributedOptimizer {
                 fp32,
                 &grads.data[p.range.clone()],
                 &mut state,
-                lr,
+                rate,
                 if wd { weight_decay } else { 0.0 },
                 self.step,
             );

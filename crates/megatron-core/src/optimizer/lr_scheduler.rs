@@ -60,25 +60,31 @@ pub struct OptimizerParamScheduler {
 
 impl OptimizerParamScheduler {
     pub fn get_lr(&self) -> f64 {
+        self.get_lr_in(self.max_lr, self.min_lr)
+    }
+
+    /// The learning rate of a parameter group with its own peak and floor on this schedule's
+    /// warm-up and decay (Megatron's `get_lr(param_group)`: `--decoupled-lr`).
+    pub fn get_lr_in(&self, max_lr: f64, min_lr: f64) -> f64 {
         let n = self.num_steps as f64;
         let warm = self.warmup_steps as f64;
         if self.warmup_steps > 0 && self.num_steps <= self.warmup_steps {
-            return self.init_lr + (self.max_lr - self.init_lr) * n / warm;
+            return self.init_lr + (max_lr - self.init_lr) * n / warm;
         }
         if self.decay_style == LrDecayStyle::Constant {
-            return self.max_lr;
+            return max_lr;
         }
         if self.num_steps > self.decay_steps {
-            return self.min_lr;
+            return min_lr;
         }
         if self.decay_style == LrDecayStyle::InverseSquareRoot {
             let w = warm.max(1.0);
-            let lr = self.max_lr * w.sqrt() / n.max(1.0).sqrt();
-            return lr.max(self.min_lr);
+            let lr = max_lr * w.sqrt() / n.max(1.0).sqrt();
+            return lr.max(min_lr);
         }
         let decay = (self.decay_steps - self.warmup_steps) as f64;
         let ratio = if decay > 0.0 { (n - warm) / decay } else { 1.0 };
-        let delta = self.max_lr - self.min_lr;
+        let delta = max_lr - min_lr;
         let coeff = match self.decay_style {
             LrDecayStyle::Linear => 1.0 - ratio,
             LrDecayStyle::Cosine => 0.5 * ((std::f64::consts::PI * ratio).cos() + 1.0),
@@ -98,7 +104,7 @@ impl OptimizerParamScheduler {
             }
             LrDecayStyle::Constant | LrDecayStyle::InverseSquareRoot => unreachable!(),
         };
-        self.min_lr + coeff * delta
+        min_lr + coeff * delta
     }
 
     pub fn step(&mut self, increment: u64) {

@@ -32,6 +32,44 @@ pub struct StatePiece<'a> {
     pub moments: Vec<(Moment, &'a [f32])>,
 }
 
+/// A step's learning rates: `base` for every parameter but the word embedding and the output
+/// layer, which take `decoupled` when `--decoupled-lr` gives them their own (Megatron's
+/// `is_embedding_or_output_parameter` group).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StepLr {
+    pub base: f32,
+    pub decoupled: Option<f32>,
+}
+
+impl From<f32> for StepLr {
+    fn from(lr: f32) -> Self {
+        StepLr::uniform(lr)
+    }
+}
+
+impl StepLr {
+    /// One rate for every parameter.
+    pub fn uniform(lr: f32) -> Self {
+        StepLr {
+            base: lr,
+            decoupled: None,
+        }
+    }
+
+    /// The rate of parameter `m` (the pipeline's tied copy of the embedding included).
+    pub fn of(&self, m: &crate::ParamMeta) -> f32 {
+        match self.decoupled {
+            Some(lr)
+                if m.name == "embedding.word_embeddings.weight"
+                    || m.name == "output_layer.weight" =>
+            {
+                lr
+            }
+            _ => self.base,
+        }
+    }
+}
+
 /// Fills `out` with elements `local` of parameter `param`'s local tensor of a moment.
 pub type MomentReader<'a> =
     dyn FnMut(Moment, usize, std::ops::Range<usize>, &mut [f32]) -> Result<(), String> + 'a;
@@ -75,12 +113,12 @@ pub trait MegatronOptimizer: Send {
         dp: Option<&mut dyn Communicator>,
     ) -> Result<u64, CommError>;
 
-    /// The update rule's step with learning rate `lr` on the (clipped) gradients.
+    /// The update rule's step with learning rates `lr` on the (clipped) gradients.
     fn step(
         &mut self,
         params: &mut Params,
         grads: &Grads,
-        lr: f32,
+        lr: StepLr,
         weight_decay: f32,
         dp: &mut dyn Communicator,
         gather: ParamGather,
@@ -318,21 +356,24 @@ impl MegatronOptimizer for PlainOptimizer {
         &mut self,
         params: &mut Params,
         grads: &Grads,
-        lr: f32,
+        lr: StepLr,
         weight_decay: f32,
         _dp: &mut dyn Communicator,
         _gather: ParamGather,
     ) -> Result<(), CommError> {
         self.step += 1;
-        // Consecutive parameters with the same decay flag are updated in one call.
-        let mut runs: Vec<(usize, usize, bool)> = Vec::new();
+        // Consecutive parameters with the same decay flag and rate are updated in one call.
+        let mut runs: Vec<(usize, usize, bool, f32)> = Vec::new();
         for m in &params.metas {
+            let rate = lr.of(m);
             match runs.last_mut() {
-                Some(r) if r.2 == m.weight_decay && r.1 == m.offset => r.1 += m.numel,
-                _ => runs.push((m.offset, m.offset + m.numel, m.weight_decay)),
+                Some(r) if r.2 == m.weight_decay && r.3 == rate && r.1 == m.offset => {
+                    r.1 += m.numel
+                }
+                _ => runs.push((m.offset, m.offset + m.numel, m.weight_decay, rate)),
             }
         }
-        for (start, end, wd) in runs {
+        for (start, end, wd, lr) in runs {
             let mut state: Vec<&mut [f32]> = self
                 .moments
                 .iter_mut()
@@ -525,7 +566,7 @@ impl MegatronOptimizer for DistributedOptimizer {
         &mut self,
         params: &mut Params,
         grads: &Grads,
-        lr: f32,
+        lr: StepLr,
         weight_decay: f32,
         dp: &mut dyn Communicator,
         gather: ParamGather,

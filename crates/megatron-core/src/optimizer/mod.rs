@@ -12,6 +12,6 @@ pub use distrib_optimizer::DistributedOptimizer;
 pub use grad_scaler::GradScaler;
 pub use lr_scheduler::{LrDecayStyle, OptimizerParamScheduler, WsdDecayStyle};
 pub use megatron_optimizer::{
-    MegatronOptimizer, MomentReader, ParamGather, PlainOptimizer, StatePiece,
+    MegatronOptimizer, MomentReader, ParamGather, PlainOptimizer, StatePiece, StepLr,
 };
 pub use update_rule::{Moment, UpdateRule};

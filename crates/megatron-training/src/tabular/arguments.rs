@@ -132,7 +132,7 @@ impl TabularArgs {
 /// Checks `a` for `--model tabular` and types it.
 pub fn validate(a: &TrainArgs) -> Result<TabularTrainConfig, TrainError> {
     let t = &a.tabular;
-    let unsupported: [(&str, bool, &str); 10] = [
+    let unsupported: [(&str, bool, &str); 11] = [
         (
             "--pipeline-model-parallel-size",
             a.pipeline_model_parallel_size > 1,
@@ -164,6 +164,11 @@ pub fn validate(a: &TrainArgs) -> Result<TabularTrainConfig, TrainError> {
             "--use-distributed-optimizer",
             a.use_distributed_optimizer,
             "is not supported yet for the tabular model",
+        ),
+        (
+            "--decoupled-lr",
+            a.decoupled_lr.is_some(),
+            "does not apply (the tabular model has no word embedding or output layer)",
         ),
         (
             "--optimizer sgd",
