@@ -10,6 +10,7 @@ mod bert_model;
 use megatron_core::models::bert::{BertBinaryHead, BertLMHead, HeadBackward, MaskedTokens};
 use megatron_core::params::{Init, ParamId, Params};
 use megatron_core::tensor_parallel::{serial_group, Tp};
+use megatron_core::transformer::config::GeluForm;
 use megatron_core::{Grads, TransformerConfig};
 use megatron_tensor::Tensor;
 
@@ -42,7 +43,7 @@ fn setup() -> Setup {
         init_method_std: 0.5,
         ..Default::default()
     };
-    let lm = BertLMHead::new(&cfg, &mut params, &mut inits);
+    let lm = BertLMHead::new(&cfg, GeluForm::Erf, &mut params, &mut inits);
     let binary = BertBinaryHead::new(&cfg, &mut params, &mut inits);
     params.initialize(7, &inits);
     // Non-zero biases and norm weights, so their gradients are checked away from the init.

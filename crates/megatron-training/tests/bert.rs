@@ -235,3 +235,40 @@ fn bert_refuses_what_it_does_not_support_by_flag() {
     .to_string();
     assert!(e.contains("[CLS]") && e.contains("NullTokenizer"), "{e}");
 }
+
+/// megatron-core's `BertLMHead` runs torch's exact `F.gelu` whatever the layers run (their
+/// default is the fused tanh bias-GELU), so a BERT trained from flags records an erf head.
+/// Hugging Face BERT (post-LN) has one `hidden_act` for both: such a model's export is refused
+/// by name, and one trained with `--no-bias-gelu-fusion` (erf everywhere) exports as `gelu`.
+#[test]
+fn the_mlm_head_runs_megatrons_exact_gelu_and_exports_only_when_the_layers_agree() {
+    use megatron_core::transformer::config::GeluForm;
+    let dir = tmpdir("bert-head-gelu");
+    let post_ln = ["--transformer-block-type", "post_ln"];
+    let mixed = bert_run(&dir, "mixed", &post_ln);
+    let heads = mixed.1.meta.bert.expect("BERT heads");
+    assert_eq!(heads.lm_head_gelu, Some(GeluForm::Erf));
+    assert_eq!(mixed.1.meta.model.gelu, GeluForm::Tanh);
+    let e = megatron_training::convert::megatron_to_hf(&dir.join("mixed"), &dir.join("mixed-hf"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("MLM head") && e.contains("--no-bias-gelu-fusion"),
+        "{e}"
+    );
+    assert!(!dir.join("mixed-hf").exists());
+    let erf = bert_run(
+        &dir,
+        "erf",
+        &[&post_ln[..], &["--no-bias-gelu-fusion"]].concat(),
+    );
+    let heads = erf.1.meta.bert.expect("BERT heads");
+    assert_eq!(heads.lm_head_gelu, Some(GeluForm::Erf));
+    assert_eq!(erf.1.meta.model.gelu, GeluForm::Erf);
+    megatron_training::convert::megatron_to_hf(&dir.join("erf"), &dir.join("erf-hf")).unwrap();
+    let cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("erf-hf/config.json")).unwrap())
+            .unwrap();
+    assert_eq!(cfg["hidden_act"], "gelu");
+    let _ = std::fs::remove_dir_all(dir);
+}

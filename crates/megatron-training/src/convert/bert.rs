@@ -59,6 +59,7 @@ impl Bert {
                 num_tokentypes: hf["type_vocab_size"].as_u64().unwrap_or(2) as usize,
                 binary_head,
                 lm_head,
+                lm_head_gelu: None,
             },
         }
     }
@@ -247,6 +248,13 @@ impl Bert {
             GeluForm::Erf => "gelu",
             GeluForm::Tanh => "gelu_new",
         };
+        if heads.lm_head == LmHead::MaskedLm && heads.lm_head_gelu.is_some_and(|g| g != cfg.gelu) {
+            return Err(format!(
+                "the MLM head's GELU ({:?}, Megatron's BertLMHead) differs from the layers' ({:?}, the fused bias-GELU): Hugging Face BERT has one hidden_act for both; a model trained with --no-bias-gelu-fusion has the exact GELU in both and converts",
+                heads.lm_head_gelu.unwrap_or(cfg.gelu),
+                cfg.gelu
+            ));
+        }
         let config = json!({
             "architectures": [self.arch],
             "model_type": "bert",

@@ -11,7 +11,7 @@ use super::linear;
 use crate::params::{Grads, Init, ParamId, Params, Sharding};
 use crate::tensor_parallel::mappings::copy_to_tensor_model_parallel_region_backward;
 use crate::tensor_parallel::{vocab_parallel_cross_entropy, Tp};
-use crate::transformer::config::TransformerConfig;
+use crate::transformer::config::{GeluForm, TransformerConfig};
 use crate::transformer::norm::LayerNorm;
 use megatron_comm::CommError;
 use megatron_tensor::cpu::{
@@ -58,8 +58,13 @@ impl HeadBackward<'_> {
 
 impl BertLMHead {
     /// Registers the head (`lm_head.*`, `output_layer.bias`) for the config's hidden and padded
-    /// vocabulary sizes, on `params`' tensor-parallel rank.
-    pub fn new(cfg: &TransformerConfig, params: &mut Params, inits: &mut Vec<Init>) -> Self {
+    /// vocabulary sizes, on `params`' tensor-parallel rank, with its GELU's form.
+    pub fn new(
+        cfg: &TransformerConfig,
+        gelu: GeluForm,
+        params: &mut Params,
+        inits: &mut Vec<Init>,
+    ) -> Self {
         let h = cfg.hidden_size;
         let dense = linear(params, inits, "lm_head.dense", h, h, cfg.init_method_std);
         let norm = LayerNorm::new(
@@ -87,7 +92,7 @@ impl BertLMHead {
             hidden: h,
             vocab_start: tp_rank * per,
             vocab_per_partition: per,
-            gelu: cfg.gelu.kernel(),
+            gelu: gelu.kernel(),
         }
     }
 

@@ -20,7 +20,7 @@ use crate::tensor_parallel::Tp;
 use crate::transformer::block::{
     transformer_block_backward, transformer_block_forward, ForwardMode, TransformerBlockSaved,
 };
-use crate::transformer::config::{AttnMaskType, LayerNormPlacement, TransformerConfig};
+use crate::transformer::config::{AttnMaskType, GeluForm, LayerNormPlacement, TransformerConfig};
 use crate::transformer::layer::{LayerNormSaved, Norm, TransformerLayer};
 use crate::transformer::saved::{keep, restore};
 use crate::transformer::step::StepContext;
@@ -62,6 +62,12 @@ pub struct BertHeads {
     pub binary_head: BinaryHead,
     #[serde(default)]
     pub lm_head: LmHead,
+    /// The MLM head's GELU where it differs from the layers': Megatron's `BertLMHead` always
+    /// runs torch's exact `F.gelu`, while its layers default to the fused tanh bias-GELU.
+    /// `None` follows the model's `gelu` (Hugging Face BERT's one `hidden_act`, and checkpoints
+    /// written before this field).
+    #[serde(default)]
+    pub lm_head_gelu: Option<GeluForm>,
 }
 
 impl BertHeads {
@@ -75,6 +81,7 @@ impl BertHeads {
             num_tokentypes,
             binary_head,
             lm_head: LmHead::MaskedLm,
+            lm_head_gelu: Some(GeluForm::Erf),
         }
     }
 }
@@ -199,8 +206,10 @@ impl BertModel {
         let tail_first = post_process.then_some(ParamId(params.metas.len()));
         let final_layernorm =
             (post_process && !post_ln).then(|| norm("encoder.final_layernorm", params, inits));
-        let lm_head = (post_process && config.heads.lm_head == LmHead::MaskedLm)
-            .then(|| BertLMHead::new(cfg, params, inits));
+        let lm_head = (post_process && config.heads.lm_head == LmHead::MaskedLm).then(|| {
+            let gelu = config.heads.lm_head_gelu.unwrap_or(cfg.gelu);
+            BertLMHead::new(cfg, gelu, params, inits)
+        });
         let binary_head = match config.heads.binary_head {
             _ if !post_process => None,
             BinaryHead::None => None,
