@@ -5,7 +5,7 @@ mod common;
 
 use common::*;
 use megatron_core::transformer::config::{
-    Activation, Normalization, PositionEmbeddingType, RotaryConfig,
+    Activation, LayerPattern, Normalization, PositionEmbeddingType, RotaryConfig, SlidingWindow,
 };
 use megatron_core::{GPTModel, TransformerConfig};
 
@@ -162,5 +162,85 @@ fn swiglu_default_ffn_size_is_megatrons() {
     assert_eq!(
         TransformerConfig::default_ffn_hidden_size(576, Activation::Gelu),
         2304
+    );
+}
+
+/// Mistral-style sliding windows of 2 earlier keys over 8 tokens, on both layers or (with
+/// `Every(2)`, megatron-core's 1-based count) on the first only.
+fn windowed(skip: Option<LayerPattern>) -> TransformerConfig {
+    TransformerConfig {
+        window: Some(SlidingWindow { left: 2, skip }),
+        ..tiny_llama()
+    }
+}
+
+#[test]
+fn sliding_window_gradient_matches_finite_difference() {
+    gradient_check(windowed(None));
+    gradient_check(windowed(Some(LayerPattern::Every(2))));
+}
+
+#[test]
+fn sliding_window_decoding_reproduces_full_sequence_loss() {
+    // The cache keeps every position; a windowed layer's query reads only its window of it.
+    assert_decoding_reproduces_full_sequence_loss(windowed(None));
+    assert_decoding_reproduces_full_sequence_loss(windowed(Some(LayerPattern::List(vec![
+        false, true,
+    ]))));
+}
+
+#[test]
+fn window_attn_skip_freq_picks_the_full_attention_layers() {
+    let cfg = |skip| TransformerConfig {
+        num_layers: 6,
+        ..windowed(skip)
+    };
+    let windows = |c: &TransformerConfig| (0..6).map(|l| c.attention_window(l)).collect::<Vec<_>>();
+    // Every 3rd layer (layer numbers 3 and 6, counting from 1) keeps full attention.
+    let w = Some(2);
+    assert_eq!(windows(&cfg(None)), vec![w; 6]);
+    assert_eq!(
+        windows(&cfg(Some(LayerPattern::Every(3)))),
+        vec![w, w, None, w, w, None]
+    );
+    let list = LayerPattern::List(vec![true, false, false, true, true, false]);
+    assert_eq!(windows(&cfg(Some(list))), vec![w, None, None, w, w, None]);
+    // A pattern of the wrong length is refused by name.
+    let short = cfg(Some(LayerPattern::List(vec![true; 4])));
+    let e = short.validate().unwrap_err().to_string();
+    assert!(
+        e.contains("--window-attn-skip-freq") && e.contains("6 layers"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_window_changes_the_loss_and_one_covering_the_sequence_does_not() {
+    let (model, params) = GPTModel::new(tiny_llama(), 3);
+    let (b, t) = (2, 8);
+    let (tokens, labels, mask) = data(b, t);
+    let batch = megatron_core::Batch {
+        tokens: &tokens,
+        labels: &labels,
+        loss_mask: &mask,
+        b,
+        t,
+        position_ids: None,
+        doc_start: None,
+    };
+    let full = model.forward_loss_serial(&params, &batch);
+    let loss_with = |left: usize| {
+        let cfg = TransformerConfig {
+            window: Some(SlidingWindow { left, skip: None }),
+            ..tiny_llama()
+        };
+        let (m, p) = GPTModel::new(cfg, 3);
+        assert_eq!(p.data, params.data, "the window adds no parameters");
+        m.forward_loss_serial(&p, &batch)
+    };
+    assert_eq!(loss_with(7), full, "7 earlier keys cover 8 tokens");
+    assert!(
+        (loss_with(2) - full).abs() > 1e-4,
+        "a window of 2 is another model"
     );
 }

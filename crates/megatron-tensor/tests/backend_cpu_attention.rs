@@ -1,8 +1,8 @@
 mod common;
 use common::*;
 use megatron_tensor::cpu::{
-    attention_backward, attention_decode_forward, attention_forward, AttentionDims, AttentionMask,
-    DecodeDims,
+    attention_backward, attention_decode_forward, attention_forward, sliding_window_starts,
+    AttentionDims, AttentionMask, DecodeDims,
 };
 use megatron_tensor::RngKey;
 
@@ -15,6 +15,17 @@ fn naive_attention_docs(
     qkv: &[f32],
     lens: Option<&[usize]>,
     docs: Option<&[u32]>,
+    d: AttentionDims,
+) -> Vec<f32> {
+    naive_attention_window(qkv, lens, docs, None, d)
+}
+
+/// With `window = Some(w)` query `i` sees only keys `j >= i - w`.
+fn naive_attention_window(
+    qkv: &[f32],
+    lens: Option<&[usize]>,
+    docs: Option<&[u32]>,
+    window: Option<usize>,
     d: AttentionDims,
 ) -> Vec<f32> {
     let (t, nh, hd) = (d.t, d.heads, d.head_dim);
@@ -35,6 +46,7 @@ fn naive_attention_docs(
                     if (d.causal && j > i)
                         || j >= klen
                         || docs.is_some_and(|s| (j as u32) < s[b * t + i])
+                        || window.is_some_and(|w| j + w < i)
                     {
                         continue;
                     }
@@ -234,11 +246,58 @@ fn attention_backward_with_dropout_matches_finite_difference() {
     attention_fd_check(dims(1, 66, 2, 8, true, 0.2), None, 9);
 }
 
+/// Sliding windows of 0 (the query alone), 20 (inside a 64-row block), 70 and 130 (across
+/// blocks), alone and merged with document starts, over four blocks of queries: the tiles the
+/// kernel skips hold no visible key.
+#[test]
+fn sliding_window_attention_matches_naive_across_blocks() {
+    let d = dims(2, 200, 2, 8, true, 0.0);
+    let qkv = randn(qkv_len(d), 21, 1.0);
+    let docs = doc_starts(d.b, d.t);
+    for w in [0usize, 20, 70, 130] {
+        for with_docs in [false, true] {
+            let docs = with_docs.then_some(&docs[..]);
+            let mut starts = Vec::new();
+            sliding_window_starts(&mut starts, docs, d.b, d.t, w);
+            let (out, _) = run_forward_docs(&qkv, None, Some(&starts), d, RngKey::new(0));
+            assert_close(
+                &out,
+                &naive_attention_window(&qkv, None, docs, Some(w), d),
+                1e-4,
+                1e-4,
+                &format!("window {w}, documents {with_docs}"),
+            );
+        }
+    }
+}
+
+#[test]
+fn sliding_window_attention_backward_matches_finite_difference() {
+    // 150 queries in three blocks: with a window of 40 the first key tile is invisible to the
+    // last block of queries, so backward skips it.
+    let d = dims(1, 150, 2, 8, true, 0.0);
+    let mut starts = Vec::new();
+    sliding_window_starts(&mut starts, None, d.b, d.t, 40);
+    attention_fd_check_docs(d, None, Some(&starts), 23);
+    let docs = doc_starts(2, 90);
+    sliding_window_starts(&mut starts, Some(&docs), 2, 90, 25);
+    attention_fd_check_docs(dims(2, 90, 2, 8, true, 0.2), None, Some(&starts), 24);
+}
+
 #[test]
 fn attention_decode_matches_last_row_of_full_attention() {
+    decode_matches_last_row(None);
+}
+
+#[test]
+fn windowed_decode_matches_last_row_of_sliding_window_attention() {
+    decode_matches_last_row(Some(6));
+}
+
+fn decode_matches_last_row(window: Option<usize>) {
     let d = dims(2, 20, 2, 8, true, 0.0);
     let qkv = randn(d.b * d.t * d.heads * 3 * d.head_dim, 4, 1.0);
-    let (out, _) = run_forward(&qkv, None, d, RngKey::new(0));
+    let out = naive_attention_window(&qkv, None, None, window, d);
     let (hd, nh, t) = (d.head_dim, d.heads, d.t);
     let max_t = 32;
     let mut kc = vec![0.0; d.b * nh * max_t * hd];
@@ -265,7 +324,8 @@ fn attention_decode_matches_last_row_of_full_attention() {
         head_dim: hd,
         max_t,
     };
-    attention_decode_forward(&mut o, &q, &kc, &vc, dd, t);
+    let first = window.map_or(0, |w| t - 1 - w);
+    attention_decode_forward(&mut o, &q, &kc, &vc, dd, first..t);
     for b in 0..d.b {
         let want = &out[(b * t + t - 1) * nh * hd..][..nh * hd];
         assert_close(
@@ -352,7 +412,7 @@ fn grouped_query_decode_matches_last_row_of_full_attention() {
         megatron_tensor::cpu::kv_cache_append(&mut kc, &mut vc, &mut q, &rows, dd, j);
     }
     let mut o = vec![0.0; d.b * nh * hd];
-    attention_decode_forward(&mut o, &q, &kc, &vc, dd, t);
+    attention_decode_forward(&mut o, &q, &kc, &vc, dd, 0..t);
     for b in 0..d.b {
         let want = &out[(b * t + t - 1) * nh * hd..][..nh * hd];
         assert_close(

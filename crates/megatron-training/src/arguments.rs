@@ -6,7 +6,7 @@ use clap::{Args, ValueEnum};
 use megatron_core::optimizer::UpdateRule;
 use megatron_core::optimizer::{LrDecayStyle, WsdDecayStyle};
 use megatron_core::transformer::config::{
-    Activation, GeluForm, Normalization, PositionEmbeddingType, RotaryConfig,
+    Activation, GeluForm, Normalization, PositionEmbeddingType, RotaryConfig, SlidingWindow,
 };
 use megatron_core::TransformerConfig;
 
@@ -348,6 +348,14 @@ pub struct TrainArgs {
     /// Normalize each head's queries and keys (with --normalization's kind) before RoPE.
     #[arg(long)]
     pub qk_layernorm: bool,
+    /// Sliding-window attention: "(L,R)", each query sees itself and the L tokens before it
+    /// (R must be 0: decoders are causal; L = -1 is no window).
+    #[arg(long, allow_hyphen_values = true)]
+    pub window_size: Option<String>,
+    /// Layers that keep full attention under --window-size: N (every Nth layer, counting
+    /// from 1) or a pattern of one entry per layer, 1 windowed and 0 full ("[1,1,1,0]*3").
+    #[arg(long)]
+    pub window_attn_skip_freq: Option<String>,
     /// Mixture of experts: this many experts replace the MLP on the MoE layers (dropless).
     #[arg(long)]
     pub num_experts: Option<usize>,
@@ -1243,6 +1251,11 @@ impl TrainArgs {
             "mixture-of-experts T5 is not built",
         )?;
         refuse(
+            model.window.is_some(),
+            "--window-size",
+            "sliding-window T5 is not built",
+        )?;
+        refuse(
             self.tokenizer.vocab_extra_ids == 0,
             "--vocab-extra-ids 0",
             "span corruption needs sentinel tokens (Megatron's recipe uses 100)",
@@ -1372,6 +1385,9 @@ impl TrainArgs {
                 self.seq_length
             )));
         }
+        if model.window.is_some() {
+            return Err(bad("--model bert: --window-size is built for causal decoders (BERT's attention sees the whole sequence)".into()));
+        }
         model.attn_mask_type = megatron_core::transformer::config::AttnMaskType::Padding;
         // A checkpoint's model (--use-checkpoint-args: a converted BERT is post-LN) keeps its
         // LayerNorm placement.
@@ -1431,6 +1447,27 @@ impl TrainArgs {
         }
     }
 
+    /// `--window-size` and `--window-attn-skip-freq`.
+    fn sliding_window(&self) -> Result<Option<SlidingWindow>, TrainError> {
+        use crate::layer_pattern::{parse_layer_pattern, parse_window_size};
+        let left = match &self.window_size {
+            Some(w) => parse_window_size(w).map_err(bad)?,
+            None => None,
+        };
+        let skip = match &self.window_attn_skip_freq {
+            Some(p) => Some(parse_layer_pattern("--window-attn-skip-freq", p).map_err(bad)?),
+            None => None,
+        };
+        Ok(match (left, skip) {
+            (Some(left), skip) => Some(SlidingWindow { left, skip }),
+            (None, Some(_)) if self.window_size.is_none() => return Err(bad(
+                "--window-attn-skip-freq picks the layers without a window: it needs --window-size"
+                    .into(),
+            )),
+            (None, _) => None,
+        })
+    }
+
     /// The model's `TransformerConfig` from the model flags, checked, and checked against
     /// the tensor-parallel size `tp`.
     fn model_config(&self, vocab_size: usize, tp: usize) -> Result<TransformerConfig, TrainError> {
@@ -1482,6 +1519,7 @@ impl TrainArgs {
                 GeluForm::Tanh
             },
             layernorm_placement: Default::default(),
+            window: self.sliding_window()?,
         };
         model.validate()?;
         if self.group_query_attention && !model.query_groups().is_multiple_of(tp) {

@@ -17,6 +17,7 @@ pub mod family_t5;
 pub mod flops;
 pub mod generate;
 mod launch;
+pub mod layer_pattern;
 pub mod load;
 pub mod logging;
 pub mod machine_probes;

@@ -157,6 +157,39 @@ fn erf_gelu_and_squared_relu_gpt2_and_quick_gelu_llama_convert_to_transformers_l
     }
 }
 
+/// transformers' `sliding_window` W is `--window-size (W-1,0)`: Mistral's on every layer,
+/// Qwen2's on the layers `layer_types` marks (`bench/make_hf_sliding_window_fixtures.py`;
+/// 16 tokens, so the windows bind), through the KV cache; and back with the same config keys.
+#[test]
+fn sliding_window_mistral_and_qwen2_convert_to_transformers_logits_and_back() {
+    for (arch, left, windowed) in [
+        ("mistral_swa", 4, [true, true]),
+        ("qwen2_swa", 3, [false, true]),
+    ] {
+        check(arch);
+        let dir = tmpdir(&format!("convert-swa-{arch}"));
+        hf_to_megatron(&fixture(arch), &dir.join("m"), 128).unwrap();
+        let cfg = load_checkpoint(&dir.join("m"), None).unwrap().meta.model;
+        let got: Vec<Option<usize>> = (0..2).map(|l| cfg.attention_window(l)).collect();
+        let want: Vec<Option<usize>> = windowed.iter().map(|&w| w.then_some(left)).collect();
+        assert_eq!(got, want, "{arch}");
+        megatron_to_hf(&dir.join("m"), &dir.join("hf")).unwrap();
+        let read = |p: &Path| -> serde_json::Value {
+            serde_json::from_str(&std::fs::read_to_string(p.join("config.json")).unwrap()).unwrap()
+        };
+        let (orig, back) = (read(&fixture(arch)), read(&dir.join("hf")));
+        for key in [
+            "architectures",
+            "model_type",
+            "sliding_window",
+            "layer_types",
+        ] {
+            assert_eq!(orig[key], back[key], "{arch}: {key}");
+        }
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
 #[test]
 fn qwen2_with_qkv_bias_and_tied_embeddings_converts_to_transformers_logits_and_back() {
     check("qwen2");

@@ -18,8 +18,8 @@ use crate::tensor_parallel::{ColumnParallelLinear, RowParallelLinear, Tp};
 use megatron_comm::CommError;
 use megatron_tensor::cpu::{
     attention_backward, attention_decode_forward, attention_forward, kv_cache_append,
-    rope_backward, rope_forward, AttentionDims, AttentionMask, DecodeDims, RopeDims, RopeStyle,
-    RopeTable,
+    rope_backward, rope_forward, sliding_window_starts, AttentionDims, AttentionMask, DecodeDims,
+    RopeDims, RopeStyle, RopeTable,
 };
 use megatron_tensor::Tensor;
 use std::sync::Arc;
@@ -46,6 +46,8 @@ pub struct SelfAttention {
     pub qk_norm: Option<QKNorm>,
     /// Causal (decoders) or bidirectional over the real keys (encoders).
     causal: bool,
+    /// `--window-size`: the keys before each query this layer sees, if windowed.
+    pub window: Option<usize>,
 }
 
 /// What backward needs: the QKV activations (as attention read them), the attention output and
@@ -138,6 +140,29 @@ impl SelfAttention {
             rope,
             qk_norm,
             causal: cfg.attn_mask_type == AttnMaskType::Causal,
+            window: cfg.attention_window(layer),
+        }
+    }
+
+    /// `mask` with this layer's sliding window folded into each query's first visible key
+    /// (`t` tokens per sequence: the whole sequence, as every attention kernel indexes
+    /// `doc_start`); unchanged for a layer without a window.
+    fn windowed<'a>(
+        &self,
+        mask: AttentionMask<'a>,
+        b: usize,
+        t: usize,
+        starts: &'a mut Vec<u32>,
+    ) -> AttentionMask<'a> {
+        match self.window {
+            None => mask,
+            Some(left) => {
+                sliding_window_starts(starts, mask.doc_start, b, t, left);
+                AttentionMask {
+                    key_lens: mask.key_lens,
+                    doc_start: Some(starts),
+                }
+            }
         }
     }
 
@@ -226,6 +251,8 @@ impl SelfAttention {
     ) -> Result<(Tensor, SelfAttentionSaved), CommError> {
         let (qkv, qk_norm) = self.qkv_forward(params, tp, x, t, 0)?;
         let cp = tp.cp_layout();
+        let mut starts = Vec::new();
+        let mask = self.windowed(mask, b, t * cp.size, &mut starts);
         let (qkv, attn, lse) = if ring(tp) {
             let (attn, lse) = self.ring_attention(tp, &qkv, b, t, ctx, mask)?;
             (qkv, attn, lse)
@@ -312,6 +339,8 @@ impl SelfAttention {
         mask: AttentionMask,
     ) -> Result<Tensor, CommError> {
         let cp = tp.cp_layout();
+        let mut starts = Vec::new();
+        let mask = self.windowed(mask, b, t * cp.size, &mut starts);
         if ring(tp) {
             let qkv = restore(&saved.qkv);
             let (attn, lse) = match &saved.attn {
@@ -444,7 +473,15 @@ impl SelfAttention {
         let mut q = Tensor::for_overwrite(&[b, self.heads * self.head_dim]);
         kv_cache_append(&mut cache.k, &mut cache.v, q.data_mut(), qkv.data(), d, pos);
         let mut attn = Tensor::for_overwrite(&[b, self.heads * self.head_dim]);
-        attention_decode_forward(attn.data_mut(), q.data(), &cache.k, &cache.v, d, pos + 1);
+        let first = self.window.map_or(0, |left| pos.saturating_sub(left));
+        attention_decode_forward(
+            attn.data_mut(),
+            q.data(),
+            &cache.k,
+            &cache.v,
+            d,
+            first..pos + 1,
+        );
         self.linear_proj.forward(params, tp, &attn)
     }
 }

@@ -23,6 +23,42 @@ pub enum ConfigError {
     },
     #[error("--rotary-base must be positive, got {0}")]
     BadRotaryBase(f64),
+    #[error("--window-attn-skip-freq {0}")]
+    BadWindowPattern(String),
+    #[error("--window-size applies to causal decoders; this model's attention sees every token")]
+    WindowOnEncoder,
+}
+
+/// Which layers a per-layer feature is on (Megatron's `--window-attn-skip-freq` and its
+/// other `*_freq` flags): every `N`th layer (1-based numbering), or an explicit pattern of
+/// one entry per layer (`"[1,1,1,0]*2"` on the command line).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub enum LayerPattern {
+    Every(usize),
+    List(Vec<bool>),
+}
+
+/// Sliding-window attention (`--window-size`, Mistral's and Gemma's local layers): a query
+/// of a windowed layer sees itself and the `left` keys before it. `skip` picks the layers
+/// that keep full attention (`--window-attn-skip-freq`): with `Every(n)` each `n`th layer,
+/// with `List` the layers whose entry is `false`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct SlidingWindow {
+    pub left: usize,
+    pub skip: Option<LayerPattern>,
+}
+
+impl SlidingWindow {
+    /// The window of layer `l` (0-based global number), as megatron-core's
+    /// `is_layer_window_attention` reads the pattern with 1-based layer numbers.
+    pub fn of_layer(&self, l: usize) -> Option<usize> {
+        let windowed = match &self.skip {
+            None => true,
+            Some(LayerPattern::Every(n)) => !(l + 1).is_multiple_of(*n),
+            Some(LayerPattern::List(v)) => v.get(l).copied().unwrap_or(true),
+        };
+        windowed.then_some(self.left)
+    }
 }
 
 /// `--moe-router-score-function`.
@@ -307,6 +343,9 @@ pub struct TransformerConfig {
     /// each residual add (the original BERT, Hugging Face's `BertModel`).
     #[serde(default)]
     pub layernorm_placement: LayerNormPlacement,
+    /// Sliding-window attention on some or all layers.
+    #[serde(default)]
+    pub window: Option<SlidingWindow>,
 }
 
 /// `--transformer-block-type` (NeMo's name): `pre_ln` normalizes each block's input and the
@@ -351,6 +390,11 @@ impl TransformerConfig {
         self.moe
             .as_ref()
             .is_some_and(|m| l.is_multiple_of(m.layer_freq.max(1)))
+    }
+
+    /// The sliding window of layer `l` (global number), if it has one.
+    pub fn attention_window(&self, l: usize) -> Option<usize> {
+        self.window.as_ref().and_then(|w| w.of_layer(l))
     }
 
     /// Features of each head that rotary embeddings rotate.
@@ -402,6 +446,26 @@ impl TransformerConfig {
                 groups,
                 heads: self.num_attention_heads,
             });
+        }
+        if let Some(w) = &self.window {
+            if self.attn_mask_type != AttnMaskType::Causal {
+                return Err(ConfigError::WindowOnEncoder);
+            }
+            match &w.skip {
+                Some(LayerPattern::Every(0)) => {
+                    return Err(ConfigError::BadWindowPattern(
+                        "must be positive, got 0".into(),
+                    ))
+                }
+                Some(LayerPattern::List(v)) if v.len() != self.num_layers => {
+                    return Err(ConfigError::BadWindowPattern(format!(
+                        "has {} entries for {} layers (--num-layers)",
+                        v.len(),
+                        self.num_layers
+                    )))
+                }
+                _ => {}
+            }
         }
         if self.kv_channels == Some(0) {
             return Err(ConfigError::NotPositive {
@@ -473,6 +537,7 @@ impl Default for TransformerConfig {
             attn_mask_type: AttnMaskType::Causal,
             gelu: GeluForm::Tanh,
             layernorm_placement: LayerNormPlacement::PreLn,
+            window: None,
         }
     }
 }

@@ -265,11 +265,6 @@ impl HfFamily for Llama {
             }
             Some(other) => return Err(format!("rope_type '{other}' is not built")),
         };
-        if hf["sliding_window"].as_u64().is_some()
-            && hf["use_sliding_window"].as_bool() != Some(false)
-        {
-            return Err("sliding-window attention is not built".into());
-        }
         let positions = num(hf, "max_position_embeddings")?;
         let qwen = self.qwen(hf);
         if hf["attention_bias"].as_bool().unwrap_or(false) && !qwen {
@@ -306,6 +301,7 @@ impl HfFamily for Llama {
             },
             add_bias_linear: false,
             add_qkv_bias: qwen,
+            window: super::sliding_window::window_from_hf(hf, num(hf, "num_hidden_layers")?)?,
             ..Default::default()
         };
         self.mlp.configure(hf, &mut cfg)?;
@@ -532,6 +528,7 @@ impl HfFamily for Llama {
         if cfg.add_qkv_bias {
             config["qkv_bias"] = json!(true);
         }
+        super::sliding_window::window_to_hf(cfg, &mut config)?;
         Ok((config, t))
     }
 }

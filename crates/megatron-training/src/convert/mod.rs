@@ -10,6 +10,7 @@ mod gpt2;
 mod llama;
 mod mixtral;
 mod qwen2_moe;
+mod sliding_window;
 mod t5;
 
 use crate::checkpointing::{

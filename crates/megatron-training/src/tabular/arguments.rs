@@ -132,7 +132,7 @@ impl TabularArgs {
 /// Checks `a` for `--model tabular` and types it.
 pub fn validate(a: &TrainArgs) -> Result<TabularTrainConfig, TrainError> {
     let t = &a.tabular;
-    let unsupported: [(&str, bool, &str); 11] = [
+    let unsupported: [(&str, bool, &str); 12] = [
         (
             "--pipeline-model-parallel-size",
             a.pipeline_model_parallel_size > 1,
@@ -174,6 +174,11 @@ pub fn validate(a: &TrainArgs) -> Result<TabularTrainConfig, TrainError> {
             "--optimizer sgd",
             a.optimizer == crate::arguments::OptimizerArg::Sgd,
             "is not supported yet for the tabular model (Adam only)",
+        ),
+        (
+            "--window-size",
+            a.window_size.is_some(),
+            "does not apply (the tabular model's attention is over a table's rows and columns)",
         ),
         (
             "--swiglu / --squared-relu / --quick-geglu / --no-bias-gelu-fusion",

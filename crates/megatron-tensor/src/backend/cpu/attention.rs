@@ -107,6 +107,44 @@ impl<'a> AttentionMask<'a> {
     }
 }
 
+/// Each query's first visible key under a sliding window of `left` keys before it
+/// (`--window-size`), merged with the documents' starts (`doc_start`, `[b, t]`) when given:
+/// a window is one more lower bound per query, so every kernel that takes
+/// [`AttentionMask::doc_start`] (the blockwise one, context parallelism's ring) honours it.
+pub fn sliding_window_starts(
+    out: &mut Vec<u32>,
+    doc_start: Option<&[u32]>,
+    b: usize,
+    t: usize,
+    left: usize,
+) {
+    if let Some(s) = doc_start {
+        assert_eq!(s.len(), b * t);
+    }
+    out.clear();
+    out.extend((0..b * t).map(|r| {
+        let from = (r % t).saturating_sub(left) as u32;
+        doc_start.map_or(from, |s| s[r].max(from))
+    }));
+}
+
+/// Per block of `BQ` queries of sequence `b`: the smallest first visible key of its rows, so
+/// the kernels skip key tiles no row of the block sees (a sliding window's, a document's
+/// earlier tiles). Skipping only drops products with probabilities that are exactly zero.
+fn block_min_starts(mask: &AttentionMask, b: usize, t: usize) -> Vec<usize> {
+    (0..t.div_ceil(BQ))
+        .map(|ib| {
+            let rows = ib * BQ..(ib * BQ + BQ).min(t);
+            mask.doc_start.map_or(0, |s| {
+                s[b * t + rows.start..b * t + rows.end]
+                    .iter()
+                    .min()
+                    .map_or(0, |&x| x as usize)
+            })
+        })
+        .collect()
+}
+
 /// Keys `j0 + lo .. j0 + hi` of the tile are visible to query `i`: every mask here cuts a row
 /// into one contiguous range (document start, causal end, padding end).
 #[inline(always)]
@@ -396,6 +434,7 @@ multiversion! {
         let mut vv = Vec::new();
         pack_rows(&mut vv, &qkv[base + d.v_offset(g)..], qrs, t, hd);
         let base = base + d.q_offset(h);
+        let first_keys = block_min_starts(&mask, b, t);
         let mut s = vec![0.0f32; BQ * BK];
         let mut acc = vec![0.0f32; BQ * hd];
         let mut i0 = 0;
@@ -406,7 +445,8 @@ multiversion! {
             let mut l = [0.0f32; BQ];
             acc.fill(0.0);
             let kend = if d.causal { (i0 + nq).min(klen) } else { klen };
-            let mut j0 = 0;
+            let first = first_keys[i0 / BQ];
+            let mut j0 = first - first % BK;
             while j0 < kend {
                 let nk = BK.min(kend - j0);
                 tile_matmul(&mut s, BK, q, qrs, 1, &kt[j0..], t, nq, nk, hd, false);
@@ -497,6 +537,7 @@ multiversion! {
         let mut p = vec![0.0f32; BQ * BK];
         let mut pd = vec![0.0f32; BQ * BK];
         let mut dp = vec![0.0f32; BQ * BK];
+        let first_keys = block_min_starts(&mask, b, t);
         for h in g * d.q_per_group()..(g + 1) * d.q_per_group() {
             let q = &qkv[base + d.q_offset(h)..];
             let o = &out[b * t * ors + h * hd..];
@@ -518,6 +559,10 @@ multiversion! {
                 let mut i0 = istart - istart % BQ;
                 while j0 < klen && i0 < t {
                     let nq = BQ.min(t - i0);
+                    if first_keys[i0 / BQ] >= j0 + nk {
+                        i0 += BQ;
+                        continue;
+                    }
                     tile_matmul(&mut p, BK, &q[i0 * qrs..], qrs, 1, &kt[j0..], t, nq, nk, hd, false);
                     for r in 0..nq {
                         let at = RowAt { b, h, i: i0 + r, j0 };
@@ -567,17 +612,22 @@ pub struct DecodeDims {
 }
 
 /// One new query per sequence against a KV cache, for generation.
-/// `q` is `[b, heads, head_dim]`, `k_cache`/`v_cache` are `[b, groups, max_t, head_dim]` with
-/// the first `len` positions valid; `out` is `[b, heads, head_dim]`. Query head `h` reads the
-/// cache of group `h / (heads / groups)`.
+/// `q` is `[b, heads, head_dim]`, `k_cache`/`v_cache` are `[b, groups, max_t, head_dim]`;
+/// the query sees cache positions `keys` (`0..len`, or a sliding window's last ones);
+/// `out` is `[b, heads, head_dim]`. Query head `h` reads the cache of group
+/// `h / (heads / groups)`.
 pub fn attention_decode_forward(
     out: &mut [f32],
     q: &[f32],
     k_cache: &[f32],
     v_cache: &[f32],
     d: DecodeDims,
-    len: usize,
+    keys: std::ops::Range<usize>,
 ) {
+    assert!(
+        keys.end <= d.max_t && keys.start < keys.end,
+        "decode keys {keys:?}"
+    );
     let (head_dim, max_t) = (d.head_dim, d.max_t);
     let qpg = d.heads / d.groups;
     let scale = 1.0 / (head_dim as f32).sqrt();
@@ -590,7 +640,8 @@ pub fn attention_decode_forward(
             let qv = &q[bh * head_dim..(bh + 1) * head_dim];
             let kc = &k_cache[cache..];
             let vc = &v_cache[cache..];
-            let scores: Vec<f32> = (0..len)
+            let scores: Vec<f32> = keys
+                .clone()
                 .map(|j| {
                     let kr = &kc[j * head_dim..(j + 1) * head_dim];
                     qv.iter().zip(kr).map(|(a, b)| a * b).sum::<f32>() * scale
@@ -600,7 +651,7 @@ pub fn attention_decode_forward(
             let e: Vec<f32> = scores.iter().map(|s| (s - mx).exp()).collect();
             let sum: f32 = e.iter().sum();
             o.fill(0.0);
-            for (j, w) in e.iter().enumerate() {
+            for (j, w) in keys.clone().zip(&e) {
                 let vr = &vc[j * head_dim..(j + 1) * head_dim];
                 for (ov, vv) in o.iter_mut().zip(vr) {
                     *ov += w / sum * vv;

@@ -46,7 +46,7 @@ pub mod tanh;
 pub use adamw::{adamw_update, AdamWParams};
 pub use attention::{
     attention_backward, attention_decode_forward, attention_forward, kv_cache_append,
-    AttentionDims, AttentionMask, DecodeDims, RngBlock,
+    sliding_window_starts, AttentionDims, AttentionMask, DecodeDims, RngBlock,
 };
 pub use class_loss::masked_cross_entropy;
 pub use cross_entropy::{
