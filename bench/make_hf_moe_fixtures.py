@@ -3,9 +3,11 @@
 
 Writes crates/megatron-training/tests/fixtures/hf/<arch>/{config.json, model.safetensors,
 reference.safetensors}: Mixtral (4 experts, top-2, renormalized, GQA 4/2, untied) and Qwen2-MoE
-(4 experts, top-2 without renormalization, a gated shared expert, q/k/v biases, tied).
+(4 experts, top-2 without renormalization, a gated shared expert, q/k/v biases, tied), and
+Qwen2-MoE with dense layers (4 layers, decoder_sparse_step 2 and mlp_only_layers [3]: experts on
+layer 1 only, the others the plain intermediate_size MLP).
 reference.safetensors holds input_ids (2 x 16) and the fp32 logits.
-Usage: .venv-ref/bin/python bench/make_hf_moe_fixtures.py [OUT_DIR]
+Usage: .venv-ref/bin/python bench/make_hf_moe_fixtures.py [OUT_DIR [CASE...]]
 """
 import os, sys
 os.environ["HF_HUB_OFFLINE"] = "1"; os.environ["TRANSFORMERS_OFFLINE"] = "1"
@@ -28,7 +30,15 @@ cases = {
         num_experts=4, num_experts_per_tok=2, norm_topk_prob=False, decoder_sparse_step=1,
         mlp_only_layers=[], vocab_size=V, max_position_embeddings=64, rms_norm_eps=1e-6,
         tie_word_embeddings=True, use_sliding_window=False)),
+    "qwen2_moe_dense": lambda: Qwen2MoeForCausalLM(Qwen2MoeConfig(
+        num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, hidden_size=32,
+        intermediate_size=48, moe_intermediate_size=24, shared_expert_intermediate_size=40,
+        num_experts=4, num_experts_per_tok=2, norm_topk_prob=True, decoder_sparse_step=2,
+        mlp_only_layers=[3], vocab_size=V, max_position_embeddings=64, rms_norm_eps=1e-6,
+        tie_word_embeddings=False, use_sliding_window=False)),
 }
+only = sys.argv[2:]  # optional: the cases to write (default all)
+cases = {k: v for k, v in cases.items() if not only or k in only}
 for name, make in cases.items():
     torch.manual_seed(0)
     model = make().eval()

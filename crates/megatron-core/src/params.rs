@@ -379,6 +379,20 @@ pub struct Params {
 }
 
 impl Params {
+    /// `--apply-wd-to-qk-layernorm` (Qwen3-Next's rule): megatron-core exempts every 1-D tensor
+    /// and bias from weight decay except, here, the per-head query and key norms, which it picks
+    /// by name (`q_layernorm.` / `k_layernorm.`); so do we. Returns how many tensors now decay.
+    pub fn apply_weight_decay_to_qk_layernorm(&mut self) -> usize {
+        let mut n = 0;
+        for m in &mut self.metas {
+            if m.name.contains("q_layernorm.") || m.name.contains("k_layernorm.") {
+                n += usize::from(!m.weight_decay);
+                m.weight_decay = true;
+            }
+        }
+        n
+    }
+
     /// Parameters of one tensor-parallel rank.
     pub fn for_tp_rank(tp_rank: usize, tp_size: usize) -> Self {
         Params {

@@ -3,7 +3,7 @@
 mod common;
 
 use common::*;
-use megatron_core::transformer::config::{Activation, MoEConfig, RouterScore};
+use megatron_core::transformer::config::{Activation, LayerPattern, MoEConfig, RouterScore};
 use megatron_core::{GPTModel, TransformerConfig};
 
 fn tiny_moe(score: RouterScore, pre_softmax: bool, activation: Activation) -> TransformerConfig {
@@ -104,14 +104,36 @@ fn the_grouped_expert_gemm_gives_the_bits_of_the_sequential_one() {
 fn moe_layers_follow_the_layer_frequency_with_megatron_names() {
     let mut cfg = tiny_moe(RouterScore::Softmax, false, Activation::Gelu);
     cfg.num_layers = 4;
-    cfg.moe.as_mut().unwrap().layer_freq = 2;
-    let (_, params) = GPTModel::new(cfg, 1);
+    cfg.moe.as_mut().unwrap().layers = LayerPattern::Every(2);
+    // A list picks layers one by one: DeepSeek's dense first layer, then experts but on 2.
+    let mut listed = cfg.clone();
+    listed.moe.as_mut().unwrap().layers = LayerPattern::List(vec![false, true, false, true]);
+    listed.validate().unwrap();
+    let (_, params) = GPTModel::new(cfg.clone(), 1);
+    let (_, params_listed) = GPTModel::new(listed.clone(), 1);
     for l in 0..4 {
         let router = params.find(&format!("decoder.layers.{l}.mlp.router.weight"));
         let dense = params.find(&format!("decoder.layers.{l}.mlp.linear_fc1.weight"));
         assert_eq!(router.is_some(), l % 2 == 0, "layer {l}");
         assert_eq!(dense.is_some(), l % 2 == 1, "layer {l}");
+        let router = params_listed.find(&format!("decoder.layers.{l}.mlp.router.weight"));
+        let dense = params_listed.find(&format!("decoder.layers.{l}.mlp.linear_fc1.weight"));
+        assert_eq!(router.is_some(), l % 2 == 1, "listed layer {l}");
+        assert_eq!(dense.is_some(), l % 2 == 0, "listed layer {l}");
     }
+    listed.moe.as_mut().unwrap().layers = LayerPattern::List(vec![true; 3]);
+    let e = listed.validate().unwrap_err().to_string();
+    assert!(
+        e.contains("--moe-layer-freq has 3 entries for 4 layers"),
+        "{e}"
+    );
+    // A checkpoint written before the list form holds `"layer_freq": 2`.
+    let mut old = serde_json::to_value(cfg.moe.as_ref().unwrap()).unwrap();
+    let obj = old.as_object_mut().unwrap();
+    obj.remove("layers");
+    obj.insert("layer_freq".into(), 2.into());
+    let read: MoEConfig = serde_json::from_value(old).unwrap();
+    assert_eq!(read.layers, LayerPattern::Every(2));
     let e3 = params
         .find("decoder.layers.2.mlp.experts.local_experts.3.linear_fc2.weight")
         .unwrap();

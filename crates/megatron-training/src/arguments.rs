@@ -83,6 +83,23 @@ pub enum OptimizerArg {
     Sgd,
 }
 
+/// `--no-weight-decay-cond-type` (Megatron's deprecated spelling of --apply-wd-to-qk-layernorm).
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NoWeightDecayCondArg {
+    #[value(name = "apply_wd_to_qk_layernorm")]
+    ApplyWdToQkLayernorm,
+}
+
+/// Which tensors weight decay spares, as megatron-core's `get_standard_config_overrides` decides.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum NoWeightDecayCond {
+    /// Megatron's classic rule: every 1-D tensor and every bias.
+    #[default]
+    OneDimAndBiases,
+    /// The same, except the query and key norms, which decay (Qwen3-Next).
+    OneDimAndBiasesExceptQkLayernorm,
+}
+
 /// `--moe-router-score-function`.
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RouterScoreArg {
@@ -377,9 +394,10 @@ pub struct TrainArgs {
     /// Router z-loss coefficient (0: off).
     #[arg(long, default_value_t = 0.0)]
     pub moe_z_loss_coeff: f32,
-    /// Every this many layers (from layer 0) is an MoE layer.
-    #[arg(long, default_value_t = 1)]
-    pub moe_layer_freq: usize,
+    /// The MoE layers: N (every Nth layer, from layer 0) or a pattern of one entry per layer, 1
+    /// MoE and 0 dense ("[0]*1+[1]*3").
+    #[arg(long, default_value = "1")]
+    pub moe_layer_freq: String,
     /// How tokens reach the experts of other expert-parallel ranks (Megatron's default:
     /// allgather).
     #[arg(long, value_enum, default_value = "allgather")]
@@ -474,6 +492,13 @@ pub struct TrainArgs {
     pub lr_wsd_decay_style: String,
     #[arg(long, default_value_t = 0.01)]
     pub weight_decay: f32,
+    /// Decay the --qk-layernorm query and key norms too (megatron-core spares every 1-D tensor
+    /// and bias otherwise).
+    #[arg(long)]
+    pub apply_wd_to_qk_layernorm: bool,
+    /// Megatron's deprecated spelling of --apply-wd-to-qk-layernorm.
+    #[arg(long, value_enum)]
+    pub no_weight_decay_cond_type: Option<NoWeightDecayCondArg>,
     #[arg(long, value_enum, default_value = "adam")]
     pub optimizer: OptimizerArg,
     #[arg(long, default_value_t = 0.9)]
@@ -836,6 +861,8 @@ pub struct TrainConfig {
     pub optimizer: OptimizerKind,
     /// `--optimizer` with its hyperparameters.
     pub update_rule: UpdateRule,
+    /// The tensors weight decay spares.
+    pub no_weight_decay_cond: NoWeightDecayCond,
     pub global_batch_size: usize,
     /// Data-parallel size (ranks / model-parallel sizes).
     pub dp: usize,
@@ -898,6 +925,25 @@ impl TrainConfig {
 
 impl TrainArgs {
     /// Checks the flags against each other (the layout checklist) and derives the rest.
+    /// `--apply-wd-to-qk-layernorm` (or its deprecated spelling), refused without the norms it
+    /// names: a flag that would change nothing is more likely a mistake than a wish.
+    fn no_weight_decay_cond(&self) -> Result<NoWeightDecayCond, TrainError> {
+        let flag = match (
+            self.apply_wd_to_qk_layernorm,
+            self.no_weight_decay_cond_type,
+        ) {
+            (false, None) => return Ok(NoWeightDecayCond::OneDimAndBiases),
+            (true, _) => "--apply-wd-to-qk-layernorm",
+            (false, Some(_)) => "--no-weight-decay-cond-type apply_wd_to_qk_layernorm",
+        };
+        if !self.qk_layernorm {
+            return Err(bad(format!(
+                "{flag} needs --qk-layernorm (the query and key norms it decays)"
+            )));
+        }
+        Ok(NoWeightDecayCond::OneDimAndBiasesExceptQkLayernorm)
+    }
+
     pub fn validate(&self, vocab_size: usize) -> Result<TrainConfig, TrainError> {
         if self.data_args_path.is_some() || self.per_split_data_args_path.is_some() {
             return self.with_data_args_files()?.validate(vocab_size);
@@ -1175,6 +1221,7 @@ impl TrainArgs {
                     momentum: self.sgd_momentum,
                 },
             },
+            no_weight_decay_cond: self.no_weight_decay_cond()?,
             global_batch_size: gbs,
             dp,
             tp,
@@ -1843,9 +1890,6 @@ impl TrainArgs {
                 self.moe_router_topk
             )));
         }
-        if self.moe_layer_freq == 0 {
-            return Err(bad("--moe-layer-freq must be positive, got 0".into()));
-        }
         if self.moe_router_enable_expert_bias
             && self.moe_router_score_function != RouterScoreArg::Sigmoid
         {
@@ -1910,7 +1954,11 @@ impl TrainArgs {
             topk_scaling_factor: self.moe_router_topk_scaling_factor,
             aux_loss_coeff: self.moe_aux_loss_coeff,
             z_loss_coeff: self.moe_z_loss_coeff,
-            layer_freq: self.moe_layer_freq,
+            layers: crate::layer_pattern::parse_layer_pattern(
+                "--moe-layer-freq",
+                &self.moe_layer_freq,
+            )
+            .map_err(bad)?,
             dispatcher: match self.moe_token_dispatcher_type {
                 DispatcherArg::AllGather => TokenDispatcherType::AllGather,
                 DispatcherArg::AllToAll => TokenDispatcherType::AllToAll,

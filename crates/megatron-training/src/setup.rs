@@ -3,7 +3,7 @@
 //! stage, the optimizer behind the one interface, and a checkpoint restored into them. The
 //! flags are read here, once, into typed settings; the loop below reads no raw flag strings.
 
-use crate::arguments::{Bf16KernelArg, OptimizerKind, Precision, TrainConfig};
+use crate::arguments::{Bf16KernelArg, NoWeightDecayCond, OptimizerKind, Precision, TrainConfig};
 use crate::checkpointing::{load_into, load_optimizer_state};
 use crate::TrainError;
 use megatron_comm::{Communicator, ProcessGroups, ReduceOp, ThreadCommunicator};
@@ -229,6 +229,9 @@ pub(crate) fn setup_model_and_optimizer<F: ModelFamily>(
         &mut inits,
     );
     params.initialize(a.seed, &inits);
+    if cfg.no_weight_decay_cond == NoWeightDecayCond::OneDimAndBiasesExceptQkLayernorm {
+        params.apply_weight_decay_to_qk_layernorm();
+    }
     let distributed = cfg.optimizer == OptimizerKind::Distributed;
     let bucket_size = a.ddp_bucket_size.unwrap_or_else(|| {
         if a.overlap_grad_reduce || distributed {

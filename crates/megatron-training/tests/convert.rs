@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::tmpdir;
+use common::{args, tmpdir, MOE};
 use megatron_core::inference::{decode_step, KVCache};
 use megatron_core::models::ModelFamily;
 use megatron_core::Params;
@@ -203,6 +203,61 @@ fn mixtral_experts_and_router_convert_to_transformers_logits_and_back() {
 #[test]
 fn qwen2_moe_with_gated_shared_expert_converts_to_transformers_logits_and_back() {
     check("qwen2_moe");
+}
+
+/// Qwen2-MoE's dense layers (`decoder_sparse_step` 2 and `mlp_only_layers` [3]: experts on
+/// layer 1 only) become a `--moe-layer-freq` list with the plain MLP on the others, and go
+/// back as the same set of sparse layers.
+#[test]
+fn qwen2_moe_with_dense_layers_converts_to_transformers_logits_and_back() {
+    check("qwen2_moe_dense");
+    let dir = tmpdir("convert-qwen2-moe-dense");
+    hf_to_megatron(&fixture("qwen2_moe_dense"), &dir.join("m"), 128).unwrap();
+    let cfg = load_checkpoint(&dir.join("m"), None).unwrap().meta.model;
+    let moe: Vec<bool> = (0..4).map(|l| cfg.is_moe_layer(l)).collect();
+    assert_eq!(moe, [false, true, false, false]);
+    megatron_to_hf(&dir.join("m"), &dir.join("hf")).unwrap();
+    let back: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("hf").join("config.json")).unwrap())
+            .unwrap();
+    assert_eq!(back["decoder_sparse_step"], 1);
+    assert_eq!(back["mlp_only_layers"], serde_json::json!([0, 2, 3]));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Mixtral has experts on every layer: a model whose `--moe-layer-freq` leaves dense layers
+/// and which has no shared expert (so is not Qwen2-MoE either) is refused by flag.
+#[test]
+fn an_moe_model_with_dense_layers_and_no_shared_expert_is_refused_for_export() {
+    let dir = tmpdir("convert-moe-dense-refused");
+    let save = dir.join("m");
+    let s = save.to_str().unwrap();
+    let v = [
+        MOE,
+        &[
+            "--moe-layer-freq",
+            "[0,1]",
+            "--position-embedding-type",
+            "rope",
+            "--normalization",
+            "RMSNorm",
+            "--disable-bias-linear",
+            "--train-iters",
+            "2",
+            "--save",
+            s,
+        ],
+    ]
+    .concat();
+    megatron_training::pretrain(&args(&v)).unwrap();
+    let e = megatron_to_hf(&save, &dir.join("hf"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("--moe-layer-freq") && e.contains("--moe-shared-expert-intermediate-size"),
+        "{e}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[test]

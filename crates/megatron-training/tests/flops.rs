@@ -53,12 +53,12 @@ fn llama_flops_count_query_groups_and_the_third_swiglu_matrix() {
 
 #[test]
 fn moe_flops_count_the_active_experts_only() {
-    use megatron_core::transformer::config::MoEConfig;
+    use megatron_core::transformer::config::{LayerPattern, MoEConfig};
     // Every other layer MoE with 8 experts of width 512, top-2: those layers' MLP term is
     // 2 x 512 wide, the dense ones 3072.
     let mut c = gpt2_small();
     c.moe = Some(MoEConfig {
-        layer_freq: 2,
+        layers: LayerPattern::Every(2),
         ..MoEConfig::new(8, 512, 2)
     });
     let dense = num_floating_point_operations(&gpt2_small(), 8);

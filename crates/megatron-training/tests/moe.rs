@@ -456,3 +456,54 @@ fn the_expert_bias_evens_out_the_expert_load() {
     assert!(last < first, "load max/mean {first} -> {last}");
     assert!(last + 0.1 < without, "with bias {last}, without {without}");
 }
+
+/// `--moe-layer-freq` as a list (Megatron's `"([0]+[1]*3)*2"`: DeepSeek-style dense layers
+/// among the MoE ones) puts experts exactly where the list says, trains the one-rank model
+/// under pipeline and expert parallelism (stages holding dense and MoE layers alike), and the
+/// list spelling of a frequency trains the same model as the number.
+#[test]
+fn a_moe_layer_list_places_the_experts_and_every_layout_matches_one_rank() {
+    let dir = tmpdir("moe-layer-list");
+    let pattern = ["--moe-layer-freq", "([0]+[1]*3)*2"];
+    let serial = run(&dir, "serial", &pattern);
+    for l in 0..8 {
+        let router = format!("decoder.layers.{l}.mlp.router.weight");
+        let dense = format!("decoder.layers.{l}.mlp.linear_fc1.weight");
+        let moe = l % 4 != 0;
+        assert_eq!(serial.1.tensors.contains_key(&router), moe, "layer {l}");
+        assert_eq!(serial.1.tensors.contains_key(&dense), !moe, "layer {l}");
+    }
+    let n2 = ["--nproc-per-node", "2"];
+    for (name, layout) in [
+        (
+            "pp2",
+            [&n2[..], &["--pipeline-model-parallel-size", "2"]].concat(),
+        ),
+        (
+            "ep2",
+            [&n2[..], &["--expert-model-parallel-size", "2"]].concat(),
+        ),
+    ] {
+        let r = run(&dir, name, &[&pattern[..], &layout].concat());
+        assert_same_training(name, &serial, &r, 1e-5);
+    }
+    let every = run(&dir, "every-2", &["--moe-layer-freq", "2"]);
+    let listed = run(&dir, "list-2", &["--moe-layer-freq", "[1,0]*4"]);
+    assert_eq!(every.0.losses, listed.0.losses);
+    assert_ne!(every.0.losses, serial.0.losses);
+    for (freq, want) in [
+        ("[1,0]*3", "--moe-layer-freq has 6 entries for 8 layers"),
+        ("0", "--moe-layer-freq '0'"),
+        ("[1,2]*4", "entries are 0 or 1"),
+    ] {
+        let v = [
+            PP_MODEL,
+            MOE,
+            &["--train-iters", "2", "--moe-layer-freq", freq],
+        ]
+        .concat();
+        let e = pretrain(&args(&v)).unwrap_err().to_string();
+        assert!(e.contains(want), "{freq}: {e}");
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -272,3 +272,80 @@ fn decoupled_lr_trains_the_same_model_in_every_layout_as_one_rank() {
     }
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// `--apply-wd-to-qk-layernorm` (megatron-core's Qwen3-Next rule): the query and key norms decay
+/// although they are 1-D. After one AdamW step from weights of 1 the decayed norm is exactly
+/// `lr * wd` below the undecayed one and every other tensor is untouched (the norms only change
+/// the forward from the second step on); the distributed optimizer's shards decay the same
+/// elements; Megatron's deprecated spelling is the same flag; without --qk-layernorm it is refused.
+#[test]
+fn apply_wd_to_qk_layernorm_decays_exactly_the_query_and_key_norms() {
+    let dir = tmpdir("wd-qk-layernorm");
+    let base = [
+        "--qk-layernorm",
+        "--normalization",
+        "RMSNorm",
+        "--weight-decay",
+        "0.5",
+        "--lr",
+        "3e-3",
+        "--lr-warmup-iters",
+        "0",
+        "--lr-decay-style",
+        "constant",
+        "--train-iters",
+        "1",
+    ];
+    fn with<'a>(base: &[&'a str], extra: &[&'a str]) -> Vec<&'a str> {
+        [base, extra].concat()
+    }
+    let with = |extra: &[&'static str]| with(&base, extra);
+    let plain = run(&dir, "plain", &base);
+    let decayed = run(&dir, "decayed", &with(&["--apply-wd-to-qk-layernorm"]));
+    let mut norms = 0;
+    for (name, want) in &plain.1.tensors {
+        let got = &decayed.1.tensors[name];
+        let norm = name.contains("q_layernorm.") || name.contains("k_layernorm.");
+        // AdamW's decay is decoupled: the moments (`optimizer.*`) do not see it.
+        if norm && !name.starts_with("optimizer.") {
+            norms += 1;
+            for (g, w) in got.iter().zip(want) {
+                let moved = g - w;
+                assert!(
+                    (moved + 3e-3 * 0.5).abs() < 1e-6,
+                    "{name}: decay moved it by {moved}, want -1.5e-3"
+                );
+            }
+        } else {
+            assert_eq!(got, want, "{name} changed");
+        }
+    }
+    assert_eq!(norms, 8, "a query and a key norm in each of the 4 layers");
+    let deprecated = run(
+        &dir,
+        "deprecated",
+        &with(&["--no-weight-decay-cond-type", "apply_wd_to_qk_layernorm"]),
+    );
+    assert_eq!(deprecated.1.tensors, decayed.1.tensors);
+    let five = |extra: &[&'static str]| with(&[extra, &["--train-iters", "5"]].concat());
+    let serial = run(&dir, "serial", &five(&["--apply-wd-to-qk-layernorm"]));
+    let sharded = run(
+        &dir,
+        "dp2-distopt",
+        &five(&[
+            "--apply-wd-to-qk-layernorm",
+            "--nproc-per-node",
+            "2",
+            "--use-distributed-optimizer",
+        ]),
+    );
+    assert_same_training("dp2-distopt", &serial, &sharded, 1e-5);
+    let e = pretrain(&args(&["--train-iters", "2", "--apply-wd-to-qk-layernorm"]))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("--apply-wd-to-qk-layernorm needs --qk-layernorm"),
+        "{e}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -27,15 +27,46 @@ pub enum ConfigError {
     BadWindowPattern(String),
     #[error("--window-size applies to causal decoders; this model's attention sees every token")]
     WindowOnEncoder,
+    #[error("--moe-layer-freq {0}")]
+    BadMoELayerPattern(String),
 }
 
-/// Which layers a per-layer feature is on (Megatron's `--window-attn-skip-freq` and its
-/// other `*_freq` flags): every `N`th layer (1-based numbering), or an explicit pattern of
-/// one entry per layer (`"[1,1,1,0]*2"` on the command line).
+/// Which layers a per-layer feature is on (Megatron's `--window-attn-skip-freq`,
+/// `--moe-layer-freq`): every `N`th layer (each flag counts as Megatron does: the window's
+/// skip from layer `N`, 1-based; experts from layer 0), or an explicit pattern of one entry
+/// per layer (`"[1,1,1,0]*2"` on the command line).
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub enum LayerPattern {
     Every(usize),
     List(Vec<bool>),
+}
+
+impl LayerPattern {
+    /// Why the pattern cannot describe `layers` layers, if it cannot.
+    fn check(&self, layers: usize) -> Result<(), String> {
+        match self {
+            LayerPattern::Every(0) => Err("must be positive, got 0".into()),
+            LayerPattern::List(v) if v.len() != layers => Err(format!(
+                "has {} entries for {layers} layers (--num-layers)",
+                v.len()
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Checkpoints written before the list form hold `"layer_freq": N`.
+fn moe_layers_or_freq<'de, D: serde::Deserializer<'de>>(d: D) -> Result<LayerPattern, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Stored {
+        Freq(usize),
+        Pattern(LayerPattern),
+    }
+    Ok(match Stored::deserialize(d)? {
+        Stored::Freq(n) => LayerPattern::Every(n),
+        Stored::Pattern(p) => p,
+    })
 }
 
 /// Sliding-window attention (`--window-size`, Mistral's and Gemma's local layers): a query
@@ -83,8 +114,10 @@ pub struct MoEConfig {
     pub aux_loss_coeff: f32,
     /// `--moe-z-loss-coeff` (0: off).
     pub z_loss_coeff: f32,
-    /// Every this many layers is an MoE layer, starting with layer 0 (`--moe-layer-freq`).
-    pub layer_freq: usize,
+    /// The MoE layers (`--moe-layer-freq`): `Every(n)` each `n`th from layer 0, or a `List`
+    /// whose `true` entries are MoE layers (`"[0]+[1]*3"`: DeepSeek's dense first layer).
+    #[serde(alias = "layer_freq", deserialize_with = "moe_layers_or_freq")]
+    pub layers: LayerPattern,
     /// How tokens reach experts on other expert-parallel ranks (`--moe-token-dispatcher-type`).
     #[serde(default)]
     pub dispatcher: TokenDispatcherType,
@@ -132,7 +165,7 @@ impl MoEConfig {
             topk_scaling_factor: None,
             aux_loss_coeff: 0.0,
             z_loss_coeff: 0.0,
-            layer_freq: 1,
+            layers: LayerPattern::Every(1),
             dispatcher: TokenDispatcherType::default(),
             load_balancing: LoadBalancing::default(),
             expert_bias_update_rate: None,
@@ -387,9 +420,10 @@ impl TransformerConfig {
 
     /// Whether layer `l` (global number) is an MoE layer.
     pub fn is_moe_layer(&self, l: usize) -> bool {
-        self.moe
-            .as_ref()
-            .is_some_and(|m| l.is_multiple_of(m.layer_freq.max(1)))
+        self.moe.as_ref().is_some_and(|m| match &m.layers {
+            LayerPattern::Every(n) => l.is_multiple_of((*n).max(1)),
+            LayerPattern::List(v) => v.get(l).copied().unwrap_or(false),
+        })
     }
 
     /// The sliding window of layer `l` (global number), if it has one.
@@ -447,24 +481,18 @@ impl TransformerConfig {
                 heads: self.num_attention_heads,
             });
         }
+        if let Some(m) = &self.moe {
+            m.layers
+                .check(self.num_layers)
+                .map_err(ConfigError::BadMoELayerPattern)?;
+        }
         if let Some(w) = &self.window {
             if self.attn_mask_type != AttnMaskType::Causal {
                 return Err(ConfigError::WindowOnEncoder);
             }
-            match &w.skip {
-                Some(LayerPattern::Every(0)) => {
-                    return Err(ConfigError::BadWindowPattern(
-                        "must be positive, got 0".into(),
-                    ))
-                }
-                Some(LayerPattern::List(v)) if v.len() != self.num_layers => {
-                    return Err(ConfigError::BadWindowPattern(format!(
-                        "has {} entries for {} layers (--num-layers)",
-                        v.len(),
-                        self.num_layers
-                    )))
-                }
-                _ => {}
+            if let Some(p) = &w.skip {
+                p.check(self.num_layers)
+                    .map_err(ConfigError::BadWindowPattern)?;
             }
         }
         if self.kv_channels == Some(0) {

@@ -397,7 +397,14 @@ impl HfFamily for Llama {
                     take(t, &format!("{src}.self_attn.o_proj.bias"), &[h])?,
                 );
             }
-            self.mlp.to_megatron(cfg, t, &mut m, &src, &dst)?;
+            // An MoE model's dense layers (`--moe-layer-freq`; Qwen2-MoE's `mlp_only_layers`)
+            // hold the plain Llama MLP, `intermediate_size` wide.
+            let mlp: &dyn MlpMapping = if cfg.moe.is_none() || cfg.is_moe_layer(l) {
+                self.mlp.as_ref()
+            } else {
+                &DenseMlp
+            };
+            mlp.to_megatron(cfg, t, &mut m, &src, &dst)?;
         }
         m.insert(
             "decoder.final_layernorm.weight".into(),
@@ -486,7 +493,12 @@ impl HfFamily for Llama {
                     &[h, heads * hd],
                 )?,
             );
-            self.mlp.to_hf(cfg, m, &mut t, &dst, &src)?;
+            let mlp: &dyn MlpMapping = if cfg.moe.is_none() || cfg.is_moe_layer(l) {
+                self.mlp.as_ref()
+            } else {
+                &DenseMlp
+            };
+            mlp.to_hf(cfg, m, &mut t, &dst, &src)?;
         }
         t.insert(
             "model.norm.weight".into(),

@@ -277,6 +277,12 @@ pub fn megatron_to_hf(input: &Path, output: &Path) -> Result<PathBuf, TrainError
         let mlp: Box<dyn llama::MlpMapping> = match &cfg.moe {
             None => Box::new(llama::DenseMlp),
             Some(m) if m.shared_expert_ffn.is_some() => Box::new(qwen2_moe::Qwen2Moe),
+            Some(_) if (0..cfg.num_layers).any(|l| !cfg.is_moe_layer(l)) => {
+                return Err(err(
+                    &ck.dir,
+                    "--moe-layer-freq leaves dense layers, which MixtralForCausalLM cannot hold (experts on every layer), and Qwen2MoeForCausalLM, which can, needs a shared expert (--moe-shared-expert-intermediate-size)",
+                ));
+            }
             Some(_) => Box::new(mixtral::MixtralMoe),
         };
         Box::new(llama::Llama {

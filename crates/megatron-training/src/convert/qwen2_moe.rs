@@ -1,12 +1,15 @@
 //! `Qwen2MoeForCausalLM` <-> megatron-core's MoE decoder: the Llama attention with q/k/v
-//! biases (`llama.rs`); in every layer a softmax router (`mlp.gate`; `norm_topk_prob: false`
+//! biases (`llama.rs`); in each MoE layer a softmax router (`mlp.gate`; `norm_topk_prob: false`
 //! keeps the softmax over all experts, megatron-core's `--moe-router-pre-softmax`), experts with
 //! `gate_proj`/`up_proj`/`down_proj`, and a shared expert scaled by a sigmoid gate
-//! (`shared_expert_gate`: megatron-core's `--moe-shared-expert-gate`).
+//! (`shared_expert_gate`: megatron-core's `--moe-shared-expert-gate`). Layers left dense by
+//! `decoder_sparse_step` or `mlp_only_layers` are `--moe-layer-freq`'s 0 entries: the plain
+//! MLP, `intermediate_size` wide.
 
 use super::llama::{mlp_to_hf, mlp_to_megatron, move_tensor, num, MlpMapping, GATE_UP_DOWN};
 use super::mixtral::{moe_config, routed_to_hf, routed_to_megatron};
 use super::Tensors;
+use megatron_core::transformer::config::LayerPattern;
 use megatron_core::TransformerConfig;
 use serde_json::{json, Value};
 
@@ -14,13 +17,7 @@ pub(crate) struct Qwen2Moe;
 
 impl MlpMapping for Qwen2Moe {
     fn configure(&self, hf: &Value, cfg: &mut TransformerConfig) -> Result<(), String> {
-        if hf["decoder_sparse_step"].as_u64().unwrap_or(1) != 1
-            || hf["mlp_only_layers"]
-                .as_array()
-                .is_some_and(|a| !a.is_empty())
-        {
-            return Err("Qwen2-MoE with dense layers (decoder_sparse_step > 1 or mlp_only_layers) is not built: every layer must be an MoE layer".into());
-        }
+        let layers = sparse_layers(hf, cfg.num_layers)?;
         let experts = num(hf, "num_experts")?;
         let ffn = num(hf, "moe_intermediate_size")?;
         let norm = hf["norm_topk_prob"].as_bool().unwrap_or(false);
@@ -30,6 +27,7 @@ impl MlpMapping for Qwen2Moe {
             moe.shared_expert_ffn = Some(shared);
             moe.shared_expert_gate = true;
         }
+        moe.layers = layers;
         cfg.moe = Some(moe);
         Ok(())
     }
@@ -98,7 +96,9 @@ impl MlpMapping for Qwen2Moe {
                 "shared_expert_intermediate_size": moe.shared_expert_ffn.unwrap_or(0),
                 "norm_topk_prob": !moe.pre_softmax,
                 "decoder_sparse_step": 1,
-                "mlp_only_layers": [],
+                "mlp_only_layers": (0..cfg.num_layers)
+                    .filter(|&l| !cfg.is_moe_layer(l))
+                    .collect::<Vec<_>>(),
                 "qkv_bias": qkv_bias,
                 "use_sliding_window": false,
                 "output_router_logits": false,
@@ -106,4 +106,32 @@ impl MlpMapping for Qwen2Moe {
             }),
         )
     }
+}
+
+/// Transformers' rule for a Qwen2-MoE layer `l`: sparse unless listed in `mlp_only_layers`,
+/// and only when `(l + 1) % decoder_sparse_step == 0`.
+fn sparse_layers(hf: &Value, layers: usize) -> Result<LayerPattern, String> {
+    let step = hf["decoder_sparse_step"].as_u64().unwrap_or(1) as usize;
+    if step == 0 {
+        return Err("decoder_sparse_step must be positive, got 0".into());
+    }
+    let mut dense = Vec::new();
+    for v in hf["mlp_only_layers"].as_array().into_iter().flatten() {
+        match v.as_u64().map(|l| l as usize) {
+            Some(l) if l < layers => dense.push(l),
+            _ => {
+                return Err(format!(
+                    "mlp_only_layers: {v} is not a layer number below num_hidden_layers ({layers})"
+                ))
+            }
+        }
+    }
+    let sparse: Vec<bool> = (0..layers)
+        .map(|l| !dense.contains(&l) && (l + 1).is_multiple_of(step))
+        .collect();
+    Ok(if sparse.iter().all(|&s| s) {
+        LayerPattern::Every(1)
+    } else {
+        LayerPattern::List(sparse)
+    })
 }

@@ -132,7 +132,7 @@ impl TabularArgs {
 /// Checks `a` for `--model tabular` and types it.
 pub fn validate(a: &TrainArgs) -> Result<TabularTrainConfig, TrainError> {
     let t = &a.tabular;
-    let unsupported: [(&str, bool, &str); 12] = [
+    let unsupported: [(&str, bool, &str); 13] = [
         (
             "--pipeline-model-parallel-size",
             a.pipeline_model_parallel_size > 1,
@@ -179,6 +179,11 @@ pub fn validate(a: &TrainArgs) -> Result<TabularTrainConfig, TrainError> {
             "--window-size",
             a.window_size.is_some(),
             "does not apply (the tabular model's attention is over a table's rows and columns)",
+        ),
+        (
+            "--qk-layernorm / --apply-wd-to-qk-layernorm",
+            a.qk_layernorm || a.apply_wd_to_qk_layernorm || a.no_weight_decay_cond_type.is_some(),
+            "does not apply (the tabular model's attention has no query and key norms)",
         ),
         (
             "--swiglu / --squared-relu / --quick-geglu / --no-bias-gelu-fusion",
