@@ -225,6 +225,74 @@ fn qwen2_moe_with_dense_layers_converts_to_transformers_logits_and_back() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// Qwen3 (per-head q/k RMSNorms before RoPE: `--qk-layernorm`; head_dim apart from hidden /
+/// heads; a sliding window on layer 1) and Qwen3-MoE (renormalized top-k, a dense first layer)
+/// against transformers' logits, back byte for byte with the same config, and a converted Qwen3
+/// trains at TP 2 with sequence parallelism (its norms replicated, their gradients summed over
+/// the heads' ranks) and Qwen3-MoE at EP 2 as at one rank.
+#[test]
+fn qwen3_and_qwen3_moe_convert_to_transformers_logits_and_back_and_train_in_every_layout() {
+    for (arch, keys) in [
+        (
+            "qwen3",
+            &[
+                "architectures",
+                "model_type",
+                "head_dim",
+                "layer_types",
+                "sliding_window",
+                "tie_word_embeddings",
+            ][..],
+        ),
+        (
+            "qwen3_moe",
+            &[
+                "architectures",
+                "model_type",
+                "head_dim",
+                "mlp_only_layers",
+                "norm_topk_prob",
+                "num_experts_per_tok",
+                "moe_intermediate_size",
+            ][..],
+        ),
+    ] {
+        check(arch);
+        let dir = tmpdir(&format!("convert-{arch}-layouts"));
+        let save = dir.join("m");
+        hf_to_megatron(&fixture(arch), &save, 128).unwrap();
+        let cfg = load_checkpoint(&save, None).unwrap().meta.model;
+        assert!(cfg.qk_layernorm, "{arch}");
+        megatron_to_hf(&save, &dir.join("hf")).unwrap();
+        let read = |p: &Path| -> serde_json::Value {
+            serde_json::from_str(&std::fs::read_to_string(p.join("config.json")).unwrap()).unwrap()
+        };
+        let (orig, back) = (read(&fixture(arch)), read(&dir.join("hf")));
+        for key in keys {
+            assert_eq!(orig[key], back[key], "{arch}: {key}");
+        }
+        let s = save.to_str().unwrap();
+        let run = |layout: &[&str]| {
+            train_converted(s, &[&["--micro-batch-size", "1"][..], layout].concat())
+        };
+        let one = run(&[]);
+        let layout: &[&str] = if arch == "qwen3" {
+            &[
+                "--nproc-per-node",
+                "2",
+                "--tensor-model-parallel-size",
+                "2",
+                "--sequence-parallel",
+            ]
+        } else {
+            &["--nproc-per-node", "2", "--expert-model-parallel-size", "2"]
+        };
+        let r = run(layout);
+        common::assert_losses_close(arch, &one.losses, &r.losses, 1e-5);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
 /// Mixtral has experts on every layer: a model whose `--moe-layer-freq` leaves dense layers
 /// and which has no shared expert (so is not Qwen2-MoE either) is refused by flag.
 #[test]

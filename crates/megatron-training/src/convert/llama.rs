@@ -2,7 +2,9 @@
 //! megatron-core's decoder with RMSNorm, SwiGLU, RoPE (rotate-half: Hugging Face's convention,
 //! so no row permutation) and grouped-query attention: `q_proj`/`k_proj`/`v_proj` become the
 //! fused QKV laid out per query group `[q heads of g, k_g, v_g]`, `gate_proj`/`up_proj` the
-//! fused `[gate; up]`. Qwen2 adds q/k/v biases.
+//! fused `[gate; up]`. Qwen2 adds q/k/v biases; Qwen3 (`Qwen3ForCausalLM`, and Qwen3-MoE) adds
+//! per-head RMSNorms of the queries and keys before RoPE (`q_norm`/`k_norm`: megatron-core's
+//! `--qk-layernorm`, `q_layernorm`/`k_layernorm`).
 
 use super::{pad_rows, take, HfFamily, Tensors};
 use megatron_core::transformer::config::{
@@ -150,10 +152,12 @@ impl MlpMapping for DenseMlp {
 
     fn hf_config(
         &self,
-        _cfg: &TransformerConfig,
+        cfg: &TransformerConfig,
         qkv_bias: bool,
     ) -> (&'static str, &'static str, Value) {
-        if qkv_bias {
+        if cfg.qk_layernorm {
+            ("Qwen3ForCausalLM", "qwen3", json!({}))
+        } else if qkv_bias {
             ("Qwen2ForCausalLM", "qwen2", json!({}))
         } else {
             ("LlamaForCausalLM", "llama", json!({}))
@@ -301,6 +305,7 @@ impl HfFamily for Llama {
             },
             add_bias_linear: false,
             add_qkv_bias: qwen,
+            qk_layernorm: self.arch.starts_with("Qwen3"),
             window: super::sliding_window::window_from_hf(hf, num(hf, "num_hidden_layers")?)?,
             ..Default::default()
         };
@@ -371,6 +376,15 @@ impl HfFamily for Llama {
                 vec![cfg.qkv_size(), h],
                 fuse_qkv(&q, &k, &v, heads, groups, hd, h),
             );
+            if cfg.qk_layernorm {
+                for (hf, mc) in [("q_norm", "q_layernorm"), ("k_norm", "k_layernorm")] {
+                    put(
+                        format!("{dst}.self_attention.{mc}.weight"),
+                        vec![hd],
+                        take(t, &format!("{src}.self_attn.{hf}.weight"), &[hd])?,
+                    );
+                }
+            }
             if cfg.add_qkv_bias {
                 let q = take(t, &format!("{src}.self_attn.q_proj.bias"), &[heads * hd])?;
                 let k = take(t, &format!("{src}.self_attn.k_proj.bias"), &[groups * hd])?;
@@ -473,6 +487,15 @@ impl HfFamily for Llama {
                 vec![groups * hd, h],
                 v,
             );
+            if cfg.qk_layernorm {
+                for (hf, mc) in [("q_norm", "q_layernorm"), ("k_norm", "k_layernorm")] {
+                    put(
+                        format!("{dst}.self_attn.{hf}.weight"),
+                        vec![hd],
+                        take(m, &format!("{src}.self_attention.{mc}.weight"), &[hd])?,
+                    );
+                }
+            }
             if cfg.add_qkv_bias {
                 let b = take(
                     m,

@@ -55,7 +55,7 @@ pub(crate) trait HfFamily {
 fn family(arch: &str) -> Option<Box<dyn HfFamily>> {
     match arch {
         "GPT2LMHeadModel" => Some(Box::new(gpt2::Gpt2)),
-        "LlamaForCausalLM" | "MistralForCausalLM" | "Qwen2ForCausalLM" => {
+        "LlamaForCausalLM" | "MistralForCausalLM" | "Qwen2ForCausalLM" | "Qwen3ForCausalLM" => {
             Some(Box::new(llama::Llama {
                 arch: arch.to_string(),
                 mlp: Box::new(llama::DenseMlp),
@@ -65,7 +65,7 @@ fn family(arch: &str) -> Option<Box<dyn HfFamily>> {
             arch: arch.to_string(),
             mlp: Box::new(mixtral::MixtralMoe),
         })),
-        "Qwen2MoeForCausalLM" => Some(Box::new(llama::Llama {
+        "Qwen2MoeForCausalLM" | "Qwen3MoeForCausalLM" => Some(Box::new(llama::Llama {
             arch: arch.to_string(),
             mlp: Box::new(qwen2_moe::Qwen2Moe),
         })),
@@ -198,7 +198,7 @@ pub fn hf_to_megatron(
         Box::new(t)
     } else {
         family(&arch).ok_or_else(|| {
-            err(&cfg_path, format!("unknown architecture '{arch}' (known: GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM, {}, {})", bert::ARCHITECTURES.join(", "), t5::ARCHITECTURE))
+            err(&cfg_path, format!("unknown architecture '{arch}' (known: GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, {}, {})", bert::ARCHITECTURES.join(", "), t5::ARCHITECTURE))
         })?
     };
     for b in buffers {
@@ -274,8 +274,21 @@ pub fn megatron_to_hf(input: &Path, output: &Path) -> Result<PathBuf, TrainError
         } else {
             "LlamaForCausalLM"
         };
+        if cfg.qk_layernorm && cfg.add_qkv_bias {
+            return Err(err(
+                &ck.dir,
+                "--qk-layernorm with --add-qkv-bias has no Hugging Face family (Qwen3's attention_bias is on q, k, v and o alike)",
+            ));
+        }
         let mlp: Box<dyn llama::MlpMapping> = match &cfg.moe {
             None => Box::new(llama::DenseMlp),
+            Some(m) if cfg.qk_layernorm && m.shared_expert_ffn.is_some() => {
+                return Err(err(
+                    &ck.dir,
+                    "--qk-layernorm with a shared expert has no Hugging Face family (Qwen3-MoE has no shared expert, Qwen2-MoE no query/key norms)",
+                ));
+            }
+            Some(_) if cfg.qk_layernorm => Box::new(qwen2_moe::Qwen2Moe),
             Some(m) if m.shared_expert_ffn.is_some() => Box::new(qwen2_moe::Qwen2Moe),
             Some(_) if (0..cfg.num_layers).any(|l| !cfg.is_moe_layer(l)) => {
                 return Err(err(

@@ -1,4 +1,5 @@
-//! `Qwen2MoeForCausalLM` <-> megatron-core's MoE decoder: the Llama attention with q/k/v
+//! `Qwen2MoeForCausalLM` and `Qwen3MoeForCausalLM` (the same block without the shared expert,
+//! with Qwen3's query/key norms) <-> megatron-core's MoE decoder: the Llama attention with q/k/v
 //! biases (`llama.rs`); in each MoE layer a softmax router (`mlp.gate`; `norm_topk_prob: false`
 //! keeps the softmax over all experts, megatron-core's `--moe-router-pre-softmax`), experts with
 //! `gate_proj`/`up_proj`/`down_proj`, and a shared expert scaled by a sigmoid gate
@@ -18,7 +19,8 @@ pub(crate) struct Qwen2Moe;
 impl MlpMapping for Qwen2Moe {
     fn configure(&self, hf: &Value, cfg: &mut TransformerConfig) -> Result<(), String> {
         let layers = sparse_layers(hf, cfg.num_layers)?;
-        let experts = num(hf, "num_experts")?;
+        // Hub configs say num_experts; transformers 5 writes Qwen3-MoE's as num_local_experts.
+        let experts = num(hf, "num_experts").or_else(|_| num(hf, "num_local_experts"))?;
         let ffn = num(hf, "moe_intermediate_size")?;
         let norm = hf["norm_topk_prob"].as_bool().unwrap_or(false);
         let mut moe = moe_config(hf, experts, ffn, !norm)?;
@@ -86,6 +88,27 @@ impl MlpMapping for Qwen2Moe {
         qkv_bias: bool,
     ) -> (&'static str, &'static str, Value) {
         let moe = cfg.moe.as_ref().expect("an MoE model");
+        let mlp_only: Vec<usize> = (0..cfg.num_layers)
+            .filter(|&l| !cfg.is_moe_layer(l))
+            .collect();
+        if cfg.qk_layernorm {
+            // Qwen3-MoE: query/key norms, no shared expert, no QKV biases (checked by the caller).
+            return (
+                "Qwen3MoeForCausalLM",
+                "qwen3_moe",
+                json!({
+                    "num_experts": moe.num_experts,
+                    "num_experts_per_tok": moe.topk,
+                    "moe_intermediate_size": moe.ffn_hidden_size,
+                    "norm_topk_prob": !moe.pre_softmax,
+                    "decoder_sparse_step": 1,
+                    "mlp_only_layers": mlp_only,
+                    "use_sliding_window": false,
+                    "output_router_logits": false,
+                    "router_aux_loss_coef": moe.aux_loss_coeff,
+                }),
+            );
+        }
         (
             "Qwen2MoeForCausalLM",
             "qwen2_moe",
@@ -96,9 +119,7 @@ impl MlpMapping for Qwen2Moe {
                 "shared_expert_intermediate_size": moe.shared_expert_ffn.unwrap_or(0),
                 "norm_topk_prob": !moe.pre_softmax,
                 "decoder_sparse_step": 1,
-                "mlp_only_layers": (0..cfg.num_layers)
-                    .filter(|&l| !cfg.is_moe_layer(l))
-                    .collect::<Vec<_>>(),
+                "mlp_only_layers": mlp_only,
                 "qkv_bias": qkv_bias,
                 "use_sliding_window": false,
                 "output_router_logits": false,

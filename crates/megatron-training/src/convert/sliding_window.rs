@@ -1,7 +1,7 @@
 //! Sliding-window attention in Hugging Face configs, both ways. transformers' window `W`
 //! (`sliding_window`) lets query `i` see keys `j > i - W`, that is itself and `W - 1` earlier
 //! keys: megatron-core's `window_size = (W - 1, 0)`. Mistral and Mixtral window every layer;
-//! Qwen2 windows the layers `layer_types` marks `sliding_attention` (by default those from
+//! Qwen2 and Qwen3 window the layers `layer_types` marks `sliding_attention` (by default those from
 //! `max_window_layers` on, under `use_sliding_window`).
 
 use megatron_core::transformer::config::{LayerPattern, SlidingWindow};
@@ -38,7 +38,12 @@ pub(crate) fn window_from_hf(hf: &Value, layers: usize) -> Result<Option<Sliding
         }
         None => match hf["max_window_layers"].as_u64() {
             // Qwen2's rule before `layer_types`: layers from max_window_layers on.
-            Some(from) if hf["model_type"] == "qwen2" || hf["model_type"] == "qwen2_moe" => {
+            Some(from)
+                if matches!(
+                    hf["model_type"].as_str(),
+                    Some("qwen2" | "qwen2_moe" | "qwen3" | "qwen3_moe")
+                ) =>
+            {
                 (0..layers).map(|l| l as u64 >= from).collect()
             }
             _ => vec![true; layers],
@@ -73,7 +78,7 @@ pub(crate) fn window_to_hf(cfg: &TransformerConfig, config: &mut Value) -> Resul
             config["sliding_window"] = json!(hf_window);
         }
         Some("mixtral") if every => config["sliding_window"] = json!(hf_window),
-        Some("qwen2" | "qwen2_moe") => {
+        Some("qwen2" | "qwen2_moe" | "qwen3" | "qwen3_moe") => {
             let types: Vec<&str> = windowed
                 .iter()
                 .map(|&x| if x { "sliding_attention" } else { "full_attention" })
