@@ -92,3 +92,18 @@ fn the_pool_keeps_only_buffers_it_handed_out_and_a_bounded_number_of_lengths() {
     .join()
     .unwrap();
 }
+
+#[test]
+fn first_non_finite_finds_the_first_nan_or_infinity_across_chunks() {
+    use megatron_tensor::cpu::first_non_finite;
+    let n = (1 << 16) * 3 + 17;
+    let mut x: Vec<f32> = (0..n).map(|i| (i as f32).sin() * 1e30).collect();
+    assert_eq!(first_non_finite(&x), None);
+    x[n - 1] = f32::NEG_INFINITY;
+    assert_eq!(first_non_finite(&x), Some(n - 1));
+    x[(1 << 16) * 2 + 5] = f32::NAN;
+    assert_eq!(first_non_finite(&x), Some((1 << 16) * 2 + 5));
+    x[3] = f32::INFINITY;
+    assert_eq!(first_non_finite(&x), Some(3));
+    assert_eq!(first_non_finite(&[]), None);
+}

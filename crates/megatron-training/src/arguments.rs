@@ -752,6 +752,16 @@ pub struct TrainArgs {
     /// Testing: make the gradients of these iterations overflow (inf), as an fp16 overflow would.
     #[arg(long, hide = true, num_args = 1..)]
     pub inject_grad_overflow: Vec<u64>,
+    /// Testing: a NaN in one local gradient at this iteration, on --inject-nan-grad-rank only.
+    #[arg(long, hide = true)]
+    pub inject_nan_grad: Option<u64>,
+    #[arg(long, hide = true, default_value_t = 0)]
+    pub inject_nan_grad_rank: usize,
+    /// Megatron's default check: each rank looks at its own loss and gradients before the
+    /// data-parallel reduction and stops the job naming itself and the tensor. This turns it
+    /// off (it is off anyway under --fp16 with dynamic loss scaling, whose overflows skip steps).
+    #[arg(long)]
+    pub no_check_for_nan_in_loss_and_grad: bool,
     /// Write checkpoints on a background thread from copies of this rank's pieces; training
     /// goes on, at most one save is in flight, the run waits for it before exiting.
     #[arg(long)]
@@ -863,6 +873,9 @@ pub struct TrainConfig {
     pub update_rule: UpdateRule,
     /// The tensors weight decay spares.
     pub no_weight_decay_cond: NoWeightDecayCond,
+    /// Megatron's `check_for_nan_in_loss_and_grad`: each rank checks its own loss and
+    /// gradients before they are reduced over data-parallel ranks.
+    pub check_for_nan_in_loss_and_grad: bool,
     pub global_batch_size: usize,
     /// Data-parallel size (ranks / model-parallel sizes).
     pub dp: usize,
@@ -1222,6 +1235,10 @@ impl TrainArgs {
                 },
             },
             no_weight_decay_cond: self.no_weight_decay_cond()?,
+            // As Megatron: under dynamic loss scaling non-finite gradients are the scaler's
+            // signal to skip a step, not an error.
+            check_for_nan_in_loss_and_grad: !self.no_check_for_nan_in_loss_and_grad
+                && !(self.fp16 && self.loss_scale.is_none()),
             global_batch_size: gbs,
             dp,
             tp,

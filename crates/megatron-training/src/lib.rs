@@ -66,6 +66,16 @@ pub enum TrainError {
         what: &'static str,
         value: f64,
     },
+    #[error("iteration {iteration}: rank {rank} ({coords}) found {what} {when}; stopping (the last saved checkpoint is left untouched; --no-check-for-nan-in-loss-and-grad turns this check off)")]
+    LocalNonFinite {
+        iteration: u64,
+        rank: usize,
+        /// The rank's tensor-, pipeline- and data-parallel coordinates.
+        coords: String,
+        /// The value and where: `NaN in the gradient of decoder.layers.1.mlp.linear_fc1.weight`.
+        what: String,
+        when: &'static str,
+    },
 }
 
 pub(crate) fn io_err(path: &std::path::Path) -> impl FnOnce(std::io::Error) -> TrainError + '_ {

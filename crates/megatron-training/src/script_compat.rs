@@ -145,10 +145,6 @@ pub struct ScriptCompatArgs {
     /// Threads that build the dataset indices (the same indices for any count).
     #[arg(long)]
     pub num_dataset_builder_threads: Option<usize>,
-    /// A non-finite loss or gradient norm still stops the run here (the check costs nothing):
-    /// accepted so scripts run, named at start-up.
-    #[arg(long)]
-    pub no_check_for_nan_in_loss_and_grad: bool,
     /// Read by no code path of current Megatron; the fused GELU is the tanh one already.
     #[arg(long)]
     pub openai_gelu: bool,
@@ -213,10 +209,6 @@ impl ScriptCompatArgs {
             (
                 "--num-dataset-builder-threads",
                 self.num_dataset_builder_threads.is_some(),
-            ),
-            (
-                "--no-check-for-nan-in-loss-and-grad",
-                self.no_check_for_nan_in_loss_and_grad,
             ),
             ("--openai-gelu", self.openai_gelu),
             ("--no-bias-dropout-fusion", self.no_bias_dropout_fusion),

@@ -259,6 +259,14 @@ impl<F: TrainFamily> Trainer<'_, F> {
         if cfg.args.inject_grad_overflow.contains(&iteration) {
             self.grads.data[0] = f32::INFINITY;
         }
+        if cfg.args.inject_nan_grad == Some(iteration)
+            && cfg.args.inject_nan_grad_rank == self.comms.world_rank
+        {
+            self.grads.data[0] = f32::NAN;
+        }
+        if cfg.check_for_nan_in_loss_and_grad {
+            self.check_local_loss_and_grads(iteration, loss)?;
+        }
         if let Some(c) = self.comms.dp.as_deref_mut() {
             // The mean gradient (all-reduced, or reduce-scattered to the distributed optimizer's
             // shards) and loss over all ranks' micro-batches.
@@ -270,6 +278,47 @@ impl<F: TrainFamily> Trainer<'_, F> {
             loss = l[0] as f64;
         }
         Ok(loss)
+    }
+
+    /// Megatron's `check_for_nan_in_loss_and_grad`: this rank's loss and gradients, before the
+    /// data-parallel reduction would spread a bad value to every replica, so the error names
+    /// the rank (a faulty device, a bad sample) and the first tensor holding it. Under
+    /// `--overlap-grad-reduce` buckets were reduced during the backward pass: the message says
+    /// so, since the source may then be any data-parallel peer.
+    fn check_local_loss_and_grads(&mut self, iteration: u64, loss: f64) -> Result<(), TrainError> {
+        let overlapped = self.cfg.args.overlap_grad_reduce && self.comms.dp_rank_size().1 > 1;
+        let err = |what: String, when: &'static str| TrainError::LocalNonFinite {
+            iteration,
+            rank: self.comms.world_rank,
+            coords: format!(
+                "tp {}, pp {}, dp {}",
+                self.comms.tp.rank(),
+                self.comms.pp.rank(),
+                self.comms.dp_rank_size().0
+            ),
+            what,
+            when,
+        };
+        if !loss.is_finite() {
+            return Err(err(
+                format!("{loss} in its local forward loss"),
+                "before data-parallel communication",
+            ));
+        }
+        if let Some(i) = megatron_tensor::cpu::first_non_finite(&self.grads.data) {
+            let m = self.params.metas.iter().find(|m| i < m.offset + m.numel);
+            let name = m.map_or("an unnamed buffer", |m| m.name.as_str());
+            let when = if overlapped {
+                "after its overlapped data-parallel reduction (any data-parallel peer may be the source)"
+            } else {
+                "before data-parallel communication"
+            };
+            return Err(err(
+                format!("{} in the gradient of {name}", self.grads.data[i]),
+                when,
+            ));
+        }
+        Ok(())
     }
 
     /// Unscales and checks for overflow (loss scaling), takes the global gradient norm, clips

@@ -115,7 +115,8 @@ fn nan_loss_stops_the_run_and_keeps_the_last_checkpoint() {
         "1",
     ]))
     .unwrap_err();
-    let TrainError::NonFinite { iteration, .. } = e else {
+    // The rank's own check (Megatron's default) sees the bad loss or gradient first.
+    let TrainError::LocalNonFinite { iteration, .. } = e else {
         panic!("expected a non-finite error, got {e}")
     };
     assert!(iteration >= 2, "{iteration}");
@@ -130,6 +131,84 @@ fn nan_loss_stops_the_run_and_keeps_the_last_checkpoint() {
         load_checkpoint(&save, None).is_ok(),
         "the last good checkpoint still loads"
     );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Megatron's `--check-for-nan-in-loss-and-grad` (on by default): a NaN in one rank's gradient
+/// stops the job before the data-parallel reduction spreads it, naming the rank, its
+/// coordinates and the tensor; the last good checkpoint stays the latest. Without the check the
+/// global gradient norm still stops the run, but can name neither.
+#[test]
+fn a_nan_gradient_on_one_rank_stops_the_job_naming_the_rank_and_the_tensor() {
+    let dir = tmpdir("nan-rank");
+    for (name, layout, coords) in [
+        (
+            "dp2",
+            &["--nproc-per-node", "2"][..],
+            "rank 1 (tp 0, pp 0, dp 1)",
+        ),
+        (
+            "pp2",
+            &[
+                "--nproc-per-node",
+                "2",
+                "--pipeline-model-parallel-size",
+                "2",
+            ][..],
+            "rank 1 (tp 0, pp 1, dp 0)",
+        ),
+    ] {
+        let save = dir.join(name);
+        let s = save.to_str().unwrap();
+        let run = |extra: &[&str]| {
+            let v = [
+                layout,
+                &[
+                    "--train-iters",
+                    "5",
+                    "--inject-nan-grad",
+                    "3",
+                    "--inject-nan-grad-rank",
+                    "1",
+                    "--save",
+                    s,
+                    "--save-interval",
+                    "1",
+                ],
+                extra,
+            ]
+            .concat();
+            pretrain(&args(&v)).unwrap_err()
+        };
+        let e = run(&[]);
+        let msg = e.to_string();
+        let TrainError::LocalNonFinite {
+            iteration, rank, ..
+        } = e
+        else {
+            panic!("{name}: expected the rank's own check, got {msg}")
+        };
+        assert_eq!((iteration, rank), (3, 1), "{name}: {msg}");
+        assert!(msg.contains(coords), "{name}: {msg}");
+        assert!(
+            msg.contains("NaN in the gradient of decoder.")
+                || msg.contains("NaN in the gradient of embedding.")
+                || msg.contains("NaN in the gradient of output_layer."),
+            "{name}: {msg}"
+        );
+        assert!(
+            msg.contains("before data-parallel communication"),
+            "{name}: {msg}"
+        );
+        let tracker = std::fs::read_to_string(save.join(TRACKER)).unwrap();
+        assert_eq!(tracker.trim(), "2", "{name}: the last good iteration");
+        let _ = std::fs::remove_dir_all(&save);
+        let e = run(&["--no-check-for-nan-in-loss-and-grad"]);
+        assert!(
+            matches!(e, TrainError::NonFinite { iteration: 3, .. }),
+            "{name}: {e}"
+        );
+    }
     let _ = std::fs::remove_dir_all(dir);
 }
 

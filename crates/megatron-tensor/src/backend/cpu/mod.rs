@@ -75,7 +75,7 @@ pub use mlp_activation::{
 };
 pub use pooling::{mean_pool_forward, PoolNorm};
 pub use quick_geglu::{quick_geglu_backward, quick_geglu_forward};
-pub use reduce::{global_norm_squared, scale_inplace};
+pub use reduce::{first_non_finite, global_norm_squared, scale_inplace};
 pub use rmsnorm::{rmsnorm_backward, rmsnorm_forward, RMSNormDims};
 pub use rope::{rope_backward, rope_forward, RopeDims, RopeScaling, RopeStyle, RopeTable};
 pub use sgd::{sgd_update, SgdParams};

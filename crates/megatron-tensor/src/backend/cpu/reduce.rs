@@ -39,6 +39,19 @@ pub fn all_finite(x: &[f32]) -> bool {
     x.par_chunks(CHUNK).all(|c| c.iter().all(|v| v.is_finite()))
 }
 
+/// The index of the first NaN or infinity, if any (`--check-for-nan-in-loss-and-grad` scans
+/// every step's gradients with it). A chunk is tested without early exit, so it vectorizes and
+/// the common all-finite pass stays memory-bound.
+pub fn first_non_finite(x: &[f32]) -> Option<usize> {
+    let chunk = x
+        .par_chunks(CHUNK)
+        .position_first(|c| c.iter().fold(false, |bad, v| bad | !v.is_finite()))?;
+    let c = &x[chunk * CHUNK..];
+    c.iter()
+        .position(|v| !v.is_finite())
+        .map(|i| chunk * CHUNK + i)
+}
+
 /// The index of the first maximum (`torch.argmax`'s tie rule): greedy decoding.
 pub fn argmax(x: &[f32]) -> usize {
     let mut best = 0;
