@@ -1237,8 +1237,8 @@ impl TrainArgs {
             no_weight_decay_cond: self.no_weight_decay_cond()?,
             // As Megatron: under dynamic loss scaling non-finite gradients are the scaler's
             // signal to skip a step, not an error.
-            check_for_nan_in_loss_and_grad: !self.no_check_for_nan_in_loss_and_grad
-                && !(self.fp16 && self.loss_scale.is_none()),
+            check_for_nan_in_loss_and_grad: !(self.no_check_for_nan_in_loss_and_grad
+                || (self.fp16 && self.loss_scale.is_none())),
             global_batch_size: gbs,
             dp,
             tp,
