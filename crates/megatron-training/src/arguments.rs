@@ -492,6 +492,11 @@ pub struct TrainArgs {
     pub lr_wsd_decay_style: String,
     #[arg(long, default_value_t = 0.01)]
     pub weight_decay: f32,
+    /// Weigh every counted token of the global batch the same: the gradient is the summed loss
+    /// over the global batch's token count, not the mean of each micro-batch's mean (Megatron's
+    /// flag; they differ when micro-batches count different numbers of tokens, --eod-mask-loss).
+    #[arg(long)]
+    pub calculate_per_token_loss: bool,
     /// Decay the --qk-layernorm query and key norms too (megatron-core spares every 1-D tensor
     /// and bias otherwise).
     #[arg(long)]
@@ -873,6 +878,8 @@ pub struct TrainConfig {
     pub update_rule: UpdateRule,
     /// The tensors weight decay spares.
     pub no_weight_decay_cond: NoWeightDecayCond,
+    /// `--calculate-per-token-loss`.
+    pub loss_reduction: megatron_core::transformer::step::LossReduction,
     /// Megatron's `check_for_nan_in_loss_and_grad`: each rank checks its own loss and
     /// gradients before they are reduced over data-parallel ranks.
     pub check_for_nan_in_loss_and_grad: bool,
@@ -1235,6 +1242,11 @@ impl TrainArgs {
                 },
             },
             no_weight_decay_cond: self.no_weight_decay_cond()?,
+            loss_reduction: if self.calculate_per_token_loss {
+                megatron_core::transformer::step::LossReduction::TokenSum
+            } else {
+                megatron_core::transformer::step::LossReduction::MicroBatchMean
+            },
             // As Megatron: under dynamic loss scaling non-finite gradients are the scaler's
             // signal to skip a step, not an error.
             check_for_nan_in_loss_and_grad: !(self.no_check_for_nan_in_loss_and_grad
@@ -1318,6 +1330,11 @@ impl TrainArgs {
             model.window.is_some(),
             "--window-size",
             "sliding-window T5 is not built",
+        )?;
+        refuse(
+            self.calculate_per_token_loss,
+            "--calculate-per-token-loss",
+            "Megatron's T5 loss is each micro-batch's mean",
         )?;
         refuse(
             self.tokenizer.vocab_extra_ids == 0,
@@ -1412,6 +1429,11 @@ impl TrainArgs {
             self.mock_data,
             "--mock-data",
             "BERT samples are built from a sentence-split dataset",
+        )?;
+        refuse(
+            self.calculate_per_token_loss,
+            "--calculate-per-token-loss",
+            "Megatron's BERT loss is each micro-batch's mean, with its sentence-order loss",
         )?;
         refuse(
             model.untie_embeddings_and_output_weights,

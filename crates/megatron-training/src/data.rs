@@ -181,6 +181,16 @@ impl MicroBatch {
         Ok(())
     }
 
+    /// Labels the loss counts on this rank (its part of the sequence under context
+    /// parallelism). Summed in f64: masks are 0 or 1, so the count is exact.
+    pub(crate) fn counted_tokens(&self) -> f64 {
+        let mask = match &self.cp {
+            Some((_, local)) => &local.mask,
+            None => &self.mask,
+        };
+        mask.iter().map(|&m| m as f64).sum()
+    }
+
     pub(crate) fn batch(&self, b: usize, t: usize) -> Batch<'_> {
         if let Some((cp, local)) = &self.cp {
             return Batch {

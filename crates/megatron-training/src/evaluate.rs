@@ -1,8 +1,8 @@
-//! Evaluation (Megatron's `evaluate`): the mean validation loss over `--eval-iters` global
+//! Evaluation (Megatron's `evaluate`): the validation loss over `--eval-iters` global
 //! batches, forward only, through the same pipeline executor as training (one stage runs the
 //! same way, with nothing to send).
 
-use crate::family::TrainFamily;
+use crate::family::{LossAveraging, TrainFamily};
 use crate::training::Trainer;
 use crate::TrainError;
 use megatron_core::pipeline_parallel::executor::Stage;
@@ -55,17 +55,23 @@ impl<F: TrainFamily> Trainer<'_, F> {
             1.0,
             &mut self.timers,
         )?;
-        let local: f64 = r.losses.iter().map(|l| l.0 as f64).sum();
-        let stage_sum = if pp.size() > 1 {
-            sum_f64(pp, local)?
-        } else {
-            local
-        };
-        let total = match self.comms.dp.as_deref_mut() {
-            Some(c) => sum_f64(c, stage_sum)?,
-            None => stage_sum,
-        };
-        // Every context-parallel rank holds its micro-batches' whole loss.
-        Ok(Some(total / (global * cfg.cp) as f64))
+        // Only the last stage holds losses: the others add zeros.
+        let (sum, tokens) = crate::train_step::loss_sums::<F>(&r.losses);
+        let mut total = [sum, tokens];
+        for v in &mut total {
+            if pp.size() > 1 {
+                *v = sum_f64(pp, *v)?;
+            }
+            if let Some(c) = self.comms.dp.as_deref_mut() {
+                *v = sum_f64(c, *v)?;
+            }
+        }
+        Ok(Some(match F::loss_averaging() {
+            // Every context-parallel rank holds its micro-batches' whole loss.
+            LossAveraging::MicroBatches => total[0] / (global * cfg.cp) as f64,
+            // Megatron's GPT: the summed loss over the counted tokens (context-parallel
+            // copies in both).
+            LossAveraging::Tokens => total[0] / total[1].max(1.0),
+        }))
     }
 }

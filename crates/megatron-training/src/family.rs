@@ -10,6 +10,17 @@ use megatron_core::models::bert::BertHeads;
 use megatron_core::models::{ModelChunk, ModelFamily};
 use megatron_data::{Split, Tokenizer};
 
+/// How the logged loss (training and validation) averages a global batch's micro-batches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum LossAveraging {
+    /// The mean of the micro-batches' means (Megatron's BERT and T5 report this way).
+    MicroBatches,
+    /// The global batch's summed loss over its counted tokens (Megatron's GPT: its loss
+    /// function reports `(loss sum, tokens)`). The same as the other when every micro-batch
+    /// counts as many tokens; not under `--eod-mask-loss`.
+    Tokens,
+}
+
 /// A model family as the training loop drives it.
 pub(crate) trait TrainFamily: 'static {
     /// The engine's family (it builds the chunks).
@@ -63,6 +74,16 @@ pub(crate) trait TrainFamily: 'static {
     /// A T5's stacks, recorded in checkpoints.
     fn t5_stacks(_cfg: &TrainConfig) -> Option<megatron_core::models::t5::T5Stacks> {
         None
+    }
+    /// How the logged loss averages micro-batches.
+    fn loss_averaging() -> LossAveraging {
+        LossAveraging::MicroBatches
+    }
+    /// The tokens of `mb` the language-model loss counts, as this rank holds them (its part of
+    /// the sequence under context parallelism): `--calculate-per-token-loss` divides by their
+    /// sum over the global batch. Only families that support that flag count them.
+    fn counted_tokens(_mb: &Self::MicroBatch) -> f64 {
+        0.0
     }
 }
 

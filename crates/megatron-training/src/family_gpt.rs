@@ -3,7 +3,7 @@
 
 use crate::arguments::TrainConfig;
 use crate::data::{build_data, eod_mask, MicroBatch};
-use crate::family::TrainFamily;
+use crate::family::{LossAveraging, TrainFamily};
 use crate::TrainError;
 use megatron_core::context_parallel::CpLayout;
 use megatron_core::{Batch, GPTModel, TransformerConfig};
@@ -58,5 +58,13 @@ impl TrainFamily for Gpt {
 
     fn batch<'m>(cfg: &TrainConfig, mb: &'m MicroBatch) -> Batch<'m> {
         mb.batch(cfg.args.micro_batch_size, cfg.args.seq_length)
+    }
+
+    fn loss_averaging() -> LossAveraging {
+        LossAveraging::Tokens
+    }
+
+    fn counted_tokens(mb: &MicroBatch) -> f64 {
+        mb.counted_tokens()
     }
 }

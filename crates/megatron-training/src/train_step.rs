@@ -4,7 +4,7 @@
 //! the overlapped reduction and parameter all-gather on a communication thread), then loss
 //! scaling, the gradient norm, clipping and the optimizer step behind `MegatronOptimizer`.
 
-use crate::family::TrainFamily;
+use crate::family::{LossAveraging, TrainFamily};
 use crate::training::Trainer;
 use crate::TrainError;
 use megatron_comm::{Communicator, ReduceOp};
@@ -16,7 +16,7 @@ use megatron_core::optimizer::{ParamGather, StepLr};
 use megatron_core::pipeline_parallel::executor::Stage;
 use megatron_core::pipeline_parallel::schedule;
 use megatron_core::tensor_parallel::{allreduce_sequence_parallel_grads, sum_f64};
-use megatron_core::transformer::step::StepContext;
+use megatron_core::transformer::step::{LossReduction, StepContext};
 use megatron_data::data_samplers::MegatronPretrainingSampler;
 use megatron_data::Split;
 use std::time::Instant;
@@ -40,7 +40,10 @@ pub(crate) struct StepOutcome {
 
 /// What the forward/backward pass of a step left.
 struct Pass {
-    loss_sum: f64,
+    /// The loss of this rank's micro-batches, summed over the pipeline: the sum of their means
+    /// and 0 ([`LossAveraging::MicroBatches`]), or their summed loss and counted tokens
+    /// ([`LossAveraging::Tokens`]).
+    loss_sum: (f64, f64),
     /// Buckets the overlapped reduction did not reduce (`None`: not overlapped).
     remaining: Option<Vec<usize>>,
     peak_activation_bytes: usize,
@@ -56,8 +59,7 @@ impl<F: TrainFamily> Trainer<'_, F> {
         // Under context parallelism each rank's gradients cover its part of the sequence and
         // are averaged over data x context ranks: scaled by the context-parallel size they sum
         // over the sequence (Megatron multiplies the loss by it).
-        let m = self.cfg.batches.num_microbatches(self.consumed);
-        let grad_scale = loss_scale * self.cfg.cp as f32 / m as f32;
+        let grad_scale = self.grad_scale(loss_scale)?;
         // This rank's own work in the step (for --log-straggler): the forward/backward pass
         // less the time it waited for pipeline neighbours.
         let (busy_start, waited) = (Instant::now(), self.timers.p2p_wait);
@@ -83,6 +85,36 @@ impl<F: TrainFamily> Trainer<'_, F> {
 
     /// The start sample of each of this data-parallel rank's micro-batches, as Megatron's
     /// pretraining sampler hands them out from the consumed-samples count.
+    /// The factor of the loss gradient. Each micro-batch's mean: 1 / micro-batches.
+    /// `--calculate-per-token-loss`: the data-and-context-parallel size over the global batch's
+    /// counted tokens, since the reduction averages over that group and each rank's gradient
+    /// is of its tokens' summed loss (so every token weighs 1 / tokens, as Megatron's
+    /// `finalize_model_grads` scales). Called before the micro-batches are refilled for the
+    /// step, it fills them here: counting needs the step's samples.
+    fn grad_scale(&mut self, loss_scale: f32) -> Result<f32, TrainError> {
+        let m = self.cfg.batches.num_microbatches(self.consumed);
+        if self.cfg.loss_reduction == LossReduction::MicroBatchMean {
+            return Ok(loss_scale * self.cfg.cp as f32 / m as f32);
+        }
+        self.fill_micro_batches()?;
+        let local: f64 = self.mbs[..m].iter().map(F::counted_tokens).sum();
+        let (_, group) = self.comms.dp_rank_size();
+        let tokens = match self.comms.dp.as_deref_mut() {
+            Some(c) => sum_f64(c, local)?,
+            None => local,
+        };
+        Ok(loss_scale * group as f32 / tokens.max(1.0) as f32)
+    }
+
+    /// This rank's micro-batches of the step, from the data.
+    fn fill_micro_batches(&mut self) -> Result<(), TrainError> {
+        let starts = self.micro_batch_starts();
+        for (mb, &start) in self.mbs.iter_mut().zip(&starts) {
+            F::fill(self.cfg, &self.data, mb, Split::Train, start)?;
+        }
+        Ok(())
+    }
+
     fn micro_batch_starts(&self) -> Vec<u64> {
         let (dp_rank, dp) = self.comms.data_rank_size();
         let mut sampler = MegatronPretrainingSampler {
@@ -109,8 +141,9 @@ impl<F: TrainFamily> Trainer<'_, F> {
         let cfg = self.cfg;
         let a = &cfg.args;
         let starts = self.micro_batch_starts();
-        for (mb, &start) in self.mbs.iter_mut().zip(&starts) {
-            F::fill(cfg, &self.data, mb, Split::Train, start)?;
+        if cfg.loss_reduction == LossReduction::MicroBatchMean {
+            // (Per-token loss filled them to count their tokens.)
+            self.fill_micro_batches()?;
         }
         // Under batch-size ramp-up the buffers (sized for the final batch) are used in part.
         let batches: Vec<_> = self.mbs[..starts.len()]
@@ -123,6 +156,7 @@ impl<F: TrainFamily> Trainer<'_, F> {
                 StepContext::train(a.seed, iteration, s)
                     .with_grad_scale(grad_scale)
                     .with_recompute(cfg.recompute)
+                    .with_loss_reduction(cfg.loss_reduction)
             })
             .collect();
         let (pp_rank, pp_size) = (self.comms.pp.rank(), self.comms.pp.size());
@@ -189,10 +223,12 @@ impl<F: TrainFamily> Trainer<'_, F> {
                 timers,
                 overlap.as_mut().map(|ov| (ov, &chunk_params[..])),
             )?;
-            let local: f64 = r.losses.iter().map(|l| l.0 as f64).sum();
+            let local = loss_sums::<F>(&r.losses);
             // The loss is known on the last stage: summed over the pipeline group.
             let loss_sum = if pp_size > 1 {
-                sum_f64(pp, if pp_rank == pp_size - 1 { local } else { 0.0 })?
+                let last = pp_rank == pp_size - 1;
+                let (a, b) = if last { local } else { (0.0, 0.0) };
+                (sum_f64(pp, a)?, sum_f64(pp, b)?)
             } else {
                 local
             };
@@ -220,7 +256,7 @@ impl<F: TrainFamily> Trainer<'_, F> {
     /// data-parallel ranks. Returns the step's mean loss.
     fn finalize_gradients(&mut self, iteration: u64, pass: &Pass) -> Result<f64, TrainError> {
         let cfg = self.cfg;
-        let mut loss = pass.loss_sum / cfg.batches.num_microbatches(self.consumed) as f64;
+        let (sum, tokens) = pass.loss_sum;
         allreduce_sequence_parallel_grads(&self.params, &mut self.grads, &mut self.comms.tp)?;
         for c in &self.chunks {
             c.finalize_step(
@@ -265,17 +301,27 @@ impl<F: TrainFamily> Trainer<'_, F> {
             self.grads.data[0] = f32::NAN;
         }
         if cfg.check_for_nan_in_loss_and_grad {
-            self.check_local_loss_and_grads(iteration, loss)?;
+            self.check_local_loss_and_grads(iteration, sum)?;
         }
+        let m = cfg.batches.num_microbatches(self.consumed) as f64;
+        let mut loss = match F::loss_averaging() {
+            LossAveraging::MicroBatches => sum / m,
+            LossAveraging::Tokens => sum / tokens.max(1.0),
+        };
         if let Some(c) = self.comms.dp.as_deref_mut() {
             // The mean gradient (all-reduced, or reduce-scattered to the distributed optimizer's
             // shards) and loss over all ranks' micro-batches.
             let rest = pass.remaining.as_deref();
             self.optimizer
                 .reduce_gradients(&mut self.grads, rest, &mut *c)?;
-            let mut l = [loss as f32];
-            c.all_reduce(&mut l, ReduceOp::Avg)?;
-            loss = l[0] as f64;
+            loss = match F::loss_averaging() {
+                LossAveraging::MicroBatches => {
+                    let mut l = [loss as f32];
+                    c.all_reduce(&mut l, ReduceOp::Avg)?;
+                    l[0] as f64
+                }
+                LossAveraging::Tokens => sum_f64(c, sum)? / sum_f64(c, tokens)?.max(1.0),
+            };
         }
         Ok(loss)
     }
@@ -427,5 +473,15 @@ impl<F: TrainFamily> Trainer<'_, F> {
             c.all_reduce(&mut flag, ReduceOp::Max)?;
         }
         Ok(flag[0] > 0.0)
+    }
+}
+
+/// A stage's micro-batch losses `(mean, counted tokens)` as [`Pass::loss_sum`] holds them.
+pub(crate) fn loss_sums<F: TrainFamily>(losses: &[(f32, f32)]) -> (f64, f64) {
+    match F::loss_averaging() {
+        LossAveraging::MicroBatches => (losses.iter().map(|l| l.0 as f64).sum(), 0.0),
+        LossAveraging::Tokens => losses.iter().fold((0.0, 0.0), |(s, n), &(mean, tokens)| {
+            (s + mean as f64 * tokens as f64, n + tokens as f64)
+        }),
     }
 }

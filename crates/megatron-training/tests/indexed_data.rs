@@ -374,3 +374,114 @@ fn data_args_files_stand_for_the_data_path_flags_they_hold() {
     );
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// `--calculate-per-token-loss` under `--eod-mask-loss`, where micro-batches count different
+/// numbers of tokens: every token of the global batch weighs the same, so four one-sample
+/// micro-batches train exactly the model one four-sample micro-batch trains (whose mean is over
+/// all its tokens), while the default (each micro-batch's mean) trains another. The logged loss
+/// is Megatron's GPT report, the summed loss over the counted tokens, whatever the split into
+/// micro-batches: the same first loss for all three, and the same validation loss where the
+/// models agree. Every layout trains the per-token model of one rank.
+#[test]
+fn per_token_loss_weighs_every_counted_token_alike_in_every_layout() {
+    let dir = std::env::temp_dir().join(format!("megatron-rs-per-token-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let (a, _) = corpora(&dir);
+    let run = |extra: &[&str]| {
+        let mut args = base(&[
+            "--data-path",
+            &a,
+            "--eod-mask-loss",
+            "--hidden-dropout",
+            "0",
+            "--attention-dropout",
+            "0",
+            "--train-iters",
+            "4",
+            "--lr-warmup-iters",
+            "0",
+            "--eval-interval",
+            "2",
+            // The padded vocabulary (50304) is the same at TP 1 and 2.
+            "--make-vocab-size-divisible-by",
+            "64",
+        ]);
+        args.extend(extra.iter().map(|s| s.to_string()));
+        pretrain(&Wrap::try_parse_from(args).unwrap().args).unwrap()
+    };
+    let one_micro_batch = run(&["--micro-batch-size", "4"]);
+    let per_token = run(&["--micro-batch-size", "1", "--calculate-per-token-loss"]);
+    let per_micro_batch = run(&["--micro-batch-size", "1"]);
+    common::assert_losses_close(
+        "per-token loss over 4 micro-batches vs one micro-batch",
+        &one_micro_batch.losses,
+        &per_token.losses,
+        1e-5,
+    );
+    common::assert_losses_close(
+        "validation",
+        &one_micro_batch.val_losses,
+        &per_token.val_losses,
+        1e-5,
+    );
+    let first = |s: &megatron_training::TrainSummary| s.losses[0].1;
+    let rel = (first(&per_micro_batch) - first(&one_micro_batch)).abs() / first(&one_micro_batch);
+    assert!(
+        rel < 1e-6,
+        "the first report is per token either way: {rel}"
+    );
+    let last = |s: &megatron_training::TrainSummary| s.losses.last().unwrap().1;
+    let rel = (last(&per_micro_batch) - last(&one_micro_batch)).abs() / last(&one_micro_batch);
+    assert!(
+        rel > 1e-5,
+        "micro-batch means weigh tokens differently, so the model differs: {rel}"
+    );
+    for (name, layout) in [
+        ("dp2", &["--nproc-per-node", "2"][..]),
+        (
+            "pp2",
+            &[
+                "--nproc-per-node",
+                "2",
+                "--pipeline-model-parallel-size",
+                "2",
+            ][..],
+        ),
+        (
+            "tp2-sp",
+            &[
+                "--nproc-per-node",
+                "2",
+                "--tensor-model-parallel-size",
+                "2",
+                "--sequence-parallel",
+            ][..],
+        ),
+        (
+            "cp2",
+            &["--nproc-per-node", "2", "--context-parallel-size", "2"][..],
+        ),
+    ] {
+        let r = run(&[
+            &["--micro-batch-size", "1", "--calculate-per-token-loss"][..],
+            layout,
+        ]
+        .concat());
+        common::assert_losses_close(name, &per_token.losses, &r.losses, 1e-5);
+        common::assert_losses_close(name, &per_token.val_losses, &r.val_losses, 1e-5);
+    }
+    // Megatron's BERT reports and trains on each micro-batch's mean: refused there.
+    let e = pretrain(&common::bert_args(&[
+        "--train-iters",
+        "3",
+        "--calculate-per-token-loss",
+    ]))
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("--model bert: --calculate-per-token-loss"),
+        "{e}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -18,7 +18,7 @@ use crate::transformer::config::PositionEmbeddingType;
 use crate::transformer::config::TransformerConfig;
 use crate::transformer::layer::{FeedForward, LayerNormSaved, Norm, TransformerLayer};
 use crate::transformer::moe::{MoELayer, MoEMetrics};
-use crate::transformer::step::{Recompute, RecomputeMethod, StepContext};
+use crate::transformer::step::{LossReduction, Recompute, RecomputeMethod, StepContext};
 use megatron_comm::CommError;
 use megatron_tensor::cpu::{AttentionMask, ClassifierDims, RopeScaling, RopeStyle, RopeTable};
 use megatron_tensor::Tensor;
@@ -503,11 +503,17 @@ impl ModelChunk for GPTModel {
         let mut tail = None;
         match grads {
             Some(grads) => {
-                let dloss: Vec<f32> = batch
-                    .loss_mask
-                    .iter()
-                    .map(|m| m / denom * grad_scale)
-                    .collect();
+                // The reported loss stays the micro-batch's mean either way.
+                let dloss: Vec<f32> = match ctx.loss_reduction {
+                    LossReduction::MicroBatchMean => batch
+                        .loss_mask
+                        .iter()
+                        .map(|m| m / denom * grad_scale)
+                        .collect(),
+                    LossReduction::TokenSum => {
+                        batch.loss_mask.iter().map(|m| m * grad_scale).collect()
+                    }
+                };
                 let mut dxg = Tensor::for_overwrite(&[n, self.config.hidden_size]);
                 vocab_parallel_cross_entropy(
                     tp,

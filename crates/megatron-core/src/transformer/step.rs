@@ -35,6 +35,19 @@ pub struct SelectiveModules {
     pub mlp: bool,
 }
 
+/// How a micro-batch's language-model loss turns into its gradient (Megatron's
+/// `--calculate-per-token-loss`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LossReduction {
+    /// Each micro-batch's mean over its counted tokens (Megatron's default): a micro-batch
+    /// with few counted tokens weighs as much as a full one.
+    #[default]
+    MicroBatchMean,
+    /// The sum over counted tokens; the trainer's `grad_scale` divides by the global batch's
+    /// token count, so every token of the global batch weighs the same.
+    TokenSum,
+}
+
 /// What varies per micro-batch and is not data: whether dropout is on and which random stream
 /// it draws from. Streams are keyed by (seed, iteration) and numbered by the global index of the
 /// micro-batch's first sample, so a sample gets the same dropout masks however the global batch
@@ -49,6 +62,7 @@ pub struct StepContext {
     /// auxiliary losses inside the model (MoE load balancing) scale theirs the same.
     pub grad_scale: f32,
     pub recompute: Recompute,
+    pub loss_reduction: LossReduction,
     /// A forward run again in backward (full recomputation): the same results, without side
     /// effects that must happen once per step (MoE routing statistics).
     pub recomputing: bool,
@@ -62,6 +76,7 @@ impl StepContext {
             first_sample,
             grad_scale: 1.0,
             recompute: Recompute::None,
+            loss_reduction: LossReduction::MicroBatchMean,
             recomputing: false,
         }
     }
@@ -73,7 +88,16 @@ impl StepContext {
             first_sample: 0,
             grad_scale: 1.0,
             recompute: Recompute::None,
+            loss_reduction: LossReduction::MicroBatchMean,
             recomputing: false,
+        }
+    }
+
+    /// The same context with the language-model loss reduced as `loss_reduction` says.
+    pub fn with_loss_reduction(self, loss_reduction: LossReduction) -> Self {
+        StepContext {
+            loss_reduction,
+            ..self
         }
     }
 

@@ -132,7 +132,7 @@ impl TabularArgs {
 /// Checks `a` for `--model tabular` and types it.
 pub fn validate(a: &TrainArgs) -> Result<TabularTrainConfig, TrainError> {
     let t = &a.tabular;
-    let unsupported: [(&str, bool, &str); 13] = [
+    let unsupported: [(&str, bool, &str); 14] = [
         (
             "--pipeline-model-parallel-size",
             a.pipeline_model_parallel_size > 1,
@@ -179,6 +179,11 @@ pub fn validate(a: &TrainArgs) -> Result<TabularTrainConfig, TrainError> {
             "--window-size",
             a.window_size.is_some(),
             "does not apply (the tabular model's attention is over a table's rows and columns)",
+        ),
+        (
+            "--calculate-per-token-loss",
+            a.calculate_per_token_loss,
+            "does not apply (the tabular model's loss is over a table's query cells)",
         ),
         (
             "--qk-layernorm / --apply-wd-to-qk-layernorm",
