@@ -19,21 +19,6 @@ fn run(
     train_and_load(dir, name, extra)
 }
 
-const LLAMA: &[&str] = &[
-    "--swiglu",
-    "--normalization",
-    "RMSNorm",
-    "--position-embedding-type",
-    "rope",
-    "--num-attention-heads",
-    "8",
-    "--group-query-attention",
-    "--num-query-groups",
-    "4",
-    "--disable-bias-linear",
-    "--untie-embeddings-and-output-weights",
-];
-
 fn cp_layouts_match_one_rank(kind: &'static str, dropout: &[&str]) {
     let dir = tmpdir(&format!("cp-{kind}"));
     let comm: &'static [&'static str] = if kind == "p2p" {

@@ -506,6 +506,58 @@ fn a_quantized_llama_gguf_dequantizes_and_unpermutes_exactly_as_gguf_py() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// llama.cpp's Qwen2 (q/k/v biases, tied) and Qwen3 (q/k norms, head_dim 16 beside hidden
+/// 48 / 4 heads from `attention.key_length`, untied) GGUFs, without the Llama Q/K permutation
+/// (`bench/make_gguf_qwen_fixtures.py`, names from gguf-py's own table): logits against
+/// transformers' on the same weights, and back to Hugging Face as the same architecture.
+#[test]
+fn qwen2_and_qwen3_ggufs_give_transformers_logits() {
+    let dir = tmpdir("convert-gguf-qwen");
+    let fx = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gguf");
+    let refb = std::fs::read(fx.join("qwen_reference.safetensors")).unwrap();
+    let r = SafeTensors::deserialize(&refb).unwrap();
+    let ids: Vec<i64> = r
+        .tensor("input_ids")
+        .unwrap()
+        .data()
+        .chunks_exact(8)
+        .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    for (arch, class, qk_norm) in [
+        ("qwen2", "Qwen2ForCausalLM", false),
+        ("qwen3", "Qwen3ForCausalLM", true),
+    ] {
+        let save = dir.join(arch);
+        megatron_training::convert::gguf_to_megatron(
+            &fx.join(format!("tiny-{arch}.gguf")),
+            &save,
+            128,
+        )
+        .unwrap();
+        let cfg = load_checkpoint(&save, None).unwrap().meta.model;
+        assert_eq!(cfg.qk_layernorm, qk_norm, "{arch}");
+        assert_eq!(cfg.add_qkv_bias, !qk_norm, "{arch}");
+        let lt = r.tensor(&format!("{arch}.logits")).unwrap();
+        let (b, t, vocab) = (lt.shape()[0], lt.shape()[1], lt.shape()[2]);
+        let want = f32s(lt.data());
+        let got = megatron_logits(&save, &ids, b, t, vocab);
+        let diff = want
+            .iter()
+            .zip(&got)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max);
+        eprintln!("{arch} GGUF: max |logit difference| {diff:e}");
+        assert!(diff <= 1e-4, "{arch}: logits differ by {diff}");
+        megatron_to_hf(&save, &dir.join(format!("{arch}-hf"))).unwrap();
+        let back: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(dir.join(format!("{arch}-hf")).join("config.json")).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(back["architectures"][0], class, "{arch}");
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 #[test]
 fn a_converted_llama_trains_from_its_own_config_and_matches_one_rank_at_tp2_pp2() {
     // --use-checkpoint-args takes the model from the converted checkpoint; --finetune starts at

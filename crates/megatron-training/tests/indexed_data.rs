@@ -212,37 +212,28 @@ fn trains_on_a_blend_of_indexed_datasets_with_cache_and_exact_resume() {
     // the kernel whole sequences with the micro-batch's document starts, the ring each block
     // its rows' starts in its keys' positions; each rank's tokens keep their document
     // positions. The one-rank losses either way.
-    for comm in ["a2a", "p2p"] {
-        let cp_flags = [
-            "--nproc-per-node",
-            "2",
-            "--context-parallel-size",
-            "2",
-            "--cp-comm-type",
-            comm,
-        ];
-        let cp = run(&[&documents[..], &cp_flags].concat());
-        let what = format!("CP 2 ({comm}) with document masks");
-        common::assert_losses_close(&what, &reset.losses, &cp.losses, 1e-5);
-    }
+    let cp_matches = |flags: &[&str], serial: &megatron_training::TrainSummary, what: &str| {
+        for comm in ["a2a", "p2p"] {
+            let cp_flags = [
+                "--nproc-per-node",
+                "2",
+                "--context-parallel-size",
+                "2",
+                "--cp-comm-type",
+                comm,
+            ];
+            let cp = run(&[flags, &cp_flags].concat());
+            let what = format!("CP 2 ({comm}) with {what}");
+            common::assert_losses_close(&what, &serial.losses, &cp.losses, 1e-5);
+        }
+    };
+    cp_matches(&documents, &reset, "document masks");
     // A sliding window (--window-size) is one more first key per query, merged with the
     // document's: the one-rank losses again under both context-parallel layouts.
     let windowed = [&documents[..], &["--window-size", "(3,0)"]].concat();
     let serial = run(&windowed);
     assert_ne!(serial.losses, reset.losses, "the window changes the model");
-    for comm in ["a2a", "p2p"] {
-        let cp_flags = [
-            "--nproc-per-node",
-            "2",
-            "--context-parallel-size",
-            "2",
-            "--cp-comm-type",
-            comm,
-        ];
-        let cp = run(&[&windowed[..], &cp_flags].concat());
-        let what = format!("CP 2 ({comm}) with document masks and a window");
-        common::assert_losses_close(&what, &serial.losses, &cp.losses, 1e-5);
-    }
+    cp_matches(&windowed, &serial, "document masks and a window");
 
     // One dataset per split instead of --split.
     let mut args = base(&[

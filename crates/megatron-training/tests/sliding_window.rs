@@ -12,21 +12,6 @@ use megatron_core::transformer::config::LayerPattern;
 use megatron_training::layer_pattern::{parse_layer_pattern, parse_window_size};
 use megatron_training::pretrain;
 
-const LLAMA: &[&str] = &[
-    "--swiglu",
-    "--normalization",
-    "RMSNorm",
-    "--position-embedding-type",
-    "rope",
-    "--num-attention-heads",
-    "8",
-    "--group-query-attention",
-    "--num-query-groups",
-    "4",
-    "--disable-bias-linear",
-    "--untie-embeddings-and-output-weights",
-];
-
 #[test]
 fn sliding_window_layouts_match_one_rank() {
     let dir = tmpdir("sliding-window");

@@ -1,8 +1,8 @@
 //! GGUF (llama.cpp's container): metadata and tensors read from a memory map, tensors
 //! dequantized to f32 exactly as ggml / gguf-py define them (F32, F16, BF16, Q8_0, Q4_0, Q4_1),
-//! and llama.cpp's Llama conversion undone: the rotary row permutation of Q and K, the
-//! `blk.N.*` names. The result is a Hugging Face-style config and tensor set that the Llama
-//! family file maps on. Written by hand: no maintained Rust crate reads GGUF's quantized types.
+//! and llama.cpp's conversion undone: the `blk.N.*` names and, for Llama only, the rotary row
+//! permutation of Q and K. The result is a Hugging Face-style config and tensor set (Llama,
+//! Qwen2, Qwen3) that the Llama family file maps on. Written by hand: no maintained Rust crate reads GGUF's quantized types.
 
 use super::Tensors;
 use crate::TrainError;
@@ -262,24 +262,37 @@ fn unpermute(x: &[f32], heads: usize, hd: usize, cols: usize) -> Vec<f32> {
     out
 }
 
-/// A Llama GGUF as a Hugging Face `LlamaForCausalLM` config.json and tensors.
-pub(crate) fn llama_as_hf(g: &Gguf) -> Result<(serde_json::Value, Tensors), String> {
+/// The Hugging Face class a GGUF architecture reads as, and whether llama.cpp permuted its Q/K
+/// rows: `convert_hf_to_gguf.py` permutes only for its `LlamaModel`; Qwen2 and Qwen3 keep
+/// Hugging Face's rotate-half rows.
+fn hf_architecture(arch: &str) -> Option<(&'static str, bool)> {
+    match arch {
+        "llama" => Some(("LlamaForCausalLM", true)),
+        "qwen2" => Some(("Qwen2ForCausalLM", false)),
+        "qwen3" => Some(("Qwen3ForCausalLM", false)),
+        _ => None,
+    }
+}
+
+/// A llama.cpp GGUF of the Llama, Qwen2 or Qwen3 architecture as the Hugging Face config.json
+/// and tensors of the same model (metadata under `{arch}.`, llama.cpp's tensor names).
+pub(crate) fn hf_model_of(g: &Gguf) -> Result<(serde_json::Value, Tensors), String> {
     let arch = g
         .meta
         .get("general.architecture")
         .and_then(Value::as_str)
         .unwrap_or("");
-    if arch != "llama" {
+    let Some((class, permuted)) = hf_architecture(arch) else {
         return Err(format!(
-            "general.architecture '{arch}': only llama GGUFs are read"
+            "general.architecture '{arch}': only llama, qwen2 and qwen3 GGUFs are read"
         ));
-    }
+    };
     let num = |k: &str| {
         g.meta
-            .get(&format!("llama.{k}"))
+            .get(&format!("{arch}.{k}"))
             .and_then(Value::as_u64)
             .map(|v| v as usize)
-            .ok_or_else(|| format!("metadata llama.{k} missing"))
+            .ok_or_else(|| format!("metadata {arch}.{k} missing"))
     };
     let (layers, h, heads, ffn) = (
         num("block_count")?,
@@ -288,8 +301,13 @@ pub(crate) fn llama_as_hf(g: &Gguf) -> Result<(serde_json::Value, Tensors), Stri
         num("feed_forward_length")?,
     );
     let groups = num("attention.head_count_kv").unwrap_or(heads);
-    let hd = h / heads;
-    let vocab = match g.meta.get("llama.vocab_size").and_then(Value::as_u64) {
+    // Written where config.json had head_dim (Qwen3: 128 beside a hidden size of 1024 / 16).
+    let hd = num("attention.key_length").unwrap_or(h / heads);
+    let vocab = match g
+        .meta
+        .get(&format!("{arch}.vocab_size"))
+        .and_then(Value::as_u64)
+    {
         Some(v) => v as usize,
         None => match g.meta.get("tokenizer.ggml.tokens") {
             Some(Value::Arr(a)) => a.len(),
@@ -298,10 +316,11 @@ pub(crate) fn llama_as_hf(g: &Gguf) -> Result<(serde_json::Value, Tensors), Stri
     };
     let f = |k: &str, d: f64| {
         g.meta
-            .get(&format!("llama.{k}"))
+            .get(&format!("{arch}.{k}"))
             .and_then(Value::as_f64)
             .unwrap_or(d)
     };
+    let not_part = |name: &str| format!("tensor {name}: not part of a {arch} model");
     let mut t = Tensors::new();
     let mut tied = true;
     for info in &g.tensors {
@@ -320,27 +339,32 @@ pub(crate) fn llama_as_hf(g: &Gguf) -> Result<(serde_json::Value, Tensors), Stri
             let (l, part) = rest
                 .split_once('.')
                 .ok_or_else(|| format!("tensor {name}: unexpected name"))?;
-            let p = match part {
-                "attn_norm.weight" => "input_layernorm.weight",
-                "ffn_norm.weight" => "post_attention_layernorm.weight",
-                "attn_q.weight" => "self_attn.q_proj.weight",
-                "attn_k.weight" => "self_attn.k_proj.weight",
-                "attn_v.weight" => "self_attn.v_proj.weight",
-                "attn_output.weight" => "self_attn.o_proj.weight",
-                "ffn_gate.weight" => "mlp.gate_proj.weight",
-                "ffn_up.weight" => "mlp.up_proj.weight",
-                "ffn_down.weight" => "mlp.down_proj.weight",
-                _ => return Err(format!("tensor {name}: not part of a Llama")),
+            let p = match (arch, part) {
+                (_, "attn_norm.weight") => "input_layernorm.weight",
+                (_, "ffn_norm.weight") => "post_attention_layernorm.weight",
+                (_, "attn_q.weight") => "self_attn.q_proj.weight",
+                (_, "attn_k.weight") => "self_attn.k_proj.weight",
+                (_, "attn_v.weight") => "self_attn.v_proj.weight",
+                (_, "attn_output.weight") => "self_attn.o_proj.weight",
+                (_, "ffn_gate.weight") => "mlp.gate_proj.weight",
+                (_, "ffn_up.weight") => "mlp.up_proj.weight",
+                (_, "ffn_down.weight") => "mlp.down_proj.weight",
+                ("qwen2", "attn_q.bias") => "self_attn.q_proj.bias",
+                ("qwen2", "attn_k.bias") => "self_attn.k_proj.bias",
+                ("qwen2", "attn_v.bias") => "self_attn.v_proj.bias",
+                ("qwen3", "attn_q_norm.weight") => "self_attn.q_norm.weight",
+                ("qwen3", "attn_k_norm.weight") => "self_attn.k_norm.weight",
+                _ => return Err(not_part(name)),
             };
             format!("model.layers.{l}.{p}")
         } else if name == "rope_freqs.weight" {
             continue;
         } else {
-            return Err(format!("tensor {name}: not part of a Llama"));
+            return Err(not_part(name));
         };
-        let v = if hf.ends_with("q_proj.weight") {
+        let v = if permuted && hf.ends_with("q_proj.weight") {
             unpermute(&v, heads, hd, cols)
-        } else if hf.ends_with("k_proj.weight") {
+        } else if permuted && hf.ends_with("k_proj.weight") {
             unpermute(&v, groups, hd, cols)
         } else {
             v
@@ -348,13 +372,15 @@ pub(crate) fn llama_as_hf(g: &Gguf) -> Result<(serde_json::Value, Tensors), Stri
         t.insert(hf, (shape, v));
     }
     let config = serde_json::json!({
-        "architectures": ["LlamaForCausalLM"],
+        "architectures": [class],
+        "model_type": arch,
         "hidden_act": "silu",
         "hidden_size": h,
         "intermediate_size": ffn,
         "num_hidden_layers": layers,
         "num_attention_heads": heads,
         "num_key_value_heads": groups,
+        "head_dim": hd,
         "max_position_embeddings": num("context_length")?,
         "rms_norm_eps": f("attention.layer_norm_rms_epsilon", 1e-5),
         "rope_theta": f("rope.freq_base", 10000.0),

@@ -367,8 +367,8 @@ pub fn megatron_to_hf(input: &Path, output: &Path) -> Result<PathBuf, TrainError
     Ok(output.to_path_buf())
 }
 
-/// `megatron convert --from gguf --input FILE.gguf --output SAVE`: a Llama GGUF (quantized
-/// tensors dequantized, llama.cpp's Q/K permutation undone) as a megatron-rs checkpoint, with
+/// `megatron convert --from gguf --input FILE.gguf --output SAVE`: a Llama, Qwen2 or Qwen3 GGUF
+/// (quantized tensors dequantized, llama.cpp's Llama Q/K permutation undone) as a megatron-rs checkpoint, with
 /// the GGUF's tokenizer written beside it as `tokenizer.json` and recorded in the manifest.
 pub fn gguf_to_megatron(
     input: &Path,
@@ -376,9 +376,12 @@ pub fn gguf_to_megatron(
     divisible_by: usize,
 ) -> Result<PathBuf, TrainError> {
     let g = gguf::Gguf::open(input)?;
-    let (hf, mut tensors) = gguf::llama_as_hf(&g).map_err(|m| err(input, m))?;
+    let (hf, mut tensors) = gguf::hf_model_of(&g).map_err(|m| err(input, m))?;
     let fam = llama::Llama {
-        arch: "LlamaForCausalLM".into(),
+        arch: hf["architectures"][0]
+            .as_str()
+            .unwrap_or("LlamaForCausalLM")
+            .into(),
         mlp: Box::new(llama::DenseMlp),
     };
     let cfg = fam

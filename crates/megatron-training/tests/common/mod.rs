@@ -388,3 +388,21 @@ pub fn safetensor_f32(r: &safetensors::SafeTensors, name: &str) -> Vec<f32> {
         .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
         .collect()
 }
+
+/// A small Llama (SwiGLU, RMSNorm, RoPE, 8 heads in 4 query groups, no biases, untied) on top of
+/// a GPT model's flags.
+#[allow(dead_code)]
+pub const LLAMA: &[&str] = &[
+    "--swiglu",
+    "--normalization",
+    "RMSNorm",
+    "--position-embedding-type",
+    "rope",
+    "--num-attention-heads",
+    "8",
+    "--group-query-attention",
+    "--num-query-groups",
+    "4",
+    "--disable-bias-linear",
+    "--untie-embeddings-and-output-weights",
+];
