@@ -1,7 +1,8 @@
 mod common;
 use common::*;
 use megatron_tensor::cpu::moe_router::{
-    aux_loss, topk_router_backward, topk_router_forward, z_loss, RouterDims, ScoreFunction,
+    aux_loss, topk_router_backward, topk_router_forward, z_loss, GroupLimit, RouterDims,
+    ScoreFunction,
 };
 
 fn dims(score: ScoreFunction, pre_softmax: bool, topk: usize) -> RouterDims {
@@ -12,6 +13,7 @@ fn dims(score: ScoreFunction, pre_softmax: bool, topk: usize) -> RouterDims {
         score,
         pre_softmax,
         scaling: Some(1.5),
+        group_limit: None,
     }
 }
 
@@ -33,6 +35,7 @@ fn softmax_routing_matches_megatrons_definition() {
         score: ScoreFunction::Softmax,
         pre_softmax: true,
         scaling: None,
+        group_limit: None,
     };
     let (idx, p) = probs_of(&logits, d);
     assert_eq!(idx, [1, 4]);
@@ -88,13 +91,22 @@ fn softmax_routing_matches_megatrons_definition() {
 
 #[test]
 fn router_backward_matches_finite_difference_for_every_score_function() {
-    for (score, pre, k) in [
-        (ScoreFunction::Softmax, true, 2),
-        (ScoreFunction::Softmax, false, 2),
-        (ScoreFunction::Sigmoid, false, 2),
-        (ScoreFunction::Sigmoid, false, 1),
+    let groups = Some(GroupLimit {
+        groups: 3,
+        topk_groups: 2,
+    });
+    for (score, pre, k, group_limit) in [
+        (ScoreFunction::Softmax, true, 2, None),
+        (ScoreFunction::Softmax, false, 2, None),
+        (ScoreFunction::Sigmoid, false, 2, None),
+        (ScoreFunction::Sigmoid, false, 1, None),
+        (ScoreFunction::Softmax, false, 2, groups),
+        (ScoreFunction::Sigmoid, false, 2, groups),
     ] {
-        let d = dims(score, pre, k);
+        let d = RouterDims {
+            group_limit,
+            ..dims(score, pre, k)
+        };
         let mut logits = randn(d.tokens * d.experts, 3, 1.0);
         let r = randn(d.tokens * k, 4, 1.0);
         let (idx, _) = probs_of(&logits, d);
@@ -113,7 +125,7 @@ fn router_backward_matches_finite_difference_for_every_score_function() {
             2e-3,
             1e-2,
             42,
-            &format!("{score:?} pre {pre} k {k}"),
+            &format!("{score:?} pre {pre} k {k} groups {group_limit:?}"),
         );
     }
 }
@@ -191,4 +203,88 @@ fn aux_and_z_losses_match_their_formulas_and_finite_differences() {
         42,
         "z-loss",
     );
+}
+
+/// Group-limited routing (megatron-core's `group_limited_topk`), worked by hand: 8 experts in
+/// 4 groups of 2, top-2 within the best group. Plain top-2 takes experts 1 and 4 (2.0 and 1.9),
+/// which lie in groups 0 and 2; each group scores the sum of its best 2 / 1 members: group 0
+/// 2.0 + 0.1, group 1 0.5 + 0.4, group 2 1.9 + 0.0, group 3 1.2 + 1.1 = 2.3, so group 3 wins
+/// and the token goes to experts 6 and 7 (on sigmoid scores too; on pre-softmax probabilities
+/// the convex exponential makes group 0 the best). With two groups of the four (best one member each:
+/// 2.0, 0.5, 1.9, 1.2) groups 0 and 2 win and the plain choice stands; the selection's
+/// probabilities are those of the selected scores, whatever the score function.
+#[test]
+fn group_limited_routing_picks_the_top_k_among_the_best_groups() {
+    let logits = [0.1f32, 2.0, 0.5, 0.4, 1.9, 0.0, 1.2, 1.1];
+    let d = RouterDims {
+        tokens: 1,
+        experts: 8,
+        topk: 2,
+        score: ScoreFunction::Softmax,
+        pre_softmax: false,
+        scaling: None,
+        group_limit: None,
+    };
+    assert_eq!(probs_of(&logits, d).0, [1, 4]);
+    let one = Some(GroupLimit {
+        groups: 4,
+        topk_groups: 1,
+    });
+    for (score, pre) in [
+        (ScoreFunction::Softmax, false),
+        (ScoreFunction::Softmax, true),
+        (ScoreFunction::Sigmoid, false),
+    ] {
+        let d = RouterDims {
+            score,
+            pre_softmax: pre,
+            group_limit: one,
+            ..d
+        };
+        let (idx, p) = probs_of(&logits, d);
+        // Pre-softmax groups sum probabilities: e^2 + e^0.1 beats e^1.2 + e^1.1, so group 0.
+        let want_idx = if pre { [1, 0] } else { [6, 7] };
+        assert_eq!(idx, want_idx, "{score:?} pre-softmax {pre}");
+        let want: Vec<f32> = match (score, pre) {
+            (ScoreFunction::Softmax, false) => {
+                let z = 1.2f32.exp() + 1.1f32.exp();
+                vec![1.2f32.exp() / z, 1.1f32.exp() / z]
+            }
+            (ScoreFunction::Softmax, true) => {
+                let z: f32 = logits.iter().map(|v| v.exp()).sum();
+                vec![2.0f32.exp() / z, 0.1f32.exp() / z]
+            }
+            (ScoreFunction::Sigmoid, _) => {
+                let s = |x: f32| 1.0 / (1.0 + (-x).exp());
+                let sum = s(1.2) + s(1.1);
+                vec![s(1.2) / sum, s(1.1) / sum]
+            }
+        };
+        assert_close(
+            &p,
+            &want,
+            1e-6,
+            1e-6,
+            "probabilities of the selected experts",
+        );
+    }
+    let two = RouterDims {
+        group_limit: Some(GroupLimit {
+            groups: 4,
+            topk_groups: 2,
+        }),
+        ..d
+    };
+    assert_eq!(probs_of(&logits, two).0, [1, 4]);
+    // An expert bias shifts the group scores too (DeepSeek-V3 selects on scores + bias).
+    let biased = RouterDims {
+        score: ScoreFunction::Sigmoid,
+        group_limit: one,
+        ..d
+    };
+    let mut idx = [0u32; 2];
+    let mut p = [0.0f32; 2];
+    let bias = [0.0, 0.0, 3.0, 3.0, 0.0, 0.0, 0.0, 0.0];
+    topk_router_forward(&mut idx, &mut p, &logits, Some(&bias), biased);
+    assert_eq!(idx, [2, 3], "group 1 wins on its biased scores");
 }

@@ -388,6 +388,14 @@ pub struct TrainArgs {
     pub moe_router_pre_softmax: bool,
     #[arg(long)]
     pub moe_router_topk_scaling_factor: Option<f32>,
+    /// Group-limited routing: the experts split into this many equal groups by index
+    /// (DeepSeek: the expert-parallel ranks or nodes).
+    #[arg(long)]
+    pub moe_router_num_groups: Option<usize>,
+    /// Groups each token may route to, picked by the sum of each group's best
+    /// topk / group-topk scores.
+    #[arg(long)]
+    pub moe_router_group_topk: Option<usize>,
     /// Switch load-balancing loss coefficient (0: off).
     #[arg(long, default_value_t = 0.0)]
     pub moe_aux_loss_coeff: f32,
@@ -1929,6 +1937,39 @@ impl TrainArgs {
                 self.moe_router_topk
             )));
         }
+        let router_groups = match (self.moe_router_num_groups, self.moe_router_group_topk) {
+            (None, None) => None,
+            (Some(_), None) => {
+                return Err(bad(
+                    "--moe-router-num-groups needs --moe-router-group-topk (the groups a token may use)".into(),
+                ))
+            }
+            (None, Some(_)) => {
+                return Err(bad(
+                    "--moe-router-group-topk needs --moe-router-num-groups (as in Megatron)".into(),
+                ))
+            }
+            (Some(g), Some(k)) => {
+                let k_experts = self.moe_router_topk;
+                if g == 0 || e % g != 0 {
+                    return Err(bad(format!(
+                        "--moe-router-num-groups ({g}) must divide --num-experts ({e})"
+                    )));
+                }
+                if k == 0 || k > g {
+                    return Err(bad(format!(
+                        "--moe-router-group-topk ({k}) must be between 1 and --moe-router-num-groups ({g})"
+                    )));
+                }
+                if k > k_experts || k * (e / g) < k_experts {
+                    return Err(bad(format!(
+                        "--moe-router-group-topk ({k}) groups of {} experts must hold --moe-router-topk ({k_experts}) experts, each group scored by its best topk / group-topk (at least 1)",
+                        e / g
+                    )));
+                }
+                Some((g, k))
+            }
+        };
         if self.moe_router_enable_expert_bias
             && self.moe_router_score_function != RouterScoreArg::Sigmoid
         {
@@ -2019,6 +2060,7 @@ impl TrainArgs {
             shared_expert_ffn: self.moe_shared_expert_intermediate_size,
             shared_expert_gate: self.moe_shared_expert_gate,
             grouped_gemm: self.moe_grouped_gemm,
+            router_groups,
         }))
     }
 

@@ -507,3 +507,93 @@ fn a_moe_layer_list_places_the_experts_and_every_layout_matches_one_rank() {
     }
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// DeepSeek's group-limited routing (`--moe-router-num-groups 2 --moe-router-group-topk 1`:
+/// both of a token's experts from one half, device-limited at EP 2), with the sigmoid router
+/// and its expert bias as DeepSeek-V3 uses them: another model than unlimited routing, and
+/// expert and pipeline parallelism train the one-rank model. Bad group settings are refused by
+/// flag.
+#[test]
+fn group_limited_routing_matches_one_rank_and_checks_its_flags() {
+    let dir = tmpdir("moe-groups");
+    let deepseek = [
+        "--moe-router-score-function",
+        "sigmoid",
+        "--moe-router-enable-expert-bias",
+        "--moe-router-bias-update-rate",
+        "0.01",
+    ];
+    let groups = [
+        "--moe-router-num-groups",
+        "2",
+        "--moe-router-group-topk",
+        "1",
+    ];
+    let limited = [&deepseek[..], &groups].concat();
+    let serial = run(&dir, "serial", &limited);
+    let free = run(&dir, "unlimited", &deepseek);
+    assert_ne!(
+        serial.0.losses, free.0.losses,
+        "the limit changes the routing"
+    );
+    for (name, layout) in [
+        (
+            "ep2",
+            &["--nproc-per-node", "2", "--expert-model-parallel-size", "2"][..],
+        ),
+        (
+            "pp2",
+            &[
+                "--nproc-per-node",
+                "2",
+                "--pipeline-model-parallel-size",
+                "2",
+            ][..],
+        ),
+    ] {
+        let r = run(&dir, name, &[&limited[..], layout].concat());
+        assert_same_training(name, &serial, &r, 1e-5);
+    }
+    for (extra, want) in [
+        (
+            &["--moe-router-num-groups", "2"][..],
+            "--moe-router-num-groups needs --moe-router-group-topk",
+        ),
+        (
+            &["--moe-router-group-topk", "1"][..],
+            "--moe-router-group-topk needs --moe-router-num-groups",
+        ),
+        (
+            &[
+                "--moe-router-num-groups",
+                "3",
+                "--moe-router-group-topk",
+                "1",
+            ][..],
+            "--moe-router-num-groups (3) must divide --num-experts (4)",
+        ),
+        (
+            &[
+                "--moe-router-num-groups",
+                "2",
+                "--moe-router-group-topk",
+                "3",
+            ][..],
+            "--moe-router-group-topk (3) must be between 1 and --moe-router-num-groups (2)",
+        ),
+        (
+            &[
+                "--moe-router-num-groups",
+                "4",
+                "--moe-router-group-topk",
+                "1",
+            ][..],
+            "must hold --moe-router-topk (2) experts",
+        ),
+    ] {
+        let v = [PP_MODEL, MOE, &["--train-iters", "2"], extra].concat();
+        let e = pretrain(&args(&v)).unwrap_err().to_string();
+        assert!(e.contains(want), "{extra:?}: {e}");
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -150,6 +150,10 @@ pub struct MoEConfig {
     /// `--moe-grouped-gemm`: the experts' GEMMs run at once, one block per thread.
     #[serde(default)]
     pub grouped_gemm: bool,
+    /// Group-limited routing (`--moe-router-num-groups`, `--moe-router-group-topk`): DeepSeek's
+    /// device- or node-limited routing, as (groups, groups each token picks).
+    #[serde(default)]
+    pub router_groups: Option<(usize, usize)>,
 }
 
 impl MoEConfig {
@@ -175,6 +179,7 @@ impl MoEConfig {
             shared_expert_ffn: None,
             shared_expert_gate: false,
             grouped_gemm: false,
+            router_groups: None,
         }
     }
 }

@@ -280,6 +280,12 @@ pub fn megatron_to_hf(input: &Path, output: &Path) -> Result<PathBuf, TrainError
                 "--qk-layernorm with --add-qkv-bias has no Hugging Face family (Qwen3's attention_bias is on q, k, v and o alike)",
             ));
         }
+        if cfg.moe.as_ref().is_some_and(|m| m.router_groups.is_some()) {
+            return Err(err(
+                &ck.dir,
+                "--moe-router-num-groups / --moe-router-group-topk: group-limited routing has no counterpart in Mixtral or Qwen-MoE configs",
+            ));
+        }
         let mlp: Box<dyn llama::MlpMapping> = match &cfg.moe {
             None => Box::new(llama::DenseMlp),
             Some(m) if cfg.qk_layernorm && m.shared_expert_ffn.is_some() => {

@@ -22,7 +22,8 @@ use crate::tensor_parallel::Tp;
 use experts::GroupedMLP;
 use megatron_comm::{CommError, Communicator, ReduceOp};
 use megatron_tensor::cpu::moe_router::{
-    aux_loss, topk_router_backward, topk_router_forward, z_loss, RouterDims, ScoreFunction,
+    aux_loss, topk_router_backward, topk_router_forward, z_loss, GroupLimit, RouterDims,
+    ScoreFunction,
 };
 use megatron_tensor::cpu::{matmul, matmul_forward, MatmulDims};
 use megatron_tensor::Tensor;
@@ -155,6 +156,13 @@ impl MoELayer {
             },
             pre_softmax: self.cfg.pre_softmax,
             scaling: self.cfg.topk_scaling_factor,
+            group_limit: self
+                .cfg
+                .router_groups
+                .map(|(groups, topk_groups)| GroupLimit {
+                    groups,
+                    topk_groups,
+                }),
         }
     }
 

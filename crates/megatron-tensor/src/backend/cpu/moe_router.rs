@@ -5,7 +5,18 @@
 //! Top-k routing: softmax before top-k (`pre_softmax`), softmax over the k selected logits, or
 //! sigmoid scores (normalized over the k selected when k > 1; an expert bias, DeepSeek-V3's
 //! aux-loss-free balancing, shifts the selection only); then an optional scaling factor. Ties
-//! pick the lower expert index.
+//! pick the lower expert index. Group-limited routing (DeepSeek's device- and node-limited
+//! routing, megatron-core's `group_limited_topk`) restricts the top-k to the experts of the
+//! best few groups.
+
+/// `--moe-router-num-groups` / `--moe-router-group-topk`: experts split into `groups` equal
+/// groups by index; a token picks its `topk_groups` groups by the sum of each group's best
+/// `topk / topk_groups` selection scores, then its top-k among their experts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GroupLimit {
+    pub groups: usize,
+    pub topk_groups: usize,
+}
 
 use rayon::prelude::*;
 
@@ -25,6 +36,7 @@ pub struct RouterDims {
     pub pre_softmax: bool,
     /// `--moe-router-topk-scaling-factor`.
     pub scaling: Option<f32>,
+    pub group_limit: Option<GroupLimit>,
 }
 
 fn softmax_into(out: &mut [f32], x: &[f32]) {
@@ -55,6 +67,31 @@ fn topk(v: &[f32], k: usize, idx: &mut [u32]) {
     idx.copy_from_slice(&order[..k]);
 }
 
+/// The top-`k` of `v` (one token's selection scores) among the experts of its best groups, as
+/// `group_limited_topk` chooses them; plain top-`k` without a limit.
+fn select(v: &[f32], k: usize, idx: &mut [u32], limit: Option<GroupLimit>) {
+    let Some(g) = limit else {
+        return topk(v, k, idx);
+    };
+    let per = v.len() / g.groups;
+    let best = k / g.topk_groups;
+    let mut group_score = vec![0.0f32; g.groups];
+    let mut top = vec![0u32; best];
+    for (gi, s) in group_score.iter_mut().enumerate() {
+        let members = &v[gi * per..(gi + 1) * per];
+        topk(members, best, &mut top);
+        *s = top.iter().map(|&i| members[i as usize]).sum();
+    }
+    let mut chosen = vec![0u32; g.topk_groups];
+    topk(&group_score, g.topk_groups, &mut chosen);
+    let mut masked = vec![f32::NEG_INFINITY; v.len()];
+    for &gi in &chosen {
+        let r = gi as usize * per..(gi as usize + 1) * per;
+        masked[r.clone()].copy_from_slice(&v[r]);
+    }
+    topk(&masked, k, idx);
+}
+
 /// `top_idx [tokens, k]` and `probs [tokens, k]` from `logits [tokens, experts]`.
 pub fn topk_router_forward(
     top_idx: &mut [u32],
@@ -77,13 +114,13 @@ pub fn topk_router_forward(
             match (d.score, d.pre_softmax) {
                 (ScoreFunction::Softmax, true) => {
                     softmax_into(&mut scores, l);
-                    topk(&scores, k, idx);
+                    select(&scores, k, idx, d.group_limit);
                     for (pv, &i) in p.iter_mut().zip(idx.iter()) {
                         *pv = scores[i as usize];
                     }
                 }
                 (ScoreFunction::Softmax, false) => {
-                    topk(l, k, idx);
+                    select(l, k, idx, d.group_limit);
                     let sel: Vec<f32> = idx.iter().map(|&i| l[i as usize]).collect();
                     softmax_into(p, &sel);
                 }
@@ -95,9 +132,9 @@ pub fn topk_router_forward(
                         Some(b) => {
                             let shifted: Vec<f32> =
                                 scores.iter().zip(b).map(|(s, b)| s + b).collect();
-                            topk(&shifted, k, idx);
+                            select(&shifted, k, idx, d.group_limit);
                         }
-                        None => topk(&scores, k, idx),
+                        None => select(&scores, k, idx, d.group_limit),
                     }
                     let sel: Vec<f32> = idx.iter().map(|&i| scores[i as usize]).collect();
                     let sum: f32 = sel.iter().sum();
