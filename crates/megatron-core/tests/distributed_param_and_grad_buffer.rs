@@ -135,7 +135,10 @@ fn the_distributed_optimizer_with_sgd_matches_torchs_sgd_and_holds_one_dp_th_of_
                 d.reduce_gradients(&mut grads, c).unwrap();
                 d.step(&mut params, &grads, lr, wd, c).unwrap();
             }
-            (params.data, d.moments.iter().map(Vec::len).sum::<usize>())
+            (
+                params.data,
+                d.moments.iter().map(|m| m.len()).sum::<usize>(),
+            )
         });
         // torch.optim.SGD in f64 on the averaged gradients.
         let (_, params) = GPTModel::new(cfg(), 1);

@@ -83,6 +83,15 @@ pub enum OptimizerArg {
     Sgd,
 }
 
+/// Megatron's precision-aware optimizer dtypes (`--exp-avg-dtype` and the like).
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StateDtypeArg {
+    Fp32,
+    Bf16,
+    Fp16,
+    Fp8,
+}
+
 /// `--no-weight-decay-cond-type` (Megatron's deprecated spelling of --apply-wd-to-qk-layernorm).
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum NoWeightDecayCondArg {
@@ -703,6 +712,22 @@ pub struct TrainArgs {
     /// ZeRO-1: shard Adam state (and fp32 main parameters) over the data-parallel ranks.
     #[arg(long)]
     pub use_distributed_optimizer: bool,
+    /// Megatron's precision-aware optimizer: lets --exp-avg-dtype / --exp-avg-sq-dtype store
+    /// Adam's moments in bf16 (with --use-distributed-optimizer, as in Megatron).
+    #[arg(long)]
+    pub use_precision_aware_optimizer: bool,
+    /// Storage of Adam's first moment (the update computes in fp32).
+    #[arg(long, value_enum, default_value = "fp32")]
+    pub exp_avg_dtype: StateDtypeArg,
+    /// Storage of Adam's second moment.
+    #[arg(long, value_enum, default_value = "fp32")]
+    pub exp_avg_sq_dtype: StateDtypeArg,
+    /// Main gradients' dtype (fp32 only here: gradients are reduced and kept in fp32).
+    #[arg(long, value_enum, default_value = "fp32")]
+    pub main_grads_dtype: StateDtypeArg,
+    /// Main parameters' dtype (fp32 only here).
+    #[arg(long, value_enum, default_value = "fp32")]
+    pub main_params_dtype: StateDtypeArg,
     /// Elements per gradient bucket (Megatron's default max(40M, 1M x DP)).
     #[arg(long)]
     pub ddp_bucket_size: Option<usize>,
@@ -886,6 +911,9 @@ pub struct TrainConfig {
     pub update_rule: UpdateRule,
     /// The tensors weight decay spares.
     pub no_weight_decay_cond: NoWeightDecayCond,
+    /// How the distributed optimizer stores Adam's moments (`--exp-avg-dtype`,
+    /// `--exp-avg-sq-dtype`).
+    pub moment_dtypes: megatron_core::optimizer::MomentDtypes,
     /// `--calculate-per-token-loss`.
     pub loss_reduction: megatron_core::transformer::step::LossReduction,
     /// Megatron's `check_for_nan_in_loss_and_grad`: each rank checks its own loss and
@@ -953,6 +981,57 @@ impl TrainConfig {
 
 impl TrainArgs {
     /// Checks the flags against each other (the layout checklist) and derives the rest.
+    /// Megatron's precision-aware optimizer flags, checked as megatron-core's `OptimizerConfig`
+    /// checks them: other dtypes than fp32 need `--use-precision-aware-optimizer`, which needs
+    /// the distributed optimizer and Adam. bf16 moments are built; fp16 and fp8 moments, and
+    /// other main-gradient or main-parameter dtypes, are refused by name.
+    fn moment_dtypes(&self) -> Result<megatron_core::optimizer::MomentDtypes, TrainError> {
+        use megatron_core::optimizer::{MomentDtype, MomentDtypes};
+        let flags = [
+            ("--exp-avg-dtype", self.exp_avg_dtype),
+            ("--exp-avg-sq-dtype", self.exp_avg_sq_dtype),
+            ("--main-grads-dtype", self.main_grads_dtype),
+            ("--main-params-dtype", self.main_params_dtype),
+        ];
+        if !self.use_precision_aware_optimizer {
+            if let Some((flag, _)) = flags.iter().find(|f| f.1 != StateDtypeArg::Fp32) {
+                return Err(bad(format!(
+                    "{flag} other than fp32 needs --use-precision-aware-optimizer (as in Megatron)"
+                )));
+            }
+            return Ok(MomentDtypes::default());
+        }
+        if !self.use_distributed_optimizer {
+            return Err(bad(
+                "--use-precision-aware-optimizer needs --use-distributed-optimizer (as in Megatron)"
+                    .into(),
+            ));
+        }
+        if self.optimizer != OptimizerArg::Adam {
+            return Err(bad(
+                "--use-precision-aware-optimizer needs --optimizer adam (as in Megatron)".into(),
+            ));
+        }
+        for (flag, d) in &flags[2..] {
+            if *d != StateDtypeArg::Fp32 {
+                return Err(bad(format!(
+                    "{flag} {d:?} is not built: gradients and main parameters are fp32 here"
+                )));
+            }
+        }
+        let moment = |(flag, d): (&str, StateDtypeArg)| match d {
+            StateDtypeArg::Fp32 => Ok(MomentDtype::F32),
+            StateDtypeArg::Bf16 => Ok(MomentDtype::Bf16),
+            other => Err(bad(format!(
+                "{flag} {other:?} is not built: moments are stored in fp32 or bf16"
+            ))),
+        };
+        Ok(MomentDtypes {
+            exp_avg: moment(flags[0])?,
+            exp_avg_sq: moment(flags[1])?,
+        })
+    }
+
     /// `--apply-wd-to-qk-layernorm` (or its deprecated spelling), refused without the norms it
     /// names: a flag that would change nothing is more likely a mistake than a wish.
     fn no_weight_decay_cond(&self) -> Result<NoWeightDecayCond, TrainError> {
@@ -1250,6 +1329,7 @@ impl TrainArgs {
                 },
             },
             no_weight_decay_cond: self.no_weight_decay_cond()?,
+            moment_dtypes: self.moment_dtypes()?,
             loss_reduction: if self.calculate_per_token_loss {
                 megatron_core::transformer::step::LossReduction::TokenSum
             } else {

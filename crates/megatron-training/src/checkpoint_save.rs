@@ -10,6 +10,7 @@ use crate::dist_checkpointing::{
     merge_fragments, write_rank_shard, Blob, CheckpointReader, PieceSrc, SavedLayout,
 };
 use crate::{io_err, TrainError};
+use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -28,14 +29,12 @@ impl<F: crate::family::TrainFamily> crate::training::Trainer<'_, F> {
                 continue;
             }
             for segment in m.global_segments(p.local.clone(), m.tp_rank) {
-                let mut state = vec![(m.name.clone(), p.value)];
+                let mut state = vec![(m.name.clone(), Cow::Borrowed(p.value))];
                 // --no-save-optim: the parameters alone.
                 if moments {
-                    state.extend(
-                        p.moments
-                            .iter()
-                            .map(|(k, data)| (format!("optimizer.{}.{}", k.name(), m.name), *data)),
-                    );
+                    state.extend(p.moments.iter().map(|(k, data)| {
+                        (format!("optimizer.{}.{}", k.name(), m.name), data.clone())
+                    }));
                 }
                 for (tensor, data) in state {
                     let shape = m.shape.clone();
@@ -63,7 +62,7 @@ impl<F: crate::family::TrainFamily> crate::training::Trainer<'_, F> {
                     local_start: 0,
                     local_stride: n,
                 },
-                data: values,
+                data: Cow::Borrowed(values),
                 base: 0,
             });
         }

@@ -553,7 +553,7 @@ pub(crate) fn write_whole_checkpoint(
                     local_start: 0,
                     local_stride: cols,
                 },
-                data,
+                data: std::borrow::Cow::Borrowed(data),
                 base: 0,
             }
         })

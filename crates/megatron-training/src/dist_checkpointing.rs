@@ -84,7 +84,8 @@ pub(crate) struct PieceSrc<'a> {
     pub tensor: String,
     pub shape: Vec<usize>,
     pub segment: GlobalSegment,
-    pub data: &'a [f32],
+    /// Borrowed from the model and optimizer, or widened from a bf16 moment.
+    pub data: std::borrow::Cow<'a, [f32]>,
     pub base: usize,
 }
 
@@ -144,7 +145,7 @@ impl Blob {
                 local_stride: self.segment.cols,
                 ..self.segment
             },
-            data: &self.data,
+            data: std::borrow::Cow::Borrowed(&self.data),
             base: 0,
         }
     }

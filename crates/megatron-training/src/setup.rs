@@ -285,9 +285,10 @@ pub(crate) fn setup_model_and_optimizer<F: ModelFamily>(
                 None => plain,
             })
         }
-        OptimizerKind::Distributed => Box::new(DistributedOptimizer::new_with_experts(
-            &params, buffer, expert, rule,
-        )),
+        OptimizerKind::Distributed => Box::new(
+            DistributedOptimizer::new_with_experts(&params, buffer, expert, rule)
+                .with_moment_dtypes(cfg.moment_dtypes),
+        ),
     };
     if let Some(r) = reader.as_mut().filter(|_| !(a.finetune || a.no_load_optim)) {
         load_optimizer_state(r, &params, optimizer.as_mut())?;

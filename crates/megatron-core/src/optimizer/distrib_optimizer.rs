@@ -4,6 +4,7 @@
 //! updated parameters are all-gathered back. Shards ignore parameter boundaries; the pieces
 //! below split them where the weight-decay flag or the norm filters change.
 
+use super::moment_buf::{apply_rule, MomentBuf, MomentDtypes};
 use super::{StepLr, UpdateRule};
 use crate::distributed::{ExpertGrads, GradBuffer};
 use crate::params::{Grads, Params};
@@ -31,8 +32,9 @@ pub struct DistributedOptimizer {
     /// Elements of this rank's shards.
     state_len: usize,
     pub rule: UpdateRule,
-    /// One vector per moment of the rule, over this rank's shards.
-    pub moments: Vec<Vec<f32>>,
+    /// One buffer per moment of the rule, over this rank's shards (f32, or bf16 under
+    /// `--exp-avg-dtype` / `--exp-avg-sq-dtype`).
+    pub moments: Vec<MomentBuf>,
     /// fp32 main parameters of this rank's shards when the model's parameters are 16-bit
     /// (laid out like the moments); empty otherwise.
     pub main: Vec<f32>,
@@ -88,11 +90,17 @@ impl DistributedOptimizer {
             pieces,
             state_len: state,
             rule,
-            moments: rule.new_state(state),
+            moments: MomentDtypes::default().new_state(rule, state),
             main,
             step: 0,
             scratch: Vec::new(),
         }
+    }
+
+    /// The same optimizer with its moments stored as `dtypes` say (before any step or load).
+    pub fn with_moment_dtypes(mut self, dtypes: MomentDtypes) -> Self {
+        self.moments = dtypes.new_state(self.rule, self.state_len);
+        self
     }
 
     /// This rank's shards: (parameter index, range in the flat buffer, offset in the state).
@@ -235,12 +243,12 @@ impl DistributedOptimizer {
             } else {
                 &mut self.main[s.clone()]
             };
-            let mut state: Vec<&mut [f32]> =
-                self.moments.iter_mut().map(|m| &mut m[s.clone()]).collect();
-            self.rule.apply(
+            apply_rule(
+                self.rule,
                 fp32,
                 &grads.data[p.range.clone()],
-                &mut state,
+                &mut self.moments,
+                s.clone(),
                 rate,
                 if wd { weight_decay } else { 0.0 },
                 self.step,
@@ -288,7 +296,7 @@ impl DistributedOptimizer {
         dp: &mut dyn Communicator,
     ) -> Result<Vec<Vec<f32>>, CommError> {
         (0..self.moments.len())
-            .map(|k| self.full_state(|d| &d.moments[k], numel, dp))
+            .map(|k| self.full_state(|d, r| d.moments[k].f32s(r), numel, dp))
             .collect()
     }
 
@@ -299,21 +307,20 @@ impl DistributedOptimizer {
         numel: usize,
         dp: &mut dyn Communicator,
     ) -> Result<Vec<f32>, CommError> {
-        self.full_state(|d| &d.main, numel, dp)
+        self.full_state(|d, r| std::borrow::Cow::Borrowed(&d.main[r]), numel, dp)
     }
 
     /// One piece of per-shard state (laid out like the moments) spread over the whole buffer
     /// and all-gathered over DP.
     fn full_state(
         &mut self,
-        which: impl Fn(&Self) -> &Vec<f32>,
+        which: impl Fn(&Self, Range<usize>) -> std::borrow::Cow<'_, [f32]>,
         numel: usize,
         dp: &mut dyn Communicator,
     ) -> Result<Vec<f32>, CommError> {
         let mut out = vec![0.0f32; numel];
-        let state = which(self);
         for p in &self.pieces {
-            out[p.range.clone()].copy_from_slice(&state[p.state..p.state + p.range.len()]);
+            out[p.range.clone()].copy_from_slice(&which(self, p.state..p.state + p.range.len()));
         }
         self.buffer.all_gather(&mut out, dp, &mut self.scratch)?;
         Ok(out)
@@ -325,7 +332,7 @@ impl DistributedOptimizer {
         for p in &self.pieces {
             let s = p.state..p.state + p.range.len();
             for (mine, whole) in self.moments.iter_mut().zip(full) {
-                mine[s.clone()].copy_from_slice(&whole[p.range.clone()]);
+                mine.store(s.start, &whole[p.range.clone()]);
             }
         }
         self.step = step;

@@ -5,7 +5,7 @@
 //! implement it, each with any [`UpdateRule`] (`--optimizer adam|sgd`). Each keeps the exact reduction order it always had, so
 //! losses are bit-identical to before the interface.
 
-use super::{DistributedOptimizer, Moment, UpdateRule};
+use super::{DistributedOptimizer, Moment, MomentBuf, UpdateRule};
 use crate::distributed::{ExpertGrads, GradBuffer};
 use crate::params::{Grads, Params};
 use crate::tensor_parallel::{grad_norm_squared_tp, sum_f64, Tp};
@@ -29,7 +29,8 @@ pub struct StatePiece<'a> {
     pub param: usize,
     pub local: std::ops::Range<usize>,
     pub value: &'a [f32],
-    pub moments: Vec<(Moment, &'a [f32])>,
+    /// Widened to f32 when a moment is stored in bf16.
+    pub moments: Vec<(Moment, std::borrow::Cow<'a, [f32]>)>,
 }
 
 /// A step's learning rates: `base` for every parameter but the word embedding and the output
@@ -467,7 +468,7 @@ impl MegatronOptimizer for PlainOptimizer {
                         .moments()
                         .iter()
                         .zip(&self.moments)
-                        .map(|(k, v)| (*k, &v[r.clone()]))
+                        .map(|(k, v)| (*k, std::borrow::Cow::Borrowed(&v[r.clone()])))
                         .collect(),
                 }
             })
@@ -592,7 +593,7 @@ impl MegatronOptimizer for DistributedOptimizer {
     }
 
     fn state_bytes(&self) -> usize {
-        (self.moments.iter().map(Vec::capacity).sum::<usize>() + self.main.capacity()) * 4
+        self.moments.iter().map(MomentBuf::bytes).sum::<usize>() + self.main.capacity() * 4
     }
 
     fn comm_buffer_bytes(&self) -> usize {
@@ -608,7 +609,7 @@ impl MegatronOptimizer for DistributedOptimizer {
     }
 
     fn state_elements(&self) -> usize {
-        self.moments.iter().map(Vec::len).sum()
+        self.moments.iter().map(MomentBuf::len).sum()
     }
 
     fn state_pieces<'a>(
@@ -634,7 +635,7 @@ impl MegatronOptimizer for DistributedOptimizer {
                         .moments()
                         .iter()
                         .zip(&self.moments)
-                        .map(|(k, v)| (*k, &v[s.clone()]))
+                        .map(|(k, v)| (*k, v.f32s(s.clone())))
                         .collect(),
                 }
             })
@@ -653,7 +654,14 @@ impl MegatronOptimizer for DistributedOptimizer {
             let local = range.start - m.offset..range.end - m.offset;
             let s = state..state + range.len();
             for (k, v) in self.rule.moments().iter().zip(&mut self.moments) {
-                read(*k, param, local.clone(), &mut v[s.clone()])?;
+                match v {
+                    MomentBuf::F32(v) => read(*k, param, local.clone(), &mut v[s.clone()])?,
+                    MomentBuf::Bf16(_) => {
+                        let mut wide = vec![0.0f32; s.len()];
+                        read(*k, param, local.clone(), &mut wide)?;
+                        v.store(s.start, &wide);
+                    }
+                }
             }
         }
         self.step = step;

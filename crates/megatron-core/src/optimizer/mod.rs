@@ -4,6 +4,7 @@ pub mod distrib_optimizer;
 pub mod grad_scaler;
 pub mod lr_scheduler;
 pub mod megatron_optimizer;
+pub mod moment_buf;
 pub mod update_rule;
 
 pub use adam::Adam;
@@ -14,4 +15,5 @@ pub use lr_scheduler::{LrDecayStyle, OptimizerParamScheduler, WsdDecayStyle};
 pub use megatron_optimizer::{
     MegatronOptimizer, MomentReader, ParamGather, PlainOptimizer, StatePiece, StepLr,
 };
+pub use moment_buf::{MomentBuf, MomentDtype, MomentDtypes};
 pub use update_rule::{Moment, UpdateRule};

@@ -178,18 +178,28 @@ fn sequence_parallel_divisor(cfg: &TrainConfig) -> f64 {
     }
 }
 
+/// Bytes of the update rule's moments per parameter, as stored (`--exp-avg-dtype` and
+/// `--exp-avg-sq-dtype`: 2 bytes each in bf16).
+fn moment_bytes(cfg: &TrainConfig) -> f64 {
+    cfg.update_rule
+        .moments()
+        .iter()
+        .map(|&m| cfg.moment_dtypes.of(m).bytes() as f64)
+        .sum()
+}
+
 /// Bytes of weights, gradients and optimizer state per parameter (Megatron's accounting: with
 /// Adam's two moments 18, or 6 + 12/d distributed, under 16-bit weights; 16 or 8 + 8/d in fp32;
 /// SGD keeps one moment, or none without momentum).
 fn state_bytes_per_parameter(cfg: &TrainConfig) -> f64 {
     let d = (cfg.dp * cfg.cp) as f64;
     let half = cfg.precision != Precision::F32;
-    let moments = cfg.update_rule.moments().len() as f64;
+    let moments = moment_bytes(cfg);
     // The fp32 main weight joins the sharded state under 16-bit weights.
     let (weight_and_grad, sharded) = if half {
-        (6.0, 4.0 * (1.0 + moments))
+        (6.0, 4.0 + moments)
     } else {
-        (8.0, 4.0 * moments)
+        (8.0, moments)
     };
     match cfg.optimizer {
         OptimizerKind::Replicated => weight_and_grad + sharded,
@@ -239,7 +249,7 @@ fn this_engine_memory(cfg: &TrainConfig, params: f64) -> Result<MemoryCost, Stri
     let half = cfg.precision.half().is_some();
     let d = (cfg.dp * cfg.cp) as f64;
     let weights = params * if half { 6.0 } else { 4.0 };
-    let moments = 4.0 * cfg.update_rule.moments().len() as f64;
+    let moments = moment_bytes(cfg);
     let (optimizer, staging) = match cfg.optimizer {
         OptimizerKind::Replicated => (moments * params, 0.0),
         OptimizerKind::Distributed => {

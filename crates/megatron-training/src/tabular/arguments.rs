@@ -132,7 +132,7 @@ impl TabularArgs {
 /// Checks `a` for `--model tabular` and types it.
 pub fn validate(a: &TrainArgs) -> Result<TabularTrainConfig, TrainError> {
     let t = &a.tabular;
-    let unsupported: [(&str, bool, &str); 14] = [
+    let unsupported: [(&str, bool, &str); 15] = [
         (
             "--pipeline-model-parallel-size",
             a.pipeline_model_parallel_size > 1,
@@ -179,6 +179,11 @@ pub fn validate(a: &TrainArgs) -> Result<TabularTrainConfig, TrainError> {
             "--window-size",
             a.window_size.is_some(),
             "does not apply (the tabular model's attention is over a table's rows and columns)",
+        ),
+        (
+            "--use-precision-aware-optimizer",
+            a.use_precision_aware_optimizer,
+            "is not supported for the tabular model (its optimizer keeps fp32 moments)",
         ),
         (
             "--calculate-per-token-loss",
