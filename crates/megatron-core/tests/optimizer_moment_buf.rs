@@ -4,7 +4,7 @@
 
 use half::bf16;
 use megatron_core::optimizer::moment_buf::apply_rule;
-use megatron_core::optimizer::{MomentBuf, MomentDtype, MomentDtypes, UpdateRule};
+use megatron_core::optimizer::{MomentDtype, MomentDtypes, UpdateRule};
 
 fn values(n: usize, seed: u32) -> Vec<f32> {
     (0..n)
@@ -21,57 +21,73 @@ fn bf16_moments_step_in_f32_and_round_only_what_they_store() {
         beta2: 0.95,
         eps: 1e-8,
     };
-    // More than one widening block (2^18), starting inside a shard.
+    // More than one widening block (2^18), starting inside a shard; both moments in bf16 (the
+    // backend's fused kernel) and one of them (the widening path).
     let n = (1 << 18) * 2 + 777;
     let offset = 5;
-    let dtypes = MomentDtypes {
-        exp_avg: MomentDtype::Bf16,
-        exp_avg_sq: MomentDtype::Bf16,
-    };
-    let mut state = dtypes.new_state(rule, n + offset);
-    assert!(matches!(state[0], MomentBuf::Bf16(_)));
-    assert_eq!(state[0].bytes(), (n + offset) * 2, "half the bytes of f32");
-    let mut p = values(n, 1);
-    // The reference: the f32 rule on f32 moments, rounded to bf16 after every step.
-    let mut p_ref = p.clone();
-    let (mut m_ref, mut v_ref) = (vec![0.0f32; n], vec![0.0f32; n]);
-    for step in 1..=3u64 {
-        let g = values(n, 7 + step as u32);
-        apply_rule(
-            rule,
-            &mut p,
-            &g,
-            &mut state,
-            offset..offset + n,
-            1e-3,
-            0.1,
-            step,
-        );
-        rule.apply(
-            &mut p_ref,
-            &g,
-            &mut [&mut m_ref[..], &mut v_ref[..]],
-            1e-3,
-            0.1,
-            step,
-        );
-        for x in m_ref.iter_mut().chain(v_ref.iter_mut()) {
-            *x = bf16::from_f32(*x).to_f32();
+    let (bf, f) = (MomentDtype::Bf16, MomentDtype::F32);
+    for (exp_avg, exp_avg_sq) in [(bf, bf), (bf, f), (f, bf)] {
+        let dtypes = MomentDtypes {
+            exp_avg,
+            exp_avg_sq,
+        };
+        let mut state = dtypes.new_state(rule, n + offset);
+        let bytes = |d: MomentDtype| (n + offset) * d.bytes();
+        assert_eq!(state[0].bytes(), bytes(exp_avg));
+        assert_eq!(state[1].bytes(), bytes(exp_avg_sq));
+        let mut p = values(n, 1);
+        // The reference: the f32 rule on f32 moments, the bf16 ones rounded after every step.
+        let mut p_ref = p.clone();
+        let (mut m_ref, mut v_ref) = (vec![0.0f32; n], vec![0.0f32; n]);
+        let round = |x: &mut [f32], d: MomentDtype| {
+            if d == MomentDtype::Bf16 {
+                for y in x.iter_mut() {
+                    *y = bf16::from_f32(*y).to_f32();
+                }
+            }
+        };
+        for step in 1..=3u64 {
+            let g = values(n, 7 + step as u32);
+            apply_rule(
+                rule,
+                &mut p,
+                &g,
+                &mut state,
+                offset..offset + n,
+                1e-3,
+                0.1,
+                step,
+            );
+            rule.apply(
+                &mut p_ref,
+                &g,
+                &mut [&mut m_ref[..], &mut v_ref[..]],
+                1e-3,
+                0.1,
+                step,
+            );
+            round(&mut m_ref, exp_avg);
+            round(&mut v_ref, exp_avg_sq);
+            let what = format!("{exp_avg:?}/{exp_avg_sq:?} step {step}");
+            assert_eq!(p, p_ref, "{what}: parameters");
+            assert_eq!(
+                &*state[0].f32s(offset..offset + n),
+                &m_ref[..],
+                "{what}: exp_avg"
+            );
+            assert_eq!(
+                &*state[1].f32s(offset..offset + n),
+                &v_ref[..],
+                "{what}: exp_avg_sq"
+            );
         }
-        assert_eq!(p, p_ref, "step {step}: parameters");
-        assert_eq!(
-            &*state[0].f32s(offset..offset + n),
-            &m_ref[..],
-            "step {step}: exp_avg"
-        );
-        assert_eq!(
-            &*state[1].f32s(offset..offset + n),
-            &v_ref[..],
-            "step {step}: exp_avg_sq"
-        );
+        // The elements before the shard were never touched.
+        assert!(state[0].f32s(0..offset).iter().all(|&x| x == 0.0));
     }
-    // The elements before the shard were never touched.
-    assert!(state[0].f32s(0..offset).iter().all(|&x| x == 0.0));
+    let dtypes = MomentDtypes {
+        exp_avg: bf,
+        exp_avg_sq: bf,
+    };
     // Rounding is to nearest: the stored moments differ from the unrounded f32 ones.
     let mut m32 = vec![0.0f32; n];
     let mut v32 = vec![0.0f32; n];

@@ -7,6 +7,7 @@
 
 use super::UpdateRule;
 use half::bf16;
+use megatron_tensor::cpu::{adamw_update_bf16_moments, AdamWParams};
 use std::borrow::Cow;
 use std::ops::Range;
 
@@ -123,7 +124,8 @@ const WIDEN: usize = 1 << 18;
 
 /// Runs `rule` on `values` and `grads` with `state` the moments at elements `s` (the same
 /// length), whatever their storage. Element by element the same arithmetic as the f32 path:
-/// only the stored moments are rounded.
+/// only the stored moments are rounded. Adam with both moments in bf16 runs the backend's fused
+/// kernel; any other mix widens a block at a time.
 #[allow(clippy::too_many_arguments)]
 pub fn apply_rule(
     rule: UpdateRule,
@@ -138,6 +140,21 @@ pub fn apply_rule(
     if let Some(f32s) = MomentBuf::all_f32(state) {
         let mut slices: Vec<&mut [f32]> = f32s.into_iter().map(|v| &mut v[s.clone()]).collect();
         rule.apply(values, grads, &mut slices, lr, weight_decay, step);
+        return;
+    }
+    // Both of Adam's moments in bf16 (the flags' usual pair): the backend's fused pass.
+    if let (UpdateRule::Adam { beta1, beta2, eps }, [MomentBuf::Bf16(m), MomentBuf::Bf16(v)]) =
+        (rule, &mut *state)
+    {
+        let h = AdamWParams {
+            lr,
+            beta1,
+            beta2,
+            eps,
+            weight_decay,
+            step,
+        };
+        adamw_update_bf16_moments(values, grads, &mut m[s.clone()], &mut v[s], h);
         return;
     }
     let mut scratch: Vec<Vec<f32>> = vec![Vec::with_capacity(WIDEN.min(values.len())); state.len()];

@@ -43,7 +43,7 @@ pub mod table_features;
 pub mod table_layout;
 pub mod tanh;
 
-pub use adamw::{adamw_update, AdamWParams};
+pub use adamw::{adamw_update, adamw_update_bf16_moments, AdamWParams};
 pub use attention::{
     attention_backward, attention_decode_forward, attention_forward, kv_cache_append,
     sliding_window_starts, AttentionDims, AttentionMask, DecodeDims, RngBlock,
