@@ -7,8 +7,10 @@ reference.safetensors}:
   q_norm/k_norm, tied embeddings, a sliding window on layer 1 only (layer_types).
 - qwen3_moe: 4 experts top-2 renormalized (norm_topk_prob), mlp_only_layers [0] (a dense first
   layer), untied.
+- qwen3_yarn: YaRN rope (factor 4 over 256 original positions: frequencies 0-3 of 8 on the
+  ramp between kept and interpolated), tied.
 reference.safetensors holds input_ids (2 x 16) and the fp32 logits.
-Usage: .venv-ref/bin/python bench/make_hf_qwen3_fixtures.py [OUT_DIR]
+Usage: .venv-ref/bin/python bench/make_hf_qwen3_fixtures.py [OUT_DIR [CASE...]]
 """
 import os, sys
 os.environ["HF_HUB_OFFLINE"] = "1"; os.environ["TRANSFORMERS_OFFLINE"] = "1"
@@ -31,7 +33,15 @@ cases = {
         num_experts_per_tok=2, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[0],
         vocab_size=V, max_position_embeddings=64, rms_norm_eps=1e-6, tie_word_embeddings=False,
         use_sliding_window=False)),
+    "qwen3_yarn": lambda: Qwen3ForCausalLM(Qwen3Config(
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, hidden_size=48,
+        head_dim=16, intermediate_size=40, vocab_size=V, max_position_embeddings=1024,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                         "original_max_position_embeddings": 256},
+        rms_norm_eps=1e-6, tie_word_embeddings=True, use_sliding_window=False)),
 }
+only = sys.argv[2:]  # optional: the cases to write (default all)
+cases = {k: v for k, v in cases.items() if not only or k in only}
 for name, make in cases.items():
     torch.manual_seed(0)
     model = make().eval()

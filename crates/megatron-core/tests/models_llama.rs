@@ -55,6 +55,7 @@ fn qwen_style_model_with_qkv_bias_partial_interleaved_rope_and_mqa_gradient_matc
             percent: 0.5,
             interleaved: true,
             scaling_factor: None,
+            yarn: None,
         },
         ..tiny_llama()
     };
@@ -92,6 +93,22 @@ fn llama_kv_cache_decoding_reproduces_full_sequence_loss() {
         num_query_groups: Some(1),
         rotary: RotaryConfig {
             scaling_factor: Some(8.0),
+            ..Default::default()
+        },
+        ..tiny_llama()
+    });
+    // YaRN: interpolated frequencies and cos/sin scaled by its concentration factor.
+    assert_decoding_reproduces_full_sequence_loss(TransformerConfig {
+        rotary: RotaryConfig {
+            yarn: Some(megatron_core::transformer::config::YarnConfig {
+                factor: 4.0,
+                original_max_position_embeddings: 8,
+                beta_fast: 32.0,
+                beta_slow: 1.0,
+                mscale: 1.0,
+                mscale_all_dim: 0.0,
+                correction_range_round_to_int: true,
+            }),
             ..Default::default()
         },
         ..tiny_llama()

@@ -181,6 +181,9 @@ pub enum PositionEmbeddingArg {
     LearnedAbsolute,
     #[value(name = "rope")]
     Rope,
+    /// Rotary embeddings with YaRN's context extension (`--rotary-scaling-factor`, `--yarn-*`).
+    #[value(name = "yarn")]
+    Yarn,
     #[value(name = "none")]
     None,
 }
@@ -355,6 +358,28 @@ pub struct TrainArgs {
     /// Llama 3.1 frequency scaling of the rotary embeddings.
     #[arg(long)]
     pub use_rope_scaling: bool,
+    /// YaRN's context-extension factor (`--position-embedding-type yarn`).
+    #[arg(long, default_value_t = 1.0)]
+    pub rotary_scaling_factor: f64,
+    /// The context the model was pretrained on (YaRN's frequency correction).
+    #[arg(long, default_value_t = 4096)]
+    pub yarn_original_max_position_embeddings: usize,
+    #[arg(long, default_value_t = 32.0)]
+    pub yarn_beta_fast: f64,
+    #[arg(long, default_value_t = 1.0)]
+    pub yarn_beta_slow: f64,
+    /// YaRN's concentration: 0.1 mscale ln(factor) + 1, over the same with --mscale-all-dim
+    /// when that is non-zero.
+    #[arg(long, default_value_t = 1.0)]
+    pub mscale: f64,
+    #[arg(long, default_value_t = 0.0)]
+    pub mscale_all_dim: f64,
+    /// Do not round YaRN's correction range to whole dimensions (rounded by default).
+    #[arg(long)]
+    pub no_yarn_correction_range_round_to_int: bool,
+    /// Megatron's spelling of the default.
+    #[arg(long)]
+    pub yarn_correction_range_round_to_int: bool,
     #[arg(long, default_value_t = 8.0)]
     pub rope_scaling_factor: f64,
     #[arg(long)]
@@ -1594,10 +1619,50 @@ impl TrainArgs {
         } else {
             self.position_embedding_type
         };
-        if self.no_position_embedding && t != PositionEmbeddingArg::Rope {
+        if self.no_position_embedding
+            && !matches!(t, PositionEmbeddingArg::Rope | PositionEmbeddingArg::Yarn)
+        {
             return Err(bad("--no-position-embedding is deprecated, use --position-embedding-type (as Megatron says; with rope it is accepted: rope has no learned position embedding)".into()));
         }
         Ok(t)
+    }
+
+    /// `--position-embedding-type yarn` and its flags, checked.
+    fn yarn(&self) -> Result<Option<megatron_core::transformer::config::YarnConfig>, TrainError> {
+        if self.position_embedding()? != PositionEmbeddingArg::Yarn {
+            return Ok(None);
+        }
+        if self.use_rope_scaling {
+            return Err(bad(
+                "--use-rope-scaling (Llama 3.1's) and --position-embedding-type yarn are two context extensions: pass one".into(),
+            ));
+        }
+        for (flag, v) in [
+            ("--rotary-scaling-factor", self.rotary_scaling_factor),
+            ("--yarn-beta-fast", self.yarn_beta_fast),
+            ("--yarn-beta-slow", self.yarn_beta_slow),
+        ] {
+            if !(v > 0.0 && v.is_finite()) {
+                return Err(bad(format!("{flag} must be positive, got {v}")));
+            }
+        }
+        if self.yarn_original_max_position_embeddings == 0 {
+            return Err(bad(
+                "--yarn-original-max-position-embeddings must be positive, got 0".into(),
+            ));
+        }
+        if self.no_yarn_correction_range_round_to_int && self.yarn_correction_range_round_to_int {
+            return Err(bad("give one of --yarn-correction-range-round-to-int and --no-yarn-correction-range-round-to-int".into()));
+        }
+        Ok(Some(megatron_core::transformer::config::YarnConfig {
+            factor: self.rotary_scaling_factor,
+            original_max_position_embeddings: self.yarn_original_max_position_embeddings,
+            beta_fast: self.yarn_beta_fast,
+            beta_slow: self.yarn_beta_slow,
+            mscale: self.mscale,
+            mscale_all_dim: self.mscale_all_dim,
+            correction_range_round_to_int: !self.no_yarn_correction_range_round_to_int,
+        }))
     }
 
     /// The MLP's activation: `--swiglu`, `--squared-relu`, `--quick-geglu` (at most one, as
@@ -1671,7 +1736,9 @@ impl TrainArgs {
             activation,
             position_embedding_type: match self.position_embedding()? {
                 PositionEmbeddingArg::LearnedAbsolute => PositionEmbeddingType::LearnedAbsolute,
-                PositionEmbeddingArg::Rope => PositionEmbeddingType::Rope,
+                PositionEmbeddingArg::Rope | PositionEmbeddingArg::Yarn => {
+                    PositionEmbeddingType::Rope
+                }
                 PositionEmbeddingArg::None => PositionEmbeddingType::None,
             },
             rotary: RotaryConfig {
@@ -1679,6 +1746,7 @@ impl TrainArgs {
                 percent: self.rotary_percent,
                 interleaved: self.rotary_interleaved,
                 scaling_factor: self.use_rope_scaling.then_some(self.rope_scaling_factor),
+                yarn: self.yarn()?,
             },
             num_query_groups: self.group_query_attention.then_some(self.num_query_groups),
             kv_channels: self.kv_channels,

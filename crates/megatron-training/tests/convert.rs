@@ -293,6 +293,28 @@ fn qwen3_and_qwen3_moe_convert_to_transformers_logits_and_back_and_train_in_ever
     }
 }
 
+/// YaRN (`rope_type: "yarn"`, factor 4 over 256 original positions, on a Qwen3): the
+/// interpolated frequencies and the concentration factor give transformers' logits, and the
+/// export writes the same rope parameters back.
+#[test]
+fn yarn_rope_converts_to_transformers_logits_and_back() {
+    check("qwen3_yarn");
+    let dir = tmpdir("convert-yarn");
+    hf_to_megatron(&fixture("qwen3_yarn"), &dir.join("m"), 128).unwrap();
+    let cfg = load_checkpoint(&dir.join("m"), None).unwrap().meta.model;
+    let y = cfg.rotary.yarn.expect("YaRN read");
+    assert_eq!((y.factor, y.original_max_position_embeddings), (4.0, 256));
+    megatron_to_hf(&dir.join("m"), &dir.join("hf")).unwrap();
+    let back: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("hf").join("config.json")).unwrap())
+            .unwrap();
+    let r = &back["rope_parameters"];
+    assert_eq!(r["rope_type"], "yarn");
+    assert_eq!(r["factor"], 4.0);
+    assert_eq!(r["original_max_position_embeddings"], 256);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// Mixtral has experts on every layer: a model whose `--moe-layer-freq` leaves dense layers
 /// and which has no shared expert (so is not Qwen2-MoE either) is refused by flag.
 #[test]

@@ -324,3 +324,60 @@ fn bad_llama_flag_combinations_are_refused_naming_the_flags() {
         "{e}"
     );
 }
+
+/// Megatron's `--position-embedding-type yarn` (`--rotary-scaling-factor`,
+/// `--yarn-original-max-position-embeddings`): another model than plain RoPE, the same model
+/// at TP 2 with SP, PP 2 and CP 2 as on one rank (every rank builds the same table); its flags
+/// are checked by name. Its numbers are checked against transformers in `convert.rs`.
+#[test]
+fn yarn_rope_layouts_match_one_rank_and_its_flags_are_checked() {
+    let dir = tmpdir("llama-yarn");
+    let yarn = [
+        "--position-embedding-type",
+        "yarn",
+        "--rotary-scaling-factor",
+        "4",
+        "--yarn-original-max-position-embeddings",
+        "8",
+    ];
+    let serial = llama_run(&dir, "serial", &yarn);
+    let plain = llama_run(&dir, "rope", &[]);
+    assert_ne!(serial.0.losses, plain.0.losses, "YaRN changes the model");
+    for (name, layout) in [
+        ("tp2-sp", [TP2, &["--sequence-parallel"]].concat()),
+        (
+            "pp2",
+            vec![
+                "--nproc-per-node",
+                "2",
+                "--pipeline-model-parallel-size",
+                "2",
+            ],
+        ),
+        (
+            "cp2",
+            vec!["--nproc-per-node", "2", "--context-parallel-size", "2"],
+        ),
+    ] {
+        let r = llama_run(&dir, name, &[&yarn[..], &layout].concat());
+        assert_same_training(name, &serial, &r, 1e-5);
+    }
+    for (extra, want) in [
+        (
+            &["--use-rope-scaling"][..],
+            "--use-rope-scaling (Llama 3.1's) and --position-embedding-type yarn",
+        ),
+        (
+            &["--rotary-scaling-factor", "0"][..],
+            "--rotary-scaling-factor must be positive",
+        ),
+        (
+            &["--yarn-original-max-position-embeddings", "0"][..],
+            "--yarn-original-max-position-embeddings must be positive",
+        ),
+    ] {
+        let e = refused(&[&yarn[..], extra].concat());
+        assert!(e.contains(want), "{extra:?}: {e}");
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}

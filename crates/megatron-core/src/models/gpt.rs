@@ -20,7 +20,9 @@ use crate::transformer::layer::{FeedForward, LayerNormSaved, Norm, TransformerLa
 use crate::transformer::moe::{MoELayer, MoEMetrics};
 use crate::transformer::step::{LossReduction, Recompute, RecomputeMethod, StepContext};
 use megatron_comm::CommError;
-use megatron_tensor::cpu::{AttentionMask, ClassifierDims, RopeScaling, RopeStyle, RopeTable};
+use megatron_tensor::cpu::{
+    AttentionMask, ClassifierDims, RopeScaling, RopeStyle, RopeTable, YarnScaling,
+};
 use megatron_tensor::Tensor;
 
 use std::sync::Arc;
@@ -198,7 +200,18 @@ pub fn rope_table(cfg: &TransformerConfig) -> Option<(Arc<RopeTable>, RopeStyle)
     (cfg.position_embedding_type == PositionEmbeddingType::Rope).then(|| {
         let r = cfg.rotary;
         let positions = cfg.seq_length.max(cfg.max_position_embeddings);
-        let scaling = r.scaling_factor.map(RopeScaling::llama3);
+        let scaling = match (r.yarn, r.scaling_factor) {
+            (Some(y), _) => Some(RopeScaling::Yarn(YarnScaling {
+                factor: y.factor,
+                original_max_position: y.original_max_position_embeddings as f64,
+                beta_fast: y.beta_fast,
+                beta_slow: y.beta_slow,
+                mscale: y.mscale,
+                mscale_all_dim: y.mscale_all_dim,
+                round_to_int: y.correction_range_round_to_int,
+            })),
+            (None, f) => f.map(RopeScaling::llama3),
+        };
         let table = RopeTable::new(cfg.rotary_dim(), r.base, positions, scaling);
         let style = if r.interleaved {
             RopeStyle::Interleaved

@@ -297,6 +297,23 @@ pub struct RotaryConfig {
     pub interleaved: bool,
     /// Llama 3.1 scaling factor, if enabled.
     pub scaling_factor: Option<f64>,
+    /// YaRN (`--position-embedding-type yarn`), if enabled.
+    #[serde(default)]
+    pub yarn: Option<YarnConfig>,
+}
+
+/// Megatron's YaRN settings (`--rotary-scaling-factor`, `--yarn-original-max-position-embeddings`,
+/// `--yarn-beta-fast`, `--yarn-beta-slow`, `--mscale`, `--mscale-all-dim`,
+/// `--yarn-correction-range-round-to-int`).
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq)]
+pub struct YarnConfig {
+    pub factor: f64,
+    pub original_max_position_embeddings: usize,
+    pub beta_fast: f64,
+    pub beta_slow: f64,
+    pub mscale: f64,
+    pub mscale_all_dim: f64,
+    pub correction_range_round_to_int: bool,
 }
 
 impl Default for RotaryConfig {
@@ -306,6 +323,7 @@ impl Default for RotaryConfig {
             percent: 1.0,
             interleaved: false,
             scaling_factor: None,
+            yarn: None,
         }
     }
 }

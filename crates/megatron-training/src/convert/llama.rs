@@ -246,6 +246,8 @@ impl HfFamily for Llama {
             hf
         };
         let base = rope["rope_theta"].as_f64().unwrap_or(10000.0);
+        let positions = num(hf, "max_position_embeddings")?;
+        let mut yarn = None;
         let scaling = match rope["rope_type"]
             .as_str()
             .or_else(|| hf["rope_scaling"]["rope_type"].as_str())
@@ -267,9 +269,17 @@ impl HfFamily for Llama {
                 }
                 Some(r["factor"].as_f64().unwrap_or(8.0))
             }
+            Some("yarn") => {
+                let r = if rope["factor"].is_number() {
+                    rope
+                } else {
+                    &hf["rope_scaling"]
+                };
+                yarn = Some(super::yarn::yarn_from_hf(r, positions)?);
+                None
+            }
             Some(other) => return Err(format!("rope_type '{other}' is not built")),
         };
-        let positions = num(hf, "max_position_embeddings")?;
         let qwen = self.qwen(hf);
         if hf["attention_bias"].as_bool().unwrap_or(false) && !qwen {
             return Err("attention_bias on q/k/v/o without MLP biases is not built".into());
@@ -302,6 +312,7 @@ impl HfFamily for Llama {
                 percent: 1.0,
                 interleaved: false,
                 scaling_factor: scaling,
+                yarn,
             },
             add_bias_linear: false,
             add_qkv_bias: qwen,
@@ -533,6 +544,9 @@ impl HfFamily for Llama {
             rope = json!({"rope_theta": cfg.rotary.base, "rope_type": "llama3", "factor": factor,
                           "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                           "original_max_position_embeddings": 8192});
+        }
+        if let Some(y) = &cfg.rotary.yarn {
+            rope = super::yarn::yarn_to_hf(y, cfg.rotary.base);
         }
         let config = json!({
             "architectures": [arch],

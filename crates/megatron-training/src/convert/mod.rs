@@ -12,6 +12,7 @@ mod mixtral;
 mod qwen2_moe;
 mod sliding_window;
 mod t5;
+mod yarn;
 
 use crate::checkpointing::{
     iteration_dir, load_checkpoint_weights, write_whole_checkpoint, ConvertedExtras, HfBuffer,

@@ -77,7 +77,10 @@ pub use pooling::{mean_pool_forward, PoolNorm};
 pub use quick_geglu::{quick_geglu_backward, quick_geglu_forward};
 pub use reduce::{first_non_finite, global_norm_squared, scale_inplace};
 pub use rmsnorm::{rmsnorm_backward, rmsnorm_forward, RMSNormDims};
-pub use rope::{rope_backward, rope_forward, RopeDims, RopeScaling, RopeStyle, RopeTable};
+pub use rope::{
+    rope_backward, rope_forward, Llama3Scaling, RopeDims, RopeScaling, RopeStyle, RopeTable,
+    YarnScaling,
+};
 pub use sgd::{sgd_update, SgdParams};
 pub use swiglu::{swiglu_backward, swiglu_forward};
 pub use table_features::{

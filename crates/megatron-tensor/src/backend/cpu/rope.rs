@@ -17,27 +17,99 @@ pub enum RopeStyle {
     Interleaved,
 }
 
-/// Llama 3.1's frequency scaling (`--use-rope-scaling`): long wavelengths are divided by
-/// `factor`, short ones kept, the band between blended smoothly.
+/// Context extension of the rotary frequencies.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct RopeScaling {
+pub enum RopeScaling {
+    /// Llama 3.1's (`--use-rope-scaling`): long wavelengths divided by `factor`, short ones
+    /// kept, the band between blended smoothly.
+    Llama3(Llama3Scaling),
+    /// YaRN (Peng et al. 2023; `--position-embedding-type yarn`).
+    Yarn(YarnScaling),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Llama3Scaling {
     pub factor: f64,
     pub low_freq_factor: f64,
     pub high_freq_factor: f64,
     pub original_max_position: f64,
 }
 
+/// YaRN as megatron-core's `YarnRotaryEmbedding` and transformers' `_compute_yarn_parameters`
+/// define it: frequency `i` is interpolated (divided by `factor`) below the dimension that
+/// completes `beta_slow` rotations over `original_max_position`, kept above the one completing
+/// `beta_fast`, blended linearly between (the bounds rounded outward when `round_to_int`);
+/// cos and sin are multiplied by the concentration factor `0.1 mscale ln(factor) + 1`, over the
+/// same with `mscale_all_dim` when that is non-zero.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct YarnScaling {
+    pub factor: f64,
+    pub original_max_position: f64,
+    pub beta_fast: f64,
+    pub beta_slow: f64,
+    pub mscale: f64,
+    pub mscale_all_dim: f64,
+    pub round_to_int: bool,
+}
+
+impl YarnScaling {
+    fn get_mscale(&self, m: f64) -> f64 {
+        if self.factor <= 1.0 {
+            1.0
+        } else {
+            0.1 * m * self.factor.ln() + 1.0
+        }
+    }
+
+    /// The factor on cos and sin.
+    pub fn concentration(&self) -> f64 {
+        if self.mscale_all_dim == 0.0 {
+            self.get_mscale(1.0)
+        } else {
+            self.get_mscale(self.mscale) / self.get_mscale(self.mscale_all_dim)
+        }
+    }
+
+    fn correction_dim(&self, rotations: f64, dim: f64, base: f64) -> f64 {
+        dim * (self.original_max_position / (rotations * 2.0 * std::f64::consts::PI)).ln()
+            / (2.0 * base.ln())
+    }
+
+    /// Frequencies `inv` (`base^(-2i/dim)`) after interpolation and the ramp between.
+    fn apply(&self, inv: &mut [f64], dim: usize, base: f64) {
+        let d = dim as f64;
+        let (mut low, mut high) = (
+            self.correction_dim(self.beta_fast, d, base),
+            self.correction_dim(self.beta_slow, d, base),
+        );
+        if self.round_to_int {
+            (low, high) = (low.floor(), high.ceil());
+        }
+        let (low, mut high) = (low.max(0.0), high.min(d - 1.0));
+        if low == high {
+            high += 0.001;
+        }
+        for (i, f) in inv.iter_mut().enumerate() {
+            let ramp = ((i as f64 - low) / (high - low)).clamp(0.0, 1.0);
+            let extrapolate = 1.0 - ramp;
+            *f = *f / self.factor * (1.0 - extrapolate) + *f * extrapolate;
+        }
+    }
+}
+
 impl RopeScaling {
     /// Megatron's and Llama 3.1's constants with the given factor (Megatron's default 8).
     pub fn llama3(factor: f64) -> Self {
-        RopeScaling {
+        RopeScaling::Llama3(Llama3Scaling {
             factor,
             low_freq_factor: 1.0,
             high_freq_factor: 4.0,
             original_max_position: 8192.0,
-        }
+        })
     }
+}
 
+impl Llama3Scaling {
     fn apply(&self, inv_freq: f64) -> f64 {
         let low_wavelen = self.original_max_position / self.low_freq_factor;
         let high_wavelen = self.original_max_position / self.high_freq_factor;
@@ -71,19 +143,25 @@ impl RopeTable {
             "rotary dim {rot_dim}"
         );
         let half = rot_dim / 2;
-        let inv: Vec<f64> = (0..half)
-            .map(|i| {
-                let f = base.powf(-((2 * i) as f64) / rot_dim as f64);
-                scaling.map_or(f, |s| s.apply(f))
-            })
+        let mut inv: Vec<f64> = (0..half)
+            .map(|i| base.powf(-((2 * i) as f64) / rot_dim as f64))
             .collect();
+        let mut scale = 1.0;
+        match scaling {
+            None => {}
+            Some(RopeScaling::Llama3(s)) => inv.iter_mut().for_each(|f| *f = s.apply(*f)),
+            Some(RopeScaling::Yarn(y)) => {
+                y.apply(&mut inv, rot_dim, base);
+                scale = y.concentration();
+            }
+        }
         let mut cos = Vec::with_capacity(positions * half);
         let mut sin = Vec::with_capacity(positions * half);
         for p in 0..positions {
             for f in &inv {
                 let a = p as f64 * f;
-                cos.push(a.cos() as f32);
-                sin.push(a.sin() as f32);
+                cos.push((a.cos() * scale) as f32);
+                sin.push((a.sin() * scale) as f32);
             }
         }
         RopeTable {
