@@ -81,6 +81,8 @@ pub enum OptimizerArg {
     Adam,
     /// SGD with momentum (--sgd-momentum) and L2 weight decay, as torch's.
     Sgd,
+    /// Lion: sign updates of a momentum (--lion-beta1, --lion-beta2), decoupled weight decay.
+    Lion,
 }
 
 /// Megatron's precision-aware optimizer dtypes (`--exp-avg-dtype` and the like).
@@ -550,6 +552,12 @@ pub struct TrainArgs {
     pub optimizer: OptimizerArg,
     #[arg(long, default_value_t = 0.9)]
     pub sgd_momentum: f32,
+    /// Lion's interpolation between momentum and gradient for the sign update.
+    #[arg(long, default_value_t = 0.95)]
+    pub lion_beta1: f32,
+    /// Lion's momentum decay.
+    #[arg(long, default_value_t = 0.98)]
+    pub lion_beta2: f32,
     #[arg(long, default_value_t = 0.9)]
     pub adam_beta1: f32,
     #[arg(long, default_value_t = 0.999)]
@@ -1120,6 +1128,8 @@ impl TrainArgs {
         for (flag, v) in [
             ("--adam-beta1", self.adam_beta1),
             ("--adam-beta2", self.adam_beta2),
+            ("--lion-beta1", self.lion_beta1),
+            ("--lion-beta2", self.lion_beta2),
         ] {
             if !(0.0..1.0).contains(&v) {
                 return Err(bad(format!("{flag} must be in [0, 1), got {v}")));
@@ -1351,6 +1361,10 @@ impl TrainArgs {
                 },
                 OptimizerArg::Sgd => UpdateRule::Sgd {
                     momentum: self.sgd_momentum,
+                },
+                OptimizerArg::Lion => UpdateRule::Lion {
+                    beta1: self.lion_beta1,
+                    beta2: self.lion_beta2,
                 },
             },
             no_weight_decay_cond: self.no_weight_decay_cond()?,

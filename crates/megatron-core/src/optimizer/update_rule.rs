@@ -2,7 +2,9 @@
 //! optimizer apply to the values they own, and the moments it keeps per element. The optimizers
 //! own the buckets, shards and gathers; which update runs is chosen here, once.
 
-use megatron_tensor::cpu::{adamw_update, sgd_update, AdamWParams, SgdParams};
+use megatron_tensor::cpu::{
+    adamw_update, lion_update, sgd_update, AdamWParams, LionParams, SgdParams,
+};
 
 /// A per-element state tensor an update rule keeps, named as torch's optimizer state (and so in
 /// checkpoints: `optimizer.{name}.{parameter}`).
@@ -29,6 +31,8 @@ pub enum UpdateRule {
     Adam { beta1: f32, beta2: f32, eps: f32 },
     /// torch's SGD with momentum (megatron-core's `sgd`): L2 weight decay.
     Sgd { momentum: f32 },
+    /// Lion (megatron-core's `lion`): sign updates, one moment, decoupled weight decay.
+    Lion { beta1: f32, beta2: f32 },
 }
 
 impl UpdateRule {
@@ -38,6 +42,7 @@ impl UpdateRule {
             UpdateRule::Adam { .. } => &[Moment::ExpAvg, Moment::ExpAvgSq],
             UpdateRule::Sgd { momentum: 0.0 } => &[],
             UpdateRule::Sgd { .. } => &[Moment::MomentumBuffer],
+            UpdateRule::Lion { .. } => &[Moment::ExpAvg],
         }
     }
 
@@ -46,6 +51,7 @@ impl UpdateRule {
         match self {
             UpdateRule::Adam { .. } => "adam",
             UpdateRule::Sgd { .. } => "sgd",
+            UpdateRule::Lion { .. } => "lion",
         }
     }
 
@@ -98,6 +104,17 @@ impl UpdateRule {
                     },
                 )
             }
+            (UpdateRule::Lion { beta1, beta2 }, [m]) => lion_update(
+                values,
+                grads,
+                m,
+                LionParams {
+                    lr,
+                    beta1,
+                    beta2,
+                    weight_decay,
+                },
+            ),
             (rule, state) => panic!("{rule:?} given {} moments", state.len()),
         }
     }

@@ -171,8 +171,8 @@ pub fn validate(a: &TrainArgs) -> Result<TabularTrainConfig, TrainError> {
             "does not apply (the tabular model has no word embedding or output layer)",
         ),
         (
-            "--optimizer sgd",
-            a.optimizer == crate::arguments::OptimizerArg::Sgd,
+            "--optimizer sgd / lion",
+            a.optimizer != crate::arguments::OptimizerArg::Adam,
             "is not supported yet for the tabular model (Adam only)",
         ),
         (

@@ -19,6 +19,7 @@ pub mod embedding;
 pub mod gelu;
 pub mod layernorm;
 pub mod layout;
+pub mod lion;
 pub mod matmul;
 pub mod matmul_amx;
 pub mod matmul_bf16;
@@ -65,6 +66,7 @@ pub use layernorm::{layernorm_backward, layernorm_forward};
 pub use layout::{
     concat_columns, gather_group_blocks, scatter_group_blocks, split_columns, GroupBlocks,
 };
+pub use lion::{lion_update, LionParams};
 pub use matmul::{
     bias_backward, grouped_matmul, matmul, matmul_backward, matmul_batched, matmul_forward,
     matmul_operands, matmul_with_threads, BatchStrides, GemmProblem, MatmulDims, Operand,
