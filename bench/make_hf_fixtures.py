@@ -3,8 +3,8 @@
 Writes crates/megatron-training/tests/fixtures/hf/<arch>/{config.json, model.safetensors,
 reference.safetensors} with transformers (offline, fixed seeds; runs are byte-identical), so CI
 needs no torch: GPT-2 (learned positions, fused Conv1D QKV, tied), Llama (GQA 4/2, untied, RoPE
-base 10000), Qwen2 (GQA, q/k/v biases, tied). reference.safetensors holds input_ids (2 x 16) and
-the fp32 logits.  Usage: .venv-ref/bin/python bench/make_hf_fixtures.py
+base 10000), Llama with linear RoPE interpolation, Qwen2 (GQA, q/k/v biases, tied). reference.safetensors holds input_ids (2 x 16) and
+the fp32 logits.  Usage: .venv-ref/bin/python bench/make_hf_fixtures.py [OUT_DIR [CASE...]]
 """
 import os, sys
 os.environ["HF_HUB_OFFLINE"] = "1"; os.environ["TRANSFORMERS_OFFLINE"] = "1"
@@ -24,12 +24,20 @@ cases = {
                                                   intermediate_size=48, vocab_size=V,
                                                   max_position_embeddings=64, rms_norm_eps=1e-6,
                                                   tie_word_embeddings=False)),
+    # Linear position interpolation (rope_type "linear", factor 4): every frequency / 4.
+    "llama_linear_rope": lambda: LlamaForCausalLM(LlamaConfig(
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, hidden_size=32,
+        intermediate_size=48, vocab_size=V, max_position_embeddings=64, rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        rope_parameters={"rope_type": "linear", "factor": 4.0, "rope_theta": 10000.0})),
     "qwen2": lambda: Qwen2ForCausalLM(Qwen2Config(num_hidden_layers=2, num_attention_heads=4,
                                                   num_key_value_heads=2, hidden_size=32,
                                                   intermediate_size=48, vocab_size=V,
                                                   max_position_embeddings=64, rms_norm_eps=1e-6,
                                                   tie_word_embeddings=True)),
 }
+only = sys.argv[2:]  # optional: the cases to write (default all)
+cases = {k: v for k, v in cases.items() if not only or k in only}
 for name, make in cases.items():
     torch.manual_seed(0)
     model = make().eval()

@@ -56,6 +56,7 @@ fn qwen_style_model_with_qkv_bias_partial_interleaved_rope_and_mqa_gradient_matc
             interleaved: true,
             scaling_factor: None,
             yarn: None,
+            seq_len_interpolation_factor: None,
         },
         ..tiny_llama()
     };

@@ -360,6 +360,9 @@ pub struct TrainArgs {
     /// Llama 3.1 frequency scaling of the rotary embeddings.
     #[arg(long)]
     pub use_rope_scaling: bool,
+    /// Linear position interpolation of the rotary embeddings: positions divided by this factor.
+    #[arg(long)]
+    pub rotary_seq_len_interpolation_factor: Option<f64>,
     /// YaRN's context-extension factor (`--position-embedding-type yarn`).
     #[arg(long, default_value_t = 1.0)]
     pub rotary_scaling_factor: f64,
@@ -1641,6 +1644,31 @@ impl TrainArgs {
         Ok(t)
     }
 
+    /// `--rotary-seq-len-interpolation-factor`, checked: positive, and one context extension.
+    fn seq_len_interpolation(&self) -> Result<Option<f64>, TrainError> {
+        let Some(f) = self.rotary_seq_len_interpolation_factor else {
+            return Ok(None);
+        };
+        if !(f > 0.0 && f.is_finite()) {
+            return Err(bad(format!(
+                "--rotary-seq-len-interpolation-factor must be positive, got {f}"
+            )));
+        }
+        let other = if self.use_rope_scaling {
+            Some("--use-rope-scaling")
+        } else if self.position_embedding()? == PositionEmbeddingArg::Yarn {
+            Some("--position-embedding-type yarn")
+        } else {
+            None
+        };
+        if let Some(o) = other {
+            return Err(bad(format!(
+                "--rotary-seq-len-interpolation-factor and {o} are two context extensions: pass one"
+            )));
+        }
+        Ok(Some(f))
+    }
+
     /// `--position-embedding-type yarn` and its flags, checked.
     fn yarn(&self) -> Result<Option<megatron_core::transformer::config::YarnConfig>, TrainError> {
         if self.position_embedding()? != PositionEmbeddingArg::Yarn {
@@ -1761,6 +1789,7 @@ impl TrainArgs {
                 interleaved: self.rotary_interleaved,
                 scaling_factor: self.use_rope_scaling.then_some(self.rope_scaling_factor),
                 yarn: self.yarn()?,
+                seq_len_interpolation_factor: self.seq_len_interpolation()?,
             },
             num_query_groups: self.group_query_attention.then_some(self.num_query_groups),
             kv_channels: self.kv_channels,

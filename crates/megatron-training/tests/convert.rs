@@ -315,6 +315,24 @@ fn yarn_rope_converts_to_transformers_logits_and_back() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// Linear position interpolation (`rope_type: "linear"`, factor 4; Megatron's
+/// `--rotary-seq-len-interpolation-factor`) against transformers' logits, and back.
+#[test]
+fn linear_rope_interpolation_converts_to_transformers_logits_and_back() {
+    check("llama_linear_rope");
+    let dir = tmpdir("convert-linear-rope");
+    hf_to_megatron(&fixture("llama_linear_rope"), &dir.join("m"), 128).unwrap();
+    let cfg = load_checkpoint(&dir.join("m"), None).unwrap().meta.model;
+    assert_eq!(cfg.rotary.seq_len_interpolation_factor, Some(4.0));
+    megatron_to_hf(&dir.join("m"), &dir.join("hf")).unwrap();
+    let back: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("hf").join("config.json")).unwrap())
+            .unwrap();
+    assert_eq!(back["rope_parameters"]["rope_type"], "linear");
+    assert_eq!(back["rope_parameters"]["factor"], 4.0);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// Mixtral has experts on every layer: a model whose `--moe-layer-freq` leaves dense layers
 /// and which has no shared expert (so is not Qwen2-MoE either) is refused by flag.
 #[test]

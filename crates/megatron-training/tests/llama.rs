@@ -381,3 +381,43 @@ fn yarn_rope_layouts_match_one_rank_and_its_flags_are_checked() {
     }
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// `--rotary-seq-len-interpolation-factor` (linear position interpolation): factor 1 is plain
+/// RoPE bit for bit, factor 4 another model, the same at CP 2 (p2p) as on one rank; it excludes
+/// the other context extensions by name.
+#[test]
+fn linear_rope_interpolation_matches_one_rank_and_excludes_other_extensions() {
+    let dir = tmpdir("llama-linear-rope");
+    let plain = llama_run(&dir, "plain", &[]);
+    let one = llama_run(&dir, "one", &["--rotary-seq-len-interpolation-factor", "1"]);
+    assert_eq!(plain.0.losses, one.0.losses, "factor 1 is no interpolation");
+    let four = ["--rotary-seq-len-interpolation-factor", "4"];
+    let serial = llama_run(&dir, "serial", &four);
+    assert_ne!(serial.0.losses, plain.0.losses);
+    let cp = llama_run(
+        &dir,
+        "cp2",
+        &[
+            &four[..],
+            &["--nproc-per-node", "2", "--context-parallel-size", "2"],
+        ]
+        .concat(),
+    );
+    assert_same_training("cp2", &serial, &cp, 1e-5);
+    for (extra, want) in [
+        (
+            &["--use-rope-scaling"][..],
+            "--rotary-seq-len-interpolation-factor and --use-rope-scaling",
+        ),
+        (
+            &["--position-embedding-type", "yarn"][..],
+            "--rotary-seq-len-interpolation-factor and --position-embedding-type yarn",
+        ),
+    ] {
+        let e = refused(&[&four[..], extra].concat());
+        assert!(e.contains(want), "{extra:?}: {e}");
+    }
+    let e = refused(&["--rotary-seq-len-interpolation-factor", "0"]);
+    assert!(e.contains("must be positive"), "{e}");
+    let _ = std::fs::remove_dir_all(dir);
+}

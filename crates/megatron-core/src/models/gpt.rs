@@ -210,7 +210,8 @@ pub fn rope_table(cfg: &TransformerConfig) -> Option<(Arc<RopeTable>, RopeStyle)
                 mscale_all_dim: y.mscale_all_dim,
                 round_to_int: y.correction_range_round_to_int,
             })),
-            (None, f) => f.map(RopeScaling::llama3),
+            (None, Some(f)) => Some(RopeScaling::llama3(f)),
+            (None, None) => r.seq_len_interpolation_factor.map(RopeScaling::Linear),
         };
         let table = RopeTable::new(cfg.rotary_dim(), r.base, positions, scaling);
         let style = if r.interleaved {

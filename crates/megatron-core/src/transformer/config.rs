@@ -300,6 +300,10 @@ pub struct RotaryConfig {
     /// YaRN (`--position-embedding-type yarn`), if enabled.
     #[serde(default)]
     pub yarn: Option<YarnConfig>,
+    /// Linear position interpolation (`--rotary-seq-len-interpolation-factor`): positions
+    /// divided by this factor.
+    #[serde(default)]
+    pub seq_len_interpolation_factor: Option<f64>,
 }
 
 /// Megatron's YaRN settings (`--rotary-scaling-factor`, `--yarn-original-max-position-embeddings`,
@@ -324,6 +328,7 @@ impl Default for RotaryConfig {
             interleaved: false,
             scaling_factor: None,
             yarn: None,
+            seq_len_interpolation_factor: None,
         }
     }
 }

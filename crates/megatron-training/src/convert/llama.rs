@@ -248,6 +248,7 @@ impl HfFamily for Llama {
         let base = rope["rope_theta"].as_f64().unwrap_or(10000.0);
         let positions = num(hf, "max_position_embeddings")?;
         let mut yarn = None;
+        let mut linear = None;
         let scaling = match rope["rope_type"]
             .as_str()
             .or_else(|| hf["rope_scaling"]["rope_type"].as_str())
@@ -276,6 +277,18 @@ impl HfFamily for Llama {
                     &hf["rope_scaling"]
                 };
                 yarn = Some(super::yarn::yarn_from_hf(r, positions)?);
+                None
+            }
+            Some("linear") => {
+                let r = if rope["factor"].is_number() {
+                    rope
+                } else {
+                    &hf["rope_scaling"]
+                };
+                let f = r["factor"]
+                    .as_f64()
+                    .ok_or("linear rope scaling without a factor")?;
+                linear = Some(f);
                 None
             }
             Some(other) => return Err(format!("rope_type '{other}' is not built")),
@@ -313,6 +326,7 @@ impl HfFamily for Llama {
                 interleaved: false,
                 scaling_factor: scaling,
                 yarn,
+                seq_len_interpolation_factor: linear,
             },
             add_bias_linear: false,
             add_qkv_bias: qwen,
@@ -547,6 +561,9 @@ impl HfFamily for Llama {
         }
         if let Some(y) = &cfg.rotary.yarn {
             rope = super::yarn::yarn_to_hf(y, cfg.rotary.base);
+        }
+        if let Some(f) = cfg.rotary.seq_len_interpolation_factor {
+            rope = json!({"rope_theta": cfg.rotary.base, "rope_type": "linear", "factor": f});
         }
         let config = json!({
             "architectures": [arch],

@@ -25,6 +25,10 @@ pub enum RopeScaling {
     Llama3(Llama3Scaling),
     /// YaRN (Peng et al. 2023; `--position-embedding-type yarn`).
     Yarn(YarnScaling),
+    /// Linear position interpolation (Chen et al. 2023; `--rotary-seq-len-interpolation-factor`,
+    /// transformers' `rope_type: "linear"`): positions divided by the factor, that is every
+    /// frequency.
+    Linear(f64),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -154,6 +158,7 @@ impl RopeTable {
                 y.apply(&mut inv, rot_dim, base);
                 scale = y.concentration();
             }
+            Some(RopeScaling::Linear(factor)) => inv.iter_mut().for_each(|f| *f /= factor),
         }
         let mut cos = Vec::with_capacity(positions * half);
         let mut sin = Vec::with_capacity(positions * half);
