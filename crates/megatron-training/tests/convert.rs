@@ -102,6 +102,18 @@ fn check(arch: &str) {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// `arch`'s fixture converted and exported again: the model as read, and the config.json
+/// written back.
+fn converted_and_exported(arch: &str) -> (megatron_core::TransformerConfig, serde_json::Value) {
+    let dir = tmpdir(&format!("convert-back-{arch}"));
+    hf_to_megatron(&fixture(arch), &dir.join("m"), 128).unwrap();
+    let cfg = load_checkpoint(&dir.join("m"), None).unwrap().meta.model;
+    megatron_to_hf(&dir.join("m"), &dir.join("hf")).unwrap();
+    let text = std::fs::read_to_string(dir.join("hf").join("config.json")).unwrap();
+    let _ = std::fs::remove_dir_all(dir);
+    (cfg, serde_json::from_str(&text).unwrap())
+}
+
 /// Trains a converted checkpoint 2 steps from its own config (`--use-checkpoint-args
 /// --finetune`) with `--lr 0`, so every layout computes its losses from the converted weights.
 fn train_converted(save: &str, layout: &[&str]) -> megatron_training::TrainSummary {
@@ -211,18 +223,11 @@ fn qwen2_moe_with_gated_shared_expert_converts_to_transformers_logits_and_back()
 #[test]
 fn qwen2_moe_with_dense_layers_converts_to_transformers_logits_and_back() {
     check("qwen2_moe_dense");
-    let dir = tmpdir("convert-qwen2-moe-dense");
-    hf_to_megatron(&fixture("qwen2_moe_dense"), &dir.join("m"), 128).unwrap();
-    let cfg = load_checkpoint(&dir.join("m"), None).unwrap().meta.model;
+    let (cfg, back) = converted_and_exported("qwen2_moe_dense");
     let moe: Vec<bool> = (0..4).map(|l| cfg.is_moe_layer(l)).collect();
     assert_eq!(moe, [false, true, false, false]);
-    megatron_to_hf(&dir.join("m"), &dir.join("hf")).unwrap();
-    let back: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("hf").join("config.json")).unwrap())
-            .unwrap();
     assert_eq!(back["decoder_sparse_step"], 1);
     assert_eq!(back["mlp_only_layers"], serde_json::json!([0, 2, 3]));
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 /// Qwen3 (per-head q/k RMSNorms before RoPE: `--qk-layernorm`; head_dim apart from hidden /
@@ -299,20 +304,13 @@ fn qwen3_and_qwen3_moe_convert_to_transformers_logits_and_back_and_train_in_ever
 #[test]
 fn yarn_rope_converts_to_transformers_logits_and_back() {
     check("qwen3_yarn");
-    let dir = tmpdir("convert-yarn");
-    hf_to_megatron(&fixture("qwen3_yarn"), &dir.join("m"), 128).unwrap();
-    let cfg = load_checkpoint(&dir.join("m"), None).unwrap().meta.model;
+    let (cfg, back) = converted_and_exported("qwen3_yarn");
     let y = cfg.rotary.yarn.expect("YaRN read");
     assert_eq!((y.factor, y.original_max_position_embeddings), (4.0, 256));
-    megatron_to_hf(&dir.join("m"), &dir.join("hf")).unwrap();
-    let back: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("hf").join("config.json")).unwrap())
-            .unwrap();
     let r = &back["rope_parameters"];
     assert_eq!(r["rope_type"], "yarn");
     assert_eq!(r["factor"], 4.0);
     assert_eq!(r["original_max_position_embeddings"], 256);
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 /// Linear position interpolation (`rope_type: "linear"`, factor 4; Megatron's
@@ -320,17 +318,10 @@ fn yarn_rope_converts_to_transformers_logits_and_back() {
 #[test]
 fn linear_rope_interpolation_converts_to_transformers_logits_and_back() {
     check("llama_linear_rope");
-    let dir = tmpdir("convert-linear-rope");
-    hf_to_megatron(&fixture("llama_linear_rope"), &dir.join("m"), 128).unwrap();
-    let cfg = load_checkpoint(&dir.join("m"), None).unwrap().meta.model;
+    let (cfg, back) = converted_and_exported("llama_linear_rope");
     assert_eq!(cfg.rotary.seq_len_interpolation_factor, Some(4.0));
-    megatron_to_hf(&dir.join("m"), &dir.join("hf")).unwrap();
-    let back: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("hf").join("config.json")).unwrap())
-            .unwrap();
     assert_eq!(back["rope_parameters"]["rope_type"], "linear");
     assert_eq!(back["rope_parameters"]["factor"], 4.0);
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 /// Mixtral has experts on every layer: a model whose `--moe-layer-freq` leaves dense layers
