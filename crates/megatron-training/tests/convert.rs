@@ -540,9 +540,10 @@ fn a_quantized_llama_gguf_dequantizes_and_unpermutes_exactly_as_gguf_py() {
 /// llama.cpp's Qwen2 (q/k/v biases, tied) and Qwen3 (q/k norms, head_dim 16 beside hidden
 /// 48 / 4 heads from `attention.key_length`, untied) GGUFs, without the Llama Q/K permutation
 /// (`bench/make_gguf_qwen_fixtures.py`, names from gguf-py's own table): logits against
-/// transformers' on the same weights, and back to Hugging Face as the same architecture.
+/// transformers' on the same weights, and back to Hugging Face as the same architecture. YaRN
+/// from llama.cpp's `rope.scaling.*` keys, Llama 3.1's scaling from its `rope_freqs` tensor.
 #[test]
-fn qwen2_and_qwen3_ggufs_give_transformers_logits() {
+fn qwen2_qwen3_and_scaled_rope_ggufs_give_transformers_logits() {
     let dir = tmpdir("convert-gguf-qwen");
     let fx = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gguf");
     let refb = std::fs::read(fx.join("qwen_reference.safetensors")).unwrap();
@@ -557,6 +558,7 @@ fn qwen2_and_qwen3_ggufs_give_transformers_logits() {
     for (arch, class, qk_norm) in [
         ("qwen2", "Qwen2ForCausalLM", false),
         ("qwen3", "Qwen3ForCausalLM", true),
+        ("qwen3_yarn", "Qwen3ForCausalLM", true),
     ] {
         let save = dir.join(arch);
         megatron_training::convert::gguf_to_megatron(
@@ -568,6 +570,7 @@ fn qwen2_and_qwen3_ggufs_give_transformers_logits() {
         let cfg = load_checkpoint(&save, None).unwrap().meta.model;
         assert_eq!(cfg.qk_layernorm, qk_norm, "{arch}");
         assert_eq!(cfg.add_qkv_bias, !qk_norm, "{arch}");
+        assert_eq!(cfg.rotary.yarn.is_some(), arch == "qwen3_yarn", "{arch}");
         let lt = r.tensor(&format!("{arch}.logits")).unwrap();
         let (b, t, vocab) = (lt.shape()[0], lt.shape()[1], lt.shape()[2]);
         let want = f32s(lt.data());
@@ -586,6 +589,21 @@ fn qwen2_and_qwen3_ggufs_give_transformers_logits() {
         .unwrap();
         assert_eq!(back["architectures"][0], class, "{arch}");
     }
+    // llama.cpp's Llama 3.1 scaling: the rope_freqs tensor read back as the factor.
+    let save = dir.join("llama3");
+    megatron_training::convert::gguf_to_megatron(&fx.join("tiny-llama3_rope.gguf"), &save, 128)
+        .unwrap();
+    let cfg = load_checkpoint(&save, None).unwrap().meta.model;
+    assert_eq!(cfg.rotary.scaling_factor, Some(8.0));
+    let lt = r.tensor("llama3_rope.logits").unwrap();
+    let (b, t, vocab) = (lt.shape()[0], lt.shape()[1], lt.shape()[2]);
+    let got = megatron_logits(&save, &ids, b, t, vocab);
+    let diff = f32s(lt.data())
+        .iter()
+        .zip(&got)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max);
+    assert!(diff <= 1e-4, "llama3 rope GGUF: logits differ by {diff}");
     let _ = std::fs::remove_dir_all(dir);
 }
 

@@ -274,6 +274,108 @@ fn hf_architecture(arch: &str) -> Option<(&'static str, bool)> {
     }
 }
 
+/// The rotary settings as Hugging Face's `rope_parameters`. llama.cpp writes YaRN and linear
+/// interpolation as `{arch}.rope.scaling.*` keys, and Llama 3.1's scaling as a `rope_freqs`
+/// tensor of per-frequency divisors, which must then be Llama 3.1's for some factor (low 1,
+/// high 4, 8192 original positions): anything else would be dropped silently, so it is refused.
+fn rope_parameters(
+    g: &Gguf,
+    arch: &str,
+    rope_freqs: Option<&[f32]>,
+    head_dim: usize,
+    base: f64,
+) -> Result<serde_json::Value, String> {
+    let key = |k: &str| g.meta.get(&format!("{arch}.rope.scaling.{k}"));
+    let num = |k: &str| key(k).and_then(Value::as_f64);
+    if let Some(divisors) = rope_freqs {
+        // Each frequency's wavelength puts it below the band (divisor 1), above it (the factor
+        // itself) or in it (a blend that still determines the factor): read the factor off the
+        // first one that shows it, then check every divisor against Llama 3.1's rule.
+        let inv = |i: usize| base.powf(-((2 * i) as f64) / head_dim as f64);
+        let (low, high) = (8192.0, 8192.0 / 4.0);
+        let smooth = |wavelen: f64| (8192.0 / wavelen - 1.0) / (4.0 - 1.0);
+        let factor = divisors
+            .iter()
+            .enumerate()
+            .find_map(|(i, &d)| {
+                let wavelen = 2.0 * std::f64::consts::PI / inv(i);
+                let d = d as f64;
+                if wavelen > low {
+                    Some(d)
+                } else if wavelen >= high {
+                    let s = smooth(wavelen);
+                    (1.0 / d - s > 0.0).then(|| (1.0 - s) / (1.0 / d - s))
+                } else {
+                    None
+                }
+            })
+            .unwrap_or(1.0);
+        let want: Vec<f64> = (0..head_dim / 2)
+            .map(|i| {
+                let wavelen = 2.0 * std::f64::consts::PI / inv(i);
+                if wavelen < high {
+                    1.0
+                } else if wavelen > low {
+                    factor
+                } else {
+                    let s = smooth(wavelen);
+                    1.0 / ((1.0 - s) / factor + s)
+                }
+            })
+            .collect();
+        let same = divisors.len() == want.len()
+            && divisors
+                .iter()
+                .zip(&want)
+                .all(|(d, w)| (*d as f64 - w).abs() <= 1e-4 * w);
+        if !same {
+            return Err(
+                "rope_freqs.weight is not Llama 3.1's frequency scaling (low 1, high 4, 8192 original positions): not built"
+                    .into(),
+            );
+        }
+        // The divisors are f32: the factor to the precision they carry.
+        let factor = (factor * 1e4).round() / 1e4;
+        return Ok(serde_json::json!({
+            "rope_theta": base, "rope_type": "llama3", "factor": factor,
+            "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        }));
+    }
+    match key("type").and_then(Value::as_str) {
+        None | Some("none") => Ok(serde_json::json!({"rope_theta": base, "rope_type": "default"})),
+        Some("linear") => Ok(serde_json::json!({
+            "rope_theta": base, "rope_type": "linear",
+            "factor": num("factor").ok_or("rope.scaling.type linear without rope.scaling.factor")?,
+        })),
+        Some("yarn") => {
+            // llama.cpp's own YaRN knobs, 1 unless a model says otherwise: not built.
+            for k in ["yarn_ext_factor", "yarn_attn_factor"] {
+                if num(k).is_some_and(|e| e != 1.0) {
+                    return Err(format!("rope.scaling.{k} other than 1 is not built"));
+                }
+            }
+            let mut p = serde_json::json!({
+                "rope_theta": base, "rope_type": "yarn",
+                "factor": num("factor").ok_or("rope.scaling.type yarn without rope.scaling.factor")?,
+                "original_max_position_embeddings": key("original_context_length")
+                    .and_then(Value::as_u64)
+                    .ok_or("rope.scaling.type yarn without rope.scaling.original_context_length")?,
+            });
+            for (k, hf) in [
+                ("yarn_beta_fast", "beta_fast"),
+                ("yarn_beta_slow", "beta_slow"),
+            ] {
+                if let Some(v) = num(k) {
+                    p[hf] = serde_json::json!(v);
+                }
+            }
+            Ok(p)
+        }
+        Some(other) => Err(format!("rope.scaling.type '{other}' is not built")),
+    }
+}
+
 /// A llama.cpp GGUF of the Llama, Qwen2 or Qwen3 architecture as the Hugging Face config.json
 /// and tensors of the same model (metadata under `{arch}.`, llama.cpp's tensor names).
 pub(crate) fn hf_model_of(g: &Gguf) -> Result<(serde_json::Value, Tensors), String> {
@@ -323,6 +425,7 @@ pub(crate) fn hf_model_of(g: &Gguf) -> Result<(serde_json::Value, Tensors), Stri
     let not_part = |name: &str| format!("tensor {name}: not part of a {arch} model");
     let mut t = Tensors::new();
     let mut tied = true;
+    let mut rope_freqs = None;
     for info in &g.tensors {
         let v = g.dequantize(info)?;
         let shape: Vec<usize> = info.dims.iter().rev().map(|&d| d as usize).collect();
@@ -358,6 +461,7 @@ pub(crate) fn hf_model_of(g: &Gguf) -> Result<(serde_json::Value, Tensors), Stri
             };
             format!("model.layers.{l}.{p}")
         } else if name == "rope_freqs.weight" {
+            rope_freqs = Some(v);
             continue;
         } else {
             return Err(not_part(name));
@@ -384,6 +488,7 @@ pub(crate) fn hf_model_of(g: &Gguf) -> Result<(serde_json::Value, Tensors), Stri
         "max_position_embeddings": num("context_length")?,
         "rms_norm_eps": f("attention.layer_norm_rms_epsilon", 1e-5),
         "rope_theta": f("rope.freq_base", 10000.0),
+        "rope_parameters": rope_parameters(g, arch, rope_freqs.as_deref(), hd, f("rope.freq_base", 10000.0))?,
         "tie_word_embeddings": tied,
         "vocab_size": vocab,
     });
