@@ -1,7 +1,7 @@
 mod common;
 use common::*;
 use megatron_tensor::cpu::{
-    rope_backward, rope_forward, RopeDims, RopeScaling, RopeStyle, RopeTable,
+    rope_backward, rope_forward, RopeDims, RopeScaling, RopeStyle, RopeTable, YarnScaling,
 };
 
 /// Hugging Face Llama's formulation, in f64: `x * cos(emb) + rotate_half(x) * sin(emb)` with
@@ -101,9 +101,25 @@ fn rope_positions_continue_from_first_pos_for_the_kv_cache() {
 
 #[test]
 fn rope_backward_matches_finite_difference_in_both_conventions() {
-    for style in [RopeStyle::RotateHalf, RopeStyle::Interleaved] {
+    // YaRN scales cos and sin by its concentration factor: a scaled rotation, whose transpose
+    // backward must apply, not the plain inverse rotation.
+    let yarn = RopeScaling::Yarn(YarnScaling {
+        factor: 4.0,
+        original_max_position: 16.0,
+        beta_fast: 32.0,
+        beta_slow: 1.0,
+        mscale: 1.0,
+        mscale_all_dim: 0.0,
+        round_to_int: true,
+    });
+    for (style, scaling) in [
+        (RopeStyle::RotateHalf, None),
+        (RopeStyle::Interleaved, None),
+        (RopeStyle::RotateHalf, Some(yarn)),
+        (RopeStyle::RotateHalf, Some(RopeScaling::Linear(4.0))),
+    ] {
         let d = dims(style);
-        let table = RopeTable::new(6, 10000.0, 64, None);
+        let table = RopeTable::new(6, 10000.0, 64, scaling);
         let mut x = randn(2 * 13 * 2 * 4 * 8, 3, 1.0);
         let r = randn(x.len(), 4, 1.0);
         let mut dx = r.clone();
@@ -113,7 +129,16 @@ fn rope_backward_matches_finite_difference_in_both_conventions() {
             rope_forward(&mut y, &table, d);
             dot(&y, &r)
         };
-        check_grad(&mut x, &dx, f, 1e-2, 1e-3, 1e-3, 300, &format!("{style:?}"));
+        check_grad(
+            &mut x,
+            &dx,
+            f,
+            1e-2,
+            1e-3,
+            1e-3,
+            300,
+            &format!("{style:?} {scaling:?}"),
+        );
     }
 }
 
@@ -171,4 +196,53 @@ fn llama3_rope_scaling_divides_long_wavelengths_and_keeps_short_ones() {
         "all three bands: {checked:?}"
     );
     let _ = x;
+}
+
+/// YaRN's frequencies, worked by hand for rot 8, base 10000, factor 4 over 16 original
+/// positions: the correction range is dims [floor(8 ln(16/(32*2pi)) / (2 ln 1e4)) clamped to
+/// 0, ceil(8 ln(16/(2pi)) / (2 ln 1e4))] = [0, 1], so frequency 0 keeps its value, frequencies
+/// 1..3 are divided by 4, and cos/sin carry 0.1 ln 4 + 1.
+#[test]
+fn yarn_keeps_fast_frequencies_interpolates_slow_ones_and_scales_by_its_concentration() {
+    let yarn = RopeScaling::Yarn(YarnScaling {
+        factor: 4.0,
+        original_max_position: 16.0,
+        beta_fast: 32.0,
+        beta_slow: 1.0,
+        mscale: 1.0,
+        mscale_all_dim: 0.0,
+        round_to_int: true,
+    });
+    let table = RopeTable::new(8, 10000.0, 2, Some(yarn));
+    let c = 0.1 * 4f64.ln() + 1.0;
+    // Position 1: angle = frequency; one head of 8 rotated from (1,...,1 | 0,...,0) gives
+    // (c cos f_i | c sin f_i) in the rotate-half layout.
+    let d = RopeDims {
+        t: 2,
+        groups: 1,
+        q_per_group: 1,
+        head_dim: 8,
+        first_pos: 0,
+        style: RopeStyle::RotateHalf,
+    };
+    let mut qkv = vec![0.0f32; 2 * 3 * 8];
+    for row in 0..2 {
+        qkv[row * 24..row * 24 + 4].fill(1.0);
+    }
+    rope_forward(&mut qkv, &table, d);
+    let q1 = &qkv[24..32];
+    for i in 0..4 {
+        let f = 10000f64.powf(-((2 * i) as f64) / 8.0) / if i == 0 { 1.0 } else { 4.0 };
+        let (want_cos, want_sin) = ((c * f.cos()) as f32, (c * f.sin()) as f32);
+        assert!(
+            (q1[i] - want_cos).abs() < 1e-6,
+            "cos {i}: {} vs {want_cos}",
+            q1[i]
+        );
+        assert!(
+            (q1[4 + i] - want_sin).abs() < 1e-6,
+            "sin {i}: {} vs {want_sin}",
+            q1[4 + i]
+        );
+    }
 }

@@ -3,11 +3,11 @@
 //! same way, with nothing to send).
 
 use crate::family::{LossAveraging, TrainFamily};
+use crate::train_step::{loss_sums, sum_loss_sums};
 use crate::training::Trainer;
 use crate::TrainError;
 use megatron_core::pipeline_parallel::executor::Stage;
 use megatron_core::pipeline_parallel::Op;
-use megatron_core::tensor_parallel::sum_f64;
 use megatron_core::transformer::step::StepContext;
 use megatron_data::Split;
 
@@ -56,22 +56,19 @@ impl<F: TrainFamily> Trainer<'_, F> {
             &mut self.timers,
         )?;
         // Only the last stage holds losses: the others add zeros.
-        let (sum, tokens) = crate::train_step::loss_sums::<F>(&r.losses);
-        let mut total = [sum, tokens];
-        for v in &mut total {
-            if pp.size() > 1 {
-                *v = sum_f64(pp, *v)?;
-            }
-            if let Some(c) = self.comms.dp.as_deref_mut() {
-                *v = sum_f64(c, *v)?;
-            }
+        let mut total = loss_sums::<F>(&r.losses);
+        if pp.size() > 1 {
+            total = sum_loss_sums::<F>(pp, total)?;
+        }
+        if let Some(c) = self.comms.dp.as_deref_mut() {
+            total = sum_loss_sums::<F>(c, total)?;
         }
         Ok(Some(match F::loss_averaging() {
             // Every context-parallel rank holds its micro-batches' whole loss.
-            LossAveraging::MicroBatches => total[0] / (global * cfg.cp) as f64,
+            LossAveraging::MicroBatches => total.0 / (global * cfg.cp) as f64,
             // Megatron's GPT: the summed loss over the counted tokens (context-parallel
             // copies in both).
-            LossAveraging::Tokens => total[0] / total[1].max(1.0),
+            LossAveraging::Tokens => total.0 / total.1.max(1.0),
         }))
     }
 }

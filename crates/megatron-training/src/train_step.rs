@@ -59,7 +59,6 @@ impl<F: TrainFamily> Trainer<'_, F> {
         // Under context parallelism each rank's gradients cover its part of the sequence and
         // are averaged over data x context ranks: scaled by the context-parallel size they sum
         // over the sequence (Megatron multiplies the loss by it).
-        let grad_scale = self.grad_scale(loss_scale)?;
         // This rank's own work in the step (for --log-straggler): the forward/backward pass
         // less the time it waited for pipeline neighbours.
         let (busy_start, waited) = (Instant::now(), self.timers.p2p_wait);
@@ -68,6 +67,8 @@ impl<F: TrainFamily> Trainer<'_, F> {
                 self.cfg.args.inject_slow_ms,
             ));
         }
+        self.fill_micro_batches()?;
+        let grad_scale = self.grad_scale(loss_scale)?;
         let pass = self.forward_backward(iteration, grad_scale)?;
         self.busy += busy_start
             .elapsed()
@@ -89,14 +90,12 @@ impl<F: TrainFamily> Trainer<'_, F> {
     /// `--calculate-per-token-loss`: the data-and-context-parallel size over the global batch's
     /// counted tokens, since the reduction averages over that group and each rank's gradient
     /// is of its tokens' summed loss (so every token weighs 1 / tokens, as Megatron's
-    /// `finalize_model_grads` scales). Called before the micro-batches are refilled for the
-    /// step, it fills them here: counting needs the step's samples.
+    /// `finalize_model_grads` scales), counted on the step's filled micro-batches.
     fn grad_scale(&mut self, loss_scale: f32) -> Result<f32, TrainError> {
         let m = self.cfg.batches.num_microbatches(self.consumed);
         if self.cfg.loss_reduction == LossReduction::MicroBatchMean {
             return Ok(loss_scale * self.cfg.cp as f32 / m as f32);
         }
-        self.fill_micro_batches()?;
         let local: f64 = self.mbs[..m].iter().map(F::counted_tokens).sum();
         let (_, group) = self.comms.dp_rank_size();
         let tokens = match self.comms.dp.as_deref_mut() {
@@ -133,7 +132,8 @@ impl<F: TrainFamily> Trainer<'_, F> {
             .collect()
     }
 
-    /// Runs the schedule. `--overlap-grad-reduce`: a communication thread reduces each bucket
+    /// Runs the schedule on the micro-batches [`Trainer::fill_micro_batches`] filled.
+    /// `--overlap-grad-reduce`: a communication thread reduces each bucket
     /// over DP as soon as the last micro-batch's backward has finished it.
     /// `--overlap-param-gather`: the same thread first all-gathers the parameters the last
     /// optimizer step updated, while forward waits bucket by bucket (`Params::get`).
@@ -141,10 +141,6 @@ impl<F: TrainFamily> Trainer<'_, F> {
         let cfg = self.cfg;
         let a = &cfg.args;
         let starts = self.micro_batch_starts();
-        if cfg.loss_reduction == LossReduction::MicroBatchMean {
-            // (Per-token loss filled them to count their tokens.)
-            self.fill_micro_batches()?;
-        }
         // Under batch-size ramp-up the buffers (sized for the final batch) are used in part.
         let batches: Vec<_> = self.mbs[..starts.len()]
             .iter()
@@ -227,8 +223,7 @@ impl<F: TrainFamily> Trainer<'_, F> {
             // The loss is known on the last stage: summed over the pipeline group.
             let loss_sum = if pp_size > 1 {
                 let last = pp_rank == pp_size - 1;
-                let (a, b) = if last { local } else { (0.0, 0.0) };
-                (sum_f64(pp, a)?, sum_f64(pp, b)?)
+                sum_loss_sums::<F>(pp, if last { local } else { (0.0, 0.0) })?
             } else {
                 local
             };
@@ -320,7 +315,10 @@ impl<F: TrainFamily> Trainer<'_, F> {
                     c.all_reduce(&mut l, ReduceOp::Avg)?;
                     l[0] as f64
                 }
-                LossAveraging::Tokens => sum_f64(c, sum)? / sum_f64(c, tokens)?.max(1.0),
+                LossAveraging::Tokens => {
+                    let (sum, tokens) = sum_loss_sums::<F>(c, (sum, tokens))?;
+                    sum / tokens.max(1.0)
+                }
             };
         }
         Ok(loss)
@@ -484,4 +482,17 @@ pub(crate) fn loss_sums<F: TrainFamily>(losses: &[(f32, f32)]) -> (f64, f64) {
             (s + mean as f64 * tokens as f64, n + tokens as f64)
         }),
     }
+}
+
+/// [`loss_sums`] summed over `comm`; the token count only where the averaging uses it.
+pub(crate) fn sum_loss_sums<F: TrainFamily>(
+    comm: &mut dyn Communicator,
+    (sum, tokens): (f64, f64),
+) -> Result<(f64, f64), megatron_comm::CommError> {
+    let sum = sum_f64(comm, sum)?;
+    let tokens = match F::loss_averaging() {
+        LossAveraging::MicroBatches => tokens,
+        LossAveraging::Tokens => sum_f64(comm, tokens)?,
+    };
+    Ok((sum, tokens))
 }

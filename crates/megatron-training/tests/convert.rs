@@ -52,13 +52,11 @@ fn megatron_logits(save: &Path, ids: &[i64], b: usize, t: usize, vocab: usize) -
     out
 }
 
-fn check(arch: &str) {
-    let dir = tmpdir(&format!("convert-{arch}"));
-    let save = dir.join("megatron");
-    hf_to_megatron(&fixture(arch), &save, 128).unwrap();
-    // Logits against transformers'.
-    let refb = std::fs::read(fixture(arch).join("reference.safetensors")).unwrap();
-    let r = SafeTensors::deserialize(&refb).unwrap();
+/// The largest difference between the logits a converted checkpoint `save` gives on the
+/// reference file's `input_ids` and the reference's `logits` tensor (transformers').
+fn max_logit_difference(save: &Path, reference: &Path, logits: &str) -> f32 {
+    let bytes = std::fs::read(reference).unwrap();
+    let r = SafeTensors::deserialize(&bytes).unwrap();
     let ids: Vec<i64> = r
         .tensor("input_ids")
         .unwrap()
@@ -66,15 +64,26 @@ fn check(arch: &str) {
         .chunks_exact(8)
         .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
         .collect();
-    let lt = r.tensor("logits").unwrap();
+    let lt = r.tensor(logits).unwrap();
     let (b, t, vocab) = (lt.shape()[0], lt.shape()[1], lt.shape()[2]);
-    let want = f32s(lt.data());
-    let got = megatron_logits(&save, &ids, b, t, vocab);
-    let diff = want
+    let got = megatron_logits(save, &ids, b, t, vocab);
+    f32s(lt.data())
         .iter()
         .zip(&got)
         .map(|(a, b)| (a - b).abs())
-        .fold(0.0f32, f32::max);
+        .fold(0.0f32, f32::max)
+}
+
+fn check(arch: &str) {
+    let dir = tmpdir(&format!("convert-{arch}"));
+    let save = dir.join("megatron");
+    hf_to_megatron(&fixture(arch), &save, 128).unwrap();
+    // Logits against transformers'.
+    let diff = max_logit_difference(
+        &save,
+        &fixture(arch).join("reference.safetensors"),
+        "logits",
+    );
     eprintln!("{arch}: max |logit difference| {diff:e}");
     assert!(diff <= 1e-4, "{arch}: logits differ by {diff}");
     // And back: the original tensors, byte for byte.
@@ -546,15 +555,7 @@ fn a_quantized_llama_gguf_dequantizes_and_unpermutes_exactly_as_gguf_py() {
 fn qwen2_qwen3_and_scaled_rope_ggufs_give_transformers_logits() {
     let dir = tmpdir("convert-gguf-qwen");
     let fx = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gguf");
-    let refb = std::fs::read(fx.join("qwen_reference.safetensors")).unwrap();
-    let r = SafeTensors::deserialize(&refb).unwrap();
-    let ids: Vec<i64> = r
-        .tensor("input_ids")
-        .unwrap()
-        .data()
-        .chunks_exact(8)
-        .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
-        .collect();
+    let reference = fx.join("qwen_reference.safetensors");
     for (arch, class, qk_norm) in [
         ("qwen2", "Qwen2ForCausalLM", false),
         ("qwen3", "Qwen3ForCausalLM", true),
@@ -571,15 +572,7 @@ fn qwen2_qwen3_and_scaled_rope_ggufs_give_transformers_logits() {
         assert_eq!(cfg.qk_layernorm, qk_norm, "{arch}");
         assert_eq!(cfg.add_qkv_bias, !qk_norm, "{arch}");
         assert_eq!(cfg.rotary.yarn.is_some(), arch == "qwen3_yarn", "{arch}");
-        let lt = r.tensor(&format!("{arch}.logits")).unwrap();
-        let (b, t, vocab) = (lt.shape()[0], lt.shape()[1], lt.shape()[2]);
-        let want = f32s(lt.data());
-        let got = megatron_logits(&save, &ids, b, t, vocab);
-        let diff = want
-            .iter()
-            .zip(&got)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0.0f32, f32::max);
+        let diff = max_logit_difference(&save, &reference, &format!("{arch}.logits"));
         eprintln!("{arch} GGUF: max |logit difference| {diff:e}");
         assert!(diff <= 1e-4, "{arch}: logits differ by {diff}");
         megatron_to_hf(&save, &dir.join(format!("{arch}-hf"))).unwrap();
@@ -595,14 +588,7 @@ fn qwen2_qwen3_and_scaled_rope_ggufs_give_transformers_logits() {
         .unwrap();
     let cfg = load_checkpoint(&save, None).unwrap().meta.model;
     assert_eq!(cfg.rotary.scaling_factor, Some(8.0));
-    let lt = r.tensor("llama3_rope.logits").unwrap();
-    let (b, t, vocab) = (lt.shape()[0], lt.shape()[1], lt.shape()[2]);
-    let got = megatron_logits(&save, &ids, b, t, vocab);
-    let diff = f32s(lt.data())
-        .iter()
-        .zip(&got)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0.0f32, f32::max);
+    let diff = max_logit_difference(&save, &reference, "llama3_rope.logits");
     assert!(diff <= 1e-4, "llama3 rope GGUF: logits differ by {diff}");
     let _ = std::fs::remove_dir_all(dir);
 }
