@@ -52,6 +52,8 @@ pub struct TensorInfo {
 pub struct Gguf {
     map: memmap2::Mmap,
     pub meta: BTreeMap<String, Value>,
+    /// Each key's GGUF value type (9 for arrays), for readers that compare files.
+    pub meta_types: BTreeMap<String, u32>,
     pub tensors: Vec<TensorInfo>,
     data_start: usize,
 }
@@ -152,11 +154,12 @@ impl Gguf {
             return Err(bad(format!("GGUF version {version} (2 and 3 are read)")));
         }
         let (nt, nkv) = (c.u64().map_err(bad)?, c.u64().map_err(bad)?);
-        let mut meta = BTreeMap::new();
+        let (mut meta, mut meta_types) = (BTreeMap::new(), BTreeMap::new());
         for _ in 0..nkv {
             let k = c.string().map_err(bad)?;
             let t = c.u32().map_err(bad)?;
             let v = c.value(t).map_err(|e| bad(format!("metadata {k}: {e}")))?;
+            meta_types.insert(k.clone(), t);
             meta.insert(k, v);
         }
         let mut tensors = Vec::with_capacity(nt as usize);
@@ -184,15 +187,31 @@ impl Gguf {
         Ok(Gguf {
             map,
             meta,
+            meta_types,
             tensors,
             data_start,
         })
     }
 
+    /// A tensor's bytes as stored.
+    pub fn raw(&self, t: &TensorInfo) -> Result<&[u8], String> {
+        let n: usize = t.dims.iter().product::<u64>() as usize;
+        let (per, bytes, _) = block(t.ty).ok_or_else(|| {
+            format!(
+                "tensor {}: GGUF tensor type {} is not supported",
+                t.name, t.ty
+            )
+        })?;
+        let start = self.data_start + t.offset as usize;
+        self.map
+            .get(start..start + n / per * bytes)
+            .ok_or_else(|| format!("tensor {}: data beyond the end of the file", t.name))
+    }
+
     /// A tensor dequantized to f32, in ggml order (`dims[0]` fastest = row-major `[.., dims[0]]`).
     pub fn dequantize(&self, t: &TensorInfo) -> Result<Vec<f32>, String> {
         let n: usize = t.dims.iter().product::<u64>() as usize;
-        let (per, bytes, name) = block(t.ty).ok_or_else(|| {
+        let (per, _, name) = block(t.ty).ok_or_else(|| {
             format!("tensor {}: GGUF tensor type {} is not supported (F32, F16, BF16, Q8_0, Q4_0, Q4_1 are)", t.name, t.ty)
         })?;
         if !n.is_multiple_of(per) {
@@ -201,12 +220,7 @@ impl Gguf {
                 t.name
             ));
         }
-        let start = self.data_start + t.offset as usize;
-        let len = n / per * bytes;
-        let d = self
-            .map
-            .get(start..start + len)
-            .ok_or_else(|| format!("tensor {}: data beyond the end of the file", t.name))?;
+        let d = self.raw(t)?;
         let mut out = Vec::with_capacity(n);
         match t.ty {
             0 => out.extend(
@@ -244,6 +258,61 @@ impl Gguf {
         }
         Ok(out)
     }
+}
+
+/// A layer's tensors: (the only architecture that has it, or any), llama.cpp's name after
+/// `blk.N.`, Hugging Face's after `model.layers.N.`. Read both ways, by import and export.
+pub(crate) const LAYER_NAMES: &[(Option<&str>, &str, &str)] = &[
+    (None, "attn_norm.weight", "input_layernorm.weight"),
+    (None, "ffn_norm.weight", "post_attention_layernorm.weight"),
+    (None, "attn_q.weight", "self_attn.q_proj.weight"),
+    (None, "attn_k.weight", "self_attn.k_proj.weight"),
+    (None, "attn_v.weight", "self_attn.v_proj.weight"),
+    (None, "attn_output.weight", "self_attn.o_proj.weight"),
+    (None, "ffn_gate.weight", "mlp.gate_proj.weight"),
+    (None, "ffn_up.weight", "mlp.up_proj.weight"),
+    (None, "ffn_down.weight", "mlp.down_proj.weight"),
+    (Some("qwen2"), "attn_q.bias", "self_attn.q_proj.bias"),
+    (Some("qwen2"), "attn_k.bias", "self_attn.k_proj.bias"),
+    (Some("qwen2"), "attn_v.bias", "self_attn.v_proj.bias"),
+    (
+        Some("qwen3"),
+        "attn_q_norm.weight",
+        "self_attn.q_norm.weight",
+    ),
+    (
+        Some("qwen3"),
+        "attn_k_norm.weight",
+        "self_attn.k_norm.weight",
+    ),
+];
+
+/// Llama 3.1's per-frequency divisors of the rotary frequencies (what llama.cpp stores as
+/// `rope_freqs.weight`): 1 for short wavelengths, `factor` beyond `original / low`, a smooth
+/// blend between.
+pub(crate) fn llama3_rope_divisors(
+    base: f64,
+    head_dim: usize,
+    factor: f64,
+    low: f64,
+    high: f64,
+    original: f64,
+) -> Vec<f64> {
+    let (low_wavelen, high_wavelen) = (original / low, original / high);
+    (0..head_dim / 2)
+        .map(|i| {
+            let inv = base.powf(-((2 * i) as f64) / head_dim as f64);
+            let wavelen = 2.0 * std::f64::consts::PI / inv;
+            if wavelen < high_wavelen {
+                1.0
+            } else if wavelen > low_wavelen {
+                factor
+            } else {
+                let s = (original / wavelen - low) / (high - low);
+                1.0 / ((1.0 - s) / factor + s)
+            }
+        })
+        .collect()
 }
 
 /// Undoes llama.cpp's rotary permutation of Q or K rows (`convert_hf_to_gguf.py`'s `permute`):
@@ -310,19 +379,7 @@ fn rope_parameters(
                 }
             })
             .unwrap_or(1.0);
-        let want: Vec<f64> = (0..head_dim / 2)
-            .map(|i| {
-                let wavelen = 2.0 * std::f64::consts::PI / inv(i);
-                if wavelen < high {
-                    1.0
-                } else if wavelen > low {
-                    factor
-                } else {
-                    let s = smooth(wavelen);
-                    1.0 / ((1.0 - s) / factor + s)
-                }
-            })
-            .collect();
+        let want = llama3_rope_divisors(base, head_dim, factor, 1.0, 4.0, 8192.0);
         let same = divisors.len() == want.len()
             && divisors
                 .iter()
@@ -442,23 +499,11 @@ pub(crate) fn hf_model_of(g: &Gguf) -> Result<(serde_json::Value, Tensors), Stri
             let (l, part) = rest
                 .split_once('.')
                 .ok_or_else(|| format!("tensor {name}: unexpected name"))?;
-            let p = match (arch, part) {
-                (_, "attn_norm.weight") => "input_layernorm.weight",
-                (_, "ffn_norm.weight") => "post_attention_layernorm.weight",
-                (_, "attn_q.weight") => "self_attn.q_proj.weight",
-                (_, "attn_k.weight") => "self_attn.k_proj.weight",
-                (_, "attn_v.weight") => "self_attn.v_proj.weight",
-                (_, "attn_output.weight") => "self_attn.o_proj.weight",
-                (_, "ffn_gate.weight") => "mlp.gate_proj.weight",
-                (_, "ffn_up.weight") => "mlp.up_proj.weight",
-                (_, "ffn_down.weight") => "mlp.down_proj.weight",
-                ("qwen2", "attn_q.bias") => "self_attn.q_proj.bias",
-                ("qwen2", "attn_k.bias") => "self_attn.k_proj.bias",
-                ("qwen2", "attn_v.bias") => "self_attn.v_proj.bias",
-                ("qwen3", "attn_q_norm.weight") => "self_attn.q_norm.weight",
-                ("qwen3", "attn_k_norm.weight") => "self_attn.k_norm.weight",
-                _ => return Err(not_part(name)),
-            };
+            let p = LAYER_NAMES
+                .iter()
+                .find(|(a, g, _)| *g == part && a.is_none_or(|a| a == arch))
+                .map(|(_, _, hf)| *hf)
+                .ok_or_else(|| not_part(name))?;
             format!("model.layers.{l}.{p}")
         } else if name == "rope_freqs.weight" {
             rope_freqs = Some(v);

@@ -6,6 +6,8 @@
 
 mod bert;
 pub mod gguf;
+pub mod gguf_export;
+pub mod gguf_writer;
 mod gpt2;
 mod llama;
 mod mixtral;
@@ -241,9 +243,19 @@ pub fn hf_to_megatron(
     Ok(iteration_dir(output, 0))
 }
 
-/// `megatron convert --to hf --input SAVE --output DIR`: config.json + model.safetensors that
-/// transformers' `from_pretrained` reads, written under a temporary name and renamed.
-pub fn megatron_to_hf(input: &Path, output: &Path) -> Result<PathBuf, TrainError> {
+/// A megatron-rs checkpoint as the Hugging Face model of its family: the checkpoint's
+/// manifest and directory, config.json's values and the tensors.
+fn checkpoint_as_hf(
+    input: &Path,
+) -> Result<
+    (
+        crate::checkpointing::CheckpointMeta,
+        PathBuf,
+        serde_json::Value,
+        Tensors,
+    ),
+    TrainError,
+> {
     let ck = load_checkpoint_weights(input)?;
     let cfg = ck.meta.model.clone();
     let mut m: Tensors = ck
@@ -324,6 +336,13 @@ pub fn megatron_to_hf(input: &Path, output: &Path) -> Result<PathBuf, TrainError
             ),
         ));
     }
+    Ok((ck.meta, ck.dir, config, tensors))
+}
+
+/// `megatron convert --to hf --input SAVE --output DIR`: config.json + model.safetensors that
+/// transformers' `from_pretrained` reads, written under a temporary name and renamed.
+pub fn megatron_to_hf(input: &Path, output: &Path) -> Result<PathBuf, TrainError> {
+    let (manifest, _, config, tensors) = checkpoint_as_hf(input)?;
     let tmp = output.with_extension("partial");
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir_all(&tmp).map_err(crate::io_err(&tmp))?;
@@ -337,8 +356,7 @@ pub fn megatron_to_hf(input: &Path, output: &Path) -> Result<PathBuf, TrainError
             )
         })
         .collect();
-    let buffer_bytes: Vec<(String, Vec<usize>, Vec<u8>)> = ck
-        .meta
+    let buffer_bytes: Vec<(String, Vec<usize>, Vec<u8>)> = manifest
         .hf_buffers
         .iter()
         .map(|b| {
@@ -364,13 +382,56 @@ pub fn megatron_to_hf(input: &Path, output: &Path) -> Result<PathBuf, TrainError
     let cj = tmp.join("config.json");
     let text = serde_json::to_string_pretty(&config).map_err(|e| err(&cj, e.to_string()))?;
     crate::checkpointing::write_synced(&cj, text.as_bytes())?;
-    if let Some(t) = &ck.meta.tokenizer_model {
+    if let Some(t) = &manifest.tokenizer_model {
         let _ = std::fs::copy(t, tmp.join("tokenizer.json"));
     }
     if output.exists() {
         std::fs::remove_dir_all(output).map_err(crate::io_err(output))?;
     }
     std::fs::rename(&tmp, output).map_err(crate::io_err(output))?;
+    Ok(output.to_path_buf())
+}
+
+/// `megatron convert --to gguf --input SAVE --output FILE.gguf --outtype T`: the file llama.cpp's
+/// `convert_hf_to_gguf.py` writes for the same model (GPT-2, Llama, Qwen2, Qwen3), with the
+/// checkpoint's byte-level BPE tokenizer; a checkpoint without a recorded tokenizer gets
+/// `tokenizer.ggml.model = "none"` (llama.cpp then runs on token ids). Written under a
+/// temporary name and renamed.
+pub fn megatron_to_gguf(
+    input: &Path,
+    output: &Path,
+    out: gguf_export::GgufOutType,
+) -> Result<PathBuf, TrainError> {
+    let (meta, dir, config, mut tensors) = checkpoint_as_hf(input)?;
+    let name = input
+        .file_name()
+        .map_or("megatron-rs".into(), |n| n.to_string_lossy().into_owned());
+    let mut w =
+        gguf_export::gguf_of_hf(&config, &mut tensors, out, &name).map_err(|e| err(&dir, e))?;
+    if let Some(extra) = tensors.keys().next() {
+        return Err(err(&dir, format!("tensor {extra} has no GGUF counterpart")));
+    }
+    let recorded = meta.tokenizer_model.is_some() || meta.vocab_file.is_some();
+    if recorded {
+        let rows = config["vocab_size"].as_u64().unwrap_or(0) as usize;
+        let keys = gguf_export::tokenizer_metadata(
+            &meta.tokenizer_type,
+            meta.vocab_file.as_deref(),
+            meta.merge_file.as_deref(),
+            meta.tokenizer_model.as_deref(),
+            rows,
+        )
+        .map_err(|e| err(&dir, e))?;
+        for (k, v) in keys {
+            w.meta(k, v);
+        }
+    } else {
+        w.meta(
+            "tokenizer.ggml.model",
+            gguf_writer::MetaValue::Str("none".into()),
+        );
+    }
+    w.write(output)?;
     Ok(output.to_path_buf())
 }
 

@@ -1,0 +1,517 @@
+//! A Hugging Face-style model (config.json values and tensors, as the families' `to_hf` give
+//! them) as a llama.cpp GGUF: what `convert_hf_to_gguf.py` writes for the same model, for the
+//! architectures llama.cpp runs that megatron-rs trains (gpt2, llama, qwen2, qwen3). Whatever
+//! llama.cpp would not run the same way (another activation, sliding windows, biases it does
+//! not load, MoE) is refused by name rather than dropped.
+
+use super::gguf::{llama3_rope_divisors, LAYER_NAMES};
+use super::gguf_writer::{encode, GgmlType, GgufWriter, MetaValue, Q8_0_BLOCK};
+use super::Tensors;
+use serde_json::Value;
+use std::path::Path;
+
+/// `--outtype` of llama.cpp's converter: the type of the 2-D weights (norms, biases and
+/// position embeddings stay F32, as llama.cpp keeps them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GgufOutType {
+    F32,
+    F16,
+    Bf16,
+    Q8_0,
+}
+
+impl std::str::FromStr for GgufOutType {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Ok(match s {
+            "f32" => GgufOutType::F32,
+            "f16" => GgufOutType::F16,
+            "bf16" => GgufOutType::Bf16,
+            "q8_0" => GgufOutType::Q8_0,
+            other => return Err(format!("'{other}' (f32, f16, bf16 or q8_0)")),
+        })
+    }
+}
+
+impl GgufOutType {
+    /// `general.file_type` (llama.cpp's `LlamaFileType`).
+    fn file_type(self) -> u32 {
+        match self {
+            GgufOutType::F32 => 0,
+            GgufOutType::F16 => 1,
+            GgufOutType::Q8_0 => 7,
+            GgufOutType::Bf16 => 32,
+        }
+    }
+
+    /// The storage of a tensor `name` of `shape`, by the rules of llama.cpp's converter.
+    fn storage(self, name: &str, shape: &[usize]) -> GgmlType {
+        let always_f32 = shape.len() <= 1
+            || name.ends_with("_norm.weight")
+            || !name.ends_with(".weight")
+            || name == "position_embd.weight";
+        if always_f32 {
+            return GgmlType::F32;
+        }
+        match self {
+            GgufOutType::F32 => GgmlType::F32,
+            GgufOutType::F16 => GgmlType::F16,
+            GgufOutType::Bf16 => GgmlType::Bf16,
+            // A row that is not whole blocks falls back to F16, as llama.cpp's does.
+            GgufOutType::Q8_0 if !shape[shape.len() - 1].is_multiple_of(Q8_0_BLOCK) => {
+                GgmlType::F16
+            }
+            GgufOutType::Q8_0 => GgmlType::Q8_0,
+        }
+    }
+}
+
+/// llama.cpp's architecture for a config.json `architectures` entry, and whether its
+/// converter permutes Q/K rows (only its LlamaModel does).
+fn gguf_architecture(class: &str) -> Result<(&'static str, bool), String> {
+    match class {
+        "LlamaForCausalLM" | "MistralForCausalLM" => Ok(("llama", true)),
+        "Qwen2ForCausalLM" => Ok(("qwen2", false)),
+        "Qwen3ForCausalLM" => Ok(("qwen3", false)),
+        "GPT2LMHeadModel" => Ok(("gpt2", false)),
+        other => Err(format!(
+            "{other}: GGUF export is built for GPT-2, Llama, Qwen2 and Qwen3 models (dense, not MoE, BERT or T5)"
+        )),
+    }
+}
+
+/// llama.cpp's rotary permutation of Q or K rows (`convert_hf_to_gguf.py`'s `permute`): Hugging
+/// Face row `h*hd + s*hd/2 + i` becomes GGUF row `h*hd + 2i + s`.
+fn permute(x: &[f32], heads: usize, hd: usize, cols: usize) -> Vec<f32> {
+    let mut out = vec![0.0; x.len()];
+    for h in 0..heads {
+        for i in 0..hd / 2 {
+            for s in 0..2 {
+                let dst = (h * hd + 2 * i + s) * cols;
+                let src = (h * hd + s * hd / 2 + i) * cols;
+                out[dst..dst + cols].copy_from_slice(&x[src..src + cols]);
+            }
+        }
+    }
+    out
+}
+
+/// `[rows, cols]` transposed (GPT-2's Conv1D `[in, out]` to llama.cpp's `[out, in]`).
+fn transpose(x: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    let mut out = vec![0.0; x.len()];
+    for r in 0..rows {
+        for c in 0..cols {
+            out[c * rows + r] = x[r * cols + c];
+        }
+    }
+    out
+}
+
+fn num(hf: &Value, k: &str) -> Result<usize, String> {
+    hf[k]
+        .as_u64()
+        .map(|v| v as usize)
+        .ok_or_else(|| format!("config has no {k}"))
+}
+
+/// The metadata and tensors of a GGUF for a Hugging Face config `hf` and its tensors `t`
+/// (taken out of `t`; what is left has no place in the GGUF).
+pub(crate) fn gguf_of_hf(
+    hf: &Value,
+    t: &mut Tensors,
+    out: GgufOutType,
+    name: &str,
+) -> Result<GgufWriter, String> {
+    let class = hf["architectures"][0].as_str().unwrap_or("");
+    let (arch, permuted) = gguf_architecture(class)?;
+    let mut w = GgufWriter::default();
+    let u32v = |v: usize| MetaValue::U32(v as u32);
+    w.meta("general.architecture", MetaValue::Str(arch.into()));
+    w.meta("general.type", MetaValue::Str("model".into()));
+    w.meta("general.name", MetaValue::Str(name.into()));
+    let key = |k: &str| format!("{arch}.{k}");
+    let mut tensors: Vec<(String, Vec<usize>, Vec<f32>)> = Vec::new();
+    if arch == "gpt2" {
+        match hf["activation_function"].as_str().unwrap_or("gelu_new") {
+            // llama.cpp's GELU is the tanh form read through an f16 table; the erf form
+            // differs from it by less than that table's rounding (|Δ| < 4e-4).
+            "gelu_new" | "gelu_pytorch_tanh" | "gelu" => {}
+            other => {
+                return Err(format!(
+                    "activation_function '{other}': llama.cpp's gpt2 architecture computes GELU"
+                ))
+            }
+        }
+        let (layers, h) = (num(hf, "n_layer")?, num(hf, "n_embd")?);
+        let ffn = hf["n_inner"].as_u64().map_or(4 * h, |v| v as usize);
+        w.meta(key("block_count"), u32v(layers));
+        w.meta(key("context_length"), u32v(num(hf, "n_positions")?));
+        w.meta(key("embedding_length"), u32v(h));
+        w.meta(key("feed_forward_length"), u32v(ffn));
+        w.meta(key("attention.head_count"), u32v(num(hf, "n_head")?));
+        w.meta(
+            key("attention.layer_norm_epsilon"),
+            MetaValue::F32(hf["layer_norm_epsilon"].as_f64().unwrap_or(1e-5) as f32),
+        );
+        w.meta(key("vocab_size"), u32v(num(hf, "vocab_size")?));
+        for (name, (shape, v)) in std::mem::take(t) {
+            let g =
+                gpt2_name(&name).ok_or_else(|| format!("tensor {name}: no GGUF counterpart"))?;
+            // Conv1D weights are stored `[in, out]`; llama.cpp's converter transposes them.
+            let conv1d = ["attn_qkv", "attn_output", "ffn_up", "ffn_down"]
+                .iter()
+                .any(|m| g.ends_with(&format!("{m}.weight")));
+            let (shape, v) = if conv1d && shape.len() == 2 {
+                (vec![shape[1], shape[0]], transpose(&v, shape[0], shape[1]))
+            } else {
+                (shape, v)
+            };
+            tensors.push((g, shape, v));
+        }
+    } else {
+        if let Some(act) = hf["hidden_act"].as_str().filter(|a| *a != "silu") {
+            return Err(format!(
+                "hidden_act '{act}': llama.cpp's {arch} architecture is SwiGLU (silu) only"
+            ));
+        }
+        let windowed = hf["sliding_window"].as_u64().is_some()
+            && hf["use_sliding_window"].as_bool() != Some(false);
+        if windowed {
+            return Err(format!(
+                "sliding_window: llama.cpp's {arch} architecture attends to every earlier position"
+            ));
+        }
+        let (layers, h, heads) = (
+            num(hf, "num_hidden_layers")?,
+            num(hf, "hidden_size")?,
+            num(hf, "num_attention_heads")?,
+        );
+        let groups = hf["num_key_value_heads"]
+            .as_u64()
+            .map_or(heads, |v| v as usize);
+        let hd = hf["head_dim"].as_u64().map_or(h / heads, |v| v as usize);
+        let rope = &hf["rope_parameters"];
+        let base = rope["rope_theta"]
+            .as_f64()
+            .or(hf["rope_theta"].as_f64())
+            .unwrap_or(10000.0);
+        w.meta(key("block_count"), u32v(layers));
+        w.meta(
+            key("context_length"),
+            u32v(num(hf, "max_position_embeddings")?),
+        );
+        w.meta(key("embedding_length"), u32v(h));
+        w.meta(
+            key("feed_forward_length"),
+            u32v(num(hf, "intermediate_size")?),
+        );
+        w.meta(key("attention.head_count"), u32v(heads));
+        w.meta(key("attention.head_count_kv"), u32v(groups));
+        w.meta(key("rope.freq_base"), MetaValue::F32(base as f32));
+        w.meta(
+            key("attention.layer_norm_rms_epsilon"),
+            MetaValue::F32(hf["rms_norm_eps"].as_f64().unwrap_or(1e-6) as f32),
+        );
+        w.meta(key("attention.key_length"), u32v(hd));
+        w.meta(key("attention.value_length"), u32v(hd));
+        w.meta(key("vocab_size"), u32v(num(hf, "vocab_size")?));
+        w.meta(key("rope.dimension_count"), u32v(hd));
+        let f = |k: &str| rope[k].as_f64();
+        match rope["rope_type"].as_str().unwrap_or("default") {
+            "default" => {}
+            "linear" => {
+                w.meta(key("rope.scaling.type"), MetaValue::Str("linear".into()));
+                let factor = f("factor").ok_or("rope_type linear without factor")?;
+                w.meta(key("rope.scaling.factor"), MetaValue::F32(factor as f32));
+            }
+            "yarn" => {
+                let plain =
+                    f("mscale").unwrap_or(1.0) == 1.0 && f("mscale_all_dim").unwrap_or(0.0) == 0.0;
+                if !plain
+                    || rope["truncate"].as_bool() == Some(false)
+                    || rope.get("attention_factor").is_some()
+                {
+                    return Err("YaRN with mscale / mscale_all_dim / truncate false / attention_factor: llama.cpp's rope.scaling keys cannot say it".into());
+                }
+                w.meta(key("rope.scaling.type"), MetaValue::Str("yarn".into()));
+                let factor = f("factor").ok_or("rope_type yarn without factor")?;
+                w.meta(key("rope.scaling.factor"), MetaValue::F32(factor as f32));
+                let orig = rope["original_max_position_embeddings"]
+                    .as_u64()
+                    .ok_or("rope_type yarn without original_max_position_embeddings")?;
+                w.meta(
+                    key("rope.scaling.original_context_length"),
+                    u32v(orig as usize),
+                );
+                // Written only where they differ from llama.cpp's defaults (32, 1).
+                for (k, g, default) in [
+                    ("beta_fast", "yarn_beta_fast", 32.0),
+                    ("beta_slow", "yarn_beta_slow", 1.0),
+                ] {
+                    if let Some(v) = f(k).filter(|v| *v != default) {
+                        w.meta(key(&format!("rope.scaling.{g}")), MetaValue::F32(v as f32));
+                    }
+                }
+            }
+            "llama3" => {
+                if arch != "llama" {
+                    return Err(format!(
+                        "rope_type llama3 on {arch}: llama.cpp reads rope_freqs for llama only"
+                    ));
+                }
+                let d = llama3_rope_divisors(
+                    base,
+                    hd,
+                    f("factor").unwrap_or(8.0),
+                    f("low_freq_factor").unwrap_or(1.0),
+                    f("high_freq_factor").unwrap_or(4.0),
+                    rope["original_max_position_embeddings"]
+                        .as_f64()
+                        .unwrap_or(8192.0),
+                );
+                tensors.push((
+                    "rope_freqs.weight".into(),
+                    vec![d.len()],
+                    d.iter().map(|&x| x as f32).collect(),
+                ));
+            }
+            other => return Err(format!("rope_type '{other}' has no GGUF form here")),
+        }
+        for (name, (shape, v)) in std::mem::take(t) {
+            let g = llama_name(arch, &name).ok_or_else(|| {
+                format!("tensor {name}: llama.cpp's {arch} architecture has no place for it")
+            })?;
+            let cols = *shape.last().unwrap_or(&1);
+            let v = match g.rsplit_once('.').map(|(p, _)| p.rsplit('.').next()) {
+                Some(Some("attn_q")) if permuted && shape.len() == 2 => {
+                    permute(&v, heads, hd, cols)
+                }
+                Some(Some("attn_k")) if permuted && shape.len() == 2 => {
+                    permute(&v, groups, hd, cols)
+                }
+                _ => v,
+            };
+            tensors.push((g, shape, v));
+        }
+    }
+    w.meta("general.file_type", MetaValue::U32(out.file_type()));
+    w.meta("general.quantization_version", MetaValue::U32(2));
+    for (g, shape, v) in tensors {
+        let ty = out.storage(&g, &shape);
+        let cols = *shape.last().unwrap_or(&1);
+        w.tensor(g, shape, ty, encode(ty, &v, cols));
+    }
+    Ok(w)
+}
+
+/// llama.cpp's name of a Llama-family Hugging Face tensor.
+fn llama_name(arch: &str, name: &str) -> Option<String> {
+    match name {
+        "model.embed_tokens.weight" => return Some("token_embd.weight".into()),
+        "model.norm.weight" => return Some("output_norm.weight".into()),
+        "lm_head.weight" => return Some("output.weight".into()),
+        _ => {}
+    }
+    let rest = name.strip_prefix("model.layers.")?;
+    let (l, part) = rest.split_once('.')?;
+    LAYER_NAMES
+        .iter()
+        .find(|(a, _, hf)| *hf == part && a.is_none_or(|a| a == arch))
+        .map(|(_, g, _)| format!("blk.{l}.{g}"))
+}
+
+/// llama.cpp's name of a GPT-2 Hugging Face tensor.
+fn gpt2_name(name: &str) -> Option<String> {
+    let top = match name {
+        "transformer.wte.weight" => Some("token_embd.weight"),
+        "transformer.wpe.weight" => Some("position_embd.weight"),
+        "transformer.ln_f.weight" => Some("output_norm.weight"),
+        "transformer.ln_f.bias" => Some("output_norm.bias"),
+        "lm_head.weight" => Some("output.weight"),
+        _ => None,
+    };
+    if let Some(t) = top {
+        return Some(t.into());
+    }
+    let rest = name.strip_prefix("transformer.h.")?;
+    let (l, part) = rest.split_once('.')?;
+    let (module, kind) = part.rsplit_once('.')?;
+    let g = match module {
+        "ln_1" => "attn_norm",
+        "ln_2" => "ffn_norm",
+        "attn.c_attn" => "attn_qkv",
+        "attn.c_proj" => "attn_output",
+        "mlp.c_fc" => "ffn_up",
+        "mlp.c_proj" => "ffn_down",
+        _ => return None,
+    };
+    matches!(kind, "weight" | "bias").then(|| format!("blk.{l}.{g}.{kind}"))
+}
+
+/// The `tokenizer.ggml.*` keys of llama.cpp for a recorded tokenizer, with its vocabulary
+/// padded to `vocab` entries as llama.cpp's converter pads (`[PAD{i}]`, type UNUSED).
+/// Built for byte-level BPE: Megatron's `GPT2BPETokenizer` (vocab.json + merges.txt) and a
+/// Hugging Face tokenizer.json whose pre-tokenizer is GPT-2's (llama.cpp's `gpt-2`) or GPT-2's
+/// after single digits (llama.cpp's `smollm`); other pre-tokenizers would split text
+/// differently in llama.cpp, so they are refused.
+pub fn tokenizer_metadata(
+    tokenizer_type: &str,
+    vocab_file: Option<&str>,
+    merge_file: Option<&str>,
+    tokenizer_model: Option<&str>,
+    vocab: usize,
+) -> Result<Vec<(String, MetaValue)>, String> {
+    const NORMAL: i32 = 1;
+    const UNUSED: i32 = 5;
+    const CONTROL: i32 = 3;
+    const USER_DEFINED: i32 = 4;
+    let read = |p: &str| std::fs::read_to_string(p).map_err(|e| format!("{p}: {e}"));
+    let json = |p: &str| -> Result<Value, String> {
+        serde_json::from_str(&read(p)?).map_err(|e| format!("{p}: {e}"))
+    };
+    let mut by_id: Vec<Option<(String, i32)>> = Vec::new();
+    let mut put = |id: usize, tok: &str, ty: i32| {
+        if by_id.len() <= id {
+            by_id.resize(id + 1, None);
+        }
+        by_id[id] = Some((tok.to_string(), ty));
+    };
+    let (merges, pre, special_file): (Vec<String>, &str, Option<std::path::PathBuf>) =
+        match (tokenizer_type, vocab_file, merge_file, tokenizer_model) {
+            ("GPT2BPETokenizer", Some(v), Some(m), _) => {
+                let map = json(v)?;
+                let map = map.as_object().ok_or_else(|| format!("{v}: not a JSON object"))?;
+                for (tok, id) in map {
+                    let id = id.as_u64().ok_or_else(|| format!("{v}: id of {tok} is not a number"))?;
+                    let ty = if tok == "<|endoftext|>" { CONTROL } else { NORMAL };
+                    put(id as usize, tok, ty);
+                }
+                let merges = read(m)?
+                    .lines()
+                    .filter(|l| !l.starts_with("#version") && !l.trim().is_empty())
+                    .map(String::from)
+                    .collect();
+                (merges, "gpt-2", None)
+            }
+            (_, _, _, Some(p)) if tokenizer_type == "HuggingFaceTokenizer" => {
+                let t = json(p)?;
+                let model = &t["model"];
+                if model["type"].as_str() != Some("BPE") {
+                    return Err(format!("{p}: a {} model (byte-level BPE is built)", model["type"]));
+                }
+                let pre = byte_level_pre(&t["pre_tokenizer"]).ok_or_else(|| {
+                    format!(
+                        "{p}: pre_tokenizer {} is neither GPT-2's byte-level split nor single digits before it; llama.cpp would split text differently",
+                        t["pre_tokenizer"]
+                    )
+                })?;
+                let vocab_map = model["vocab"].as_object().ok_or_else(|| format!("{p}: no model.vocab"))?;
+                for (tok, id) in vocab_map {
+                    put(id.as_u64().unwrap_or(0) as usize, tok, NORMAL);
+                }
+                for a in t["added_tokens"].as_array().into_iter().flatten() {
+                    let special = a["special"].as_bool().unwrap_or(false);
+                    let ty = if special { CONTROL } else { USER_DEFINED };
+                    put(a["id"].as_u64().unwrap_or(0) as usize, a["content"].as_str().unwrap_or(""), ty);
+                }
+                let merges = model["merges"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|m| match m {
+                        Value::Array(pair) => pair.iter().filter_map(Value::as_str).collect::<Vec<_>>().join(" "),
+                        other => other.as_str().unwrap_or("").to_string(),
+                    })
+                    .collect();
+                let config = Path::new(p).with_file_name("tokenizer_config.json");
+                (merges, pre, config.exists().then_some(config))
+            }
+            (other, ..) => {
+                return Err(format!(
+                    "tokenizer {other}: GGUF export writes byte-level BPE vocabularies (GPT2BPETokenizer with --vocab-file/--merge-file, or a HuggingFaceTokenizer tokenizer.json)"
+                ))
+            }
+        };
+    if by_id.len() > vocab {
+        return Err(format!(
+            "the tokenizer has {} tokens, the model's embedding {vocab} rows",
+            by_id.len()
+        ));
+    }
+    by_id.resize(vocab, None);
+    let (tokens, types): (Vec<String>, Vec<i32>) = by_id
+        .into_iter()
+        .enumerate()
+        .map(|(i, e)| e.unwrap_or((format!("[PAD{i}]"), UNUSED)))
+        .unzip();
+    let id_of = |s: &str| tokens.iter().position(|t| t == s);
+    let mut special: Vec<(&str, usize)> = Vec::new();
+    let mut add_bos = None;
+    if let Some(cfg) = special_file {
+        let c: Value = json(&cfg.display().to_string())?;
+        for (k, g) in [
+            ("bos_token", "bos"),
+            ("eos_token", "eos"),
+            ("unk_token", "unknown"),
+            ("pad_token", "padding"),
+        ] {
+            let s = c[k].as_str().or(c[k]["content"].as_str());
+            if let Some(id) = s.and_then(id_of) {
+                special.push((g, id));
+            }
+        }
+        add_bos = c["add_bos_token"].as_bool();
+    } else if let Some(id) = id_of("<|endoftext|>") {
+        // GPT-2's one special token begins and ends every document (llama.cpp's GPT-2 vocab).
+        special.extend([("bos", id), ("eos", id)]);
+    }
+    let mut m = vec![
+        (
+            "tokenizer.ggml.model".to_string(),
+            MetaValue::Str("gpt2".into()),
+        ),
+        ("tokenizer.ggml.pre".to_string(), MetaValue::Str(pre.into())),
+        (
+            "tokenizer.ggml.tokens".to_string(),
+            MetaValue::StrArray(tokens),
+        ),
+        (
+            "tokenizer.ggml.token_type".to_string(),
+            MetaValue::I32Array(types),
+        ),
+        (
+            "tokenizer.ggml.merges".to_string(),
+            MetaValue::StrArray(merges),
+        ),
+    ];
+    for (g, id) in special {
+        m.push((
+            format!("tokenizer.ggml.{g}_token_id"),
+            MetaValue::U32(id as u32),
+        ));
+    }
+    if let Some(b) = add_bos {
+        m.push(("tokenizer.ggml.add_bos_token".into(), MetaValue::Bool(b)));
+    }
+    Ok(m)
+}
+
+/// llama.cpp's pre-tokenizer name for a tokenizer.json `pre_tokenizer`.
+fn byte_level_pre(p: &Value) -> Option<&'static str> {
+    let gpt2 = |b: &Value| b["type"] == "ByteLevel" && b["use_regex"].as_bool().unwrap_or(true);
+    if gpt2(p) {
+        return Some("gpt-2");
+    }
+    let seq = p["pretokenizers"].as_array()?;
+    match seq.as_slice() {
+        [d, b]
+            if p["type"] == "Sequence"
+                && d["type"] == "Digits"
+                && d["individual_digits"] == true
+                && gpt2(b) =>
+        {
+            Some("smollm")
+        }
+        _ => None,
+    }
+}
