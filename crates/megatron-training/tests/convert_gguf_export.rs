@@ -132,9 +132,9 @@ fn gguf_export_matches_llama_cpps_converter_tensor_for_tensor() {
 }
 
 #[test]
-fn gguf_export_round_trips_through_import_with_rope_freqs_and_tokenizer() {
-    // tiny-llama3_rope.gguf (Llama 3.1 rope_freqs) and tiny-qwen2.gguf (a byte-level BPE
-    // vocabulary) imported, exported at f32, imported again: the same checkpoint tensors.
+fn gguf_export_round_trips_through_import_with_rope_freqs() {
+    // tiny-llama3_rope.gguf (Llama 3.1 rope_freqs) and tiny-qwen2.gguf imported, exported at
+    // f32, imported again: the same model and checkpoint tensors, and the same rope_freqs.
     let dir = tmpdir("gguf-export-round-trip");
     for name in ["tiny-llama3_rope", "tiny-qwen2"] {
         let src = fixtures().join(format!("gguf/{name}.gguf"));
@@ -166,10 +166,12 @@ fn gguf_export_round_trips_through_import_with_rope_freqs_and_tokenizer() {
                 }
             }
         }
-        for k in g.meta.keys().filter(|k| k.starts_with("tokenizer.ggml.")) {
-            let ok = k == "tokenizer.ggml.pre" || same_value(&g.meta[k], &o.meta[k]);
-            assert!(ok, "{name}: {k} differs after the round trip");
-        }
+        let freqs = o.tensors.iter().any(|t| t.name == "rope_freqs.weight");
+        assert_eq!(
+            freqs,
+            name == "tiny-llama3_rope",
+            "{name}: rope_freqs written"
+        );
     }
 }
 
@@ -182,23 +184,22 @@ fn crc_of(v: &MetaValue) -> (usize, u32) {
     (joined.len(), crc32c::crc32c(joined.join("\0").as_bytes()))
 }
 
-#[test]
-fn megatrons_gpt2_vocabulary_exports_as_llama_cpps_gpt2_vocab() {
+fn gpt2_vocab_files() -> (String, String) {
     let gpt2 =
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../megatron-data/tests/fixtures/gpt2");
-    let (v, m) = (gpt2.join("vocab.json"), gpt2.join("merges.txt"));
-    let (v, m) = (v.to_str().unwrap(), m.to_str().unwrap());
-    let keys = tokenizer_metadata("GPT2BPETokenizer", Some(v), Some(m), None, 50257).unwrap();
+    let s = |f: &str| gpt2.join(f).to_str().unwrap().to_string();
+    (s("vocab.json"), s("merges.txt"))
+}
+
+/// `keys` are the tokenizer keys of llama.cpp's `ggml-vocab-gpt-2.gguf` (the digest written by
+/// `bench/make_gguf_export_fixtures.py`): the same keys, the arrays' lengths and crc32c.
+fn assert_is_llama_cpps_gpt2_vocab(keys: &[(String, MetaValue)]) {
     let text = std::fs::read_to_string(fixtures().join("gguf/export/gpt2-vocab.json")).unwrap();
     let want: serde_json::Value = serde_json::from_str(&text).unwrap();
     let want = want.as_object().unwrap();
-    assert_eq!(
-        keys.len(),
-        want.len(),
-        "keys: {:?}",
-        keys.iter().map(|k| &k.0).collect::<Vec<_>>()
-    );
-    for (k, v) in &keys {
+    let names: Vec<&String> = keys.iter().map(|k| &k.0).collect();
+    assert_eq!(keys.len(), want.len(), "keys: {names:?}");
+    for (k, v) in keys {
         let w = &want[k];
         match v {
             MetaValue::Str(s) => assert_eq!(w.as_str(), Some(s.as_str()), "{k}"),
@@ -210,6 +211,43 @@ fn megatrons_gpt2_vocabulary_exports_as_llama_cpps_gpt2_vocab() {
             }
         }
     }
+}
+
+/// A file's `tokenizer.*` keys as the writer's values.
+fn tokenizer_keys(g: &Gguf) -> Vec<(String, MetaValue)> {
+    let strs = |a: &[Value]| a.iter().map(|v| v.as_str().unwrap().to_string()).collect();
+    g.meta
+        .iter()
+        .filter(|(k, _)| k.starts_with("tokenizer."))
+        .map(|(k, v)| {
+            let v = match v {
+                Value::Str(s) => MetaValue::Str(s.clone()),
+                Value::Int(i) => MetaValue::U32(*i as u32),
+                Value::Bool(b) => MetaValue::Bool(*b),
+                Value::Arr(a) if matches!(a.first(), Some(Value::Str(_))) => {
+                    MetaValue::StrArray(strs(a))
+                }
+                Value::Arr(a) => MetaValue::I32Array(
+                    a.iter()
+                        .map(|v| match v {
+                            Value::Int(i) => *i as i32,
+                            other => panic!("{k}: {other:?}"),
+                        })
+                        .collect(),
+                ),
+                other => panic!("{k}: {other:?}"),
+            };
+            (k.clone(), v)
+        })
+        .collect()
+}
+
+#[test]
+fn megatrons_gpt2_vocabulary_exports_as_llama_cpps_gpt2_vocab() {
+    let (v, m) = gpt2_vocab_files();
+    let (v, m) = (v.as_str(), m.as_str());
+    let keys = tokenizer_metadata("GPT2BPETokenizer", Some(v), Some(m), None, 50257).unwrap();
+    assert_is_llama_cpps_gpt2_vocab(&keys);
     // A padded embedding gets llama.cpp's padding tokens (UNUSED, type 5).
     let padded = tokenizer_metadata("GPT2BPETokenizer", Some(v), Some(m), None, 50304).unwrap();
     let (tokens, types) = (&padded[2].1, &padded[3].1);
@@ -248,4 +286,100 @@ fn gguf_export_refuses_what_llama_cpp_would_run_differently() {
     }
     let e: Result<GgufOutType, _> = "q4_k".parse();
     assert!(e.unwrap_err().contains("f32, f16, bf16 or q8_0"));
+}
+
+#[test]
+fn a_byte_level_tokenizer_json_exports_as_llama_cpps_vocab_and_survives_import() {
+    // GPT-2's tokenizer as Hugging Face writes it (tokenizer.json + tokenizer_config.json) beside
+    // the llama fixture grown to GPT-2's 50,257 rows: exported, its vocabulary is llama.cpp's
+    // GPT-2 vocabulary; imported back and exported again, the same tokenizer keys.
+    let dir = tmpdir("gguf-export-tokenizer");
+    let hf = dir.join("hf");
+    std::fs::create_dir_all(&hf).unwrap();
+    let src = fixtures().join("hf/llama");
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    cfg["vocab_size"] = 50257.into();
+    std::fs::write(hf.join("config.json"), cfg.to_string()).unwrap();
+    let bytes = std::fs::read(src.join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut owned: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
+    for (name, view) in st.tensors() {
+        let (mut shape, mut data) = (view.shape().to_vec(), view.data().to_vec());
+        if name == "model.embed_tokens.weight" || name == "lm_head.weight" {
+            // New rows: small distinct values, so every row quantizes to something.
+            for i in shape[0] * shape[1]..50257 * shape[1] {
+                data.extend(((i % 97) as f32 * 1e-3).to_le_bytes());
+            }
+            shape[0] = 50257;
+        }
+        owned.push((name, shape, data));
+    }
+    let views: Vec<(String, safetensors::tensor::TensorView)> = owned
+        .iter()
+        .map(|(n, s, d)| {
+            let v = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, s.clone(), d);
+            (n.clone(), v.unwrap())
+        })
+        .collect();
+    safetensors::serialize_to_file(views, None, &hf.join("model.safetensors")).unwrap();
+    let (v, m) = gpt2_vocab_files();
+    let vocab: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(v).unwrap()).unwrap();
+    let merges: Vec<String> = std::fs::read_to_string(m)
+        .unwrap()
+        .lines()
+        .skip(1)
+        .filter(|l| !l.is_empty())
+        .map(String::from)
+        .collect();
+    let tokenizer = serde_json::json!({
+        "version": "1.0",
+        "added_tokens": [{"id": 50256, "content": "<|endoftext|>", "single_word": false,
+            "lstrip": false, "rstrip": false, "normalized": true, "special": true}],
+        "normalizer": null,
+        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true,
+            "use_regex": true},
+        "post_processor": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": false,
+            "use_regex": true},
+        "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true,
+            "use_regex": true},
+        "model": {"type": "BPE", "dropout": null, "unk_token": null,
+            "continuing_subword_prefix": "", "end_of_word_suffix": "", "fuse_unk": false,
+            "byte_fallback": false, "vocab": vocab, "merges": merges},
+    });
+    std::fs::write(hf.join("tokenizer.json"), tokenizer.to_string()).unwrap();
+    let special = r#"{"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>"}"#;
+    std::fs::write(hf.join("tokenizer_config.json"), special).unwrap();
+
+    let save = dir.join("m");
+    hf_to_megatron(&hf, &save, 128).unwrap();
+    let first = dir.join("first.gguf");
+    megatron_to_gguf(&save, &first, GgufOutType::Q8_0).unwrap();
+    let g = Gguf::open(&first).unwrap();
+    let mut keys = tokenizer_keys(&g);
+    keys.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_is_llama_cpps_gpt2_vocab(&keys);
+    let embd = g
+        .tensors
+        .iter()
+        .find(|t| t.name == "token_embd.weight")
+        .unwrap();
+    assert_eq!(
+        embd.dims,
+        [32, 50257],
+        "padding rows trimmed to the vocabulary"
+    );
+
+    let back = dir.join("back");
+    gguf_to_megatron(&first, &back, 128).unwrap();
+    assert!(back.join("tokenizer_config.json").exists());
+    let second = dir.join("second.gguf");
+    megatron_to_gguf(&back, &second, GgufOutType::Q8_0).unwrap();
+    let mut again = tokenizer_keys(&Gguf::open(&second).unwrap());
+    again.sort_by(|a, b| a.0.cmp(&b.0));
+    assert!(
+        again == keys,
+        "tokenizer keys changed through import and export"
+    );
 }

@@ -540,6 +540,54 @@ pub(crate) fn hf_model_of(g: &Gguf) -> Result<(serde_json::Value, Tensors), Stri
     Ok((config, t))
 }
 
+/// llama.cpp's special-token keys (`tokenizer.ggml.{bos,eos,unknown,padding}_token_id`) and
+/// `tokenizer_config.json`'s names for them.
+pub(crate) const SPECIAL_TOKENS: [(&str, &str); 4] = [
+    ("bos", "bos_token"),
+    ("eos", "eos_token"),
+    ("unknown", "unk_token"),
+    ("padding", "pad_token"),
+];
+
+/// llama.cpp's tokenizer flags and `tokenizer_config.json`'s names for them.
+pub(crate) const TOKENIZER_FLAGS: [(&str, &str); 3] = [
+    ("add_bos_token", "add_bos_token"),
+    ("add_eos_token", "add_eos_token"),
+    ("add_space_prefix", "add_prefix_space"),
+];
+
+/// The GGUF's special tokens as the `tokenizer_config.json` Hugging Face writes beside
+/// `tokenizer.json` (token strings, the add-BOS/EOS/space flags, the chat template), so an
+/// export back to GGUF keeps them; None when the GGUF names none.
+pub(crate) fn tokenizer_config_json(g: &Gguf) -> Option<serde_json::Value> {
+    let tokens = match g.meta.get("tokenizer.ggml.tokens") {
+        Some(Value::Arr(a)) => a,
+        _ => return None,
+    };
+    let mut c = serde_json::Map::new();
+    for (gguf, hf) in SPECIAL_TOKENS {
+        let id = g
+            .meta
+            .get(&format!("tokenizer.ggml.{gguf}_token_id"))
+            .and_then(Value::as_u64);
+        if let Some(t) = id
+            .and_then(|i| tokens.get(i as usize))
+            .and_then(Value::as_str)
+        {
+            c.insert(hf.into(), serde_json::json!(t));
+        }
+    }
+    for (gguf, hf) in TOKENIZER_FLAGS {
+        if let Some(Value::Bool(b)) = g.meta.get(&format!("tokenizer.ggml.{gguf}")) {
+            c.insert(hf.into(), serde_json::json!(b));
+        }
+    }
+    if let Some(Value::Str(t)) = g.meta.get("tokenizer.chat_template") {
+        c.insert("chat_template".into(), serde_json::json!(t));
+    }
+    (!c.is_empty()).then_some(serde_json::Value::Object(c))
+}
+
 /// The GGUF's byte-level BPE vocabulary as a Hugging Face `tokenizer.json`.
 pub(crate) fn tokenizer_json(g: &Gguf) -> Result<Option<serde_json::Value>, String> {
     if g.meta.get("tokenizer.ggml.model").and_then(Value::as_str) != Some("gpt2") {

@@ -4,7 +4,7 @@
 //! llama.cpp would not run the same way (another activation, sliding windows, biases it does
 //! not load, MoE) is refused by name rather than dropped.
 
-use super::gguf::{llama3_rope_divisors, LAYER_NAMES};
+use super::gguf::{llama3_rope_divisors, LAYER_NAMES, SPECIAL_TOKENS, TOKENIZER_FLAGS};
 use super::gguf_writer::{encode, GgmlType, GgufWriter, MetaValue, Q8_0_BLOCK};
 use super::Tensors;
 use serde_json::Value;
@@ -446,21 +446,22 @@ pub fn tokenizer_metadata(
         .unzip();
     let id_of = |s: &str| tokens.iter().position(|t| t == s);
     let mut special: Vec<(&str, usize)> = Vec::new();
-    let mut add_bos = None;
+    let (mut flags, mut template) = (Vec::new(), None);
     if let Some(cfg) = special_file {
         let c: Value = json(&cfg.display().to_string())?;
-        for (k, g) in [
-            ("bos_token", "bos"),
-            ("eos_token", "eos"),
-            ("unk_token", "unknown"),
-            ("pad_token", "padding"),
-        ] {
+        for (g, k) in SPECIAL_TOKENS {
+            // A token as a string, or as an AddedToken object.
             let s = c[k].as_str().or(c[k]["content"].as_str());
             if let Some(id) = s.and_then(id_of) {
                 special.push((g, id));
             }
         }
-        add_bos = c["add_bos_token"].as_bool();
+        for (g, k) in TOKENIZER_FLAGS {
+            if let Some(b) = c[k].as_bool() {
+                flags.push((g, b));
+            }
+        }
+        template = c["chat_template"].as_str().map(String::from);
     } else if let Some(id) = id_of("<|endoftext|>") {
         // GPT-2's one special token begins and ends every document (llama.cpp's GPT-2 vocab).
         special.extend([("bos", id), ("eos", id)]);
@@ -490,8 +491,11 @@ pub fn tokenizer_metadata(
             MetaValue::U32(id as u32),
         ));
     }
-    if let Some(b) = add_bos {
-        m.push(("tokenizer.ggml.add_bos_token".into(), MetaValue::Bool(b)));
+    for (flag, b) in flags {
+        m.push((format!("tokenizer.ggml.{flag}"), MetaValue::Bool(b)));
+    }
+    if let Some(t) = template {
+        m.push(("tokenizer.chat_template".into(), MetaValue::Str(t)));
     }
     Ok(m)
 }

@@ -118,7 +118,8 @@ impl GgufWriter {
         });
     }
 
-    fn bytes(&self) -> Vec<u8> {
+    /// Everything before the tensor data: header, metadata, tensor infos, padding.
+    fn header(&self) -> Vec<u8> {
         let mut b = Vec::new();
         b.extend(b"GGUF");
         b.extend(3u32.to_le_bytes());
@@ -174,10 +175,6 @@ impl GgufWriter {
             offset = (offset + t.data.len()).div_ceil(ALIGN) * ALIGN;
         }
         b.resize(b.len().div_ceil(ALIGN) * ALIGN, 0);
-        for t in &self.tensors {
-            b.extend(&t.data);
-            b.resize(b.len().div_ceil(ALIGN) * ALIGN, 0);
-        }
         b
     }
 
@@ -186,8 +183,15 @@ impl GgufWriter {
     pub fn write(&self, path: &Path) -> Result<(), TrainError> {
         let tmp = path.with_extension("gguf.partial");
         let io = crate::io_err(path);
-        let mut f = std::fs::File::create(&tmp).map_err(crate::io_err(&tmp))?;
-        f.write_all(&self.bytes()).map_err(crate::io_err(&tmp))?;
+        let f = std::fs::File::create(&tmp).map_err(crate::io_err(&tmp))?;
+        let mut f = std::io::BufWriter::new(f);
+        let mut put = |b: &[u8]| f.write_all(b).map_err(crate::io_err(&tmp));
+        put(&self.header())?;
+        for t in &self.tensors {
+            put(&t.data)?;
+            put(&[0; ALIGN][..t.data.len().next_multiple_of(ALIGN) - t.data.len()])?;
+        }
+        let f = f.into_inner().map_err(|e| crate::io_err(&tmp)(e.into_error()))?;
         f.sync_all().map_err(crate::io_err(&tmp))?;
         drop(f);
         std::fs::rename(&tmp, path).map_err(io)

@@ -466,6 +466,11 @@ pub fn gguf_to_megatron(
     std::fs::create_dir_all(output).map_err(crate::io_err(output))?;
     let tok = match gguf::tokenizer_json(&g).map_err(|e| err(input, e))? {
         Some(json) => {
+            if let Some(c) = gguf::tokenizer_config_json(&g) {
+                let p = output.join("tokenizer_config.json");
+                let text = serde_json::to_string_pretty(&c).map_err(|e| err(&p, e.to_string()))?;
+                crate::checkpointing::write_synced(&p, text.as_bytes())?;
+            }
             let p = output.join("tokenizer.json");
             let text = serde_json::to_string(&json).map_err(|e| err(&p, e.to_string()))?;
             crate::checkpointing::write_synced(&p, text.as_bytes())?;
