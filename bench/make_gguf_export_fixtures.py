@@ -28,11 +28,13 @@ sys.path.insert(0, lc); sys.path.insert(0, os.path.join(lc, "gguf-py"))
 import gguf  # llama.cpp's own gguf-py
 import convert_hf_to_gguf as converter
 from conversion import gpt2, llama, qwen
-for cls in (llama.LlamaModel, qwen.Qwen2Model, qwen.Qwen3Model, gpt2.GPT2Model):
+for cls in (llama.LlamaModel, qwen.Qwen2Model, qwen.Qwen3Model, qwen.Qwen2MoeModel,
+            qwen.Qwen3MoeModel, gpt2.GPT2Model):
     cls.set_vocab = lambda self: None
 
 CASES = [("llama", "f32"), ("llama", "q8_0"), ("llama_linear_rope", "f16"), ("qwen2", "bf16"),
-         ("qwen3_yarn", "q8_0"), ("gpt2", "q8_0")]
+         ("qwen3_yarn", "q8_0"), ("gpt2", "q8_0"), ("mixtral", "f32"), ("qwen2_moe", "bf16"),
+         ("qwen3_moe_all", "q8_0")]
 import shutil
 for fixture, outtype in CASES:
     dst = os.path.join(out, f"{fixture}-{outtype}.gguf")

@@ -7,6 +7,8 @@ reference.safetensors}:
   q_norm/k_norm, tied embeddings, a sliding window on layer 1 only (layer_types).
 - qwen3_moe: 4 experts top-2 renormalized (norm_topk_prob), mlp_only_layers [0] (a dense first
   layer), untied.
+- qwen3_moe_all: as qwen3_moe with experts on every layer (llama.cpp's qwen3moe has no dense
+  layers; the GGUF export tests use it).
 - qwen3_yarn: YaRN rope (factor 4 over 256 original positions: frequencies 0-3 of 8 on the
   ramp between kept and interpolated), tied.
 reference.safetensors holds input_ids (2 x 16) and the fp32 logits.
@@ -31,6 +33,12 @@ cases = {
         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, hidden_size=32,
         head_dim=8, intermediate_size=48, moe_intermediate_size=24, num_experts=4,
         num_experts_per_tok=2, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[0],
+        vocab_size=V, max_position_embeddings=64, rms_norm_eps=1e-6, tie_word_embeddings=False,
+        use_sliding_window=False)),
+    "qwen3_moe_all": lambda: Qwen3MoeForCausalLM(Qwen3MoeConfig(
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, hidden_size=32,
+        head_dim=8, intermediate_size=48, moe_intermediate_size=32, num_experts=4,
+        num_experts_per_tok=2, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
         vocab_size=V, max_position_embeddings=64, rms_norm_eps=1e-6, tie_word_embeddings=False,
         use_sliding_window=False)),
     "qwen3_yarn": lambda: Qwen3ForCausalLM(Qwen3Config(

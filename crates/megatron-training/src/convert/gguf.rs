@@ -260,32 +260,84 @@ impl Gguf {
     }
 }
 
-/// A layer's tensors: (the only architecture that has it, or any), llama.cpp's name after
+/// A layer's tensors: (the architectures that have it, empty for all), llama.cpp's name after
 /// `blk.N.`, Hugging Face's after `model.layers.N.`. Read both ways, by import and export.
-pub(crate) const LAYER_NAMES: &[(Option<&str>, &str, &str)] = &[
-    (None, "attn_norm.weight", "input_layernorm.weight"),
-    (None, "ffn_norm.weight", "post_attention_layernorm.weight"),
-    (None, "attn_q.weight", "self_attn.q_proj.weight"),
-    (None, "attn_k.weight", "self_attn.k_proj.weight"),
-    (None, "attn_v.weight", "self_attn.v_proj.weight"),
-    (None, "attn_output.weight", "self_attn.o_proj.weight"),
-    (None, "ffn_gate.weight", "mlp.gate_proj.weight"),
-    (None, "ffn_up.weight", "mlp.up_proj.weight"),
-    (None, "ffn_down.weight", "mlp.down_proj.weight"),
-    (Some("qwen2"), "attn_q.bias", "self_attn.q_proj.bias"),
-    (Some("qwen2"), "attn_k.bias", "self_attn.k_proj.bias"),
-    (Some("qwen2"), "attn_v.bias", "self_attn.v_proj.bias"),
+/// Stacked expert tensors (`ffn_*_exps`) are split and joined apart ([`EXPERT_PROJECTIONS`]).
+pub(crate) const LAYER_NAMES: &[(&[&str], &str, &str)] = &[
+    (&[], "attn_norm.weight", "input_layernorm.weight"),
+    (&[], "ffn_norm.weight", "post_attention_layernorm.weight"),
+    (&[], "attn_q.weight", "self_attn.q_proj.weight"),
+    (&[], "attn_k.weight", "self_attn.k_proj.weight"),
+    (&[], "attn_v.weight", "self_attn.v_proj.weight"),
+    (&[], "attn_output.weight", "self_attn.o_proj.weight"),
+    (DENSE, "ffn_gate.weight", "mlp.gate_proj.weight"),
+    (DENSE, "ffn_up.weight", "mlp.up_proj.weight"),
+    (DENSE, "ffn_down.weight", "mlp.down_proj.weight"),
+    (QKV_BIAS, "attn_q.bias", "self_attn.q_proj.bias"),
+    (QKV_BIAS, "attn_k.bias", "self_attn.k_proj.bias"),
+    (QKV_BIAS, "attn_v.bias", "self_attn.v_proj.bias"),
+    (QK_NORM, "attn_q_norm.weight", "self_attn.q_norm.weight"),
+    (QK_NORM, "attn_k_norm.weight", "self_attn.k_norm.weight"),
     (
-        Some("qwen3"),
-        "attn_q_norm.weight",
-        "self_attn.q_norm.weight",
+        &["llama"],
+        "ffn_gate_inp.weight",
+        "block_sparse_moe.gate.weight",
+    ),
+    (QWEN_MOE, "ffn_gate_inp.weight", "mlp.gate.weight"),
+    (
+        &["qwen2moe"],
+        "ffn_gate_shexp.weight",
+        "mlp.shared_expert.gate_proj.weight",
     ),
     (
-        Some("qwen3"),
-        "attn_k_norm.weight",
-        "self_attn.k_norm.weight",
+        &["qwen2moe"],
+        "ffn_up_shexp.weight",
+        "mlp.shared_expert.up_proj.weight",
+    ),
+    (
+        &["qwen2moe"],
+        "ffn_down_shexp.weight",
+        "mlp.shared_expert.down_proj.weight",
+    ),
+    (
+        &["qwen2moe"],
+        "ffn_gate_inp_shexp.weight",
+        "mlp.shared_expert_gate.weight",
     ),
 ];
+const DENSE: &[&str] = &["llama", "qwen2", "qwen3"];
+const QKV_BIAS: &[&str] = &["qwen2", "qwen2moe"];
+const QK_NORM: &[&str] = &["qwen3", "qwen3moe"];
+const QWEN_MOE: &[&str] = &["qwen2moe", "qwen3moe"];
+
+/// The other name of a row of [`LAYER_NAMES`] of architecture `arch`: Hugging Face's for
+/// llama.cpp's `part` (`from_gguf`), or llama.cpp's for Hugging Face's.
+pub(crate) fn layer_name(arch: &str, part: &str, from_gguf: bool) -> Option<&'static str> {
+    LAYER_NAMES
+        .iter()
+        .filter(|(archs, _, _)| archs.is_empty() || archs.contains(&arch))
+        .find(|(_, g, hf)| if from_gguf { *g == part } else { *hf == part })
+        .map(|(_, g, hf)| if from_gguf { *hf } else { *g })
+}
+
+/// llama.cpp's stacked expert tensors (`blk.N.ffn_{gate,up,down}_exps.weight`, `[experts, rows,
+/// cols]`) and the per-expert Hugging Face names of the same projections: Mixtral's
+/// `block_sparse_moe.experts.E.{w1,w3,w2}`, Qwen-MoE's `mlp.experts.E.{gate,up,down}_proj`.
+pub(crate) const EXPERT_PROJECTIONS: [(&str, &str, &str); 3] = [
+    ("ffn_gate_exps.weight", "w1", "gate_proj"),
+    ("ffn_up_exps.weight", "w3", "up_proj"),
+    ("ffn_down_exps.weight", "w2", "down_proj"),
+];
+
+/// The Hugging Face name (after `model.layers.N.`) of expert `e`'s projection, `(mixtral,
+/// qwen)` names as in [`EXPERT_PROJECTIONS`].
+pub(crate) fn expert_hf_name(arch: &str, e: usize, (mixtral, qwen): (&str, &str)) -> String {
+    if arch == "llama" {
+        format!("block_sparse_moe.experts.{e}.{mixtral}.weight")
+    } else {
+        format!("mlp.experts.{e}.{qwen}.weight")
+    }
+}
 
 /// Llama 3.1's per-frequency divisors of the rotary frequencies (what llama.cpp stores as
 /// `rope_freqs.weight`): 1 for short wavelengths, `factor` beyond `original / low`, a smooth
@@ -331,14 +383,18 @@ fn unpermute(x: &[f32], heads: usize, hd: usize, cols: usize) -> Vec<f32> {
     out
 }
 
-/// The Hugging Face class a GGUF architecture reads as, and whether llama.cpp permuted its Q/K
-/// rows: `convert_hf_to_gguf.py` permutes only for its `LlamaModel`; Qwen2 and Qwen3 keep
-/// Hugging Face's rotate-half rows.
-fn hf_architecture(arch: &str) -> Option<(&'static str, bool)> {
-    match arch {
-        "llama" => Some(("LlamaForCausalLM", true)),
-        "qwen2" => Some(("Qwen2ForCausalLM", false)),
-        "qwen3" => Some(("Qwen3ForCausalLM", false)),
+/// The Hugging Face class a GGUF architecture reads as (`experts`: llama's `expert_count` is
+/// non-zero, Mixtral), and whether llama.cpp permuted its Q/K rows: `convert_hf_to_gguf.py`
+/// permutes only for its `LlamaModel` (Mixtral included); the Qwen families keep Hugging Face's
+/// rotate-half rows.
+fn hf_architecture(arch: &str, experts: bool) -> Option<(&'static str, bool)> {
+    match (arch, experts) {
+        ("llama", false) => Some(("LlamaForCausalLM", true)),
+        ("llama", true) => Some(("MixtralForCausalLM", true)),
+        ("qwen2", _) => Some(("Qwen2ForCausalLM", false)),
+        ("qwen3", _) => Some(("Qwen3ForCausalLM", false)),
+        ("qwen2moe", _) => Some(("Qwen2MoeForCausalLM", false)),
+        ("qwen3moe", _) => Some(("Qwen3MoeForCausalLM", false)),
         _ => None,
     }
 }
@@ -441,9 +497,14 @@ pub(crate) fn hf_model_of(g: &Gguf) -> Result<(serde_json::Value, Tensors), Stri
         .get("general.architecture")
         .and_then(Value::as_str)
         .unwrap_or("");
-    let Some((class, permuted)) = hf_architecture(arch) else {
+    let experts = g
+        .meta
+        .get(&format!("{arch}.expert_count"))
+        .and_then(Value::as_u64)
+        .unwrap_or(0) as usize;
+    let Some((class, permuted)) = hf_architecture(arch, experts > 0) else {
         return Err(format!(
-            "general.architecture '{arch}': only llama, qwen2 and qwen3 GGUFs are read"
+            "general.architecture '{arch}': only llama (Mixtral included), qwen2, qwen3, qwen2moe and qwen3moe GGUFs are read"
         ));
     };
     let num = |k: &str| {
@@ -470,7 +531,11 @@ pub(crate) fn hf_model_of(g: &Gguf) -> Result<(serde_json::Value, Tensors), Stri
         Some(v) => v as usize,
         None => match g.meta.get("tokenizer.ggml.tokens") {
             Some(Value::Arr(a)) => a.len(),
-            _ => return Err("no vocabulary size".into()),
+            // A file without a vocabulary: the embedding's rows.
+            _ => match g.tensors.iter().find(|t| t.name == "token_embd.weight") {
+                Some(t) if t.dims.len() == 2 => t.dims[1] as usize,
+                _ => return Err("no vocabulary size".into()),
+            },
         },
     };
     let f = |k: &str, d: f64| {
@@ -499,11 +564,25 @@ pub(crate) fn hf_model_of(g: &Gguf) -> Result<(serde_json::Value, Tensors), Stri
             let (l, part) = rest
                 .split_once('.')
                 .ok_or_else(|| format!("tensor {name}: unexpected name"))?;
-            let p = LAYER_NAMES
-                .iter()
-                .find(|(a, g, _)| *g == part && a.is_none_or(|a| a == arch))
-                .map(|(_, _, hf)| *hf)
-                .ok_or_else(|| not_part(name))?;
+            if let Some((_, mixtral, qwen)) = EXPERT_PROJECTIONS.iter().find(|(g, _, _)| *g == part)
+            {
+                // [experts, rows, cols]: one Hugging Face tensor per expert.
+                let (e, rows) = (shape[0], shape[1]);
+                if shape.len() != 3 {
+                    return Err(format!(
+                        "tensor {name}: expected 3 dimensions, got {shape:?}"
+                    ));
+                }
+                for (x, chunk) in v.chunks_exact(rows * cols).enumerate().take(e) {
+                    let hf = expert_hf_name(arch, x, (mixtral, qwen));
+                    t.insert(
+                        format!("model.layers.{l}.{hf}"),
+                        (vec![rows, cols], chunk.to_vec()),
+                    );
+                }
+                continue;
+            }
+            let p = layer_name(arch, part, true).ok_or_else(|| not_part(name))?;
             format!("model.layers.{l}.{p}")
         } else if name == "rope_freqs.weight" {
             rope_freqs = Some(v);
@@ -520,7 +599,7 @@ pub(crate) fn hf_model_of(g: &Gguf) -> Result<(serde_json::Value, Tensors), Stri
         };
         t.insert(hf, (shape, v));
     }
-    let config = serde_json::json!({
+    let mut config = serde_json::json!({
         "architectures": [class],
         "model_type": arch,
         "hidden_act": "silu",
@@ -537,6 +616,28 @@ pub(crate) fn hf_model_of(g: &Gguf) -> Result<(serde_json::Value, Tensors), Stri
         "tie_word_embeddings": tied,
         "vocab_size": vocab,
     });
+    if experts > 0 {
+        // llama.cpp's MoE graphs: softmax routers, top-k weights renormalized for Mixtral and
+        // Qwen3-MoE and not for Qwen2-MoE, experts on every layer, Qwen2-MoE's shared expert
+        // behind a sigmoid gate.
+        let used = num("expert_used_count")?;
+        let expert_ffn = num("expert_feed_forward_length").unwrap_or(ffn);
+        let moe = match arch {
+            "llama" => {
+                serde_json::json!({"num_local_experts": experts, "num_experts_per_tok": used})
+            }
+            _ => serde_json::json!({
+                "num_experts": experts, "num_experts_per_tok": used,
+                "moe_intermediate_size": expert_ffn, "norm_topk_prob": arch == "qwen3moe",
+                "decoder_sparse_step": 1, "mlp_only_layers": [],
+                "shared_expert_intermediate_size": num("expert_shared_feed_forward_length").unwrap_or(0),
+                "qkv_bias": arch == "qwen2moe",
+            }),
+        };
+        for (k, v) in moe.as_object().expect("an object") {
+            config[k] = v.clone();
+        }
+    }
     Ok((config, t))
 }
 

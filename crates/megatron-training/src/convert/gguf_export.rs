@@ -4,7 +4,10 @@
 //! llama.cpp would not run the same way (another activation, sliding windows, biases it does
 //! not load, MoE) is refused by name rather than dropped.
 
-use super::gguf::{llama3_rope_divisors, LAYER_NAMES, SPECIAL_TOKENS, TOKENIZER_FLAGS};
+use super::gguf::{
+    expert_hf_name, layer_name, llama3_rope_divisors, EXPERT_PROJECTIONS, SPECIAL_TOKENS,
+    TOKENIZER_FLAGS,
+};
 use super::gguf_writer::{encode, GgmlType, GgufWriter, MetaValue, Q8_0_BLOCK};
 use super::Tensors;
 use serde_json::Value;
@@ -44,12 +47,14 @@ impl GgufOutType {
         }
     }
 
-    /// The storage of a tensor `name` of `shape`, by the rules of llama.cpp's converter.
+    /// The storage of a tensor `name` of `shape`, by the rules of llama.cpp's converter (routers
+    /// and the shared expert's gate stay F32 too).
     fn storage(self, name: &str, shape: &[usize]) -> GgmlType {
         let always_f32 = shape.len() <= 1
             || name.ends_with("_norm.weight")
             || !name.ends_with(".weight")
-            || name == "position_embd.weight";
+            || name == "position_embd.weight"
+            || name.contains(".ffn_gate_inp");
         if always_f32 {
             return GgmlType::F32;
         }
@@ -70,12 +75,14 @@ impl GgufOutType {
 /// converter permutes Q/K rows (only its LlamaModel does).
 fn gguf_architecture(class: &str) -> Result<(&'static str, bool), String> {
     match class {
-        "LlamaForCausalLM" | "MistralForCausalLM" => Ok(("llama", true)),
+        "LlamaForCausalLM" | "MistralForCausalLM" | "MixtralForCausalLM" => Ok(("llama", true)),
         "Qwen2ForCausalLM" => Ok(("qwen2", false)),
         "Qwen3ForCausalLM" => Ok(("qwen3", false)),
+        "Qwen2MoeForCausalLM" => Ok(("qwen2moe", false)),
+        "Qwen3MoeForCausalLM" => Ok(("qwen3moe", false)),
         "GPT2LMHeadModel" => Ok(("gpt2", false)),
         other => Err(format!(
-            "{other}: GGUF export is built for GPT-2, Llama, Qwen2 and Qwen3 models (dense, not MoE, BERT or T5)"
+            "{other}: GGUF export is built for GPT-2, Llama, Mixtral, Qwen2, Qwen3, Qwen2-MoE and Qwen3-MoE models (not BERT or T5)"
         )),
     }
 }
@@ -216,6 +223,8 @@ pub(crate) fn gguf_of_hf(
         w.meta(key("attention.value_length"), u32v(hd));
         w.meta(key("vocab_size"), u32v(num(hf, "vocab_size")?));
         w.meta(key("rope.dimension_count"), u32v(hd));
+        moe_metadata(hf, arch, &mut w)?;
+        stack_experts(arch, layers, t, &mut tensors)?;
         let f = |k: &str| rope[k].as_f64();
         match rope["rope_type"].as_str().unwrap_or("default") {
             "default" => {}
@@ -294,6 +303,14 @@ pub(crate) fn gguf_of_hf(
             tensors.push((g, shape, v));
         }
     }
+    let tied = !tensors.iter().any(|(g, _, _)| g == "output.weight");
+    if arch == "qwen2moe" && tied {
+        // llama.cpp's qwen2moe loader requires `output.weight` (the other architectures fall
+        // back to the embedding): a tied model gets the embedding written twice.
+        let embd = tensors.iter().find(|(g, _, _)| g == "token_embd.weight");
+        let (_, shape, v) = embd.ok_or("no token_embd.weight")?.clone();
+        tensors.push(("output.weight".into(), shape, v));
+    }
     w.meta("general.file_type", MetaValue::U32(out.file_type()));
     w.meta("general.quantization_version", MetaValue::U32(2));
     for (g, shape, v) in tensors {
@@ -302,6 +319,98 @@ pub(crate) fn gguf_of_hf(
         w.tensor(g, shape, ty, encode(ty, &v, cols));
     }
     Ok(w)
+}
+
+/// The expert keys, after checking that llama.cpp's graph for `arch` routes as the config says:
+/// softmax routers on every layer, top-k weights renormalized (Mixtral, Qwen3-MoE) or not
+/// (Qwen2-MoE), Qwen2-MoE's shared expert present.
+fn moe_metadata(hf: &Value, arch: &str, w: &mut GgufWriter) -> Result<(), String> {
+    let experts = hf["num_local_experts"]
+        .as_u64()
+        .or(hf["num_experts"].as_u64());
+    let Some(experts) = experts.filter(|&e| e > 0) else {
+        return Ok(());
+    };
+    let key = |k: &str| format!("{arch}.{k}");
+    let every_layer = hf["decoder_sparse_step"].as_u64().unwrap_or(1) == 1
+        && hf["mlp_only_layers"]
+            .as_array()
+            .is_none_or(|a| a.is_empty());
+    if !every_layer {
+        return Err(format!(
+            "dense layers among the expert layers (mlp_only_layers / decoder_sparse_step): llama.cpp's {arch} puts experts on every layer"
+        ));
+    }
+    let norm = hf["norm_topk_prob"].as_bool();
+    match arch {
+        "qwen2moe" if norm == Some(true) => {
+            return Err(
+                "norm_topk_prob true: llama.cpp's qwen2moe does not renormalize the top-k weights"
+                    .into(),
+            )
+        }
+        "qwen3moe" if norm != Some(true) => {
+            return Err(
+                "norm_topk_prob false: llama.cpp's qwen3moe renormalizes the top-k weights".into(),
+            )
+        }
+        "qwen2moe" if hf["shared_expert_intermediate_size"].as_u64().unwrap_or(0) == 0 => {
+            return Err("no shared expert: llama.cpp's qwen2moe requires one".into())
+        }
+        _ => {}
+    }
+    w.meta(key("expert_count"), MetaValue::U32(experts as u32));
+    let used = num(hf, "num_experts_per_tok")?;
+    w.meta(key("expert_used_count"), MetaValue::U32(used as u32));
+    if arch != "llama" {
+        let ffn = num(hf, "moe_intermediate_size")?;
+        w.meta(
+            key("expert_feed_forward_length"),
+            MetaValue::U32(ffn as u32),
+        );
+    }
+    if let Some(s) = hf["shared_expert_intermediate_size"]
+        .as_u64()
+        .filter(|&s| s > 0)
+    {
+        w.meta(
+            key("expert_shared_feed_forward_length"),
+            MetaValue::U32(s as u32),
+        );
+    }
+    Ok(())
+}
+
+/// Every layer's per-expert projections taken out of `t` and stacked as llama.cpp's
+/// `blk.N.ffn_{gate,up,down}_exps.weight` (`[experts, rows, cols]`).
+fn stack_experts(
+    arch: &str,
+    layers: usize,
+    t: &mut Tensors,
+    out: &mut Vec<(String, Vec<usize>, Vec<f32>)>,
+) -> Result<(), String> {
+    for l in 0..layers {
+        for (g, mixtral, qwen) in EXPERT_PROJECTIONS {
+            let name = |e| {
+                format!(
+                    "model.layers.{l}.{}",
+                    expert_hf_name(arch, e, (mixtral, qwen))
+                )
+            };
+            let (mut stacked, mut shape, mut experts) = (Vec::new(), None, 0);
+            while let Some((s, v)) = t.remove(&name(experts)) {
+                if *shape.get_or_insert(s.clone()) != s {
+                    return Err(format!("{}: experts of different shapes", name(experts)));
+                }
+                stacked.extend(v);
+                experts += 1;
+            }
+            if let Some(s) = shape {
+                out.push((format!("blk.{l}.{g}"), vec![experts, s[0], s[1]], stacked));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// llama.cpp's name of a Llama-family Hugging Face tensor.
@@ -314,10 +423,7 @@ fn llama_name(arch: &str, name: &str) -> Option<String> {
     }
     let rest = name.strip_prefix("model.layers.")?;
     let (l, part) = rest.split_once('.')?;
-    LAYER_NAMES
-        .iter()
-        .find(|(a, _, hf)| *hf == part && a.is_none_or(|a| a == arch))
-        .map(|(_, g, _)| format!("blk.{l}.{g}"))
+    layer_name(arch, part, false).map(|g| format!("blk.{l}.{g}"))
 }
 
 /// llama.cpp's name of a GPT-2 Hugging Face tensor.

@@ -191,7 +191,9 @@ impl GgufWriter {
             put(&t.data)?;
             put(&[0; ALIGN][..t.data.len().next_multiple_of(ALIGN) - t.data.len()])?;
         }
-        let f = f.into_inner().map_err(|e| crate::io_err(&tmp)(e.into_error()))?;
+        let f = f
+            .into_inner()
+            .map_err(|e| crate::io_err(&tmp)(e.into_error()))?;
         f.sync_all().map_err(crate::io_err(&tmp))?;
         drop(f);
         std::fs::rename(&tmp, path).map_err(io)

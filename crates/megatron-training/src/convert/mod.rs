@@ -445,13 +445,7 @@ pub fn gguf_to_megatron(
 ) -> Result<PathBuf, TrainError> {
     let g = gguf::Gguf::open(input)?;
     let (hf, mut tensors) = gguf::hf_model_of(&g).map_err(|m| err(input, m))?;
-    let fam = llama::Llama {
-        arch: hf["architectures"][0]
-            .as_str()
-            .unwrap_or("LlamaForCausalLM")
-            .into(),
-        mlp: Box::new(llama::DenseMlp),
-    };
+    let fam = family(hf["architectures"][0].as_str().unwrap_or("")).expect("a known class");
     let cfg = fam
         .megatron_config(&hf, divisible_by)
         .map_err(|m| err(input, m))?;
