@@ -59,8 +59,9 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Convert checkpoints: `--from hf --input HF_DIR --output SAVE` (GPT-2, Llama, Mistral,
     /// Qwen2/3, Mixtral, Qwen2/3-MoE, BERT, T5), `--from gguf --input FILE.gguf --output SAVE`
-    /// (llama, qwen2, qwen3), `--to hf --input SAVE --output HF_DIR` or `--to gguf --input SAVE
-    /// --output FILE.gguf [--outtype f32|f16|bf16|q8_0]` (GPT-2, Llama, Qwen2, Qwen3).
+    /// (llama, Mixtral, qwen2, qwen3, qwen2moe, qwen3moe), `--to hf --input SAVE --output
+    /// HF_DIR` or `--to gguf --input SAVE --output FILE.gguf [--outtype f32|f16|bf16|q8_0]`
+    /// (GPT-2, Llama, Mixtral, Qwen2, Qwen3, Qwen2-MoE, Qwen3-MoE).
     Convert(ConvertArgs),
     /// Look into checkpoints: `inspect DIR` (iteration, layout saved from, files, tensors) or
     /// `verify DIR` (every file against the manifest's size and crc32c).
@@ -99,9 +100,9 @@ struct ConvertArgs {
     to: String,
     /// With `--to gguf`: the storage of the 2-D weights, as llama.cpp's converter's `--outtype`
     /// (norms, biases and position embeddings stay f32; a q8_0 row that is not whole 32-value
-    /// blocks is written f16).
-    #[arg(long, default_value = "f32", value_parser = clap::builder::ValueParser::new(|s: &str| s.parse::<megatron_training::convert::gguf_export::GgufOutType>()))]
-    outtype: megatron_training::convert::gguf_export::GgufOutType,
+    /// blocks is written f16). Default f32.
+    #[arg(long, value_parser = clap::builder::ValueParser::new(|s: &str| s.parse::<megatron_training::convert::gguf_export::GgufOutType>()))]
+    outtype: Option<megatron_training::convert::gguf_export::GgufOutType>,
     #[arg(long)]
     input: std::path::PathBuf,
     #[arg(long)]
@@ -112,13 +113,20 @@ struct ConvertArgs {
 }
 
 fn run_convert(a: &ConvertArgs) -> anyhow::Result<()> {
+    use megatron_training::convert::gguf_export::GgufOutType;
     use megatron_training::convert::{
         gguf_to_megatron, hf_to_megatron, megatron_to_gguf, megatron_to_hf,
     };
+    if a.outtype.is_some() && a.to != "gguf" {
+        anyhow::bail!("--outtype chooses the tensor types of a GGUF: it goes with --to gguf");
+    }
     let out = match (a.from.as_str(), a.to.as_str()) {
         ("hf", "megatron") => hf_to_megatron(&a.input, &a.output, a.make_vocab_size_divisible_by)?,
         ("megatron", "hf") => megatron_to_hf(&a.input, &a.output)?,
-        ("megatron", "gguf") => megatron_to_gguf(&a.input, &a.output, a.outtype)?,
+        ("megatron", "gguf") => {
+            let outtype = a.outtype.unwrap_or(GgufOutType::F32);
+            megatron_to_gguf(&a.input, &a.output, outtype)?
+        }
         ("gguf", "megatron") => {
             gguf_to_megatron(&a.input, &a.output, a.make_vocab_size_divisible_by)?
         }
