@@ -2006,11 +2006,6 @@ impl TrainArgs {
                 "--moe-shared-expert-intermediate-size ({f}) must be divisible by --tensor-model-parallel-size ({tp})"
             )));
         }
-        if (ep > 1 || etp != tp) && self.overlap_param_gather {
-            return Err(bad(
-                "--overlap-param-gather with expert parallelism (or experts under tensor parallelism) is not built yet: the experts' parameters are gathered over their own group".into(),
-            ));
-        }
         if !moe.num_experts.is_multiple_of(ep) {
             return Err(bad(format!(
                 "--num-experts ({}) must be divisible by --expert-model-parallel-size ({ep})",

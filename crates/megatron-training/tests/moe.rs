@@ -165,6 +165,36 @@ fn moe_expert_parallel_layouts_match_one_rank() {
                 ],
             ),
         ),
+        (
+            "ep2 x edp2 distributed, overlapped reduction and parameter gather",
+            with(
+                ep("4", "2", "alltoall"),
+                &[
+                    "--use-distributed-optimizer",
+                    "--overlap-grad-reduce",
+                    "--overlap-param-gather",
+                    "--ddp-bucket-size",
+                    "2000",
+                ],
+            ),
+        ),
+        (
+            "ep2 x tp2 (sp, etp1) distributed, overlapped parameter gather",
+            with(
+                ep("8", "2", "alltoall"),
+                &[
+                    "--tensor-model-parallel-size",
+                    "2",
+                    "--sequence-parallel",
+                    "--expert-tensor-parallel-size",
+                    "1",
+                    "--use-distributed-optimizer",
+                    "--overlap-param-gather",
+                    "--ddp-bucket-size",
+                    "2000",
+                ],
+            ),
+        ),
     ];
     for (name, layout) in &layouts {
         let r = run(&dir, &name.replace(' ', "_"), layout);
