@@ -146,6 +146,7 @@ fn gguf_export_matches_llama_cpps_converter_tensor_for_tensor() {
         let reference = fixtures().join(format!("gguf/export/{fixture}-{outtype}.gguf"));
         assert_same_gguf(&out, &reference);
     }
+    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[test]
@@ -186,6 +187,7 @@ fn llama_cpps_files_import_and_export_back_to_the_same_tensors() {
             }
         }
     }
+    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[test]
@@ -230,6 +232,7 @@ fn gguf_export_round_trips_through_import_with_rope_freqs() {
             "{name}: rope_freqs written"
         );
     }
+    let _ = std::fs::remove_dir_all(dir);
 }
 
 fn crc_of(v: &MetaValue) -> (usize, u32) {
@@ -344,6 +347,7 @@ fn gguf_export_refuses_what_llama_cpp_would_run_differently() {
     }
     let e: Result<GgufOutType, _> = "q4_k".parse();
     assert!(e.unwrap_err().contains("f32, f16, bf16 or q8_0"));
+    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[test]
@@ -440,4 +444,5 @@ fn a_byte_level_tokenizer_json_exports_as_llama_cpps_vocab_and_survives_import()
         again == keys,
         "tokenizer keys changed through import and export"
     );
+    let _ = std::fs::remove_dir_all(dir);
 }
