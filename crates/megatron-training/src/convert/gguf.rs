@@ -367,15 +367,34 @@ pub(crate) fn llama3_rope_divisors(
         .collect()
 }
 
-/// Undoes llama.cpp's rotary permutation of Q or K rows (`convert_hf_to_gguf.py`'s `permute`):
-/// GGUF row `h*hd + 2i + s` is Hugging Face row `h*hd + s*hd/2 + i`.
-fn unpermute(x: &[f32], heads: usize, hd: usize, cols: usize) -> Vec<f32> {
+/// Which way [`rope_rows`] moves rows.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RopeRows {
+    /// Hugging Face's rotate-half rows to llama.cpp's interleaved ones (export).
+    ToGguf,
+    /// llama.cpp's interleaved rows back to Hugging Face's (import).
+    FromGguf,
+}
+
+/// llama.cpp's rotary permutation of Q or K rows (`convert_hf_to_gguf.py`'s `permute`) or its
+/// inverse: GGUF row `h*hd + 2i + s` is Hugging Face row `h*hd + s*hd/2 + i`.
+pub(crate) fn rope_rows(
+    x: &[f32],
+    heads: usize,
+    hd: usize,
+    cols: usize,
+    way: RopeRows,
+) -> Vec<f32> {
     let mut out = vec![0.0; x.len()];
     for h in 0..heads {
         for i in 0..hd / 2 {
             for s in 0..2 {
-                let src = (h * hd + 2 * i + s) * cols;
-                let dst = (h * hd + s * hd / 2 + i) * cols;
+                let gguf = (h * hd + 2 * i + s) * cols;
+                let hf = (h * hd + s * hd / 2 + i) * cols;
+                let (src, dst) = match way {
+                    RopeRows::ToGguf => (hf, gguf),
+                    RopeRows::FromGguf => (gguf, hf),
+                };
                 out[dst..dst + cols].copy_from_slice(&x[src..src + cols]);
             }
         }
@@ -591,9 +610,9 @@ pub(crate) fn hf_model_of(g: &Gguf) -> Result<(serde_json::Value, Tensors), Stri
             return Err(not_part(name));
         };
         let v = if permuted && hf.ends_with("q_proj.weight") {
-            unpermute(&v, heads, hd, cols)
+            rope_rows(&v, heads, hd, cols, RopeRows::FromGguf)
         } else if permuted && hf.ends_with("k_proj.weight") {
-            unpermute(&v, groups, hd, cols)
+            rope_rows(&v, groups, hd, cols, RopeRows::FromGguf)
         } else {
             v
         };
@@ -717,30 +736,29 @@ pub(crate) fn tokenizer_json(g: &Gguf) -> Result<Option<serde_json::Value>, Stri
         .enumerate()
         .map(|(i, t)| (t.clone(), serde_json::json!(i)))
         .collect();
-    // Control tokens (type 3) are special, never split.
+    // Control tokens (type 3) are special and user-defined ones (type 4) plain added tokens:
+    // llama.cpp matches both whole in the text, never split.
     let added: Vec<serde_json::Value> = tokens
         .iter()
         .enumerate()
-        .filter(|(i, _)| types.get(*i) == Some(&3))
-        .map(|(i, t)| {
-            serde_json::json!({"id": i, "content": t, "single_word": false, "lstrip": false,
-                                         "rstrip": false, "normalized": false, "special": true})
+        .filter_map(|(i, t)| {
+            let special = match types.get(i) {
+                Some(3) => true,
+                Some(4) => false,
+                _ => return None,
+            };
+            Some(
+                serde_json::json!({"id": i, "content": t, "single_word": false, "lstrip": false,
+                                    "rstrip": false, "normalized": false, "special": special}),
+            )
         })
         .collect();
-    // llama.cpp's "smollm" and similar pre-tokenizers split digits one by one before the
-    // byte-level split.
     let pre = g
         .meta
         .get("tokenizer.ggml.pre")
         .and_then(Value::as_str)
         .unwrap_or("default");
-    let byte_level = serde_json::json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true});
-    let pre_tokenizer = if pre == "smollm" {
-        serde_json::json!({"type": "Sequence", "pretokenizers": [
-            {"type": "Digits", "individual_digits": true}, byte_level]})
-    } else {
-        byte_level
-    };
+    let (pre_tokenizer, ignore_merges) = super::pre_tokenizers::pre_tokenizer_json(pre)?;
     Ok(Some(serde_json::json!({
         "version": "1.0",
         "truncation": null,
@@ -752,6 +770,6 @@ pub(crate) fn tokenizer_json(g: &Gguf) -> Result<Option<serde_json::Value>, Stri
         "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
         "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
                   "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
-                  "ignore_merges": false, "vocab": vocab, "merges": merges},
+                  "ignore_merges": ignore_merges, "vocab": vocab, "merges": merges},
     })))
 }

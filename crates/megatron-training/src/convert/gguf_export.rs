@@ -5,10 +5,11 @@
 //! not load, MoE) is refused by name rather than dropped.
 
 use super::gguf::{
-    expert_hf_name, layer_name, llama3_rope_divisors, EXPERT_PROJECTIONS, SPECIAL_TOKENS,
-    TOKENIZER_FLAGS,
+    expert_hf_name, layer_name, llama3_rope_divisors, rope_rows, RopeRows, EXPERT_PROJECTIONS,
+    SPECIAL_TOKENS, TOKENIZER_FLAGS,
 };
 use super::gguf_writer::{encode, GgmlType, GgufWriter, MetaValue, Q8_0_BLOCK};
+use super::pre_tokenizers::llama_cpp_pre_name;
 use super::Tensors;
 use serde_json::Value;
 use std::path::Path;
@@ -85,22 +86,6 @@ fn gguf_architecture(class: &str) -> Result<(&'static str, bool), String> {
             "{other}: GGUF export is built for GPT-2, Llama, Mixtral, Qwen2, Qwen3, Qwen2-MoE and Qwen3-MoE models (not BERT or T5)"
         )),
     }
-}
-
-/// llama.cpp's rotary permutation of Q or K rows (`convert_hf_to_gguf.py`'s `permute`): Hugging
-/// Face row `h*hd + s*hd/2 + i` becomes GGUF row `h*hd + 2i + s`.
-fn permute(x: &[f32], heads: usize, hd: usize, cols: usize) -> Vec<f32> {
-    let mut out = vec![0.0; x.len()];
-    for h in 0..heads {
-        for i in 0..hd / 2 {
-            for s in 0..2 {
-                let dst = (h * hd + 2 * i + s) * cols;
-                let src = (h * hd + s * hd / 2 + i) * cols;
-                out[dst..dst + cols].copy_from_slice(&x[src..src + cols]);
-            }
-        }
-    }
-    out
 }
 
 /// `[rows, cols]` transposed (GPT-2's Conv1D `[in, out]` to llama.cpp's `[out, in]`).
@@ -293,10 +278,10 @@ pub(crate) fn gguf_of_hf(
             let cols = *shape.last().unwrap_or(&1);
             let v = match g.rsplit_once('.').map(|(p, _)| p.rsplit('.').next()) {
                 Some(Some("attn_q")) if permuted && shape.len() == 2 => {
-                    permute(&v, heads, hd, cols)
+                    rope_rows(&v, heads, hd, cols, RopeRows::ToGguf)
                 }
                 Some(Some("attn_k")) if permuted && shape.len() == 2 => {
-                    permute(&v, groups, hd, cols)
+                    rope_rows(&v, groups, hd, cols, RopeRows::ToGguf)
                 }
                 _ => v,
             };
@@ -457,9 +442,8 @@ fn gpt2_name(name: &str) -> Option<String> {
 /// The `tokenizer.ggml.*` keys of llama.cpp for a recorded tokenizer, with its vocabulary
 /// padded to `vocab` entries as llama.cpp's converter pads (`[PAD{i}]`, type UNUSED).
 /// Built for byte-level BPE: Megatron's `GPT2BPETokenizer` (vocab.json + merges.txt) and a
-/// Hugging Face tokenizer.json whose pre-tokenizer is GPT-2's (llama.cpp's `gpt-2`) or GPT-2's
-/// after single digits (llama.cpp's `smollm`); other pre-tokenizers would split text
-/// differently in llama.cpp, so they are refused.
+/// Hugging Face tokenizer.json whose pre-tokenizer llama.cpp names (`pre_tokenizers.rs`); others
+/// would split text differently in llama.cpp, so they are refused.
 pub fn tokenizer_metadata(
     tokenizer_type: &str,
     vocab_file: Option<&str>,
@@ -505,12 +489,20 @@ pub fn tokenizer_metadata(
                 if model["type"].as_str() != Some("BPE") {
                     return Err(format!("{p}: a {} model (byte-level BPE is built)", model["type"]));
                 }
-                let pre = byte_level_pre(&t["pre_tokenizer"]).ok_or_else(|| {
+                let ignore_merges = model["ignore_merges"].as_bool().unwrap_or(false);
+                let pre = llama_cpp_pre_name(&t["pre_tokenizer"], ignore_merges).ok_or_else(|| {
                     format!(
-                        "{p}: pre_tokenizer {} is neither GPT-2's byte-level split nor single digits before it; llama.cpp would split text differently",
+                        "{p}: pre_tokenizer {} (ignore_merges {ignore_merges}) is none of llama.cpp's gpt-2, smollm, qwen2, llama-bpe or default; llama.cpp would split text differently",
                         t["pre_tokenizer"]
                     )
                 })?;
+                // llama.cpp does not normalize: NFC (Qwen2's) changes only text that is not
+                // already NFC, as llama.cpp's own converter accepts; anything else is refused.
+                match &t["normalizer"] {
+                    Value::Null => {}
+                    n if n["type"] == "NFC" => {}
+                    n => return Err(format!("{p}: normalizer {n}: llama.cpp does not normalize text")),
+                }
                 let vocab_map = model["vocab"].as_object().ok_or_else(|| format!("{p}: no model.vocab"))?;
                 for (tok, id) in vocab_map {
                     put(id.as_u64().unwrap_or(0) as usize, tok, NORMAL);
@@ -604,24 +596,4 @@ pub fn tokenizer_metadata(
         m.push(("tokenizer.chat_template".into(), MetaValue::Str(t)));
     }
     Ok(m)
-}
-
-/// llama.cpp's pre-tokenizer name for a tokenizer.json `pre_tokenizer`.
-fn byte_level_pre(p: &Value) -> Option<&'static str> {
-    let gpt2 = |b: &Value| b["type"] == "ByteLevel" && b["use_regex"].as_bool().unwrap_or(true);
-    if gpt2(p) {
-        return Some("gpt-2");
-    }
-    let seq = p["pretokenizers"].as_array()?;
-    match seq.as_slice() {
-        [d, b]
-            if p["type"] == "Sequence"
-                && d["type"] == "Digits"
-                && d["individual_digits"] == true
-                && gpt2(b) =>
-        {
-            Some("smollm")
-        }
-        _ => None,
-    }
 }

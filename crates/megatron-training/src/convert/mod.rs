@@ -11,6 +11,7 @@ pub mod gguf_writer;
 mod gpt2;
 mod llama;
 mod mixtral;
+pub mod pre_tokenizers;
 mod qwen2_moe;
 mod sliding_window;
 mod t5;
