@@ -151,12 +151,12 @@ fn gguf_export_matches_llama_cpps_converter_tensor_for_tensor() {
 
 #[test]
 fn llama_cpps_files_import_and_export_back_to_the_same_tensors() {
-    // Every reference file llama.cpp's converter wrote (but GPT-2's, which `--from gguf` does
-    // not read) imported, then exported at its own type: the same file, tensor for tensor
-    // (dequantizing and requantizing Q8_0 / BF16 / F16 is the identity); and the f32 ones give
-    // the checkpoint the Hugging Face fixture gives, exactly.
+    // Every reference file llama.cpp's converter wrote imported, then exported at its own type:
+    // the same file, tensor for tensor (dequantizing and requantizing Q8_0 / BF16 / F16 is the
+    // identity); and the f32 ones give the checkpoint the Hugging Face fixture gives, exactly.
     let dir = tmpdir("gguf-import-llama-cpp");
     for (fixture, outtype) in [
+        ("gpt2", "q8_0"),
         ("llama", "f32"),
         ("llama", "q8_0"),
         ("llama_linear_rope", "f16"),
@@ -186,6 +186,23 @@ fn llama_cpps_files_import_and_export_back_to_the_same_tensors() {
                 );
             }
         }
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn a_gpt2_exported_at_f32_imports_back_to_the_same_checkpoint() {
+    let dir = tmpdir("gguf-gpt2-round-trip");
+    let (a, b, file) = (dir.join("a"), dir.join("b"), dir.join("gpt2.gguf"));
+    hf_to_megatron(&fixtures().join("hf/gpt2"), &a, 128).unwrap();
+    megatron_to_gguf(&a, &file, GgufOutType::F32).unwrap();
+    gguf_to_megatron(&file, &b, 128).unwrap();
+    let load = megatron_training::checkpointing::load_checkpoint_weights;
+    let (ca, cb) = (load(&a).unwrap(), load(&b).unwrap());
+    assert_eq!(ca.meta.model, cb.meta.model);
+    assert_eq!(ca.tensors.len(), cb.tensors.len());
+    for (k, v) in &ca.tensors {
+        assert!(cb.tensors[k] == *v, "{k} differs after the round trip");
     }
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -310,6 +310,109 @@ const QKV_BIAS: &[&str] = &["qwen2", "qwen2moe"];
 const QK_NORM: &[&str] = &["qwen3", "qwen3moe"];
 const QWEN_MOE: &[&str] = &["qwen2moe", "qwen3moe"];
 
+/// GPT-2's tensors outside the layers: llama.cpp's name, Hugging Face's.
+pub(crate) const GPT2_NAMES: &[(&str, &str)] = &[
+    ("token_embd.weight", "transformer.wte.weight"),
+    ("position_embd.weight", "transformer.wpe.weight"),
+    ("output_norm.weight", "transformer.ln_f.weight"),
+    ("output_norm.bias", "transformer.ln_f.bias"),
+    ("output.weight", "lm_head.weight"),
+];
+
+/// GPT-2's layer modules (`blk.N.` / `transformer.h.N.`, then `.weight` or `.bias`), and whether
+/// Hugging Face stores the weight as a Conv1D (`[in, out]`, transposed from llama.cpp's).
+pub(crate) const GPT2_LAYER_MODULES: &[(&str, &str, bool)] = &[
+    ("attn_norm", "ln_1", false),
+    ("ffn_norm", "ln_2", false),
+    ("attn_qkv", "attn.c_attn", true),
+    ("attn_output", "attn.c_proj", true),
+    ("ffn_up", "mlp.c_fc", true),
+    ("ffn_down", "mlp.c_proj", true),
+];
+
+/// `[rows, cols]` transposed (GPT-2's Conv1D weights between Hugging Face and llama.cpp).
+pub(crate) fn transpose(x: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    let mut out = vec![0.0; x.len()];
+    for r in 0..rows {
+        for c in 0..cols {
+            out[c * rows + r] = x[r * cols + c];
+        }
+    }
+    out
+}
+
+/// A llama.cpp GPT-2 GGUF as the Hugging Face GPT2LMHeadModel config and tensors (llama.cpp's
+/// gpt2 graph: GELU in its tanh form, tied or separate output).
+fn hf_gpt2_of(g: &Gguf) -> Result<(serde_json::Value, Tensors), String> {
+    let num = |k: &str| {
+        g.meta
+            .get(&format!("gpt2.{k}"))
+            .and_then(Value::as_u64)
+            .map(|v| v as usize)
+            .ok_or_else(|| format!("metadata gpt2.{k} missing"))
+    };
+    let mut t = Tensors::new();
+    for info in &g.tensors {
+        let v = g.dequantize(info)?;
+        let shape: Vec<usize> = info.dims.iter().rev().map(|&d| d as usize).collect();
+        let name = &info.name;
+        let not_part = || format!("tensor {name}: not part of a gpt2 model");
+        if let Some((_, hf)) = GPT2_NAMES.iter().find(|(gg, _)| gg == name) {
+            t.insert(hf.to_string(), (shape, v));
+            continue;
+        }
+        let rest = name.strip_prefix("blk.").ok_or_else(not_part)?;
+        let (l, part) = rest.split_once('.').ok_or_else(not_part)?;
+        let (module, kind) = part.rsplit_once('.').ok_or_else(not_part)?;
+        let (_, hf, conv1d) = GPT2_LAYER_MODULES
+            .iter()
+            .find(|(gg, _, _)| *gg == module)
+            .filter(|_| kind == "weight" || kind == "bias")
+            .ok_or_else(not_part)?;
+        let (shape, v) = if *conv1d && kind == "weight" && shape.len() == 2 {
+            (vec![shape[1], shape[0]], transpose(&v, shape[0], shape[1]))
+        } else {
+            (shape, v)
+        };
+        t.insert(format!("transformer.h.{l}.{hf}.{kind}"), (shape, v));
+    }
+    // Hugging Face's GPT-2 ties its output to the embedding: a separate one must be that copy.
+    if let Some((_, out)) = t.remove("lm_head.weight") {
+        let same = t
+            .get("transformer.wte.weight")
+            .is_some_and(|(_, e)| *e == out);
+        if !same {
+            return Err(
+                "output.weight differs from token_embd.weight: GPT2LMHeadModel ties them".into(),
+            );
+        }
+    }
+    let vocab = t
+        .get("transformer.wte.weight")
+        .map(|(s, _)| s[0])
+        .ok_or("no token_embd.weight")?;
+    let f = |k: &str, d: f64| {
+        g.meta
+            .get(&format!("gpt2.{k}"))
+            .and_then(Value::as_f64)
+            .unwrap_or(d)
+    };
+    let config = serde_json::json!({
+        "architectures": ["GPT2LMHeadModel"],
+        "model_type": "gpt2",
+        "activation_function": "gelu_new",
+        "n_layer": num("block_count")?,
+        "n_embd": num("embedding_length")?,
+        "n_head": num("attention.head_count")?,
+        "n_inner": num("feed_forward_length")?,
+        "n_positions": num("context_length")?,
+        "layer_norm_epsilon": f("attention.layer_norm_epsilon", 1e-5),
+        "tie_word_embeddings": true,
+        "vocab_size": vocab,
+    });
+    Ok((config, t))
+}
+
 /// The other name of a row of [`LAYER_NAMES`] of architecture `arch`: Hugging Face's for
 /// llama.cpp's `part` (`from_gguf`), or llama.cpp's for Hugging Face's.
 pub(crate) fn layer_name(arch: &str, part: &str, from_gguf: bool) -> Option<&'static str> {
@@ -521,9 +624,12 @@ pub(crate) fn hf_model_of(g: &Gguf) -> Result<(serde_json::Value, Tensors), Stri
         .get(&format!("{arch}.expert_count"))
         .and_then(Value::as_u64)
         .unwrap_or(0) as usize;
+    if arch == "gpt2" {
+        return hf_gpt2_of(g);
+    }
     let Some((class, permuted)) = hf_architecture(arch, experts > 0) else {
         return Err(format!(
-            "general.architecture '{arch}': only llama (Mixtral included), qwen2, qwen3, qwen2moe and qwen3moe GGUFs are read"
+            "general.architecture '{arch}': only gpt2, llama (Mixtral included), qwen2, qwen3, qwen2moe and qwen3moe GGUFs are read"
         ));
     };
     let num = |k: &str| {

@@ -5,8 +5,8 @@
 //! not load, MoE) is refused by name rather than dropped.
 
 use super::gguf::{
-    expert_hf_name, layer_name, llama3_rope_divisors, rope_rows, RopeRows, EXPERT_PROJECTIONS,
-    SPECIAL_TOKENS, TOKENIZER_FLAGS,
+    expert_hf_name, layer_name, llama3_rope_divisors, rope_rows, transpose, RopeRows,
+    EXPERT_PROJECTIONS, GPT2_LAYER_MODULES, GPT2_NAMES, SPECIAL_TOKENS, TOKENIZER_FLAGS,
 };
 use super::gguf_writer::{encode, GgmlType, GgufWriter, MetaValue, Q8_0_BLOCK};
 use super::pre_tokenizers::llama_cpp_pre_name;
@@ -88,17 +88,6 @@ fn gguf_architecture(class: &str) -> Result<(&'static str, bool), String> {
     }
 }
 
-/// `[rows, cols]` transposed (GPT-2's Conv1D `[in, out]` to llama.cpp's `[out, in]`).
-fn transpose(x: &[f32], rows: usize, cols: usize) -> Vec<f32> {
-    let mut out = vec![0.0; x.len()];
-    for r in 0..rows {
-        for c in 0..cols {
-            out[c * rows + r] = x[r * cols + c];
-        }
-    }
-    out
-}
-
 fn num(hf: &Value, k: &str) -> Result<usize, String> {
     hf[k]
         .as_u64()
@@ -147,12 +136,9 @@ pub(crate) fn gguf_of_hf(
         );
         w.meta(key("vocab_size"), u32v(num(hf, "vocab_size")?));
         for (name, (shape, v)) in std::mem::take(t) {
-            let g =
+            let (g, conv1d) =
                 gpt2_name(&name).ok_or_else(|| format!("tensor {name}: no GGUF counterpart"))?;
             // Conv1D weights are stored `[in, out]`; llama.cpp's converter transposes them.
-            let conv1d = ["attn_qkv", "attn_output", "ffn_up", "ffn_down"]
-                .iter()
-                .any(|m| g.ends_with(&format!("{m}.weight")));
             let (shape, v) = if conv1d && shape.len() == 2 {
                 (vec![shape[1], shape[0]], transpose(&v, shape[0], shape[1]))
             } else {
@@ -411,32 +397,17 @@ fn llama_name(arch: &str, name: &str) -> Option<String> {
     layer_name(arch, part, false).map(|g| format!("blk.{l}.{g}"))
 }
 
-/// llama.cpp's name of a GPT-2 Hugging Face tensor.
-fn gpt2_name(name: &str) -> Option<String> {
-    let top = match name {
-        "transformer.wte.weight" => Some("token_embd.weight"),
-        "transformer.wpe.weight" => Some("position_embd.weight"),
-        "transformer.ln_f.weight" => Some("output_norm.weight"),
-        "transformer.ln_f.bias" => Some("output_norm.bias"),
-        "lm_head.weight" => Some("output.weight"),
-        _ => None,
-    };
-    if let Some(t) = top {
-        return Some(t.into());
+/// llama.cpp's name of a GPT-2 Hugging Face tensor, and whether it is a Conv1D weight.
+fn gpt2_name(name: &str) -> Option<(String, bool)> {
+    if let Some((g, _)) = GPT2_NAMES.iter().find(|(_, hf)| *hf == name) {
+        return Some((g.to_string(), false));
     }
     let rest = name.strip_prefix("transformer.h.")?;
     let (l, part) = rest.split_once('.')?;
     let (module, kind) = part.rsplit_once('.')?;
-    let g = match module {
-        "ln_1" => "attn_norm",
-        "ln_2" => "ffn_norm",
-        "attn.c_attn" => "attn_qkv",
-        "attn.c_proj" => "attn_output",
-        "mlp.c_fc" => "ffn_up",
-        "mlp.c_proj" => "ffn_down",
-        _ => return None,
-    };
-    matches!(kind, "weight" | "bias").then(|| format!("blk.{l}.{g}.{kind}"))
+    let (g, _, conv1d) = GPT2_LAYER_MODULES.iter().find(|(_, hf, _)| *hf == module)?;
+    matches!(kind, "weight" | "bias")
+        .then(|| (format!("blk.{l}.{g}.{kind}"), *conv1d && kind == "weight"))
 }
 
 /// The `tokenizer.ggml.*` keys of llama.cpp for a recorded tokenizer, with its vocabulary
