@@ -128,6 +128,19 @@ impl Tokenizer for Gpt2Bpe {
     fn eod(&self) -> u32 {
         self.eod
     }
+    fn token_id(&self, token: &str) -> Option<u32> {
+        // Printable ASCII spells itself in GPT-2's byte alphabet: `<fim_prefix>` is its bytes.
+        let table = unicode_to_byte();
+        let bytes: Option<Vec<u8>> = token.chars().map(|c| table.get(&c).copied()).collect();
+        self.specials
+            .get(token)
+            .or_else(|| bytes.and_then(|b| self.encoder.get(&b)))
+            .copied()
+    }
+    fn decode_without_special(&self, ids: &[u32]) -> String {
+        let kept: Vec<u32> = ids.iter().copied().filter(|&i| i != self.eod).collect();
+        self.decode(&kept)
+    }
     fn for_worker(&self) -> Option<Box<dyn Tokenizer>> {
         let bpe = CoreBPE::new(self.encoder.clone(), self.specials.clone(), GPT2_PATTERN).ok()?;
         Some(Box::new(Gpt2Bpe {

@@ -130,6 +130,9 @@ impl Tokenizer for HFTokenizer {
     fn decode(&self, ids: &[u32]) -> String {
         self.inner.decode(ids, false).unwrap_or_default()
     }
+    fn decode_without_special(&self, ids: &[u32]) -> String {
+        self.inner.decode(ids, true).unwrap_or_default()
+    }
     fn eod(&self) -> u32 {
         self.eod
     }

@@ -5,6 +5,7 @@
 pub mod bert_dataset;
 pub mod blended_dataset;
 pub mod data_samplers;
+pub mod fim_dataset;
 pub mod gpt2_bpe;
 pub mod gpt_dataset;
 pub mod hf_tokenizer;

@@ -12,6 +12,11 @@ pub trait Tokenizer: Send + Sync {
     fn token_id(&self, _token: &str) -> Option<u32> {
         None
     }
+    /// The text of `ids` without special tokens (Megatron's `ids_to_text(...,
+    /// remove_special_tokens=True)`, which the FIM transform cuts).
+    fn decode_without_special(&self, ids: &[u32]) -> String {
+        self.decode(ids)
+    }
     /// The text of token `id`, if the tokenizer has a vocabulary of strings.
     fn token_text(&self, _id: u32) -> Option<String> {
         None

@@ -582,6 +582,8 @@ pub struct TrainArgs {
     pub split: String,
     #[command(flatten)]
     pub tokenizer: TokenizerArgs,
+    #[command(flatten)]
+    pub fim: crate::fim::FimArgs,
     /// One blend per split instead of --data-path + --split.
     #[arg(long, num_args = 1..)]
     pub train_data_path: Vec<String>,
@@ -1452,6 +1454,11 @@ impl TrainArgs {
             "T5 samples are built from a sentence-split dataset",
         )?;
         refuse(
+            self.fim.fim_data,
+            "--fim-data",
+            "fill-in-the-middle samples are GPT samples",
+        )?;
+        refuse(
             model.moe.is_some(),
             "--num-experts",
             "mixture-of-experts T5 is not built",
@@ -1559,6 +1566,11 @@ impl TrainArgs {
             self.mock_data,
             "--mock-data",
             "BERT samples are built from a sentence-split dataset",
+        )?;
+        refuse(
+            self.fim.fim_data,
+            "--fim-data",
+            "fill-in-the-middle samples are GPT samples",
         )?;
         refuse(
             self.calculate_per_token_loss,

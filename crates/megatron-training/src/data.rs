@@ -16,6 +16,31 @@ pub(crate) fn build_data(
     lead: bool,
 ) -> Result<Box<dyn GPTSampleSource>, TrainError> {
     let a = &cfg.args;
+    if a.fim.fim_data && a.mock_data {
+        return Err(TrainError::Args(
+            "--fim-data cuts documents as text: it needs --data-path, not --mock-data".into(),
+        ));
+    }
+    let settings = a.fim.settings(tok)?;
+    let data = build_gpt_samples(cfg, tok, lead)?;
+    let Some(settings) = settings else {
+        return Ok(data);
+    };
+    Ok(Box::new(megatron_data::fim_dataset::GPTFIMDataset {
+        inner: data,
+        tokenizer: build_tokenizer_from(&a.tokenizer.spec())?,
+        settings,
+        seed: a.seed,
+    }))
+}
+
+/// The samples of the data flags, before any FIM transform.
+fn build_gpt_samples(
+    cfg: &TrainConfig,
+    tok: &dyn Tokenizer,
+    lead: bool,
+) -> Result<Box<dyn GPTSampleSource>, TrainError> {
+    let a = &cfg.args;
     if a.mock_data {
         return Ok(Box::new(MockGPTDataset {
             vocab_size: tok.vocab_size(),

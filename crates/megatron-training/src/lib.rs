@@ -14,6 +14,7 @@ mod family;
 pub mod family_bert;
 mod family_gpt;
 pub mod family_t5;
+pub mod fim;
 pub mod flops;
 pub mod generate;
 mod launch;
