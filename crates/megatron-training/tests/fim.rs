@@ -4,27 +4,12 @@
 
 mod common;
 
-use clap::Parser;
-use common::{assert_same_training, tmpdir};
+use common::{assert_same_training, parse_inspect, parse_train, tmpdir, SMALL_RUN};
 use megatron_data::preprocess::{preprocess, PreprocessConfig};
 use megatron_data::{build_tokenizer_from, TokenizerSpec};
 use megatron_training::checkpointing::load_checkpoint;
-use megatron_training::{inspect_data, pretrain, InspectArgs, TrainArgs};
+use megatron_training::{inspect_data, pretrain};
 use std::path::Path;
-
-#[derive(Parser)]
-#[command(args_override_self = true)]
-struct Wrap {
-    #[command(flatten)]
-    args: TrainArgs,
-}
-
-#[derive(Parser)]
-#[command(args_override_self = true)]
-struct InspectWrap {
-    #[command(flatten)]
-    args: InspectArgs,
-}
 
 const FIM_TOKENS: [&str; 4] = ["<fim_prefix>", "<fim_middle>", "<fim_suffix>", "<fim_pad>"];
 
@@ -81,8 +66,9 @@ fn fim_corpus(dir: &Path) -> (String, String, String) {
     (v, m, format!("{out}_text_document"))
 }
 
+/// [`SMALL_RUN`] at 32 tokens on the FIM corpus with `--fim-data --fim-rate 0.9`.
 fn flags(vocab: &str, merges: &str, data: &str, extra: &[&str]) -> Vec<String> {
-    let mut v: Vec<String> = [
+    let head = [
         "m",
         "--tokenizer-type",
         "GPT2BPETokenizer",
@@ -94,45 +80,22 @@ fn flags(vocab: &str, merges: &str, data: &str, extra: &[&str]) -> Vec<String> {
         data,
         "--split",
         "90,10,0",
+    ];
+    let tail = [
+        "--seq-length",
+        "32",
         // 50,261 ids pad to 50,304 rows at TP 1 (x64) and TP 2 (x128) alike.
         "--make-vocab-size-divisible-by",
         "64",
-        "--num-layers",
-        "2",
-        "--hidden-size",
-        "32",
-        "--num-attention-heads",
-        "4",
-        "--seq-length",
-        "32",
-        "--micro-batch-size",
-        "2",
-        "--global-batch-size",
-        "4",
-        "--lr",
-        "3e-3",
-        "--lr-warmup-iters",
-        "2",
-        "--eval-iters",
-        "1",
-        "--eval-interval",
-        "3",
-        "--log-interval",
-        "1",
-        "--peak-tflops",
-        "1",
-        "--no-progress-bar",
-        "--num-threads",
-        "2",
         "--fim-data",
         "--fim-rate",
         "0.9",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    v.extend(extra.iter().map(|s| s.to_string()));
-    v
+    ];
+    [&head[..], SMALL_RUN, &tail[..], extra]
+        .concat()
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
 }
 
 #[test]
@@ -141,14 +104,14 @@ fn fim_samples_carry_the_sentinels_and_every_layout_trains_the_one_rank_model() 
     let (v, m, data) = fim_corpus(&dir);
     let mut inspect = flags(&v, &m, &data, &["--train-iters", "5", "--count", "8"]);
     inspect[0] = "inspect".into();
-    let samples = inspect_data(&InspectWrap::try_parse_from(&inspect).unwrap().args).unwrap();
+    let samples = inspect_data(&parse_inspect(&inspect)).unwrap();
     let prefix = 50257u32;
     let with_fim = samples.iter().filter(|s| s.contains(&prefix)).count();
     assert!(with_fim >= 6, "{with_fim} of 8 samples carry <fim_prefix>");
     let mut plain = flags(&v, &m, &data, &["--train-iters", "5", "--count", "8"]);
     plain[0] = "inspect".into();
     plain.retain(|f| f != "--fim-data");
-    let before = inspect_data(&InspectWrap::try_parse_from(&plain).unwrap().args).unwrap();
+    let before = inspect_data(&parse_inspect(&plain)).unwrap();
     assert!(before.iter().all(|s| !s.contains(&prefix)));
     assert_ne!(before, samples);
 
@@ -156,7 +119,7 @@ fn fim_samples_carry_the_sentinels_and_every_layout_trains_the_one_rank_model() 
         let save = dir.join(name).display().to_string();
         let mut f = flags(&v, &m, &data, &["--train-iters", "5", "--save", &save]);
         f.extend(layout.iter().map(|s| s.to_string()));
-        let s = pretrain(&Wrap::try_parse_from(f).unwrap().args).unwrap();
+        let s = pretrain(&parse_train(&f)).unwrap();
         (s, load_checkpoint(Path::new(&save), None).unwrap())
     };
     let serial = run("serial", &[]);
@@ -217,9 +180,7 @@ fn fim_flags_are_checked_against_the_tokenizer_and_the_data() {
     ] {
         let mut f = flags(vocab, &m, &data, &["--train-iters", "2"]);
         f.extend(extra.iter().map(|s| s.to_string()));
-        let e = pretrain(&Wrap::try_parse_from(f).unwrap().args)
-            .unwrap_err()
-            .to_string();
+        let e = pretrain(&parse_train(&f)).unwrap_err().to_string();
         assert!(e.contains(needle), "{needle}: {e}");
     }
     let mock = common::args(&["--fim-data", "--train-iters", "2"]);

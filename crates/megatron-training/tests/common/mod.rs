@@ -13,8 +13,43 @@ struct Wrap {
     args: TrainArgs,
 }
 
-/// A tiny GPT on mock data (2 layers, hidden 32, 4 heads, seq 16, vocab 61), 2 GEMM threads,
-/// with `extra` flags appended (later flags override earlier ones).
+/// The model and schedule of the tiny test runs (2 layers, hidden 32, 4 heads, seq 16, micro
+/// batch 2 of 4, lr 3e-3 with 2 warm-up iterations, evaluation every 3), 2 GEMM threads; the
+/// data and tokenizer flags come before them.
+pub const SMALL_RUN: &[&str] = &[
+    "--num-layers",
+    "2",
+    "--hidden-size",
+    "32",
+    "--num-attention-heads",
+    "4",
+    "--seq-length",
+    "16",
+    "--micro-batch-size",
+    "2",
+    "--global-batch-size",
+    "4",
+    "--lr",
+    "3e-3",
+    "--lr-warmup-iters",
+    "2",
+    "--lr-decay-style",
+    "cosine",
+    "--eval-iters",
+    "1",
+    "--eval-interval",
+    "3",
+    "--log-interval",
+    "1",
+    "--peak-tflops",
+    "1",
+    "--no-progress-bar",
+    "--num-threads",
+    "2",
+];
+
+/// A tiny GPT on mock data (vocab 61) with [`SMALL_RUN`]'s model, with `extra` flags appended
+/// (later flags override earlier ones).
 pub fn args(extra: &[&str]) -> TrainArgs {
     let mut v = vec![
         "megatron",
@@ -23,38 +58,31 @@ pub fn args(extra: &[&str]) -> TrainArgs {
         "NullTokenizer",
         "--vocab-size",
         "61",
-        "--num-layers",
-        "2",
-        "--hidden-size",
-        "32",
-        "--num-attention-heads",
-        "4",
-        "--seq-length",
-        "16",
-        "--micro-batch-size",
-        "2",
-        "--global-batch-size",
-        "4",
-        "--lr",
-        "3e-3",
-        "--lr-warmup-iters",
-        "2",
-        "--lr-decay-style",
-        "cosine",
-        "--eval-iters",
-        "1",
-        "--eval-interval",
-        "3",
-        "--log-interval",
-        "1",
-        "--peak-tflops",
-        "1",
-        "--no-progress-bar",
-        "--num-threads",
-        "2",
     ];
+    v.extend_from_slice(SMALL_RUN);
     v.extend_from_slice(extra);
     Wrap::try_parse_from(v).expect("flags parse").args
+}
+
+/// `megatron train` flags (the first is the program name) as parsed arguments.
+pub fn parse_train<S: AsRef<str>>(v: &[S]) -> TrainArgs {
+    Wrap::try_parse_from(v.iter().map(|s| s.as_ref()))
+        .expect("flags parse")
+        .args
+}
+
+#[derive(Parser)]
+#[command(args_override_self = true)]
+struct InspectWrap {
+    #[command(flatten)]
+    args: megatron_training::InspectArgs,
+}
+
+/// `megatron inspect-data` flags (the first is the program name) as parsed arguments.
+pub fn parse_inspect<S: AsRef<str>>(v: &[S]) -> megatron_training::InspectArgs {
+    InspectWrap::try_parse_from(v.iter().map(|s| s.as_ref()))
+        .expect("flags parse")
+        .args
 }
 
 /// A tiny BERT (2 layers, hidden 32, 4 heads, seq 32, binary head) on the committed
