@@ -362,6 +362,18 @@ fn gguf_export_refuses_what_llama_cpp_would_run_differently() {
         assert!(e.contains(needle), "{fixture}: {e}");
         assert!(!out.exists() && !out.with_extension("gguf.partial").exists());
     }
+    // An output whose directory does not exist is named as given; nothing is left behind.
+    let save = dir.join("llama");
+    hf_to_megatron(&fixtures().join("hf/llama"), &save, 128).unwrap();
+    let out = dir.join("missing").join("x.gguf");
+    let e = megatron_to_gguf(&save, &out, GgufOutType::F32)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains(&out.display().to_string()) && !e.contains(".partial"),
+        "{e}"
+    );
+    assert!(!dir.join("missing").exists());
     let e: Result<GgufOutType, _> = "q4_k".parse();
     assert!(e.unwrap_err().contains("f32, f16, bf16 or q8_0"));
     let _ = std::fs::remove_dir_all(dir);

@@ -183,7 +183,8 @@ impl GgufWriter {
     pub fn write(&self, path: &Path) -> Result<(), TrainError> {
         let tmp = path.with_extension("gguf.partial");
         let io = crate::io_err(path);
-        let f = std::fs::File::create(&tmp).map_err(crate::io_err(&tmp))?;
+        // Named by the output the user gave, not the temporary name.
+        let f = std::fs::File::create(&tmp).map_err(crate::io_err(path))?;
         let mut f = std::io::BufWriter::new(f);
         let mut put = |b: &[u8]| f.write_all(b).map_err(crate::io_err(&tmp));
         put(&self.header())?;
