@@ -44,6 +44,56 @@ fn fim_tokenizer(tag: &str) -> Box<dyn Tokenizer> {
     tok
 }
 
+/// The same vocabulary as a Hugging Face tokenizer.json (byte-level BPE, the FIM tokens and
+/// `<|endoftext|>` as special added tokens), as StarCoder ships its tokenizer.
+fn fim_hf_tokenizer(tag: &str) -> Box<dyn Tokenizer> {
+    let fx = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gpt2");
+    let dir = std::env::temp_dir().join(format!("megatron-rs-fim-hf-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let text = std::fs::read_to_string(fx.join("vocab.json")).unwrap();
+    let mut vocab: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_str(&text).unwrap();
+    let mut added = vec![serde_json::json!({"id": 50256, "content": "<|endoftext|>",
+        "single_word": false, "lstrip": false, "rstrip": false, "normalized": false,
+        "special": true})];
+    for (i, t) in ["<fim_prefix>", "<fim_middle>", "<fim_suffix>", "<fim_pad>"]
+        .iter()
+        .enumerate()
+    {
+        vocab.insert(t.to_string(), (50257 + i).into());
+        added.push(
+            serde_json::json!({"id": 50257 + i, "content": t, "single_word": false,
+            "lstrip": false, "rstrip": false, "normalized": false, "special": true}),
+        );
+    }
+    let merges: Vec<String> = std::fs::read_to_string(fx.join("merges.txt"))
+        .unwrap()
+        .lines()
+        .skip(1)
+        .filter(|l| !l.is_empty())
+        .map(String::from)
+        .collect();
+    let byte_level = serde_json::json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true});
+    let json = serde_json::json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": added,
+        "normalizer": null, "pre_tokenizer": byte_level, "post_processor": null,
+        "decoder": byte_level,
+        "model": {"type": "BPE", "dropout": null, "unk_token": null,
+            "continuing_subword_prefix": null, "end_of_word_suffix": null, "fuse_unk": false,
+            "byte_fallback": false, "ignore_merges": false, "vocab": vocab, "merges": merges},
+    });
+    let path = dir.join("tokenizer.json");
+    std::fs::write(&path, json.to_string()).unwrap();
+    let tok = build_tokenizer_from(&TokenizerSpec {
+        tokenizer_type: "HuggingFaceTokenizer".into(),
+        tokenizer_model: Some(path.display().to_string()),
+        ..Default::default()
+    })
+    .unwrap();
+    let _ = std::fs::remove_dir_all(dir);
+    tok
+}
+
 fn settings(tok: &dyn Tokenizer, rate: f64, spm_rate: f64) -> FimSettings {
     let id = |t: &str| tok.token_id(t).unwrap();
     FimSettings {
@@ -99,7 +149,21 @@ fn psm_text(tok: &dyn Tokenizer, x: &[u32], t: &FimTokens) -> String {
 
 #[test]
 fn each_document_keeps_its_text_behind_the_sentinels_in_psm_and_spm_order() {
-    let tok = fim_tokenizer("psm");
+    // Megatron's GPT2BPETokenizer files, and the same vocabulary as a tokenizer.json whose FIM
+    // tokens are special (dropped from the text that is cut, as Megatron's
+    // `remove_special_tokens=True` drops them).
+    type Make = fn(&str) -> Box<dyn Tokenizer>;
+    for make in [fim_tokenizer as Make, fim_hf_tokenizer as Make] {
+        documents_keep_their_text(make);
+    }
+}
+
+fn documents_keep_their_text(make: fn(&str) -> Box<dyn Tokenizer>) {
+    let tok = make("psm");
+    // The end-of-document token is special in both: not part of the text FIM cuts.
+    let ids = [&[tok.eod()][..], &tok.encode("ab").unwrap()].concat();
+    assert_eq!(tok.decode_without_special(&ids), "ab", "{}", tok.name());
+    assert!(tok.decode(&ids).contains("<|endoftext|>"));
     let doc = "def add(a, b):\n    return a + b\n";
     let other = "print('hello world') # and more text after it";
     let mut sample = tok.encode(doc).unwrap();
@@ -109,7 +173,7 @@ fn each_document_keeps_its_text_behind_the_sentinels_in_psm_and_spm_order() {
     for spm in [false, true] {
         let s = settings(tok.as_ref(), 1.0, if spm { 1.0 } else { 0.0 });
         let t = s.tokens;
-        let ds = dataset(fim_tokenizer("psm2"), s, vec![sample.clone()]);
+        let ds = dataset(make("psm2"), s, vec![sample.clone()]);
         for idx in 0..8u64 {
             let key = RngKey::new(7).fold(idx);
             let out = ds.transform(&sample, key);
