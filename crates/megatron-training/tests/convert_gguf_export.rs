@@ -475,3 +475,29 @@ fn a_byte_level_tokenizer_json_exports_as_llama_cpps_vocab_and_survives_import()
     );
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn q5_and_k_quant_tensors_dequantize_as_gguf_py_does_bit_for_bit() {
+    // bench/make_gguf_kquant_fixture.py: 2 x 512 values per type (Q5_0, Q5_1, Q2_K ... Q6_K)
+    // quantized by ggml itself, and
+    // gguf-py's reference dequantization of them.
+    let g = Gguf::open(&fixtures().join("gguf/k-quants.gguf")).unwrap();
+    let bytes = std::fs::read(fixtures().join("gguf/k-quants-expected.safetensors")).unwrap();
+    let want = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    assert_eq!(g.tensors.len(), 7);
+    for t in &g.tensors {
+        let name = t.name.trim_end_matches(".weight");
+        let w: Vec<f32> = want
+            .tensor(name)
+            .unwrap()
+            .data()
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        let got = g.dequantize(t).unwrap();
+        assert_eq!(got.len(), w.len(), "{name}");
+        for (i, (a, b)) in got.iter().zip(&w).enumerate() {
+            assert_eq!(a.to_bits(), b.to_bits(), "{name}[{i}]: {a} vs gguf-py {b}");
+        }
+    }
+}

@@ -1,5 +1,6 @@
 //! GGUF (llama.cpp's container): metadata and tensors read from a memory map, tensors
-//! dequantized to f32 exactly as ggml / gguf-py define them (F32, F16, BF16, Q8_0, Q4_0, Q4_1),
+//! dequantized to f32 exactly as ggml / gguf-py define them (F32, F16, BF16, Q8_0, Q4_0, Q4_1,
+//! Q5_0, Q5_1, and the k-quants Q2_K-Q6_K of `k_quants.rs`),
 //! and llama.cpp's conversion undone: the `blk.N.*` names and, for Llama only, the rotary row
 //! permutation of Q and K. The result is a Hugging Face-style config and tensor set (Llama,
 //! Qwen2, Qwen3) that the Llama family file maps on. Written by hand: no maintained Rust crate reads GGUF's quantized types.
@@ -125,7 +126,14 @@ fn block(ty: u32) -> Option<(usize, usize, &'static str)> {
         1 => (1, 2, "F16"),
         2 => (32, 18, "Q4_0"),
         3 => (32, 20, "Q4_1"),
+        6 => (32, 22, "Q5_0"),
+        7 => (32, 24, "Q5_1"),
         8 => (32, 34, "Q8_0"),
+        10 => (256, 84, "Q2_K"),
+        11 => (256, 110, "Q3_K"),
+        12 => (256, 144, "Q4_K"),
+        13 => (256, 176, "Q5_K"),
+        14 => (256, 210, "Q6_K"),
         30 => (1, 2, "BF16"),
         _ => return None,
     })
@@ -212,7 +220,7 @@ impl Gguf {
     pub fn dequantize(&self, t: &TensorInfo) -> Result<Vec<f32>, String> {
         let n: usize = t.dims.iter().product::<u64>() as usize;
         let (per, _, name) = block(t.ty).ok_or_else(|| {
-            format!("tensor {}: GGUF tensor type {} is not supported (F32, F16, BF16, Q8_0, Q4_0, Q4_1 are)", t.name, t.ty)
+            format!("tensor {}: GGUF tensor type {} is not supported (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K-Q6_K are)", t.name, t.ty)
         })?;
         if !n.is_multiple_of(per) {
             return Err(format!(
@@ -252,6 +260,31 @@ impl Gguf {
                     let qs = &blk[4..];
                     out.extend(qs.iter().map(|&q| (q & 0x0F) as f32 * s + m));
                     out.extend(qs.iter().map(|&q| (q >> 4) as f32 * s + m));
+                }
+            }
+            6 | 7 => {
+                // d (and Q5_1's min m), 32 high bits as a u32, 16 bytes of low nibbles.
+                let bytes = if t.ty == 6 { 22 } else { 24 };
+                for blk in d.chunks_exact(bytes) {
+                    let s = ggml_f16(&blk[..2]);
+                    let at = bytes - 20;
+                    let m = (t.ty == 7).then(|| ggml_f16(&blk[2..4]));
+                    let qh = u32::from_le_bytes(blk[at..at + 4].try_into().expect("4 bytes"));
+                    let qs = &blk[at + 4..];
+                    out.extend((0..32).map(|e| {
+                        let low = (qs[e % 16] >> (4 * (e / 16))) & 0x0F;
+                        let q = low | ((((qh >> e) & 1) as u8) << 4);
+                        match m {
+                            None => s * (q as i8 - 16) as f32,
+                            Some(m) => s * q as f32 + m,
+                        }
+                    }));
+                }
+            }
+            10..=14 => {
+                let (_, bytes, _) = block(t.ty).expect("checked above");
+                for blk in d.chunks_exact(bytes) {
+                    out.extend_from_slice(&super::k_quants::dequantize_block(t.ty, blk));
                 }
             }
             _ => unreachable!("checked by block()"),

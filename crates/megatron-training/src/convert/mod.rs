@@ -9,6 +9,7 @@ pub mod gguf;
 pub mod gguf_export;
 pub mod gguf_writer;
 mod gpt2;
+mod k_quants;
 mod llama;
 mod mixtral;
 pub mod pre_tokenizers;
