@@ -4,8 +4,9 @@
 
 mod common;
 
-use common::{assert_same_training, parse_inspect, parse_train, tmpdir, SMALL_RUN};
-use megatron_data::preprocess::{preprocess, PreprocessConfig};
+use common::{
+    assert_same_training, parse_inspect, parse_train, preprocess_texts, tmpdir, SMALL_RUN,
+};
 use megatron_data::{build_tokenizer_from, TokenizerSpec};
 use megatron_training::checkpointing::load_checkpoint;
 use megatron_training::{inspect_data, pretrain};
@@ -36,34 +37,15 @@ fn fim_corpus(dir: &Path) -> (String, String, String) {
         ..Default::default()
     })
     .unwrap();
-    let input = dir.join("code.jsonl");
-    let lines: String = (0..150)
-        .map(|i| {
-            let code = format!(
-                "def f{i}(x):\n    return x * {} + {}\n",
-                i % 7,
-                "1 ".repeat(i % 5)
-            );
-            format!("{}\n", serde_json::json!({ "text": code }))
-        })
-        .collect();
-    std::fs::write(&input, lines).unwrap();
-    let out = dir.join("code").display().to_string();
-    preprocess(
-        &PreprocessConfig {
-            input: vec![input.display().to_string()],
-            json_keys: vec!["text".into()],
-            output_prefix: out.clone(),
-            append_eod: true,
-            split_sentences: false,
-            workers: 2,
-            skip_bad_lines: false,
-            log_interval: 0,
-        },
-        tok.as_ref(),
-    )
-    .unwrap();
-    (v, m, format!("{out}_text_document"))
+    let code = (0..150).map(|i| {
+        format!(
+            "def f{i}(x):\n    return x * {} + {}\n",
+            i % 7,
+            "1 ".repeat(i % 5)
+        )
+    });
+    let data = preprocess_texts(dir, "code", code, tok.as_ref());
+    (v, m, data)
 }
 
 /// [`SMALL_RUN`] at 32 tokens on the FIM corpus with `--fim-data --fim-rate 0.9`.

@@ -3,7 +3,6 @@
 mod common;
 
 use clap::Parser;
-use megatron_data::preprocess::{preprocess, PreprocessConfig};
 use megatron_data::{build_tokenizer_from, TokenizerSpec};
 use megatron_training::checkpointing::TRACKER;
 use megatron_training::{inspect_data, pretrain, InspectArgs, TrainArgs};
@@ -41,24 +40,13 @@ fn corpora(dir: &std::path::Path) -> (String, String) {
     let tok = build_tokenizer_from(&spec).unwrap();
     let mut prefixes = Vec::new();
     for (name, word) in [("a", "liberty"), ("b", "union")] {
-        let input = dir.join(format!("{name}.jsonl"));
-        let lines: String = (0..120)
-            .map(|i| format!("{}\n", serde_json::json!({ "text": format!("The {word} of the people number {i} is {} today.", "strong ".repeat(i % 9)) })))
-            .collect();
-        std::fs::write(&input, lines).unwrap();
-        let out = dir.join(name).display().to_string();
-        let cfg = PreprocessConfig {
-            input: vec![input.display().to_string()],
-            json_keys: vec!["text".into()],
-            output_prefix: out.clone(),
-            append_eod: true,
-            split_sentences: false,
-            workers: 2,
-            skip_bad_lines: false,
-            log_interval: 0,
-        };
-        preprocess(&cfg, tok.as_ref()).unwrap();
-        prefixes.push(format!("{out}_text_document"));
+        let texts = (0..120).map(|i| {
+            format!(
+                "The {word} of the people number {i} is {} today.",
+                "strong ".repeat(i % 9)
+            )
+        });
+        prefixes.push(common::preprocess_texts(dir, name, texts, tok.as_ref()));
     }
     (prefixes[0].clone(), prefixes[1].clone())
 }

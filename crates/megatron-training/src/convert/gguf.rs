@@ -363,17 +363,6 @@ pub(crate) const GPT2_LAYER_MODULES: &[(&str, &str, bool)] = &[
     ("ffn_down", "mlp.c_proj", true),
 ];
 
-/// `[rows, cols]` transposed (GPT-2's Conv1D weights between Hugging Face and llama.cpp).
-pub(crate) fn transpose(x: &[f32], rows: usize, cols: usize) -> Vec<f32> {
-    let mut out = vec![0.0; x.len()];
-    for r in 0..rows {
-        for c in 0..cols {
-            out[c * rows + r] = x[r * cols + c];
-        }
-    }
-    out
-}
-
 /// A llama.cpp GPT-2 GGUF as the Hugging Face GPT2LMHeadModel config and tensors (llama.cpp's
 /// gpt2 graph: GELU in its tanh form, tied or separate output).
 fn hf_gpt2_of(g: &Gguf) -> Result<(serde_json::Value, Tensors), String> {
@@ -403,7 +392,10 @@ fn hf_gpt2_of(g: &Gguf) -> Result<(serde_json::Value, Tensors), String> {
             .filter(|_| kind == "weight" || kind == "bias")
             .ok_or_else(not_part)?;
         let (shape, v) = if *conv1d && kind == "weight" && shape.len() == 2 {
-            (vec![shape[1], shape[0]], transpose(&v, shape[0], shape[1]))
+            (
+                vec![shape[1], shape[0]],
+                super::gpt2::transpose(&v, shape[0], shape[1]),
+            )
         } else {
             (shape, v)
         };
@@ -446,14 +438,18 @@ fn hf_gpt2_of(g: &Gguf) -> Result<(serde_json::Value, Tensors), String> {
     Ok((config, t))
 }
 
-/// The other name of a row of [`LAYER_NAMES`] of architecture `arch`: Hugging Face's for
-/// llama.cpp's `part` (`from_gguf`), or llama.cpp's for Hugging Face's.
-pub(crate) fn layer_name(arch: &str, part: &str, from_gguf: bool) -> Option<&'static str> {
+/// The other name of a row of [`LAYER_NAMES`] of architecture `arch`: llama.cpp's for Hugging
+/// Face's `part` (`ToGguf`), or Hugging Face's for llama.cpp's (`FromGguf`).
+pub(crate) fn layer_name(arch: &str, part: &str, way: Direction) -> Option<&'static str> {
     LAYER_NAMES
         .iter()
         .filter(|(archs, _, _)| archs.is_empty() || archs.contains(&arch))
-        .find(|(_, g, hf)| if from_gguf { *g == part } else { *hf == part })
-        .map(|(_, g, hf)| if from_gguf { *hf } else { *g })
+        .map(|&(_, g, hf)| match way {
+            Direction::ToGguf => (hf, g),
+            Direction::FromGguf => (g, hf),
+        })
+        .find(|(from, _)| *from == part)
+        .map(|(_, to)| to)
 }
 
 /// llama.cpp's stacked expert tensors (`blk.N.ffn_{gate,up,down}_exps.weight`, `[experts, rows,
@@ -503,12 +499,12 @@ pub(crate) fn llama3_rope_divisors(
         .collect()
 }
 
-/// Which way [`rope_rows`] moves rows.
+/// Which way a name or a layout is translated between the two formats.
 #[derive(Clone, Copy, PartialEq, Eq)]
-pub(crate) enum RopeRows {
-    /// Hugging Face's rotate-half rows to llama.cpp's interleaved ones (export).
+pub(crate) enum Direction {
+    /// Hugging Face's to llama.cpp's (export).
     ToGguf,
-    /// llama.cpp's interleaved rows back to Hugging Face's (import).
+    /// llama.cpp's to Hugging Face's (import).
     FromGguf,
 }
 
@@ -519,7 +515,7 @@ pub(crate) fn rope_rows(
     heads: usize,
     hd: usize,
     cols: usize,
-    way: RopeRows,
+    way: Direction,
 ) -> Vec<f32> {
     let mut out = vec![0.0; x.len()];
     for h in 0..heads {
@@ -528,8 +524,8 @@ pub(crate) fn rope_rows(
                 let gguf = (h * hd + 2 * i + s) * cols;
                 let hf = (h * hd + s * hd / 2 + i) * cols;
                 let (src, dst) = match way {
-                    RopeRows::ToGguf => (hf, gguf),
-                    RopeRows::FromGguf => (gguf, hf),
+                    Direction::ToGguf => (hf, gguf),
+                    Direction::FromGguf => (gguf, hf),
                 };
                 out[dst..dst + cols].copy_from_slice(&x[src..src + cols]);
             }
@@ -740,7 +736,7 @@ pub(crate) fn hf_model_of(g: &Gguf) -> Result<(serde_json::Value, Tensors), Stri
                 }
                 continue;
             }
-            let p = layer_name(arch, part, true).ok_or_else(|| not_part(name))?;
+            let p = layer_name(arch, part, Direction::FromGguf).ok_or_else(|| not_part(name))?;
             format!("model.layers.{l}.{p}")
         } else if name == "rope_freqs.weight" {
             rope_freqs = Some(v);
@@ -749,9 +745,9 @@ pub(crate) fn hf_model_of(g: &Gguf) -> Result<(serde_json::Value, Tensors), Stri
             return Err(not_part(name));
         };
         let v = if permuted && hf.ends_with("q_proj.weight") {
-            rope_rows(&v, heads, hd, cols, RopeRows::FromGguf)
+            rope_rows(&v, heads, hd, cols, Direction::FromGguf)
         } else if permuted && hf.ends_with("k_proj.weight") {
-            rope_rows(&v, groups, hd, cols, RopeRows::FromGguf)
+            rope_rows(&v, groups, hd, cols, Direction::FromGguf)
         } else {
             v
         };

@@ -6,10 +6,11 @@
 //! name rather than dropped.
 
 use super::gguf::{
-    expert_hf_name, layer_name, llama3_rope_divisors, rope_rows, transpose, RopeRows,
-    EXPERT_PROJECTIONS, GPT2_LAYER_MODULES, GPT2_NAMES, SPECIAL_TOKENS, TOKENIZER_FLAGS,
+    expert_hf_name, layer_name, llama3_rope_divisors, rope_rows, Direction, EXPERT_PROJECTIONS,
+    GPT2_LAYER_MODULES, GPT2_NAMES, SPECIAL_TOKENS, TOKENIZER_FLAGS,
 };
 use super::gguf_writer::{encode, GgmlType, GgufWriter, MetaValue, Q8_0_BLOCK};
+use super::llama::num;
 use super::pre_tokenizers::llama_cpp_pre_name;
 use super::Tensors;
 use serde_json::Value;
@@ -89,13 +90,6 @@ fn gguf_architecture(class: &str) -> Result<(&'static str, bool), String> {
     }
 }
 
-fn num(hf: &Value, k: &str) -> Result<usize, String> {
-    hf[k]
-        .as_u64()
-        .map(|v| v as usize)
-        .ok_or_else(|| format!("config has no {k}"))
-}
-
 /// The metadata and tensors of a GGUF for a Hugging Face config `hf` and its tensors `t`
 /// (taken out of `t`; what is left has no place in the GGUF).
 pub(crate) fn gguf_of_hf(
@@ -142,7 +136,10 @@ pub(crate) fn gguf_of_hf(
                 gpt2_name(&name).ok_or_else(|| format!("tensor {name}: no GGUF counterpart"))?;
             // Conv1D weights are stored `[in, out]`; llama.cpp's converter transposes them.
             let (shape, v) = if conv1d && shape.len() == 2 {
-                (vec![shape[1], shape[0]], transpose(&v, shape[0], shape[1]))
+                (
+                    vec![shape[1], shape[0]],
+                    super::gpt2::transpose(&v, shape[0], shape[1]),
+                )
             } else {
                 (shape, v)
             };
@@ -266,10 +263,10 @@ pub(crate) fn gguf_of_hf(
             let cols = *shape.last().unwrap_or(&1);
             let v = match g.rsplit_once('.').map(|(p, _)| p.rsplit('.').next()) {
                 Some(Some("attn_q")) if permuted && shape.len() == 2 => {
-                    rope_rows(&v, heads, hd, cols, RopeRows::ToGguf)
+                    rope_rows(&v, heads, hd, cols, Direction::ToGguf)
                 }
                 Some(Some("attn_k")) if permuted && shape.len() == 2 => {
-                    rope_rows(&v, groups, hd, cols, RopeRows::ToGguf)
+                    rope_rows(&v, groups, hd, cols, Direction::ToGguf)
                 }
                 _ => v,
             };
@@ -396,7 +393,7 @@ fn llama_name(arch: &str, name: &str) -> Option<String> {
     }
     let rest = name.strip_prefix("model.layers.")?;
     let (l, part) = rest.split_once('.')?;
-    layer_name(arch, part, false).map(|g| format!("blk.{l}.{g}"))
+    layer_name(arch, part, Direction::ToGguf).map(|g| format!("blk.{l}.{g}"))
 }
 
 /// llama.cpp's name of a GPT-2 Hugging Face tensor, and whether it is a Conv1D weight.

@@ -16,7 +16,6 @@ pub enum MetaValue {
     Str(String),
     StrArray(Vec<String>),
     I32Array(Vec<i32>),
-    F32Array(Vec<f32>),
 }
 
 /// How a tensor's values are stored.
@@ -155,10 +154,6 @@ impl GgufWriter {
                 }
                 MetaValue::I32Array(a) => {
                     array(&mut b, 5, a.len());
-                    a.iter().for_each(|x| b.extend(x.to_le_bytes()));
-                }
-                MetaValue::F32Array(a) => {
-                    array(&mut b, 6, a.len());
                     a.iter().for_each(|x| b.extend(x.to_le_bytes()));
                 }
             }

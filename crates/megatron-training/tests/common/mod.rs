@@ -111,39 +111,9 @@ pub fn bert_args(extra: &[&str]) -> TrainArgs {
         "--make-vocab-size-divisible-by".to_string(),
         "1".to_string(),
     ]);
-    for f in [
-        "--num-layers",
-        "2",
-        "--hidden-size",
-        "32",
-        "--num-attention-heads",
-        "4",
-        "--seq-length",
-        "32",
-        "--micro-batch-size",
-        "2",
-        "--global-batch-size",
-        "4",
-        "--lr",
-        "3e-3",
-        "--lr-warmup-iters",
-        "2",
-        "--lr-decay-style",
-        "cosine",
-        "--eval-iters",
-        "1",
-        "--eval-interval",
-        "3",
-        "--log-interval",
-        "1",
-        "--peak-tflops",
-        "1",
-        "--no-progress-bar",
-        "--num-threads",
-        "2",
-    ] {
-        v.push(f.into());
-    }
+    // SMALL_RUN at BERT's 32 tokens.
+    v.extend(SMALL_RUN.iter().map(|f| f.to_string()));
+    v.extend(["--seq-length".to_string(), "32".to_string()]);
     v.extend(extra.iter().map(|s| s.to_string()));
     Wrap::try_parse_from(v).expect("flags parse").args
 }
@@ -434,3 +404,31 @@ pub const LLAMA: &[&str] = &[
     "--disable-bias-linear",
     "--untie-embeddings-and-output-weights",
 ];
+
+/// `texts` as `DIR/NAME.jsonl` preprocessed with `tok` into Megatron's `.bin/.idx` (one document
+/// each, end-of-document appended); returns the dataset prefix `DIR/NAME_text_document`.
+pub fn preprocess_texts(
+    dir: &std::path::Path,
+    name: &str,
+    texts: impl Iterator<Item = String>,
+    tok: &dyn megatron_data::Tokenizer,
+) -> String {
+    let input = dir.join(format!("{name}.jsonl"));
+    let lines: String = texts
+        .map(|t| format!("{}\n", serde_json::json!({ "text": t })))
+        .collect();
+    std::fs::write(&input, lines).unwrap();
+    let out = dir.join(name).display().to_string();
+    let cfg = megatron_data::preprocess::PreprocessConfig {
+        input: vec![input.display().to_string()],
+        json_keys: vec!["text".into()],
+        output_prefix: out.clone(),
+        append_eod: true,
+        split_sentences: false,
+        workers: 2,
+        skip_bad_lines: false,
+        log_interval: 0,
+    };
+    megatron_data::preprocess::preprocess(&cfg, tok).unwrap();
+    format!("{out}_text_document")
+}
