@@ -15,7 +15,7 @@ pub struct BenchArgs {
     /// against 1 on two rank threads), `cp` (a Llama-style model at --seq-length with context parallelism 1 and each
     /// of --ranks, ring and all-to-all attention) or `prior` (tables/s of the synthetic-table prior with 1 and each of
     /// --ranks worker threads, --num-samples tables per run) or `attention` (causal attention forward/backward on the f32
-    /// kernel and on AMX tiles, alternated).
+    /// kernel and on the packed bf16 kernel: AMX tiles, else the dot-product instruction; alternated).
     #[arg(default_value = "gemm")]
     pub what: String,
     #[arg(long, default_value_t = 4096)]
@@ -49,6 +49,10 @@ pub struct BenchArgs {
     /// For `bench kernels`: tokens per logits tile of the fused output layer.
     #[arg(long, default_value_t = 256)]
     pub chunk_rows: usize,
+    /// For `bench kernels`: matmuls, attention and the output layer on bf16 operands, on the
+    /// bf16 kernel `train --bf16` picks here (`--bf16-matmul-kernel auto`).
+    #[arg(long)]
+    pub bf16: bool,
     /// For `bench comm`: rank counts to measure; for `bench tp`: tensor-parallel sizes.
     #[arg(long, num_args = 1.., default_values_t = vec![2usize, 4, 8])]
     pub ranks: Vec<usize>,
@@ -80,6 +84,11 @@ fn kernels(a: &BenchArgs) -> anyhow::Result<()> {
         .build()?;
     pool.install(|| {
         megatron_tensor::threads::set_gemm_threads(threads);
+        if a.bf16 {
+            use megatron_tensor::cpu::matmul::{set_bf16_kernel, set_matmul_precision};
+            set_matmul_precision(megatron_tensor::cpu::matmul::MatmulPrecision::BF16);
+            set_bf16_kernel(megatron_tensor::cpu::fastest_bf16_kernel());
+        }
         let (n, h, f, t, v) = (a.tokens, a.hidden, a.ffn, a.seq_length, a.vocab);
         let b = n / t;
         let r = a.repeats;

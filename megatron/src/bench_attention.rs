@@ -1,6 +1,7 @@
 //! `megatron bench attention`: causal attention forward and backward at `--tokens`/`--seq-length`
 //! tokens, `--heads` heads of `--hidden / --heads`, on the f32 kernel and with its products on
-//! AMX tiles (bf16 operands, what `--bf16` runs where AMX exists), alternated in one invocation;
+//! the packed bf16 kernel `--bf16` runs here (AMX tiles, else the AVX512_BF16 dot product),
+//! alternated in one invocation;
 //! median milliseconds and GFLOP/s of the products (4·t²·d per head forward, causal half; 2.5x
 //! that backward, the recomputed scores included).
 
@@ -46,21 +47,24 @@ pub fn attention(a: &BenchArgs) -> anyhow::Result<()> {
     let (mut out, mut lse) = (vec![0.0f32; a.tokens * h], vec![0.0f32; d.b * d.heads * t]);
     let mut dqkv = vec![0.0f32; qkv.len()];
     let flop_fwd = (d.b * d.heads) as f64 * 4.0 * (t * t) as f64 / 2.0 * d.head_dim as f64;
-    let amx = megatron_tensor::cpu::amx::amx_unavailable_reason();
+    set_matmul_precision(MatmulPrecision::BF16);
+    set_bf16_kernel(Bf16Kernel::Amx);
+    let packed = megatron_tensor::cpu::matmul::attention_block_kernel();
+    set_matmul_precision(MatmulPrecision::F32);
     println!(
         "# attention b {} t {t} heads {} head_dim {}, causal, {threads} threads, {} repeats alternating; bf16 column: {}",
         d.b,
         d.heads,
         d.head_dim,
         a.repeats,
-        amx.map_or("AMX tiles".to_string(), |w| format!("no AMX ({w}): f32 kernel"))
+        packed.map_or("no AVX512_BF16 or AMX: f32 kernel".to_string(), |k| format!("{k:?}"))
     );
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .build()?;
     let kinds = [
         ("f32", MatmulPrecision::F32),
-        ("bf16-amx", MatmulPrecision::BF16),
+        ("bf16", MatmulPrecision::BF16),
     ];
     let mut times = [[Vec::new(), Vec::new()], [Vec::new(), Vec::new()]];
     pool.install(|| {

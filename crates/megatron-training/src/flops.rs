@@ -73,8 +73,11 @@ pub fn t5_floating_point_operations(
 /// The unit a run's matmuls run on, whose peak its MFU is against.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PeakUnit {
-    /// The f32 FMA units (also the `dot` and `fma` bf16 kernels: vector instructions).
+    /// The f32 FMA units (fp32, and the `fma` bf16 kernel: rounded operands on the f32 GEMM).
     Fma,
+    /// The bf16 dot-product instruction (`--bf16` on `vdpbf16ps`): twice the multiply-adds of
+    /// an FMA per instruction (on AMD Zen 5, 2x the FMA peak; on some Intel CPUs less).
+    DotBf16,
     /// Intel AMX tiles (`--bf16` with the AMX kernel): ~8-16x the FMA peak.
     AmxBf16,
 }
@@ -82,10 +85,11 @@ pub enum PeakUnit {
 impl PeakUnit {
     /// The unit of the calling thread's matmuls (precision and bf16 kernel as set up).
     pub fn of_this_thread() -> Self {
-        if megatron_tensor::cpu::matmul::bf16_matmuls_on_amx() {
-            PeakUnit::AmxBf16
-        } else {
-            PeakUnit::Fma
+        use megatron_tensor::cpu::matmul_packed::BlockKernel;
+        match megatron_tensor::cpu::matmul::bf16_block_kernel() {
+            Some(BlockKernel::AmxTiles) => PeakUnit::AmxBf16,
+            Some(BlockKernel::DotProduct) => PeakUnit::DotBf16,
+            None => PeakUnit::Fma,
         }
     }
 }
@@ -98,6 +102,9 @@ pub fn peak_flops(flag_tflops: Option<f64>, threads: usize, unit: PeakUnit) -> f
     }
     let (name, measure): (&str, fn(usize) -> f64) = match unit {
         PeakUnit::Fma => ("fp32", megatron_tensor::cpu::peak::measure_peak_flops),
+        PeakUnit::DotBf16 => ("dot_bf16", |t| {
+            megatron_tensor::cpu::matmul_bf16::bf16_dot_peak_gflops(t).unwrap_or(0.0) * 1e9
+        }),
         PeakUnit::AmxBf16 => ("amx_bf16", |t| {
             megatron_tensor::cpu::matmul_amx::amx_peak_gflops(t).unwrap_or(0.0) * 1e9
         }),

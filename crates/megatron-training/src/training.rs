@@ -499,13 +499,15 @@ fn print_setup(
         );
     }
     if cfg.precision == crate::arguments::Precision::BF16 {
-        use megatron_tensor::cpu::matmul::{bf16_kernel, bf16_matmuls_on_amx, Bf16Kernel};
+        use megatron_tensor::cpu::matmul_packed::BlockKernel;
         println!(
             "bf16 matmuls on {}",
-            match bf16_kernel() {
-                _ if bf16_matmuls_on_amx() => "AMX tiles (MFU against the measured tile peak)",
-                Bf16Kernel::Amx | Bf16Kernel::Dot => "the bf16 dot-product instruction",
-                Bf16Kernel::Fma => "the f32 FMA GEMM with rounded operands",
+            match megatron_tensor::cpu::matmul::bf16_block_kernel() {
+                Some(BlockKernel::AmxTiles) => "AMX tiles (MFU against the measured tile peak)",
+                Some(BlockKernel::DotProduct) => {
+                    "the bf16 dot-product instruction (MFU against its measured peak)"
+                }
+                None => "the f32 FMA GEMM with rounded operands",
             }
         );
     }

@@ -1,12 +1,13 @@
-//! Operands of the AMX GEMM (`matmul_amx.rs`) rounded to bf16 (nearest even) and packed into
-//! the tile layouts: A tile-contiguous (`[k step][2 tiles][16 rows][16 words]` per 32-row
+//! Operands of the packed bf16 GEMM (`matmul_packed.rs`: AMX tiles and the dot-product kernel)
+//! rounded to bf16 (nearest even) and packed into the tile layouts: A tile-contiguous (`[k step][2 tiles][16 rows][16 words]` per 32-row
 //! block), B in VNNI panels (`[k pair][32 words]` per 32 columns), a word being the bf16 values
 //! of k = 2q (low half) and 2q + 1 (high half). Zero beyond the matrix, so every tile is whole.
 //!
 //! Packing converts every operand value once per call, which at AMX speed is a large share of
 //! a GEMM: AVX-512 converts 16 or 32 values per instruction (`vcvtne2ps2bf16`, round to
 //! nearest even, NaN kept) and transposes 16 x 16 word blocks in registers where the operand
-//! runs the other way. Every AMX CPU has AVX512_BF16; `amx_available()` requires it.
+//! runs the other way. Both packed kernels require AVX512_BF16 and AVX-512BW
+//! (`bf16_gemm_available()`, which `amx_available()` also checks): every AMX CPU has them.
 
 use super::matmul::MatmulDims;
 use half::bf16;
@@ -106,7 +107,8 @@ pub(crate) fn pack_a<T: PackElem>(
 ) {
     debug_assert_eq!(dst.len(), steps * A_STEP);
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: AVX-512F/BW/BF16 are part of `amx_available()`, the only way here; `dst` holds
+    // SAFETY: AVX-512F/BW/BF16 are checked by `BlockKernel::available()` (both kernels), the
+    // only way here (`PackedB::new` checks the dot-product kernel's); `dst` holds
     // `steps` k steps of a 32-row block and rows `r0..` of `op(a)` exist (the caller's blocks).
     unsafe {
         pack_a_avx512(dst, a, d, lda, r0, steps)

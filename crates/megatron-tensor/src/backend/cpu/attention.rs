@@ -407,16 +407,15 @@ pub fn attention_forward(
     let out_p = SyncPtr(out.as_mut_ptr());
     let lse_p = SyncPtr(lse.as_mut_ptr());
     #[cfg(target_arch = "x86_64")]
-    let task = if super::matmul::attention_on_amx() {
-        super::attention_amx::forward_task
-    } else {
-        forward_task
-    };
-    #[cfg(not(target_arch = "x86_64"))]
-    let task = forward_task;
+    if let Some(kernel) = super::matmul::attention_block_kernel() {
+        (0..d.b * d.heads).into_par_iter().for_each(|i| {
+            super::attention_packed::forward_task(i, out_p, lse_p, qkv, mask, d, key, kernel)
+        });
+        return;
+    }
     (0..d.b * d.heads)
         .into_par_iter()
-        .for_each(|i| task(i, out_p, lse_p, qkv, mask, d, key));
+        .for_each(|i| forward_task(i, out_p, lse_p, qkv, mask, d, key));
 }
 
 multiversion! {
@@ -496,17 +495,18 @@ pub fn attention_backward(
     assert_eq!(dout.len(), out.len());
     let dq_p = SyncPtr(dqkv.as_mut_ptr());
     #[cfg(target_arch = "x86_64")]
-    let task = if super::matmul::attention_on_amx() {
-        super::attention_amx::backward_task
-    } else {
-        backward_task
-    };
-    #[cfg(not(target_arch = "x86_64"))]
-    let task = backward_task;
+    if let Some(kernel) = super::matmul::attention_block_kernel() {
+        (0..d.b * d.groups).into_par_iter().for_each(|i| {
+            super::attention_packed::backward_task(
+                i, dq_p, dout, out, lse, qkv, mask, d, key, kernel,
+            )
+        });
+        return;
+    }
     // One task per (batch, query group): the group's heads all add into its dK and dV.
     (0..d.b * d.groups)
         .into_par_iter()
-        .for_each(|i| task(i, dq_p, dout, out, lse, qkv, mask, d, key));
+        .for_each(|i| backward_task(i, dq_p, dout, out, lse, qkv, mask, d, key));
 }
 
 multiversion! {

@@ -11,7 +11,7 @@ use super::matmul::{
     bias_backward, matmul, matmul_on_rounded, matmul_precision, matmul_prepacked, prepack_b,
     rounded_operand, MatmulDims, RoundedOperand,
 };
-use super::matmul_amx::PackedB;
+use super::matmul_packed::PackedB;
 use super::simd::{exp, multiversion};
 use rayon::prelude::*;
 
@@ -78,9 +78,9 @@ pub fn fused_classifier(
     assert_eq!(weight.len(), v * c);
     assert_eq!(targets.len(), n);
     assert_eq!(losses.len(), n);
-    let (half, xh, wh) = classifier_operands(x, weight);
-    let (x, weight) = (&*xh, &*wh);
     let packed = ClassifierWeight::pack(weight, (n, c, v), grads.is_some());
+    let (half, xh, wh) = classifier_operands(x, weight, &packed);
+    let (x, weight) = (&*xh, &*wh);
     let rows = d.chunk_rows.max(1).min(n.max(1));
     let mut logits = crate::pool::take_any(rows * v);
     let mut r0 = 0;
@@ -189,12 +189,20 @@ fn logits_matmul(
 }
 
 /// Under 16-bit matmuls the classifier's operands, rounded once per call rather than once per
-/// tile (the output weight is the largest operand in the model).
+/// tile (the output weight is the largest operand in the model). A weight packed for a packed
+/// bf16 kernel is rounded while packed, and every product that reads it reads the packing, so
+/// it is not rounded again (a copy the size of the weight, per micro-batch).
 fn classifier_operands<'a>(
     x: &'a [f32],
     weight: &'a [f32],
+    packed: &ClassifierWeight,
 ) -> (Option<Half>, RoundedOperand<'a>, RoundedOperand<'a>) {
     match matmul_precision().half() {
+        Some(h) if packed.forward.is_some() => (
+            Some(h),
+            rounded_operand(x, h),
+            RoundedOperand::Exact(weight),
+        ),
         Some(h) => (Some(h), rounded_operand(x, h), rounded_operand(weight, h)),
         None => (
             None,
@@ -297,9 +305,9 @@ pub fn vocab_parallel_classifier<E>(
     assert_eq!(weight.len(), v * c);
     assert_eq!(targets.len(), n);
     assert_eq!(losses.len(), n);
-    let (half, xh, wh) = classifier_operands(x, weight);
-    let (x, weight) = (&*xh, &*wh);
     let packed = ClassifierWeight::pack(weight, (n, c, v), grads.is_some());
+    let (half, xh, wh) = classifier_operands(x, weight, &packed);
+    let (x, weight) = (&*xh, &*wh);
     let rows = d.chunk_rows.max(1).min(n.max(1));
     let mut logits = crate::pool::take_any(rows * v);
     let owned = |tgt: u32| -> Option<usize> {

@@ -2,6 +2,7 @@
 //! (AVX2 / portable kernels) elsewhere. Both measured in BENCHMARKS.md.
 
 use super::cast::{round_to_half, Half};
+use super::matmul_packed::{matmul_packed_of, matmul_packed_prepacked, BlockKernel, PackedB};
 use crate::threads::gemm_threads;
 use gemm::Parallelism;
 use rayon::prelude::*;
@@ -134,35 +135,53 @@ pub fn matmul(out: &mut [f32], a: &[f32], b: &[f32], d: MatmulDims) {
     matmul_as(out, a, b, d, gemm_threads(), how);
 }
 
-/// Fewer rows than this (a decoded token, a tiny micro-batch) do not pay for packing `b` into
-/// AMX tiles: those products take the rounded-operand f32 GEMM (the same products; the choice
-/// depends only on the shape, so it is the same for every thread count).
-pub const AMX_MIN_ROWS: usize = 32;
+/// Fewer rows than this (a decoded token, a tiny micro-batch) do not pay for packing `b` for
+/// the packed bf16 kernels: those products take the rounded-operand f32 GEMM (the same
+/// products; the choice depends only on the shape, so it is the same for every thread count).
+pub const PACKED_MIN_ROWS: usize = 32;
 
-/// Whether this thread's matmuls run on AMX tiles: bf16 operands, the AMX kernel chosen, and
-/// AMX usable here (what the log and the MFU's peak report).
-pub fn bf16_matmuls_on_amx() -> bool {
-    matmul_precision() == MatmulPrecision::BF16
-        && bf16_kernel() == Bf16Kernel::Amx
-        && super::amx::amx_available()
+/// The packed-block kernel of this thread's bf16 matmuls, if any: AMX tiles where they are
+/// chosen and usable, the dot-product instruction where it is chosen (or AMX is chosen but
+/// not usable) and the CPU has it. What the log and the MFU's peak report.
+pub fn bf16_block_kernel() -> Option<BlockKernel> {
+    block_kernel_of((matmul_precision(), bf16_kernel()))
 }
 
-/// Whether this thread's attention runs its products on AMX tiles (`attention_amx.rs`; the
-/// softmax stays f32): wherever its bf16 matmuls do, so a `--bf16` model rounds the operands of
+fn block_kernel_of((precision, kernel): (MatmulPrecision, Bf16Kernel)) -> Option<BlockKernel> {
+    if precision != MatmulPrecision::BF16 {
+        return None;
+    }
+    match kernel {
+        Bf16Kernel::Amx if BlockKernel::AmxTiles.available() => Some(BlockKernel::AmxTiles),
+        Bf16Kernel::Amx | Bf16Kernel::Dot if BlockKernel::DotProduct.available() => {
+            Some(BlockKernel::DotProduct)
+        }
+        _ => None,
+    }
+}
+
+/// Whether this thread's matmuls run on AMX tiles (bf16 operands, the AMX kernel chosen, and
+/// AMX usable here).
+pub fn bf16_matmuls_on_amx() -> bool {
+    bf16_block_kernel() == Some(BlockKernel::AmxTiles)
+}
+
+/// The kernel of this thread's attention products (`attention_packed.rs`; the softmax stays f32):
+/// wherever its bf16 matmuls run on packed blocks, so a `--bf16` model rounds the operands of
 /// every product alike. The choice depends on no shape, so every layout (tensor-parallel heads,
 /// context-parallel blocks) runs the same kernel as one rank.
-pub fn attention_on_amx() -> bool {
-    bf16_matmuls_on_amx()
+pub fn attention_block_kernel() -> Option<BlockKernel> {
+    bf16_block_kernel()
 }
 
-/// Whether a product of `d`'s shape goes to the AMX kernel under these settings (the one rule;
-/// [`matmul`], [`grouped_matmul`], [`matmul_on_rounded`] and [`prepack_b`] all follow it; the
-/// kernel itself falls back where AMX is not usable).
-fn product_on_amx((precision, kernel): (MatmulPrecision, Bf16Kernel), d: MatmulDims) -> bool {
-    precision == MatmulPrecision::BF16 && kernel == Bf16Kernel::Amx && d.m >= AMX_MIN_ROWS
+/// The packed kernel a product of `d`'s shape goes to under these settings (the one rule;
+/// [`matmul`], [`matmul_operands`], [`grouped_matmul`], [`matmul_on_rounded`] and
+/// [`prepack_b`] all follow it).
+fn product_kernel(how: (MatmulPrecision, Bf16Kernel), d: MatmulDims) -> Option<BlockKernel> {
+    block_kernel_of(how).filter(|_| d.m >= PACKED_MIN_ROWS)
 }
 
-/// The one place a matmul's kernel is chosen: by precision and bf16 instructions, on
+/// The one place a matmul's kernel is chosen: by precision, bf16 instructions and shape, on
 /// `threads` threads.
 fn matmul_as(
     out: &mut [f32],
@@ -170,18 +189,14 @@ fn matmul_as(
     b: &[f32],
     d: MatmulDims,
     threads: usize,
-    (precision, kernel): (MatmulPrecision, Bf16Kernel),
+    how: (MatmulPrecision, Bf16Kernel),
 ) {
-    match precision {
-        MatmulPrecision::F32 => matmul_with_threads(out, a, b, d, threads),
-        MatmulPrecision::BF16 if kernel == Bf16Kernel::Dot => {
-            super::matmul_bf16::matmul_bf16_with_threads(out, a, b, d, threads)
-        }
-        _ if product_on_amx((precision, kernel), d) => {
-            super::matmul_amx::matmul_amx_with_threads(out, a, b, d, threads)
-        }
-        p => {
-            let half = p.half().expect("a 16-bit precision");
+    if let Some(kernel) = product_kernel(how, d) {
+        return matmul_packed_of(out, a, b, d, threads, kernel);
+    }
+    match how.0.half() {
+        None => matmul_with_threads(out, a, b, d, threads),
+        Some(half) => {
             let ar = rounded_operand(a, half);
             let br = rounded_operand(b, half);
             matmul_with_threads(out, &ar, &br, d, threads);
@@ -190,9 +205,9 @@ fn matmul_as(
 }
 
 /// A matmul operand as it is stored: f32, or bf16 (a `--bf16` weight's 16-bit copy, an
-/// activation kept or written in bf16). bf16 operands reach the AMX kernel's packing as they
-/// are, with no widening copy; every other kernel gets them widened to f32, which is exact, so
-/// a product gives the same bits whichever form its operands come in.
+/// activation kept or written in bf16). bf16 operands reach the packed kernels' packing as
+/// they are, with no widening copy; every other kernel gets them widened to f32, which is
+/// exact, so a product gives the same bits whichever form its operands come in.
 #[derive(Clone, Copy)]
 pub enum Operand<'a> {
     F32(&'a [f32]),
@@ -238,46 +253,41 @@ impl<'a> From<&'a [f32]> for Operand<'a> {
 /// [`matmul`] of operands in either storage form, with this thread's GEMM budget and operand
 /// precision (bf16 operands of an f32-precision product are widened: exact).
 pub fn matmul_operands(out: &mut [f32], a: Operand<'_>, b: Operand<'_>, d: MatmulDims) {
-    use super::matmul_amx::matmul_amx_of;
     let how = (matmul_precision(), bf16_kernel());
     let t = gemm_threads();
-    let amx = product_on_amx(how, d) && super::amx::amx_available();
-    match (a, b) {
-        (Operand::F32(a), Operand::F32(b)) => matmul_as(out, a, b, d, t, how),
-        (Operand::F32(a), Operand::BF16(b)) if amx => matmul_amx_of(out, a, b, d, t),
-        (Operand::BF16(a), Operand::F32(b)) if amx => matmul_amx_of(out, a, b, d, t),
-        (Operand::BF16(a), Operand::BF16(b)) if amx => matmul_amx_of(out, a, b, d, t),
-        (a, b) => matmul_as(out, &a.widened(), &b.widened(), d, t, how),
+    match (product_kernel(how, d), a, b) {
+        (_, Operand::F32(a), Operand::F32(b)) => matmul_as(out, a, b, d, t, how),
+        (Some(k), Operand::F32(a), Operand::BF16(b)) => matmul_packed_of(out, a, b, d, t, k),
+        (Some(k), Operand::BF16(a), Operand::F32(b)) => matmul_packed_of(out, a, b, d, t, k),
+        (Some(k), Operand::BF16(a), Operand::BF16(b)) => matmul_packed_of(out, a, b, d, t, k),
+        (None, a, b) => matmul_as(out, &a.widened(), &b.widened(), d, t, how),
     }
 }
 
 /// Matmul of operands already rounded to this thread's 16-bit precision (the output layer rounds
-/// its weight once per call, not once per tile): the AMX kernel converts while packing anyway;
-/// the others run the f32 GEMM, skipping the rounding check.
+/// its weight once per call, not once per tile): the packed kernels convert while packing
+/// anyway; the others run the f32 GEMM, skipping the rounding check.
 pub fn matmul_on_rounded(out: &mut [f32], a: &[f32], b: &[f32], d: MatmulDims) {
-    if product_on_amx((matmul_precision(), bf16_kernel()), d) {
-        matmul(out, a, b, d)
-    } else {
-        matmul_with_threads(out, a, b, d, gemm_threads())
+    match product_kernel((matmul_precision(), bf16_kernel()), d) {
+        Some(kernel) => matmul_packed_of(out, a, b, d, gemm_threads(), kernel),
+        None => matmul_with_threads(out, a, b, d, gemm_threads()),
     }
 }
 
 /// `op(b)` packed once for many products with different `a` (the output layer's weight across
-/// its token tiles), where this thread's matmuls run on a kernel that packs (bf16 on AMX) and
-/// `d.m`, the rows all those products have together, is at least [`AMX_MIN_ROWS`]; `None`
-/// elsewhere, and the caller multiplies as usual.
-pub fn prepack_b(b: &[f32], d: MatmulDims) -> Option<super::matmul_amx::PackedB> {
-    if product_on_amx((matmul_precision(), bf16_kernel()), d) {
-        super::matmul_amx::PackedB::new(b, d, gemm_threads())
-    } else {
-        None
-    }
+/// its token tiles), where this thread's matmuls run on a packed kernel and `d.m`, the rows
+/// all those products have together, is at least [`PACKED_MIN_ROWS`]; `None` elsewhere, and
+/// the caller multiplies as usual.
+pub fn prepack_b(b: &[f32], d: MatmulDims) -> Option<PackedB> {
+    product_kernel((matmul_precision(), bf16_kernel()), d)?;
+    PackedB::new(b, d, gemm_threads())
 }
 
-/// `out (=|+=) op(a) · op(b)` with `b` from [`prepack_b`] (the same dims but `m`), on AMX
-/// whatever `m` (the packing is paid already).
-pub fn matmul_prepacked(out: &mut [f32], a: &[f32], b: &super::matmul_amx::PackedB, d: MatmulDims) {
-    super::matmul_amx::matmul_amx_prepacked(out, a, b, d, gemm_threads());
+/// `out (=|+=) op(a) · op(b)` with `b` from [`prepack_b`] (the same dims but `m`), on this
+/// thread's packed kernel whatever `m` (the packing is paid already).
+pub fn matmul_prepacked(out: &mut [f32], a: &[f32], b: &PackedB, d: MatmulDims) {
+    let kernel = bf16_block_kernel().expect("prepack_b packs only for a packed bf16 kernel");
+    matmul_packed_prepacked(out, a, b, d, gemm_threads(), kernel);
 }
 
 /// One of the independent products of [`grouped_matmul`].

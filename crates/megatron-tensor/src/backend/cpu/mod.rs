@@ -6,9 +6,9 @@ pub mod adamw;
 pub mod amx;
 mod amx_pack;
 pub mod attention;
-#[cfg(target_arch = "x86_64")]
-mod attention_amx;
 pub mod attention_bias;
+#[cfg(target_arch = "x86_64")]
+mod attention_packed;
 mod attention_tile;
 pub mod cast;
 pub mod class_loss;
@@ -23,6 +23,7 @@ pub mod lion;
 pub mod matmul;
 pub mod matmul_amx;
 pub mod matmul_bf16;
+pub mod matmul_packed;
 pub mod mlp_activation;
 pub mod moe_gate;
 pub mod moe_permute;

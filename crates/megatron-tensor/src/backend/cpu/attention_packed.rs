@@ -1,11 +1,11 @@
-//! The blockwise attention kernel (`attention.rs`) with its matrix products on AMX tiles, for
-//! `--bf16` where the matmuls run on AMX: Q·Kᵀ and P·V forward; the recomputed scores, dP,
-//! dV, dQ and dK backward. Operands are rounded to bf16 (nearest even) as they are packed —
-//! Q, K, V, dO once per (batch, head), the probabilities and score gradients once per tile —
-//! and every product accumulates in f32; the softmax, its running max and sum, masks and
-//! dropout stay in f32 and are the very row functions the f32 kernel runs, so the two kernels
-//! differ only in the rounding of the products' operands (what PyTorch's bf16 flash attention
-//! rounds too).
+//! The blockwise attention kernel (`attention.rs`) with its matrix products on the packed bf16
+//! block kernels (`matmul_packed.rs`: AMX tiles, or the AVX512_BF16 dot product), for `--bf16`
+//! where the matmuls run on them: Q·Kᵀ and P·V forward; the recomputed scores, dP, dV, dQ and
+//! dK backward. Operands are rounded to bf16 (nearest even) as they are packed — Q, K, V, dO
+//! once per (batch, head), the probabilities and score gradients once per tile — and every
+//! product accumulates in f32; the softmax, its running max and sum, masks and dropout stay in
+//! f32 and are the very row functions the f32 kernel runs, so the two kernels differ only in
+//! the rounding of the products' operands (what PyTorch's bf16 flash attention rounds too).
 //!
 //! Layouts are the GEMM's (`amx_pack.rs`): A tile-contiguous per 32-row block, B in VNNI panels
 //! of 32 columns over a whole operand's k, so a tile of keys `j0..j0 + 64` of V or K is a k
@@ -17,14 +17,13 @@
 //! each output element is one task's sum in a fixed order, so results do not depend on the
 //! thread count.
 
-use super::amx::configure_tiles;
 use super::amx_pack::{pack_a, pack_b, PackBuffer, A_STEP, KB, MB, NB};
 use super::attention::{
     finish_row, output_dots, probabilities_row, score_grad_row, softmax_row_online,
     write_key_value_grads, AttentionDims, AttentionMask, RowAt,
 };
 use super::matmul::MatmulDims;
-use super::matmul_amx::{tile_kernel_32x32, CBlock};
+use super::matmul_packed::{BlockKernel, CBlock};
 use super::simd::multiversion;
 use super::sync_ptr::SyncPtr;
 use crate::rng::RngKey;
@@ -132,8 +131,10 @@ enum CInit {
 }
 
 /// `C (=|+=) A · B` on `row_blocks x panels` whole 32 x 32 blocks of `c` (row stride `ldc`),
-/// over A's k steps.
+/// over A's k steps, on `kernel` (prepared on this thread).
+#[allow(clippy::too_many_arguments)]
 fn tiles(
+    kernel: BlockKernel,
     c: &mut [f32],
     ldc: usize,
     a: BlocksAt,
@@ -169,10 +170,10 @@ fn tiles(
                 CInit::Overwrite => CBlock::Store { ptr, row_bytes },
                 CInit::Accumulate => CBlock::Accumulate { ptr, row_bytes },
             };
-            // SAFETY: tiles are configured at the start of every task (the only callers); the
+            // SAFETY: every task prepares its thread for `kernel` first (the only callers); the
             // asserts above bound A's `steps` k steps of this row block, B's `steps * 16` rows of
             // this panel and C's 32 x 32 block at `row_bytes` apart.
-            unsafe { tile_kernel_32x32(cb, a_blk, b.words[p * b.stride..].as_ptr(), steps) };
+            unsafe { kernel.block_32x32(cb, a_blk, b.words[p * b.stride..].as_ptr(), steps, MB) };
         }
     }
 }
@@ -183,9 +184,10 @@ fn blocks(n: usize) -> usize {
 }
 
 multiversion! {
-    pub(super) fn forward_task(task: usize, out_p: SyncPtr, lse_p: SyncPtr, qkv: &[f32], mask: AttentionMask, d: AttentionDims, key: RngKey) {
-        // SAFETY: this kernel is chosen only where `amx_available()`.
-        unsafe { configure_tiles() };
+    pub(super) fn forward_task(task: usize, out_p: SyncPtr, lse_p: SyncPtr, qkv: &[f32], mask: AttentionMask, d: AttentionDims, key: RngKey, kernel: BlockKernel) {
+        assert!(kernel.available());
+        // SAFETY: available, asserted above.
+        unsafe { kernel.prepare_thread() };
         let (t, hd) = (d.t, d.head_dim);
         let h = task % d.heads;
         let b = task / d.heads;
@@ -213,7 +215,7 @@ multiversion! {
             let mut j0 = 0;
             while j0 < kend {
                 let nk = BK.min(kend - j0);
-                tiles(&mut s, BK, qa.at(i0 / 32), blocks(nq), kt.at(j0 / 32, 0), blocks(nk), CInit::Overwrite);
+                tiles(kernel, &mut s, BK, qa.at(i0 / 32), blocks(nq), kt.at(j0 / 32, 0), blocks(nk), CInit::Overwrite);
                 for r in 0..nq {
                     let at = RowAt { b, h, i: i0 + r, j0 };
                     let row = &mut s[r * BK..r * BK + nk];
@@ -224,7 +226,7 @@ multiversion! {
                     }
                 }
                 pa.pack(&s, MatmulDims::new(nq, 0, nk), BK);
-                tiles(&mut acc, hp, pa.at(0), blocks(nq), vv.at(0, j0 / 32), blocks(hd), CInit::Accumulate);
+                tiles(kernel, &mut acc, hp, pa.at(0), blocks(nq), vv.at(0, j0 / 32), blocks(hd), CInit::Accumulate);
                 j0 += BK;
             }
             for r in 0..nq {
@@ -240,9 +242,10 @@ multiversion! {
 }
 
 multiversion! {
-    pub(super) fn backward_task(task: usize, dq_p: SyncPtr, dout: &[f32], out: &[f32], lse: &[f32], qkv: &[f32], mask: AttentionMask, d: AttentionDims, key: RngKey) {
-        // SAFETY: this kernel is chosen only where `amx_available()`.
-        unsafe { configure_tiles() };
+    pub(super) fn backward_task(task: usize, dq_p: SyncPtr, dout: &[f32], out: &[f32], lse: &[f32], qkv: &[f32], mask: AttentionMask, d: AttentionDims, key: RngKey, kernel: BlockKernel) {
+        assert!(kernel.available());
+        // SAFETY: available, asserted above.
+        unsafe { kernel.prepare_thread() };
         let (t, hd) = (d.t, d.head_dim);
         let qrs = d.qkv_row();
         let ors = d.out_row();
@@ -290,7 +293,7 @@ multiversion! {
                 let mut i0 = istart - istart % BQ;
                 while j0 < klen && i0 < t {
                     let nq = BQ.min(t - i0);
-                    tiles(&mut p, BK, qa.at(i0 / 32), blocks(nq), kt.at(j0 / 32, 0), blocks(nk), CInit::Overwrite);
+                    tiles(kernel, &mut p, BK, qa.at(i0 / 32), blocks(nq), kt.at(j0 / 32, 0), blocks(nk), CInit::Overwrite);
                     for r in 0..nq {
                         let at = RowAt { b, h, i: i0 + r, j0 };
                         let (prow, pdrow) = (&mut p[r * BK..r * BK + nk], &mut pd[r * BK..r * BK + nk]);
@@ -298,9 +301,9 @@ multiversion! {
                     }
                     // dV_j += Pdᵀ dO_i
                     tile_a.pack(&pd, MatmulDims::new(nk, 0, nq).ta(), BK);
-                    tiles(&mut dv, hp, tile_a.at(0), blocks(nk), db.at(0, i0 / 32), blocks(hd), CInit::Accumulate);
+                    tiles(kernel, &mut dv, hp, tile_a.at(0), blocks(nk), db.at(0, i0 / 32), blocks(hd), CInit::Accumulate);
                     // dP = dO_i Vⱼᵀ
-                    tiles(&mut dp, BK, da.at(i0 / 32), blocks(nq), vt.at(j0 / 32, 0), blocks(nk), CInit::Overwrite);
+                    tiles(kernel, &mut dp, BK, da.at(i0 / 32), blocks(nq), vt.at(j0 / 32, 0), blocks(nk), CInit::Overwrite);
                     for r in 0..nq {
                         let at = RowAt { b, h, i: i0 + r, j0 };
                         let dprow = &mut dp[r * BK..r * BK + nk];
@@ -308,9 +311,9 @@ multiversion! {
                     }
                     // dQ_i += dS K_j ; dK_j += dSᵀ Q_i
                     tile_a.pack(&dp, MatmulDims::new(nq, 0, nk), BK);
-                    tiles(&mut dq[i0 * hp..], hp, tile_a.at(0), blocks(nq), kk.at(0, j0 / 32), blocks(hd), CInit::Accumulate);
+                    tiles(kernel, &mut dq[i0 * hp..], hp, tile_a.at(0), blocks(nq), kk.at(0, j0 / 32), blocks(hd), CInit::Accumulate);
                     tile_a.pack(&dp, MatmulDims::new(nk, 0, nq).ta(), BK);
-                    tiles(&mut dk, hp, tile_a.at(0), blocks(nk), qb.at(0, i0 / 32), blocks(hd), CInit::Accumulate);
+                    tiles(kernel, &mut dk, hp, tile_a.at(0), blocks(nk), qb.at(0, i0 / 32), blocks(hd), CInit::Accumulate);
                     i0 += BQ;
                 }
                 for r in 0..nk {
