@@ -68,6 +68,7 @@ def main():
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--bf16", action="store_true", help="forward and loss under torch.autocast('cpu', bfloat16)")
+    p.add_argument("--profile", action="store_true", help="after the timed steps, one more under torch.profiler: its top ops by self CPU time")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
@@ -78,7 +79,8 @@ def main():
                              {"params": no_decay, "weight_decay": 0.0}], lr=3e-4, betas=(0.9, 0.95))
     g = torch.Generator().manual_seed(1)
     times, losses = [], []
-    for step in range(a.warmup + a.steps):
+
+    def train_step():
         data = torch.randint(0, a.vocab, (a.batch, a.seq + 1), generator=g)
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
@@ -87,10 +89,17 @@ def main():
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        dt = time.perf_counter() - t0
-        losses.append(loss.item())
+        return time.perf_counter() - t0, loss.item()
+
+    for step in range(a.warmup + a.steps):
+        dt, loss = train_step()
+        losses.append(loss)
         if step >= a.warmup:
             times.append(dt)
+    if a.profile:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            train_step()
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
     med = statistics.median(times)
     print(json.dumps({
         "impl": "pytorch-eager" + ("-autocast-bf16" if a.bf16 else ""), "step_s": med, "tokens_per_sec": a.batch * a.seq / med,

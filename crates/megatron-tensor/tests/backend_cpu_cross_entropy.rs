@@ -186,15 +186,13 @@ fn fused_classifier_rows_with_zero_dloss_contribute_no_gradient() {
 }
 
 #[test]
-fn fused_classifier_on_amx_matches_the_rounded_operand_f32_path() {
+fn fused_classifier_on_packed_bf16_kernels_matches_the_rounded_operand_f32_path() {
+    use megatron_tensor::cpu::cross_entropy::set_classifier_gradient_chunk_bytes;
     use megatron_tensor::cpu::matmul::{
-        set_bf16_kernel, set_matmul_precision, Bf16Kernel, MatmulPrecision,
+        attention_block_kernel, set_bf16_kernel, set_matmul_precision, Bf16Kernel, MatmulPrecision,
     };
-    if let Some(why) = megatron_tensor::cpu::amx::amx_unavailable_reason() {
-        eprintln!("skipped: the AMX classifier path needs AMX ({why})");
-        return;
-    }
-    // Several tiles, so the weight packed once per call serves every tile.
+    // Several tiles, so the weight packed once per call serves every tile; 70 tokens make
+    // ragged tiles and chunks.
     let (n, c, v) = (70, 40, 150);
     let (x, w, tg) = setup(n, c, v, 5);
     let dloss = vec![1.0 / n as f32; n];
@@ -204,9 +202,11 @@ fn fused_classifier_on_amx_matches_the_rounded_operand_f32_path() {
         v,
         chunk_rows: 16,
     };
-    let run = |kernel| {
+    let run = |kernel, chunk_bytes| {
         set_matmul_precision(MatmulPrecision::BF16);
         set_bf16_kernel(kernel);
+        set_classifier_gradient_chunk_bytes(chunk_bytes);
+        let packed = attention_block_kernel();
         let (mut l, mut dx, mut dw) = (vec![0.0; n], vec![0.0; n * c], vec![0.0; v * c]);
         fused_classifier(
             &mut l,
@@ -220,13 +220,27 @@ fn fused_classifier_on_amx_matches_the_rounded_operand_f32_path() {
         );
         set_matmul_precision(MatmulPrecision::F32);
         set_bf16_kernel(Bf16Kernel::Dot);
-        (l, dx, dw)
+        set_classifier_gradient_chunk_bytes(256 << 20);
+        (packed, (l, dx, dw))
     };
-    let (l_amx, dx_amx, dw_amx) = run(Bf16Kernel::Amx);
-    let (l_fma, dx_fma, dw_fma) = run(Bf16Kernel::Fma);
-    // The same bf16 products summed in another order: f32 summation error, far below a bf16
-    // unit; a kernel that skipped the rounding or a tile would be off by much more.
-    assert_close(&l_amx, &l_fma, 1e-5, 1e-5, "losses");
-    assert_close(&dx_amx, &dx_fma, 1e-6, 1e-4, "dx");
-    assert_close(&dw_amx, &dw_fma, 1e-6, 1e-4, "dw");
+    let (_, (l_fma, dx_fma, dw_fma)) = run(Bf16Kernel::Fma, 256 << 20);
+    // One chunk of all tokens; chunks of two tiles (32 tokens: 2 x 16 x 150 x 2 bytes), the
+    // last one partial; one tile per chunk.
+    for chunk_bytes in [256 << 20, 2 * 16 * v * 2, 1] {
+        for setting in [Bf16Kernel::Amx, Bf16Kernel::Dot] {
+            let (packed, (l, dx, dw)) = run(setting, chunk_bytes);
+            let Some(kernel) = packed else {
+                eprintln!(
+                    "skipped {setting:?}: no packed bf16 kernel on this CPU (no AVX512_BF16)"
+                );
+                continue;
+            };
+            eprintln!("{setting:?} setting runs {kernel:?}, chunks of {chunk_bytes} bytes");
+            // The same bf16 products summed in another order: f32 summation error, far below
+            // a bf16 unit; a kernel that skipped the rounding or a tile would be off by more.
+            assert_close(&l, &l_fma, 1e-5, 1e-5, "losses");
+            assert_close(&dx, &dx_fma, 1e-6, 1e-4, "dx");
+            assert_close(&dw, &dw_fma, 1e-6, 1e-4, "dw");
+        }
+    }
 }

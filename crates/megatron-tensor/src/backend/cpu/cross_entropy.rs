@@ -8,11 +8,12 @@
 
 use super::cast::{round_to_half_inplace, Half};
 use super::matmul::{
-    bias_backward, matmul, matmul_on_rounded, matmul_precision, matmul_prepacked, prepack_b,
-    rounded_operand, MatmulDims, RoundedOperand,
+    bias_backward, matmul, matmul_on_rounded, matmul_operands, matmul_precision, matmul_prepacked,
+    prepack_b, rounded_operand, MatmulDims, Operand, RoundedOperand,
 };
 use super::matmul_packed::PackedB;
 use super::simd::{exp, multiversion};
+use half::bf16;
 use rayon::prelude::*;
 
 /// Target id that contributes neither loss nor gradient.
@@ -83,6 +84,7 @@ pub fn fused_classifier(
     let (x, weight) = (&*xh, &*wh);
     let rows = d.chunk_rows.max(1).min(n.max(1));
     let mut logits = crate::pool::take_any(rows * v);
+    let mut backward = ClassifierBackward::new(&packed, (n, v, rows));
     let mut r0 = 0;
     while r0 < n {
         let nr = rows.min(n - r0);
@@ -112,19 +114,138 @@ pub fn fused_classifier(
             if let Some(b) = bias.as_mut() {
                 b.backward(tile);
             }
-            classifier_tile_backward(
-                &mut dx[r0 * c..(r0 + nr) * c],
-                dw,
+            backward.tile(
+                (dx, dw),
                 tile,
-                xr,
+                x,
                 (weight, &packed),
-                (nr, c, v),
+                (r0, nr, n, c, v),
                 half,
             );
         }
         r0 += nr;
     }
     crate::pool::give_back(logits);
+    backward.finish();
+}
+
+/// Bytes of bf16 `dlogits` the output layer keeps for its backward GEMMs under a packed bf16
+/// kernel (a gradient chunk of whole tiles; 206 MB holds GPT-2's vocabulary for 2,048 tokens).
+const GRAD_CHUNK_BYTES: usize = 256 << 20;
+
+thread_local! {
+    /// The gradient chunk's buffer, kept between calls (fresh pages for it every micro-batch
+    /// cost more than the conversion).
+    static DLOGITS: std::cell::RefCell<Vec<bf16>> = const { std::cell::RefCell::new(Vec::new()) };
+    static GRAD_CHUNK: std::cell::Cell<usize> = const { std::cell::Cell::new(GRAD_CHUNK_BYTES) };
+}
+
+/// Sets this thread's bytes of bf16 `dlogits` per gradient chunk (default 256 MiB; at least one
+/// tile is always kept): a memory bound for huge vocabularies, and how tests make several
+/// chunks of a tiny model.
+pub fn set_classifier_gradient_chunk_bytes(bytes: usize) {
+    GRAD_CHUNK.with(|c| c.set(bytes));
+}
+
+/// How the output layer's backward GEMMs run: per logits tile, or, under a packed bf16 kernel,
+/// once per gradient chunk of several tiles on their bf16 `dlogits`. Per tile, `dW += dlogitsᵀ
+/// · x` reads and writes all of dW in f32 (vocabulary x hidden: 154 MB for GPT-2) for every
+/// 256 tokens, which made the output layer memory-bound; a chunk pays that once. The packed
+/// kernels read the bf16 values the per-tile path would have rounded to, and carry each block's
+/// f32 sum through k blocks exactly, so only blocks on a ragged edge sum in another order.
+enum ClassifierBackward {
+    PerTile,
+    Chunked {
+        dlogits: Vec<bf16>,
+        /// Tokens per chunk (whole tiles), the first token of the chunk being filled, and how
+        /// many it holds.
+        cap: usize,
+        start: usize,
+        filled: usize,
+    },
+}
+
+impl ClassifierBackward {
+    fn new(packed: &ClassifierWeight, (n, v, rows): (usize, usize, usize)) -> Self {
+        if packed.backward.is_none() || n == 0 || v == 0 {
+            return ClassifierBackward::PerTile;
+        }
+        let tiles = (GRAD_CHUNK.with(|c| c.get()) / (2 * v * rows)).max(1);
+        let cap = (tiles * rows).min(n);
+        let mut dlogits = DLOGITS.with(|b| std::mem::take(&mut *b.borrow_mut()));
+        if dlogits.len() < cap * v {
+            dlogits = vec![bf16::ZERO; cap * v];
+        }
+        ClassifierBackward::Chunked {
+            dlogits,
+            cap,
+            start: 0,
+            filled: 0,
+        }
+    }
+
+    /// Takes the `dlogits` of tokens `r0..r0 + nr` (of `n`): their backward GEMMs run now
+    /// (per tile) or when their chunk is full or the last tile is in.
+    #[allow(clippy::too_many_arguments)]
+    fn tile(
+        &mut self,
+        (dx, dw): (&mut [f32], &mut [f32]),
+        tile: &mut [f32],
+        x: &[f32],
+        (weight, packed): (&[f32], &ClassifierWeight),
+        (r0, nr, n, c, v): (usize, usize, usize, usize, usize),
+        half: Option<Half>,
+    ) {
+        let ClassifierBackward::Chunked {
+            dlogits,
+            cap,
+            start,
+            filled,
+        } = self
+        else {
+            return classifier_tile_backward(
+                &mut dx[r0 * c..(r0 + nr) * c],
+                dw,
+                tile,
+                &x[r0 * c..(r0 + nr) * c],
+                (weight, packed),
+                (nr, c, v),
+                half,
+            );
+        };
+        debug_assert_eq!(r0, *start + *filled);
+        dlogits[*filled * v..(*filled + nr) * v]
+            .par_chunks_mut(1 << 16)
+            .zip(tile.par_chunks(1 << 16))
+            .for_each(|(o, i)| super::cast::f32_to_bf16(o, i));
+        *filled += nr;
+        if *filled < *cap && r0 + nr < n {
+            return;
+        }
+        let (t0, m) = (*start, *filled);
+        let chunk = Operand::BF16(&dlogits[..m * v]);
+        let p = packed
+            .backward
+            .as_ref()
+            .expect("chunked only with a packed weight");
+        matmul_prepacked(
+            &mut dx[t0 * c..(t0 + m) * c],
+            chunk,
+            p,
+            MatmulDims::new(m, c, v),
+        );
+        let xs = Operand::F32(&x[t0 * c..(t0 + m) * c]);
+        matmul_operands(dw, chunk, xs, MatmulDims::new(v, c, m).ta().acc());
+        *start += m;
+        *filled = 0;
+    }
+
+    /// Gives the chunk's buffer back to this thread.
+    fn finish(self) {
+        if let ClassifierBackward::Chunked { dlogits, .. } = self {
+            DLOGITS.with(|b| *b.borrow_mut() = dlogits);
+        }
+    }
 }
 
 /// The two backward GEMMs of a logits tile turned into `dlogits`: `dx = dlogits · W` and
@@ -145,7 +266,7 @@ fn classifier_tile_backward(
     }
     let d = MatmulDims::new(rows, c, v);
     match &packed.backward {
-        Some(p) => matmul_prepacked(dx, dlogits, p, d),
+        Some(p) => matmul_prepacked(dx, Operand::F32(dlogits), p, d),
         None => tile_matmul(dx, dlogits, weight, d, half),
     }
     tile_matmul(dw, dlogits, x, MatmulDims::new(v, c, rows).ta().acc(), half);
@@ -183,7 +304,7 @@ fn logits_matmul(
 ) {
     let d = MatmulDims::new(rows, v, c).tb();
     match &packed.forward {
-        Some(p) => matmul_prepacked(tile, x, p, d),
+        Some(p) => matmul_prepacked(tile, Operand::F32(x), p, d),
         None => tile_matmul(tile, x, weight, d, half),
     }
 }
@@ -310,6 +431,7 @@ pub fn vocab_parallel_classifier<E>(
     let (x, weight) = (&*xh, &*wh);
     let rows = d.chunk_rows.max(1).min(n.max(1));
     let mut logits = crate::pool::take_any(rows * v);
+    let mut backward = ClassifierBackward::new(&packed, (n, v, rows));
     let owned = |tgt: u32| -> Option<usize> {
         let t = tgt as usize;
         (tgt != IGNORE_INDEX && t >= vocab_start && t < vocab_start + v).then(|| t - vocab_start)
@@ -367,19 +489,19 @@ pub fn vocab_parallel_classifier<E>(
             if let Some(b) = bias.as_mut() {
                 b.backward(tile);
             }
-            classifier_tile_backward(
-                &mut dx[r0 * c..(r0 + nr) * c],
-                dw,
+            backward.tile(
+                (dx, dw),
                 tile,
-                xr,
+                x,
                 (weight, &packed),
-                (nr, c, v),
+                (r0, nr, n, c, v),
                 half,
             );
         }
         r0 += nr;
     }
     crate::pool::give_back(logits);
+    backward.finish();
     Ok(())
 }
 

@@ -2,7 +2,7 @@
 //! (AVX2 / portable kernels) elsewhere. Both measured in BENCHMARKS.md.
 
 use super::cast::{round_to_half, Half};
-use super::matmul_packed::{matmul_packed_of, matmul_packed_prepacked, BlockKernel, PackedB};
+use super::matmul_packed::{matmul_packed_of, matmul_packed_prepacked_of, BlockKernel, PackedB};
 use crate::threads::gemm_threads;
 use gemm::Parallelism;
 use rayon::prelude::*;
@@ -284,10 +284,14 @@ pub fn prepack_b(b: &[f32], d: MatmulDims) -> Option<PackedB> {
 }
 
 /// `out (=|+=) op(a) · op(b)` with `b` from [`prepack_b`] (the same dims but `m`), on this
-/// thread's packed kernel whatever `m` (the packing is paid already).
-pub fn matmul_prepacked(out: &mut [f32], a: &[f32], b: &PackedB, d: MatmulDims) {
+/// thread's packed kernel whatever `m` (the packing is paid already); `a` in either storage
+/// form (bf16 packed as stored).
+pub fn matmul_prepacked(out: &mut [f32], a: Operand<'_>, b: &PackedB, d: MatmulDims) {
     let kernel = bf16_block_kernel().expect("prepack_b packs only for a packed bf16 kernel");
-    matmul_packed_prepacked(out, a, b, d, gemm_threads(), kernel);
+    match a {
+        Operand::F32(a) => matmul_packed_prepacked_of(out, a, b, d, gemm_threads(), kernel),
+        Operand::BF16(a) => matmul_packed_prepacked_of(out, a, b, d, gemm_threads(), kernel),
+    }
 }
 
 /// One of the independent products of [`grouped_matmul`].

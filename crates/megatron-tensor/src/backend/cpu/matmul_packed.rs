@@ -256,6 +256,18 @@ pub fn matmul_packed_prepacked(
     threads: usize,
     kernel: BlockKernel,
 ) {
+    matmul_packed_prepacked_of(out, a, b, d, threads, kernel);
+}
+
+/// [`matmul_packed_prepacked`] for an `a` of either element type (bf16 packed as stored).
+pub(crate) fn matmul_packed_prepacked_of<A: PackElem>(
+    out: &mut [f32],
+    a: &[A],
+    b: &PackedB,
+    d: MatmulDims,
+    threads: usize,
+    kernel: BlockKernel,
+) {
     assert!(
         d.k == b.k && d.n == b.n && d.trans_b == b.trans_b,
         "packed b is {}x{} (trans {}), the product wants {}x{} (trans {})",
@@ -280,7 +292,7 @@ pub fn matmul_packed_prepacked(
             Ok(b) => &mut b.0,
             Err(_) => &mut fresh,
         };
-        packed_gemm::<f32, f32>(out, a, BSource::Packed(&b.words), d, threads, ap, kernel);
+        packed_gemm::<A, f32>(out, a, BSource::Packed(&b.words), d, threads, ap, kernel);
     });
 }
 
