@@ -53,6 +53,10 @@ pub struct BenchArgs {
     /// bf16 kernel `train --bf16` picks here (`--bf16-matmul-kernel auto`).
     #[arg(long)]
     pub bf16: bool,
+    /// For `bench kernels --bf16`: MiB of bf16 output-layer gradients kept per gradient chunk
+    /// (the engine's default 256; smaller chunks read and write the weight gradient more often).
+    #[arg(long)]
+    pub grad_chunk_mib: Option<usize>,
     /// For `bench comm`: rank counts to measure; for `bench tp`: tensor-parallel sizes.
     #[arg(long, num_args = 1.., default_values_t = vec![2usize, 4, 8])]
     pub ranks: Vec<usize>,
@@ -88,6 +92,9 @@ fn kernels(a: &BenchArgs) -> anyhow::Result<()> {
             use megatron_tensor::cpu::matmul::{set_bf16_kernel, set_matmul_precision};
             set_matmul_precision(megatron_tensor::cpu::matmul::MatmulPrecision::BF16);
             set_bf16_kernel(megatron_tensor::cpu::fastest_bf16_kernel());
+        }
+        if let Some(mib) = a.grad_chunk_mib {
+            megatron_tensor::cpu::cross_entropy::set_classifier_gradient_chunk_bytes(mib << 20);
         }
         let (n, h, f, t, v) = (a.tokens, a.hidden, a.ffn, a.seq_length, a.vocab);
         let b = n / t;
