@@ -54,7 +54,7 @@ pub struct BenchArgs {
     #[arg(long)]
     pub bf16: bool,
     /// For `bench kernels --bf16`: MiB of bf16 output-layer gradients kept per gradient chunk
-    /// (the engine's default 256; smaller chunks read and write the weight gradient more often).
+    /// (the engine's default 64; smaller chunks read and write the weight gradient more often).
     #[arg(long)]
     pub grad_chunk_mib: Option<usize>,
     /// For `bench comm`: rank counts to measure; for `bench tp`: tensor-parallel sizes.

@@ -130,8 +130,11 @@ pub fn fused_classifier(
 }
 
 /// Bytes of bf16 `dlogits` the output layer keeps for its backward GEMMs under a packed bf16
-/// kernel (a gradient chunk of whole tiles; 206 MB holds GPT-2's vocabulary for 2,048 tokens).
-const GRAD_CHUNK_BYTES: usize = 256 << 20;
+/// kernel (a gradient chunk of whole tiles: two 256-token tiles of GPT-2's vocabulary). The
+/// packed copy of a chunk for the weight gradient takes as much again. GPT M on AMD Zen 5 ran
+/// at the same step time with 64, 128 and 256 MiB chunks (within 3 %) and peak RSS 3.35,
+/// 3.45 and 3.65 GB (BENCHMARKS.md).
+const GRAD_CHUNK_BYTES: usize = 64 << 20;
 
 thread_local! {
     /// The gradient chunk's buffer, kept between calls (fresh pages for it every micro-batch
@@ -140,7 +143,7 @@ thread_local! {
     static GRAD_CHUNK: std::cell::Cell<usize> = const { std::cell::Cell::new(GRAD_CHUNK_BYTES) };
 }
 
-/// Sets this thread's bytes of bf16 `dlogits` per gradient chunk (default 256 MiB; at least one
+/// Sets this thread's bytes of bf16 `dlogits` per gradient chunk (default 64 MiB; at least one
 /// tile is always kept): a memory bound for huge vocabularies, and how tests make several
 /// chunks of a tiny model.
 pub fn set_classifier_gradient_chunk_bytes(bytes: usize) {
