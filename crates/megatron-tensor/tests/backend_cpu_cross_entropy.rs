@@ -189,7 +189,7 @@ fn fused_classifier_rows_with_zero_dloss_contribute_no_gradient() {
 fn fused_classifier_on_packed_bf16_kernels_matches_the_rounded_operand_f32_path() {
     use megatron_tensor::cpu::cross_entropy::set_classifier_gradient_chunk_bytes;
     use megatron_tensor::cpu::matmul::{
-        attention_block_kernel, set_bf16_kernel, set_matmul_precision, Bf16Kernel, MatmulPrecision,
+        bf16_block_kernel, set_bf16_kernel, set_matmul_precision, Bf16Kernel, MatmulPrecision,
     };
     // Several tiles, so the weight packed once per call serves every tile; 70 tokens make
     // ragged tiles and chunks.
@@ -206,7 +206,7 @@ fn fused_classifier_on_packed_bf16_kernels_matches_the_rounded_operand_f32_path(
         set_matmul_precision(MatmulPrecision::BF16);
         set_bf16_kernel(kernel);
         set_classifier_gradient_chunk_bytes(chunk_bytes);
-        let packed = attention_block_kernel();
+        let packed = bf16_block_kernel();
         let (mut l, mut dx, mut dw) = (vec![0.0; n], vec![0.0; n * c], vec![0.0; v * c]);
         fused_classifier(
             &mut l,

@@ -210,8 +210,7 @@ impl ClassifierBackward {
                 &mut dx[r0 * c..(r0 + nr) * c],
                 dw,
                 tile,
-                &x[r0 * c..(r0 + nr) * c],
-                (weight, packed),
+                (&x[r0 * c..(r0 + nr) * c], weight),
                 (nr, c, v),
                 half,
             );
@@ -252,13 +251,12 @@ impl ClassifierBackward {
 }
 
 /// The two backward GEMMs of a logits tile turned into `dlogits`: `dx = dlogits · W` and
-/// `dW += dlogits^T · x`.
+/// `dW += dlogits^T · x` (where the weight is not packed: a packed one goes by chunks).
 fn classifier_tile_backward(
     dx: &mut [f32],
     dw: &mut [f32],
     dlogits: &mut [f32],
-    x: &[f32],
-    (weight, packed): (&[f32], &ClassifierWeight),
+    (x, weight): (&[f32], &[f32]),
     (rows, c, v): (usize, usize, usize),
     half: Option<Half>,
 ) {
@@ -267,16 +265,12 @@ fn classifier_tile_backward(
             .par_chunks_mut(1 << 16)
             .for_each(|t| round_to_half_inplace(t, h));
     }
-    let d = MatmulDims::new(rows, c, v);
-    match &packed.backward {
-        Some(p) => matmul_prepacked(dx, Operand::F32(dlogits), p, d),
-        None => tile_matmul(dx, dlogits, weight, d, half),
-    }
+    tile_matmul(dx, dlogits, weight, MatmulDims::new(rows, c, v), half);
     tile_matmul(dw, dlogits, x, MatmulDims::new(v, c, rows).ta().acc(), half);
 }
 
-/// The output weight packed once per call for the kernel that packs (bf16 on AMX): as the `b`
-/// of the logits (`x · Wᵀ`) and of the input gradient (`dlogits · W`).
+/// The output weight packed once per call for the packed bf16 kernels: as the `b` of the
+/// logits (`x · Wᵀ`) and of the input gradient (`dlogits · W`).
 struct ClassifierWeight {
     forward: Option<PackedB>,
     backward: Option<PackedB>,

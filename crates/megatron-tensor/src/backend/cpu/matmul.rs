@@ -160,12 +160,6 @@ fn block_kernel_of((precision, kernel): (MatmulPrecision, Bf16Kernel)) -> Option
     }
 }
 
-/// Whether this thread's matmuls run on AMX tiles (bf16 operands, the AMX kernel chosen, and
-/// AMX usable here).
-pub fn bf16_matmuls_on_amx() -> bool {
-    bf16_block_kernel() == Some(BlockKernel::AmxTiles)
-}
-
 /// The kernel of this thread's attention products (`attention_packed.rs`; the softmax stays f32):
 /// wherever its bf16 matmuls run on packed blocks, so a `--bf16` model rounds the operands of
 /// every product alike. The choice depends on no shape, so every layout (tensor-parallel heads,

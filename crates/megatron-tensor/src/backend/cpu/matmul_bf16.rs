@@ -10,7 +10,6 @@
 use super::cast::Half;
 use super::matmul::{matmul_with_threads, rounded_operand, MatmulDims};
 use super::matmul_packed::{matmul_packed_of, BlockKernel, CBlock};
-use crate::threads::gemm_threads;
 
 /// True when the bf16 dot-product path is available on this CPU (its packers also use
 /// AVX-512BW, which every AVX512_BF16 CPU has).
@@ -30,12 +29,8 @@ pub fn bf16_gemm_available() -> bool {
     }
 }
 
-/// `out (=|+=) op(a) · op(b)` with bf16 operands and f32 accumulation; [`MatmulDims`] as
-/// [`super::matmul::matmul`].
-pub fn matmul_bf16(out: &mut [f32], a: &[f32], b: &[f32], d: MatmulDims) {
-    matmul_bf16_with_threads(out, a, b, d, gemm_threads());
-}
-
+/// `out (=|+=) op(a) · op(b)` with bf16 operands and f32 accumulation on `threads` threads;
+/// [`MatmulDims`] as [`super::matmul::matmul`].
 pub fn matmul_bf16_with_threads(
     out: &mut [f32],
     a: &[f32],

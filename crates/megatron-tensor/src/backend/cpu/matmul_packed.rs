@@ -15,11 +15,10 @@
 //! dot-product GEMM fast, whose own scalar packing had taken a third of its time.
 //!
 //! Every output element is the sum over k in a fixed order (k blocks carried through C in f32,
-//! which is exact), and blocks of C are only spread over threads, so results are
-//! bit-identical for every thread count. Both
-//! instructions treat bf16 subnormal inputs as zero and ignore MXCSR; products of bf16 values
-//! are exact in f32, so both compute the products of the rounded-FMA kernel, summed in another
-//! order.
+//! which is exact), and blocks of C are only spread over threads, so results are bit-identical
+//! for every thread count. Both instructions treat bf16 subnormal inputs as zero and ignore
+//! MXCSR; products of bf16 values are exact in f32, so both compute the products of the
+//! rounded-FMA kernel, summed in another order.
 
 use super::amx_pack::{pack_a, pack_b, PackBuffer, PackElem, A_STEP, KB, MB, NB};
 use super::matmul::MatmulDims;
