@@ -843,10 +843,19 @@ pub(crate) fn tokenizer_config_json(g: &Gguf) -> Option<serde_json::Value> {
     (!c.is_empty()).then_some(serde_json::Value::Object(c))
 }
 
-/// The GGUF's byte-level BPE vocabulary as a Hugging Face `tokenizer.json`.
+/// The GGUF's vocabulary as a Hugging Face `tokenizer.json`: byte-level BPE (`gpt2`) or
+/// SentencePiece (`llama`, `spm_vocab.rs`); `None` for a GGUF without one (`none`); another
+/// tokenizer model is refused by name.
 pub(crate) fn tokenizer_json(g: &Gguf) -> Result<Option<serde_json::Value>, String> {
-    if g.meta.get("tokenizer.ggml.model").and_then(Value::as_str) != Some("gpt2") {
-        return Ok(None);
+    match g.meta.get("tokenizer.ggml.model").and_then(Value::as_str) {
+        Some("gpt2") => {}
+        Some("llama") => return spm_tokenizer_json(g).map(Some),
+        None | Some("none") => return Ok(None),
+        Some(other) => {
+            return Err(format!(
+                "tokenizer.ggml.model {other}: only gpt2 (byte-level BPE) and llama (SentencePiece) vocabularies are converted"
+            ))
+        }
     }
     let strings = |k: &str| -> Vec<String> {
         match g.meta.get(k) {
@@ -907,4 +916,57 @@ pub(crate) fn tokenizer_json(g: &Gguf) -> Result<Option<serde_json::Value>, Stri
                   "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
                   "ignore_merges": ignore_merges, "vocab": vocab, "merges": merges},
     })))
+}
+
+/// A `llama` (SentencePiece) vocabulary as a `tokenizer.json` (`spm_vocab.rs`).
+fn spm_tokenizer_json(g: &Gguf) -> Result<serde_json::Value, String> {
+    let arr = |k: &str| -> Result<&Vec<Value>, String> {
+        match g.meta.get(k) {
+            Some(Value::Arr(a)) => Ok(a),
+            _ => Err(format!("a llama vocabulary without {k}")),
+        }
+    };
+    let tokens: Vec<String> = arr("tokenizer.ggml.tokens")?
+        .iter()
+        .map(|v| v.as_str().unwrap_or("").to_string())
+        .collect();
+    let n = tokens.len();
+    let scores: Vec<f32> = arr("tokenizer.ggml.scores")?
+        .iter()
+        .map(|v| v.as_f64().unwrap_or(0.0) as f32)
+        .collect();
+    let types: Vec<i32> = match g.meta.get("tokenizer.ggml.token_type") {
+        Some(Value::Arr(a)) => a
+            .iter()
+            .map(|v| if let Value::Int(i) = v { *i as i32 } else { 1 })
+            .collect(),
+        _ => vec![super::spm_vocab::NORMAL; n],
+    };
+    if scores.len() != n || types.len() != n {
+        return Err(format!(
+            "{n} tokens but {} scores and {} token types",
+            scores.len(),
+            types.len()
+        ));
+    }
+    let flag = |k: &str, default: bool| match g.meta.get(&format!("tokenizer.ggml.{k}")) {
+        Some(Value::Bool(b)) => *b,
+        _ => default,
+    };
+    let id = |k: &str| {
+        g.meta
+            .get(&format!("tokenizer.ggml.{k}_token_id"))
+            .and_then(Value::as_u64)
+            .map(|i| i as usize)
+    };
+    // llama.cpp's defaults for this tokenizer model: BOS added, EOS not, a space prefix.
+    let bos = id("bos").map(|i| (i, flag("add_bos_token", true)));
+    let eos = id("eos").map(|i| (i, flag("add_eos_token", false)));
+    let vocab = super::spm_vocab::SpmVocab {
+        tokens,
+        scores,
+        types,
+        add_space_prefix: flag("add_space_prefix", true),
+    };
+    Ok(super::spm_vocab::tokenizer_json(&vocab, bos, eos))
 }

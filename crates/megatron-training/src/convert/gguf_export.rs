@@ -412,8 +412,10 @@ fn gpt2_name(name: &str) -> Option<(String, bool)> {
 /// The `tokenizer.ggml.*` keys of llama.cpp for a recorded tokenizer, with its vocabulary
 /// padded to `vocab` entries as llama.cpp's converter pads (`[PAD{i}]`, type UNUSED).
 /// Built for byte-level BPE: Megatron's `GPT2BPETokenizer` (vocab.json + merges.txt) and a
-/// Hugging Face tokenizer.json whose pre-tokenizer llama.cpp names (`pre_tokenizers.rs`); others
-/// would split text differently in llama.cpp, so they are refused.
+/// Hugging Face tokenizer.json whose pre-tokenizer llama.cpp names (`pre_tokenizers.rs`); and
+/// for SentencePiece vocabularies as Hugging Face's Llama tokenizer.json holds them
+/// (`spm_vocab.rs`, llama.cpp's `llama` model). Others would split text differently in
+/// llama.cpp, so they are refused.
 pub fn tokenizer_metadata(
     tokenizer_type: &str,
     vocab_file: Option<&str>,
@@ -430,6 +432,7 @@ pub fn tokenizer_metadata(
         serde_json::from_str(&read(p)?).map_err(|e| format!("{p}: {e}"))
     };
     let mut by_id: Vec<Option<(String, i32)>> = Vec::new();
+    let mut spm: Option<super::spm_vocab::SpmVocab> = None;
     let mut put = |id: usize, tok: &str, ty: i32| {
         if by_id.len() <= id {
             by_id.resize(id + 1, None);
@@ -453,11 +456,20 @@ pub fn tokenizer_metadata(
                     .collect();
                 (merges, "gpt-2", None)
             }
-            (_, _, _, Some(p)) if tokenizer_type == "HuggingFaceTokenizer" => {
+            (_, _, _, Some(p)) if tokenizer_type == "HuggingFaceTokenizer" => 'arm: {
                 let t = json(p)?;
+                let config = Path::new(p).with_file_name("tokenizer_config.json");
+                let config = config.exists().then_some(config);
+                if let Some(v) = super::spm_vocab::of_tokenizer_json(&t, p)? {
+                    for (i, (tok, ty)) in v.tokens.iter().zip(&v.types).enumerate() {
+                        put(i, tok, *ty);
+                    }
+                    spm = Some(v);
+                    break 'arm (Vec::new(), "default", config);
+                }
                 let model = &t["model"];
                 if model["type"].as_str() != Some("BPE") {
-                    return Err(format!("{p}: a {} model (byte-level BPE is built)", model["type"]));
+                    return Err(format!("{p}: a {} model (byte-level BPE and byte-fallback SentencePiece BPE are built)", model["type"]));
                 }
                 let ignore_merges = model["ignore_merges"].as_bool().unwrap_or(false);
                 let pre = llama_cpp_pre_name(&t["pre_tokenizer"], ignore_merges).ok_or_else(|| {
@@ -491,12 +503,11 @@ pub fn tokenizer_metadata(
                         other => other.as_str().unwrap_or("").to_string(),
                     })
                     .collect();
-                let config = Path::new(p).with_file_name("tokenizer_config.json");
-                (merges, pre, config.exists().then_some(config))
+                (merges, pre, config)
             }
             (other, ..) => {
                 return Err(format!(
-                    "tokenizer {other}: GGUF export writes byte-level BPE vocabularies (GPT2BPETokenizer with --vocab-file/--merge-file, or a HuggingFaceTokenizer tokenizer.json)"
+                    "tokenizer {other}: GGUF export writes byte-level BPE and SentencePiece vocabularies (GPT2BPETokenizer with --vocab-file/--merge-file, or a HuggingFaceTokenizer tokenizer.json)"
                 ))
             }
         };
@@ -530,29 +541,57 @@ pub fn tokenizer_metadata(
             }
         }
         template = c["chat_template"].as_str().map(String::from);
+    } else if spm.is_some() {
+        // SentencePiece's own names, and its unknown token by type.
+        let unk = types.iter().position(|&t| t == super::spm_vocab::UNKNOWN);
+        let named = [
+            ("bos", id_of("<s>")),
+            ("eos", id_of("</s>")),
+            ("unknown", unk),
+        ];
+        special.extend(named.into_iter().filter_map(|(g, id)| Some((g, id?))));
     } else if let Some(id) = id_of("<|endoftext|>") {
         // GPT-2's one special token begins and ends every document (llama.cpp's GPT-2 vocab).
         special.extend([("bos", id), ("eos", id)]);
     }
+    let model = if spm.is_some() { "llama" } else { "gpt2" };
+    let rows = tokens.len();
     let mut m = vec![
         (
             "tokenizer.ggml.model".to_string(),
-            MetaValue::Str("gpt2".into()),
+            MetaValue::Str(model.into()),
         ),
         ("tokenizer.ggml.pre".to_string(), MetaValue::Str(pre.into())),
         (
             "tokenizer.ggml.tokens".to_string(),
             MetaValue::StrArray(tokens),
         ),
-        (
-            "tokenizer.ggml.token_type".to_string(),
-            MetaValue::I32Array(types),
-        ),
-        (
+    ];
+    if let Some(v) = &spm {
+        // Padding rows score as llama.cpp's converter scores them.
+        let mut scores = v.scores.clone();
+        scores.resize(rows, -1000.0);
+        m.push((
+            "tokenizer.ggml.scores".to_string(),
+            MetaValue::F32Array(scores),
+        ));
+    }
+    m.push((
+        "tokenizer.ggml.token_type".to_string(),
+        MetaValue::I32Array(types),
+    ));
+    if spm.is_none() {
+        m.push((
             "tokenizer.ggml.merges".to_string(),
             MetaValue::StrArray(merges),
-        ),
-    ];
+        ));
+    }
+    // llama.cpp adds a space prefix to a SentencePiece vocabulary unless told not to.
+    if spm.as_ref().is_some_and(|v| !v.add_space_prefix)
+        && !flags.iter().any(|(f, _)| *f == "add_space_prefix")
+    {
+        flags.push(("add_space_prefix", false));
+    }
     for (g, id) in special {
         m.push((
             format!("tokenizer.ggml.{g}_token_id"),

@@ -16,6 +16,7 @@ pub enum MetaValue {
     Str(String),
     StrArray(Vec<String>),
     I32Array(Vec<i32>),
+    F32Array(Vec<f32>),
 }
 
 /// How a tensor's values are stored.
@@ -154,6 +155,10 @@ impl GgufWriter {
                 }
                 MetaValue::I32Array(a) => {
                     array(&mut b, 5, a.len());
+                    a.iter().for_each(|x| b.extend(x.to_le_bytes()));
+                }
+                MetaValue::F32Array(a) => {
+                    array(&mut b, 6, a.len());
                     a.iter().for_each(|x| b.extend(x.to_le_bytes()));
                 }
             }

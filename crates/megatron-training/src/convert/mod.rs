@@ -15,6 +15,7 @@ mod mixtral;
 pub mod pre_tokenizers;
 mod qwen2_moe;
 mod sliding_window;
+pub mod spm_vocab;
 mod t5;
 mod yarn;
 
@@ -396,7 +397,7 @@ pub fn megatron_to_hf(input: &Path, output: &Path) -> Result<PathBuf, TrainError
 
 /// `megatron convert --to gguf --input SAVE --output FILE.gguf --outtype T`: the file llama.cpp's
 /// `convert_hf_to_gguf.py` writes for the same model (GPT-2, Llama, Qwen2, Qwen3), with the
-/// checkpoint's byte-level BPE tokenizer; a checkpoint without a recorded tokenizer gets
+/// checkpoint's byte-level BPE or SentencePiece tokenizer; a checkpoint without a recorded tokenizer gets
 /// `tokenizer.ggml.model = "none"` (llama.cpp then runs on token ids). Written under a
 /// temporary name and renamed.
 pub fn megatron_to_gguf(
@@ -459,8 +460,9 @@ pub fn gguf_to_megatron(
     if let Some(extra) = tensors.keys().next() {
         return Err(err(input, format!("unexpected tensor {extra}")));
     }
+    let tokenizer = gguf::tokenizer_json(&g).map_err(|e| err(input, e))?;
     std::fs::create_dir_all(output).map_err(crate::io_err(output))?;
-    let tok = match gguf::tokenizer_json(&g).map_err(|e| err(input, e))? {
+    let tok = match tokenizer {
         Some(json) => {
             if let Some(c) = gguf::tokenizer_config_json(&g) {
                 let p = output.join("tokenizer_config.json");

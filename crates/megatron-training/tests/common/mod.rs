@@ -1,6 +1,8 @@
 //! Helpers shared by the training test files: Megatron-style flags for a tiny mock-data run.
 #![allow(dead_code)]
 
+pub mod llama_cpp_spm;
+
 use clap::Parser;
 use megatron_training::checkpointing::LoadedCheckpoint;
 use megatron_training::{TrainArgs, TrainSummary};
