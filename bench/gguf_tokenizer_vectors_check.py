@@ -1,13 +1,16 @@
 """llama.cpp's own tokenizer test vectors against the tokenizer.json `megatron convert --from gguf`
 writes, for the byte-level vocabularies llama.cpp ships (`models/ggml-vocab-{gpt-2,qwen2,
-llama-bpe}.gguf` with `.inp` inputs and `.out` ids, in the PyPI sdist llama-cpp-python==0.3.36).
+llama-bpe}.gguf`) and its SentencePiece one (Llama 2's 32,000 pieces, `ggml-vocab-llama-spm.gguf`),
+with `.inp` inputs and `.out` ids, in the PyPI sdist llama-cpp-python==0.3.36.
 
 Each vocabulary is put beside a tiny random Llama (gguf-py) so that `convert --from gguf` reads
 it; the tokenizer.json it writes encodes every input (no special tokens added, as llama.cpp's
 test does) and must give llama.cpp's ids. Then `convert --to gguf` must write back every
-`tokenizer.*` key of the vocabulary file unchanged. One JSON line per vocabulary; exits non-zero
-on a mismatch.
-Usage: python bench/gguf_tokenizer_vectors_check.py LLAMA_CPP_PYTHON_SDIST.tar.gz [work dir]
+`tokenizer.*` key of the vocabulary file unchanged, but for SentencePiece's scores, which come
+back as merge ranks: with LLAMA_TOKENIZE (llama.cpp's `llama-tokenize`, built from the same
+sdist) given, llama.cpp itself tokenizes every input with the exported vocabulary and must give
+the same ids. One JSON line per vocabulary; exits non-zero on a mismatch.
+Usage: python bench/gguf_tokenizer_vectors_check.py LLAMA_CPP_PYTHON_SDIST.tar.gz [work dir [LLAMA_TOKENIZE]]
 (from the repository root, after `cargo build --release`; needs numpy, gguf, tokenizers)
 """
 import json, os, subprocess, sys, tarfile, tempfile
@@ -18,7 +21,8 @@ from tokenizers import Tokenizer
 work = sys.argv[2] if len(sys.argv) > 2 else tempfile.mkdtemp()
 os.makedirs(work, exist_ok=True)
 BIN = os.path.abspath("target/release/megatron")
-VOCABS = ["gpt-2", "qwen2", "llama-bpe"]
+VOCABS = ["gpt-2", "qwen2", "llama-bpe", "llama-spm"]
+LLAMA_TOKENIZE = sys.argv[3] if len(sys.argv) > 3 else None
 with tarfile.open(sys.argv[1]) as t:
     members = [m for m in t.getmembers()
                if any(m.name.endswith(f"models/ggml-vocab-{v}.gguf{s}") for v in VOCABS for s in ("", ".inp", ".out"))]
@@ -72,9 +76,22 @@ for v in VOCABS:
     _, again = fields(back)
     differ = sorted(k for k in set(tok) | set(again)
                     if k not in tok or k not in again or tok[k].contents() != again[k].contents())
-    good = not wrong and not differ
+    exported_wrong = None
+    if tok["tokenizer.ggml.model"].contents() == "llama":
+        # SentencePiece scores are written as merge ranks: judged by llama.cpp's ids, not bytes.
+        differ.remove("tokenizer.ggml.scores")
+        if LLAMA_TOKENIZE:
+            exported_wrong = 0
+            for text, ids in zip(inputs, expected):
+                p = os.path.join(work, "in.txt")
+                open(p, "w", encoding="utf-8").write(text)
+                out = subprocess.run([LLAMA_TOKENIZE, "-m", back, "-f", p, "--ids", "--no-bos", "--no-escape",
+                                      "--log-disable"], capture_output=True, text=True, check=True)
+                exported_wrong += json.loads(out.stdout.strip().splitlines()[-1]) != [int(x) for x in ids.split()]
+    good = not wrong and not differ and not exported_wrong
     ok &= good
     print(json.dumps({"vocab": v, "pre": tok["tokenizer.ggml.pre"].contents(), "vectors": len(expected),
                       "mismatches": wrong[:3], "mismatch_count": len(wrong), "keys_changed_by_round_trip": differ,
+                      "llama_tokenize_mismatches_on_export": exported_wrong,
                       "ok": good}, ensure_ascii=False), flush=True)
 sys.exit(0 if ok else 1)
