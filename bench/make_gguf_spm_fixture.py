@@ -10,6 +10,10 @@ is tested). The expected ids: llama.cpp's `llama-tokenize --ids --no-bos` on eac
 tokens parsed, its default: control tokens in the text match, as in a Hugging Face tokenizer) (llama.cpp's own SPM test inputs, `models/ggml-vocab-llama-spm.gguf.inp`, plus
 lines of the sotu corpus). Usage (from the repository root; numpy, gguf, sentencepiece):
 python bench/make_gguf_spm_fixture.py LLAMA_CPP_DIR   (its build/bin/llama-tokenize and models/)
+
+The same SentencePiece model is kept as megatron-data's `tiny-sotu-bpe.model` fixture (Megatron's
+`--tokenizer-type Llama2Tokenizer / GPTSentencePieceTokenizer --tokenizer-model`), with what
+the sentencepiece library itself makes of the same texts (`encode`, and `decode` of those ids).
 """
 import glob, json, os, re, subprocess, sys, tempfile
 import numpy as np
@@ -72,3 +76,14 @@ with open(os.path.join(root, "tiny-llama-spm-vectors.json"), "w", encoding="utf-
     f.write('{"source": %s, "cases": [\n' % json.dumps(source))
     f.write(",\n".join(json.dumps(c, ensure_ascii=False) for c in cases) + "\n]}\n")
 print("wrote", path, os.path.getsize(path), "bytes;", len(cases), "cases")
+
+# The SentencePiece model itself, and the sentencepiece library's own ids for the same texts.
+import shutil
+sp_root = os.path.join(os.path.dirname(__file__), "..", "crates", "megatron-data", "tests", "fixtures", "sentencepiece")
+os.makedirs(sp_root, exist_ok=True)
+shutil.copy(os.path.join(work, "sp.model"), os.path.join(sp_root, "tiny-sotu-bpe.model"))
+sp_cases = [{"text": t, "ids": sp.encode(t), "decoded": sp.decode(sp.encode(t))} for t in inputs]
+with open(os.path.join(sp_root, "tiny-sotu-bpe-vectors.json"), "w", encoding="utf-8") as f:
+    f.write('{"source": "sentencepiece %s SentencePieceProcessor.encode / decode on tiny-sotu-bpe.model", "cases": [\n' % spm.__version__)
+    f.write(",\n".join(json.dumps(c, ensure_ascii=False) for c in sp_cases) + "\n]}\n")
+print("wrote", os.path.join(sp_root, "tiny-sotu-bpe.model"), os.path.getsize(os.path.join(sp_root, "tiny-sotu-bpe.model")), "bytes")

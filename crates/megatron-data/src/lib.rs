@@ -17,7 +17,10 @@ pub mod mock_dataset;
 pub mod npy;
 pub mod numpy_rng;
 pub mod preprocess;
+pub mod sentencepiece_model;
+pub mod sentencepiece_tokenizer;
 pub mod sentences;
+pub mod spm_vocab;
 pub mod t5_dataset;
 pub mod tables;
 pub mod text_dataset;
@@ -48,7 +51,7 @@ pub enum DataError {
         tokens: usize,
         seq: usize,
     },
-    #[error("--tokenizer-type {0} is not known (expected GPT2BPETokenizer, HuggingFaceTokenizer, ByteLevelTokenizer or NullTokenizer)")]
+    #[error("--tokenizer-type {0} is not known (expected GPT2BPETokenizer, HuggingFaceTokenizer, Llama2Tokenizer, GPTSentencePieceTokenizer, BertWordPieceLowerCase, BertWordPieceCase, ByteLevelTokenizer or NullTokenizer)")]
     UnknownTokenizer(String),
     #[error("--tokenizer-type {tokenizer} needs {flag}")]
     MissingFlag {

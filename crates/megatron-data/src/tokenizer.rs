@@ -143,6 +143,16 @@ pub fn build_tokenizer_from(spec: &TokenizerSpec) -> Result<Box<dyn Tokenizer>, 
                 spec.vocab_extra_ids,
             )?))
         }
+        "Llama2Tokenizer" | "GPTSentencePieceTokenizer" => {
+            use crate::sentencepiece_tokenizer::{SentencePieceKind, SentencePieceTokenizer};
+            let (kind, name) = if spec.tokenizer_type == "Llama2Tokenizer" {
+                (SentencePieceKind::Llama2, "Llama2Tokenizer")
+            } else {
+                (SentencePieceKind::Gpt, "GPTSentencePieceTokenizer")
+            };
+            let m = need(&spec.tokenizer_model, "--tokenizer-model", name)?;
+            Ok(Box::new(SentencePieceTokenizer::from_file(&m, kind)?))
+        }
         "HuggingFaceTokenizer" => {
             let t = need(
                 &spec.tokenizer_model,

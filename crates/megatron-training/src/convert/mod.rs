@@ -15,7 +15,7 @@ mod mixtral;
 pub mod pre_tokenizers;
 mod qwen2_moe;
 mod sliding_window;
-pub mod spm_vocab;
+pub use megatron_data::spm_vocab;
 mod t5;
 mod yarn;
 

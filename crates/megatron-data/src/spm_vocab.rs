@@ -12,17 +12,22 @@
 //! two (transformers' converter writes a Metaspace pre-tokenizer that prepends only at the
 //! start of the text, and llama.cpp's own converter, given only a tokenizer.json, writes every
 //! score as -1000, which makes its merges run left to right).
+//!
+//! llama.cpp's algorithm is the sentencepiece library's BPE encoding, restated; so the same
+//! `tokenizer.json`, with control tokens in the text read as text, is Megatron's
+//! `Llama2Tokenizer` / `GPTSentencePieceTokenizer` on a `tokenizer.model`
+//! (`sentencepiece_model.rs`).
 
 use serde_json::{json, Value};
 use std::collections::HashMap;
 
 /// llama.cpp's token types (`llama_token_type`).
-pub(crate) const NORMAL: i32 = 1;
-pub(crate) const UNKNOWN: i32 = 2;
-pub(crate) const CONTROL: i32 = 3;
-pub(crate) const USER_DEFINED: i32 = 4;
-pub(crate) const UNUSED: i32 = 5;
-pub(crate) const BYTE: i32 = 6;
+pub const NORMAL: i32 = 1;
+pub const UNKNOWN: i32 = 2;
+pub const CONTROL: i32 = 3;
+pub const USER_DEFINED: i32 = 4;
+pub const UNUSED: i32 = 5;
+pub const BYTE: i32 = 6;
 
 /// llama.cpp's whitespace symbol.
 const SPACE: &str = "\u{2581}";
@@ -72,14 +77,38 @@ fn merges(v: &SpmVocab) -> Vec<(usize, &str, &str)> {
     m
 }
 
+/// How control tokens written in the text are read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ControlTokensInText {
+    /// As those tokens (llama.cpp, and a Hugging Face tokenizer): the text between them is
+    /// prefixed and tokenized piece by piece.
+    Matched,
+    /// As plain text (the sentencepiece library's `encode`, which Megatron's SentencePiece
+    /// tokenizers call): the text is one piece, prefixed once; user-defined pieces are matched
+    /// in the normalized text. Control tokens are still marked special, for decoding to skip;
+    /// the `tokenizers::Tokenizer` built from this must `set_encode_special_tokens(true)`.
+    Text,
+}
+
 /// The vocabulary as a Hugging Face `tokenizer.json` that tokenizes as llama.cpp does (see the
 /// module documentation); `bos`/`eos` with their add flags make its post-processor (what
 /// `AutoTokenizer` adds; megatron-rs encodes without it).
-pub(crate) fn tokenizer_json(
+pub fn tokenizer_json(
     v: &SpmVocab,
     bos: Option<(usize, bool)>,
     eos: Option<(usize, bool)>,
 ) -> Value {
+    tokenizer_json_as(v, bos, eos, ControlTokensInText::Matched)
+}
+
+/// [`tokenizer_json`] with control tokens in the text read as `control`.
+pub fn tokenizer_json_as(
+    v: &SpmVocab,
+    bos: Option<(usize, bool)>,
+    eos: Option<(usize, bool)>,
+    control: ControlTokensInText,
+) -> Value {
+    let normalized = control == ControlTokensInText::Text;
     let vocab: serde_json::Map<String, Value> = v
         .tokens
         .iter()
@@ -98,7 +127,7 @@ pub(crate) fn tokenizer_json(
         .filter(|(_, (_, ty))| matches!(**ty, UNKNOWN | CONTROL | USER_DEFINED))
         .map(|(i, (t, ty))| {
             json!({"id": i, "content": t, "single_word": false, "lstrip": false, "rstrip": false,
-                   "normalized": false, "special": *ty != USER_DEFINED})
+                   "normalized": normalized, "special": *ty != USER_DEFINED})
         })
         .collect();
     let unk = v.types.iter().position(|&t| t == UNKNOWN);
@@ -162,7 +191,7 @@ fn post_processor(v: &SpmVocab, bos: Option<(usize, bool)>, eos: Option<(usize, 
 /// pre-tokenizer), with llama.cpp's scores derived from the merge ranks: a token scores minus
 /// the rank of the first merge that makes it, so llama.cpp merges in the file's order. `None`
 /// for a tokenizer of another kind; an error where llama.cpp would tokenize differently.
-pub(crate) fn of_tokenizer_json(t: &Value, path: &str) -> Result<Option<SpmVocab>, String> {
+pub fn of_tokenizer_json(t: &Value, path: &str) -> Result<Option<SpmVocab>, String> {
     let model = &t["model"];
     if model["type"].as_str() != Some("BPE") || model["byte_fallback"].as_bool() != Some(true) {
         return Ok(None);
@@ -186,8 +215,11 @@ pub(crate) fn of_tokenizer_json(t: &Value, path: &str) -> Result<Option<SpmVocab
                     "{path}: a Metaspace pre-tokenizer that splits on spaces: llama.cpp merges across them"
                 ));
             }
-            // "first" prepends only at the start of the text, llama.cpp also after each
-            // special token: the same ids for text without special tokens in it.
+            // transformers' non-legacy Llama tokenizers. Metaspace prepends only where the text
+            // (or, "always", a piece between special tokens) does not begin with a space
+            // already, and "first" only at the start of the text; llama.cpp prepends always,
+            // as the sentencepiece library does. Accepted as llama.cpp's own converter accepts
+            // it: the same ids but for text that begins with a space or follows a special token.
             p["prepend_scheme"].as_str() != Some("never")
         }
         (n, p) => {

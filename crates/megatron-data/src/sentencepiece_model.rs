@@ -1,0 +1,145 @@
+//! A sentencepiece `tokenizer.model` (the `ModelProto` protobuf of `sentencepiece_model.proto`)
+//! read into a [`SpmVocab`], for Megatron's `Llama2Tokenizer` and `GPTSentencePieceTokenizer`.
+//! Only what decides the ids is read, and a model these ids would not reproduce is refused by
+//! name: BPE models with the identity normalization (Llama 1 and 2, Mistral 7B v0.1, CodeLlama,
+//! TinyLlama) are built; unigram models (T5, ALBERT) and NFKC-normalizing or whitespace-collapsing
+//! models are not. The messages are written with prost's derive from the field numbers of the
+//! `.proto` (no protoc at build time).
+
+use crate::spm_vocab::SpmVocab;
+use crate::DataError;
+use prost::Message;
+
+#[derive(Clone, PartialEq, Message)]
+struct ModelProto {
+    #[prost(message, repeated, tag = "1")]
+    pieces: Vec<SentencePiece>,
+    #[prost(message, optional, tag = "2")]
+    trainer_spec: Option<TrainerSpec>,
+    #[prost(message, optional, tag = "3")]
+    normalizer_spec: Option<NormalizerSpec>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct SentencePiece {
+    #[prost(string, optional, tag = "1")]
+    piece: Option<String>,
+    #[prost(float, optional, tag = "2")]
+    score: Option<f32>,
+    /// NORMAL 1 (the default), UNKNOWN 2, CONTROL 3, USER_DEFINED 4, UNUSED 5, BYTE 6: the
+    /// numbering llama.cpp's token types copy.
+    #[prost(int32, optional, tag = "3")]
+    r#type: Option<i32>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct TrainerSpec {
+    /// UNIGRAM 1 (the default), BPE 2, WORD 3, CHAR 4.
+    #[prost(int32, optional, tag = "3")]
+    model_type: Option<i32>,
+    #[prost(bool, optional, tag = "24")]
+    treat_whitespace_as_suffix: Option<bool>,
+    #[prost(int32, optional, tag = "41")]
+    bos_id: Option<i32>,
+    #[prost(int32, optional, tag = "42")]
+    eos_id: Option<i32>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct NormalizerSpec {
+    #[prost(string, optional, tag = "1")]
+    name: Option<String>,
+    #[prost(bytes = "vec", optional, tag = "2")]
+    precompiled_charsmap: Option<Vec<u8>>,
+    #[prost(bool, optional, tag = "3")]
+    add_dummy_prefix: Option<bool>,
+    #[prost(bool, optional, tag = "4")]
+    remove_extra_whitespaces: Option<bool>,
+    #[prost(bool, optional, tag = "5")]
+    escape_whitespaces: Option<bool>,
+}
+
+/// A sentencepiece model's vocabulary and its BOS/EOS ids (`None` where disabled, id -1).
+#[derive(Clone, Debug)]
+pub struct SentencePieceModel {
+    pub vocab: SpmVocab,
+    pub bos: Option<u32>,
+    pub eos: Option<u32>,
+}
+
+/// Reads `path`; refuses what the BPE tokenizer.json would tokenize differently.
+pub fn load(path: &str) -> Result<SentencePieceModel, DataError> {
+    let err = |msg: String| DataError::Tokenizer {
+        path: path.to_string(),
+        msg,
+    };
+    let bytes = std::fs::read(path).map_err(|source| DataError::Io {
+        path: path.to_string(),
+        source,
+    })?;
+    let m = ModelProto::decode(bytes.as_slice())
+        .map_err(|e| err(format!("not a sentencepiece model (ModelProto): {e}")))?;
+    if m.pieces.is_empty() {
+        return Err(err("not a sentencepiece model: no pieces".into()));
+    }
+    let t = m.trainer_spec.unwrap_or_default();
+    let n = m.normalizer_spec.unwrap_or_default();
+    match t.model_type.unwrap_or(1) {
+        2 => {}
+        1 => return Err(err("a unigram sentencepiece model (T5, ALBERT): only BPE models (Llama's) are built".into())),
+        k => return Err(err(format!("a sentencepiece model of type {k} (WORD 3, CHAR 4): only BPE models (Llama's) are built"))),
+    }
+    let name = n.name.clone().unwrap_or_default();
+    if !n
+        .precompiled_charsmap
+        .as_deref()
+        .unwrap_or_default()
+        .is_empty()
+        || !matches!(name.as_str(), "" | "identity")
+    {
+        return Err(err(format!(
+            "normalizer_spec.name {name:?}: only the identity normalization (Llama's) is built"
+        )));
+    }
+    if n.remove_extra_whitespaces.unwrap_or(true) {
+        return Err(err(
+            "normalizer_spec.remove_extra_whitespaces is set (sentencepiece's default): only models that keep whitespace (Llama's) are built".into(),
+        ));
+    }
+    if !n.escape_whitespaces.unwrap_or(true) || t.treat_whitespace_as_suffix.unwrap_or(false) {
+        return Err(err(
+            "whitespace kept unescaped or as a suffix: only models that prefix \u{2581} (Llama's) are built".into(),
+        ));
+    }
+    let tokens: Vec<String> = m
+        .pieces
+        .iter()
+        .map(|p| p.piece.clone().unwrap_or_default())
+        .collect();
+    let scores = m.pieces.iter().map(|p| p.score.unwrap_or(0.0)).collect();
+    let types = m.pieces.iter().map(|p| p.r#type.unwrap_or(1)).collect();
+    let id = |i: Option<i32>, default: i32| {
+        let i = i.unwrap_or(default);
+        (i >= 0).then_some(i as u32)
+    };
+    let (bos, eos) = (id(t.bos_id, 1), id(t.eos_id, 2));
+    for (what, i) in [("bos_id", bos), ("eos_id", eos)] {
+        if i.is_some_and(|i| i as usize >= tokens.len()) {
+            return Err(err(format!(
+                "trainer_spec.{what} {} is past the {} pieces",
+                i.unwrap_or(0),
+                tokens.len()
+            )));
+        }
+    }
+    Ok(SentencePieceModel {
+        vocab: SpmVocab {
+            tokens,
+            scores,
+            types,
+            add_space_prefix: n.add_dummy_prefix.unwrap_or(true),
+        },
+        bos,
+        eos,
+    })
+}

@@ -1,0 +1,146 @@
+//! Megatron's `Llama2Tokenizer` and `GPTSentencePieceTokenizer` against the sentencepiece
+//! library itself: `tiny-sotu-bpe.model` is a 1,000-piece BPE model trained on examples/sotu with
+//! Llama's options, and `tiny-sotu-bpe-vectors.json` what `SentencePieceProcessor.encode` and
+//! `decode` make of 53 texts with it (llama.cpp's SPM test inputs, sotu sentences, unicode,
+//! control tokens written in the text; `bench/make_gguf_spm_fixture.py`).
+
+use megatron_data::tokenizer::{build_tokenizer_from, Tokenizer, TokenizerSpec};
+use std::path::PathBuf;
+
+fn model() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/sentencepiece/tiny-sotu-bpe.model")
+}
+
+struct Case {
+    text: String,
+    ids: Vec<u32>,
+    decoded: String,
+}
+
+fn cases() -> Vec<Case> {
+    let p = model().with_file_name("tiny-sotu-bpe-vectors.json");
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
+    let cases: Vec<Case> = v["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| Case {
+            text: c["text"].as_str().unwrap().into(),
+            ids: c["ids"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|i| i.as_u64().unwrap() as u32)
+                .collect(),
+            decoded: c["decoded"].as_str().unwrap().into(),
+        })
+        .collect();
+    assert_eq!(cases.len(), 53);
+    cases
+}
+
+fn tokenizer(kind: &str, path: &str) -> Result<Box<dyn Tokenizer>, String> {
+    build_tokenizer_from(&TokenizerSpec {
+        tokenizer_type: kind.into(),
+        tokenizer_model: Some(path.into()),
+        ..Default::default()
+    })
+    .map_err(|e| e.to_string())
+}
+
+#[test]
+fn llama2_tokenizer_gives_sentencepieces_ids_after_bos() {
+    let t = tokenizer("Llama2Tokenizer", model().to_str().unwrap()).unwrap();
+    assert_eq!(
+        (t.name(), t.vocab_size(), t.eod()),
+        ("Llama2Tokenizer", 1000, 2)
+    );
+    for c in cases() {
+        let mut want = vec![1];
+        want.extend(&c.ids);
+        let got = t.encode(&c.text).unwrap();
+        assert_eq!(got, want, "{:?}", c.text);
+        // sentencepiece's decode_ids, which drops BOS/EOS.
+        assert_eq!(t.decode(&got), c.decoded, "{:?}", c.text);
+    }
+}
+
+#[test]
+fn gpt_sentencepiece_tokenizer_gives_sentencepieces_ids_and_ends_documents_with_eos() {
+    let t = tokenizer("GPTSentencePieceTokenizer", model().to_str().unwrap()).unwrap();
+    assert_eq!((t.vocab_size(), t.eod()), (1000, 2));
+    let cases = cases();
+    // Control tokens written in the text are text to sentencepiece, not BOS and EOS.
+    assert!(cases
+        .iter()
+        .any(|c| c.text.contains("<s>") && !c.ids.contains(&1)));
+    for c in cases {
+        assert_eq!(t.encode(&c.text).unwrap(), c.ids, "{:?}", c.text);
+    }
+}
+
+/// trainer_spec.eos_id = -1: key 42 << 3 (varint 0xd0 0x02), then -1 as a ten-byte varint.
+const NO_EOS: [u8; 12] = [
+    0xd0, 0x02, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01,
+];
+
+/// A protobuf field: its key (number, wire type) and bytes.
+fn field(number: u32, wire: u32, body: &[u8]) -> Vec<u8> {
+    let mut b = vec![(number << 3 | wire) as u8];
+    if wire == 2 {
+        b.push(body.len() as u8);
+    }
+    b.extend(body);
+    b
+}
+
+#[test]
+fn sentencepiece_models_these_ids_would_not_reproduce_are_refused_by_name() {
+    let dir = std::env::temp_dir().join(format!("megatron-rs-spm-refusals-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let original = std::fs::read(model()).unwrap();
+    // Protobuf merges a message field written again into the first, so appending one changes a
+    // single setting of the fixture.
+    for (name, extra, needle) in [
+        ("unigram", field(2, 2, &field(3, 0, &[1])), "unigram"),
+        (
+            "nfkc",
+            field(3, 2, &field(1, 2, b"nmt_nfkc")),
+            "normalizer_spec.name \"nmt_nfkc\"",
+        ),
+        (
+            "collapse",
+            field(3, 2, &field(4, 0, &[1])),
+            "remove_extra_whitespaces",
+        ),
+        ("no-eos", field(2, 2, &NO_EOS), "EOS"),
+    ] {
+        let mut bytes = original.clone();
+        bytes.extend(extra);
+        let p = dir.join(format!("{name}.model"));
+        std::fs::write(&p, bytes).unwrap();
+        let e = tokenizer("GPTSentencePieceTokenizer", p.to_str().unwrap())
+            .err()
+            .unwrap();
+        assert!(
+            e.contains(needle) && e.contains(&format!("{name}.model")),
+            "{name}: {e}"
+        );
+    }
+    let p = dir.join("text.model");
+    std::fs::write(&p, "not a model\n").unwrap();
+    let e = tokenizer("Llama2Tokenizer", p.to_str().unwrap())
+        .err()
+        .unwrap();
+    assert!(e.contains("not a sentencepiece model"), "{e}");
+    let e = build_tokenizer_from(&TokenizerSpec {
+        tokenizer_type: "Llama2Tokenizer".into(),
+        ..Default::default()
+    })
+    .err()
+    .unwrap()
+    .to_string();
+    assert!(e.contains("--tokenizer-model"), "{e}");
+    let _ = std::fs::remove_dir_all(dir);
+}
