@@ -241,3 +241,48 @@ fn bert_wordpiece_tokenizer_matches_the_bert_dataset_fixture() {
         );
     }
 }
+
+#[test]
+fn llama2_tokenizer_documents_are_bos_sentencepieces_ids_and_eos() {
+    // Megatron's Llama2Tokenizer begins every document with BOS; --append-eod ends it with EOS.
+    let fx = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/sentencepiece");
+    let tok = build_tokenizer_from(&TokenizerSpec {
+        tokenizer_type: "Llama2Tokenizer".into(),
+        tokenizer_model: Some(format!("{fx}/tiny-sotu-bpe.model")),
+        ..Default::default()
+    })
+    .unwrap();
+    let v: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(format!("{fx}/tiny-sotu-bpe-vectors.json")).unwrap(),
+    )
+    .unwrap();
+    let cases: Vec<(String, Vec<u32>)> = v["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| !c["text"].as_str().unwrap().trim().is_empty())
+        .map(|c| {
+            let ids = c["ids"].as_array().unwrap();
+            let ids = ids.iter().map(|i| i.as_u64().unwrap() as u32).collect();
+            (c["text"].as_str().unwrap().to_string(), ids)
+        })
+        .collect();
+    let dir = tmp("llama2");
+    let input = dir.join("in.jsonl");
+    let lines: Vec<String> = cases
+        .iter()
+        .map(|(t, _)| serde_json::json!({ "text": t }).to_string())
+        .collect();
+    std::fs::write(&input, lines.join("\n")).unwrap();
+    let out = dir.join("out");
+    let s = preprocess(&cfg(&input, &out, 2), tok.as_ref()).unwrap();
+    assert_eq!(s.documents, cases.len() as u64);
+    let ds = IndexedDataset::open(&format!("{}_text_document", out.display())).unwrap();
+    for (i, (text, ids)) in cases.iter().enumerate() {
+        let mut want = vec![1];
+        want.extend(ids);
+        want.push(2);
+        assert_eq!(ds.item(i), want, "{text:?}");
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -253,3 +253,71 @@ fn a_gguf_with_another_tokenizer_model_is_refused_by_name() {
     );
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// `ours` holds the same value as llama.cpp's file holds as `theirs`.
+fn same(ours: &MetaValue, theirs: &Value) -> bool {
+    let arr = |a: &Value| match a {
+        Value::Arr(a) => a.clone(),
+        _ => Vec::new(),
+    };
+    match ours {
+        MetaValue::Str(s) => theirs.as_str() == Some(s.as_str()),
+        MetaValue::U32(x) => theirs.as_u64() == Some(*x as u64),
+        MetaValue::Bool(b) => matches!(theirs, Value::Bool(t) if t == b),
+        MetaValue::StrArray(a) => {
+            let t = arr(theirs);
+            a.len() == t.len()
+                && a.iter()
+                    .zip(&t)
+                    .all(|(x, y)| y.as_str() == Some(x.as_str()))
+        }
+        MetaValue::I32Array(a) => {
+            let t = arr(theirs);
+            a.len() == t.len()
+                && a.iter()
+                    .zip(&t)
+                    .all(|(x, y)| matches!(y, Value::Int(i) if *i == *x as i128))
+        }
+        MetaValue::F32Array(a) => {
+            let t = arr(theirs);
+            a.len() == t.len() && a.iter().zip(&t).all(|(x, y)| y.as_f64() == Some(*x as f64))
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_sentencepiece_model_exports_as_llama_cpps_converter_writes_it() {
+    // The fixture GGUF holds the model's pieces, scores and types as llama.cpp's converter
+    // writes a tokenizer.model (`_create_vocab_sentencepiece`, restated by the fixture's
+    // script), with BOS added: what Megatron's Llama2Tokenizer does.
+    let model = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../megatron-data/tests/fixtures/sentencepiece/tiny-sotu-bpe.model");
+    let model = model.to_str().unwrap();
+    let keys = tokenizer_metadata("Llama2Tokenizer", None, None, Some(model), 1000).unwrap();
+    let orig = Gguf::open(&fixture()).unwrap();
+    let theirs: Vec<&String> = orig
+        .meta
+        .keys()
+        .filter(|k| k.starts_with("tokenizer."))
+        .collect();
+    let names: Vec<&String> = keys.iter().map(|k| &k.0).collect();
+    assert_eq!(
+        keys.len(),
+        theirs.len(),
+        "ours {names:?}, llama.cpp's {theirs:?}"
+    );
+    for (k, v) in &keys {
+        assert!(same(v, &orig.meta[k]), "{k}");
+    }
+    // GPTSentencePieceTokenizer adds no BOS.
+    let keys =
+        tokenizer_metadata("GPTSentencePieceTokenizer", None, None, Some(model), 1000).unwrap();
+    let add_bos = keys
+        .iter()
+        .find(|(k, _)| k == "tokenizer.ggml.add_bos_token");
+    assert!(
+        matches!(add_bos, Some((_, MetaValue::Bool(false)))),
+        "{add_bos:?}"
+    );
+}

@@ -433,6 +433,8 @@ pub fn tokenizer_metadata(
     };
     let mut by_id: Vec<Option<(String, i32)>> = Vec::new();
     let mut spm: Option<super::spm_vocab::SpmVocab> = None;
+    // A sentencepiece model's own BOS and EOS, and whether Megatron's tokenizer adds BOS.
+    let mut spm_model: Option<(Option<u32>, Option<u32>, bool)> = None;
     let mut put = |id: usize, tok: &str, ty: i32| {
         if by_id.len() <= id {
             by_id.resize(id + 1, None);
@@ -455,6 +457,16 @@ pub fn tokenizer_metadata(
                     .map(String::from)
                     .collect();
                 (merges, "gpt-2", None)
+            }
+            (kind @ ("Llama2Tokenizer" | "GPTSentencePieceTokenizer"), _, _, Some(p)) => {
+                // The pieces, scores and types as llama.cpp's converter writes a tokenizer.model.
+                let m = megatron_data::sentencepiece_model::load(p).map_err(|e| e.to_string())?;
+                for (i, (tok, ty)) in m.vocab.tokens.iter().zip(&m.vocab.types).enumerate() {
+                    put(i, tok, *ty);
+                }
+                spm_model = Some((m.bos, m.eos, kind == "Llama2Tokenizer"));
+                spm = Some(m.vocab);
+                (Vec::new(), "default", None)
             }
             (_, _, _, Some(p)) if tokenizer_type == "HuggingFaceTokenizer" => 'arm: {
                 let t = json(p)?;
@@ -507,7 +519,7 @@ pub fn tokenizer_metadata(
             }
             (other, ..) => {
                 return Err(format!(
-                    "tokenizer {other}: GGUF export writes byte-level BPE and SentencePiece vocabularies (GPT2BPETokenizer with --vocab-file/--merge-file, or a HuggingFaceTokenizer tokenizer.json)"
+                    "tokenizer {other}: GGUF export writes byte-level BPE and SentencePiece vocabularies (GPT2BPETokenizer with --vocab-file/--merge-file, Llama2Tokenizer or GPTSentencePieceTokenizer with a tokenizer.model, or a HuggingFaceTokenizer tokenizer.json)"
                 ))
             }
         };
@@ -542,13 +554,16 @@ pub fn tokenizer_metadata(
         }
         template = c["chat_template"].as_str().map(String::from);
     } else if spm.is_some() {
-        // SentencePiece's own names, and its unknown token by type.
+        // The model's BOS/EOS, else SentencePiece's own names; its unknown token by type.
         let unk = types.iter().position(|&t| t == super::spm_vocab::UNKNOWN);
-        let named = [
-            ("bos", id_of("<s>")),
-            ("eos", id_of("</s>")),
-            ("unknown", unk),
-        ];
+        let (bos, eos) = match spm_model {
+            Some((bos, eos, add_bos)) => {
+                flags.extend([("add_bos_token", add_bos), ("add_eos_token", false)]);
+                (bos.map(|i| i as usize), eos.map(|i| i as usize))
+            }
+            None => (id_of("<s>"), id_of("</s>")),
+        };
+        let named = [("bos", bos), ("eos", eos), ("unknown", unk)];
         special.extend(named.into_iter().filter_map(|(g, id)| Some((g, id?))));
     } else if let Some(id) = id_of("<|endoftext|>") {
         // GPT-2's one special token begins and ends every document (llama.cpp's GPT-2 vocab).
