@@ -112,7 +112,9 @@ fn kernels(a: &BenchArgs) -> anyhow::Result<()> {
         };
         report(
             "matmul fwd  [N,h]x[f,h]^T",
-            time_median(r, || matmul_forward(&mut big, &x, &w, None, n, h, f)),
+            time_median(r, || {
+                matmul_forward(&mut big, &x, matmul::Operand::F32(&w), None, n, h, f)
+            }),
         );
         let mut dw = vec![0.0f32; f * h];
         report(

@@ -11,6 +11,7 @@
 
 use half::{bf16, f16};
 use megatron_tensor::cpu::cast::{bf16_to_f32, f16_to_f32, Half};
+use megatron_tensor::cpu::matmul::Operand;
 use megatron_tensor::{RngKey, Tensor};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
@@ -362,6 +363,23 @@ impl Deref for ParamRef<'_> {
     }
 }
 
+/// A parameter as a matmul operand: under `--bf16` the 16-bit copy itself (the packed bf16
+/// kernels read it without a widened copy; the other kernels widen it, exactly); otherwise the
+/// values [`Params::get`] gives.
+pub enum ParamOperand<'a> {
+    Values(ParamRef<'a>),
+    BF16(&'a [bf16]),
+}
+
+impl ParamOperand<'_> {
+    pub fn operand(&self) -> Operand<'_> {
+        match self {
+            ParamOperand::Values(v) => Operand::F32(v),
+            ParamOperand::BF16(v) => Operand::BF16(v),
+        }
+    }
+}
+
 #[derive(Clone, Debug, Default)]
 pub struct Params {
     /// fp32 values: the model's parameters, or under 16-bit storage the fp32 main parameters
@@ -548,6 +566,26 @@ impl Params {
                 self.half.read(r, t.data_mut());
                 ParamRef::Widened(t)
             }
+        }
+    }
+
+    /// The values the model multiplies by, as stored (see [`ParamOperand`]).
+    pub fn operand(&self, id: ParamId) -> ParamOperand<'_> {
+        match &self.half {
+            HalfParams::BF16(v) => {
+                let m = &self.metas[id.0];
+                let r = m.offset..m.offset + m.numel;
+                if let Some(g) = &self.gate {
+                    g.wait_for(r.end);
+                }
+                assert!(r.end <= v.len());
+                // SAFETY: in bounds. Through the raw pointer, as in `get`: under
+                // `--overlap-param-gather` another thread is writing other buckets.
+                ParamOperand::BF16(unsafe {
+                    std::slice::from_raw_parts(v.as_ptr().add(r.start), r.len())
+                })
+            }
+            _ => ParamOperand::Values(self.get(id)),
         }
     }
 

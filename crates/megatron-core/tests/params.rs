@@ -67,3 +67,46 @@ fn global_segments_cover_local_ranges_where_global_index_says() {
         }
     }
 }
+
+/// A matmul operand of a `--bf16` model is the 16-bit copy itself (no widened copy per call),
+/// holding exactly what `get` widens; under fp16 or fp32 it is the values `get` gives.
+#[test]
+fn operand_is_the_bf16_copy_as_stored_and_the_values_otherwise() {
+    use megatron_core::params::ParamOperand;
+    use megatron_tensor::cpu::cast::Half;
+    for half in [None, Some(Half::BF16), Some(Half::F16)] {
+        let mut p = Params::for_tp_rank(0, 1);
+        let mut inits = Vec::new();
+        let a = p.add_sharded(
+            &mut inits,
+            "a".into(),
+            &[3, 4],
+            true,
+            Init::Const(0.0),
+            Sharding::Replicated,
+        );
+        let b = p.add_sharded(
+            &mut inits,
+            "b".into(),
+            &[5],
+            false,
+            Init::Const(0.0),
+            Sharding::Replicated,
+        );
+        p.data = (0..p.numel())
+            .map(|i| (i as f32 * 0.37).sin() * 3.0)
+            .collect();
+        p.set_half(half);
+        for id in [a, b] {
+            let want = p.get(id).to_vec();
+            match (p.operand(id), half) {
+                (ParamOperand::BF16(v), Some(Half::BF16)) => {
+                    let widened: Vec<f32> = v.iter().map(|x| x.to_f32()).collect();
+                    assert_eq!(widened, want);
+                }
+                (ParamOperand::Values(v), None | Some(Half::F16)) => assert_eq!(&v[..], &want[..]),
+                (_, h) => panic!("{h:?}: the wrong form"),
+            }
+        }
+    }
+}

@@ -133,3 +133,35 @@ fn vocab_range_lookups_sum_to_the_fused_embedding_and_its_gradient() {
     assert_eq!(dwte, want_dwte);
     assert_eq!(dwpe, want_dwpe);
 }
+
+#[test]
+fn a_bf16_table_looks_up_the_widened_rows_exactly() {
+    // A `--bf16` model's embedding is looked up in its 16-bit copy: each row widened as looked
+    // up, the same bits as a lookup in the whole table widened first.
+    use half::bf16;
+    use megatron_tensor::cpu::embedding_lookup_forward;
+    let (v, c) = (10usize, 6usize);
+    let table: Vec<bf16> = (0..v * c)
+        .map(|i| bf16::from_f32((i as f32 * 0.61).sin()))
+        .collect();
+    let wide: Vec<f32> = table.iter().map(|x| x.to_f32()).collect();
+    let ids: Vec<u32> = vec![9, 0, 4, 4, 13, 7];
+    for accumulate in [false, true] {
+        let start: Vec<f32> = (0..ids.len() * c).map(|i| i as f32 * 0.5).collect();
+        let (mut got, mut want) = (start.clone(), start.clone());
+        embedding_lookup_forward(&mut got, &ids, &table[2 * c..], 2, accumulate);
+        embedding_lookup_forward(&mut want, &ids, &wide[2 * c..], 2, accumulate);
+        let same = got
+            .iter()
+            .zip(&want)
+            .all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(same, "accumulate {accumulate}: {got:?} vs {want:?}");
+        // Ids below the shard (0) and past it (13) are not this rank's: zeros, or untouched.
+        let row0 = &got[c..2 * c];
+        if accumulate {
+            assert_eq!(row0, &start[c..2 * c]);
+        } else {
+            assert!(row0.iter().all(|&x| x == 0.0));
+        }
+    }
+}

@@ -345,3 +345,44 @@ fn bf16_operands_under(setting: Bf16Kernel) {
     set_bf16_kernel(Bf16Kernel::Dot);
     set_gemm_threads(megatron_tensor::threads::available_cores());
 }
+
+/// The linear layer's kernels (`matmul_forward` with its bias, `matmul_backward`) take a
+/// `--bf16` weight as stored: the same bits as on its widened values, on the packed kernels
+/// (64 tokens) and below their row minimum (8 tokens, the rounded-operand f32 GEMM).
+#[test]
+fn linear_layer_kernels_give_the_same_bits_for_a_bf16_weight_and_its_widened_values() {
+    use half::bf16;
+    use megatron_tensor::cpu::matmul::{matmul_backward, matmul_forward, Operand};
+    kernels();
+    for setting in [Bf16Kernel::Amx, Bf16Kernel::Dot, Bf16Kernel::Fma] {
+        set_matmul_precision(MatmulPrecision::BF16);
+        set_bf16_kernel(setting);
+        for (n, i, o) in [(64, 40, 70), (8, 33, 17)] {
+            let (x, w) = operands(n, o, i, n + o);
+            let w16: Vec<bf16> = w.iter().map(|&v| bf16::from_f32(v)).collect();
+            let wide: Vec<f32> = w16.iter().map(|v| v.to_f32()).collect();
+            let bias: Vec<f32> = (0..o).map(|j| j as f32 * 0.125).collect();
+            let dy: Vec<f32> = (0..n * o)
+                .map(|j| ((j % 11) as f32 - 5.0) * 0.0625)
+                .collect();
+            let mut y = [vec![0.0f32; n * o], vec![0.0f32; n * o]];
+            let mut dx = [vec![0.0f32; n * i], vec![0.0f32; n * i]];
+            let mut dw = [vec![0.5f32; o * i], vec![0.5f32; o * i]];
+            let mut db = [vec![0.0f32; o], vec![0.0f32; o]];
+            for (s, weight) in [Operand::BF16(&w16), Operand::F32(&wide)]
+                .into_iter()
+                .enumerate()
+            {
+                matmul_forward(&mut y[s], &x, weight, Some(&bias), n, i, o);
+                let (dx, dw, db) = (&mut dx[s], &mut dw[s], &mut db[s]);
+                matmul_backward(Some(dx), dw, Some(db), &dy, &x, weight, n, i, o);
+            }
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            for (what, [a, b]) in [("y", &y), ("dx", &dx), ("dw", &dw), ("db", &db)] {
+                assert!(bits(a) == bits(b), "{setting:?} {n}x{i}x{o}: {what}");
+            }
+        }
+    }
+    set_matmul_precision(MatmulPrecision::F32);
+    set_bf16_kernel(Bf16Kernel::Dot);
+}

@@ -82,7 +82,7 @@ pub fn decode_step(
     matmul_forward(
         logits.data_mut(),
         xf.data(),
-        &params.get(wid),
+        params.operand(wid).operand(),
         None,
         b,
         h,

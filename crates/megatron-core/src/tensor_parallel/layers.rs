@@ -5,6 +5,7 @@ use super::mappings::*;
 use super::Tp;
 use crate::params::{Grads, Init, ParamId, Params, Sharding};
 use megatron_comm::CommError;
+use megatron_tensor::cpu::matmul::Operand;
 use megatron_tensor::cpu::{
     embedding_lookup_backward, embedding_lookup_forward, matmul_backward, matmul_forward,
 };
@@ -143,7 +144,7 @@ impl ColumnParallelLinear {
         matmul_forward(
             y.data_mut(),
             xf.data(),
-            &params.get(self.weight),
+            params.operand(self.weight).operand(),
             bias.as_deref(),
             n,
             k,
@@ -191,7 +192,7 @@ impl ColumnParallelLinear {
                     Some(db),
                     dy.data(),
                     xf.data(),
-                    &params.get(self.weight),
+                    params.operand(self.weight).operand(),
                     n,
                     k,
                     m,
@@ -203,7 +204,7 @@ impl ColumnParallelLinear {
                 None,
                 dy.data(),
                 xf.data(),
-                &params.get(self.weight),
+                params.operand(self.weight).operand(),
                 n,
                 k,
                 m,
@@ -286,7 +287,7 @@ impl RowParallelLinear {
         matmul_forward(
             y.data_mut(),
             x.data(),
-            &params.get(self.weight),
+            params.operand(self.weight).operand(),
             None,
             n,
             k,
@@ -321,7 +322,7 @@ impl RowParallelLinear {
             None,
             dy.data(),
             xl.data(),
-            &params.get(self.weight),
+            params.operand(self.weight).operand(),
             n,
             k,
             m,
@@ -373,13 +374,11 @@ impl VocabParallelEmbedding {
 
     pub fn forward(&self, params: &Params, tp: &mut Tp, ids: &[u32]) -> Result<Tensor, CommError> {
         let mut out = Tensor::for_overwrite(&[ids.len(), self.hidden]);
-        embedding_lookup_forward(
-            out.data_mut(),
-            ids,
-            &params.get(self.weight),
-            self.vocab_start,
-            false,
-        );
+        let (o, start) = (out.data_mut(), self.vocab_start);
+        match params.operand(self.weight).operand() {
+            Operand::F32(table) => embedding_lookup_forward(o, ids, table, start, false),
+            Operand::BF16(table) => embedding_lookup_forward(o, ids, table, start, false),
+        }
         reduce_to_output_region_forward(tp, out)
     }
 

@@ -66,11 +66,11 @@ impl BertBinaryHead {
         embedding_lookup_forward(first.data_mut(), &firsts, y.data(), 0, false);
         let (pw, pb) = self.pooler;
         let mut pre = Tensor::for_overwrite(&[b, h]);
-        let pooler_w = params.get(pw);
+        let pooler_w = params.operand(pw);
         matmul_forward(
             pre.data_mut(),
             first.data(),
-            &pooler_w,
+            pooler_w.operand(),
             Some(&params.get(pb)),
             b,
             h,
@@ -81,12 +81,12 @@ impl BertBinaryHead {
         let (hw, hb) = self
             .head
             .expect("the sentence-order loss needs the binary head");
-        let head_w = params.get(hw);
+        let head_w = params.operand(hw);
         let mut logits = Tensor::for_overwrite(&[b, 2]);
         matmul_forward(
             logits.data_mut(),
             pooled.data(),
-            &head_w,
+            head_w.operand(),
             Some(&params.get(hb)),
             b,
             h,
@@ -115,7 +115,7 @@ impl BertBinaryHead {
                     Some(db),
                     dlogits.data(),
                     pooled.data(),
-                    &head_w,
+                    head_w.operand(),
                     b,
                     h,
                     2,
@@ -131,7 +131,7 @@ impl BertBinaryHead {
                 Some(db),
                 dpre.data(),
                 first.data(),
-                &pooler_w,
+                pooler_w.operand(),
                 b,
                 h,
                 h,

@@ -117,12 +117,12 @@ impl BertLMHead {
         let mut x = Tensor::for_overwrite(&[n, h]);
         embedding_lookup_forward(x.data_mut(), masked.rows, y.data(), 0, false);
         let (dw, db) = self.dense;
-        let dense_w = params.get(dw);
+        let dense_w = params.operand(dw);
         let mut pre = Tensor::for_overwrite(&[n, h]);
         matmul_forward(
             pre.data_mut(),
             x.data(),
-            &dense_w,
+            dense_w.operand(),
             Some(&params.get(db)),
             n,
             h,
@@ -195,7 +195,7 @@ impl BertLMHead {
             Some(ddb),
             dpre.data(),
             x.data(),
-            &dense_w,
+            dense_w.operand(),
             n,
             h,
             h,

@@ -579,7 +579,7 @@ impl T5Model {
         megatron_tensor::cpu::matmul_forward(
             logits.data_mut(),
             last.data(),
-            &params.get(w),
+            params.operand(w).operand(),
             None,
             n,
             h,

@@ -40,7 +40,7 @@ impl CellEmbedding {
         matmul_forward(
             out.data_mut(),
             features.data(),
-            &params.get(self.weight),
+            params.operand(self.weight).operand(),
             Some(&params.get(self.bias)),
             n,
             FEATURES,
@@ -59,7 +59,7 @@ impl CellEmbedding {
             Some(db),
             dout.data(),
             features.data(),
-            &params.get(self.weight),
+            params.operand(self.weight).operand(),
             n,
             FEATURES,
             self.emb,

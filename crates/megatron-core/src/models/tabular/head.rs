@@ -132,7 +132,7 @@ impl TabularHead {
         matmul_forward(
             logits.data_mut(),
             normed.data(),
-            &params.get(w),
+            params.operand(w).operand(),
             Some(&params.get(b)),
             n,
             self.emb,
@@ -193,7 +193,7 @@ impl TabularHead {
                 Some(db),
                 dlogits.data(),
                 f.normed.data(),
-                &params.get(w),
+                params.operand(w).operand(),
                 n,
                 self.emb,
                 width,

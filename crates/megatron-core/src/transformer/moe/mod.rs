@@ -185,7 +185,7 @@ impl MoELayer {
         matmul_forward(
             logits.data_mut(),
             x.data(),
-            &params.get(self.router),
+            params.operand(self.router).operand(),
             None,
             n,
             h,

@@ -78,7 +78,15 @@ impl SharedExpertMLP {
         };
         let (n, h) = (x.shape()[0], self.hidden);
         let mut logits = vec![0.0f32; n];
-        matmul_forward(&mut logits, x.data(), &params.get(g), None, n, h, 1);
+        matmul_forward(
+            &mut logits,
+            x.data(),
+            params.operand(g).operand(),
+            None,
+            n,
+            h,
+            1,
+        );
         let mut gate = vec![0.0f32; n];
         let mut out = Tensor::for_overwrite(&[n, h]);
         sigmoid_gate_forward(out.data_mut(), &mut gate, &logits, y.data(), h);

@@ -51,14 +51,17 @@ pub fn embedding_backward(
 /// One rank's part of a vocabulary-parallel lookup (Megatron's `VocabParallelEmbedding`): rows
 /// `[vocab_start, vocab_start + table_rows)` of the global table live in `table`. Row `i` of `out`
 /// gets (or, with `accumulate`, adds) `table[ids[i] - vocab_start]`, or zeros when the id is
-/// owned by another rank; summing over ranks gives the full lookup.
-pub fn embedding_lookup_forward(
+/// owned by another rank; summing over ranks gives the full lookup. The table as stored (f32,
+/// or a `--bf16` model's 16-bit copy): only the rows looked up are widened.
+pub fn embedding_lookup_forward<T: Copy + Sync>(
     out: &mut [f32],
     ids: &[u32],
-    table: &[f32],
+    table: &[T],
     vocab_start: usize,
     accumulate: bool,
-) {
+) where
+    f32: From<T>,
+{
     let c = out.len() / ids.len().max(1);
     let rows = table.len() / c.max(1);
     out.par_chunks_mut(c).enumerate().for_each(|(i, o)| {
@@ -66,9 +69,9 @@ pub fn embedding_lookup_forward(
         if id >= vocab_start && id < vocab_start + rows {
             let e = &table[(id - vocab_start) * c..(id - vocab_start + 1) * c];
             if accumulate {
-                o.iter_mut().zip(e).for_each(|(a, b)| *a += b);
+                o.iter_mut().zip(e).for_each(|(a, b)| *a += f32::from(*b));
             } else {
-                o.copy_from_slice(e);
+                o.iter_mut().zip(e).for_each(|(a, b)| *a = f32::from(*b));
             }
         } else if !accumulate {
             o.fill(0.0);

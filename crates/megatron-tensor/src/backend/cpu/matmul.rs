@@ -468,10 +468,12 @@ pub fn bias_backward(dbias: &mut [f32], dout: &[f32], rows: usize, cols: usize) 
 }
 
 /// Linear layer forward, Megatron layout: `out[n, o] = inp[n, i] · weight[o, i]^T (+ bias[o])`.
+/// The weight as stored: a `--bf16` weight's 16-bit copy goes to the packed kernels' packing as
+/// it is, with no widened copy per call (the same bits either way, see [`Operand`]).
 pub fn matmul_forward(
     out: &mut [f32],
     inp: &[f32],
-    weight: &[f32],
+    weight: Operand<'_>,
     bias: Option<&[f32]>,
     n: usize,
     i: usize,
@@ -485,7 +487,7 @@ pub fn matmul_forward(
     };
     let mut d = MatmulDims::new(n, o, i).tb();
     d.accumulate = acc;
-    matmul(out, inp, weight, d);
+    matmul_operands(out, Operand::F32(inp), weight, d);
 }
 
 /// Linear layer backward: writes `dinp` (if given), accumulates `dweight` and `dbias`.
@@ -496,13 +498,13 @@ pub fn matmul_backward(
     dbias: Option<&mut [f32]>,
     dout: &[f32],
     inp: &[f32],
-    weight: &[f32],
+    weight: Operand<'_>,
     n: usize,
     i: usize,
     o: usize,
 ) {
     if let Some(di) = dinp {
-        matmul(di, dout, weight, MatmulDims::new(n, i, o));
+        matmul_operands(di, Operand::F32(dout), weight, MatmulDims::new(n, i, o));
     }
     matmul(dweight, dout, inp, MatmulDims::new(o, i, n).ta().acc());
     if let Some(db) = dbias {
