@@ -263,6 +263,13 @@ fn kernels(a: &BenchArgs) -> anyhow::Result<()> {
             }),
         );
         let wv = vec![0.01f32; v * h];
+        // Under `--bf16` the output weight is read as a bf16 model stores it.
+        let wv16 = vec![half::bf16::from_f32(0.01); if a.bf16 { v * h } else { 0 }];
+        let wop = if a.bf16 {
+            matmul::Operand::BF16(&wv16)
+        } else {
+            matmul::Operand::F32(&wv)
+        };
         let mut dwv = vec![0.0f32; v * h];
         let tg: Vec<u32> = (0..n as u32).map(|i| i % v as u32).collect();
         let dl = vec![1.0f32 / n as f32; n];
@@ -281,7 +288,7 @@ fn kernels(a: &BenchArgs) -> anyhow::Result<()> {
                     &mut losses,
                     Some((&mut dx, &mut dwv)),
                     &x,
-                    &wv,
+                    wop,
                     None,
                     &tg,
                     &dl,

@@ -6,6 +6,7 @@ use megatron_core::params::{Grads, Params};
 use megatron_core::tensor_parallel::{vocab_parallel_cross_entropy, Tp, VocabParallelEmbedding};
 use megatron_core::transformer::step::StepContext;
 use megatron_core::{Batch, GPTModel, TransformerConfig};
+use megatron_tensor::cpu::matmul::Operand;
 use megatron_tensor::cpu::{
     embedding_lookup_backward, embedding_lookup_forward, fused_classifier, ClassifierDims,
     IGNORE_INDEX,
@@ -84,7 +85,7 @@ fn vocab_parallel_cross_entropy_matches_the_serial_kernel() {
         &mut want,
         Some((&mut want_dx, &mut want_dw)),
         &x,
-        &w,
+        Operand::F32(&w),
         None,
         &targets,
         &dloss,
@@ -113,7 +114,7 @@ fn vocab_parallel_cross_entropy_matches_the_serial_kernel() {
                 &mut losses,
                 Some((&mut dx, &mut dw)),
                 &x,
-                shard,
+                Operand::F32(shard),
                 None,
                 &targets,
                 &dloss,

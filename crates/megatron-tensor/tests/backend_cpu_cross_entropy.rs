@@ -1,5 +1,6 @@
 mod common;
 use common::*;
+use megatron_tensor::cpu::matmul::Operand;
 use megatron_tensor::cpu::{fused_classifier, ClassifierDims, IGNORE_INDEX};
 
 fn naive_losses(x: &[f32], w: &[f32], tg: &[u32], n: usize, c: usize, v: usize) -> Vec<f32> {
@@ -50,7 +51,16 @@ fn fused_classifier_losses_match_naive_for_any_chunking() {
             v,
             chunk_rows: chunk,
         };
-        fused_classifier(&mut losses, None, &x, &w, None, &tg, &vec![0.0; n], d);
+        fused_classifier(
+            &mut losses,
+            None,
+            &x,
+            Operand::F32(&w),
+            None,
+            &tg,
+            &vec![0.0; n],
+            d,
+        );
         assert_close(&losses, &want, 1e-4, 1e-4, &format!("chunk {chunk}"));
     }
 }
@@ -73,7 +83,7 @@ fn fused_classifier_backward_matches_finite_difference() {
         &mut losses,
         Some((&mut dx, &mut dw)),
         &x,
-        &w,
+        Operand::F32(&w),
         None,
         &tg,
         &dloss,
@@ -109,7 +119,7 @@ fn fused_classifier_accumulates_weight_gradient() {
         &mut l,
         Some((&mut dx, &mut dw1)),
         &x,
-        &w,
+        Operand::F32(&w),
         None,
         &tg,
         &dloss,
@@ -120,7 +130,7 @@ fn fused_classifier_accumulates_weight_gradient() {
         &mut l,
         Some((&mut dx, &mut dw2)),
         &x,
-        &w,
+        Operand::F32(&w),
         None,
         &tg,
         &dloss,
@@ -149,7 +159,7 @@ fn fused_classifier_rows_with_zero_dloss_contribute_no_gradient() {
         &mut l,
         Some((&mut dx, &mut dw)),
         &x,
-        &w,
+        Operand::F32(&w),
         None,
         &tg,
         &dloss,
@@ -176,7 +186,7 @@ fn fused_classifier_rows_with_zero_dloss_contribute_no_gradient() {
         &mut [0.0],
         Some((&mut dx1, &mut only)),
         &x[2 * c..3 * c],
-        &w,
+        Operand::F32(&w),
         None,
         &tg[2..3],
         &[1.0],
@@ -212,7 +222,7 @@ fn fused_classifier_on_packed_bf16_kernels_matches_the_rounded_operand_f32_path(
             &mut l,
             Some((&mut dx, &mut dw)),
             &x,
-            &w,
+            Operand::F32(&w),
             None,
             &tg,
             &dloss,
@@ -242,5 +252,45 @@ fn fused_classifier_on_packed_bf16_kernels_matches_the_rounded_operand_f32_path(
             assert_close(&dx, &dx_fma, 1e-6, 1e-4, "dx");
             assert_close(&dw, &dw_fma, 1e-6, 1e-4, "dw");
         }
+    }
+}
+
+#[test]
+fn a_bf16_output_weight_gives_the_bits_of_its_widened_values() {
+    // A `--bf16` model's output weight is packed from its 16-bit copy (or, below the packed
+    // kernels' row minimum, widened once): the same losses and gradients, bit for bit, as the
+    // same weight widened to f32 first, on every bf16 kernel setting.
+    use half::bf16;
+    use megatron_tensor::cpu::matmul::{
+        set_bf16_kernel, set_matmul_precision, Bf16Kernel, MatmulPrecision,
+    };
+    for (n, chunk_rows) in [(70, 16), (9, 4)] {
+        let (c, v) = (40, 150);
+        let (x, w, tg) = setup(n, c, v, 6);
+        let w16: Vec<bf16> = w.iter().map(|&a| bf16::from_f32(a)).collect();
+        let wide: Vec<f32> = w16.iter().map(|a| a.to_f32()).collect();
+        let dloss = vec![1.0 / n as f32; n];
+        let d = ClassifierDims {
+            n,
+            c,
+            v,
+            chunk_rows,
+        };
+        for setting in [Bf16Kernel::Amx, Bf16Kernel::Dot, Bf16Kernel::Fma] {
+            set_matmul_precision(MatmulPrecision::BF16);
+            set_bf16_kernel(setting);
+            let run = |weight: Operand<'_>| {
+                let (mut l, mut dx, mut dw) = (vec![0.0; n], vec![0.0; n * c], vec![0.0; v * c]);
+                let g = Some((&mut dx[..], &mut dw[..]));
+                fused_classifier(&mut l, g, &x, weight, None, &tg, &dloss, d);
+                [l, dx, dw].map(|t| t.iter().map(|a| a.to_bits()).collect::<Vec<_>>())
+            };
+            let (got, want) = (run(Operand::BF16(&w16)), run(Operand::F32(&wide)));
+            for (i, what) in ["losses", "dx", "dw"].iter().enumerate() {
+                assert!(got[i] == want[i], "{setting:?}, {n} tokens: {what}");
+            }
+        }
+        set_matmul_precision(MatmulPrecision::F32);
+        set_bf16_kernel(Bf16Kernel::Dot);
     }
 }

@@ -4,6 +4,7 @@
 
 use super::Tp;
 use megatron_comm::{CommError, ReduceOp};
+use megatron_tensor::cpu::matmul::Operand;
 use megatron_tensor::cpu::{
     fused_classifier, vocab_parallel_classifier, ClassifierBias, ClassifierDims, ClassifierReduce,
 };
@@ -18,7 +19,7 @@ pub fn vocab_parallel_cross_entropy(
     losses: &mut [f32],
     grads: Option<(&mut [f32], &mut [f32])>,
     x: &[f32],
-    weight: &[f32],
+    weight: Operand<'_>,
     bias: Option<ClassifierBias>,
     targets: &[u32],
     dloss: &[f32],

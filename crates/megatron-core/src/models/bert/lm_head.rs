@@ -139,7 +139,7 @@ impl BertLMHead {
             chunk_rows: crate::models::gpt::classifier_tile_rows(v),
         };
         let mut losses = vec![0.0f32; n];
-        let emb = params.get(word_embeddings);
+        let emb = params.operand(word_embeddings);
         let bias = params.get(self.output_bias);
         let Some(HeadBackward { grads, dy, dloss }) = backward else {
             vocab_parallel_cross_entropy(
@@ -147,7 +147,7 @@ impl BertLMHead {
                 &mut losses,
                 None,
                 normed.data(),
-                &emb,
+                emb.operand(),
                 Some(ClassifierBias {
                     bias: &bias,
                     dbias: None,
@@ -167,7 +167,7 @@ impl BertLMHead {
                 &mut losses,
                 Some((dnormed.data_mut(), demb)),
                 normed.data(),
-                &emb,
+                emb.operand(),
                 Some(ClassifierBias {
                     bias: &bias,
                     dbias: Some(dbias),

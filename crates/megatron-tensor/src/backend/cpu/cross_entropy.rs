@@ -68,7 +68,7 @@ pub fn fused_classifier(
     losses: &mut [f32],
     mut grads: Option<(&mut [f32], &mut [f32])>,
     x: &[f32],
-    weight: &[f32],
+    weight: Operand<'_>,
     mut bias: Option<ClassifierBias>,
     targets: &[u32],
     dloss: &[f32],
@@ -79,18 +79,18 @@ pub fn fused_classifier(
     assert_eq!(weight.len(), v * c);
     assert_eq!(targets.len(), n);
     assert_eq!(losses.len(), n);
-    let packed = ClassifierWeight::pack(weight, (n, c, v), grads.is_some());
-    let (half, xh, wh) = classifier_operands(x, weight, &packed);
-    let (x, weight) = (&*xh, &*wh);
+    let weight = ClassifierWeight::new(weight, (n, c, v), grads.is_some());
+    let (half, xh) = classifier_input(x);
+    let x = &*xh;
     let rows = d.chunk_rows.max(1).min(n.max(1));
     let mut logits = crate::pool::take_any(rows * v);
-    let mut backward = ClassifierBackward::new(&packed, (n, v, rows));
+    let mut backward = ClassifierBackward::new(&weight, (n, v, rows));
     let mut r0 = 0;
     while r0 < n {
         let nr = rows.min(n - r0);
         let tile = &mut logits[..nr * v];
         let xr = &x[r0 * c..(r0 + nr) * c];
-        logits_matmul(tile, xr, weight, &packed, (nr, c, v), half);
+        logits_matmul(tile, xr, &weight, (nr, c, v), half);
         if let Some(b) = &bias {
             b.add(tile);
         }
@@ -114,14 +114,7 @@ pub fn fused_classifier(
             if let Some(b) = bias.as_mut() {
                 b.backward(tile);
             }
-            backward.tile(
-                (dx, dw),
-                tile,
-                x,
-                (weight, &packed),
-                (r0, nr, n, c, v),
-                half,
-            );
+            backward.tile((dx, dw), tile, x, &weight, (r0, nr, n, c, v), half);
         }
         r0 += nr;
     }
@@ -169,8 +162,15 @@ enum ClassifierBackward {
 }
 
 impl ClassifierBackward {
-    fn new(packed: &ClassifierWeight, (n, v, rows): (usize, usize, usize)) -> Self {
-        if packed.backward.is_none() || n == 0 || v == 0 {
+    fn new(weight: &ClassifierWeight, (n, v, rows): (usize, usize, usize)) -> Self {
+        let chunked = matches!(
+            weight,
+            ClassifierWeight::Packed {
+                backward: Some(_),
+                ..
+            }
+        );
+        if !chunked || n == 0 || v == 0 {
             return ClassifierBackward::PerTile;
         }
         let tiles = (GRAD_CHUNK.with(|c| c.get()) / (2 * v * rows)).max(1);
@@ -195,22 +195,30 @@ impl ClassifierBackward {
         (dx, dw): (&mut [f32], &mut [f32]),
         tile: &mut [f32],
         x: &[f32],
-        (weight, packed): (&[f32], &ClassifierWeight),
+        weight: &ClassifierWeight,
         (r0, nr, n, c, v): (usize, usize, usize, usize, usize),
         half: Option<Half>,
     ) {
-        let ClassifierBackward::Chunked {
-            dlogits,
-            cap,
-            start,
-            filled,
-        } = self
+        let (
+            ClassifierBackward::Chunked {
+                dlogits,
+                cap,
+                start,
+                filled,
+            },
+            ClassifierWeight::Packed {
+                backward: Some(p), ..
+            },
+        ) = (self, weight)
         else {
+            let ClassifierWeight::Values(w) = weight else {
+                unreachable!("a packed weight with gradients goes by chunks");
+            };
             return classifier_tile_backward(
                 &mut dx[r0 * c..(r0 + nr) * c],
                 dw,
                 tile,
-                (&x[r0 * c..(r0 + nr) * c], weight),
+                (&x[r0 * c..(r0 + nr) * c], w),
                 (nr, c, v),
                 half,
             );
@@ -226,10 +234,6 @@ impl ClassifierBackward {
         }
         let (t0, m) = (*start, *filled);
         let chunk = Operand::BF16(&dlogits[..m * v]);
-        let p = packed
-            .backward
-            .as_ref()
-            .expect("chunked only with a packed weight");
         matmul_prepacked(
             &mut dx[t0 * c..(t0 + m) * c],
             chunk,
@@ -269,24 +273,43 @@ fn classifier_tile_backward(
     tile_matmul(dw, dlogits, x, MatmulDims::new(v, c, rows).ta().acc(), half);
 }
 
-/// The output weight packed once per call for the packed bf16 kernels: as the `b` of the
-/// logits (`x · Wᵀ`) and of the input gradient (`dlogits · W`).
-struct ClassifierWeight {
-    forward: Option<PackedB>,
-    backward: Option<PackedB>,
+/// The output weight as its products read it: packed once per call for the packed bf16
+/// kernels (as the `b` of the logits `x · Wᵀ` and of the input gradient `dlogits · W`; a
+/// `--bf16` weight packed from its 16-bit copy, never widened), or its values, under 16-bit
+/// matmuls rounded once per call rather than once per tile (the output weight is the largest
+/// operand in the model).
+enum ClassifierWeight<'a> {
+    Packed {
+        forward: PackedB,
+        backward: Option<PackedB>,
+    },
+    Values(RoundedOperand<'a>),
 }
 
-impl ClassifierWeight {
+impl<'a> ClassifierWeight<'a> {
     /// `n` tokens in all (the tiles together): too few and nothing is packed.
-    fn pack(weight: &[f32], (n, c, v): (usize, usize, usize), with_grads: bool) -> Self {
-        ClassifierWeight {
-            forward: prepack_b(weight, MatmulDims::new(n, v, c).tb()),
-            backward: if with_grads {
+    fn new(weight: Operand<'a>, (n, c, v): (usize, usize, usize), with_grads: bool) -> Self {
+        if let Some(forward) = prepack_b(weight, MatmulDims::new(n, v, c).tb()) {
+            let backward = if with_grads {
                 prepack_b(weight, MatmulDims::new(n, c, v))
             } else {
                 None
-            },
+            };
+            return ClassifierWeight::Packed { forward, backward };
         }
+        let half = matmul_precision().half();
+        ClassifierWeight::Values(match (weight, half) {
+            (Operand::F32(w), Some(h)) => rounded_operand(w, h),
+            (Operand::F32(w), None) => RoundedOperand::Exact(w),
+            // Widened exactly; rounded again only for a narrower 16-bit format.
+            (Operand::BF16(_), _) => match weight.widened() {
+                RoundedOperand::Rounded(mut t) if half.is_some_and(|h| h != Half::BF16) => {
+                    round_to_half_inplace(t.data_mut(), half.expect("checked"));
+                    RoundedOperand::Rounded(t)
+                }
+                w => w,
+            },
+        })
     }
 }
 
@@ -294,39 +317,25 @@ impl ClassifierWeight {
 fn logits_matmul(
     tile: &mut [f32],
     x: &[f32],
-    weight: &[f32],
-    packed: &ClassifierWeight,
+    weight: &ClassifierWeight,
     (rows, c, v): (usize, usize, usize),
     half: Option<Half>,
 ) {
     let d = MatmulDims::new(rows, v, c).tb();
-    match &packed.forward {
-        Some(p) => matmul_prepacked(tile, Operand::F32(x), p, d),
-        None => tile_matmul(tile, x, weight, d, half),
+    match weight {
+        ClassifierWeight::Packed { forward, .. } => {
+            matmul_prepacked(tile, Operand::F32(x), forward, d)
+        }
+        ClassifierWeight::Values(w) => tile_matmul(tile, x, w, d, half),
     }
 }
 
-/// Under 16-bit matmuls the classifier's operands, rounded once per call rather than once per
-/// tile (the output weight is the largest operand in the model). A weight packed for a packed
-/// bf16 kernel is rounded while packed, and every product that reads it reads the packing, so
-/// it is not rounded again (a copy the size of the weight, per micro-batch).
-fn classifier_operands<'a>(
-    x: &'a [f32],
-    weight: &'a [f32],
-    packed: &ClassifierWeight,
-) -> (Option<Half>, RoundedOperand<'a>, RoundedOperand<'a>) {
+/// Under 16-bit matmuls the classifier's input, rounded once per call rather than once per
+/// tile (a packed kernel rounds while packing; the rounding is the same).
+fn classifier_input(x: &[f32]) -> (Option<Half>, RoundedOperand<'_>) {
     match matmul_precision().half() {
-        Some(h) if packed.forward.is_some() => (
-            Some(h),
-            rounded_operand(x, h),
-            RoundedOperand::Exact(weight),
-        ),
-        Some(h) => (Some(h), rounded_operand(x, h), rounded_operand(weight, h)),
-        None => (
-            None,
-            RoundedOperand::Exact(x),
-            RoundedOperand::Exact(weight),
-        ),
+        Some(h) => (Some(h), rounded_operand(x, h)),
+        None => (None, RoundedOperand::Exact(x)),
     }
 }
 
@@ -410,7 +419,7 @@ pub fn vocab_parallel_classifier<E>(
     losses: &mut [f32],
     mut grads: Option<(&mut [f32], &mut [f32])>,
     x: &[f32],
-    weight: &[f32],
+    weight: Operand<'_>,
     mut bias: Option<ClassifierBias>,
     targets: &[u32],
     dloss: &[f32],
@@ -423,12 +432,12 @@ pub fn vocab_parallel_classifier<E>(
     assert_eq!(weight.len(), v * c);
     assert_eq!(targets.len(), n);
     assert_eq!(losses.len(), n);
-    let packed = ClassifierWeight::pack(weight, (n, c, v), grads.is_some());
-    let (half, xh, wh) = classifier_operands(x, weight, &packed);
-    let (x, weight) = (&*xh, &*wh);
+    let weight = ClassifierWeight::new(weight, (n, c, v), grads.is_some());
+    let (half, xh) = classifier_input(x);
+    let x = &*xh;
     let rows = d.chunk_rows.max(1).min(n.max(1));
     let mut logits = crate::pool::take_any(rows * v);
-    let mut backward = ClassifierBackward::new(&packed, (n, v, rows));
+    let mut backward = ClassifierBackward::new(&weight, (n, v, rows));
     let owned = |tgt: u32| -> Option<usize> {
         let t = tgt as usize;
         (tgt != IGNORE_INDEX && t >= vocab_start && t < vocab_start + v).then(|| t - vocab_start)
@@ -439,7 +448,7 @@ pub fn vocab_parallel_classifier<E>(
         let tile = &mut logits[..nr * v];
         let xr = &x[r0 * c..(r0 + nr) * c];
         let tg = &targets[r0..r0 + nr];
-        logits_matmul(tile, xr, weight, &packed, (nr, c, v), half);
+        logits_matmul(tile, xr, &weight, (nr, c, v), half);
         if let Some(b) = &bias {
             b.add(tile);
         }
@@ -486,14 +495,7 @@ pub fn vocab_parallel_classifier<E>(
             if let Some(b) = bias.as_mut() {
                 b.backward(tile);
             }
-            backward.tile(
-                (dx, dw),
-                tile,
-                x,
-                (weight, &packed),
-                (r0, nr, n, c, v),
-                half,
-            );
+            backward.tile((dx, dw), tile, x, &weight, (r0, nr, n, c, v), half);
         }
         r0 += nr;
     }

@@ -208,7 +208,7 @@ pub enum Operand<'a> {
     BF16(&'a [half::bf16]),
 }
 
-impl Operand<'_> {
+impl<'a> Operand<'a> {
     pub fn len(&self) -> usize {
         match self {
             Operand::F32(x) => x.len(),
@@ -222,8 +222,8 @@ impl Operand<'_> {
 
     /// The values as f32: borrowed, or widened into a pooled buffer (exact, so the rounding
     /// check of a 16-bit product finds them exact and borrows them).
-    fn widened(&self) -> RoundedOperand<'_> {
-        match self {
+    pub(crate) fn widened(&self) -> RoundedOperand<'a> {
+        match *self {
             Operand::F32(x) => RoundedOperand::Exact(x),
             Operand::BF16(x) => {
                 let mut t = crate::Tensor::for_overwrite(&[x.len()]);
@@ -272,9 +272,12 @@ pub fn matmul_on_rounded(out: &mut [f32], a: &[f32], b: &[f32], d: MatmulDims) {
 /// its token tiles), where this thread's matmuls run on a packed kernel and `d.m`, the rows
 /// all those products have together, is at least [`PACKED_MIN_ROWS`]; `None` elsewhere, and
 /// the caller multiplies as usual.
-pub fn prepack_b(b: &[f32], d: MatmulDims) -> Option<PackedB> {
+pub fn prepack_b(b: Operand<'_>, d: MatmulDims) -> Option<PackedB> {
     product_kernel((matmul_precision(), bf16_kernel()), d)?;
-    PackedB::new(b, d, gemm_threads())
+    match b {
+        Operand::F32(b) => PackedB::of(b, d, gemm_threads()),
+        Operand::BF16(b) => PackedB::of(b, d, gemm_threads()),
+    }
 }
 
 /// `out (=|+=) op(a) · op(b)` with `b` from [`prepack_b`] (the same dims but `m`), on this

@@ -205,6 +205,11 @@ impl PackedB {
     /// Packs all of `op(b)` (`d.k` x `d.n`, `d.trans_b`; `d.m` is ignored). `None` where no
     /// packed kernel runs (no AVX512_BF16).
     pub fn new(b: &[f32], d: MatmulDims, threads: usize) -> Option<Self> {
+        Self::of(b, d, threads)
+    }
+
+    /// [`PackedB::new`] of `b` as stored (f32, or bf16 packed without widening).
+    pub(crate) fn of<B: PackElem>(b: &[B], d: MatmulDims, threads: usize) -> Option<Self> {
         let MatmulDims { n, k, .. } = d;
         assert_eq!(b.len(), k * n, "matmul b");
         if !BlockKernel::DotProduct.available() || n == 0 || k == 0 {
