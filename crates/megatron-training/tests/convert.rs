@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{args, tmpdir, MOE};
+use common::{args, tmpdir, MOE, SMALL_RUN};
 use megatron_core::inference::{decode_step, KVCache};
 use megatron_core::models::ModelFamily;
 use megatron_core::Params;
@@ -633,5 +633,117 @@ fn a_converted_llama_trains_from_its_own_config_and_matches_one_rank_at_tp2_pp2(
         .unwrap_err()
         .to_string();
     assert!(e.contains("another model configuration"), "{e}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn a_llama2_tokenizer_checkpoint_exports_its_sentencepiece_model_for_transformers() {
+    // A model trained with Megatron's Llama2Tokenizer: `--to hf` writes the tokenizer.model as
+    // it is, and a tokenizer.json that gives what the sentencepiece library gives, after BOS
+    // (the fixture's vectors: sentencepiece's own ids).
+    let dir = tmpdir("convert-llama2-tokenizer");
+    let fx = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../megatron-data/tests/fixtures/sentencepiece");
+    let model = fx.join("tiny-sotu-bpe.model");
+    let m = model.to_str().unwrap();
+    let hf = trained_and_exported(
+        &dir,
+        &[
+            "--tokenizer-type",
+            "Llama2Tokenizer",
+            "--tokenizer-model",
+            m,
+        ],
+    );
+    assert_eq!(
+        std::fs::read(hf.join("tokenizer.model")).unwrap(),
+        std::fs::read(&model).unwrap()
+    );
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(hf.join("tokenizer_config.json")).unwrap())
+            .unwrap();
+    assert_eq!(
+        (
+            &config["bos_token"],
+            &config["eos_token"],
+            &config["add_bos_token"]
+        ),
+        (&"<s>".into(), &"</s>".into(), &true.into())
+    );
+    let t = tokenizers::Tokenizer::from_file(hf.join("tokenizer.json")).unwrap();
+    let vectors: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(fx.join("tiny-sotu-bpe-vectors.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(config["tokenizer_class"], "PreTrainedTokenizerFast");
+    let mut checked = 0;
+    for c in vectors["cases"].as_array().unwrap() {
+        let text = c["text"].as_str().unwrap();
+        // A Hugging Face tokenizer reads control tokens written in the text as those tokens.
+        if text.contains("<s>") {
+            continue;
+        }
+        let mut want = vec![1u32];
+        want.extend(
+            c["ids"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|i| i.as_u64().unwrap() as u32),
+        );
+        assert_eq!(
+            t.encode(text, true).unwrap().get_ids(),
+            &want[..],
+            "{text:?}"
+        );
+        checked += 1;
+    }
+    assert_eq!(checked, 52);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A tiny GPT trained 3 steps on mock data with `tokenizer` flags, exported to HF under `dir`.
+fn trained_and_exported(dir: &Path, tokenizer: &[&str]) -> PathBuf {
+    let save = dir.join("m");
+    let s = save.to_str().unwrap();
+    let v = [
+        &["megatron", "--mock-data"],
+        SMALL_RUN,
+        tokenizer,
+        &["--train-iters", "3", "--save", s],
+    ];
+    megatron_training::pretrain(&common::parse_train(&v.concat())).unwrap();
+    let hf = dir.join("hf");
+    megatron_to_hf(&save, &hf).unwrap();
+    hf
+}
+
+#[test]
+fn a_gpt2_tokenizer_checkpoint_exports_its_vocab_and_merges_for_transformers() {
+    let dir = tmpdir("convert-gpt2-tokenizer");
+    let gpt2 =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../megatron-data/tests/fixtures/gpt2");
+    let (v, m) = (gpt2.join("vocab.json"), gpt2.join("merges.txt"));
+    let flags = [
+        "--tokenizer-type",
+        "GPT2BPETokenizer",
+        "--vocab-file",
+        v.to_str().unwrap(),
+        "--merge-file",
+        m.to_str().unwrap(),
+    ];
+    let hf = trained_and_exported(&dir, &flags);
+    for (from, name) in [(&v, "vocab.json"), (&m, "merges.txt")] {
+        assert_eq!(
+            std::fs::read(hf.join(name)).unwrap(),
+            std::fs::read(from).unwrap(),
+            "{name}"
+        );
+    }
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(hf.join("tokenizer_config.json")).unwrap())
+            .unwrap();
+    assert_eq!(config["tokenizer_class"], "GPT2Tokenizer");
+    assert_eq!(config["eos_token"], "<|endoftext|>");
     let _ = std::fs::remove_dir_all(dir);
 }

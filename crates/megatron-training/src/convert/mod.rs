@@ -385,14 +385,86 @@ pub fn megatron_to_hf(input: &Path, output: &Path) -> Result<PathBuf, TrainError
     let cj = tmp.join("config.json");
     let text = serde_json::to_string_pretty(&config).map_err(|e| err(&cj, e.to_string()))?;
     crate::checkpointing::write_synced(&cj, text.as_bytes())?;
-    if let Some(t) = &manifest.tokenizer_model {
-        let _ = std::fs::copy(t, tmp.join("tokenizer.json"));
-    }
+    hf_tokenizer_files(&manifest, &tmp)?;
     if output.exists() {
         std::fs::remove_dir_all(output).map_err(crate::io_err(output))?;
     }
     std::fs::rename(&tmp, output).map_err(crate::io_err(output))?;
     Ok(output.to_path_buf())
+}
+
+/// The checkpoint's tokenizer as Hugging Face reads it beside the model: a tokenizer.json (with
+/// the tokenizer_config.json beside it, if any) as it is; GPT-2's vocab.json and merges.txt
+/// with a tokenizer_config.json naming GPT-2's tokenizer; a
+/// sentencepiece tokenizer.model as it is, with a tokenizer.json that tokenizes as
+/// sentencepiece does (`spm_vocab.rs`) and a tokenizer_config.json naming BOS/EOS/unknown and
+/// whether BOS is added (as Megatron's `Llama2Tokenizer` adds it). The class named is the
+/// generic `PreTrainedTokenizerFast`, which runs the tokenizer.json as written: transformers
+/// v5's `LlamaTokenizer` replaces its normalizer with a Metaspace that does not prepend `▁` to
+/// text that begins with a space, as sentencepiece does (15 of the fixture's 52 texts differ).
+fn hf_tokenizer_files(
+    m: &crate::checkpointing::CheckpointMeta,
+    dir: &Path,
+) -> Result<(), TrainError> {
+    let copy = |from: &str, name: &str| -> Result<(), TrainError> {
+        std::fs::copy(from, dir.join(name))
+            .map(|_| ())
+            .map_err(crate::io_err(Path::new(from)))
+    };
+    let write = |name: &str, v: &serde_json::Value| -> Result<(), TrainError> {
+        let p = dir.join(name);
+        let text = serde_json::to_string_pretty(v).map_err(|e| err(&p, e.to_string()))?;
+        crate::checkpointing::write_synced(&p, text.as_bytes())
+    };
+    match (
+        m.tokenizer_type.as_str(),
+        &m.tokenizer_model,
+        &m.vocab_file,
+        &m.merge_file,
+    ) {
+        ("HuggingFaceTokenizer", Some(t), ..) => {
+            copy(t, "tokenizer.json")?;
+            let config = Path::new(t).with_file_name("tokenizer_config.json");
+            if config.exists() {
+                copy(&config.display().to_string(), "tokenizer_config.json")?;
+            }
+        }
+        ("GPT2BPETokenizer", _, Some(v), Some(mf)) => {
+            copy(v, "vocab.json")?;
+            copy(mf, "merges.txt")?;
+            // transformers v5's AutoTokenizer finds no class for these files without one named.
+            let eot = "<|endoftext|>";
+            write(
+                "tokenizer_config.json",
+                &serde_json::json!({"tokenizer_class": "GPT2Tokenizer", "bos_token": eot,
+                                    "eos_token": eot, "unk_token": eot}),
+            )?;
+        }
+        (kind @ ("Llama2Tokenizer" | "GPTSentencePieceTokenizer"), Some(t), ..) => {
+            let model = megatron_data::sentencepiece_model::load(t)
+                .map_err(|e| err(Path::new(t), e.to_string()))?;
+            copy(t, "tokenizer.model")?;
+            let add_bos = kind == "Llama2Tokenizer";
+            let (bos, eos) = (model.bos.map(|i| i as usize), model.eos.map(|i| i as usize));
+            let v = &model.vocab;
+            write(
+                "tokenizer.json",
+                &spm_vocab::tokenizer_json(v, bos.map(|i| (i, add_bos)), eos.map(|i| (i, false))),
+            )?;
+            let name = |i: Option<usize>| i.map(|i| serde_json::json!(v.tokens[i]));
+            let unk = v.types.iter().position(|&t| t == spm_vocab::UNKNOWN);
+            write(
+                "tokenizer_config.json",
+                &serde_json::json!({
+                    "tokenizer_class": "PreTrainedTokenizerFast",
+                    "bos_token": name(bos), "eos_token": name(eos), "unk_token": name(unk),
+                    "add_bos_token": add_bos, "add_eos_token": false, "legacy": true,
+                }),
+            )?;
+        }
+        _ => {}
+    }
+    Ok(())
 }
 
 /// `megatron convert --to gguf --input SAVE --output FILE.gguf --outtype T`: the file llama.cpp's
