@@ -522,13 +522,20 @@ pub(crate) fn load_optimizer_state(
 
 /// A checkpoint of whole tensors at iteration 0 with no optimizer state (a converted model):
 /// written by this one process in the sharded format, manifest last.
+/// The tokenizer a converted checkpoint records: Megatron's `--tokenizer-type` and its
+/// `--tokenizer-model` file.
+pub(crate) struct RecordedTokenizer {
+    pub tokenizer_type: &'static str,
+    pub path: String,
+}
+
 pub(crate) fn write_whole_checkpoint(
     save: &Path,
     model: TransformerConfig,
     extras: ConvertedExtras,
     tensors: &crate::convert::Tensors,
     vocab_size: usize,
-    tokenizer_model: Option<String>,
+    tokenizer: Option<RecordedTokenizer>,
 ) -> Result<(), TrainError> {
     use crate::dist_checkpointing::{write_rank_shard, PieceSrc};
     use megatron_core::params::GlobalSegment;
@@ -581,15 +588,14 @@ pub(crate) fn write_whole_checkpoint(
         adam_eps: 1e-8,
         seed: 1234,
         model,
-        tokenizer_type: if tokenizer_model.is_some() {
-            "HuggingFaceTokenizer".into()
-        } else {
-            "NullTokenizer".into()
-        },
+        tokenizer_type: tokenizer
+            .as_ref()
+            .map_or("NullTokenizer", |t| t.tokenizer_type)
+            .into(),
         vocab_size,
         vocab_file: None,
         merge_file: None,
-        tokenizer_model,
+        tokenizer_model: tokenizer.map(|t| t.path),
         tensors: Vec::new(),
         shard_bytes: 0,
         files: Vec::new(),

@@ -747,3 +747,41 @@ fn a_gpt2_tokenizer_checkpoint_exports_its_vocab_and_merges_for_transformers() {
     assert_eq!(config["eos_token"], "<|endoftext|>");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn a_hf_llama_with_only_a_tokenizer_model_records_it_as_llama2_tokenizer() {
+    // Older Llama repositories ship the sentencepiece model without a tokenizer.json: the
+    // checkpoint records it (by absolute path) for Megatron's Llama2Tokenizer, and `--to hf`
+    // gives it back. A tokenizer.model no reader here takes is not recorded.
+    let dir = tmpdir("convert-tokenizer-model");
+    let hf = dir.join("hf");
+    std::fs::create_dir_all(&hf).unwrap();
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(fixture("llama").join(f), hf.join(f)).unwrap();
+    }
+    let model = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../megatron-data/tests/fixtures/sentencepiece/tiny-sotu-bpe.model");
+    std::fs::copy(&model, hf.join("tokenizer.model")).unwrap();
+    hf_to_megatron(&hf, &dir.join("m"), 128).unwrap();
+    let meta = load_checkpoint(&dir.join("m"), None).unwrap().meta;
+    assert_eq!(meta.tokenizer_type, "Llama2Tokenizer");
+    let recorded = PathBuf::from(meta.tokenizer_model.unwrap());
+    assert!(
+        recorded.is_absolute() && recorded.ends_with("hf/tokenizer.model"),
+        "{recorded:?}"
+    );
+    megatron_to_hf(&dir.join("m"), &dir.join("back")).unwrap();
+    assert_eq!(
+        std::fs::read(dir.join("back/tokenizer.model")).unwrap(),
+        std::fs::read(&model).unwrap()
+    );
+    // Not a sentencepiece BPE model: the weights convert, no tokenizer is recorded.
+    std::fs::write(hf.join("tokenizer.model"), b"not a model").unwrap();
+    hf_to_megatron(&hf, &dir.join("m2"), 128).unwrap();
+    let meta = load_checkpoint(&dir.join("m2"), None).unwrap().meta;
+    assert_eq!(
+        (meta.tokenizer_type.as_str(), meta.tokenizer_model),
+        ("NullTokenizer", None)
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -21,6 +21,7 @@ mod yarn;
 
 use crate::checkpointing::{
     iteration_dir, load_checkpoint_weights, write_whole_checkpoint, ConvertedExtras, HfBuffer,
+    RecordedTokenizer,
 };
 use crate::TrainError;
 use megatron_core::TransformerConfig;
@@ -238,12 +239,40 @@ pub fn hf_to_megatron(
             format!("unexpected tensor {extra} (not part of a {arch})"),
         ));
     }
-    let tokenizer_model = input.join("tokenizer.json");
-    let tok = tokenizer_model
-        .exists()
-        .then(|| tokenizer_model.display().to_string());
-    write_whole_checkpoint(output, cfg, extras, &tensors, vocab, tok)?;
+    write_whole_checkpoint(output, cfg, extras, &tensors, vocab, hf_tokenizer(input)?)?;
     Ok(iteration_dir(output, 0))
+}
+
+/// The tokenizer of a Hugging Face model directory, as the converted checkpoint records it (by
+/// absolute path, so the checkpoint works from any directory): its tokenizer.json, or, where
+/// there is none, a sentencepiece tokenizer.model that Megatron's `Llama2Tokenizer` reads (as
+/// transformers' Llama tokenizer, BOS before the text); a tokenizer.model of another kind is
+/// not recorded, as before there was a reader for any.
+fn hf_tokenizer(input: &Path) -> Result<Option<RecordedTokenizer>, TrainError> {
+    let absolute = |p: &Path| -> Result<String, TrainError> {
+        Ok(std::fs::canonicalize(p)
+            .map_err(crate::io_err(p))?
+            .display()
+            .to_string())
+    };
+    let json = input.join("tokenizer.json");
+    if json.exists() {
+        return Ok(Some(RecordedTokenizer {
+            tokenizer_type: "HuggingFaceTokenizer",
+            path: absolute(&json)?,
+        }));
+    }
+    let model = input.join("tokenizer.model");
+    if !model.exists() {
+        return Ok(None);
+    }
+    let path = absolute(&model)?;
+    Ok(megatron_data::sentencepiece_model::load(&path)
+        .is_ok()
+        .then_some(RecordedTokenizer {
+            tokenizer_type: "Llama2Tokenizer",
+            path,
+        }))
 }
 
 /// A megatron-rs checkpoint as the Hugging Face model of its family: the checkpoint's
@@ -544,12 +573,13 @@ pub fn gguf_to_megatron(
             let p = output.join("tokenizer.json");
             let text = serde_json::to_string(&json).map_err(|e| err(&p, e.to_string()))?;
             crate::checkpointing::write_synced(&p, text.as_bytes())?;
-            Some(
-                std::fs::canonicalize(&p)
+            Some(RecordedTokenizer {
+                tokenizer_type: "HuggingFaceTokenizer",
+                path: std::fs::canonicalize(&p)
                     .map_err(crate::io_err(&p))?
                     .display()
                     .to_string(),
-            )
+            })
         }
         None => None,
     };
