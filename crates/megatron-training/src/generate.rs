@@ -62,6 +62,18 @@ pub fn sample_next(
     idx[probs.len() - 1] as u32
 }
 
+/// The text `out` adds after `prompt`: the whole sequence decoded, less the prompt's text.
+/// Decoded alone, a continuation loses what its first token means after other text (a
+/// SentencePiece `▁and` is " and" after a word, "and" at the start of a text).
+fn continuation(t: &dyn Tokenizer, prompt: &[u32], out: &[u32]) -> String {
+    let before = t.decode(prompt);
+    let all = t.decode(&[prompt, out].concat());
+    match all.strip_prefix(&before) {
+        Some(rest) => rest.to_string(),
+        None => t.decode(out),
+    }
+}
+
 /// The prompt's token ids: `--prompt-ids`, or `--prompt` (in the ChatML template under `--chat`)
 /// through the tokenizer.
 fn prompt_ids(args: &GenerateArgs, tok: Option<&dyn Tokenizer>) -> Result<Vec<u32>, TrainError> {
@@ -271,7 +283,7 @@ pub fn generate(args: &GenerateArgs) -> Result<String, TrainError> {
             .join(" ")
     };
     let mut text = match &tok {
-        Some(t) => t.decode(&out),
+        Some(t) => continuation(t.as_ref(), &prompt, &out),
         None => ids(),
     };
     if args.print_ids {

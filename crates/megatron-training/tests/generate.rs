@@ -169,3 +169,80 @@ fn sampling_respects_top_k_and_greedy() {
     let padded = [0.0f32, 0.0, 100.0];
     assert!(sample_next(&padded, 2, 1.0, 0, 1.0, RngKey::new(4), 0) < 2);
 }
+
+#[test]
+fn a_continuation_reads_as_the_whole_sequence_decoded_after_its_prompt() {
+    // A SentencePiece piece's `▁` is a space only after other text: the continuation printed
+    // after the prompt must be the whole sequence's text less the prompt's (decoded alone, the
+    // first new word would lose its space).
+    use megatron_data::{build_tokenizer_from, TokenizerSpec};
+    let dir = std::env::temp_dir().join(format!("megatron-rs-gen-spm-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let save = dir.join("ckpt");
+    let s = save.to_str().unwrap();
+    let model = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../megatron-data/tests/fixtures/sentencepiece/tiny-sotu-bpe.model"
+    );
+    let flags = [
+        "m",
+        "--mock-data",
+        "--tokenizer-type",
+        "Llama2Tokenizer",
+        "--tokenizer-model",
+        model,
+        "--num-layers",
+        "1",
+        "--hidden-size",
+        "32",
+        "--num-attention-heads",
+        "2",
+        "--seq-length",
+        "16",
+        "--micro-batch-size",
+        "2",
+        "--train-iters",
+        "2",
+        "--lr",
+        "1e-3",
+        "--eval-iters",
+        "0",
+        "--save",
+        s,
+        "--no-progress-bar",
+        "--num-threads",
+        "2",
+    ];
+    pretrain(&Wrap::try_parse_from(flags).unwrap().args).unwrap();
+    let tok = build_tokenizer_from(&TokenizerSpec {
+        tokenizer_type: "Llama2Tokenizer".into(),
+        tokenizer_model: Some(model.into()),
+        ..Default::default()
+    })
+    .unwrap();
+    let prompt = "The Congress of the";
+    for seed in ["1", "2", "3"] {
+        let g = [
+            "m",
+            "--load",
+            s,
+            "--prompt",
+            prompt,
+            "--max-new-tokens",
+            "6",
+            "--seed",
+            seed,
+        ];
+        let g = [&g[..], &["--print-ids", "--top-k", "50"]].concat();
+        let out = generate(&GenWrap::try_parse_from(g).unwrap().args).unwrap();
+        let (text, ids) = out.rsplit_once('\n').unwrap();
+        let mut all = tok.encode(prompt).unwrap();
+        all.extend(ids.split_whitespace().map(|i| i.parse::<u32>().unwrap()));
+        assert_eq!(
+            format!("{prompt}{text}"),
+            tok.decode(&all),
+            "seed {seed}: ids {ids}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
