@@ -100,9 +100,9 @@ impl<F: crate::family::TrainFamily> crate::training::Trainer<'_, F> {
             model: cfg.model.clone(),
             tokenizer_type: tok.name().to_string(),
             vocab_size: a.tokenizer.vocab_size.unwrap_or(tok.vocab_size()),
-            vocab_file: a.tokenizer.vocab_file.clone(),
-            merge_file: a.tokenizer.merge_file.clone(),
-            tokenizer_model: a.tokenizer.tokenizer_model.clone(),
+            vocab_file: recorded_path(&a.tokenizer.vocab_file),
+            merge_file: recorded_path(&a.tokenizer.merge_file),
+            tokenizer_model: recorded_path(&a.tokenizer.tokenizer_model),
             tensors: Vec::new(),
             shard_bytes: 0,
             files: Vec::new(),
@@ -380,4 +380,12 @@ fn retain(save: &Path, newest: &Path, keep: usize) -> Result<(), TrainError> {
         std::fs::remove_dir_all(&dir).map_err(io_err(&dir))?;
     }
     Ok(())
+}
+
+/// A tokenizer file as the checkpoint records it: absolute, so `generate`, `embed` and
+/// `convert` find it from any directory (a relative `--tokenizer-model` named a file only from
+/// where training ran); as given where it cannot be resolved.
+fn recorded_path(p: &Option<String>) -> Option<String> {
+    p.as_ref()
+        .map(|p| std::fs::canonicalize(p).map_or_else(|_| p.clone(), |a| a.display().to_string()))
 }

@@ -1657,3 +1657,35 @@ fn a_checkpoint_saved_without_optimizer_state_resumes_only_when_told_to_restart_
     assert_eq!(resumed.losses.first().map(|l| l.0), Some(3));
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn a_checkpoint_records_its_tokenizer_files_by_absolute_path() {
+    // Tests run in the crate's directory, so this relative path names the file only from here;
+    // generate, embed and convert read the checkpoint from anywhere.
+    let dir = tmpdir("tokenizer-path");
+    let save = dir.join("ckpt");
+    let relative = "../megatron-data/tests/fixtures/sentencepiece/tiny-sotu-bpe.model";
+    let tok = [
+        "--tokenizer-type",
+        "Llama2Tokenizer",
+        "--tokenizer-model",
+        relative,
+    ];
+    let s = save.to_str().unwrap();
+    let v = [
+        &["m", "--mock-data"],
+        SMALL_RUN,
+        &tok,
+        &["--train-iters", "3", "--save", s],
+    ];
+    pretrain(&parse_train(&v.concat())).unwrap();
+    let meta = load_checkpoint(&save, None).unwrap().meta;
+    let recorded = std::path::PathBuf::from(meta.tokenizer_model.unwrap());
+    assert!(recorded.is_absolute(), "{recorded:?}");
+    assert_eq!(
+        std::fs::canonicalize(relative).unwrap(),
+        recorded,
+        "the same file"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
