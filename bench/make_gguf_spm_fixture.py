@@ -81,9 +81,46 @@ print("wrote", path, os.path.getsize(path), "bytes;", len(cases), "cases")
 import shutil
 sp_root = os.path.join(os.path.dirname(__file__), "..", "crates", "megatron-data", "tests", "fixtures", "sentencepiece")
 os.makedirs(sp_root, exist_ok=True)
-shutil.copy(os.path.join(work, "sp.model"), os.path.join(sp_root, "tiny-sotu-bpe.model"))
+import sentencepiece.sentencepiece_model_pb2 as pb
+def without_paths(path):
+    """The model with the trainer's temporary input and output paths blanked (so the file is
+    the same on every run)."""
+    proto = pb.ModelProto()
+    proto.ParseFromString(open(path, "rb").read())
+    proto.trainer_spec.ClearField("input"); proto.trainer_spec.ClearField("model_prefix")
+    return proto
+open(os.path.join(sp_root, "tiny-sotu-bpe.model"), "wb").write(without_paths(os.path.join(work, "sp.model")).SerializeToString())
 sp_cases = [{"text": t, "ids": sp.encode(t), "decoded": sp.decode(sp.encode(t))} for t in inputs]
 with open(os.path.join(sp_root, "tiny-sotu-bpe-vectors.json"), "w", encoding="utf-8") as f:
     f.write('{"source": "sentencepiece %s SentencePieceProcessor.encode / decode on tiny-sotu-bpe.model", "cases": [\n' % spm.__version__)
     f.write(",\n".join(json.dumps(c, ensure_ascii=False) for c in sp_cases) + "\n]}\n")
 print("wrote", os.path.join(sp_root, "tiny-sotu-bpe.model"), os.path.getsize(os.path.join(sp_root, "tiny-sotu-bpe.model")), "bytes")
+
+# A second model for what the first lacks: user-defined pieces (kept whole), pieces of type
+# UNUSED (sentencepiece merges into them, then splits them back) and no byte fallback (runs of
+# unknown characters become one unknown id).
+spm.SentencePieceTrainer.train(
+    input=corpus, model_prefix=os.path.join(work, "sp2"), model_type="bpe", vocab_size=800,
+    byte_fallback=False, split_digits=True, allow_whitespace_only_pieces=True,
+    normalization_rule_name="identity", remove_extra_whitespaces=False, add_dummy_prefix=True,
+    character_coverage=0.999, unk_id=0, bos_id=1, eos_id=2, pad_id=-1, num_threads=1, minloglevel=2,
+    user_defined_symbols=["<start_of_turn>", "<end_of_turn>", "America", "\u2581\u2581\u2581\u2581", "foo"])
+proto = without_paths(os.path.join(work, "sp2.model"))
+unused = ["\u2581the", "ing", "\u2581and"]
+for p in proto.pieces:
+    if p.piece in unused:
+        p.type = pb.ModelProto.SentencePiece.UNUSED
+special = os.path.join(sp_root, "tiny-sotu-bpe-special.model")
+open(special, "wb").write(proto.SerializeToString())
+sp2 = spm.SentencePieceProcessor(model_file=special)
+texts2 = ["<start_of_turn>user\nHello America, the foo bar<end_of_turn>", "    indented    text",
+          "America America", "xfoo fooAmerica", " America", "The United States of America and     more.",
+          "the thing and the sing, nothing and anything", "Ünïcödé — “quotes” and 日本語, emoji 🦙!",
+          "<s> literal </s>"] + sentences[:3]
+sp2_cases = [{"text": t, "ids": sp2.encode(t), "decoded": sp2.decode(sp2.encode(t))} for t in texts2]
+with open(os.path.join(sp_root, "tiny-sotu-bpe-special-vectors.json"), "w", encoding="utf-8") as f:
+    f.write('{"source": "sentencepiece %s on tiny-sotu-bpe-special.model (user-defined %s; unused %s; no byte fallback)", "cases": [\n'
+            % (spm.__version__, json.dumps(proto.trainer_spec.user_defined_symbols[:], ensure_ascii=False).replace('"', "'"), json.dumps(unused, ensure_ascii=False).replace('"', "'")))
+    f.write(",\n".join(json.dumps(c, ensure_ascii=False) for c in sp2_cases) + "\n]}\n")
+print("wrote", special, os.path.getsize(special), "bytes")
+

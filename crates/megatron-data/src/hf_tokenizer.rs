@@ -84,17 +84,6 @@ impl HFTokenizer {
         Self::wrap(inner, "HuggingFaceTokenizer", path)
     }
 
-    /// A tokenizer whose end-of-document id its model names (a sentencepiece model's EOS).
-    pub(crate) fn with_eod(inner: tokenizers::Tokenizer, name: &'static str, eod: u32) -> Self {
-        let vocab_size = inner.get_vocab_size(true);
-        HFTokenizer {
-            inner,
-            name,
-            eod,
-            vocab_size,
-        }
-    }
-
     fn wrap(
         inner: tokenizers::Tokenizer,
         name: &'static str,

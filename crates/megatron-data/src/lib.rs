@@ -20,6 +20,7 @@ pub mod preprocess;
 pub mod sentencepiece_model;
 pub mod sentencepiece_tokenizer;
 pub mod sentences;
+pub mod spm_bpe;
 pub mod spm_vocab;
 pub mod t5_dataset;
 pub mod tables;

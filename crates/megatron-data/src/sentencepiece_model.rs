@@ -39,8 +39,12 @@ struct TrainerSpec {
     model_type: Option<i32>,
     #[prost(bool, optional, tag = "24")]
     treat_whitespace_as_suffix: Option<bool>,
+    #[prost(bool, optional, tag = "35")]
+    byte_fallback: Option<bool>,
     #[prost(int32, optional, tag = "41")]
     bos_id: Option<i32>,
+    #[prost(string, optional, tag = "44")]
+    unk_surface: Option<String>,
     #[prost(int32, optional, tag = "42")]
     eos_id: Option<i32>,
 }
@@ -65,6 +69,10 @@ pub struct SentencePieceModel {
     pub vocab: SpmVocab,
     pub bos: Option<u32>,
     pub eos: Option<u32>,
+    /// `trainer_spec.byte_fallback`: text no piece covers becomes `<0xXX>` pieces.
+    pub byte_fallback: bool,
+    /// What decoding writes for the unknown piece (`trainer_spec.unk_surface`).
+    pub unk_surface: String,
 }
 
 /// Reads `path`; refuses what the BPE tokenizer.json would tokenize differently.
@@ -141,5 +149,7 @@ pub fn load(path: &str) -> Result<SentencePieceModel, DataError> {
         },
         bos,
         eos,
+        byte_fallback: t.byte_fallback.unwrap_or(false),
+        unk_surface: t.unk_surface.unwrap_or_else(|| " \u{2047} ".into()),
     })
 }

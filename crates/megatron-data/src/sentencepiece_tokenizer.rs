@@ -1,12 +1,10 @@
 //! Megatron's `Llama2Tokenizer` and `GPTSentencePieceTokenizer` (`--tokenizer-model
-//! tokenizer.model`): the sentencepiece library's `encode` and `decode`, on the `tokenizers`
-//! crate. The model's vocabulary becomes the byte-fallback BPE of `spm_vocab.rs` (the same merges
-//! in the same order as sentencepiece's BPE), with control tokens in the text read as text, as
-//! sentencepiece reads them; `Llama2Tokenizer` puts BOS before every text, as Megatron's does
-//! (`tokenize(s, bos=True)`). Both end documents with the model's EOS.
+//! tokenizer.model`): the sentencepiece library's `encode` (`spm_bpe.rs`) and `decode_ids`.
+//! `Llama2Tokenizer` puts BOS before every text, as Megatron's does (`tokenize(s, bos=True)`).
+//! Both end documents with the model's EOS.
 
-use crate::hf_tokenizer::HFTokenizer;
-use crate::spm_vocab::{tokenizer_json_as, ControlTokensInText};
+use crate::spm_bpe::SpmBpe;
+use crate::spm_vocab::{SpmVocab, BYTE, CONTROL, UNKNOWN};
 use crate::tokenizer::Tokenizer;
 use crate::DataError;
 
@@ -20,8 +18,11 @@ pub enum SentencePieceKind {
 }
 
 pub struct SentencePieceTokenizer {
-    inner: HFTokenizer,
+    bpe: SpmBpe,
+    vocab: SpmVocab,
+    unk_surface: String,
     name: &'static str,
+    eod: u32,
     /// Put before every text (`Llama2Tokenizer`).
     bos: Option<u32>,
 }
@@ -48,22 +49,16 @@ impl SentencePieceTokenizer {
             })?),
             SentencePieceKind::Gpt => None,
         };
-        let json = tokenizer_json_as(&m.vocab, None, None, ControlTokensInText::Text);
-        let mut inner: tokenizers::Tokenizer = json
-            .to_string()
-            .parse()
-            .map_err(|e| err(format!("as a tokenizer: {e}")))?;
-        inner.set_encode_special_tokens(true);
+        let bpe = SpmBpe::new(&m.vocab, m.byte_fallback)
+            .ok_or_else(|| err("no unknown piece (every sentencepiece model has one)".into()))?;
         Ok(SentencePieceTokenizer {
-            inner: HFTokenizer::with_eod(inner, name, eod),
+            bpe,
+            vocab: m.vocab,
+            unk_surface: m.unk_surface,
             name,
+            eod,
             bos,
         })
-    }
-
-    /// The underlying `tokenizers` object (for saving).
-    pub fn inner(&self) -> &tokenizers::Tokenizer {
-        self.inner.inner()
     }
 }
 
@@ -72,26 +67,53 @@ impl Tokenizer for SentencePieceTokenizer {
         self.name
     }
     fn vocab_size(&self) -> usize {
-        self.inner.vocab_size()
+        self.vocab.tokens.len()
     }
     fn encode(&self, text: &str) -> Result<Vec<u32>, DataError> {
-        let ids = self.inner.encode(text)?;
-        Ok(self.bos.into_iter().chain(ids).collect())
+        Ok(self.bos.into_iter().chain(self.bpe.encode(text)).collect())
     }
-    /// sentencepiece's `decode_ids`, which drops control tokens.
+    /// sentencepiece's `decode_ids`: control pieces dropped, the unknown piece as its surface
+    /// (` ⁇ `), runs of byte pieces as the UTF-8 they spell, `▁` as a space, and the dummy
+    /// prefix's space dropped from the first piece.
     fn decode(&self, ids: &[u32]) -> String {
-        self.inner.decode_without_special(ids)
+        let v = &self.vocab;
+        let mut out: Vec<u8> = Vec::new();
+        let mut first = true;
+        for &id in ids {
+            let (Some(piece), Some(&ty)) = (v.tokens.get(id as usize), v.types.get(id as usize))
+            else {
+                continue;
+            };
+            match ty {
+                CONTROL => continue,
+                UNKNOWN => out.extend(self.unk_surface.bytes()),
+                BYTE => out.push(u8::from_str_radix(&piece[3..5], 16).unwrap_or(b'?')),
+                _ => {
+                    let p = match first && v.add_space_prefix {
+                        true => piece.strip_prefix('\u{2581}').unwrap_or(piece),
+                        false => piece,
+                    };
+                    out.extend(p.replace('\u{2581}', " ").bytes());
+                }
+            }
+            first = false;
+        }
+        String::from_utf8_lossy(&out).into_owned()
     }
     fn decode_without_special(&self, ids: &[u32]) -> String {
-        self.inner.decode_without_special(ids)
+        self.decode(ids)
     }
     fn eod(&self) -> u32 {
-        self.inner.eod()
+        self.eod
     }
     fn token_id(&self, token: &str) -> Option<u32> {
-        self.inner.token_id(token)
+        self.vocab
+            .tokens
+            .iter()
+            .position(|t| t == token)
+            .map(|i| i as u32)
     }
     fn token_text(&self, id: u32) -> Option<String> {
-        self.inner.token_text(id)
+        self.vocab.tokens.get(id as usize).cloned()
     }
 }

@@ -13,10 +13,10 @@
 //! start of the text, and llama.cpp's own converter, given only a tokenizer.json, writes every
 //! score as -1000, which makes its merges run left to right).
 //!
-//! llama.cpp's algorithm is the sentencepiece library's BPE encoding, restated; so the same
-//! `tokenizer.json`, with control tokens in the text read as text, is Megatron's
-//! `Llama2Tokenizer` / `GPTSentencePieceTokenizer` on a `tokenizer.model`
-//! (`sentencepiece_model.rs`).
+//! llama.cpp's algorithm is the sentencepiece library's BPE encoding, restated, so this
+//! `tokenizer.json` also decodes for Megatron's `Llama2Tokenizer` / `GPTSentencePieceTokenizer`
+//! (`sentencepiece_tokenizer.rs`; they encode with `spm_bpe.rs`, which keeps user-defined
+//! pieces as sentencepiece does).
 
 use serde_json::{json, Value};
 use std::collections::HashMap;
@@ -77,19 +77,6 @@ fn merges(v: &SpmVocab) -> Vec<(usize, &str, &str)> {
     m
 }
 
-/// How control tokens written in the text are read.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ControlTokensInText {
-    /// As those tokens (llama.cpp, and a Hugging Face tokenizer): the text between them is
-    /// prefixed and tokenized piece by piece.
-    Matched,
-    /// As plain text (the sentencepiece library's `encode`, which Megatron's SentencePiece
-    /// tokenizers call): the text is one piece, prefixed once; user-defined pieces are matched
-    /// in the normalized text. Control tokens are still marked special, for decoding to skip;
-    /// the `tokenizers::Tokenizer` built from this must `set_encode_special_tokens(true)`.
-    Text,
-}
-
 /// The vocabulary as a Hugging Face `tokenizer.json` that tokenizes as llama.cpp does (see the
 /// module documentation); `bos`/`eos` with their add flags make its post-processor (what
 /// `AutoTokenizer` adds; megatron-rs encodes without it).
@@ -98,17 +85,6 @@ pub fn tokenizer_json(
     bos: Option<(usize, bool)>,
     eos: Option<(usize, bool)>,
 ) -> Value {
-    tokenizer_json_as(v, bos, eos, ControlTokensInText::Matched)
-}
-
-/// [`tokenizer_json`] with control tokens in the text read as `control`.
-pub fn tokenizer_json_as(
-    v: &SpmVocab,
-    bos: Option<(usize, bool)>,
-    eos: Option<(usize, bool)>,
-    control: ControlTokensInText,
-) -> Value {
-    let normalized = control == ControlTokensInText::Text;
     let vocab: serde_json::Map<String, Value> = v
         .tokens
         .iter()
@@ -127,7 +103,7 @@ pub fn tokenizer_json_as(
         .filter(|(_, (_, ty))| matches!(**ty, UNKNOWN | CONTROL | USER_DEFINED))
         .map(|(i, (t, ty))| {
             json!({"id": i, "content": t, "single_word": false, "lstrip": false, "rstrip": false,
-                   "normalized": normalized, "special": *ty != USER_DEFINED})
+                   "normalized": false, "special": *ty != USER_DEFINED})
         })
         .collect();
     let unk = v.types.iter().position(|&t| t == UNKNOWN);

@@ -19,7 +19,14 @@ struct Case {
 }
 
 fn cases() -> Vec<Case> {
-    let p = model().with_file_name("tiny-sotu-bpe-vectors.json");
+    let cases = cases_of("tiny-sotu-bpe-vectors.json");
+    assert_eq!(cases.len(), 53);
+    cases
+}
+
+/// The cases of a vectors file beside the models.
+fn cases_of(file: &str) -> Vec<Case> {
+    let p = model().with_file_name(file);
     let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
     let cases: Vec<Case> = v["cases"]
         .as_array()
@@ -36,7 +43,6 @@ fn cases() -> Vec<Case> {
             decoded: c["decoded"].as_str().unwrap().into(),
         })
         .collect();
-    assert_eq!(cases.len(), 53);
     cases
 }
 
@@ -77,6 +83,26 @@ fn gpt_sentencepiece_tokenizer_gives_sentencepieces_ids_and_ends_documents_with_
         .any(|c| c.text.contains("<s>") && !c.ids.contains(&1)));
     for c in cases {
         assert_eq!(t.encode(&c.text).unwrap(), c.ids, "{:?}", c.text);
+    }
+}
+
+#[test]
+fn user_defined_and_unused_pieces_and_unknown_runs_go_as_in_sentencepiece() {
+    // A model with user-defined pieces (kept whole wherever they occur, `▁` before them kept
+    // apart), three merged pieces made UNUSED (merged into, then split back), and no byte
+    // fallback (a run of unknown characters is one unknown id, decoded as " ⁇ ").
+    let special = model().with_file_name("tiny-sotu-bpe-special.model");
+    let t = tokenizer("GPTSentencePieceTokenizer", special.to_str().unwrap()).unwrap();
+    let cases = cases_of("tiny-sotu-bpe-special-vectors.json");
+    assert_eq!(cases.len(), 12);
+    assert!(
+        cases.iter().any(|c| c.ids.contains(&0)),
+        "a case with unknown text"
+    );
+    for c in cases {
+        let got = t.encode(&c.text).unwrap();
+        assert_eq!(got, c.ids, "{:?}", c.text);
+        assert_eq!(t.decode(&got), c.decoded, "{:?}", c.text);
     }
 }
 

@@ -1,0 +1,241 @@
+//! The sentencepiece library's BPE encoding (`bpe_model.cc` and the byte fallback of
+//! `sentencepiece_processor.cc`), which Megatron's `Llama2Tokenizer` and
+//! `GPTSentencePieceTokenizer` call. Written by hand: no Rust crate encodes a sentencepiece model
+//! as the library does, and a `tokenizers` BPE built from the pieces (`spm_vocab.rs`) matches it
+//! only without user-defined pieces (sentencepiece keeps each whole, frozen, where it occurs; an
+//! added token in `tokenizers` also takes the `▁` before it).
+//!
+//! The text gets `▁` in front (the dummy prefix) and for every space; user-defined pieces are
+//! cut out first (the longest at each position); then adjacent symbols whose concatenation is a
+//! piece merge, highest score first (the leftmost among equals); a merged piece of type UNUSED
+//! is split back into what made it; what is no piece becomes `<0xXX>` byte pieces (or one
+//! unknown id per run, without byte fallback).
+
+use crate::spm_vocab::{SpmVocab, BYTE, CONTROL, UNKNOWN, UNUSED, USER_DEFINED};
+use rustc_hash::FxHashMap as HashMap;
+use std::collections::BinaryHeap;
+
+const SPACE: char = '\u{2581}';
+
+pub struct SpmBpe {
+    /// Pieces merging can make (sentencepiece's `pieces_`: normal, user-defined, unused).
+    pieces: HashMap<String, u32>,
+    /// Control, unknown and byte pieces (`reserved_id_map_`): named only as a whole symbol.
+    reserved: HashMap<String, u32>,
+    scores: Vec<f32>,
+    unused: Vec<bool>,
+    /// User-defined pieces, longest first.
+    user_defined: Vec<(String, u32)>,
+    bytes: Option<[u32; 256]>,
+    unk: u32,
+    add_dummy_prefix: bool,
+}
+
+/// A candidate merge, ordered by one integer: higher score first, then the leftmost (the
+/// score's bits made order-preserving above the inverted left index), so the heap compares
+/// 16-byte entries with one `u64` comparison.
+#[derive(PartialEq, Eq, PartialOrd, Ord)]
+struct Bigram {
+    key: u64,
+    right: u32,
+    len: u32,
+}
+
+impl Bigram {
+    fn new(score: f32, left: usize, right: usize, len: usize) -> Self {
+        let b = score.to_bits();
+        let ordered = if b >> 31 == 1 { !b } else { b | 1 << 31 };
+        Bigram {
+            key: (ordered as u64) << 32 | (u32::MAX - left as u32) as u64,
+            right: right as u32,
+            len: len as u32,
+        }
+    }
+
+    fn left(&self) -> usize {
+        (u32::MAX - self.key as u32) as usize
+    }
+}
+
+/// A symbol: a byte range of the normalized text, linked to its neighbours.
+#[derive(Clone, Copy)]
+struct Symbol {
+    start: usize,
+    len: usize,
+    prev: Option<usize>,
+    next: Option<usize>,
+    frozen: bool,
+}
+
+impl SpmBpe {
+    /// `None` when the vocabulary has no unknown piece (sentencepiece requires one).
+    pub fn new(v: &SpmVocab, byte_fallback: bool) -> Option<Self> {
+        let unk = v.types.iter().position(|&t| t == UNKNOWN)? as u32;
+        let (mut pieces, mut reserved) = (HashMap::default(), HashMap::default());
+        let mut user_defined = Vec::new();
+        for (i, (t, &ty)) in v.tokens.iter().zip(&v.types).enumerate() {
+            let map = if matches!(ty, CONTROL | UNKNOWN | BYTE) {
+                &mut reserved
+            } else {
+                &mut pieces
+            };
+            map.entry(t.clone()).or_insert(i as u32);
+            if ty == USER_DEFINED && !t.is_empty() {
+                user_defined.push((t.clone(), i as u32));
+            }
+        }
+        user_defined.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then(a.1.cmp(&b.1)));
+        let bytes = byte_fallback.then(|| {
+            let mut b = [unk; 256];
+            for (x, id) in b.iter_mut().enumerate() {
+                if let Some(&i) = reserved.get(&format!("<0x{x:02X}>")) {
+                    *id = i;
+                }
+            }
+            b
+        });
+        Some(SpmBpe {
+            pieces,
+            reserved,
+            scores: v.scores.clone(),
+            unused: v.types.iter().map(|&t| t == UNUSED).collect(),
+            user_defined,
+            bytes,
+            unk,
+            add_dummy_prefix: v.add_space_prefix,
+        })
+    }
+
+    pub fn encode(&self, text: &str) -> Vec<u32> {
+        if text.is_empty() {
+            return Vec::new();
+        }
+        let mut s = String::with_capacity(text.len() + 3 * (text.len() / 4 + 1));
+        if self.add_dummy_prefix {
+            s.push(SPACE);
+        }
+        s.extend(text.chars().map(|c| if c == ' ' { SPACE } else { c }));
+        let mut sym = self.symbols(&s);
+        let mut queue = BinaryHeap::new();
+        // Merged unused pieces and what made them (sentencepiece's `rev_merge`).
+        let mut rev_merge: HashMap<&str, (usize, usize, usize)> = HashMap::default();
+        let mut add =
+            |sym: &[Symbol], l: Option<usize>, r: Option<usize>, q: &mut BinaryHeap<Bigram>| {
+                let (Some(l), Some(r)) = (l, r) else { return };
+                if sym[l].frozen || sym[r].frozen {
+                    return;
+                }
+                let piece = &s[sym[l].start..sym[r].start + sym[r].len];
+                if let Some(&id) = self.pieces.get(piece) {
+                    q.push(Bigram::new(self.scores[id as usize], l, r, piece.len()));
+                    if self.unused[id as usize] {
+                        rev_merge.insert(piece, (sym[l].start, sym[l].len, sym[r].len));
+                    }
+                }
+            };
+        for i in 1..sym.len() {
+            add(&sym, Some(i - 1), Some(i), &mut queue);
+        }
+        while let Some(b) = queue.pop() {
+            let (li, ri) = (b.left(), b.right as usize);
+            let (l, r) = (sym[li], sym[ri]);
+            if l.len == 0 || r.len == 0 || l.len + r.len != b.len as usize {
+                continue;
+            }
+            sym[li].len += r.len;
+            sym[li].next = r.next;
+            sym[ri].len = 0;
+            if let Some(n) = r.next {
+                sym[n].prev = Some(li);
+            }
+            add(&sym, sym[li].prev, Some(li), &mut queue);
+            add(&sym, Some(li), sym[li].next, &mut queue);
+        }
+        let mut out = Vec::new();
+        let mut prev_unk = false;
+        let mut at = (!sym.is_empty()).then_some(0);
+        while let Some(i) = at {
+            self.resegment(
+                &s,
+                (sym[i].start, sym[i].len),
+                &rev_merge,
+                &mut out,
+                &mut prev_unk,
+            );
+            at = sym[i].next;
+        }
+        out
+    }
+
+    /// The text as symbols: user-defined pieces whole and frozen, other characters one each.
+    fn symbols(&self, s: &str) -> Vec<Symbol> {
+        let mut sym = Vec::new();
+        let mut at = 0;
+        while at < s.len() {
+            let rest = &s[at..];
+            let len = self
+                .user_defined
+                .iter()
+                .find(|(p, _)| rest.starts_with(p.as_str()))
+                .map(|(p, _)| (p.len(), true))
+                .unwrap_or_else(|| (rest.chars().next().map_or(1, char::len_utf8), false));
+            let n = sym.len();
+            sym.push(Symbol {
+                start: at,
+                len: len.0,
+                prev: n.checked_sub(1),
+                next: Some(n + 1),
+                frozen: len.1,
+            });
+            at += len.0;
+        }
+        if let Some(last) = sym.last_mut() {
+            last.next = None;
+        }
+        sym
+    }
+
+    /// A final symbol's ids: its piece, an unused piece split back, or its bytes.
+    fn resegment(
+        &self,
+        s: &str,
+        (start, len): (usize, usize),
+        rev_merge: &HashMap<&str, (usize, usize, usize)>,
+        out: &mut Vec<u32>,
+        prev_unk: &mut bool,
+    ) {
+        let piece = &s[start..start + len];
+        let id = self
+            .reserved
+            .get(piece)
+            .or_else(|| self.pieces.get(piece))
+            .copied();
+        if let Some(id) = id {
+            if self.unused[id as usize] {
+                if let Some(&(l, ll, rl)) = rev_merge.get(piece) {
+                    self.resegment(s, (l, ll), rev_merge, out, prev_unk);
+                    self.resegment(s, (l + ll, rl), rev_merge, out, prev_unk);
+                    return;
+                }
+            }
+            if id != self.unk {
+                out.push(id);
+                *prev_unk = false;
+                return;
+            }
+        }
+        match &self.bytes {
+            Some(b) => {
+                out.extend(piece.bytes().map(|x| b[x as usize]));
+                *prev_unk = false;
+            }
+            // Runs of unknown symbols become one unknown id, as sentencepiece merges them.
+            None => {
+                if !*prev_unk {
+                    out.push(self.unk);
+                }
+                *prev_unk = true;
+            }
+        }
+    }
+}
