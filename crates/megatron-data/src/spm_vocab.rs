@@ -14,9 +14,10 @@
 //! score as -1000, which makes its merges run left to right).
 //!
 //! llama.cpp's algorithm is the sentencepiece library's BPE encoding, restated, so this
-//! `tokenizer.json` also decodes for Megatron's `Llama2Tokenizer` / `GPTSentencePieceTokenizer`
-//! (`sentencepiece_tokenizer.rs`; they encode with `spm_bpe.rs`, which keeps user-defined
-//! pieces as sentencepiece does).
+//! `tokenizer.json` is also what `convert --to hf` writes for a `tokenizer.model`: the same ids
+//! as sentencepiece but where the model has user-defined pieces (an added token in `tokenizers`
+//! takes the `▁` before it). Megatron's sentencepiece tokenizers encode with `spm_bpe.rs`,
+//! which keeps them as sentencepiece does.
 
 use serde_json::{json, Value};
 use std::collections::HashMap;
