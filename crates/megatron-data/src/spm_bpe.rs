@@ -24,8 +24,9 @@ pub struct SpmBpe {
     reserved: HashMap<String, u32>,
     scores: Vec<f32>,
     unused: Vec<bool>,
-    /// User-defined pieces, longest first.
-    user_defined: Vec<(String, u32)>,
+    /// User-defined pieces by their first character, longest first (a model may have
+    /// thousands; each position looks only at those that can start there).
+    user_defined: HashMap<char, Vec<String>>,
     bytes: Option<[u32; 256]>,
     unk: u32,
     add_dummy_prefix: bool,
@@ -72,7 +73,7 @@ impl SpmBpe {
     pub fn new(v: &SpmVocab, byte_fallback: bool) -> Option<Self> {
         let unk = v.types.iter().position(|&t| t == UNKNOWN)? as u32;
         let (mut pieces, mut reserved) = (HashMap::default(), HashMap::default());
-        let mut user_defined = Vec::new();
+        let mut user_defined: HashMap<char, Vec<String>> = HashMap::default();
         for (i, (t, &ty)) in v.tokens.iter().zip(&v.types).enumerate() {
             let map = if matches!(ty, CONTROL | UNKNOWN | BYTE) {
                 &mut reserved
@@ -80,11 +81,13 @@ impl SpmBpe {
                 &mut pieces
             };
             map.entry(t.clone()).or_insert(i as u32);
-            if ty == USER_DEFINED && !t.is_empty() {
-                user_defined.push((t.clone(), i as u32));
+            if let (USER_DEFINED, Some(c)) = (ty, t.chars().next()) {
+                user_defined.entry(c).or_default().push(t.clone());
             }
         }
-        user_defined.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then(a.1.cmp(&b.1)));
+        for pieces in user_defined.values_mut() {
+            pieces.sort_by_key(|p| std::cmp::Reverse(p.len()));
+        }
         let bytes = byte_fallback.then(|| {
             let mut b = [unk; 256];
             for (x, id) in b.iter_mut().enumerate() {
@@ -173,12 +176,12 @@ impl SpmBpe {
         let mut at = 0;
         while at < s.len() {
             let rest = &s[at..];
+            let c = rest.chars().next().expect("not at the end");
             let len = self
                 .user_defined
-                .iter()
-                .find(|(p, _)| rest.starts_with(p.as_str()))
-                .map(|(p, _)| (p.len(), true))
-                .unwrap_or_else(|| (rest.chars().next().map_or(1, char::len_utf8), false));
+                .get(&c)
+                .and_then(|ps| ps.iter().find(|p| rest.starts_with(p.as_str())))
+                .map_or((c.len_utf8(), false), |p| (p.len(), true));
             let n = sym.len();
             sym.push(Symbol {
                 start: at,
