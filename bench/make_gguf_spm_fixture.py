@@ -124,3 +124,23 @@ with open(os.path.join(sp_root, "tiny-sotu-bpe-special-vectors.json"), "w", enco
     f.write(",\n".join(json.dumps(c, ensure_ascii=False) for c in sp2_cases) + "\n]}\n")
 print("wrote", special, os.path.getsize(special), "bytes")
 
+# A third model with sentencepiece's default whitespace handling (`remove_extra_whitespaces`:
+# spaces at the ends dropped, runs of them made one), user-defined pieces with spaces in them.
+spm.SentencePieceTrainer.train(
+    input=corpus, model_prefix=os.path.join(work, "sp3"), model_type="bpe", vocab_size=600,
+    byte_fallback=True, normalization_rule_name="identity", remove_extra_whitespaces=True,
+    add_dummy_prefix=True, character_coverage=0.999, unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
+    num_threads=1, minloglevel=2, user_defined_symbols=["United States", " Congress", "\u2581\u2581"])
+collapsing = os.path.join(sp_root, "tiny-sotu-bpe-collapsing.model")
+open(collapsing, "wb").write(without_paths(os.path.join(work, "sp3.model")).SerializeToString())
+sp3 = spm.SentencePieceProcessor(model_file=collapsing)
+texts3 = ["", " ", "   ", "  Hello   world  ", "\tHello\n", "Hello\u2581\u2581", "\u2581\u2581",
+          " \u2581 a", "the  United States   Congress", "a  Congress", "x \u2581\u2581  y",
+          "Ünïcödé — “quotes” and 日本語,  emoji 🦙! "] + sentences[:2]
+sp3_cases = [{"text": t, "ids": sp3.encode(t), "decoded": sp3.decode(sp3.encode(t))} for t in texts3]
+with open(os.path.join(sp_root, "tiny-sotu-bpe-collapsing-vectors.json"), "w", encoding="utf-8") as f:
+    f.write('{"source": "sentencepiece %s on tiny-sotu-bpe-collapsing.model (remove_extra_whitespaces; user-defined %s)", "cases": [\n'
+            % (spm.__version__, json.dumps(proto.trainer_spec.user_defined_symbols[:0] or ["United States", " Congress", "\u2581\u2581"], ensure_ascii=False).replace('"', "'")))
+    f.write(",\n".join(json.dumps(c, ensure_ascii=False) for c in sp3_cases) + "\n]}\n")
+print("wrote", collapsing, os.path.getsize(collapsing), "bytes")
+

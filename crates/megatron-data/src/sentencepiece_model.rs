@@ -2,8 +2,8 @@
 //! read into a [`SpmVocab`], for Megatron's `Llama2Tokenizer` and `GPTSentencePieceTokenizer`.
 //! Only what decides the ids is read, and a model these ids would not reproduce is refused by
 //! name: BPE models with the identity normalization (Llama 1 and 2, Mistral 7B v0.1, CodeLlama,
-//! TinyLlama) are built; unigram models (T5, ALBERT) and NFKC-normalizing or whitespace-collapsing
-//! models are not. The messages are written with prost's derive from the field numbers of the
+//! TinyLlama), whitespace kept or collapsed, are built; unigram models (T5, ALBERT) and
+//! NFKC-normalizing models are not. The messages are written with prost's derive from the field numbers of the
 //! `.proto` (no protoc at build time).
 
 use crate::spm_vocab::SpmVocab;
@@ -73,6 +73,9 @@ pub struct SentencePieceModel {
     pub byte_fallback: bool,
     /// What decoding writes for the unknown piece (`trainer_spec.unk_surface`).
     pub unk_surface: String,
+    /// `normalizer_spec.remove_extra_whitespaces` (sentencepiece's default; Llama's models keep
+    /// whitespace): spaces at the ends dropped and runs of them made one.
+    pub remove_extra_whitespaces: bool,
 }
 
 /// Reads `path`; refuses what the BPE tokenizer.json would tokenize differently.
@@ -108,11 +111,6 @@ pub fn load(path: &str) -> Result<SentencePieceModel, DataError> {
         return Err(err(format!(
             "normalizer_spec.name {name:?}: only the identity normalization (Llama's) is built"
         )));
-    }
-    if n.remove_extra_whitespaces.unwrap_or(true) {
-        return Err(err(
-            "normalizer_spec.remove_extra_whitespaces is set (sentencepiece's default): only models that keep whitespace (Llama's) are built".into(),
-        ));
     }
     if !n.escape_whitespaces.unwrap_or(true) || t.treat_whitespace_as_suffix.unwrap_or(false) {
         return Err(err(
@@ -151,5 +149,6 @@ pub fn load(path: &str) -> Result<SentencePieceModel, DataError> {
         eos,
         byte_fallback: t.byte_fallback.unwrap_or(false),
         unk_surface: t.unk_surface.unwrap_or_else(|| " \u{2047} ".into()),
+        remove_extra_whitespaces: n.remove_extra_whitespaces.unwrap_or(true),
     })
 }

@@ -5,7 +5,9 @@
 //! only without user-defined pieces (sentencepiece keeps each whole, frozen, where it occurs; an
 //! added token in `tokenizers` also takes the `▁` before it).
 //!
-//! The text gets `▁` in front (the dummy prefix) and for every space; user-defined pieces are
+//! The text gets `▁` in front (the dummy prefix) and for every space (runs of spaces made one
+//! and spaces at the ends dropped where the model says `remove_extra_whitespaces`);
+//! user-defined pieces are
 //! cut out first (the longest at each position); then adjacent symbols whose concatenation is a
 //! piece merge, highest score first (the leftmost among equals); a merged piece of type UNUSED
 //! is split back into what made it; what is no piece becomes `<0xXX>` byte pieces (or one
@@ -30,6 +32,7 @@ pub struct SpmBpe {
     bytes: Option<[u32; 256]>,
     unk: u32,
     add_dummy_prefix: bool,
+    remove_extra_whitespaces: bool,
 }
 
 /// A candidate merge, ordered by one integer: higher score first, then the leftmost (the
@@ -70,7 +73,7 @@ struct Symbol {
 
 impl SpmBpe {
     /// `None` when the vocabulary has no unknown piece (sentencepiece requires one).
-    pub fn new(v: &SpmVocab, byte_fallback: bool) -> Option<Self> {
+    pub fn new(v: &SpmVocab, byte_fallback: bool, remove_extra_whitespaces: bool) -> Option<Self> {
         let unk = v.types.iter().position(|&t| t == UNKNOWN)? as u32;
         let (mut pieces, mut reserved) = (HashMap::default(), HashMap::default());
         let mut user_defined: HashMap<char, Vec<String>> = HashMap::default();
@@ -106,18 +109,63 @@ impl SpmBpe {
             bytes,
             unk,
             add_dummy_prefix: v.add_space_prefix,
+            remove_extra_whitespaces,
         })
     }
 
-    pub fn encode(&self, text: &str) -> Vec<u32> {
-        if text.is_empty() {
-            return Vec::new();
+    /// sentencepiece's `Normalizer::Normalize` under the identity rules: spaces become `▁`,
+    /// with the dummy prefix in front; with `remove_extra_whitespaces`, spaces at the start and
+    /// end are dropped and a run of them is one (a user-defined piece is one unit, kept as it
+    /// is but for spaces at its start after a space). Empty when nothing is left.
+    fn normalize(&self, text: &str) -> String {
+        let mut rest = text;
+        if self.remove_extra_whitespaces {
+            rest = rest.trim_start_matches(' ');
         }
-        let mut s = String::with_capacity(text.len() + 3 * (text.len() / 4 + 1));
+        let mut s = String::with_capacity(3 * rest.len() + 3);
+        if rest.is_empty() {
+            return s;
+        }
         if self.add_dummy_prefix {
             s.push(SPACE);
         }
-        s.extend(text.chars().map(|c| if c == ' ' { SPACE } else { c }));
+        let mut prev_space = self.remove_extra_whitespaces;
+        while !rest.is_empty() {
+            let len = self
+                .user_defined_at(rest)
+                .unwrap_or_else(|| rest.chars().next().map_or(1, char::len_utf8));
+            let mut unit = &rest[..len];
+            rest = &rest[len..];
+            if prev_space {
+                unit = unit.trim_start_matches(' ');
+            }
+            if !unit.is_empty() {
+                s.extend(unit.chars().map(|c| if c == ' ' { SPACE } else { c }));
+                prev_space = self.remove_extra_whitespaces && unit.ends_with(' ');
+            }
+        }
+        if self.remove_extra_whitespaces {
+            let kept = s.trim_end_matches(SPACE).len();
+            s.truncate(kept);
+        }
+        s
+    }
+
+    /// The length of the longest user-defined piece at the start of `text`.
+    fn user_defined_at(&self, text: &str) -> Option<usize> {
+        let c = text.chars().next()?;
+        let pieces = self.user_defined.get(&c)?;
+        pieces
+            .iter()
+            .find(|p| text.starts_with(p.as_str()))
+            .map(String::len)
+    }
+
+    pub fn encode(&self, text: &str) -> Vec<u32> {
+        let s = self.normalize(text);
+        if s.is_empty() {
+            return Vec::new();
+        }
         let mut sym = self.symbols(&s);
         let mut queue = BinaryHeap::new();
         // Merged unused pieces and what made them (sentencepiece's `rev_merge`).
@@ -176,12 +224,10 @@ impl SpmBpe {
         let mut at = 0;
         while at < s.len() {
             let rest = &s[at..];
-            let c = rest.chars().next().expect("not at the end");
-            let len = self
-                .user_defined
-                .get(&c)
-                .and_then(|ps| ps.iter().find(|p| rest.starts_with(p.as_str())))
-                .map_or((c.len_utf8(), false), |p| (p.len(), true));
+            let len = self.user_defined_at(rest).map_or_else(
+                || (rest.chars().next().map_or(1, char::len_utf8), false),
+                |n| (n, true),
+            );
             let n = sym.len();
             sym.push(Symbol {
                 start: at,

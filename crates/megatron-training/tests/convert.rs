@@ -435,7 +435,7 @@ fn a_router_expert_bias_with_no_hugging_face_counterpart_is_refused_by_name() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("router.expert_bias"), "{e}");
-    assert!(!dir.join("hf").exists());
+    assert!(!dir.join("hf").exists() && !dir.join("hf.partial").exists());
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -783,5 +783,36 @@ fn a_hf_llama_with_only_a_tokenizer_model_records_it_as_llama2_tokenizer() {
         (meta.tokenizer_type.as_str(), meta.tokenizer_model),
         ("NullTokenizer", None)
     );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn a_whitespace_collapsing_sentencepiece_model_is_refused_for_transformers() {
+    // No Llama tokenizer.json drops and merges spaces as this model does: refused, and nothing
+    // is left at the output.
+    let dir = tmpdir("convert-collapsing-tokenizer");
+    let model = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../megatron-data/tests/fixtures/sentencepiece/tiny-sotu-bpe-collapsing.model");
+    let m = model.to_str().unwrap();
+    let save = dir.join("m");
+    let s = save.to_str().unwrap();
+    let tok = [
+        "--tokenizer-type",
+        "Llama2Tokenizer",
+        "--tokenizer-model",
+        m,
+    ];
+    let v = [
+        &["megatron", "--mock-data"],
+        SMALL_RUN,
+        &tok,
+        &["--train-iters", "3", "--save", s],
+    ];
+    megatron_training::pretrain(&common::parse_train(&v.concat())).unwrap();
+    let e = megatron_to_hf(&save, &dir.join("hf"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("remove_extra_whitespaces"), "{e}");
+    assert!(!dir.join("hf").exists() && !dir.join("hf.partial").exists());
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -321,3 +321,15 @@ fn a_sentencepiece_model_exports_as_llama_cpps_converter_writes_it() {
         "{add_bos:?}"
     );
 }
+
+#[test]
+fn a_whitespace_collapsing_sentencepiece_model_is_refused_for_llama_cpp() {
+    // llama.cpp keeps every space; this model drops and merges them.
+    let model = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../megatron-data/tests/fixtures/sentencepiece/tiny-sotu-bpe-collapsing.model");
+    let e = tokenizer_metadata("Llama2Tokenizer", None, None, model.to_str(), 600).unwrap_err();
+    assert!(
+        e.contains("remove_extra_whitespaces") && e.contains("tiny-sotu-bpe-collapsing.model"),
+        "{e}"
+    );
+}

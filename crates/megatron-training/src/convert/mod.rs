@@ -414,7 +414,10 @@ pub fn megatron_to_hf(input: &Path, output: &Path) -> Result<PathBuf, TrainError
     let cj = tmp.join("config.json");
     let text = serde_json::to_string_pretty(&config).map_err(|e| err(&cj, e.to_string()))?;
     crate::checkpointing::write_synced(&cj, text.as_bytes())?;
-    hf_tokenizer_files(&manifest, &tmp)?;
+    if let Err(e) = hf_tokenizer_files(&manifest, &tmp) {
+        let _ = std::fs::remove_dir_all(&tmp);
+        return Err(e);
+    }
     if output.exists() {
         std::fs::remove_dir_all(output).map_err(crate::io_err(output))?;
     }
@@ -472,6 +475,12 @@ fn hf_tokenizer_files(
         (kind @ ("Llama2Tokenizer" | "GPTSentencePieceTokenizer"), Some(t), ..) => {
             let model = megatron_data::sentencepiece_model::load(t)
                 .map_err(|e| err(Path::new(t), e.to_string()))?;
+            if model.remove_extra_whitespaces {
+                return Err(err(
+                    Path::new(t),
+                    "normalizer_spec.remove_extra_whitespaces is set: no tokenizer.json of a Llama tokenizer tokenizes as this model does",
+                ));
+            }
             copy(t, "tokenizer.model")?;
             let add_bos = kind == "Llama2Tokenizer";
             let (bos, eos) = (model.bos.map(|i| i as usize), model.eos.map(|i| i as usize));
