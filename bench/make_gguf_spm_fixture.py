@@ -144,3 +144,21 @@ with open(os.path.join(sp_root, "tiny-sotu-bpe-collapsing-vectors.json"), "w", e
     f.write(",\n".join(json.dumps(c, ensure_ascii=False) for c in sp3_cases) + "\n]}\n")
 print("wrote", collapsing, os.path.getsize(collapsing), "bytes")
 
+# A fourth model with all of sentencepiece's normalization defaults (`nmt_nfkc` rules compiled
+# into the model, whitespace collapsed), what `spm_train --model_type=bpe` writes.
+spm.SentencePieceTrainer.train(
+    input=corpus, model_prefix=os.path.join(work, "sp4"), model_type="bpe", vocab_size=600,
+    character_coverage=0.999, num_threads=1, minloglevel=2)
+nfkc = os.path.join(sp_root, "tiny-sotu-bpe-nfkc.model")
+open(nfkc, "wb").write(without_paths(os.path.join(work, "sp4.model")).SerializeToString())
+sp4 = spm.SentencePieceProcessor(model_file=nfkc)
+texts4 = ["ＡＢＣ１２３ full width", "ﬁne ﬂour", "① ② ½ ™", "ｶﾀｶﾅ and ｶﾞ", "A\u030a vs \u00c5",
+          "a\u3000b\u00a0c", "\tTabs\tand\nlines\r\n", "  Hello   world  ", "Ｈｅｌｌｏ，　ｗｏｒｌｄ！",
+          "\u2126 Ohm, \u212b Angstrom", "x\u200by zero width", "Ünïcödé — “quotes” and 日本語, emoji 🦙!",
+          "㍻ ㎏ ㈱", "\u1100\u1161 jamo"] + sentences[:2]
+sp4_cases = [{"text": t, "ids": sp4.encode(t), "decoded": sp4.decode(sp4.encode(t))} for t in texts4]
+with open(os.path.join(sp_root, "tiny-sotu-bpe-nfkc-vectors.json"), "w", encoding="utf-8") as f:
+    f.write('{"source": "sentencepiece %s on tiny-sotu-bpe-nfkc.model (nmt_nfkc, remove_extra_whitespaces, no byte fallback)", "cases": [\n' % spm.__version__)
+    f.write(",\n".join(json.dumps(c, ensure_ascii=False) for c in sp4_cases) + "\n]}\n")
+print("wrote", nfkc, os.path.getsize(nfkc), "bytes")
+

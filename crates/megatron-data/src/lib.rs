@@ -16,6 +16,7 @@ pub mod megatron_data;
 pub mod mock_dataset;
 pub mod npy;
 pub mod numpy_rng;
+pub mod precompiled_charsmap;
 pub mod preprocess;
 pub mod sentencepiece_model;
 pub mod sentencepiece_tokenizer;

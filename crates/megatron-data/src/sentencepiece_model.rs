@@ -1,9 +1,9 @@
 //! A sentencepiece `tokenizer.model` (the `ModelProto` protobuf of `sentencepiece_model.proto`)
 //! read into a [`SpmVocab`], for Megatron's `Llama2Tokenizer` and `GPTSentencePieceTokenizer`.
 //! Only what decides the ids is read, and a model these ids would not reproduce is refused by
-//! name: BPE models with the identity normalization (Llama 1 and 2, Mistral 7B v0.1, CodeLlama,
-//! TinyLlama), whitespace kept or collapsed, are built; unigram models (T5, ALBERT) and
-//! NFKC-normalizing models are not. The messages are written with prost's derive from the field numbers of the
+//! name: BPE models (Llama 1 and 2, Mistral 7B v0.1, CodeLlama, TinyLlama, and models trained
+//! with sentencepiece's defaults: `nmt_nfkc` rules, whitespace collapsed) are built; unigram
+//! models (T5, ALBERT) are not. The messages are written with prost's derive from the field numbers of the
 //! `.proto` (no protoc at build time).
 
 use crate::spm_vocab::SpmVocab;
@@ -76,6 +76,11 @@ pub struct SentencePieceModel {
     /// `normalizer_spec.remove_extra_whitespaces` (sentencepiece's default; Llama's models keep
     /// whitespace): spaces at the ends dropped and runs of them made one.
     pub remove_extra_whitespaces: bool,
+    /// `normalizer_spec.precompiled_charsmap`: the compiled normalization rules (`nmt_nfkc`,
+    /// sentencepiece's default); `None` for the identity rules (Llama's).
+    pub charsmap: Option<Vec<u8>>,
+    /// `normalizer_spec.name`, for messages.
+    pub normalization: String,
 }
 
 /// Reads `path`; refuses what the BPE tokenizer.json would tokenize differently.
@@ -99,18 +104,6 @@ pub fn load(path: &str) -> Result<SentencePieceModel, DataError> {
         2 => {}
         1 => return Err(err("a unigram sentencepiece model (T5, ALBERT): only BPE models (Llama's) are built".into())),
         k => return Err(err(format!("a sentencepiece model of type {k} (WORD 3, CHAR 4): only BPE models (Llama's) are built"))),
-    }
-    let name = n.name.clone().unwrap_or_default();
-    if !n
-        .precompiled_charsmap
-        .as_deref()
-        .unwrap_or_default()
-        .is_empty()
-        || !matches!(name.as_str(), "" | "identity")
-    {
-        return Err(err(format!(
-            "normalizer_spec.name {name:?}: only the identity normalization (Llama's) is built"
-        )));
     }
     if !n.escape_whitespaces.unwrap_or(true) || t.treat_whitespace_as_suffix.unwrap_or(false) {
         return Err(err(
@@ -150,5 +143,7 @@ pub fn load(path: &str) -> Result<SentencePieceModel, DataError> {
         byte_fallback: t.byte_fallback.unwrap_or(false),
         unk_surface: t.unk_surface.unwrap_or_else(|| " \u{2047} ".into()),
         remove_extra_whitespaces: n.remove_extra_whitespaces.unwrap_or(true),
+        charsmap: n.precompiled_charsmap.filter(|c| !c.is_empty()),
+        normalization: n.name.unwrap_or_default(),
     })
 }

@@ -49,8 +49,7 @@ impl SentencePieceTokenizer {
             })?),
             SentencePieceKind::Gpt => None,
         };
-        let bpe = SpmBpe::new(&m.vocab, m.byte_fallback, m.remove_extra_whitespaces)
-            .ok_or_else(|| err("no unknown piece (every sentencepiece model has one)".into()))?;
+        let bpe = SpmBpe::new(&m.vocab, &m).map_err(err)?;
         Ok(SentencePieceTokenizer {
             bpe,
             vocab: m.vocab,

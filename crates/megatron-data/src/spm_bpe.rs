@@ -5,7 +5,8 @@
 //! only without user-defined pieces (sentencepiece keeps each whole, frozen, where it occurs; an
 //! added token in `tokenizers` also takes the `▁` before it).
 //!
-//! The text gets `▁` in front (the dummy prefix) and for every space (runs of spaces made one
+//! The text is normalized by the model's rules (`precompiled_charsmap.rs`), gets `▁` in front
+//! (the dummy prefix) and for every space (runs of spaces made one
 //! and spaces at the ends dropped where the model says `remove_extra_whitespaces`);
 //! user-defined pieces are
 //! cut out first (the longest at each position); then adjacent symbols whose concatenation is a
@@ -13,6 +14,8 @@
 //! is split back into what made it; what is no piece becomes `<0xXX>` byte pieces (or one
 //! unknown id per run, without byte fallback).
 
+use crate::precompiled_charsmap::PrecompiledCharsmap;
+use crate::sentencepiece_model::SentencePieceModel;
 use crate::spm_vocab::{SpmVocab, BYTE, CONTROL, UNKNOWN, UNUSED, USER_DEFINED};
 use rustc_hash::FxHashMap as HashMap;
 use std::collections::BinaryHeap;
@@ -33,6 +36,7 @@ pub struct SpmBpe {
     unk: u32,
     add_dummy_prefix: bool,
     remove_extra_whitespaces: bool,
+    charsmap: Option<PrecompiledCharsmap>,
 }
 
 /// A candidate merge, ordered by one integer: higher score first, then the leftmost (the
@@ -72,9 +76,18 @@ struct Symbol {
 }
 
 impl SpmBpe {
-    /// `None` when the vocabulary has no unknown piece (sentencepiece requires one).
-    pub fn new(v: &SpmVocab, byte_fallback: bool, remove_extra_whitespaces: bool) -> Option<Self> {
-        let unk = v.types.iter().position(|&t| t == UNKNOWN)? as u32;
+    /// The model's vocabulary and normalization; an error for a model without an unknown
+    /// piece (sentencepiece requires one) or with a malformed charsmap.
+    pub fn new(v: &SpmVocab, m: &SentencePieceModel) -> Result<Self, String> {
+        let unk =
+            v.types
+                .iter()
+                .position(|&t| t == UNKNOWN)
+                .ok_or("no unknown piece (every sentencepiece model has one)")? as u32;
+        let charsmap = match &m.charsmap {
+            Some(blob) => Some(PrecompiledCharsmap::parse(blob)?),
+            None => None,
+        };
         let (mut pieces, mut reserved) = (HashMap::default(), HashMap::default());
         let mut user_defined: HashMap<char, Vec<String>> = HashMap::default();
         for (i, (t, &ty)) in v.tokens.iter().zip(&v.types).enumerate() {
@@ -91,7 +104,7 @@ impl SpmBpe {
         for pieces in user_defined.values_mut() {
             pieces.sort_by_key(|p| std::cmp::Reverse(p.len()));
         }
-        let bytes = byte_fallback.then(|| {
+        let bytes = m.byte_fallback.then(|| {
             let mut b = [unk; 256];
             for (x, id) in b.iter_mut().enumerate() {
                 if let Some(&i) = reserved.get(&format!("<0x{x:02X}>")) {
@@ -100,7 +113,7 @@ impl SpmBpe {
             }
             b
         });
-        Some(SpmBpe {
+        Ok(SpmBpe {
             pieces,
             reserved,
             scores: v.scores.clone(),
@@ -109,18 +122,40 @@ impl SpmBpe {
             bytes,
             unk,
             add_dummy_prefix: v.add_space_prefix,
-            remove_extra_whitespaces,
+            remove_extra_whitespaces: m.remove_extra_whitespaces,
+            charsmap,
         })
     }
 
-    /// sentencepiece's `Normalizer::Normalize` under the identity rules: spaces become `▁`,
-    /// with the dummy prefix in front; with `remove_extra_whitespaces`, spaces at the start and
-    /// end are dropped and a run of them is one (a user-defined piece is one unit, kept as it
-    /// is but for spaces at its start after a space). Empty when nothing is left.
+    /// One unit of the text as sentencepiece's `NormalizePrefix` takes it: a user-defined
+    /// piece as it is, else the longest charsmap rule's replacement, else one character; and
+    /// the bytes it consumes.
+    fn normalize_prefix<'a>(&'a self, text: &'a str) -> (&'a str, usize) {
+        if let Some(n) = self.user_defined_at(text) {
+            return (&text[..n], n);
+        }
+        if let Some((n, replacement)) = self.charsmap.as_ref().and_then(|c| c.longest_prefix(text))
+        {
+            return (replacement, n);
+        }
+        let n = text.chars().next().map_or(1, char::len_utf8);
+        (&text[..n], n)
+    }
+
+    /// sentencepiece's `Normalizer::Normalize`: each unit normalized (`normalize_prefix`),
+    /// spaces become `▁`, with the dummy prefix in front; with `remove_extra_whitespaces`,
+    /// spaces at the start and end are dropped and a run of them is one. Empty when nothing is
+    /// left.
     fn normalize(&self, text: &str) -> String {
         let mut rest = text;
         if self.remove_extra_whitespaces {
-            rest = rest.trim_start_matches(' ');
+            while !rest.is_empty() {
+                let (unit, n) = self.normalize_prefix(rest);
+                if unit != " " {
+                    break;
+                }
+                rest = &rest[n..];
+            }
         }
         let mut s = String::with_capacity(3 * rest.len() + 3);
         if rest.is_empty() {
@@ -131,11 +166,8 @@ impl SpmBpe {
         }
         let mut prev_space = self.remove_extra_whitespaces;
         while !rest.is_empty() {
-            let len = self
-                .user_defined_at(rest)
-                .unwrap_or_else(|| rest.chars().next().map_or(1, char::len_utf8));
-            let mut unit = &rest[..len];
-            rest = &rest[len..];
+            let (mut unit, n) = self.normalize_prefix(rest);
+            rest = &rest[n..];
             if prev_space {
                 unit = unit.trim_start_matches(' ');
             }

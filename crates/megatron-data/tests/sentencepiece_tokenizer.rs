@@ -122,6 +122,22 @@ fn whitespace_collapsing_models_drop_and_merge_spaces_as_sentencepiece_does() {
     }
 }
 
+#[test]
+fn a_model_with_sentencepieces_default_nfkc_rules_normalizes_as_the_library_does() {
+    // `spm_train --model_type=bpe` with its defaults: the `nmt_nfkc` rules compiled into the
+    // model (full-width forms, ligatures, circled digits, compatibility characters, Hangul
+    // jamo, zero-width and special spaces) and whitespace collapsed.
+    let nfkc = model().with_file_name("tiny-sotu-bpe-nfkc.model");
+    let t = tokenizer("GPTSentencePieceTokenizer", nfkc.to_str().unwrap()).unwrap();
+    let cases = cases_of("tiny-sotu-bpe-nfkc-vectors.json");
+    assert_eq!(cases.len(), 16);
+    for c in cases {
+        let got = t.encode(&c.text).unwrap();
+        assert_eq!(got, c.ids, "{:?}", c.text);
+        assert_eq!(t.decode(&got), c.decoded, "{:?}", c.text);
+    }
+}
+
 /// trainer_spec.eos_id = -1: key 42 << 3 (varint 0xd0 0x02), then -1 as a ten-byte varint.
 const NO_EOS: [u8; 12] = [
     0xd0, 0x02, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01,
@@ -147,9 +163,9 @@ fn sentencepiece_models_these_ids_would_not_reproduce_are_refused_by_name() {
     for (name, extra, needle) in [
         ("unigram", field(2, 2, &field(3, 0, &[1])), "unigram"),
         (
-            "nfkc",
-            field(3, 2, &field(1, 2, b"nmt_nfkc")),
-            "normalizer_spec.name \"nmt_nfkc\"",
+            "bad-charsmap",
+            field(3, 2, &field(2, 2, b"xy")),
+            "precompiled_charsmap",
         ),
         ("no-eos", field(2, 2, &NO_EOS), "EOS"),
     ] {

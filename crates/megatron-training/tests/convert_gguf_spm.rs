@@ -323,13 +323,20 @@ fn a_sentencepiece_model_exports_as_llama_cpps_converter_writes_it() {
 }
 
 #[test]
-fn a_whitespace_collapsing_sentencepiece_model_is_refused_for_llama_cpp() {
-    // llama.cpp keeps every space; this model drops and merges them.
-    let model = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../megatron-data/tests/fixtures/sentencepiece/tiny-sotu-bpe-collapsing.model");
-    let e = tokenizer_metadata("Llama2Tokenizer", None, None, model.to_str(), 600).unwrap_err();
-    assert!(
-        e.contains("remove_extra_whitespaces") && e.contains("tiny-sotu-bpe-collapsing.model"),
-        "{e}"
-    );
+fn sentencepiece_models_that_normalize_text_are_refused_for_llama_cpp() {
+    // llama.cpp keeps every space and applies no normalization rules; these models drop and
+    // merge spaces, and the second also applies sentencepiece's nmt_nfkc rules.
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../megatron-data/tests/fixtures/sentencepiece");
+    for (file, needle) in [
+        ("tiny-sotu-bpe-collapsing.model", "remove_extra_whitespaces"),
+        (
+            "tiny-sotu-bpe-nfkc.model",
+            "\"nmt_nfkc\" (precompiled_charsmap)",
+        ),
+    ] {
+        let model = dir.join(file);
+        let e = tokenizer_metadata("Llama2Tokenizer", None, None, model.to_str(), 600).unwrap_err();
+        assert!(e.contains(needle) && e.contains(file), "{e}");
+    }
 }

@@ -461,6 +461,12 @@ pub fn tokenizer_metadata(
             (kind @ ("Llama2Tokenizer" | "GPTSentencePieceTokenizer"), _, _, Some(p)) => {
                 // The pieces, scores and types as llama.cpp's converter writes a tokenizer.model.
                 let m = megatron_data::sentencepiece_model::load(p).map_err(|e| e.to_string())?;
+                if m.charsmap.is_some() {
+                    return Err(format!(
+                        "{p}: normalization rules {:?} (precompiled_charsmap), which llama.cpp does not apply: it would tokenize this model's text differently",
+                        m.normalization
+                    ));
+                }
                 if m.remove_extra_whitespaces {
                     return Err(format!(
                         "{p}: normalizer_spec.remove_extra_whitespaces is set, and llama.cpp keeps every space: it would tokenize this model's text differently"

@@ -475,6 +475,15 @@ fn hf_tokenizer_files(
         (kind @ ("Llama2Tokenizer" | "GPTSentencePieceTokenizer"), Some(t), ..) => {
             let model = megatron_data::sentencepiece_model::load(t)
                 .map_err(|e| err(Path::new(t), e.to_string()))?;
+            if model.charsmap.is_some() {
+                return Err(err(
+                    Path::new(t),
+                    format!(
+                        "normalization rules {:?} (precompiled_charsmap): no tokenizer.json of a Llama tokenizer tokenizes as this model does",
+                        model.normalization
+                    ),
+                ));
+            }
             if model.remove_extra_whitespaces {
                 return Err(err(
                     Path::new(t),
