@@ -162,3 +162,26 @@ with open(os.path.join(sp_root, "tiny-sotu-bpe-nfkc-vectors.json"), "w", encodin
     f.write(",\n".join(json.dumps(c, ensure_ascii=False) for c in sp4_cases) + "\n]}\n")
 print("wrote", nfkc, os.path.getsize(nfkc), "bytes")
 
+# A fifth model, unigram (T5's and ALBERT's kind, sentencepiece's default model type), with
+# identity rules, user-defined pieces, three pieces made UNUSED and no byte fallback.
+spm.SentencePieceTrainer.train(
+    input=corpus, model_prefix=os.path.join(work, "sp5"), model_type="unigram", vocab_size=700,
+    normalization_rule_name="identity", character_coverage=0.999, num_threads=1, minloglevel=2,
+    user_defined_symbols=["<extra_id_0>", "America", "\u2581\u2581"])
+proto = without_paths(os.path.join(work, "sp5.model"))
+unused5 = [p.piece for p in proto.pieces if p.type == pb.ModelProto.SentencePiece.NORMAL][40:43]
+for p in proto.pieces:
+    if p.piece in unused5:
+        p.type = pb.ModelProto.SentencePiece.UNUSED
+unigram = os.path.join(sp_root, "tiny-sotu-unigram.model")
+open(unigram, "wb").write(proto.SerializeToString())
+sp5 = spm.SentencePieceProcessor(model_file=unigram)
+texts5 = ["", "  Hello   world  ", "<extra_id_0> the America  of Americans", "x▁▁y", "Ünïcödé — “quotes” and 日本語, emoji 🦙!",
+          " ".join(unused5) + " " + "".join(unused5), "\tTabs\tand\nlines"] + sentences[:4]
+sp5_cases = [{"text": t, "ids": sp5.encode(t), "decoded": sp5.decode(sp5.encode(t))} for t in texts5]
+with open(os.path.join(sp_root, "tiny-sotu-unigram-vectors.json"), "w", encoding="utf-8") as f:
+    f.write('{"source": "sentencepiece %s on tiny-sotu-unigram.model (unigram; identity; user-defined; unused %s; no byte fallback)", "cases": [\n'
+            % (spm.__version__, json.dumps(unused5, ensure_ascii=False).replace('"', "'")))
+    f.write(",\n".join(json.dumps(c, ensure_ascii=False) for c in sp5_cases) + "\n]}\n")
+print("wrote", unigram, os.path.getsize(unigram), "bytes")
+

@@ -1,9 +1,9 @@
 //! A sentencepiece `tokenizer.model` (the `ModelProto` protobuf of `sentencepiece_model.proto`)
 //! read into a [`SpmVocab`], for Megatron's `Llama2Tokenizer` and `GPTSentencePieceTokenizer`.
 //! Only what decides the ids is read, and a model these ids would not reproduce is refused by
-//! name: BPE models (Llama 1 and 2, Mistral 7B v0.1, CodeLlama, TinyLlama, and models trained
-//! with sentencepiece's defaults: `nmt_nfkc` rules, whitespace collapsed) are built; unigram
-//! models (T5, ALBERT) are not. The messages are written with prost's derive from the field numbers of the
+//! name: unigram and BPE models (Llama 1 and 2, Mistral 7B v0.1, CodeLlama, TinyLlama, T5,
+//! ALBERT, and models trained with sentencepiece's defaults: `nmt_nfkc` rules, whitespace
+//! collapsed) are built; WORD and CHAR models are not. The messages are written with prost's derive from the field numbers of the
 //! `.proto` (no protoc at build time).
 
 use crate::spm_vocab::SpmVocab;
@@ -63,9 +63,19 @@ struct NormalizerSpec {
     escape_whitespaces: Option<bool>,
 }
 
+/// `trainer_spec.model_type`, of those built.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SentencePieceKind {
+    /// Pieces chosen by the best total score (Viterbi): T5's, ALBERT's, sentencepiece's default.
+    Unigram,
+    /// Pieces merged by score: Llama's.
+    Bpe,
+}
+
 /// A sentencepiece model's vocabulary and its BOS/EOS ids (`None` where disabled, id -1).
 #[derive(Clone, Debug)]
 pub struct SentencePieceModel {
+    pub kind: SentencePieceKind,
     pub vocab: SpmVocab,
     pub bos: Option<u32>,
     pub eos: Option<u32>,
@@ -100,11 +110,11 @@ pub fn load(path: &str) -> Result<SentencePieceModel, DataError> {
     }
     let t = m.trainer_spec.unwrap_or_default();
     let n = m.normalizer_spec.unwrap_or_default();
-    match t.model_type.unwrap_or(1) {
-        2 => {}
-        1 => return Err(err("a unigram sentencepiece model (T5, ALBERT): only BPE models (Llama's) are built".into())),
-        k => return Err(err(format!("a sentencepiece model of type {k} (WORD 3, CHAR 4): only BPE models (Llama's) are built"))),
-    }
+    let kind = match t.model_type.unwrap_or(1) {
+        1 => SentencePieceKind::Unigram,
+        2 => SentencePieceKind::Bpe,
+        k => return Err(err(format!("a sentencepiece model of type {k} (WORD 3, CHAR 4): only unigram and BPE models are built"))),
+    };
     if !n.escape_whitespaces.unwrap_or(true) || t.treat_whitespace_as_suffix.unwrap_or(false) {
         return Err(err(
             "whitespace kept unescaped or as a suffix: only models that prefix \u{2581} (Llama's) are built".into(),
@@ -132,6 +142,7 @@ pub fn load(path: &str) -> Result<SentencePieceModel, DataError> {
         }
     }
     Ok(SentencePieceModel {
+        kind,
         vocab: SpmVocab {
             tokens,
             scores,

@@ -1,9 +1,9 @@
 //! Megatron's `Llama2Tokenizer` and `GPTSentencePieceTokenizer` (`--tokenizer-model
-//! tokenizer.model`): the sentencepiece library's `encode` (`spm_bpe.rs`) and `decode_ids`.
+//! tokenizer.model`): the sentencepiece library's `encode` (`sentencepiece_encoder.rs`) and `decode_ids`.
 //! `Llama2Tokenizer` puts BOS before every text, as Megatron's does (`tokenize(s, bos=True)`).
 //! Both end documents with the model's EOS.
 
-use crate::spm_bpe::SpmBpe;
+use crate::sentencepiece_encoder::SentencePieceEncoder;
 use crate::spm_vocab::{SpmVocab, BYTE, CONTROL, UNKNOWN};
 use crate::tokenizer::Tokenizer;
 use crate::DataError;
@@ -18,7 +18,7 @@ pub enum SentencePieceKind {
 }
 
 pub struct SentencePieceTokenizer {
-    bpe: SpmBpe,
+    encoder: SentencePieceEncoder,
     vocab: SpmVocab,
     unk_surface: String,
     name: &'static str,
@@ -49,9 +49,9 @@ impl SentencePieceTokenizer {
             })?),
             SentencePieceKind::Gpt => None,
         };
-        let bpe = SpmBpe::new(&m.vocab, &m).map_err(err)?;
+        let bpe = SentencePieceEncoder::new(&m.vocab, &m).map_err(err)?;
         Ok(SentencePieceTokenizer {
-            bpe,
+            encoder: bpe,
             vocab: m.vocab,
             unk_surface: m.unk_surface,
             name,
@@ -69,7 +69,11 @@ impl Tokenizer for SentencePieceTokenizer {
         self.vocab.tokens.len()
     }
     fn encode(&self, text: &str) -> Result<Vec<u32>, DataError> {
-        Ok(self.bos.into_iter().chain(self.bpe.encode(text)).collect())
+        Ok(self
+            .bos
+            .into_iter()
+            .chain(self.encoder.encode(text))
+            .collect())
     }
     /// sentencepiece's `decode_ids`: control pieces dropped, the unknown piece as its surface
     /// (` ⁇ `), runs of byte pieces as the UTF-8 they spell, `▁` as a space, and the dummy

@@ -16,7 +16,7 @@
 //! llama.cpp's algorithm is the sentencepiece library's BPE encoding, restated, so this
 //! `tokenizer.json` is also what `convert --to hf` writes for a `tokenizer.model`: the same ids
 //! as sentencepiece but where the model has user-defined pieces (an added token in `tokenizers`
-//! takes the `▁` before it). Megatron's sentencepiece tokenizers encode with `spm_bpe.rs`,
+//! takes the `▁` before it). Megatron's sentencepiece tokenizers encode with `sentencepiece_encoder.rs`,
 //! which keeps them as sentencepiece does.
 
 use serde_json::{json, Value};

@@ -138,6 +138,22 @@ fn a_model_with_sentencepieces_default_nfkc_rules_normalizes_as_the_library_does
     }
 }
 
+#[test]
+fn a_unigram_model_takes_sentencepieces_best_path() {
+    // T5's and ALBERT's kind of model: the best-scoring segmentation (user-defined pieces
+    // favoured by their bonus, UNUSED pieces never chosen, runs of unknown characters one
+    // unknown id), after sentencepiece's whitespace rules.
+    let unigram = model().with_file_name("tiny-sotu-unigram.model");
+    let t = tokenizer("GPTSentencePieceTokenizer", unigram.to_str().unwrap()).unwrap();
+    let cases = cases_of("tiny-sotu-unigram-vectors.json");
+    assert_eq!(cases.len(), 11);
+    for c in cases {
+        let got = t.encode(&c.text).unwrap();
+        assert_eq!(got, c.ids, "{:?}", c.text);
+        assert_eq!(t.decode(&got), c.decoded, "{:?}", c.text);
+    }
+}
+
 /// trainer_spec.eos_id = -1: key 42 << 3 (varint 0xd0 0x02), then -1 as a ten-byte varint.
 const NO_EOS: [u8; 12] = [
     0xd0, 0x02, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01,
@@ -161,7 +177,7 @@ fn sentencepiece_models_these_ids_would_not_reproduce_are_refused_by_name() {
     // Protobuf merges a message field written again into the first, so appending one changes a
     // single setting of the fixture.
     for (name, extra, needle) in [
-        ("unigram", field(2, 2, &field(3, 0, &[1])), "unigram"),
+        ("word", field(2, 2, &field(3, 0, &[3])), "type 3"),
         (
             "bad-charsmap",
             field(3, 2, &field(2, 2, b"xy")),

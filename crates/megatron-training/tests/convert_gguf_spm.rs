@@ -325,7 +325,8 @@ fn a_sentencepiece_model_exports_as_llama_cpps_converter_writes_it() {
 #[test]
 fn sentencepiece_models_that_normalize_text_are_refused_for_llama_cpp() {
     // llama.cpp keeps every space and applies no normalization rules; these models drop and
-    // merge spaces, and the second also applies sentencepiece's nmt_nfkc rules.
+    // merge spaces, the second also applies sentencepiece's nmt_nfkc rules, and the third is
+    // a unigram model, which llama.cpp's `llama` vocabulary does not run.
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../megatron-data/tests/fixtures/sentencepiece");
     for (file, needle) in [
@@ -334,6 +335,7 @@ fn sentencepiece_models_that_normalize_text_are_refused_for_llama_cpp() {
             "tiny-sotu-bpe-nfkc.model",
             "\"nmt_nfkc\" (precompiled_charsmap)",
         ),
+        ("tiny-sotu-unigram.model", "a unigram sentencepiece model"),
     ] {
         let model = dir.join(file);
         let e = tokenizer_metadata("Llama2Tokenizer", None, None, model.to_str(), 600).unwrap_err();

@@ -475,6 +475,12 @@ fn hf_tokenizer_files(
         (kind @ ("Llama2Tokenizer" | "GPTSentencePieceTokenizer"), Some(t), ..) => {
             let model = megatron_data::sentencepiece_model::load(t)
                 .map_err(|e| err(Path::new(t), e.to_string()))?;
+            if model.kind == megatron_data::sentencepiece_model::SentencePieceKind::Unigram {
+                return Err(err(
+                    Path::new(t),
+                    "a unigram sentencepiece model: the tokenizer.json written here is a BPE",
+                ));
+            }
             if model.charsmap.is_some() {
                 return Err(err(
                     Path::new(t),

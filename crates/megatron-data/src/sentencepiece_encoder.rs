@@ -1,4 +1,5 @@
-//! The sentencepiece library's BPE encoding (`bpe_model.cc` and the byte fallback of
+//! The sentencepiece library's encoding (`bpe_model.cc`, `unigram_model.cc`'s
+//! `EncodeOptimized`, `normalizer.cc` and the byte fallback of
 //! `sentencepiece_processor.cc`), which Megatron's `Llama2Tokenizer` and
 //! `GPTSentencePieceTokenizer` call. Written by hand: no Rust crate encodes a sentencepiece model
 //! as the library does, and a `tokenizers` BPE built from the pieces (`spm_vocab.rs`) matches it
@@ -15,14 +16,14 @@
 //! unknown id per run, without byte fallback).
 
 use crate::precompiled_charsmap::PrecompiledCharsmap;
-use crate::sentencepiece_model::SentencePieceModel;
-use crate::spm_vocab::{SpmVocab, BYTE, CONTROL, UNKNOWN, UNUSED, USER_DEFINED};
+use crate::sentencepiece_model::{SentencePieceKind, SentencePieceModel};
+use crate::spm_vocab::{SpmVocab, BYTE, CONTROL, NORMAL, UNKNOWN, UNUSED, USER_DEFINED};
 use rustc_hash::FxHashMap as HashMap;
 use std::collections::BinaryHeap;
 
 const SPACE: char = '\u{2581}';
 
-pub struct SpmBpe {
+pub struct SentencePieceEncoder {
     /// Pieces merging can make (sentencepiece's `pieces_`: normal, user-defined, unused).
     pieces: HashMap<String, u32>,
     /// Control, unknown and byte pieces (`reserved_id_map_`): named only as a whole symbol.
@@ -37,6 +38,19 @@ pub struct SpmBpe {
     add_dummy_prefix: bool,
     remove_extra_whitespaces: bool,
     charsmap: Option<PrecompiledCharsmap>,
+    unigram: Option<Unigram>,
+}
+
+/// What a unigram model's best path needs besides the pieces.
+struct Unigram {
+    /// The unknown node's score: the lowest normal piece's, less sentencepiece's penalty of 10.
+    unk_score: f32,
+    /// The highest normal piece's score (at least `f32::MIN_POSITIVE`, as sentencepiece starts
+    /// from `FLT_MIN`): a user-defined piece scores `bytes * max_score - 0.1`.
+    max_score: f32,
+    user_defined: Vec<bool>,
+    /// The longest piece, in bytes.
+    max_len: usize,
 }
 
 /// A candidate merge, ordered by one integer: higher score first, then the leftmost (the
@@ -75,7 +89,7 @@ struct Symbol {
     frozen: bool,
 }
 
-impl SpmBpe {
+impl SentencePieceEncoder {
     /// The model's vocabulary and normalization; an error for a model without an unknown
     /// piece (sentencepiece requires one) or with a malformed charsmap.
     pub fn new(v: &SpmVocab, m: &SentencePieceModel) -> Result<Self, String> {
@@ -113,7 +127,22 @@ impl SpmBpe {
             }
             b
         });
-        Ok(SpmBpe {
+        let unigram = (m.kind == SentencePieceKind::Unigram).then(|| {
+            let normal = || {
+                v.types
+                    .iter()
+                    .zip(&v.scores)
+                    .filter(|(&t, _)| t == NORMAL)
+                    .map(|(_, &s)| s)
+            };
+            Unigram {
+                unk_score: normal().fold(f32::MAX, f32::min) - 10.0,
+                max_score: normal().fold(f32::MIN_POSITIVE, f32::max),
+                user_defined: v.types.iter().map(|&t| t == USER_DEFINED).collect(),
+                max_len: pieces.keys().map(String::len).max().unwrap_or(1),
+            }
+        });
+        Ok(SentencePieceEncoder {
             pieces,
             reserved,
             scores: v.scores.clone(),
@@ -124,6 +153,7 @@ impl SpmBpe {
             add_dummy_prefix: v.add_space_prefix,
             remove_extra_whitespaces: m.remove_extra_whitespaces,
             charsmap,
+            unigram,
         })
     }
 
@@ -198,6 +228,9 @@ impl SpmBpe {
         if s.is_empty() {
             return Vec::new();
         }
+        if let Some(u) = &self.unigram {
+            return self.encode_unigram(&s, u);
+        }
         let mut sym = self.symbols(&s);
         let mut queue = BinaryHeap::new();
         // Merged unused pieces and what made them (sentencepiece's `rev_merge`).
@@ -246,6 +279,69 @@ impl SpmBpe {
                 &mut prev_unk,
             );
             at = sym[i].next;
+        }
+        out
+    }
+
+    /// sentencepiece's `EncodeOptimized`: the best-scoring path of pieces, found position by
+    /// position (for each character start, every piece that starts there, shortest first, then
+    /// an unknown node where no one-character piece does; a later candidate replaces an
+    /// earlier only when it scores strictly higher), then unknown runs as in BPE.
+    fn encode_unigram(&self, s: &str, u: &Unigram) -> Vec<u32> {
+        // For each byte end: (score, start, id) of the best path ending there.
+        let mut best: Vec<Option<(f32, usize, u32)>> = vec![None; s.len() + 1];
+        best[0] = Some((0.0, 0, u32::MAX));
+        let offer = |best: &mut [Option<(f32, usize, u32)>], end: usize, score, start, id| {
+            if best[end].is_none_or(|(b, _, _)| score > b) {
+                best[end] = Some((score, start, id));
+            }
+        };
+        for (start, c) in s.char_indices() {
+            let here = best[start].map_or(0.0, |b| b.0);
+            let mut single = false;
+            let limit = (start + u.max_len).min(s.len());
+            for end in (start + 1..=limit).filter(|&e| s.is_char_boundary(e)) {
+                let Some(&id) = self.pieces.get(&s[start..end]) else {
+                    continue;
+                };
+                if self.unused[id as usize] {
+                    continue;
+                }
+                let len = end - start;
+                let score = if u.user_defined[id as usize] {
+                    len as f32 * u.max_score - 0.1
+                } else {
+                    self.scores[id as usize]
+                };
+                offer(&mut best, end, here + score, start, id);
+                single |= len == c.len_utf8();
+            }
+            if !single {
+                offer(
+                    &mut best,
+                    start + c.len_utf8(),
+                    here + u.unk_score,
+                    start,
+                    self.unk,
+                );
+            }
+        }
+        let mut path = Vec::new();
+        let mut end = s.len();
+        while end > 0 {
+            let (_, start, id) = best[end].expect("every character ends a path");
+            path.push((start, end, id));
+            end = start;
+        }
+        let mut out = Vec::new();
+        let mut prev_unk = false;
+        for &(start, end, id) in path.iter().rev() {
+            if id != self.unk {
+                out.push(id);
+                prev_unk = false;
+                continue;
+            }
+            self.unknown(&s[start..end], &mut out, &mut prev_unk);
         }
         out
     }
@@ -305,12 +401,17 @@ impl SpmBpe {
                 return;
             }
         }
+        self.unknown(piece, out, prev_unk);
+    }
+
+    /// Text no piece covers: its bytes as `<0xXX>` pieces, or, without byte fallback, one
+    /// unknown id per run (sentencepiece merges runs of unknown pieces).
+    fn unknown(&self, piece: &str, out: &mut Vec<u32>, prev_unk: &mut bool) {
         match &self.bytes {
             Some(b) => {
                 out.extend(piece.bytes().map(|x| b[x as usize]));
                 *prev_unk = false;
             }
-            // Runs of unknown symbols become one unknown id, as sentencepiece merges them.
             None => {
                 if !*prev_unk {
                     out.push(self.unk);
