@@ -89,12 +89,22 @@ def without_paths(path):
     proto.ParseFromString(open(path, "rb").read())
     proto.trainer_spec.ClearField("input"); proto.trainer_spec.ClearField("model_prefix")
     return proto
+
+
+def write_vectors(model, texts, source):
+    """What the sentencepiece library makes of `texts` with `model` (`encode`, and `decode` of
+    those ids), written beside it as <model>-vectors.json, one case per line."""
+    p = spm.SentencePieceProcessor(model_file=model)
+    cases = [{"text": t, "ids": p.encode(t), "decoded": p.decode(p.encode(t))} for t in texts]
+    with open(model[:-len(".model")] + "-vectors.json", "w", encoding="utf-8") as f:
+        f.write('{"source": %s, "cases": [\n' % json.dumps(source, ensure_ascii=False))
+        f.write(",\n".join(json.dumps(c, ensure_ascii=False) for c in cases) + "\n]}\n")
+    print("wrote", model, os.path.getsize(model), "bytes;", len(cases), "cases")
+
+
 open(os.path.join(sp_root, "tiny-sotu-bpe.model"), "wb").write(without_paths(os.path.join(work, "sp.model")).SerializeToString())
-sp_cases = [{"text": t, "ids": sp.encode(t), "decoded": sp.decode(sp.encode(t))} for t in inputs]
-with open(os.path.join(sp_root, "tiny-sotu-bpe-vectors.json"), "w", encoding="utf-8") as f:
-    f.write('{"source": "sentencepiece %s SentencePieceProcessor.encode / decode on tiny-sotu-bpe.model", "cases": [\n' % spm.__version__)
-    f.write(",\n".join(json.dumps(c, ensure_ascii=False) for c in sp_cases) + "\n]}\n")
-print("wrote", os.path.join(sp_root, "tiny-sotu-bpe.model"), os.path.getsize(os.path.join(sp_root, "tiny-sotu-bpe.model")), "bytes")
+write_vectors(os.path.join(sp_root, "tiny-sotu-bpe.model"), inputs,
+              "sentencepiece %s SentencePieceProcessor.encode / decode on tiny-sotu-bpe.model" % spm.__version__)
 
 # A second model for what the first lacks: user-defined pieces (kept whole), pieces of type
 # UNUSED (sentencepiece merges into them, then splits them back) and no byte fallback (runs of
@@ -112,37 +122,30 @@ for p in proto.pieces:
         p.type = pb.ModelProto.SentencePiece.UNUSED
 special = os.path.join(sp_root, "tiny-sotu-bpe-special.model")
 open(special, "wb").write(proto.SerializeToString())
-sp2 = spm.SentencePieceProcessor(model_file=special)
 texts2 = ["<start_of_turn>user\nHello America, the foo bar<end_of_turn>", "    indented    text",
           "America America", "xfoo fooAmerica", " America", "The United States of America and     more.",
           "the thing and the sing, nothing and anything", "Ünïcödé — “quotes” and 日本語, emoji 🦙!",
           "<s> literal </s>"] + sentences[:3]
-sp2_cases = [{"text": t, "ids": sp2.encode(t), "decoded": sp2.decode(sp2.encode(t))} for t in texts2]
-with open(os.path.join(sp_root, "tiny-sotu-bpe-special-vectors.json"), "w", encoding="utf-8") as f:
-    f.write('{"source": "sentencepiece %s on tiny-sotu-bpe-special.model (user-defined %s; unused %s; no byte fallback)", "cases": [\n'
-            % (spm.__version__, json.dumps(proto.trainer_spec.user_defined_symbols[:], ensure_ascii=False).replace('"', "'"), json.dumps(unused, ensure_ascii=False).replace('"', "'")))
-    f.write(",\n".join(json.dumps(c, ensure_ascii=False) for c in sp2_cases) + "\n]}\n")
-print("wrote", special, os.path.getsize(special), "bytes")
+write_vectors(special, texts2,
+              "sentencepiece %s on tiny-sotu-bpe-special.model (user-defined %s; unused %s; no byte fallback)"
+              % (spm.__version__, json.dumps(proto.trainer_spec.user_defined_symbols[:], ensure_ascii=False).replace('"', "'"), json.dumps(unused, ensure_ascii=False).replace('"', "'")))
 
 # A third model with sentencepiece's default whitespace handling (`remove_extra_whitespaces`:
 # spaces at the ends dropped, runs of them made one), user-defined pieces with spaces in them.
+user_defined3 = ["United States", " Congress", "\u2581\u2581"]
 spm.SentencePieceTrainer.train(
     input=corpus, model_prefix=os.path.join(work, "sp3"), model_type="bpe", vocab_size=600,
     byte_fallback=True, normalization_rule_name="identity", remove_extra_whitespaces=True,
     add_dummy_prefix=True, character_coverage=0.999, unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
-    num_threads=1, minloglevel=2, user_defined_symbols=["United States", " Congress", "\u2581\u2581"])
+    num_threads=1, minloglevel=2, user_defined_symbols=user_defined3)
 collapsing = os.path.join(sp_root, "tiny-sotu-bpe-collapsing.model")
 open(collapsing, "wb").write(without_paths(os.path.join(work, "sp3.model")).SerializeToString())
-sp3 = spm.SentencePieceProcessor(model_file=collapsing)
 texts3 = ["", " ", "   ", "  Hello   world  ", "\tHello\n", "Hello\u2581\u2581", "\u2581\u2581",
           " \u2581 a", "the  United States   Congress", "a  Congress", "x \u2581\u2581  y",
           "Ünïcödé — “quotes” and 日本語,  emoji 🦙! "] + sentences[:2]
-sp3_cases = [{"text": t, "ids": sp3.encode(t), "decoded": sp3.decode(sp3.encode(t))} for t in texts3]
-with open(os.path.join(sp_root, "tiny-sotu-bpe-collapsing-vectors.json"), "w", encoding="utf-8") as f:
-    f.write('{"source": "sentencepiece %s on tiny-sotu-bpe-collapsing.model (remove_extra_whitespaces; user-defined %s)", "cases": [\n'
-            % (spm.__version__, json.dumps(proto.trainer_spec.user_defined_symbols[:0] or ["United States", " Congress", "\u2581\u2581"], ensure_ascii=False).replace('"', "'")))
-    f.write(",\n".join(json.dumps(c, ensure_ascii=False) for c in sp3_cases) + "\n]}\n")
-print("wrote", collapsing, os.path.getsize(collapsing), "bytes")
+write_vectors(collapsing, texts3,
+              "sentencepiece %s on tiny-sotu-bpe-collapsing.model (remove_extra_whitespaces; user-defined %s)"
+              % (spm.__version__, json.dumps(user_defined3, ensure_ascii=False).replace('"', "'")))
 
 # A fourth model with all of sentencepiece's normalization defaults (`nmt_nfkc` rules compiled
 # into the model, whitespace collapsed), what `spm_train --model_type=bpe` writes.
@@ -151,16 +154,13 @@ spm.SentencePieceTrainer.train(
     character_coverage=0.999, num_threads=1, minloglevel=2)
 nfkc = os.path.join(sp_root, "tiny-sotu-bpe-nfkc.model")
 open(nfkc, "wb").write(without_paths(os.path.join(work, "sp4.model")).SerializeToString())
-sp4 = spm.SentencePieceProcessor(model_file=nfkc)
 texts4 = ["ＡＢＣ１２３ full width", "ﬁne ﬂour", "① ② ½ ™", "ｶﾀｶﾅ and ｶﾞ", "A\u030a vs \u00c5",
           "a\u3000b\u00a0c", "\tTabs\tand\nlines\r\n", "  Hello   world  ", "Ｈｅｌｌｏ，　ｗｏｒｌｄ！",
           "\u2126 Ohm, \u212b Angstrom", "x\u200by zero width", "Ünïcödé — “quotes” and 日本語, emoji 🦙!",
           "㍻ ㎏ ㈱", "\u1100\u1161 jamo"] + sentences[:2]
-sp4_cases = [{"text": t, "ids": sp4.encode(t), "decoded": sp4.decode(sp4.encode(t))} for t in texts4]
-with open(os.path.join(sp_root, "tiny-sotu-bpe-nfkc-vectors.json"), "w", encoding="utf-8") as f:
-    f.write('{"source": "sentencepiece %s on tiny-sotu-bpe-nfkc.model (nmt_nfkc, remove_extra_whitespaces, no byte fallback)", "cases": [\n' % spm.__version__)
-    f.write(",\n".join(json.dumps(c, ensure_ascii=False) for c in sp4_cases) + "\n]}\n")
-print("wrote", nfkc, os.path.getsize(nfkc), "bytes")
+write_vectors(nfkc, texts4,
+              "sentencepiece %s on tiny-sotu-bpe-nfkc.model (nmt_nfkc, remove_extra_whitespaces, no byte fallback)"
+              % spm.__version__)
 
 # A fifth model, unigram (T5's and ALBERT's kind, sentencepiece's default model type), with
 # identity rules, user-defined pieces, three pieces made UNUSED and no byte fallback.
@@ -175,13 +175,9 @@ for p in proto.pieces:
         p.type = pb.ModelProto.SentencePiece.UNUSED
 unigram = os.path.join(sp_root, "tiny-sotu-unigram.model")
 open(unigram, "wb").write(proto.SerializeToString())
-sp5 = spm.SentencePieceProcessor(model_file=unigram)
 texts5 = ["", "  Hello   world  ", "<extra_id_0> the America  of Americans", "x▁▁y", "Ünïcödé — “quotes” and 日本語, emoji 🦙!",
           " ".join(unused5) + " " + "".join(unused5), "\tTabs\tand\nlines"] + sentences[:4]
-sp5_cases = [{"text": t, "ids": sp5.encode(t), "decoded": sp5.decode(sp5.encode(t))} for t in texts5]
-with open(os.path.join(sp_root, "tiny-sotu-unigram-vectors.json"), "w", encoding="utf-8") as f:
-    f.write('{"source": "sentencepiece %s on tiny-sotu-unigram.model (unigram; identity; user-defined; unused %s; no byte fallback)", "cases": [\n'
-            % (spm.__version__, json.dumps(unused5, ensure_ascii=False).replace('"', "'")))
-    f.write(",\n".join(json.dumps(c, ensure_ascii=False) for c in sp5_cases) + "\n]}\n")
-print("wrote", unigram, os.path.getsize(unigram), "bytes")
+write_vectors(unigram, texts5,
+              "sentencepiece %s on tiny-sotu-unigram.model (unigram; identity; user-defined; unused %s; no byte fallback)"
+              % (spm.__version__, json.dumps(unused5, ensure_ascii=False).replace('"', "'")))
 

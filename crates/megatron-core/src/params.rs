@@ -311,13 +311,6 @@ impl HalfParams {
     /// Elements `range` widened to f32.
     pub fn read(&self, range: Range<usize>, out: &mut [f32]) {
         const CHUNK: usize = 1 << 16;
-        // Raw-pointer slices of just `range` (see `Params::get`).
-        #[allow(clippy::ptr_arg)] // `&[T]` would be a reference to the whole buffer
-        fn part<T>(v: &Vec<T>, r: Range<usize>) -> &[T] {
-            assert!(r.start <= r.end && r.end <= v.len());
-            // SAFETY: in bounds (checked).
-            unsafe { std::slice::from_raw_parts(v.as_ptr().add(r.start), r.len()) }
-        }
         match self {
             HalfParams::None => panic!("no 16-bit parameters to read"),
             HalfParams::BF16(v) => out
@@ -344,6 +337,15 @@ impl HalfParams {
             },
         }
     }
+}
+
+/// Elements `r` of `v` through the raw pointer rather than a reference to the whole buffer:
+/// under `--overlap-param-gather` another thread is writing other buckets of it.
+#[allow(clippy::ptr_arg)] // `&[T]` would be a reference to the whole buffer
+fn part<T>(v: &Vec<T>, r: Range<usize>) -> &[T] {
+    assert!(r.start <= r.end && r.end <= v.len());
+    // SAFETY: in bounds (checked).
+    unsafe { std::slice::from_raw_parts(v.as_ptr().add(r.start), r.len()) }
 }
 
 /// A parameter's values as f32: borrowed from the fp32 buffer, or widened from the 16-bit one
@@ -547,22 +549,11 @@ impl Params {
 
     /// The values the model computes with: the 16-bit parameters when there are any.
     pub fn get(&self, id: ParamId) -> ParamRef<'_> {
-        let m = &self.metas[id.0];
-        let r = m.offset..m.offset + m.numel;
-        if let Some(g) = &self.gate {
-            g.wait_for(r.end);
-        }
+        let r = self.gathered_range(id);
         match self.half {
-            HalfParams::None => {
-                assert!(r.end <= self.data.len());
-                // SAFETY: in bounds. Through the raw pointer rather than a reference to the whole
-                // buffer: under `--overlap-param-gather` another thread is writing other buckets.
-                ParamRef::Borrowed(unsafe {
-                    std::slice::from_raw_parts(self.data.as_ptr().add(r.start), r.len())
-                })
-            }
+            HalfParams::None => ParamRef::Borrowed(part(&self.data, r)),
             _ => {
-                let mut t = Tensor::for_overwrite(&[m.numel]);
+                let mut t = Tensor::for_overwrite(&[r.len()]);
                 self.half.read(r, t.data_mut());
                 ParamRef::Widened(t)
             }
@@ -572,21 +563,19 @@ impl Params {
     /// The values the model multiplies by, as stored (see [`ParamOperand`]).
     pub fn operand(&self, id: ParamId) -> ParamOperand<'_> {
         match &self.half {
-            HalfParams::BF16(v) => {
-                let m = &self.metas[id.0];
-                let r = m.offset..m.offset + m.numel;
-                if let Some(g) = &self.gate {
-                    g.wait_for(r.end);
-                }
-                assert!(r.end <= v.len());
-                // SAFETY: in bounds. Through the raw pointer, as in `get`: under
-                // `--overlap-param-gather` another thread is writing other buckets.
-                ParamOperand::BF16(unsafe {
-                    std::slice::from_raw_parts(v.as_ptr().add(r.start), r.len())
-                })
-            }
+            HalfParams::BF16(v) => ParamOperand::BF16(part(v, self.gathered_range(id))),
             _ => ParamOperand::Values(self.get(id)),
         }
+    }
+
+    /// The parameter's elements, once an overlapped all-gather has brought its bucket.
+    fn gathered_range(&self, id: ParamId) -> Range<usize> {
+        let m = &self.metas[id.0];
+        let r = m.offset..m.offset + m.numel;
+        if let Some(g) = &self.gate {
+            g.wait_for(r.end);
+        }
+        r
     }
 
     /// The fp32 values (main parameters under 16-bit storage).

@@ -29,7 +29,7 @@ pub struct SentencePieceEncoder {
     /// Control, unknown and byte pieces (`reserved_id_map_`): named only as a whole symbol.
     reserved: HashMap<String, u32>,
     scores: Vec<f32>,
-    unused: Vec<bool>,
+    types: Vec<i32>,
     /// User-defined pieces by their first character, longest first (a model may have
     /// thousands; each position looks only at those that can start there).
     user_defined: HashMap<char, Vec<String>>,
@@ -48,7 +48,6 @@ struct Unigram {
     /// The highest normal piece's score (at least `f32::MIN_POSITIVE`, as sentencepiece starts
     /// from `FLT_MIN`): a user-defined piece scores `bytes * max_score - 0.1`.
     max_score: f32,
-    user_defined: Vec<bool>,
     /// The longest piece, in bytes.
     max_len: usize,
 }
@@ -138,7 +137,6 @@ impl SentencePieceEncoder {
             Unigram {
                 unk_score: normal().fold(f32::MAX, f32::min) - 10.0,
                 max_score: normal().fold(f32::MIN_POSITIVE, f32::max),
-                user_defined: v.types.iter().map(|&t| t == USER_DEFINED).collect(),
                 max_len: pieces.keys().map(String::len).max().unwrap_or(1),
             }
         });
@@ -146,7 +144,7 @@ impl SentencePieceEncoder {
             pieces,
             reserved,
             scores: v.scores.clone(),
-            unused: v.types.iter().map(|&t| t == UNUSED).collect(),
+            types: v.types.clone(),
             user_defined,
             bytes,
             unk,
@@ -244,7 +242,7 @@ impl SentencePieceEncoder {
                 let piece = &s[sym[l].start..sym[r].start + sym[r].len];
                 if let Some(&id) = self.pieces.get(piece) {
                     q.push(Bigram::new(self.scores[id as usize], l, r, piece.len()));
-                    if self.unused[id as usize] {
+                    if self.types[id as usize] == UNUSED {
                         rev_merge.insert(piece, (sym[l].start, sym[l].len, sym[r].len));
                     }
                 }
@@ -304,11 +302,11 @@ impl SentencePieceEncoder {
                 let Some(&id) = self.pieces.get(&s[start..end]) else {
                     continue;
                 };
-                if self.unused[id as usize] {
+                if self.types[id as usize] == UNUSED {
                     continue;
                 }
                 let len = end - start;
-                let score = if u.user_defined[id as usize] {
+                let score = if self.types[id as usize] == USER_DEFINED {
                     len as f32 * u.max_score - 0.1
                 } else {
                     self.scores[id as usize]
@@ -372,6 +370,15 @@ impl SentencePieceEncoder {
         sym
     }
 
+    /// The id of a piece given by its text (sentencepiece's `PieceToId`, without its fallback
+    /// to the unknown id).
+    pub fn piece_id(&self, piece: &str) -> Option<u32> {
+        self.reserved
+            .get(piece)
+            .or_else(|| self.pieces.get(piece))
+            .copied()
+    }
+
     /// A final symbol's ids: its piece, an unused piece split back, or its bytes.
     fn resegment(
         &self,
@@ -382,13 +389,9 @@ impl SentencePieceEncoder {
         prev_unk: &mut bool,
     ) {
         let piece = &s[start..start + len];
-        let id = self
-            .reserved
-            .get(piece)
-            .or_else(|| self.pieces.get(piece))
-            .copied();
+        let id = self.piece_id(piece);
         if let Some(id) = id {
-            if self.unused[id as usize] {
+            if self.types[id as usize] == UNUSED {
                 if let Some(&(l, ll, rl)) = rev_merge.get(piece) {
                     self.resegment(s, (l, ll), rev_merge, out, prev_unk);
                     self.resegment(s, (l + ll, rl), rev_merge, out, prev_unk);

@@ -93,6 +93,25 @@ pub struct SentencePieceModel {
     pub normalization: String,
 }
 
+impl SentencePieceModel {
+    /// Why a merge vocabulary (llama.cpp's `llama` model, the `tokenizer.json` of
+    /// `spm_vocab.rs`) would tokenize this model's text differently; `None` when it would not.
+    /// Both apply no normalization rules, keep every space and merge as BPE does.
+    pub fn unlike_a_merge_vocabulary(&self) -> Option<String> {
+        if self.kind == SentencePieceKind::Unigram {
+            return Some("a unigram sentencepiece model, not a BPE".into());
+        }
+        if self.charsmap.is_some() {
+            return Some(format!(
+                "normalization rules {:?} (precompiled_charsmap)",
+                self.normalization
+            ));
+        }
+        self.remove_extra_whitespaces
+            .then(|| "normalizer_spec.remove_extra_whitespaces (spaces dropped and merged)".into())
+    }
+}
+
 /// Reads `path`; refuses what the BPE tokenizer.json would tokenize differently.
 pub fn load(path: &str) -> Result<SentencePieceModel, DataError> {
     let err = |msg: String| DataError::Tokenizer {

@@ -110,11 +110,7 @@ impl Tokenizer for SentencePieceTokenizer {
         self.eod
     }
     fn token_id(&self, token: &str) -> Option<u32> {
-        self.vocab
-            .tokens
-            .iter()
-            .position(|t| t == token)
-            .map(|i| i as u32)
+        self.encoder.piece_id(token)
     }
     fn token_text(&self, id: u32) -> Option<String> {
         self.vocab.tokens.get(id as usize).cloned()

@@ -18,8 +18,11 @@ struct Case {
     decoded: String,
 }
 
+/// The first model's vectors.
+const VECTORS: &str = "tiny-sotu-bpe-vectors.json";
+
 fn cases() -> Vec<Case> {
-    let cases = cases_of("tiny-sotu-bpe-vectors.json");
+    let cases = cases_of(VECTORS);
     assert_eq!(cases.len(), 53);
     cases
 }
@@ -55,6 +58,21 @@ fn tokenizer(kind: &str, path: &str) -> Result<Box<dyn Tokenizer>, String> {
     .map_err(|e| e.to_string())
 }
 
+/// `model`'s tokenizer of `kind` encodes each of `vectors`' texts to the library's ids (after
+/// BOS for `Llama2Tokenizer`) and decodes them to the library's text; `n` cases.
+fn assert_same_as_sentencepiece(kind: &str, model: &str, vectors: &str, n: usize) {
+    let path = self::model().with_file_name(model);
+    let t = tokenizer(kind, path.to_str().unwrap()).unwrap();
+    let cases = cases_of(vectors);
+    assert_eq!(cases.len(), n, "{vectors}");
+    let bos: &[u32] = if kind == "Llama2Tokenizer" { &[1] } else { &[] };
+    for c in cases {
+        let got = t.encode(&c.text).unwrap();
+        assert_eq!(got, [bos, &c.ids].concat(), "{model}: {:?}", c.text);
+        assert_eq!(t.decode(&got), c.decoded, "{model}: {:?}", c.text);
+    }
+}
+
 #[test]
 fn llama2_tokenizer_gives_sentencepieces_ids_after_bos() {
     let t = tokenizer("Llama2Tokenizer", model().to_str().unwrap()).unwrap();
@@ -62,14 +80,8 @@ fn llama2_tokenizer_gives_sentencepieces_ids_after_bos() {
         (t.name(), t.vocab_size(), t.eod()),
         ("Llama2Tokenizer", 1000, 2)
     );
-    for c in cases() {
-        let mut want = vec![1];
-        want.extend(&c.ids);
-        let got = t.encode(&c.text).unwrap();
-        assert_eq!(got, want, "{:?}", c.text);
-        // sentencepiece's decode_ids, which drops BOS/EOS.
-        assert_eq!(t.decode(&got), c.decoded, "{:?}", c.text);
-    }
+    // Decoding as sentencepiece's decode_ids, which drops BOS/EOS.
+    assert_same_as_sentencepiece("Llama2Tokenizer", "tiny-sotu-bpe.model", VECTORS, 53);
 }
 
 #[test]
@@ -81,9 +93,12 @@ fn gpt_sentencepiece_tokenizer_gives_sentencepieces_ids_and_ends_documents_with_
     assert!(cases
         .iter()
         .any(|c| c.text.contains("<s>") && !c.ids.contains(&1)));
-    for c in cases {
-        assert_eq!(t.encode(&c.text).unwrap(), c.ids, "{:?}", c.text);
-    }
+    assert_same_as_sentencepiece(
+        "GPTSentencePieceTokenizer",
+        "tiny-sotu-bpe.model",
+        VECTORS,
+        53,
+    );
 }
 
 #[test]
@@ -91,19 +106,17 @@ fn user_defined_and_unused_pieces_and_unknown_runs_go_as_in_sentencepiece() {
     // A model with user-defined pieces (kept whole wherever they occur, `▁` before them kept
     // apart), three merged pieces made UNUSED (merged into, then split back), and no byte
     // fallback (a run of unknown characters is one unknown id, decoded as " ⁇ ").
-    let special = model().with_file_name("tiny-sotu-bpe-special.model");
-    let t = tokenizer("GPTSentencePieceTokenizer", special.to_str().unwrap()).unwrap();
     let cases = cases_of("tiny-sotu-bpe-special-vectors.json");
-    assert_eq!(cases.len(), 12);
     assert!(
         cases.iter().any(|c| c.ids.contains(&0)),
         "a case with unknown text"
     );
-    for c in cases {
-        let got = t.encode(&c.text).unwrap();
-        assert_eq!(got, c.ids, "{:?}", c.text);
-        assert_eq!(t.decode(&got), c.decoded, "{:?}", c.text);
-    }
+    assert_same_as_sentencepiece(
+        "GPTSentencePieceTokenizer",
+        "tiny-sotu-bpe-special.model",
+        "tiny-sotu-bpe-special-vectors.json",
+        12,
+    );
 }
 
 #[test]
@@ -111,15 +124,12 @@ fn whitespace_collapsing_models_drop_and_merge_spaces_as_sentencepiece_does() {
     // sentencepiece's default `remove_extra_whitespaces`: spaces at the ends dropped (a text of
     // spaces is no ids), runs of spaces made one; literal `▁` characters and user-defined
     // pieces with spaces in them as the library treats them.
-    let collapsing = model().with_file_name("tiny-sotu-bpe-collapsing.model");
-    let t = tokenizer("Llama2Tokenizer", collapsing.to_str().unwrap()).unwrap();
-    let cases = cases_of("tiny-sotu-bpe-collapsing-vectors.json");
-    assert_eq!(cases.len(), 14);
-    for c in cases {
-        let got = t.encode(&c.text).unwrap();
-        assert_eq!(got[1..], c.ids[..], "{:?}", c.text);
-        assert_eq!(t.decode(&got), c.decoded, "{:?}", c.text);
-    }
+    assert_same_as_sentencepiece(
+        "Llama2Tokenizer",
+        "tiny-sotu-bpe-collapsing.model",
+        "tiny-sotu-bpe-collapsing-vectors.json",
+        14,
+    );
 }
 
 #[test]
@@ -127,15 +137,12 @@ fn a_model_with_sentencepieces_default_nfkc_rules_normalizes_as_the_library_does
     // `spm_train --model_type=bpe` with its defaults: the `nmt_nfkc` rules compiled into the
     // model (full-width forms, ligatures, circled digits, compatibility characters, Hangul
     // jamo, zero-width and special spaces) and whitespace collapsed.
-    let nfkc = model().with_file_name("tiny-sotu-bpe-nfkc.model");
-    let t = tokenizer("GPTSentencePieceTokenizer", nfkc.to_str().unwrap()).unwrap();
-    let cases = cases_of("tiny-sotu-bpe-nfkc-vectors.json");
-    assert_eq!(cases.len(), 16);
-    for c in cases {
-        let got = t.encode(&c.text).unwrap();
-        assert_eq!(got, c.ids, "{:?}", c.text);
-        assert_eq!(t.decode(&got), c.decoded, "{:?}", c.text);
-    }
+    assert_same_as_sentencepiece(
+        "GPTSentencePieceTokenizer",
+        "tiny-sotu-bpe-nfkc.model",
+        "tiny-sotu-bpe-nfkc-vectors.json",
+        16,
+    );
 }
 
 #[test]
@@ -143,15 +150,12 @@ fn a_unigram_model_takes_sentencepieces_best_path() {
     // T5's and ALBERT's kind of model: the best-scoring segmentation (user-defined pieces
     // favoured by their bonus, UNUSED pieces never chosen, runs of unknown characters one
     // unknown id), after sentencepiece's whitespace rules.
-    let unigram = model().with_file_name("tiny-sotu-unigram.model");
-    let t = tokenizer("GPTSentencePieceTokenizer", unigram.to_str().unwrap()).unwrap();
-    let cases = cases_of("tiny-sotu-unigram-vectors.json");
-    assert_eq!(cases.len(), 11);
-    for c in cases {
-        let got = t.encode(&c.text).unwrap();
-        assert_eq!(got, c.ids, "{:?}", c.text);
-        assert_eq!(t.decode(&got), c.decoded, "{:?}", c.text);
-    }
+    assert_same_as_sentencepiece(
+        "GPTSentencePieceTokenizer",
+        "tiny-sotu-unigram.model",
+        "tiny-sotu-unigram-vectors.json",
+        11,
+    );
 }
 
 /// trainer_spec.eos_id = -1: key 42 << 3 (varint 0xd0 0x02), then -1 as a ten-byte varint.

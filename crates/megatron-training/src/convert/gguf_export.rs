@@ -461,20 +461,9 @@ pub fn tokenizer_metadata(
             (kind @ ("Llama2Tokenizer" | "GPTSentencePieceTokenizer"), _, _, Some(p)) => {
                 // The pieces, scores and types as llama.cpp's converter writes a tokenizer.model.
                 let m = megatron_data::sentencepiece_model::load(p).map_err(|e| e.to_string())?;
-                if m.kind == megatron_data::sentencepiece_model::SentencePieceKind::Unigram {
+                if let Some(why) = m.unlike_a_merge_vocabulary() {
                     return Err(format!(
-                        "{p}: a unigram sentencepiece model: llama.cpp's llama vocabulary merges pieces as BPE does and would tokenize this model's text differently"
-                    ));
-                }
-                if m.charsmap.is_some() {
-                    return Err(format!(
-                        "{p}: normalization rules {:?} (precompiled_charsmap), which llama.cpp does not apply: it would tokenize this model's text differently",
-                        m.normalization
-                    ));
-                }
-                if m.remove_extra_whitespaces {
-                    return Err(format!(
-                        "{p}: normalizer_spec.remove_extra_whitespaces is set, and llama.cpp keeps every space: it would tokenize this model's text differently"
+                        "{p}: {why}: llama.cpp's llama vocabulary would tokenize this model's text differently"
                     ));
                 }
                 for (i, (tok, ty)) in m.vocab.tokens.iter().zip(&m.vocab.types).enumerate() {

@@ -475,25 +475,10 @@ fn hf_tokenizer_files(
         (kind @ ("Llama2Tokenizer" | "GPTSentencePieceTokenizer"), Some(t), ..) => {
             let model = megatron_data::sentencepiece_model::load(t)
                 .map_err(|e| err(Path::new(t), e.to_string()))?;
-            if model.kind == megatron_data::sentencepiece_model::SentencePieceKind::Unigram {
+            if let Some(why) = model.unlike_a_merge_vocabulary() {
                 return Err(err(
                     Path::new(t),
-                    "a unigram sentencepiece model: the tokenizer.json written here is a BPE",
-                ));
-            }
-            if model.charsmap.is_some() {
-                return Err(err(
-                    Path::new(t),
-                    format!(
-                        "normalization rules {:?} (precompiled_charsmap): no tokenizer.json of a Llama tokenizer tokenizes as this model does",
-                        model.normalization
-                    ),
-                ));
-            }
-            if model.remove_extra_whitespaces {
-                return Err(err(
-                    Path::new(t),
-                    "normalizer_spec.remove_extra_whitespaces is set: no tokenizer.json of a Llama tokenizer tokenizes as this model does",
+                    format!("{why}: no tokenizer.json of a Llama tokenizer tokenizes as this model does"),
                 ));
             }
             copy(t, "tokenizer.model")?;
