@@ -19,6 +19,7 @@ pub mod numpy_rng;
 pub mod precompiled_charsmap;
 pub mod preprocess;
 pub mod sentencepiece_encoder;
+pub mod sentencepiece_megatron;
 pub mod sentencepiece_model;
 pub mod sentencepiece_tokenizer;
 pub mod sentences;
@@ -32,8 +33,8 @@ pub mod train_tokenizer;
 pub use mock_dataset::MockGPTDataset;
 pub use text_dataset::{parse_split, TextDataset};
 pub use tokenizer::{
-    build_tokenizer, build_tokenizer_from, ByteLevelTokenizer, NullTokenizer, Tokenizer,
-    TokenizerSpec,
+    build_tokenizer, build_tokenizer_from, ByteLevelTokenizer, NullTokenizer, SpecialToken,
+    Tokenizer, TokenizerSpec,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -53,7 +54,7 @@ pub enum DataError {
         tokens: usize,
         seq: usize,
     },
-    #[error("--tokenizer-type {0} is not known (expected GPT2BPETokenizer, HuggingFaceTokenizer, Llama2Tokenizer, GPTSentencePieceTokenizer, BertWordPieceLowerCase, BertWordPieceCase, ByteLevelTokenizer or NullTokenizer)")]
+    #[error("--tokenizer-type {0} is not known (expected GPT2BPETokenizer, HuggingFaceTokenizer, Llama2Tokenizer, GPTSentencePieceTokenizer, SentencePieceTokenizer, BertWordPieceLowerCase, BertWordPieceCase, ByteLevelTokenizer or NullTokenizer)")]
     UnknownTokenizer(String),
     #[error("--tokenizer-type {tokenizer} needs {flag}")]
     MissingFlag {

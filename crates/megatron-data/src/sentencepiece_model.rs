@@ -47,6 +47,8 @@ struct TrainerSpec {
     unk_surface: Option<String>,
     #[prost(int32, optional, tag = "42")]
     eos_id: Option<i32>,
+    #[prost(int32, optional, tag = "43")]
+    pad_id: Option<i32>,
 }
 
 #[derive(Clone, PartialEq, Message)]
@@ -72,13 +74,14 @@ pub enum SentencePieceKind {
     Bpe,
 }
 
-/// A sentencepiece model's vocabulary and its BOS/EOS ids (`None` where disabled, id -1).
+/// A sentencepiece model's vocabulary and its BOS/EOS/padding ids (`None` where disabled, id -1).
 #[derive(Clone, Debug)]
 pub struct SentencePieceModel {
     pub kind: SentencePieceKind,
     pub vocab: SpmVocab,
     pub bos: Option<u32>,
     pub eos: Option<u32>,
+    pub pad: Option<u32>,
     /// `trainer_spec.byte_fallback`: text no piece covers becomes `<0xXX>` pieces.
     pub byte_fallback: bool,
     /// What decoding writes for the unknown piece (`trainer_spec.unk_surface`).
@@ -150,8 +153,8 @@ pub fn load(path: &str) -> Result<SentencePieceModel, DataError> {
         let i = i.unwrap_or(default);
         (i >= 0).then_some(i as u32)
     };
-    let (bos, eos) = (id(t.bos_id, 1), id(t.eos_id, 2));
-    for (what, i) in [("bos_id", bos), ("eos_id", eos)] {
+    let (bos, eos, pad) = (id(t.bos_id, 1), id(t.eos_id, 2), id(t.pad_id, -1));
+    for (what, i) in [("bos_id", bos), ("eos_id", eos), ("pad_id", pad)] {
         if i.is_some_and(|i| i as usize >= tokens.len()) {
             return Err(err(format!(
                 "trainer_spec.{what} {} is past the {} pieces",
@@ -170,6 +173,7 @@ pub fn load(path: &str) -> Result<SentencePieceModel, DataError> {
         },
         bos,
         eos,
+        pad,
         byte_fallback: t.byte_fallback.unwrap_or(false),
         unk_surface: t.unk_surface.unwrap_or_else(|| " \u{2047} ".into()),
         remove_extra_whitespaces: n.remove_extra_whitespaces.unwrap_or(true),

@@ -75,33 +75,8 @@ impl Tokenizer for SentencePieceTokenizer {
             .chain(self.encoder.encode(text))
             .collect())
     }
-    /// sentencepiece's `decode_ids`: control pieces dropped, the unknown piece as its surface
-    /// (` ⁇ `), runs of byte pieces as the UTF-8 they spell, `▁` as a space, and the dummy
-    /// prefix's space dropped from the first piece.
     fn decode(&self, ids: &[u32]) -> String {
-        let v = &self.vocab;
-        let mut out: Vec<u8> = Vec::new();
-        let mut first = true;
-        for &id in ids {
-            let (Some(piece), Some(&ty)) = (v.tokens.get(id as usize), v.types.get(id as usize))
-            else {
-                continue;
-            };
-            match ty {
-                CONTROL => continue,
-                UNKNOWN => out.extend(self.unk_surface.bytes()),
-                BYTE => out.push(u8::from_str_radix(&piece[3..5], 16).unwrap_or(b'?')),
-                _ => {
-                    let p = match first && v.add_space_prefix {
-                        true => piece.strip_prefix('\u{2581}').unwrap_or(piece),
-                        false => piece,
-                    };
-                    out.extend(p.replace('\u{2581}', " ").bytes());
-                }
-            }
-            first = false;
-        }
-        String::from_utf8_lossy(&out).into_owned()
+        decode_ids(&self.vocab, &self.unk_surface, ids)
     }
     fn decode_without_special(&self, ids: &[u32]) -> String {
         self.decode(ids)
@@ -115,4 +90,31 @@ impl Tokenizer for SentencePieceTokenizer {
     fn token_text(&self, id: u32) -> Option<String> {
         self.vocab.tokens.get(id as usize).cloned()
     }
+}
+
+/// sentencepiece's `decode_ids`: control pieces dropped, the unknown piece as its surface
+/// (` ⁇ `), runs of byte pieces as the UTF-8 they spell, `▁` as a space, and the dummy
+/// prefix's space dropped from the first piece. Ids past the vocabulary are skipped.
+pub(crate) fn decode_ids(v: &SpmVocab, unk_surface: &str, ids: &[u32]) -> String {
+    let mut out: Vec<u8> = Vec::new();
+    let mut first = true;
+    for &id in ids {
+        let (Some(piece), Some(&ty)) = (v.tokens.get(id as usize), v.types.get(id as usize)) else {
+            continue;
+        };
+        match ty {
+            CONTROL => continue,
+            UNKNOWN => out.extend(unk_surface.bytes()),
+            BYTE => out.push(u8::from_str_radix(&piece[3..5], 16).unwrap_or(b'?')),
+            _ => {
+                let p = match first && v.add_space_prefix {
+                    true => piece.strip_prefix('\u{2581}').unwrap_or(piece),
+                    false => piece,
+                };
+                out.extend(p.replace('\u{2581}', " ").bytes());
+            }
+        }
+        first = false;
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }

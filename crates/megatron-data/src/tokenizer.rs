@@ -17,6 +17,13 @@ pub trait Tokenizer: Send + Sync {
     fn decode_without_special(&self, ids: &[u32]) -> String {
         self.decode(ids)
     }
+    /// Megatron's named special tokens (`tokenizer.cls`, `.sep`, `.mask`, `.pad`, `.bos`,
+    /// `.eos`), of which BERT's and T5's samples are built. By default they are found by the
+    /// names of a BERT WordPiece vocabulary (`[CLS]`...; `[BOS]` and `[EOS]` are those
+    /// Megatron's `_BertWordPieceTokenizer` appends), which Hugging Face's BERT tokenizers share.
+    fn special_id(&self, which: SpecialToken) -> Option<u32> {
+        self.token_id(which.wordpiece_text())
+    }
     /// The text of token `id`, if the tokenizer has a vocabulary of strings.
     fn token_text(&self, _id: u32) -> Option<String> {
         None
@@ -25,6 +32,31 @@ pub trait Tokenizer: Send + Sync {
     /// regex keeps one scratch pool per regex, behind a lock). `None`: share `self`.
     fn for_worker(&self) -> Option<Box<dyn Tokenizer>> {
         None
+    }
+}
+
+/// The special tokens BERT and T5 samples are built of.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SpecialToken {
+    Cls,
+    Sep,
+    Mask,
+    Pad,
+    Bos,
+    Eos,
+}
+
+impl SpecialToken {
+    /// Its text in a BERT WordPiece vocabulary.
+    pub fn wordpiece_text(self) -> &'static str {
+        match self {
+            SpecialToken::Cls => "[CLS]",
+            SpecialToken::Sep => "[SEP]",
+            SpecialToken::Mask => "[MASK]",
+            SpecialToken::Pad => "[PAD]",
+            SpecialToken::Bos => "[BOS]",
+            SpecialToken::Eos => "[EOS]",
+        }
     }
 }
 
@@ -152,6 +184,19 @@ pub fn build_tokenizer_from(spec: &TokenizerSpec) -> Result<Box<dyn Tokenizer>, 
             };
             let m = need(&spec.tokenizer_model, "--tokenizer-model", name)?;
             Ok(Box::new(SentencePieceTokenizer::from_file(&m, kind)?))
+        }
+        "SentencePieceTokenizer" => {
+            let m = need(
+                &spec.tokenizer_model,
+                "--tokenizer-model",
+                "SentencePieceTokenizer",
+            )?;
+            Ok(Box::new(
+                crate::sentencepiece_megatron::MegatronSentencePieceTokenizer::from_file(
+                    &m,
+                    spec.vocab_extra_ids,
+                )?,
+            ))
         }
         "HuggingFaceTokenizer" => {
             let t = need(

@@ -103,6 +103,7 @@ impl<F: crate::family::TrainFamily> crate::training::Trainer<'_, F> {
             vocab_file: recorded_path(&a.tokenizer.vocab_file),
             merge_file: recorded_path(&a.tokenizer.merge_file),
             tokenizer_model: recorded_path(&a.tokenizer.tokenizer_model),
+            vocab_extra_ids: a.tokenizer.vocab_extra_ids,
             tensors: Vec::new(),
             shard_bytes: 0,
             files: Vec::new(),

@@ -73,6 +73,9 @@ pub struct CheckpointMeta {
     pub merge_file: Option<String>,
     #[serde(default)]
     pub tokenizer_model: Option<String>,
+    /// `--vocab-extra-ids`: the sentinels the tokenizer appends, part of the vocabulary.
+    #[serde(default)]
+    pub vocab_extra_ids: usize,
     pub tensors: Vec<TensorEntry>,
     /// `megatron-rs/1`: the size of its one file.
     #[serde(default)]
@@ -596,6 +599,7 @@ pub(crate) fn write_whole_checkpoint(
         vocab_file: None,
         merge_file: None,
         tokenizer_model: tokenizer.map(|t| t.path),
+        vocab_extra_ids: 0,
         tensors: Vec::new(),
         shard_bytes: 0,
         files: Vec::new(),

@@ -10,7 +10,7 @@ use crate::TrainError;
 use megatron_core::context_parallel::CpLayout;
 use megatron_core::models::bert::{BertBatch, BertConfig, BertHeads, BertModel};
 use megatron_data::bert_dataset::{BertDataset, BertSampleConfig, WordPieceTokens};
-use megatron_data::{Split, Tokenizer};
+use megatron_data::{SpecialToken, Split, Tokenizer};
 
 /// `--mask-prob`, `--short-seq-prob` and the model's heads, validated.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -37,21 +37,30 @@ pub(crate) struct BertMicroBatch {
     order: Vec<u32>,
 }
 
+/// One of Megatron's named special ids, or an error naming the model and what the tokenizer
+/// lacks.
+pub(crate) fn special(
+    tok: &dyn Tokenizer,
+    which: SpecialToken,
+    model: &str,
+) -> Result<u32, TrainError> {
+    tok.special_id(which).ok_or_else(|| {
+        TrainError::Args(format!(
+            "--model {model} needs a {which:?} token ({} in a WordPiece vocabulary); {} has none (use --tokenizer-type BertWordPieceLowerCase --vocab-file vocab.txt, or SentencePieceTokenizer --tokenizer-model m.model)",
+            which.wordpiece_text(),
+            tok.name()
+        ))
+    })
+}
+
 /// The tokenizer's special ids and word pieces, or an error naming what it lacks.
-pub(crate) fn wordpiece(tok: &dyn Tokenizer) -> Result<WordPieceTokens, TrainError> {
-    let id = |t: &str| {
-        tok.token_id(t).ok_or_else(|| {
-            TrainError::Args(format!(
-                "--model bert needs a WordPiece vocabulary with {t}; {} has none (use --tokenizer-type BertWordPieceLowerCase --vocab-file vocab.txt)",
-                tok.name()
-            ))
-        })
-    };
+pub(crate) fn wordpiece(tok: &dyn Tokenizer, model: &str) -> Result<WordPieceTokens, TrainError> {
+    let id = |which| special(tok, which, model);
     Ok(WordPieceTokens {
-        cls: id("[CLS]")?,
-        sep: id("[SEP]")?,
-        mask: id("[MASK]")?,
-        pad: id("[PAD]")?,
+        cls: id(SpecialToken::Cls)?,
+        sep: id(SpecialToken::Sep)?,
+        mask: id(SpecialToken::Mask)?,
+        pad: id(SpecialToken::Pad)?,
         continues_word: (0..tok.vocab_size() as u32)
             .map(|i| tok.token_text(i).is_some_and(|t| t.starts_with("##")))
             .collect(),
@@ -91,7 +100,7 @@ impl TrainFamily for Bert {
     ) -> Result<BertData, TrainError> {
         let a = &cfg.args;
         let s = cfg.bert.expect("--model bert has BERT settings");
-        let pieces = wordpiece(tok)?;
+        let pieces = wordpiece(tok, "bert")?;
         let sample_cfg = BertSampleConfig {
             seq_length: a.seq_length,
             seed: a.seed,

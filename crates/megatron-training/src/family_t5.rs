@@ -6,12 +6,12 @@
 use crate::arguments::TrainConfig;
 use crate::data::{check_token_ids, data_flags};
 use crate::family::{sentence_splits, split_index, TrainFamily};
-use crate::family_bert::wordpiece;
+use crate::family_bert::{special, wordpiece};
 use crate::TrainError;
 use megatron_core::context_parallel::CpLayout;
 use megatron_core::models::t5::{T5Batch, T5Config, T5Model, T5Stacks};
 use megatron_data::t5_dataset::{T5Dataset, T5SampleConfig, T5Tokens};
-use megatron_data::{Split, Tokenizer};
+use megatron_data::{SpecialToken, Split, Tokenizer};
 use megatron_tensor::cpu::IGNORE_INDEX;
 
 /// The validated T5 settings: the stacks, the decoder's length and the masking.
@@ -94,7 +94,7 @@ impl TrainFamily for T5 {
         let id = |t: &str| {
             tok.token_id(t).ok_or_else(|| {
                 TrainError::Args(format!(
-                    "--model t5 needs {t} in the vocabulary; {} has none (use --tokenizer-type BertWordPieceLowerCase --vocab-file vocab.txt --vocab-extra-ids 100)",
+                    "--model t5 needs {t} in the vocabulary; {} has none (use --tokenizer-type BertWordPieceLowerCase --vocab-file vocab.txt --vocab-extra-ids 100, or SentencePieceTokenizer --tokenizer-model m.model --vocab-extra-ids 100)",
                     tok.name()
                 ))
             })
@@ -103,9 +103,9 @@ impl TrainFamily for T5 {
             .map(|k| id(&format!("<extra_id_{k}>")))
             .collect::<Result<Vec<_>, _>>()?;
         let tokens = T5Tokens {
-            pieces: wordpiece(tok)?,
-            bos: id("[BOS]")?,
-            eos: id("[EOS]")?,
+            pieces: wordpiece(tok, "t5")?,
+            bos: special(tok, SpecialToken::Bos, "t5")?,
+            eos: special(tok, SpecialToken::Eos, "t5")?,
             sentinels,
         };
         let sample_cfg = T5SampleConfig {

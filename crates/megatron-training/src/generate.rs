@@ -6,7 +6,7 @@ use crate::TrainError;
 use megatron_core::inference::{decode_step, KVCache};
 use megatron_core::models::ModelFamily;
 use megatron_core::params::Params;
-use megatron_data::{build_tokenizer_from, Tokenizer, TokenizerSpec};
+use megatron_data::{build_tokenizer_from, SpecialToken, Tokenizer, TokenizerSpec};
 use megatron_tensor::RngKey;
 use std::path::Path;
 
@@ -167,7 +167,7 @@ pub fn generate(args: &GenerateArgs) -> Result<String, TrainError> {
         merge_file: ck.meta.merge_file.clone(),
         tokenizer_model: ck.meta.tokenizer_model.clone(),
         vocab_size: Some(ck.meta.vocab_size),
-        vocab_extra_ids: 0,
+        vocab_extra_ids: ck.meta.vocab_extra_ids,
     });
     // Token ids need no tokenizer.
     let tok = match (tok, &args.prompt_ids) {
@@ -298,9 +298,11 @@ pub fn generate(args: &GenerateArgs) -> Result<String, TrainError> {
 fn generate_t5(args: &GenerateArgs, tok: Option<&dyn Tokenizer>) -> Result<String, TrainError> {
     let (model, params, ck) = crate::load::load_t5(Path::new(&args.load))?;
     let prompt = prompt_ids(args, tok)?;
-    let special = |name: &str, default: u32| tok.and_then(|t| t.token_id(name)).unwrap_or(default);
-    let start = args.decoder_start_id.unwrap_or_else(|| special("[BOS]", 0));
-    let eos = args.eos_id.unwrap_or_else(|| special("[EOS]", 1));
+    let special = |which, default: u32| tok.and_then(|t| t.special_id(which)).unwrap_or(default);
+    let start = args
+        .decoder_start_id
+        .unwrap_or_else(|| special(SpecialToken::Bos, 0));
+    let eos = args.eos_id.unwrap_or_else(|| special(SpecialToken::Eos, 1));
     let mut one = megatron_core::tensor_parallel::serial_group();
     let mut tp = megatron_core::tensor_parallel::Tp::new(&mut one, false);
     let started = std::time::Instant::now();

@@ -5,7 +5,10 @@
 
 mod common;
 
-use common::{assert_same_training, bert_args, tmpdir};
+use common::{
+    assert_same_training, bert_args, bert_args_on, sentencepiece_fixture, sotu_sentences, tmpdir,
+};
+use megatron_data::tokenizer::{build_tokenizer_from, TokenizerSpec};
 use megatron_training::checkpointing::{load_checkpoint, LoadedCheckpoint};
 use megatron_training::{pretrain, TrainSummary};
 
@@ -270,5 +273,44 @@ fn the_mlm_head_runs_megatrons_exact_gelu_and_exports_only_when_the_layers_agree
         serde_json::from_str(&std::fs::read_to_string(dir.join("erf-hf/config.json")).unwrap())
             .unwrap();
     assert_eq!(cfg["hidden_act"], "gelu");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn bert_trains_on_megatrons_sentencepiece_tokenizer_with_its_appended_specials() {
+    let dir = tmpdir("bert-sentencepiece");
+    let model = sentencepiece_fixture("tiny-sotu-bpe.model");
+    let tok = build_tokenizer_from(&TokenizerSpec {
+        tokenizer_type: "SentencePieceTokenizer".into(),
+        tokenizer_model: Some(model.clone()),
+        ..Default::default()
+    })
+    .unwrap();
+    // 1,000 pieces and <CLS> <SEP> <EOD> <MASK> <PAD> appended (BOS and EOS are the model's).
+    assert_eq!(tok.vocab_size(), 1005);
+    let data = sotu_sentences(&dir, "sotu_sp", tok.as_ref());
+    let flags = [
+        "--train-iters",
+        "150",
+        "--lr",
+        "1e-2",
+        "--eval-interval",
+        "150",
+    ];
+    let tokenizer = [
+        "--tokenizer-type",
+        "SentencePieceTokenizer",
+        "--tokenizer-model",
+        &model,
+    ];
+    let summary = pretrain(&bert_args_on(&data, &tokenizer, &flags)).unwrap();
+    let first: f64 = summary.losses[..5].iter().map(|l| l.1).sum::<f64>() / 5.0;
+    let last: f64 = summary.losses[145..].iter().map(|l| l.1).sum::<f64>() / 5.0;
+    assert!(
+        (6.0..9.0).contains(&first),
+        "an untrained MLM loss is near ln(1005) = 6.9 (plus the binary head's): {first}"
+    );
+    // About 20 masked tokens a step: the loss is noisy, and the run deterministic.
+    assert!(last < first - 0.5, "loss {first} -> {last}");
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -7,7 +7,10 @@
 
 mod common;
 
-use common::{assert_same_training, bert_args, tmpdir};
+use common::{
+    assert_same_training, bert_args, bert_args_on, sentencepiece_fixture, sotu_sentences, tmpdir,
+};
+use megatron_data::tokenizer::{build_tokenizer_from, TokenizerSpec};
 use megatron_training::checkpointing::{load_checkpoint, LoadedCheckpoint};
 use megatron_training::{pretrain, TrainArgs, TrainSummary};
 
@@ -309,5 +312,62 @@ fn t5_untied_output_layer_at_tp2_and_pp2_matches_one_rank() {
         // ~1e-5 (measured: 1 element over 1e-6). Losses stay within 1e-5.
         assert_same_training(&format!("untied t5 {name}"), &serial, &run, 5e-5);
     }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn t5_trains_on_megatrons_sentencepiece_tokenizer_with_its_appended_specials() {
+    let dir = tmpdir("t5-sentencepiece");
+    let model = sentencepiece_fixture("tiny-sotu-t5-unigram.model");
+    let tok = build_tokenizer_from(&TokenizerSpec {
+        tokenizer_type: "SentencePieceTokenizer".into(),
+        tokenizer_model: Some(model.clone()),
+        vocab_extra_ids: 100,
+        ..Default::default()
+    })
+    .unwrap();
+    // 500 pieces, <CLS> <SEP> <EOD> <MASK> <BOS> and 100 sentinels appended (padding and EOS
+    // are the model's own pieces 0 and 1).
+    assert_eq!(tok.vocab_size(), 605);
+    let data = sotu_sentences(&dir, "sotu_sp", tok.as_ref());
+    let save = dir.join("ck");
+    let s = save.to_str().unwrap();
+    let train = [
+        "--train-iters",
+        "80",
+        "--lr",
+        "1e-2",
+        "--eval-interval",
+        "80",
+        "--init-method-std",
+        "0.1",
+        "--save",
+        s,
+    ];
+    let tokenizer = [
+        "--tokenizer-type",
+        "SentencePieceTokenizer",
+        "--tokenizer-model",
+        &model,
+    ];
+    let summary = pretrain(&bert_args_on(
+        &data,
+        &tokenizer,
+        &[T5_MODEL, &train].concat(),
+    ))
+    .unwrap();
+    let first: f64 = summary.losses[..5].iter().map(|l| l.1).sum::<f64>() / 5.0;
+    let last: f64 = summary.losses[75..].iter().map(|l| l.1).sum::<f64>() / 5.0;
+    assert!(
+        (5.0..8.0).contains(&first),
+        "an untrained loss is near ln(605) = 6.4: {first}"
+    );
+    assert!(last < first - 1.0, "loss {first} -> {last}");
+    let ck = load_checkpoint(&save, None).unwrap();
+    let rows = ck.tensors["embedding.word_embeddings.weight"].len() / 32;
+    assert_eq!(
+        rows, 605,
+        "one embedding row per id, appended specials included"
+    );
     let _ = std::fs::remove_dir_all(dir);
 }

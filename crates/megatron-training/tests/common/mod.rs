@@ -87,6 +87,19 @@ pub fn parse_inspect<S: AsRef<str>>(v: &[S]) -> megatron_training::InspectArgs {
         .args
 }
 
+#[derive(Parser)]
+struct GenerateWrap {
+    #[command(flatten)]
+    args: megatron_training::GenerateArgs,
+}
+
+/// `megatron generate` flags (the first is the program name) as parsed arguments.
+pub fn parse_generate<S: AsRef<str>>(v: &[S]) -> megatron_training::GenerateArgs {
+    GenerateWrap::try_parse_from(v.iter().map(|s| s.as_ref()))
+        .expect("flags parse")
+        .args
+}
+
 /// A tiny BERT (2 layers, hidden 32, 4 heads, seq 32, binary head) on the committed
 /// sentence-split fixture (6 State of the Union speeches, bert-base-uncased WordPiece ids),
 /// 2 GEMM threads, with `extra` flags appended.
@@ -94,19 +107,33 @@ pub fn bert_args(extra: &[&str]) -> TrainArgs {
     let root = env!("CARGO_MANIFEST_DIR");
     let data = format!("{root}/../megatron-data/tests/fixtures/bert/sotu_sentence");
     let vocab = format!("{root}/../../examples/bert/vocab.txt");
-    let mut v = vec![
-        "megatron".to_string(),
-        "--model".into(),
-        "bert".into(),
-        "--data-path".into(),
+    bert_args_on(
+        &data,
+        &[
+            "--tokenizer-type",
+            "BertWordPieceLowerCase",
+            "--vocab-file",
+            &vocab,
+        ],
+        extra,
+    )
+}
+
+/// `bert_args` on another sentence-split dataset and tokenizer.
+pub fn bert_args_on(data: &str, tokenizer: &[&str], extra: &[&str]) -> TrainArgs {
+    let mut v: Vec<String> = [
+        "megatron",
+        "--model",
+        "bert",
+        "--data-path",
         data,
-        "--split".into(),
-        "90,10,0".into(),
-        "--tokenizer-type".into(),
-        "BertWordPieceLowerCase".into(),
-        "--vocab-file".into(),
-        vocab,
-    ];
+        "--split",
+        "90,10,0",
+    ]
+    .iter()
+    .chain(tokenizer)
+    .map(|s| s.to_string())
+    .collect();
     // The unpadded vocabulary (30522) splits over 2 tensor-parallel ranks: every layout then
     // has the same vocabulary rows, as Megatron's padding to 128 x TP would not.
     v.extend([
@@ -118,6 +145,32 @@ pub fn bert_args(extra: &[&str]) -> TrainArgs {
     v.extend(["--seq-length".to_string(), "32".to_string()]);
     v.extend(extra.iter().map(|s| s.to_string()));
     Wrap::try_parse_from(v).expect("flags parse").args
+}
+
+/// The sotu speeches (examples/sotu), one document each, sentence-split with `tok` into
+/// `DIR/NAME_text_sentence` (what BERT and T5 read); returns that prefix.
+pub fn sotu_sentences(
+    dir: &std::path::Path,
+    name: &str,
+    tok: &dyn megatron_data::Tokenizer,
+) -> String {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let mut files: Vec<_> = std::fs::read_dir(format!("{root}/../../examples/sotu"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "txt"))
+        .collect();
+    files.sort();
+    let texts = files
+        .into_iter()
+        .map(|p| std::fs::read_to_string(p).unwrap());
+    preprocess_jsonl(dir, name, texts, tok, Granularity::Sentences)
+}
+
+/// A committed sentencepiece model of megatron-data's fixtures.
+pub fn sentencepiece_fixture(file: &str) -> String {
+    let root = env!("CARGO_MANIFEST_DIR");
+    format!("{root}/../megatron-data/tests/fixtures/sentencepiece/{file}")
 }
 
 /// A tiny tabular model (2 layers, emb 16, 4 heads) on small prior tables (at most 48 context
@@ -415,22 +468,46 @@ pub fn preprocess_texts(
     texts: impl Iterator<Item = String>,
     tok: &dyn megatron_data::Tokenizer,
 ) -> String {
+    preprocess_jsonl(dir, name, texts, tok, Granularity::Documents)
+}
+
+/// How `preprocess_jsonl` writes sequences.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Granularity {
+    /// One sequence per document (`NAME_text_document`).
+    Documents,
+    /// One per sentence, as BERT and T5 read them (`--split-sentences`, `NAME_text_sentence`).
+    Sentences,
+}
+
+/// `texts` as `DIR/NAME.jsonl` preprocessed with `tok`; returns the dataset prefix.
+pub fn preprocess_jsonl(
+    dir: &std::path::Path,
+    name: &str,
+    texts: impl Iterator<Item = String>,
+    tok: &dyn megatron_data::Tokenizer,
+    granularity: Granularity,
+) -> String {
     let input = dir.join(format!("{name}.jsonl"));
     let lines: String = texts
         .map(|t| format!("{}\n", serde_json::json!({ "text": t })))
         .collect();
     std::fs::write(&input, lines).unwrap();
     let out = dir.join(name).display().to_string();
+    let split_sentences = granularity == Granularity::Sentences;
     let cfg = megatron_data::preprocess::PreprocessConfig {
         input: vec![input.display().to_string()],
         json_keys: vec!["text".into()],
         output_prefix: out.clone(),
         append_eod: true,
-        split_sentences: false,
+        split_sentences,
         workers: 2,
         skip_bad_lines: false,
         log_interval: 0,
     };
     megatron_data::preprocess::preprocess(&cfg, tok).unwrap();
-    format!("{out}_text_document")
+    match granularity {
+        Granularity::Documents => format!("{out}_text_document"),
+        Granularity::Sentences => format!("{out}_text_sentence"),
+    }
 }
