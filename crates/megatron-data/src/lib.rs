@@ -27,6 +27,7 @@ pub mod spm_vocab;
 pub mod t5_dataset;
 pub mod tables;
 pub mod text_dataset;
+pub mod tiktoken_tokenizer;
 pub mod tokenizer;
 pub mod train_tokenizer;
 
@@ -54,7 +55,7 @@ pub enum DataError {
         tokens: usize,
         seq: usize,
     },
-    #[error("--tokenizer-type {0} is not known (expected GPT2BPETokenizer, HuggingFaceTokenizer, Llama2Tokenizer, GPTSentencePieceTokenizer, SentencePieceTokenizer, BertWordPieceLowerCase, BertWordPieceCase, ByteLevelTokenizer or NullTokenizer)")]
+    #[error("--tokenizer-type {0} is not known (expected GPT2BPETokenizer, HuggingFaceTokenizer, Llama2Tokenizer, GPTSentencePieceTokenizer, SentencePieceTokenizer, TikTokenizer, BertWordPieceLowerCase, BertWordPieceCase, ByteLevelTokenizer or NullTokenizer)")]
     UnknownTokenizer(String),
     #[error("--tokenizer-type {tokenizer} needs {flag}")]
     MissingFlag {

@@ -129,6 +129,9 @@ pub struct TokenizerSpec {
     /// `--vocab-extra-ids`: T5's sentinels `<extra_id_0>`... appended to a WordPiece
     /// vocabulary.
     pub vocab_extra_ids: usize,
+    /// `TikTokenizer`'s settings (`None` without `--tiktoken-pattern`).
+    #[serde(default)]
+    pub tiktoken: Option<crate::tiktoken_tokenizer::TiktokenOptions>,
 }
 
 pub fn build_tokenizer(
@@ -196,6 +199,16 @@ pub fn build_tokenizer_from(spec: &TokenizerSpec) -> Result<Box<dyn Tokenizer>, 
                     &m,
                     spec.vocab_extra_ids,
                 )?,
+            ))
+        }
+        "TikTokenizer" => {
+            let m = need(&spec.tokenizer_model, "--tokenizer-model", "TikTokenizer")?;
+            let options = spec.tiktoken.as_ref().ok_or(DataError::MissingFlag {
+                flag: "--tiktoken-pattern (v1 or v2)",
+                tokenizer: "TikTokenizer",
+            })?;
+            Ok(Box::new(
+                crate::tiktoken_tokenizer::TikTokenizer::from_file(&m, options, spec.vocab_size)?,
             ))
         }
         "HuggingFaceTokenizer" => {

@@ -38,6 +38,7 @@ fn fim_tokenizer(tag: &str) -> Box<dyn Tokenizer> {
         tokenizer_model: None,
         vocab_size: None,
         vocab_extra_ids: 0,
+        tiktoken: None,
     })
     .unwrap();
     let _ = std::fs::remove_dir_all(dir);

@@ -240,6 +240,15 @@ pub struct TokenizerArgs {
     /// T5's sentinel tokens `<extra_id_0>`... appended to a WordPiece vocabulary.
     #[arg(long, default_value_t = 0)]
     pub vocab_extra_ids: usize,
+    /// TikTokenizer's pre-tokenization split: v1 or v2 (GPT-4o's).
+    #[arg(long)]
+    pub tiktoken_pattern: Option<megatron_data::tiktoken_tokenizer::TiktokenPattern>,
+    /// Ids reserved for special tokens in front of TikTokenizer's ranks.
+    #[arg(long, default_value_t = megatron_data::tiktoken_tokenizer::DEFAULT_NUM_SPECIAL_TOKENS)]
+    pub tiktoken_num_special_tokens: usize,
+    /// TikTokenizer's special tokens, from id 0 (default `<unk> <s> </s>`).
+    #[arg(long, num_args = 1.., alias = "tiktoken-special-tokens")]
+    pub tokenizer_special_tokens: Option<Vec<String>>,
 }
 
 impl TokenizerArgs {
@@ -251,6 +260,13 @@ impl TokenizerArgs {
             tokenizer_model: self.tokenizer_model.clone(),
             vocab_size: self.vocab_size,
             vocab_extra_ids: self.vocab_extra_ids,
+            tiktoken: self.tiktoken_pattern.map(|pattern| {
+                megatron_data::tiktoken_tokenizer::TiktokenOptions {
+                    pattern,
+                    num_special_tokens: self.tiktoken_num_special_tokens,
+                    special_tokens: self.tokenizer_special_tokens.clone(),
+                }
+            }),
         }
     }
 }

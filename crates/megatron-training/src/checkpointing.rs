@@ -76,6 +76,9 @@ pub struct CheckpointMeta {
     /// `--vocab-extra-ids`: the sentinels the tokenizer appends, part of the vocabulary.
     #[serde(default)]
     pub vocab_extra_ids: usize,
+    /// TikTokenizer's pattern and special tokens.
+    #[serde(default)]
+    pub tiktoken: Option<megatron_data::tiktoken_tokenizer::TiktokenOptions>,
     pub tensors: Vec<TensorEntry>,
     /// `megatron-rs/1`: the size of its one file.
     #[serde(default)]
@@ -600,6 +603,7 @@ pub(crate) fn write_whole_checkpoint(
         merge_file: None,
         tokenizer_model: tokenizer.map(|t| t.path),
         vocab_extra_ids: 0,
+        tiktoken: None,
         tensors: Vec::new(),
         shard_bytes: 0,
         files: Vec::new(),

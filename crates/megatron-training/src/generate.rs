@@ -168,6 +168,7 @@ pub fn generate(args: &GenerateArgs) -> Result<String, TrainError> {
         tokenizer_model: ck.meta.tokenizer_model.clone(),
         vocab_size: Some(ck.meta.vocab_size),
         vocab_extra_ids: ck.meta.vocab_extra_ids,
+        tiktoken: ck.meta.tiktoken.clone(),
     });
     // Token ids need no tokenizer.
     let tok = match (tok, &args.prompt_ids) {
