@@ -8,6 +8,9 @@
 use megatron_data::tokenizer::{build_tokenizer_from, SpecialToken, Tokenizer, TokenizerSpec};
 use std::path::PathBuf;
 
+mod common;
+use common::{check_cases, json_ids};
+
 fn fixture(file: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/sentencepiece")
@@ -22,14 +25,6 @@ fn tokenizer(model: &str, vocab_extra_ids: usize) -> Result<Box<dyn Tokenizer>, 
         ..Default::default()
     })
     .map_err(|e| e.to_string())
-}
-
-fn ids(v: &serde_json::Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|i| i.as_u64().unwrap() as u32)
-        .collect()
 }
 
 /// Everything the reference recorded for `model`, checked; returns the number of texts.
@@ -71,24 +66,10 @@ fn check_against_megatron(model: &str) -> usize {
         .collect();
     assert_eq!(
         sentinels,
-        ids(&v["additional_special_tokens_ids"]),
+        json_ids(&v["additional_special_tokens_ids"]),
         "{model}"
     );
-    let cases = v["cases"].as_array().unwrap();
-    let mut wrong = Vec::new();
-    for c in cases {
-        let text = c["text"].as_str().unwrap();
-        let got = t.encode(text).unwrap();
-        let decoded = t.decode(&got);
-        if got != ids(&c["ids"]) || decoded != c["decoded"].as_str().unwrap() {
-            wrong.push(format!(
-                "{text:?}: ids {got:?} vs {}, decoded {decoded:?} vs {}",
-                c["ids"], c["decoded"]
-            ));
-        }
-    }
-    assert!(wrong.is_empty(), "{model}:\n{}", wrong.join("\n"));
-    cases.len()
+    check_cases(t.as_ref(), &v["cases"], model)
 }
 
 #[test]

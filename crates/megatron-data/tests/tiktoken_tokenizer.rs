@@ -8,6 +8,9 @@ use megatron_data::tiktoken_tokenizer::{TiktokenOptions, TiktokenPattern};
 use megatron_data::tokenizer::{build_tokenizer_from, SpecialToken, Tokenizer, TokenizerSpec};
 use std::path::PathBuf;
 
+mod common;
+use common::check_cases;
+
 fn fixture(file: &str) -> String {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/tiktoken")
@@ -39,14 +42,6 @@ fn options(pattern: TiktokenPattern, n: usize, specials: Option<&[&str]>) -> Tik
     }
 }
 
-fn ids(v: &serde_json::Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|i| i.as_u64().unwrap() as u32)
-        .collect()
-}
-
 /// Every case of `file` checked against the tokenizer its header describes; returns the count.
 fn check_against_megatron(file: &str) -> usize {
     let v: serde_json::Value =
@@ -72,24 +67,7 @@ fn check_against_megatron(file: &str) -> usize {
         t.special_id(SpecialToken::Eos).map(u64::from),
         v["eos"].as_u64()
     );
-    let cases = v["cases"].as_array().unwrap();
-    let mut wrong = Vec::new();
-    for c in cases {
-        let want = ids(&c["ids"]);
-        let got = match c["text"].as_str() {
-            Some(text) => t.encode(text).unwrap(),
-            None => want.clone(),
-        };
-        let decoded = t.decode(&got);
-        if got != want || decoded != c["decoded"].as_str().unwrap() {
-            wrong.push(format!(
-                "{}: ids {got:?} vs {want:?}, decoded {decoded:?} vs {}",
-                c["text"], c["decoded"]
-            ));
-        }
-    }
-    assert!(wrong.is_empty(), "{file}:\n{}", wrong.join("\n"));
-    cases.len()
+    check_cases(t.as_ref(), &v["cases"], file)
 }
 
 #[test]
