@@ -1,8 +1,8 @@
 //! Megatron's `SentencePieceTokenizer` (`--tokenizer-type SentencePieceTokenizer
-//! --tokenizer-model m.model [--vocab-extra-ids N]`), the `_SentencePieceTokenizer` of Megatron-LM's
-//! `megatron/training/tokenizer/tokenizer.py` that BERT and T5 runs on a sentencepiece vocabulary
-//! used until the 2025 move to `megatron.core.tokenizers`, so the ids of existing datasets and the
-//! vocabulary size of existing checkpoints depend on it.
+//! --tokenizer-model m.model [--vocab-extra-ids N]`): the `_SentencePieceTokenizer` of Megatron-LM's
+//! `megatron/training/tokenizer/tokenizer.py`, which BERT and T5 runs on sentencepiece vocabularies
+//! used until the 2025 move to `megatron.core.tokenizers`; the ids of their datasets and the
+//! vocabulary size of their checkpoints depend on it.
 //!
 //! What it adds to the library's ids: named special tokens, each the model's piece of that text
 //! where there is one, else appended after the pieces in this order: `<CLS>`, `<SEP>`, `<EOD>`,
