@@ -260,14 +260,19 @@ impl TokenizerArgs {
             tokenizer_model: self.tokenizer_model.clone(),
             vocab_size: self.vocab_size,
             vocab_extra_ids: self.vocab_extra_ids,
-            tiktoken: self.tiktoken_pattern.map(|pattern| {
-                megatron_data::tiktoken_tokenizer::TiktokenOptions {
-                    pattern,
-                    num_special_tokens: self.tiktoken_num_special_tokens,
-                    special_tokens: self.tokenizer_special_tokens.clone(),
-                }
-            }),
+            tiktoken: self.tiktoken(),
         }
+    }
+
+    /// TikTokenizer's settings, where `--tiktoken-pattern` is given.
+    pub fn tiktoken(&self) -> Option<megatron_data::tiktoken_tokenizer::TiktokenOptions> {
+        self.tiktoken_pattern.map(
+            |pattern| megatron_data::tiktoken_tokenizer::TiktokenOptions {
+                pattern,
+                num_special_tokens: self.tiktoken_num_special_tokens,
+                special_tokens: self.tokenizer_special_tokens.clone(),
+            },
+        )
     }
 }
 

@@ -104,7 +104,7 @@ impl<F: crate::family::TrainFamily> crate::training::Trainer<'_, F> {
             merge_file: recorded_path(&a.tokenizer.merge_file),
             tokenizer_model: recorded_path(&a.tokenizer.tokenizer_model),
             vocab_extra_ids: a.tokenizer.vocab_extra_ids,
-            tiktoken: a.tokenizer.spec().tiktoken,
+            tiktoken: a.tokenizer.tiktoken(),
             tensors: Vec::new(),
             shard_bytes: 0,
             files: Vec::new(),

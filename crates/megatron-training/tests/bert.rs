@@ -5,10 +5,7 @@
 
 mod common;
 
-use common::{
-    assert_same_training, bert_args, bert_args_on, sentencepiece_fixture, sotu_sentences, tmpdir,
-};
-use megatron_data::tokenizer::{build_tokenizer_from, TokenizerSpec};
+use common::{assert_same_training, bert_args, bert_args_on, sentencepiece_sotu, tmpdir};
 use megatron_training::checkpointing::{load_checkpoint, LoadedCheckpoint};
 use megatron_training::{pretrain, TrainSummary};
 
@@ -279,16 +276,9 @@ fn the_mlm_head_runs_megatrons_exact_gelu_and_exports_only_when_the_layers_agree
 #[test]
 fn bert_trains_on_megatrons_sentencepiece_tokenizer_with_its_appended_specials() {
     let dir = tmpdir("bert-sentencepiece");
-    let model = sentencepiece_fixture("tiny-sotu-bpe.model");
-    let tok = build_tokenizer_from(&TokenizerSpec {
-        tokenizer_type: "SentencePieceTokenizer".into(),
-        tokenizer_model: Some(model.clone()),
-        ..Default::default()
-    })
-    .unwrap();
+    let sp = sentencepiece_sotu(&dir, "tiny-sotu-bpe.model", 0);
     // 1,000 pieces and <CLS> <SEP> <EOD> <MASK> <PAD> appended (BOS and EOS are the model's).
-    assert_eq!(tok.vocab_size(), 1005);
-    let data = sotu_sentences(&dir, "sotu_sp", tok.as_ref());
+    assert_eq!(sp.vocab_size, 1005);
     let flags = [
         "--train-iters",
         "150",
@@ -297,13 +287,8 @@ fn bert_trains_on_megatrons_sentencepiece_tokenizer_with_its_appended_specials()
         "--eval-interval",
         "150",
     ];
-    let tokenizer = [
-        "--tokenizer-type",
-        "SentencePieceTokenizer",
-        "--tokenizer-model",
-        &model,
-    ];
-    let summary = pretrain(&bert_args_on(&data, &tokenizer, &flags)).unwrap();
+    let tokenizer: Vec<&str> = sp.flags.iter().map(String::as_str).collect();
+    let summary = pretrain(&bert_args_on(&sp.data, &tokenizer, &flags)).unwrap();
     let first: f64 = summary.losses[..5].iter().map(|l| l.1).sum::<f64>() / 5.0;
     let last: f64 = summary.losses[145..].iter().map(|l| l.1).sum::<f64>() / 5.0;
     assert!(

@@ -8,9 +8,8 @@
 mod common;
 
 use common::{
-    assert_same_training, bert_args, bert_args_on, sentencepiece_fixture, sotu_sentences, tmpdir,
+    assert_same_training, bert_args, bert_args_on, parse_generate, sentencepiece_sotu, tmpdir,
 };
-use megatron_data::tokenizer::{build_tokenizer_from, TokenizerSpec};
 use megatron_training::checkpointing::{load_checkpoint, LoadedCheckpoint};
 use megatron_training::{pretrain, TrainArgs, TrainSummary};
 
@@ -318,18 +317,10 @@ fn t5_untied_output_layer_at_tp2_and_pp2_matches_one_rank() {
 #[test]
 fn t5_trains_on_megatrons_sentencepiece_tokenizer_with_its_appended_specials() {
     let dir = tmpdir("t5-sentencepiece");
-    let model = sentencepiece_fixture("tiny-sotu-t5-unigram.model");
-    let tok = build_tokenizer_from(&TokenizerSpec {
-        tokenizer_type: "SentencePieceTokenizer".into(),
-        tokenizer_model: Some(model.clone()),
-        vocab_extra_ids: 100,
-        ..Default::default()
-    })
-    .unwrap();
+    let sp = sentencepiece_sotu(&dir, "tiny-sotu-t5-unigram.model", 100);
     // 500 pieces, <CLS> <SEP> <EOD> <MASK> <BOS> and 100 sentinels appended (padding and EOS
     // are the model's own pieces 0 and 1).
-    assert_eq!(tok.vocab_size(), 605);
-    let data = sotu_sentences(&dir, "sotu_sp", tok.as_ref());
+    assert_eq!(sp.vocab_size, 605);
     let save = dir.join("ck");
     let s = save.to_str().unwrap();
     let train = [
@@ -344,14 +335,9 @@ fn t5_trains_on_megatrons_sentencepiece_tokenizer_with_its_appended_specials() {
         "--save",
         s,
     ];
-    let tokenizer = [
-        "--tokenizer-type",
-        "SentencePieceTokenizer",
-        "--tokenizer-model",
-        &model,
-    ];
+    let tokenizer: Vec<&str> = sp.flags.iter().map(String::as_str).collect();
     let summary = pretrain(&bert_args_on(
-        &data,
+        &sp.data,
         &tokenizer,
         &[T5_MODEL, &train].concat(),
     ))
@@ -369,5 +355,32 @@ fn t5_trains_on_megatrons_sentencepiece_tokenizer_with_its_appended_specials() {
         rows, 605,
         "one embedding row per id, appended specials included"
     );
+    assert_eq!(ck.meta.tokenizer_type, "SentencePieceTokenizer");
+    assert_eq!(
+        ck.meta.vocab_extra_ids, 100,
+        "generate rebuilds the sentinels"
+    );
+    // Decoding from the checkpoint's own tokenizer: the decoder starts from <BOS> (appended,
+    // 504) and stops at the model's EOS (1); every id is one of the 605.
+    let g = parse_generate(&[
+        "m",
+        "--load",
+        s,
+        "--prompt",
+        "The Congress of the United States",
+        "--greedy",
+        "--max-new-tokens",
+        "6",
+        "--print-ids",
+    ]);
+    let text = megatron_training::generate::generate(&g).unwrap();
+    let ids: Vec<u32> = text
+        .lines()
+        .last()
+        .unwrap()
+        .split_whitespace()
+        .map(|x| x.parse().unwrap())
+        .collect();
+    assert!(!ids.is_empty() && ids.iter().all(|&i| i < 605), "{text}");
     let _ = std::fs::remove_dir_all(dir);
 }

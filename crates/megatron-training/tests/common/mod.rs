@@ -167,10 +167,42 @@ pub fn sotu_sentences(
     preprocess_jsonl(dir, name, texts, tok, Granularity::Sentences)
 }
 
-/// A committed sentencepiece model of megatron-data's fixtures.
-pub fn sentencepiece_fixture(file: &str) -> String {
+/// The sotu speeches sentence-split with Megatron's `SentencePieceTokenizer` on a committed
+/// model of megatron-data's fixtures, with `extra` sentinels.
+pub struct SentencePieceSotu {
+    pub vocab_size: usize,
+    /// The dataset prefix.
+    pub data: String,
+    /// The flags that select the tokenizer (the sentinels are the model flags' business).
+    pub flags: Vec<String>,
+}
+
+pub fn sentencepiece_sotu(
+    dir: &std::path::Path,
+    model_file: &str,
+    extra: usize,
+) -> SentencePieceSotu {
     let root = env!("CARGO_MANIFEST_DIR");
-    format!("{root}/../megatron-data/tests/fixtures/sentencepiece/{file}")
+    let model = format!("{root}/../megatron-data/tests/fixtures/sentencepiece/{model_file}");
+    let tok = megatron_data::build_tokenizer_from(&megatron_data::TokenizerSpec {
+        tokenizer_type: "SentencePieceTokenizer".into(),
+        tokenizer_model: Some(model.clone()),
+        vocab_extra_ids: extra,
+        ..Default::default()
+    })
+    .unwrap();
+    SentencePieceSotu {
+        vocab_size: tok.vocab_size(),
+        data: sotu_sentences(dir, "sotu_sp", tok.as_ref()),
+        flags: [
+            "--tokenizer-type",
+            "SentencePieceTokenizer",
+            "--tokenizer-model",
+            &model,
+        ]
+        .map(String::from)
+        .to_vec(),
+    }
 }
 
 /// A tiny tabular model (2 layers, emb 16, 4 heads) on small prior tables (at most 48 context
