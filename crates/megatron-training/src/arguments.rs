@@ -6,7 +6,8 @@ use clap::{Args, ValueEnum};
 use megatron_core::optimizer::UpdateRule;
 use megatron_core::optimizer::{LrDecayStyle, WsdDecayStyle};
 use megatron_core::transformer::config::{
-    Activation, GeluForm, Normalization, PositionEmbeddingType, RotaryConfig, SlidingWindow,
+    Activation, GeluForm, MLAConfig, Normalization, PositionEmbeddingType, RotaryConfig,
+    SlidingWindow,
 };
 use megatron_core::TransformerConfig;
 
@@ -425,6 +426,26 @@ pub struct TrainArgs {
     /// Normalize each head's queries and keys (with --normalization's kind) before RoPE.
     #[arg(long)]
     pub qk_layernorm: bool,
+    /// Multi-latent attention (DeepSeek-V2/V3): queries, keys and values from low-rank
+    /// latents, rotary embeddings on separate per-head features (needs RoPE or YaRN).
+    #[arg(long)]
+    pub multi_latent_attention: bool,
+    /// MLA: the query latent's width; without it the queries come straight from the hidden
+    /// state (`linear_q_proj`).
+    #[arg(long)]
+    pub q_lora_rank: Option<usize>,
+    /// MLA: the key/value latent's width.
+    #[arg(long, default_value_t = 32)]
+    pub kv_lora_rank: usize,
+    /// MLA: content features of each query/key head.
+    #[arg(long, default_value_t = 128)]
+    pub qk_head_dim: usize,
+    /// MLA: rotary features of each query/key head (the rotary key is shared by all heads).
+    #[arg(long, default_value_t = 64)]
+    pub qk_pos_emb_head_dim: usize,
+    /// MLA: features of each value head.
+    #[arg(long, default_value_t = 128)]
+    pub v_head_dim: usize,
     /// Sliding-window attention: "(L,R)", each query sees itself and the L tokens before it
     /// (R must be 0: decoders are causal; L = -1 is no window).
     #[arg(long, allow_hyphen_values = true)]
@@ -1740,6 +1761,31 @@ impl TrainArgs {
         }))
     }
 
+    /// `--multi-latent-attention` and its widths; the MLA flags without it are refused.
+    fn mla_config(&self) -> Result<Option<MLAConfig>, TrainError> {
+        if !self.multi_latent_attention {
+            if self.q_lora_rank.is_some() {
+                return Err(bad(
+                    "--q-lora-rank is a width of multi-latent attention: it needs --multi-latent-attention".into(),
+                ));
+            }
+            return Ok(None);
+        }
+        if self.group_query_attention {
+            return Err(bad("--multi-latent-attention and --group-query-attention are mutually exclusive (as Megatron asserts)".into()));
+        }
+        if self.kv_channels.is_some() {
+            return Err(bad("--kv-channels does not apply under --multi-latent-attention: its head widths are --qk-head-dim, --qk-pos-emb-head-dim and --v-head-dim".into()));
+        }
+        Ok(Some(MLAConfig {
+            q_lora_rank: self.q_lora_rank,
+            kv_lora_rank: self.kv_lora_rank,
+            qk_head_dim: self.qk_head_dim,
+            qk_pos_emb_head_dim: self.qk_pos_emb_head_dim,
+            v_head_dim: self.v_head_dim,
+        }))
+    }
+
     /// The MLP's activation: `--swiglu`, `--squared-relu`, `--quick-geglu` (at most one, as
     /// Megatron asserts), else GELU.
     fn activation(&self) -> Result<Activation, TrainError> {
@@ -1838,6 +1884,7 @@ impl TrainArgs {
             },
             layernorm_placement: Default::default(),
             window: self.sliding_window()?,
+            mla: self.mla_config()?,
         };
         model.validate()?;
         if self.group_query_attention && !model.query_groups().is_multiple_of(tp) {

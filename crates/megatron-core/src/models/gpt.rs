@@ -214,7 +214,9 @@ pub fn rope_table(cfg: &TransformerConfig) -> Option<(Arc<RopeTable>, RopeStyle)
             (None, None) => r.seq_len_interpolation_factor.map(RopeScaling::Linear),
         };
         let table = RopeTable::new(cfg.rotary_dim(), r.base, positions, scaling);
-        let style = if r.interleaved {
+        // MLA rotates its rotary features as pairs (2i, 2i + 1), as megatron-core's
+        // `mla_rotary_interleaved` and DeepSeek's checkpoints do, whatever --rotary-interleaved says.
+        let style = if r.interleaved || cfg.mla.is_some() {
             RopeStyle::Interleaved
         } else {
             RopeStyle::RotateHalf

@@ -3,11 +3,13 @@
 //! and cross entropy. Every operator is an explicit forward/backward pair over the TP group.
 
 pub mod cross_entropy;
+pub mod duplicated_linear;
 pub mod finalize;
 pub mod layers;
 pub mod mappings;
 
 pub use cross_entropy::vocab_parallel_cross_entropy;
+pub use duplicated_linear::DuplicatedLinear;
 pub use finalize::{
     allreduce_sequence_parallel_grads, grad_norm_squared_tp, grad_norm_tp, sum_f64,
 };

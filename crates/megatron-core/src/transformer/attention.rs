@@ -3,9 +3,12 @@
 //! its key, its value), rotary embeddings on the queries and keys (`--position-embedding-type
 //! rope`), causal core attention on the local heads (grouped-query attention shares each
 //! group's K and V inside the kernel), output projection (row-parallel). The output projection's
-//! bias is left to the layer's fused bias-dropout-add.
+//! bias is left to the layer's fused bias-dropout-add. Under `--multi-latent-attention` the
+//! fused QKV comes from MLA's low-rank projections instead (`multi_latent_attention.rs`) and
+//! the output projection reads each head's first `v_head_dim` features.
 
 use super::config::{AttnMaskType, TransformerConfig};
+use super::multi_latent_attention::{MLAProjection, MLASaved};
 use super::qk_norm::{QKNorm, QKNormSaved};
 use super::saved::{keep, restore};
 use super::step::StepContext;
@@ -18,18 +21,28 @@ use crate::tensor_parallel::{ColumnParallelLinear, RowParallelLinear, Tp};
 use megatron_comm::CommError;
 use megatron_tensor::cpu::{
     attention_backward, attention_decode_forward, attention_forward, kv_cache_append,
-    rope_backward, rope_forward, sliding_window_starts, AttentionDims, AttentionMask, DecodeDims,
-    RopeDims, RopeStyle, RopeTable,
+    mla_attn_narrow_backward, mla_attn_narrow_forward, rope_backward, rope_forward,
+    sliding_window_starts, AttentionDims, AttentionMask, DecodeDims, RopeDims, RopeStyle,
+    RopeTable,
 };
 use megatron_tensor::Tensor;
 use std::sync::Arc;
 
+/// Where the fused QKV comes from.
+pub enum QkvProjection {
+    /// megatron-core's `linear_qkv`, with `--qk-layernorm`'s per-head norms.
+    Fused {
+        linear_qkv: ColumnParallelLinear,
+        qk_norm: Option<QKNorm>,
+    },
+    /// Multi-latent attention's projections.
+    Latent(Box<MLAProjection>),
+}
+
 pub struct SelfAttention {
     pub layer: usize,
-    pub linear_qkv: ColumnParallelLinear,
+    pub qkv: QkvProjection,
     pub linear_proj: RowParallelLinear,
-    pub qkv_weight: ParamId,
-    pub qkv_bias: Option<ParamId>,
     pub proj_weight: ParamId,
     pub proj_bias: Option<ParamId>,
     /// Query heads and key/value groups on this TP rank, the first head in global numbering,
@@ -42,22 +55,36 @@ pub struct SelfAttention {
     attention_dropout: f32,
     /// Rotary embeddings' cos/sin table and pairing, shared by the layers.
     pub rope: Option<(Arc<RopeTable>, RopeStyle)>,
-    /// `--qk-layernorm`.
-    pub qk_norm: Option<QKNorm>,
     /// Causal (decoders) or bidirectional over the real keys (encoders).
     causal: bool,
     /// `--window-size`: the keys before each query this layer sees, if windowed.
     pub window: Option<usize>,
 }
 
-/// What backward needs: the QKV activations (as attention read them), the attention output and
-/// its log-sum-exp, and the query/key norms' inputs.
+/// What the QKV projection keeps for backward.
+pub enum QkvSaved {
+    /// The query/key norms' inputs (`--qk-layernorm`).
+    Fused(Option<QKNormSaved>),
+    Latent(MLASaved),
+}
+
+impl QkvSaved {
+    pub fn size_in_bytes(&self) -> usize {
+        match self {
+            QkvSaved::Fused(q) => q.as_ref().map_or(0, |q| q.size_in_bytes()),
+            QkvSaved::Latent(m) => m.size_in_bytes(),
+        }
+    }
+}
+
+/// What backward needs: the QKV activations (as attention read them), the attention output
+/// (the output projection's input) and its log-sum-exp, and what the QKV projection keeps.
 pub struct SelfAttentionSaved {
     pub qkv: Tensor,
     /// The attention output and its log-sum-exp; `None` under selective recomputation of
     /// `core_attn` (backward reruns the attention kernel on `qkv`, same dropout masks).
     pub attn: Option<(Tensor, Tensor)>,
-    pub qk_norm: Option<QKNormSaved>,
+    pub projection: QkvSaved,
 }
 
 impl SelfAttentionSaved {
@@ -67,7 +94,7 @@ impl SelfAttentionSaved {
                 .attn
                 .as_ref()
                 .map_or(0, |(a, l)| a.size_in_bytes() + l.size_in_bytes())
-            + self.qk_norm.as_ref().map_or(0, |q| q.size_in_bytes())
+            + self.projection.size_in_bytes()
     }
 }
 
@@ -97,17 +124,31 @@ impl SelfAttention {
         let h = cfg.hidden_size;
         let (tp_rank, t) = (params.tp.0, params.tp.1.max(1));
         let p = format!("{prefix}.self_attention");
-        let linear_qkv = ColumnParallelLinear::new(
-            params,
-            inits,
-            &format!("{p}.linear_qkv"),
-            h,
-            cfg.qkv_size(),
-            cfg.add_qkv_bias,
-            cfg.init_method_std,
-            false,
-            false,
-        );
+        let heads = cfg.num_attention_heads / t;
+        let groups = cfg.query_groups() / t;
+        let qkv = match cfg.mla {
+            Some(_) => QkvProjection::Latent(Box::new(MLAProjection::new(cfg, &p, params, inits))),
+            None => {
+                let linear_qkv = ColumnParallelLinear::new(
+                    params,
+                    inits,
+                    &format!("{p}.linear_qkv"),
+                    h,
+                    cfg.qkv_size(),
+                    cfg.add_qkv_bias,
+                    cfg.init_method_std,
+                    false,
+                    false,
+                );
+                let qk_norm = cfg
+                    .qk_layernorm
+                    .then(|| QKNorm::new(cfg, &p, groups, heads / groups, params, inits));
+                QkvProjection::Fused {
+                    linear_qkv,
+                    qk_norm,
+                }
+            }
+        };
         let linear_proj = RowParallelLinear::new(
             params,
             inits,
@@ -118,18 +159,11 @@ impl SelfAttention {
             cfg.output_layer_init_std(),
             true,
         );
-        let heads = cfg.num_attention_heads / t;
-        let groups = cfg.query_groups() / t;
-        let qk_norm = cfg
-            .qk_layernorm
-            .then(|| QKNorm::new(cfg, &p, groups, heads / groups, params, inits));
         SelfAttention {
             layer,
-            qkv_weight: linear_qkv.weight,
-            qkv_bias: linear_qkv.bias,
+            qkv,
             proj_weight: linear_proj.weight,
             proj_bias: linear_proj.bias,
-            linear_qkv,
             linear_proj,
             heads,
             groups,
@@ -138,7 +172,6 @@ impl SelfAttention {
             head_dim: cfg.head_dim(),
             attention_dropout: cfg.attention_dropout,
             rope,
-            qk_norm,
             causal: cfg.attn_mask_type == AttnMaskType::Causal,
             window: cfg.attention_window(layer),
         }
@@ -219,8 +252,8 @@ impl SelfAttention {
         }
     }
 
-    /// The fused QKV projection, queries and keys normalized (`--qk-layernorm`) and rotated
-    /// (positions `first_pos..`).
+    /// The fused QKV projection (or MLA's), queries and keys normalized (`--qk-layernorm`)
+    /// and rotated (positions `first_pos..`).
     pub fn qkv_forward(
         &self,
         params: &Params,
@@ -228,12 +261,57 @@ impl SelfAttention {
         x: &Tensor,
         t: usize,
         first_pos: usize,
-    ) -> Result<(Tensor, Option<QKNormSaved>), CommError> {
-        let mut qkv = self.linear_qkv.forward(params, tp, x)?;
-        let qk = self.qk_norm.as_ref().map(|n| n.forward(params, &mut qkv));
+    ) -> Result<(Tensor, QkvSaved), CommError> {
+        let (mut qkv, saved) = match &self.qkv {
+            QkvProjection::Fused {
+                linear_qkv,
+                qk_norm,
+            } => {
+                let mut qkv = linear_qkv.forward(params, tp, x)?;
+                let qk = qk_norm.as_ref().map(|n| n.forward(params, &mut qkv));
+                (qkv, QkvSaved::Fused(qk))
+            }
+            QkvProjection::Latent(m) => {
+                let (qkv, saved) = m.forward(params, tp, x)?;
+                (qkv, QkvSaved::Latent(saved))
+            }
+        };
         let cp = tp.cp_layout();
         self.rotate(qkv.data_mut(), t, first_pos, cp, Rotation::Forward);
-        Ok((qkv, qk))
+        Ok((qkv, saved))
+    }
+
+    /// Whether the output projection reads fewer features per head than the kernel writes.
+    fn narrows(&self) -> bool {
+        matches!(&self.qkv, QkvProjection::Latent(m) if m.dims(0).v < self.head_dim)
+    }
+
+    /// The attention output as the output projection reads it: MLA keeps each head's first
+    /// `v_head_dim` features (the rest are its zero value padding's).
+    fn narrow(&self, attn: Tensor) -> Tensor {
+        match &self.qkv {
+            QkvProjection::Latent(m) if self.narrows() => {
+                let d = m.dims(attn.shape()[0]);
+                let mut out = Tensor::for_overwrite(&[d.rows, d.heads * d.v]);
+                mla_attn_narrow_forward(out.data_mut(), attn.data(), d);
+                out
+            }
+            _ => attn,
+        }
+    }
+
+    /// [`SelfAttention::narrow`]'s gradient, or its inverse on a kept output: padded back to
+    /// the kernel's head width with zeros.
+    fn widen(&self, x: Tensor) -> Tensor {
+        match &self.qkv {
+            QkvProjection::Latent(m) if self.narrows() => {
+                let d = m.dims(x.shape()[0]);
+                let mut out = Tensor::for_overwrite(&[d.rows, d.heads * d.head_dim()]);
+                mla_attn_narrow_backward(out.data_mut(), x.data(), d);
+                out
+            }
+            _ => x,
+        }
     }
 
     /// `x` is the layer-normed input (`[b*t, h]`, or this rank's token block under sequence
@@ -249,7 +327,7 @@ impl SelfAttention {
         ctx: &StepContext,
         mask: AttentionMask,
     ) -> Result<(Tensor, SelfAttentionSaved), CommError> {
-        let (qkv, qk_norm) = self.qkv_forward(params, tp, x, t, 0)?;
+        let (qkv, projection) = self.qkv_forward(params, tp, x, t, 0)?;
         let cp = tp.cp_layout();
         let mut starts = Vec::new();
         let mask = self.windowed(mask, b, t * cp.size, &mut starts);
@@ -263,6 +341,7 @@ impl SelfAttention {
             let (attn_h, lse) = self.core_attention(&qkv, b, t * cp.size, ctx, mask, cp);
             (qkv, self.to_sequence(tp, attn_h, b, cp)?, lse)
         };
+        let attn = self.narrow(attn);
         let out = self.linear_proj.forward(params, tp, &attn)?;
         let attn = (!ctx.drops(|m| m.core_attn)).then(|| (keep(attn), lse));
         Ok((
@@ -270,7 +349,7 @@ impl SelfAttention {
             SelfAttentionSaved {
                 qkv: keep(qkv),
                 attn,
-                qk_norm,
+                projection,
             },
         ))
     }
@@ -347,10 +426,11 @@ impl SelfAttention {
                 Some((a, l)) => (restore(a).into_owned(), std::borrow::Cow::Borrowed(l)),
                 None => {
                     let (a, l) = self.ring_attention(tp, &qkv, b, t, ctx, mask)?;
-                    (a, std::borrow::Cow::Owned(l))
+                    (self.narrow(a), std::borrow::Cow::Owned(l))
                 }
             };
             let dattn = self.linear_proj.backward(params, grads, tp, &attn, dout)?;
+            let (dattn, attn) = (self.widen(dattn), self.widen(attn));
             let tw = t * cp.size;
             let key = ctx.site_for(self.layer, SITE_ATTN_DROPOUT, self.total_heads * tw * tw);
             let d = self.dims_of(b, t, ctx, CpLayout { rank: 0, size: 1 });
@@ -364,32 +444,37 @@ impl SelfAttention {
         }
         let tw = t * cp.size;
         let qkv = restore(&saved.qkv);
-        // The attention output in both layouts: this rank's chunks (the projection's input)
-        // and, under context parallelism, the whole sequence for this rank's heads.
+        // The attention output in both layouts: this rank's chunks as the projection reads
+        // them, and the kernel's output for this rank's heads over the whole sequence (made
+        // from the first after the projection's backward when not at hand).
         let (attn, attn_h, lse) = match &saved.attn {
-            Some((a, l)) => {
-                let a = restore(a).into_owned();
-                let a_h = match tp.cp() {
-                    Some(c) => Some(sequence_to_heads(&a, b, cp, c)?),
-                    None => None,
-                };
-                (a, a_h, std::borrow::Cow::Borrowed(l))
-            }
+            Some((a, l)) => (restore(a).into_owned(), None, std::borrow::Cow::Borrowed(l)),
             None => {
                 let (a_h, l) = self.core_attention(&qkv, b, tw, ctx, mask, cp);
+                let l = std::borrow::Cow::Owned(l);
                 match tp.cp() {
                     Some(c) => (
-                        heads_to_sequence(&a_h, b, cp, c)?,
+                        self.narrow(heads_to_sequence(&a_h, b, cp, c)?),
                         Some(a_h),
-                        std::borrow::Cow::Owned(l),
+                        l,
                     ),
-                    None => (a_h, None, std::borrow::Cow::Owned(l)),
+                    None if self.narrows() => (self.narrow(a_h.clone()), Some(a_h), l),
+                    None => (a_h, None, l),
                 }
             }
         };
         let dattn = self.linear_proj.backward(params, grads, tp, &attn, dout)?;
-        let dattn = self.to_heads(tp, dattn, b, cp)?;
-        let attn_h = attn_h.unwrap_or(attn);
+        let dattn = self.to_heads(tp, self.widen(dattn), b, cp)?;
+        let attn_h = match attn_h {
+            Some(a) => a,
+            None => {
+                let a = self.widen(attn);
+                match tp.cp() {
+                    Some(c) => sequence_to_heads(&a, b, cp, c)?,
+                    None => a,
+                }
+            }
+        };
         let mut dqkv = Tensor::for_overwrite(qkv.shape());
         let key = ctx.site_for(self.layer, SITE_ATTN_DROPOUT, self.total_heads * tw * tw);
         attention_backward(
@@ -422,10 +507,24 @@ impl SelfAttention {
         cp: CpLayout,
     ) -> Result<Tensor, CommError> {
         self.rotate(dqkv.data_mut(), t, 0, cp, Rotation::Backward);
-        if let (Some(n), Some(s)) = (&self.qk_norm, &saved.qk_norm) {
-            n.backward(params, grads, s, &mut dqkv);
+        match (&self.qkv, &saved.projection) {
+            (
+                QkvProjection::Fused {
+                    linear_qkv,
+                    qk_norm,
+                },
+                QkvSaved::Fused(s),
+            ) => {
+                if let (Some(n), Some(s)) = (qk_norm, s) {
+                    n.backward(params, grads, s, &mut dqkv);
+                }
+                linear_qkv.backward(params, grads, tp, x, dqkv)
+            }
+            (QkvProjection::Latent(m), QkvSaved::Latent(s)) => {
+                m.backward(params, grads, tp, s, x, dqkv)
+            }
+            _ => unreachable!("the QKV projection saves its own kind"),
         }
-        self.linear_qkv.backward(params, grads, tp, x, dqkv)
     }
 
     /// Ring attention over the context-parallel group: this rank's queries against every
@@ -482,6 +581,7 @@ impl SelfAttention {
             d,
             first..pos + 1,
         );
+        let attn = self.narrow(attn);
         self.linear_proj.forward(params, tp, &attn)
     }
 }

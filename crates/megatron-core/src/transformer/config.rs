@@ -27,6 +27,12 @@ pub enum ConfigError {
     BadWindowPattern(String),
     #[error("--window-size applies to causal decoders; this model's attention sees every token")]
     WindowOnEncoder,
+    #[error("--v-head-dim ({v}) must not exceed --qk-head-dim + --qk-pos-emb-head-dim ({qk} + {pe}) under --multi-latent-attention")]
+    MlaValueWider { v: usize, qk: usize, pe: usize },
+    #[error("--multi-latent-attention rotates its --qk-pos-emb-head-dim features: it needs --position-embedding-type rope or yarn")]
+    MlaWithoutRope,
+    #[error("--multi-latent-attention and --group-query-attention are mutually exclusive (as Megatron asserts): every MLA head has its own key and value")]
+    MlaWithGroups,
     #[error("--moe-layer-freq {0}")]
     BadMoELayerPattern(String),
 }
@@ -407,6 +413,24 @@ pub struct TransformerConfig {
     /// Sliding-window attention on some or all layers.
     #[serde(default)]
     pub window: Option<SlidingWindow>,
+    /// Multi-latent attention (`--multi-latent-attention`, DeepSeek-V2/V3) in place of the
+    /// fused-QKV attention.
+    #[serde(default)]
+    pub mla: Option<MLAConfig>,
+}
+
+/// Megatron's `MLATransformerConfig` widths (`--q-lora-rank`, `--kv-lora-rank`,
+/// `--qk-head-dim`, `--qk-pos-emb-head-dim`, `--v-head-dim`): queries from a low-rank latent
+/// (or, without `q_lora_rank`, straight from the hidden state), keys and values from one
+/// shared latent, each head's query/key of `qk_head_dim` content and `qk_pos_emb_head_dim`
+/// rotary features (the rotary key shared by all heads), values of `v_head_dim`.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct MLAConfig {
+    pub q_lora_rank: Option<usize>,
+    pub kv_lora_rank: usize,
+    pub qk_head_dim: usize,
+    pub qk_pos_emb_head_dim: usize,
+    pub v_head_dim: usize,
 }
 
 /// `--transformer-block-type` (NeMo's name): `pre_ln` normalizes each block's input and the
@@ -426,22 +450,36 @@ impl TransformerConfig {
         self.init_method_std / (2.0 * self.num_layers as f32).sqrt()
     }
 
+    /// The attention kernel's head width (MLA: a query/key head's content and rotary
+    /// features; its values are padded to this width).
     pub fn head_dim(&self) -> usize {
-        self.kv_channels
-            .unwrap_or(self.hidden_size / self.num_attention_heads)
+        match self.mla {
+            Some(m) => m.qk_head_dim + m.qk_pos_emb_head_dim,
+            None => self
+                .kv_channels
+                .unwrap_or(self.hidden_size / self.num_attention_heads),
+        }
     }
 
-    /// Key/value heads: query groups, or one per head (multi-head attention).
+    /// Key/value heads: query groups, or one per head (multi-head attention; MLA).
     pub fn query_groups(&self) -> usize {
-        self.num_query_groups.unwrap_or(self.num_attention_heads)
+        match self.mla {
+            Some(_) => self.num_attention_heads,
+            None => self.num_query_groups.unwrap_or(self.num_attention_heads),
+        }
     }
 
-    /// Width of the attention's query projection (Megatron's `query_projection_size`).
+    /// Width of the attention output, the output projection's input (Megatron's
+    /// `query_projection_size`; MLA's `heads * v_head_dim`).
     pub fn query_projection_size(&self) -> usize {
-        self.num_attention_heads * self.head_dim()
+        match self.mla {
+            Some(m) => self.num_attention_heads * m.v_head_dim,
+            None => self.num_attention_heads * self.head_dim(),
+        }
     }
 
-    /// Width of the fused QKV output: queries plus one key and one value per group.
+    /// Width of the fused QKV the attention kernel reads: queries plus one key and one value
+    /// per group (MLA: per head, at the kernel's head width).
     pub fn qkv_size(&self) -> usize {
         (self.num_attention_heads + 2 * self.query_groups()) * self.head_dim()
     }
@@ -459,9 +497,30 @@ impl TransformerConfig {
         self.window.as_ref().and_then(|w| w.of_layer(l))
     }
 
-    /// Features of each head that rotary embeddings rotate.
+    /// Features of each head that rotary embeddings rotate (MLA: of its rotary part).
     pub fn rotary_dim(&self) -> usize {
-        (self.head_dim() as f32 * self.rotary.percent) as usize
+        let rotated = match self.mla {
+            Some(m) => m.qk_pos_emb_head_dim,
+            None => self.head_dim(),
+        };
+        (rotated as f32 * self.rotary.percent) as usize
+    }
+
+    /// MLA's factor on the softmax scale beyond `1/sqrt(qk + pe)`: YaRN's
+    /// `mscale(factor, mscale_all_dim)²` (megatron-core's `MultiLatentAttention.softmax_scale`),
+    /// 1 without YaRN. Applied to the queries.
+    pub fn mla_query_scale(&self) -> f32 {
+        match self.rotary.yarn {
+            Some(y) if self.mla.is_some() => {
+                let m = if y.factor <= 1.0 {
+                    1.0
+                } else {
+                    0.1 * y.mscale_all_dim * y.factor.ln() + 1.0
+                };
+                (m * m) as f32
+            }
+            _ => 1.0,
+        }
     }
 
     /// Megatron's default FFN width: 4h, or under SwiGLU `int(4h * 2/3 / 64) * 64`, which
@@ -521,6 +580,32 @@ impl TransformerConfig {
             if let Some(p) = &w.skip {
                 p.check(self.num_layers)
                     .map_err(ConfigError::BadWindowPattern)?;
+            }
+        }
+        if let Some(m) = self.mla {
+            for (flag, v) in [
+                ("--kv-lora-rank", m.kv_lora_rank),
+                ("--qk-head-dim", m.qk_head_dim),
+                ("--qk-pos-emb-head-dim", m.qk_pos_emb_head_dim),
+                ("--v-head-dim", m.v_head_dim),
+                ("--q-lora-rank", m.q_lora_rank.unwrap_or(1)),
+            ] {
+                if v == 0 {
+                    return Err(ConfigError::NotPositive { flag, value: 0 });
+                }
+            }
+            if m.v_head_dim > m.qk_head_dim + m.qk_pos_emb_head_dim {
+                return Err(ConfigError::MlaValueWider {
+                    v: m.v_head_dim,
+                    qk: m.qk_head_dim,
+                    pe: m.qk_pos_emb_head_dim,
+                });
+            }
+            if self.position_embedding_type != PositionEmbeddingType::Rope {
+                return Err(ConfigError::MlaWithoutRope);
+            }
+            if self.num_query_groups.is_some() {
+                return Err(ConfigError::MlaWithGroups);
             }
         }
         if self.kv_channels == Some(0) {
@@ -594,6 +679,7 @@ impl Default for TransformerConfig {
             gelu: GeluForm::Tanh,
             layernorm_placement: LayerNormPlacement::PreLn,
             window: None,
+            mla: None,
         }
     }
 }

@@ -5,6 +5,7 @@ pub mod layer;
 mod layer_post_ln;
 pub mod mlp;
 pub mod moe;
+pub mod multi_latent_attention;
 pub mod norm;
 pub mod qk_norm;
 pub mod saved;

@@ -24,6 +24,7 @@ pub mod matmul;
 pub mod matmul_amx;
 pub mod matmul_bf16;
 pub mod matmul_packed;
+pub mod mla;
 pub mod mlp_activation;
 pub mod moe_gate;
 pub mod moe_permute;
@@ -71,6 +72,10 @@ pub use lion::{lion_update, LionParams};
 pub use matmul::{
     bias_backward, grouped_matmul, matmul, matmul_backward, matmul_batched, matmul_forward,
     matmul_operands, matmul_with_threads, BatchStrides, GemmProblem, MatmulDims, Operand,
+};
+pub use mla::{
+    mla_attn_narrow_backward, mla_attn_narrow_forward, mla_kv_split_backward, mla_kv_split_forward,
+    mla_qkv_backward, mla_qkv_forward, MlaDims,
 };
 pub use mlp_activation::{
     geglu_backward, geglu_forward, mlp_activation_backward, mlp_activation_forward, relu_backward,
