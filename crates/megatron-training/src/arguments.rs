@@ -1511,6 +1511,11 @@ impl TrainArgs {
             "sliding-window T5 is not built",
         )?;
         refuse(
+            model.mla.is_some(),
+            "--multi-latent-attention",
+            "T5's attention has its relative position bias, not rotary features",
+        )?;
+        refuse(
             self.calculate_per_token_loss,
             "--calculate-per-token-loss",
             "Megatron's T5 loss is each micro-batch's mean",
@@ -1628,6 +1633,11 @@ impl TrainArgs {
             model.moe.is_some(),
             "--num-experts",
             "mixture-of-experts BERT is not built",
+        )?;
+        refuse(
+            model.mla.is_some(),
+            "--multi-latent-attention",
+            "BERT learns its positions; MLA rotates its queries and keys",
         )?;
         refuse(
             model.position_embedding_type

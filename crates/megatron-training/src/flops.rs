@@ -26,9 +26,36 @@ pub fn num_floating_point_operations(c: &TransformerConfig, batch: usize) -> f64
         m.ffn_hidden_size as f64 * m.topk as f64 + m.shared_expert_ffn.unwrap_or(0) as f64
     });
     let mlp = 6.0 * h * gated * (ffn * (l - moe_layers) + moe * moe_layers);
-    let attn_proj = 6.0 * (h * (q + 2.0 * kv) + q * h) * l;
+    let (attn_proj, core) = match c.mla {
+        Some(m) => mla_terms(c, &m),
+        None => (6.0 * (h * (q + 2.0 * kv) + q * h), 6.0 * q),
+    };
     let logits = 6.0 * h * v;
-    tokens * (mlp + attn_proj + logits) + batch as f64 * s * s * 6.0 * q * l
+    tokens * (mlp + attn_proj * l + logits) + batch as f64 * s * s * core * l
+}
+
+/// Megatron's multi-latent attention terms per layer: the token-linear part (query latent or
+/// direct query projection, key/value latent, the shared rotary key, the output projection;
+/// the `+ 1`s are the latents' norms, as Megatron counts them) and the factor of `s²` (scores
+/// over `qk + pe` features, values of `v`, halved for the causal mask).
+fn mla_terms(
+    c: &TransformerConfig,
+    m: &megatron_core::transformer::config::MLAConfig,
+) -> (f64, f64) {
+    let h = c.hidden_size as f64;
+    let a = c.num_attention_heads as f64;
+    let (qk, pe, v) = (
+        m.qk_head_dim as f64,
+        m.qk_pos_emb_head_dim as f64,
+        m.v_head_dim as f64,
+    );
+    let kv_lora = m.kv_lora_rank as f64;
+    let q_term = match m.q_lora_rank {
+        None => h * a * (qk + pe),
+        Some(r) => r as f64 * (h + a * (qk + pe) + 1.0),
+    };
+    let linear = q_term + kv_lora * (h + a * (qk + v) + 1.0) + h * pe + a * v * h;
+    (6.0 * linear, 6.0 * (a * (qk + pe) / 2.0 + a * v / 2.0))
 }
 
 /// FLOPs of one iteration of `batch` BERT sequences: the decoder's terms with bidirectional

@@ -106,3 +106,59 @@ fn t5_flops_count_both_stacks_and_the_cross_attention() {
     let short = megatron_training::flops::t5_floating_point_operations(&c, (12, 12), (512, 114), 4);
     assert!(short < got);
 }
+
+#[test]
+fn mla_flops_count_the_attention_weights_the_model_holds() {
+    // Megatron's MLA terms: every attention weight once per token (6 FLOPs per parameter over
+    // forward and backward) plus its `+ 1` per latent for the norms; scores over qk + pe
+    // features and values of v, causal halves.
+    use megatron_core::transformer::config::{MLAConfig, PositionEmbeddingType};
+    let (h, a, qk, pe, v, q_lora, kv_lora) = (64, 4, 16, 8, 12, 24, 16);
+    let c = TransformerConfig {
+        num_layers: 2,
+        hidden_size: h,
+        num_attention_heads: a,
+        ffn_hidden_size: 96,
+        seq_length: 32,
+        max_position_embeddings: 32,
+        padded_vocab_size: 256,
+        activation: Activation::SwiGLU,
+        position_embedding_type: PositionEmbeddingType::Rope,
+        add_bias_linear: false,
+        add_qkv_bias: false,
+        mla: Some(MLAConfig {
+            q_lora_rank: Some(q_lora),
+            kv_lora_rank: kv_lora,
+            qk_head_dim: qk,
+            qk_pos_emb_head_dim: pe,
+            v_head_dim: v,
+        }),
+        ..Default::default()
+    };
+    let (_, params) = megatron_core::GPTModel::new(c.clone(), 1);
+    let attn_weights: usize = params
+        .metas
+        .iter()
+        .filter(|m| m.name.contains("self_attention") && m.name.ends_with("proj.weight"))
+        .map(|m| m.numel)
+        .sum();
+    // The rotary key's columns of the key/value down projection are in it.
+    assert_eq!(
+        attn_weights,
+        2 * (h * q_lora
+            + q_lora * a * (qk + pe)
+            + h * (kv_lora + pe)
+            + kv_lora * a * (qk + v)
+            + a * v * h)
+    );
+    let (b, s) = (3.0, 32.0);
+    let tokens = b * s;
+    let mlp = 3.0 * 64.0 * 96.0 * 2.0;
+    let linear = attn_weights as f64 + 2.0 * (q_lora + kv_lora) as f64;
+    // Per token, layer and key: Q·K over qk + pe and P·V over v, 2 FLOPs per FMA, 3 passes,
+    // half the keys (causal).
+    let core = (a * (qk + pe) + a * v) as f64 * 2.0 * 3.0 / 2.0;
+    let want = tokens * 6.0 * (mlp + linear + 64.0 * 256.0) + b * s * s * core * 2.0;
+    let got = num_floating_point_operations(&c, 3);
+    assert!((got - want).abs() / want < 1e-12, "{got} vs {want}");
+}

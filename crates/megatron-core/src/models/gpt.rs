@@ -152,7 +152,7 @@ pub fn activation_bytes_formula_with(
     let e = if half { 2 } else { 4 };
     let tok = b * s;
     // --qk-layernorm keeps the norms' inputs (queries and keys) and their statistics per head.
-    let qk_heads = if cfg.qk_layernorm {
+    let qk_heads = if cfg.qk_layernorm && cfg.mla.is_none() {
         a + cfg.query_groups()
     } else {
         0
@@ -165,7 +165,11 @@ pub fn activation_bytes_formula_with(
     } else {
         tok
     };
-    let mut layer = split + rows * (e * 2 * h + 4 * stats);
+    // MLA keeps its latents (before their norms) on the rows its down projections ran on.
+    let latents = cfg
+        .mla
+        .map_or(0, |m| m.q_lora_rank.unwrap_or(0) + m.kv_lora_rank);
+    let mut layer = split + rows * (e * (2 * h + latents) + 4 * stats);
     let input = rows * h * e;
     let kept = match recompute {
         Recompute::None => l * layer,

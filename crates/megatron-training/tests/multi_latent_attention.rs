@@ -1,0 +1,178 @@
+//! Multi-latent attention (`--multi-latent-attention`) trains the same model in every layout as
+//! on one rank: its down projections are duplicated (partial gradients under sequence
+//! parallelism), its up projections split over the heads, the shared rotary key's gradient
+//! summed over the ranks' heads.
+
+mod common;
+
+use common::*;
+use megatron_training::pretrain;
+
+/// DeepSeek-V3's attention at toy size on [`PP_MODEL`] (4 heads): query latent 24, key/value
+/// latent 16, heads of 16 content + 8 rotary features, values of 12, the latents' norms.
+const MLA: &[&str] = &[
+    "--multi-latent-attention",
+    "--q-lora-rank",
+    "24",
+    "--kv-lora-rank",
+    "16",
+    "--qk-head-dim",
+    "16",
+    "--qk-pos-emb-head-dim",
+    "8",
+    "--v-head-dim",
+    "12",
+    "--qk-layernorm",
+    "--position-embedding-type",
+    "rope",
+    "--normalization",
+    "RMSNorm",
+    "--swiglu",
+    "--disable-bias-linear",
+];
+
+#[test]
+fn mla_tensor_sequence_pipeline_and_data_parallel_layouts_match_one_rank() {
+    let dir = tmpdir("mla-layouts");
+    let serial = train_and_load(&dir, "serial", MLA);
+    let tp2 = ["--nproc-per-node", "2", "--tensor-model-parallel-size", "2"];
+    let tp2_sp = [&tp2[..], &["--sequence-parallel"]].concat();
+    let tp4_sp = [
+        "--nproc-per-node",
+        "4",
+        "--tensor-model-parallel-size",
+        "4",
+        "--sequence-parallel",
+    ];
+    let pp2 = [
+        "--nproc-per-node",
+        "2",
+        "--pipeline-model-parallel-size",
+        "2",
+    ];
+    let dp2 = ["--nproc-per-node", "2", "--use-distributed-optimizer"];
+    for (name, layout) in [
+        ("tp2", &tp2[..]),
+        ("tp2 + sp", &tp2_sp[..]),
+        ("tp4 + sp (one head per rank)", &tp4_sp[..]),
+        ("pp2", &pp2[..]),
+        ("dp2 distributed optimizer", &dp2[..]),
+    ] {
+        let run = train_and_load(&dir, &name.replace(' ', "_"), &[MLA, layout].concat());
+        assert_same_training(&format!("mla {name}"), &serial, &run, 1e-5);
+        assert!(run
+            .1
+            .tensors
+            .contains_key("decoder.layers.0.self_attention.linear_kv_down_proj.weight"));
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn mla_context_parallel_ring_and_all_to_all_match_one_rank() {
+    // Without a query latent (linear_q_proj) and with dropout on: the masks are numbered by
+    // global position and head, so every split draws the same ones.
+    let dir = tmpdir("mla-cp");
+    let flags = [
+        &MLA[..1],
+        &MLA[3..],
+        &["--attention-dropout", "0.1", "--hidden-dropout", "0.1"],
+    ]
+    .concat();
+    let serial = train_and_load(&dir, "serial", &flags);
+    for (name, layout) in [
+        (
+            "cp2 p2p",
+            &[
+                "--nproc-per-node",
+                "2",
+                "--context-parallel-size",
+                "2",
+                "--cp-comm-type",
+                "p2p",
+            ][..],
+        ),
+        (
+            "cp2 a2a x tp2 + sp",
+            &[
+                "--nproc-per-node",
+                "4",
+                "--context-parallel-size",
+                "2",
+                "--cp-comm-type",
+                "a2a",
+                "--tensor-model-parallel-size",
+                "2",
+                "--sequence-parallel",
+            ][..],
+        ),
+    ] {
+        let run = train_and_load(
+            &dir,
+            &name.replace(' ', "_"),
+            &[&flags[..], layout].concat(),
+        );
+        assert_same_training(&format!("mla {name}"), &serial, &run, 1e-5);
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn mla_saved_activations_are_what_the_formula_says() {
+    // The kernel's QKV (values padded to the query width), the narrowed attention output and
+    // the two latents: measured bytes equal the engine's formula, in f32 and bf16.
+    let base = [
+        &MLA[..],
+        &[
+            "--num-layers",
+            "2",
+            "--hidden-size",
+            "32",
+            "--num-attention-heads",
+            "4",
+            "--seq-length",
+            "16",
+            "--micro-batch-size",
+            "2",
+            "--global-batch-size",
+            "2",
+            "--train-iters",
+            "2",
+        ],
+    ]
+    .concat();
+    for extra in [&[][..], &["--bf16"][..]] {
+        let a = args(&[&base[..], extra].concat());
+        let cfg = a.validate(62).unwrap();
+        let s = pretrain(&a).unwrap();
+        let f = megatron_core::models::gpt::activation_bytes_formula(
+            &cfg.model,
+            2,
+            16,
+            1,
+            false,
+            !extra.is_empty(),
+        );
+        assert_eq!(s.peak_activation_bytes, f, "{extra:?}");
+    }
+}
+
+#[test]
+fn mla_flags_are_refused_where_they_do_not_apply() {
+    let err = |extra: &[&str]| {
+        let v = [extra, &["--train-iters", "5"]].concat();
+        args(&v).validate(62).unwrap_err().to_string()
+    };
+    assert!(err(&["--q-lora-rank", "8"]).contains("needs --multi-latent-attention"));
+    assert!(err(&["--multi-latent-attention"]).contains("--position-embedding-type rope"));
+    let gqa = [
+        &MLA[..],
+        &["--group-query-attention", "--num-query-groups", "2"],
+    ]
+    .concat();
+    assert!(err(&gqa).contains("mutually exclusive"));
+    let kv = [&MLA[..], &["--kv-channels", "8"]].concat();
+    assert!(err(&kv).contains("--kv-channels"));
+    let wide = [&MLA[..], &["--v-head-dim", "32"]].concat();
+    assert!(err(&wide).contains("--v-head-dim (32)"));
+}
