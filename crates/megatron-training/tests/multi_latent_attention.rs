@@ -176,3 +176,15 @@ fn mla_flags_are_refused_where_they_do_not_apply() {
     let wide = [&MLA[..], &["--v-head-dim", "32"]].concat();
     assert!(err(&wide).contains("--v-head-dim (32)"));
 }
+
+#[test]
+fn the_layout_planner_refuses_mla_rather_than_mispredict_it() {
+    use megatron_training::plan::cluster::Cluster;
+    use megatron_training::plan::layout::Pins;
+    let a = args(&[MLA, &["--train-iters", "5"]].concat());
+    let err = megatron_training::plan::plan(&a, &Cluster::dgx_h100(1), &Pins::default())
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(err.contains("--multi-latent-attention"), "{err}");
+}

@@ -85,7 +85,7 @@ fn gguf_architecture(class: &str) -> Result<(&'static str, bool), String> {
         "Qwen3MoeForCausalLM" => Ok(("qwen3moe", false)),
         "GPT2LMHeadModel" => Ok(("gpt2", false)),
         other => Err(format!(
-            "{other}: GGUF export is built for GPT-2, Llama, Mixtral, Qwen2, Qwen3, Qwen2-MoE and Qwen3-MoE models (not BERT or T5)"
+            "{other}: GGUF export is built for GPT-2, Llama, Mixtral, Qwen2, Qwen3, Qwen2-MoE and Qwen3-MoE models (not BERT, T5 or DeepSeek-V3)"
         )),
     }
 }

@@ -172,6 +172,89 @@ pub(crate) fn num(hf: &Value, key: &str) -> Result<usize, String> {
         .ok_or_else(|| format!("config.json has no {key}"))
 }
 
+/// The rotary settings of a Hugging Face config.json (`rope_parameters`, or the older
+/// `rope_theta` / `rope_scaling`): base, and Llama 3.1, YaRN or linear scaling (`positions`:
+/// the model's `max_position_embeddings`). Rotate-half pairing, the whole head.
+pub(crate) fn rotary_from_hf(hf: &Value, positions: usize) -> Result<RotaryConfig, String> {
+    let rope = if hf["rope_parameters"].is_object() {
+        &hf["rope_parameters"]
+    } else {
+        hf
+    };
+    let base = rope["rope_theta"].as_f64().unwrap_or(10000.0);
+    let mut yarn = None;
+    let mut linear = None;
+    let scaling = match rope["rope_type"]
+        .as_str()
+        .or_else(|| hf["rope_scaling"]["rope_type"].as_str())
+    {
+        None | Some("default") => None,
+        Some("llama3") => {
+            let r = if rope["factor"].is_number() {
+                rope
+            } else {
+                &hf["rope_scaling"]
+            };
+            let (lo, hi, orig) = (
+                r["low_freq_factor"].as_f64(),
+                r["high_freq_factor"].as_f64(),
+                r["original_max_position_embeddings"].as_f64(),
+            );
+            if (lo, hi, orig) != (Some(1.0), Some(4.0), Some(8192.0)) {
+                return Err(format!("llama3 rope scaling with low/high/original {lo:?}/{hi:?}/{orig:?}: only Llama 3.1's 1/4/8192 is built"));
+            }
+            Some(r["factor"].as_f64().unwrap_or(8.0))
+        }
+        Some("yarn") => {
+            let r = if rope["factor"].is_number() {
+                rope
+            } else {
+                &hf["rope_scaling"]
+            };
+            yarn = Some(super::yarn::yarn_from_hf(r, positions)?);
+            None
+        }
+        Some("linear") => {
+            let r = if rope["factor"].is_number() {
+                rope
+            } else {
+                &hf["rope_scaling"]
+            };
+            let f = r["factor"]
+                .as_f64()
+                .ok_or("linear rope scaling without a factor")?;
+            linear = Some(f);
+            None
+        }
+        Some(other) => return Err(format!("rope_type '{other}' is not built")),
+    };
+    Ok(RotaryConfig {
+        base,
+        percent: 1.0,
+        interleaved: false,
+        scaling_factor: scaling,
+        yarn,
+        seq_len_interpolation_factor: linear,
+    })
+}
+
+/// The inverse of [`rotary_from_hf`]: config.json's `rope_parameters`.
+pub(crate) fn rotary_to_hf(cfg: &TransformerConfig) -> Value {
+    let mut rope = json!({"rope_theta": cfg.rotary.base, "rope_type": "default"});
+    if let Some(factor) = cfg.rotary.scaling_factor {
+        rope = json!({"rope_theta": cfg.rotary.base, "rope_type": "llama3", "factor": factor,
+                      "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                      "original_max_position_embeddings": 8192});
+    }
+    if let Some(y) = &cfg.rotary.yarn {
+        rope = super::yarn::yarn_to_hf(y, cfg.rotary.base);
+    }
+    if let Some(f) = cfg.rotary.seq_len_interpolation_factor {
+        rope = json!({"rope_theta": cfg.rotary.base, "rope_type": "linear", "factor": f});
+    }
+    rope
+}
+
 /// `q [heads*hd, cols]`, `k`, `v [groups*hd, cols]` into the fused per-group rows.
 pub(crate) fn fuse_qkv(
     q: &[f32],
@@ -240,59 +323,8 @@ impl HfFamily for Llama {
             .as_u64()
             .map_or(heads, |v| v as usize);
         let hd = hf["head_dim"].as_u64().map_or(h / heads, |v| v as usize);
-        let rope = if hf["rope_parameters"].is_object() {
-            &hf["rope_parameters"]
-        } else {
-            hf
-        };
-        let base = rope["rope_theta"].as_f64().unwrap_or(10000.0);
         let positions = num(hf, "max_position_embeddings")?;
-        let mut yarn = None;
-        let mut linear = None;
-        let scaling = match rope["rope_type"]
-            .as_str()
-            .or_else(|| hf["rope_scaling"]["rope_type"].as_str())
-        {
-            None | Some("default") => None,
-            Some("llama3") => {
-                let r = if rope["factor"].is_number() {
-                    rope
-                } else {
-                    &hf["rope_scaling"]
-                };
-                let (lo, hi, orig) = (
-                    r["low_freq_factor"].as_f64(),
-                    r["high_freq_factor"].as_f64(),
-                    r["original_max_position_embeddings"].as_f64(),
-                );
-                if (lo, hi, orig) != (Some(1.0), Some(4.0), Some(8192.0)) {
-                    return Err(format!("llama3 rope scaling with low/high/original {lo:?}/{hi:?}/{orig:?}: only Llama 3.1's 1/4/8192 is built"));
-                }
-                Some(r["factor"].as_f64().unwrap_or(8.0))
-            }
-            Some("yarn") => {
-                let r = if rope["factor"].is_number() {
-                    rope
-                } else {
-                    &hf["rope_scaling"]
-                };
-                yarn = Some(super::yarn::yarn_from_hf(r, positions)?);
-                None
-            }
-            Some("linear") => {
-                let r = if rope["factor"].is_number() {
-                    rope
-                } else {
-                    &hf["rope_scaling"]
-                };
-                let f = r["factor"]
-                    .as_f64()
-                    .ok_or("linear rope scaling without a factor")?;
-                linear = Some(f);
-                None
-            }
-            Some(other) => return Err(format!("rope_type '{other}' is not built")),
-        };
+        let rotary = rotary_from_hf(hf, positions)?;
         let qwen = self.qwen(hf);
         if hf["attention_bias"].as_bool().unwrap_or(false) && !qwen {
             return Err("attention_bias on q/k/v/o without MLP biases is not built".into());
@@ -320,14 +352,7 @@ impl HfFamily for Llama {
             normalization: Normalization::RMSNorm,
             activation,
             position_embedding_type: PositionEmbeddingType::Rope,
-            rotary: RotaryConfig {
-                base,
-                percent: 1.0,
-                interleaved: false,
-                scaling_factor: scaling,
-                yarn,
-                seq_len_interpolation_factor: linear,
-            },
+            rotary,
             add_bias_linear: false,
             add_qkv_bias: qwen,
             qk_layernorm: self.arch.starts_with("Qwen3"),
@@ -553,18 +578,7 @@ impl HfFamily for Llama {
             (vec![h], take(m, "decoder.final_layernorm.weight", &[h])?),
         );
         let (arch, model_type, extra) = self.mlp.hf_config(cfg, cfg.add_qkv_bias);
-        let mut rope = json!({"rope_theta": cfg.rotary.base, "rope_type": "default"});
-        if let Some(factor) = cfg.rotary.scaling_factor {
-            rope = json!({"rope_theta": cfg.rotary.base, "rope_type": "llama3", "factor": factor,
-                          "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                          "original_max_position_embeddings": 8192});
-        }
-        if let Some(y) = &cfg.rotary.yarn {
-            rope = super::yarn::yarn_to_hf(y, cfg.rotary.base);
-        }
-        if let Some(f) = cfg.rotary.seq_len_interpolation_factor {
-            rope = json!({"rope_theta": cfg.rotary.base, "rope_type": "linear", "factor": f});
-        }
+        let rope = rotary_to_hf(cfg);
         let config = json!({
             "architectures": [arch],
             "model_type": model_type,

@@ -5,6 +5,7 @@
 //! a family.
 
 mod bert;
+mod deepseek_v3;
 pub mod gguf;
 pub mod gguf_export;
 pub mod gguf_writer;
@@ -62,6 +63,7 @@ pub(crate) trait HfFamily {
 fn family(arch: &str) -> Option<Box<dyn HfFamily>> {
     match arch {
         "GPT2LMHeadModel" => Some(Box::new(gpt2::Gpt2)),
+        deepseek_v3::ARCHITECTURE => Some(Box::new(deepseek_v3::DeepseekV3)),
         "LlamaForCausalLM" | "MistralForCausalLM" | "Qwen2ForCausalLM" | "Qwen3ForCausalLM" => {
             Some(Box::new(llama::Llama {
                 arch: arch.to_string(),
@@ -205,7 +207,7 @@ pub fn hf_to_megatron(
         Box::new(t)
     } else {
         family(&arch).ok_or_else(|| {
-            err(&cfg_path, format!("unknown architecture '{arch}' (known: GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, {}, {})", bert::ARCHITECTURES.join(", "), t5::ARCHITECTURE))
+            err(&cfg_path, format!("unknown architecture '{arch}' (known: GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, {}, {}, {})", deepseek_v3::ARCHITECTURE, bert::ARCHITECTURES.join(", "), t5::ARCHITECTURE))
         })?
     };
     for b in buffers {
@@ -309,6 +311,8 @@ fn checkpoint_as_hf(
         Box::new(bert::Bert::for_heads(heads))
     } else if let Some(stacks) = ck.meta.t5 {
         Box::new(t5::T5 { stacks })
+    } else if cfg.mla.is_some() {
+        Box::new(deepseek_v3::DeepseekV3)
     } else if cfg.position_embedding_type
         == megatron_core::transformer::config::PositionEmbeddingType::LearnedAbsolute
     {

@@ -349,6 +349,9 @@ fn megatron_memory(
 /// Predicts memory and time of `cfg` on `cluster`.
 pub fn predict(cfg: &TrainConfig, cluster: &Cluster) -> Result<Prediction, String> {
     let m = &cfg.model;
+    if m.mla.is_some() {
+        return Err("--multi-latent-attention: the cost model counts fused-QKV attention's parameters, FLOPs and activations; MLA's are not modelled".into());
+    }
     let (t, p, v, cp, d) = (cfg.tp, cfg.pp, cfg.partition.v, cfg.cp, cfg.dp);
     let b = cfg.args.micro_batch_size;
     let s = cfg.args.seq_length;

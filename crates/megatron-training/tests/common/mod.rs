@@ -1,6 +1,7 @@
 //! Helpers shared by the training test files: Megatron-style flags for a tiny mock-data run.
 #![allow(dead_code)]
 
+pub mod hf_fixtures;
 pub mod llama_cpp_spm;
 
 use clap::Parser;

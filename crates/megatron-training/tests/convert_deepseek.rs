@@ -1,0 +1,80 @@
+//! `megatron convert` of DeepSeek-V3 (`DeepseekV3ForCausalLM`: multi-latent attention, DeepSeek's
+//! MoE) against transformers' logits (`bench/make_hf_deepseek_fixtures.py`), and back byte for
+//! byte; the converted model trains in every layout like one rank.
+
+mod common;
+
+use common::hf_fixtures::*;
+use common::tmpdir;
+use megatron_training::checkpointing::load_checkpoint;
+use megatron_training::convert::hf_to_megatron;
+
+#[test]
+fn deepseek_v3_with_query_latent_and_moe_converts_to_transformers_logits_and_back() {
+    check("deepseek_v3");
+    let (cfg, back) = converted_and_exported("deepseek_v3");
+    let moe = cfg.moe.as_ref().expect("DeepSeek's MoE read");
+    assert_eq!(moe.router_groups, Some((2, 1)));
+    assert_eq!(moe.topk_scaling_factor, Some(2.5));
+    assert_eq!(moe.shared_expert_ffn, Some(16));
+    assert!(!cfg.is_moe_layer(0) && cfg.is_moe_layer(1));
+    assert_eq!(cfg.mla.unwrap().q_lora_rank, Some(16));
+    for (k, v) in [
+        ("first_k_dense_replace", 1),
+        ("n_group", 2),
+        ("topk_group", 1),
+        ("n_shared_experts", 1),
+        ("n_routed_experts", 4),
+    ] {
+        assert_eq!(back[k], v, "{k}");
+    }
+    assert_eq!(back["routed_scaling_factor"], 2.5);
+}
+
+#[test]
+fn deepseek_v3_without_query_latent_and_with_yarn_converts_to_transformers_logits_and_back() {
+    // DeepSeek-V2-Lite's q_proj; YaRN's mscale_all_dim on the softmax scale.
+    check("deepseek_v3_yarn");
+    let (cfg, back) = converted_and_exported("deepseek_v3_yarn");
+    assert_eq!(cfg.mla.unwrap().q_lora_rank, None);
+    assert!(cfg.moe.is_none());
+    assert_eq!(cfg.rotary.yarn.unwrap().mscale_all_dim, 1.0);
+    assert_eq!(back["rope_parameters"]["rope_type"], "yarn");
+    assert_eq!(back["first_k_dense_replace"], 2);
+}
+
+#[test]
+fn a_converted_deepseek_v3_trains_at_tensor_expert_and_pipeline_layouts_like_one_rank() {
+    let dir = tmpdir("convert-deepseek-train");
+    let save = dir.join("m");
+    hf_to_megatron(&fixture("deepseek_v3"), &save, 128).unwrap();
+    let s = save.to_str().unwrap();
+    let serial = train_converted(s, &[]);
+    for layout in [
+        &[
+            "--nproc-per-node",
+            "2",
+            "--tensor-model-parallel-size",
+            "2",
+            "--sequence-parallel",
+        ][..],
+        &["--nproc-per-node", "2", "--expert-model-parallel-size", "2"][..],
+        &[
+            "--nproc-per-node",
+            "2",
+            "--pipeline-model-parallel-size",
+            "2",
+        ][..],
+    ] {
+        let run = train_converted(s, layout);
+        for (a, b) in serial.losses.iter().zip(&run.losses) {
+            assert!(
+                (a.1 - b.1).abs() <= 1e-5 * a.1.abs(),
+                "{layout:?}: {a:?} vs {b:?}"
+            );
+        }
+    }
+    let ck = load_checkpoint(&save, None).unwrap();
+    assert!(ck.meta.model.mla.is_some());
+    let _ = std::fs::remove_dir_all(dir);
+}
