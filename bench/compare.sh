@@ -4,7 +4,10 @@
 # load. Usage: bench/compare.sh [S|M] [runs] ; PYTHON=path/to/python with torch installed;
 # TORCH_BF16=1 runs PyTorch under bf16 autocast; MEGATRON_FLAGS adds flags to megatron train
 # (e.g. MEGATRON_FLAGS=--bf16). LLAMA: SmolLM2-135M's shape (RMSNorm, SwiGLU, RoPE, GQA 9/3, tied)
-# against transformers' LlamaForCausalLM (bench/torch_llama.py).
+# against transformers' LlamaForCausalLM (bench/torch_llama.py). MLA: GPT M's size with DeepSeek-V3's
+# multi-latent attention (query latent 384, key/value latent 256, heads of 64 + 32 rotary features,
+# values 64), SwiGLU 2048, RMSNorm, untied, against transformers' DeepseekV3ForCausalLM, every layer
+# dense (bench/torch_deepseek.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CFG=${1:-S}; RUNS=${2:-2}; PYTHON=${PYTHON:-python3}
@@ -12,7 +15,8 @@ case "$CFG" in
   S) L=4;  H=256; A=4;  T=256; B=8; V=8192;  WARM=3; STEPS=15 ;;
   M) L=12; H=768; A=12; T=512; B=4; V=50304; WARM=2; STEPS=6 ;;
   LLAMA) L=30; H=576; A=9; T=512; B=4; V=49152; WARM=2; STEPS=4 ;;
-  *) echo "config S, M or LLAMA" >&2; exit 2 ;;
+  MLA) L=12; H=768; A=12; T=512; B=4; V=32768; WARM=2; STEPS=4 ;;
+  *) echo "config S, M, LLAMA or MLA" >&2; exit 2 ;;
 esac
 MODEL_FLAGS=""
 TORCH_SCRIPT=(bench/torch_gpt.py --layers $L --hidden $H --heads $A --seq $T --batch $B --vocab $V)
@@ -22,6 +26,14 @@ if [ "$CFG" = LLAMA ]; then
     --disable-bias-linear"
   TORCH_SCRIPT=(bench/torch_llama.py --layers $L --hidden $H --heads $A --kv-heads 3 --ffn 1536
     --seq $T --batch $B --vocab $V --rope-theta 100000)
+fi
+if [ "$CFG" = MLA ]; then
+  MODEL_FLAGS="--multi-latent-attention --q-lora-rank 384 --kv-lora-rank 256 --qk-head-dim 64
+    --qk-pos-emb-head-dim 32 --v-head-dim 64 --qk-layernorm --ffn-hidden-size 2048 --swiglu
+    --normalization RMSNorm --norm-epsilon 1e-6 --position-embedding-type rope
+    --disable-bias-linear --untie-embeddings-and-output-weights"
+  TORCH_SCRIPT=(bench/torch_deepseek.py --layers $L --hidden $H --heads $A --ffn 2048 --q-lora 384
+    --kv-lora 256 --qk-head-dim 64 --rope-head-dim 32 --v-head-dim 64 --seq $T --batch $B --vocab $V)
 fi
 cargo build --release --quiet
 OUT=$(mktemp -d)

@@ -69,6 +69,34 @@ fn mla_tensor_sequence_pipeline_and_data_parallel_layouts_match_one_rank() {
 }
 
 #[test]
+fn mla_recomputation_and_bf16_layouts_match_one_rank() {
+    // Selective recomputation reruns the attention kernel on the kept QKV (the output
+    // projection then reads the narrowed rerun); full recomputation reruns MLA's projections.
+    let dir = tmpdir("mla-recompute-bf16");
+    let serial = train_and_load(&dir, "serial", MLA);
+    let tp2 = ["--nproc-per-node", "2", "--tensor-model-parallel-size", "2"];
+    for (name, extra) in [
+        ("selective", &["--recompute-activations"][..]),
+        ("full", &["--recompute-granularity", "full"][..]),
+    ] {
+        let run = train_and_load(&dir, name, &[MLA, &tp2[..], extra].concat());
+        assert_same_training(&format!("mla tp2 {name} recompute"), &serial, &run, 1e-5);
+    }
+    let bf16 = [MLA, &["--bf16"]].concat();
+    let serial = train_and_load(&dir, "bf16-serial", &bf16);
+    let tp2_sp = [&bf16[..], &tp2[..], &["--sequence-parallel"]].concat();
+    let run = train_and_load(&dir, "bf16-tp2-sp", &tp2_sp);
+    assert_same_training_within(
+        "mla bf16 tp2 + sp",
+        &serial,
+        &run,
+        BF16_LOSS_TOL,
+        BF16_PARAM_TOL,
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
 fn mla_context_parallel_ring_and_all_to_all_match_one_rank() {
     // Without a query latent (linear_q_proj) and with dropout on: the masks are numbered by
     // global position and head, so every split draws the same ones.
