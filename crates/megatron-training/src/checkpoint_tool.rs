@@ -96,6 +96,18 @@ pub fn inspect(path: &Path) -> Result<String, TrainError> {
         c.activation,
         c.position_embedding_type
     );
+    if let Some(a) = c.mla {
+        let q = a
+            .q_lora_rank
+            .map_or("from the hidden state".to_string(), |r| {
+                format!("latent {r}")
+            });
+        let _ = writeln!(
+            s,
+            "multi-latent attention: queries {q}, keys/values latent {}, query/key heads {} + {} rotary, value heads {}",
+            a.kv_lora_rank, a.qk_head_dim, a.qk_pos_emb_head_dim, a.v_head_dim
+        );
+    }
     let bytes: u64 = m.files.iter().map(|f| f.bytes).sum();
     let _ = writeln!(s, "files: {} ({:.1} MB)", m.files.len(), bytes as f64 / 1e6);
     for f in &m.files {

@@ -76,5 +76,10 @@ fn a_converted_deepseek_v3_trains_at_tensor_expert_and_pipeline_layouts_like_one
     }
     let ck = load_checkpoint(&save, None).unwrap();
     assert!(ck.meta.model.mla.is_some());
+    let text = megatron_training::checkpoint_tool::inspect(&save).unwrap();
+    assert!(
+        text.contains("multi-latent attention: queries latent 16, keys/values latent 12, query/key heads 8 + 4 rotary, value heads 6"),
+        "{text}"
+    );
     let _ = std::fs::remove_dir_all(dir);
 }

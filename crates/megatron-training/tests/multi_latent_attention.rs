@@ -150,7 +150,7 @@ fn mla_saved_activations_are_what_the_formula_says() {
     // The kernel's QKV (values padded to the query width), the narrowed attention output and
     // the two latents: measured bytes equal the engine's formula, in f32 and bf16.
     let base = [
-        &MLA[..],
+        MLA,
         &[
             "--num-layers",
             "2",
@@ -193,15 +193,11 @@ fn mla_flags_are_refused_where_they_do_not_apply() {
     };
     assert!(err(&["--q-lora-rank", "8"]).contains("needs --multi-latent-attention"));
     assert!(err(&["--multi-latent-attention"]).contains("--position-embedding-type rope"));
-    let gqa = [
-        &MLA[..],
-        &["--group-query-attention", "--num-query-groups", "2"],
-    ]
-    .concat();
+    let gqa = [MLA, &["--group-query-attention", "--num-query-groups", "2"]].concat();
     assert!(err(&gqa).contains("mutually exclusive"));
-    let kv = [&MLA[..], &["--kv-channels", "8"]].concat();
+    let kv = [MLA, &["--kv-channels", "8"]].concat();
     assert!(err(&kv).contains("--kv-channels"));
-    let wide = [&MLA[..], &["--v-head-dim", "32"]].concat();
+    let wide = [MLA, &["--v-head-dim", "32"]].concat();
     assert!(err(&wide).contains("--v-head-dim (32)"));
 }
 
@@ -210,9 +206,9 @@ fn the_layout_planner_refuses_mla_rather_than_mispredict_it() {
     use megatron_training::plan::cluster::Cluster;
     use megatron_training::plan::layout::Pins;
     let a = args(&[MLA, &["--train-iters", "5"]].concat());
-    let err = megatron_training::plan::plan(&a, &Cluster::dgx_h100(1), &Pins::default())
-        .err()
-        .expect("refused")
-        .to_string();
+    let err = match megatron_training::plan::plan(&a, &Cluster::dgx_h100(1), &Pins::default()) {
+        Ok(_) => panic!("planned an MLA model with the fused-QKV cost model"),
+        Err(e) => e.to_string(),
+    };
     assert!(err.contains("--multi-latent-attention"), "{err}");
 }

@@ -64,7 +64,7 @@ pub struct SelfAttention {
 /// What the QKV projection keeps for backward.
 pub enum QkvSaved {
     /// The query/key norms' inputs (`--qk-layernorm`).
-    Fused(Option<QKNormSaved>),
+    Fused(Option<Box<QKNormSaved>>),
     Latent(MLASaved),
 }
 
@@ -268,7 +268,9 @@ impl SelfAttention {
                 qk_norm,
             } => {
                 let mut qkv = linear_qkv.forward(params, tp, x)?;
-                let qk = qk_norm.as_ref().map(|n| n.forward(params, &mut qkv));
+                let qk = qk_norm
+                    .as_ref()
+                    .map(|n| Box::new(n.forward(params, &mut qkv)));
                 (qkv, QkvSaved::Fused(qk))
             }
             QkvProjection::Latent(m) => {
