@@ -14,9 +14,12 @@
 //! group-limited to `topk_group` of `n_group` groups, the chosen scores renormalized and scaled
 //! by `routed_scaling_factor`, plus `n_shared_experts` always-on experts as one shared MLP.
 
-use super::llama::{mlp_to_hf, mlp_to_megatron, num, rotary_from_hf, rotary_to_hf, GATE_UP_DOWN};
+use super::llama::{
+    ends_to_hf, ends_to_megatron, mlp_to_hf, mlp_to_megatron, num, rotary_from_hf, rotary_to_hf,
+    GATE_UP_DOWN,
+};
 use super::mixtral::{routed_to_hf, routed_to_megatron};
-use super::{pad_rows, take, HfFamily, Tensors};
+use super::{take, HfFamily, Tensors};
 use megatron_core::transformer::config::{
     Activation, LayerPattern, MLAConfig, MoEConfig, Normalization, PositionEmbeddingType,
     RouterScore,
@@ -229,22 +232,8 @@ impl HfFamily for DeepseekV3 {
         vocab: usize,
     ) -> Result<Tensors, String> {
         let h = cfg.hidden_size;
-        let vp = cfg.padded_vocab_size;
         let mut m = Tensors::new();
-        let emb = take(t, "model.embed_tokens.weight", &[vocab, h])?;
-        m.insert(
-            "embedding.word_embeddings.weight".into(),
-            (vec![vp, h], pad_rows(emb, h, vp)),
-        );
-        if cfg.untie_embeddings_and_output_weights {
-            let out = take(t, "lm_head.weight", &[vocab, h])?;
-            m.insert(
-                "output_layer.weight".into(),
-                (vec![vp, h], pad_rows(out, h, vp)),
-            );
-        } else {
-            t.remove("lm_head.weight");
-        }
+        ends_to_megatron(cfg, t, &mut m, vocab)?;
         for l in 0..cfg.num_layers {
             let (src, dst) = (format!("model.layers.{l}"), format!("decoder.layers.{l}"));
             for (a, b) in [
@@ -276,10 +265,6 @@ impl HfFamily for DeepseekV3 {
                 }
             }
         }
-        m.insert(
-            "decoder.final_layernorm.weight".into(),
-            (vec![h], take(t, "model.norm.weight", &[h])?),
-        );
         Ok(m)
     }
 
@@ -293,16 +278,8 @@ impl HfFamily for DeepseekV3 {
         check_exportable(cfg)?;
         let first_moe = first_moe_layer(cfg)?;
         let h = cfg.hidden_size;
-        let vp = cfg.padded_vocab_size;
         let mut t = Tensors::new();
-        let mut emb = take(m, "embedding.word_embeddings.weight", &[vp, h])?;
-        emb.truncate(vocab * h);
-        t.insert("model.embed_tokens.weight".into(), (vec![vocab, h], emb));
-        if cfg.untie_embeddings_and_output_weights {
-            let mut out = take(m, "output_layer.weight", &[vp, h])?;
-            out.truncate(vocab * h);
-            t.insert("lm_head.weight".into(), (vec![vocab, h], out));
-        }
+        ends_to_hf(cfg, m, &mut t, vocab)?;
         for l in 0..cfg.num_layers {
             let (dst, src) = (format!("model.layers.{l}"), format!("decoder.layers.{l}"));
             for (a, b) in [
@@ -337,10 +314,6 @@ impl HfFamily for DeepseekV3 {
                 }
             }
         }
-        t.insert(
-            "model.norm.weight".into(),
-            (vec![h], take(m, "decoder.final_layernorm.weight", &[h])?),
-        );
         let a = cfg.num_attention_heads;
         let mut config = json!({
             "architectures": [ARCHITECTURE],

@@ -172,6 +172,56 @@ pub(crate) fn num(hf: &Value, key: &str) -> Result<usize, String> {
         .ok_or_else(|| format!("config.json has no {key}"))
 }
 
+/// The ends of a Llama-style decoder: the word embedding (rows padded to the padded
+/// vocabulary), the output layer when untied (Hugging Face's tied `lm_head` dropped) and the
+/// final norm.
+pub(crate) fn ends_to_megatron(
+    cfg: &TransformerConfig,
+    t: &mut Tensors,
+    m: &mut Tensors,
+    vocab: usize,
+) -> Result<(), String> {
+    let (h, vp) = (cfg.hidden_size, cfg.padded_vocab_size);
+    let emb = take(t, "model.embed_tokens.weight", &[vocab, h])?;
+    m.insert(
+        "embedding.word_embeddings.weight".into(),
+        (vec![vp, h], pad_rows(emb, h, vp)),
+    );
+    if cfg.untie_embeddings_and_output_weights {
+        let out = take(t, "lm_head.weight", &[vocab, h])?;
+        m.insert(
+            "output_layer.weight".into(),
+            (vec![vp, h], pad_rows(out, h, vp)),
+        );
+    } else {
+        t.remove("lm_head.weight");
+    }
+    let norm = take(t, "model.norm.weight", &[h])?;
+    m.insert("decoder.final_layernorm.weight".into(), (vec![h], norm));
+    Ok(())
+}
+
+/// The inverse of [`ends_to_megatron`] (vocabulary padding dropped).
+pub(crate) fn ends_to_hf(
+    cfg: &TransformerConfig,
+    m: &mut Tensors,
+    t: &mut Tensors,
+    vocab: usize,
+) -> Result<(), String> {
+    let (h, vp) = (cfg.hidden_size, cfg.padded_vocab_size);
+    let mut emb = take(m, "embedding.word_embeddings.weight", &[vp, h])?;
+    emb.truncate(vocab * h);
+    t.insert("model.embed_tokens.weight".into(), (vec![vocab, h], emb));
+    if cfg.untie_embeddings_and_output_weights {
+        let mut out = take(m, "output_layer.weight", &[vp, h])?;
+        out.truncate(vocab * h);
+        t.insert("lm_head.weight".into(), (vec![vocab, h], out));
+    }
+    let norm = take(m, "decoder.final_layernorm.weight", &[h])?;
+    t.insert("model.norm.weight".into(), (vec![h], norm));
+    Ok(())
+}
+
 /// The rotary settings of a Hugging Face config.json (`rope_parameters`, or the older
 /// `rope_theta` / `rope_scaling`): base, and Llama 3.1, YaRN or linear scaling (`positions`:
 /// the model's `max_position_embeddings`). Rotate-half pairing, the whole head.
@@ -375,22 +425,8 @@ impl HfFamily for Llama {
             cfg.query_groups(),
             cfg.head_dim(),
         );
-        let vp = cfg.padded_vocab_size;
         let mut m = Tensors::new();
-        let emb = take(t, "model.embed_tokens.weight", &[vocab, h])?;
-        m.insert(
-            "embedding.word_embeddings.weight".into(),
-            (vec![vp, h], pad_rows(emb, h, vp)),
-        );
-        if cfg.untie_embeddings_and_output_weights {
-            let out = take(t, "lm_head.weight", &[vocab, h])?;
-            m.insert(
-                "output_layer.weight".into(),
-                (vec![vp, h], pad_rows(out, h, vp)),
-            );
-        } else {
-            t.remove("lm_head.weight");
-        }
+        ends_to_megatron(cfg, t, &mut m, vocab)?;
         for l in 0..cfg.num_layers {
             let (src, dst) = (format!("model.layers.{l}"), format!("decoder.layers.{l}"));
             let mut put = |name: String, shape: Vec<usize>, v: Vec<f32>| {
@@ -470,10 +506,6 @@ impl HfFamily for Llama {
             };
             mlp.to_megatron(cfg, t, &mut m, &src, &dst)?;
         }
-        m.insert(
-            "decoder.final_layernorm.weight".into(),
-            (vec![h], take(t, "model.norm.weight", &[h])?),
-        );
         Ok(m)
     }
 
@@ -491,16 +523,8 @@ impl HfFamily for Llama {
             cfg.head_dim(),
         );
         let hidden_act = hf_gated_act(cfg.activation)?;
-        let vp = cfg.padded_vocab_size;
         let mut t = Tensors::new();
-        let mut emb = take(m, "embedding.word_embeddings.weight", &[vp, h])?;
-        emb.truncate(vocab * h);
-        t.insert("model.embed_tokens.weight".into(), (vec![vocab, h], emb));
-        if cfg.untie_embeddings_and_output_weights {
-            let mut out = take(m, "output_layer.weight", &[vp, h])?;
-            out.truncate(vocab * h);
-            t.insert("lm_head.weight".into(), (vec![vocab, h], out));
-        }
+        ends_to_hf(cfg, m, &mut t, vocab)?;
         for l in 0..cfg.num_layers {
             let (dst, src) = (format!("model.layers.{l}"), format!("decoder.layers.{l}"));
             let mut put = |name: String, shape: Vec<usize>, v: Vec<f32>| {
@@ -573,10 +597,6 @@ impl HfFamily for Llama {
             };
             mlp.to_hf(cfg, m, &mut t, &dst, &src)?;
         }
-        t.insert(
-            "model.norm.weight".into(),
-            (vec![h], take(m, "decoder.final_layernorm.weight", &[h])?),
-        );
         let (arch, model_type, extra) = self.mlp.hf_config(cfg, cfg.add_qkv_bias);
         let rope = rotary_to_hf(cfg);
         let config = json!({
