@@ -83,3 +83,40 @@ fn a_converted_deepseek_v3_trains_at_tensor_expert_and_pipeline_layouts_like_one
     );
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn deepseek_v3_multi_token_prediction_layers_are_dropped_as_transformers_drops_them() {
+    // DeepSeek-V3 checkpoints carry their MTP module as layer num_hidden_layers; transformers
+    // ignores it, so the converted model's logits are still transformers'.
+    use safetensors::tensor::{Dtype, TensorView};
+    let dir = tmpdir("convert-deepseek-mtp");
+    let hf = dir.join("hf");
+    std::fs::create_dir_all(&hf).unwrap();
+    for f in ["config.json", "reference.safetensors"] {
+        std::fs::copy(fixture("deepseek_v3").join(f), hf.join(f)).unwrap();
+    }
+    let bytes = std::fs::read(fixture("deepseek_v3").join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let eh = vec![0u8; 64 * 32 * 4];
+    let norm = vec![0u8; 32 * 4];
+    let mut views: Vec<(String, TensorView)> = st
+        .tensors()
+        .into_iter()
+        .map(|(n, v)| (n.to_string(), v))
+        .collect();
+    views.push((
+        "model.layers.2.eh_proj.weight".into(),
+        TensorView::new(Dtype::F32, vec![32, 64], &eh).unwrap(),
+    ));
+    views.push((
+        "model.layers.2.enorm.weight".into(),
+        TensorView::new(Dtype::F32, vec![32], &norm).unwrap(),
+    ));
+    let out = safetensors::serialize(views, None).unwrap();
+    std::fs::write(hf.join("model.safetensors"), out).unwrap();
+    let save = dir.join("m");
+    hf_to_megatron(&hf, &save, 128).unwrap();
+    let diff = max_logit_difference(&save, &hf.join("reference.safetensors"), "logits");
+    assert!(diff <= 1e-4, "{diff}");
+    let _ = std::fs::remove_dir_all(dir);
+}

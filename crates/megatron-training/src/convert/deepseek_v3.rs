@@ -234,6 +234,21 @@ impl HfFamily for DeepseekV3 {
         let h = cfg.hidden_size;
         let mut m = Tensors::new();
         ends_to_megatron(cfg, t, &mut m, vocab)?;
+        // DeepSeek-V3's multi-token-prediction layers (`num_nextn_predict_layers`) follow the
+        // decoder's as `model.layers.{num_hidden_layers + i}`; transformers drops them and so
+        // does this conversion (MTP is not built).
+        let mtp: Vec<String> = t
+            .keys()
+            .filter(|k| {
+                k.strip_prefix("model.layers.")
+                    .and_then(|r| r.split('.').next()?.parse::<usize>().ok())
+                    .is_some_and(|l| l >= cfg.num_layers)
+            })
+            .cloned()
+            .collect();
+        for k in mtp {
+            t.remove(&k);
+        }
         for l in 0..cfg.num_layers {
             let (src, dst) = (format!("model.layers.{l}"), format!("decoder.layers.{l}"));
             for (a, b) in [
