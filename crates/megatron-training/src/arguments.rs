@@ -6,7 +6,7 @@ use clap::{Args, ValueEnum};
 use megatron_core::optimizer::UpdateRule;
 use megatron_core::optimizer::{LrDecayStyle, WsdDecayStyle};
 use megatron_core::transformer::config::{
-    Activation, GeluForm, MLAConfig, Normalization, PositionEmbeddingType, RotaryConfig,
+    Activation, GeluForm, MLAConfig, MTPConfig, Normalization, PositionEmbeddingType, RotaryConfig,
     SlidingWindow,
 };
 use megatron_core::TransformerConfig;
@@ -446,6 +446,13 @@ pub struct TrainArgs {
     /// MLA: features of each value head.
     #[arg(long, default_value_t = 128)]
     pub v_head_dim: usize,
+    /// Multi-token prediction: this many layers after the decoder, the k-th predicting the
+    /// token k + 1 places ahead (DeepSeek-V3).
+    #[arg(long)]
+    pub mtp_num_layers: Option<usize>,
+    /// The multi-token-prediction losses' weight (their mean over the depths times this).
+    #[arg(long, default_value_t = 0.1)]
+    pub mtp_loss_scaling_factor: f32,
     /// Sliding-window attention: "(L,R)", each query sees itself and the L tokens before it
     /// (R must be 0: decoders are causal; L = -1 is no window).
     #[arg(long, allow_hyphen_values = true)]
@@ -1349,6 +1356,20 @@ impl TrainArgs {
         };
         let bert = self.bert_settings(&mut model, cp, from_checkpoint)?;
         let t5 = self.t5_settings(&model, cp)?;
+        if model.mtp.is_some() {
+            let why = if self.model != ModelArg::Gpt {
+                Some("it predicts with the decoder's output layer (GPT and the Llama family)")
+            } else if pp > 1 {
+                Some("its depths need the word embedding on the last pipeline stage, which is not built: use --pipeline-model-parallel-size 1")
+            } else if cp > 1 {
+                Some("shifting the tokens across context-parallel chunks is not built: use --context-parallel-size 1")
+            } else {
+                None
+            };
+            if let Some(why) = why {
+                return Err(bad(format!("--mtp-num-layers: {why}")));
+            }
+        }
         if self.sequence_parallel
             && tp > 1
             && !(self.micro_batch_size * self.seq_length).is_multiple_of(tp)
@@ -1895,6 +1916,10 @@ impl TrainArgs {
             layernorm_placement: Default::default(),
             window: self.sliding_window()?,
             mla: self.mla_config()?,
+            mtp: self.mtp_num_layers.map(|n| MTPConfig {
+                num_layers: n,
+                loss_scaling_factor: self.mtp_loss_scaling_factor,
+            }),
         };
         model.validate()?;
         if self.group_query_attention && !model.query_groups().is_multiple_of(tp) {

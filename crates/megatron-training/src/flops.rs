@@ -21,7 +21,13 @@ pub fn num_floating_point_operations(c: &TransformerConfig, batch: usize) -> f64
     let gated = if c.activation.is_gated() { 3.0 } else { 2.0 };
     // MoE layers count their active experts only (moe_ffn x top-k) plus the shared expert,
     // as Megatron does (the router and the shared expert's gate are ignored, like biases).
-    let moe_layers = (0..c.num_layers).filter(|&i| c.is_moe_layer(i)).count() as f64;
+    // Multi-token prediction's depths count as layers like the last decoder layer, plus their
+    // norms and eh_proj and one more output layer each, as Megatron counts them.
+    let depths = c.mtp.map_or(0, |m| m.num_layers);
+    let l = l + depths as f64;
+    let moe_layers = (0..c.num_layers + depths)
+        .filter(|&i| c.is_moe_layer(i))
+        .count() as f64;
     let moe = c.moe.as_ref().map_or(0.0, |m| {
         m.ffn_hidden_size as f64 * m.topk as f64 + m.shared_expert_ffn.unwrap_or(0) as f64
     });
@@ -30,8 +36,9 @@ pub fn num_floating_point_operations(c: &TransformerConfig, batch: usize) -> f64
         Some(m) => mla_terms(c, &m),
         None => (6.0 * (h * (q + 2.0 * kv) + q * h), 6.0 * q),
     };
-    let logits = 6.0 * h * v;
-    tokens * (mlp + attn_proj * l + logits) + batch as f64 * s * s * core * l
+    let logits = 6.0 * h * v * (1.0 + depths as f64);
+    let mtp = 6.0 * depths as f64 * (3.0 * h + 2.0 * h * h);
+    tokens * (mlp + attn_proj * l + logits + mtp) + batch as f64 * s * s * core * l
 }
 
 /// Megatron's multi-latent attention terms per layer: the token-linear part (query latent or

@@ -24,6 +24,7 @@ pub mod logging;
 pub mod machine_probes;
 pub mod memory;
 pub mod moe_logging;
+pub mod mtp_logging;
 pub mod num_microbatches;
 pub mod plan;
 pub mod plot;

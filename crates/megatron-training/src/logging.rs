@@ -32,6 +32,9 @@ pub struct IterationMetrics {
     /// Mixture of experts: auxiliary losses and expert load.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub moe: Option<crate::moe_logging::MoELogMetrics>,
+    /// Multi-token prediction: each depth's mean loss over the interval (`mtp_1 loss`, ...).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mtp_losses: Option<Vec<f64>>,
     /// `--log-straggler`: compute time per iteration across ranks.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rank_step_times: Option<crate::straggler::RankStepTimes>,
@@ -86,6 +89,9 @@ impl IterationMetrics {
         }
         if let Some(m) = &self.moe {
             s += &m.line();
+        }
+        for (k, l) in self.mtp_losses.iter().flatten().enumerate() {
+            s += &format!(" | mtp_{} loss: {l:.6E}", k + 1);
         }
         if let Some(m) = &self.memory {
             s += &m.line();

@@ -544,6 +544,11 @@ impl<F: TrainFamily> Trainer<'_, F> {
             self.cfg.model.num_layers,
             self.cfg.model.moe.as_ref().map(|m| m.num_experts),
         )?;
+        let mtp_losses = crate::mtp_logging::gather_mtp_losses(
+            &self.chunks,
+            &mut self.comms,
+            self.cfg.model.mtp.map(|m| m.num_layers),
+        )?;
         let busy_ms = std::mem::take(&mut self.busy).as_secs_f64() * 1e3 / interval.iters as f64;
         let rank_step_times = match self.straggler.is_some() {
             true => {
@@ -577,6 +582,7 @@ impl<F: TrainFamily> Trainer<'_, F> {
             num_zeros: step.num_zeros,
             params_norm,
             moe,
+            mtp_losses,
             rank_step_times,
             memory: match a.log_memory {
                 true => Some(self.memory_breakdown(step)?),

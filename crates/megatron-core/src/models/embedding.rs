@@ -156,13 +156,25 @@ impl LanguageModelEmbedding {
         t: usize,
         ctx: &StepContext,
     ) -> Tensor {
+        self.dropout_forward_at(tp, x, (n, t), ctx, EMBEDDING_LAYER)
+    }
+
+    /// [`Self::dropout_forward`] with the masks of dropout site `layer`.
+    fn dropout_forward_at(
+        &self,
+        tp: &Tp,
+        x: Tensor,
+        (n, t): (usize, usize),
+        ctx: &StepContext,
+        layer: usize,
+    ) -> Tensor {
         let p = ctx.p(self.dropout);
         if p == 0.0 {
             return x;
         }
         let (lo, hi) = tp.sequence_shard(n);
         let mut d = Tensor::for_overwrite(x.shape());
-        for (r, key) in self.dropout_runs(tp, lo, hi, t, ctx) {
+        for (r, key) in self.dropout_runs(tp, lo, hi, t, ctx, layer) {
             dropout_forward(&mut d.data_mut()[r.clone()], &x.data()[r], p, key);
         }
         d
@@ -178,10 +190,11 @@ impl LanguageModelEmbedding {
         hi: usize,
         t: usize,
         ctx: &StepContext,
+        layer: usize,
     ) -> Vec<(std::ops::Range<usize>, megatron_tensor::RngKey)> {
         let cp = tp.cp_layout();
         let h = self.hidden;
-        let base = ctx.site_for(EMBEDDING_LAYER, SITE_EMBEDDING_DROPOUT, t * cp.size * h);
+        let base = ctx.site_for(layer, SITE_EMBEDDING_DROPOUT, t * cp.size * h);
         crate::context_parallel::element_runs(lo, hi, t, cp, h)
             .into_iter()
             .map(|(r, k)| (r, base.offset(k)))
@@ -212,16 +225,64 @@ impl LanguageModelEmbedding {
         t: usize,
         ctx: &StepContext,
     ) -> Tensor {
+        self.dropout_backward_at(tp, dout, (n, t), ctx, EMBEDDING_LAYER)
+    }
+
+    /// [`Self::dropout_backward`] with the masks of dropout site `layer`.
+    fn dropout_backward_at(
+        &self,
+        tp: &Tp,
+        dout: Tensor,
+        (n, t): (usize, usize),
+        ctx: &StepContext,
+        layer: usize,
+    ) -> Tensor {
         let p = ctx.p(self.dropout);
         if p == 0.0 {
             return dout;
         }
         let (lo, hi) = tp.sequence_shard(n);
         let mut d = Tensor::for_overwrite(dout.shape());
-        for (r, key) in self.dropout_runs(tp, lo, hi, t, ctx) {
+        for (r, key) in self.dropout_runs(tp, lo, hi, t, ctx, layer) {
             dropout_backward(&mut d.data_mut()[r.clone()], &dout.data()[r], p, key);
         }
         d
+    }
+
+    /// The embedding of multi-token-prediction depth `depth`'s shifted tokens (and
+    /// positions): the same tables, dropout masks of its own.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_shifted(
+        &self,
+        params: &Params,
+        tp: &mut Tp,
+        tokens: &[u32],
+        positions: &[u32],
+        t: usize,
+        ctx: &StepContext,
+        depth: usize,
+    ) -> Result<Tensor, CommError> {
+        let sum = self.sum_forward(params, tp, tokens, Some(positions), None, t)?;
+        let site = EMBEDDING_LAYER - 1 - depth;
+        Ok(self.dropout_forward_at(tp, sum, (tokens.len(), t), ctx, site))
+    }
+
+    /// The gradient of [`Self::forward_shifted`] into the tables.
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward_shifted(
+        &self,
+        grads: &mut Grads,
+        tp: &mut Tp,
+        tokens: &[u32],
+        positions: &[u32],
+        t: usize,
+        dout: Tensor,
+        ctx: &StepContext,
+        depth: usize,
+    ) -> Result<(), CommError> {
+        let site = EMBEDDING_LAYER - 1 - depth;
+        let dsum = self.dropout_backward_at(tp, dout, (tokens.len(), t), ctx, site);
+        self.sum_backward(grads, tp, tokens, Some(positions), None, t, dsum)
     }
 
     /// The gradients of [`Self::sum_forward`]'s tables.

@@ -18,6 +18,9 @@ use crate::transformer::config::PositionEmbeddingType;
 use crate::transformer::config::TransformerConfig;
 use crate::transformer::layer::{FeedForward, LayerNormSaved, Norm, TransformerLayer};
 use crate::transformer::moe::{MoELayer, MoEMetrics};
+use crate::transformer::multi_token_prediction::{
+    MtpDepthSaved, MultiTokenPredictionBlock, ShiftedBatch,
+};
 use crate::transformer::step::{LossReduction, Recompute, RecomputeMethod, StepContext};
 use megatron_comm::CommError;
 use megatron_tensor::cpu::{
@@ -73,6 +76,8 @@ pub struct GPTModel {
     /// The weight the output layer multiplies by (last stage): the untied output layer, the word
     /// embedding, or the last stage's copy of the word embedding under pipeline parallelism.
     pub output_weight: Option<ParamId>,
+    /// Multi-token prediction (`--mtp-num-layers`), on the chunk with the loss.
+    pub mtp: Option<MultiTokenPredictionBlock>,
     vocab_start: usize,
     vocab_per_partition: usize,
 }
@@ -84,6 +89,8 @@ pub struct ForwardState {
     /// the LayerNorm output (the loss gradient is known in the forward: the output layer and
     /// the cross entropy are fused and run their backward right away).
     tail: Option<(Tensor, LayerNormSaved, Tensor)>,
+    /// Last stage: what each multi-token-prediction depth keeps.
+    mtp: Vec<MtpDepthSaved>,
     pub activation_bytes: usize,
     /// Last stage: mean loss over unmasked labels and their number.
     pub loss: Option<(f32, f32)>,
@@ -112,7 +119,8 @@ pub fn classifier_tile_rows(v: usize) -> usize {
 /// token); under `--qk-layernorm` the query and key norms' inputs (in 16 or 32 bits) and their
 /// f32 statistics per head. Tensor parallelism divides the QKV, attention, fc1, log-sum-exp
 /// and query/key-norm terms by `t`;
-/// sequence parallelism also the input, residual, statistics and output.
+/// sequence parallelism also the input, residual, statistics and output. Multi-token
+/// prediction adds its depths (`activation_bytes_formula_with`).
 pub fn activation_bytes_formula(
     cfg: &TransformerConfig,
     b: usize,
@@ -194,7 +202,13 @@ pub fn activation_bytes_formula_with(
             r * input + (l - r) * layer
         }
     };
-    kept + rows * h * 4
+    // Multi-token prediction, per depth: its layer (never fully recomputed) and, in f32, the
+    // shifted embedding, the previous hidden state, their concatenation, the layer output, the
+    // loss gradient of its hidden state, and three norms' statistics.
+    let mtp = cfg.mtp.map_or(0, |m| {
+        m.num_layers * (layer + rows * (4 * 6 * h + 6 * stats))
+    });
+    kept + rows * h * 4 + mtp
 }
 
 /// The rotary table every layer shares, for the longest sequence the model sees (training
@@ -310,6 +324,8 @@ impl GPTModel {
                 &config, params, inits,
             ))
         };
+        let mtp = (post_process && config.mtp.is_some())
+            .then(|| MultiTokenPredictionBlock::new(&config, rope, params, inits));
         let per = config.padded_vocab_size / t;
         GPTModel {
             config,
@@ -318,6 +334,7 @@ impl GPTModel {
             final_layernorm,
             output_layer,
             output_weight,
+            mtp,
             vocab_start: tp_rank * per,
             vocab_per_partition: per,
         }
@@ -428,6 +445,124 @@ impl ChunkState for ForwardState {
 }
 
 impl GPTModel {
+    /// The multi-token-prediction depths on the decoder's normed output `h0` (this rank's
+    /// rows): each depth's forward, its loss and that loss's gradient of its hidden state
+    /// (weighted by `--mtp-loss-scaling-factor` over the depths). `main` is the step's gradient
+    /// scale and the decoder loss's counted labels.
+    fn mtp_forward(
+        &self,
+        params: &Params,
+        grads: &mut Grads,
+        tp: &mut Tp,
+        h0: Tensor,
+        batch: &Batch<'_>,
+        (grad_scale, main_tokens): (f32, f32),
+        ctx: &StepContext,
+    ) -> Result<Vec<MtpDepthSaved>, CommError> {
+        let mtp = self.mtp.as_ref().expect("an MTP chunk");
+        let e = self
+            .embedding
+            .as_ref()
+            .expect("multi-token prediction runs on the chunk with the embedding");
+        let (b, t) = (batch.b, batch.t);
+        let n = b * t;
+        let wid = self
+            .output_weight
+            .expect("the last stage has an output weight");
+        let first = ShiftedBatch::first(
+            batch.tokens,
+            batch.position_ids,
+            batch.labels,
+            batch.loss_mask,
+            t,
+        );
+        let weight = mtp.depth_weight();
+        let mut saved: Vec<MtpDepthSaved> = Vec::with_capacity(mtp.layers.len());
+        let mut h = h0;
+        for (k, layer) in mtp.layers.iter().enumerate() {
+            let sb = saved.last().map_or(&first, |s| &s.batch).shifted(t);
+            let embedded = e.forward_shifted(params, tp, &sb.tokens, &sb.positions, t, ctx, k)?;
+            let out = layer.forward(params, tp, sb, embedded, h, (b, t), ctx, batch.mask())?;
+            let mut depth = out.saved;
+            let (labels, mask) = (&depth.batch.labels, &depth.batch.loss_mask);
+            let counted = mask.iter().sum::<f32>();
+            let denom = counted.max(1.0);
+            // megatron-core's MTP loss: each depth's mean over its counted labels, scaled
+            // like the decoder loss (per token: by the decoder's count over this depth's).
+            let dloss: Vec<f32> = match ctx.loss_reduction {
+                LossReduction::MicroBatchMean => mask
+                    .iter()
+                    .map(|m| m / denom * weight * grad_scale)
+                    .collect(),
+                LossReduction::TokenSum => mask
+                    .iter()
+                    .map(|m| m * main_tokens / denom * weight * grad_scale)
+                    .collect(),
+            };
+            let xg = self.output_input(tp, out.hidden.clone())?;
+            let mut losses = vec![0.0f32; n];
+            let mut dxg = Tensor::for_overwrite(&[n, self.config.hidden_size]);
+            vocab_parallel_cross_entropy(
+                tp,
+                &mut losses,
+                Some((dxg.data_mut(), grads.get_mut(wid))),
+                xg.data(),
+                params.operand(wid).operand(),
+                None,
+                labels,
+                &dloss,
+                self.classifier_dims(n),
+                self.vocab_start,
+            )?;
+            drop(xg);
+            let loss = losses
+                .iter()
+                .zip(mask)
+                .map(|(l, m)| (*l as f64) * (*m as f64))
+                .sum::<f64>()
+                / denom as f64;
+            mtp.record_loss(k, loss);
+            depth.dhidden = if tp.sequence_parallel {
+                gather_from_sequence_parallel_region_backward(tp, &dxg)?
+            } else {
+                copy_to_tensor_model_parallel_region_backward(tp, dxg)?
+            };
+            h = out.hidden;
+            saved.push(depth);
+        }
+        Ok(saved)
+    }
+
+    /// The depths' backward, last first: the gradient of the decoder's normed output.
+    fn mtp_backward(
+        &self,
+        params: &Params,
+        grads: &mut Grads,
+        tp: &mut Tp,
+        states: Vec<MtpDepthSaved>,
+        batch: &Batch<'_>,
+        ctx: &StepContext,
+    ) -> Result<Tensor, CommError> {
+        let mtp = self.mtp.as_ref().expect("an MTP chunk");
+        let e = self
+            .embedding
+            .as_ref()
+            .expect("the chunk with the embedding");
+        let (b, t) = (batch.b, batch.t);
+        let mut dnext: Option<Tensor> = None;
+        for (k, (layer, mut s)) in mtp.layers.iter().zip(states).enumerate().rev() {
+            let mut dh = std::mem::replace(&mut s.dhidden, Tensor::zeros(&[0]));
+            if let Some(d) = dnext.take() {
+                megatron_tensor::cpu::reduce::add_inplace(dh.data_mut(), d.data());
+            }
+            let (de, dprev, sb) =
+                layer.backward(params, grads, tp, s, &dh, (b, t), ctx, batch.mask())?;
+            e.backward_shifted(grads, tp, &sb.tokens, &sb.positions, t, de, ctx, k)?;
+            dnext = Some(dprev);
+        }
+        Ok(dnext.expect("at least one depth"))
+    }
+
     /// This chunk's mixture-of-experts layers.
     fn moe_layers(&self) -> impl Iterator<Item = &MoELayer> {
         self.layers.iter().filter_map(|l| match &l.mlp {
@@ -497,6 +632,7 @@ impl ModelChunk for GPTModel {
             let state = ForwardState {
                 saved,
                 tail: None,
+                mtp: Vec::new(),
                 activation_bytes,
                 loss: None,
             };
@@ -506,6 +642,8 @@ impl ModelChunk for GPTModel {
             activation_bytes += x.size_in_bytes();
         }
         let (xf, lnf) = lnf_layer.forward(params, &x);
+        // Multi-token prediction starts from the decoder's normed output (training only).
+        let mtp_input = (self.mtp.is_some() && keep).then(|| xf.clone());
         let xg = self.output_input(tp, xf)?;
         let mut total = [batch.loss_mask.iter().sum::<f32>()];
         if let Some(c) = tp.cp() {
@@ -521,6 +659,7 @@ impl ModelChunk for GPTModel {
             .expect("the last stage has an output weight");
         let dims = self.classifier_dims(n);
         let mut tail = None;
+        let mut mtp = Vec::new();
         match grads {
             Some(grads) => {
                 // The reported loss stays the micro-batch's mean either way.
@@ -556,6 +695,11 @@ impl ModelChunk for GPTModel {
                     copy_to_tensor_model_parallel_region_backward(tp, dxg)?
                 };
                 tail = Some((x, lnf, dxf));
+                if let Some(h0) = mtp_input {
+                    mtp =
+                        self.mtp_forward(params, grads, tp, h0, batch, (grad_scale, total), ctx)?;
+                    activation_bytes += mtp.iter().map(|s| s.size_in_bytes()).sum::<usize>();
+                }
             }
             None => vocab_parallel_cross_entropy(
                 tp,
@@ -582,6 +726,7 @@ impl ModelChunk for GPTModel {
         let state = ForwardState {
             saved,
             tail,
+            mtp,
             activation_bytes,
             loss: Some((loss as f32, total)),
         };
@@ -602,7 +747,11 @@ impl ModelChunk for GPTModel {
         let (b, t) = (batch.b, batch.t);
         let offset = |id: ParamId| params.metas[id.0].offset;
         let dx = match (state.tail, &self.final_layernorm) {
-            (Some((x, lnf, dxf)), Some(ln)) => {
+            (Some((x, lnf, mut dxf)), Some(ln)) => {
+                if !state.mtp.is_empty() {
+                    let dh0 = self.mtp_backward(params, grads, tp, state.mtp, batch, ctx)?;
+                    megatron_tensor::cpu::reduce::add_inplace(dxf.data_mut(), dh0.data());
+                }
                 let dx = ln.backward(params, grads, &lnf, &x, &dxf);
                 on_ready(offset(ln.weight()));
                 dx
@@ -644,6 +793,10 @@ impl ModelChunk for GPTModel {
         self.moe_layers()
             .map(|m| (m.layer, m.take_metrics()))
             .collect()
+    }
+
+    fn take_mtp_losses(&self) -> Vec<(f64, f64)> {
+        self.mtp.as_ref().map_or(Vec::new(), |m| m.take_losses())
     }
 
     fn finalize_step(

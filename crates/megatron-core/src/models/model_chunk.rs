@@ -98,6 +98,12 @@ pub trait ModelChunk: Send + Sync {
         Vec::new()
     }
 
+    /// Multi-token prediction's losses since the last call, per depth: the sum of the
+    /// micro-batches' mean losses and their number (none without `--mtp-num-layers`).
+    fn take_mtp_losses(&self) -> Vec<(f64, f64)> {
+        Vec::new()
+    }
+
     /// Once per step after every micro-batch's backward, before the optimizer (Megatron's
     /// `finalize_model_grads` hooks that are not gradient reductions: the MoE routers' expert
     /// bias update). Collective over `tp` and `dp`.

@@ -33,6 +33,8 @@ pub enum ConfigError {
     MlaWithoutRope,
     #[error("--multi-latent-attention and --group-query-attention are mutually exclusive (as Megatron asserts): every MLA head has its own key and value")]
     MlaWithGroups,
+    #[error("--mtp-loss-scaling-factor must be a non-negative number, got {0}")]
+    BadMtpScale(f32),
     #[error("--moe-layer-freq {0}")]
     BadMoELayerPattern(String),
 }
@@ -417,6 +419,19 @@ pub struct TransformerConfig {
     /// fused-QKV attention.
     #[serde(default)]
     pub mla: Option<MLAConfig>,
+    /// Multi-token prediction (`--mtp-num-layers`, DeepSeek-V3) after the decoder.
+    #[serde(default)]
+    pub mtp: Option<MTPConfig>,
+}
+
+/// Megatron's multi-token prediction (`--mtp-num-layers D`, `--mtp-loss-scaling-factor`):
+/// after the decoder, D more layers, the k-th predicting the token k + 1 places ahead from the
+/// previous depth's hidden state and the embedding of the token k places ahead; their losses,
+/// averaged over the depths and scaled by the factor, join the training loss.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq)]
+pub struct MTPConfig {
+    pub num_layers: usize,
+    pub loss_scaling_factor: f32,
 }
 
 /// Megatron's `MLATransformerConfig` widths (`--q-lora-rank`, `--kv-lora-rank`,
@@ -484,8 +499,11 @@ impl TransformerConfig {
         (self.num_attention_heads + 2 * self.query_groups()) * self.head_dim()
     }
 
-    /// Whether layer `l` (global number) is an MoE layer.
+    /// Whether layer `l` (global number) is an MoE layer. The multi-token-prediction layers
+    /// (numbered from `num_layers` on) follow the last decoder layer, as megatron-core builds
+    /// them from its spec.
     pub fn is_moe_layer(&self, l: usize) -> bool {
+        let l = self.pattern_layer(l);
         self.moe.as_ref().is_some_and(|m| match &m.layers {
             LayerPattern::Every(n) => l.is_multiple_of((*n).max(1)),
             LayerPattern::List(v) => v.get(l).copied().unwrap_or(false),
@@ -494,7 +512,14 @@ impl TransformerConfig {
 
     /// The sliding window of layer `l` (global number), if it has one.
     pub fn attention_window(&self, l: usize) -> Option<usize> {
+        let l = self.pattern_layer(l);
         self.window.as_ref().and_then(|w| w.of_layer(l))
+    }
+
+    /// The decoder layer whose per-layer settings layer `l` takes: itself, or for a
+    /// multi-token-prediction layer the last decoder layer.
+    fn pattern_layer(&self, l: usize) -> usize {
+        l.min(self.num_layers.saturating_sub(1))
     }
 
     /// Features of each head that rotary embeddings rotate (MLA: of its rotary part).
@@ -580,6 +605,17 @@ impl TransformerConfig {
             if let Some(p) = &w.skip {
                 p.check(self.num_layers)
                     .map_err(ConfigError::BadWindowPattern)?;
+            }
+        }
+        if let Some(m) = self.mtp {
+            if m.num_layers == 0 {
+                return Err(ConfigError::NotPositive {
+                    flag: "--mtp-num-layers",
+                    value: 0,
+                });
+            }
+            if !m.loss_scaling_factor.is_finite() || m.loss_scaling_factor < 0.0 {
+                return Err(ConfigError::BadMtpScale(m.loss_scaling_factor));
             }
         }
         if let Some(m) = self.mla {
@@ -680,6 +716,7 @@ impl Default for TransformerConfig {
             layernorm_placement: LayerNormPlacement::PreLn,
             window: None,
             mla: None,
+            mtp: None,
         }
     }
 }

@@ -79,8 +79,22 @@ impl TransformerLayer {
         params: &mut Params,
         inits: &mut Vec<Init>,
     ) -> Self {
-        let h = cfg.hidden_size;
         let p = format!("{stack}.layers.{layer}");
+        Self::new_named(cfg, &p, layer, rope, params, inits)
+    }
+
+    /// A layer whose parameters are named under `p` (a multi-token-prediction layer's
+    /// `mtp.layers.{k}.transformer_layer`); `layer` numbers it for dropout masks and picks its
+    /// per-layer settings.
+    pub fn new_named(
+        cfg: &TransformerConfig,
+        p: &str,
+        layer: usize,
+        rope: Option<(Arc<RopeTable>, RopeStyle)>,
+        params: &mut Params,
+        inits: &mut Vec<Init>,
+    ) -> Self {
+        let h = cfg.hidden_size;
         let (norm1, norm2) = match cfg.layernorm_placement {
             LayerNormPlacement::PreLn => ("input_layernorm", "pre_mlp_layernorm"),
             LayerNormPlacement::PostLn => ("post_self_attn_layernorm", "post_mlp_layernorm"),

@@ -6,6 +6,7 @@ mod layer_post_ln;
 pub mod mlp;
 pub mod moe;
 pub mod multi_latent_attention;
+pub mod multi_token_prediction;
 pub mod norm;
 pub mod qk_norm;
 pub mod saved;
