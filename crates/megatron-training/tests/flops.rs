@@ -162,3 +162,23 @@ fn mla_flops_count_the_attention_weights_the_model_holds() {
     let got = num_floating_point_operations(&c, 3);
     assert!((got - want).abs() / want < 1e-12, "{got} vs {want}");
 }
+
+#[test]
+fn mtp_flops_add_a_layer_its_projections_and_an_output_layer_per_depth() {
+    // Megatron counts each depth as a layer like the last, plus its norms (3h) and eh_proj
+    // (2h²), plus one more output layer.
+    use megatron_core::transformer::config::MTPConfig;
+    let base = gpt2_small();
+    let with = TransformerConfig {
+        mtp: Some(MTPConfig {
+            num_layers: 2,
+            loss_scaling_factor: 0.1,
+        }),
+        ..gpt2_small()
+    };
+    let (b, s, h, v) = (8.0, 1024.0, 768.0, 50304.0);
+    let per_depth = 72.0 * h * h + 6.0 * s * h + 6.0 * (3.0 * h + 2.0 * h * h) + 6.0 * h * v;
+    let want = 2.0 * b * s * per_depth;
+    let got = num_floating_point_operations(&with, 8) - num_floating_point_operations(&base, 8);
+    assert!((got - want).abs() / want < 1e-9, "{got} vs {want}");
+}

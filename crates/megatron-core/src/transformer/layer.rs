@@ -107,7 +107,7 @@ impl TransformerLayer {
             params,
             inits,
         );
-        let self_attention = SelfAttention::new(cfg, layer, &p, rope, params, inits);
+        let self_attention = SelfAttention::new(cfg, layer, p, rope, params, inits);
         let pre_mlp_layernorm = Norm::new(
             cfg.normalization,
             &format!("{p}.{norm2}"),
@@ -117,7 +117,7 @@ impl TransformerLayer {
             inits,
         );
         let mlp = if cfg.is_moe_layer(layer) {
-            FeedForward::MoE(Box::new(MoELayer::new(cfg, layer, &p, params, inits)))
+            FeedForward::MoE(Box::new(MoELayer::new(cfg, layer, p, params, inits)))
         } else {
             FeedForward::Dense(MLP::new_named(
                 cfg,

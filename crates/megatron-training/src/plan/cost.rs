@@ -352,6 +352,9 @@ pub fn predict(cfg: &TrainConfig, cluster: &Cluster) -> Result<Prediction, Strin
     if m.mla.is_some() {
         return Err("--multi-latent-attention: the cost model counts fused-QKV attention's parameters, FLOPs and activations; MLA's are not modelled".into());
     }
+    if m.mtp.is_some() {
+        return Err("--mtp-num-layers: the cost model has no multi-token-prediction depths".into());
+    }
     let (t, p, v, cp, d) = (cfg.tp, cfg.pp, cfg.partition.v, cfg.cp, cfg.dp);
     let b = cfg.args.micro_batch_size;
     let s = cfg.args.seq_length;

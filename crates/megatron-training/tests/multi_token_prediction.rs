@@ -1,0 +1,173 @@
+//! Multi-token prediction (`--mtp-num-layers`) trains the same model in every layout it is
+//! built for as on one rank, logs each depth's loss, and is refused by name where it is not
+//! built.
+
+mod common;
+
+use common::*;
+use megatron_training::pretrain;
+
+const MTP: &[&str] = &["--mtp-num-layers", "2", "--mtp-loss-scaling-factor", "0.3"];
+
+#[test]
+fn mtp_tensor_sequence_and_data_parallel_layouts_match_one_rank() {
+    // GPT's learned positions shift with the tokens; dropout masks are numbered per depth.
+    let dir = tmpdir("mtp-layouts");
+    let flags = [
+        MTP,
+        &["--hidden-dropout", "0.1", "--attention-dropout", "0.1"],
+    ]
+    .concat();
+    let serial = train_and_load(&dir, "serial", &flags);
+    assert!(serial
+        .1
+        .tensors
+        .contains_key("mtp.layers.1.transformer_layer.self_attention.linear_qkv.weight"));
+    let tp2 = ["--nproc-per-node", "2", "--tensor-model-parallel-size", "2"];
+    let tp2_sp = [&tp2[..], &["--sequence-parallel"]].concat();
+    let dp2 = ["--nproc-per-node", "2", "--use-distributed-optimizer"];
+    let tp2_dp2 = [
+        "--nproc-per-node",
+        "4",
+        "--tensor-model-parallel-size",
+        "2",
+        "--sequence-parallel",
+        "--overlap-grad-reduce",
+    ];
+    for (name, layout) in [
+        ("tp2", &tp2[..]),
+        ("tp2 + sp", &tp2_sp[..]),
+        ("dp2 distributed optimizer", &dp2[..]),
+        ("tp2 + sp x dp2 overlapped", &tp2_dp2[..]),
+    ] {
+        let run = train_and_load(
+            &dir,
+            &name.replace(' ', "_"),
+            &[&flags[..], layout].concat(),
+        );
+        assert_same_training(&format!("mtp {name}"), &serial, &run, 1e-5);
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn mtp_on_mla_and_experts_matches_one_rank_at_tp2_and_ep2() {
+    let dir = tmpdir("mtp-mla-moe");
+    let flags = [
+        MTP,
+        MOE,
+        &[
+            "--multi-latent-attention",
+            "--q-lora-rank",
+            "24",
+            "--kv-lora-rank",
+            "16",
+            "--qk-head-dim",
+            "16",
+            "--qk-pos-emb-head-dim",
+            "8",
+            "--v-head-dim",
+            "12",
+            "--qk-layernorm",
+            "--position-embedding-type",
+            "rope",
+            "--normalization",
+            "RMSNorm",
+            "--disable-bias-linear",
+        ],
+    ]
+    .concat();
+    let serial = train_and_load(&dir, "serial", &flags);
+    for (name, layout) in [
+        (
+            "tp2 + sp",
+            &[
+                "--nproc-per-node",
+                "2",
+                "--tensor-model-parallel-size",
+                "2",
+                "--sequence-parallel",
+            ][..],
+        ),
+        (
+            "ep2",
+            &["--nproc-per-node", "2", "--expert-model-parallel-size", "2"][..],
+        ),
+    ] {
+        let run = train_and_load(
+            &dir,
+            &name.replace(' ', "_"),
+            &[&flags[..], layout].concat(),
+        );
+        assert_same_training(&format!("mtp mla moe {name}"), &serial, &run, 1e-5);
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn mtp_losses_are_logged_per_depth_and_held_activations_match_the_formula() {
+    let dir = tmpdir("mtp-log");
+    let metrics = dir.join("m.jsonl");
+    let m = metrics.to_str().unwrap();
+    let a = args(&[MTP, &["--train-iters", "4", "--metrics-file", m]].concat());
+    let cfg = a.validate(62).unwrap();
+    let s = pretrain(&a).unwrap();
+    let text = std::fs::read_to_string(&metrics).unwrap();
+    let first: serde_json::Value = serde_json::from_str(
+        text.lines()
+            .find(|l| l.contains("\"lm_loss\""))
+            .expect("a training record"),
+    )
+    .unwrap();
+    let losses = first["mtp_losses"].as_array().expect("mtp_losses logged");
+    assert_eq!(losses.len(), 2);
+    // Untrained, each depth predicts about uniformly over the vocabulary.
+    let uniform = (cfg.model.padded_vocab_size as f64).ln();
+    for l in losses {
+        let l = l.as_f64().unwrap();
+        assert!((l - uniform).abs() < 0.5, "{l} vs ln V {uniform}");
+    }
+    let f = megatron_core::models::gpt::activation_bytes_formula(
+        &cfg.model,
+        cfg.args.micro_batch_size,
+        cfg.args.seq_length,
+        1,
+        false,
+        false,
+    );
+    assert_eq!(s.peak_activation_bytes, f);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn mtp_is_refused_by_name_with_pipeline_or_context_parallelism_and_for_bert() {
+    let err = |extra: &[&str]| {
+        let v = [MTP, extra, &["--train-iters", "5"]].concat();
+        args(&v).validate(62).unwrap_err().to_string()
+    };
+    let pp = err(&[
+        "--nproc-per-node",
+        "2",
+        "--pipeline-model-parallel-size",
+        "2",
+    ]);
+    assert!(
+        pp.contains("--mtp-num-layers") && pp.contains("pipeline"),
+        "{pp}"
+    );
+    let cp = err(&["--nproc-per-node", "2", "--context-parallel-size", "2"]);
+    assert!(
+        cp.contains("--mtp-num-layers") && cp.contains("context"),
+        "{cp}"
+    );
+    let zero = err(&["--mtp-num-layers", "0"]);
+    assert!(zero.contains("--mtp-num-layers"), "{zero}");
+    let bert = bert_args(&[MTP, &["--train-iters", "5"]].concat())
+        .validate(30522)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        bert.contains("--mtp-num-layers") && bert.contains("output layer"),
+        "{bert}"
+    );
+}
