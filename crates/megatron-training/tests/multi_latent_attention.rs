@@ -8,29 +8,6 @@ mod common;
 use common::*;
 use megatron_training::pretrain;
 
-/// DeepSeek-V3's attention at toy size on [`PP_MODEL`] (4 heads): query latent 24, key/value
-/// latent 16, heads of 16 content + 8 rotary features, values of 12, the latents' norms.
-const MLA: &[&str] = &[
-    "--multi-latent-attention",
-    "--q-lora-rank",
-    "24",
-    "--kv-lora-rank",
-    "16",
-    "--qk-head-dim",
-    "16",
-    "--qk-pos-emb-head-dim",
-    "8",
-    "--v-head-dim",
-    "12",
-    "--qk-layernorm",
-    "--position-embedding-type",
-    "rope",
-    "--normalization",
-    "RMSNorm",
-    "--swiglu",
-    "--disable-bias-linear",
-];
-
 #[test]
 fn mla_tensor_sequence_pipeline_and_data_parallel_layouts_match_one_rank() {
     let dir = tmpdir("mla-layouts");

@@ -53,30 +53,7 @@ fn mtp_tensor_sequence_and_data_parallel_layouts_match_one_rank() {
 #[test]
 fn mtp_on_mla_and_experts_matches_one_rank_at_tp2_and_ep2() {
     let dir = tmpdir("mtp-mla-moe");
-    let flags = [
-        MTP,
-        MOE,
-        &[
-            "--multi-latent-attention",
-            "--q-lora-rank",
-            "24",
-            "--kv-lora-rank",
-            "16",
-            "--qk-head-dim",
-            "16",
-            "--qk-pos-emb-head-dim",
-            "8",
-            "--v-head-dim",
-            "12",
-            "--qk-layernorm",
-            "--position-embedding-type",
-            "rope",
-            "--normalization",
-            "RMSNorm",
-            "--disable-bias-linear",
-        ],
-    ]
-    .concat();
+    let flags = [MTP, MOE, MLA].concat();
     let serial = train_and_load(&dir, "serial", &flags);
     for (name, layout) in [
         (

@@ -408,6 +408,30 @@ pub const PP_MODEL: &[&str] = &[
     "0",
 ];
 
+/// DeepSeek-V3's multi-latent attention at toy size on [`PP_MODEL`] (4 heads): query latent
+/// 24, key/value latent 16, heads of 16 content + 8 rotary features, values of 12, the latents'
+/// norms.
+pub const MLA: &[&str] = &[
+    "--multi-latent-attention",
+    "--q-lora-rank",
+    "24",
+    "--kv-lora-rank",
+    "16",
+    "--qk-head-dim",
+    "16",
+    "--qk-pos-emb-head-dim",
+    "8",
+    "--v-head-dim",
+    "12",
+    "--qk-layernorm",
+    "--position-embedding-type",
+    "rope",
+    "--normalization",
+    "RMSNorm",
+    "--swiglu",
+    "--disable-bias-linear",
+];
+
 /// A small mixture of experts on top of [`PP_MODEL`]: 4 SwiGLU experts of width 64, top-2,
 /// with both auxiliary losses.
 #[allow(dead_code)]
