@@ -1359,8 +1359,10 @@ impl TrainArgs {
         if model.mtp.is_some() {
             let why = if self.model != ModelArg::Gpt {
                 Some("it predicts with the decoder's output layer (GPT and the Llama family)")
-            } else if pp > 1 {
-                Some("its depths need the word embedding on the last pipeline stage, which is not built: use --pipeline-model-parallel-size 1")
+            } else if pp > 1
+                && model.position_embedding_type == PositionEmbeddingType::LearnedAbsolute
+            {
+                Some("under pipeline parallelism the last stage embeds the shifted tokens with a copy of the word embedding only, so the learned position embedding is not built there: use --position-embedding-type rope (or --pipeline-model-parallel-size 1)")
             } else if cp > 1 {
                 Some("shifting the tokens across context-parallel chunks is not built: use --context-parallel-size 1")
             } else {

@@ -51,6 +51,56 @@ fn mtp_tensor_sequence_and_data_parallel_layouts_match_one_rank() {
 }
 
 #[test]
+fn mtp_pipeline_layouts_match_one_rank_with_tied_and_untied_output_layers() {
+    // The last stage embeds the shifted tokens with its copy of the word embedding (the tied
+    // output layer's, or one more when untied); the copies' gradients meet the first stage's.
+    let dir = tmpdir("mtp-pp");
+    let rope = [
+        "--position-embedding-type",
+        "rope",
+        "--normalization",
+        "RMSNorm",
+    ];
+    for (name, tie) in [
+        ("tied", &[][..]),
+        ("untied", &["--untie-embeddings-and-output-weights"][..]),
+    ] {
+        let flags = [MTP, &rope[..], tie].concat();
+        let serial = train_and_load(&dir, &format!("{name}-serial"), &flags);
+        let pp2 = [
+            "--nproc-per-node",
+            "2",
+            "--pipeline-model-parallel-size",
+            "2",
+        ];
+        let pp2v = [&pp2[..], &["--num-layers-per-virtual-pipeline-stage", "2"]].concat();
+        let pp2_tp2 = [
+            "--nproc-per-node",
+            "4",
+            "--pipeline-model-parallel-size",
+            "2",
+            "--tensor-model-parallel-size",
+            "2",
+            "--sequence-parallel",
+        ];
+        for (layout_name, layout) in [
+            ("pp2", &pp2[..]),
+            ("pp2 interleaved", &pp2v[..]),
+            ("pp2 x tp2 + sp", &pp2_tp2[..]),
+        ] {
+            let what = format!("mtp {name} {layout_name}");
+            let run = train_and_load(
+                &dir,
+                &what.replace(' ', "_"),
+                &[&flags[..], layout].concat(),
+            );
+            assert_same_training(&what, &serial, &run, 1e-5);
+        }
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
 fn mtp_on_mla_and_experts_matches_one_rank_at_tp2_and_ep2() {
     let dir = tmpdir("mtp-mla-moe");
     let flags = [MTP, MOE, MLA].concat();
@@ -117,7 +167,7 @@ fn mtp_losses_are_logged_per_depth_and_held_activations_match_the_formula() {
 }
 
 #[test]
-fn mtp_is_refused_by_name_with_pipeline_or_context_parallelism_and_for_bert() {
+fn mtp_is_refused_by_name_with_learned_positions_under_pipelining_context_parallelism_and_bert() {
     let err = |extra: &[&str]| {
         let v = [MTP, extra, &["--train-iters", "5"]].concat();
         args(&v).validate(62).unwrap_err().to_string()
@@ -128,8 +178,9 @@ fn mtp_is_refused_by_name_with_pipeline_or_context_parallelism_and_for_bert() {
         "--pipeline-model-parallel-size",
         "2",
     ]);
+    // GPT's learned positions have no copy on the last stage.
     assert!(
-        pp.contains("--mtp-num-layers") && pp.contains("pipeline"),
+        pp.contains("--mtp-num-layers") && pp.contains("position"),
         "{pp}"
     );
     let cp = err(&["--nproc-per-node", "2", "--context-parallel-size", "2"]);

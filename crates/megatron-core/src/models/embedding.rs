@@ -81,6 +81,20 @@ impl LanguageModelEmbedding {
         }
     }
 
+    /// The word embedding over `word`, a copy of the first stage's table on the last stage
+    /// (multi-token prediction embeds its shifted tokens there); no position embeddings.
+    pub fn sharing_word(cfg: &TransformerConfig, word: ParamId, params: &Params) -> Self {
+        let h = cfg.hidden_size;
+        LanguageModelEmbedding {
+            word: VocabParallelEmbedding::over(params, word, cfg.padded_vocab_size, h),
+            word_embeddings: word,
+            position_embeddings: None,
+            tokentype_embeddings: None,
+            hidden: h,
+            dropout: cfg.hidden_dropout,
+        }
+    }
+
     /// The last pipeline stage's copy of a tied model's word embedding (the output layer's
     /// weight): registered under the same name and with the same initialization as the first
     /// stage's (so no start-up synchronization is needed), marked `shared` (its gradient is

@@ -78,6 +78,9 @@ pub struct GPTModel {
     pub output_weight: Option<ParamId>,
     /// Multi-token prediction (`--mtp-num-layers`), on the chunk with the loss.
     pub mtp: Option<MultiTokenPredictionBlock>,
+    /// Under pipeline parallelism, the last stage's copy of the word embedding that
+    /// multi-token prediction embeds its shifted tokens with.
+    mtp_embedding: Option<LanguageModelEmbedding>,
     vocab_start: usize,
     vocab_per_partition: usize,
 }
@@ -326,6 +329,16 @@ impl GPTModel {
         };
         let mtp = (post_process && config.mtp.is_some())
             .then(|| MultiTokenPredictionBlock::new(&config, rope, params, inits));
+        // A last stage without the embedding embeds MTP's tokens with a copy of the first
+        // stage's table: the output layer's, if tied, else one more (its gradient summed with
+        // the first stage's over the embedding group either way).
+        let mtp_embedding = (mtp.is_some() && embedding.is_none()).then(|| {
+            let word = match (config.untie_embeddings_and_output_weights, output_weight) {
+                (false, Some(w)) => w,
+                _ => LanguageModelEmbedding::last_stage_copy(&config, params, inits),
+            };
+            LanguageModelEmbedding::sharing_word(&config, word, params)
+        });
         let per = config.padded_vocab_size / t;
         GPTModel {
             config,
@@ -335,18 +348,28 @@ impl GPTModel {
             output_layer,
             output_weight,
             mtp,
+            mtp_embedding,
             vocab_start: tp_rank * per,
             vocab_per_partition: per,
         }
     }
 
-    /// The word embedding of the first stage, or the last stage's copy (tied models).
+    /// The word embedding of the first stage, or the last stage's copy (tied models, and
+    /// multi-token prediction's).
     pub fn word_embeddings(&self) -> Option<ParamId> {
-        match &self.embedding {
-            Some(e) => Some(e.word_embeddings),
-            None if !self.config.untie_embeddings_and_output_weights => self.output_weight,
-            None => None,
+        match (&self.embedding, &self.mtp_embedding) {
+            (Some(e), _) | (None, Some(e)) => Some(e.word_embeddings),
+            (None, None) if !self.config.untie_embeddings_and_output_weights => self.output_weight,
+            (None, None) => None,
         }
+    }
+
+    /// The embedding multi-token prediction embeds its shifted tokens with.
+    fn mtp_embedding(&self) -> &LanguageModelEmbedding {
+        self.mtp_embedding
+            .as_ref()
+            .or(self.embedding.as_ref())
+            .expect("an MTP chunk has the embedding or its copy")
     }
 
     fn classifier_dims(&self, n: usize) -> ClassifierDims {
@@ -460,10 +483,7 @@ impl GPTModel {
         ctx: &StepContext,
     ) -> Result<Vec<MtpDepthSaved>, CommError> {
         let mtp = self.mtp.as_ref().expect("an MTP chunk");
-        let e = self
-            .embedding
-            .as_ref()
-            .expect("multi-token prediction runs on the chunk with the embedding");
+        let e = self.mtp_embedding();
         let (b, t) = (batch.b, batch.t);
         let n = b * t;
         let wid = self
@@ -544,10 +564,7 @@ impl GPTModel {
         ctx: &StepContext,
     ) -> Result<Tensor, CommError> {
         let mtp = self.mtp.as_ref().expect("an MTP chunk");
-        let e = self
-            .embedding
-            .as_ref()
-            .expect("the chunk with the embedding");
+        let e = self.mtp_embedding();
         let (b, t) = (batch.b, batch.t);
         let mut dnext: Option<Tensor> = None;
         for (k, (layer, mut s)) in mtp.layers.iter().zip(states).enumerate().rev() {
@@ -782,7 +799,9 @@ impl ModelChunk for GPTModel {
     }
 
     fn shared_embedding(&self) -> Option<ParamId> {
-        if self.config.untie_embeddings_and_output_weights {
+        // Untied, the first and last stages share the word embedding only for multi-token
+        // prediction's copy.
+        if self.config.untie_embeddings_and_output_weights && self.config.mtp.is_none() {
             None
         } else {
             self.word_embeddings()

@@ -354,7 +354,6 @@ impl VocabParallelEmbedding {
         hidden: usize,
         init_std: f32,
     ) -> Self {
-        let (rank, t) = (params.tp.0, params.tp.1.max(1));
         let weight = params.add_sharded(
             inits,
             name.to_string(),
@@ -363,6 +362,13 @@ impl VocabParallelEmbedding {
             Init::Normal(init_std),
             Sharding::Split(0),
         );
+        Self::over(params, weight, padded_vocab, hidden)
+    }
+
+    /// The embedding of an already registered `[padded_vocab, hidden]` table (a copy of the
+    /// first stage's on another pipeline stage).
+    pub fn over(params: &Params, weight: ParamId, padded_vocab: usize, hidden: usize) -> Self {
+        let (rank, t) = (params.tp.0, params.tp.1.max(1));
         let per = padded_vocab / t;
         VocabParallelEmbedding {
             weight,
