@@ -541,7 +541,7 @@ impl<F: TrainFamily> Trainer<'_, F> {
         let moe = crate::moe_logging::gather_moe_metrics(
             &self.chunks,
             &mut self.comms,
-            self.cfg.model.num_layers,
+            self.cfg.model.num_layers + self.cfg.model.mtp.map_or(0, |m| m.num_layers),
             self.cfg.model.moe.as_ref().map(|m| m.num_experts),
         )?;
         let mtp_losses = crate::mtp_logging::gather_mtp_losses(

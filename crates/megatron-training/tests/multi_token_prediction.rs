@@ -199,3 +199,30 @@ fn mtp_is_refused_by_name_with_learned_positions_under_pipelining_context_parall
         "{bert}"
     );
 }
+
+#[test]
+fn mtp_expert_routers_update_and_checkpoint_their_bias_like_the_decoders() {
+    // DeepSeek-V3's aux-loss-free balancing on every MoE layer, the depths' included.
+    let dir = tmpdir("mtp-expert-bias");
+    let bias = [
+        "--moe-router-score-function",
+        "sigmoid",
+        "--moe-router-enable-expert-bias",
+        "--moe-router-bias-update-rate",
+        "0.01",
+    ];
+    let flags = [MTP, MOE, &bias[..]].concat();
+    let serial = train_and_load(&dir, "serial", &flags);
+    let name = "mtp.layers.1.transformer_layer.mlp.router.expert_bias";
+    let b = serial
+        .1
+        .tensors
+        .get(name)
+        .expect("the depth's expert bias is saved");
+    assert!(b.iter().any(|&x| x != 0.0), "{b:?}");
+    let ep2 = ["--nproc-per-node", "2", "--expert-model-parallel-size", "2"];
+    let run = train_and_load(&dir, "ep2", &[&flags[..], &ep2[..]].concat());
+    assert_same_training("mtp expert bias ep2", &serial, &run, 1e-5);
+    assert_eq!(&run.1.tensors[name], b);
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -580,9 +580,15 @@ impl GPTModel {
         Ok(dnext.expect("at least one depth"))
     }
 
-    /// This chunk's mixture-of-experts layers.
+    /// This chunk's mixture-of-experts layers, the multi-token-prediction depths' included
+    /// (their routers log, update their expert bias and checkpoint it like the decoder's).
     fn moe_layers(&self) -> impl Iterator<Item = &MoELayer> {
-        self.layers.iter().filter_map(|l| match &l.mlp {
+        let depths = self.mtp.iter().flat_map(|m| m.layers.iter());
+        let layers = self
+            .layers
+            .iter()
+            .chain(depths.map(|d| &d.transformer_layer));
+        layers.filter_map(|l| match &l.mlp {
             FeedForward::MoE(m) => Some(m.as_ref()),
             FeedForward::Dense(_) => None,
         })
