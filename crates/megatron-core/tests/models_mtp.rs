@@ -116,8 +116,8 @@ fn mtp_parameters_have_megatron_names_and_follow_the_last_layer() {
         "mtp.layers.1.enorm.weight",
         "mtp.layers.1.hnorm.weight",
         "mtp.layers.1.final_layernorm.weight",
-        "mtp.layers.1.transformer_layer.self_attention.linear_qkv.weight",
-        "mtp.layers.0.transformer_layer.mlp.linear_fc1.weight",
+        "mtp.layers.1.mtp_model_layer.self_attention.linear_qkv.weight",
+        "mtp.layers.0.mtp_model_layer.mlp.linear_fc1.weight",
     ] {
         assert!(params.find(n).is_some(), "{n}");
     }
@@ -131,6 +131,6 @@ fn mtp_parameters_have_megatron_names_and_follow_the_last_layer() {
     });
     let (_, params) = GPTModel::new(cfg, 1);
     assert!(params
-        .find("mtp.layers.0.transformer_layer.mlp.router.weight")
+        .find("mtp.layers.0.mtp_model_layer.mlp.router.weight")
         .is_some());
 }

@@ -22,7 +22,7 @@ fn mtp_tensor_sequence_and_data_parallel_layouts_match_one_rank() {
     assert!(serial
         .1
         .tensors
-        .contains_key("mtp.layers.1.transformer_layer.self_attention.linear_qkv.weight"));
+        .contains_key("mtp.layers.1.mtp_model_layer.self_attention.linear_qkv.weight"));
     let tp2 = ["--nproc-per-node", "2", "--tensor-model-parallel-size", "2"];
     let tp2_sp = [&tp2[..], &["--sequence-parallel"]].concat();
     let dp2 = ["--nproc-per-node", "2", "--use-distributed-optimizer"];
@@ -213,7 +213,7 @@ fn mtp_expert_routers_update_and_checkpoint_their_bias_like_the_decoders() {
     ];
     let flags = [MTP, MOE, &bias[..]].concat();
     let serial = train_and_load(&dir, "serial", &flags);
-    let name = "mtp.layers.1.transformer_layer.mlp.router.expert_bias";
+    let name = "mtp.layers.1.mtp_model_layer.mlp.router.expert_bias";
     let b = serial
         .1
         .tensors

@@ -587,7 +587,7 @@ impl GPTModel {
         let layers = self
             .layers
             .iter()
-            .chain(depths.map(|d| &d.transformer_layer));
+            .chain(depths.map(|d| &d.mtp_model_layer));
         layers.filter_map(|l| match &l.mlp {
             FeedForward::MoE(m) => Some(m.as_ref()),
             FeedForward::Dense(_) => None,

@@ -84,7 +84,7 @@ impl TransformerLayer {
     }
 
     /// A layer whose parameters are named under `p` (a multi-token-prediction layer's
-    /// `mtp.layers.{k}.transformer_layer`); `layer` numbers it for dropout masks and picks its
+    /// `mtp.layers.{k}.mtp_model_layer`); `layer` numbers it for dropout masks and picks its
     /// per-layer settings.
     pub fn new_named(
         cfg: &TransformerConfig,

@@ -1,12 +1,15 @@
 //! Multi-token prediction (megatron-core's `MultiTokenPredictionBlock`, DeepSeek-V3): after the
 //! decoder, depth k (1-based) takes the previous depth's hidden state `h` (depth 0: the
 //! decoder's output after its final norm) and the embedding `e` of the tokens shifted k places
-//! left, and computes `final_layernorm(transformer_layer(eh_proj([enorm(e) | hnorm(h)])))`: its
+//! left, and computes `final_layernorm(mtp_model_layer(eh_proj([enorm(e) | hnorm(h)])))`: its
 //! own hidden state, whose logits (the shared output layer) predict the labels shifted k places.
 //! Shifts are per sequence, the vacated positions filled with token 0 and masked out of the
 //! loss, as `roll_tensor` does. Each depth's loss is the mean over its counted labels; their
 //! mean over the depths times `--mtp-loss-scaling-factor` joins the training loss (the logged
 //! `lm loss` stays the decoder's).
+//!
+//! Parameter names are megatron-core's current ones (`mtp.layers.{k}.mtp_model_layer.*`; its
+//! releases before the hybrid-model MTP named that layer `transformer_layer`).
 //!
 //! Tensor parallelism as megatron-core: the norms run on this rank's rows, `eh_proj` is
 //! column-parallel with its output gathered (then scattered to the token blocks under sequence
@@ -26,12 +29,12 @@ use megatron_tensor::cpu::{concat_columns, split_columns, AttentionMask, RopeSty
 use megatron_tensor::Tensor;
 use std::sync::{Arc, Mutex};
 
-/// One depth: `mtp.layers.{k}.{enorm, hnorm, eh_proj, transformer_layer, final_layernorm}`.
+/// One depth: `mtp.layers.{k}.{enorm, hnorm, eh_proj, mtp_model_layer, final_layernorm}`.
 pub struct MultiTokenPredictionLayer {
     pub enorm: Norm,
     pub hnorm: Norm,
     pub eh_proj: ColumnParallelLinear,
-    pub transformer_layer: TransformerLayer,
+    pub mtp_model_layer: TransformerLayer,
     pub final_layernorm: Norm,
 }
 
@@ -161,9 +164,9 @@ impl MultiTokenPredictionBlock {
                     true,
                     false,
                 );
-                let transformer_layer = TransformerLayer::new_named(
+                let mtp_model_layer = TransformerLayer::new_named(
                     cfg,
-                    &format!("{p}.transformer_layer"),
+                    &format!("{p}.mtp_model_layer"),
                     cfg.num_layers + k,
                     rope.clone(),
                     params,
@@ -174,7 +177,7 @@ impl MultiTokenPredictionBlock {
                     enorm,
                     hnorm,
                     eh_proj,
-                    transformer_layer,
+                    mtp_model_layer,
                     final_layernorm,
                 }
             })
@@ -240,7 +243,7 @@ impl MultiTokenPredictionLayer {
             x
         };
         let (layer_out, layer) = self
-            .transformer_layer
+            .mtp_model_layer
             .forward(params, tp, x, b, t, ctx, mask)?;
         let (hidden, final_norm) = self.final_layernorm.forward(params, &layer_out);
         let saved = MtpDepthSaved {
@@ -281,7 +284,7 @@ impl MultiTokenPredictionLayer {
         );
         drop(saved.layer_out);
         let dx =
-            self.transformer_layer
+            self.mtp_model_layer
                 .backward(params, grads, tp, saved.layer, dy, b, t, ctx, mask)?;
         let dx = if tp.sequence_parallel {
             scatter_to_sequence_parallel_region_backward(tp, &dx)?
