@@ -57,3 +57,33 @@ for name, kw in cases.items():
             os.remove(p)
     save_file({"input_ids": ids, "logits": logits}, os.path.join(d, "reference.safetensors"))
     print(name, tuple(logits.shape), float(logits.abs().max()))
+
+# deepseek_v3_mtp: deepseek_v3 saved as DeepSeek releases its checkpoints, with the
+# multi-token-prediction module as layer num_hidden_layers (enorm, hnorm, eh_proj,
+# shared_head.norm, copies of embed_tokens and shared_head.head, and a decoder layer like the
+# last one, here layer 1's tensors perturbed). transformers drops that layer, so the reference
+# logits are deepseek_v3's.
+import shutil
+from safetensors.torch import load_file
+src = os.path.join(out, "deepseek_v3")
+dst = os.path.join(out, "deepseek_v3_mtp")
+os.makedirs(dst, exist_ok=True)
+t = load_file(os.path.join(src, "model.safetensors"))
+g = torch.Generator().manual_seed(2)
+mtp = {}
+for k, v in t.items():
+    if k.startswith("model.layers.1."):
+        mtp[k.replace("model.layers.1.", "model.layers.2.")] = v + torch.randn(v.shape, generator=g) * 0.05
+h = t["model.norm.weight"].shape[0]
+mtp["model.layers.2.enorm.weight"] = 1 + torch.randn(h, generator=g) * 0.05
+mtp["model.layers.2.hnorm.weight"] = 1 + torch.randn(h, generator=g) * 0.05
+mtp["model.layers.2.eh_proj.weight"] = torch.randn(h, 2 * h, generator=g) * 0.05
+mtp["model.layers.2.shared_head.norm.weight"] = 1 + torch.randn(h, generator=g) * 0.05
+mtp["model.layers.2.embed_tokens.weight"] = t["model.embed_tokens.weight"].clone()
+mtp["model.layers.2.shared_head.head.weight"] = t["lm_head.weight"].clone()
+t.update(mtp)
+save_file({k: v.contiguous() for k, v in t.items()}, os.path.join(dst, "model.safetensors"),
+          metadata={"format": "pt"})
+shutil.copy(os.path.join(src, "config.json"), dst)
+shutil.copy(os.path.join(src, "reference.safetensors"), dst)
+print("deepseek_v3_mtp", len(mtp), "MTP tensors")

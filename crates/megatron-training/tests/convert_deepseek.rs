@@ -85,37 +85,53 @@ fn a_converted_deepseek_v3_trains_at_tensor_expert_and_pipeline_layouts_like_one
 }
 
 #[test]
-fn deepseek_v3_multi_token_prediction_layers_are_dropped_as_transformers_drops_them() {
-    // DeepSeek-V3 checkpoints carry their MTP module as layer num_hidden_layers; transformers
-    // ignores it, so the converted model's logits are still transformers'.
-    use safetensors::tensor::{Dtype, TensorView};
-    let dir = tmpdir("convert-deepseek-mtp");
+fn deepseek_v3_mtp_layer_converts_as_an_mtp_depth_and_back_byte_for_byte() {
+    // DeepSeek's release format: the MTP module as layer num_hidden_layers (Megatron-Bridge's
+    // names), its embed_tokens / shared_head.head copies of the model's. transformers drops it:
+    // the logits are still its, and the depth trains with the model.
+    check("deepseek_v3_mtp");
+    let (cfg, back) = converted_and_exported("deepseek_v3_mtp");
+    assert_eq!(cfg.mtp.map(|m| m.num_layers), Some(1));
+    assert_eq!(back["num_nextn_predict_layers"], 1);
+    let dir = tmpdir("convert-deepseek-mtp-train");
+    let save = dir.join("m");
+    hf_to_megatron(&fixture("deepseek_v3_mtp"), &save, 128).unwrap();
+    let ck = load_checkpoint(&save, None).unwrap();
+    for n in [
+        "mtp.layers.0.eh_proj.weight",
+        "mtp.layers.0.final_layernorm.weight",
+        "mtp.layers.0.mtp_model_layer.self_attention.linear_kv_down_proj.weight",
+        "mtp.layers.0.mtp_model_layer.mlp.router.expert_bias",
+    ] {
+        assert!(ck.tensors.contains_key(n), "{n}");
+    }
+    let s = save.to_str().unwrap();
+    let serial = train_converted(s, &[]);
+    let tp2 = ["--nproc-per-node", "2", "--tensor-model-parallel-size", "2"];
+    let run = train_converted(s, &tp2);
+    for (a, b) in serial.losses.iter().zip(&run.losses) {
+        assert!((a.1 - b.1).abs() <= 1e-5 * a.1.abs(), "{a:?} vs {b:?}");
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn deepseek_v3_mtp_layers_beyond_num_nextn_predict_layers_are_dropped_as_transformers_drops_them() {
+    let dir = tmpdir("convert-deepseek-mtp-drop");
     let hf = dir.join("hf");
     std::fs::create_dir_all(&hf).unwrap();
-    for f in ["config.json", "reference.safetensors"] {
-        std::fs::copy(fixture("deepseek_v3").join(f), hf.join(f)).unwrap();
+    for f in ["model.safetensors", "reference.safetensors"] {
+        std::fs::copy(fixture("deepseek_v3_mtp").join(f), hf.join(f)).unwrap();
     }
-    let bytes = std::fs::read(fixture("deepseek_v3").join("model.safetensors")).unwrap();
-    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let eh = vec![0u8; 64 * 32 * 4];
-    let norm = vec![0u8; 32 * 4];
-    let mut views: Vec<(String, TensorView)> = st
-        .tensors()
-        .into_iter()
-        .map(|(n, v)| (n.to_string(), v))
-        .collect();
-    views.push((
-        "model.layers.2.eh_proj.weight".into(),
-        TensorView::new(Dtype::F32, vec![32, 64], &eh).unwrap(),
-    ));
-    views.push((
-        "model.layers.2.enorm.weight".into(),
-        TensorView::new(Dtype::F32, vec![32], &norm).unwrap(),
-    ));
-    let out = safetensors::serialize(views, None).unwrap();
-    std::fs::write(hf.join("model.safetensors"), out).unwrap();
+    let text = std::fs::read_to_string(fixture("deepseek_v3_mtp").join("config.json")).unwrap();
+    let mut config: serde_json::Value = serde_json::from_str(&text).unwrap();
+    config["num_nextn_predict_layers"] = 0.into();
+    std::fs::write(hf.join("config.json"), config.to_string()).unwrap();
     let save = dir.join("m");
     hf_to_megatron(&hf, &save, 128).unwrap();
+    let ck = load_checkpoint(&save, None).unwrap();
+    assert!(ck.meta.model.mtp.is_none());
+    assert!(!ck.tensors.keys().any(|k| k.starts_with("mtp.")));
     let diff = max_logit_difference(&save, &hf.join("reference.safetensors"), "logits");
     assert!(diff <= 1e-4, "{diff}");
     let _ = std::fs::remove_dir_all(dir);

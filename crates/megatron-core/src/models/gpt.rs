@@ -584,10 +584,7 @@ impl GPTModel {
     /// (their routers log, update their expert bias and checkpoint it like the decoder's).
     fn moe_layers(&self) -> impl Iterator<Item = &MoELayer> {
         let depths = self.mtp.iter().flat_map(|m| m.layers.iter());
-        let layers = self
-            .layers
-            .iter()
-            .chain(depths.map(|d| &d.mtp_model_layer));
+        let layers = self.layers.iter().chain(depths.map(|d| &d.mtp_model_layer));
         layers.filter_map(|l| match &l.mlp {
             FeedForward::MoE(m) => Some(m.as_ref()),
             FeedForward::Dense(_) => None,

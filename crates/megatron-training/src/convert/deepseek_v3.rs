@@ -21,8 +21,8 @@ use super::llama::{
 use super::mixtral::{routed_to_hf, routed_to_megatron};
 use super::{take, HfFamily, Tensors};
 use megatron_core::transformer::config::{
-    Activation, LayerPattern, MLAConfig, MoEConfig, Normalization, PositionEmbeddingType,
-    RouterScore,
+    Activation, LayerPattern, MLAConfig, MTPConfig, MoEConfig, Normalization,
+    PositionEmbeddingType, RouterScore,
 };
 use megatron_core::TransformerConfig;
 use serde_json::{json, Value};
@@ -32,11 +32,31 @@ pub(crate) const ARCHITECTURE: &str = "DeepseekV3ForCausalLM";
 /// transformers builds the latents' RMSNorms with this epsilon whatever `rms_norm_eps` says.
 const LATENT_NORM_EPS: f32 = 1e-6;
 
+/// Megatron's default `--mtp-loss-scaling-factor`, for a converted checkpoint's MTP depths.
+const MTP_LOSS_SCALING_FACTOR: f32 = 0.1;
+
 /// Megatron's default `--moe-router-bias-update-rate`: the converted router keeps DeepSeek's
 /// correction bias as its expert bias, updated at this rate if the model is trained further.
 const EXPERT_BIAS_UPDATE_RATE: f32 = 1e-3;
 
-pub(crate) struct DeepseekV3;
+pub(crate) struct DeepseekV3 {
+    /// The multi-token-prediction depths the checkpoint holds (`model.layers.{N + k}.eh_proj`
+    /// present), converted as `--mtp-num-layers`.
+    pub mtp_depths: usize,
+}
+
+impl DeepseekV3 {
+    /// The family for a checkpoint: its MTP depths are those `num_nextn_predict_layers` names
+    /// that have their tensors (transformers' own saves drop them).
+    pub(crate) fn reading(hf: &Value, t: &Tensors) -> Self {
+        let layers = hf["num_hidden_layers"].as_u64().unwrap_or(0) as usize;
+        let named = hf["num_nextn_predict_layers"].as_u64().unwrap_or(0) as usize;
+        let mtp_depths = (0..named)
+            .take_while(|k| t.contains_key(&format!("model.layers.{}.eh_proj.weight", layers + k)))
+            .count();
+        DeepseekV3 { mtp_depths }
+    }
+}
 
 /// Each attention tensor: Hugging Face name, megatron-core name, shape.
 fn attention_tensors(cfg: &TransformerConfig) -> Vec<(&'static str, &'static str, Vec<usize>)> {
@@ -150,6 +170,178 @@ fn moe_from_hf(hf: &Value, layers: usize) -> Result<Option<MoEConfig>, String> {
     }))
 }
 
+/// Decoder layer `l`'s tensors (or a multi-token-prediction depth's layer, numbered after the
+/// decoder's) from Hugging Face prefix `src` to megatron-core prefix `dst`.
+fn layer_to_megatron(
+    cfg: &TransformerConfig,
+    t: &mut Tensors,
+    m: &mut Tensors,
+    l: usize,
+    (src, dst): (&str, &str),
+) -> Result<(), String> {
+    let h = cfg.hidden_size;
+    for (a, b) in [
+        ("input_layernorm", "input_layernorm"),
+        ("post_attention_layernorm", "pre_mlp_layernorm"),
+    ] {
+        let w = take(t, &format!("{src}.{a}.weight"), &[h])?;
+        m.insert(format!("{dst}.{b}.weight"), (vec![h], w));
+    }
+    for (a, b, shape) in attention_tensors(cfg) {
+        let w = take(t, &format!("{src}.self_attn.{a}"), &shape)?;
+        m.insert(format!("{dst}.self_attention.{b}"), (shape, w));
+    }
+    let (s, d) = (format!("{src}.mlp"), format!("{dst}.mlp"));
+    match &cfg.moe {
+        Some(moe) if cfg.is_moe_layer(l) => {
+            routed_to_megatron(cfg, t, m, (&s, &d), GATE_UP_DOWN)?;
+            let e = moe.num_experts;
+            let b = take(t, &format!("{s}.gate.e_score_correction_bias"), &[e])?;
+            m.insert(format!("{d}.router.expert_bias"), (vec![e], b));
+            if let Some(sf) = moe.shared_expert_ffn {
+                let (a, b) = (format!("{s}.shared_experts"), format!("{d}.shared_experts"));
+                mlp_to_megatron(t, m, (&a, &b), (h, sf), GATE_UP_DOWN)?;
+            }
+        }
+        _ => {
+            let f = (h, cfg.ffn_hidden_size);
+            mlp_to_megatron(t, m, (&s, &d), f, GATE_UP_DOWN)?;
+        }
+    }
+    Ok(())
+}
+
+/// The inverse of [`layer_to_megatron`]: megatron-core prefix `src`, Hugging Face prefix `dst`.
+fn layer_to_hf(
+    cfg: &TransformerConfig,
+    m: &mut Tensors,
+    t: &mut Tensors,
+    l: usize,
+    (src, dst): (&str, &str),
+) -> Result<(), String> {
+    let h = cfg.hidden_size;
+    for (a, b) in [
+        ("input_layernorm", "input_layernorm"),
+        ("post_attention_layernorm", "pre_mlp_layernorm"),
+    ] {
+        let w = take(m, &format!("{src}.{b}.weight"), &[h])?;
+        t.insert(format!("{dst}.{a}.weight"), (vec![h], w));
+    }
+    for (a, b, shape) in attention_tensors(cfg) {
+        let w = take(m, &format!("{src}.self_attention.{b}"), &shape)?;
+        t.insert(format!("{dst}.self_attn.{a}"), (shape, w));
+    }
+    let (s, d) = (format!("{src}.mlp"), format!("{dst}.mlp"));
+    match &cfg.moe {
+        Some(moe) if cfg.is_moe_layer(l) => {
+            routed_to_hf(cfg, m, t, (&s, &d), GATE_UP_DOWN)?;
+            let e = moe.num_experts;
+            // A router without DeepSeek's bias routes as one whose bias is zero.
+            let b = match m.remove(&format!("{s}.router.expert_bias")) {
+                Some((_, b)) => b,
+                None => vec![0.0; e],
+            };
+            t.insert(format!("{d}.gate.e_score_correction_bias"), (vec![e], b));
+            let sf = moe.shared_expert_ffn.expect("checked");
+            let (a, b) = (format!("{s}.shared_experts"), format!("{d}.shared_experts"));
+            mlp_to_hf(m, t, (&a, &b), (h, sf), GATE_UP_DOWN)?;
+        }
+        _ => {
+            let f = (h, cfg.ffn_hidden_size);
+            mlp_to_hf(m, t, (&s, &d), f, GATE_UP_DOWN)?;
+        }
+    }
+    Ok(())
+}
+
+/// A multi-token-prediction depth's own tensors: Hugging Face suffix, megatron-core suffix
+/// (Megatron-Bridge's mapping; DeepSeek's `shared_head.norm` is the depth's final norm).
+const MTP_NORMS: [(&str, &str); 3] = [
+    ("enorm", "enorm"),
+    ("hnorm", "hnorm"),
+    ("shared_head.norm", "final_layernorm"),
+];
+
+/// DeepSeek's depth `k` (`model.layers.{num_hidden_layers + k}`) into `mtp.layers.{k}`: its
+/// norms, `eh_proj` and layer; its copies of the word embedding and output layer
+/// (`embed_tokens`, `shared_head.head`) must equal the model's and are dropped.
+fn mtp_depth_to_megatron(
+    cfg: &TransformerConfig,
+    t: &mut Tensors,
+    m: &mut Tensors,
+    k: usize,
+) -> Result<(), String> {
+    let h = cfg.hidden_size;
+    let (src, dst) = (
+        format!("model.layers.{}", cfg.num_layers + k),
+        format!("mtp.layers.{k}"),
+    );
+    for (a, b) in MTP_NORMS {
+        let w = take(t, &format!("{src}.{a}.weight"), &[h])?;
+        m.insert(format!("{dst}.{b}.weight"), (vec![h], w));
+    }
+    let w = take(t, &format!("{src}.eh_proj.weight"), &[h, 2 * h])?;
+    m.insert(format!("{dst}.eh_proj.weight"), (vec![h, 2 * h], w));
+    let own = format!("{dst}.mtp_model_layer");
+    layer_to_megatron(cfg, t, m, cfg.num_layers + k, (&src, &own))?;
+    let output = if cfg.untie_embeddings_and_output_weights {
+        "output_layer.weight"
+    } else {
+        "embedding.word_embeddings.weight"
+    };
+    for (copy, of) in [
+        ("embed_tokens", "embedding.word_embeddings.weight"),
+        ("shared_head.head", output),
+    ] {
+        let name = format!("{src}.{copy}.weight");
+        if let Some((_, v)) = t.remove(&name) {
+            let kept = &m.get(of).expect("the ends are mapped first").1;
+            if kept[..v.len()] != v[..] {
+                return Err(format!(
+                    "{name} differs from the model's {of}: a depth with its own embedding or output layer is not built"
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The inverse of [`mtp_depth_to_megatron`], writing DeepSeek's copies of the word embedding
+/// and output layer as its checkpoints hold them.
+fn mtp_depth_to_hf(
+    cfg: &TransformerConfig,
+    m: &mut Tensors,
+    t: &mut Tensors,
+    k: usize,
+) -> Result<(), String> {
+    let h = cfg.hidden_size;
+    let (dst, src) = (
+        format!("model.layers.{}", cfg.num_layers + k),
+        format!("mtp.layers.{k}"),
+    );
+    for (a, b) in MTP_NORMS {
+        let w = take(m, &format!("{src}.{b}.weight"), &[h])?;
+        t.insert(format!("{dst}.{a}.weight"), (vec![h], w));
+    }
+    let w = take(m, &format!("{src}.eh_proj.weight"), &[h, 2 * h])?;
+    t.insert(format!("{dst}.eh_proj.weight"), (vec![h, 2 * h], w));
+    let own = format!("{src}.mtp_model_layer");
+    layer_to_hf(cfg, m, t, cfg.num_layers + k, (&own, &dst))?;
+    let output = if cfg.untie_embeddings_and_output_weights {
+        "lm_head.weight"
+    } else {
+        "model.embed_tokens.weight"
+    };
+    for (copy, of) in [
+        ("embed_tokens", "model.embed_tokens.weight"),
+        ("shared_head.head", output),
+    ] {
+        let v = t.get(of).expect("the ends are mapped first").clone();
+        t.insert(format!("{dst}.{copy}.weight"), v);
+    }
+    Ok(())
+}
+
 impl HfFamily for DeepseekV3 {
     fn megatron_config(
         &self,
@@ -214,6 +406,10 @@ impl HfFamily for DeepseekV3 {
             add_qkv_bias: false,
             qk_layernorm: true,
             moe: moe_from_hf(hf, layers)?,
+            mtp: (self.mtp_depths > 0).then_some(MTPConfig {
+                num_layers: self.mtp_depths,
+                loss_scaling_factor: MTP_LOSS_SCALING_FACTOR,
+            }),
             mla: Some(MLAConfig {
                 q_lora_rank: hf["q_lora_rank"].as_u64().map(|v| v as usize),
                 kv_lora_rank: num(hf, "kv_lora_rank")?,
@@ -231,18 +427,19 @@ impl HfFamily for DeepseekV3 {
         t: &mut Tensors,
         vocab: usize,
     ) -> Result<Tensors, String> {
-        let h = cfg.hidden_size;
         let mut m = Tensors::new();
         ends_to_megatron(cfg, t, &mut m, vocab)?;
         // DeepSeek-V3's multi-token-prediction layers (`num_nextn_predict_layers`) follow the
-        // decoder's as `model.layers.{num_hidden_layers + i}`; transformers drops them and so
-        // does this conversion (MTP is not built).
+        // decoder's as `model.layers.{num_hidden_layers + k}`: those converted as MTP depths are
+        // mapped below; any beyond (an incomplete depth) are dropped, as transformers drops
+        // them all.
+        let kept = cfg.num_layers + cfg.mtp.map_or(0, |d| d.num_layers);
         let mtp: Vec<String> = t
             .keys()
             .filter(|k| {
                 k.strip_prefix("model.layers.")
                     .and_then(|r| r.split('.').next()?.parse::<usize>().ok())
-                    .is_some_and(|l| l >= cfg.num_layers)
+                    .is_some_and(|l| l >= kept)
             })
             .cloned()
             .collect();
@@ -251,34 +448,10 @@ impl HfFamily for DeepseekV3 {
         }
         for l in 0..cfg.num_layers {
             let (src, dst) = (format!("model.layers.{l}"), format!("decoder.layers.{l}"));
-            for (a, b) in [
-                ("input_layernorm", "input_layernorm"),
-                ("post_attention_layernorm", "pre_mlp_layernorm"),
-            ] {
-                let w = take(t, &format!("{src}.{a}.weight"), &[h])?;
-                m.insert(format!("{dst}.{b}.weight"), (vec![h], w));
-            }
-            for (a, b, shape) in attention_tensors(cfg) {
-                let w = take(t, &format!("{src}.self_attn.{a}"), &shape)?;
-                m.insert(format!("{dst}.self_attention.{b}"), (shape, w));
-            }
-            let (s, d) = (format!("{src}.mlp"), format!("{dst}.mlp"));
-            match &cfg.moe {
-                Some(moe) if cfg.is_moe_layer(l) => {
-                    routed_to_megatron(cfg, t, &mut m, (&s, &d), GATE_UP_DOWN)?;
-                    let e = moe.num_experts;
-                    let b = take(t, &format!("{s}.gate.e_score_correction_bias"), &[e])?;
-                    m.insert(format!("{d}.router.expert_bias"), (vec![e], b));
-                    if let Some(sf) = moe.shared_expert_ffn {
-                        let (a, b) = (format!("{s}.shared_experts"), format!("{d}.shared_experts"));
-                        mlp_to_megatron(t, &mut m, (&a, &b), (h, sf), GATE_UP_DOWN)?;
-                    }
-                }
-                _ => {
-                    let f = (h, cfg.ffn_hidden_size);
-                    mlp_to_megatron(t, &mut m, (&s, &d), f, GATE_UP_DOWN)?;
-                }
-            }
+            layer_to_megatron(cfg, t, &mut m, l, (&src, &dst))?;
+        }
+        for k in 0..cfg.mtp.map_or(0, |d| d.num_layers) {
+            mtp_depth_to_megatron(cfg, t, &mut m, k)?;
         }
         Ok(m)
     }
@@ -297,37 +470,10 @@ impl HfFamily for DeepseekV3 {
         ends_to_hf(cfg, m, &mut t, vocab)?;
         for l in 0..cfg.num_layers {
             let (dst, src) = (format!("model.layers.{l}"), format!("decoder.layers.{l}"));
-            for (a, b) in [
-                ("input_layernorm", "input_layernorm"),
-                ("post_attention_layernorm", "pre_mlp_layernorm"),
-            ] {
-                let w = take(m, &format!("{src}.{b}.weight"), &[h])?;
-                t.insert(format!("{dst}.{a}.weight"), (vec![h], w));
-            }
-            for (a, b, shape) in attention_tensors(cfg) {
-                let w = take(m, &format!("{src}.self_attention.{b}"), &shape)?;
-                t.insert(format!("{dst}.self_attn.{a}"), (shape, w));
-            }
-            let (s, d) = (format!("{src}.mlp"), format!("{dst}.mlp"));
-            match &cfg.moe {
-                Some(moe) if cfg.is_moe_layer(l) => {
-                    routed_to_hf(cfg, m, &mut t, (&s, &d), GATE_UP_DOWN)?;
-                    let e = moe.num_experts;
-                    // A router without DeepSeek's bias routes as one whose bias is zero.
-                    let b = match m.remove(&format!("{s}.router.expert_bias")) {
-                        Some((_, b)) => b,
-                        None => vec![0.0; e],
-                    };
-                    t.insert(format!("{d}.gate.e_score_correction_bias"), (vec![e], b));
-                    let sf = moe.shared_expert_ffn.expect("checked");
-                    let (a, b) = (format!("{s}.shared_experts"), format!("{d}.shared_experts"));
-                    mlp_to_hf(m, &mut t, (&a, &b), (h, sf), GATE_UP_DOWN)?;
-                }
-                _ => {
-                    let f = (h, cfg.ffn_hidden_size);
-                    mlp_to_hf(m, &mut t, (&s, &d), f, GATE_UP_DOWN)?;
-                }
-            }
+            layer_to_hf(cfg, m, &mut t, l, (&src, &dst))?;
+        }
+        for k in 0..cfg.mtp.map_or(0, |d| d.num_layers) {
+            mtp_depth_to_hf(cfg, m, &mut t, k)?;
         }
         let a = cfg.num_attention_heads;
         let mut config = json!({
@@ -353,6 +499,7 @@ impl HfFamily for DeepseekV3 {
             "vocab_size": vocab,
             "initializer_range": cfg.init_method_std,
             "first_k_dense_replace": first_moe.unwrap_or(cfg.num_layers),
+            "num_nextn_predict_layers": cfg.mtp.map_or(0, |d| d.num_layers),
         });
         if let Some(moe) = &cfg.moe {
             let (groups, topk_group) = moe.router_groups.unwrap_or((1, 1));

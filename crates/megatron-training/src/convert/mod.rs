@@ -63,7 +63,7 @@ pub(crate) trait HfFamily {
 fn family(arch: &str) -> Option<Box<dyn HfFamily>> {
     match arch {
         "GPT2LMHeadModel" => Some(Box::new(gpt2::Gpt2)),
-        deepseek_v3::ARCHITECTURE => Some(Box::new(deepseek_v3::DeepseekV3)),
+        deepseek_v3::ARCHITECTURE => Some(Box::new(deepseek_v3::DeepseekV3 { mtp_depths: 0 })),
         "LlamaForCausalLM" | "MistralForCausalLM" | "Qwen2ForCausalLM" | "Qwen3ForCausalLM" => {
             Some(Box::new(llama::Llama {
                 arch: arch.to_string(),
@@ -201,6 +201,8 @@ pub fn hf_to_megatron(
         let b = bert::Bert::from_file(&arch, &hf, &hf_tensors);
         extras.bert = Some(b.heads);
         Box::new(b)
+    } else if arch == deepseek_v3::ARCHITECTURE {
+        Box::new(deepseek_v3::DeepseekV3::reading(&hf, &hf_tensors))
     } else if arch == t5::ARCHITECTURE {
         let t = t5::T5::from_config(&hf).map_err(|m| err(&cfg_path, m))?;
         extras.t5 = Some(t.stacks);
@@ -312,7 +314,9 @@ fn checkpoint_as_hf(
     } else if let Some(stacks) = ck.meta.t5 {
         Box::new(t5::T5 { stacks })
     } else if cfg.mla.is_some() {
-        Box::new(deepseek_v3::DeepseekV3)
+        Box::new(deepseek_v3::DeepseekV3 {
+            mtp_depths: cfg.mtp.map_or(0, |d| d.num_layers),
+        })
     } else if cfg.position_embedding_type
         == megatron_core::transformer::config::PositionEmbeddingType::LearnedAbsolute
     {
