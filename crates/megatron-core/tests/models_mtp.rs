@@ -9,7 +9,7 @@ use megatron_core::transformer::config::{
     Activation, MLAConfig, MTPConfig, Normalization, PositionEmbeddingType, RotaryConfig,
 };
 use megatron_core::transformer::multi_token_prediction::ShiftedBatch;
-use megatron_core::transformer::step::StepContext;
+use megatron_core::transformer::step::{LossReduction, StepContext};
 use megatron_core::{Batch, GPTModel, Grads, Params, TransformerConfig};
 
 fn tiny_gpt(depths: usize) -> TransformerConfig {
@@ -32,16 +32,35 @@ fn tiny_gpt(depths: usize) -> TransformerConfig {
     }
 }
 
-/// The training objective of one micro-batch: the decoder's loss plus the weight times the
-/// depths' mean losses (what the gradient is the gradient of), and the gradient.
-fn objective(model: &GPTModel, params: &Params, batch: &Batch) -> (f64, Grads) {
+/// The training objective of one micro-batch (what the gradient is the gradient of), and the
+/// gradient: the decoder's mean loss plus the weight times the depths' mean losses; or, with
+/// per-token losses, the decoder's summed loss plus the weight times each depth's mean loss
+/// times the decoder's token count (megatron-core's `original_num_tokens / num_tokens`).
+fn objective_with(
+    model: &GPTModel,
+    params: &Params,
+    batch: &Batch,
+    reduction: LossReduction,
+) -> (f64, Grads) {
     let mut grads = Grads::zeros_like(params);
-    let r = model.forward_backward_serial(params, &mut grads, batch, 1.0, &StepContext::eval());
+    let ctx = StepContext::eval().with_loss_reduction(reduction);
+    let r = model.forward_backward_serial(params, &mut grads, batch, 1.0, &ctx);
     let mtp = model.mtp.as_ref().expect("an MTP model");
     let losses = mtp.take_losses();
     assert_eq!(losses.len(), mtp.layers.len());
     let extra: f64 = losses.iter().map(|(l, n)| l / n).sum::<f64>();
-    (r.loss as f64 + mtp.depth_weight() as f64 * extra, grads)
+    let w = mtp.depth_weight() as f64;
+    match reduction {
+        LossReduction::MicroBatchMean => (r.loss as f64 + w * extra, grads),
+        LossReduction::TokenSum => {
+            let n = r.tokens as f64;
+            (r.loss as f64 * n + w * extra * n, grads)
+        }
+    }
+}
+
+fn objective(model: &GPTModel, params: &Params, batch: &Batch) -> (f64, Grads) {
+    objective_with(model, params, batch, LossReduction::MicroBatchMean)
 }
 
 fn mtp_gradient_check(cfg: TransformerConfig) {
@@ -69,6 +88,27 @@ fn mtp_gradient_check(cfg: TransformerConfig) {
 fn mtp_objective_gradient_matches_finite_difference_with_learned_positions() {
     // Two depths on GPT-2's shape: shifted tokens and positions, tied output layer.
     mtp_gradient_check(tiny_gpt(2));
+}
+
+#[test]
+fn mtp_per_token_objective_gradient_matches_finite_difference() {
+    let (model, mut params) = GPTModel::new(tiny_gpt(2), 42);
+    let (b, t) = (2, 8);
+    let (tokens, labels, mask) = data(b, t);
+    let batch = Batch {
+        tokens: &tokens,
+        labels: &labels,
+        loss_mask: &mask,
+        b,
+        t,
+        position_ids: None,
+        doc_start: None,
+    };
+    let sum = LossReduction::TokenSum;
+    let (_, grads) = objective_with(&model, &params, &batch, sum);
+    assert_gradient_matches(&mut params, &grads, |p| {
+        objective_with(&model, p, &batch, sum).0
+    });
 }
 
 #[test]

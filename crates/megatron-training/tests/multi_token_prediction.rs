@@ -226,3 +226,35 @@ fn mtp_expert_routers_update_and_checkpoint_their_bias_like_the_decoders() {
     assert_eq!(&run.1.tensors[name], b);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn mtp_with_per_token_loss_and_recomputation_matches_one_rank() {
+    // --calculate-per-token-loss scales each depth's loss by the decoder's token count over
+    // its own; recomputation reruns the decoder's layers and keeps the depths'.
+    let dir = tmpdir("mtp-per-token");
+    let flags = [MTP, &["--calculate-per-token-loss"]].concat();
+    let serial = train_and_load(&dir, "serial", &flags);
+    for (name, layout) in [
+        ("dp2", &["--nproc-per-node", "2"][..]),
+        (
+            "tp2 + sp",
+            &[
+                "--nproc-per-node",
+                "2",
+                "--tensor-model-parallel-size",
+                "2",
+                "--sequence-parallel",
+            ][..],
+        ),
+        ("full recompute", &["--recompute-granularity", "full"][..]),
+        ("selective recompute", &["--recompute-activations"][..]),
+    ] {
+        let run = train_and_load(
+            &dir,
+            &name.replace(' ', "_"),
+            &[&flags[..], layout].concat(),
+        );
+        assert_same_training(&format!("mtp per-token {name}"), &serial, &run, 1e-5);
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
