@@ -1,4 +1,4 @@
-"""Tiny random DeepseekV3ForCausalLM models and their reference logits, for `megatron convert`'s
+"""Tiny random DeepseekV3ForCausalLM (and DeepseekV2ForCausalLM) models and their reference logits, for `megatron convert`'s
 multi-latent attention and DeepSeek MoE tests.
 
 Writes crates/megatron-training/tests/fixtures/hf/<case>/{config.json, model.safetensors,
@@ -10,6 +10,9 @@ does for the other families:
                     renormalized, scaled by 2.5, one shared expert).
   deepseek_v3_yarn  no query latent (q_proj, DeepSeek-V2-Lite's form), YaRN with
                     mscale = mscale_all_dim = 1 (DeepSeek-V3's), both layers dense.
+  deepseek_v3_mtp   deepseek_v3 with DeepSeek's released MTP layer added (transformers drops it).
+  deepseek_v2       DeepseekV2ForCausalLM: no query latent, a softmax router (top-k kept as they
+                    are, scaled by 1.5, group_limited_greedy over 4 groups), a shared expert.
 Every parameter and the routers' correction biases are perturbed, so each mapping shows in the
 logits.  Usage: python bench/make_hf_deepseek_fixtures.py [OUT_DIR]
 """
@@ -87,3 +90,34 @@ save_file({k: v.contiguous() for k, v in t.items()}, os.path.join(dst, "model.sa
 shutil.copy(os.path.join(src, "config.json"), dst)
 shutil.copy(os.path.join(src, "reference.safetensors"), dst)
 print("deepseek_v3_mtp", len(mtp), "MTP tensors")
+
+# deepseek_v2: DeepseekV2ForCausalLM (V2-Lite's form: no query latent) with a softmax router
+# that keeps its top-k probabilities as they are, scaled by 1.5, group-limited
+# (topk_method group_limited_greedy: 4 experts in 4 groups, 2 groups, top-2), one shared expert;
+# layer 0 dense.
+from transformers import DeepseekV2Config, DeepseekV2ForCausalLM
+torch.manual_seed(0)
+v2 = dict(vocab_size=V, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+          num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=12, q_lora_rank=None,
+          qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=6, max_position_embeddings=64,
+          rms_norm_eps=1e-6, tie_word_embeddings=False, moe_intermediate_size=16,
+          n_routed_experts=4, num_experts_per_tok=2, n_group=4, topk_group=2,
+          topk_method="group_limited_greedy", n_shared_experts=1, routed_scaling_factor=1.5,
+          first_k_dense_replace=1)
+model = DeepseekV2ForCausalLM(DeepseekV2Config(**v2)).eval()
+with torch.no_grad():
+    for n, p in list(model.named_parameters()) + list(model.named_buffers()):
+        if "inv_freq" in n:
+            continue
+        p.add_(torch.randn_like(p) * 0.05)
+g = torch.Generator().manual_seed(1)
+ids = torch.randint(0, V, (2, 16), generator=g)
+with torch.no_grad():
+    logits = model(input_ids=ids).logits.float().contiguous()
+d = os.path.join(out, "deepseek_v2")
+model.save_pretrained(d)
+p = os.path.join(d, "generation_config.json")
+if os.path.exists(p):
+    os.remove(p)
+save_file({"input_ids": ids, "logits": logits}, os.path.join(d, "reference.safetensors"))
+print("deepseek_v2", tuple(logits.shape), float(logits.abs().max()))

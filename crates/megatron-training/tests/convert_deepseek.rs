@@ -136,3 +136,36 @@ fn deepseek_v3_mtp_layers_beyond_num_nextn_predict_layers_are_dropped_as_transfo
     assert!(diff <= 1e-4, "{diff}");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn deepseek_v2_with_its_softmax_group_limited_router_converts_to_transformers_logits_and_back() {
+    // V2-Lite's form: q_proj, a softmax router whose top-k are not renormalized
+    // (--moe-router-pre-softmax), scaled. Its groups (2 of 4, each scored by its best expert)
+    // convert only with --moe-router-group-topk equal to --moe-router-topk, where the limit
+    // picks what plain top-k picks on both sides; DeepSeek-V2's 3-of-8 for top-6 is refused.
+    check("deepseek_v2");
+    let (cfg, back) = converted_and_exported("deepseek_v2");
+    let moe = cfg.moe.as_ref().expect("experts");
+    assert!(moe.pre_softmax && moe.expert_bias_update_rate.is_none());
+    assert_eq!(moe.router_groups, Some((4, 2)));
+    assert_eq!(moe.topk_scaling_factor, Some(1.5));
+    assert_eq!(back["architectures"][0], "DeepseekV2ForCausalLM");
+    assert_eq!(back["topk_method"], "group_limited_greedy");
+    let dir = tmpdir("convert-deepseek-v2-groups");
+    let hf = dir.join("hf");
+    std::fs::create_dir_all(&hf).unwrap();
+    std::fs::copy(
+        fixture("deepseek_v2").join("model.safetensors"),
+        hf.join("model.safetensors"),
+    )
+    .unwrap();
+    let text = std::fs::read_to_string(fixture("deepseek_v2").join("config.json")).unwrap();
+    let mut config: serde_json::Value = serde_json::from_str(&text).unwrap();
+    config["topk_group"] = 1.into();
+    std::fs::write(hf.join("config.json"), config.to_string()).unwrap();
+    let err = hf_to_megatron(&hf, &dir.join("m"), 128)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("group_limited_greedy"), "{err}");
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -28,6 +28,25 @@ use megatron_core::TransformerConfig;
 use serde_json::{json, Value};
 
 pub(crate) const ARCHITECTURE: &str = "DeepseekV3ForCausalLM";
+/// DeepSeek-V2 (and V2-Lite): the same attention and layers; a softmax router whose top-k
+/// probabilities are not renormalized, no correction bias, no MTP.
+pub(crate) const ARCHITECTURE_V2: &str = "DeepseekV2ForCausalLM";
+
+/// Which of the two DeepSeek generations a checkpoint is.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Generation {
+    V2,
+    V3,
+}
+
+impl Generation {
+    fn architecture(self) -> &'static str {
+        match self {
+            Generation::V2 => ARCHITECTURE_V2,
+            Generation::V3 => ARCHITECTURE,
+        }
+    }
+}
 
 /// transformers builds the latents' RMSNorms with this epsilon whatever `rms_norm_eps` says.
 const LATENT_NORM_EPS: f32 = 1e-6;
@@ -40,6 +59,7 @@ const MTP_LOSS_SCALING_FACTOR: f32 = 0.1;
 const EXPERT_BIAS_UPDATE_RATE: f32 = 1e-3;
 
 pub(crate) struct DeepseekV3 {
+    pub generation: Generation,
     /// The multi-token-prediction depths the checkpoint holds (`model.layers.{N + k}.eh_proj`
     /// present), converted as `--mtp-num-layers`.
     pub mtp_depths: usize,
@@ -48,13 +68,32 @@ pub(crate) struct DeepseekV3 {
 impl DeepseekV3 {
     /// The family for a checkpoint: its MTP depths are those `num_nextn_predict_layers` names
     /// that have their tensors (transformers' own saves drop them).
-    pub(crate) fn reading(hf: &Value, t: &Tensors) -> Self {
+    pub(crate) fn reading(generation: Generation, hf: &Value, t: &Tensors) -> Self {
         let layers = hf["num_hidden_layers"].as_u64().unwrap_or(0) as usize;
         let named = hf["num_nextn_predict_layers"].as_u64().unwrap_or(0) as usize;
         let mtp_depths = (0..named)
             .take_while(|k| t.contains_key(&format!("model.layers.{}.eh_proj.weight", layers + k)))
             .count();
-        DeepseekV3 { mtp_depths }
+        DeepseekV3 {
+            generation,
+            mtp_depths,
+        }
+    }
+
+    /// The family that exports `cfg`: DeepSeek-V2's softmax router, else V3.
+    pub(crate) fn exporting(cfg: &TransformerConfig) -> Self {
+        let softmax = cfg
+            .moe
+            .as_ref()
+            .is_some_and(|m| m.score == RouterScore::Softmax);
+        DeepseekV3 {
+            generation: if softmax {
+                Generation::V2
+            } else {
+                Generation::V3
+            },
+            mtp_depths: cfg.mtp.map_or(0, |d| d.num_layers),
+        }
     }
 }
 
@@ -117,8 +156,39 @@ fn first_moe_layer(cfg: &TransformerConfig) -> Result<Option<usize>, String> {
     }
 }
 
+/// DeepSeek-V2's router as megatron-core's: softmax over every expert, the top-k taken as
+/// they are (`--moe-router-pre-softmax`; transformers' V2 router never renormalizes), groups
+/// (`topk_method: group_limited_greedy`) scored by their best expert.
+fn v2_router(hf: &Value, moe: &mut MoEConfig) -> Result<(), String> {
+    moe.score = RouterScore::Softmax;
+    moe.pre_softmax = true;
+    moe.expert_bias_update_rate = None;
+    moe.router_groups = match hf["topk_method"].as_str().unwrap_or("greedy") {
+        "greedy" => None,
+        "group_limited_greedy" => {
+            let groups = num(hf, "n_group")?;
+            let topk_group = num(hf, "topk_group")?;
+            // transformers scores a group by its best expert; megatron-core by its best
+            // topk / topk_group.
+            if moe.topk != topk_group || !moe.num_experts.is_multiple_of(groups) {
+                return Err(format!(
+                    "group_limited_greedy with num_experts_per_tok {} and topk_group {topk_group}: transformers scores a group by its best expert, megatron-core by its best num_experts_per_tok / topk_group, so only equal values convert",
+                    moe.topk
+                ));
+            }
+            Some((groups, topk_group))
+        }
+        other => return Err(format!("topk_method '{other}' is not built")),
+    };
+    Ok(())
+}
+
 /// DeepSeek's MoE block as megatron-core's settings.
-fn moe_from_hf(hf: &Value, layers: usize) -> Result<Option<MoEConfig>, String> {
+fn moe_from_hf(
+    hf: &Value,
+    layers: usize,
+    generation: Generation,
+) -> Result<Option<MoEConfig>, String> {
     let k = hf["first_k_dense_replace"].as_u64().unwrap_or(0) as usize;
     if k >= layers {
         return Ok(None);
@@ -126,6 +196,28 @@ fn moe_from_hf(hf: &Value, layers: usize) -> Result<Option<MoEConfig>, String> {
     let experts = num(hf, "n_routed_experts")?;
     let ffn = num(hf, "moe_intermediate_size")?;
     let topk = num(hf, "num_experts_per_tok")?;
+    let shared = hf["n_shared_experts"].as_u64().unwrap_or(0) as usize;
+    let scale = hf["routed_scaling_factor"].as_f64().unwrap_or(1.0) as f32;
+    let aux = if hf["output_router_logits"].as_bool() == Some(true) {
+        hf["router_aux_loss_coef"].as_f64().unwrap_or(0.0) as f32
+    } else {
+        0.0
+    };
+    let mut moe = MoEConfig {
+        topk_scaling_factor: (scale != 1.0).then_some(scale),
+        aux_loss_coeff: aux,
+        layers: if k == 0 {
+            LayerPattern::Every(1)
+        } else {
+            LayerPattern::List((0..layers).map(|l| l >= k).collect())
+        },
+        shared_expert_ffn: (shared > 0).then_some(shared * ffn),
+        ..MoEConfig::new(experts, ffn, topk)
+    };
+    if generation == Generation::V2 {
+        v2_router(hf, &mut moe)?;
+        return Ok(Some(moe));
+    }
     let norm = hf["norm_topk_prob"].as_bool().unwrap_or(true);
     // megatron-core renormalizes the chosen sigmoid scores whenever it picks more than one.
     if norm != (topk > 1) {
@@ -147,26 +239,11 @@ fn moe_from_hf(hf: &Value, layers: usize) -> Result<Option<MoEConfig>, String> {
     } else {
         None
     };
-    let shared = hf["n_shared_experts"].as_u64().unwrap_or(0) as usize;
-    let scale = hf["routed_scaling_factor"].as_f64().unwrap_or(1.0) as f32;
-    let aux = if hf["output_router_logits"].as_bool() == Some(true) {
-        hf["router_aux_loss_coef"].as_f64().unwrap_or(0.0) as f32
-    } else {
-        0.0
-    };
     Ok(Some(MoEConfig {
         score: RouterScore::Sigmoid,
-        topk_scaling_factor: (scale != 1.0).then_some(scale),
-        aux_loss_coeff: aux,
-        layers: if k == 0 {
-            LayerPattern::Every(1)
-        } else {
-            LayerPattern::List((0..layers).map(|l| l >= k).collect())
-        },
         expert_bias_update_rate: Some(EXPERT_BIAS_UPDATE_RATE),
-        shared_expert_ffn: (shared > 0).then_some(shared * ffn),
         router_groups,
-        ..MoEConfig::new(experts, ffn, topk)
+        ..moe
     }))
 }
 
@@ -196,8 +273,10 @@ fn layer_to_megatron(
         Some(moe) if cfg.is_moe_layer(l) => {
             routed_to_megatron(cfg, t, m, (&s, &d), GATE_UP_DOWN)?;
             let e = moe.num_experts;
-            let b = take(t, &format!("{s}.gate.e_score_correction_bias"), &[e])?;
-            m.insert(format!("{d}.router.expert_bias"), (vec![e], b));
+            if moe.score == RouterScore::Sigmoid {
+                let b = take(t, &format!("{s}.gate.e_score_correction_bias"), &[e])?;
+                m.insert(format!("{d}.router.expert_bias"), (vec![e], b));
+            }
             if let Some(sf) = moe.shared_expert_ffn {
                 let (a, b) = (format!("{s}.shared_experts"), format!("{d}.shared_experts"));
                 mlp_to_megatron(t, m, (&a, &b), (h, sf), GATE_UP_DOWN)?;
@@ -236,12 +315,14 @@ fn layer_to_hf(
         Some(moe) if cfg.is_moe_layer(l) => {
             routed_to_hf(cfg, m, t, (&s, &d), GATE_UP_DOWN)?;
             let e = moe.num_experts;
-            // A router without DeepSeek's bias routes as one whose bias is zero.
-            let b = match m.remove(&format!("{s}.router.expert_bias")) {
-                Some((_, b)) => b,
-                None => vec![0.0; e],
-            };
-            t.insert(format!("{d}.gate.e_score_correction_bias"), (vec![e], b));
+            if moe.score == RouterScore::Sigmoid {
+                // A router without DeepSeek-V3's bias routes as one whose bias is zero.
+                let b = match m.remove(&format!("{s}.router.expert_bias")) {
+                    Some((_, b)) => b,
+                    None => vec![0.0; e],
+                };
+                t.insert(format!("{d}.gate.e_score_correction_bias"), (vec![e], b));
+            }
             let sf = moe.shared_expert_ffn.expect("checked");
             let (a, b) = (format!("{s}.shared_experts"), format!("{d}.shared_experts"));
             mlp_to_hf(m, t, (&a, &b), (h, sf), GATE_UP_DOWN)?;
@@ -354,6 +435,9 @@ impl HfFamily for DeepseekV3 {
                 hf["hidden_act"]
             ));
         }
+        if hf["mlp_bias"].as_bool().unwrap_or(false) {
+            return Err("mlp_bias: megatron-core's DeepSeek MLPs have no biases".into());
+        }
         if hf["attention_bias"].as_bool().unwrap_or(false) {
             return Err("attention_bias: megatron-core's MLA projections have no biases".into());
         }
@@ -405,7 +489,7 @@ impl HfFamily for DeepseekV3 {
             add_bias_linear: false,
             add_qkv_bias: false,
             qk_layernorm: true,
-            moe: moe_from_hf(hf, layers)?,
+            moe: moe_from_hf(hf, layers, self.generation)?,
             mtp: (self.mtp_depths > 0).then_some(MTPConfig {
                 num_layers: self.mtp_depths,
                 loss_scaling_factor: MTP_LOSS_SCALING_FACTOR,
@@ -463,7 +547,7 @@ impl HfFamily for DeepseekV3 {
         vocab: usize,
     ) -> Result<(Value, Tensors), String> {
         let mla = cfg.mla.ok_or("not a multi-latent attention model")?;
-        check_exportable(cfg)?;
+        check_exportable(cfg, self.generation)?;
         let first_moe = first_moe_layer(cfg)?;
         let h = cfg.hidden_size;
         let mut t = Tensors::new();
@@ -477,8 +561,11 @@ impl HfFamily for DeepseekV3 {
         }
         let a = cfg.num_attention_heads;
         let mut config = json!({
-            "architectures": [ARCHITECTURE],
-            "model_type": "deepseek_v3",
+            "architectures": [self.generation.architecture()],
+            "model_type": match self.generation {
+                Generation::V2 => "deepseek_v2",
+                Generation::V3 => "deepseek_v3",
+            },
             "hidden_act": "silu",
             "hidden_size": h,
             "intermediate_size": cfg.ffn_hidden_size,
@@ -511,7 +598,10 @@ impl HfFamily for DeepseekV3 {
                 ("n_shared_experts", json!(shared)),
                 ("n_group", json!(groups)),
                 ("topk_group", json!(topk_group)),
-                ("norm_topk_prob", json!(moe.topk > 1)),
+                (
+                    "norm_topk_prob",
+                    json!(moe.topk > 1 && moe.score == RouterScore::Sigmoid),
+                ),
                 (
                     "routed_scaling_factor",
                     json!(moe.topk_scaling_factor.unwrap_or(1.0)),
@@ -521,13 +611,21 @@ impl HfFamily for DeepseekV3 {
             ] {
                 config[k] = v;
             }
+            if self.generation == Generation::V2 {
+                let method = if moe.router_groups.is_some() {
+                    "group_limited_greedy"
+                } else {
+                    "greedy"
+                };
+                config["topk_method"] = json!(method);
+            }
         }
         Ok((config, t))
     }
 }
 
-/// What DeepseekV3ForCausalLM cannot hold, named by flag.
-fn check_exportable(cfg: &TransformerConfig) -> Result<(), String> {
+/// What DeepseekV3ForCausalLM (or V2) cannot hold, named by flag.
+fn check_exportable(cfg: &TransformerConfig, generation: Generation) -> Result<(), String> {
     let refuse = |on: bool, what: &str| if on { Err(what.to_string()) } else { Ok(()) };
     refuse(
         cfg.normalization != Normalization::RMSNorm || cfg.activation != Activation::SwiGLU,
@@ -550,10 +648,20 @@ fn check_exportable(cfg: &TransformerConfig) -> Result<(), String> {
         "--window-size: DeepseekV3ForCausalLM has no sliding window",
     )?;
     if let Some(moe) = &cfg.moe {
-        refuse(
-            moe.score != RouterScore::Sigmoid,
-            "DeepseekV3ForCausalLM routes by sigmoid scores (--moe-router-score-function sigmoid)",
-        )?;
+        if generation == Generation::V2 {
+            refuse(
+                !moe.pre_softmax || moe.expert_bias_update_rate.is_some(),
+                "DeepseekV2ForCausalLM's softmax router keeps the top-k probabilities of all experts as they are (--moe-router-pre-softmax) and has no expert bias",
+            )?;
+            refuse(
+                moe.router_groups.is_some_and(|(_, tg)| tg != moe.topk),
+                "--moe-router-group-topk: transformers' DeepSeek-V2 scores a group by its best expert, so --moe-router-group-topk must equal --moe-router-topk",
+            )?;
+            refuse(
+                cfg.mtp.is_some(),
+                "--mtp-num-layers: DeepseekV2ForCausalLM has no multi-token prediction",
+            )?;
+        }
         refuse(
             moe.shared_expert_gate,
             "--moe-shared-expert-gate: DeepSeek's shared experts have no gate",
@@ -565,8 +673,10 @@ fn check_exportable(cfg: &TransformerConfig) -> Result<(), String> {
             "DeepseekV3ForCausalLM holds n_shared_experts of --moe-ffn-hidden-size: --moe-shared-expert-intermediate-size must be a positive multiple of it",
         )?;
         refuse(
-            moe.router_groups
-                .is_some_and(|(g, tg)| g > 1 && moe.topk / tg.max(1) != 2),
+            generation == Generation::V3
+                && moe
+                    .router_groups
+                    .is_some_and(|(g, tg)| g > 1 && moe.topk / tg.max(1) != 2),
             "--moe-router-group-topk: transformers scores a group by its best 2 experts, so --moe-router-topk / --moe-router-group-topk must be 2",
         )?;
         refuse(

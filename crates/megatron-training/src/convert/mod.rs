@@ -63,7 +63,6 @@ pub(crate) trait HfFamily {
 fn family(arch: &str) -> Option<Box<dyn HfFamily>> {
     match arch {
         "GPT2LMHeadModel" => Some(Box::new(gpt2::Gpt2)),
-        deepseek_v3::ARCHITECTURE => Some(Box::new(deepseek_v3::DeepseekV3 { mtp_depths: 0 })),
         "LlamaForCausalLM" | "MistralForCausalLM" | "Qwen2ForCausalLM" | "Qwen3ForCausalLM" => {
             Some(Box::new(llama::Llama {
                 arch: arch.to_string(),
@@ -201,15 +200,24 @@ pub fn hf_to_megatron(
         let b = bert::Bert::from_file(&arch, &hf, &hf_tensors);
         extras.bert = Some(b.heads);
         Box::new(b)
-    } else if arch == deepseek_v3::ARCHITECTURE {
-        Box::new(deepseek_v3::DeepseekV3::reading(&hf, &hf_tensors))
+    } else if arch == deepseek_v3::ARCHITECTURE || arch == deepseek_v3::ARCHITECTURE_V2 {
+        let generation = if arch == deepseek_v3::ARCHITECTURE {
+            deepseek_v3::Generation::V3
+        } else {
+            deepseek_v3::Generation::V2
+        };
+        Box::new(deepseek_v3::DeepseekV3::reading(
+            generation,
+            &hf,
+            &hf_tensors,
+        ))
     } else if arch == t5::ARCHITECTURE {
         let t = t5::T5::from_config(&hf).map_err(|m| err(&cfg_path, m))?;
         extras.t5 = Some(t.stacks);
         Box::new(t)
     } else {
         family(&arch).ok_or_else(|| {
-            err(&cfg_path, format!("unknown architecture '{arch}' (known: GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, {}, {}, {})", deepseek_v3::ARCHITECTURE, bert::ARCHITECTURES.join(", "), t5::ARCHITECTURE))
+            err(&cfg_path, format!("unknown architecture '{arch}' (known: GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, {}, {}, {}, {})", deepseek_v3::ARCHITECTURE_V2, deepseek_v3::ARCHITECTURE, bert::ARCHITECTURES.join(", "), t5::ARCHITECTURE))
         })?
     };
     for b in buffers {
@@ -314,9 +322,7 @@ fn checkpoint_as_hf(
     } else if let Some(stacks) = ck.meta.t5 {
         Box::new(t5::T5 { stacks })
     } else if cfg.mla.is_some() {
-        Box::new(deepseek_v3::DeepseekV3 {
-            mtp_depths: cfg.mtp.map_or(0, |d| d.num_layers),
-        })
+        Box::new(deepseek_v3::DeepseekV3::exporting(&cfg))
     } else if cfg.position_embedding_type
         == megatron_core::transformer::config::PositionEmbeddingType::LearnedAbsolute
     {
