@@ -108,6 +108,13 @@ pub fn inspect(path: &Path) -> Result<String, TrainError> {
             a.kv_lora_rank, a.qk_head_dim, a.qk_pos_emb_head_dim, a.v_head_dim
         );
     }
+    if let Some(d) = c.mtp {
+        let _ = writeln!(
+            s,
+            "multi-token prediction: {} depth(s), loss weight {}",
+            d.num_layers, d.loss_scaling_factor
+        );
+    }
     let bytes: u64 = m.files.iter().map(|f| f.bytes).sum();
     let _ = writeln!(s, "files: {} ({:.1} MB)", m.files.len(), bytes as f64 / 1e6);
     for f in &m.files {

@@ -105,6 +105,11 @@ fn deepseek_v3_mtp_layer_converts_as_an_mtp_depth_and_back_byte_for_byte() {
     ] {
         assert!(ck.tensors.contains_key(n), "{n}");
     }
+    let text = megatron_training::checkpoint_tool::inspect(&save).unwrap();
+    assert!(
+        text.contains("multi-token prediction: 1 depth(s), loss weight 0.1"),
+        "{text}"
+    );
     let s = save.to_str().unwrap();
     let serial = train_converted(s, &[]);
     let tp2 = ["--nproc-per-node", "2", "--tensor-model-parallel-size", "2"];
