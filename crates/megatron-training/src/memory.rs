@@ -119,7 +119,9 @@ fn kept_activation_bytes(cfg: &TrainConfig, layers: usize, recompute: Recompute)
     one.num_layers = layers;
     // Multi-token prediction's depths sit on the last stage: counted only where the stage is
     // the whole model (the predictions here are the first stage's).
-    one.mtp = one.mtp.filter(|_| cfg.pp == 1 && layers == cfg.model.num_layers);
+    one.mtp = one
+        .mtp
+        .filter(|_| cfg.pp == 1 && layers == cfg.model.num_layers);
     let half = cfg.precision.half().is_some();
     let rows = a.micro_batch_size * s / if sp { cfg.tp } else { 1 };
     activation_bytes_formula_with(&one, a.micro_batch_size, s, cfg.tp, sp, half, recompute)

@@ -258,3 +258,36 @@ fn mtp_with_per_token_loss_and_recomputation_matches_one_rank() {
     }
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn mtp_with_bf16_and_the_overlapped_parameter_gather_matches_one_rank() {
+    let dir = tmpdir("mtp-bf16");
+    let gather = [
+        "--nproc-per-node",
+        "2",
+        "--use-distributed-optimizer",
+        "--overlap-grad-reduce",
+        "--overlap-param-gather",
+    ];
+    let serial = train_and_load(&dir, "serial", MTP);
+    let run = train_and_load(&dir, "gather", &[MTP, &gather[..]].concat());
+    assert_same_training("mtp dp2 overlapped parameter gather", &serial, &run, 1e-5);
+    let bf16 = [MTP, &["--bf16"]].concat();
+    let serial = train_and_load(&dir, "bf16-serial", &bf16);
+    let tp2 = [
+        "--nproc-per-node",
+        "2",
+        "--tensor-model-parallel-size",
+        "2",
+        "--sequence-parallel",
+    ];
+    let run = train_and_load(&dir, "bf16-tp2", &[&bf16[..], &tp2[..]].concat());
+    assert_same_training_within(
+        "mtp bf16 tp2 + sp",
+        &serial,
+        &run,
+        BF16_LOSS_TOL,
+        BF16_PARAM_TOL,
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
