@@ -136,7 +136,22 @@ fn mtp_losses_are_logged_per_depth_and_held_activations_match_the_formula() {
     let dir = tmpdir("mtp-log");
     let metrics = dir.join("m.jsonl");
     let m = metrics.to_str().unwrap();
-    let a = args(&[MTP, &["--train-iters", "4", "--metrics-file", m]].concat());
+    let tb = dir.join("tb");
+    let tb_dir = tb.to_str().unwrap();
+    let a = args(
+        &[
+            MTP,
+            &[
+                "--train-iters",
+                "4",
+                "--metrics-file",
+                m,
+                "--tensorboard-dir",
+                tb_dir,
+            ],
+        ]
+        .concat(),
+    );
     let cfg = a.validate(62).unwrap();
     let s = pretrain(&a).unwrap();
     let text = std::fs::read_to_string(&metrics).unwrap();
@@ -153,6 +168,17 @@ fn mtp_losses_are_logged_per_depth_and_held_activations_match_the_formula() {
     for l in losses {
         let l = l.as_f64().unwrap();
         assert!((l - uniform).abs() < 0.5, "{l} vs ln V {uniform}");
+    }
+    // TensorBoard: megatron-core's tags, one value per logged iteration.
+    let event = std::fs::read_dir(&tb)
+        .unwrap()
+        .flatten()
+        .next()
+        .unwrap()
+        .path();
+    let scalars = megatron_training::tensorboard::read_scalars(&event).unwrap();
+    for tag in ["mtp_1 loss", "mtp_2 loss"] {
+        assert_eq!(scalars.iter().filter(|s| s.tag == tag).count(), 4, "{tag}");
     }
     let f = megatron_core::models::gpt::activation_bytes_formula(
         &cfg.model,

@@ -85,6 +85,11 @@ impl TensorboardLog {
         }
         self.both("batch-size", batch_size as f64, it, samples)?;
         self.both("lm loss", m.lm_loss, it, samples)?;
+        for (k, l) in m.mtp_losses.iter().flatten().enumerate() {
+            // megatron-core's `track_mtp_metrics` tags.
+            self.writer
+                .add_scalar(&format!("mtp_{} loss", k + 1), *l, it)?;
+        }
         if let (true, Some(s)) = (self.on.loss_scale, m.loss_scale) {
             self.both("loss-scale", s as f64, it, samples)?;
         }
