@@ -391,6 +391,46 @@ impl GPTModel {
         }
     }
 
+    /// The fused output layer and cross entropy with their backward: per-token `losses`, the
+    /// output weight's gradient, and the gradient of the output layer's input `xg` (all token
+    /// rows) for this rank's rows. The output layer is column-parallel over the vocabulary, so
+    /// that gradient is summed over TP (reduce-scattered to the token blocks under SP).
+    #[allow(clippy::too_many_arguments)]
+    fn output_loss_backward(
+        &self,
+        params: &Params,
+        grads: &mut Grads,
+        tp: &mut Tp,
+        xg: Tensor,
+        labels: &[u32],
+        dloss: &[f32],
+        losses: &mut [f32],
+    ) -> Result<Tensor, CommError> {
+        let n = labels.len();
+        let wid = self
+            .output_weight
+            .expect("the last stage has an output weight");
+        let mut dxg = Tensor::for_overwrite(&[n, self.config.hidden_size]);
+        vocab_parallel_cross_entropy(
+            tp,
+            losses,
+            Some((dxg.data_mut(), grads.get_mut(wid))),
+            xg.data(),
+            params.operand(wid).operand(),
+            None,
+            labels,
+            dloss,
+            self.classifier_dims(n),
+            self.vocab_start,
+        )?;
+        drop(xg);
+        if tp.sequence_parallel {
+            gather_from_sequence_parallel_region_backward(tp, &dxg)
+        } else {
+            copy_to_tensor_model_parallel_region_backward(tp, dxg)
+        }
+    }
+
     /// Forward and backward of one micro-batch on a whole model (no pipeline). Gradients
     /// accumulate into `grads`, scaled by `grad_scale` (1 / number of micro-batches for
     /// Megatron's mean over micro-batches). Every TP rank of the group calls it with the same
@@ -486,9 +526,6 @@ impl GPTModel {
         let e = self.mtp_embedding();
         let (b, t) = (batch.b, batch.t);
         let n = b * t;
-        let wid = self
-            .output_weight
-            .expect("the last stage has an output weight");
         let first = ShiftedBatch::first(
             batch.tokens,
             batch.position_ids,
@@ -521,20 +558,8 @@ impl GPTModel {
             };
             let xg = self.output_input(tp, out.hidden.clone())?;
             let mut losses = vec![0.0f32; n];
-            let mut dxg = Tensor::for_overwrite(&[n, self.config.hidden_size]);
-            vocab_parallel_cross_entropy(
-                tp,
-                &mut losses,
-                Some((dxg.data_mut(), grads.get_mut(wid))),
-                xg.data(),
-                params.operand(wid).operand(),
-                None,
-                labels,
-                &dloss,
-                self.classifier_dims(n),
-                self.vocab_start,
-            )?;
-            drop(xg);
+            let dhidden =
+                self.output_loss_backward(params, grads, tp, xg, labels, &dloss, &mut losses)?;
             let loss = losses
                 .iter()
                 .zip(mask)
@@ -542,11 +567,7 @@ impl GPTModel {
                 .sum::<f64>()
                 / denom as f64;
             mtp.record_loss(k, loss);
-            depth.dhidden = if tp.sequence_parallel {
-                gather_from_sequence_parallel_region_backward(tp, &dxg)?
-            } else {
-                copy_to_tensor_model_parallel_region_backward(tp, dxg)?
-            };
+            depth.dhidden = dhidden;
             h = out.hidden;
             saved.push(depth);
         }
@@ -693,27 +714,15 @@ impl ModelChunk for GPTModel {
                         batch.loss_mask.iter().map(|m| m * grad_scale).collect()
                     }
                 };
-                let mut dxg = Tensor::for_overwrite(&[n, self.config.hidden_size]);
-                vocab_parallel_cross_entropy(
+                let dxf = self.output_loss_backward(
+                    params,
+                    grads,
                     tp,
-                    &mut losses,
-                    Some((dxg.data_mut(), grads.get_mut(wid))),
-                    xg.data(),
-                    params.operand(wid).operand(),
-                    None,
+                    xg,
                     batch.labels,
                     &dloss,
-                    dims,
-                    self.vocab_start,
+                    &mut losses,
                 )?;
-                drop(xg);
-                // The output layer is column-parallel over the vocabulary: its input gradient
-                // is summed over TP (reduce-scattered to the token blocks under SP).
-                let dxf = if tp.sequence_parallel {
-                    gather_from_sequence_parallel_region_backward(tp, &dxg)?
-                } else {
-                    copy_to_tensor_model_parallel_region_backward(tp, dxg)?
-                };
                 tail = Some((x, lnf, dxf));
                 if let Some(h0) = mtp_input {
                     mtp =
