@@ -231,6 +231,32 @@ pub fn predict_rank_peak(
     communication: u64,
     pp_rank: usize,
 ) -> Result<PeakPrediction, String> {
+    let threads = megatron_tensor::threads::gemm_threads();
+    predict_rank_peak_with(cfg, model_state, communication, pp_rank, threads)
+}
+
+/// The GEMM threads each rank of `cfg`'s layout gets when its ranks run as threads of one
+/// process: `--num-threads` (or the cores) split over the world, as the launcher splits them.
+pub fn rank_gemm_threads(cfg: &TrainConfig) -> usize {
+    let threads = cfg
+        .args
+        .num_threads
+        .unwrap_or_else(megatron_tensor::threads::available_cores);
+    match cfg.world() {
+        1 => threads,
+        n => (threads / n).max(1),
+    }
+}
+
+/// [`predict_rank_peak`] for ranks with `gemm_threads` GEMM threads each (the packing panels
+/// are per thread): what a planner predicts for a layout before its ranks exist.
+pub fn predict_rank_peak_with(
+    cfg: &TrainConfig,
+    model_state: u64,
+    communication: u64,
+    pp_rank: usize,
+    gemm_threads: usize,
+) -> Result<PeakPrediction, String> {
     let ops = megatron_core::pipeline_parallel::schedule(
         cfg.pp,
         pp_rank,
@@ -241,7 +267,7 @@ pub fn predict_rank_peak(
         cfg,
         model_state,
         communication,
-        megatron_tensor::threads::gemm_threads(),
+        gemm_threads,
         pp_rank,
         megatron_core::pipeline_parallel::peak_in_flight(&ops),
     ))
