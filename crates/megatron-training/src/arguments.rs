@@ -1363,8 +1363,6 @@ impl TrainArgs {
                 && model.position_embedding_type == PositionEmbeddingType::LearnedAbsolute
             {
                 Some("under pipeline parallelism the last stage embeds the shifted tokens with a copy of the word embedding only, so the learned position embedding is not built there: use --position-embedding-type rope (or --pipeline-model-parallel-size 1)")
-            } else if cp > 1 {
-                Some("shifting the tokens across context-parallel chunks is not built: use --context-parallel-size 1")
             } else {
                 None
             };

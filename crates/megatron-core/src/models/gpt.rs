@@ -526,24 +526,38 @@ impl GPTModel {
         let e = self.mtp_embedding();
         let (b, t) = (batch.b, batch.t);
         let n = b * t;
-        let first = ShiftedBatch::first(
+        // Shifts run on whole sequences: under context parallelism, gathered from the group.
+        let cp = tp.cp_layout();
+        let mut full = ShiftedBatch::first(
             batch.tokens,
             batch.position_ids,
             batch.labels,
             batch.loss_mask,
             t,
         );
+        if let Some(c) = tp.cp() {
+            full = full.gathered(c, cp, b, t)?;
+        }
+        let t_full = t * cp.size;
         let weight = mtp.depth_weight();
         let mut saved: Vec<MtpDepthSaved> = Vec::with_capacity(mtp.layers.len());
         let mut h = h0;
         for (k, layer) in mtp.layers.iter().enumerate() {
-            let sb = saved.last().map_or(&first, |s| &s.batch).shifted(t);
+            full = full.shifted(t_full);
+            let sb = match cp.size {
+                1 => full.clone(),
+                _ => full.on_rank(cp, b, t_full),
+            };
             let embedded = e.forward_shifted(params, tp, &sb.tokens, &sb.positions, t, ctx, k)?;
             let out = layer.forward(params, tp, sb, embedded, h, (b, t), ctx, batch.mask())?;
             let mut depth = out.saved;
             let (labels, mask) = (&depth.batch.labels, &depth.batch.loss_mask);
-            let counted = mask.iter().sum::<f32>();
-            let denom = counted.max(1.0);
+            let mut counted = [mask.iter().sum::<f32>()];
+            if let Some(c) = tp.cp() {
+                // The mean is over the whole sequences' counted labels.
+                c.all_reduce(&mut counted, megatron_comm::ReduceOp::Sum)?;
+            }
+            let denom = counted[0].max(1.0);
             // megatron-core's MTP loss: each depth's mean over its counted labels, scaled
             // like the decoder loss (per token: by the decoder's count over this depth's).
             let dloss: Vec<f32> = match ctx.loss_reduction {
@@ -560,12 +574,15 @@ impl GPTModel {
             let mut losses = vec![0.0f32; n];
             let dhidden =
                 self.output_loss_backward(params, grads, tp, xg, labels, &dloss, &mut losses)?;
-            let loss = losses
+            let mut loss = losses
                 .iter()
                 .zip(mask)
                 .map(|(l, m)| (*l as f64) * (*m as f64))
                 .sum::<f64>()
                 / denom as f64;
+            if let Some(c) = tp.cp() {
+                loss = crate::tensor_parallel::sum_f64(c, loss)?;
+            }
             mtp.record_loss(k, loss);
             depth.dhidden = dhidden;
             h = out.hidden;

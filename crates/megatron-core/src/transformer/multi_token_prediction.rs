@@ -19,12 +19,13 @@ use super::config::TransformerConfig;
 use super::layer::{TransformerLayer, TransformerLayerSaved};
 use super::norm::{LayerNormSaved, Norm};
 use super::step::StepContext;
+use crate::context_parallel::CpLayout;
 use crate::params::{Grads, Init, Params};
 use crate::tensor_parallel::mappings::{
     scatter_to_sequence_parallel_region_backward, scatter_to_sequence_parallel_region_forward,
 };
 use crate::tensor_parallel::{ColumnParallelLinear, Tp};
-use megatron_comm::CommError;
+use megatron_comm::{CommError, Communicator};
 use megatron_tensor::cpu::{concat_columns, split_columns, AttentionMask, RopeStyle, RopeTable};
 use megatron_tensor::Tensor;
 use std::sync::{Arc, Mutex};
@@ -48,6 +49,7 @@ pub struct MultiTokenPredictionBlock {
 
 /// The token-level inputs of one depth: the shifted tokens, positions, labels and loss mask
 /// (`[b, t]` each).
+#[derive(Clone)]
 pub struct ShiftedBatch {
     pub tokens: Vec<u32>,
     pub positions: Vec<u32>,
@@ -72,6 +74,56 @@ impl ShiftedBatch {
             },
             labels: labels.to_vec(),
             loss_mask: loss_mask.to_vec(),
+        }
+    }
+
+    /// The whole sequences from every context-parallel rank's rows (`t_local` per sequence,
+    /// this rank's two chunks): shifting crosses the chunks, so it runs on whole sequences.
+    /// Token ids travel as f32 bit patterns (the gather copies, never computes).
+    pub fn gathered(
+        &self,
+        comm: &mut dyn Communicator,
+        cp: CpLayout,
+        b: usize,
+        t_local: usize,
+    ) -> Result<Self, CommError> {
+        let n = b * t_local;
+        let t = t_local * cp.size;
+        let mut gather = |local: Vec<f32>| -> Result<Vec<f32>, CommError> {
+            let mut all = vec![0.0f32; n * cp.size];
+            comm.all_gather(&local, &mut all)?;
+            let mut full = vec![0.0f32; b * t];
+            for r in 0..cp.size {
+                let positions = CpLayout {
+                    rank: r,
+                    size: cp.size,
+                }
+                .positions(t_local);
+                for s in 0..b {
+                    for (q, &p) in positions.iter().enumerate() {
+                        full[s * t + p] = all[r * n + s * t_local + q];
+                    }
+                }
+            }
+            Ok(full)
+        };
+        let ids = |v: &[u32]| v.iter().map(|&x| f32::from_bits(x)).collect::<Vec<f32>>();
+        let back = |v: Vec<f32>| v.into_iter().map(f32::to_bits).collect::<Vec<u32>>();
+        Ok(ShiftedBatch {
+            tokens: back(gather(ids(&self.tokens))?),
+            positions: back(gather(ids(&self.positions))?),
+            labels: back(gather(ids(&self.labels))?),
+            loss_mask: gather(self.loss_mask.clone())?,
+        })
+    }
+
+    /// This context-parallel rank's rows of whole sequences of `t`.
+    pub fn on_rank(&self, cp: CpLayout, b: usize, t: usize) -> Self {
+        ShiftedBatch {
+            tokens: cp.batch_on_this_rank(&self.tokens, b, t),
+            positions: cp.batch_on_this_rank(&self.positions, b, t),
+            labels: cp.batch_on_this_rank(&self.labels, b, t),
+            loss_mask: cp.batch_on_this_rank(&self.loss_mask, b, t),
         }
     }
 
