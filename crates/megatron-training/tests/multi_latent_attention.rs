@@ -11,7 +11,6 @@ use megatron_training::pretrain;
 #[test]
 fn mla_tensor_sequence_pipeline_and_data_parallel_layouts_match_one_rank() {
     let dir = tmpdir("mla-layouts");
-    let serial = train_and_load(&dir, "serial", MLA);
     let tp2 = ["--nproc-per-node", "2", "--tensor-model-parallel-size", "2"];
     let tp2_sp = [&tp2[..], &["--sequence-parallel"]].concat();
     let tp4_sp = [
@@ -28,20 +27,18 @@ fn mla_tensor_sequence_pipeline_and_data_parallel_layouts_match_one_rank() {
         "2",
     ];
     let dp2 = ["--nproc-per-node", "2", "--use-distributed-optimizer"];
-    for (name, layout) in [
-        ("tp2", &tp2[..]),
-        ("tp2 + sp", &tp2_sp[..]),
-        ("tp4 + sp (one head per rank)", &tp4_sp[..]),
-        ("pp2", &pp2[..]),
-        ("dp2 distributed optimizer", &dp2[..]),
-    ] {
-        let run = train_and_load(&dir, &name.replace(' ', "_"), &[MLA, layout].concat());
-        assert_same_training(&format!("mla {name}"), &serial, &run, 1e-5);
-        assert!(run
-            .1
-            .tensors
-            .contains_key("decoder.layers.0.self_attention.linear_kv_down_proj.weight"));
-    }
+    let layouts: [(&str, &[&str]); 5] = [
+        ("tp2", &tp2),
+        ("tp2 + sp", &tp2_sp),
+        ("tp4 + sp (one head per rank)", &tp4_sp),
+        ("pp2", &pp2),
+        ("dp2 distributed optimizer", &dp2),
+    ];
+    let serial = assert_layouts_match_one_rank(&dir, "mla", MLA, &layouts);
+    assert!(serial
+        .1
+        .tensors
+        .contains_key("decoder.layers.0.self_attention.linear_kv_down_proj.weight"));
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -84,41 +81,27 @@ fn mla_context_parallel_ring_and_all_to_all_match_one_rank() {
         &["--attention-dropout", "0.1", "--hidden-dropout", "0.1"],
     ]
     .concat();
-    let serial = train_and_load(&dir, "serial", &flags);
-    for (name, layout) in [
-        (
-            "cp2 p2p",
-            &[
-                "--nproc-per-node",
-                "2",
-                "--context-parallel-size",
-                "2",
-                "--cp-comm-type",
-                "p2p",
-            ][..],
-        ),
-        (
-            "cp2 a2a x tp2 + sp",
-            &[
-                "--nproc-per-node",
-                "4",
-                "--context-parallel-size",
-                "2",
-                "--cp-comm-type",
-                "a2a",
-                "--tensor-model-parallel-size",
-                "2",
-                "--sequence-parallel",
-            ][..],
-        ),
-    ] {
-        let run = train_and_load(
-            &dir,
-            &name.replace(' ', "_"),
-            &[&flags[..], layout].concat(),
-        );
-        assert_same_training(&format!("mla {name}"), &serial, &run, 1e-5);
-    }
+    let p2p = [
+        "--nproc-per-node",
+        "2",
+        "--context-parallel-size",
+        "2",
+        "--cp-comm-type",
+        "p2p",
+    ];
+    let a2a_tp2 = [
+        "--nproc-per-node",
+        "4",
+        "--context-parallel-size",
+        "2",
+        "--cp-comm-type",
+        "a2a",
+        "--tensor-model-parallel-size",
+        "2",
+        "--sequence-parallel",
+    ];
+    let layouts: [(&str, &[&str]); 2] = [("cp2 p2p", &p2p), ("cp2 a2a x tp2 + sp", &a2a_tp2)];
+    assert_layouts_match_one_rank(&dir, "mla", &flags, &layouts);
     let _ = std::fs::remove_dir_all(dir);
 }
 

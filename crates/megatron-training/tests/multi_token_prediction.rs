@@ -18,11 +18,6 @@ fn mtp_tensor_sequence_and_data_parallel_layouts_match_one_rank() {
         &["--hidden-dropout", "0.1", "--attention-dropout", "0.1"],
     ]
     .concat();
-    let serial = train_and_load(&dir, "serial", &flags);
-    assert!(serial
-        .1
-        .tensors
-        .contains_key("mtp.layers.1.mtp_model_layer.self_attention.linear_qkv.weight"));
     let tp2 = ["--nproc-per-node", "2", "--tensor-model-parallel-size", "2"];
     let tp2_sp = [&tp2[..], &["--sequence-parallel"]].concat();
     let dp2 = ["--nproc-per-node", "2", "--use-distributed-optimizer"];
@@ -34,19 +29,17 @@ fn mtp_tensor_sequence_and_data_parallel_layouts_match_one_rank() {
         "--sequence-parallel",
         "--overlap-grad-reduce",
     ];
-    for (name, layout) in [
-        ("tp2", &tp2[..]),
-        ("tp2 + sp", &tp2_sp[..]),
-        ("dp2 distributed optimizer", &dp2[..]),
-        ("tp2 + sp x dp2 overlapped", &tp2_dp2[..]),
-    ] {
-        let run = train_and_load(
-            &dir,
-            &name.replace(' ', "_"),
-            &[&flags[..], layout].concat(),
-        );
-        assert_same_training(&format!("mtp {name}"), &serial, &run, 1e-5);
-    }
+    let layouts: [(&str, &[&str]); 4] = [
+        ("tp2", &tp2),
+        ("tp2 + sp", &tp2_sp),
+        ("dp2 distributed optimizer", &dp2),
+        ("tp2 + sp x dp2 overlapped", &tp2_dp2),
+    ];
+    let serial = assert_layouts_match_one_rank(&dir, "mtp", &flags, &layouts);
+    assert!(serial
+        .1
+        .tensors
+        .contains_key("mtp.layers.1.mtp_model_layer.self_attention.linear_qkv.weight"));
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -160,30 +153,16 @@ fn mtp_context_parallel_ring_and_all_to_all_match_one_rank() {
 fn mtp_on_mla_and_experts_matches_one_rank_at_tp2_and_ep2() {
     let dir = tmpdir("mtp-mla-moe");
     let flags = [MTP, MOE, MLA].concat();
-    let serial = train_and_load(&dir, "serial", &flags);
-    for (name, layout) in [
-        (
-            "tp2 + sp",
-            &[
-                "--nproc-per-node",
-                "2",
-                "--tensor-model-parallel-size",
-                "2",
-                "--sequence-parallel",
-            ][..],
-        ),
-        (
-            "ep2",
-            &["--nproc-per-node", "2", "--expert-model-parallel-size", "2"][..],
-        ),
-    ] {
-        let run = train_and_load(
-            &dir,
-            &name.replace(' ', "_"),
-            &[&flags[..], layout].concat(),
-        );
-        assert_same_training(&format!("mtp mla moe {name}"), &serial, &run, 1e-5);
-    }
+    let tp2_sp = [
+        "--nproc-per-node",
+        "2",
+        "--tensor-model-parallel-size",
+        "2",
+        "--sequence-parallel",
+    ];
+    let ep2 = ["--nproc-per-node", "2", "--expert-model-parallel-size", "2"];
+    let layouts: [(&str, &[&str]); 2] = [("tp2 + sp", &tp2_sp), ("ep2", &ep2)];
+    assert_layouts_match_one_rank(&dir, "mtp mla moe", &flags, &layouts);
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -310,29 +289,20 @@ fn mtp_with_per_token_loss_and_recomputation_matches_one_rank() {
     // its own; recomputation reruns the decoder's layers and keeps the depths'.
     let dir = tmpdir("mtp-per-token");
     let flags = [MTP, &["--calculate-per-token-loss"]].concat();
-    let serial = train_and_load(&dir, "serial", &flags);
-    for (name, layout) in [
-        ("dp2", &["--nproc-per-node", "2"][..]),
-        (
-            "tp2 + sp",
-            &[
-                "--nproc-per-node",
-                "2",
-                "--tensor-model-parallel-size",
-                "2",
-                "--sequence-parallel",
-            ][..],
-        ),
-        ("full recompute", &["--recompute-granularity", "full"][..]),
-        ("selective recompute", &["--recompute-activations"][..]),
-    ] {
-        let run = train_and_load(
-            &dir,
-            &name.replace(' ', "_"),
-            &[&flags[..], layout].concat(),
-        );
-        assert_same_training(&format!("mtp per-token {name}"), &serial, &run, 1e-5);
-    }
+    let tp2_sp = [
+        "--nproc-per-node",
+        "2",
+        "--tensor-model-parallel-size",
+        "2",
+        "--sequence-parallel",
+    ];
+    let layouts: [(&str, &[&str]); 4] = [
+        ("dp2", &["--nproc-per-node", "2"]),
+        ("tp2 + sp", &tp2_sp),
+        ("full recompute", &["--recompute-granularity", "full"]),
+        ("selective recompute", &["--recompute-activations"]),
+    ];
+    assert_layouts_match_one_rank(&dir, "mtp per-token", &flags, &layouts);
     let _ = std::fs::remove_dir_all(dir);
 }
 

@@ -468,6 +468,28 @@ pub fn train_and_load(
     (summary, ck)
 }
 
+/// [`train_and_load`] of `flags` on one rank and under each named layout (runs saved under
+/// `dir`), each asserted to train the one-rank model (`what` prefixes the failure's name);
+/// returns the one-rank run.
+#[allow(dead_code)]
+pub fn assert_layouts_match_one_rank(
+    dir: &std::path::Path,
+    what: &str,
+    flags: &[&str],
+    layouts: &[(&str, &[&str])],
+) -> (
+    megatron_training::TrainSummary,
+    megatron_training::checkpointing::LoadedCheckpoint,
+) {
+    let serial = train_and_load(dir, &format!("{what}-serial").replace(' ', "_"), flags);
+    for (name, layout) in layouts {
+        let label = format!("{what} {name}");
+        let run = train_and_load(dir, &label.replace(' ', "_"), &[flags, layout].concat());
+        assert_same_training(&label, &serial, &run, 1e-5);
+    }
+    serial
+}
+
 /// The `memory` object of the last metrics record that has one (`--log-memory`).
 pub fn last_memory_record(metrics: &std::path::Path) -> serde_json::Value {
     let text = std::fs::read_to_string(metrics).unwrap();
