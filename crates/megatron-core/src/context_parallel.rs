@@ -73,6 +73,33 @@ impl CpLayout {
         }
         out
     }
+
+    /// The inverse of [`CpLayout::batch_on_this_rank`] over the whole group: whole sequences
+    /// (`[b, t_local * size]`) from `all`, every rank's rows (`[size, b, t_local]`, rank order,
+    /// as an all-gather returns them).
+    pub fn batch_from_ranks<T: Copy + Default>(
+        &self,
+        all: &[T],
+        b: usize,
+        t_local: usize,
+    ) -> Vec<T> {
+        let (n, t) = (b * t_local, t_local * self.size);
+        assert_eq!(all.len(), n * self.size);
+        let mut full = vec![T::default(); b * t];
+        for r in 0..self.size {
+            let positions = CpLayout {
+                rank: r,
+                size: self.size,
+            }
+            .positions(t_local);
+            for s in 0..b {
+                for (q, &p) in positions.iter().enumerate() {
+                    full[s * t + p] = all[r * n + s * t_local + q];
+                }
+            }
+        }
+        full
+    }
 }
 
 /// This rank's rows `lo..hi` (of sequences of `t_local` rows) as runs that are consecutive in

@@ -214,6 +214,31 @@ pub fn activation_bytes_formula_with(
     kept + rows * h * 4 + mtp
 }
 
+/// The labels a loss counts (`mask`'s sum). Each context-parallel rank holds part of the
+/// sequences, so the count is the whole sequences': summed over the group.
+fn counted_labels(tp: &mut Tp, mask: &[f32]) -> Result<f32, CommError> {
+    let mut total = [mask.iter().sum::<f32>()];
+    if let Some(c) = tp.cp() {
+        c.all_reduce(&mut total, megatron_comm::ReduceOp::Sum)?;
+    }
+    Ok(total[0])
+}
+
+/// The per-token `losses` weighted by `mask` over `denom` counted labels, summed over the
+/// context-parallel group (each rank adds its chunks' share).
+fn masked_mean(tp: &mut Tp, losses: &[f32], mask: &[f32], denom: f32) -> Result<f64, CommError> {
+    let local = losses
+        .iter()
+        .zip(mask)
+        .map(|(l, m)| (*l as f64) * (*m as f64))
+        .sum::<f64>()
+        / denom as f64;
+    match tp.cp() {
+        Some(c) => crate::tensor_parallel::sum_f64(c, local),
+        None => Ok(local),
+    }
+}
+
 /// The rotary table every layer shares, for the longest sequence the model sees (training
 /// length or position limit, whichever is larger, so generation can run to
 /// `--max-position-embeddings`).
@@ -552,12 +577,7 @@ impl GPTModel {
             let out = layer.forward(params, tp, sb, embedded, h, (b, t), ctx, batch.mask())?;
             let mut depth = out.saved;
             let (labels, mask) = (&depth.batch.labels, &depth.batch.loss_mask);
-            let mut counted = [mask.iter().sum::<f32>()];
-            if let Some(c) = tp.cp() {
-                // The mean is over the whole sequences' counted labels.
-                c.all_reduce(&mut counted, megatron_comm::ReduceOp::Sum)?;
-            }
-            let denom = counted[0].max(1.0);
+            let denom = counted_labels(tp, mask)?.max(1.0);
             // megatron-core's MTP loss: each depth's mean over its counted labels, scaled
             // like the decoder loss (per token: by the decoder's count over this depth's).
             let dloss: Vec<f32> = match ctx.loss_reduction {
@@ -574,16 +594,7 @@ impl GPTModel {
             let mut losses = vec![0.0f32; n];
             let dhidden =
                 self.output_loss_backward(params, grads, tp, xg, labels, &dloss, &mut losses)?;
-            let mut loss = losses
-                .iter()
-                .zip(mask)
-                .map(|(l, m)| (*l as f64) * (*m as f64))
-                .sum::<f64>()
-                / denom as f64;
-            if let Some(c) = tp.cp() {
-                loss = crate::tensor_parallel::sum_f64(c, loss)?;
-            }
-            mtp.record_loss(k, loss);
+            mtp.record_loss(k, masked_mean(tp, &losses, mask, denom)?);
             depth.dhidden = dhidden;
             h = out.hidden;
             saved.push(depth);
@@ -703,13 +714,7 @@ impl ModelChunk for GPTModel {
         // Multi-token prediction starts from the decoder's normed output (training only).
         let mtp_input = (self.mtp.is_some() && keep).then(|| xf.clone());
         let xg = self.output_input(tp, xf)?;
-        let mut total = [batch.loss_mask.iter().sum::<f32>()];
-        if let Some(c) = tp.cp() {
-            // Each context-parallel rank holds part of the sequence: the loss is the mean over
-            // the whole sequence's counted labels.
-            c.all_reduce(&mut total, megatron_comm::ReduceOp::Sum)?;
-        }
-        let total = total[0];
+        let total = counted_labels(tp, batch.loss_mask)?;
         let denom = total.max(1.0);
         let mut losses = vec![0.0f32; n];
         let wid = self
@@ -760,15 +765,7 @@ impl ModelChunk for GPTModel {
                 self.vocab_start,
             )?,
         }
-        let mut loss = losses
-            .iter()
-            .zip(batch.loss_mask)
-            .map(|(l, m)| (*l as f64) * (*m as f64))
-            .sum::<f64>()
-            / denom as f64;
-        if let Some(c) = tp.cp() {
-            loss = crate::tensor_parallel::sum_f64(c, loss)?;
-        }
+        let loss = masked_mean(tp, &losses, batch.loss_mask, denom)?;
         let state = ForwardState {
             saved,
             tail,

@@ -87,25 +87,10 @@ impl ShiftedBatch {
         b: usize,
         t_local: usize,
     ) -> Result<Self, CommError> {
-        let n = b * t_local;
-        let t = t_local * cp.size;
         let mut gather = |local: Vec<f32>| -> Result<Vec<f32>, CommError> {
-            let mut all = vec![0.0f32; n * cp.size];
+            let mut all = vec![0.0f32; local.len() * cp.size];
             comm.all_gather(&local, &mut all)?;
-            let mut full = vec![0.0f32; b * t];
-            for r in 0..cp.size {
-                let positions = CpLayout {
-                    rank: r,
-                    size: cp.size,
-                }
-                .positions(t_local);
-                for s in 0..b {
-                    for (q, &p) in positions.iter().enumerate() {
-                        full[s * t + p] = all[r * n + s * t_local + q];
-                    }
-                }
-            }
-            Ok(full)
+            Ok(cp.batch_from_ranks(&all, b, t_local))
         };
         let ids = |v: &[u32]| v.iter().map(|&x| f32::from_bits(x)).collect::<Vec<f32>>();
         let back = |v: Vec<f32>| v.into_iter().map(f32::to_bits).collect::<Vec<u32>>();
