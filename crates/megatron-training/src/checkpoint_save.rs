@@ -92,7 +92,7 @@ impl<F: crate::family::TrainFamily> crate::training::Trainer<'_, F> {
             consumed_train_samples: self.consumed,
             scheduler: self.sched.clone(),
             optimizer_step: self.optimizer.step_count(),
-            optimizer: self.optimizer.update_rule().name().into(),
+            optimizer: self.optimizer.name().into(),
             adam_beta1: a.adam_beta1,
             adam_beta2: a.adam_beta2,
             adam_eps: a.adam_eps,

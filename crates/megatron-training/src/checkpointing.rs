@@ -459,7 +459,7 @@ pub(crate) fn load_optimizer_state(
     optimizer: &mut dyn megatron_core::optimizer::MegatronOptimizer,
 ) -> Result<(), TrainError> {
     let step = r.meta.optimizer_step;
-    let rule = optimizer.update_rule();
+    let name = optimizer.name();
     let has = |k: Moment, r: &CheckpointReader| {
         params
             .metas
@@ -477,20 +477,24 @@ pub(crate) fn load_optimizer_state(
         );
         return Ok(());
     }
-    if r.meta.optimizer != rule.name() {
+    if r.meta.optimizer != name {
         return Err(ckpt_err(
             &r.dir,
             format!(
                 "holds the state of --optimizer {} at iteration {}, and this run uses \
                  --optimizer {}: pass --no-load-optim to start its state from zero, or \
                  --finetune to start a new run from the weights",
-                r.meta.optimizer,
-                r.meta.iteration,
-                rule.name()
+                r.meta.optimizer, r.meta.iteration, name
             ),
         ));
     }
-    if let Some(k) = rule.moments().iter().find(|k| !has(**k, r)) {
+    // The first parameter's state tells whether any was saved (every parameter's is).
+    let first = if params.metas.is_empty() {
+        &[][..]
+    } else {
+        optimizer.moments_of(0)
+    };
+    if let Some(k) = first.iter().find(|k| !has(**k, r)) {
         // A run saved with --no-save-optim continues only when told to restart the optimizer
         // (as Megatron refuses it).
         let why = if any_state {

@@ -5,10 +5,10 @@
 //! implement it, each with any [`UpdateRule`] (`--optimizer adam|sgd`). Each keeps the exact reduction order it always had, so
 //! losses are bit-identical to before the interface.
 
-use super::{DistributedOptimizer, Moment, MomentBuf, UpdateRule};
+use super::{DistributedOptimizer, Moment, MomentBuf, ReplicatedGrads, UpdateRule};
 use crate::distributed::{ExpertGrads, GradBuffer};
 use crate::params::{Grads, Params};
-use crate::tensor_parallel::{grad_norm_squared_tp, sum_f64, Tp};
+use crate::tensor_parallel::{sum_f64, Tp};
 use megatron_comm::{CommError, Communicator, ReduceOp, TypedCollectives};
 use megatron_tensor::cpu::{global_norm_squared, scale_inplace};
 
@@ -143,8 +143,11 @@ pub trait MegatronOptimizer: Send {
     /// Optimizer steps taken (Adam's bias correction).
     fn step_count(&self) -> u64;
 
-    /// The element-wise update (`--optimizer`).
-    fn update_rule(&self) -> UpdateRule;
+    /// megatron-core's name of the optimizer (`--optimizer`), recorded in checkpoints.
+    fn name(&self) -> &'static str;
+
+    /// The state parameter `param` has (the element-wise rule's moments, or Muon's momentum).
+    fn moments_of(&self, param: usize) -> &'static [Moment];
 
     /// Elements of optimizer state this rank holds, all moments together.
     fn state_elements(&self) -> usize;
@@ -177,11 +180,7 @@ pub struct PlainOptimizer {
     pub moments: Vec<Vec<f32>>,
     /// Successful optimizer steps taken (bias correction).
     pub step: u64,
-    /// Buckets of every parameter, or of the dense ones when the experts have their own.
-    pub buffer: GradBuffer,
-    /// Under expert parallelism: the experts' buckets and groups.
-    pub expert: Option<ExpertGrads>,
-    scratch: Vec<f32>,
+    pub grads: ReplicatedGrads,
 }
 
 impl PlainOptimizer {
@@ -190,49 +189,27 @@ impl PlainOptimizer {
             rule,
             moments: rule.new_state(params.numel()),
             step: 0,
-            buffer,
-            expert: None,
-            scratch: Vec::new(),
+            grads: ReplicatedGrads::new(buffer),
         }
     }
 
     /// The same optimizer with the experts reduced over their own group (`buffer` must then
     /// cover the dense parameters only).
-    pub fn with_experts(self, expert: ExpertGrads) -> Self {
-        PlainOptimizer {
-            expert: Some(expert),
-            ..self
-        }
+    pub fn with_experts(mut self, expert: ExpertGrads) -> Self {
+        self.grads.expert = Some(expert);
+        self
     }
-}
-
-/// Σ g² over parameters `which` picks.
-fn norm_squared_of<'a>(metas: impl Iterator<Item = &'a crate::ParamMeta>, grads: &Grads) -> f64 {
-    metas
-        .map(|m| global_norm_squared(&grads.data[m.offset..m.offset + m.numel]))
-        .sum()
-}
-
-fn zeros_of<'a>(metas: impl Iterator<Item = &'a crate::ParamMeta>, grads: &Grads) -> u64 {
-    metas
-        .map(|m| {
-            grads.data[m.offset..m.offset + m.numel]
-                .iter()
-                .filter(|g| **g == 0.0)
-                .count() as u64
-        })
-        .sum()
 }
 
 /// Which DP rank writes each parameter of DP-replicated state: largest first to the rank with
 /// the fewest bytes so far (the same answer on every rank), so the ranks' files come out about
 /// equal.
-fn balanced_writers(params: &Params, dp: usize) -> Vec<usize> {
+pub(super) fn balanced_writers(params: &Params, dp: usize) -> Vec<usize> {
     balanced_writers_of(params, dp, |_| true)
 }
 
 /// [`balanced_writers`] over the parameters `which` picks (the others get rank 0).
-fn balanced_writers_of(
+pub(super) fn balanced_writers_of(
     params: &Params,
     dp: usize,
     which: impl Fn(&crate::ParamMeta) -> bool,
@@ -253,14 +230,14 @@ fn balanced_writers_of(
 
 /// Model-parallel filter of the norm and zero count: TP-replicated parameters on TP rank 0
 /// only, the tied-embedding copy never.
-fn counted(params: &Params, tp_rank: usize) -> impl Iterator<Item = &crate::ParamMeta> {
+pub(super) fn counted(params: &Params, tp_rank: usize) -> impl Iterator<Item = &crate::ParamMeta> {
     params
         .metas
         .iter()
         .filter(move |m| !m.shared && (!m.tp_replicated || tp_rank == 0))
 }
 
-fn sum_zeros(
+pub(super) fn sum_zeros(
     local: u64,
     tp: &mut Tp,
     pp: &mut dyn Communicator,
@@ -277,7 +254,7 @@ fn sum_zeros(
 
 impl MegatronOptimizer for PlainOptimizer {
     fn grad_buffer(&self) -> &GradBuffer {
-        &self.buffer
+        &self.grads.buffer
     }
 
     fn reduce_gradients(
@@ -286,16 +263,7 @@ impl MegatronOptimizer for PlainOptimizer {
         remaining: Option<&[usize]>,
         dp: &mut dyn Communicator,
     ) -> Result<(), CommError> {
-        match remaining {
-            Some(rest) => self
-                .buffer
-                .reduce_some(rest, grads, dp, &mut self.scratch)?,
-            None => self.buffer.reduce_gradients(grads, dp, &mut self.scratch)?,
-        }
-        match self.expert.as_mut() {
-            Some(e) => e.reduce(grads),
-            None => Ok(()),
-        }
+        self.grads.reduce(grads, remaining, dp)
     }
 
     fn scale_grads(&self, grads: &mut Grads, coeff: f32) {
@@ -306,7 +274,6 @@ impl MegatronOptimizer for PlainOptimizer {
         global_norm_squared(&grads.data)
     }
 
-    /// DP replicas hold the same gradients: summed over TP and PP only.
     fn grad_norm_squared(
         &mut self,
         params: &Params,
@@ -315,21 +282,7 @@ impl MegatronOptimizer for PlainOptimizer {
         pp: &mut dyn Communicator,
         _dp: Option<&mut dyn Communicator>,
     ) -> Result<f64, CommError> {
-        let Some(e) = self.expert.as_mut() else {
-            let x = grad_norm_squared_tp(params, grads, tp)?;
-            return if pp.size() > 1 { sum_f64(pp, x) } else { Ok(x) };
-        };
-        // Dense parameters over TP and PP; each expert once over every rank (its
-        // expert-data-parallel replicas hold the same reduced gradient: the first counts).
-        let local = norm_squared_of(counted(params, tp.rank()).filter(|m| !m.expert), grads);
-        let mut x = sum_f64(tp.comm, local)?;
-        x = sum_f64(pp, x)?;
-        let mine = if e.edp.rank() == 0 {
-            norm_squared_of(params.metas.iter().filter(|m| m.expert), grads)
-        } else {
-            0.0
-        };
-        Ok(x + e.sum_norm(mine)?)
+        self.grads.norm_squared(params, grads, tp, pp)
     }
 
     fn count_zeros(
@@ -340,17 +293,7 @@ impl MegatronOptimizer for PlainOptimizer {
         pp: &mut dyn Communicator,
         _dp: Option<&mut dyn Communicator>,
     ) -> Result<u64, CommError> {
-        let Some(e) = self.expert.as_mut() else {
-            return sum_zeros(zeros_of(counted(params, tp.rank()), grads), tp, pp, None);
-        };
-        let local = zeros_of(counted(params, tp.rank()).filter(|m| !m.expert), grads);
-        let dense = sum_zeros(local, tp, pp, None)?;
-        let mine = if e.edp.rank() == 0 {
-            zeros_of(params.metas.iter().filter(|m| m.expert), grads)
-        } else {
-            0
-        };
-        Ok(dense + e.sum_zeros(mine)?)
+        self.grads.count_zeros(params, grads, tp, pp)
     }
 
     fn step(
@@ -408,15 +351,19 @@ impl MegatronOptimizer for PlainOptimizer {
     }
 
     fn comm_buffer_bytes(&self) -> usize {
-        self.scratch.capacity() * 4
+        self.grads.scratch_bytes()
     }
 
     fn step_count(&self) -> u64 {
         self.step
     }
 
-    fn update_rule(&self) -> UpdateRule {
-        self.rule
+    fn name(&self) -> &'static str {
+        self.rule.name()
+    }
+
+    fn moments_of(&self, _param: usize) -> &'static [Moment] {
+        self.rule.moments()
     }
 
     fn state_elements(&self) -> usize {
@@ -429,29 +376,7 @@ impl MegatronOptimizer for PlainOptimizer {
         dp_rank: usize,
         dp: usize,
     ) -> Vec<StatePiece<'a>> {
-        let writer = match &self.expert {
-            None => balanced_writers(params, dp.max(1)),
-            Some(e) => {
-                // Dense parameters split over DP; experts over their expert-DP replicas.
-                let dense = balanced_writers_of(params, dp.max(1), |m| !m.expert);
-                let experts = balanced_writers_of(params, e.edp.size(), |m| m.expert);
-                let er = e.edp.rank();
-                params
-                    .metas
-                    .iter()
-                    .enumerate()
-                    .map(|(i, m)| {
-                        if !m.expert {
-                            dense[i]
-                        } else if experts[i] == er {
-                            dp_rank
-                        } else {
-                            usize::MAX
-                        }
-                    })
-                    .collect()
-            }
-        };
+        let writer = self.grads.state_writers(params, dp_rank, dp);
         params
             .metas
             .iter()
@@ -604,8 +529,12 @@ impl MegatronOptimizer for DistributedOptimizer {
         self.step
     }
 
-    fn update_rule(&self) -> UpdateRule {
-        self.rule
+    fn name(&self) -> &'static str {
+        self.rule.name()
+    }
+
+    fn moments_of(&self, _param: usize) -> &'static [Moment] {
+        self.rule.moments()
     }
 
     fn state_elements(&self) -> usize {

@@ -5,6 +5,8 @@ pub mod grad_scaler;
 pub mod lr_scheduler;
 pub mod megatron_optimizer;
 pub mod moment_buf;
+pub mod muon;
+pub mod replicated_grads;
 pub mod update_rule;
 
 pub use adam::Adam;
@@ -16,4 +18,9 @@ pub use megatron_optimizer::{
     MegatronOptimizer, MomentReader, ParamGather, PlainOptimizer, StatePiece, StepLr,
 };
 pub use moment_buf::{MomentBuf, MomentDtype, MomentDtypes};
+pub use muon::{
+    is_muon_parameter, MuonConfig, MuonMomentum, MuonOptimizer, MuonScaleMode, MuonTpMode,
+    NsCoefficients,
+};
+pub use replicated_grads::ReplicatedGrads;
 pub use update_rule::{Moment, UpdateRule};

@@ -29,6 +29,7 @@ pub mod mlp_activation;
 pub mod moe_gate;
 pub mod moe_permute;
 pub mod moe_router;
+pub mod newton_schulz;
 pub mod peak;
 pub mod pooling;
 pub mod quick_geglu;
@@ -80,6 +81,9 @@ pub use mla::{
 pub use mlp_activation::{
     geglu_backward, geglu_forward, mlp_activation_backward, mlp_activation_forward, relu_backward,
     relu_forward, MlpActivation,
+};
+pub use newton_schulz::{
+    newton_schulz, NewtonSchulz, NewtonSchulzDims, NsOrientation, NsPrecision,
 };
 pub use pooling::{mean_pool_forward, PoolNorm};
 pub use quick_geglu::{quick_geglu_backward, quick_geglu_forward};
