@@ -84,6 +84,45 @@ pub enum OptimizerArg {
     Sgd,
     /// Lion: sign updates of a momentum (--lion-beta1, --lion-beta2), decoupled weight decay.
     Lion,
+    /// Muon (megatron-core's `TensorParallelMuon`): 2-D weights step on their orthogonalized
+    /// momentum (--muon-*), the rest on --muon-scalar-optimizer.
+    Muon,
+}
+
+/// `--muon-scale-mode`.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MuonScaleModeArg {
+    Spectral,
+    #[value(name = "unit_rms_norm")]
+    UnitRmsNorm,
+    #[value(name = "shape_scaling")]
+    ShapeScaling,
+}
+
+/// `--muon-fp32-matmul-prec`: megatron-core's torch precision of the Newton–Schulz products.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MuonMatmulPrecArg {
+    /// bf16 products (as medium).
+    Low,
+    /// bf16 operands and results, f32 accumulation.
+    Medium,
+    /// f32 (torch's TF32 on a GPU; f32 here).
+    High,
+}
+
+/// `--muon-tp-mode`.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MuonTpModeArg {
+    Blockwise,
+    Duplicated,
+    Distributed,
+}
+
+/// `--muon-scalar-optimizer`.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MuonScalarArg {
+    Adam,
+    Lion,
 }
 
 /// Megatron's precision-aware optimizer dtypes (`--exp-avg-dtype` and the like).
@@ -610,6 +649,31 @@ pub struct TrainArgs {
     /// Lion's momentum decay.
     #[arg(long, default_value_t = 0.98)]
     pub lion_beta2: f32,
+    /// Muon's momentum (the EMA of the gradients it orthogonalizes).
+    #[arg(long, default_value_t = 0.9)]
+    pub muon_momentum: f32,
+    /// Orthogonalize a fused QKV weight whole, not as its query, key and value blocks.
+    #[arg(long)]
+    pub muon_no_split_qkv: bool,
+    /// Nesterov's look-ahead on Muon's momentum.
+    #[arg(long)]
+    pub muon_nesterov: bool,
+    #[arg(long, value_enum, default_value = "spectral")]
+    pub muon_scale_mode: MuonScaleModeArg,
+    #[arg(long, value_enum, default_value = "medium")]
+    pub muon_fp32_matmul_prec: MuonMatmulPrecArg,
+    /// simple, quintic, polar_express, cans, aol or deepseekv4 (emerging-optimizers' sets).
+    #[arg(long, default_value = "quintic")]
+    pub muon_coefficient_type: String,
+    #[arg(long, default_value_t = 5)]
+    pub muon_num_ns_steps: usize,
+    #[arg(long, value_enum, default_value = "duplicated")]
+    pub muon_tp_mode: MuonTpModeArg,
+    #[arg(long, default_value_t = 1.0)]
+    pub muon_extra_scale_factor: f32,
+    /// The optimizer of the embeddings, output layer, norms and biases under --optimizer muon.
+    #[arg(long, value_enum, default_value = "adam")]
+    pub muon_scalar_optimizer: MuonScalarArg,
     #[arg(long, default_value_t = 0.9)]
     pub adam_beta1: f32,
     #[arg(long, default_value_t = 0.999)]
@@ -994,8 +1058,10 @@ pub struct TrainConfig {
     pub model: TransformerConfig,
     pub precision: Precision,
     pub optimizer: OptimizerKind,
-    /// `--optimizer` with its hyperparameters.
+    /// `--optimizer` with its hyperparameters (under Muon: the scalar parameters' rule).
     pub update_rule: UpdateRule,
+    /// `--optimizer muon`'s settings (the QKV split filled in by the model).
+    pub muon: Option<megatron_core::optimizer::MuonConfig>,
     /// The tensors weight decay spares.
     pub no_weight_decay_cond: NoWeightDecayCond,
     /// How the distributed optimizer stores Adam's moments (`--exp-avg-dtype`,
@@ -1136,6 +1202,111 @@ impl TrainArgs {
             )));
         }
         Ok(NoWeightDecayCond::OneDimAndBiasesExceptQkLayernorm)
+    }
+
+    /// The element-wise rule: `--optimizer`'s, or under Muon `--muon-scalar-optimizer`'s.
+    fn update_rule(&self) -> UpdateRule {
+        let adam = UpdateRule::Adam {
+            beta1: self.adam_beta1,
+            beta2: self.adam_beta2,
+            eps: self.adam_eps,
+        };
+        let lion = UpdateRule::Lion {
+            beta1: self.lion_beta1,
+            beta2: self.lion_beta2,
+        };
+        match (self.optimizer, self.muon_scalar_optimizer) {
+            (OptimizerArg::Adam, _) | (OptimizerArg::Muon, MuonScalarArg::Adam) => adam,
+            (OptimizerArg::Lion, _) | (OptimizerArg::Muon, MuonScalarArg::Lion) => lion,
+            (OptimizerArg::Sgd, _) => UpdateRule::Sgd {
+                momentum: self.sgd_momentum,
+            },
+        }
+    }
+
+    /// `--optimizer muon`'s settings, checked as megatron-core checks them.
+    fn muon(
+        &self,
+        model: &TransformerConfig,
+    ) -> Result<Option<megatron_core::optimizer::MuonConfig>, TrainError> {
+        use megatron_core::optimizer::{
+            MuonConfig, MuonMomentum, MuonScaleMode, MuonTpMode, NsCoefficients,
+        };
+        use megatron_tensor::cpu::NsPrecision;
+        if self.optimizer != OptimizerArg::Muon {
+            return Ok(None);
+        }
+        if self.fp16 {
+            return Err(bad(
+                "--optimizer muon with --fp16 is not supported (as in Megatron): use --bf16".into(),
+            ));
+        }
+        if self.use_distributed_optimizer {
+            return Err(bad(
+                "--optimizer muon with --use-distributed-optimizer (megatron-core's layer-wise \
+                 distributed optimizer) is not built: Muon keeps its state on every \
+                 data-parallel rank here"
+                    .into(),
+            ));
+        }
+        if !(0.0..1.0).contains(&self.muon_momentum) {
+            return Err(bad(format!(
+                "--muon-momentum must be in [0, 1), got {}",
+                self.muon_momentum
+            )));
+        }
+        if self.muon_num_ns_steps == 0 {
+            return Err(bad("--muon-num-ns-steps must be at least 1, got 0".into()));
+        }
+        if !(self.muon_extra_scale_factor > 0.0 && self.muon_extra_scale_factor.is_finite()) {
+            return Err(bad(format!(
+                "--muon-extra-scale-factor must be positive, got {}",
+                self.muon_extra_scale_factor
+            )));
+        }
+        let coefficients =
+            NsCoefficients::from_name(&self.muon_coefficient_type).ok_or_else(|| {
+                let names: Vec<_> = NsCoefficients::ALL.iter().map(|c| c.name()).collect();
+                bad(format!(
+                    "--muon-coefficient-type {}: not a coefficient set; one of {}",
+                    self.muon_coefficient_type,
+                    names.join(", ")
+                ))
+            })?;
+        // megatron-core's split: per query group, its query heads, one key and one value head
+        // (only a fused QKV weight; multi-latent attention has none).
+        let qkv_split = (!self.muon_no_split_qkv && model.mla.is_none()).then(|| {
+            let d = model.head_dim();
+            let groups = model.query_groups();
+            [model.num_attention_heads / groups * d, d, d]
+        });
+        Ok(Some(MuonConfig {
+            momentum: self.muon_momentum,
+            momentum_kind: if self.muon_nesterov {
+                MuonMomentum::Nesterov
+            } else {
+                MuonMomentum::Plain
+            },
+            coefficients,
+            num_ns_steps: self.muon_num_ns_steps,
+            precision: match self.muon_fp32_matmul_prec {
+                MuonMatmulPrecArg::Low | MuonMatmulPrecArg::Medium => NsPrecision::Bf16,
+                MuonMatmulPrecArg::High => NsPrecision::F32,
+            },
+            scale_mode: match self.muon_scale_mode {
+                MuonScaleModeArg::Spectral => MuonScaleMode::Spectral,
+                MuonScaleModeArg::UnitRmsNorm => MuonScaleMode::UnitRmsNorm,
+                MuonScaleModeArg::ShapeScaling => MuonScaleMode::ShapeScaling,
+            },
+            extra_scale_factor: self.muon_extra_scale_factor,
+            tp_mode: match self.muon_tp_mode {
+                MuonTpModeArg::Blockwise => MuonTpMode::Blockwise,
+                MuonTpModeArg::Duplicated => MuonTpMode::Duplicated,
+                MuonTpModeArg::Distributed => MuonTpMode::Distributed,
+            },
+            qkv_split,
+            scalar: self.update_rule(),
+        }))
     }
 
     pub fn validate(&self, vocab_size: usize) -> Result<TrainConfig, TrainError> {
@@ -1406,6 +1577,7 @@ impl TrainArgs {
             // Megatron's --encoder-seq-length is the run's sequence length.
             args.seq_length = e;
         }
+        let muon = self.muon(&model)?;
         Ok(TrainConfig {
             args,
             model,
@@ -1421,20 +1593,8 @@ impl TrainArgs {
             } else {
                 OptimizerKind::Replicated
             },
-            update_rule: match self.optimizer {
-                OptimizerArg::Adam => UpdateRule::Adam {
-                    beta1: self.adam_beta1,
-                    beta2: self.adam_beta2,
-                    eps: self.adam_eps,
-                },
-                OptimizerArg::Sgd => UpdateRule::Sgd {
-                    momentum: self.sgd_momentum,
-                },
-                OptimizerArg::Lion => UpdateRule::Lion {
-                    beta1: self.lion_beta1,
-                    beta2: self.lion_beta2,
-                },
-            },
+            update_rule: self.update_rule(),
+            muon,
             no_weight_decay_cond: self.no_weight_decay_cond()?,
             moment_dtypes: self.moment_dtypes()?,
             loss_reduction: if self.calculate_per_token_loss {

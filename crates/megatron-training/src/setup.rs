@@ -10,7 +10,8 @@ use megatron_comm::{Communicator, ProcessGroups, ReduceOp, ThreadCommunicator};
 use megatron_core::distributed::{ExpertGrads, GradBuffer, ParamGroup};
 use megatron_core::models::{ModelChunk, ModelFamily};
 use megatron_core::optimizer::{
-    DistributedOptimizer, GradScaler, MegatronOptimizer, OptimizerParamScheduler, PlainOptimizer,
+    DistributedOptimizer, GradScaler, MegatronOptimizer, MuonOptimizer, OptimizerParamScheduler,
+    PlainOptimizer,
 };
 use megatron_core::params::ExpertLayout;
 use megatron_core::pipeline_parallel::build_stage;
@@ -277,15 +278,37 @@ pub(crate) fn setup_model_and_optimizer<F: ModelFamily>(
     let half = cfg.precision.half();
     params.set_half(half);
     let rule = cfg.update_rule;
-    let mut optimizer: Box<dyn MegatronOptimizer> = match cfg.optimizer {
-        OptimizerKind::Replicated => {
+    let mut optimizer: Box<dyn MegatronOptimizer> = match (cfg.optimizer, cfg.muon) {
+        (_, Some(muon)) => {
+            // Muon gathers (or reduces) whole matrices over TP in its step, on its own copies
+            // of the groups.
+            let own = |c: &mut dyn Communicator| -> Result<_, TrainError> {
+                Ok((c.size() > 1)
+                    .then(|| {
+                        let name = format!("{}.muon", c.name());
+                        c.split_named(0, c.rank(), &name)
+                    })
+                    .transpose()?)
+            };
+            let tp = own(comms.tp.comm)?;
+            let etp = match comms.tp.etp.as_deref_mut() {
+                Some(c) => own(c)?,
+                None => None,
+            };
+            let muon = MuonOptimizer::new(&params, muon, buffer, tp, etp);
+            Box::new(match expert {
+                Some(e) => muon.with_experts(e),
+                None => muon,
+            })
+        }
+        (OptimizerKind::Replicated, None) => {
             let plain = PlainOptimizer::new(&params, rule, buffer);
             Box::new(match expert {
                 Some(e) => plain.with_experts(e),
                 None => plain,
             })
         }
-        OptimizerKind::Distributed => Box::new(
+        (OptimizerKind::Distributed, None) => Box::new(
             DistributedOptimizer::new_with_experts(&params, buffer, expert, rule)
                 .with_moment_dtypes(cfg.moment_dtypes),
         ),

@@ -171,7 +171,7 @@ pub fn validate(a: &TrainArgs) -> Result<TabularTrainConfig, TrainError> {
             "does not apply (the tabular model has no word embedding or output layer)",
         ),
         (
-            "--optimizer sgd / lion",
+            "--optimizer sgd / lion / muon",
             a.optimizer != crate::arguments::OptimizerArg::Adam,
             "is not supported yet for the tabular model (Adam only)",
         ),

@@ -1,0 +1,243 @@
+//! `--optimizer muon` in training: every layout trains the one-rank model (Muon orthogonalizes
+//! whole matrices, so tensor parallelism gathers or reduces them), the state is Muon's momentum
+//! for the 2-D weights and the scalar optimizer's moments for the rest, a resume continues bit
+//! for bit, and bad settings are refused by name. The update itself is checked against
+//! megatron-core's `TensorParallelMuon` in megatron-core (`tests/optimizer_muon.rs`).
+
+mod common;
+
+use common::*;
+use megatron_training::checkpointing::TRACKER;
+use megatron_training::pretrain;
+
+/// Muon with f32 Newton–Schulz products, so that layouts compare at f32 precision (bf16
+/// products turn a 1e-7 difference in a gradient into a bf16 rounding of the update);
+/// GQA (2 groups of 2 heads) and SwiGLU give the QKV split and the `[gate; up]` weight.
+const MUON: &[&str] = &[
+    "--optimizer",
+    "muon",
+    "--muon-fp32-matmul-prec",
+    "high",
+    "--num-query-groups",
+    "2",
+    "--swiglu",
+    "--lr",
+    "3e-3",
+    "--weight-decay",
+    "0.1",
+];
+
+#[test]
+fn muon_tensor_sequence_pipeline_and_data_parallel_layouts_match_one_rank() {
+    let dir = tmpdir("muon-layouts");
+    let tp2 = ["--nproc-per-node", "2", "--tensor-model-parallel-size", "2"];
+    let tp2_sp_distributed = [
+        &tp2[..],
+        &["--sequence-parallel", "--muon-tp-mode", "distributed"],
+    ]
+    .concat();
+    let pp2 = [
+        "--nproc-per-node",
+        "2",
+        "--pipeline-model-parallel-size",
+        "2",
+    ];
+    let dp2 = ["--nproc-per-node", "2"];
+    let layouts: [(&str, &[&str]); 4] = [
+        ("tp2 duplicated", &tp2),
+        ("tp2 + sp distributed", &tp2_sp_distributed),
+        ("pp2", &pp2),
+        ("dp2", &dp2),
+    ];
+    let serial = assert_layouts_match_one_rank(&dir, "muon", MUON, &layouts);
+    let t = &serial.1.tensors;
+    // Muon's momentum for the 2-D weights, Adam's moments for the rest.
+    for (name, muon) in [
+        ("decoder.layers.0.self_attention.linear_qkv.weight", true),
+        ("decoder.layers.0.mlp.linear_fc1.weight", true),
+        ("decoder.layers.0.mlp.linear_fc2.weight", true),
+        ("embedding.word_embeddings.weight", false),
+        ("decoder.layers.0.self_attention.linear_qkv.bias", false),
+        ("decoder.final_layernorm.weight", false),
+    ] {
+        let has = |k: &str| t.contains_key(&format!("optimizer.{k}.{name}"));
+        assert_eq!(has("momentum_buffer"), muon, "{name}");
+        assert_eq!(has("exp_avg") && has("exp_avg_sq"), !muon, "{name}");
+    }
+    let adam = train_and_load(
+        &dir,
+        "adam",
+        &[&MUON[..2], &["--optimizer", "adam"], &MUON[4..]].concat(),
+    );
+    assert!(
+        (serial.0.losses[4].1 - adam.0.losses[4].1).abs() > 1e-3,
+        "Muon is not Adam: {:?} vs {:?}",
+        serial.0.losses[4],
+        adam.0.losses[4]
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Experts are orthogonalized each on its own (megatron-core's `expert_tp` group under expert
+/// tensor parallelism), with Nesterov momentum, another scale mode and a repeated coefficient
+/// schedule.
+#[test]
+fn muon_expert_parallel_and_its_settings_match_one_rank() {
+    let dir = tmpdir("muon-moe");
+    let flags = [
+        MUON,
+        &[
+            "--num-experts",
+            "4",
+            "--moe-router-topk",
+            "2",
+            "--moe-ffn-hidden-size",
+            "32",
+            "--muon-nesterov",
+            "--muon-scale-mode",
+            "unit_rms_norm",
+            "--muon-coefficient-type",
+            "polar_express",
+            "--muon-num-ns-steps",
+            "9",
+        ],
+    ]
+    .concat();
+    let ep2 = ["--nproc-per-node", "2", "--expert-model-parallel-size", "2"];
+    let tp2_etp2 = [
+        "--nproc-per-node",
+        "2",
+        "--tensor-model-parallel-size",
+        "2",
+        "--sequence-parallel",
+    ];
+    let layouts: [(&str, &[&str]); 2] = [("ep2", &ep2), ("tp2 + sp, experts tp2", &tp2_etp2)];
+    let serial = assert_layouts_match_one_rank(&dir, "muon moe", &flags, &layouts);
+    let t = &serial.1.tensors;
+    assert!(t.contains_key(
+        "optimizer.momentum_buffer.decoder.layers.0.mlp.experts.local_experts.3.linear_fc1.weight"
+    ));
+    assert!(t.contains_key("optimizer.exp_avg_sq.embedding.word_embeddings.weight"));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// `--muon-tp-mode blockwise` orthogonalizes each TP shard alone: another optimizer at TP 2
+/// (as megatron-core warns), which shows the whole-matrix modes are what make TP 2 equal one rank.
+#[test]
+fn muon_blockwise_is_another_optimizer_under_tensor_parallelism() {
+    let dir = tmpdir("muon-blockwise");
+    let flags = [MUON, &["--muon-tp-mode", "blockwise"]].concat();
+    let serial = train_and_load(&dir, "serial", &flags);
+    let tp2 = train_and_load(
+        &dir,
+        "tp2",
+        &[
+            &flags[..],
+            &["--nproc-per-node", "2", "--tensor-model-parallel-size", "2"],
+        ]
+        .concat(),
+    );
+    let name = "decoder.layers.0.mlp.linear_fc2.weight";
+    let d = serial.1.tensors[name]
+        .iter()
+        .zip(&tp2.1.tensors[name])
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max);
+    assert!(
+        d > 1e-3,
+        "blockwise at TP 2 moved {name} like one rank: {d}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Megatron's defaults (bf16 Newton–Schulz products) under `--bf16`: TP 2 trains the one-rank
+/// model within the bf16 tolerance of the other layouts' tests.
+#[test]
+fn muon_with_bf16_products_and_parameters_matches_one_rank_at_tp2() {
+    let dir = tmpdir("muon-bf16");
+    let flags = ["--optimizer", "muon", "--bf16"];
+    let serial = train_and_load(&dir, "serial", &flags);
+    let tp2 = train_and_load(
+        &dir,
+        "tp2",
+        &[
+            &flags[..],
+            &["--nproc-per-node", "2", "--tensor-model-parallel-size", "2"],
+        ]
+        .concat(),
+    );
+    assert_same_training_within(
+        "muon bf16 tp2",
+        &serial,
+        &tp2,
+        BF16_LOSS_TOL,
+        BF16_PARAM_TOL,
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// With Lion for the scalar parameters (its one moment checkpointed beside Muon's momentum).
+#[test]
+fn a_muon_run_resumes_bit_for_bit_and_refuses_another_optimizers_checkpoint() {
+    let dir = tmpdir("muon-resume");
+    let save = dir.join("run");
+    let s = save.to_str().unwrap();
+    let flags = [
+        MUON,
+        &["--train-iters", "5", "--muon-scalar-optimizer", "lion"],
+    ]
+    .concat();
+    let full = pretrain(&args(
+        &[&flags[..], &["--save", s, "--save-interval", "3"]].concat(),
+    ))
+    .unwrap();
+    std::fs::write(save.join(TRACKER), "3\n").unwrap();
+    let resumed = pretrain(&args(&[&flags[..], &["--load", s]].concat())).unwrap();
+    assert_eq!(resumed.losses[..], full.losses[3..]);
+    let ck = megatron_training::checkpointing::load_checkpoint(&save, None).unwrap();
+    let t = &ck.tensors;
+    assert!(t.contains_key("optimizer.exp_avg.embedding.word_embeddings.weight"));
+    assert!(!t.contains_key("optimizer.exp_avg_sq.embedding.word_embeddings.weight"));
+    assert!(t.contains_key("optimizer.momentum_buffer.decoder.layers.1.mlp.linear_fc2.weight"));
+    let e = pretrain(&args(
+        &[&MUON[2..], &["--train-iters", "6", "--load", s]].concat(),
+    ))
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("--optimizer muon") && e.contains("--optimizer adam"),
+        "{e}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn bad_muon_settings_are_refused_by_name() {
+    for (extra, want) in [
+        (&["--fp16"][..], "--optimizer muon with --fp16"),
+        (
+            &["--nproc-per-node", "2", "--use-distributed-optimizer"][..],
+            "--use-distributed-optimizer",
+        ),
+        (
+            &["--muon-coefficient-type", "cubic"][..],
+            "--muon-coefficient-type cubic",
+        ),
+        (&["--muon-num-ns-steps", "0"][..], "--muon-num-ns-steps"),
+        (
+            &["--muon-momentum", "1"][..],
+            "--muon-momentum must be in [0, 1)",
+        ),
+        (
+            &["--muon-extra-scale-factor", "0"][..],
+            "--muon-extra-scale-factor must be positive",
+        ),
+    ] {
+        let e = pretrain(&args(
+            &[&["--train-iters", "3", "--optimizer", "muon"][..], extra].concat(),
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains(want), "{extra:?}: {e}");
+    }
+}
