@@ -241,3 +241,15 @@ fn bad_muon_settings_are_refused_by_name() {
         assert!(e.contains(want), "{extra:?}: {e}");
     }
 }
+
+#[test]
+fn the_layout_planner_refuses_muon_rather_than_mispredict_it() {
+    use megatron_training::plan::cluster::Cluster;
+    use megatron_training::plan::layout::Pins;
+    let a = args(&[MUON, &["--train-iters", "5"]].concat());
+    let err = match megatron_training::plan::plan(&a, &Cluster::dgx_h100(1), &Pins::default()) {
+        Ok(_) => panic!("planned Muon with Adam's costs"),
+        Err(e) => e.to_string(),
+    };
+    assert!(err.contains("--optimizer muon"), "{err}");
+}

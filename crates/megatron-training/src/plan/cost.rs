@@ -358,6 +358,9 @@ pub fn predict(cfg: &TrainConfig, cluster: &Cluster) -> Result<Prediction, Strin
     if m.mtp.is_some() {
         return Err("--mtp-num-layers: the cost model has no multi-token-prediction depths".into());
     }
+    if cfg.muon.is_some() {
+        return Err("--optimizer muon: the cost model has no Newton-Schulz time and counts one update rule's state for every parameter".into());
+    }
     let (t, p, v, cp, d) = (cfg.tp, cfg.pp, cfg.partition.v, cfg.cp, cfg.dp);
     let b = cfg.args.micro_batch_size;
     let s = cfg.args.seq_length;
