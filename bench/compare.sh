@@ -7,7 +7,11 @@
 # against transformers' LlamaForCausalLM (bench/torch_llama.py). MLA: GPT M's size with DeepSeek-V3's
 # multi-latent attention (query latent 384, key/value latent 256, heads of 64 + 32 rotary features,
 # values 64), SwiGLU 2048, RMSNorm, untied, against transformers' DeepseekV3ForCausalLM, every layer
-# dense (bench/torch_deepseek.py).
+# dense (bench/torch_deepseek.py). MUON=EO_DIR (GPT configs): both sides train with Muon,
+# megatron-core's defaults, ours `--optimizer muon --muon-no-split-qkv`, PyTorch's NVIDIA
+# emerging-optimizers `Muon` unpacked in EO_DIR (bench/torch_gpt.py --muon; its fused QKV is not
+# split either); MUON_PREC=high runs both sides' Newton-Schulz products in f32 (default medium:
+# bf16, megatron-core's default).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CFG=${1:-S}; RUNS=${2:-2}; PYTHON=${PYTHON:-python3}
@@ -35,6 +39,11 @@ if [ "$CFG" = MLA ]; then
   TORCH_SCRIPT=(bench/torch_deepseek.py --layers $L --hidden $H --heads $A --ffn 2048 --q-lora 384
     --kv-lora 256 --qk-head-dim 64 --rope-head-dim 32 --v-head-dim 64 --seq $T --batch $B --vocab $V)
 fi
+MUON_FLAGS=""; TORCH_MUON=()
+if [ -n "${MUON:-}" ]; then
+  MUON_FLAGS="--optimizer muon --muon-no-split-qkv --muon-fp32-matmul-prec ${MUON_PREC:-medium}"
+  TORCH_MUON=(--muon "$MUON" --muon-prec "${MUON_PREC:-medium}")
+fi
 cargo build --release --quiet
 OUT=$(mktemp -d)
 echo "# config $CFG: layers $L hidden $H heads $A seq $T micro-batch $B vocab $V; $RUNS runs each, alternating"
@@ -47,18 +56,18 @@ for r in $(seq 1 "$RUNS"); do
     --micro-batch-size $B --global-batch-size $B --train-iters $((WARM + STEPS)) --lr 3e-4 \
     --adam-beta2 0.95 --weight-decay 0.1 --clip-grad 1.0 --hidden-dropout 0 --attention-dropout 0 \
     --log-interval 1 --eval-interval 100000 --eval-iters 0 --metrics-file "$OUT/m.jsonl" \
-    --no-progress-bar --num-threads 2 $MODEL_FLAGS ${MEGATRON_FLAGS:-} > "$OUT/log"
-  python3 - "$OUT/m.jsonl" "$WARM" "$B" "$T" "$(cat "$OUT/rss")" "${MEGATRON_FLAGS:-}" <<'PY'
+    --no-progress-bar --num-threads 2 $MODEL_FLAGS $MUON_FLAGS ${MEGATRON_FLAGS:-} > "$OUT/log"
+  python3 - "$OUT/m.jsonl" "$WARM" "$B" "$T" "$(cat "$OUT/rss")" "${MEGATRON_FLAGS:-} $MUON_FLAGS" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if '"lm_loss"' in l]
 warm, b, t, rss_kb = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 ms = statistics.median(r["ms_per_iter"] for r in rows[warm:])
-print(json.dumps({"impl": "megatron-rs" + ("-bf16" if "--bf16" in sys.argv[6] else ""), "step_s": ms / 1e3, "tokens_per_sec": b * t / (ms / 1e3),
+print(json.dumps({"impl": "megatron-rs" + ("-bf16" if "--bf16" in sys.argv[6] else "") + ("-muon" if "muon" in sys.argv[6] else ""), "step_s": ms / 1e3, "tokens_per_sec": b * t / (ms / 1e3),
                   "peak_rss_bytes": rss_kb * 1024, "mfu_vs_unit_peak": statistics.median(r["mfu"] for r in rows[warm:]),
                   "first_loss": rows[0]["lm_loss"], "last_loss": rows[-1]["lm_loss"]}))
 PY
   /usr/bin/time -f "%M" -o "$OUT/rss" "$PYTHON" "${TORCH_SCRIPT[@]}" \
-    --warmup $WARM --steps $STEPS --threads 2 ${TORCH_BF16:+--bf16}
+    --warmup $WARM --steps $STEPS --threads 2 ${TORCH_BF16:+--bf16} ${TORCH_MUON[@]+"${TORCH_MUON[@]}"}
 done | tee "$OUT/rows"
 python3 bench/pair_ratios.py "$OUT/rows"
 rm -rf "$OUT"
