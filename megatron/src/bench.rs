@@ -15,7 +15,9 @@ pub struct BenchArgs {
     /// against 1 on two rank threads), `cp` (a Llama-style model at --seq-length with context parallelism 1 and each
     /// of --ranks, ring and all-to-all attention) or `prior` (tables/s of the synthetic-table prior with 1 and each of
     /// --ranks worker threads, --num-samples tables per run) or `attention` (causal attention forward/backward on the f32
-    /// kernel and on the packed bf16 kernel: AMX tiles, else the dot-product instruction; alternated).
+    /// kernel and on the packed bf16 kernel: AMX tiles, else the dot-product instruction; alternated) or `muon` (Muon's
+    /// Newton-Schulz iteration on one GPT layer's matrices at --hidden/--ffn, f32 and bf16 products, beside the GEMM rate,
+    /// and its seconds per optimizer step for --layers layers).
     #[arg(default_value = "gemm")]
     pub what: String,
     #[arg(long, default_value_t = 4096)]
@@ -322,6 +324,9 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
     }
     if a.what == "attention" {
         return crate::bench_attention::attention(a);
+    }
+    if a.what == "muon" {
+        return crate::bench_muon::muon(a);
     }
     if a.what == "prior" {
         return crate::bench_prior::prior(a);

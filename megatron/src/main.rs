@@ -13,6 +13,7 @@ mod bench;
 mod bench_attention;
 mod bench_cp;
 mod bench_moe;
+mod bench_muon;
 mod bench_pipeline;
 mod bench_prior;
 mod bench_tp;

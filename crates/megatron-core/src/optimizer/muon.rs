@@ -416,8 +416,18 @@ fn orthogonalize(
                     }
                 }
             };
-            let out =
-                orthogonalize_blocks(c, m, u, rows, cols, Some((sharded, m.tp_size, &mut sum)));
+            let out = orthogonalize_blocks(
+                c,
+                m,
+                u,
+                rows,
+                cols,
+                Some(Sharding {
+                    axis: sharded,
+                    ranks: m.tp_size,
+                    sum: &mut sum,
+                }),
+            );
             match failure {
                 Some(e) => Err(e),
                 None => Ok(out),
@@ -433,22 +443,38 @@ enum ShardedAxis {
     Cols,
 }
 
+/// This rank's part of a matrix split along `axis` over `ranks` ranks; `sum` completes the
+/// iteration's partial Gram matrices and norm over them.
+struct Sharding<'a> {
+    axis: ShardedAxis,
+    ranks: usize,
+    sum: &'a mut dyn FnMut(&mut [f32]),
+}
+
 /// NS of the `rows × cols` matrix `x`, block by block for a split QKV weight; with `sharded`,
-/// `x` is this rank's part of a matrix split along that axis over `ranks` ranks.
+/// `x` is this rank's part of a larger matrix.
 fn orthogonalize_blocks(
     c: &MuonConfig,
     m: &ParamMeta,
     x: &[f32],
     rows: usize,
     cols: usize,
-    mut sharded: Option<(ShardedAxis, usize, &mut dyn FnMut(&mut [f32]))>,
+    mut sharded: Option<Sharding<'_>>,
 ) -> Vec<f32> {
     let coefficients = c.coefficients.schedule(c.num_ns_steps);
     let mut run = |block: &[f32], r: usize| -> Vec<f32> {
         let (orientation, whole_r, whole_c) = match sharded.as_ref() {
             None => (NsOrientation::Smaller, r, cols),
-            Some((ShardedAxis::Rows, n, _)) => (NsOrientation::Columns, r * n, cols),
-            Some((ShardedAxis::Cols, n, _)) => (NsOrientation::Rows, r, cols * n),
+            Some(Sharding {
+                axis: ShardedAxis::Rows,
+                ranks,
+                ..
+            }) => (NsOrientation::Columns, r * ranks, cols),
+            Some(Sharding {
+                axis: ShardedAxis::Cols,
+                ranks,
+                ..
+            }) => (NsOrientation::Rows, r, cols * ranks),
         };
         let ns = NewtonSchulz {
             coefficients: &coefficients,
@@ -459,7 +485,7 @@ fn orthogonalize_blocks(
         let mut out = vec![0.0f32; block.len()];
         let d = NewtonSchulzDims { rows: r, cols };
         match sharded.as_mut() {
-            Some((_, _, sum)) => newton_schulz(&mut out, block, d, &ns, &mut **sum),
+            Some(Sharding { sum, .. }) => newton_schulz(&mut out, block, d, &ns, &mut **sum),
             None => newton_schulz(&mut out, block, d, &ns, &mut |_| {}),
         }
         // Two products, as the reference: `orth * scale * extra`.
@@ -471,7 +497,7 @@ fn orthogonalize_blocks(
     };
     let split = c
         .qkv_split
-        .filter(|q| is_fused_qkv(m) && rows % q.iter().sum::<usize>() == 0);
+        .filter(|q| is_fused_qkv(m) && rows.is_multiple_of(q.iter().sum::<usize>()));
     let Some(parts) = split else {
         return run(x, rows);
     };
