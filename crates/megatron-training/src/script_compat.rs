@@ -101,6 +101,9 @@ pub struct ScriptCompatArgs {
     pub no_rope_fusion: bool,
     #[arg(long)]
     pub no_persist_layer_norm: bool,
+    /// megatron-core's Triton kernel for Muon's symmetric `X·Xᵀ` (same products, a GPU kernel).
+    #[arg(long)]
+    pub muon_use_syrk: bool,
     #[arg(long)]
     pub cross_entropy_loss_fusion: bool,
     #[arg(long)]
@@ -214,6 +217,7 @@ impl ScriptCompatArgs {
             ("--no-bias-dropout-fusion", self.no_bias_dropout_fusion),
             ("--no-rope-fusion", self.no_rope_fusion),
             ("--no-persist-layer-norm", self.no_persist_layer_norm),
+            ("--muon-use-syrk", self.muon_use_syrk),
             (
                 "--cross-entropy-loss-fusion",
                 self.cross_entropy_loss_fusion,

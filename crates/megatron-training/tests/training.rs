@@ -1470,6 +1470,7 @@ fn megatron_script_kernel_flags_are_accepted_without_changing_training() {
         "4",
         "--no-check-for-nan-in-loss-and-grad",
         "--openai-gelu",
+        "--muon-use-syrk",
     ]))
     .unwrap();
     assert_eq!(plain.losses, script.losses);
