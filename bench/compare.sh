@@ -47,7 +47,9 @@ fi
 cargo build --release --quiet
 OUT=$(mktemp -d)
 echo "# config $CFG: layers $L hidden $H heads $A seq $T micro-batch $B vocab $V; $RUNS runs each, alternating"
-echo "# load before start: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "# load before start: $(cut -d' ' -f1-3 /proc/loadavg); $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-)," \
+  "family $(grep -m1 'cpu family' /proc/cpuinfo | cut -d: -f2- | tr -d ' ') model $(grep -m1 '^model\s' /proc/cpuinfo | cut -d: -f2- | tr -d ' ')," \
+  "$(grep -q -w amx_bf16 /proc/cpuinfo && echo AMX || echo 'no AMX'), $(grep -q -w avx512_bf16 /proc/cpuinfo && echo AVX512_BF16 || echo 'no AVX512_BF16')"
 for r in $(seq 1 "$RUNS"); do
   rm -f "$OUT/m.jsonl"
   # NullTokenizer's vocabulary is --vocab-size + 1 (its end-of-document id), padded to V.
