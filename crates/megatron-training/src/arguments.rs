@@ -1241,14 +1241,6 @@ impl TrainArgs {
                 "--optimizer muon with --fp16 is not supported (as in Megatron): use --bf16".into(),
             ));
         }
-        if self.use_distributed_optimizer {
-            return Err(bad(
-                "--optimizer muon with --use-distributed-optimizer (megatron-core's layer-wise \
-                 distributed optimizer) is not built: Muon keeps its state on every \
-                 data-parallel rank here"
-                    .into(),
-            ));
-        }
         if !(0.0..1.0).contains(&self.muon_momentum) {
             return Err(bad(format!(
                 "--muon-momentum must be in [0, 1), got {}",

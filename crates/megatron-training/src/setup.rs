@@ -10,8 +10,8 @@ use megatron_comm::{Communicator, ProcessGroups, ReduceOp, ThreadCommunicator};
 use megatron_core::distributed::{ExpertGrads, GradBuffer, ParamGroup};
 use megatron_core::models::{ModelChunk, ModelFamily};
 use megatron_core::optimizer::{
-    DistributedOptimizer, GradScaler, MegatronOptimizer, MuonOptimizer, OptimizerParamScheduler,
-    PlainOptimizer,
+    layer_wise_placement, DistributedOptimizer, GradScaler, LayerWiseDistributedOptimizer,
+    MegatronOptimizer, MuonOptimizer, OptimizerParamScheduler, PlainOptimizer,
 };
 use megatron_core::params::ExpertLayout;
 use megatron_core::pipeline_parallel::build_stage;
@@ -295,11 +295,23 @@ pub(crate) fn setup_model_and_optimizer<F: ModelFamily>(
                 Some(c) => own(c)?,
                 None => None,
             };
-            let muon = MuonOptimizer::new(&params, muon, buffer, tp, etp);
-            Box::new(match expert {
-                Some(e) => muon.with_experts(e),
-                None => muon,
-            })
+            if distributed {
+                // megatron-core's layer-wise distributed optimizer: whole matrices per DP rank.
+                let buffer = buffer.into_layer_wise(&params, layer_wise_placement);
+                let expert = expert.map(|mut e| {
+                    e.buffer = e.buffer.into_layer_wise(&params, layer_wise_placement);
+                    e
+                });
+                Box::new(LayerWiseDistributedOptimizer::new(
+                    &params, muon, buffer, expert, tp, etp,
+                ))
+            } else {
+                let muon = MuonOptimizer::new(&params, muon, buffer, tp, etp);
+                Box::new(match expert {
+                    Some(e) => muon.with_experts(e),
+                    None => muon,
+                })
+            }
         }
         (OptimizerKind::Replicated, None) => {
             let plain = PlainOptimizer::new(&params, rule, buffer);

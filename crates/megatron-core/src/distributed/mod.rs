@@ -7,4 +7,4 @@ pub mod overlap_param_gather;
 pub mod param_and_grad_buffer;
 
 pub use expert_grads::ExpertGrads;
-pub use param_and_grad_buffer::{Bucket, Gathered, GradBuffer, ParamGroup};
+pub use param_and_grad_buffer::{Bucket, Gathered, GradBuffer, ParamGroup, Placement};

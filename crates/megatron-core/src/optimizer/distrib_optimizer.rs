@@ -59,19 +59,21 @@ impl DistributedOptimizer {
         let buffers =
             std::iter::once((&buffer, false)).chain(expert.as_ref().map(|e| (&e.buffer, true)));
         for (buf, is_expert) in buffers {
-            for (b, own) in buf.buckets.iter().zip(buf.owned()) {
-                for p in b.params.clone() {
-                    let m = &params.metas[p];
-                    let lo = own.start.max(m.offset);
-                    let hi = own.end.min(m.offset + m.numel);
-                    if lo < hi {
-                        pieces.push(Piece {
-                            range: lo..hi,
-                            state,
-                            param: p,
-                            expert: is_expert,
-                        });
-                        state += hi - lo;
+            for (b, owned) in buf.buckets.iter().zip(buf.owned()) {
+                for own in owned {
+                    for p in b.params.clone() {
+                        let m = &params.metas[p];
+                        let lo = own.start.max(m.offset);
+                        let hi = own.end.min(m.offset + m.numel);
+                        if lo < hi {
+                            pieces.push(Piece {
+                                range: lo..hi,
+                                state,
+                                param: p,
+                                expert: is_expert,
+                            });
+                            state += hi - lo;
+                        }
                     }
                 }
             }
@@ -162,15 +164,8 @@ impl DistributedOptimizer {
         tp_rank: usize,
         which: impl Fn(bool) -> bool,
     ) -> f64 {
-        self.pieces
-            .iter()
-            .filter(|p| which(p.expert))
-            .filter(|p| {
-                let m = &params.metas[p.param];
-                !m.shared && (!m.tp_replicated || tp_rank == 0)
-            })
-            .map(|p| global_norm_squared(&grads.data[p.range.clone()]))
-            .sum()
+        let owned = self.pieces.iter().filter(|p| which(p.expert));
+        owned_norm_squared(params, grads, tp_rank, owned.map(|p| (p.param, &p.range)))
     }
 
     /// Zeros among this rank's shards (same filters as the norm).
@@ -185,20 +180,8 @@ impl DistributedOptimizer {
         tp_rank: usize,
         which: impl Fn(bool) -> bool,
     ) -> u64 {
-        self.pieces
-            .iter()
-            .filter(|p| which(p.expert))
-            .filter(|p| {
-                let m = &params.metas[p.param];
-                !m.shared && (!m.tp_replicated || tp_rank == 0)
-            })
-            .map(|p| {
-                grads.data[p.range.clone()]
-                    .iter()
-                    .filter(|g| **g == 0.0)
-                    .count() as u64
-            })
-            .sum()
+        let owned = self.pieces.iter().filter(|p| which(p.expert));
+        owned_zeros(params, grads, tp_rank, owned.map(|p| (p.param, &p.range)))
     }
 
     /// Scales this rank's shards of the gradients (clipping).
@@ -337,4 +320,36 @@ impl DistributedOptimizer {
         }
         self.step = step;
     }
+}
+
+/// Whether an owned piece of parameter `m` counts in the norm and zero count: TP-replicated
+/// parameters on TP rank 0 only, the tied-embedding copy never.
+fn counted_piece(m: &crate::ParamMeta, tp_rank: usize) -> bool {
+    !m.shared && (!m.tp_replicated || tp_rank == 0)
+}
+
+/// Σ g² over owned pieces `(parameter, flat range)`, with the model-parallel filters.
+pub(super) fn owned_norm_squared<'a>(
+    params: &Params,
+    grads: &Grads,
+    tp_rank: usize,
+    pieces: impl Iterator<Item = (usize, &'a Range<usize>)>,
+) -> f64 {
+    pieces
+        .filter(|(p, _)| counted_piece(&params.metas[*p], tp_rank))
+        .map(|(_, r)| global_norm_squared(&grads.data[r.clone()]))
+        .sum()
+}
+
+/// Zeros among owned pieces, with the same filters.
+pub(super) fn owned_zeros<'a>(
+    params: &Params,
+    grads: &Grads,
+    tp_rank: usize,
+    pieces: impl Iterator<Item = (usize, &'a Range<usize>)>,
+) -> u64 {
+    pieces
+        .filter(|(p, _)| counted_piece(&params.metas[*p], tp_rank))
+        .map(|(_, r)| grads.data[r.clone()].iter().filter(|g| **g == 0.0).count() as u64)
+        .sum()
 }

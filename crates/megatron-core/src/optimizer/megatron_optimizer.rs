@@ -252,6 +252,42 @@ pub(super) fn sum_zeros(
     Ok(v[0] as u64)
 }
 
+/// The squared norm of gradients sharded over DP: `dense`, this rank's part (of every
+/// parameter, or of the dense ones when the experts have their own group), summed over TP, PP
+/// and DP; the experts' part, each element owned by one expert-DP rank, summed over every rank.
+pub(super) fn sharded_norm_squared(
+    dense: f64,
+    experts: Option<(f64, &mut ExpertGrads)>,
+    tp: &mut Tp,
+    pp: &mut dyn Communicator,
+    dp: Option<&mut dyn Communicator>,
+) -> Result<f64, CommError> {
+    let mut x = sum_f64(tp.comm, dense)?;
+    x = sum_f64(pp, x)?;
+    if let Some(c) = dp {
+        x = sum_f64(c, x)?;
+    }
+    match experts {
+        Some((mine, e)) => Ok(x + e.sum_norm(mine)?),
+        None => Ok(x),
+    }
+}
+
+/// [`sharded_norm_squared`] for the zero count.
+pub(super) fn sharded_zeros(
+    dense: u64,
+    experts: Option<(u64, &mut ExpertGrads)>,
+    tp: &mut Tp,
+    pp: &mut dyn Communicator,
+    dp: Option<&mut dyn Communicator>,
+) -> Result<u64, CommError> {
+    let x = sum_zeros(dense, tp, pp, dp)?;
+    match experts {
+        Some((mine, e)) => Ok(x + e.sum_zeros(mine)?),
+        None => Ok(x),
+    }
+}
+
 impl MegatronOptimizer for PlainOptimizer {
     fn grad_buffer(&self) -> &GradBuffer {
         &self.grads.buffer
@@ -454,18 +490,9 @@ impl MegatronOptimizer for DistributedOptimizer {
         let tp_rank = tp.rank();
         let dense_only = self.expert.is_some();
         let local = self.grad_norm_squared_of(params, grads, tp_rank, |x| !(dense_only && x));
-        let mut x = sum_f64(tp.comm, local)?;
-        x = sum_f64(pp, x)?;
-        if let Some(c) = dp {
-            x = sum_f64(c, x)?;
-        }
-        if dense_only {
-            // Each expert element is owned by one expert-DP rank: summed over every rank.
-            let mine = self.grad_norm_squared_of(params, grads, tp_rank, |x| x);
-            let e = self.expert.as_mut().expect("experts");
-            x += e.sum_norm(mine)?;
-        }
-        Ok(x)
+        let mine = self.grad_norm_squared_of(params, grads, tp_rank, |x| x);
+        let experts = self.expert.as_mut().map(|e| (mine, e));
+        sharded_norm_squared(local, experts, tp, pp, dp)
     }
 
     fn count_zeros(
@@ -479,13 +506,9 @@ impl MegatronOptimizer for DistributedOptimizer {
         let tp_rank = tp.rank();
         let dense_only = self.expert.is_some();
         let local = self.count_zeros_of(params, grads, tp_rank, |x| !(dense_only && x));
-        let dense = sum_zeros(local, tp, pp, dp)?;
-        if !dense_only {
-            return Ok(dense);
-        }
         let mine = self.count_zeros_of(params, grads, tp_rank, |x| x);
-        let e = self.expert.as_mut().expect("experts");
-        Ok(dense + e.sum_zeros(mine)?)
+        let experts = self.expert.as_mut().map(|e| (mine, e));
+        sharded_zeros(local, experts, tp, pp, dp)
     }
 
     fn step(

@@ -326,37 +326,71 @@ impl MuonOptimizer {
             let Slot::Muon(s) = self.slots[i] else {
                 continue;
             };
-            let rate = lr.of(m);
             let r = m.offset..m.offset + m.numel;
-            let (w, g) = (&mut params.data[r.clone()], &grads.data[r]);
-            let buf = &mut self.momentum[s..s + m.numel];
-            if m.weight_decay && wd != 0.0 {
-                let decay = -rate * wd;
-                w.iter_mut().for_each(|x| *x += decay * *x);
-            }
-            for (b, gv) in buf.iter_mut().zip(g) {
-                *b = lerp(*b, *gv, 1.0 - c.momentum);
-            }
-            let update: Vec<f32> = match c.momentum_kind {
-                MuonMomentum::Plain => buf.to_vec(),
-                MuonMomentum::Nesterov => g
-                    .iter()
-                    .zip(buf.iter())
-                    .map(|(gv, b)| lerp(*gv, *b, c.momentum))
-                    .collect(),
-            };
             let group = if m.expert {
                 self.etp.as_mut()
             } else {
                 self.tp.as_mut()
             };
-            let orth = orthogonalize(&c, m, &update, group)?;
-            for (x, o) in w.iter_mut().zip(&orth) {
-                *x -= rate * o;
-            }
+            muon_matrix_step(
+                &c,
+                m,
+                MuonMatrix {
+                    w: &mut params.data[r.clone()],
+                    g: &grads.data[r],
+                    momentum: &mut self.momentum[s..s + m.numel],
+                },
+                lr.of(m),
+                if m.weight_decay { wd } else { 0.0 },
+                group,
+            )?;
         }
         Ok(())
     }
+}
+
+/// One Muon matrix's local values, gradient and momentum buffer.
+pub(super) struct MuonMatrix<'a> {
+    pub w: &'a mut [f32],
+    pub g: &'a [f32],
+    pub momentum: &'a mut [f32],
+}
+
+/// Muon's step on matrix `m` with rate `rate` and decoupled decay `wd`: the momentum, its
+/// orthogonalization (over `group` when `m` is split over TP), the update.
+pub(super) fn muon_matrix_step(
+    c: &MuonConfig,
+    m: &ParamMeta,
+    x: MuonMatrix<'_>,
+    rate: f32,
+    wd: f32,
+    group: Option<&mut Box<dyn Communicator>>,
+) -> Result<(), CommError> {
+    let MuonMatrix {
+        w,
+        g,
+        momentum: buf,
+    } = x;
+    if wd != 0.0 {
+        let decay = -rate * wd;
+        w.iter_mut().for_each(|x| *x += decay * *x);
+    }
+    for (b, gv) in buf.iter_mut().zip(g) {
+        *b = lerp(*b, *gv, 1.0 - c.momentum);
+    }
+    let update: Vec<f32> = match c.momentum_kind {
+        MuonMomentum::Plain => buf.to_vec(),
+        MuonMomentum::Nesterov => g
+            .iter()
+            .zip(buf.iter())
+            .map(|(gv, b)| lerp(*gv, *b, c.momentum))
+            .collect(),
+    };
+    let orth = orthogonalize(c, m, &update, group)?;
+    for (x, o) in w.iter_mut().zip(&orth) {
+        *x -= rate * o;
+    }
+    Ok(())
 }
 
 /// torch's `lerp`: `a + w(b - a)`, computed from the nearer end.

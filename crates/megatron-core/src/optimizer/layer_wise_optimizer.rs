@@ -1,0 +1,439 @@
+//! megatron-core's `LayerWiseDistributedOptimizer`: Muon under `--use-distributed-optimizer`.
+//! Newton–Schulz needs a whole matrix, so the ZeRO-1 split at arbitrary elements cannot hold
+//! Muon's state; instead each data-parallel rank owns whole Muon matrices (the buckets'
+//! layer-wise layout, [`GradBuffer::into_layer_wise`]), and the element-wise parameters (the
+//! scalar optimizer's) are split at any element as in the distributed optimizer. Gradients are
+//! reduce-scattered so each rank receives exactly what it owns; it steps that (Muon's momentum
+//! and orthogonalization for its matrices, the scalar rule for its pieces, with fp32 mains for
+//! them under 16-bit parameters), and the updated parameters are all-gathered. Each rank so
+//! holds about 1/DP of the state and runs about 1/DP of the Newton–Schulz work, which on a
+//! replicated optimizer every rank repeats.
+//!
+//! Under tensor parallelism the layout is the same on every TP rank (it depends only on the
+//! parameters' shapes), so the TP peers that gather or reduce a matrix in Muon's step all own it.
+
+use super::distrib_optimizer::{owned_norm_squared, owned_zeros};
+use super::megatron_optimizer::{sharded_norm_squared, sharded_zeros, StatePiece};
+use super::muon::{muon_matrix_step, MuonMatrix};
+use super::{
+    is_muon_parameter, MegatronOptimizer, Moment, MomentReader, MuonConfig, ParamGather, StepLr,
+};
+use crate::distributed::{ExpertGrads, GradBuffer, Placement};
+use crate::params::{Grads, ParamMeta, Params};
+use crate::tensor_parallel::Tp;
+use megatron_comm::{CommError, Communicator};
+use megatron_tensor::cpu::scale_inplace;
+use std::borrow::Cow;
+use std::ops::Range;
+
+/// Where a parameter goes in the layer-wise layout: Muon matrices whole, weighted by their
+/// Newton–Schulz cost (`max(m, n) · min(m, n)²` of the whole matrix, the same on every TP
+/// rank), the rest split.
+pub fn layer_wise_placement(m: &ParamMeta) -> Placement {
+    if !is_muon_parameter(m) {
+        return Placement::Split;
+    }
+    let (a, b) = (m.shape[0] as u128, m.shape[1] as u128);
+    Placement::Whole {
+        cost: a.max(b) * a.min(b) * a.min(b),
+    }
+}
+
+/// Which state an owned piece has: an offset into the Muon momenta or the scalar moments.
+#[derive(Clone, Copy, Debug)]
+enum Slot {
+    Muon(usize),
+    Scalar(usize),
+}
+
+/// A piece of the buffer this rank owns: a whole Muon matrix, or part of a scalar parameter.
+#[derive(Clone, Debug)]
+struct Piece {
+    range: Range<usize>,
+    param: usize,
+    expert: bool,
+    slot: Slot,
+    /// Offset of its fp32 main values (under 16-bit parameters).
+    main: usize,
+}
+
+pub struct LayerWiseDistributedOptimizer {
+    pub config: MuonConfig,
+    pub buffer: GradBuffer,
+    pub expert: Option<ExpertGrads>,
+    pieces: Vec<Piece>,
+    /// Which parameters Muon steps (whether this rank owns them or not).
+    is_muon: Vec<bool>,
+    /// `momentum_buffer` of the owned Muon matrices, one after another.
+    momentum: Vec<f32>,
+    /// One vector per moment of the scalar rule, over the owned scalar pieces.
+    scalar_moments: Vec<Vec<f32>>,
+    /// fp32 main values of every owned piece when the parameters are 16-bit; empty otherwise.
+    main: Vec<f32>,
+    step: u64,
+    scratch: Vec<f32>,
+    tp: Option<Box<dyn Communicator>>,
+    etp: Option<Box<dyn Communicator>>,
+}
+
+impl LayerWiseDistributedOptimizer {
+    /// `buffer` (and the experts' buffer) must have the layer-wise layout of
+    /// [`layer_wise_placement`]; `tp` / `etp` are this optimizer's own copies of the TP groups.
+    pub fn new(
+        params: &Params,
+        config: MuonConfig,
+        buffer: GradBuffer,
+        expert: Option<ExpertGrads>,
+        tp: Option<Box<dyn Communicator>>,
+        etp: Option<Box<dyn Communicator>>,
+    ) -> Self {
+        let mut pieces = Vec::new();
+        let (mut muon, mut scalar, mut main) = (0, 0, 0);
+        let buffers =
+            std::iter::once((&buffer, false)).chain(expert.as_ref().map(|e| (&e.buffer, true)));
+        for (buf, is_expert) in buffers {
+            for (b, owned) in buf.buckets.iter().zip(buf.owned()) {
+                for own in owned {
+                    for p in b.params.clone() {
+                        let m = &params.metas[p];
+                        let lo = own.start.max(m.offset);
+                        let hi = own.end.min(m.offset + m.numel);
+                        if lo >= hi {
+                            continue;
+                        }
+                        let slot = if is_muon_parameter(m) {
+                            assert_eq!(
+                                (lo, hi),
+                                (m.offset, m.offset + m.numel),
+                                "{}: a Muon matrix must be owned whole",
+                                m.name
+                            );
+                            muon += m.numel;
+                            Slot::Muon(muon - m.numel)
+                        } else {
+                            scalar += hi - lo;
+                            Slot::Scalar(scalar - (hi - lo))
+                        };
+                        pieces.push(Piece {
+                            range: lo..hi,
+                            param: p,
+                            expert: is_expert,
+                            slot,
+                            main,
+                        });
+                        main += hi - lo;
+                    }
+                }
+            }
+        }
+        // Muon steps the matrices in the same order on every TP rank (their collectives pair).
+        pieces.sort_by_key(|p| p.range.start);
+        let main = if params.half.format().is_some() {
+            let mut v = vec![0.0; main];
+            for p in &pieces {
+                v[p.main..p.main + p.range.len()].copy_from_slice(&params.data[p.range.clone()]);
+            }
+            v
+        } else {
+            Vec::new()
+        };
+        LayerWiseDistributedOptimizer {
+            config,
+            buffer,
+            expert,
+            pieces,
+            is_muon: params.metas.iter().map(is_muon_parameter).collect(),
+            momentum: vec![0.0; muon],
+            scalar_moments: config.scalar.new_state(scalar),
+            main,
+            step: 0,
+            scratch: Vec::new(),
+            tp,
+            etp,
+        }
+    }
+
+    /// Elements of the Muon matrices this rank owns (their momenta).
+    pub fn muon_elements(&self) -> usize {
+        self.momentum.len()
+    }
+
+    /// The owned pieces: (parameter, flat range).
+    pub fn owned_pieces(&self) -> impl Iterator<Item = (usize, Range<usize>)> + '_ {
+        self.pieces.iter().map(|p| (p.param, p.range.clone()))
+    }
+
+    fn norm_pieces(&self, expert: bool) -> impl Iterator<Item = (usize, &Range<usize>)> {
+        self.pieces
+            .iter()
+            .filter(move |p| p.expert == expert)
+            .map(|p| (p.param, &p.range))
+    }
+
+    /// The rules on the owned pieces only; the rest of the parameters are stale until the
+    /// all-gather.
+    fn update(
+        &mut self,
+        params: &mut Params,
+        grads: &Grads,
+        lr: StepLr,
+        weight_decay: f32,
+    ) -> Result<(), CommError> {
+        self.step += 1;
+        let c = self.config;
+        let half = !self.main.is_empty();
+        for p in &self.pieces {
+            let m = &params.metas[p.param];
+            let rate = lr.of(m);
+            let wd = if m.weight_decay { weight_decay } else { 0.0 };
+            let g = &grads.data[p.range.clone()];
+            let main = p.main..p.main + p.range.len();
+            let w = if half {
+                &mut self.main[main.clone()]
+            } else {
+                &mut params.data[p.range.clone()]
+            };
+            match p.slot {
+                Slot::Muon(s) => {
+                    let group = if m.expert {
+                        self.etp.as_mut()
+                    } else {
+                        self.tp.as_mut()
+                    };
+                    let momentum = &mut self.momentum[s..s + m.numel];
+                    let x = MuonMatrix { w, g, momentum };
+                    muon_matrix_step(&c, m, x, rate, wd, group)?;
+                }
+                Slot::Scalar(s) => {
+                    let n = p.range.len();
+                    let mut state: Vec<&mut [f32]> = self
+                        .scalar_moments
+                        .iter_mut()
+                        .map(|v| &mut v[s..s + n])
+                        .collect();
+                    c.scalar.apply(w, g, &mut state, rate, wd, self.step);
+                }
+            }
+            if half {
+                params.half.write(p.range.clone(), &self.main[main]);
+            }
+        }
+        Ok(())
+    }
+
+    /// All-gathers the updated parameters over DP (the 16-bit ones when there are any).
+    fn gather(&mut self, params: &mut Params, dp: &mut dyn Communicator) -> Result<(), CommError> {
+        if self.main.is_empty() {
+            self.buffer
+                .all_gather(&mut params.data, dp, &mut self.scratch)?;
+        } else {
+            self.buffer
+                .all_gather(params.half.bits_mut(), dp, &mut self.scratch)?;
+        }
+        self.gather_experts(params)
+    }
+
+    fn gather_experts(&mut self, params: &mut Params) -> Result<(), CommError> {
+        let Some(e) = self.expert.as_mut() else {
+            return Ok(());
+        };
+        if self.main.is_empty() {
+            e.gather(&mut params.data)
+        } else {
+            e.gather(params.half.bits_mut())
+        }
+    }
+
+    fn moments_of_slot(&self, slot: Slot, n: usize) -> Vec<(Moment, Cow<'_, [f32]>)> {
+        match slot {
+            Slot::Muon(s) => vec![(
+                Moment::MomentumBuffer,
+                Cow::Borrowed(&self.momentum[s..s + n]),
+            )],
+            Slot::Scalar(s) => self
+                .config
+                .scalar
+                .moments()
+                .iter()
+                .zip(&self.scalar_moments)
+                .map(|(k, v)| (*k, Cow::Borrowed(&v[s..s + n])))
+                .collect(),
+        }
+    }
+}
+
+impl MegatronOptimizer for LayerWiseDistributedOptimizer {
+    fn grad_buffer(&self) -> &GradBuffer {
+        &self.buffer
+    }
+
+    fn reduce_gradients(
+        &mut self,
+        grads: &mut Grads,
+        remaining: Option<&[usize]>,
+        dp: &mut dyn Communicator,
+    ) -> Result<(), CommError> {
+        match remaining {
+            Some(rest) => self
+                .buffer
+                .reduce_some(rest, grads, dp, &mut self.scratch)?,
+            None => self.buffer.reduce_gradients(grads, dp, &mut self.scratch)?,
+        }
+        match self.expert.as_mut() {
+            Some(e) => e.reduce(grads),
+            None => Ok(()),
+        }
+    }
+
+    fn scale_grads(&self, grads: &mut Grads, coeff: f32) {
+        for p in &self.pieces {
+            scale_inplace(&mut grads.data[p.range.clone()], coeff);
+        }
+    }
+
+    fn local_grad_norm_squared(&self, params: &Params, grads: &Grads) -> f64 {
+        let all = self.pieces.iter().map(|p| (p.param, &p.range));
+        owned_norm_squared(params, grads, 0, all)
+    }
+
+    /// Each element is owned by one DP rank: summed over TP, PP and DP.
+    fn grad_norm_squared(
+        &mut self,
+        params: &Params,
+        grads: &Grads,
+        tp: &mut Tp,
+        pp: &mut dyn Communicator,
+        dp: Option<&mut dyn Communicator>,
+    ) -> Result<f64, CommError> {
+        let r = tp.rank();
+        let dense = owned_norm_squared(params, grads, r, self.norm_pieces(false));
+        let mine = owned_norm_squared(params, grads, r, self.norm_pieces(true));
+        let experts = self.expert.as_mut().map(|e| (mine, e));
+        sharded_norm_squared(dense, experts, tp, pp, dp)
+    }
+
+    fn count_zeros(
+        &mut self,
+        params: &Params,
+        grads: &Grads,
+        tp: &mut Tp,
+        pp: &mut dyn Communicator,
+        dp: Option<&mut dyn Communicator>,
+    ) -> Result<u64, CommError> {
+        let r = tp.rank();
+        let dense = owned_zeros(params, grads, r, self.norm_pieces(false));
+        let mine = owned_zeros(params, grads, r, self.norm_pieces(true));
+        let experts = self.expert.as_mut().map(|e| (mine, e));
+        sharded_zeros(dense, experts, tp, pp, dp)
+    }
+
+    fn step(
+        &mut self,
+        params: &mut Params,
+        grads: &Grads,
+        lr: StepLr,
+        weight_decay: f32,
+        dp: &mut dyn Communicator,
+        gather: ParamGather,
+    ) -> Result<(), CommError> {
+        self.update(params, grads, lr, weight_decay)?;
+        match gather {
+            ParamGather::Now => self.gather(params, dp),
+            // The overlapped gather covers the dense buckets; the experts' go now.
+            ParamGather::Deferred => self.gather_experts(params),
+        }
+    }
+
+    fn gather_params(
+        &mut self,
+        params: &mut Params,
+        dp: &mut dyn Communicator,
+    ) -> Result<(), CommError> {
+        self.gather(params, dp)
+    }
+
+    fn state_bytes(&self) -> usize {
+        (self.momentum.capacity()
+            + self.main.capacity()
+            + self.scalar_moments.iter().map(Vec::capacity).sum::<usize>())
+            * 4
+    }
+
+    fn comm_buffer_bytes(&self) -> usize {
+        self.scratch.capacity() * 4
+    }
+
+    fn step_count(&self) -> u64 {
+        self.step
+    }
+
+    fn name(&self) -> &'static str {
+        "muon"
+    }
+
+    fn moments_of(&self, param: usize) -> &'static [Moment] {
+        if self.is_muon[param] {
+            &[Moment::MomentumBuffer]
+        } else {
+            self.config.scalar.moments()
+        }
+    }
+
+    fn state_elements(&self) -> usize {
+        self.momentum.len() + self.scalar_moments.iter().map(Vec::len).sum::<usize>()
+    }
+
+    fn state_pieces<'a>(
+        &'a self,
+        params: &'a Params,
+        _dp_rank: usize,
+        _dp: usize,
+    ) -> Vec<StatePiece<'a>> {
+        self.pieces
+            .iter()
+            .map(|p| {
+                let m = &params.metas[p.param];
+                let n = p.range.len();
+                StatePiece {
+                    param: p.param,
+                    local: p.range.start - m.offset..p.range.end - m.offset,
+                    value: if self.main.is_empty() {
+                        &params.data[p.range.clone()]
+                    } else {
+                        &self.main[p.main..p.main + n]
+                    },
+                    moments: self.moments_of_slot(p.slot, n),
+                }
+            })
+            .collect()
+    }
+
+    fn load_state(
+        &mut self,
+        params: &Params,
+        step: u64,
+        read: &mut MomentReader,
+    ) -> Result<(), String> {
+        for p in &self.pieces {
+            let m = &params.metas[p.param];
+            let local = p.range.start - m.offset..p.range.end - m.offset;
+            let n = p.range.len();
+            match p.slot {
+                Slot::Muon(s) => read(
+                    Moment::MomentumBuffer,
+                    p.param,
+                    local,
+                    &mut self.momentum[s..s + n],
+                )?,
+                Slot::Scalar(s) => {
+                    let kinds = self.config.scalar.moments();
+                    for (k, v) in kinds.iter().zip(&mut self.scalar_moments) {
+                        read(*k, p.param, local.clone(), &mut v[s..s + n])?;
+                    }
+                }
+            }
+        }
+        self.step = step;
+        Ok(())
+    }
+}
