@@ -1,7 +1,7 @@
 use megatron_comm::run_ranks;
 use megatron_core::distributed::overlap_param_gather::{gather_params, ParamGate, ParamsPtr};
-use megatron_core::distributed::GradBuffer;
-use megatron_core::optimizer::{Adam, DistributedOptimizer, UpdateRule};
+use megatron_core::distributed::{GradBuffer, Placement};
+use megatron_core::optimizer::{layer_wise_placement, Adam, DistributedOptimizer, UpdateRule};
 use megatron_core::params::{Grads, ParamId};
 use megatron_core::{GPTModel, TransformerConfig};
 use megatron_tensor::cpu::cast::{round_to_half_inplace, Half};
@@ -289,5 +289,155 @@ fn params_read_during_an_overlapped_gather_are_already_gathered() {
                 "{half:?}: a read saw values before its bucket was gathered"
             );
         }
+    }
+}
+
+/// Muon's matrices (whole) and the rest (split), as `--optimizer muon
+/// --use-distributed-optimizer` lays them out.
+fn layer_wise(params: &megatron_core::Params, size: usize, dp: usize, rank: usize) -> GradBuffer {
+    GradBuffer::new(params, size, dp, rank, true).into_layer_wise(params, layer_wise_placement)
+}
+
+#[test]
+fn the_layer_wise_layout_keeps_muon_matrices_whole_and_partitions_each_bucket() {
+    let (_, params) = GPTModel::new(cfg(), 1);
+    for size in [500usize, 3000, usize::MAX] {
+        for dp in [2usize, 3, 4] {
+            let b = layer_wise(&params, size, dp, 0);
+            assert_eq!(b.buckets, layer_wise(&params, size, dp, dp - 1).buckets);
+            let mut whole_on = vec![0usize; dp];
+            for bk in &b.buckets {
+                // Every element of the bucket owned by exactly one rank.
+                let mut owner = vec![usize::MAX; bk.range.len()];
+                for r in 0..dp {
+                    for s in bk.segments(dp, r) {
+                        for i in s {
+                            assert_eq!(owner[i - bk.range.start], usize::MAX, "dp {dp}: twice");
+                            owner[i - bk.range.start] = r;
+                        }
+                    }
+                }
+                assert!(
+                    owner.iter().all(|&o| o < dp),
+                    "size {size} dp {dp}: unowned"
+                );
+                // A Muon matrix on one rank; the split parameters even the shards out.
+                let mut whole = 0;
+                for p in bk.params.clone() {
+                    let m = &params.metas[p];
+                    let ranks: std::collections::BTreeSet<usize> = owner
+                        [m.offset - bk.range.start..m.offset + m.numel - bk.range.start]
+                        .iter()
+                        .copied()
+                        .collect();
+                    if let Placement::Whole { .. } = layer_wise_placement(m) {
+                        assert_eq!(ranks.len(), 1, "{} split over {ranks:?}", m.name);
+                        whole_on[*ranks.first().unwrap()] += 1;
+                        whole += m.numel;
+                    }
+                }
+                let lens: Vec<usize> = (0..dp)
+                    .map(|r| bk.segments(dp, r).iter().map(|s| s.len()).sum())
+                    .collect();
+                let split = bk.range.len() - whole;
+                let whole_max = (0..dp)
+                    .map(|r| {
+                        bk.params
+                            .clone()
+                            .filter(|&p| {
+                                let m = &params.metas[p];
+                                matches!(layer_wise_placement(m), Placement::Whole { .. })
+                                    && owner[m.offset - bk.range.start] == r
+                            })
+                            .map(|p| params.metas[p].numel)
+                            .sum::<usize>()
+                    })
+                    .collect::<Vec<_>>();
+                let top = *whole_max.iter().max().unwrap();
+                if split >= whole_max.iter().map(|l| top - l).sum::<usize>() {
+                    let (lo, hi) = (lens.iter().min().unwrap(), lens.iter().max().unwrap());
+                    assert!(hi - lo <= 1, "size {size} dp {dp}: shards {lens:?}");
+                }
+                assert_eq!(bk.shard_len(dp), *lens.iter().max().unwrap());
+                // Buckets hold several matrices, so the shards are not mostly padding.
+                let last = bk.range.start == 0;
+                let shared = bk.params.clone().any(|p| params.metas[p].shared);
+                if !last && !shared {
+                    let largest = bk
+                        .params
+                        .clone()
+                        .filter(|&p| {
+                            matches!(
+                                layer_wise_placement(&params.metas[p]),
+                                Placement::Whole { .. }
+                            )
+                        })
+                        .map(|p| params.metas[p].numel)
+                        .max()
+                        .unwrap_or(0);
+                    assert!(
+                        bk.range.len() * 10 >= 9 * dp * largest,
+                        "size {size} dp {dp}: a bucket of {} for a matrix of {largest}",
+                        bk.range.len()
+                    );
+                }
+            }
+            // Eight matrices (and the position embedding) spread over every rank.
+            assert!(
+                whole_on.iter().all(|&n| n > 0),
+                "size {size} dp {dp}: {whole_on:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn layer_wise_buckets_reduce_scatter_the_average_and_gather_every_segment() {
+    for dp in [2usize, 3] {
+        let out = run_ranks(dp, move |rank, c| {
+            let (_, mut params) = GPTModel::new(cfg(), 1);
+            let b = layer_wise(&params, 701, dp, rank);
+            let mut grads = Grads::zeros_like(&params);
+            for (i, g) in grads.data.iter_mut().enumerate() {
+                *g = rank_grad(i, rank);
+            }
+            let mut scratch = Vec::new();
+            b.reduce_gradients(&mut grads, c, &mut scratch).unwrap();
+            let mine: Vec<usize> = b.owned().into_iter().flatten().flatten().collect();
+            let reduced: Vec<(usize, f32)> = mine.iter().map(|&i| (i, grads.data[i])).collect();
+            // Each rank writes its segments (elsewhere a wrong value); the gather restores all.
+            params.data.iter_mut().for_each(|x| *x = -1.0);
+            for &i in &mine {
+                params.data[i] = i as f32;
+            }
+            b.all_gather(&mut params.data, c, &mut scratch).unwrap();
+            let mut bits: Vec<u16> = vec![0; params.numel()];
+            for &i in &mine {
+                bits[i] = i as u16 ^ 0x5a5a;
+            }
+            b.all_gather(&mut bits[..], c, &mut scratch).unwrap();
+            (reduced, params.data, bits, mine.len())
+        });
+        let mut owned = 0;
+        for r in out {
+            let (reduced, data, bits, n) = r.unwrap();
+            owned += n;
+            for (i, g) in reduced {
+                assert!(
+                    (g - averaged_grad(i, dp)).abs() < 1e-6,
+                    "dp {dp}: element {i}"
+                );
+            }
+            assert!(
+                data.iter().enumerate().all(|(i, x)| *x == i as f32),
+                "dp {dp}"
+            );
+            assert!(bits
+                .iter()
+                .enumerate()
+                .all(|(i, b)| *b == i as u16 ^ 0x5a5a));
+        }
+        let (_, params) = GPTModel::new(cfg(), 1);
+        assert_eq!(owned, params.numel(), "dp {dp}: every element owned once");
     }
 }

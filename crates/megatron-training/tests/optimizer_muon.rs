@@ -145,7 +145,20 @@ fn muon_expert_parallel_and_its_settings_match_one_rank() {
         "2",
         "--sequence-parallel",
     ];
-    let layouts: [(&str, &[&str]); 2] = [("ep2", &ep2), ("tp2 + sp, experts tp2", &tp2_etp2)];
+    // Four ranks: two expert-data-parallel replicas, each owning its half of the experts'
+    // matrices under the layer-wise distributed optimizer.
+    let ep2_layer_wise = [
+        "--nproc-per-node",
+        "4",
+        "--expert-model-parallel-size",
+        "2",
+        "--use-distributed-optimizer",
+    ];
+    let layouts: [(&str, &[&str]); 3] = [
+        ("ep2", &ep2),
+        ("tp2 + sp, experts tp2", &tp2_etp2),
+        ("ep2 dp4 layer-wise", &ep2_layer_wise),
+    ];
     let serial = assert_layouts_match_one_rank(&dir, "muon moe", &flags, &layouts);
     let t = &serial.1.tensors;
     assert!(t.contains_key(
@@ -187,7 +200,7 @@ fn muon_blockwise_is_another_optimizer_under_tensor_parallelism() {
 /// Megatron's defaults (bf16 Newton–Schulz products) under `--bf16`: TP 2 trains the one-rank
 /// model within the bf16 tolerance of the other layouts' tests.
 #[test]
-fn muon_with_bf16_products_and_parameters_matches_one_rank_at_tp2() {
+fn muon_with_bf16_products_and_parameters_matches_one_rank_at_tp2_and_layer_wise_dp2() {
     let dir = tmpdir("muon-bf16");
     let flags = ["--optimizer", "muon", "--bf16"];
     let serial = train_and_load(&dir, "serial", &flags);
@@ -204,6 +217,23 @@ fn muon_with_bf16_products_and_parameters_matches_one_rank_at_tp2() {
         "muon bf16 tp2",
         &serial,
         &tp2,
+        BF16_LOSS_TOL,
+        BF16_PARAM_TOL,
+    );
+    // The layer-wise distributed optimizer keeps fp32 mains of what it owns only.
+    let dp2 = train_and_load(
+        &dir,
+        "dp2",
+        &[
+            &flags[..],
+            &["--nproc-per-node", "2", "--use-distributed-optimizer"],
+        ]
+        .concat(),
+    );
+    assert_same_training_within(
+        "muon bf16 dp2 layer-wise",
+        &serial,
+        &dp2,
         BF16_LOSS_TOL,
         BF16_PARAM_TOL,
     );
@@ -242,6 +272,30 @@ fn a_muon_run_resumes_bit_for_bit_and_refuses_another_optimizers_checkpoint() {
         e.contains("--optimizer muon") && e.contains("--optimizer adam"),
         "{e}"
     );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The checkpoint holds each parameter's state whatever the layout: a layer-wise run at DP 2
+/// resumes on one replicated rank, and a one-rank run resumes layer-wise at DP 2, each
+/// continuing the uninterrupted run.
+#[test]
+fn a_layer_wise_checkpoint_resumes_on_one_rank_and_the_other_way() {
+    let dir = tmpdir("muon-layer-wise-resume");
+    let flags = [MUON, &["--train-iters", "6"]].concat();
+    let dp2 = ["--nproc-per-node", "2", "--use-distributed-optimizer"];
+    let full = pretrain(&args(&flags)).unwrap();
+    for (name, saver, loader) in [
+        ("dp2 to one rank", &dp2[..], &[][..]),
+        ("one rank to dp2", &[][..], &dp2[..]),
+    ] {
+        let save = dir.join(name.replace(' ', "_"));
+        let s = save.to_str().unwrap();
+        let at = ["--save", s, "--save-interval", "3"];
+        pretrain(&args(&[&flags[..], saver, &at[..]].concat())).unwrap();
+        std::fs::write(save.join(TRACKER), "3\n").unwrap();
+        let resumed = pretrain(&args(&[&flags[..], loader, &["--load", s]].concat())).unwrap();
+        assert_losses_close(name, &full.losses[3..], &resumed.losses, 1e-5);
+    }
     let _ = std::fs::remove_dir_all(dir);
 }
 

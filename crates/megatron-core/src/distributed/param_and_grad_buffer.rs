@@ -200,6 +200,7 @@ impl GradBuffer {
             return self;
         }
         let dp = self.dp;
+        self.buckets = merge_for_whole(std::mem::take(&mut self.buckets), params, dp, &place);
         let mut cost_load = vec![0u128; dp];
         for b in &mut self.buckets {
             let mut owners: Vec<Vec<Range<usize>>> = vec![Vec::new(); dp];
@@ -219,7 +220,11 @@ impl GradBuffer {
                 let r = (0..dp)
                     .filter(|&r| (len[r] + m.numel) as f64 <= cap)
                     .min_by_key(|&r| (cost_load[r], r))
-                    .unwrap_or_else(|| (0..dp).min_by_key(|&r| (len[r], r)).unwrap_or(0));
+                    .unwrap_or_else(|| {
+                        (0..dp)
+                            .min_by_key(|&r| (len[r], cost_load[r], r))
+                            .unwrap_or(0)
+                    });
                 owners[r].push(m.offset..m.offset + m.numel);
                 len[r] += m.numel;
                 cost_load[r] += cost;
@@ -460,6 +465,45 @@ impl GradBuffer {
         }
         Ok(())
     }
+}
+
+/// Joins consecutive buckets until each holds at least 0.9 · `dp` times its largest whole
+/// parameter (megatron-core's padding floor): a bucket with one matrix would otherwise travel
+/// as `dp` shards of that matrix's length, all but one of them padding. The tied embedding's
+/// bucket stays alone.
+fn merge_for_whole(
+    buckets: Vec<Bucket>,
+    params: &Params,
+    dp: usize,
+    place: &impl Fn(&crate::ParamMeta) -> Placement,
+) -> Vec<Bucket> {
+    let largest = |b: &Bucket| -> usize {
+        b.params
+            .clone()
+            .filter(|&p| matches!(place(&params.metas[p]), Placement::Whole { .. }))
+            .map(|p| params.metas[p].numel)
+            .max()
+            .unwrap_or(0)
+    };
+    let alone = |b: &Bucket| b.params.clone().any(|p| params.metas[p].shared);
+    let mut out: Vec<Bucket> = Vec::with_capacity(buckets.len());
+    for b in buckets {
+        match out.last_mut() {
+            // Buckets run backwards through the buffer: `b` may sit just before the last one
+            // (or with another group's parameters between them, then they stay apart).
+            Some(last)
+                if b.params.end == last.params.start
+                    && !alone(last)
+                    && !alone(&b)
+                    && (last.range.len() as f64) < 0.9 * (dp * largest(last)) as f64 =>
+            {
+                last.range.start = b.range.start;
+                last.params.start = b.params.start;
+            }
+            _ => out.push(b),
+        }
+    }
+    out
 }
 
 /// How many split elements each rank takes so that the shards, `len` long before, come out as
