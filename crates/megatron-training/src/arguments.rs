@@ -87,6 +87,9 @@ pub enum OptimizerArg {
     /// Muon (megatron-core's `TensorParallelMuon`): 2-D weights step on their orthogonalized
     /// momentum (--muon-*), the rest on --muon-scalar-optimizer.
     Muon,
+    /// Megatron's deprecated spelling of `--optimizer muon --use-distributed-optimizer`.
+    #[value(name = "dist_muon")]
+    DistMuon,
 }
 
 /// `--muon-scale-mode`.
@@ -1216,8 +1219,10 @@ impl TrainArgs {
             beta2: self.lion_beta2,
         };
         match (self.optimizer, self.muon_scalar_optimizer) {
-            (OptimizerArg::Adam, _) | (OptimizerArg::Muon, MuonScalarArg::Adam) => adam,
-            (OptimizerArg::Lion, _) | (OptimizerArg::Muon, MuonScalarArg::Lion) => lion,
+            (OptimizerArg::Adam, _)
+            | (OptimizerArg::Muon | OptimizerArg::DistMuon, MuonScalarArg::Adam) => adam,
+            (OptimizerArg::Lion, _)
+            | (OptimizerArg::Muon | OptimizerArg::DistMuon, MuonScalarArg::Lion) => lion,
             (OptimizerArg::Sgd, _) => UpdateRule::Sgd {
                 momentum: self.sgd_momentum,
             },
@@ -1304,6 +1309,16 @@ impl TrainArgs {
     pub fn validate(&self, vocab_size: usize) -> Result<TrainConfig, TrainError> {
         if self.data_args_path.is_some() || self.per_split_data_args_path.is_some() {
             return self.with_data_args_files()?.validate(vocab_size);
+        }
+        if self.optimizer == OptimizerArg::DistMuon {
+            eprintln!(
+                "warning: --optimizer dist_muon is deprecated (as in Megatron): use --optimizer muon \
+                 --use-distributed-optimizer"
+            );
+            let mut a = self.clone();
+            a.optimizer = OptimizerArg::Muon;
+            a.use_distributed_optimizer = true;
+            return a.validate(vocab_size);
         }
         if self.micro_batch_size == 0 {
             return Err(bad("--micro-batch-size must be positive, got 0".into()));

@@ -112,6 +112,57 @@ fn muon_layer_wise_distributed_optimizer_matches_one_rank() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// Rank 0 of a layer-wise DP 2 run holds about half the optimizer state of a replicated run
+/// (its matrices' momenta, its pieces of the scalar moments), and Megatron's deprecated
+/// `--optimizer dist_muon` is the same optimizer.
+#[test]
+fn the_layer_wise_optimizer_holds_about_half_the_state_and_dist_muon_is_its_old_name() {
+    let dir = tmpdir("muon-layer-wise-memory");
+    let metrics = dir.join("metrics.jsonl");
+    let m = metrics.to_str().unwrap();
+    let memory = ["--log-memory", "--metrics-file", m];
+    let mut state = Vec::new();
+    let mut runs = Vec::new();
+    for (name, layout) in [
+        ("replicated", &["--nproc-per-node", "2"][..]),
+        (
+            "layer-wise",
+            &["--nproc-per-node", "2", "--use-distributed-optimizer"][..],
+        ),
+    ] {
+        runs.push(train_and_load(
+            &dir,
+            name,
+            &[MUON, layout, &memory[..]].concat(),
+        ));
+        let bytes = last_memory_record(&metrics)["optimizer_state"]
+            .as_u64()
+            .unwrap();
+        state.push(bytes);
+        std::fs::remove_file(&metrics).unwrap();
+    }
+    assert!(
+        state[1] * 10 <= state[0] * 6,
+        "layer-wise rank 0 holds {} of the replicated {} bytes",
+        state[1],
+        state[0]
+    );
+    println!(
+        "optimizer state on rank 0: replicated {} B, layer-wise {} B",
+        state[0], state[1]
+    );
+    let mut old = MUON.to_vec();
+    old[1] = "dist_muon";
+    let alias = train_and_load(
+        &dir,
+        "dist_muon",
+        &[&old[..], &["--nproc-per-node", "2"]].concat(),
+    );
+    assert_eq!(alias.0.losses, runs[1].0.losses);
+    assert_eq!(alias.1.tensors, runs[1].1.tensors);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// Experts are orthogonalized each on its own (megatron-core's `expert_tp` group under expert
 /// tensor parallelism), with Nesterov momentum, another scale mode and a repeated coefficient
 /// schedule.
