@@ -2,8 +2,8 @@ mod common;
 use common::*;
 use megatron_tensor::cpu::matmul::gemm_crate;
 use megatron_tensor::cpu::{
-    bias_backward, grouped_matmul, matmul, matmul_batched, matmul_with_threads, BatchStrides,
-    GemmProblem, MatmulDims,
+    bias_backward, grouped_matmul, matmul, matmul_batched, matmul_with_threads, syrk_with_threads,
+    BatchStrides, GemmProblem, MatmulDims,
 };
 
 #[test]
@@ -307,5 +307,32 @@ fn bias_backward_sums_rows() {
     for j in 0..cols {
         let s: f64 = (0..rows).map(|r| dout[r * cols + j] as f64).sum();
         assert!((db[j] as f64 - 1.0 - s).abs() < 1e-3, "col {j}");
+    }
+}
+
+/// The symmetric product (Newton–Schulz's `X·Xᵀ` and `A·A`) computes upper panels only: below,
+/// at and past the two-panel threshold, with a short last panel, it is the product, exactly
+/// symmetric, and the same for every thread count.
+#[test]
+fn syrk_matches_the_full_product_exactly_symmetric_for_every_thread_count() {
+    let k = 37;
+    for m in [5usize, 255, 256, 300, 513] {
+        let x = randn(m * k, m as u64, 1.0);
+        let want = naive_matmul(&x, &transpose(&x, m, k), m, m, k);
+        let mut first: Option<Vec<f32>> = None;
+        for threads in [1, 2, 3] {
+            let mut out = vec![f32::NAN; m * m];
+            syrk_with_threads(&mut out, &x, m, k, threads);
+            assert_close(&out, &want, 1e-4, 1e-4, &format!("m {m} threads {threads}"));
+            for r in 0..m {
+                for c in 0..r {
+                    assert_eq!(out[r * m + c], out[c * m + r], "m {m}: ({r}, {c})");
+                }
+            }
+            match &first {
+                Some(f) => assert_eq!(f, &out, "m {m}: {threads} threads"),
+                None => first = Some(out),
+            }
+        }
     }
 }

@@ -408,6 +408,42 @@ pub fn matmul_with_threads(out: &mut [f32], a: &[f32], b: &[f32], d: MatmulDims,
     gemm_crate(out, a, b, d, threads);
 }
 
+/// Rows of a panel of [`syrk_with_threads`]: the panels' GEMMs stay large enough to run at the
+/// GEMM's rate while the computed part stays close to the upper triangle.
+const SYRK_PANEL: usize = 128;
+
+/// `out = x·xᵀ` for `x` `[m, k]` (`out` `[m, m]`): the product is symmetric, so only the upper
+/// triangle is computed, in panels of rows (`out[i.., i..] = x[i..i+p] · x[i..]ᵀ`), and mirrored
+/// into the lower one — about half the multiply-adds of the full product once `m` spans a few
+/// panels (BLAS's `ssyrk`; megatron-core's `--muon-use-syrk` kernel on a GPU). `out` comes out
+/// exactly symmetric. Below two panels it is the full product.
+pub fn syrk_with_threads(out: &mut [f32], x: &[f32], m: usize, k: usize, threads: usize) {
+    assert_eq!(out.len(), m * m, "syrk out");
+    assert_eq!(x.len(), m * k, "syrk x");
+    if m < 2 * SYRK_PANEL {
+        matmul_with_threads(out, x, x, MatmulDims::new(m, m, k).tb(), threads);
+    } else {
+        let mut panel = vec![0.0f32; SYRK_PANEL * m];
+        for i0 in (0..m).step_by(SYRK_PANEL) {
+            let rows = SYRK_PANEL.min(m - i0);
+            let cols = m - i0;
+            let p = &mut panel[..rows * cols];
+            let lhs = &x[i0 * k..(i0 + rows) * k];
+            let rhs = &x[i0 * k..];
+            matmul_with_threads(p, lhs, rhs, MatmulDims::new(rows, cols, k).tb(), threads);
+            for (r, row) in p.chunks_exact(cols).enumerate() {
+                out[(i0 + r) * m + i0..(i0 + r + 1) * m].copy_from_slice(row);
+            }
+        }
+    }
+    // The lower triangle from the upper (also evens out a full product's rounding).
+    for r in 1..m {
+        for c in 0..r {
+            out[r * m + c] = out[c * m + r];
+        }
+    }
+}
+
 /// The same product on the `gemm` crate: the portable path, and the reference `megatron bench
 /// gemm --gemm-impl versus` measures the engine against.
 pub fn gemm_crate(out: &mut [f32], a: &[f32], b: &[f32], d: MatmulDims, threads: usize) {

@@ -72,7 +72,8 @@ pub use layout::{
 pub use lion::{lion_update, LionParams};
 pub use matmul::{
     bias_backward, grouped_matmul, matmul, matmul_backward, matmul_batched, matmul_forward,
-    matmul_operands, matmul_with_threads, BatchStrides, GemmProblem, MatmulDims, Operand,
+    matmul_operands, matmul_with_threads, syrk_with_threads, BatchStrides, GemmProblem, MatmulDims,
+    Operand,
 };
 pub use mla::{
     mla_attn_narrow_backward, mla_attn_narrow_forward, mla_kv_split_backward, mla_kv_split_forward,
