@@ -409,7 +409,8 @@ pub fn matmul_with_threads(out: &mut [f32], a: &[f32], b: &[f32], d: MatmulDims,
 }
 
 /// Rows of a panel of [`syrk_with_threads`]: the panels' GEMMs stay large enough to run at the
-/// GEMM's rate while the computed part stays close to the upper triangle.
+/// GEMM's rate while the computed part stays close to the upper triangle (128 measured fastest
+/// of 64, 128 and 256 on GPT M's matrices; BENCHMARKS.md).
 const SYRK_PANEL: usize = 128;
 
 /// `out = x·xᵀ` for `x` `[m, k]` (`out` `[m, m]`): the product is symmetric, so only the upper
@@ -436,10 +437,22 @@ pub fn syrk_with_threads(out: &mut [f32], x: &[f32], m: usize, k: usize, threads
             }
         }
     }
-    // The lower triangle from the upper (also evens out a full product's rounding).
-    for r in 1..m {
-        for c in 0..r {
-            out[r * m + c] = out[c * m + r];
+    mirror_upper(out, m);
+}
+
+/// Copies the upper triangle of the `[m, m]` matrix onto the lower one (also evening out a full
+/// product's rounding), in tiles so that the column-wise reads stay in cache.
+fn mirror_upper(out: &mut [f32], m: usize) {
+    const TILE: usize = 32;
+    for r0 in (0..m).step_by(TILE) {
+        let r1 = (r0 + TILE).min(m);
+        for c0 in (0..=r0).step_by(TILE) {
+            let c1 = (c0 + TILE).min(m);
+            for r in r0..r1 {
+                for c in c0..c1.min(r) {
+                    out[r * m + c] = out[c * m + r];
+                }
+            }
         }
     }
 }
