@@ -377,14 +377,79 @@ fn bad_muon_settings_are_refused_by_name() {
     }
 }
 
+/// The planner's Muon: as many momenta as the model has Muon matrices (counted in the
+/// checkpoint a run writes, experts and the position embedding included), 4 bytes each instead
+/// of Adam's 8; Newton-Schulz divided by DP under the layer-wise optimizer, repeated on every
+/// TP rank under `duplicated` and split under `distributed`.
 #[test]
-fn the_layout_planner_refuses_muon_rather_than_mispredict_it() {
+fn the_layout_planner_counts_muons_momenta_and_newton_schulz() {
     use megatron_training::plan::cluster::Cluster;
-    use megatron_training::plan::layout::Pins;
-    let a = args(&[MUON, &["--train-iters", "5"]].concat());
-    let err = match megatron_training::plan::plan(&a, &Cluster::dgx_h100(1), &Pins::default()) {
-        Ok(_) => panic!("planned Muon with Adam's costs"),
-        Err(e) => e.to_string(),
+    use megatron_training::plan::cost::predict;
+    use megatron_training::plan::muon_cost::muon_share;
+    let dir = tmpdir("muon-plan");
+    let moe = [
+        "--num-experts",
+        "4",
+        "--moe-router-topk",
+        "2",
+        "--moe-ffn-hidden-size",
+        "32",
+    ];
+    for (name, extra) in [("dense", &[][..]), ("moe", &moe[..])] {
+        let flags = [MUON, extra].concat();
+        let (_, ck) = train_and_load(&dir, name, &flags);
+        let momenta: usize = ck
+            .tensors
+            .iter()
+            .filter(|(k, _)| k.starts_with("optimizer.momentum_buffer."))
+            .map(|(_, v)| v.len())
+            .sum();
+        let cfg = args(&[PP_MODEL, &["--train-iters", "5"], &flags[..]].concat())
+            .validate(62)
+            .unwrap();
+        assert_eq!(muon_share(&cfg, 0).params, momenta as f64, "{name}");
+    }
+    // Megatron's accounting on H100s: the same model under Adam holds 4 more bytes per Muon
+    // element (fp32 weights: 8 + 8 for Adam, 8 + 4 for Muon).
+    let h100 = Cluster::dgx_h100(1);
+    let cfg = |extra: &[&str]| {
+        args(
+            &[
+                MUON,
+                &[
+                    "--nproc-per-node",
+                    "8",
+                    "--train-iters",
+                    "5",
+                    "--global-batch-size",
+                    "16",
+                ],
+                extra,
+            ]
+            .concat(),
+        )
+        .validate(62)
+        .unwrap()
     };
-    assert!(err.contains("--optimizer muon"), "{err}");
+    let muon = cfg(&[]);
+    let adam = cfg(&["--optimizer", "adam"]);
+    let share = muon_share(&muon, 0);
+    let state = |c| predict(c, &h100).unwrap().memory.weights_and_optimizer;
+    assert_eq!(state(&adam) - state(&muon), 4.0 * share.params);
+    let layer_wise = cfg(&["--use-distributed-optimizer"]);
+    let lw = muon_share(&layer_wise, 0);
+    assert!((lw.ns_flops * 8.0 / share.ns_flops - 1.0).abs() < 1e-12);
+    let time = |c| predict(c, &h100).unwrap().time.optimizer;
+    assert!(time(&layer_wise) < time(&muon) && time(&adam) < time(&muon));
+    let tp2 = |mode: &str| {
+        muon_share(
+            &cfg(&["--tensor-model-parallel-size", "2", "--muon-tp-mode", mode]),
+            0,
+        )
+    };
+    assert_eq!(tp2("duplicated").ns_flops, share.ns_flops);
+    assert!(tp2("duplicated").tp_gather_bytes > 0.0);
+    assert!(tp2("distributed").ns_flops < share.ns_flops);
+    assert!(tp2("blockwise").ns_flops < tp2("distributed").ns_flops);
+    let _ = std::fs::remove_dir_all(dir);
 }

@@ -73,3 +73,76 @@ fn this_machine_calibrates_and_predicts_each_measured_layouts_peak_memory_within
     }
     assert_eq!(shapes.len(), 3);
 }
+
+/// Muon's memory as the plan predicts it for this engine (one momentum per Muon element, the
+/// scalar rule's moments for the rest; the layer-wise optimizer's 1/DP of them and its
+/// staging buffer) against a measured run at DP 2, replicated and layer-wise.
+#[test]
+fn muons_peak_memory_is_predicted_within_5_percent_replicated_and_layer_wise() {
+    use megatron_training::plan::cluster::{AttentionKernel, Cluster, Engine};
+    // Memory alone: the speeds below do not enter it.
+    let cluster = Cluster {
+        gpus_per_node: 2,
+        num_nodes: 1,
+        memory_per_gpu: 8e9,
+        reserved_memory: 0.0,
+        peak_flops: 1e11,
+        intra_node_bandwidth: 1e10,
+        inter_node_bandwidth: 1e10,
+        memory_bandwidth: 1e10,
+        gemm_efficiency: 1.0,
+        memory_efficiency: 1.0,
+        attention: AttentionKernel::Flash,
+        activation_bytes: 4.0,
+        engine: Engine::ThisEngine,
+        ring_exchange_latency: 0.0,
+        tp_collective_latency: 0.0,
+        optimizer_bytes_per_parameter: 36.0,
+    };
+    for extra in [&[][..], &["--use-distributed-optimizer"][..]] {
+        let a = common::args(
+            &[
+                &[
+                    "--nproc-per-node",
+                    "2",
+                    "--num-threads",
+                    "2",
+                    "--num-layers",
+                    "4",
+                    "--hidden-size",
+                    "128",
+                    "--num-attention-heads",
+                    "4",
+                    "--seq-length",
+                    "128",
+                    "--max-position-embeddings",
+                    "128",
+                    "--vocab-size",
+                    "1000",
+                    "--global-batch-size",
+                    "8",
+                    "--train-iters",
+                    "3",
+                    "--optimizer",
+                    "muon",
+                    "--muon-fp32-matmul-prec",
+                    "high",
+                ][..],
+                extra,
+            ]
+            .concat(),
+        );
+        let cfg = a.validate(1001).expect("valid flags");
+        let predicted = megatron_training::plan::cost::predict(&cfg, &cluster)
+            .expect("predicts Muon")
+            .memory
+            .total();
+        let m = run_layout(&a, 3).expect("the layout runs");
+        let ratio = m.peak_bytes / predicted;
+        println!(
+            "muon {extra:?}: peak {:.1} MiB predicted, ratio {ratio:.3}",
+            predicted / (1 << 20) as f64
+        );
+        assert!((0.95..=1.05).contains(&ratio), "{extra:?}: {ratio}");
+    }
+}

@@ -13,6 +13,7 @@
 //! experts, times the micro-batches the schedule keeps in flight.
 
 use super::cluster::{AttentionKernel, Cluster, Engine};
+use super::muon_cost::muon_share;
 use crate::arguments::{OptimizerKind, Precision, TrainConfig};
 use megatron_core::transformer::config::PositionEmbeddingType;
 use megatron_core::transformer::step::Recompute;
@@ -188,18 +189,19 @@ fn moment_bytes(cfg: &TrainConfig) -> f64 {
         .sum()
 }
 
-/// Bytes of weights, gradients and optimizer state per parameter (Megatron's accounting: with
-/// Adam's two moments 18, or 6 + 12/d distributed, under 16-bit weights; 16 or 8 + 8/d in fp32;
-/// SGD keeps one moment, or none without momentum).
-fn state_bytes_per_parameter(cfg: &TrainConfig) -> f64 {
+/// Bytes of weights, gradients and optimizer state of `params` parameters of which `muon` are
+/// Muon's matrices (Megatron's accounting: with Adam's two moments 18 per parameter, or
+/// 6 + 12/d distributed, under 16-bit weights; 16 or 8 + 8/d in fp32; SGD keeps one moment, or
+/// none without momentum; a Muon matrix one momentum of 4 bytes instead of the scalar rule's).
+fn state_bytes(cfg: &TrainConfig, params: f64, muon: f64) -> f64 {
     let d = (cfg.dp * cfg.cp) as f64;
     let half = cfg.precision != Precision::F32;
-    let moments = moment_bytes(cfg);
+    let moments = moment_bytes(cfg) * (params - muon) + 4.0 * muon;
     // The fp32 main weight joins the sharded state under 16-bit weights.
     let (weight_and_grad, sharded) = if half {
-        (6.0, 4.0 + moments)
+        (6.0 * params, 4.0 * params + moments)
     } else {
-        (8.0, moments)
+        (8.0 * params, moments)
     };
     match cfg.optimizer {
         OptimizerKind::Replicated => weight_and_grad + sharded,
@@ -249,16 +251,17 @@ fn this_engine_memory(cfg: &TrainConfig, params: f64) -> Result<MemoryCost, Stri
     let half = cfg.precision.half().is_some();
     let d = (cfg.dp * cfg.cp) as f64;
     let weights = params * if half { 6.0 } else { 4.0 };
-    let moments = moment_bytes(cfg);
+    let muon = muon_share(cfg, 0).params;
+    let moments = moment_bytes(cfg) * (params - muon) + 4.0 * muon;
     let (optimizer, staging) = match cfg.optimizer {
-        OptimizerKind::Replicated => (moments * params, 0.0),
+        OptimizerKind::Replicated => (moments, 0.0),
         OptimizerKind::Distributed => {
             let bucket = cfg
                 .args
                 .ddp_bucket_size
                 .map_or((40e6f64).max(1e6 * d), |b| b as f64);
             (
-                (moments + if half { 4.0 } else { 0.0 }) * params / d,
+                (moments + if half { 4.0 * params } else { 0.0 }) / d,
                 if d > 1.0 {
                     4.0 * params.min(bucket)
                 } else {
@@ -295,7 +298,8 @@ fn megatron_memory(
     let h = m.hidden_size as f64;
     let e = cluster.activation_bytes;
     let layers_per_stage = m.num_layers / p;
-    let per_param = state_bytes_per_parameter(cfg);
+    let first_state = state_bytes(cfg, first_params, muon_share(cfg, 0).params);
+    let last_state = state_bytes(cfg, last_params, muon_share(cfg, p - 1).params);
     let ops = megatron_core::pipeline_parallel::schedule(p, 0, cfg.num_microbatches(), v)?;
     let in_flight = megatron_core::pipeline_parallel::peak_in_flight(&ops);
     let per_layer: f64 = tok
@@ -321,8 +325,8 @@ fn megatron_memory(
     let vocab = m.padded_vocab_size as f64;
     // fp32 logits and their gradient for one micro-batch on the last stage.
     let logits = 2.0 * 4.0 * tok * vocab / t as f64;
-    let first = first_params * per_param + activations + if p == 1 { logits } else { 0.0 };
-    let last = last_params * per_param
+    let first = first_state + activations + if p == 1 { logits } else { 0.0 };
+    let last = last_state
         + if p == 1 {
             activations
         } else {
@@ -332,7 +336,7 @@ fn megatron_memory(
         + logits;
     Ok(if first >= last {
         MemoryCost {
-            weights_and_optimizer: first_params * per_param,
+            weights_and_optimizer: first_state,
             activations,
             in_flight,
             logits: if p == 1 { logits } else { 0.0 },
@@ -340,8 +344,8 @@ fn megatron_memory(
         }
     } else {
         MemoryCost {
-            weights_and_optimizer: last_params * per_param,
-            activations: last - last_params * per_param - logits,
+            weights_and_optimizer: last_state,
+            activations: last - last_state - logits,
             in_flight: v,
             logits,
             reserved: cluster.reserved_memory,
@@ -357,9 +361,6 @@ pub fn predict(cfg: &TrainConfig, cluster: &Cluster) -> Result<Prediction, Strin
     }
     if m.mtp.is_some() {
         return Err("--mtp-num-layers: the cost model has no multi-token-prediction depths".into());
-    }
-    if cfg.muon.is_some() {
-        return Err("--optimizer muon: the cost model has no Newton-Schulz time and counts one update rule's state for every parameter".into());
     }
     let (t, p, v, cp, d) = (cfg.tp, cfg.pp, cfg.partition.v, cfg.cp, cfg.dp);
     let b = cfg.args.micro_batch_size;
@@ -527,7 +528,14 @@ pub fn predict(cfg: &TrainConfig, cluster: &Cluster) -> Result<Prediction, Strin
         OptimizerKind::Replicated => params,
         OptimizerKind::Distributed => params / dp_ranks as f64,
     };
-    let optimizer = memory_bound(optimizer_params * cluster.optimizer_bytes_per_parameter);
+    // Muon: the Newton-Schulz GEMMs and `duplicated`'s all-gathers of the slowest stage.
+    let muon = (0..p)
+        .map(|stage| {
+            let m = muon_share(cfg, stage);
+            gemm(m.ns_flops) + m.tp_gather_bytes / tp_bw
+        })
+        .fold(0.0, f64::max);
+    let optimizer = memory_bound(optimizer_params * cluster.optimizer_bytes_per_parameter) + muon;
     let time = TimeCost {
         compute: mbf * stage_compute,
         tensor_parallel: mbf * tp_time,

@@ -8,6 +8,7 @@ pub mod cost;
 pub mod layout;
 pub mod machine;
 pub mod measure;
+pub mod muon_cost;
 
 use crate::arguments::TrainArgs;
 use crate::TrainError;
