@@ -269,7 +269,7 @@ fn params_read_during_an_overlapped_gather_are_already_gathered() {
                 let gate = std::sync::Arc::new(ParamGate::new());
                 params.gate = Some(gate.clone());
                 let ptr = ParamsPtr::new(&mut params);
-                let buffer = &d.buffer;
+                let buffer = &d.grads.buffer;
                 std::thread::scope(|s| {
                     let h = s.spawn(move || gather_params(buffer, ptr, c, &gate));
                     let seen: Vec<Vec<f32>> = (0..params.metas.len())

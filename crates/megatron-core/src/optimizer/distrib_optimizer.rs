@@ -5,29 +5,26 @@
 //! below split them where the weight-decay flag or the norm filters change.
 
 use super::moment_buf::{apply_rule, MomentBuf, MomentDtypes};
+use super::sharded_grads::{owned_norm_squared, OwnedPiece, ShardedGrads};
 use super::{StepLr, UpdateRule};
 use crate::distributed::{ExpertGrads, GradBuffer};
 use crate::params::{Grads, Params};
+use crate::tensor_parallel::Tp;
 use megatron_comm::{CommError, Communicator};
-use megatron_tensor::cpu::{global_norm_squared, scale_inplace};
+use megatron_tensor::cpu::scale_inplace;
 use std::ops::Range;
 
 /// A piece of an owned shard inside one parameter.
 #[derive(Clone, Debug)]
 struct Piece {
-    /// Flat-buffer range.
-    range: Range<usize>,
+    owned: OwnedPiece,
     /// Offset of the piece in this rank's optimizer state.
     state: usize,
-    param: usize,
-    /// In the experts' buckets (sharded over expert data parallelism).
-    expert: bool,
 }
 
 pub struct DistributedOptimizer {
-    pub buffer: GradBuffer,
-    /// Under expert parallelism: the experts' buckets, sharded over their own group.
-    pub expert: Option<ExpertGrads>,
+    /// The buckets (and the experts', sharded over their own group) and their collectives.
+    pub grads: ShardedGrads,
     pieces: Vec<Piece>,
     /// Elements of this rank's shards.
     state_len: usize,
@@ -39,7 +36,6 @@ pub struct DistributedOptimizer {
     /// (laid out like the moments); empty otherwise.
     pub main: Vec<f32>,
     pub step: u64,
-    pub(crate) scratch: Vec<f32>,
 }
 
 impl DistributedOptimizer {
@@ -54,48 +50,35 @@ impl DistributedOptimizer {
         expert: Option<ExpertGrads>,
         rule: UpdateRule,
     ) -> Self {
-        let mut pieces = Vec::new();
+        let grads = ShardedGrads::new(buffer, expert);
         let mut state = 0;
-        let buffers =
-            std::iter::once((&buffer, false)).chain(expert.as_ref().map(|e| (&e.buffer, true)));
-        for (buf, is_expert) in buffers {
-            for (b, owned) in buf.buckets.iter().zip(buf.owned()) {
-                for own in owned {
-                    for p in b.params.clone() {
-                        let m = &params.metas[p];
-                        let lo = own.start.max(m.offset);
-                        let hi = own.end.min(m.offset + m.numel);
-                        if lo < hi {
-                            pieces.push(Piece {
-                                range: lo..hi,
-                                state,
-                                param: p,
-                                expert: is_expert,
-                            });
-                            state += hi - lo;
-                        }
-                    }
+        let pieces: Vec<Piece> = grads
+            .owned_pieces(params)
+            .into_iter()
+            .map(|owned| {
+                state += owned.range.len();
+                Piece {
+                    state: state - owned.range.len(),
+                    owned,
                 }
-            }
-        }
+            })
+            .collect();
         let mut main = Vec::new();
         if params.half.format().is_some() {
             main = vec![0.0; state];
             for p in &pieces {
-                main[p.state..p.state + p.range.len()]
-                    .copy_from_slice(&params.data[p.range.clone()]);
+                main[p.state..p.state + p.owned.range.len()]
+                    .copy_from_slice(&params.data[p.owned.range.clone()]);
             }
         }
         DistributedOptimizer {
-            buffer,
-            expert,
+            grads,
             pieces,
             state_len: state,
             rule,
             moments: MomentDtypes::default().new_state(rule, state),
             main,
             step: 0,
-            scratch: Vec::new(),
         }
     }
 
@@ -111,7 +94,39 @@ impl DistributedOptimizer {
     ) -> impl Iterator<Item = (usize, std::ops::Range<usize>, usize)> + '_ {
         self.pieces
             .iter()
-            .map(|p| (p.param, p.range.clone(), p.state))
+            .map(|p| (p.owned.param, p.owned.range.clone(), p.state))
+    }
+
+    /// The whole model's squared gradient norm: each element owned by one DP rank.
+    pub fn grad_norm_squared(
+        &mut self,
+        params: &Params,
+        grads: &Grads,
+        tp: &mut Tp,
+        pp: &mut dyn Communicator,
+        dp: Option<&mut dyn Communicator>,
+    ) -> Result<f64, CommError> {
+        let owned = self
+            .pieces
+            .iter()
+            .map(|p| (p.owned.param, &p.owned.range, p.owned.expert));
+        self.grads.norm_squared(params, grads, owned, tp, pp, dp)
+    }
+
+    /// Zeros among the gradients, each counted once.
+    pub fn count_zeros(
+        &mut self,
+        params: &Params,
+        grads: &Grads,
+        tp: &mut Tp,
+        pp: &mut dyn Communicator,
+        dp: Option<&mut dyn Communicator>,
+    ) -> Result<u64, CommError> {
+        let owned = self
+            .pieces
+            .iter()
+            .map(|p| (p.owned.param, &p.owned.range, p.owned.expert));
+        self.grads.count_zeros(params, grads, owned, tp, pp, dp)
     }
 
     /// Elements of optimizer state this rank holds.
@@ -125,69 +140,20 @@ impl DistributedOptimizer {
         grads: &mut Grads,
         dp: &mut dyn Communicator,
     ) -> Result<(), CommError> {
-        self.buffer.reduce_gradients(grads, dp, &mut self.scratch)?;
-        self.reduce_expert_gradients(grads)
-    }
-
-    /// Reduce-scatters the experts' gradients over expert data parallelism.
-    pub fn reduce_expert_gradients(&mut self, grads: &mut Grads) -> Result<(), CommError> {
-        match self.expert.as_mut() {
-            Some(e) => e.reduce(grads),
-            None => Ok(()),
-        }
-    }
-
-    /// Reduce-scatters only the buckets `which` (those an overlapped reduction left).
-    pub fn reduce_some_gradients(
-        &mut self,
-        which: &[usize],
-        grads: &mut Grads,
-        dp: &mut dyn Communicator,
-    ) -> Result<(), CommError> {
-        self.buffer
-            .reduce_some(which, grads, dp, &mut self.scratch)?;
-        self.reduce_expert_gradients(grads)
+        self.grads.reduce(grads, None, dp)
     }
 
     /// This rank's part of the squared gradient norm: its shards, with the model-parallel
     /// filters (TP-replicated parameters on TP rank 0 only, the tied-embedding copy never).
     pub fn grad_norm_squared_local(&self, params: &Params, grads: &Grads, tp_rank: usize) -> f64 {
-        self.grad_norm_squared_of(params, grads, tp_rank, |_| true)
-    }
-
-    /// [`DistributedOptimizer::grad_norm_squared_local`] over the pieces `which` picks by their
-    /// `expert` flag.
-    pub fn grad_norm_squared_of(
-        &self,
-        params: &Params,
-        grads: &Grads,
-        tp_rank: usize,
-        which: impl Fn(bool) -> bool,
-    ) -> f64 {
-        let owned = self.pieces.iter().filter(|p| which(p.expert));
-        owned_norm_squared(params, grads, tp_rank, owned.map(|p| (p.param, &p.range)))
-    }
-
-    /// Zeros among this rank's shards (same filters as the norm).
-    pub fn count_zeros_local(&self, params: &Params, grads: &Grads, tp_rank: usize) -> u64 {
-        self.count_zeros_of(params, grads, tp_rank, |_| true)
-    }
-
-    pub fn count_zeros_of(
-        &self,
-        params: &Params,
-        grads: &Grads,
-        tp_rank: usize,
-        which: impl Fn(bool) -> bool,
-    ) -> u64 {
-        let owned = self.pieces.iter().filter(|p| which(p.expert));
-        owned_zeros(params, grads, tp_rank, owned.map(|p| (p.param, &p.range)))
+        let all = self.pieces.iter().map(|p| (p.owned.param, &p.owned.range));
+        owned_norm_squared(params, grads, tp_rank, all)
     }
 
     /// Scales this rank's shards of the gradients (clipping).
     pub fn scale_grads(&self, grads: &mut Grads, coeff: f32) {
         for p in &self.pieces {
-            scale_inplace(&mut grads.data[p.range.clone()], coeff);
+            scale_inplace(&mut grads.data[p.owned.range.clone()], coeff);
         }
     }
 
@@ -216,20 +182,21 @@ impl DistributedOptimizer {
         let lr: StepLr = lr.into();
         self.step += 1;
         for p in &self.pieces {
-            let wd = params.metas[p.param].weight_decay;
-            let rate = lr.of(&params.metas[p.param]);
-            let s = p.state..p.state + p.range.len();
+            let (range, param) = (p.owned.range.clone(), p.owned.param);
+            let wd = params.metas[param].weight_decay;
+            let rate = lr.of(&params.metas[param]);
+            let s = p.state..p.state + range.len();
             // The fp32 values the rule updates: the parameters themselves, or this rank's main copy
             // of 16-bit ones (re-rounded into the model's copy right after).
             let fp32 = if self.main.is_empty() {
-                &mut params.data[p.range.clone()]
+                &mut params.data[range.clone()]
             } else {
                 &mut self.main[s.clone()]
             };
             apply_rule(
                 self.rule,
                 fp32,
-                &grads.data[p.range.clone()],
+                &grads.data[range.clone()],
                 &mut self.moments,
                 s.clone(),
                 rate,
@@ -237,37 +204,31 @@ impl DistributedOptimizer {
                 self.step,
             );
             if !self.main.is_empty() {
-                params.half.write(p.range.clone(), &self.main[s]);
+                params.half.write(range, &self.main[s]);
             }
         }
     }
 
-    /// All-gathers the updated parameters over DP (the 16-bit ones when there are any).
+    /// All-gathers the updated parameters over DP (the 16-bit ones when there are any:
+    /// Megatron all-gathers the 16-bit parameters, half the bytes of fp32).
     pub fn gather(
         &mut self,
         params: &mut Params,
         dp: &mut dyn Communicator,
     ) -> Result<(), CommError> {
         if self.main.is_empty() {
-            self.buffer
-                .all_gather(&mut params.data, dp, &mut self.scratch)?;
+            self.grads.gather(&mut params.data, dp)
         } else {
-            // Megatron all-gathers the 16-bit parameters: half the bytes of fp32.
-            self.buffer
-                .all_gather(params.half.bits_mut(), dp, &mut self.scratch)?;
+            self.grads.gather(params.half.bits_mut(), dp)
         }
-        self.gather_experts(params)
     }
 
     /// All-gathers the experts' updated shards over expert data parallelism.
     pub fn gather_experts(&mut self, params: &mut Params) -> Result<(), CommError> {
-        let Some(e) = self.expert.as_mut() else {
-            return Ok(());
-        };
         if self.main.is_empty() {
-            e.gather(&mut params.data)
+            self.grads.gather_experts(&mut params.data)
         } else {
-            e.gather(params.half.bits_mut())
+            self.grads.gather_experts(params.half.bits_mut())
         }
     }
 
@@ -303,9 +264,10 @@ impl DistributedOptimizer {
     ) -> Result<Vec<f32>, CommError> {
         let mut out = vec![0.0f32; numel];
         for p in &self.pieces {
-            out[p.range.clone()].copy_from_slice(&which(self, p.state..p.state + p.range.len()));
+            let r = p.owned.range.clone();
+            out[r.clone()].copy_from_slice(&which(self, p.state..p.state + r.len()));
         }
-        self.buffer.all_gather(&mut out, dp, &mut self.scratch)?;
+        self.grads.gather_dense(&mut out, dp)?;
         Ok(out)
     }
 
@@ -313,43 +275,11 @@ impl DistributedOptimizer {
     pub fn load_moments(&mut self, full: &[Vec<f32>], step: u64) {
         assert_eq!(full.len(), self.moments.len());
         for p in &self.pieces {
-            let s = p.state..p.state + p.range.len();
+            let r = p.owned.range.clone();
             for (mine, whole) in self.moments.iter_mut().zip(full) {
-                mine.store(s.start, &whole[p.range.clone()]);
+                mine.store(p.state, &whole[r.clone()]);
             }
         }
         self.step = step;
     }
-}
-
-/// Whether an owned piece of parameter `m` counts in the norm and zero count: TP-replicated
-/// parameters on TP rank 0 only, the tied-embedding copy never.
-fn counted_piece(m: &crate::ParamMeta, tp_rank: usize) -> bool {
-    !m.shared && (!m.tp_replicated || tp_rank == 0)
-}
-
-/// Σ g² over owned pieces `(parameter, flat range)`, with the model-parallel filters.
-pub(super) fn owned_norm_squared<'a>(
-    params: &Params,
-    grads: &Grads,
-    tp_rank: usize,
-    pieces: impl Iterator<Item = (usize, &'a Range<usize>)>,
-) -> f64 {
-    pieces
-        .filter(|(p, _)| counted_piece(&params.metas[*p], tp_rank))
-        .map(|(_, r)| global_norm_squared(&grads.data[r.clone()]))
-        .sum()
-}
-
-/// Zeros among owned pieces, with the same filters.
-pub(super) fn owned_zeros<'a>(
-    params: &Params,
-    grads: &Grads,
-    tp_rank: usize,
-    pieces: impl Iterator<Item = (usize, &'a Range<usize>)>,
-) -> u64 {
-    pieces
-        .filter(|(p, _)| counted_piece(&params.metas[*p], tp_rank))
-        .map(|(_, r)| grads.data[r.clone()].iter().filter(|g| **g == 0.0).count() as u64)
-        .sum()
 }

@@ -12,9 +12,9 @@
 //! Under tensor parallelism the layout is the same on every TP rank (it depends only on the
 //! parameters' shapes), so the TP peers that gather or reduce a matrix in Muon's step all own it.
 
-use super::distrib_optimizer::{owned_norm_squared, owned_zeros};
-use super::megatron_optimizer::{sharded_norm_squared, sharded_zeros, StatePiece};
+use super::megatron_optimizer::StatePiece;
 use super::muon::{muon_matrix_step, MuonMatrix};
+use super::sharded_grads::{owned_norm_squared, OwnedPiece, ShardedGrads};
 use super::{
     is_muon_parameter, MegatronOptimizer, Moment, MomentReader, MuonConfig, ParamGather, StepLr,
 };
@@ -49,9 +49,7 @@ enum Slot {
 /// A piece of the buffer this rank owns: a whole Muon matrix, or part of a scalar parameter.
 #[derive(Clone, Debug)]
 struct Piece {
-    range: Range<usize>,
-    param: usize,
-    expert: bool,
+    owned: OwnedPiece,
     slot: Slot,
     /// Offset of its fp32 main values (under 16-bit parameters).
     main: usize,
@@ -59,8 +57,8 @@ struct Piece {
 
 pub struct LayerWiseDistributedOptimizer {
     pub config: MuonConfig,
-    pub buffer: GradBuffer,
-    pub expert: Option<ExpertGrads>,
+    /// The layer-wise buckets (and the experts') and their collectives.
+    pub grads: ShardedGrads,
     pieces: Vec<Piece>,
     /// Which parameters Muon steps (whether this rank owns them or not).
     is_muon: Vec<bool>,
@@ -71,7 +69,6 @@ pub struct LayerWiseDistributedOptimizer {
     /// fp32 main values of every owned piece when the parameters are 16-bit; empty otherwise.
     main: Vec<f32>,
     step: u64,
-    scratch: Vec<f32>,
     tp: Option<Box<dyn Communicator>>,
     etp: Option<Box<dyn Communicator>>,
 }
@@ -87,51 +84,42 @@ impl LayerWiseDistributedOptimizer {
         tp: Option<Box<dyn Communicator>>,
         etp: Option<Box<dyn Communicator>>,
     ) -> Self {
-        let mut pieces = Vec::new();
+        let grads = ShardedGrads::new(buffer, expert);
         let (mut muon, mut scalar, mut main) = (0, 0, 0);
-        let buffers =
-            std::iter::once((&buffer, false)).chain(expert.as_ref().map(|e| (&e.buffer, true)));
-        for (buf, is_expert) in buffers {
-            for (b, owned) in buf.buckets.iter().zip(buf.owned()) {
-                for own in owned {
-                    for p in b.params.clone() {
-                        let m = &params.metas[p];
-                        let lo = own.start.max(m.offset);
-                        let hi = own.end.min(m.offset + m.numel);
-                        if lo >= hi {
-                            continue;
-                        }
-                        let slot = if is_muon_parameter(m) {
-                            assert_eq!(
-                                (lo, hi),
-                                (m.offset, m.offset + m.numel),
-                                "{}: a Muon matrix must be owned whole",
-                                m.name
-                            );
-                            muon += m.numel;
-                            Slot::Muon(muon - m.numel)
-                        } else {
-                            scalar += hi - lo;
-                            Slot::Scalar(scalar - (hi - lo))
-                        };
-                        pieces.push(Piece {
-                            range: lo..hi,
-                            param: p,
-                            expert: is_expert,
-                            slot,
-                            main,
-                        });
-                        main += hi - lo;
-                    }
+        let mut pieces: Vec<Piece> = grads
+            .owned_pieces(params)
+            .into_iter()
+            .map(|owned| {
+                let m = &params.metas[owned.param];
+                let n = owned.range.len();
+                let slot = if is_muon_parameter(m) {
+                    assert_eq!(
+                        owned.range,
+                        m.offset..m.offset + m.numel,
+                        "{}: a Muon matrix must be owned whole",
+                        m.name
+                    );
+                    muon += n;
+                    Slot::Muon(muon - n)
+                } else {
+                    scalar += n;
+                    Slot::Scalar(scalar - n)
+                };
+                main += n;
+                Piece {
+                    owned,
+                    slot,
+                    main: main - n,
                 }
-            }
-        }
+            })
+            .collect();
         // Muon steps the matrices in the same order on every TP rank (their collectives pair).
-        pieces.sort_by_key(|p| p.range.start);
+        pieces.sort_by_key(|p| p.owned.range.start);
         let main = if params.half.format().is_some() {
             let mut v = vec![0.0; main];
             for p in &pieces {
-                v[p.main..p.main + p.range.len()].copy_from_slice(&params.data[p.range.clone()]);
+                let r = p.owned.range.clone();
+                v[p.main..p.main + r.len()].copy_from_slice(&params.data[r]);
             }
             v
         } else {
@@ -139,15 +127,13 @@ impl LayerWiseDistributedOptimizer {
         };
         LayerWiseDistributedOptimizer {
             config,
-            buffer,
-            expert,
+            grads,
             pieces,
             is_muon: params.metas.iter().map(is_muon_parameter).collect(),
             momentum: vec![0.0; muon],
             scalar_moments: config.scalar.new_state(scalar),
             main,
             step: 0,
-            scratch: Vec::new(),
             tp,
             etp,
         }
@@ -160,14 +146,9 @@ impl LayerWiseDistributedOptimizer {
 
     /// The owned pieces: (parameter, flat range).
     pub fn owned_pieces(&self) -> impl Iterator<Item = (usize, Range<usize>)> + '_ {
-        self.pieces.iter().map(|p| (p.param, p.range.clone()))
-    }
-
-    fn norm_pieces(&self, expert: bool) -> impl Iterator<Item = (usize, &Range<usize>)> {
         self.pieces
             .iter()
-            .filter(move |p| p.expert == expert)
-            .map(|p| (p.param, &p.range))
+            .map(|p| (p.owned.param, p.owned.range.clone()))
     }
 
     /// The rules on the owned pieces only; the rest of the parameters are stale until the
@@ -183,15 +164,16 @@ impl LayerWiseDistributedOptimizer {
         let c = self.config;
         let half = !self.main.is_empty();
         for p in &self.pieces {
-            let m = &params.metas[p.param];
+            let range = p.owned.range.clone();
+            let m = &params.metas[p.owned.param];
             let rate = lr.of(m);
             let wd = if m.weight_decay { weight_decay } else { 0.0 };
-            let g = &grads.data[p.range.clone()];
-            let main = p.main..p.main + p.range.len();
+            let g = &grads.data[range.clone()];
+            let main = p.main..p.main + range.len();
             let w = if half {
                 &mut self.main[main.clone()]
             } else {
-                &mut params.data[p.range.clone()]
+                &mut params.data[range.clone()]
             };
             match p.slot {
                 Slot::Muon(s) => {
@@ -205,7 +187,7 @@ impl LayerWiseDistributedOptimizer {
                     muon_matrix_step(&c, m, x, rate, wd, group)?;
                 }
                 Slot::Scalar(s) => {
-                    let n = p.range.len();
+                    let n = range.len();
                     let mut state: Vec<&mut [f32]> = self
                         .scalar_moments
                         .iter_mut()
@@ -215,7 +197,7 @@ impl LayerWiseDistributedOptimizer {
                 }
             }
             if half {
-                params.half.write(p.range.clone(), &self.main[main]);
+                params.half.write(range, &self.main[main]);
             }
         }
         Ok(())
@@ -224,24 +206,33 @@ impl LayerWiseDistributedOptimizer {
     /// All-gathers the updated parameters over DP (the 16-bit ones when there are any).
     fn gather(&mut self, params: &mut Params, dp: &mut dyn Communicator) -> Result<(), CommError> {
         if self.main.is_empty() {
-            self.buffer
-                .all_gather(&mut params.data, dp, &mut self.scratch)?;
+            self.grads.gather(&mut params.data, dp)
         } else {
-            self.buffer
-                .all_gather(params.half.bits_mut(), dp, &mut self.scratch)?;
+            self.grads.gather(params.half.bits_mut(), dp)
         }
-        self.gather_experts(params)
     }
 
     fn gather_experts(&mut self, params: &mut Params) -> Result<(), CommError> {
-        let Some(e) = self.expert.as_mut() else {
-            return Ok(());
-        };
         if self.main.is_empty() {
-            e.gather(&mut params.data)
+            self.grads.gather_experts(&mut params.data)
         } else {
-            e.gather(params.half.bits_mut())
+            self.grads.gather_experts(params.half.bits_mut())
         }
+    }
+
+    /// (parameter, flat range, expert) of the owned pieces, with the gradient side borrowed
+    /// apart from them.
+    fn grads_and_owned(
+        &mut self,
+    ) -> (
+        &mut ShardedGrads,
+        impl Iterator<Item = (usize, &Range<usize>, bool)> + Clone,
+    ) {
+        let owned = self
+            .pieces
+            .iter()
+            .map(|p| (p.owned.param, &p.owned.range, p.owned.expert));
+        (&mut self.grads, owned)
     }
 
     fn moments_of_slot(&self, slot: Slot, n: usize) -> Vec<(Moment, Cow<'_, [f32]>)> {
@@ -264,7 +255,7 @@ impl LayerWiseDistributedOptimizer {
 
 impl MegatronOptimizer for LayerWiseDistributedOptimizer {
     fn grad_buffer(&self) -> &GradBuffer {
-        &self.buffer
+        &self.grads.buffer
     }
 
     fn reduce_gradients(
@@ -273,26 +264,17 @@ impl MegatronOptimizer for LayerWiseDistributedOptimizer {
         remaining: Option<&[usize]>,
         dp: &mut dyn Communicator,
     ) -> Result<(), CommError> {
-        match remaining {
-            Some(rest) => self
-                .buffer
-                .reduce_some(rest, grads, dp, &mut self.scratch)?,
-            None => self.buffer.reduce_gradients(grads, dp, &mut self.scratch)?,
-        }
-        match self.expert.as_mut() {
-            Some(e) => e.reduce(grads),
-            None => Ok(()),
-        }
+        self.grads.reduce(grads, remaining, dp)
     }
 
     fn scale_grads(&self, grads: &mut Grads, coeff: f32) {
         for p in &self.pieces {
-            scale_inplace(&mut grads.data[p.range.clone()], coeff);
+            scale_inplace(&mut grads.data[p.owned.range.clone()], coeff);
         }
     }
 
     fn local_grad_norm_squared(&self, params: &Params, grads: &Grads) -> f64 {
-        let all = self.pieces.iter().map(|p| (p.param, &p.range));
+        let all = self.pieces.iter().map(|p| (p.owned.param, &p.owned.range));
         owned_norm_squared(params, grads, 0, all)
     }
 
@@ -305,11 +287,8 @@ impl MegatronOptimizer for LayerWiseDistributedOptimizer {
         pp: &mut dyn Communicator,
         dp: Option<&mut dyn Communicator>,
     ) -> Result<f64, CommError> {
-        let r = tp.rank();
-        let dense = owned_norm_squared(params, grads, r, self.norm_pieces(false));
-        let mine = owned_norm_squared(params, grads, r, self.norm_pieces(true));
-        let experts = self.expert.as_mut().map(|e| (mine, e));
-        sharded_norm_squared(dense, experts, tp, pp, dp)
+        let (sharded, owned) = self.grads_and_owned();
+        sharded.norm_squared(params, grads, owned, tp, pp, dp)
     }
 
     fn count_zeros(
@@ -320,11 +299,8 @@ impl MegatronOptimizer for LayerWiseDistributedOptimizer {
         pp: &mut dyn Communicator,
         dp: Option<&mut dyn Communicator>,
     ) -> Result<u64, CommError> {
-        let r = tp.rank();
-        let dense = owned_zeros(params, grads, r, self.norm_pieces(false));
-        let mine = owned_zeros(params, grads, r, self.norm_pieces(true));
-        let experts = self.expert.as_mut().map(|e| (mine, e));
-        sharded_zeros(dense, experts, tp, pp, dp)
+        let (sharded, owned) = self.grads_and_owned();
+        sharded.count_zeros(params, grads, owned, tp, pp, dp)
     }
 
     fn step(
@@ -360,7 +336,7 @@ impl MegatronOptimizer for LayerWiseDistributedOptimizer {
     }
 
     fn comm_buffer_bytes(&self) -> usize {
-        self.scratch.capacity() * 4
+        self.grads.scratch_bytes()
     }
 
     fn step_count(&self) -> u64 {
@@ -392,13 +368,14 @@ impl MegatronOptimizer for LayerWiseDistributedOptimizer {
         self.pieces
             .iter()
             .map(|p| {
-                let m = &params.metas[p.param];
-                let n = p.range.len();
+                let r = p.owned.range.clone();
+                let m = &params.metas[p.owned.param];
+                let n = r.len();
                 StatePiece {
-                    param: p.param,
-                    local: p.range.start - m.offset..p.range.end - m.offset,
+                    param: p.owned.param,
+                    local: r.start - m.offset..r.end - m.offset,
                     value: if self.main.is_empty() {
-                        &params.data[p.range.clone()]
+                        &params.data[r]
                     } else {
                         &self.main[p.main..p.main + n]
                     },
@@ -415,20 +392,21 @@ impl MegatronOptimizer for LayerWiseDistributedOptimizer {
         read: &mut MomentReader,
     ) -> Result<(), String> {
         for p in &self.pieces {
-            let m = &params.metas[p.param];
-            let local = p.range.start - m.offset..p.range.end - m.offset;
-            let n = p.range.len();
+            let (param, r) = (p.owned.param, p.owned.range.clone());
+            let m = &params.metas[param];
+            let local = r.start - m.offset..r.end - m.offset;
+            let n = r.len();
             match p.slot {
                 Slot::Muon(s) => read(
                     Moment::MomentumBuffer,
-                    p.param,
+                    param,
                     local,
                     &mut self.momentum[s..s + n],
                 )?,
                 Slot::Scalar(s) => {
                     let kinds = self.config.scalar.moments();
                     for (k, v) in kinds.iter().zip(&mut self.scalar_moments) {
-                        read(*k, p.param, local.clone(), &mut v[s..s + n])?;
+                        read(*k, param, local.clone(), &mut v[s..s + n])?;
                     }
                 }
             }

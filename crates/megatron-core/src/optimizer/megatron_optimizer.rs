@@ -8,7 +8,7 @@
 use super::{DistributedOptimizer, Moment, MomentBuf, ReplicatedGrads, UpdateRule};
 use crate::distributed::{ExpertGrads, GradBuffer};
 use crate::params::{Grads, Params};
-use crate::tensor_parallel::{sum_f64, Tp};
+use crate::tensor_parallel::Tp;
 use megatron_comm::{CommError, Communicator, ReduceOp, TypedCollectives};
 use megatron_tensor::cpu::{global_norm_squared, scale_inplace};
 
@@ -252,42 +252,6 @@ pub(super) fn sum_zeros(
     Ok(v[0] as u64)
 }
 
-/// The squared norm of gradients sharded over DP: `dense`, this rank's part (of every
-/// parameter, or of the dense ones when the experts have their own group), summed over TP, PP
-/// and DP; the experts' part, each element owned by one expert-DP rank, summed over every rank.
-pub(super) fn sharded_norm_squared(
-    dense: f64,
-    experts: Option<(f64, &mut ExpertGrads)>,
-    tp: &mut Tp,
-    pp: &mut dyn Communicator,
-    dp: Option<&mut dyn Communicator>,
-) -> Result<f64, CommError> {
-    let mut x = sum_f64(tp.comm, dense)?;
-    x = sum_f64(pp, x)?;
-    if let Some(c) = dp {
-        x = sum_f64(c, x)?;
-    }
-    match experts {
-        Some((mine, e)) => Ok(x + e.sum_norm(mine)?),
-        None => Ok(x),
-    }
-}
-
-/// [`sharded_norm_squared`] for the zero count.
-pub(super) fn sharded_zeros(
-    dense: u64,
-    experts: Option<(u64, &mut ExpertGrads)>,
-    tp: &mut Tp,
-    pp: &mut dyn Communicator,
-    dp: Option<&mut dyn Communicator>,
-) -> Result<u64, CommError> {
-    let x = sum_zeros(dense, tp, pp, dp)?;
-    match experts {
-        Some((mine, e)) => Ok(x + e.sum_zeros(mine)?),
-        None => Ok(x),
-    }
-}
-
 impl MegatronOptimizer for PlainOptimizer {
     fn grad_buffer(&self) -> &GradBuffer {
         &self.grads.buffer
@@ -455,7 +419,7 @@ impl MegatronOptimizer for PlainOptimizer {
 
 impl MegatronOptimizer for DistributedOptimizer {
     fn grad_buffer(&self) -> &GradBuffer {
-        &self.buffer
+        &self.grads.buffer
     }
 
     fn reduce_gradients(
@@ -464,10 +428,7 @@ impl MegatronOptimizer for DistributedOptimizer {
         remaining: Option<&[usize]>,
         dp: &mut dyn Communicator,
     ) -> Result<(), CommError> {
-        match remaining {
-            Some(rest) => self.reduce_some_gradients(rest, grads, dp),
-            None => DistributedOptimizer::reduce_gradients(self, grads, dp),
-        }
+        self.grads.reduce(grads, remaining, dp)
     }
 
     fn scale_grads(&self, grads: &mut Grads, coeff: f32) {
@@ -487,12 +448,7 @@ impl MegatronOptimizer for DistributedOptimizer {
         pp: &mut dyn Communicator,
         dp: Option<&mut dyn Communicator>,
     ) -> Result<f64, CommError> {
-        let tp_rank = tp.rank();
-        let dense_only = self.expert.is_some();
-        let local = self.grad_norm_squared_of(params, grads, tp_rank, |x| !(dense_only && x));
-        let mine = self.grad_norm_squared_of(params, grads, tp_rank, |x| x);
-        let experts = self.expert.as_mut().map(|e| (mine, e));
-        sharded_norm_squared(local, experts, tp, pp, dp)
+        DistributedOptimizer::grad_norm_squared(self, params, grads, tp, pp, dp)
     }
 
     fn count_zeros(
@@ -503,12 +459,7 @@ impl MegatronOptimizer for DistributedOptimizer {
         pp: &mut dyn Communicator,
         dp: Option<&mut dyn Communicator>,
     ) -> Result<u64, CommError> {
-        let tp_rank = tp.rank();
-        let dense_only = self.expert.is_some();
-        let local = self.count_zeros_of(params, grads, tp_rank, |x| !(dense_only && x));
-        let mine = self.count_zeros_of(params, grads, tp_rank, |x| x);
-        let experts = self.expert.as_mut().map(|e| (mine, e));
-        sharded_zeros(local, experts, tp, pp, dp)
+        DistributedOptimizer::count_zeros(self, params, grads, tp, pp, dp)
     }
 
     fn step(
@@ -545,7 +496,7 @@ impl MegatronOptimizer for DistributedOptimizer {
     }
 
     fn comm_buffer_bytes(&self) -> usize {
-        self.scratch.capacity() * 4
+        self.grads.scratch_bytes()
     }
 
     fn step_count(&self) -> u64 {

@@ -8,6 +8,7 @@ pub mod megatron_optimizer;
 pub mod moment_buf;
 pub mod muon;
 pub mod replicated_grads;
+pub mod sharded_grads;
 pub mod update_rule;
 
 pub use adam::Adam;
@@ -25,4 +26,5 @@ pub use muon::{
     NsCoefficients,
 };
 pub use replicated_grads::ReplicatedGrads;
+pub use sharded_grads::{OwnedPiece, ShardedGrads};
 pub use update_rule::{Moment, UpdateRule};
