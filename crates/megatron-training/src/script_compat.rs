@@ -101,7 +101,8 @@ pub struct ScriptCompatArgs {
     pub no_rope_fusion: bool,
     #[arg(long)]
     pub no_persist_layer_norm: bool,
-    /// megatron-core's Triton kernel for Muon's symmetric `X·Xᵀ` (same products, a GPU kernel).
+    /// megatron-core's Triton kernel for Muon's symmetric `X·Xᵀ`: here the Newton–Schulz
+    /// iteration always computes its symmetric products as upper triangles.
     #[arg(long)]
     pub muon_use_syrk: bool,
     #[arg(long)]
