@@ -15,8 +15,17 @@ use megatron_training::plan::plan;
 #[global_allocator]
 static ALLOCATOR: RankAllocator<std::alloc::System> = RankAllocator(std::alloc::System);
 
+/// The allocator counts bytes per rank slot for the whole process: runs measured at the same
+/// time would count each other's, so the tests of this file run one at a time.
+static MEASURING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn measuring() -> std::sync::MutexGuard<'static, ()> {
+    MEASURING.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 #[test]
 fn this_machine_calibrates_and_predicts_each_measured_layouts_peak_memory_within_5_percent() {
+    let _one_at_a_time = measuring();
     let a = common::args(&[
         "--nproc-per-node",
         "2",
@@ -79,6 +88,7 @@ fn this_machine_calibrates_and_predicts_each_measured_layouts_peak_memory_within
 /// staging buffer) against a measured run at DP 2, replicated and layer-wise.
 #[test]
 fn muons_peak_memory_is_predicted_within_5_percent_replicated_and_layer_wise() {
+    let _one_at_a_time = measuring();
     use megatron_training::plan::cluster::{AttentionKernel, Cluster, Engine};
     // Memory alone: the speeds below do not enter it.
     let cluster = Cluster {
