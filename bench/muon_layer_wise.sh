@@ -3,7 +3,8 @@
 # megatron-core's layer-wise distributed optimizer (`--use-distributed-optimizer`: each rank
 # orthogonalizes the matrices it owns), alternating runs in one invocation so both see the same
 # load. Usage: bench/muon_layer_wise.sh [S|M] [pairs]; MUON_PREC=high|medium (default high: f32
-# Newton-Schulz products). Two thread ranks share --num-threads 2; global batch = 2 micro-batches.
+# Newton-Schulz products); LW_FLAGS adds flags to the layer-wise runs (e.g. LW_FLAGS="--ddp-bucket-size
+# 10000000"). Two thread ranks share --num-threads 2; global batch = 2 micro-batches.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CFG=${1:-S}; RUNS=${2:-2}
@@ -20,7 +21,7 @@ echo "# load before start: $(cut -d' ' -f1-3 /proc/loadavg); $(grep -m1 'model n
 for r in $(seq 1 "$RUNS"); do
   for mode in replicated layer-wise; do
     extra=""
-    [ "$mode" = layer-wise ] && extra="--use-distributed-optimizer"
+    [ "$mode" = layer-wise ] && extra="--use-distributed-optimizer ${LW_FLAGS:-}"
     rm -f "$OUT/m.jsonl"
     /usr/bin/time -f "%M" -o "$OUT/rss" ./target/release/megatron train --mock-data \
       --tokenizer-type NullTokenizer --vocab-size $((V - 1)) --num-layers $L --hidden-size $H \
