@@ -1,28 +1,12 @@
+mod common;
+
 use megatron_comm::run_ranks;
 use megatron_core::distributed::overlap_param_gather::{gather_params, ParamGate, ParamsPtr};
 use megatron_core::distributed::{GradBuffer, Placement};
 use megatron_core::optimizer::{layer_wise_placement, Adam, DistributedOptimizer, UpdateRule};
 use megatron_core::params::{Grads, ParamId};
-use megatron_core::{GPTModel, TransformerConfig};
+use megatron_core::GPTModel;
 use megatron_tensor::cpu::cast::{round_to_half_inplace, Half};
-
-fn cfg() -> TransformerConfig {
-    TransformerConfig {
-        num_layers: 2,
-        hidden_size: 16,
-        num_attention_heads: 2,
-        ffn_hidden_size: 64,
-        seq_length: 8,
-        max_position_embeddings: 8,
-        padded_vocab_size: 64,
-        hidden_dropout: 0.0,
-        attention_dropout: 0.0,
-        init_method_std: 0.02,
-        layernorm_epsilon: 1e-5,
-        untie_embeddings_and_output_weights: false,
-        ..Default::default()
-    }
-}
 
 const ADAM: UpdateRule = UpdateRule::Adam {
     beta1: 0.9,
@@ -42,7 +26,7 @@ fn averaged_grad(i: usize, dp: usize) -> f32 {
 
 #[test]
 fn buckets_cover_the_buffer_in_reverse_order_and_shards_partition_them() {
-    let (_, params) = GPTModel::new(cfg(), 1);
+    let (_, params) = GPTModel::new(common::tiny_gpt(), 1);
     for size in [1usize, 500, 3000, usize::MAX] {
         for dp in [1usize, 2, 3, 4, 8] {
             let b = GradBuffer::new(&params, size, dp, 0, true);
@@ -75,7 +59,7 @@ fn buckets_cover_the_buffer_in_reverse_order_and_shards_partition_them() {
 fn the_distributed_optimizer_matches_adam_and_holds_one_dp_th_of_the_state() {
     for dp in [2usize, 3, 4] {
         let out = run_ranks(dp, move |rank, c| {
-            let (_, mut params) = GPTModel::new(cfg(), 1);
+            let (_, mut params) = GPTModel::new(common::tiny_gpt(), 1);
             let n = params.numel();
             // Every rank contributes different gradients; the average is what Adam sees.
             let mut grads = Grads::zeros_like(&params);
@@ -90,7 +74,7 @@ fn the_distributed_optimizer_matches_adam_and_holds_one_dp_th_of_the_state() {
             (params.data, state, n)
         });
         // Reference: plain Adam on the averaged gradients.
-        let (_, mut params) = GPTModel::new(cfg(), 1);
+        let (_, mut params) = GPTModel::new(common::tiny_gpt(), 1);
         let mut grads = Grads::zeros_like(&params);
         for (i, g) in grads.data.iter_mut().enumerate() {
             *g = averaged_grad(i, dp);
@@ -124,7 +108,7 @@ fn the_distributed_optimizer_with_sgd_matches_torchs_sgd_and_holds_one_dp_th_of_
     let (lr, wd, momentum) = (1e-2f32, 0.1f32, 0.9f32);
     for dp in [2usize, 3] {
         let out = run_ranks(dp, move |rank, c| {
-            let (_, mut params) = GPTModel::new(cfg(), 1);
+            let (_, mut params) = GPTModel::new(common::tiny_gpt(), 1);
             let buffer = GradBuffer::new(&params, 700, dp, rank, true);
             let mut d = DistributedOptimizer::new(&params, buffer, UpdateRule::Sgd { momentum });
             for step in 0..2 {
@@ -141,7 +125,7 @@ fn the_distributed_optimizer_with_sgd_matches_torchs_sgd_and_holds_one_dp_th_of_
             )
         });
         // torch.optim.SGD in f64 on the averaged gradients.
-        let (_, params) = GPTModel::new(cfg(), 1);
+        let (_, params) = GPTModel::new(common::tiny_gpt(), 1);
         let mut p: Vec<f64> = params.data.iter().map(|&x| x as f64).collect();
         let mut buf = vec![0.0f64; p.len()];
         for step in 0..2 {
@@ -181,7 +165,7 @@ fn with_16_bit_parameters_the_distributed_optimizer_keeps_fp32_main_shards_and_g
     for half in [Half::BF16, Half::F16] {
         for dp in [2usize, 3, 4] {
             let out = run_ranks(dp, move |rank, c| {
-                let (_, mut params) = GPTModel::new(cfg(), 1);
+                let (_, mut params) = GPTModel::new(common::tiny_gpt(), 1);
                 params.set_half(Some(half));
                 let mut grads = Grads::zeros_like(&params);
                 for (i, g) in grads.data.iter_mut().enumerate() {
@@ -195,7 +179,7 @@ fn with_16_bit_parameters_the_distributed_optimizer_keeps_fp32_main_shards_and_g
                 let main = d.full_main(params.numel(), c).unwrap();
                 (params.values(), main, d.main.len())
             });
-            let (_, mut params) = GPTModel::new(cfg(), 1);
+            let (_, mut params) = GPTModel::new(common::tiny_gpt(), 1);
             params.set_half(Some(half));
             let mut grads = Grads::zeros_like(&params);
             for (i, g) in grads.data.iter_mut().enumerate() {
@@ -247,7 +231,7 @@ fn params_read_during_an_overlapped_gather_are_already_gathered() {
     for half in [None, Some(Half::BF16)] {
         let out = run_ranks(2, move |rank, c| {
             let run = |overlap: bool, c: &mut dyn megatron_comm::Communicator| {
-                let (_, mut params) = GPTModel::new(cfg(), 1);
+                let (_, mut params) = GPTModel::new(common::tiny_gpt(), 1);
                 params.set_half(half);
                 let mut grads = Grads::zeros_like(&params);
                 for (i, g) in grads.data.iter_mut().enumerate() {
@@ -300,7 +284,7 @@ fn layer_wise(params: &megatron_core::Params, size: usize, dp: usize, rank: usiz
 
 #[test]
 fn the_layer_wise_layout_keeps_muon_matrices_whole_and_partitions_each_bucket() {
-    let (_, params) = GPTModel::new(cfg(), 1);
+    let (_, params) = GPTModel::new(common::tiny_gpt(), 1);
     for size in [500usize, 3000, usize::MAX] {
         for dp in [2usize, 3, 4] {
             let b = layer_wise(&params, size, dp, 0);
@@ -395,7 +379,7 @@ fn the_layer_wise_layout_keeps_muon_matrices_whole_and_partitions_each_bucket() 
 fn layer_wise_buckets_reduce_scatter_the_average_and_gather_every_segment() {
     for dp in [2usize, 3] {
         let out = run_ranks(dp, move |rank, c| {
-            let (_, mut params) = GPTModel::new(cfg(), 1);
+            let (_, mut params) = GPTModel::new(common::tiny_gpt(), 1);
             let b = layer_wise(&params, 701, dp, rank);
             let mut grads = Grads::zeros_like(&params);
             for (i, g) in grads.data.iter_mut().enumerate() {
@@ -437,7 +421,7 @@ fn layer_wise_buckets_reduce_scatter_the_average_and_gather_every_segment() {
                 .enumerate()
                 .all(|(i, b)| *b == i as u16 ^ 0x5a5a));
         }
-        let (_, params) = GPTModel::new(cfg(), 1);
+        let (_, params) = GPTModel::new(common::tiny_gpt(), 1);
         assert_eq!(owned, params.numel(), "dp {dp}: every element owned once");
     }
 }

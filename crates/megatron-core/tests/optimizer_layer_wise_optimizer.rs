@@ -2,6 +2,8 @@
 //! the model replicated Muon steps on the averaged gradients, while each DP rank holds only the
 //! momenta of the matrices it owns and the scalar moments of its pieces.
 
+mod common;
+
 use megatron_comm::{run_ranks, ThreadCommunicator};
 use megatron_core::distributed::GradBuffer;
 use megatron_core::optimizer::{
@@ -10,27 +12,9 @@ use megatron_core::optimizer::{
     ParamGather, StepLr, UpdateRule,
 };
 use megatron_core::params::Grads;
-use megatron_core::{GPTModel, TransformerConfig};
+use megatron_core::GPTModel;
 use megatron_tensor::cpu::cast::Half;
 use megatron_tensor::cpu::NsPrecision;
-
-fn cfg() -> TransformerConfig {
-    TransformerConfig {
-        num_layers: 2,
-        hidden_size: 16,
-        num_attention_heads: 2,
-        ffn_hidden_size: 64,
-        seq_length: 8,
-        max_position_embeddings: 8,
-        padded_vocab_size: 64,
-        hidden_dropout: 0.0,
-        attention_dropout: 0.0,
-        init_method_std: 0.02,
-        layernorm_epsilon: 1e-5,
-        untie_embeddings_and_output_weights: false,
-        ..Default::default()
-    }
-}
 
 const MUON: MuonConfig = MuonConfig {
     momentum: 0.95,
@@ -66,7 +50,7 @@ fn the_layer_wise_optimizer_steps_as_replicated_muon_and_holds_one_dp_th_of_the_
     // momentum the first left).
     for half in [None, Some(Half::BF16)] {
         for dp in [2usize, 3] {
-            let (_, mut params) = GPTModel::new(cfg(), 1);
+            let (_, mut params) = GPTModel::new(common::tiny_gpt(), 1);
             params.set_half(half);
             let buffer = GradBuffer::new(&params, usize::MAX, 1, 0, false);
             let mut one = MuonOptimizer::new(&params, MUON, buffer, None, None);
@@ -84,7 +68,7 @@ fn the_layer_wise_optimizer_steps_as_replicated_muon_and_holds_one_dp_th_of_the_
             let total_muon = one.muon_elements();
 
             let out = run_ranks(dp, move |rank, c| {
-                let (_, mut params) = GPTModel::new(cfg(), 1);
+                let (_, mut params) = GPTModel::new(common::tiny_gpt(), 1);
                 params.set_half(half);
                 let buffer = GradBuffer::new(&params, 900, dp, rank, true)
                     .into_layer_wise(&params, layer_wise_placement);

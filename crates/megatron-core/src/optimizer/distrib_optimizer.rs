@@ -106,10 +106,7 @@ impl DistributedOptimizer {
         pp: &mut dyn Communicator,
         dp: Option<&mut dyn Communicator>,
     ) -> Result<f64, CommError> {
-        let owned = self
-            .pieces
-            .iter()
-            .map(|p| (p.owned.param, &p.owned.range, p.owned.expert));
+        let owned = self.pieces.iter().map(|p| &p.owned);
         self.grads.norm_squared(params, grads, owned, tp, pp, dp)
     }
 
@@ -122,10 +119,7 @@ impl DistributedOptimizer {
         pp: &mut dyn Communicator,
         dp: Option<&mut dyn Communicator>,
     ) -> Result<u64, CommError> {
-        let owned = self
-            .pieces
-            .iter()
-            .map(|p| (p.owned.param, &p.owned.range, p.owned.expert));
+        let owned = self.pieces.iter().map(|p| &p.owned);
         self.grads.count_zeros(params, grads, owned, tp, pp, dp)
     }
 
@@ -209,27 +203,13 @@ impl DistributedOptimizer {
         }
     }
 
-    /// All-gathers the updated parameters over DP (the 16-bit ones when there are any:
-    /// Megatron all-gathers the 16-bit parameters, half the bytes of fp32).
+    /// All-gathers the updated parameters over DP (the 16-bit ones when there are any).
     pub fn gather(
         &mut self,
         params: &mut Params,
         dp: &mut dyn Communicator,
     ) -> Result<(), CommError> {
-        if self.main.is_empty() {
-            self.grads.gather(&mut params.data, dp)
-        } else {
-            self.grads.gather(params.half.bits_mut(), dp)
-        }
-    }
-
-    /// All-gathers the experts' updated shards over expert data parallelism.
-    pub fn gather_experts(&mut self, params: &mut Params) -> Result<(), CommError> {
-        if self.main.is_empty() {
-            self.grads.gather_experts(&mut params.data)
-        } else {
-            self.grads.gather_experts(params.half.bits_mut())
-        }
+        self.grads.gather_params(params, dp)
     }
 
     /// Each moment laid out like the whole parameter buffer (all-gathered over DP). Every DP

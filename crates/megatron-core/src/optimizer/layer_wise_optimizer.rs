@@ -24,7 +24,6 @@ use crate::tensor_parallel::Tp;
 use megatron_comm::{CommError, Communicator};
 use megatron_tensor::cpu::scale_inplace;
 use std::borrow::Cow;
-use std::ops::Range;
 
 /// Where a parameter goes in the layer-wise layout: Muon matrices whole, weighted by their
 /// Newton–Schulz cost (`max(m, n) · min(m, n)²` of the whole matrix, the same on every TP
@@ -144,13 +143,6 @@ impl LayerWiseDistributedOptimizer {
         self.momentum.len()
     }
 
-    /// The owned pieces: (parameter, flat range).
-    pub fn owned_pieces(&self) -> impl Iterator<Item = (usize, Range<usize>)> + '_ {
-        self.pieces
-            .iter()
-            .map(|p| (p.owned.param, p.owned.range.clone()))
-    }
-
     /// The rules on the owned pieces only; the rest of the parameters are stale until the
     /// all-gather.
     fn update(
@@ -203,36 +195,11 @@ impl LayerWiseDistributedOptimizer {
         Ok(())
     }
 
-    /// All-gathers the updated parameters over DP (the 16-bit ones when there are any).
-    fn gather(&mut self, params: &mut Params, dp: &mut dyn Communicator) -> Result<(), CommError> {
-        if self.main.is_empty() {
-            self.grads.gather(&mut params.data, dp)
-        } else {
-            self.grads.gather(params.half.bits_mut(), dp)
-        }
-    }
-
-    fn gather_experts(&mut self, params: &mut Params) -> Result<(), CommError> {
-        if self.main.is_empty() {
-            self.grads.gather_experts(&mut params.data)
-        } else {
-            self.grads.gather_experts(params.half.bits_mut())
-        }
-    }
-
-    /// (parameter, flat range, expert) of the owned pieces, with the gradient side borrowed
-    /// apart from them.
+    /// The gradient side and the owned pieces, borrowed apart.
     fn grads_and_owned(
         &mut self,
-    ) -> (
-        &mut ShardedGrads,
-        impl Iterator<Item = (usize, &Range<usize>, bool)> + Clone,
-    ) {
-        let owned = self
-            .pieces
-            .iter()
-            .map(|p| (p.owned.param, &p.owned.range, p.owned.expert));
-        (&mut self.grads, owned)
+    ) -> (&mut ShardedGrads, impl Iterator<Item = &OwnedPiece> + Clone) {
+        (&mut self.grads, self.pieces.iter().map(|p| &p.owned))
     }
 
     fn moments_of_slot(&self, slot: Slot, n: usize) -> Vec<(Moment, Cow<'_, [f32]>)> {
@@ -314,9 +281,9 @@ impl MegatronOptimizer for LayerWiseDistributedOptimizer {
     ) -> Result<(), CommError> {
         self.update(params, grads, lr, weight_decay)?;
         match gather {
-            ParamGather::Now => self.gather(params, dp),
+            ParamGather::Now => self.grads.gather_params(params, dp),
             // The overlapped gather covers the dense buckets; the experts' go now.
-            ParamGather::Deferred => self.gather_experts(params),
+            ParamGather::Deferred => self.grads.gather_expert_params(params),
         }
     }
 
@@ -325,7 +292,7 @@ impl MegatronOptimizer for LayerWiseDistributedOptimizer {
         params: &mut Params,
         dp: &mut dyn Communicator,
     ) -> Result<(), CommError> {
-        self.gather(params, dp)
+        self.grads.gather_params(params, dp)
     }
 
     fn state_bytes(&self) -> usize {

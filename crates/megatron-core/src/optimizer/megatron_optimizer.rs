@@ -478,7 +478,7 @@ impl MegatronOptimizer for DistributedOptimizer {
             ParamGather::Deferred => {
                 self.update(params, grads, lr, weight_decay);
                 // The overlapped gather covers the dense buckets; the experts' go now.
-                self.gather_experts(params)
+                self.grads.gather_expert_params(params)
             }
         }
     }

@@ -6,7 +6,7 @@
 //! layout and in how they step their pieces.
 
 use super::megatron_optimizer::sum_zeros;
-use crate::distributed::{ExpertGrads, Gathered, GradBuffer};
+use crate::distributed::{ExpertGrads, GradBuffer};
 use crate::params::{Grads, Params};
 use crate::tensor_parallel::{sum_f64, Tp};
 use megatron_comm::{CommError, Communicator};
@@ -83,29 +83,41 @@ impl ShardedGrads {
         self.reduce_experts(grads)
     }
 
-    pub fn reduce_experts(&mut self, grads: &mut Grads) -> Result<(), CommError> {
+    fn reduce_experts(&mut self, grads: &mut Grads) -> Result<(), CommError> {
         match self.expert.as_mut() {
             Some(e) => e.reduce(grads),
             None => Ok(()),
         }
     }
 
-    /// All-gathers the updated `data` (f32 values, or 16-bit patterns) over DP, the experts'
-    /// over expert DP.
-    pub fn gather<T: Gathered>(
+    /// All-gathers the updated parameters over DP, the experts' over expert DP: the 16-bit
+    /// copies when the parameters have them (the fp32 mains then live in the optimizer's
+    /// pieces; Megatron gathers the 16-bit parameters, half the bytes), else the f32 values.
+    pub fn gather_params(
         &mut self,
-        data: &mut [T],
+        params: &mut Params,
         dp: &mut dyn Communicator,
     ) -> Result<(), CommError> {
-        self.buffer.all_gather(data, dp, &mut self.scratch)?;
-        self.gather_experts(data)
+        if params.half.format().is_some() {
+            self.buffer
+                .all_gather(params.half.bits_mut(), dp, &mut self.scratch)?;
+        } else {
+            self.buffer
+                .all_gather(&mut params.data, dp, &mut self.scratch)?;
+        }
+        self.gather_expert_params(params)
     }
 
-    /// The experts' part of [`ShardedGrads::gather`] (the rest gathered by an overlapped gather).
-    pub fn gather_experts<T: Gathered>(&mut self, data: &mut [T]) -> Result<(), CommError> {
-        match self.expert.as_mut() {
-            Some(e) => e.gather(data),
-            None => Ok(()),
+    /// The experts' part of [`ShardedGrads::gather_params`] (the rest gathered by an
+    /// overlapped gather).
+    pub fn gather_expert_params(&mut self, params: &mut Params) -> Result<(), CommError> {
+        let Some(e) = self.expert.as_mut() else {
+            return Ok(());
+        };
+        if params.half.format().is_some() {
+            e.gather(params.half.bits_mut())
+        } else {
+            e.gather(&mut params.data)
         }
     }
 
@@ -120,13 +132,13 @@ impl ShardedGrads {
     }
 
     /// The squared norm of the gradients, each element counted once: `owned` (this rank's
-    /// pieces: parameter, flat range, expert) with the model-parallel filters, summed over TP,
-    /// PP and DP, the experts' over every rank.
+    /// pieces) with the model-parallel filters, summed over TP, PP and DP, the experts' over
+    /// every rank.
     pub fn norm_squared<'a>(
         &mut self,
         params: &Params,
         grads: &Grads,
-        owned: impl Iterator<Item = (usize, &'a Range<usize>, bool)> + Clone,
+        owned: impl Iterator<Item = &'a OwnedPiece> + Clone,
         tp: &mut Tp,
         pp: &mut dyn Communicator,
         dp: Option<&mut dyn Communicator>,
@@ -134,8 +146,10 @@ impl ShardedGrads {
         let r = tp.rank();
         let has_experts = self.expert.is_some();
         let norm = |expert: bool| {
-            let of = owned.clone().filter(|p| (has_experts && p.2) == expert);
-            owned_norm_squared(params, grads, r, of.map(|(p, range, _)| (p, range)))
+            let of = owned
+                .clone()
+                .filter(|p| (has_experts && p.expert) == expert);
+            owned_norm_squared(params, grads, r, of.map(|p| (p.param, &p.range)))
         };
         let (dense, mine) = (norm(false), norm(true));
         let mut x = sum_f64(tp.comm, dense)?;
@@ -155,7 +169,7 @@ impl ShardedGrads {
         &mut self,
         params: &Params,
         grads: &Grads,
-        owned: impl Iterator<Item = (usize, &'a Range<usize>, bool)> + Clone,
+        owned: impl Iterator<Item = &'a OwnedPiece> + Clone,
         tp: &mut Tp,
         pp: &mut dyn Communicator,
         dp: Option<&mut dyn Communicator>,
@@ -163,8 +177,10 @@ impl ShardedGrads {
         let r = tp.rank();
         let has_experts = self.expert.is_some();
         let zeros = |expert: bool| {
-            let of = owned.clone().filter(|p| (has_experts && p.2) == expert);
-            owned_zeros(params, grads, r, of.map(|(p, range, _)| (p, range)))
+            let of = owned
+                .clone()
+                .filter(|p| (has_experts && p.expert) == expert);
+            owned_zeros(params, grads, r, of.map(|p| (p.param, &p.range)))
         };
         let (dense, mine) = (zeros(false), zeros(true));
         let x = sum_zeros(dense, tp, pp, dp)?;

@@ -5,6 +5,26 @@ use megatron_core::inference::{decode_step, KVCache};
 use megatron_core::transformer::step::StepContext;
 use megatron_core::{Batch, GPTModel, Grads, TransformerConfig};
 
+/// A tiny tied GPT (2 layers, hidden 16, 2 heads) for the optimizer and gradient-buffer tests:
+/// every kind of parameter, cheap enough for many ranks and steps.
+pub fn tiny_gpt() -> TransformerConfig {
+    TransformerConfig {
+        num_layers: 2,
+        hidden_size: 16,
+        num_attention_heads: 2,
+        ffn_hidden_size: 64,
+        seq_length: 8,
+        max_position_embeddings: 8,
+        padded_vocab_size: 64,
+        hidden_dropout: 0.0,
+        attention_dropout: 0.0,
+        init_method_std: 0.02,
+        layernorm_epsilon: 1e-5,
+        untie_embeddings_and_output_weights: false,
+        ..Default::default()
+    }
+}
+
 pub fn data(b: usize, t: usize) -> (Vec<u32>, Vec<u32>, Vec<f32>) {
     let tokens: Vec<u32> = (0..b * t).map(|i| ((i * 37 + 11) % 64) as u32).collect();
     let labels: Vec<u32> = (0..b * t).map(|i| ((i * 53 + 5) % 64) as u32).collect();
