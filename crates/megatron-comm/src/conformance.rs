@@ -72,6 +72,32 @@ pub fn collective_suite(c: &mut dyn Communicator) -> Result<usize, String> {
     }
     checks += 1;
 
+    // Above the MPI backend's staging piece (2^22 elements): every position reduced once.
+    let big = (1 << 22) + 3;
+    let mut v: Vec<f32> = (0..big).map(|i| (i % 1013 + rank) as f32).collect();
+    ok(c.all_reduce(&mut v, ReduceOp::Sum), "all_reduce large")?;
+    check(
+        c,
+        "all_reduce of 2^22 + 3 elements",
+        v.iter()
+            .enumerate()
+            .all(|(i, x)| *x == (n * (i % 1013)) as f32 + tri),
+        true,
+    )?;
+    let root = n - 1;
+    v.iter_mut()
+        .enumerate()
+        .for_each(|(i, x)| *x = if rank == root { (i % 977) as f32 } else { -1.0 });
+    ok(c.broadcast(&mut v, root), "broadcast large")?;
+    check(
+        c,
+        "broadcast of 2^22 + 3 elements",
+        v.iter().enumerate().all(|(i, x)| *x == (i % 977) as f32),
+        true,
+    )?;
+    drop(v);
+    checks += 2;
+
     // all_gather: rank order.
     let mine: Vec<f32> = (0..3).map(|i| (10 * rank + i) as f32).collect();
     let mut gathered = vec![0.0; 3 * n];

@@ -1,6 +1,7 @@
 //! The MPI backend (cargo feature `mpi`): one process per rank, started by `mpirun`/`srun`;
 //! the way past one machine. Groups come from communicator splits. Buffers above 2^30 elements
-//! are sent in chunks (MPI counts are 32-bit).
+//! are sent in chunks (MPI counts are 32-bit); all-reduce and broadcast stage 2^22 elements at a
+//! time.
 //!
 //! Timeouts: MPI has no portable way to cancel a collective, so every operation is posted
 //! non-blocking on buffers this communicator owns, then polled until it completes or the timeout
@@ -21,6 +22,10 @@ use std::ffi::c_void;
 use std::time::{Duration, Instant};
 
 const CHUNK: usize = 1 << 30;
+/// Elements an all-reduce or broadcast stages per call: the staging buffers this communicator
+/// keeps grow to the largest call, so element-wise collectives go in 16 MiB pieces instead of
+/// holding two copies of the largest gradient bucket for the rest of the run.
+const STAGE: usize = 1 << 22;
 const NOTICE_TAG: i32 = 7;
 
 /// Memory an in-flight MPI operation reads or writes; leaked if the operation times out.
@@ -289,7 +294,7 @@ impl Communicator for MpiCommunicator {
 
     fn all_reduce(&mut self, buf: &mut [f32], op: ReduceOp) -> Result<(), CommError> {
         self.count("all_reduce", buf.len() * 4)?;
-        for chunk in buf.chunks_mut(CHUNK) {
+        for chunk in buf.chunks_mut(STAGE) {
             self.begin(chunk.len(), chunk.len());
             self.staging.send.copy_from_slice(chunk);
             let mut req = unsafe { ffi::RSMPI_REQUEST_NULL };
@@ -409,7 +414,7 @@ impl Communicator for MpiCommunicator {
             ));
         }
         self.count("broadcast", buf.len() * 4)?;
-        for chunk in buf.chunks_mut(CHUNK) {
+        for chunk in buf.chunks_mut(STAGE) {
             self.begin(0, chunk.len());
             self.staging.recv.copy_from_slice(chunk);
             let mut req = unsafe { ffi::RSMPI_REQUEST_NULL };

@@ -425,3 +425,80 @@ fn layer_wise_buckets_reduce_scatter_the_average_and_gather_every_segment() {
         assert_eq!(owned, params.numel(), "dp {dp}: every element owned once");
     }
 }
+
+/// What one rank ends with after a reduce-scatter and the f32 and 16-bit all-gathers of every
+/// bucket, with collective calls of `chunk` elements, and the staging it allocated.
+type Collected = (Vec<f32>, Vec<f32>, Vec<u16>, usize, usize);
+
+fn collectives_in_chunks(dp: usize, layer_wise_layout: bool, chunk: usize) -> Vec<Collected> {
+    run_ranks(dp, move |rank, c| {
+        let (_, mut params) = GPTModel::new(common::tiny_gpt(), 1);
+        let mut b = if layer_wise_layout {
+            layer_wise(&params, 701, dp, rank)
+        } else {
+            GradBuffer::new(&params, 701, dp, rank, true)
+        };
+        b.collective_chunk = chunk;
+        let mut grads = Grads::zeros_like(&params);
+        for (i, g) in grads.data.iter_mut().enumerate() {
+            *g = rank_grad(i, rank) * (1.0 + i as f32 * 1e-3);
+        }
+        let mut scratch = Vec::new();
+        b.reduce_gradients(&mut grads, c, &mut scratch).unwrap();
+        let mine: Vec<usize> = b.owned().into_iter().flatten().flatten().collect();
+        let reduced: Vec<f32> = mine.iter().map(|&i| grads.data[i]).collect();
+        params.data.iter_mut().for_each(|x| *x = -1.0);
+        for &i in &mine {
+            params.data[i] = i as f32 * 0.5;
+        }
+        b.all_gather(&mut params.data, c, &mut scratch).unwrap();
+        let mut bits: Vec<u16> = vec![0; params.numel()];
+        for &i in &mine {
+            bits[i] = i as u16 ^ 0x3c3c;
+        }
+        b.all_gather(&mut bits[..], c, &mut scratch).unwrap();
+        (
+            reduced,
+            params.data,
+            bits,
+            scratch.capacity(),
+            b.scratch_elements(),
+        )
+    })
+    .into_iter()
+    .map(Result::unwrap)
+    .collect()
+}
+
+#[test]
+fn collectives_in_small_chunks_give_bit_identical_buffers_with_bounded_staging() {
+    for layer_wise_layout in [false, true] {
+        for dp in [2usize, 3] {
+            let whole = collectives_in_chunks(dp, layer_wise_layout, usize::MAX);
+            // Odd totals, chunks shorter than a segment, a 16-bit pair at every edge.
+            for chunk in [2usize, 7, 10, 64, 999] {
+                let chunked = collectives_in_chunks(dp, layer_wise_layout, chunk);
+                for (rank, (w, c)) in whole.iter().zip(&chunked).enumerate() {
+                    let what =
+                        format!("layer-wise {layer_wise_layout} dp {dp} chunk {chunk} rank {rank}");
+                    assert_eq!(w.0, c.0, "{what}: reduced gradients");
+                    assert!(
+                        c.1.iter().enumerate().all(|(i, x)| *x == i as f32 * 0.5),
+                        "{what}: f32 gather"
+                    );
+                    assert!(
+                        c.2.iter().enumerate().all(|(i, b)| *b == i as u16 ^ 0x3c3c),
+                        "{what}: 16-bit gather"
+                    );
+                    // Staging: one chunk of every slot plus this rank's, allocated exactly.
+                    let per_slot = (chunk / dp).max(2) & !1;
+                    assert_eq!(c.4, (dp + 1) * per_slot, "{what}: predicted staging");
+                    assert_eq!(c.3, c.4, "{what}: allocated staging");
+                }
+            }
+            // One call per bucket: the staging is the largest shard in every slot plus one.
+            let (_, params) = GPTModel::new(common::tiny_gpt(), 1);
+            assert!(whole[0].4 < (dp + 1) * params.numel().div_ceil(dp) + dp + 1);
+        }
+    }
+}

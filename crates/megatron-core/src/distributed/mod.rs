@@ -7,4 +7,7 @@ pub mod overlap_param_gather;
 pub mod param_and_grad_buffer;
 
 pub use expert_grads::ExpertGrads;
-pub use param_and_grad_buffer::{Bucket, Gathered, GradBuffer, ParamGroup, Placement};
+pub use param_and_grad_buffer::{
+    collective_scratch_elements, Bucket, Gathered, GradBuffer, ParamGroup, Placement,
+    COLLECTIVE_CHUNK_ELEMENTS,
+};

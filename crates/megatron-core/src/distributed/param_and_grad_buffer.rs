@@ -10,11 +10,15 @@
 //! --use-distributed-optimizer`) shards a bucket differently: a Muon matrix must be stepped
 //! whole on one rank, so each rank's shard is a list of segments of the bucket — whole matrices
 //! placed by their Newton–Schulz cost, then the element-wise parameters split to even out the
-//! shards' lengths. Shards then travel packed (each rank's segments one after another, padded to
-//! the longest shard), so a reduce-scatter still hands every rank exactly the gradients it owns.
+//! shards' lengths.
+//!
+//! Either way a collective packs each rank's segments one after another into its slot (padded
+//! to the longest shard), so a reduce-scatter hands every rank exactly the gradients it owns;
+//! slots travel in chunks ([`COLLECTIVE_CHUNK_ELEMENTS`]) so the staging stays small.
 
 use crate::params::{Grads, Params};
 use megatron_comm::{CommError, Communicator, ReduceOp};
+use std::borrow::Cow;
 use std::ops::Range;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -67,6 +71,14 @@ impl Bucket {
         }
     }
 
+    /// Every DP rank's segments, in the order they travel in its slot of a collective.
+    pub fn owners(&self, dp: usize) -> Cow<'_, [Vec<Range<usize>>]> {
+        match &self.layer_wise {
+            Some(owners) => Cow::Borrowed(owners),
+            None => Cow::Owned((0..dp).map(|r| self.segments(dp, r)).collect()),
+        }
+    }
+
     /// Elements of the flat buffer that DP rank `r` owns under equal contiguous shards
     /// (possibly empty at the end).
     pub fn shard(&self, dp: usize, r: usize) -> Range<usize> {
@@ -84,6 +96,9 @@ pub struct GradBuffer {
     pub dp_rank: usize,
     /// Reduce-scatter (distributed optimizer) instead of all-reduce.
     pub distributed: bool,
+    /// Elements of one reduce-scatter or all-gather call over every rank's slot
+    /// ([`COLLECTIVE_CHUNK_ELEMENTS`]; tests set it small to cross many chunk edges).
+    pub collective_chunk: usize,
 }
 
 /// Which parameters a buffer's buckets cover.
@@ -173,6 +188,7 @@ impl GradBuffer {
             dp,
             dp_rank,
             distributed,
+            collective_chunk: COLLECTIVE_CHUNK_ELEMENTS,
         }
     }
 
@@ -301,16 +317,22 @@ impl GradBuffer {
     }
 
     /// Elements of the staging buffer the distributed optimizer's reduce-scatter and
-    /// all-gather use (the largest bucket padded to a multiple of DP); 0 without it.
+    /// all-gather use: one chunk of every rank's slot plus this rank's (see
+    /// [`COLLECTIVE_CHUNK_ELEMENTS`]); 0 without it.
     pub fn scratch_elements(&self) -> usize {
         if self.dp == 1 || !self.distributed {
             return 0;
         }
         self.buckets
             .iter()
-            .map(|b| b.shard_len(self.dp) * self.dp)
+            .map(|b| (self.dp + 1) * self.chunk_len(b))
             .max()
             .unwrap_or(0)
+    }
+
+    /// Elements per rank slot of one collective call on bucket `b`.
+    fn chunk_len(&self, b: &Bucket) -> usize {
+        chunk_len(b.shard_len(self.dp), self.dp, self.collective_chunk)
     }
 
     /// Reduces bucket `b` whose gradients are `data` (the bucket's range of the buffer).
@@ -327,50 +349,30 @@ impl GradBuffer {
         if !self.distributed {
             return dp.all_reduce(data, ReduceOp::Avg);
         }
-        if let Some(owners) = &b.layer_wise {
-            return self.reduce_scatter_segments(b, owners, data, dp, scratch);
-        }
-        let s = b.shard_len(self.dp);
-        scratch.clear();
-        // Exactly the largest bucket (`scratch_elements`), not the doubling of amortized growth.
-        scratch.reserve_exact(s * self.dp);
-        scratch.extend_from_slice(data);
-        scratch.resize(s * self.dp, 0.0);
-        let mut out = vec![0.0f32; s];
-        dp.reduce_scatter(scratch, &mut out, ReduceOp::Avg)?;
-        let own = b.shard(self.dp, self.dp_rank);
-        let lo = own.start - b.range.start;
-        let n = own.len();
-        data[lo..lo + n].copy_from_slice(&out[..n]);
-        Ok(())
-    }
-
-    /// Reduce-scatter of a layer-wise bucket: each rank's segments packed into its slot.
-    fn reduce_scatter_segments(
-        &self,
-        b: &Bucket,
-        owners: &[Vec<Range<usize>>],
-        data: &mut [f32],
-        dp: &mut dyn Communicator,
-        scratch: &mut Vec<f32>,
-    ) -> Result<(), CommError> {
-        let s = b.shard_len(self.dp);
-        let base = b.range.start;
-        scratch.clear();
-        scratch.reserve_exact(s * self.dp);
-        for segs in owners {
-            let slot = scratch.len();
-            for seg in segs {
-                scratch.extend_from_slice(&data[seg.start - base..seg.end - base]);
+        let owners = b.owners(self.dp);
+        let (s, base) = (b.shard_len(self.dp), b.range.start);
+        let k = self.chunk_len(b);
+        let (send, recv) = staging(scratch, (self.dp + 1) * k).split_at_mut(self.dp * k);
+        let mut lo = 0;
+        while lo < s {
+            let hi = (lo + k).min(s);
+            let n = hi - lo;
+            let send = &mut send[..self.dp * n];
+            for (slot, segs) in send.chunks_exact_mut(n).zip(owners.iter()) {
+                let mut at = 0;
+                for g in slot_ranges(segs, lo, hi) {
+                    slot[at..at + g.len()].copy_from_slice(&data[g.start - base..g.end - base]);
+                    at += g.len();
+                }
+                slot[at..].fill(0.0);
             }
-            scratch.resize(slot + s, 0.0);
-        }
-        let mut out = vec![0.0f32; s];
-        dp.reduce_scatter(scratch, &mut out, ReduceOp::Avg)?;
-        let mut at = 0;
-        for seg in &owners[self.dp_rank] {
-            data[seg.start - base..seg.end - base].copy_from_slice(&out[at..at + seg.len()]);
-            at += seg.len();
+            dp.reduce_scatter(send, &mut recv[..n], ReduceOp::Avg)?;
+            let mut at = 0;
+            for g in slot_ranges(&owners[self.dp_rank], lo, hi) {
+                data[g.start - base..g.end - base].copy_from_slice(&recv[at..at + g.len()]);
+                at += g.len();
+            }
+            lo = hi;
         }
         Ok(())
     }
@@ -401,70 +403,87 @@ impl GradBuffer {
         if self.dp == 1 {
             return Ok(());
         }
-        if let Some(owners) = &b.layer_wise {
-            return self.all_gather_segments(b, owners, data, dp, scratch);
-        }
-        let s = b.shard_len(self.dp);
-        let words = s.div_ceil(T::PER_WORD);
-        let own = b.shard(self.dp, self.dp_rank);
-        let lo = own.start - b.range.start;
-        let mut mine = vec![0.0f32; words];
-        T::pack(&data[lo..lo + own.len()], &mut mine);
-        scratch.clear();
-        scratch.resize(words * self.dp, 0.0);
-        dp.all_gather(&mine, scratch)?;
-        let len = b.range.len();
-        for r in 0..self.dp {
-            let lo = r * s;
-            if lo >= len {
-                break;
+        let owners = b.owners(self.dp);
+        let (s, base) = (b.shard_len(self.dp), b.range.start);
+        let k = self.chunk_len(b);
+        let per = T::PER_WORD;
+        let kw = k.div_ceil(per);
+        let (recv, mine) = staging(scratch, (self.dp + 1) * kw).split_at_mut(self.dp * kw);
+        let mut lo = 0;
+        while lo < s {
+            let hi = (lo + k).min(s);
+            let w = (hi - lo).div_ceil(per);
+            let own: &mut [T] = bytemuck::cast_slice_mut(&mut mine[..w]);
+            let mut at = 0;
+            for g in slot_ranges(&owners[self.dp_rank], lo, hi) {
+                own[at..at + g.len()].copy_from_slice(&data[g.start - base..g.end - base]);
+                at += g.len();
             }
-            let n = s.min(len - lo);
-            T::unpack(&scratch[r * words..(r + 1) * words], &mut data[lo..lo + n]);
+            own[at..].fill(T::zeroed());
+            let recv = &mut recv[..self.dp * w];
+            dp.all_gather(&mine[..w], recv)?;
+            for (r, (slot, segs)) in recv.chunks_exact_mut(w).zip(owners.iter()).enumerate() {
+                if r == self.dp_rank {
+                    continue;
+                }
+                let theirs: &[T] = bytemuck::cast_slice(slot);
+                let mut at = 0;
+                for g in slot_ranges(segs, lo, hi) {
+                    data[g.start - base..g.end - base].copy_from_slice(&theirs[at..at + g.len()]);
+                    at += g.len();
+                }
+            }
+            lo = hi;
         }
         Ok(())
     }
 }
 
-impl GradBuffer {
-    /// All-gather of a layer-wise bucket: each rank's segments travel packed in its slot.
-    fn all_gather_segments<T: Gathered>(
-        &self,
-        b: &Bucket,
-        owners: &[Vec<Range<usize>>],
-        data: &mut [T],
-        dp: &mut dyn Communicator,
-        scratch: &mut Vec<f32>,
-    ) -> Result<(), CommError> {
-        let s = b.shard_len(self.dp);
-        let words = s.div_ceil(T::PER_WORD);
-        let base = b.range.start;
-        let packed: Vec<T> = owners[self.dp_rank]
-            .iter()
-            .flat_map(|seg| data[seg.start - base..seg.end - base].iter().copied())
-            .collect();
-        let mut mine = vec![0.0f32; words];
-        T::pack(&packed, &mut mine);
-        scratch.clear();
-        scratch.resize(words * self.dp, 0.0);
-        dp.all_gather(&mine, scratch)?;
-        let mut theirs = packed;
-        for (r, segs) in owners.iter().enumerate() {
-            if r == self.dp_rank {
-                continue;
-            }
-            let n: usize = segs.iter().map(Range::len).sum();
-            theirs.clear();
-            theirs.resize(n, T::default());
-            T::unpack(&scratch[r * words..(r + 1) * words], &mut theirs);
-            let mut at = 0;
-            for seg in segs {
-                data[seg.start - base..seg.end - base].copy_from_slice(&theirs[at..at + seg.len()]);
-                at += seg.len();
-            }
-        }
-        Ok(())
+/// Elements of one collective call over all ranks' slots: the reduce-scatter and all-gather of
+/// a bucket travel in chunks of this many, so their staging is bounded (16 MiB) instead of a
+/// copy of the largest bucket (Megatron's default bucket is 40 M elements; the MPI backend
+/// stages each call once more). Every element is reduced in the same rank order whatever the
+/// chunk, so results do not depend on it.
+pub const COLLECTIVE_CHUNK_ELEMENTS: usize = 1 << 22;
+
+/// Elements per rank slot of one chunk, `total` elements over `dp` slots, for shards
+/// `shard_len` long: even (16-bit patterns pair up in words).
+fn chunk_len(shard_len: usize, dp: usize, total: usize) -> usize {
+    let k = (total / dp.max(1)).max(2) & !1;
+    k.min(shard_len).max(1)
+}
+
+/// The staging elements ([`GradBuffer::scratch_elements`]) of a bucket whose shards are
+/// `shard_len` long: a chunk of every rank's slot and the chunk this rank receives or sends.
+pub fn collective_scratch_elements(shard_len: usize, dp: usize) -> usize {
+    if dp <= 1 {
+        return 0;
     }
+    (dp + 1) * chunk_len(shard_len, dp, COLLECTIVE_CHUNK_ELEMENTS)
+}
+
+/// `scratch` as `n` elements, allocated exactly (not the doubling of amortized growth).
+fn staging(scratch: &mut Vec<f32>, n: usize) -> &mut [f32] {
+    if scratch.len() < n {
+        scratch.reserve_exact(n - scratch.len());
+        scratch.resize(n, 0.0);
+    }
+    &mut scratch[..n]
+}
+
+/// The flat-buffer ranges at positions `lo..hi` of a slot that packs `segs` one after another.
+fn slot_ranges(
+    segs: &[Range<usize>],
+    lo: usize,
+    hi: usize,
+) -> impl Iterator<Item = Range<usize>> + '_ {
+    let mut at = 0;
+    segs.iter().filter_map(move |g| {
+        let (a, b) = (at, at + g.len());
+        at = b;
+        let (x, y) = (lo.max(a), hi.min(b));
+        (x < y).then(|| g.start + (x - a)..g.start + (y - a))
+    })
 }
 
 /// Joins consecutive buckets until each holds at least 0.9 · `dp` times its largest whole
@@ -550,39 +569,10 @@ fn merge_adjacent(segs: &[Range<usize>]) -> Vec<Range<usize>> {
 
 /// What the parameter all-gather moves: f32 values, or 16-bit patterns two to an f32 word
 /// (the collectives only copy words; no arithmetic touches them).
-pub trait Gathered: Copy + Default {
-    const PER_WORD: usize;
-    /// Packs `x` into the first words of `out` (the rest stay zero).
-    fn pack(x: &[Self], out: &mut [f32]);
-    /// Fills `out` from the leading words of `w`.
-    fn unpack(w: &[f32], out: &mut [Self]);
+pub trait Gathered: bytemuck::Pod {
+    const PER_WORD: usize = 4 / std::mem::size_of::<Self>();
 }
 
-impl Gathered for f32 {
-    const PER_WORD: usize = 1;
-    fn pack(x: &[f32], out: &mut [f32]) {
-        out[..x.len()].copy_from_slice(x);
-    }
-    fn unpack(w: &[f32], out: &mut [f32]) {
-        let n = out.len();
-        out.copy_from_slice(&w[..n]);
-    }
-}
+impl Gathered for f32 {}
 
-impl Gathered for u16 {
-    const PER_WORD: usize = 2;
-    fn pack(x: &[u16], out: &mut [f32]) {
-        for (o, p) in out.iter_mut().zip(x.chunks(2)) {
-            let hi = p.get(1).copied().unwrap_or(0) as u32;
-            *o = f32::from_bits(p[0] as u32 | hi << 16);
-        }
-    }
-    fn unpack(w: &[f32], out: &mut [u16]) {
-        let vals = w
-            .iter()
-            .flat_map(|w| [w.to_bits() as u16, (w.to_bits() >> 16) as u16]);
-        for (d, v) in out.iter_mut().zip(vals) {
-            *d = v;
-        }
-    }
-}
+impl Gathered for u16 {}

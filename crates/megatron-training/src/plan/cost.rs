@@ -262,11 +262,10 @@ fn this_engine_memory(cfg: &TrainConfig, params: f64) -> Result<MemoryCost, Stri
                 .map_or((40e6f64).max(1e6 * d), |b| b as f64);
             (
                 (moments + if half { 4.0 * params } else { 0.0 }) / d,
-                if d > 1.0 {
-                    4.0 * params.min(bucket)
-                } else {
-                    0.0
-                },
+                4.0 * megatron_core::distributed::collective_scratch_elements(
+                    (params.min(bucket) / d).ceil() as usize,
+                    d as usize,
+                ) as f64,
             )
         }
     };
