@@ -90,6 +90,10 @@ pub enum OptimizerArg {
     /// Megatron's deprecated spelling of `--optimizer muon --use-distributed-optimizer`.
     #[value(name = "dist_muon")]
     DistMuon,
+    /// AdaMuon (megatron-core's `TensorParallelAdaptiveMuon`): Muon whose orthogonalized update
+    /// is divided by the root of an EMA of its squares; the same --muon-* flags.
+    #[value(name = "adaptive_muon")]
+    AdaptiveMuon,
 }
 
 /// `--muon-scale-mode`.
@@ -1220,9 +1224,15 @@ impl TrainArgs {
         };
         match (self.optimizer, self.muon_scalar_optimizer) {
             (OptimizerArg::Adam, _)
-            | (OptimizerArg::Muon | OptimizerArg::DistMuon, MuonScalarArg::Adam) => adam,
+            | (
+                OptimizerArg::Muon | OptimizerArg::DistMuon | OptimizerArg::AdaptiveMuon,
+                MuonScalarArg::Adam,
+            ) => adam,
             (OptimizerArg::Lion, _)
-            | (OptimizerArg::Muon | OptimizerArg::DistMuon, MuonScalarArg::Lion) => lion,
+            | (
+                OptimizerArg::Muon | OptimizerArg::DistMuon | OptimizerArg::AdaptiveMuon,
+                MuonScalarArg::Lion,
+            ) => lion,
             (OptimizerArg::Sgd, _) => UpdateRule::Sgd {
                 momentum: self.sgd_momentum,
             },
@@ -1235,16 +1245,25 @@ impl TrainArgs {
         model: &TransformerConfig,
     ) -> Result<Option<megatron_core::optimizer::MuonConfig>, TrainError> {
         use megatron_core::optimizer::{
-            MuonConfig, MuonMomentum, MuonScaleMode, MuonTpMode, NsCoefficients,
+            MuonConfig, MuonMoment2, MuonMomentum, MuonScaleMode, MuonTpMode, NsCoefficients,
         };
-        use megatron_tensor::cpu::NsPrecision;
-        if self.optimizer != OptimizerArg::Muon {
-            return Ok(None);
-        }
+        use megatron_tensor::cpu::{AdaMuonParams, NsPrecision};
+        let (name, moment2) = match self.optimizer {
+            OptimizerArg::Muon => ("muon", MuonMoment2::None),
+            // Megatron's OptimizerConfig defaults (`adaptive_muon_beta2`, `_eps`: no flags).
+            OptimizerArg::AdaptiveMuon => (
+                "adaptive_muon",
+                MuonMoment2::AdaMuon(AdaMuonParams {
+                    beta2: 0.95,
+                    eps: 1e-8,
+                }),
+            ),
+            _ => return Ok(None),
+        };
         if self.fp16 {
-            return Err(bad(
-                "--optimizer muon with --fp16 is not supported (as in Megatron): use --bf16".into(),
-            ));
+            return Err(bad(format!(
+                "--optimizer {name} with --fp16 is not supported (as in Megatron): use --bf16"
+            )));
         }
         if !(0.0..1.0).contains(&self.muon_momentum) {
             return Err(bad(format!(
@@ -1303,6 +1322,7 @@ impl TrainArgs {
             },
             qkv_split,
             scalar: self.update_rule(),
+            moment2,
         }))
     }
 

@@ -13,7 +13,7 @@
 //! parameters' shapes), so the TP peers that gather or reduce a matrix in Muon's step all own it.
 
 use super::megatron_optimizer::StatePiece;
-use super::muon::{muon_matrix_step, MuonMatrix};
+use super::muon::{muon_matrix_step, MuonMatrix, MuonMoments};
 use super::sharded_grads::{owned_norm_squared, OwnedPiece, ShardedGrads};
 use super::{
     is_muon_parameter, MegatronOptimizer, Moment, MomentReader, MuonConfig, ParamGather, StepLr,
@@ -61,8 +61,8 @@ pub struct LayerWiseDistributedOptimizer {
     pieces: Vec<Piece>,
     /// Which parameters Muon steps (whether this rank owns them or not).
     is_muon: Vec<bool>,
-    /// `momentum_buffer` of the owned Muon matrices, one after another.
-    momentum: Vec<f32>,
+    /// The owned Muon matrices' state, one after another.
+    moments: MuonMoments,
     /// One vector per moment of the scalar rule, over the owned scalar pieces.
     scalar_moments: Vec<Vec<f32>>,
     /// fp32 main values of every owned piece when the parameters are 16-bit; empty otherwise.
@@ -129,7 +129,7 @@ impl LayerWiseDistributedOptimizer {
             grads,
             pieces,
             is_muon: params.metas.iter().map(is_muon_parameter).collect(),
-            momentum: vec![0.0; muon],
+            moments: MuonMoments::new(&config, muon),
             scalar_moments: config.scalar.new_state(scalar),
             main,
             step: 0,
@@ -140,7 +140,7 @@ impl LayerWiseDistributedOptimizer {
 
     /// Elements of the Muon matrices this rank owns (their momenta).
     pub fn muon_elements(&self) -> usize {
-        self.momentum.len()
+        self.moments.len()
     }
 
     /// The rules on the owned pieces only; the rest of the parameters are stale until the
@@ -174,8 +174,13 @@ impl LayerWiseDistributedOptimizer {
                     } else {
                         self.tp.as_mut()
                     };
-                    let momentum = &mut self.momentum[s..s + m.numel];
-                    let x = MuonMatrix { w, g, momentum };
+                    let (momentum, moment2) = self.moments.matrix(s, m.numel);
+                    let x = MuonMatrix {
+                        w,
+                        g,
+                        momentum,
+                        moment2,
+                    };
                     muon_matrix_step(&c, m, x, rate, wd, group)?;
                 }
                 Slot::Scalar(s) => {
@@ -204,10 +209,7 @@ impl LayerWiseDistributedOptimizer {
 
     fn moments_of_slot(&self, slot: Slot, n: usize) -> Vec<(Moment, Cow<'_, [f32]>)> {
         match slot {
-            Slot::Muon(s) => vec![(
-                Moment::MomentumBuffer,
-                Cow::Borrowed(&self.momentum[s..s + n]),
-            )],
+            Slot::Muon(s) => self.moments.pieces(s, n),
             Slot::Scalar(s) => self
                 .config
                 .scalar
@@ -296,10 +298,9 @@ impl MegatronOptimizer for LayerWiseDistributedOptimizer {
     }
 
     fn state_bytes(&self) -> usize {
-        (self.momentum.capacity()
-            + self.main.capacity()
-            + self.scalar_moments.iter().map(Vec::capacity).sum::<usize>())
-            * 4
+        self.moments.bytes()
+            + (self.main.capacity() + self.scalar_moments.iter().map(Vec::capacity).sum::<usize>())
+                * 4
     }
 
     fn comm_buffer_bytes(&self) -> usize {
@@ -311,19 +312,19 @@ impl MegatronOptimizer for LayerWiseDistributedOptimizer {
     }
 
     fn name(&self) -> &'static str {
-        "muon"
+        self.config.name()
     }
 
     fn moments_of(&self, param: usize) -> &'static [Moment] {
         if self.is_muon[param] {
-            &[Moment::MomentumBuffer]
+            self.config.moments()
         } else {
             self.config.scalar.moments()
         }
     }
 
     fn state_elements(&self) -> usize {
-        self.momentum.len() + self.scalar_moments.iter().map(Vec::len).sum::<usize>()
+        self.moments.elements() + self.scalar_moments.iter().map(Vec::len).sum::<usize>()
     }
 
     fn state_pieces<'a>(
@@ -364,12 +365,8 @@ impl MegatronOptimizer for LayerWiseDistributedOptimizer {
             let local = r.start - m.offset..r.end - m.offset;
             let n = r.len();
             match p.slot {
-                Slot::Muon(s) => read(
-                    Moment::MomentumBuffer,
-                    param,
-                    local,
-                    &mut self.momentum[s..s + n],
-                )?,
+                // A Muon matrix is owned whole: `local` is all of it.
+                Slot::Muon(s) => self.moments.read(read, param, s, n)?,
                 Slot::Scalar(s) => {
                     let kinds = self.config.scalar.moments();
                     for (k, v) in kinds.iter().zip(&mut self.scalar_moments) {

@@ -22,8 +22,8 @@ pub use megatron_optimizer::{
 };
 pub use moment_buf::{MomentBuf, MomentDtype, MomentDtypes};
 pub use muon::{
-    is_muon_parameter, MuonConfig, MuonMomentum, MuonOptimizer, MuonScaleMode, MuonTpMode,
-    NsCoefficients,
+    is_muon_parameter, MuonConfig, MuonMoment2, MuonMomentum, MuonOptimizer, MuonScaleMode,
+    MuonTpMode, NsCoefficients,
 };
 pub use replicated_grads::ReplicatedGrads;
 pub use sharded_grads::{OwnedPiece, ShardedGrads};

@@ -39,7 +39,7 @@ pub struct MomentDtypes {
 impl MomentDtypes {
     pub fn of(self, m: super::Moment) -> MomentDtype {
         match m {
-            super::Moment::ExpAvgSq => self.exp_avg_sq,
+            super::Moment::ExpAvgSq | super::Moment::Moment2Buffer => self.exp_avg_sq,
             super::Moment::ExpAvg | super::Moment::MomentumBuffer => self.exp_avg,
         }
     }

@@ -14,6 +14,13 @@
 //! layout: `duplicated` gathers it on every TP rank, `distributed` completes the Gram matrices
 //! with an all-reduce, `blockwise` orthogonalizes each shard alone (a different optimizer per
 //! TP size, as in megatron-core).
+//!
+//! `--optimizer adaptive_muon` (megatron-core's `TensorParallelAdaptiveMuon`, AdaMuon) divides
+//! the scaled orthogonalized update element-wise by the root of an EMA of its squares
+//! (`moment2_buffer`), then applies the scale once more, as megatron-core does. megatron-core
+//! takes that second factor from the local shard's shape, so its update changes with the TP size;
+//! here it is the whole matrix's (the same at TP 1, and every layout trains the same model),
+//! except under `blockwise`, whose shards are matrices of their own.
 
 use super::megatron_optimizer::StatePiece;
 use super::UpdateRule;
@@ -23,8 +30,8 @@ use crate::params::{view2d, Grads, ParamMeta, Params};
 use crate::tensor_parallel::Tp;
 use megatron_comm::{CommError, Communicator, ReduceOp};
 use megatron_tensor::cpu::{
-    global_norm_squared, newton_schulz, scale_inplace, NewtonSchulz, NewtonSchulzDims,
-    NsOrientation, NsPrecision,
+    adamuon_normalize, global_norm_squared, newton_schulz, scale_inplace, torch_lerp,
+    AdaMuonParams, NewtonSchulz, NewtonSchulzDims, NsOrientation, NsPrecision,
 };
 use std::borrow::Cow;
 
@@ -184,6 +191,16 @@ pub enum MuonMomentum {
     Nesterov,
 }
 
+/// What divides the orthogonalized update: `--optimizer muon` or `adaptive_muon`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum MuonMoment2 {
+    /// Muon: the scaled orthogonalized update as it is.
+    None,
+    /// AdaMuon (megatron-core's `adaptive_muon`, `moment2_method="adamuon"`; Megatron's
+    /// `OptimizerConfig.adaptive_muon_beta2` / `_eps`, which have no flags).
+    AdaMuon(AdaMuonParams),
+}
+
 /// Validated Muon settings.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct MuonConfig {
@@ -200,6 +217,90 @@ pub struct MuonConfig {
     pub qkv_split: Option<[usize; 3]>,
     /// The optimizer of the parameters Muon does not take.
     pub scalar: UpdateRule,
+    pub moment2: MuonMoment2,
+}
+
+impl MuonConfig {
+    /// The state of a Muon matrix, named as megatron-core's optimizer state.
+    pub fn moments(&self) -> &'static [Moment] {
+        match self.moment2 {
+            MuonMoment2::None => &[Moment::MomentumBuffer],
+            MuonMoment2::AdaMuon(_) => &[Moment::MomentumBuffer, Moment::Moment2Buffer],
+        }
+    }
+
+    /// megatron-core's name (`--optimizer`, recorded in checkpoints).
+    pub fn name(&self) -> &'static str {
+        match self.moment2 {
+            MuonMoment2::None => "muon",
+            MuonMoment2::AdaMuon(_) => "adaptive_muon",
+        }
+    }
+}
+
+/// The state of a rank's Muon matrices, one after another in each vector: the momentum, and
+/// under AdaMuon the second moment.
+#[derive(Clone, Debug)]
+pub(super) struct MuonMoments {
+    kinds: &'static [Moment],
+    values: Vec<Vec<f32>>,
+}
+
+impl MuonMoments {
+    pub(super) fn new(config: &MuonConfig, n: usize) -> Self {
+        let kinds = config.moments();
+        MuonMoments {
+            kinds,
+            values: kinds.iter().map(|_| vec![0.0; n]).collect(),
+        }
+    }
+
+    /// Elements of the matrices (each moment's length).
+    pub(super) fn len(&self) -> usize {
+        self.values[0].len()
+    }
+
+    /// Elements of every moment together.
+    pub(super) fn elements(&self) -> usize {
+        self.values.iter().map(Vec::len).sum()
+    }
+
+    pub(super) fn bytes(&self) -> usize {
+        self.values.iter().map(Vec::capacity).sum::<usize>() * 4
+    }
+
+    /// The matrix at `s..s + n`: its momentum and second moment (empty under plain Muon).
+    pub(super) fn matrix(&mut self, s: usize, n: usize) -> (&mut [f32], &mut [f32]) {
+        let (first, rest) = self.values.split_at_mut(1);
+        let moment2 = match rest.first_mut() {
+            Some(v) => &mut v[s..s + n],
+            None => &mut [][..],
+        };
+        (&mut first[0][s..s + n], moment2)
+    }
+
+    /// The matrix at `s..s + n` for a checkpoint.
+    pub(super) fn pieces(&self, s: usize, n: usize) -> Vec<(Moment, Cow<'_, [f32]>)> {
+        self.kinds
+            .iter()
+            .zip(&self.values)
+            .map(|(k, v)| (*k, Cow::Borrowed(&v[s..s + n])))
+            .collect()
+    }
+
+    /// Reads parameter `param`'s moments into the matrix at `s..s + n`.
+    pub(super) fn read(
+        &mut self,
+        read: &mut MomentReader,
+        param: usize,
+        s: usize,
+        n: usize,
+    ) -> Result<(), String> {
+        for (k, v) in self.kinds.iter().zip(&mut self.values) {
+            read(*k, param, 0..n, &mut v[s..s + n])?;
+        }
+        Ok(())
+    }
 }
 
 /// Whether megatron-core's Muon takes a parameter: 2-D and neither the word embedding nor the
@@ -226,8 +327,8 @@ enum Slot {
 pub struct MuonOptimizer {
     pub config: MuonConfig,
     slots: Vec<Slot>,
-    /// `momentum_buffer` of the Muon parameters, one after another.
-    momentum: Vec<f32>,
+    /// The Muon parameters' state, one after another.
+    moments: MuonMoments,
     /// One vector per moment of the scalar rule, over the scalar parameters one after another.
     scalar_moments: Vec<Vec<f32>>,
     step: u64,
@@ -265,7 +366,7 @@ impl MuonOptimizer {
         MuonOptimizer {
             config,
             slots,
-            momentum: vec![0.0; muon],
+            moments: MuonMoments::new(&config, muon),
             scalar_moments: config.scalar.new_state(scalar),
             step: 0,
             grads: ReplicatedGrads::new(buffer),
@@ -281,7 +382,7 @@ impl MuonOptimizer {
 
     /// Elements of the Muon parameters (their momenta).
     pub fn muon_elements(&self) -> usize {
-        self.momentum.len()
+        self.moments.len()
     }
 
     fn scalar_step(&mut self, params: &mut Params, grads: &Grads, lr: StepLr, wd: f32) {
@@ -332,13 +433,15 @@ impl MuonOptimizer {
             } else {
                 self.tp.as_mut()
             };
+            let (momentum, moment2) = self.moments.matrix(s, m.numel);
             muon_matrix_step(
                 &c,
                 m,
                 MuonMatrix {
                     w: &mut params.data[r.clone()],
                     g: &grads.data[r],
-                    momentum: &mut self.momentum[s..s + m.numel],
+                    momentum,
+                    moment2,
                 },
                 lr.of(m),
                 if m.weight_decay { wd } else { 0.0 },
@@ -349,11 +452,13 @@ impl MuonOptimizer {
     }
 }
 
-/// One Muon matrix's local values, gradient and momentum buffer.
+/// One Muon matrix's local values, gradient and state.
 pub(super) struct MuonMatrix<'a> {
     pub w: &'a mut [f32],
     pub g: &'a [f32],
     pub momentum: &'a mut [f32],
+    /// AdaMuon's second moment (empty under plain Muon).
+    pub moment2: &'a mut [f32],
 }
 
 /// Muon's step on matrix `m` with rate `rate` and decoupled decay `wd`: the momentum, its
@@ -370,36 +475,43 @@ pub(super) fn muon_matrix_step(
         w,
         g,
         momentum: buf,
+        moment2,
     } = x;
     if wd != 0.0 {
         let decay = -rate * wd;
         w.iter_mut().for_each(|x| *x += decay * *x);
     }
     for (b, gv) in buf.iter_mut().zip(g) {
-        *b = lerp(*b, *gv, 1.0 - c.momentum);
+        *b = torch_lerp(*b, *gv, 1.0 - c.momentum);
     }
     let update: Vec<f32> = match c.momentum_kind {
         MuonMomentum::Plain => buf.to_vec(),
         MuonMomentum::Nesterov => g
             .iter()
             .zip(buf.iter())
-            .map(|(gv, b)| lerp(*gv, *b, c.momentum))
+            .map(|(gv, b)| torch_lerp(*gv, *b, c.momentum))
             .collect(),
     };
-    let orth = orthogonalize(c, m, &update, group)?;
+    let mut orth = orthogonalize(c, m, &update, group)?;
+    if let MuonMoment2::AdaMuon(h) = c.moment2 {
+        adamuon_normalize(&mut orth, moment2, h);
+        // megatron-core's second `update * scale * extra`, over the whole matrix (see the
+        // module's note); a blockwise shard is a matrix of its own.
+        let shape = if c.tp_mode == MuonTpMode::Blockwise {
+            &m.local_shape
+        } else {
+            &m.shape
+        };
+        let (rows, cols) = view2d(shape);
+        scale_inplace(&mut orth, c.scale_mode.factor(rows, cols));
+        if c.extra_scale_factor != 1.0 {
+            scale_inplace(&mut orth, c.extra_scale_factor);
+        }
+    }
     for (x, o) in w.iter_mut().zip(&orth) {
         *x -= rate * o;
     }
     Ok(())
-}
-
-/// torch's `lerp`: `a + w(b - a)`, computed from the nearer end.
-fn lerp(a: f32, b: f32, w: f32) -> f32 {
-    if w < 0.5 {
-        a + w * (b - a)
-    } else {
-        b - (b - a) * (1.0 - w)
-    }
 }
 
 /// The scaled orthogonalized update of parameter `m`'s local shard `u`.
@@ -632,8 +744,7 @@ impl MegatronOptimizer for MuonOptimizer {
     }
 
     fn state_bytes(&self) -> usize {
-        (self.momentum.capacity() + self.scalar_moments.iter().map(Vec::capacity).sum::<usize>())
-            * 4
+        self.moments.bytes() + self.scalar_moments.iter().map(Vec::capacity).sum::<usize>() * 4
     }
 
     fn comm_buffer_bytes(&self) -> usize {
@@ -645,18 +756,18 @@ impl MegatronOptimizer for MuonOptimizer {
     }
 
     fn name(&self) -> &'static str {
-        "muon"
+        self.config.name()
     }
 
     fn moments_of(&self, param: usize) -> &'static [Moment] {
         match self.slots[param] {
-            Slot::Muon(_) => &[Moment::MomentumBuffer],
+            Slot::Muon(_) => self.config.moments(),
             Slot::Scalar(_) => self.config.scalar.moments(),
         }
     }
 
     fn state_elements(&self) -> usize {
-        self.momentum.len() + self.scalar_moments.iter().map(Vec::len).sum::<usize>()
+        self.moments.elements() + self.scalar_moments.iter().map(Vec::len).sum::<usize>()
     }
 
     fn state_pieces<'a>(
@@ -673,10 +784,7 @@ impl MegatronOptimizer for MuonOptimizer {
             .filter(|(i, _)| writer[*i] == dp_rank)
             .map(|(i, m)| {
                 let moments = match self.slots[i] {
-                    Slot::Muon(s) => vec![(
-                        Moment::MomentumBuffer,
-                        Cow::Borrowed(&self.momentum[s..s + m.numel]),
-                    )],
+                    Slot::Muon(s) => self.moments.pieces(s, m.numel),
                     Slot::Scalar(s) => self
                         .config
                         .scalar
@@ -704,12 +812,7 @@ impl MegatronOptimizer for MuonOptimizer {
     ) -> Result<(), String> {
         for (i, m) in params.metas.iter().enumerate() {
             match self.slots[i] {
-                Slot::Muon(s) => read(
-                    Moment::MomentumBuffer,
-                    i,
-                    0..m.numel,
-                    &mut self.momentum[s..s + m.numel],
-                )?,
+                Slot::Muon(s) => self.moments.read(read, i, s, m.numel)?,
                 Slot::Scalar(s) => {
                     for (k, v) in self
                         .config

@@ -13,6 +13,8 @@ pub enum Moment {
     ExpAvg,
     ExpAvgSq,
     MomentumBuffer,
+    /// AdaMuon's EMA of the orthogonalized update's squares (`--optimizer adaptive_muon`).
+    Moment2Buffer,
 }
 
 impl Moment {
@@ -21,6 +23,7 @@ impl Moment {
             Moment::ExpAvg => "exp_avg",
             Moment::ExpAvgSq => "exp_avg_sq",
             Moment::MomentumBuffer => "momentum_buffer",
+            Moment::Moment2Buffer => "moment2_buffer",
         }
     }
 }

@@ -1,6 +1,8 @@
 //! Whole-model checks shared by the model test files.
 #![allow(dead_code)]
 
+pub mod muon_fixture;
+
 use megatron_core::inference::{decode_step, KVCache};
 use megatron_core::transformer::step::StepContext;
 use megatron_core::{Batch, GPTModel, Grads, TransformerConfig};

@@ -13,7 +13,7 @@
 //! experts, times the micro-batches the schedule keeps in flight.
 
 use super::cluster::{AttentionKernel, Cluster, Engine};
-use super::muon_cost::muon_share;
+use super::muon_cost::{muon_moment_bytes, muon_share};
 use crate::arguments::{OptimizerKind, Precision, TrainConfig};
 use megatron_core::transformer::config::PositionEmbeddingType;
 use megatron_core::transformer::step::Recompute;
@@ -192,11 +192,12 @@ fn moment_bytes(cfg: &TrainConfig) -> f64 {
 /// Bytes of weights, gradients and optimizer state of `params` parameters of which `muon` are
 /// Muon's matrices (Megatron's accounting: with Adam's two moments 18 per parameter, or
 /// 6 + 12/d distributed, under 16-bit weights; 16 or 8 + 8/d in fp32; SGD keeps one moment, or
-/// none without momentum; a Muon matrix one momentum of 4 bytes instead of the scalar rule's).
+/// none without momentum; a Muon matrix one momentum of 4 bytes instead of the scalar rule's,
+/// two under `adaptive_muon`).
 fn state_bytes(cfg: &TrainConfig, params: f64, muon: f64) -> f64 {
     let d = (cfg.dp * cfg.cp) as f64;
     let half = cfg.precision != Precision::F32;
-    let moments = moment_bytes(cfg) * (params - muon) + 4.0 * muon;
+    let moments = moment_bytes(cfg) * (params - muon) + muon_moment_bytes(cfg) * muon;
     // The fp32 main weight joins the sharded state under 16-bit weights.
     let (weight_and_grad, sharded) = if half {
         (6.0 * params, 4.0 * params + moments)
@@ -252,7 +253,7 @@ fn this_engine_memory(cfg: &TrainConfig, params: f64) -> Result<MemoryCost, Stri
     let d = (cfg.dp * cfg.cp) as f64;
     let weights = params * if half { 6.0 } else { 4.0 };
     let muon = muon_share(cfg, 0).params;
-    let moments = moment_bytes(cfg) * (params - muon) + 4.0 * muon;
+    let moments = moment_bytes(cfg) * (params - muon) + muon_moment_bytes(cfg) * muon;
     let (optimizer, staging) = match cfg.optimizer {
         OptimizerKind::Replicated => (moments, 0.0),
         OptimizerKind::Distributed => {

@@ -1,5 +1,6 @@
-//! What `--optimizer muon` costs a rank: one momentum (4 bytes) for each element of its Muon
-//! matrices instead of the scalar rule's moments, and the Newton–Schulz iteration on every
+//! What `--optimizer muon` costs a rank: one momentum (4 bytes; with `adaptive_muon` also the
+//! second moment, 8 in all) for each element of its Muon matrices instead of the scalar rule's
+//! moments, and the Newton–Schulz iteration on every
 //! matrix it orthogonalizes, once per optimizer step. Under tensor parallelism `duplicated`
 //! orthogonalizes the whole matrix on every TP rank (after an all-gather), `distributed` splits
 //! the two Gram-side products over them, `blockwise` orthogonalizes each shard; the layer-wise
@@ -130,6 +131,11 @@ fn matrices_of_stage(cfg: &TrainConfig, stage: usize, split_qkv: bool) -> Vec<Ma
         });
     }
     out
+}
+
+/// Bytes of state per element of a Muon matrix (zero without Muon).
+pub fn muon_moment_bytes(cfg: &TrainConfig) -> f64 {
+    cfg.muon.map_or(0.0, |m| 4.0 * m.moments().len() as f64)
 }
 
 /// Muon on pipeline stage `stage` of `cfg` (zero without Muon).

@@ -2,6 +2,7 @@
 //! dims in a small `Copy` struct. Every backward accumulates (`+=`) into parameter gradients and
 //! overwrites input gradients unless its doc says otherwise.
 
+pub mod adamuon;
 pub mod adamw;
 pub mod amx;
 mod amx_pack;
@@ -47,6 +48,7 @@ pub mod table_features;
 pub mod table_layout;
 pub mod tanh;
 
+pub use adamuon::{adamuon_normalize, torch_lerp, AdaMuonParams};
 pub use adamw::{adamw_update, adamw_update_bf16_moments, AdamWParams};
 pub use attention::{
     attention_backward, attention_decode_forward, attention_forward, kv_cache_append,
