@@ -11,7 +11,8 @@
 # megatron-core's defaults, ours `--optimizer muon --muon-no-split-qkv`, PyTorch's NVIDIA
 # emerging-optimizers `Muon` unpacked in EO_DIR (bench/torch_gpt.py --muon; its fused QKV is not
 # split either); MUON_PREC=high runs both sides' Newton-Schulz products in f32 (default medium:
-# bf16, megatron-core's default).
+# bf16, megatron-core's default); MUON_KIND=adaptive_muon trains AdaMuon instead (ours
+# `--optimizer adaptive_muon`, PyTorch's emerging-optimizers `AdaptiveMuon`, adamuon, beta2 0.95).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CFG=${1:-S}; RUNS=${2:-2}; PYTHON=${PYTHON:-python3}
@@ -41,8 +42,8 @@ if [ "$CFG" = MLA ]; then
 fi
 MUON_FLAGS=""; TORCH_MUON=()
 if [ -n "${MUON:-}" ]; then
-  MUON_FLAGS="--optimizer muon --muon-no-split-qkv --muon-fp32-matmul-prec ${MUON_PREC:-medium}"
-  TORCH_MUON=(--muon "$MUON" --muon-prec "${MUON_PREC:-medium}")
+  MUON_FLAGS="--optimizer ${MUON_KIND:-muon} --muon-no-split-qkv --muon-fp32-matmul-prec ${MUON_PREC:-medium}"
+  TORCH_MUON=(--muon "$MUON" --muon-prec "${MUON_PREC:-medium}" --muon-kind "${MUON_KIND:-muon}")
 fi
 cargo build --release --quiet
 OUT=$(mktemp -d)
@@ -64,7 +65,7 @@ import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if '"lm_loss"' in l]
 warm, b, t, rss_kb = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 ms = statistics.median(r["ms_per_iter"] for r in rows[warm:])
-print(json.dumps({"impl": "megatron-rs" + ("-bf16" if "--bf16" in sys.argv[6] else "") + ("-muon" if "muon" in sys.argv[6] else ""), "step_s": ms / 1e3, "tokens_per_sec": b * t / (ms / 1e3),
+print(json.dumps({"impl": "megatron-rs" + ("-bf16" if "--bf16" in sys.argv[6] else "") + ("-adaptive_muon" if "adaptive_muon" in sys.argv[6] else "-muon" if "muon" in sys.argv[6] else ""), "step_s": ms / 1e3, "tokens_per_sec": b * t / (ms / 1e3),
                   "peak_rss_bytes": rss_kb * 1024, "mfu_vs_unit_peak": statistics.median(r["mfu"] for r in rows[warm:]),
                   "first_loss": rows[0]["lm_loss"], "last_loss": rows[-1]["lm_loss"]}))
 PY

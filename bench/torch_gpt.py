@@ -72,6 +72,8 @@ def main():
     p.add_argument("--muon", metavar="EO_DIR", help="Muon (NVIDIA emerging-optimizers' `Muon`, unpacked in EO_DIR; megatron-core's "
                    "defaults: momentum 0.9, quintic x 5, bf16 products, spectral scale) on every 2-D parameter but the word "
                    "embedding, AdamW on the rest, as megatron-core's --optimizer muon routes them")
+    p.add_argument("--muon-kind", default="muon", choices=["muon", "adaptive_muon"],
+                   help="adaptive_muon: emerging-optimizers' AdaptiveMuon (adamuon, beta2 0.95, eps 1e-8)")
     p.add_argument("--muon-prec", default="medium", choices=["medium", "high"],
                    help="Muon's fp32_matmul_prec: medium = bf16 Newton-Schulz products (megatron-core's default), high = f32")
     a = p.parse_args()
@@ -87,9 +89,14 @@ def main():
         typing.override = getattr(typing, "override", lambda f: f)  # emerging-optimizers on Python 3.11
         sys.path.insert(0, a.muon)
         from emerging_optimizers.orthogonalized_optimizers.muon import Muon
+        from emerging_optimizers.orthogonalized_optimizers.adaptive_muon import AdaptiveMuon
         word = model.wte.weight
         matrices = [p_ for p_ in decay if p_ is not word]
-        muon = Muon(matrices, lr=3e-4, momentum=0.9, weight_decay=0.1, fp32_matmul_prec=a.muon_prec)
+        if a.muon_kind == "adaptive_muon":
+            muon = AdaptiveMuon(matrices, lr=3e-4, momentum=0.9, weight_decay=0.1, fp32_matmul_prec=a.muon_prec,
+                                moment2_method="adamuon", beta2=0.95, eps=1e-8)
+        else:
+            muon = Muon(matrices, lr=3e-4, momentum=0.9, weight_decay=0.1, fp32_matmul_prec=a.muon_prec)
         adam = torch.optim.AdamW([{"params": [word], "weight_decay": 0.1},
                                   {"params": no_decay, "weight_decay": 0.0}], lr=3e-4, betas=(0.9, 0.95))
 
@@ -127,7 +134,7 @@ def main():
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
     med = statistics.median(times)
     print(json.dumps({
-        "impl": "pytorch-eager" + ("-autocast-bf16" if a.bf16 else "") + ("-muon" if a.muon else ""), "step_s": med, "tokens_per_sec": a.batch * a.seq / med,
+        "impl": "pytorch-eager" + ("-autocast-bf16" if a.bf16 else "") + (f"-{a.muon_kind}" if a.muon else ""), "step_s": med, "tokens_per_sec": a.batch * a.seq / med,
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "first_loss": losses[0], "last_loss": losses[-1], "torch": torch.__version__,
     }))

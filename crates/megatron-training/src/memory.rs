@@ -161,8 +161,8 @@ pub fn predicted(cfg: &TrainConfig, state: &ModelStateBytes, peak: &PeakPredicti
 pub struct PeakPrediction {
     /// Parameters, gradients and optimizer state: sizes known once they exist.
     pub model_state: u64,
-    /// The distributed optimizer's staging buffer for reduce-scatter / all-gather (the largest
-    /// bucket).
+    /// The distributed optimizer's staging buffer for reduce-scatter / all-gather (one call of
+    /// at most 2^22 elements over the ranks' slots, plus this rank's slot).
     pub communication: u64,
     /// Packing panels each GEMM thread keeps.
     pub gemm_workspace: u64,
@@ -279,7 +279,7 @@ pub fn predict_rank_peak_with(
 /// forward holds its normalized input (gathered under SP) and the MLP's activation beside its
 /// saved tensors; its backward the incoming and outgoing gradients and two MLP-wide buffers
 /// (activation and its gradient); the output layer one logits tile and two hidden-sized
-/// buffers; full recomputation re-creates one group's saved tensors during backward. Mixture-of-
+/// buffers (and under 16-bit matmuls its weight's and input's rounded copies); full recomputation re-creates one group's saved tensors during backward. Mixture-of-
 /// experts dispatch buffers are not modelled.
 pub fn predict_peak(
     cfg: &TrainConfig,
@@ -343,8 +343,17 @@ pub fn predict_peak(
     };
     let classifier_rows = |v: usize| tok.min(megatron_core::models::gpt::classifier_tile_rows(v));
     let v = m.padded_vocab_size / tp;
+    // Under 16-bit matmuls the output layer multiplies by a copy of its weight made once per
+    // call — rounded (or widened from bf16) to f32, or packed twice (for the logits and the
+    // input gradient) for a packed kernel: 4 bytes per element either way — and by its input
+    // rounded once.
+    let classifier_copy = if cfg.precision.half().is_some() {
+        4 * (v * h + tok * h)
+    } else {
+        0
+    };
     let output = if last {
-        4 * (classifier_rows(v) * v + 2 * tok * h)
+        4 * (classifier_rows(v) * v + 2 * tok * h) + classifier_copy
     } else {
         0
     };
