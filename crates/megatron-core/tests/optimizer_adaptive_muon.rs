@@ -1,8 +1,8 @@
 //! `--optimizer adaptive_muon` against megatron-core's `TensorParallelAdaptiveMuon` (AdaMuon,
-//! run on NVIDIA's emerging-optimizers and torch by bench/make_adaptive_muon_fixture.py): three
-//! steps on a fused QKV weight, a wide and a tall matrix, for each of four settings (megatron's
-//! defaults with bf16 products, and f32 products with Nesterov, every scale mode, with and
-//! without the QKV split).
+//! run on NVIDIA's emerging-optimizers and torch by `bench/make_muon_fixture.py ...
+//! adaptive_muon`): three steps on a fused QKV weight, a wide and a tall matrix, for each of four
+//! settings (megatron's defaults with bf16 products, and f32 products with Nesterov, every scale
+//! mode, with and without the QKV split).
 
 mod common;
 

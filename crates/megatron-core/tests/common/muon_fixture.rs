@@ -1,5 +1,5 @@
 //! megatron-core's Muon and adaptive Muon on a few matrices (fixtures written by
-//! bench/make_muon_fixture.py and bench/make_adaptive_muon_fixture.py), replayed here.
+//! bench/make_muon_fixture.py, with `muon` or `adaptive_muon`), replayed here.
 #![allow(dead_code)]
 
 use megatron_comm::ThreadCommunicator;
