@@ -336,3 +336,44 @@ fn syrk_matches_the_full_product_exactly_symmetric_for_every_thread_count() {
         }
     }
 }
+
+/// More output rows than one call into the `gemm` crate takes: the row slabs (the last one
+/// partial) add up to the whole product, for every transposition, overwriting and
+/// accumulating.
+#[test]
+fn gemm_crate_split_into_row_slabs_matches_naive() {
+    use megatron_tensor::cpu::matmul::GEMM_CRATE_MAX_ROWS;
+    let (m, n, k) = (2 * GEMM_CRATE_MAX_ROWS + 37, 19, 23);
+    let a = randn(m * k, 31, 1.0);
+    let b = randn(k * n, 32, 1.0);
+    let init = randn(m * n, 33, 1.0);
+    let prod = naive_matmul(&a, &b, m, n, k);
+    let (at, bt) = (transpose(&a, m, k), transpose(&b, k, n));
+    for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
+        for acc in [false, true] {
+            let mut d = MatmulDims::new(m, n, k);
+            d.trans_a = ta;
+            d.trans_b = tb;
+            d.accumulate = acc;
+            let want: Vec<f32> = if acc {
+                prod.iter().zip(&init).map(|(p, i)| p + i).collect()
+            } else {
+                prod.clone()
+            };
+            let mut out = if acc {
+                init.clone()
+            } else {
+                vec![f32::NAN; m * n]
+            };
+            let (a, b) = (if ta { &at } else { &a }, if tb { &bt } else { &b });
+            gemm_crate(&mut out, a, b, d, 2);
+            assert_close(
+                &out,
+                &want,
+                1e-4,
+                1e-4,
+                &format!("ta={ta} tb={tb} acc={acc}"),
+            );
+        }
+    }
+}

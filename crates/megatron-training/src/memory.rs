@@ -359,7 +359,14 @@ pub fn predict_peak(
     };
     let linears = linear_gemm_shapes(tok, &[(h, qw), (ow, h), (h, fc1), (ffn, h)]);
     let classifier = if last {
-        classifier_gemm_shapes(classifier_rows(v), h, v)
+        let rows = classifier_rows(v);
+        let mut shapes = classifier_gemm_shapes(rows, h, v);
+        // The last, partial logits tile is its own shape to the `gemm` crate, whose blocking
+        // (and so packing) follows the row count.
+        if !tok.is_multiple_of(rows) {
+            shapes.extend(classifier_gemm_shapes(tok % rows, h, v));
+        }
+        shapes
     } else {
         Vec::new()
     };

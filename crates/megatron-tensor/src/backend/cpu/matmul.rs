@@ -457,6 +457,21 @@ fn mirror_upper(out: &mut [f32], m: usize) {
     }
 }
 
+/// Rows of the output one call into the `gemm` crate computes (more are split into slabs of
+/// this many).
+///
+/// Why: the crate works on the transposed, column-major product, so our rows are its columns,
+/// and it sizes its packed right-hand panel by the L3 cache (its `kernel_params`: up to
+/// ~15/16 of it, e.g. 30 MiB beside a 32 MiB L3) whenever there are that many columns. On a
+/// 20-200 MiB model that one panel was the largest thing the memory prediction missed (a
+/// 32000-word output layer's weight gradient: 26 MiB). Capped, the panel is at most
+/// `2048 x kc` floats (4 MiB at kc = 512), the same on every machine, and
+/// [`gemm_workspace`]'s probe, which multiplies at most [`PROBE_MAX_DIM`] rows, sees all of
+/// it. Measured on Zen 4 (`megatron bench gemm --gemm-impl gemm-crate`, BENCHMARKS.md):
+/// within the run-to-run noise of the uncapped calls.
+pub const GEMM_CRATE_MAX_ROWS: usize = 2048;
+const _: () = assert!(GEMM_CRATE_MAX_ROWS <= PROBE_MAX_DIM);
+
 /// The same product on the `gemm` crate: the portable path, and the reference `megatron bench
 /// gemm --gemm-impl versus` measures the engine against.
 pub fn gemm_crate(out: &mut [f32], a: &[f32], b: &[f32], d: MatmulDims, threads: usize) {
@@ -469,29 +484,33 @@ pub fn gemm_crate(out: &mut [f32], a: &[f32], b: &[f32], d: MatmulDims, threads:
     } else {
         Parallelism::None
     };
-    // SAFETY: the strides above describe exactly the asserted buffer sizes.
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            out.as_mut_ptr(),
-            1,
-            n as isize,
-            d.accumulate,
-            a.as_ptr(),
-            a_cs as isize,
-            a_rs as isize,
-            b.as_ptr(),
-            b_cs as isize,
-            b_rs as isize,
-            1.0,
-            1.0,
-            false,
-            false,
-            false,
-            par,
-        );
+    for i0 in (0..m).step_by(GEMM_CRATE_MAX_ROWS) {
+        let h = GEMM_CRATE_MAX_ROWS.min(m - i0);
+        // SAFETY: the strides above describe exactly the asserted buffer sizes; rows
+        // `i0..i0 + h` of `out` and of `op(a)` start `i0 * n` and `i0 * a_rs` elements in.
+        unsafe {
+            gemm::gemm(
+                h,
+                n,
+                k,
+                out.as_mut_ptr().add(i0 * n),
+                1,
+                n as isize,
+                d.accumulate,
+                a.as_ptr().add(i0 * a_rs),
+                a_cs as isize,
+                a_rs as isize,
+                b.as_ptr(),
+                b_cs as isize,
+                b_rs as isize,
+                1.0,
+                1.0,
+                false,
+                false,
+                false,
+                par,
+            );
+        }
     }
 }
 
@@ -636,8 +655,18 @@ pub fn gemm_workspace(shapes: &[MatmulDims]) -> Vec<GemmWorkspace> {
             })
             .collect();
     }
-    // Each dimension clamped: the crate's blocking is bounded by the caches, not the shape,
-    // so a large model's products pack no more than these, and the probe stays fast.
+    gemm_crate_workspace(shapes)
+}
+
+/// [`GemmWorkspace`] of each of the products `shapes` on [`gemm_crate`], measured on a probe
+/// thread (zeros where the counting allocator is not installed).
+pub fn gemm_crate_workspace(shapes: &[MatmulDims]) -> Vec<GemmWorkspace> {
+    if !crate::alloc::installed() {
+        return vec![GemmWorkspace::default(); shapes.len()];
+    }
+    // Each dimension clamped: the crate's blocking is bounded by the caches and
+    // [`GEMM_CRATE_MAX_ROWS`], not the shape, so a large model's products pack no more than
+    // these, and the probe stays fast.
     let shapes: Vec<MatmulDims> = shapes
         .iter()
         .map(|&d| MatmulDims {
@@ -667,11 +696,14 @@ pub fn gemm_workspace(shapes: &[MatmulDims]) -> Vec<GemmWorkspace> {
                 shapes
                     .into_iter()
                     .map(|d| {
+                        if d.m * d.n * d.k == 0 {
+                            return GemmWorkspace::default();
+                        }
                         let a = vec![0.0f32; d.m * d.k];
                         let b = vec![0.0f32; d.k * d.n];
                         let mut out = vec![0.0f32; d.m * d.n];
                         crate::alloc::start_epoch();
-                        matmul_with_threads(&mut out, &a, &b, d, 1);
+                        gemm_crate(&mut out, &a, &b, d, 1);
                         let (now, peak) = (
                             crate::alloc::current().reserved,
                             crate::alloc::peak().reserved,

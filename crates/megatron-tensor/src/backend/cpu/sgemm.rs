@@ -51,11 +51,15 @@ pub fn pack_bytes_per_thread() -> usize {
     (MR * KC + 16 + KC * NC + 16) * 4
 }
 
-/// Whether this CPU runs the AVX-512 kernel.
+/// Whether this CPU runs the AVX-512 kernel. `MEGATRON_NO_AVX512_GEMM` hides it, so that the
+/// portable path (the `gemm` crate, what a CPU without AVX-512 runs) can be trained and
+/// measured on any machine.
 pub(crate) fn available() -> bool {
     use std::sync::OnceLock;
     static AVAILABLE: OnceLock<bool> = OnceLock::new();
-    *AVAILABLE.get_or_init(|| is_x86_feature_detected!("avx512f"))
+    *AVAILABLE.get_or_init(|| {
+        std::env::var_os("MEGATRON_NO_AVX512_GEMM").is_none() && is_x86_feature_detected!("avx512f")
+    })
 }
 
 thread_local! {
