@@ -26,6 +26,7 @@ fn measured(rank: usize, d: MatmulDims) -> GemmWorkspace {
         GemmWorkspace {
             kept: now.max(0) as usize,
             in_flight: (peak - now).max(0) as usize,
+            ..Default::default()
         }
     })
     .join()

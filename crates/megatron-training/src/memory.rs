@@ -7,7 +7,11 @@ use megatron_core::models::gpt::activation_bytes_formula_with;
 use megatron_core::optimizer::MegatronOptimizer;
 use megatron_core::transformer::step::Recompute;
 use megatron_core::Params;
-use megatron_tensor::cpu::matmul::{gemm_workspace, GemmWorkspace, MatmulDims};
+use megatron_tensor::cpu::cross_entropy::classifier_gradient_chunk_rows;
+use megatron_tensor::cpu::matmul::{
+    matmul_workspace, product_block_kernel, Bf16Kernel, GemmWorkspace, MatmulDims, MatmulPrecision,
+};
+use megatron_tensor::cpu::matmul_packed::prepacked_b_bytes;
 use serde::Serialize;
 
 /// Bytes this rank holds, by kind.
@@ -232,7 +236,8 @@ pub fn predict_rank_peak(
     pp_rank: usize,
 ) -> Result<PeakPrediction, String> {
     let threads = megatron_tensor::threads::gemm_threads();
-    predict_rank_peak_with(cfg, model_state, communication, pp_rank, threads)
+    let kernel = megatron_tensor::cpu::matmul::bf16_kernel();
+    predict_rank_peak_with(cfg, model_state, communication, pp_rank, (threads, kernel))
 }
 
 /// The GEMM threads each rank of `cfg`'s layout gets when its ranks run as threads of one
@@ -249,13 +254,14 @@ pub fn rank_gemm_threads(cfg: &TrainConfig) -> usize {
 }
 
 /// [`predict_rank_peak`] for ranks with `gemm_threads` GEMM threads each (the packing panels
-/// are per thread): what a planner predicts for a layout before its ranks exist.
+/// are per thread) whose bf16 matmuls run on `bf16_kernel` (`--bf16-matmul-kernel` as the ranks would set it):
+/// what a planner predicts for a layout before its ranks exist.
 pub fn predict_rank_peak_with(
     cfg: &TrainConfig,
     model_state: u64,
     communication: u64,
     pp_rank: usize,
-    gemm_threads: usize,
+    (gemm_threads, bf16_kernel): (usize, Bf16Kernel),
 ) -> Result<PeakPrediction, String> {
     let ops = megatron_core::pipeline_parallel::schedule(
         cfg.pp,
@@ -267,7 +273,7 @@ pub fn predict_rank_peak_with(
         cfg,
         model_state,
         communication,
-        gemm_threads,
+        (gemm_threads, bf16_kernel),
         pp_rank,
         megatron_core::pipeline_parallel::peak_in_flight(&ops),
     ))
@@ -285,7 +291,7 @@ pub fn predict_peak(
     cfg: &TrainConfig,
     model_state: u64,
     communication: u64,
-    gemm_threads: usize,
+    (gemm_threads, bf16_kernel): (usize, Bf16Kernel),
     pp_rank: usize,
     in_flight: usize,
 ) -> PeakPrediction {
@@ -320,7 +326,13 @@ pub fn predict_peak(
         (true, _) => 4 * kv * 4,
     };
     let forward = 4 * (rows * h + gathered + tok * ffn) + if ring { 2 * kv * 4 } else { 0 };
-    let backward = 4 * (2 * rows * h + gathered + tok * (ffn + fc1));
+    // Under 16-bit activations the MLP's backward widens its saved fc1 output and the
+    // mid-layer residual to f32 copies (`saved::restore`); in f32 it reads them as kept.
+    let restored = match cfg.precision.half() {
+        Some(_) => rows * h + tok * fc1,
+        None => 0,
+    };
+    let backward = 4 * (2 * rows * h + gathered + tok * (ffn + fc1) + restored);
     // Ring attention's backward works on its own copies: queries and their gradient, the
     // incoming output gradient and the output, the fused query/key/value gradient it returns
     // and the half-size block pair; keys and values five times (in use, arriving, the
@@ -343,49 +355,106 @@ pub fn predict_peak(
     };
     let classifier_rows = |v: usize| tok.min(megatron_core::models::gpt::classifier_tile_rows(v));
     let v = m.padded_vocab_size / tp;
+    let precision = MatmulPrecision::of(cfg.precision.half());
+    // The output layer's weight packed once per call for a packed bf16 kernel (as the `b` of
+    // the logits and of the input gradient), its backward GEMMs run per gradient chunk of bf16
+    // `dlogits` (`cross_entropy::fused_classifier`).
+    let packed_classifier = last
+        && product_block_kernel(precision, bf16_kernel, MatmulDims::new(tok, v, h).tb()).is_some();
+    let tile_rows = classifier_rows(v);
+    let chunk = if packed_classifier {
+        classifier_gradient_chunk_rows(tok, v, tile_rows)
+    } else {
+        0
+    };
     // Under 16-bit matmuls the output layer multiplies by a copy of its weight made once per
-    // call — rounded (or widened from bf16) to f32, or packed twice (for the logits and the
-    // input gradient) for a packed kernel: 4 bytes per element either way — and by its input
-    // rounded once.
-    let classifier_copy = if cfg.precision.half().is_some() {
-        4 * (v * h + tok * h)
+    // call — rounded (or widened from bf16) to f32, or, for a packed kernel, the two packings,
+    // which stay allocated for the next call and so are counted with the kept workspace — and
+    // by its input rounded once.
+    let classifier_copy = match cfg.precision.half() {
+        Some(_) if packed_classifier => 4 * tok * h,
+        Some(_) => 4 * (v * h + tok * h),
+        None => 0,
+    };
+    // What a packed output layer keeps between calls: its weight's two packings and the bf16
+    // gradient chunk.
+    let classifier_kept = if packed_classifier {
+        prepacked_b_bytes(MatmulDims::new(tok, v, h).tb())
+            + prepacked_b_bytes(MatmulDims::new(tok, h, v))
+            + 2 * chunk * v
     } else {
         0
     };
     let output = if last {
-        4 * (classifier_rows(v) * v + 2 * tok * h) + classifier_copy
+        4 * (tile_rows * v + 2 * tok * h) + classifier_copy
     } else {
         0
     };
     let linears = linear_gemm_shapes(tok, &[(h, qw), (ow, h), (h, fc1), (ffn, h)]);
-    let classifier = if last {
-        let rows = classifier_rows(v);
-        let mut shapes = classifier_gemm_shapes(rows, h, v);
-        // The last, partial logits tile is its own shape to the `gemm` crate, whose blocking
-        // (and so packing) follows the row count.
-        if !tok.is_multiple_of(rows) {
-            shapes.extend(classifier_gemm_shapes(tok % rows, h, v));
+    let classifier = if !last {
+        Vec::new()
+    } else if packed_classifier {
+        // Logits per tile; both backward products per chunk (the weight gradient's `a` is the
+        // chunk's `dlogitsᵀ`, packed whole).
+        let mut shapes = vec![
+            MatmulDims::new(tile_rows, v, h).tb(),
+            MatmulDims::new(chunk, h, v),
+            MatmulDims::new(v, h, chunk).ta(),
+        ];
+        if !tok.is_multiple_of(tile_rows) {
+            shapes.push(MatmulDims::new(tok % tile_rows, v, h).tb());
         }
         shapes
     } else {
-        Vec::new()
+        let mut shapes = classifier_gemm_shapes(tile_rows, h, v);
+        // The last, partial logits tile is its own shape to the `gemm` crate, whose blocking
+        // (and so packing) follows the row count.
+        if !tok.is_multiple_of(tile_rows) {
+            shapes.extend(classifier_gemm_shapes(tok % tile_rows, h, v));
+        }
+        shapes
     };
-    let calls = gemm_workspace(&[&linears[..], &classifier[..]].concat());
+    let calls = matmul_workspace(
+        &[&linears[..], &classifier[..]].concat(),
+        precision,
+        bf16_kernel,
+    );
     let (in_layers, in_output) = calls.split_at(linears.len());
     let packing = |c: &[GemmWorkspace]| c.iter().map(|c| c.in_flight).max().unwrap_or(0);
+    // A 16-bit layer product on the f32 GEMM multiplies copies of its operands rounded (or
+    // widened from bf16) to f32, alive while it runs: at most both operands (an operand already
+    // exact is not copied). The output layer's operands are rounded once per call (above).
+    let half_on_f32 = |d: MatmulDims| {
+        cfg.precision.half().is_some() && product_block_kernel(precision, bf16_kernel, d).is_none()
+    };
+    let layer_packing = in_layers
+        .iter()
+        .zip(&linears)
+        .map(|(c, &d)| {
+            c.in_flight
+                + if half_on_f32(d) {
+                    4 * (d.m * d.k + d.k * d.n)
+                } else {
+                    0
+                }
+        })
+        .max()
+        .unwrap_or(0);
     // The slabs every thread keeps are there throughout; the packed operands of the products
     // in flight belong to the phase they run in: the layers' or the output layer's.
     let kept: usize = calls.iter().map(|c| c.kept).sum();
+    let kept_by_caller: usize =
+        calls.iter().map(|c| c.kept_by_caller).sum::<usize>() + classifier_kept;
     let layers = forward.max(recomputed + backward.max(ring_backward));
-    let (transient, packed) = if output + packing(in_output) > layers + packing(in_layers) {
+    let (transient, packed) = if output + packing(in_output) > layers + layer_packing {
         (output, packing(in_output))
     } else {
-        (layers, packing(in_layers))
+        (layers, layer_packing)
     };
     PeakPrediction {
         model_state,
         communication,
-        gemm_workspace: (gemm_threads * kept + packed) as u64,
+        gemm_workspace: (gemm_threads * kept + kept_by_caller + packed) as u64,
         activations: (per_mb * in_flight) as u64,
         transient: transient as u64,
         kv_ring: kv_ring as u64,

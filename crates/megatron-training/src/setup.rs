@@ -141,19 +141,27 @@ impl<'a> RankComms<'a> {
     }
 }
 
+/// The bf16 instructions `--bf16-matmul-kernel` asks for, `auto` measured in this process
+/// (before the world agrees on the least capable choice).
+pub(crate) fn requested_bf16_kernel(cfg: &TrainConfig) -> Bf16Kernel {
+    match cfg.args.bf16_matmul_kernel {
+        Bf16KernelArg::Dot => Bf16Kernel::Dot,
+        Bf16KernelArg::Fma => Bf16Kernel::Fma,
+        Bf16KernelArg::Amx => Bf16Kernel::Amx,
+        Bf16KernelArg::Auto if cfg.precision == Precision::BF16 => {
+            megatron_tensor::cpu::fastest_bf16_kernel()
+        }
+        Bf16KernelArg::Auto => Bf16Kernel::Fma,
+    }
+}
+
 /// Sets the precision of every matmul this rank's thread issues, and the bf16 instructions:
 /// measured per process under `auto`, then one choice for the whole world (processes measure
 /// separately; one summation order keeps TP-replicated computations identical on every rank).
 pub(crate) fn set_precision(cfg: &TrainConfig, comms: &mut RankComms) -> Result<(), TrainError> {
     set_matmul_precision(MatmulPrecision::of(cfg.precision.half()));
     let bf16 = cfg.precision == Precision::BF16;
-    let mut kernel = match cfg.args.bf16_matmul_kernel {
-        Bf16KernelArg::Dot => Bf16Kernel::Dot,
-        Bf16KernelArg::Fma => Bf16Kernel::Fma,
-        Bf16KernelArg::Amx => Bf16Kernel::Amx,
-        Bf16KernelArg::Auto if bf16 => megatron_tensor::cpu::fastest_bf16_kernel(),
-        Bf16KernelArg::Auto => Bf16Kernel::Fma,
-    };
+    let mut kernel = requested_bf16_kernel(cfg);
     if cfg.args.sequence_parallel && comms.tp.size() == 1 && comms.world_rank == 0 {
         // As Megatron: sequence parallelism needs tensor-parallel ranks to split over.
         println!("note: --sequence-parallel has no effect with --tensor-model-parallel-size 1");

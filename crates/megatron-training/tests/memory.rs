@@ -71,6 +71,7 @@ fn korthikanti_formula_follows_the_paper_for_each_layout() {
 /// BENCHMARKS.md).
 #[test]
 fn under_16_bit_matmuls_the_output_layer_holds_its_weights_rounded_copy() {
+    use megatron_tensor::cpu::matmul::Bf16Kernel;
     use megatron_training::memory::predict_rank_peak_with;
     // A vocabulary large beside the hidden size, so the output layer is the largest working
     // set in both precisions.
@@ -101,7 +102,7 @@ fn under_16_bit_matmuls_the_output_layer_holds_its_weights_rounded_copy() {
         .unwrap()
     };
     let predict = |cfg: &megatron_training::arguments::TrainConfig| {
-        predict_rank_peak_with(cfg, 0, 0, 0, 1).unwrap()
+        predict_rank_peak_with(cfg, 0, 0, 0, (1, Bf16Kernel::Fma)).unwrap()
     };
     let f32 = predict(&flags(&[]));
     // Padded to a multiple of 128: 20096 rows of 64; 4 x 128 tokens.

@@ -273,8 +273,14 @@ fn this_engine_memory(cfg: &TrainConfig, params: f64) -> Result<MemoryCost, Stri
     let state = weights + 4.0 * params + optimizer;
     // The layout's ranks will each have their share of the GEMM threads (not the planner's).
     let threads = crate::memory::rank_gemm_threads(cfg);
-    let peak =
-        crate::memory::predict_rank_peak_with(cfg, state as u64, staging as u64, 0, threads)?;
+    let kernel = crate::setup::requested_bf16_kernel(cfg);
+    let peak = crate::memory::predict_rank_peak_with(
+        cfg,
+        state as u64,
+        staging as u64,
+        0,
+        (threads, kernel),
+    )?;
     Ok(MemoryCost {
         weights_and_optimizer: state,
         activations: (peak.total() as f64 - state).max(0.0),

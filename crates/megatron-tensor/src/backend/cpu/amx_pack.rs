@@ -77,10 +77,14 @@ impl PackBuffer {
         unsafe { std::slice::from_raw_parts(self.0.as_ptr() as *const u32, self.0.len() * 16) }
     }
 
-    /// `words` zeroed words (a multiple of 16), starting on a cache line.
+    /// `words` zeroed words (a multiple of 16), starting on a cache line. The buffer grows to
+    /// exactly the largest request (not the Vec's doubling), so what a thread keeps is the
+    /// largest packed operand it has seen, which the memory prediction computes
+    /// ([`super::matmul_packed::packed_gemm_bytes`]).
     pub(crate) fn zeroed(&mut self, words: usize) -> &mut [u32] {
         debug_assert_eq!(words % 16, 0);
         self.0.clear();
+        self.0.reserve_exact(words / 16);
         self.0.resize(words / 16, TileRow([0; 16]));
         // SAFETY: `TileRow` is exactly 16 `u32` (repr(C), no padding), so the Vec's storage is
         // `words` initialised `u32`, borrowed mutably through `self`.

@@ -143,6 +143,18 @@ pub fn set_classifier_gradient_chunk_bytes(bytes: usize) {
     GRAD_CHUNK.with(|c| c.set(bytes));
 }
 
+/// Tokens per gradient chunk of the output layer under a packed bf16 kernel, for `n` tokens
+/// in logits tiles of `rows` over `v` vocabulary rows: this thread keeps a bf16 buffer of
+/// that many rows of `v` between calls, and the weight gradient's product packs as much again.
+pub fn classifier_gradient_chunk_rows(n: usize, v: usize, rows: usize) -> usize {
+    if n == 0 || v == 0 {
+        return 0;
+    }
+    let rows = rows.max(1).min(n);
+    let tiles = (GRAD_CHUNK.with(|c| c.get()) / (2 * v * rows)).max(1);
+    (tiles * rows).min(n)
+}
+
 /// How the output layer's backward GEMMs run: per logits tile, or, under a packed bf16 kernel,
 /// once per gradient chunk of several tiles on their bf16 `dlogits`. Per tile, `dW += dlogitsᵀ
 /// · x` reads and writes all of dW in f32 (vocabulary x hidden: 154 MB for GPT-2) for every
@@ -173,8 +185,7 @@ impl ClassifierBackward {
         if !chunked || n == 0 || v == 0 {
             return ClassifierBackward::PerTile;
         }
-        let tiles = (GRAD_CHUNK.with(|c| c.get()) / (2 * v * rows)).max(1);
-        let cap = (tiles * rows).min(n);
+        let cap = classifier_gradient_chunk_rows(n, v, rows);
         let mut dlogits = DLOGITS.with(|b| std::mem::take(&mut *b.borrow_mut()));
         if dlogits.len() < cap * v {
             dlogits = vec![bf16::ZERO; cap * v];

@@ -624,13 +624,62 @@ pub fn gemm_workspace_bytes_per_thread() -> usize {
     0
 }
 
-/// What one f32 product costs in GEMM workspace beyond its operands: `kept`, the bytes a
-/// thread still holds after it (grown once, then reused by later calls), and `in_flight`, the
-/// bytes alive only while it runs (packed operands).
+/// What one product costs in GEMM workspace beyond its operands: `kept`, the bytes each GEMM
+/// thread still holds after it (grown once, then reused by later calls); `kept_by_caller`, the
+/// bytes the calling thread alone holds after it (the packed bf16 kernels pack into the
+/// caller's buffers); `in_flight`, the bytes alive only while it runs (packed operands).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct GemmWorkspace {
     pub kept: usize,
+    pub kept_by_caller: usize,
     pub in_flight: usize,
+}
+
+/// [`GemmWorkspace`] of each of the products `shapes`, run in that order on one rank thread
+/// whose matmuls have `precision` and bf16 instructions `kernel` (what `set_matmul_precision`
+/// and `set_bf16_kernel` set): the packed bf16 kernels' buffers where a product runs on one
+/// ([`super::matmul_packed::packed_gemm_bytes`], counted as they grow), the f32 kernels'
+/// ([`gemm_workspace`]) elsewhere. The copies a 16-bit product on the f32 kernel rounds or
+/// widens its operands into are not in it (they are skipped for operands already exact).
+pub fn matmul_workspace(
+    shapes: &[MatmulDims],
+    precision: MatmulPrecision,
+    kernel: Bf16Kernel,
+) -> Vec<GemmWorkspace> {
+    let how = (precision, kernel);
+    let on_f32: Vec<MatmulDims> = shapes
+        .iter()
+        .copied()
+        .filter(|&d| product_kernel(how, d).is_none())
+        .collect();
+    let mut f32_calls = gemm_workspace(&on_f32).into_iter();
+    let (mut a_max, mut b_max) = (0, 0);
+    shapes
+        .iter()
+        .map(|&d| {
+            if product_kernel(how, d).is_none() {
+                return f32_calls.next().unwrap_or_default();
+            }
+            let (a, b) = super::matmul_packed::packed_gemm_bytes(d);
+            let grown = a.saturating_sub(a_max) + b.saturating_sub(b_max);
+            (a_max, b_max) = (a_max.max(a), b_max.max(b));
+            GemmWorkspace {
+                kept_by_caller: grown,
+                ..Default::default()
+            }
+        })
+        .collect()
+}
+
+/// The packed-block kernel product `d` runs on under `precision` and bf16 instructions
+/// `kernel`, if any (`None`: the f32 GEMM, on operands rounded or widened to f32 under 16-bit
+/// precision): for predictions, which may be made before a rank thread sets them.
+pub fn product_block_kernel(
+    precision: MatmulPrecision,
+    kernel: Bf16Kernel,
+    d: MatmulDims,
+) -> Option<BlockKernel> {
+    product_kernel((precision, kernel), d)
 }
 
 /// [`GemmWorkspace`] of each of the products `shapes`, run in that order on one thread: our
@@ -651,7 +700,7 @@ pub fn gemm_workspace(shapes: &[MatmulDims]) -> Vec<GemmWorkspace> {
         return (0..shapes.len())
             .map(|i| GemmWorkspace {
                 kept: if i == 0 { ours } else { 0 },
-                in_flight: 0,
+                ..Default::default()
             })
             .collect();
     }
@@ -711,6 +760,7 @@ pub fn gemm_crate_workspace(shapes: &[MatmulDims]) -> Vec<GemmWorkspace> {
                         GemmWorkspace {
                             kept: now.max(0) as usize,
                             in_flight: (peak - now).max(0) as usize,
+                            ..Default::default()
                         }
                     })
                     .collect()

@@ -144,6 +144,30 @@ thread_local! {
     static SPARE: RefCell<Vec<PackBuffer>> = const { RefCell::new(Vec::new()) };
 }
 
+/// Bytes of the calling thread's two packing buffers one product `d` needs on the packed
+/// kernels: all of `op(a)` (rows and k padded to 32) and one column block of `op(b)` (at most
+/// [`B_BLOCK_BYTES`], or one 32-column panel where k is longer). The thread keeps each buffer
+/// at the largest size it has needed.
+pub fn packed_gemm_bytes(d: MatmulDims) -> (usize, usize) {
+    let MatmulDims { m, n, k, .. } = d;
+    if m == 0 || n == 0 || k == 0 {
+        return (0, 0);
+    }
+    let steps = k.div_ceil(2 * KB);
+    let kpp = steps * KB;
+    let nc = (B_BLOCK_BYTES / (kpp * 4) / NB).max(1) * NB;
+    let a = m.div_ceil(MB) * steps * A_STEP * 4;
+    let b = nc.min(n).div_ceil(NB) * kpp * NB * 4;
+    (a, b)
+}
+
+/// Bytes of a [`PackedB`] of `op(b)` for products of dims `d` (the output layer's weight: each
+/// one stays allocated on its thread for reuse once dropped, up to two).
+pub fn prepacked_b_bytes(d: MatmulDims) -> usize {
+    let MatmulDims { n, k, .. } = d;
+    n.div_ceil(NB) * k.div_ceil(2 * KB) * KB * NB * 4
+}
+
 /// `out (=|+=) op(a) · op(b)` of f32 operands (rounded to bf16 while packed) on `kernel`, which
 /// must be available; [`MatmulDims`] as [`super::matmul::matmul`].
 pub fn matmul_packed(
