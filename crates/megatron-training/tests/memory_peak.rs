@@ -108,21 +108,8 @@ fn measured_peak_per_rank_is_within_a_few_percent_of_the_prediction() {
         let m = metrics.to_str().unwrap();
         let v = [MODEL, layout, &["--metrics-file", m]].concat();
         pretrain(&args(&v)).unwrap_or_else(|e| panic!("{layout:?}: {e}"));
-        let mem = &last_memory_record(&metrics);
+        let mem = assert_peak_matches_prediction(&metrics, tolerance, &format!("{layout:?}"));
         let allocated = mem["allocated_peak"].as_u64().expect("allocator installed");
-        let predicted = mem["predicted_peak"].as_u64().unwrap();
-        let (lo, hi) = (
-            mem["peak_over_predicted"][0].as_f64().unwrap(),
-            mem["peak_over_predicted"][1].as_f64().unwrap(),
-        );
-        println!(
-            "{layout:?}: rank 0 measured {allocated} B, predicted {predicted} B; measured/predicted over ranks {lo:.3}-{hi:.3}"
-        );
-        assert!(
-            (1.0 - tolerance..=1.0 + tolerance).contains(&lo)
-                && (1.0 - tolerance..=1.0 + tolerance).contains(&hi),
-            "{layout:?}: measured / predicted peak over ranks {lo:.3}-{hi:.3}"
-        );
         // The reserved mark adds what the tensor pool keeps; it cannot be below what is in use.
         assert!(mem["reserved_peak"].as_u64().unwrap() >= allocated);
     }

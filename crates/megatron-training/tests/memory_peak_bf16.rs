@@ -73,17 +73,7 @@ fn measured_bf16_peak_per_rank_matches_the_prediction_on_each_bf16_kernel() {
             ]
             .concat();
             pretrain(&args(&v)).unwrap_or_else(|e| panic!("{kernel} {layout:?}: {e}"));
-            let mem = &last_memory_record(&metrics);
-            let (lo, hi) = (
-                mem["peak_over_predicted"][0].as_f64().unwrap(),
-                mem["peak_over_predicted"][1].as_f64().unwrap(),
-            );
-            println!("{kernel} {layout:?}: measured / predicted over ranks {lo:.4}-{hi:.4}");
-            assert!(
-                (1.0 - tolerance..=1.0 + tolerance).contains(&lo)
-                    && (1.0 - tolerance..=1.0 + tolerance).contains(&hi),
-                "{kernel} {layout:?}: measured / predicted peak over ranks {lo:.4}-{hi:.4}"
-            );
+            assert_peak_matches_prediction(&metrics, tolerance, &format!("{kernel} {layout:?}"));
         }
     }
     let _ = std::fs::remove_dir_all(dir);

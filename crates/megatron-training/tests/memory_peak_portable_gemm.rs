@@ -46,18 +46,6 @@ fn measured_peak_of_a_large_vocabulary_on_the_portable_gemm_matches_the_predicti
         metrics.to_str().unwrap(),
     ];
     pretrain(&args(&v)).unwrap();
-    let mem = &last_memory_record(&metrics);
-    let allocated = mem["allocated_peak"].as_u64().expect("allocator installed") as f64;
-    let predicted = mem["predicted_peak"].as_u64().unwrap() as f64;
-    let ratio = allocated / predicted;
-    println!(
-        "measured {:.1} MiB, predicted {:.1} MiB: {ratio:.4}",
-        allocated / 1048576.0,
-        predicted / 1048576.0
-    );
-    assert!(
-        (0.98..=1.02).contains(&ratio),
-        "measured / predicted {ratio:.4}"
-    );
+    assert_peak_matches_prediction(&metrics, 0.02, "hidden 256, vocabulary 32000");
     let _ = std::fs::remove_dir_all(dir);
 }

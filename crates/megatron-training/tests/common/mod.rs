@@ -501,6 +501,27 @@ pub fn last_memory_record(metrics: &std::path::Path) -> serde_json::Value {
     rec["memory"].clone()
 }
 
+/// The last `--log-memory` record of `metrics` (returned), whose measured / predicted peak over
+/// every rank must lie within `tolerance` of 1 (`what` names the run in the message).
+pub fn assert_peak_matches_prediction(
+    metrics: &std::path::Path,
+    tolerance: f64,
+    what: &str,
+) -> serde_json::Value {
+    let mem = last_memory_record(metrics);
+    let (lo, hi) = (
+        mem["peak_over_predicted"][0].as_f64().unwrap(),
+        mem["peak_over_predicted"][1].as_f64().unwrap(),
+    );
+    println!("{what}: measured / predicted peak over ranks {lo:.4}-{hi:.4}");
+    let within = |r: f64| (1.0 - tolerance..=1.0 + tolerance).contains(&r);
+    assert!(
+        within(lo) && within(hi),
+        "{what}: measured / predicted peak over ranks {lo:.4}-{hi:.4}, beyond {tolerance}"
+    );
+    mem
+}
+
 /// An I64 tensor of a safetensors file (reference fixtures).
 pub fn safetensor_i64(r: &safetensors::SafeTensors, name: &str) -> Vec<i64> {
     r.tensor(name)
