@@ -35,9 +35,7 @@ fn measured(rank: usize, d: MatmulDims) -> GemmWorkspace {
 
 /// A weight gradient's shape: many output rows (a large vocabulary's), a few hundred columns.
 fn tall(rows: usize) -> MatmulDims {
-    let mut d = MatmulDims::new(rows, 256, 512);
-    d.trans_a = true;
-    d
+    MatmulDims::new(rows, 256, 512).ta()
 }
 
 /// Uncapped, the crate sized its packed panel by the L3 cache once the output had more rows

@@ -254,8 +254,8 @@ pub fn rank_gemm_threads(cfg: &TrainConfig) -> usize {
 }
 
 /// [`predict_rank_peak`] for ranks with `gemm_threads` GEMM threads each (the packing panels
-/// are per thread) whose bf16 matmuls run on `bf16_kernel` (`--bf16-matmul-kernel` as the ranks would set it):
-/// what a planner predicts for a layout before its ranks exist.
+/// are per thread) whose bf16 matmuls run on `bf16_kernel` (`--bf16-matmul-kernel` as the
+/// ranks would set it): what a planner predicts for a layout before its ranks exist.
 pub fn predict_rank_peak_with(
     cfg: &TrainConfig,
     model_state: u64,

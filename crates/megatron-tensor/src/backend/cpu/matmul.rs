@@ -646,18 +646,22 @@ pub fn matmul_workspace(
     precision: MatmulPrecision,
     kernel: Bf16Kernel,
 ) -> Vec<GemmWorkspace> {
-    let how = (precision, kernel);
+    let packed: Vec<bool> = shapes
+        .iter()
+        .map(|&d| product_kernel((precision, kernel), d).is_some())
+        .collect();
     let on_f32: Vec<MatmulDims> = shapes
         .iter()
-        .copied()
-        .filter(|&d| product_kernel(how, d).is_none())
+        .zip(&packed)
+        .filter_map(|(&d, &p)| (!p).then_some(d))
         .collect();
     let mut f32_calls = gemm_workspace(&on_f32).into_iter();
     let (mut a_max, mut b_max) = (0, 0);
     shapes
         .iter()
-        .map(|&d| {
-            if product_kernel(how, d).is_none() {
+        .zip(packed)
+        .map(|(&d, packed)| {
+            if !packed {
                 return f32_calls.next().unwrap_or_default();
             }
             let (a, b) = super::matmul_packed::packed_gemm_bytes(d);

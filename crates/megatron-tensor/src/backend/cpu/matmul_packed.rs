@@ -155,17 +155,30 @@ pub fn packed_gemm_bytes(d: MatmulDims) -> (usize, usize) {
     }
     let steps = k.div_ceil(2 * KB);
     let kpp = steps * KB;
-    let nc = (B_BLOCK_BYTES / (kpp * 4) / NB).max(1) * NB;
-    let a = m.div_ceil(MB) * steps * A_STEP * 4;
-    let b = nc.min(n).div_ceil(NB) * kpp * NB * 4;
-    (a, b)
+    let a = packed_a_words(m, steps);
+    let b = packed_b_words(b_block_columns(kpp).min(n), kpp);
+    (4 * a, 4 * b)
 }
 
 /// Bytes of a [`PackedB`] of `op(b)` for products of dims `d` (the output layer's weight: each
 /// one stays allocated on its thread for reuse once dropped, up to two).
 pub fn prepacked_b_bytes(d: MatmulDims) -> usize {
-    let MatmulDims { n, k, .. } = d;
-    n.div_ceil(NB) * k.div_ceil(2 * KB) * KB * NB * 4
+    4 * packed_b_words(d.n, d.k.div_ceil(2 * KB) * KB)
+}
+
+/// Words of `m` rows of A packed over `steps` k steps (whole 32-row blocks).
+fn packed_a_words(m: usize, steps: usize) -> usize {
+    m.div_ceil(MB) * steps * A_STEP
+}
+
+/// Words of `n` columns of B packed in panels of `kpp` k pairs (whole 32-column panels).
+fn packed_b_words(n: usize, kpp: usize) -> usize {
+    n.div_ceil(NB) * kpp * NB
+}
+
+/// Columns of one block of B packed per product (whole panels, within [`B_BLOCK_BYTES`]).
+fn b_block_columns(kpp: usize) -> usize {
+    (B_BLOCK_BYTES / (kpp * 4) / NB).max(1) * NB
 }
 
 /// `out (=|+=) op(a) · op(b)` of f32 operands (rounded to bf16 while packed) on `kernel`, which
@@ -244,7 +257,7 @@ impl PackedB {
             .with(|s| s.borrow_mut().pop())
             .unwrap_or_else(PackBuffer::new);
         pack_b_panels(
-            words.zeroed(n.div_ceil(NB) * kpp * NB),
+            words.zeroed(packed_b_words(n, kpp)),
             b,
             d,
             0,
@@ -369,7 +382,7 @@ fn packed_gemm<A: PackElem, B: PackElem>(
     let row_blocks = m.div_ceil(MB);
     let parallel = threads > 1 && m * n * k >= 1 << 18;
 
-    let ap = ap.zeroed(row_blocks * steps * A_STEP);
+    let ap = ap.zeroed(packed_a_words(m, steps));
     let pack_a_block =
         |(blk, dst): (usize, &mut [u32])| pack_a(dst, a, d, d.lda(), blk * MB, steps);
     if parallel {
@@ -382,7 +395,7 @@ fn packed_gemm<A: PackElem, B: PackElem>(
             .for_each(pack_a_block);
     }
 
-    let nc_max = (B_BLOCK_BYTES / (kpp * 4) / NB).max(1) * NB;
+    let nc_max = b_block_columns(kpp);
     let out_ptr = SyncPtr(out.as_mut_ptr());
     let mut c_blk = 0;
     while c_blk < n {
@@ -390,7 +403,7 @@ fn packed_gemm<A: PackElem, B: PackElem>(
         let panels = nc.div_ceil(NB);
         let bp: &[u32] = match &mut b_src {
             BSource::Pack(b, buf) => {
-                let dst = buf.zeroed(panels * kpp * NB);
+                let dst = buf.zeroed(packed_b_words(nc, kpp));
                 pack_b_panels(dst, b, d, c_blk, nc, parallel);
                 dst
             }
