@@ -205,6 +205,22 @@ pub fn collective_suite(c: &mut dyn Communicator) -> Result<usize, String> {
         .flat_map(|q| [(1i64 << 40) + q as i64, -((1i64 << 40) + q as i64)])
         .collect();
     check(c, "i64 all_gather", g, want)?;
+    // bf16 travels as bit pairs: an odd length (padded in transit), a NaN's payload, a
+    // subnormal and -0 arrive exact.
+    let mine = |q: usize| {
+        [
+            bf16::from_f32(q as f32 + 0.5),
+            bf16::from_bits(0x7fc1 + q as u16),
+            bf16::from_bits(0x0001),
+            bf16::from_bits(0x8000),
+            bf16::from_f32(-(q as f32) * 3.0e38),
+        ]
+    };
+    let mut g16 = vec![bf16::ZERO; 5 * n];
+    ok(c.all_gather_bf16(&mine(rank), &mut g16), "bf16 all_gather")?;
+    let bits = |v: Vec<bf16>| v.iter().map(|x| x.to_bits()).collect::<Vec<u16>>();
+    let want16: Vec<bf16> = (0..n).flat_map(mine).collect();
+    check(c, "bf16 all_gather", bits(g16), bits(want16))?;
     let mut bytes = if rank == 0 {
         b"megatron-rs".to_vec()
     } else {
@@ -212,7 +228,7 @@ pub fn collective_suite(c: &mut dyn Communicator) -> Result<usize, String> {
     };
     ok(c.broadcast_u8(&mut bytes, 0), "u8 broadcast")?;
     check(c, "u8 broadcast", bytes, b"megatron-rs".to_vec())?;
-    checks += 6;
+    checks += 7;
 
     checks += subgroup_suite(c)?;
 

@@ -82,6 +82,35 @@ pub trait TypedCollectives: Communicator {
         Ok(())
     }
 
+    /// bf16 moved as exact bit patterns, two to an f32 word (an odd length pads its last
+    /// word): half the bytes of widening to f32 first, which is how Megatron all-gathers its
+    /// 16-bit activations under sequence parallelism.
+    fn all_gather_bf16(&mut self, input: &[bf16], out: &mut [bf16]) -> Result<(), CommError> {
+        let words = input.len().div_ceil(2);
+        let packed: Vec<f32> = input
+            .chunks(2)
+            .map(|c| {
+                let hi = c.get(1).map_or(0, |v| v.to_bits()) as u32;
+                f32::from_bits(c[0].to_bits() as u32 | hi << 16)
+            })
+            .collect();
+        let mut all = vec![0.0f32; words * self.size()];
+        self.all_gather(&packed, &mut all)?;
+        for (o, w) in out
+            .chunks_mut(input.len().max(1))
+            .zip(all.chunks(words.max(1)))
+        {
+            for (pair, word) in o.chunks_mut(2).zip(w) {
+                let bits = word.to_bits();
+                pair[0] = bf16::from_bits(bits as u16);
+                if let Some(v) = pair.get_mut(1) {
+                    *v = bf16::from_bits((bits >> 16) as u16);
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn broadcast_i64(&mut self, buf: &mut [i64], root: usize) -> Result<(), CommError> {
         let mut w = words_from_i64(buf);
         self.broadcast(&mut w, root)?;

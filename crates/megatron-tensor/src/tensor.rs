@@ -1,3 +1,4 @@
+use crate::cpu::operand::{Operand, OperandMut};
 use crate::dtype::DType;
 use crate::pool;
 use half::{bf16, f16};
@@ -53,6 +54,26 @@ impl Tensor {
         }
     }
 
+    /// A bf16 tensor for a kernel to overwrite completely (a `--bf16` layer's output that only
+    /// a 16-bit matmul reads).
+    pub fn for_overwrite_bf16(shape: &[usize]) -> Tensor {
+        let n = shape.iter().product();
+        Tensor {
+            shape: shape.to_vec(),
+            storage: Storage::BF16(vec![bf16::ZERO; n]),
+            device: Device::Cpu,
+        }
+    }
+
+    /// A tensor of `dtype` (f32 or bf16) for a kernel to overwrite completely.
+    pub fn for_overwrite_as(shape: &[usize], dtype: DType) -> Tensor {
+        match dtype {
+            DType::F32 => Tensor::for_overwrite(shape),
+            DType::BF16 => Tensor::for_overwrite_bf16(shape),
+            DType::F16 => panic!("for_overwrite_as: no kernel writes f16 tensors"),
+        }
+    }
+
     pub fn from_vec(shape: &[usize], data: Vec<f32>) -> Result<Tensor, TensorError> {
         let n: usize = shape.iter().product();
         if n != data.len() {
@@ -100,6 +121,26 @@ impl Tensor {
         match &mut self.storage {
             Storage::F32(v) => v,
             _ => panic!("data_mut() on a non-f32 tensor"),
+        }
+    }
+
+    /// The elements as a kernel reads them, f32 or bf16 (see
+    /// [`crate::cpu::matmul::Operand`]). Panics on an f16 tensor: kernels read those widened,
+    /// so reaching here is a programming error in the caller.
+    pub fn operand(&self) -> Operand<'_> {
+        match &self.storage {
+            Storage::F32(v) => Operand::F32(v),
+            Storage::BF16(v) => Operand::BF16(v),
+            Storage::F16(_) => panic!("operand() on an f16 tensor"),
+        }
+    }
+
+    /// The elements as a kernel writes them (see [`Tensor::operand`]).
+    pub fn operand_mut(&mut self) -> OperandMut<'_> {
+        match &mut self.storage {
+            Storage::F32(v) => OperandMut::F32(v),
+            Storage::BF16(v) => OperandMut::BF16(v),
+            Storage::F16(_) => panic!("operand_mut() on an f16 tensor"),
         }
     }
 

@@ -96,3 +96,30 @@ fn gelu_without_bias_equals_bias_gelu_with_a_zero_bias_for(a: GeluApprox) {
     bias_gelu_backward(&mut q, &dy, &x, &zero, a);
     assert_eq!(p, q);
 }
+
+/// The fused bias + GELU of GPT's MLP with bf16 storage: the f32 kernel's bits on the widened
+/// input (rounded where the output is bf16), the bias added per column across block edges.
+#[test]
+fn bias_gelu_in_bf16_storage_matches_the_f32_kernel_bit_for_bit() {
+    use megatron_tensor::cpu::gelu::bias_gelu_recompute;
+    let (rows, c) = (29, 600);
+    let x16 = to_bf16(&randn(rows * c, 51, 2.0));
+    let xw = widen(&x16);
+    let bias = randn(c, 52, 0.5);
+    let dy = randn(rows * c, 53, 1.0);
+    for a in [GeluApprox::Tanh, GeluApprox::Erf] {
+        let mut want = vec![0.0; rows * c];
+        bias_gelu_forward(&mut want, &xw, &bias, a);
+        let mut want_dx = vec![0.0; rows * c];
+        bias_gelu_backward(&mut want_dx, &dy, &xw, &bias, a);
+        let mut o16 = vec![half::bf16::ZERO; rows * c];
+        bias_gelu_recompute(&mut o16[..], &x16[..], &bias, a);
+        assert_same_bf16(&o16, &to_bf16(&want), "bf16 -> bf16");
+        let mut o32 = vec![0.0; rows * c];
+        bias_gelu_recompute(&mut o32, &x16[..], &bias, a);
+        assert_same_bits(&o32, &want, "bf16 -> f32");
+        let mut dx = vec![0.0; rows * c];
+        bias_gelu_backward(&mut dx, &dy, &x16[..], &bias, a);
+        assert_same_bits(&dx, &want_dx, "backward");
+    }
+}

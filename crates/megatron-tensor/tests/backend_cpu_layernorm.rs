@@ -64,3 +64,58 @@ fn layernorm_backward_matches_finite_difference() {
         "db",
     );
 }
+
+/// Under `--bf16` the norm reads a kept bf16 residual and writes bf16 for the next matmul: the
+/// result must be the f32 kernel's on the widened input, rounded, bit for bit (what the matmul
+/// would have rounded to itself), for every thread count. 37 rows: two full tasks and a ragged one.
+#[test]
+fn layernorm_in_bf16_storage_matches_the_f32_kernel_on_widened_rows_bit_for_bit() {
+    let (rows, c) = (37, 48);
+    let x16 = to_bf16(&randn(rows * c, 21, 3.0));
+    let xw = widen(&x16);
+    let (w, b) = (randn(c, 22, 1.0), randn(c, 23, 1.0));
+    let dy = randn(rows * c, 24, 1.0);
+    let d = LayerNormDims {
+        rows,
+        cols: c,
+        eps: 1e-5,
+    };
+    let mut want = (vec![0.0; rows * c], vec![0.0; rows], vec![0.0; rows]);
+    layernorm_forward(&mut want.0, &mut want.1, &mut want.2, &xw, &w, &b, d);
+    let mut want_dx = vec![0.0; rows * c];
+    let (mut want_dw, mut want_db) = (vec![0.5; c], vec![0.5; c]);
+    let (m, r) = (&want.1, &want.2);
+    layernorm_backward(
+        &mut want_dx,
+        &mut want_dw,
+        &mut want_db,
+        &dy,
+        &xw,
+        &w,
+        m,
+        r,
+        d,
+    );
+    for threads in [1, 2, 3] {
+        in_pool(threads, || {
+            let (mut o16, mut mean, mut rstd) = (
+                vec![half::bf16::ZERO; rows * c],
+                vec![0.0; rows],
+                vec![0.0; rows],
+            );
+            layernorm_forward(&mut o16[..], &mut mean, &mut rstd, &x16[..], &w, &b, d);
+            assert_same_bf16(&o16, &to_bf16(&want.0), "bf16 -> bf16 output");
+            assert_same_bits(&mean, &want.1, "mean");
+            assert_same_bits(&rstd, &want.2, "rstd");
+            let mut o32 = vec![0.0; rows * c];
+            layernorm_forward(&mut o32, &mut mean, &mut rstd, &x16[..], &w, &b, d);
+            assert_same_bits(&o32, &want.0, "bf16 -> f32 output");
+            let mut dx = vec![0.0; rows * c];
+            let (mut dw, mut db) = (vec![0.5; c], vec![0.5; c]);
+            layernorm_backward(&mut dx, &mut dw, &mut db, &dy, &x16[..], &w, m, r, d);
+            assert_same_bits(&dx, &want_dx, "dx");
+            assert_same_bits(&dw, &want_dw, "dweight");
+            assert_same_bits(&db, &want_db, "dbias");
+        });
+    }
+}

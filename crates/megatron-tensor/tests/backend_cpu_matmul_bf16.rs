@@ -171,3 +171,49 @@ fn round_to_half_matches_the_half_crate_on_every_kind_of_value() {
         }
     }
 }
+
+/// A `--bf16` layer hands its linear layers bf16 inputs (a norm's output, the MLP activation)
+/// instead of f32 ones the matmul would round itself: forward and both gradients must keep the
+/// same bits, on every bf16 kernel (those this CPU lacks fall back, and are checked as such), for
+/// a product too short to pack (5 rows) and a packed one (70 rows).
+#[test]
+fn linear_layer_input_in_bf16_gives_the_bits_of_its_f32_input() {
+    use megatron_tensor::cpu::{matmul_backward, matmul_forward, Operand};
+    let (i, o) = (96, 80);
+    let w = common::randn(o * i, 61, 0.1);
+    let bias = common::randn(o, 62, 0.1);
+    for n in [5, 70] {
+        let x = common::randn(n * i, 63, 1.0);
+        let x16 = common::to_bf16(&x);
+        let dy = common::randn(n * o, 64, 1.0);
+        for kernel in [Bf16Kernel::Fma, Bf16Kernel::Dot, Bf16Kernel::Amx] {
+            set_matmul_precision(MatmulPrecision::BF16);
+            set_bf16_kernel(kernel);
+            let run = |x: Operand<'_>| {
+                let mut y = vec![0.0; n * o];
+                matmul_forward(&mut y, x, Operand::F32(&w), Some(&bias), n, i, o);
+                let (mut dx, mut dw) = (vec![0.0; n * i], vec![0.5; o * i]);
+                let mut db = vec![0.0; o];
+                matmul_backward(
+                    Some(&mut dx),
+                    &mut dw,
+                    Some(&mut db),
+                    &dy,
+                    x,
+                    Operand::F32(&w),
+                    n,
+                    i,
+                    o,
+                );
+                (y, dx, dw)
+            };
+            let (y32, dx32, dw32) = run(Operand::F32(&x));
+            let (y16, dx16, dw16) = run(Operand::BF16(&x16));
+            set_matmul_precision(MatmulPrecision::F32);
+            let what = format!("{kernel:?}, {n} rows");
+            common::assert_same_bits(&y16, &y32, &format!("forward, {what}"));
+            common::assert_same_bits(&dx16, &dx32, &format!("input gradient, {what}"));
+            common::assert_same_bits(&dw16, &dw32, &format!("weight gradient, {what}"));
+        }
+    }
+}

@@ -80,3 +80,44 @@ fn mlp_activation_backward_matches_finite_difference() {
         );
     }
 }
+
+/// Under `--bf16` the MLP reads its kept bf16 fc1 output and writes the activation in bf16 for
+/// fc2: every activation must give the f32 kernel's bits on the widened input, rounded, in
+/// every storage combination. 23 rows of width 700 cross the staging blocks' edges.
+#[test]
+fn mlp_activations_in_bf16_storage_match_the_f32_kernels_bit_for_bit() {
+    let (rows, f) = (23, 700);
+    for act in [
+        MlpActivation::Gelu(GeluApprox::Tanh),
+        MlpActivation::Gelu(GeluApprox::Erf),
+        MlpActivation::Relu,
+        MlpActivation::SquaredRelu,
+        MlpActivation::SwiGLU,
+        MlpActivation::GeGLU(GeluApprox::Tanh),
+        MlpActivation::QuickGeGLU,
+    ] {
+        let w = f * act.fc1_factor();
+        let x16 = to_bf16(&randn(rows * w, 41, 2.0));
+        let xw = widen(&x16);
+        let dy = randn(rows * f, 42, 1.0);
+        let mut want = vec![0.0; rows * f];
+        mlp_activation_forward(&mut want, &xw, f, act);
+        let mut want_dx = vec![0.0; rows * w];
+        mlp_activation_backward(&mut want_dx, &dy, &xw, f, act);
+        for threads in [1, 3] {
+            in_pool(threads, || {
+                let mut o16 = vec![half::bf16::ZERO; rows * f];
+                mlp_activation_forward(&mut o16[..], &x16[..], f, act);
+                assert_same_bf16(&o16, &to_bf16(&want), &format!("{act:?} bf16 -> bf16"));
+                mlp_activation_forward(&mut o16[..], &xw, f, act);
+                assert_same_bf16(&o16, &to_bf16(&want), &format!("{act:?} f32 -> bf16"));
+                let mut o32 = vec![0.0; rows * f];
+                mlp_activation_forward(&mut o32, &x16[..], f, act);
+                assert_same_bits(&o32, &want, &format!("{act:?} bf16 -> f32"));
+                let mut dx = vec![0.0; rows * w];
+                mlp_activation_backward(&mut dx, &dy, &x16[..], f, act);
+                assert_same_bits(&dx, &want_dx, &format!("{act:?} backward"));
+            });
+        }
+    }
+}

@@ -49,3 +49,35 @@ fn rmsnorm_backward_matches_finite_difference() {
     let xc = x.clone();
     check_grad(&mut w, &dw, |w| f(&xc, w), 1e-2, 2e-3, 1e-2, 12, "dw");
 }
+
+/// As LayerNorm's: bf16 input and output are the f32 kernel's on widened rows, rounded, bit for
+/// bit, for every thread count.
+#[test]
+fn rmsnorm_in_bf16_storage_matches_the_f32_kernel_on_widened_rows_bit_for_bit() {
+    let (rows, c) = (37, 40);
+    let x16 = to_bf16(&randn(rows * c, 31, 3.0));
+    let xw = widen(&x16);
+    let w = randn(c, 32, 1.0);
+    let dy = randn(rows * c, 33, 1.0);
+    let d = RMSNormDims {
+        rows,
+        cols: c,
+        eps: 1e-6,
+    };
+    let (mut want, mut want_r) = (vec![0.0; rows * c], vec![0.0; rows]);
+    rmsnorm_forward(&mut want, &mut want_r, &xw, &w, d);
+    let (mut want_dx, mut want_dw) = (vec![0.0; rows * c], vec![0.25; c]);
+    rmsnorm_backward(&mut want_dx, &mut want_dw, &dy, &xw, &w, &want_r, d);
+    for threads in [1, 2, 3] {
+        in_pool(threads, || {
+            let (mut o16, mut r) = (vec![half::bf16::ZERO; rows * c], vec![0.0; rows]);
+            rmsnorm_forward(&mut o16[..], &mut r, &x16[..], &w, d);
+            assert_same_bf16(&o16, &to_bf16(&want), "bf16 -> bf16 output");
+            assert_same_bits(&r, &want_r, "rstd");
+            let (mut dx, mut dw) = (vec![0.0; rows * c], vec![0.25; c]);
+            rmsnorm_backward(&mut dx, &mut dw, &dy, &x16[..], &w, &want_r, d);
+            assert_same_bits(&dx, &want_dx, "dx");
+            assert_same_bits(&dw, &want_dw, "dweight");
+        });
+    }
+}

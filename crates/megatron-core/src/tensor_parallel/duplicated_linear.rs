@@ -45,7 +45,7 @@ impl DuplicatedLinear {
         let mut y = Tensor::for_overwrite(&[n, self.output_size]);
         matmul_forward(
             y.data_mut(),
-            x.data(),
+            x.operand(),
             params.operand(self.weight).operand(),
             None,
             n,
@@ -64,7 +64,7 @@ impl DuplicatedLinear {
             grads.get_mut(self.weight),
             None,
             dy.data(),
-            x.data(),
+            x.operand(),
             params.operand(self.weight).operand(),
             n,
             self.input_size,

@@ -143,7 +143,7 @@ impl ColumnParallelLinear {
         };
         matmul_forward(
             y.data_mut(),
-            xf.data(),
+            xf.operand(),
             params.operand(self.weight).operand(),
             bias.as_deref(),
             n,
@@ -191,7 +191,7 @@ impl ColumnParallelLinear {
                     dw,
                     Some(db),
                     dy.data(),
-                    xf.data(),
+                    xf.operand(),
                     params.operand(self.weight).operand(),
                     n,
                     k,
@@ -203,7 +203,7 @@ impl ColumnParallelLinear {
                 grads.get_mut(self.weight),
                 None,
                 dy.data(),
-                xf.data(),
+                xf.operand(),
                 params.operand(self.weight).operand(),
                 n,
                 k,
@@ -286,7 +286,7 @@ impl RowParallelLinear {
         let mut y = Tensor::for_overwrite(&[n, m]);
         matmul_forward(
             y.data_mut(),
-            x.data(),
+            x.operand(),
             params.operand(self.weight).operand(),
             None,
             n,
@@ -321,7 +321,7 @@ impl RowParallelLinear {
             grads.get_mut(self.weight),
             None,
             dy.data(),
-            xl.data(),
+            xl.operand(),
             params.operand(self.weight).operand(),
             n,
             k,

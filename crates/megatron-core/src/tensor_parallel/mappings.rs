@@ -6,8 +6,8 @@
 //! identity and moves nothing.
 
 use super::Tp;
-use megatron_comm::{CommError, ReduceOp};
-use megatron_tensor::cpu::{concat_columns, split_columns};
+use megatron_comm::{CommError, ReduceOp, TypedCollectives};
+use megatron_tensor::cpu::{concat_columns, split_columns, Operand, OperandMut};
 use megatron_tensor::Tensor;
 
 fn dims(x: &Tensor) -> (usize, usize) {
@@ -99,10 +99,16 @@ pub fn gather_from_tensor_model_parallel_region_backward(tp: &Tp, dy: Tensor) ->
     split_last_dim(tp, &dy)
 }
 
+/// The token rows of every rank, in the input's storage type (a `--bf16` norm's output travels
+/// as bf16).
 fn gather_rows(tp: &mut Tp, x: &Tensor) -> Result<Tensor, CommError> {
     let (r, c) = dims(x);
-    let mut out = Tensor::for_overwrite(&[r * tp.size(), c]);
-    tp.comm.all_gather(x.data(), out.data_mut())?;
+    let mut out = Tensor::for_overwrite_as(&[r * tp.size(), c], x.dtype());
+    match (x.operand(), out.operand_mut()) {
+        (Operand::F32(x), OperandMut::F32(o)) => tp.comm.all_gather(x, o)?,
+        (Operand::BF16(x), OperandMut::BF16(o)) => tp.comm.all_gather_bf16(x, o)?,
+        _ => unreachable!("the output has the input's dtype"),
+    }
     Ok(out)
 }
 

@@ -13,7 +13,7 @@ use super::config::{LayerNormPlacement, TransformerConfig};
 use super::mlp::{MLPSaved, MLP};
 use super::moe::{MoELayer, MoESaved, TokenRows};
 pub use super::norm::{LayerNorm, LayerNormSaved, Norm, RMSNorm};
-use super::saved::{keep, restore};
+use super::saved::{keep, linear_input_dtype};
 use super::step::StepContext;
 use crate::params::{Grads, Init, ParamId, Params};
 use crate::tensor_parallel::Tp;
@@ -22,7 +22,7 @@ use megatron_tensor::cpu::{
     bias_dropout_add_backward, bias_dropout_add_forward, dropout_add_forward, dropout_backward,
     AttentionMask, RopeStyle, RopeTable,
 };
-use megatron_tensor::{RngKey, Tensor};
+use megatron_tensor::{DType, RngKey, Tensor};
 use std::sync::Arc;
 
 pub struct TransformerLayer {
@@ -169,7 +169,9 @@ impl TransformerLayer {
     ) -> Result<(Tensor, TransformerLayerSaved), CommError> {
         let (rows, h) = (x.shape()[0], x.shape()[1]);
         let (lo, _) = tp.sequence_shard(b * t);
-        let (ln1_out, ln1) = self.input_layernorm.forward(params, &x);
+        let (ln1_out, ln1) = self
+            .input_layernorm
+            .forward_as(params, &x, linear_input_dtype());
         let (proj, attn) = self
             .self_attention
             .forward(params, tp, &ln1_out, b, t, ctx, mask)?;
@@ -178,7 +180,8 @@ impl TransformerLayer {
         let bias = self.self_attention.proj_bias;
         let mid = self.residual_add(params, (&proj, bias), &x, &at, ctx, SITE_ATTN_RESIDUAL);
         drop(proj);
-        let (ln2_out, ln2) = self.pre_mlp_layernorm.forward(params, &mid);
+        let ln2_dtype = self.mlp.input_dtype();
+        let (ln2_out, ln2) = self.pre_mlp_layernorm.forward_as(params, &mid, ln2_dtype);
         let moe_rows = TokenRows {
             first: lo,
             seq_length: t,
@@ -258,24 +261,28 @@ impl TransformerLayer {
         let at = DropoutRows::new(tp, lo, rows, t, h);
         let bias = self.mlp.fc2_bias();
         let dy = self.residual_branch_grad(grads, bias, &dout, &at, ctx, SITE_MLP_RESIDUAL);
-        let mid = restore(&saved.mid);
-        let (ln2_out, _) = self.pre_mlp_layernorm.forward(params, &mid);
+        // The kept residuals are read as stored (bf16 under `--bf16`): the norms widen them
+        // row block by row block, in cache.
+        let mid = &saved.mid;
+        let ln2_dtype = self.mlp.input_dtype();
+        let (ln2_out, _) = self.pre_mlp_layernorm.forward_as(params, mid, ln2_dtype);
         let dln2 = self
             .mlp
             .backward(params, grads, tp, &saved.mlp, &ln2_out, dy, ctx)?;
         drop(ln2_out);
         let mut dmid = self
             .pre_mlp_layernorm
-            .backward(params, grads, &saved.ln2, &mid, &dln2);
+            .backward(params, grads, &saved.ln2, mid, &dln2);
         drop(dln2);
         add_inplace(&mut dmid, &dout);
         drop(dout);
         // Attention residual.
         let bias = self.self_attention.proj_bias;
         let dproj = self.residual_branch_grad(grads, bias, &dmid, &at, ctx, SITE_ATTN_RESIDUAL);
-        drop(mid);
-        let input = restore(&saved.input);
-        let (ln1_out, _) = self.input_layernorm.forward(params, &input);
+        let input = &saved.input;
+        let (ln1_out, _) = self
+            .input_layernorm
+            .forward_as(params, input, linear_input_dtype());
         let dln1 = self.self_attention.backward(
             params,
             grads,
@@ -291,7 +298,7 @@ impl TransformerLayer {
         drop(ln1_out);
         let mut dx = self
             .input_layernorm
-            .backward(params, grads, &saved.ln1, &input, &dln1);
+            .backward(params, grads, &saved.ln1, input, &dln1);
         add_inplace(&mut dx, &dmid);
         Ok(dx)
     }
@@ -501,6 +508,15 @@ impl FeedForwardSaved {
 }
 
 impl FeedForward {
+    /// The storage type of the normalized input: the dense MLP's fc1 is its only reader
+    /// ([`linear_input_dtype`]); an MoE router reads its input in f32.
+    pub fn input_dtype(&self) -> DType {
+        match self {
+            FeedForward::Dense(_) => linear_input_dtype(),
+            FeedForward::MoE(_) => DType::F32,
+        }
+    }
+
     /// The output bias the residual's bias-dropout-add applies (dense MLP with biases only).
     pub fn fc2_bias(&self) -> Option<ParamId> {
         match self {

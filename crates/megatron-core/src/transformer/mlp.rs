@@ -5,7 +5,7 @@
 //! any) added in the GEMM. The fc2 bias is left to the layer's bias-dropout-add.
 
 use super::config::{Activation, TransformerConfig};
-use super::saved::{keep, restore};
+use super::saved::{keep, linear_input_dtype};
 use super::step::StepContext;
 use crate::params::{Grads, Init, ParamId, Params};
 use crate::tensor_parallel::{ColumnParallelLinear, RowParallelLinear, Tp};
@@ -16,7 +16,7 @@ use megatron_tensor::cpu::{
     bias_backward, bias_gelu_backward, mlp_activation_backward, mlp_activation_forward,
     MlpActivation,
 };
-use megatron_tensor::Tensor;
+use megatron_tensor::{DType, Tensor};
 
 pub struct MLP {
     pub linear_fc1: ColumnParallelLinear,
@@ -105,16 +105,17 @@ impl MLP {
         }
     }
 
-    /// `act = activation(fc1_pre)`.
-    fn activate(&self, params: &Params, act: &mut Tensor, fc1_pre: &Tensor) {
+    /// `activation(fc1_pre)`, `fc1_pre` in either storage type (kept in bf16 under `--bf16`),
+    /// written in the storage type fc2's matmul reads ([`linear_input_dtype`]).
+    fn activate(&self, params: &Params, fc1_pre: &Tensor) -> Tensor {
+        let n = fc1_pre.shape()[0];
+        let mut act = Tensor::for_overwrite_as(&[n, self.ffn_local], linear_input_dtype());
+        let (out, inp) = (act.operand_mut(), fc1_pre.operand());
         match (self.activation, self.fc1_bias) {
-            (Activation::Gelu, Some(b)) => {
-                bias_gelu_recompute(act.data_mut(), fc1_pre.data(), &params.get(b), self.gelu)
-            }
-            _ => {
-                mlp_activation_forward(act.data_mut(), fc1_pre.data(), self.ffn_local, self.kernel)
-            }
+            (Activation::Gelu, Some(b)) => bias_gelu_recompute(out, inp, &params.get(b), self.gelu),
+            _ => mlp_activation_forward(out, inp, self.ffn_local, self.kernel),
         }
+        act
     }
 
     pub fn forward(
@@ -125,9 +126,7 @@ impl MLP {
         ctx: &StepContext,
     ) -> Result<(Tensor, MLPSaved), CommError> {
         let fc1_pre = self.linear_fc1.forward(params, tp, x)?;
-        let n = fc1_pre.shape()[0];
-        let mut act = Tensor::for_overwrite(&[n, self.ffn_local]);
-        self.activate(params, &mut act, &fc1_pre);
+        let act = self.activate(params, &fc1_pre);
         let out = self.linear_fc2.forward(params, tp, &act)?;
         let fc1_pre = (!ctx.drops(|m| m.mlp)).then(|| keep(fc1_pre));
         Ok((out, MLPSaved { fc1_pre }))
@@ -144,51 +143,46 @@ impl MLP {
     ) -> Result<Tensor, CommError> {
         let recomputed;
         let fc1_pre = match &saved.fc1_pre {
-            Some(t) => restore(t),
+            Some(t) => t,
             None => {
                 recomputed = self.linear_fc1.forward(params, tp, x)?;
-                std::borrow::Cow::Borrowed(&recomputed)
+                &recomputed
             }
         };
         let n = fc1_pre.shape()[0];
         let f = self.ffn_local;
-        let mut act = Tensor::for_overwrite(&[n, f]);
-        self.activate(params, &mut act, &fc1_pre);
+        let act = self.activate(params, fc1_pre);
         let dact = self.linear_fc2.backward(params, grads, tp, &act, dout)?;
-        let dpre = match (self.activation, self.fc1_bias) {
+        // The pre-activation gradient reuses the activation's buffer where it has fc1's shape
+        // and is f32 (non-gated units outside `--bf16`).
+        let same_buffer = !self.activation.is_gated() && act.dtype() == DType::F32;
+        let mut dpre = if same_buffer {
+            act
+        } else {
+            drop(act);
+            Tensor::for_overwrite(fc1_pre.shape())
+        };
+        match (self.activation, self.fc1_bias) {
             (Activation::Gelu, Some(b)) => {
-                // Reuse the activation buffer for the pre-activation gradient.
-                let mut dpre = act;
                 let bias = params.get(b);
                 bias_gelu_backward(
                     dpre.data_mut(),
                     dact.data(),
-                    fc1_pre.data(),
+                    fc1_pre.operand(),
                     &bias,
                     self.gelu,
                 );
                 drop(bias);
                 bias_backward(grads.get_mut(b), dpre.data(), n, f);
-                dpre
             }
-            _ => {
-                // Non-gated: the activation buffer has fc1's shape and is reused.
-                let mut dpre = if self.activation.is_gated() {
-                    drop(act);
-                    Tensor::for_overwrite(fc1_pre.shape())
-                } else {
-                    act
-                };
-                mlp_activation_backward(
-                    dpre.data_mut(),
-                    dact.data(),
-                    fc1_pre.data(),
-                    f,
-                    self.kernel,
-                );
-                dpre
-            }
-        };
+            _ => mlp_activation_backward(
+                dpre.data_mut(),
+                dact.data(),
+                fc1_pre.operand(),
+                f,
+                self.kernel,
+            ),
+        }
         drop(dact);
         self.linear_fc1.backward(params, grads, tp, x, dpre)
     }

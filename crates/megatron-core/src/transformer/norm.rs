@@ -8,7 +8,7 @@ use megatron_tensor::cpu::layernorm::LayerNormDims;
 use megatron_tensor::cpu::{
     layernorm_backward, layernorm_forward, rmsnorm_backward, rmsnorm_forward, RMSNormDims,
 };
-use megatron_tensor::Tensor;
+use megatron_tensor::{DType, Tensor};
 
 /// A LayerNorm's parameters.
 #[derive(Clone, Copy)]
@@ -58,9 +58,20 @@ impl LayerNorm {
         LayerNorm { weight, bias, eps }
     }
 
+    /// `x` in either storage type; an f32 output.
     pub fn forward(&self, params: &Params, x: &Tensor) -> (Tensor, LayerNormSaved) {
+        self.forward_as(params, x, DType::F32)
+    }
+
+    /// The output in `dtype` (f32, or bf16 for a 16-bit matmul).
+    pub fn forward_as(
+        &self,
+        params: &Params,
+        x: &Tensor,
+        dtype: DType,
+    ) -> (Tensor, LayerNormSaved) {
         let (n, h) = (x.shape()[0], x.shape()[1]);
-        let mut out = Tensor::for_overwrite(&[n, h]);
+        let mut out = Tensor::for_overwrite_as(&[n, h], dtype);
         let mut mean = Tensor::for_overwrite(&[n]);
         let mut rstd = Tensor::for_overwrite(&[n]);
         let d = LayerNormDims {
@@ -69,10 +80,10 @@ impl LayerNorm {
             eps: self.eps,
         };
         layernorm_forward(
-            out.data_mut(),
+            out.operand_mut(),
             mean.data_mut(),
             rstd.data_mut(),
-            x.data(),
+            x.operand(),
             &params.get(self.weight),
             &params.get(self.bias),
             d,
@@ -101,7 +112,7 @@ impl LayerNorm {
             dw,
             db,
             dout.data(),
-            x.data(),
+            x.operand(),
             &params.get(self.weight),
             saved.mean.data(),
             saved.rstd.data(),
@@ -146,14 +157,25 @@ impl RMSNorm {
         }
     }
 
+    /// As [`LayerNorm::forward`].
     pub fn forward(&self, params: &Params, x: &Tensor) -> (Tensor, LayerNormSaved) {
+        self.forward_as(params, x, DType::F32)
+    }
+
+    /// As [`LayerNorm::forward_as`].
+    pub fn forward_as(
+        &self,
+        params: &Params,
+        x: &Tensor,
+        dtype: DType,
+    ) -> (Tensor, LayerNormSaved) {
         let d = self.dims(x);
-        let mut out = Tensor::for_overwrite(&[d.rows, d.cols]);
+        let mut out = Tensor::for_overwrite_as(&[d.rows, d.cols], dtype);
         let mut rstd = Tensor::for_overwrite(&[d.rows]);
         rmsnorm_forward(
-            out.data_mut(),
+            out.operand_mut(),
             rstd.data_mut(),
-            x.data(),
+            x.operand(),
             &params.get(self.weight),
             d,
         );
@@ -175,7 +197,7 @@ impl RMSNorm {
             dx.data_mut(),
             grads.get_mut(self.weight),
             dout.data(),
-            x.data(),
+            x.operand(),
             &params.get(self.weight),
             saved.rstd.data(),
             d,
@@ -235,13 +257,26 @@ impl Norm {
         }
     }
 
+    /// `x` in either storage type (a kept bf16 residual is read as it is); an f32 output.
     pub fn forward(&self, params: &Params, x: &Tensor) -> (Tensor, LayerNormSaved) {
+        self.forward_as(params, x, DType::F32)
+    }
+
+    /// [`Norm::forward`] with the output in `dtype`: [`super::saved::linear_input_dtype`] where
+    /// only linear layers read it.
+    pub fn forward_as(
+        &self,
+        params: &Params,
+        x: &Tensor,
+        dtype: DType,
+    ) -> (Tensor, LayerNormSaved) {
         match self {
-            Norm::LayerNorm(n) => n.forward(params, x),
-            Norm::RMSNorm(n) => n.forward(params, x),
+            Norm::LayerNorm(n) => n.forward_as(params, x, dtype),
+            Norm::RMSNorm(n) => n.forward_as(params, x, dtype),
         }
     }
 
+    /// `x` (the forward input) in either storage type.
     pub fn backward(
         &self,
         params: &Params,

@@ -2,7 +2,8 @@
 //! tensors (layer input, mid-layer residual, QKV, attention output, fc1 pre-activation) are
 //! stored in bf16 (f16), as Megatron keeps 16-bit activations, halving activation memory; backward
 //! widens them back to f32 when it reads them. Small statistics (LayerNorm mean/rstd, attention
-//! log-sum-exp) stay f32.
+//! log-sum-exp) stay f32. Kernels read kept bf16 tensors as they are (see
+//! `megatron_tensor::cpu::operand`); `restore` is for the few that read f32 only.
 
 use megatron_tensor::{DType, Tensor};
 use std::borrow::Cow;
@@ -23,5 +24,17 @@ pub fn restore(t: &Tensor) -> Cow<'_, Tensor> {
         Cow::Borrowed(t)
     } else {
         Cow::Owned(t.to_dtype(DType::F32))
+    }
+}
+
+/// The storage type for a tensor that only this thread's matmuls read (a norm's output before a
+/// linear layer, the MLP's activation): bf16 under `--bf16`, whose matmuls round their operands
+/// to bf16 anyway, so writing it rounded gives them the same bits at half the bytes; f32
+/// otherwise (an `--fp16` matmul rounds to f16, which bf16 storage would not hold).
+pub fn linear_input_dtype() -> DType {
+    use megatron_tensor::cpu::matmul::{matmul_precision, MatmulPrecision};
+    match matmul_precision() {
+        MatmulPrecision::BF16 => DType::BF16,
+        _ => DType::F32,
     }
 }

@@ -116,3 +116,39 @@ pub fn naive_matmul_bf16(a: &[f32], b: &[f32], d: MatmulDims) -> Vec<f64> {
     }
     out
 }
+
+/// `x` rounded to bf16 by the `half` crate (nearest even): the reference for kernels that
+/// write bf16.
+pub fn to_bf16(x: &[f32]) -> Vec<half::bf16> {
+    x.iter().map(|&v| half::bf16::from_f32(v)).collect()
+}
+
+/// `x` widened to f32 (exact).
+pub fn widen(x: &[half::bf16]) -> Vec<f32> {
+    x.iter().map(|v| v.to_f32()).collect()
+}
+
+/// Asserts two f32 slices hold the same bits.
+pub fn assert_same_bits(a: &[f32], b: &[f32], what: &str) {
+    assert_eq!(a.len(), b.len(), "{what}: lengths");
+    for (i, (x, y)) in a.iter().zip(b).enumerate() {
+        assert_eq!(x.to_bits(), y.to_bits(), "{what}[{i}]: {x} vs {y}");
+    }
+}
+
+/// Asserts two bf16 slices hold the same bits.
+pub fn assert_same_bf16(a: &[half::bf16], b: &[half::bf16], what: &str) {
+    assert_eq!(a.len(), b.len(), "{what}: lengths");
+    for (i, (x, y)) in a.iter().zip(b).enumerate() {
+        assert_eq!(x.to_bits(), y.to_bits(), "{what}[{i}]: {x} vs {y}");
+    }
+}
+
+/// `f` run inside a rayon pool of `threads` threads (kernels split work over the current pool).
+pub fn in_pool<R: Send>(threads: usize, f: impl FnOnce() -> R + Send) -> R {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .unwrap()
+        .install(f)
+}

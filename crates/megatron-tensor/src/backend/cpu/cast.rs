@@ -1,11 +1,35 @@
+use super::simd::multiversion;
 use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 
+/// Rounds to nearest even (NaN stays a quiet NaN): the same bits as `half`'s `bf16::from_f32`
+/// and as the packed GEMMs' `vcvtne2ps2bf16`, but compiled per instruction set so the loop
+/// vectorizes (`half` converts bf16 slices one value at a time).
 pub fn f32_to_bf16(out: &mut [bf16], inp: &[f32]) {
-    out.convert_from_f32_slice(inp);
+    assert_eq!(out.len(), inp.len());
+    narrow_bf16(out, inp);
 }
+
+/// Exact: a bf16 is the upper half of the f32 with the same value.
 pub fn bf16_to_f32(out: &mut [f32], inp: &[bf16]) {
-    inp.convert_to_f32_slice(out);
+    assert_eq!(out.len(), inp.len());
+    widen_bf16(out, inp);
+}
+
+multiversion! {
+    fn narrow_bf16(out: &mut [bf16], inp: &[f32]) {
+        for (o, i) in out.iter_mut().zip(inp) {
+            *o = bf16::from_bits((round_bf16(*i).to_bits() >> 16) as u16);
+        }
+    }
+}
+
+multiversion! {
+    fn widen_bf16(out: &mut [f32], inp: &[bf16]) {
+        for (o, i) in out.iter_mut().zip(inp) {
+            *o = f32::from_bits((i.to_bits() as u32) << 16);
+        }
+    }
 }
 pub fn f32_to_f16(out: &mut [f16], inp: &[f32]) {
     out.convert_from_f32_slice(inp);

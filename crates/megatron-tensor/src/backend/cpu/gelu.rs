@@ -4,6 +4,7 @@
 //! `erf` (torch's default `F.gelu`, Hugging Face BERT's `"gelu"`), which converted BERT
 //! checkpoints need to reproduce their reference to 1e-4.
 
+use super::operand::{staged_grad_rows, staged_rows, with_operands, Operand, OperandMut};
 use super::simd::{multiversion, tanh};
 use rayon::prelude::*;
 
@@ -76,7 +77,24 @@ pub fn bias_gelu_forward(out: &mut [f32], inp: &[f32], bias: &[f32], a: GeluAppr
 }
 
 /// `dinp = dout * gelu'(inp + bias)` (overwrites); the bias gradient is `bias_backward(dinp)`.
-pub fn bias_gelu_backward(
+/// The saved input in either storage type (see [`Operand`]).
+pub fn bias_gelu_backward<'i>(
+    dinp: &mut [f32],
+    dout: &[f32],
+    inp: impl Into<Operand<'i>>,
+    bias: &[f32],
+    a: GeluApprox,
+) {
+    let c = bias.len();
+    match inp.into() {
+        Operand::F32(x) => bias_gelu_backward_f32(dinp, dout, x, bias, a),
+        Operand::BF16(x) => staged_grad_rows(dinp, dout, x, (c, c), |di, dy, x| {
+            bias_gelu_backward_f32(di, dy, x, bias, a)
+        }),
+    }
+}
+
+fn bias_gelu_backward_f32(
     dinp: &mut [f32],
     dout: &[f32],
     inp: &[f32],
@@ -127,9 +145,22 @@ multiversion! {
     }
 }
 
-/// Recomputes `gelu(inp + bias)` into `out` (backward needs it for the fc2 weight gradient).
-pub fn bias_gelu_recompute(out: &mut [f32], inp: &[f32], bias: &[f32], a: GeluApprox) {
-    bias_gelu_forward(out, inp, bias, a)
+/// Computes or recomputes `gelu(inp + bias)` into `out` (backward needs it for the fc2 weight
+/// gradient), each in either storage type: under `--bf16` the activation is written in bf16
+/// for fc2's matmul, which would round it to that anyway.
+pub fn bias_gelu_recompute<'o, 'i>(
+    out: impl Into<OperandMut<'o>>,
+    inp: impl Into<Operand<'i>>,
+    bias: &[f32],
+    a: GeluApprox,
+) {
+    let c = bias.len();
+    match (inp.into(), out.into()) {
+        (Operand::F32(x), OperandMut::F32(o)) => bias_gelu_forward(o, x, bias, a),
+        (x, o) => with_operands!(x, o, |x, o| staged_rows(o, x, (c, c), |o, x| {
+            bias_gelu_forward(o, x, bias, a)
+        })),
+    }
 }
 
 multiversion! {

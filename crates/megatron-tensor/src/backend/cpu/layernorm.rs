@@ -1,3 +1,4 @@
+use super::operand::{with_operand, with_operands, Element, Operand, OperandMut};
 use super::simd::multiversion;
 use super::ROWS_PER_TASK;
 use rayon::prelude::*;
@@ -10,61 +11,102 @@ pub struct LayerNormDims {
 }
 
 /// `out = (inp - mean) * rstd * weight + bias` per row; saves `mean` and `rstd` for backward.
-pub fn layernorm_forward(
-    out: &mut [f32],
+/// The input and output in either storage type (see [`Operand`]): bf16 rows are widened and
+/// narrowed a task at a time, in cache.
+pub fn layernorm_forward<'o, 'i>(
+    out: impl Into<OperandMut<'o>>,
     mean: &mut [f32],
     rstd: &mut [f32],
-    inp: &[f32],
+    inp: impl Into<Operand<'i>>,
     weight: &[f32],
     bias: &[f32],
     d: LayerNormDims,
 ) {
+    let (out, inp) = (out.into(), inp.into());
     let c = d.cols;
     assert_eq!(inp.len(), d.rows * c);
     assert_eq!(out.len(), d.rows * c);
     assert_eq!(mean.len(), d.rows);
     assert_eq!(rstd.len(), d.rows);
+    with_operands!(inp, out, |x, o| layernorm_forward_as(
+        o, mean, rstd, x, weight, bias, d
+    ))
+}
+
+fn layernorm_forward_as<X: Element, O: Element>(
+    out: &mut [O],
+    mean: &mut [f32],
+    rstd: &mut [f32],
+    inp: &[X],
+    weight: &[f32],
+    bias: &[f32],
+    d: LayerNormDims,
+) {
+    let c = d.cols;
     out.par_chunks_mut(ROWS_PER_TASK * c)
         .zip(inp.par_chunks(ROWS_PER_TASK * c))
         .zip(mean.par_chunks_mut(ROWS_PER_TASK))
         .zip(rstd.par_chunks_mut(ROWS_PER_TASK))
-        .for_each(|(((o, x), m), r)| layernorm_rows(o, m, r, x, weight, bias, d.eps));
+        .for_each_init(
+            || (Vec::new(), Vec::new()),
+            |(sx, so), (((o, x), m), r)| {
+                let x = X::as_f32(x, sx);
+                O::write_f32(o, so, |o| layernorm_rows(o, m, r, x, weight, bias, d.eps));
+            },
+        );
 }
 
-/// Writes `dinp`; accumulates into `dweight` and `dbias`.
+/// Writes `dinp`; accumulates into `dweight` and `dbias`. The input in either storage type.
 #[allow(clippy::too_many_arguments)]
-pub fn layernorm_backward(
+pub fn layernorm_backward<'i>(
     dinp: &mut [f32],
     dweight: &mut [f32],
     dbias: &mut [f32],
     dout: &[f32],
-    inp: &[f32],
+    inp: impl Into<Operand<'i>>,
     weight: &[f32],
     mean: &[f32],
     rstd: &[f32],
     d: LayerNormDims,
 ) {
+    assert_eq!(dinp.len(), d.rows * d.cols);
+    let partials = with_operand!(inp.into(), |x| layernorm_backward_partials(
+        dinp, dout, x, weight, mean, rstd, d
+    ));
     let c = d.cols;
-    assert_eq!(dinp.len(), d.rows * c);
-    let partials: Vec<(Vec<f32>, Vec<f32>)> = dinp
-        .par_chunks_mut(ROWS_PER_TASK * c)
-        .zip(dout.par_chunks(ROWS_PER_TASK * c))
-        .zip(inp.par_chunks(ROWS_PER_TASK * c))
-        .zip(mean.par_chunks(ROWS_PER_TASK))
-        .zip(rstd.par_chunks(ROWS_PER_TASK))
-        .map(|((((di, dy), x), m), r)| {
-            let mut dw = vec![0.0f32; c];
-            let mut db = vec![0.0f32; c];
-            layernorm_backward_rows(di, &mut dw, &mut db, dy, x, weight, m, r);
-            (dw, db)
-        })
-        .collect();
     for (dw, db) in partials {
         for j in 0..c {
             dweight[j] += dw[j];
             dbias[j] += db[j];
         }
     }
+}
+
+/// Each task's weight and bias gradients, in task order (summed in that order whatever the
+/// thread count).
+fn layernorm_backward_partials<X: Element>(
+    dinp: &mut [f32],
+    dout: &[f32],
+    inp: &[X],
+    weight: &[f32],
+    mean: &[f32],
+    rstd: &[f32],
+    d: LayerNormDims,
+) -> Vec<(Vec<f32>, Vec<f32>)> {
+    let c = d.cols;
+    dinp.par_chunks_mut(ROWS_PER_TASK * c)
+        .zip(dout.par_chunks(ROWS_PER_TASK * c))
+        .zip(inp.par_chunks(ROWS_PER_TASK * c))
+        .zip(mean.par_chunks(ROWS_PER_TASK))
+        .zip(rstd.par_chunks(ROWS_PER_TASK))
+        .map_init(Vec::new, |sx, ((((di, dy), x), m), r)| {
+            let x = X::as_f32(x, sx);
+            let mut dw = vec![0.0f32; c];
+            let mut db = vec![0.0f32; c];
+            layernorm_backward_rows(di, &mut dw, &mut db, dy, x, weight, m, r);
+            (dw, db)
+        })
+        .collect()
 }
 
 multiversion! {

@@ -3,6 +3,7 @@
 
 use super::cast::{round_to_half, Half};
 use super::matmul_packed::{matmul_packed_of, matmul_packed_prepacked_of, BlockKernel, PackedB};
+pub use super::operand::Operand;
 use crate::threads::gemm_threads;
 use gemm::Parallelism;
 use rayon::prelude::*;
@@ -198,28 +199,7 @@ fn matmul_as(
     }
 }
 
-/// A matmul operand as it is stored: f32, or bf16 (a `--bf16` weight's 16-bit copy, an
-/// activation kept or written in bf16). bf16 operands reach the packed kernels' packing as
-/// they are, with no widening copy; every other kernel gets them widened to f32, which is
-/// exact, so a product gives the same bits whichever form its operands come in.
-#[derive(Clone, Copy)]
-pub enum Operand<'a> {
-    F32(&'a [f32]),
-    BF16(&'a [half::bf16]),
-}
-
 impl<'a> Operand<'a> {
-    pub fn len(&self) -> usize {
-        match self {
-            Operand::F32(x) => x.len(),
-            Operand::BF16(x) => x.len(),
-        }
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     /// The values as f32: borrowed, or widened into a pooled buffer (exact, so the rounding
     /// check of a 16-bit product finds them exact and borrows them).
     pub(crate) fn widened(&self) -> RoundedOperand<'a> {
@@ -235,12 +215,6 @@ impl<'a> Operand<'a> {
                 RoundedOperand::Rounded(t)
             }
         }
-    }
-}
-
-impl<'a> From<&'a [f32]> for Operand<'a> {
-    fn from(x: &'a [f32]) -> Self {
-        Operand::F32(x)
     }
 }
 
@@ -540,10 +514,11 @@ pub fn bias_backward(dbias: &mut [f32], dout: &[f32], rows: usize, cols: usize) 
 
 /// Linear layer forward, Megatron layout: `out[n, o] = inp[n, i] · weight[o, i]^T (+ bias[o])`.
 /// The weight as stored: a `--bf16` weight's 16-bit copy goes to the packed kernels' packing as
-/// it is, with no widened copy per call (the same bits either way, see [`Operand`]).
-pub fn matmul_forward(
+/// it is, with no widened copy per call (the same bits either way, see [`Operand`]); so does
+/// an input a `--bf16` layer wrote in bf16 (a norm's output, an MLP activation).
+pub fn matmul_forward<'i>(
     out: &mut [f32],
-    inp: &[f32],
+    inp: impl Into<Operand<'i>>,
     weight: Operand<'_>,
     bias: Option<&[f32]>,
     n: usize,
@@ -558,17 +533,18 @@ pub fn matmul_forward(
     };
     let mut d = MatmulDims::new(n, o, i).tb();
     d.accumulate = acc;
-    matmul_operands(out, Operand::F32(inp), weight, d);
+    matmul_operands(out, inp.into(), weight, d);
 }
 
-/// Linear layer backward: writes `dinp` (if given), accumulates `dweight` and `dbias`.
+/// Linear layer backward: writes `dinp` (if given), accumulates `dweight` and `dbias`. The
+/// forward input in either storage type, as in [`matmul_forward`].
 #[allow(clippy::too_many_arguments)]
-pub fn matmul_backward(
+pub fn matmul_backward<'i>(
     dinp: Option<&mut [f32]>,
     dweight: &mut [f32],
     dbias: Option<&mut [f32]>,
     dout: &[f32],
-    inp: &[f32],
+    inp: impl Into<Operand<'i>>,
     weight: Operand<'_>,
     n: usize,
     i: usize,
@@ -577,7 +553,8 @@ pub fn matmul_backward(
     if let Some(di) = dinp {
         matmul_operands(di, Operand::F32(dout), weight, MatmulDims::new(n, i, o));
     }
-    matmul(dweight, dout, inp, MatmulDims::new(o, i, n).ta().acc());
+    let d = MatmulDims::new(o, i, n).ta().acc();
+    matmul_operands(dweight, Operand::F32(dout), inp.into(), d);
     if let Some(db) = dbias {
         bias_backward(db, dout, n, o);
     }

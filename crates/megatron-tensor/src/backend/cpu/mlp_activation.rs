@@ -6,6 +6,7 @@
 //! of Megatron's GPT stays in [`super::gelu`].
 
 use super::gelu::{gelu, gelu_backward, gelu_forward, gelu_grad, GeluApprox};
+use super::operand::{staged_grad_rows, staged_rows, with_operands, Operand, OperandMut};
 use super::quick_geglu::{quick_geglu_backward, quick_geglu_forward};
 use super::simd::multiversion;
 use super::swiglu::{swiglu_backward, swiglu_forward};
@@ -34,8 +35,24 @@ impl MlpActivation {
     }
 }
 
-/// `out` (`[rows, f]`) from fc1's output `inp` (`[rows, f x fc1_factor]`).
-pub fn mlp_activation_forward(out: &mut [f32], inp: &[f32], f: usize, act: MlpActivation) {
+/// `out` (`[rows, f]`) from fc1's output `inp` (`[rows, f x fc1_factor]`), each in either
+/// storage type (see [`Operand`]): a bf16 side is staged a block of rows at a time, in cache.
+pub fn mlp_activation_forward<'o, 'i>(
+    out: impl Into<OperandMut<'o>>,
+    inp: impl Into<Operand<'i>>,
+    f: usize,
+    act: MlpActivation,
+) {
+    let widths = (f, f * act.fc1_factor());
+    match (inp.into(), out.into()) {
+        (Operand::F32(x), OperandMut::F32(o)) => activation_forward_f32(o, x, f, act),
+        (x, o) => with_operands!(x, o, |x, o| staged_rows(o, x, widths, |o, x| {
+            activation_forward_f32(o, x, f, act)
+        })),
+    }
+}
+
+fn activation_forward_f32(out: &mut [f32], inp: &[f32], f: usize, act: MlpActivation) {
     match act {
         MlpActivation::Gelu(a) => gelu_forward(out, inp, a),
         MlpActivation::Relu => relu_forward(out, inp),
@@ -46,8 +63,25 @@ pub fn mlp_activation_forward(out: &mut [f32], inp: &[f32], f: usize, act: MlpAc
     }
 }
 
-/// `dinp` (overwritten, fc1's output's shape) from `dout` and fc1's output `inp`.
-pub fn mlp_activation_backward(
+/// `dinp` (overwritten, fc1's output's shape) from `dout` and fc1's output `inp` (in either
+/// storage type).
+pub fn mlp_activation_backward<'i>(
+    dinp: &mut [f32],
+    dout: &[f32],
+    inp: impl Into<Operand<'i>>,
+    f: usize,
+    act: MlpActivation,
+) {
+    let widths = (f, f * act.fc1_factor());
+    match inp.into() {
+        Operand::F32(x) => activation_backward_f32(dinp, dout, x, f, act),
+        Operand::BF16(x) => staged_grad_rows(dinp, dout, x, widths, |di, dy, x| {
+            activation_backward_f32(di, dy, x, f, act)
+        }),
+    }
+}
+
+fn activation_backward_f32(
     dinp: &mut [f32],
     dout: &[f32],
     inp: &[f32],

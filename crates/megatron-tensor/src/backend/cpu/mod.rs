@@ -31,6 +31,7 @@ pub mod moe_gate;
 pub mod moe_permute;
 pub mod moe_router;
 pub mod newton_schulz;
+pub mod operand;
 pub mod peak;
 pub mod pooling;
 pub mod quick_geglu;
@@ -88,6 +89,7 @@ pub use mlp_activation::{
 pub use newton_schulz::{
     newton_schulz, NewtonSchulz, NewtonSchulzDims, NsOrientation, NsPrecision,
 };
+pub use operand::OperandMut;
 pub use pooling::{mean_pool_forward, PoolNorm};
 pub use quick_geglu::{quick_geglu_backward, quick_geglu_forward};
 pub use reduce::{first_non_finite, global_norm_squared, scale_inplace};

@@ -2,6 +2,7 @@
 //! `rstd = 1 / sqrt(mean(inp²) + eps)` per row; no mean subtraction, no bias. Only `rstd` is
 //! saved for backward.
 
+use super::operand::{with_operand, with_operands, Element, Operand, OperandMut};
 use super::simd::multiversion;
 use super::ROWS_PER_TASK;
 use rayon::prelude::*;
@@ -13,58 +14,93 @@ pub struct RMSNormDims {
     pub eps: f32,
 }
 
-/// `out = inp * rstd * weight` per row; saves `rstd`.
-pub fn rmsnorm_forward(
-    out: &mut [f32],
+/// `out = inp * rstd * weight` per row; saves `rstd`. The input and output in either storage
+/// type (see [`Operand`]).
+pub fn rmsnorm_forward<'o, 'i>(
+    out: impl Into<OperandMut<'o>>,
     rstd: &mut [f32],
-    inp: &[f32],
+    inp: impl Into<Operand<'i>>,
     weight: &[f32],
     d: RMSNormDims,
 ) {
+    let (out, inp) = (out.into(), inp.into());
     let c = d.cols;
     assert_eq!(inp.len(), d.rows * c);
     assert_eq!(out.len(), d.rows * c);
     assert_eq!(rstd.len(), d.rows);
     assert_eq!(weight.len(), c);
+    with_operands!(inp, out, |x, o| rmsnorm_forward_as(o, rstd, x, weight, d))
+}
+
+fn rmsnorm_forward_as<X: Element, O: Element>(
+    out: &mut [O],
+    rstd: &mut [f32],
+    inp: &[X],
+    weight: &[f32],
+    d: RMSNormDims,
+) {
+    let c = d.cols;
     out.par_chunks_mut(ROWS_PER_TASK * c)
         .zip(inp.par_chunks(ROWS_PER_TASK * c))
         .zip(rstd.par_chunks_mut(ROWS_PER_TASK))
-        .for_each(|((o, x), r)| rmsnorm_rows(o, r, x, weight, d.eps));
+        .for_each_init(
+            || (Vec::new(), Vec::new()),
+            |(sx, so), ((o, x), r)| {
+                let x = X::as_f32(x, sx);
+                O::write_f32(o, so, |o| rmsnorm_rows(o, r, x, weight, d.eps));
+            },
+        );
 }
 
 /// Writes `dinp`; accumulates into `dweight`. Per-task partial weight gradients are summed in
-/// task order, so the result does not depend on the thread count.
-pub fn rmsnorm_backward(
+/// task order, so the result does not depend on the thread count. The input in either storage
+/// type.
+pub fn rmsnorm_backward<'i>(
     dinp: &mut [f32],
     dweight: &mut [f32],
     dout: &[f32],
-    inp: &[f32],
+    inp: impl Into<Operand<'i>>,
     weight: &[f32],
     rstd: &[f32],
     d: RMSNormDims,
 ) {
+    let inp = inp.into();
     let c = d.cols;
     assert_eq!(dinp.len(), d.rows * c);
     assert_eq!(dout.len(), d.rows * c);
     assert_eq!(inp.len(), d.rows * c);
     assert_eq!(rstd.len(), d.rows);
     assert_eq!(dweight.len(), c);
-    let partials: Vec<Vec<f32>> = dinp
-        .par_chunks_mut(ROWS_PER_TASK * c)
-        .zip(dout.par_chunks(ROWS_PER_TASK * c))
-        .zip(inp.par_chunks(ROWS_PER_TASK * c))
-        .zip(rstd.par_chunks(ROWS_PER_TASK))
-        .map(|(((di, dy), x), r)| {
-            let mut dw = vec![0.0f32; c];
-            rmsnorm_backward_rows(di, &mut dw, dy, x, weight, r);
-            dw
-        })
-        .collect();
+    let partials = with_operand!(inp, |x| rmsnorm_backward_partials(
+        dinp, dout, x, weight, rstd, d
+    ));
     for dw in partials {
         for (a, b) in dweight.iter_mut().zip(&dw) {
             *a += b;
         }
     }
+}
+
+fn rmsnorm_backward_partials<X: Element>(
+    dinp: &mut [f32],
+    dout: &[f32],
+    inp: &[X],
+    weight: &[f32],
+    rstd: &[f32],
+    d: RMSNormDims,
+) -> Vec<Vec<f32>> {
+    let c = d.cols;
+    dinp.par_chunks_mut(ROWS_PER_TASK * c)
+        .zip(dout.par_chunks(ROWS_PER_TASK * c))
+        .zip(inp.par_chunks(ROWS_PER_TASK * c))
+        .zip(rstd.par_chunks(ROWS_PER_TASK))
+        .map_init(Vec::new, |sx, (((di, dy), x), r)| {
+            let x = X::as_f32(x, sx);
+            let mut dw = vec![0.0f32; c];
+            rmsnorm_backward_rows(di, &mut dw, dy, x, weight, r);
+            dw
+        })
+        .collect()
 }
 
 multiversion! {
