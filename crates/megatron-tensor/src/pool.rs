@@ -132,3 +132,47 @@ pub fn clear() {
         p.bytes = 0;
     });
 }
+
+/// bf16 elements kept in a pooled f32 buffer, two to a word: 16-bit activations (kept for
+/// backward, or written for a matmul) reuse the pages the pool keeps resident, as f32 tensors
+/// do, instead of a fresh zero-filled allocation every step.
+pub(crate) struct Bf16Buf {
+    words: Vec<f32>,
+    len: usize,
+}
+
+impl Bf16Buf {
+    /// `len` elements of arbitrary (stale, initialized) contents.
+    pub(crate) fn take_any(len: usize) -> Bf16Buf {
+        Bf16Buf {
+            words: take_any(len.div_ceil(2)),
+            len,
+        }
+    }
+
+    pub(crate) fn as_slice(&self) -> &[half::bf16] {
+        // SAFETY: `bf16` is a `repr(transparent)` u16, so its alignment (2) divides f32's and
+        // every bit pattern is a valid value; `words` holds `ceil(len / 2)` initialized f32,
+        // at least `2 * len` bytes, and lives as long as the returned borrow of `self`.
+        unsafe { std::slice::from_raw_parts(self.words.as_ptr().cast(), self.len) }
+    }
+
+    pub(crate) fn as_mut_slice(&mut self) -> &mut [half::bf16] {
+        // SAFETY: as in `as_slice`; the borrow is unique because it borrows `self` mutably.
+        unsafe { std::slice::from_raw_parts_mut(self.words.as_mut_ptr().cast(), self.len) }
+    }
+}
+
+impl Clone for Bf16Buf {
+    fn clone(&self) -> Bf16Buf {
+        let mut b = Bf16Buf::take_any(self.len);
+        b.words.copy_from_slice(&self.words);
+        b
+    }
+}
+
+impl Drop for Bf16Buf {
+    fn drop(&mut self) {
+        give_back(std::mem::take(&mut self.words));
+    }
+}

@@ -1,7 +1,12 @@
 use crate::cpu::operand::{Operand, OperandMut};
 use crate::dtype::DType;
 use crate::pool;
-use half::{bf16, f16};
+use half::f16;
+use rayon::prelude::*;
+
+/// Elements per parallel task of a cast between f32 and bf16 (memory-bound: a few tasks per
+/// core are enough).
+const CAST_CHUNK: usize = 1 << 16;
 use std::fmt;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -22,7 +27,7 @@ pub enum TensorError {
 
 enum Storage {
     F32(Vec<f32>),
-    BF16(Vec<bf16>),
+    BF16(pool::Bf16Buf),
     F16(Vec<f16>),
 }
 
@@ -60,7 +65,7 @@ impl Tensor {
         let n = shape.iter().product();
         Tensor {
             shape: shape.to_vec(),
-            storage: Storage::BF16(vec![bf16::ZERO; n]),
+            storage: Storage::BF16(pool::Bf16Buf::take_any(n)),
             device: Device::Cpu,
         }
     }
@@ -130,7 +135,7 @@ impl Tensor {
     pub fn operand(&self) -> Operand<'_> {
         match &self.storage {
             Storage::F32(v) => Operand::F32(v),
-            Storage::BF16(v) => Operand::BF16(v),
+            Storage::BF16(v) => Operand::BF16(v.as_slice()),
             Storage::F16(_) => panic!("operand() on an f16 tensor"),
         }
     }
@@ -139,7 +144,7 @@ impl Tensor {
     pub fn operand_mut(&mut self) -> OperandMut<'_> {
         match &mut self.storage {
             Storage::F32(v) => OperandMut::F32(v),
-            Storage::BF16(v) => OperandMut::BF16(v),
+            Storage::BF16(v) => OperandMut::BF16(v.as_mut_slice()),
             Storage::F16(_) => panic!("operand_mut() on an f16 tensor"),
         }
     }
@@ -199,7 +204,11 @@ impl Tensor {
             // outside the pool would make the pool grow every step.
             let mut t = Tensor::for_overwrite(&self.shape);
             match &self.storage {
-                Storage::BF16(v) => crate::cpu::cast::bf16_to_f32(t.data_mut(), v),
+                Storage::BF16(v) => t
+                    .data_mut()
+                    .par_chunks_mut(CAST_CHUNK)
+                    .zip(v.as_slice().par_chunks(CAST_CHUNK))
+                    .for_each(|(o, i)| crate::cpu::cast::bf16_to_f32(o, i)),
                 Storage::F16(v) => crate::cpu::cast::f16_to_f32(t.data_mut(), v),
                 Storage::F32(_) => unreachable!("same dtype returned above"),
             }
@@ -216,8 +225,11 @@ impl Tensor {
         };
         let storage = match dtype {
             DType::BF16 => {
-                let mut out = vec![bf16::ZERO; src.len()];
-                crate::cpu::cast::f32_to_bf16(&mut out, src);
+                let mut out = pool::Bf16Buf::take_any(src.len());
+                out.as_mut_slice()
+                    .par_chunks_mut(CAST_CHUNK)
+                    .zip(src.par_chunks(CAST_CHUNK))
+                    .for_each(|(o, i)| crate::cpu::cast::f32_to_bf16(o, i));
                 Storage::BF16(out)
             }
             DType::F16 => {

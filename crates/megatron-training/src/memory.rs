@@ -325,14 +325,40 @@ pub fn predict_peak(
         (true, 2) => 2 * kv * 4,
         (true, _) => 4 * kv * 4,
     };
-    let forward = 4 * (rows * h + gathered + tok * ffn) + if ring { 2 * kv * 4 } else { 0 };
-    // Under 16-bit activations the MLP's backward widens its saved fc1 output and the
-    // mid-layer residual to f32 copies (`saved::restore`); in f32 it reads them as kept.
-    let restored = match cfg.precision.half() {
-        Some(_) => rows * h + tok * fc1,
-        None => 0,
+    let ring_forward = if ring { 2 * kv * 4 } else { 0 };
+    let precision = MatmulPrecision::of(cfg.precision.half());
+    // What the layer phase holds besides the GEMMs' own buffers, once while a GEMM runs and once
+    // between GEMMs (the MLP activation's backward).
+    let (forward, backward_in_gemm, backward) = if precision == MatmulPrecision::BF16 {
+        // Under `--bf16` the norms' outputs (and their all-gather under SP) and the MLP
+        // activation are written in bf16 for the matmuls, and the kept residuals and fc1 output
+        // are read as kept (`saved::linear_input_dtype`). Forward: fc1's f32 output beside the
+        // activation. Backward, beside the output gradient and the recomputed norm output:
+        // during fc2's products the activation and its gradient; then that gradient and fc1's
+        // output gradient (the activation freed); during fc1's products that gradient, the
+        // gathered norm output and the input gradient before its reduction.
+        let base = 4 * rows * h + 2 * rows * h;
+        let fc2_products = base + (2 + 4) * tok * ffn;
+        let fc1_products = base + 4 * tok * fc1 + 2 * gathered + 4 * tok * h;
+        (
+            2 * (rows * h + gathered + tok * ffn) + 4 * tok * fc1 + ring_forward,
+            fc2_products.max(fc1_products),
+            base + 4 * tok * (ffn + fc1),
+        )
+    } else {
+        // Under `--fp16` the MLP's backward widens its saved fc1 output and the residuals it
+        // reads to f32 copies (`saved::readable`); in f32 it reads them as kept.
+        let restored = match cfg.precision.half() {
+            Some(_) => rows * h + tok * fc1,
+            None => 0,
+        };
+        let backward = 4 * (2 * rows * h + gathered + tok * (ffn + fc1) + restored);
+        (
+            4 * (rows * h + gathered + tok * ffn) + ring_forward,
+            backward,
+            backward,
+        )
     };
-    let backward = 4 * (2 * rows * h + gathered + tok * (ffn + fc1) + restored);
     // Ring attention's backward works on its own copies: queries and their gradient, the
     // incoming output gradient and the output, the fused query/key/value gradient it returns
     // and the half-size block pair; keys and values five times (in use, arriving, the
@@ -355,7 +381,6 @@ pub fn predict_peak(
     };
     let classifier_rows = |v: usize| tok.min(megatron_core::models::gpt::classifier_tile_rows(v));
     let v = m.padded_vocab_size / tp;
-    let precision = MatmulPrecision::of(cfg.precision.half());
     // The output layer's weight packed once per call for a packed bf16 kernel (as the `b` of
     // the logits and of the input gradient), its backward GEMMs run per gradient chunk of bf16
     // `dlogits` (`cross_entropy::fused_classifier`).
@@ -427,17 +452,19 @@ pub fn predict_peak(
     let half_on_f32 = |d: MatmulDims| {
         cfg.precision.half().is_some() && product_block_kernel(precision, bf16_kernel, d).is_none()
     };
-    let layer_packing = in_layers
-        .iter()
-        .zip(&linears)
-        .map(|(c, &d)| {
-            c.in_flight
-                + if half_on_f32(d) {
-                    4 * (d.m * d.k + d.k * d.n)
-                } else {
-                    0
-                }
-        })
+    let products = in_layers.iter().zip(&linears).map(|(c, &d)| {
+        let copies = if half_on_f32(d) {
+            4 * (d.m * d.k + d.k * d.n)
+        } else {
+            0
+        };
+        (d, c.in_flight + copies)
+    });
+    let layer_packing = products.clone().map(|(_, b)| b).max().unwrap_or(0);
+    // Forward runs only the `x Wᵀ` products (the others belong to backward).
+    let forward_packing = products
+        .filter(|(d, _)| d.trans_b && !d.trans_a)
+        .map(|(_, b)| b)
         .max()
         .unwrap_or(0);
     // The slabs every thread keeps are there throughout; the packed operands of the products
@@ -445,11 +472,16 @@ pub fn predict_peak(
     let kept: usize = calls.iter().map(|c| c.kept).sum();
     let kept_by_caller: usize =
         calls.iter().map(|c| c.kept_by_caller).sum::<usize>() + classifier_kept;
-    let layers = forward.max(recomputed + backward.max(ring_backward));
-    let (transient, packed) = if output + packing(in_output) > layers + layer_packing {
+    // The layer phase with its GEMM buffers: a GEMM's packing (or rounded copies) is alive
+    // beside what forward holds and what backward holds during a product, not beside the
+    // MLP activation's backward between products.
+    let in_gemm = (forward + forward_packing)
+        .max(recomputed + backward_in_gemm.max(ring_backward) + layer_packing);
+    let layers = in_gemm.max(recomputed + backward);
+    let (transient, packed) = if output + packing(in_output) > layers {
         (output, packing(in_output))
     } else {
-        (layers, layer_packing)
+        (layers - layer_packing, layer_packing)
     };
     PeakPrediction {
         model_state,

@@ -4,6 +4,10 @@
 //! bf16 logit-gradient chunk stay allocated between steps. A vocabulary large beside the hidden
 //! size and a wide MLP, so the output layer's and the layers' working sets both matter.
 //!
+//! A second model is the other way round (a small vocabulary, an MLP 8x wide), so the layers'
+//! working set sets the peak: there the norms and the MLP activation write bf16 for their
+//! matmuls and backward reads the kept bf16 tensors in place, which the prediction must follow.
+//!
 //! One test in this binary: rank threads count in per-rank slots of the process.
 
 mod common;
@@ -42,6 +46,34 @@ const MODEL: &[&str] = &[
     "--log-memory",
 ];
 
+/// The layers' working set dominates: vocabulary 1000 against an MLP of 2048 on hidden 256.
+const WIDE_MLP: &[&str] = &[
+    "--vocab-size",
+    "1000",
+    "--num-layers",
+    "2",
+    "--hidden-size",
+    "256",
+    "--ffn-hidden-size",
+    "2048",
+    "--num-attention-heads",
+    "4",
+    "--seq-length",
+    "512",
+    "--micro-batch-size",
+    "4",
+    "--global-batch-size",
+    "4",
+    "--train-iters",
+    "2",
+    "--log-interval",
+    "2",
+    "--eval-iters",
+    "0",
+    "--bf16",
+    "--log-memory",
+];
+
 #[test]
 fn measured_bf16_peak_per_rank_matches_the_prediction_on_each_bf16_kernel() {
     let mut kernels = vec!["fma"];
@@ -50,30 +82,39 @@ fn measured_bf16_peak_per_rank_matches_the_prediction_on_each_bf16_kernel() {
     } else {
         println!("skipped --bf16-matmul-kernel dot: this CPU has no AVX512_BF16 (fma tested)");
     }
-    let layouts: [&[&str]; 2] = [
-        &[],
-        &[
-            "--nproc-per-node",
-            "2",
-            "--tensor-model-parallel-size",
-            "2",
-            "--sequence-parallel",
-        ],
+    let tp2_sp: &[&str] = &[
+        "--nproc-per-node",
+        "2",
+        "--tensor-model-parallel-size",
+        "2",
+        "--sequence-parallel",
+    ];
+    let swiglu_tp2_sp = [&["--swiglu"][..], tp2_sp].concat();
+    let runs: [(&[&str], &[&str]); 5] = [
+        (MODEL, &[]),
+        (MODEL, tp2_sp),
+        (WIDE_MLP, &[]),
+        (WIDE_MLP, &["--swiglu"]),
+        (WIDE_MLP, &swiglu_tp2_sp),
     ];
     let tolerance = 0.02;
     let dir = tmpdir("memory-peak-bf16");
     for kernel in kernels {
-        for (i, layout) in layouts.iter().enumerate() {
+        for (i, (model, layout)) in runs.iter().enumerate() {
             let metrics = dir.join(format!("metrics-{kernel}-{i}.jsonl"));
             let m = metrics.to_str().unwrap();
             let v = [
-                MODEL,
-                layout,
+                *model,
+                *layout,
                 &["--bf16-matmul-kernel", kernel, "--metrics-file", m],
             ]
             .concat();
             pretrain(&args(&v)).unwrap_or_else(|e| panic!("{kernel} {layout:?}: {e}"));
-            assert_peak_matches_prediction(&metrics, tolerance, &format!("{kernel} {layout:?}"));
+            assert_peak_matches_prediction(
+                &metrics,
+                tolerance,
+                &format!("{kernel} vocabulary {} {layout:?}", model[1]),
+            );
         }
     }
     let _ = std::fs::remove_dir_all(dir);

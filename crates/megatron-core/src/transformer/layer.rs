@@ -13,7 +13,7 @@ use super::config::{LayerNormPlacement, TransformerConfig};
 use super::mlp::{MLPSaved, MLP};
 use super::moe::{MoELayer, MoESaved, TokenRows};
 pub use super::norm::{LayerNorm, LayerNormSaved, Norm, RMSNorm};
-use super::saved::{keep, linear_input_dtype};
+use super::saved::{keep, linear_input_dtype, readable};
 use super::step::StepContext;
 use crate::params::{Grads, Init, ParamId, Params};
 use crate::tensor_parallel::Tp;
@@ -263,7 +263,7 @@ impl TransformerLayer {
         let dy = self.residual_branch_grad(grads, bias, &dout, &at, ctx, SITE_MLP_RESIDUAL);
         // The kept residuals are read as stored (bf16 under `--bf16`): the norms widen them
         // row block by row block, in cache.
-        let mid = &saved.mid;
+        let mid = &*readable(&saved.mid);
         let ln2_dtype = self.mlp.input_dtype();
         let (ln2_out, _) = self.pre_mlp_layernorm.forward_as(params, mid, ln2_dtype);
         let dln2 = self
@@ -279,7 +279,7 @@ impl TransformerLayer {
         // Attention residual.
         let bias = self.self_attention.proj_bias;
         let dproj = self.residual_branch_grad(grads, bias, &dmid, &at, ctx, SITE_ATTN_RESIDUAL);
-        let input = &saved.input;
+        let input = &*readable(&saved.input);
         let (ln1_out, _) = self
             .input_layernorm
             .forward_as(params, input, linear_input_dtype());

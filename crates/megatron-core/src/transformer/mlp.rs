@@ -5,7 +5,7 @@
 //! any) added in the GEMM. The fc2 bias is left to the layer's bias-dropout-add.
 
 use super::config::{Activation, TransformerConfig};
-use super::saved::{keep, linear_input_dtype};
+use super::saved::{keep, linear_input_dtype, readable};
 use super::step::StepContext;
 use crate::params::{Grads, Init, ParamId, Params};
 use crate::tensor_parallel::{ColumnParallelLinear, RowParallelLinear, Tp};
@@ -141,14 +141,11 @@ impl MLP {
         x: &Tensor,
         dout: Tensor,
     ) -> Result<Tensor, CommError> {
-        let recomputed;
         let fc1_pre = match &saved.fc1_pre {
-            Some(t) => t,
-            None => {
-                recomputed = self.linear_fc1.forward(params, tp, x)?;
-                &recomputed
-            }
+            Some(t) => readable(t),
+            None => std::borrow::Cow::Owned(self.linear_fc1.forward(params, tp, x)?),
         };
+        let fc1_pre = &*fc1_pre;
         let n = fc1_pre.shape()[0];
         let f = self.ffn_local;
         let act = self.activate(params, fc1_pre);

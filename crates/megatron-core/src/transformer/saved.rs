@@ -27,6 +27,15 @@ pub fn restore(t: &Tensor) -> Cow<'_, Tensor> {
     }
 }
 
+/// A kept tensor as the kernels read it: as stored when f32 or bf16 (they widen bf16 rows in
+/// cache), widened when f16 (no kernel reads f16 operands).
+pub fn readable(t: &Tensor) -> Cow<'_, Tensor> {
+    match t.dtype() {
+        DType::F16 => Cow::Owned(t.to_dtype(DType::F32)),
+        _ => Cow::Borrowed(t),
+    }
+}
+
 /// The storage type for a tensor that only this thread's matmuls read (a norm's output before a
 /// linear layer, the MLP's activation): bf16 under `--bf16`, whose matmuls round their operands
 /// to bf16 anyway, so writing it rounded gives them the same bits at half the bytes; f32

@@ -1,4 +1,4 @@
-use super::operand::{with_operand, with_operands, Element, Operand, OperandMut};
+use super::operand::{with_operand, with_operands, with_scratch, Element, Operand, OperandMut};
 use super::simd::multiversion;
 use super::ROWS_PER_TASK;
 use rayon::prelude::*;
@@ -47,13 +47,12 @@ fn layernorm_forward_as<X: Element, O: Element>(
         .zip(inp.par_chunks(ROWS_PER_TASK * c))
         .zip(mean.par_chunks_mut(ROWS_PER_TASK))
         .zip(rstd.par_chunks_mut(ROWS_PER_TASK))
-        .for_each_init(
-            || (Vec::new(), Vec::new()),
-            |(sx, so), (((o, x), m), r)| {
+        .for_each(|(((o, x), m), r)| {
+            with_scratch(|sx, so| {
                 let x = X::as_f32(x, sx);
                 O::write_f32(o, so, |o| layernorm_rows(o, m, r, x, weight, bias, d.eps));
-            },
-        );
+            })
+        });
 }
 
 /// Writes `dinp`; accumulates into `dweight` and `dbias`. The input in either storage type.
@@ -99,12 +98,14 @@ fn layernorm_backward_partials<X: Element>(
         .zip(inp.par_chunks(ROWS_PER_TASK * c))
         .zip(mean.par_chunks(ROWS_PER_TASK))
         .zip(rstd.par_chunks(ROWS_PER_TASK))
-        .map_init(Vec::new, |sx, ((((di, dy), x), m), r)| {
-            let x = X::as_f32(x, sx);
-            let mut dw = vec![0.0f32; c];
-            let mut db = vec![0.0f32; c];
-            layernorm_backward_rows(di, &mut dw, &mut db, dy, x, weight, m, r);
-            (dw, db)
+        .map(|((((di, dy), x), m), r)| {
+            with_scratch(|sx, _| {
+                let x = X::as_f32(x, sx);
+                let mut dw = vec![0.0f32; c];
+                let mut db = vec![0.0f32; c];
+                layernorm_backward_rows(di, &mut dw, &mut db, dy, x, weight, m, r);
+                (dw, db)
+            })
         })
         .collect()
 }

@@ -121,17 +121,39 @@ impl Element for f32 {
 
 impl Element for bf16 {
     fn as_f32<'a>(x: &'a [bf16], scratch: &'a mut Vec<f32>) -> &'a [f32] {
-        scratch.resize(x.len(), 0.0);
-        bf16_to_f32(&mut scratch[..x.len()], x);
-        &scratch[..x.len()]
+        let rows = scratch_of(scratch, x.len());
+        bf16_to_f32(rows, x);
+        rows
     }
 
     fn write_f32(out: &mut [bf16], scratch: &mut Vec<f32>, f: impl FnOnce(&mut [f32])) {
-        scratch.resize(out.len(), 0.0);
-        let rows = &mut scratch[..out.len()];
+        let rows = scratch_of(scratch, out.len());
         f(rows);
         f32_to_bf16(out, rows);
     }
+}
+
+/// The first `n` elements of `scratch`, grown (zero-filled once) if it is shorter.
+fn scratch_of(scratch: &mut Vec<f32>, n: usize) -> &mut [f32] {
+    if scratch.len() < n {
+        scratch.resize(n, 0.0);
+    }
+    &mut scratch[..n]
+}
+
+thread_local! {
+    /// Each thread's two staging scratches, reused across calls.
+    static SCRATCH: std::cell::Cell<(Vec<f32>, Vec<f32>)> = const { std::cell::Cell::new((Vec::new(), Vec::new())) };
+}
+
+/// `f` with this thread's staging scratches. They are taken out for the call, so a kernel
+/// that waits inside `f` and meanwhile runs another staged task on this thread (rayon's work
+/// stealing) finds empty ones and grows its own instead of aliasing these.
+pub(crate) fn with_scratch<R>(f: impl FnOnce(&mut Vec<f32>, &mut Vec<f32>) -> R) -> R {
+    let (mut a, mut b) = SCRATCH.with(|s| s.take());
+    let r = f(&mut a, &mut b);
+    SCRATCH.with(|s| s.set((a, b)));
+    r
 }
 
 /// `$body` with `$x` bound to the input's typed slice (`&[f32]` or `&[bf16]`): one
@@ -188,13 +210,12 @@ pub(crate) fn staged_rows<X: Element, O: Element>(
     let rows = (STAGED_BLOCK / out_w.max(in_w).max(1)).max(1);
     out.par_chunks_mut(rows * out_w)
         .zip(inp.par_chunks(rows * in_w))
-        .for_each_init(
-            || (Vec::new(), Vec::new()),
-            |(sx, so), (o, x)| {
+        .for_each(|(o, x)| {
+            with_scratch(|sx, so| {
                 let x = X::as_f32(x, sx);
                 O::write_f32(o, so, |o| f(o, x));
-            },
-        );
+            })
+        });
 }
 
 /// [`staged_rows`] for a backward kernel `f(dinp_rows, dout_rows, inp_rows)`: only the saved
@@ -211,7 +232,5 @@ pub(crate) fn staged_grad_rows<X: Element>(
     dinp.par_chunks_mut(rows * in_w)
         .zip(dout.par_chunks(rows * out_w))
         .zip(inp.par_chunks(rows * in_w))
-        .for_each_init(Vec::new, |sx, ((di, dy), x)| {
-            f(di, dy, X::as_f32(x, sx));
-        });
+        .for_each(|((di, dy), x)| with_scratch(|sx, _| f(di, dy, X::as_f32(x, sx))));
 }

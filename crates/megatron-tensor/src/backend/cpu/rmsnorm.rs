@@ -2,7 +2,7 @@
 //! `rstd = 1 / sqrt(mean(inp²) + eps)` per row; no mean subtraction, no bias. Only `rstd` is
 //! saved for backward.
 
-use super::operand::{with_operand, with_operands, Element, Operand, OperandMut};
+use super::operand::{with_operand, with_operands, with_scratch, Element, Operand, OperandMut};
 use super::simd::multiversion;
 use super::ROWS_PER_TASK;
 use rayon::prelude::*;
@@ -43,13 +43,12 @@ fn rmsnorm_forward_as<X: Element, O: Element>(
     out.par_chunks_mut(ROWS_PER_TASK * c)
         .zip(inp.par_chunks(ROWS_PER_TASK * c))
         .zip(rstd.par_chunks_mut(ROWS_PER_TASK))
-        .for_each_init(
-            || (Vec::new(), Vec::new()),
-            |(sx, so), ((o, x), r)| {
+        .for_each(|((o, x), r)| {
+            with_scratch(|sx, so| {
                 let x = X::as_f32(x, sx);
                 O::write_f32(o, so, |o| rmsnorm_rows(o, r, x, weight, d.eps));
-            },
-        );
+            })
+        });
 }
 
 /// Writes `dinp`; accumulates into `dweight`. Per-task partial weight gradients are summed in
@@ -94,11 +93,13 @@ fn rmsnorm_backward_partials<X: Element>(
         .zip(dout.par_chunks(ROWS_PER_TASK * c))
         .zip(inp.par_chunks(ROWS_PER_TASK * c))
         .zip(rstd.par_chunks(ROWS_PER_TASK))
-        .map_init(Vec::new, |sx, (((di, dy), x), r)| {
-            let x = X::as_f32(x, sx);
-            let mut dw = vec![0.0f32; c];
-            rmsnorm_backward_rows(di, &mut dw, dy, x, weight, r);
-            dw
+        .map(|(((di, dy), x), r)| {
+            with_scratch(|sx, _| {
+                let x = X::as_f32(x, sx);
+                let mut dw = vec![0.0f32; c];
+                rmsnorm_backward_rows(di, &mut dw, dy, x, weight, r);
+                dw
+            })
         })
         .collect()
 }
