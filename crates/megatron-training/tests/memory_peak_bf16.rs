@@ -36,6 +36,10 @@ const MODEL: &[&str] = &[
     "4",
     "--global-batch-size",
     "8",
+];
+
+/// Two steps under `--bf16`, logging the measured and predicted peaks.
+const RUN: &[&str] = &[
     "--train-iters",
     "2",
     "--log-interval",
@@ -64,14 +68,6 @@ const WIDE_MLP: &[&str] = &[
     "4",
     "--global-batch-size",
     "4",
-    "--train-iters",
-    "2",
-    "--log-interval",
-    "2",
-    "--eval-iters",
-    "0",
-    "--bf16",
-    "--log-memory",
 ];
 
 #[test]
@@ -105,6 +101,7 @@ fn measured_bf16_peak_per_rank_matches_the_prediction_on_each_bf16_kernel() {
             let m = metrics.to_str().unwrap();
             let v = [
                 *model,
+                RUN,
                 *layout,
                 &["--bf16-matmul-kernel", kernel, "--metrics-file", m],
             ]

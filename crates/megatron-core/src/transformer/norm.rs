@@ -157,11 +157,6 @@ impl RMSNorm {
         }
     }
 
-    /// As [`LayerNorm::forward`].
-    pub fn forward(&self, params: &Params, x: &Tensor) -> (Tensor, LayerNormSaved) {
-        self.forward_as(params, x, DType::F32)
-    }
-
     /// As [`LayerNorm::forward_as`].
     pub fn forward_as(
         &self,
