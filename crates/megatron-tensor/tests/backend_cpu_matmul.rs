@@ -159,8 +159,8 @@ fn grouped_matmul_gives_each_product_the_bits_of_matmul() {
             .zip(shapes)
             .map(|((out, d), (m, n, k))| GemmProblem {
                 out,
-                a: &d.0,
-                b: &d.1,
+                a: (&d.0).into(),
+                b: (&d.1).into(),
                 dims: dims(m, n, k),
             })
             .collect();

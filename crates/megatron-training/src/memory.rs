@@ -3,7 +3,7 @@
 //! (2022, Table 2: `sbh(34 + 5as/h)` per layer and its TP / SP / recomputation variants).
 
 use crate::arguments::TrainConfig;
-use megatron_core::models::gpt::activation_bytes_formula_with;
+use megatron_core::models::gpt::{activation_bytes_formula_with, ActivationSplit};
 use megatron_core::optimizer::MegatronOptimizer;
 use megatron_core::transformer::step::Recompute;
 use megatron_core::Params;
@@ -128,7 +128,12 @@ fn kept_activation_bytes(cfg: &TrainConfig, layers: usize, recompute: Recompute)
         .filter(|_| cfg.pp == 1 && layers == cfg.model.num_layers);
     let half = cfg.precision.half().is_some();
     let rows = a.micro_batch_size * s / if sp { cfg.tp } else { 1 };
-    activation_bytes_formula_with(&one, a.micro_batch_size, s, cfg.tp, sp, half, recompute)
+    let split = ActivationSplit {
+        tp: cfg.tp,
+        etp: cfg.etp,
+        sequence_parallel: sp,
+    };
+    activation_bytes_formula_with(&one, a.micro_batch_size, s, split, half, recompute)
         - rows * cfg.model.hidden_size * 4
 }
 

@@ -5,7 +5,11 @@
 mod common;
 
 use common::*;
-use megatron_core::models::gpt::activation_bytes_formula_with;
+use megatron_core::models::gpt::{activation_bytes_formula_with, ActivationSplit};
+
+fn split(tp: usize, sp: bool) -> ActivationSplit {
+    ActivationSplit::tensor_parallel(tp, sp)
+}
 use megatron_core::transformer::step::{Recompute, RecomputeMethod, SelectiveModules};
 use megatron_training::pretrain;
 
@@ -185,8 +189,14 @@ fn recomputation_keeps_exactly_the_bytes_of_the_formula() {
                     v.push("--bf16");
                 }
                 let s = pretrain(&args(&v)).unwrap();
-                let want =
-                    activation_bytes_formula_with(&cfg, 1, 32 / cp, tp, sp, half, *recompute);
+                let want = activation_bytes_formula_with(
+                    &cfg,
+                    1,
+                    32 / cp,
+                    split(tp, sp),
+                    half,
+                    *recompute,
+                );
                 assert_eq!(
                     s.peak_activation_bytes, want,
                     "TP {tp}, SP {sp}, {cp_flags:?}, bf16 {half}, {flags:?}"

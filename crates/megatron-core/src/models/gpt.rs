@@ -132,7 +132,29 @@ pub fn activation_bytes_formula(
     sequence_parallel: bool,
     half: bool,
 ) -> usize {
-    activation_bytes_formula_with(cfg, b, s, tp, sequence_parallel, half, Recompute::None)
+    let split = ActivationSplit::tensor_parallel(tp, sequence_parallel);
+    activation_bytes_formula_with(cfg, b, s, split, half, Recompute::None)
+}
+
+/// How a rank's layers are split, for [`activation_bytes_formula_with`]: tensor parallelism,
+/// the experts' tensor parallelism (`--expert-tensor-parallel-size`: each of its ranks gathers
+/// its group's routed tokens) and whether sequence parallelism splits the token rows.
+#[derive(Clone, Copy, Debug)]
+pub struct ActivationSplit {
+    pub tp: usize,
+    pub etp: usize,
+    pub sequence_parallel: bool,
+}
+
+impl ActivationSplit {
+    /// Experts split as the layers (Megatron's default expert tensor parallelism).
+    pub fn tensor_parallel(tp: usize, sequence_parallel: bool) -> Self {
+        ActivationSplit {
+            tp,
+            etp: tp,
+            sequence_parallel,
+        }
+    }
 }
 
 /// [`activation_bytes_formula`] under activation recomputation: selective `core_attn` drops
@@ -144,12 +166,16 @@ pub fn activation_bytes_formula_with(
     cfg: &TransformerConfig,
     b: usize,
     s: usize,
-    tp: usize,
-    sequence_parallel: bool,
+    split: ActivationSplit,
     half: bool,
     recompute: Recompute,
 ) -> usize {
     use crate::transformer::config::Normalization;
+    let ActivationSplit {
+        tp,
+        etp,
+        sequence_parallel,
+    } = split;
     let (h, a, l) = (cfg.hidden_size, cfg.num_attention_heads, cfg.num_layers);
     let fc1 = if cfg.activation.is_gated() {
         2 * cfg.ffn_hidden_size
@@ -181,17 +207,50 @@ pub fn activation_bytes_formula_with(
         .mla
         .map_or(0, |m| m.q_lora_rank.unwrap_or(0) + m.kv_lora_rank);
     let mut layer = split + rows * (e * (2 * h + latents) + 4 * stats);
+    let dense_mlp = (tok / tp) * e * fc1;
+    // A mixture-of-experts layer keeps, instead of the dense MLP's fc1 output: the router's f32
+    // logits, each token's k choices (4 bytes) and probabilities (8), and on the experts' side
+    // the dispatched input (gathered over the expert-tensor-parallel group), the experts' fc1
+    // output (their share of its width) and the expert outputs combine weighs, one row per
+    // routed token (exact with every expert on this rank; the expected rows under balanced
+    // routing with expert parallelism), plus the shared expert's fc1 output (and, with its
+    // gate, its output and gate values).
+    let moe_mlp = cfg.moe.as_ref().map_or(dense_mlp, |x| {
+        let gated = if cfg.activation.is_gated() { 2 } else { 1 };
+        let slots = rows * x.topk;
+        let shared = x.shared_expert_ffn.map_or(0, |f| {
+            let gate = if x.shared_expert_gate {
+                rows * (e * h + 4)
+            } else {
+                0
+            };
+            (tok / tp) * e * gated * f + gate
+        });
+        let experts = slots * e * (etp * h + gated * x.ffn_hidden_size + h);
+        rows * x.num_experts * 4 + slots * 12 + experts + shared
+    });
     let input = rows * h * e;
+    // Layer `i` of this stage, by its MLP.
+    let bytes_of = |i: usize, layer: usize| {
+        if cfg.is_moe_layer(i) {
+            layer - dense_mlp + moe_mlp
+        } else {
+            layer
+        }
+    };
     let kept = match recompute {
-        Recompute::None => l * layer,
+        Recompute::None => (0..l).map(|i| bytes_of(i, layer)).sum(),
         Recompute::Selective(m) => {
             if m.core_attn {
                 layer -= (tok / tp) * (e * cfg.query_projection_size() + 4 * a);
             }
-            if m.mlp {
-                layer -= (tok / tp) * e * fc1;
-            }
-            l * layer
+            let mlp_recomputed = if m.mlp { dense_mlp } else { 0 };
+            (0..l)
+                .map(|i| match cfg.is_moe_layer(i) {
+                    true => bytes_of(i, layer),
+                    false => layer - mlp_recomputed,
+                })
+                .sum()
         }
         Recompute::Full {
             method: RecomputeMethod::Uniform,
@@ -202,7 +261,7 @@ pub fn activation_bytes_formula_with(
             num_layers,
         } => {
             let r = num_layers.min(l);
-            r * input + (l - r) * layer
+            r * input + (r..l).map(|i| bytes_of(i, layer)).sum::<usize>()
         }
     };
     // Multi-token prediction, per depth: its layer (never fully recomputed) and, in f32, the

@@ -6,10 +6,10 @@
 //! (`GroupedMLP`): the same bits either way.
 
 use super::super::config::TransformerConfig;
-use crate::params::{Grads, Init, ParamId, ParamRef, Params, Sharding};
+use crate::params::{Grads, Init, ParamId, ParamOperand, Params, Sharding};
 use megatron_tensor::cpu::{
-    grouped_matmul, matmul, mlp_activation_backward, mlp_activation_forward, GemmProblem,
-    MatmulDims, MlpActivation,
+    grouped_matmul, matmul_operands, mlp_activation_backward, mlp_activation_forward, GemmProblem,
+    MatmulDims, MlpActivation, Operand,
 };
 use megatron_tensor::Tensor;
 use std::ops::Range;
@@ -58,8 +58,8 @@ fn rows(r: &Range<usize>, c: usize) -> Range<usize> {
 fn products<'a>(
     outs: Vec<&'a mut [f32]>,
     blocks: &[(usize, Range<usize>)],
-    a: impl Fn(usize, &Range<usize>) -> &'a [f32],
-    b: impl Fn(usize, &Range<usize>) -> &'a [f32],
+    a: impl Fn(usize, &Range<usize>) -> Operand<'a>,
+    b: impl Fn(usize, &Range<usize>) -> Operand<'a>,
     dims: impl Fn(usize) -> MatmulDims,
 ) -> Vec<GemmProblem<'a>> {
     outs.into_iter()
@@ -150,21 +150,26 @@ impl GroupedMLP {
             grouped_matmul(problems);
         } else {
             for p in problems.iter_mut() {
-                matmul(p.out, p.a, p.b, p.dims);
+                matmul_operands(p.out, p.a, p.b, p.dims);
             }
         }
     }
 
-    fn activate(&self, act: &mut [f32], h1: &[f32]) {
+    fn activate(&self, act: &mut [f32], h1: Operand<'_>) {
         mlp_activation_forward(act, h1, self.ffn, self.activation)
     }
 
+    /// The local experts' weights as stored: a `--bf16` weight's 16-bit copy is read in place
+    /// by the packed kernels (widened per product only by the others), not widened up front.
     fn weights<'p>(
         &self,
         params: &'p Params,
         which: impl Fn(&Expert) -> ParamId,
-    ) -> Vec<ParamRef<'p>> {
-        self.experts.iter().map(|e| params.get(which(e))).collect()
+    ) -> Vec<ParamOperand<'p>> {
+        self.experts
+            .iter()
+            .map(|e| params.operand(which(e)))
+            .collect()
     }
 
     /// `x` holds `counts[l]` rows for local expert `l`, in order; returns the experts' outputs
@@ -181,18 +186,18 @@ impl GroupedMLP {
         self.run(&mut products(
             row_blocks(h1.data_mut(), &blocks, f1),
             &blocks,
-            |_, r| &x.data()[rows(r, h)],
-            |l, _| &w1[l],
+            |_, r| Operand::F32(&x.data()[rows(r, h)]),
+            |l, _| w1[l].operand(),
             |m| MatmulDims::new(m, f1, h).tb(),
         ));
         let mut act = Tensor::for_overwrite(&[n, f]);
-        self.activate(act.data_mut(), h1.data());
+        self.activate(act.data_mut(), h1.operand());
         let mut y = Tensor::for_overwrite(&[n, h]);
         self.run(&mut products(
             row_blocks(y.data_mut(), &blocks, h),
             &blocks,
-            |_, r| &act.data()[rows(r, f)],
-            |l, _| &w2[l],
+            |_, r| Operand::F32(&act.data()[rows(r, f)]),
+            |l, _| w2[l].operand(),
             |m| MatmulDims::new(m, h, f).tb(),
         ));
         (y, h1)
@@ -222,40 +227,42 @@ impl GroupedMLP {
                 .collect()
         };
         let mut act = Tensor::for_overwrite(&[n, f]);
-        self.activate(act.data_mut(), h1.data());
+        self.activate(act.data_mut(), h1.operand());
         // fc2: dW2 += dy^T act (each block its expert's gradient), dact = dy W2.
         self.run(&mut products(
             grads.disjoint_mut(&ids(|e| e.fc2)),
             &blocks,
-            |_, r| &dy.data()[rows(r, h)],
-            |_, r| &act.data()[rows(r, f)],
+            |_, r| Operand::F32(&dy.data()[rows(r, h)]),
+            |_, r| Operand::F32(&act.data()[rows(r, f)]),
             |m| MatmulDims::new(h, f, m).ta().acc(),
         ));
         let mut dact = act;
         self.run(&mut products(
             row_blocks(dact.data_mut(), &blocks, f),
             &blocks,
-            |_, r| &dy.data()[rows(r, h)],
-            |l, _| &w2[l],
+            |_, r| Operand::F32(&dy.data()[rows(r, h)]),
+            |l, _| w2[l].operand(),
             |m| MatmulDims::new(m, f, h),
         ));
         let mut dh1 = Tensor::for_overwrite(&[n, f1]);
-        mlp_activation_backward(dh1.data_mut(), dact.data(), h1.data(), f, self.activation);
+        let act_kind = self.activation;
+        mlp_activation_backward(dh1.data_mut(), dact.data(), h1.operand(), f, act_kind);
         drop(dact);
-        // fc1: dW1 += dh1^T x, dx = dh1 W1.
+        // fc1: dW1 += dh1^T x, dx = dh1 W1; `x` as kept (bf16 under `--bf16`).
+        let xs = x.operand();
         self.run(&mut products(
             grads.disjoint_mut(&ids(|e| e.fc1)),
             &blocks,
-            |_, r| &dh1.data()[rows(r, f1)],
-            |_, r| &x.data()[rows(r, h)],
+            |_, r| Operand::F32(&dh1.data()[rows(r, f1)]),
+            |_, r| xs.slice(rows(r, h)),
             |m| MatmulDims::new(f1, h, m).ta().acc(),
         ));
         let mut dx = Tensor::for_overwrite(&[n, h]);
         self.run(&mut products(
             row_blocks(dx.data_mut(), &blocks, h),
             &blocks,
-            |_, r| &dh1.data()[rows(r, f1)],
-            |l, _| &w1[l],
+            |_, r| Operand::F32(&dh1.data()[rows(r, f1)]),
+            |l, _| w1[l].operand(),
             |m| MatmulDims::new(m, h, f1),
         ));
         dx

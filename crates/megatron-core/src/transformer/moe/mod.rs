@@ -15,7 +15,7 @@ pub mod token_dispatcher;
 
 use super::config::{LoadBalancing, MoEConfig, RouterScore, TransformerConfig};
 use super::layer::add_inplace;
-use super::saved::{keep, restore};
+use super::saved::{keep, readable, restore};
 use super::step::StepContext;
 use crate::params::{Grads, Init, ParamId, Params, Sharding};
 use crate::tensor_parallel::Tp;
@@ -97,6 +97,8 @@ pub struct MoESaved {
 impl MoESaved {
     pub fn size_in_bytes(&self) -> usize {
         self.logits.size_in_bytes()
+            + self.top_idx.len() * 4
+            + self.aux_top_idx.as_ref().map_or(0, |i| i.len() * 4)
             + self.plan.probs.len() * 8
             + self.xe.size_in_bytes()
             + self.h1.size_in_bytes()
@@ -281,7 +283,8 @@ impl MoELayer {
         let kept = restore(&saved.kept);
         let (dy, dprobs) = plan.combine_backward(dout, &kept, tp)?;
         drop(kept);
-        let (xe, h1) = (restore(&saved.xe), restore(&saved.h1));
+        // The experts read their kept input and fc1 output as stored (bf16 under `--bf16`).
+        let (xe, h1) = (readable(&saved.xe), readable(&saved.h1));
         let dxe = self
             .experts
             .backward(params, grads, &xe, &h1, &dy, &plan.local_counts);

@@ -222,7 +222,19 @@ impl<'a> Operand<'a> {
 /// precision (bf16 operands of an f32-precision product are widened: exact).
 pub fn matmul_operands(out: &mut [f32], a: Operand<'_>, b: Operand<'_>, d: MatmulDims) {
     let how = (matmul_precision(), bf16_kernel());
-    let t = gemm_threads();
+    matmul_operands_as(out, a, b, d, gemm_threads(), how);
+}
+
+/// [`matmul_operands`] on `t` threads (1 inside already-parallel work) with the given operand
+/// precision and bf16 kernel (a pool worker does not share its rank's thread-local settings).
+fn matmul_operands_as(
+    out: &mut [f32],
+    a: Operand<'_>,
+    b: Operand<'_>,
+    d: MatmulDims,
+    t: usize,
+    how: (MatmulPrecision, Bf16Kernel),
+) {
     match (product_kernel(how, d), a, b) {
         (_, Operand::F32(a), Operand::F32(b)) => matmul_as(out, a, b, d, t, how),
         (Some(k), Operand::F32(a), Operand::BF16(b)) => matmul_packed_of(out, a, b, d, t, k),
@@ -265,11 +277,12 @@ pub fn matmul_prepacked(out: &mut [f32], a: Operand<'_>, b: &PackedB, d: MatmulD
     }
 }
 
-/// One of the independent products of [`grouped_matmul`].
+/// One of the independent products of [`grouped_matmul`], its operands as stored (an MoE
+/// expert's bf16 weight is read in place, as a dense layer's).
 pub struct GemmProblem<'a> {
     pub out: &'a mut [f32],
-    pub a: &'a [f32],
-    pub b: &'a [f32],
+    pub a: Operand<'a>,
+    pub b: Operand<'a>,
     pub dims: MatmulDims,
 }
 
@@ -283,14 +296,14 @@ pub fn grouped_matmul(problems: &mut [GemmProblem<'_>]) {
     let threads = gemm_threads();
     if threads < 2 || problems.len() < 2 {
         for p in problems.iter_mut() {
-            matmul_as(p.out, p.a, p.b, p.dims, threads, how);
+            matmul_operands_as(p.out, p.a, p.b, p.dims, threads, how);
         }
         return;
     }
     problems
         .par_iter_mut()
         .with_max_len(1)
-        .for_each(|p| matmul_as(p.out, p.a, p.b, p.dims, 1, how));
+        .for_each(|p| matmul_operands_as(p.out, p.a, p.b, p.dims, 1, how));
 }
 
 /// A matmul operand rounded to a 16-bit format (or widened from one): borrowed when every value

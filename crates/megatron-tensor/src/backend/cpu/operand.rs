@@ -17,7 +17,15 @@ pub enum Operand<'a> {
     BF16(&'a [bf16]),
 }
 
-impl Operand<'_> {
+impl<'a> Operand<'a> {
+    /// Elements `r` (a block of rows of a row-major operand).
+    pub fn slice(&self, r: std::ops::Range<usize>) -> Operand<'a> {
+        match *self {
+            Operand::F32(x) => Operand::F32(&x[r]),
+            Operand::BF16(x) => Operand::BF16(&x[r]),
+        }
+    }
+
     pub fn len(&self) -> usize {
         match self {
             Operand::F32(x) => x.len(),
