@@ -290,8 +290,9 @@ pub fn predict_rank_peak_with(
 /// forward holds its normalized input (gathered under SP) and the MLP's activation beside its
 /// saved tensors; its backward the incoming and outgoing gradients and two MLP-wide buffers
 /// (activation and its gradient); the output layer one logits tile and two hidden-sized
-/// buffers (and under 16-bit matmuls its weight's and input's rounded copies); full recomputation re-creates one group's saved tensors during backward. Mixture-of-
-/// experts dispatch buffers are not modelled.
+/// buffers (and under 16-bit matmuls its weight's and input's rounded copies); full
+/// recomputation re-creates one group's saved tensors during backward. Attention's backward and
+/// a mixture-of-experts layer's routed rows (balanced routing) are phases of their own.
 pub fn predict_peak(
     cfg: &TrainConfig,
     model_state: u64,
@@ -363,6 +364,45 @@ pub fn predict_peak(
             backward,
             backward,
         )
+    };
+    // Attention's backward, between its products: the layer's incoming and residual gradients
+    // and the recomputed norm output, the attention output (copied back from its kept form)
+    // and its gradient, the fused QKV gradient, and under 16 bits the QKV widened from its
+    // kept form. Multi-latent attention's kernel output is its padded width (`ow` for the
+    // fused-QKV attention).
+    let e_in = if precision == MatmulPrecision::BF16 {
+        2
+    } else {
+        4
+    };
+    let qkv_copies = if cfg.precision.half().is_some() { 2 } else { 1 };
+    let attention_backward = 8 * rows * h + e_in * rows * h + 4 * tok * (qkv_copies * qw + 2 * ow);
+    let backward = backward.max(attention_backward);
+    // A mixture-of-experts layer works on its routed rows (expected `k` per token, each
+    // expert-tensor-parallel rank gathering its group's), in f32 whatever the precision: forward
+    // holds the dispatched input, the experts' fc1 output, activation and output at once;
+    // backward the output gradient, the activation and its gradient and fc1's output gradient
+    // (and, under 16 bits, the widened rows combine kept).
+    let moe_layers = (0..layers).any(|l| m.is_moe_layer(l));
+    let (forward, backward_in_gemm, backward) = match m.moe.as_ref().filter(|_| moe_layers) {
+        Some(x) => {
+            let routed = rows * x.topk * cfg.etp;
+            let f = x.ffn_hidden_size / cfg.etp;
+            let f1 = if m.activation.is_gated() { 2 * f } else { f };
+            let widened = if cfg.precision.half().is_some() {
+                routed * h
+            } else {
+                0
+            };
+            let moe_forward = 4 * (rows * h + routed * (2 * h + f1 + f));
+            let moe_backward = 4 * (2 * rows * h + routed * (h + f + f1) + widened);
+            (
+                forward.max(moe_forward),
+                backward_in_gemm.max(moe_backward),
+                backward.max(moe_backward),
+            )
+        }
+        None => (forward, backward_in_gemm, backward),
     };
     // Ring attention's backward works on its own copies: queries and their gradient, the
     // incoming output gradient and the output, the fused query/key/value gradient it returns

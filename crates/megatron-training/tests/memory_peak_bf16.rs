@@ -6,7 +6,8 @@
 //!
 //! A second model is the other way round (a small vocabulary, an MLP 8x wide), so the layers'
 //! working set sets the peak: there the norms and the MLP activation write bf16 for their
-//! matmuls and backward reads the kept bf16 tensors in place, which the prediction must follow.
+//! matmuls and backward reads the kept bf16 tensors in place, which the prediction must follow;
+//! a third has multi-latent attention, whose backward sets the peak.
 //!
 //! One test in this binary: rank threads count in per-rank slots of the process.
 
@@ -70,6 +71,40 @@ const WIDE_MLP: &[&str] = &[
     "4",
 ];
 
+/// Multi-latent attention, where attention's backward (its widened QKV, the padded kernel
+/// output) outweighs the MLP's.
+const MLA: &[&str] = &[
+    "--vocab-size",
+    "1000",
+    "--num-layers",
+    "2",
+    "--hidden-size",
+    "256",
+    "--ffn-hidden-size",
+    "1024",
+    "--num-attention-heads",
+    "4",
+    "--seq-length",
+    "512",
+    "--micro-batch-size",
+    "4",
+    "--global-batch-size",
+    "4",
+    "--multi-latent-attention",
+    "--q-lora-rank",
+    "128",
+    "--kv-lora-rank",
+    "64",
+    "--qk-head-dim",
+    "64",
+    "--qk-pos-emb-head-dim",
+    "32",
+    "--v-head-dim",
+    "64",
+    "--position-embedding-type",
+    "rope",
+];
+
 #[test]
 fn measured_bf16_peak_per_rank_matches_the_prediction_on_each_bf16_kernel() {
     let mut kernels = vec!["fma"];
@@ -86,12 +121,13 @@ fn measured_bf16_peak_per_rank_matches_the_prediction_on_each_bf16_kernel() {
         "--sequence-parallel",
     ];
     let swiglu_tp2_sp = [&["--swiglu"][..], tp2_sp].concat();
-    let runs: [(&[&str], &[&str]); 5] = [
+    let runs: [(&[&str], &[&str]); 6] = [
         (MODEL, &[]),
         (MODEL, tp2_sp),
         (WIDE_MLP, &[]),
         (WIDE_MLP, &["--swiglu"]),
         (WIDE_MLP, &swiglu_tp2_sp),
+        (MLA, &[]),
     ];
     let tolerance = 0.02;
     let dir = tmpdir("memory-peak-bf16");
@@ -110,7 +146,7 @@ fn measured_bf16_peak_per_rank_matches_the_prediction_on_each_bf16_kernel() {
             assert_peak_matches_prediction(
                 &metrics,
                 tolerance,
-                &format!("{kernel} vocabulary {} {layout:?}", model[1]),
+                &format!("{kernel} run {i} {layout:?}"),
             );
         }
     }

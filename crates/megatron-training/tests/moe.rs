@@ -627,3 +627,32 @@ fn group_limited_routing_matches_one_rank_and_checks_its_flags() {
     }
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// The engine's activation formula (what `--log-memory` and `megatron plan` predict) counts an
+/// MoE layer's kept tensors exactly on one rank, where every routed row is local: router logits,
+/// choices and probabilities, the dispatched input, the experts' fc1 output, the rows combine
+/// weighs and the shared expert's; with a dense first layer (`--moe-layer-freq`), in f32 and in
+/// bf16.
+#[test]
+fn moe_kept_activations_match_the_engine_formula_on_one_rank() {
+    let shared = [
+        "--moe-shared-expert-intermediate-size",
+        "96",
+        "--moe-shared-expert-gate",
+    ];
+    let dense_first = ["--moe-layer-freq", "[0]+[1]*7"];
+    for extra in [
+        &[][..],
+        &["--bf16"][..],
+        &shared[..],
+        &[&shared[..], &["--bf16"], &dense_first[..]].concat()[..],
+    ] {
+        let a = args(&[PP_MODEL, MOE, &["--train-iters", "2"], extra].concat());
+        let cfg = a.validate(62).unwrap();
+        let s = pretrain(&a).unwrap();
+        let half = extra.contains(&"--bf16");
+        let f =
+            megatron_core::models::gpt::activation_bytes_formula(&cfg.model, 1, 32, 1, false, half);
+        assert_eq!(s.peak_activation_bytes, f, "{extra:?}");
+    }
+}

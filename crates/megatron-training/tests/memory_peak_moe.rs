@@ -1,0 +1,94 @@
+//! `--log-memory`'s prediction for mixture-of-experts layers: the router's logits and choices,
+//! the routed rows the experts keep (input, fc1 output, the rows combine weighs), the shared
+//! expert's, and the experts' f32 working set (dispatched input, fc1 output, activation,
+//! output; and their gradients in backward). Routing decides how many rows each expert-parallel
+//! rank gets, so the prediction assumes balanced routing: on one rank every routed row is local
+//! and the kept rows are exact; with expert parallelism a rank's share varies with the routing
+//! (deterministic here: fixed seeds). Tolerance 3 %.
+//!
+//! One test in this binary: rank threads count in per-rank slots of the process.
+
+mod common;
+
+use common::*;
+use megatron_tensor::alloc::RankAllocator;
+use megatron_training::pretrain;
+
+#[global_allocator]
+static ALLOCATOR: RankAllocator<std::alloc::System> = RankAllocator(std::alloc::System);
+
+/// Experts whose working set sets the peak: 8 of FFN 1024 on hidden 256, top 2, vocabulary
+/// 1000, 2048 tokens per micro-batch.
+const MODEL: &[&str] = &[
+    "--vocab-size",
+    "1000",
+    "--num-layers",
+    "2",
+    "--hidden-size",
+    "256",
+    "--ffn-hidden-size",
+    "1024",
+    "--num-attention-heads",
+    "4",
+    "--seq-length",
+    "512",
+    "--micro-batch-size",
+    "4",
+    "--train-iters",
+    "2",
+    "--log-interval",
+    "2",
+    "--eval-iters",
+    "0",
+    "--log-memory",
+    "--num-experts",
+    "8",
+    "--moe-router-topk",
+    "2",
+];
+
+#[test]
+fn measured_moe_peak_per_rank_matches_the_prediction() {
+    let runs: [&[&str]; 4] = [
+        &["--global-batch-size", "4"],
+        &[
+            "--global-batch-size",
+            "4",
+            "--bf16",
+            "--swiglu",
+            "--moe-shared-expert-intermediate-size",
+            "512",
+            "--moe-shared-expert-gate",
+        ],
+        &[
+            "--global-batch-size",
+            "8",
+            "--nproc-per-node",
+            "2",
+            "--expert-model-parallel-size",
+            "2",
+            "--moe-token-dispatcher-type",
+            "alltoall",
+            "--bf16",
+        ],
+        &[
+            "--global-batch-size",
+            "4",
+            "--nproc-per-node",
+            "2",
+            "--tensor-model-parallel-size",
+            "2",
+            "--sequence-parallel",
+        ],
+    ];
+    let tolerance = 0.03;
+    let dir = tmpdir("memory-peak-moe");
+    for (i, layout) in runs.iter().enumerate() {
+        let metrics = dir.join(format!("metrics{i}.jsonl"));
+        let m = metrics.to_str().unwrap();
+        let v = [MODEL, layout, &["--metrics-file", m]].concat();
+        pretrain(&args(&v)).unwrap_or_else(|e| panic!("{layout:?}: {e}"));
+        assert_peak_matches_prediction(&metrics, tolerance, &format!("{layout:?}"));
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
