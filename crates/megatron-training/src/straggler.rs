@@ -25,8 +25,11 @@ pub struct RankStepTimes {
     pub median_ms: f64,
     pub max_ms: f64,
     pub max_rank: usize,
-    /// The rank slowest against the other ranks of its pipeline stage, and its time over
-    /// their median (1.1: 10 % slower); absent when no stage has two ranks.
+    /// The rank furthest behind the other ranks of its pipeline stage (the most milliseconds
+    /// over their median: what it costs every step), and its time over that median (1.1: 10 %
+    /// slower); absent when no stage has two ranks. Chosen by time, not ratio, so a rank whose
+    /// sub-millisecond compute was descheduled for a moment does not outrank one that is
+    /// really behind.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub slowest_against_stage: Option<(usize, f64)>,
     /// The rank persistently slower than its stage by the margin: (rank, intervals in a row).
@@ -116,8 +119,8 @@ impl StragglerWatch {
         all.sort_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)));
         let ms: Vec<f64> = all.iter().map(|a| a.1).collect();
         let (min, max) = (all[0], all[all.len() - 1]);
-        // Each rank against the median of the other ranks of its stage; the slowest of those
-        // (ties to the lower rank).
+        // Each rank against the median of the other ranks of its stage; the one furthest
+        // behind in milliseconds (ties to the lower rank), with its ratio.
         let slowest = times
             .iter()
             .filter_map(|t| {
@@ -130,9 +133,11 @@ impl StragglerWatch {
                     return None;
                 }
                 others.sort_by(f64::total_cmp);
-                Some((t.rank, t.ms / median(&others).max(f64::MIN_POSITIVE)))
+                let m = median(&others);
+                Some((t.rank, t.ms - m, t.ms / m.max(f64::MIN_POSITIVE)))
             })
-            .max_by(|a, b| a.1.total_cmp(&b.1).then(b.0.cmp(&a.0)));
+            .max_by(|a, b| a.1.total_cmp(&b.1).then(b.0.cmp(&a.0)))
+            .map(|(rank, _, ratio)| (rank, ratio));
         let slow = slowest.filter(|&(_, ratio)| ratio > 1.0 + self.margin);
         self.streak = match (slow, self.streak) {
             (None, _) => None,

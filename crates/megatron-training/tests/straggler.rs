@@ -143,6 +143,21 @@ mod watch {
         assert!(w.observe(&interval(6.0)).straggler.is_none());
     }
 
+    /// Seen on a loaded 2-core machine: rank 0's sub-millisecond compute was descheduled for 4
+    /// ms (7.8x its peer) while rank 3 ran 35 ms behind its own (7.5x). The straggler is the
+    /// rank that costs the step the most time, not the largest ratio of two tiny numbers.
+    #[test]
+    fn a_rank_far_behind_in_time_outranks_a_noisy_tiny_ratio() {
+        let mut w = StragglerWatch::new(0.1, 1);
+        let times = [(0, 0, 4.7), (1, 0, 0.6), (2, 1, 5.5), (3, 1, 40.8)]
+            .map(|(rank, stage, ms)| RankTime { rank, stage, ms });
+        let t = w.observe(&times);
+        let (rank, ratio) = t.slowest_against_stage.unwrap();
+        assert_eq!(rank, 3, "{t:?}");
+        assert!((ratio - 40.8 / 5.5).abs() < 1e-9, "{t:?}");
+        assert_eq!(t.straggler, Some((3, 1)));
+    }
+
     #[test]
     fn a_stage_of_one_rank_is_compared_with_no_one() {
         let mut w = StragglerWatch::new(0.1, 1);
