@@ -99,3 +99,40 @@ fn region_operators_move_nothing_on_one_rank() {
     });
     assert_eq!(out[0], Ok(0));
 }
+
+/// Under `--bf16` a norm's output reaches the column-parallel GEMM as bf16: sequence
+/// parallelism all-gathers it as bf16, every value's bits intact (odd row widths included).
+#[test]
+fn sequence_parallel_gather_of_bf16_rows_keeps_every_bit() {
+    let out = run_ranks(3, |rank, c| {
+        let mut tp = Tp::new(c, true);
+        let rows = |q: usize| {
+            Tensor::from_vec(
+                &[2, 3],
+                (0..6).map(|i| (q * 6 + i) as f32 * 0.37 + 1e-3).collect(),
+            )
+            .unwrap()
+            .to_dtype(megatron_tensor::DType::BF16)
+        };
+        let g = gather_from_sequence_parallel_region_forward(&mut tp, &rows(rank)).unwrap();
+        assert_eq!(g.dtype(), megatron_tensor::DType::BF16);
+        assert_eq!(g.shape(), &[6, 3]);
+        let want: Vec<f32> = (0..3)
+            .flat_map(|q| {
+                rows(q)
+                    .to_dtype(megatron_tensor::DType::F32)
+                    .data()
+                    .to_vec()
+            })
+            .collect();
+        let got = g.to_dtype(megatron_tensor::DType::F32);
+        assert!(got
+            .data()
+            .iter()
+            .zip(&want)
+            .all(|(a, b)| a.to_bits() == b.to_bits()));
+    });
+    for r in out {
+        r.unwrap();
+    }
+}

@@ -150,6 +150,17 @@ impl Bf16Buf {
         }
     }
 
+    /// A buffer of `ceil(len / 2)` words (from the pool, or a tensor's) holding `len` values.
+    pub(crate) fn from_words(words: Vec<f32>, len: usize) -> Bf16Buf {
+        assert_eq!(words.len(), len.div_ceil(2));
+        Bf16Buf { words, len }
+    }
+
+    /// The values as words of two (the last one's upper half unused for an odd length).
+    pub(crate) fn words(&self) -> &[f32] {
+        &self.words
+    }
+
     pub(crate) fn as_slice(&self) -> &[half::bf16] {
         // SAFETY: `bf16` is a `repr(transparent)` u16, so its alignment (2) divides f32's and
         // every bit pattern is a valid value; `words` holds `ceil(len / 2)` initialized f32,

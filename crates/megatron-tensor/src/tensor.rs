@@ -129,6 +129,36 @@ impl Tensor {
         }
     }
 
+    /// A bf16 tensor's elements as f32 words of two values each (an even count only): for
+    /// moves that copy whole words (a collective, a row gather) without arithmetic, which keeps
+    /// every bit. `None` for other tensors.
+    pub fn bf16_words(&self) -> Option<&[f32]> {
+        match &self.storage {
+            Storage::BF16(v) if self.numel().is_multiple_of(2) => Some(v.words()),
+            _ => None,
+        }
+    }
+
+    /// The inverse of [`Tensor::bf16_words`]: `words` (f32 storage, two bf16 values each) as a
+    /// bf16 tensor of `shape`, without a copy.
+    pub fn bf16_from_words(mut words: Tensor, shape: &[usize]) -> Tensor {
+        let n: usize = shape.iter().product();
+        assert_eq!(
+            2 * words.numel(),
+            n,
+            "bf16_from_words: {n} values in {} words",
+            words.numel()
+        );
+        let Storage::F32(v) = &mut words.storage else {
+            panic!("bf16_from_words on a {} tensor", words.dtype());
+        };
+        Tensor {
+            shape: shape.to_vec(),
+            storage: Storage::BF16(pool::Bf16Buf::from_words(std::mem::take(v), n)),
+            device: Device::Cpu,
+        }
+    }
+
     /// The elements as a kernel reads them, f32 or bf16 (see
     /// [`crate::cpu::matmul::Operand`]). Panics on an f16 tensor: kernels read those widened,
     /// so reaching here is a programming error in the caller.

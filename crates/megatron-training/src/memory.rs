@@ -379,8 +379,8 @@ pub fn predict_peak(
     let attention_backward = 8 * rows * h + e_in * rows * h + 4 * tok * (qkv_copies * qw + 2 * ow);
     let backward = backward.max(attention_backward);
     // A mixture-of-experts layer works on its routed rows (expected `k` per token, each
-    // expert-tensor-parallel rank gathering its group's), in f32 whatever the precision: forward
-    // holds the dispatched input, the experts' fc1 output, activation and output at once;
+    // expert-tensor-parallel rank gathering its group's): forward holds the dispatched input,
+    // the experts' f32 fc1 output, activation and output at once;
     // backward the output gradient, the activation and its gradient and fc1's output gradient
     // (and, under 16 bits, the widened rows combine kept).
     let moe_layers = (0..layers).any(|l| m.is_moe_layer(l));
@@ -394,7 +394,13 @@ pub fn predict_peak(
             } else {
                 0
             };
-            let moe_forward = 4 * (rows * h + routed * (2 * h + f1 + f));
+            // Under `--bf16` the rows are dispatched (and their input kept) in bf16.
+            let dispatched = if precision == MatmulPrecision::BF16 {
+                2 * (rows * h + routed * h)
+            } else {
+                4 * routed * h
+            };
+            let moe_forward = 4 * (rows * h + routed * (h + f1 + f)) + dispatched;
             let moe_backward = 4 * (2 * rows * h + routed * (h + f + f1) + widened);
             (
                 forward.max(moe_forward),

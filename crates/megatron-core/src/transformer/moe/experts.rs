@@ -183,10 +183,12 @@ impl GroupedMLP {
             self.weights(params, |e| e.fc2),
         );
         let mut h1 = Tensor::for_overwrite(&[n, f1]);
+        // `x` as dispatched (bf16 under `--bf16`).
+        let xs = x.operand();
         self.run(&mut products(
             row_blocks(h1.data_mut(), &blocks, f1),
             &blocks,
-            |_, r| Operand::F32(&x.data()[rows(r, h)]),
+            |_, r| xs.slice(rows(r, h)),
             |l, _| w1[l].operand(),
             |m| MatmulDims::new(m, f1, h).tb(),
         ));

@@ -15,7 +15,7 @@ pub mod token_dispatcher;
 
 use super::config::{LoadBalancing, MoEConfig, RouterScore, TransformerConfig};
 use super::layer::add_inplace;
-use super::saved::{keep, readable, restore};
+use super::saved::{keep, linear_input_dtype, readable, restore};
 use super::step::StepContext;
 use crate::params::{Grads, Init, ParamId, Params, Sharding};
 use crate::tensor_parallel::Tp;
@@ -26,7 +26,7 @@ use megatron_tensor::cpu::moe_router::{
     ScoreFunction,
 };
 use megatron_tensor::cpu::{matmul, matmul_forward, MatmulDims};
-use megatron_tensor::Tensor;
+use megatron_tensor::{DType, Tensor};
 use router::{assign, update_expert_bias, Capacity};
 use shared_experts::{SharedExpertMLP, SharedExpertSaved};
 use std::sync::Mutex;
@@ -239,7 +239,13 @@ impl MoELayer {
         let kind = self.cfg.dispatcher;
         let plan = DispatchPlan::new(&assignment, e, h, kind, tp)?;
         drop(assignment);
-        let xe = plan.dispatch(x, tp)?;
+        // The experts' GEMMs read their input rows in the storage type of the layer's other
+        // matmul inputs: bf16 under `--bf16` (the rounding they would do themselves), so the
+        // rows are dispatched at half the bytes and kept as they arrive.
+        let xe = match linear_input_dtype() {
+            DType::F32 => plan.dispatch(x, tp)?,
+            dtype => plan.dispatch(&x.to_dtype(dtype), tp)?,
+        };
         let (y, h1) = self.experts.forward(params, &xe, &plan.local_counts);
         let (mut out, kept) = plan.combine(y, tp)?;
         let shared = match &self.shared_experts {

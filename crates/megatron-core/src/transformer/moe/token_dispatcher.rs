@@ -251,11 +251,30 @@ impl DispatchPlan {
             .map_or_else(|| self.rows(), |e| e.own_rows())
     }
 
-    /// `x` (`[tokens, h]`, this rank's) to the experts' buffer.
+    /// `x` (`[tokens, h]`, this rank's) to the experts' buffer, in `x`'s storage type. A bf16
+    /// `x` (under `--bf16`, whose expert GEMMs would round the rows to bf16 anyway) travels as
+    /// f32 words of two bf16 values each: every step of the dispatch only copies whole rows, so
+    /// the bit pairs arrive intact, at half the bytes of f32 rows (Megatron dispatches its
+    /// 16-bit activations likewise).
     pub fn dispatch(&self, x: &Tensor, tp: &mut Tp) -> Result<Tensor, CommError> {
-        let xj = self.dispatch_ep(x, tp.ep())?;
+        match x.bf16_words().filter(|_| self.hidden.is_multiple_of(2)) {
+            Some(words) => {
+                let out = self.dispatch_rows(words, self.hidden / 2, tp)?;
+                Ok(Tensor::bf16_from_words(out, &[self.rows(), self.hidden]))
+            }
+            None => self.dispatch_rows(
+                crate::transformer::saved::restore(x).data(),
+                self.hidden,
+                tp,
+            ),
+        }
+    }
+
+    /// [`DispatchPlan::dispatch`] of rows `w` words wide.
+    fn dispatch_rows(&self, x: &[f32], w: usize, tp: &mut Tp) -> Result<Tensor, CommError> {
+        let xj = self.dispatch_ep(x, w, tp.ep())?;
         match (&self.etp, tp.etp()) {
-            (Some(e), Some(c)) => e.gather(&xj, self.hidden, c),
+            (Some(e), Some(c)) => e.gather(&xj, w, c),
             _ => Ok(xj),
         }
     }
@@ -301,26 +320,26 @@ impl DispatchPlan {
     /// The expert-parallel stage of [`DispatchPlan::dispatch`].
     fn dispatch_ep(
         &self,
-        x: &Tensor,
+        x: &[f32],
+        h: usize,
         ep: Option<&mut dyn Communicator>,
     ) -> Result<Tensor, CommError> {
-        let h = self.hidden;
         let mut out = Tensor::for_overwrite(&[self.ep_rows(), h]);
         match &self.kind {
-            Kind::Local => gather_rows(out.data_mut(), x.data(), &self.sorted_tokens(), h),
+            Kind::Local => gather_rows(out.data_mut(), x, &self.sorted_tokens(), h),
             Kind::AllToAll {
                 send,
                 recv,
                 regroup,
             } => {
                 let mut sorted = vec![0.0f32; self.order.len() * h];
-                gather_rows(&mut sorted, x.data(), &self.sorted_tokens(), h);
+                gather_rows(&mut sorted, x, &self.sorted_tokens(), h);
                 let got = exchange(&sorted, send, recv, h, ep)?;
                 gather_rows(out.data_mut(), got.data(), regroup, h);
             }
             Kind::AllGather { token, ep: p, .. } => {
-                let mut all = vec![0.0f32; p * x.numel()];
-                expect(ep).all_gather(x.data(), &mut all)?;
+                let mut all = vec![0.0f32; p * x.len()];
+                expect(ep).all_gather(x, &mut all)?;
                 gather_rows(out.data_mut(), &all, token, h);
             }
         }
