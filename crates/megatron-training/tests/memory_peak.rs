@@ -13,7 +13,6 @@ mod common;
 
 use common::*;
 use megatron_tensor::alloc::RankAllocator;
-use megatron_training::pretrain;
 
 #[global_allocator]
 static ALLOCATOR: RankAllocator<std::alloc::System> = RankAllocator(std::alloc::System);
@@ -104,11 +103,9 @@ fn measured_peak_per_rank_is_within_a_few_percent_of_the_prediction() {
     let tolerance = 0.05;
     let dir = tmpdir("memory-peak");
     for (i, layout) in layouts.iter().enumerate() {
-        let metrics = dir.join(format!("metrics{i}.jsonl"));
-        let m = metrics.to_str().unwrap();
-        let v = [MODEL, layout, &["--metrics-file", m]].concat();
-        pretrain(&args(&v)).unwrap_or_else(|e| panic!("{layout:?}: {e}"));
-        let mem = assert_peak_matches_prediction(&metrics, tolerance, &format!("{layout:?}"));
+        let flags = [MODEL, layout].concat();
+        let what = format!("{layout:?}");
+        let mem = train_and_assert_peak(&dir, &format!("metrics{i}"), &flags, tolerance, &what);
         let allocated = mem["allocated_peak"].as_u64().expect("allocator installed");
         // The reserved mark adds what the tensor pool keeps; it cannot be below what is in use.
         assert!(mem["reserved_peak"].as_u64().unwrap() >= allocated);

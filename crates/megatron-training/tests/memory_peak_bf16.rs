@@ -15,7 +15,6 @@ mod common;
 
 use common::*;
 use megatron_tensor::alloc::RankAllocator;
-use megatron_training::pretrain;
 
 #[global_allocator]
 static ALLOCATOR: RankAllocator<std::alloc::System> = RankAllocator(std::alloc::System);
@@ -133,21 +132,9 @@ fn measured_bf16_peak_per_rank_matches_the_prediction_on_each_bf16_kernel() {
     let dir = tmpdir("memory-peak-bf16");
     for kernel in kernels {
         for (i, (model, layout)) in runs.iter().enumerate() {
-            let metrics = dir.join(format!("metrics-{kernel}-{i}.jsonl"));
-            let m = metrics.to_str().unwrap();
-            let v = [
-                *model,
-                RUN,
-                *layout,
-                &["--bf16-matmul-kernel", kernel, "--metrics-file", m],
-            ]
-            .concat();
-            pretrain(&args(&v)).unwrap_or_else(|e| panic!("{kernel} {layout:?}: {e}"));
-            assert_peak_matches_prediction(
-                &metrics,
-                tolerance,
-                &format!("{kernel} run {i} {layout:?}"),
-            );
+            let flags = [*model, RUN, *layout, &["--bf16-matmul-kernel", kernel]].concat();
+            let what = format!("{kernel} run {i} {layout:?}");
+            train_and_assert_peak(&dir, &format!("{kernel}-{i}"), &flags, tolerance, &what);
         }
     }
     let _ = std::fs::remove_dir_all(dir);

@@ -12,7 +12,6 @@ mod common;
 
 use common::*;
 use megatron_tensor::alloc::RankAllocator;
-use megatron_training::pretrain;
 
 #[global_allocator]
 static ALLOCATOR: RankAllocator<std::alloc::System> = RankAllocator(std::alloc::System);
@@ -84,11 +83,9 @@ fn measured_moe_peak_per_rank_matches_the_prediction() {
     let tolerance = 0.03;
     let dir = tmpdir("memory-peak-moe");
     for (i, layout) in runs.iter().enumerate() {
-        let metrics = dir.join(format!("metrics{i}.jsonl"));
-        let m = metrics.to_str().unwrap();
-        let v = [MODEL, layout, &["--metrics-file", m]].concat();
-        pretrain(&args(&v)).unwrap_or_else(|e| panic!("{layout:?}: {e}"));
-        assert_peak_matches_prediction(&metrics, tolerance, &format!("{layout:?}"));
+        let flags = [MODEL, layout].concat();
+        let what = format!("{layout:?}");
+        train_and_assert_peak(&dir, &format!("metrics{i}"), &flags, tolerance, &what);
     }
     let _ = std::fs::remove_dir_all(dir);
 }

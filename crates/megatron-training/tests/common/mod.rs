@@ -522,6 +522,23 @@ pub fn assert_peak_matches_prediction(
     mem
 }
 
+/// Trains `flags` with `--metrics-file` in `dir` (file `name`) and asserts the run's measured
+/// peak per rank against the prediction ([`assert_peak_matches_prediction`], `what` naming the
+/// run); returns the memory record.
+#[allow(dead_code)]
+pub fn train_and_assert_peak(
+    dir: &std::path::Path,
+    name: &str,
+    flags: &[&str],
+    tolerance: f64,
+    what: &str,
+) -> serde_json::Value {
+    let metrics = dir.join(format!("{name}.jsonl"));
+    let v = [flags, &["--metrics-file", metrics.to_str().unwrap()]].concat();
+    megatron_training::pretrain(&args(&v)).unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert_peak_matches_prediction(&metrics, tolerance, what)
+}
+
 /// An I64 tensor of a safetensors file (reference fixtures).
 pub fn safetensor_i64(r: &safetensors::SafeTensors, name: &str) -> Vec<i64> {
     r.tensor(name)
