@@ -263,26 +263,27 @@ impl TransformerLayer {
         let dy = self.residual_branch_grad(grads, bias, &dout, &at, ctx, SITE_MLP_RESIDUAL);
         // The kept residuals are read as stored (bf16 under `--bf16`): the norms widen them
         // row block by row block, in cache.
-        let mid = &*readable(&saved.mid);
+        let mid = readable(&saved.mid);
         let ln2_dtype = self.mlp.input_dtype();
-        let (ln2_out, _) = self.pre_mlp_layernorm.forward_as(params, mid, ln2_dtype);
+        let (ln2_out, _) = self.pre_mlp_layernorm.forward_as(params, &mid, ln2_dtype);
         let dln2 = self
             .mlp
             .backward(params, grads, tp, &saved.mlp, &ln2_out, dy, ctx)?;
         drop(ln2_out);
         let mut dmid = self
             .pre_mlp_layernorm
-            .backward(params, grads, &saved.ln2, mid, &dln2);
+            .backward(params, grads, &saved.ln2, &mid, &dln2);
         drop(dln2);
         add_inplace(&mut dmid, &dout);
         drop(dout);
         // Attention residual.
         let bias = self.self_attention.proj_bias;
         let dproj = self.residual_branch_grad(grads, bias, &dmid, &at, ctx, SITE_ATTN_RESIDUAL);
-        let input = &*readable(&saved.input);
+        drop(mid);
+        let input = readable(&saved.input);
         let (ln1_out, _) = self
             .input_layernorm
-            .forward_as(params, input, linear_input_dtype());
+            .forward_as(params, &input, linear_input_dtype());
         let dln1 = self.self_attention.backward(
             params,
             grads,
@@ -298,7 +299,7 @@ impl TransformerLayer {
         drop(ln1_out);
         let mut dx = self
             .input_layernorm
-            .backward(params, grads, &saved.ln1, input, &dln1);
+            .backward(params, grads, &saved.ln1, &input, &dln1);
         add_inplace(&mut dx, &dmid);
         Ok(dx)
     }
