@@ -6,12 +6,13 @@
 //! (`GroupedMLP`): the same bits either way.
 
 use super::super::config::TransformerConfig;
+use super::super::saved::linear_input_dtype;
 use crate::params::{Grads, Init, ParamId, ParamOperand, Params, Sharding};
 use megatron_tensor::cpu::{
     grouped_matmul, matmul_operands, mlp_activation_backward, mlp_activation_forward, GemmProblem,
     MatmulDims, MlpActivation, Operand,
 };
-use megatron_tensor::Tensor;
+use megatron_tensor::{DType, Tensor};
 use std::ops::Range;
 
 pub struct Expert {
@@ -155,8 +156,13 @@ impl GroupedMLP {
         }
     }
 
-    fn activate(&self, act: &mut [f32], h1: Operand<'_>) {
-        mlp_activation_forward(act, h1, self.ffn, self.activation)
+    /// The activation of fc1's output `h1` (either storage type), in the storage type fc2's
+    /// products read ([`linear_input_dtype`]: bf16 under `--bf16`, as the dense MLP's).
+    fn activate(&self, h1: &Tensor) -> Tensor {
+        let n = h1.shape()[0];
+        let mut act = Tensor::for_overwrite_as(&[n, self.ffn], linear_input_dtype());
+        mlp_activation_forward(act.operand_mut(), h1.operand(), self.ffn, self.activation);
+        act
     }
 
     /// The local experts' weights as stored: a `--bf16` weight's 16-bit copy is read in place
@@ -192,13 +198,13 @@ impl GroupedMLP {
             |l, _| w1[l].operand(),
             |m| MatmulDims::new(m, f1, h).tb(),
         ));
-        let mut act = Tensor::for_overwrite(&[n, f]);
-        self.activate(act.data_mut(), h1.operand());
+        let act = self.activate(&h1);
+        let acts = act.operand();
         let mut y = Tensor::for_overwrite(&[n, h]);
         self.run(&mut products(
             row_blocks(y.data_mut(), &blocks, h),
             &blocks,
-            |_, r| Operand::F32(&act.data()[rows(r, f)]),
+            |_, r| acts.slice(rows(r, f)),
             |l, _| w2[l].operand(),
             |m| MatmulDims::new(m, h, f).tb(),
         ));
@@ -228,17 +234,23 @@ impl GroupedMLP {
                 .map(|(l, _)| which(&self.experts[*l]))
                 .collect()
         };
-        let mut act = Tensor::for_overwrite(&[n, f]);
-        self.activate(act.data_mut(), h1.operand());
+        let act = self.activate(h1);
+        let acts = act.operand();
         // fc2: dW2 += dy^T act (each block its expert's gradient), dact = dy W2.
         self.run(&mut products(
             grads.disjoint_mut(&ids(|e| e.fc2)),
             &blocks,
             |_, r| Operand::F32(&dy.data()[rows(r, h)]),
-            |_, r| Operand::F32(&act.data()[rows(r, f)]),
+            |_, r| acts.slice(rows(r, f)),
             |m| MatmulDims::new(h, f, m).ta().acc(),
         ));
-        let mut dact = act;
+        // The activation's f32 buffer takes its gradient (a bf16 one is freed first).
+        let mut dact = if act.dtype() == DType::F32 {
+            act
+        } else {
+            drop(act);
+            Tensor::for_overwrite(&[n, f])
+        };
         self.run(&mut products(
             row_blocks(dact.data_mut(), &blocks, f),
             &blocks,
