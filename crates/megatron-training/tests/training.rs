@@ -1470,6 +1470,7 @@ fn megatron_script_kernel_flags_are_accepted_without_changing_training() {
         "4",
         "--no-check-for-nan-in-loss-and-grad",
         "--openai-gelu",
+        "--fp32-residual-connection",
         "--muon-use-syrk",
     ]))
     .unwrap();
