@@ -2,11 +2,6 @@ use crate::cpu::operand::{Operand, OperandMut};
 use crate::dtype::DType;
 use crate::pool;
 use half::f16;
-use rayon::prelude::*;
-
-/// Elements per parallel task of a cast between f32 and bf16 (memory-bound: a few tasks per
-/// core are enough).
-const CAST_CHUNK: usize = 1 << 16;
 use std::fmt;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -234,11 +229,9 @@ impl Tensor {
             // outside the pool would make the pool grow every step.
             let mut t = Tensor::for_overwrite(&self.shape);
             match &self.storage {
-                Storage::BF16(v) => t
-                    .data_mut()
-                    .par_chunks_mut(CAST_CHUNK)
-                    .zip(v.as_slice().par_chunks(CAST_CHUNK))
-                    .for_each(|(o, i)| crate::cpu::cast::bf16_to_f32(o, i)),
+                Storage::BF16(v) => {
+                    crate::cpu::cast::bf16_to_f32_parallel(t.data_mut(), v.as_slice())
+                }
                 Storage::F16(v) => crate::cpu::cast::f16_to_f32(t.data_mut(), v),
                 Storage::F32(_) => unreachable!("same dtype returned above"),
             }
@@ -256,10 +249,7 @@ impl Tensor {
         let storage = match dtype {
             DType::BF16 => {
                 let mut out = pool::Bf16Buf::take_any(src.len());
-                out.as_mut_slice()
-                    .par_chunks_mut(CAST_CHUNK)
-                    .zip(src.par_chunks(CAST_CHUNK))
-                    .for_each(|(o, i)| crate::cpu::cast::f32_to_bf16(o, i));
+                crate::cpu::cast::f32_to_bf16_parallel(out.as_mut_slice(), src);
                 Storage::BF16(out)
             }
             DType::F16 => {

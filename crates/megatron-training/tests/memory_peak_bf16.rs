@@ -50,43 +50,15 @@ const RUN: &[&str] = &[
     "--log-memory",
 ];
 
-/// The layers' working set dominates: vocabulary 1000 against an MLP of 2048 on hidden 256.
-const WIDE_MLP: &[&str] = &[
-    "--vocab-size",
-    "1000",
-    "--num-layers",
-    "2",
-    "--hidden-size",
-    "256",
-    "--ffn-hidden-size",
-    "2048",
-    "--num-attention-heads",
-    "4",
-    "--seq-length",
-    "512",
-    "--micro-batch-size",
-    "4",
-    "--global-batch-size",
-    "4",
-];
+/// The layers' working set dominates: vocabulary 1000 against an MLP of 2048 on hidden 256
+/// (with [`SMALL_VOCAB_LAYERS`]).
+const WIDE_MLP: &[&str] = &["--ffn-hidden-size", "2048", "--global-batch-size", "4"];
 
 /// Multi-latent attention, where attention's backward (its widened QKV, the padded kernel
-/// output) outweighs the MLP's.
+/// output) outweighs the MLP's (with [`SMALL_VOCAB_LAYERS`]).
 const MLA: &[&str] = &[
-    "--vocab-size",
-    "1000",
-    "--num-layers",
-    "2",
-    "--hidden-size",
-    "256",
     "--ffn-hidden-size",
     "1024",
-    "--num-attention-heads",
-    "4",
-    "--seq-length",
-    "512",
-    "--micro-batch-size",
-    "4",
     "--global-batch-size",
     "4",
     "--multi-latent-attention",
@@ -120,13 +92,15 @@ fn measured_bf16_peak_per_rank_matches_the_prediction_on_each_bf16_kernel() {
         "--sequence-parallel",
     ];
     let swiglu_tp2_sp = [&["--swiglu"][..], tp2_sp].concat();
+    let wide_mlp = [SMALL_VOCAB_LAYERS, WIDE_MLP].concat();
+    let mla = [SMALL_VOCAB_LAYERS, MLA].concat();
     let runs: [(&[&str], &[&str]); 6] = [
         (MODEL, &[]),
         (MODEL, tp2_sp),
-        (WIDE_MLP, &[]),
-        (WIDE_MLP, &["--swiglu"]),
-        (WIDE_MLP, &swiglu_tp2_sp),
-        (MLA, &[]),
+        (&wide_mlp, &[]),
+        (&wide_mlp, &["--swiglu"]),
+        (&wide_mlp, &swiglu_tp2_sp),
+        (&mla, &[]),
     ];
     let tolerance = 0.02;
     let dir = tmpdir("memory-peak-bf16");

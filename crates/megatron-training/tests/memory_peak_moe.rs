@@ -16,23 +16,10 @@ use megatron_tensor::alloc::RankAllocator;
 #[global_allocator]
 static ALLOCATOR: RankAllocator<std::alloc::System> = RankAllocator(std::alloc::System);
 
-/// Experts whose working set sets the peak: 8 of FFN 1024 on hidden 256, top 2, vocabulary
-/// 1000, 2048 tokens per micro-batch.
+/// Experts whose working set sets the peak: 8 of FFN 1024, top 2, on [`SMALL_VOCAB_LAYERS`].
 const MODEL: &[&str] = &[
-    "--vocab-size",
-    "1000",
-    "--num-layers",
-    "2",
-    "--hidden-size",
-    "256",
     "--ffn-hidden-size",
     "1024",
-    "--num-attention-heads",
-    "4",
-    "--seq-length",
-    "512",
-    "--micro-batch-size",
-    "4",
     "--train-iters",
     "2",
     "--log-interval",
@@ -83,7 +70,7 @@ fn measured_moe_peak_per_rank_matches_the_prediction() {
     let tolerance = 0.03;
     let dir = tmpdir("memory-peak-moe");
     for (i, layout) in runs.iter().enumerate() {
-        let flags = [MODEL, layout].concat();
+        let flags = [SMALL_VOCAB_LAYERS, MODEL, layout].concat();
         let what = format!("{layout:?}");
         train_and_assert_peak(&dir, &format!("metrics{i}"), &flags, tolerance, &what);
     }

@@ -522,6 +522,24 @@ pub fn assert_peak_matches_prediction(
     mem
 }
 
+/// A model whose layers' working set (not the output layer) sets the peak: 2 layers of hidden
+/// 256, 4 heads, vocabulary 1000, 2048 tokens per micro-batch (the peak tests add its FFN).
+#[allow(dead_code)]
+pub const SMALL_VOCAB_LAYERS: &[&str] = &[
+    "--vocab-size",
+    "1000",
+    "--num-layers",
+    "2",
+    "--hidden-size",
+    "256",
+    "--num-attention-heads",
+    "4",
+    "--seq-length",
+    "512",
+    "--micro-batch-size",
+    "4",
+];
+
 /// Trains `flags` with `--metrics-file` in `dir` (file `name`) and asserts the run's measured
 /// peak per rank against the prediction ([`assert_peak_matches_prediction`], `what` naming the
 /// run); returns the memory record.

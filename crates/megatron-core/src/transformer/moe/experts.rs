@@ -259,8 +259,8 @@ impl GroupedMLP {
             |m| MatmulDims::new(m, f, h),
         ));
         let mut dh1 = Tensor::for_overwrite(&[n, f1]);
-        let act_kind = self.activation;
-        mlp_activation_backward(dh1.data_mut(), dact.data(), h1.operand(), f, act_kind);
+        let (di, dy) = (dh1.data_mut(), dact.data());
+        mlp_activation_backward(di, dy, h1.operand(), f, self.activation);
         drop(dact);
         // fc1: dW1 += dh1^T x, dx = dh1 W1; `x` as kept (bf16 under `--bf16`).
         let xs = x.operand();

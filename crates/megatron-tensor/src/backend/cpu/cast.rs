@@ -1,6 +1,7 @@
 use super::simd::multiversion;
 use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
+use rayon::prelude::*;
 
 /// Rounds to nearest even (NaN stays a quiet NaN): the same bits as `half`'s `bf16::from_f32`
 /// and as the packed GEMMs' `vcvtne2ps2bf16`, but compiled per instruction set so the loop
@@ -14,6 +15,26 @@ pub fn f32_to_bf16(out: &mut [bf16], inp: &[f32]) {
 pub fn bf16_to_f32(out: &mut [f32], inp: &[bf16]) {
     assert_eq!(out.len(), inp.len());
     widen_bf16(out, inp);
+}
+
+/// Elements per parallel task of a whole-tensor cast (memory-bound: a few tasks per core are
+/// enough).
+const PARALLEL_CHUNK: usize = 1 << 16;
+
+/// [`f32_to_bf16`] of a whole tensor, split over the current thread pool.
+pub fn f32_to_bf16_parallel(out: &mut [bf16], inp: &[f32]) {
+    assert_eq!(out.len(), inp.len());
+    out.par_chunks_mut(PARALLEL_CHUNK)
+        .zip(inp.par_chunks(PARALLEL_CHUNK))
+        .for_each(|(o, i)| narrow_bf16(o, i));
+}
+
+/// [`bf16_to_f32`] of a whole tensor, split over the current thread pool.
+pub fn bf16_to_f32_parallel(out: &mut [f32], inp: &[bf16]) {
+    assert_eq!(out.len(), inp.len());
+    out.par_chunks_mut(PARALLEL_CHUNK)
+        .zip(inp.par_chunks(PARALLEL_CHUNK))
+        .for_each(|(o, i)| widen_bf16(o, i));
 }
 
 multiversion! {

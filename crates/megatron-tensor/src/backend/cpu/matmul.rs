@@ -207,11 +207,7 @@ impl<'a> Operand<'a> {
             Operand::F32(x) => RoundedOperand::Exact(x),
             Operand::BF16(x) => {
                 let mut t = crate::Tensor::for_overwrite(&[x.len()]);
-                const CHUNK: usize = 1 << 16;
-                t.data_mut()
-                    .par_chunks_mut(CHUNK)
-                    .zip(x.par_chunks(CHUNK))
-                    .for_each(|(o, i)| super::cast::bf16_to_f32(o, i));
+                super::cast::bf16_to_f32_parallel(t.data_mut(), x);
                 RoundedOperand::Rounded(t)
             }
         }
