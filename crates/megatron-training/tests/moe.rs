@@ -656,3 +656,57 @@ fn moe_kept_activations_match_the_engine_formula_on_one_rank() {
         assert_eq!(s.peak_activation_bytes, f, "{extra:?}");
     }
 }
+
+/// Under `--bf16` the tokens travel to their experts as bf16 (two to an f32 word) and the experts
+/// read their 16-bit weights in place: expert parallelism, with either dispatcher and with expert
+/// tensor parallelism, trains the one-bf16-rank model (the bf16 layout tolerances).
+#[test]
+fn moe_bf16_expert_parallel_layouts_match_one_bf16_rank() {
+    let dir = tmpdir("moe-bf16-ep-layouts");
+    let serial = run(&dir, "serial", &["--bf16"]);
+    let layouts: [(&str, &[&str]); 3] = [
+        (
+            "ep2 alltoall",
+            &[
+                "--nproc-per-node",
+                "2",
+                "--expert-model-parallel-size",
+                "2",
+                "--moe-token-dispatcher-type",
+                "alltoall",
+            ],
+        ),
+        (
+            "ep2 allgather",
+            &[
+                "--nproc-per-node",
+                "2",
+                "--expert-model-parallel-size",
+                "2",
+                "--moe-token-dispatcher-type",
+                "allgather",
+            ],
+        ),
+        (
+            "ep2 x tp2 (sp, etp2) alltoall",
+            &[
+                "--nproc-per-node",
+                "4",
+                "--expert-model-parallel-size",
+                "2",
+                "--moe-token-dispatcher-type",
+                "alltoall",
+                "--tensor-model-parallel-size",
+                "2",
+                "--sequence-parallel",
+                "--expert-tensor-parallel-size",
+                "2",
+            ],
+        ),
+    ];
+    for (name, layout) in layouts {
+        let r = run(&dir, name, &[layout, &["--bf16"]].concat());
+        assert_same_training_within(name, &serial, &r, BF16_LOSS_TOL, BF16_PARAM_TOL);
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
