@@ -6,8 +6,8 @@ use clap::{Args, ValueEnum};
 use megatron_core::optimizer::UpdateRule;
 use megatron_core::optimizer::{LrDecayStyle, WsdDecayStyle};
 use megatron_core::transformer::config::{
-    Activation, GeluForm, MLAConfig, MTPConfig, Normalization, PositionEmbeddingType, RotaryConfig,
-    SlidingWindow,
+    Activation, GeluForm, MLAConfig, MTPConfig, Normalization, PositionEmbeddingType,
+    ResidualPrecision, RotaryConfig, SlidingWindow,
 };
 use megatron_core::TransformerConfig;
 
@@ -1552,6 +1552,11 @@ impl TrainArgs {
             Some(m) => m,
             None => self.model_config(vocab_size, tp)?,
         };
+        model.residual = if self.bf16 && !self.script_compat.fp32_residual_connection {
+            ResidualPrecision::BF16
+        } else {
+            ResidualPrecision::F32
+        };
         let bert = self.bert_settings(&mut model, cp, from_checkpoint)?;
         let t5 = self.t5_settings(&model, cp)?;
         if model.mtp.is_some() {
@@ -2107,6 +2112,7 @@ impl TrainArgs {
                 num_layers: n,
                 loss_scaling_factor: self.mtp_loss_scaling_factor,
             }),
+            residual: Default::default(),
         };
         model.validate()?;
         if self.group_query_attention && !model.query_groups().is_multiple_of(tp) {

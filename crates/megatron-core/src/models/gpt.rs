@@ -118,8 +118,8 @@ pub fn classifier_tile_rows(v: usize) -> usize {
 /// output (`heads x kv_channels`) and the fc1 output (f, or 2f under SwiGLU), each in f32 or,
 /// under `--bf16` / `--fp16`, in 16 bits; plus the f32 norm statistics (mean and rstd of two
 /// LayerNorms, or the rstd of two RMSNorms) and the f32 attention log-sum-exp (a per token;
-/// flash-style attention keeps no `s x s` scores); plus the last layer's f32 output (h per
-/// token); under `--qk-layernorm` the query and key norms' inputs (in 16 or 32 bits) and their
+/// flash-style attention keeps no `s x s` scores); plus the last layer's output (h per
+/// token, in the residual stream's storage); under `--qk-layernorm` the query and key norms' inputs (in 16 or 32 bits) and their
 /// f32 statistics per head. Tensor parallelism divides the QKV, attention, fc1, log-sum-exp
 /// and query/key-norm terms by `t`;
 /// sequence parallelism also the input, residual, statistics and output. Multi-token
@@ -270,7 +270,7 @@ pub fn activation_bytes_formula_with(
     let mtp = cfg.mtp.map_or(0, |m| {
         m.num_layers * (layer + rows * (4 * 6 * h + 6 * stats))
     });
-    kept + rows * h * 4 + mtp
+    kept + rows * h * cfg.residual.dtype().size_in_bytes() + mtp
 }
 
 /// The labels a loss counts (`mask`'s sum). Each context-parallel rank holds part of the

@@ -5,7 +5,7 @@
 //! send overlaps with its next compute and neighbours cannot deadlock sending to each other.
 
 use megatron_comm::{CommError, Communicator};
-use megatron_tensor::Tensor;
+use megatron_tensor::{DType, Tensor};
 
 /// Message tag of the activation (or, `backward`, the gradient) of micro-batch `mb` arriving at
 /// virtual stage `vs` of `stages`.
@@ -13,8 +13,13 @@ pub fn tag(mb: usize, vs: usize, stages: usize, backward: bool) -> u64 {
     (((mb * stages + vs) * 2) + backward as usize) as u64
 }
 
+/// Sends `x` as f32: a bf16 activation (the residual stream under `--bf16`) is widened, which
+/// is exact, and the receiving stage rounds it back to the same bits.
 pub fn send(pp: &mut dyn Communicator, x: &Tensor, dst: usize, tag: u64) -> Result<(), CommError> {
-    pp.send(x.data(), dst, tag)
+    match x.dtype() {
+        DType::F32 => pp.send(x.data(), dst, tag),
+        _ => pp.send(x.to_dtype(DType::F32).data(), dst, tag),
+    }
 }
 
 pub fn recv(

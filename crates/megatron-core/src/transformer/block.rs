@@ -10,7 +10,7 @@ use crate::params::{Grads, ParamId, Params};
 use crate::tensor_parallel::Tp;
 use megatron_comm::CommError;
 use megatron_tensor::cpu::AttentionMask;
-use megatron_tensor::Tensor;
+use megatron_tensor::{DType, Tensor};
 use std::ops::Range;
 
 /// What the block keeps of one micro-batch for backward.
@@ -46,9 +46,20 @@ impl SavedLayers {
 
 /// A copy of `x` as activations are kept (16-bit under `--bf16`).
 fn kept_copy(x: &Tensor) -> Tensor {
-    let mut c = Tensor::for_overwrite(x.shape());
-    c.data_mut().copy_from_slice(x.data());
-    keep(c)
+    match x.dtype() {
+        DType::F32 => keep(x.clone()),
+        _ => x.clone(),
+    }
+}
+
+/// The block's input in the residual stream's storage: under a bf16 stream the embedding's
+/// output (or a received f32 activation) is rounded once here, as Megatron's embedding
+/// writes bf16, so forward and the norms recomputed in backward read the same values.
+fn into_residual_stream(layers: &[TransformerLayer], x: Tensor) -> Tensor {
+    match layers.first() {
+        Some(l) if l.residual == DType::BF16 && x.dtype() == DType::F32 => x.to_dtype(DType::BF16),
+        _ => x,
+    }
 }
 
 /// The chunk's `n` layers in the groups full recomputation treats as one (`true`: keep only
@@ -92,6 +103,7 @@ pub fn transformer_block_forward(
     mask: AttentionMask,
     mode: ForwardMode,
 ) -> Result<(Tensor, TransformerBlockSaved), CommError> {
+    x = into_residual_stream(layers, x);
     let keep = mode == ForwardMode::Train;
     let mut saved = Vec::with_capacity(if keep { layers.len() } else { 0 });
     let recompute = if keep { ctx.recompute } else { Recompute::None };
@@ -142,8 +154,11 @@ pub fn transformer_block_backward(
             SavedLayers::Recompute { input, layers: r } => {
                 // The group's forward again, from its input, with the same dropout masks.
                 let again = ctx.recomputing();
-                let mut x = restore(&input).into_owned();
-                drop(input);
+                // A bf16 input is read as stored, as the first forward read it.
+                let mut x = match input.dtype() {
+                    DType::F16 => restore(&input).into_owned(),
+                    _ => input,
+                };
                 let mut kept = Vec::with_capacity(r.len());
                 for layer in &layers[r.clone()] {
                     let (y, s) = layer.forward(params, tp, x, b, t, &again, mask)?;

@@ -356,6 +356,26 @@ pub enum AttnMaskType {
     Padding,
 }
 
+/// The storage of the residual stream, the hidden states that pass from layer to layer (and
+/// between pipeline stages). Megatron keeps them in the parameters' dtype under `--bf16`
+/// unless `--fp32-residual-connection`; each residual sum is then taken in f32 and rounded
+/// once. Gradients flow in f32 either way.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ResidualPrecision {
+    #[default]
+    F32,
+    BF16,
+}
+
+impl ResidualPrecision {
+    pub fn dtype(self) -> megatron_tensor::DType {
+        match self {
+            ResidualPrecision::F32 => megatron_tensor::DType::F32,
+            ResidualPrecision::BF16 => megatron_tensor::DType::BF16,
+        }
+    }
+}
+
 /// Megatron's `TransformerConfig`: one config-driven decoder covers GPT-2 (the defaults) and
 /// the Llama family (RMSNorm, SwiGLU, RoPE, grouped-query attention, no biases), as megatron-core's
 /// `GPTModel` does with another layer spec. Fields added after the first checkpoints default
@@ -422,6 +442,10 @@ pub struct TransformerConfig {
     /// Multi-token prediction (`--mtp-num-layers`, DeepSeek-V3) after the decoder.
     #[serde(default)]
     pub mtp: Option<MTPConfig>,
+    /// How the residual stream between layers is stored: a setting of the run (`--bf16`
+    /// without `--fp32-residual-connection`), not of the model, so checkpoints do not carry it.
+    #[serde(skip)]
+    pub residual: ResidualPrecision,
 }
 
 /// Megatron's multi-token prediction (`--mtp-num-layers D`, `--mtp-loss-scaling-factor`):
@@ -717,6 +741,7 @@ impl Default for TransformerConfig {
             window: None,
             mla: None,
             mtp: None,
+            residual: ResidualPrecision::F32,
         }
     }
 }

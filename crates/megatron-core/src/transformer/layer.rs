@@ -20,7 +20,7 @@ use crate::tensor_parallel::Tp;
 use megatron_comm::CommError;
 use megatron_tensor::cpu::{
     bias_dropout_add_backward, bias_dropout_add_forward, dropout_add_forward, dropout_backward,
-    AttentionMask, RopeStyle, RopeTable,
+    AttentionMask, Operand, OperandMut, RopeStyle, RopeTable,
 };
 use megatron_tensor::{DType, RngKey, Tensor};
 use std::sync::Arc;
@@ -37,6 +37,8 @@ pub struct TransformerLayer {
     pub mlp: FeedForward,
     pub(super) hidden_dropout: f32,
     placement: LayerNormPlacement,
+    /// The storage of the layer's residual sums and output (the residual stream).
+    pub(super) residual: DType,
 }
 
 pub struct TransformerLayerSaved {
@@ -136,6 +138,7 @@ impl TransformerLayer {
             mlp,
             hidden_dropout: cfg.hidden_dropout,
             placement: cfg.layernorm_placement,
+            residual: cfg.residual.dtype(),
         }
     }
 
@@ -306,12 +309,12 @@ impl TransformerLayer {
 }
 
 /// `out = residual + dropout(x + bias)`, the bias optional (`--disable-bias-linear`).
-pub(super) fn residual_forward(
+pub(super) fn residual_forward<'o, 'r>(
     params: &Params,
     bias: Option<ParamId>,
-    out: &mut [f32],
+    out: impl Into<OperandMut<'o>>,
     x: &[f32],
-    residual: &[f32],
+    residual: impl Into<Operand<'r>>,
     p: f32,
     key: RngKey,
 ) {
@@ -372,15 +375,15 @@ impl TransformerLayer {
         site: u64,
     ) -> Tensor {
         let p = ctx.p(self.hidden_dropout);
-        let mut out = Tensor::for_overwrite(residual.shape());
+        let mut out = Tensor::for_overwrite_as(residual.shape(), self.residual);
         let key = at.key(ctx, self.layer, site);
         at.each(|r, k| {
             residual_forward(
                 params,
                 bias,
-                &mut out.data_mut()[r.clone()],
+                out.operand_mut().slice(r.clone()),
                 &branch.data()[r.clone()],
-                &residual.data()[r],
+                residual.operand().slice(r),
                 p,
                 key.offset(k),
             )

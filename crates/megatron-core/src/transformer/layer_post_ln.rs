@@ -2,6 +2,7 @@
 //! `mid = LN1(x + dropout(attn(x) + b))`, `out = LN2(mid + dropout(mlp(mid) + b))`. Saves the
 //! input, the two residual sums the norms read and their statistics; the first norm's output
 //! (the MLP's input) is recomputed in backward, as the pre-LN layer recomputes its norms.
+//! The norms write the residual stream (bf16 under `--bf16`): in this layout it is their output.
 
 use super::layer::{
     add_inplace, DropoutRows, TransformerLayer, TransformerLayerSaved, SITE_ATTN_RESIDUAL,
@@ -37,7 +38,9 @@ impl TransformerLayer {
         let bias = self.self_attention.proj_bias;
         let mid_sum = self.residual_add(params, (&proj, bias), &x, &at, ctx, SITE_ATTN_RESIDUAL);
         drop(proj);
-        let (mid, ln1) = self.input_layernorm.forward(params, &mid_sum);
+        let (mid, ln1) = self
+            .input_layernorm
+            .forward_as(params, &mid_sum, self.residual);
         let moe_rows = TokenRows {
             first: lo,
             seq_length: t,
@@ -46,7 +49,9 @@ impl TransformerLayer {
         let bias = self.mlp.fc2_bias();
         let out_sum = self.residual_add(params, (&y, bias), &mid, &at, ctx, SITE_MLP_RESIDUAL);
         drop((y, mid));
-        let (out, ln2) = self.pre_mlp_layernorm.forward(params, &out_sum);
+        let (out, ln2) = self
+            .pre_mlp_layernorm
+            .forward_as(params, &out_sum, self.residual);
         Ok((
             out,
             TransformerLayerSaved {
@@ -86,7 +91,9 @@ impl TransformerLayer {
         let bias = self.mlp.fc2_bias();
         let dy = self.residual_branch_grad(grads, bias, &dout_sum, &at, ctx, SITE_MLP_RESIDUAL);
         let mid_sum = restore(&saved.mid);
-        let (mid, _) = self.input_layernorm.forward(params, &mid_sum);
+        let (mid, _) = self
+            .input_layernorm
+            .forward_as(params, &mid_sum, self.residual);
         let mut dmid = self
             .mlp
             .backward(params, grads, tp, &saved.mlp, &mid, dy, ctx)?;

@@ -27,6 +27,14 @@ pub fn restore(t: &Tensor) -> Cow<'_, Tensor> {
     }
 }
 
+/// `t` as f32, moved when it already is (a bf16 residual stream handed to f32-only code).
+pub fn widened(t: Tensor) -> Tensor {
+    match t.dtype() {
+        DType::F32 => t,
+        _ => t.to_dtype(DType::F32),
+    }
+}
+
 /// A kept tensor as the kernels read it: as stored when f32 or bf16 (they widen bf16 rows in
 /// cache), widened when f16 (no kernel reads f16 operands).
 pub fn readable(t: &Tensor) -> Cow<'_, Tensor> {

@@ -22,7 +22,7 @@ use crate::transformer::block::{
 };
 use crate::transformer::config::{AttnMaskType, GeluForm, LayerNormPlacement, TransformerConfig};
 use crate::transformer::layer::{LayerNormSaved, Norm, TransformerLayer};
-use crate::transformer::saved::{keep, restore};
+use crate::transformer::saved::{keep, restore, widened};
 use crate::transformer::step::StepContext;
 use megatron_comm::CommError;
 use megatron_tensor::cpu::AttentionMask;
@@ -271,7 +271,7 @@ impl BertModel {
         )?;
         let x = match &self.final_layernorm {
             Some(ln) => ln.forward(params, &x).0,
-            None => x,
+            None => widened(x),
         };
         if tp.sequence_parallel {
             gather_from_sequence_parallel_region_forward(tp, &x)
@@ -412,7 +412,7 @@ impl ModelChunk for BertModel {
                 let (y, s) = ln.forward(params, &x);
                 (y, Some((x, s)))
             }
-            None => (x, None),
+            None => (widened(x), None),
         };
         let y = if tp.sequence_parallel {
             gather_from_sequence_parallel_region_forward(tp, &xf)?

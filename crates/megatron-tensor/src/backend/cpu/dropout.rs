@@ -1,41 +1,62 @@
 //! Bias + dropout + residual add fused, as Megatron's `bias_dropout_add`. The dropout mask is
 //! regenerated from the counter-based RNG in backward, never stored.
 
+use super::operand::{with_operands, with_scratch, Element, Operand, OperandMut};
 use crate::rng::RngKey;
 use rayon::prelude::*;
 
 const CHUNK: usize = 1 << 14;
 
 /// `out = residual + dropout(inp + bias)`; `inp`, `residual` and `out` are `[rows, bias.len()]`.
-/// With `p == 0` no random numbers are drawn.
-pub fn bias_dropout_add_forward(
-    out: &mut [f32],
+/// With `p == 0` no random numbers are drawn. `residual` and `out` may be bf16 (the residual
+/// stream under `--bf16`, as Megatron keeps it): the sum is taken in f32 and rounded once.
+pub fn bias_dropout_add_forward<'o, 'r>(
+    out: impl Into<OperandMut<'o>>,
     inp: &[f32],
     bias: &[f32],
-    residual: &[f32],
+    residual: impl Into<Operand<'r>>,
     p: f32,
     key: RngKey,
 ) {
-    dropout_add(out, inp, Some(bias), residual, p, key)
+    dropout_add(out.into(), inp, Some(bias), residual.into(), p, key)
 }
 
 /// `out = residual + dropout(inp)`: [`bias_dropout_add_forward`] for layers without a bias
 /// (`--disable-bias-linear`). Its backward is [`dropout_backward`] (same mask numbering).
-pub fn dropout_add_forward(out: &mut [f32], inp: &[f32], residual: &[f32], p: f32, key: RngKey) {
-    dropout_add(out, inp, None, residual, p, key)
+pub fn dropout_add_forward<'o, 'r>(
+    out: impl Into<OperandMut<'o>>,
+    inp: &[f32],
+    residual: impl Into<Operand<'r>>,
+    p: f32,
+    key: RngKey,
+) {
+    dropout_add(out.into(), inp, None, residual.into(), p, key)
 }
 
 fn dropout_add(
-    out: &mut [f32],
+    out: OperandMut<'_>,
     inp: &[f32],
     bias: Option<&[f32]>,
-    residual: &[f32],
+    residual: Operand<'_>,
+    p: f32,
+    key: RngKey,
+) {
+    assert_eq!(out.len(), inp.len());
+    assert_eq!(out.len(), residual.len());
+    with_operands!(residual, out, |r, o| dropout_add_as(
+        o, inp, bias, r, p, key
+    ))
+}
+
+fn dropout_add_as<R: Element, O: Element>(
+    out: &mut [O],
+    inp: &[f32],
+    bias: Option<&[f32]>,
+    residual: &[R],
     p: f32,
     key: RngKey,
 ) {
     let c = bias.map_or(1, |b| b.len());
-    assert_eq!(out.len(), inp.len());
-    assert_eq!(out.len(), residual.len());
     let chunk = (CHUNK / c).max(1) * c;
     let scale = if p > 0.0 { 1.0 / (1.0 - p) } else { 1.0 };
     out.par_chunks_mut(chunk)
@@ -44,14 +65,19 @@ fn dropout_add(
         .enumerate()
         .for_each(|(ci, ((o, x), r))| {
             let base = (ci * chunk) as u64;
-            for (i, ((ov, xv), rv)) in o.iter_mut().zip(x).zip(r).enumerate() {
-                let v = match bias {
-                    Some(b) => xv + b[i % c],
-                    None => *xv,
-                };
-                let keep = p == 0.0 || key.keep(base + i as u64, p);
-                *ov = rv + if keep { v * scale } else { 0.0 };
-            }
+            with_scratch(|sr, so| {
+                let r = R::as_f32(r, sr);
+                O::write_f32(o, so, |o| {
+                    for (i, ((ov, xv), rv)) in o.iter_mut().zip(x).zip(r).enumerate() {
+                        let v = match bias {
+                            Some(b) => xv + b[i % c],
+                            None => *xv,
+                        };
+                        let keep = p == 0.0 || key.keep(base + i as u64, p);
+                        *ov = rv + if keep { v * scale } else { 0.0 };
+                    }
+                })
+            })
         });
 }
 

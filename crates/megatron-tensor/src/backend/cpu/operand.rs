@@ -68,7 +68,15 @@ pub enum OperandMut<'a> {
     BF16(&'a mut [bf16]),
 }
 
-impl OperandMut<'_> {
+impl<'a> OperandMut<'a> {
+    /// Elements `r` (a block of rows of a row-major output).
+    pub fn slice(self, r: std::ops::Range<usize>) -> OperandMut<'a> {
+        match self {
+            OperandMut::F32(x) => OperandMut::F32(&mut x[r]),
+            OperandMut::BF16(x) => OperandMut::BF16(&mut x[r]),
+        }
+    }
+
     pub fn len(&self) -> usize {
         match self {
             OperandMut::F32(x) => x.len(),
