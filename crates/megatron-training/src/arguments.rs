@@ -903,6 +903,10 @@ pub struct TrainArgs {
     /// As --bf16 with IEEE half precision, and the dynamic loss scaler.
     #[arg(long)]
     pub fp16: bool,
+    /// Keep the residual stream (the hidden states between layers and pipeline stages) in
+    /// fp32 under --bf16; without it they are bf16, as Megatron keeps them.
+    #[arg(long)]
+    pub fp32_residual_connection: bool,
     /// Instructions of bf16 matmuls: `amx` (Intel AMX tiles), `dot` (AVX512_BF16 vdpbf16ps),
     /// `fma` (operands rounded to bf16, f32 FMA GEMM) or `auto` (whichever measures fastest on
     /// this CPU, AMX among them where the CPU and OS allow it).
@@ -1552,7 +1556,7 @@ impl TrainArgs {
             Some(m) => m,
             None => self.model_config(vocab_size, tp)?,
         };
-        model.residual = if self.bf16 && !self.script_compat.fp32_residual_connection {
+        model.residual = if self.bf16 && !self.fp32_residual_connection {
             ResidualPrecision::BF16
         } else {
             ResidualPrecision::F32

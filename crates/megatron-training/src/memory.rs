@@ -134,7 +134,12 @@ fn kept_activation_bytes(cfg: &TrainConfig, layers: usize, recompute: Recompute)
         sequence_parallel: sp,
     };
     activation_bytes_formula_with(&one, a.micro_batch_size, s, split, half, recompute)
-        - rows * cfg.model.hidden_size * 4
+        - rows * cfg.model.hidden_size * residual_bytes(cfg)
+}
+
+/// Bytes per element of the residual stream (the last layer's output the final norm keeps).
+fn residual_bytes(cfg: &TrainConfig) -> usize {
+    cfg.model.residual.dtype().size_in_bytes()
 }
 
 /// The start-up lines: this rank's parameters, gradients and optimizer state (known once the
@@ -316,8 +321,12 @@ pub fn predict_peak(
     };
     let last = pp_rank + 1 == pp;
     let layers = m.num_layers / (pp * cfg.partition.v);
-    let per_mb =
-        kept_activation_bytes(cfg, layers, cfg.recompute) + if last { rows * h * 4 } else { 0 };
+    let per_mb = kept_activation_bytes(cfg, layers, cfg.recompute)
+        + if last {
+            rows * h * residual_bytes(cfg)
+        } else {
+            0
+        };
     let layer = kept_activation_bytes(cfg, 1, Recompute::None);
     let gathered = if sp { tok * h } else { 0 };
     // Keys and values of this rank's heads for its two chunks, and the query / output widths.
@@ -376,7 +385,12 @@ pub fn predict_peak(
         4
     };
     let qkv_copies = if cfg.precision.half().is_some() { 2 } else { 1 };
-    let attention_backward = 8 * rows * h + e_in * rows * h + 4 * tok * (qkv_copies * qw + 2 * ow);
+    let kernel_ow = match m.mla {
+        Some(_) => m.num_attention_heads * m.head_dim() / tp,
+        None => ow,
+    };
+    let attention_backward =
+        8 * rows * h + e_in * rows * h + 4 * tok * (qkv_copies * qw + 2 * kernel_ow);
     let backward = backward.max(attention_backward);
     // A mixture-of-experts layer works on its routed rows (expected `k` per token, each
     // expert-tensor-parallel rank gathering its group's): forward holds the dispatched input,

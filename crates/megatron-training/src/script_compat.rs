@@ -152,10 +152,6 @@ pub struct ScriptCompatArgs {
     /// Read by no code path of current Megatron; the fused GELU is the tanh one already.
     #[arg(long)]
     pub openai_gelu: bool,
-    /// The residual stream is f32 under every precision here (the kept copies and the
-    /// matmuls' inputs are what `--bf16` stores in 16 bits).
-    #[arg(long)]
-    pub fp32_residual_connection: bool,
     #[arg(long, value_enum)]
     pub timing_log_option: Option<TimingLogOptionArg>,
     /// Weights & Biases logging (no client here; --tensorboard-dir and --metrics-file log).
@@ -219,7 +215,6 @@ impl ScriptCompatArgs {
                 self.num_dataset_builder_threads.is_some(),
             ),
             ("--openai-gelu", self.openai_gelu),
-            ("--fp32-residual-connection", self.fp32_residual_connection),
             ("--no-bias-dropout-fusion", self.no_bias_dropout_fusion),
             ("--no-rope-fusion", self.no_rope_fusion),
             ("--no-persist-layer-norm", self.no_persist_layer_norm),
@@ -275,7 +270,7 @@ impl ScriptCompatArgs {
             format!(
                 "note: {} accepted from Megatron's scripts and without effect here (they choose \
                  GPU kernels, fusions, overlaps or launchers, and the computation is the same; \
-                 gradients are always reduced in fp32, the residual stream is always fp32, \
+                 gradients are always reduced in fp32, \
                  throughput always logged, every rank \
                  writes its own checkpoint shards in megatron-rs's format, random streams have \
                  no state to save, data is memory-mapped, a non-finite loss or gradient norm \

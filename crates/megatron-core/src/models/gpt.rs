@@ -26,7 +26,7 @@ use megatron_comm::CommError;
 use megatron_tensor::cpu::{
     AttentionMask, ClassifierDims, RopeScaling, RopeStyle, RopeTable, YarnScaling,
 };
-use megatron_tensor::Tensor;
+use megatron_tensor::{DType, Tensor};
 
 use std::sync::Arc;
 
@@ -720,6 +720,10 @@ impl ModelChunk for GPTModel {
 
     fn output_shape(&self, batch: &Batch<'_>, tp: &Tp) -> [usize; 2] {
         self.input_shape(batch, tp)
+    }
+
+    fn activation_dtype(&self) -> DType {
+        self.config.residual.dtype()
     }
 
     fn forward_step(

@@ -10,7 +10,7 @@ use crate::tensor_parallel::Tp;
 use crate::transformer::moe::MoEMetrics;
 use crate::transformer::step::StepContext;
 use megatron_comm::CommError;
-use megatron_tensor::Tensor;
+use megatron_tensor::{DType, Tensor};
 use std::ops::Range;
 
 /// One entry of [`ModelChunk::pipeline_tied`]: the parameter's local size (the same on every
@@ -44,6 +44,11 @@ pub trait ModelChunk: Send + Sync {
     fn input_shape(&self, batch: &Self::Batch<'_>, tp: &Tp) -> [usize; 2];
     /// Shape of the tensor a non-last chunk sends to the next stage for `batch`.
     fn output_shape(&self, batch: &Self::Batch<'_>, tp: &Tp) -> [usize; 2];
+    /// How the activations between stages travel: the residual stream's storage (bf16 under
+    /// `--bf16`, half the bytes, as Megatron's `pipeline_dtype`). Gradients travel in f32.
+    fn activation_dtype(&self) -> DType {
+        DType::F32
+    }
 
     /// Forward of one micro-batch. `input` is the previous stage's output (`None` on the first
     /// chunk). Returns what to send on (`None` on the last) and what backward needs; without

@@ -15,6 +15,7 @@ use crate::params::{Grads, Params};
 use crate::tensor_parallel::Tp;
 use crate::transformer::step::StepContext;
 use megatron_comm::{CommError, Communicator};
+use megatron_tensor::DType;
 use std::collections::HashMap;
 use std::ops::Range;
 use std::time::Instant;
@@ -53,13 +54,13 @@ impl<M: ModelChunk> Stage<'_, '_, M> {
     fn recv(
         &mut self,
         timers: &mut Timers,
-        shape: [usize; 2],
+        (shape, dtype): ([usize; 2], DType),
         src: usize,
         tag: u64,
         label: impl FnOnce() -> String,
     ) -> Result<megatron_tensor::Tensor, CommError> {
         let t0 = Instant::now();
-        let x = p2p::recv(self.pp, &shape, src, tag)?;
+        let x = p2p::recv(self.pp, &shape, dtype, src, tag)?;
         timers.p2p_wait += t0.elapsed();
         timers.record(label, t0);
         Ok(x)
@@ -120,9 +121,10 @@ impl<M: ModelChunk> Stage<'_, '_, M> {
                         None
                     } else {
                         let shape = self.chunks[chunk].input_shape(&batches[mb], self.tp);
+                        let dtype = self.chunks[chunk].activation_dtype();
                         Some(self.recv(
                             timers,
-                            shape,
+                            (shape, dtype),
                             (vs - 1) % p,
                             p2p::tag(mb, vs, stages, false),
                             || format!("recv fwd mb{mb}"),
@@ -147,6 +149,7 @@ impl<M: ModelChunk> Stage<'_, '_, M> {
                         p2p::send(
                             self.pp,
                             &y,
+                            self.chunks[chunk].activation_dtype(),
                             (vs + 1) % p,
                             p2p::tag(mb, vs + 1, stages, false),
                         )?;
@@ -172,7 +175,7 @@ impl<M: ModelChunk> Stage<'_, '_, M> {
                         let shape = self.chunks[chunk].output_shape(&batches[mb], self.tp);
                         Some(self.recv(
                             timers,
-                            shape,
+                            (shape, DType::F32),
                             (vs + 1) % p,
                             p2p::tag(mb, vs, stages, true),
                             || format!("recv bwd mb{mb}"),
@@ -211,6 +214,7 @@ impl<M: ModelChunk> Stage<'_, '_, M> {
                         p2p::send(
                             self.pp,
                             &dx,
+                            DType::F32,
                             (vs + p - 1) % p,
                             p2p::tag(mb, vs - 1, stages, true),
                         )?;

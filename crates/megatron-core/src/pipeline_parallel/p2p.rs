@@ -13,21 +13,49 @@ pub fn tag(mb: usize, vs: usize, stages: usize, backward: bool) -> u64 {
     (((mb * stages + vs) * 2) + backward as usize) as u64
 }
 
-/// Sends `x` as f32: a bf16 activation (the residual stream under `--bf16`) is widened, which
-/// is exact, and the receiving stage rounds it back to the same bits.
-pub fn send(pp: &mut dyn Communicator, x: &Tensor, dst: usize, tag: u64) -> Result<(), CommError> {
+/// Sends `x` as `dtype`: f32 words, or bf16 values two to a word (an activation of the bf16
+/// residual stream; rounded here if it arrives in f32, as the receiving stage's layers would
+/// round it). An odd element count travels as f32 (the receiver derives the same choice from
+/// the shape).
+pub fn send(
+    pp: &mut dyn Communicator,
+    x: &Tensor,
+    dtype: DType,
+    dst: usize,
+    tag: u64,
+) -> Result<(), CommError> {
+    if dtype == DType::BF16 && x.numel().is_multiple_of(2) {
+        let narrowed;
+        let x = match x.dtype() {
+            DType::BF16 => x,
+            _ => {
+                narrowed = x.to_dtype(DType::BF16);
+                &narrowed
+            }
+        };
+        let words = x.bf16_words().expect("an even count of bf16 values");
+        return pp.send(words, dst, tag);
+    }
     match x.dtype() {
         DType::F32 => pp.send(x.data(), dst, tag),
         _ => pp.send(x.to_dtype(DType::F32).data(), dst, tag),
     }
 }
 
+/// Receives what [`send`] sent with the same `shape` and `dtype`.
 pub fn recv(
     pp: &mut dyn Communicator,
     shape: &[usize],
+    dtype: DType,
     src: usize,
     tag: u64,
 ) -> Result<Tensor, CommError> {
+    let n: usize = shape.iter().product();
+    if dtype == DType::BF16 && n.is_multiple_of(2) {
+        let mut words = Tensor::for_overwrite(&[n / 2]);
+        pp.recv(words.data_mut(), src, tag)?;
+        return Ok(Tensor::bf16_from_words(words, shape));
+    }
     let mut x = Tensor::for_overwrite(shape);
     pp.recv(x.data_mut(), src, tag)?;
     Ok(x)

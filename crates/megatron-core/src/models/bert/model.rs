@@ -26,7 +26,7 @@ use crate::transformer::saved::{keep, restore, widened};
 use crate::transformer::step::StepContext;
 use megatron_comm::CommError;
 use megatron_tensor::cpu::AttentionMask;
-use megatron_tensor::Tensor;
+use megatron_tensor::{DType, Tensor};
 use serde::{Deserialize, Serialize};
 use std::ops::Range;
 
@@ -361,6 +361,10 @@ impl ModelChunk for BertModel {
 
     fn output_shape(&self, batch: &BertBatch<'_>, tp: &Tp) -> [usize; 2] {
         self.input_shape(batch, tp)
+    }
+
+    fn activation_dtype(&self) -> DType {
+        self.config.transformer.residual.dtype()
     }
 
     fn forward_step(
