@@ -1,7 +1,9 @@
 mod common;
 use common::*;
 use megatron_tensor::cpu::dropout::{dropout_backward, dropout_forward};
-use megatron_tensor::cpu::{bias_dropout_add_backward, bias_dropout_add_forward};
+use megatron_tensor::cpu::{
+    bias_dropout_add_backward, bias_dropout_add_forward, dropout_add_forward,
+};
 use megatron_tensor::RngKey;
 
 #[test]
@@ -84,4 +86,40 @@ fn bias_dropout_add_backward_matches_finite_difference() {
         0.0,
         "plain dropout backward uses the same mask",
     );
+}
+
+/// The bf16 residual stream (`--bf16`): the residual read as stored, the sum taken in f32 and
+/// rounded once: the f32 kernel's result on the widened residual, rounded, bit for bit, with
+/// the same dropout masks, in 1, 2 and 3 threads. Crosses several row chunks of the kernel.
+#[test]
+fn bias_dropout_add_on_a_bf16_residual_is_the_f32_sum_rounded_once() {
+    let (rows, c) = (700, 48);
+    let n = rows * c;
+    let x = randn(n, 21, 1.0);
+    let b = randn(c, 22, 0.5);
+    let res16 = to_bf16(&randn(n, 23, 2.0));
+    let res = widen(&res16);
+    for p in [0.0, 0.1] {
+        let key = RngKey::new(5);
+        let mut want = vec![0.0; n];
+        bias_dropout_add_forward(&mut want, &x, &b, &res, p, key);
+        let want16 = to_bf16(&want);
+        let mut nobias = vec![0.0; n];
+        dropout_add_forward(&mut nobias, &x, &res, p, key);
+        for threads in [1, 2, 3] {
+            let (out16, out32, nb16) = in_pool(threads, || {
+                let mut out16 = to_bf16(&vec![0.0; n]);
+                bias_dropout_add_forward(&mut out16[..], &x, &b, &res16[..], p, key);
+                let mut out32 = vec![0.0; n];
+                bias_dropout_add_forward(&mut out32, &x, &b, &res16[..], p, key);
+                let mut nb16 = to_bf16(&vec![0.0; n]);
+                dropout_add_forward(&mut nb16[..], &x, &res16[..], p, key);
+                (out16, out32, nb16)
+            });
+            let what = format!("p {p}, {threads} threads");
+            assert_same_bf16(&out16, &want16, &format!("bf16 out, {what}"));
+            assert_same_bits(&out32, &want, &format!("f32 out, {what}"));
+            assert_same_bf16(&nb16, &to_bf16(&nobias), &format!("no bias, {what}"));
+        }
+    }
 }

@@ -400,9 +400,11 @@ pub(crate) fn load_into(
     lead: bool,
 ) -> Result<(crate::setup::Restored, CheckpointReader), TrainError> {
     let mut r = find_checkpoint(Path::new(dir), lead)?;
-    // The training sequence length is the run's; the model is the checkpoint's.
+    // The training sequence length and the residual stream's storage are the run's; the
+    // model is the checkpoint's.
     let mut saved = r.meta.model.clone();
     saved.seq_length = cfg.model.seq_length;
+    saved.residual = cfg.model.residual;
     if saved != cfg.model {
         return Err(TrainError::Checkpoint {
             path: r.dir.display().to_string(),

@@ -10,6 +10,7 @@ use megatron_core::models::gpt::{activation_bytes_formula_with, ActivationSplit}
 fn split(tp: usize, sp: bool) -> ActivationSplit {
     ActivationSplit::tensor_parallel(tp, sp)
 }
+use megatron_core::transformer::config::ResidualPrecision;
 use megatron_core::transformer::step::{Recompute, RecomputeMethod, SelectiveModules};
 use megatron_training::pretrain;
 
@@ -189,6 +190,11 @@ fn recomputation_keeps_exactly_the_bytes_of_the_formula() {
                     v.push("--bf16");
                 }
                 let s = pretrain(&args(&v)).unwrap();
+                // Under --bf16 the kept last-layer output is the bf16 residual stream.
+                let mut cfg = cfg.clone();
+                if half {
+                    cfg.residual = ResidualPrecision::BF16;
+                }
                 let want = activation_bytes_formula_with(
                     &cfg,
                     1,

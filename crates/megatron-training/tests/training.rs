@@ -1052,6 +1052,13 @@ fn bf16_and_fp16_track_the_f32_loss_curve_over_200_steps() {
     let mut precisions = vec![
         &["--bf16", "--bf16-matmul-kernel", "dot"][..],
         &["--bf16", "--bf16-matmul-kernel", "fma"][..],
+        // The residual stream in f32 (the default under --bf16 is bf16, as in Megatron).
+        &[
+            "--bf16",
+            "--fp32-residual-connection",
+            "--bf16-matmul-kernel",
+            "fma",
+        ][..],
         // A constant scale keeps every step: the curves line up step by step.
         &["--fp16", "--loss-scale", "1024"][..],
     ];
@@ -1231,6 +1238,74 @@ fn bf16_distributed_optimizer_and_the_3d_layout_match_one_bf16_rank() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// Under `--bf16` the residual stream is bf16 (Megatron's default) and crosses pipeline stages
+/// as bf16 bits, so 1F1B and interleaved pipelines train bit-identically to one rank.
+/// `--fp32-residual-connection` keeps the stream f32: a numerically different run (the flag
+/// takes effect) that trains the same within the bf16 tolerances.
+#[test]
+fn the_bf16_residual_stream_crosses_pipeline_stages_bit_for_bit() {
+    let dir = tmpdir("bf16-residual");
+    // Untied output layer and no clipping: no sum across stages (the tied embedding's
+    // gradient, the global gradient norm) whose order differs from one rank's, so any
+    // difference would come from the activations crossing stages.
+    const EXACT: &[&str] = &[
+        "--bf16",
+        "--untie-embeddings-and-output-weights",
+        "--clip-grad",
+        "0",
+    ];
+    let serial = pp_run(&dir, "serial", EXACT);
+    for (name, layout) in [
+        (
+            "pp2",
+            &[
+                "--nproc-per-node",
+                "2",
+                "--pipeline-model-parallel-size",
+                "2",
+            ][..],
+        ),
+        (
+            "pp4v2",
+            &[
+                "--nproc-per-node",
+                "4",
+                "--pipeline-model-parallel-size",
+                "4",
+                "--num-layers-per-virtual-pipeline-stage",
+                "1",
+            ][..],
+        ),
+    ] {
+        let run = pp_run(&dir, name, &[EXACT, layout].concat());
+        assert_eq!(serial.0.losses, run.0.losses, "{name}");
+        assert_eq!(serial.0.val_losses, run.0.val_losses, "{name}");
+        assert_eq!(serial.1.tensors.len(), run.1.tensors.len(), "{name}");
+        for (t, v) in &serial.1.tensors {
+            let same = v
+                .iter()
+                .zip(&run.1.tensors[t])
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "{name}: {t} differs from one rank's");
+        }
+    }
+    let f32_stream = pp_run(
+        &dir,
+        "fp32-residual",
+        &[EXACT, &["--fp32-residual-connection"]].concat(),
+    );
+    assert_ne!(
+        serial.0.losses, f32_stream.0.losses,
+        "the flag takes effect"
+    );
+    // Another rounding of every layer's sums, not another layout: the losses agree within the
+    // bf16 layout tolerance (the 200-step curve of `--fp32-residual-connection` against f32 is
+    // in `bf16_and_fp16_track_the_f32_loss_curve_over_200_steps`).
+    let what = "--fp32-residual-connection";
+    assert_losses_close(what, &serial.0.losses, &f32_stream.0.losses, BF16_LOSS_TOL);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 #[test]
 fn bf16_and_fp16_keep_saved_activations_in_half_the_bytes_as_the_formula_says() {
     // The base model: 2 layers, hidden 32 (ffn 128), 4 heads, seq 16, micro-batch 2.
@@ -1249,16 +1324,24 @@ fn bf16_and_fp16_keep_saved_activations_in_half_the_bytes_as_the_formula_says() 
         untie_embeddings_and_output_weights: false,
         ..Default::default()
     };
-    let f =
-        |bf16| megatron_core::models::gpt::activation_bytes_formula(&cfg, 2, 16, 1, false, bf16);
+    // Under --bf16 the last layer's output, which the final norm keeps, is the bf16 residual
+    // stream; under --fp16 it stays f32.
+    let f = |precision: Option<&str>| {
+        let mut c = cfg.clone();
+        if precision == Some("--bf16") {
+            c.residual = megatron_core::transformer::config::ResidualPrecision::BF16;
+        }
+        let half = precision.is_some();
+        megatron_core::models::gpt::activation_bytes_formula(&c, 2, 16, 1, false, half)
+    };
     for precision in [None, Some("--bf16"), Some("--fp16")] {
         let mut v = vec!["--train-iters", "2"];
         v.extend(precision);
         let s = pretrain(&args(&v)).unwrap();
-        let half = precision.is_some();
-        assert_eq!(s.peak_activation_bytes, f(half), "{precision:?}");
+        assert_eq!(s.peak_activation_bytes, f(precision), "{precision:?}");
     }
-    assert!(f(true) * 10 < f(false) * 6, "{} vs {}", f(true), f(false));
+    let (bf16, f32) = (f(Some("--bf16")), f(None));
+    assert!(bf16 * 10 < f32 * 6, "{bf16} vs {f32}");
 }
 
 #[test]
