@@ -343,10 +343,7 @@ fn run_family<F: TrainFamily>(
         if lead {
             for (name, loss) in [("validation", val), ("test", test)] {
                 match loss {
-                    Some(l) => rep.line(&format!(
-                        " {name} loss at iteration {iteration} on the {name} set | lm loss value: {l:.6E} | lm loss PPL: {:.3E}",
-                        l.exp()
-                    )),
+                    Some(l) => rep.line(&end_of_training_line(iteration, name, l)),
                     None => rep.line(&format!(" no {name} samples (or --eval-iters 0)")),
                 }
             }
@@ -450,6 +447,14 @@ fn run_family<F: TrainFamily>(
         }
     }
     tr.finish_param_gather()?;
+    if !a.skip_train {
+        // Megatron's end of training scores the test split once (validation was scored at the
+        // last iteration above).
+        if let (Some(test), true) = (tr.evaluate(Split::Test)?, lead) {
+            rep.line(&end_of_training_line(iteration, "test", test));
+            summary.test_loss = Some(test);
+        }
+    }
     for line in tr.finish_pending_save(true)? {
         rep.line(&line);
     }
@@ -465,6 +470,15 @@ fn run_family<F: TrainFamily>(
         crate::logging::print_activations(cfg, &tr.comms.tp, &summary, formulas);
     }
     Ok(summary)
+}
+
+/// Megatron's line for a split scored after training (or under `--skip-train`), which log
+/// parsers look for: `validation loss at iteration N on test set | ...`.
+fn end_of_training_line(iteration: u64, split: &str, loss: f64) -> String {
+    format!(
+        " validation loss at iteration {iteration} on {split} set | lm loss value: {loss:.6E} | lm loss PPL: {:.3E}",
+        loss.exp()
+    )
 }
 
 /// The start-up lines: the model and batch, and the bytes per parameter.

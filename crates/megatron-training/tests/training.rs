@@ -1651,7 +1651,7 @@ fn a_learning_rate_schedule_that_differs_from_the_checkpoints_is_refused_unless_
 }
 
 #[test]
-fn skip_train_evaluates_the_loaded_model_on_validation_and_test_without_training() {
+fn skip_train_evaluates_the_loaded_model_on_validation_and_test_as_training_ended() {
     // Megatron's --skip-train: the loaded model's validation loss is the one the training run
     // logged at the same iteration (same samples, same parameters); the test split is scored too.
     let dir = tmpdir("skip-train");
@@ -1665,6 +1665,9 @@ fn skip_train_evaluates_the_loaded_model_on_validation_and_test_without_training
     assert_eq!(eval.val_losses, vec![last_val]);
     let test = eval.test_loss.expect("a test loss");
     assert!(test.is_finite() && test != last_val.1, "{test}");
+    // Training ended, as Megatron's does, by scoring the test split: the same samples and
+    // parameters as the loaded model's.
+    assert_eq!(trained.test_loss, Some(test));
     // On two data-parallel ranks: the same samples, the same losses.
     let dp2 = pretrain(&args(&[
         "--train-iters",
