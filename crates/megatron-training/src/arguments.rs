@@ -1556,7 +1556,9 @@ impl TrainArgs {
             Some(m) => m,
             None => self.model_config(vocab_size, tp)?,
         };
-        model.residual = if self.bf16 && !self.fp32_residual_connection {
+        // T5's stacks keep their own f32 stream.
+        let stream_in_bf16 = matches!(self.model, ModelArg::Gpt | ModelArg::Bert);
+        model.residual = if self.bf16 && !self.fp32_residual_connection && stream_in_bf16 {
             ResidualPrecision::BF16
         } else {
             ResidualPrecision::F32

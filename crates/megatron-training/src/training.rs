@@ -513,15 +513,21 @@ fn print_setup(
         );
     }
     if cfg.precision == crate::arguments::Precision::BF16 {
+        use megatron_core::transformer::config::ResidualPrecision;
         use megatron_tensor::cpu::matmul_packed::BlockKernel;
         println!(
-            "bf16 matmuls on {}",
+            "bf16 matmuls on {}; residual stream in {}",
             match megatron_tensor::cpu::matmul::bf16_block_kernel() {
                 Some(BlockKernel::AmxTiles) => "AMX tiles (MFU against the measured tile peak)",
                 Some(BlockKernel::DotProduct) => {
                     "the bf16 dot-product instruction (MFU against its measured peak)"
                 }
                 None => "the f32 FMA GEMM with rounded operands",
+            },
+            match cfg.model.residual {
+                ResidualPrecision::BF16 =>
+                    "bf16 (Megatron's default; --fp32-residual-connection: f32)",
+                ResidualPrecision::F32 => "f32 (--fp32-residual-connection)",
             }
         );
     }
