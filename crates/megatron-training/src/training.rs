@@ -527,7 +527,10 @@ fn print_setup(
             match cfg.model.residual {
                 ResidualPrecision::BF16 =>
                     "bf16 (Megatron's default; --fp32-residual-connection: f32)",
-                ResidualPrecision::F32 => "f32 (--fp32-residual-connection)",
+                ResidualPrecision::F32 if cfg.args.fp32_residual_connection => {
+                    "f32 (--fp32-residual-connection)"
+                }
+                ResidualPrecision::F32 => "f32 (this model's layers keep it in f32)",
             }
         );
     }

@@ -119,8 +119,8 @@ pub fn classifier_tile_rows(v: usize) -> usize {
 /// under `--bf16` / `--fp16`, in 16 bits; plus the f32 norm statistics (mean and rstd of two
 /// LayerNorms, or the rstd of two RMSNorms) and the f32 attention log-sum-exp (a per token;
 /// flash-style attention keeps no `s x s` scores); plus the last layer's output (h per
-/// token, in the residual stream's storage); under `--qk-layernorm` the query and key norms' inputs (in 16 or 32 bits) and their
-/// f32 statistics per head. Tensor parallelism divides the QKV, attention, fc1, log-sum-exp
+/// token, in the residual stream's storage); under `--qk-layernorm` the query and key norms'
+/// inputs (in 16 or 32 bits) and their f32 statistics per head. Tensor parallelism divides the QKV, attention, fc1, log-sum-exp
 /// and query/key-norm terms by `t`;
 /// sequence parallelism also the input, residual, statistics and output. Multi-token
 /// prediction adds its depths (`activation_bytes_formula_with`).
