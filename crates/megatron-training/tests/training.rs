@@ -1444,6 +1444,45 @@ fn a_bf16_distributed_optimizer_checkpoint_keeps_the_fp32_main_parameters() {
 }
 
 #[test]
+fn a_checkpoint_resumes_under_either_residual_stream() {
+    // The residual stream's storage is a setting of the run, not of the model: a checkpoint
+    // saved with the bf16 stream resumes with --fp32-residual-connection and the other way
+    // round, and each continues within the bf16 tolerance of the uninterrupted run.
+    let dir = tmpdir("residual-resume");
+    let with = |more: &[&str]| {
+        let mut v: Vec<&str> = PP_MODEL.to_vec();
+        v.extend_from_slice(&["--bf16", "--bf16-matmul-kernel", "fma"]);
+        v.extend_from_slice(more);
+        pretrain(&args(&v))
+    };
+    for (saved, resumed) in [
+        (&[][..], &["--fp32-residual-connection"][..]),
+        (&["--fp32-residual-connection"][..], &[][..]),
+    ] {
+        let whole = with(&[&["--train-iters", "4"][..], saved].concat()).unwrap();
+        let ckpt = dir.join(format!("saved{}", saved.len()));
+        let c = ckpt.to_str().unwrap();
+        with(&[&["--train-iters", "2", "--save", c][..], saved].concat()).unwrap();
+        let more = [
+            &[
+                "--train-iters",
+                "4",
+                "--override-opt_param-scheduler",
+                "--load",
+                c,
+            ][..],
+            resumed,
+        ]
+        .concat();
+        let run = with(&more).unwrap_or_else(|e| panic!("{saved:?} -> {resumed:?}: {e}"));
+        assert_eq!(run.losses.len(), 2, "{saved:?} -> {resumed:?}");
+        let what = format!("{saved:?} -> {resumed:?}");
+        assert_losses_close(&what, &whole.losses[2..], &run.losses, BF16_LOSS_TOL);
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
 fn a_rank_thread_that_stops_arriving_ends_the_run_with_the_named_error() {
     // Rank 1 parks forever at iteration 2; with a 3 s distributed timeout rank 0's collective
     // must fail naming the group, the operation and rank 1, and the run must end (not hang).
