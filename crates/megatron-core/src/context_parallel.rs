@@ -518,7 +518,7 @@ pub fn ring_attention_forward(
                 let m = starts
                     .as_deref()
                     .map_or_else(AttentionMask::default, AttentionMask::documents);
-                attention_forward(o, l, pair, m, bd, key);
+                attention_forward(o, l, &pair[..], m, bd, key);
                 match &mut acc[kq] {
                     None => acc[kq] = Some((o.clone(), l.clone())),
                     Some((ao, al)) => attention_merge(ao, al, o, l, rd),
@@ -595,7 +595,7 @@ pub fn ring_attention_backward(
                 let m = starts
                     .as_deref()
                     .map_or_else(AttentionMask::default, AttentionMask::documents);
-                attention_backward(dpair, &dq_in[kq], &o[kq], &l[kq], pair, m, bd, key);
+                attention_backward(dpair, &dq_in[kq], &o[kq], &l[kq], &pair[..], m, bd, key);
                 split_q_kv_add(
                     &mut dq[kq],
                     &mut local[kk * chunk..(kk + 1) * chunk],

@@ -271,3 +271,62 @@ fn packed_attention_is_bit_identical_for_one_two_and_three_threads() {
         }
     }
 }
+
+/// A QKV kept in bf16 (`--bf16` keeps it so for backward) is read as stored: forward and
+/// backward give the bits of its widened f32 copy, on the packed kernels (which pack it as it
+/// is) and on the f32 kernel (which widens it), for 1, 2 and 3 threads.
+#[test]
+fn attention_reads_a_bf16_qkv_as_its_widened_copy_bit_for_bit() {
+    use common::{assert_same_bits, in_pool, to_bf16, widen};
+    let c = Case {
+        b: 2,
+        t: 70,
+        heads: 4,
+        groups: 2,
+        head_dim: 40,
+        causal: true,
+        dropout: 0.1,
+        padded: false,
+        documents: true,
+    };
+    let d = c.dims();
+    let (qkv, dout) = inputs(c, 31);
+    let qkv16 = to_bf16(&qkv);
+    let wide = widen(&qkv16);
+    let starts: Vec<u32> = (0..c.b * c.t)
+        .map(|k| if k % c.t >= 30 { 30 } else { 0 })
+        .collect();
+    let mask = AttentionMask {
+        key_lens: None,
+        doc_start: Some(&starts[..]),
+    };
+    let key = RngKey::new(5);
+    let settings = [
+        (MatmulPrecision::BF16, Bf16Kernel::Amx),
+        (MatmulPrecision::BF16, Bf16Kernel::Dot),
+        (MatmulPrecision::BF16, Bf16Kernel::Fma),
+        F32,
+    ];
+    for how in settings {
+        for threads in [1, 2, 3] {
+            let one = |x: megatron_tensor::cpu::Operand<'_>| {
+                in_pool(threads, || {
+                    set(how);
+                    let mut out = vec![0.0; c.b * c.t * c.heads * c.head_dim];
+                    let mut lse = vec![0.0; c.b * c.heads * c.t];
+                    attention_forward(&mut out, &mut lse, x, mask, d, key);
+                    let mut dqkv = vec![f32::NAN; qkv.len()];
+                    attention_backward(&mut dqkv, &dout, &out, &lse, x, mask, d, key);
+                    set(F32);
+                    (out, lse, dqkv)
+                })
+            };
+            let (o32, l32, d32) = one(wide[..].into());
+            let (o16, l16, d16) = one(qkv16[..].into());
+            let what = format!("{how:?}, {threads} threads");
+            assert_same_bits(&o16, &o32, &format!("output, {what}"));
+            assert_same_bits(&l16, &l32, &format!("log-sum-exp, {what}"));
+            assert_same_bits(&d16, &d32, &format!("dqkv, {what}"));
+        }
+    }
+}

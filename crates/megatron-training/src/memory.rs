@@ -9,7 +9,8 @@ use megatron_core::transformer::step::Recompute;
 use megatron_core::Params;
 use megatron_tensor::cpu::cross_entropy::classifier_gradient_chunk_rows;
 use megatron_tensor::cpu::matmul::{
-    matmul_workspace, product_block_kernel, Bf16Kernel, GemmWorkspace, MatmulDims, MatmulPrecision,
+    attention_block_kernel_of, matmul_workspace, product_block_kernel, Bf16Kernel, GemmWorkspace,
+    MatmulDims, MatmulPrecision,
 };
 use megatron_tensor::cpu::matmul_packed::prepacked_b_bytes;
 use serde::Serialize;
@@ -376,15 +377,19 @@ pub fn predict_peak(
     };
     // Attention's backward, between its products: the layer's incoming and residual gradients
     // and the recomputed norm output, the attention output (copied back from its kept form)
-    // and its gradient, the fused QKV gradient, and under 16 bits the QKV widened from its
-    // kept form. Multi-latent attention's kernel output is its padded width (`ow` for the
+    // and its gradient, the fused QKV gradient, and the QKV widened from its 16-bit kept form
+    // where the attention kernel reads f32. Multi-latent attention's kernel output is its padded width (`ow` for the
     // fused-QKV attention).
     let e_in = if precision == MatmulPrecision::BF16 {
         2
     } else {
         4
     };
-    let qkv_copies = if cfg.precision.half().is_some() { 2 } else { 1 };
+    // The fused QKV gradient, and the kept QKV widened to f32 where the attention kernel
+    // reads f32 (a packed bf16 kernel packs the kept bf16 QKV as it is).
+    let widened_qkv = cfg.precision.half().is_some()
+        && attention_block_kernel_of(precision, bf16_kernel).is_none();
+    let qkv_copies = if widened_qkv { 2 } else { 1 };
     let kernel_ow = match m.mla {
         Some(_) => m.num_attention_heads * m.head_dim() / tp,
         None => ow,

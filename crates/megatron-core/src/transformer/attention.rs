@@ -10,7 +10,7 @@
 use super::config::{AttnMaskType, TransformerConfig};
 use super::multi_latent_attention::{MLAProjection, MLASaved};
 use super::qk_norm::{QKNorm, QKNormSaved};
-use super::saved::{keep, restore};
+use super::saved::{keep, readable, restore};
 use super::step::StepContext;
 use crate::context_parallel::{
     heads_to_sequence, ring_attention_backward, ring_attention_forward, sequence_to_heads,
@@ -371,7 +371,7 @@ impl SelfAttention {
         let mut attn = Tensor::for_overwrite(&[b * t, d.heads * self.head_dim]);
         let mut lse = Tensor::for_overwrite(&[b, d.heads, t]);
         let key = ctx.site_for(self.layer, SITE_ATTN_DROPOUT, self.total_heads * t * t);
-        attention_forward(attn.data_mut(), lse.data_mut(), qkv.data(), mask, d, key);
+        attention_forward(attn.data_mut(), lse.data_mut(), qkv.operand(), mask, d, key);
         (attn, lse)
     }
 
@@ -445,7 +445,8 @@ impl SelfAttention {
             return self.qkv_backward(params, grads, tp, saved, x, dqkv, t, cp);
         }
         let tw = t * cp.size;
-        let qkv = restore(&saved.qkv);
+        // The kept QKV as stored: the packed kernels read bf16 in place.
+        let qkv = readable(&saved.qkv);
         // The attention output in both layouts: this rank's chunks as the projection reads
         // them, and the kernel's output for this rank's heads over the whole sequence (made
         // from the first after the projection's backward when not at hand).
@@ -484,7 +485,7 @@ impl SelfAttention {
             dattn.data(),
             attn_h.data(),
             lse.data(),
-            qkv.data(),
+            qkv.operand(),
             mask,
             self.dims_of(b, tw, ctx, cp),
             key,

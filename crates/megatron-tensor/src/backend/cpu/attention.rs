@@ -13,6 +13,7 @@
 //! `[b, heads, t]`.
 
 use super::attention_tile::{pack_rows, pack_transposed, tile_matmul};
+use super::operand::Operand;
 use super::simd::{exp, multiversion};
 use super::sync_ptr::SyncPtr;
 use crate::rng::RngKey;
@@ -379,15 +380,18 @@ pub(super) fn write_key_value_grads(
     }
 }
 
-/// `key_lens[b]` (optional) masks keys at positions `>= key_lens[b]` (padding).
-pub fn attention_forward(
+/// `key_lens[b]` (optional) masks keys at positions `>= key_lens[b]` (padding). `qkv` may be
+/// bf16 (kept under `--bf16`): the packed kernels pack it as it is, which rounds nothing
+/// more; the f32 kernel reads it widened.
+pub fn attention_forward<'q>(
     out: &mut [f32],
     lse: &mut [f32],
-    qkv: &[f32],
+    qkv: impl Into<Operand<'q>>,
     mask: AttentionMask,
     d: AttentionDims,
     key: RngKey,
 ) {
+    let qkv = qkv.into();
     let t = d.t;
     assert!(
         d.groups > 0 && d.heads.is_multiple_of(d.groups),
@@ -413,9 +417,22 @@ pub fn attention_forward(
         });
         return;
     }
+    let qkv = widened(qkv);
     (0..d.b * d.heads)
         .into_par_iter()
-        .for_each(|i| forward_task(i, out_p, lse_p, qkv, mask, d, key));
+        .for_each(|i| forward_task(i, out_p, lse_p, &qkv, mask, d, key));
+}
+
+/// An operand as f32 rows for the f32 kernel: borrowed, or widened (exact) from bf16.
+fn widened(x: Operand<'_>) -> std::borrow::Cow<'_, [f32]> {
+    match x {
+        Operand::F32(x) => std::borrow::Cow::Borrowed(x),
+        Operand::BF16(x) => {
+            let mut w = vec![0.0f32; x.len()];
+            super::cast::bf16_to_f32_parallel(&mut w, x);
+            std::borrow::Cow::Owned(w)
+        }
+    }
 }
 
 multiversion! {
@@ -475,16 +492,17 @@ multiversion! {
 
 /// Writes the whole of `dqkv`.
 #[allow(clippy::too_many_arguments)]
-pub fn attention_backward(
+pub fn attention_backward<'q>(
     dqkv: &mut [f32],
     dout: &[f32],
     out: &[f32],
     lse: &[f32],
-    qkv: &[f32],
+    qkv: impl Into<Operand<'q>>,
     mask: AttentionMask,
     d: AttentionDims,
     key: RngKey,
 ) {
+    let qkv = qkv.into();
     assert!(
         d.groups > 0 && d.heads.is_multiple_of(d.groups),
         "{} heads in {} groups",
@@ -504,9 +522,10 @@ pub fn attention_backward(
         return;
     }
     // One task per (batch, query group): the group's heads all add into its dK and dV.
+    let qkv = widened(qkv);
     (0..d.b * d.groups)
         .into_par_iter()
-        .for_each(|i| backward_task(i, dq_p, dout, out, lse, qkv, mask, d, key));
+        .for_each(|i| backward_task(i, dq_p, dout, out, lse, &qkv, mask, d, key));
 }
 
 multiversion! {

@@ -17,13 +17,14 @@
 //! each output element is one task's sum in a fixed order, so results do not depend on the
 //! thread count.
 
-use super::amx_pack::{pack_a, pack_b, PackBuffer, A_STEP, KB, MB, NB};
+use super::amx_pack::{pack_a, pack_b, PackBuffer, PackElem, A_STEP, KB, MB, NB};
 use super::attention::{
     finish_row, output_dots, probabilities_row, score_grad_row, softmax_row_online,
     write_key_value_grads, AttentionDims, AttentionMask, RowAt,
 };
 use super::matmul::MatmulDims;
 use super::matmul_packed::{BlockKernel, CBlock};
+use super::operand::{with_operand, Operand};
 use super::simd::multiversion;
 use super::sync_ptr::SyncPtr;
 use crate::rng::RngKey;
@@ -48,7 +49,7 @@ impl Panels {
 
     /// Packs `op(b)` of shape `d.k x d.n` (`d.trans_b` as in a GEMM), stored rows `ld` apart,
     /// reusing the buffer.
-    fn pack(&mut self, b: &[f32], d: MatmulDims, ld: usize) {
+    fn pack<T: PackElem>(&mut self, b: &[T], d: MatmulDims, ld: usize) {
         self.kpp = d.k.div_ceil(2 * KB) * KB;
         let kpp = self.kpp;
         let words = self.buf.zeroed(d.n.div_ceil(NB) * kpp * NB);
@@ -57,10 +58,15 @@ impl Panels {
         }
     }
 
-    /// [`Panels::pack`] into a new buffer.
-    fn packed(b: &[f32], d: MatmulDims, ld: usize) -> Self {
+    /// [`Panels::pack`] of a stored operand (a QKV kept in bf16 is packed as it is).
+    fn pack_operand(&mut self, b: Operand<'_>, d: MatmulDims, ld: usize) {
+        with_operand!(b, |x| self.pack(x, d, ld))
+    }
+
+    /// [`Panels::pack_operand`] into a new buffer.
+    fn packed(b: Operand<'_>, d: MatmulDims, ld: usize) -> Self {
         let mut p = Panels::new();
-        p.pack(b, d, ld);
+        p.pack_operand(b, d, ld);
         p
     }
 
@@ -98,13 +104,18 @@ impl Blocks {
     }
 
     /// Packs `op(a)` (`d.m x d.k`, `d.trans_a` as in a GEMM), stored rows `ld` apart.
-    fn pack(&mut self, a: &[f32], d: MatmulDims, ld: usize) {
+    fn pack<T: PackElem>(&mut self, a: &[T], d: MatmulDims, ld: usize) {
         self.steps = d.k.div_ceil(2 * KB);
         let step_words = self.steps * A_STEP;
         let words = self.buf.zeroed(d.m.div_ceil(MB) * step_words);
         for (blk, dst) in words.chunks_mut(step_words).enumerate() {
             pack_a(dst, a, d, ld, blk * MB, self.steps);
         }
+    }
+
+    /// [`Blocks::pack`] of a stored operand.
+    fn pack_operand(&mut self, a: Operand<'_>, d: MatmulDims, ld: usize) {
+        with_operand!(a, |x| self.pack(x, d, ld))
     }
 
     /// Row blocks `first..` (32 rows each).
@@ -184,7 +195,7 @@ fn blocks(n: usize) -> usize {
 }
 
 multiversion! {
-    pub(super) fn forward_task(task: usize, out_p: SyncPtr, lse_p: SyncPtr, qkv: &[f32], mask: AttentionMask, d: AttentionDims, key: RngKey, kernel: BlockKernel) {
+    pub(super) fn forward_task(task: usize, out_p: SyncPtr, lse_p: SyncPtr, qkv: Operand<'_>, mask: AttentionMask, d: AttentionDims, key: RngKey, kernel: BlockKernel) {
         assert!(kernel.available());
         // SAFETY: available, asserted above.
         unsafe { kernel.prepare_thread() };
@@ -197,10 +208,11 @@ multiversion! {
         let base = b * t * qrs;
         let hp = blocks(hd) * 32;
         // K as the B of S = Q Kᵀ (op(b) = Kᵀ, hd x t), V as the B of O = P V (t x hd), Q as A.
-        let kt = Panels::packed(&qkv[base + d.k_offset(g)..], MatmulDims::new(0, t, hd).tb(), qrs);
-        let vv = Panels::packed(&qkv[base + d.v_offset(g)..], MatmulDims::new(0, hd, t), qrs);
+        let from = |off: usize| qkv.slice(base + off..qkv.len());
+        let kt = Panels::packed(from(d.k_offset(g)), MatmulDims::new(0, t, hd).tb(), qrs);
+        let vv = Panels::packed(from(d.v_offset(g)), MatmulDims::new(0, hd, t), qrs);
         let mut qa = Blocks::new();
-        qa.pack(&qkv[base + d.q_offset(h)..], MatmulDims::new(t, 0, hd), qrs);
+        qa.pack_operand(from(d.q_offset(h)), MatmulDims::new(t, 0, hd), qrs);
         let mut pa = Blocks::new();
         let mut s = vec![0.0f32; BQ * BK];
         let mut acc = vec![0.0f32; BQ * hp];
@@ -242,7 +254,7 @@ multiversion! {
 }
 
 multiversion! {
-    pub(super) fn backward_task(task: usize, dq_p: SyncPtr, dout: &[f32], out: &[f32], lse: &[f32], qkv: &[f32], mask: AttentionMask, d: AttentionDims, key: RngKey, kernel: BlockKernel) {
+    pub(super) fn backward_task(task: usize, dq_p: SyncPtr, dout: &[f32], out: &[f32], lse: &[f32], qkv: Operand<'_>, mask: AttentionMask, d: AttentionDims, key: RngKey, kernel: BlockKernel) {
         assert!(kernel.available());
         // SAFETY: available, asserted above.
         unsafe { kernel.prepare_thread() };
@@ -256,8 +268,8 @@ multiversion! {
         let base = b * t * qrs;
         let hp = blocks(hd) * 32;
         let tp = blocks(t) * 32;
-        let k = &qkv[base + d.k_offset(g)..];
-        let v = &qkv[base + d.v_offset(g)..];
+        let from = |off: usize| qkv.slice(base + off..qkv.len());
+        let (k, v) = (from(d.k_offset(g)), from(d.v_offset(g)));
         // The group's K as the B of the scores (Kᵀ) and of dQ (K), V as the B of dP (Vᵀ).
         let kt = Panels::packed(k, MatmulDims::new(0, t, hd).tb(), qrs);
         let kk = Panels::packed(k, MatmulDims::new(0, hd, t), qrs);
@@ -273,14 +285,14 @@ multiversion! {
         let mut pd = vec![0.0f32; BQ * BK];
         let mut dp = vec![0.0f32; BQ * BK];
         for h in g * d.q_per_group()..(g + 1) * d.q_per_group() {
-            let q = &qkv[base + d.q_offset(h)..];
+            let q = from(d.q_offset(h));
             let o = &out[b * t * ors + h * hd..];
             let dout_h = &dout[b * t * ors + h * hd..];
             let lse_h = &lse[(b * d.heads + h) * t..(b * d.heads + h + 1) * t];
             let dsum = output_dots(o, dout_h, ors, t, hd);
             // Q as the A of the scores and the B of dK; dO as the A of dP and the B of dV.
-            qa.pack(q, MatmulDims::new(t, 0, hd), qrs);
-            qb.pack(q, MatmulDims::new(0, hd, t), qrs);
+            qa.pack_operand(q, MatmulDims::new(t, 0, hd), qrs);
+            qb.pack_operand(q, MatmulDims::new(0, hd, t), qrs);
             da.pack(dout_h, MatmulDims::new(t, 0, hd), ors);
             db.pack(dout_h, MatmulDims::new(0, hd, t), ors);
             dq.fill(0.0);

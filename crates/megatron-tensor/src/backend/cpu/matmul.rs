@@ -166,7 +166,16 @@ fn block_kernel_of((precision, kernel): (MatmulPrecision, Bf16Kernel)) -> Option
 /// every product alike. The choice depends on no shape, so every layout (tensor-parallel heads,
 /// context-parallel blocks) runs the same kernel as one rank.
 pub fn attention_block_kernel() -> Option<BlockKernel> {
-    bf16_block_kernel()
+    attention_block_kernel_of(matmul_precision(), bf16_kernel())
+}
+
+/// [`attention_block_kernel`] of a thread with these settings (for predictions made before
+/// the rank threads set theirs).
+pub fn attention_block_kernel_of(
+    precision: MatmulPrecision,
+    kernel: Bf16Kernel,
+) -> Option<BlockKernel> {
+    block_kernel_of((precision, kernel))
 }
 
 /// The packed kernel a product of `d`'s shape goes to under these settings (the one rule;
