@@ -9,7 +9,7 @@ use super::layer::{
     SITE_MLP_RESIDUAL,
 };
 use super::moe::TokenRows;
-use super::saved::{keep, restore};
+use super::saved::{keep, readable};
 use super::step::StepContext;
 use crate::params::{Grads, Params};
 use crate::tensor_parallel::Tp;
@@ -81,7 +81,7 @@ impl TransformerLayer {
     ) -> Result<Tensor, CommError> {
         let (rows, h) = (dout.shape()[0], dout.shape()[1]);
         let (lo, _) = tp.sequence_shard(b * t);
-        let out_sum = restore(saved.post.as_ref().expect("a post-LN layer's saved state"));
+        let out_sum = readable(saved.post.as_ref().expect("a post-LN layer's saved state"));
         let dout_sum = self
             .pre_mlp_layernorm
             .backward(params, grads, &saved.ln2, &out_sum, &dout);
@@ -90,7 +90,7 @@ impl TransformerLayer {
         let at = DropoutRows::new(tp, lo, rows, t, h);
         let bias = self.mlp.fc2_bias();
         let dy = self.residual_branch_grad(grads, bias, &dout_sum, &at, ctx, SITE_MLP_RESIDUAL);
-        let mid_sum = restore(&saved.mid);
+        let mid_sum = readable(&saved.mid);
         let (mid, _) = self
             .input_layernorm
             .forward_as(params, &mid_sum, self.residual);
@@ -106,7 +106,7 @@ impl TransformerLayer {
         drop((mid_sum, dmid));
         let bias = self.self_attention.proj_bias;
         let dproj = self.residual_branch_grad(grads, bias, &dmid_sum, &at, ctx, SITE_ATTN_RESIDUAL);
-        let input = restore(&saved.input);
+        let input = readable(&saved.input);
         let mut dx = self.self_attention.backward(
             params,
             grads,

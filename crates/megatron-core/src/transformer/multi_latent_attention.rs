@@ -15,7 +15,7 @@
 
 use super::config::TransformerConfig;
 use super::norm::Norm;
-use super::saved::{keep, restore};
+use super::saved::{keep, readable};
 use crate::params::{Grads, Init, Params};
 use crate::tensor_parallel::mappings::{
     copy_to_tensor_model_parallel_region_backward, gather_from_sequence_parallel_region_backward,
@@ -247,7 +247,7 @@ impl MLAProjection {
         } else {
             copy_to_tensor_model_parallel_region_backward(tp, dk_pe)?
         };
-        let kv_latent = restore(&saved.kv_latent);
+        let kv_latent = readable(&saved.kv_latent);
         let dkv_latent = self.latent_backward(
             params,
             grads,
@@ -265,7 +265,7 @@ impl MLAProjection {
         let dxq = match (&self.query, &saved.q_latent) {
             (QueryProjection::Direct(l), _) => l.backward(params, grads, tp, x, dq)?,
             (QueryProjection::LowRank { down, norm, up }, Some(c)) => {
-                let c = restore(c);
+                let c = readable(c);
                 let dc = self.latent_backward(params, grads, tp, (norm, up), &c, dq)?;
                 down.backward(params, grads, x, &dc)
             }

@@ -5,7 +5,7 @@
 
 use super::config::TransformerConfig;
 use super::norm::{LayerNormSaved, Norm};
-use super::saved::{keep, restore};
+use super::saved::{keep, readable};
 use crate::params::{Grads, Init, Params, Sharding};
 use megatron_tensor::cpu::{gather_group_blocks, scatter_group_blocks, GroupBlocks};
 use megatron_tensor::Tensor;
@@ -126,7 +126,7 @@ impl QKNorm {
     ) {
         let rows = dqkv.shape()[0];
         let d = self.blocks(q);
-        let x = restore(x);
+        let x = readable(x);
         let mut dy = Tensor::for_overwrite(x.shape());
         gather_group_blocks(dy.data_mut(), dqkv.data(), rows, d);
         let norm = if q {

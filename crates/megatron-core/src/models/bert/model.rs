@@ -22,7 +22,7 @@ use crate::transformer::block::{
 };
 use crate::transformer::config::{AttnMaskType, GeluForm, LayerNormPlacement, TransformerConfig};
 use crate::transformer::layer::{LayerNormSaved, Norm, TransformerLayer};
-use crate::transformer::saved::{keep, restore, widened};
+use crate::transformer::saved::{keep, readable, widened};
 use crate::transformer::step::StepContext;
 use megatron_comm::CommError;
 use megatron_tensor::cpu::AttentionMask;
@@ -479,7 +479,7 @@ impl ModelChunk for BertModel {
         let dx = match state.tail {
             Some((lnf, dxf)) => {
                 let dx = match (lnf, &self.final_layernorm) {
-                    (Some((x, s)), Some(ln)) => ln.backward(params, grads, &s, &restore(&x), &dxf),
+                    (Some((x, s)), Some(ln)) => ln.backward(params, grads, &s, &readable(&x), &dxf),
                     _ => dxf,
                 };
                 on_ready(offset(self.tail_first.expect("a last stage's head")));
@@ -504,7 +504,7 @@ impl ModelChunk for BertModel {
         };
         let mut dsum = e.dropout_backward(tp, dx, batch.tokens.len(), batch.t, ctx);
         if let (Some((sum, s)), Some(ln)) = (state.embedding, &self.embedding_norm) {
-            dsum = ln.backward(params, grads, &s, &restore(&sum), &dsum);
+            dsum = ln.backward(params, grads, &s, &readable(&sum), &dsum);
         }
         let types = (self.config.heads.num_tokentypes > 0).then_some(batch.tokentypes);
         e.sum_backward(grads, tp, batch.tokens, None, types, batch.t, dsum)?;
