@@ -401,14 +401,16 @@ pub fn predict_peak(
     // expert-tensor-parallel rank gathering its group's): forward holds the dispatched input,
     // the experts' f32 fc1 output, activation and output at once;
     // backward the output gradient, the activation and its gradient and fc1's output gradient
-    // (and, under 16 bits, the widened rows combine kept).
+    // (and, under `--fp16`, the widened rows combine kept).
     let moe_layers = (0..layers).any(|l| m.is_moe_layer(l));
     let (forward, backward_in_gemm, backward) = match m.moe.as_ref().filter(|_| moe_layers) {
         Some(x) => {
             let routed = rows * x.topk * cfg.etp;
             let f = x.ffn_hidden_size / cfg.etp;
             let f1 = if m.activation.is_gated() { 2 * f } else { f };
-            let widened = if cfg.precision.half().is_some() {
+            // The kept expert outputs widened for the combine's backward: under `--fp16` only
+            // (bf16 rows are read as stored).
+            let widened = if precision == MatmulPrecision::F16 {
                 routed * h
             } else {
                 0

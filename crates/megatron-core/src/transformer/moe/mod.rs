@@ -15,7 +15,7 @@ pub mod token_dispatcher;
 
 use super::config::{LoadBalancing, MoEConfig, RouterScore, TransformerConfig};
 use super::layer::add_inplace;
-use super::saved::{keep, linear_input_dtype, readable, restore};
+use super::saved::{keep, linear_input_dtype, readable};
 use super::step::StepContext;
 use crate::params::{Grads, Init, ParamId, Params, Sharding};
 use crate::tensor_parallel::Tp;
@@ -286,7 +286,8 @@ impl MoELayer {
         let (n, h) = (x.shape()[0], self.hidden);
         let e = self.cfg.num_experts;
         let plan = &saved.plan;
-        let kept = restore(&saved.kept);
+        // The expert outputs combine kept, read as stored (bf16 under `--bf16`).
+        let kept = readable(&saved.kept);
         let (dy, dprobs) = plan.combine_backward(dout, &kept, tp)?;
         drop(kept);
         // The experts read their kept input and fc1 output as stored (bf16 under `--bf16`).

@@ -408,7 +408,7 @@ impl DispatchPlan {
             // d(prob) = <dout[token], y>, d(y) = prob * dout[token], per sorted slot.
             let tokens = self.sorted_tokens();
             let mut dp = vec![0.0f32; tokens.len()];
-            rows_dot(&mut dp, dout.data(), &tokens, kept.data(), h);
+            rows_dot(&mut dp, dout.data(), &tokens, kept.operand(), h);
             for (&(_, j), v) in self.order.iter().zip(&dp) {
                 if j != NO_SLOT {
                     dprobs[j as usize] = *v;
@@ -443,7 +443,7 @@ impl DispatchPlan {
                 let mut all = vec![0.0f32; p * dout.numel()];
                 ep.all_gather(dout.data(), &mut all)?;
                 let mut dp = vec![0.0f32; token.len()];
-                rows_dot(&mut dp, &all, token, kept.data(), h);
+                rows_dot(&mut dp, &all, token, kept.operand(), h);
                 let mut dprob_all = vec![0.0f32; p * self.probs.len()];
                 for (&s, v) in slot.iter().zip(&dp) {
                     if s != NO_SLOT {

@@ -2,6 +2,7 @@
 //! rows an expert processes, scatter its outputs back weighted by the routing probabilities,
 //! and the per-row dot products that give those probabilities' gradients.
 
+use super::operand::{with_operand, Element, Operand};
 use rayon::prelude::*;
 
 /// `out[i] = x[rows[i]]` (rows of `cols`).
@@ -49,15 +50,26 @@ pub fn gather_rows_scaled(out: &mut [f32], x: &[f32], rows: &[u32], scales: &[f3
         });
 }
 
-/// `out[i] = <x[rows[i]], y[i]>`.
-pub fn rows_dot(out: &mut [f32], x: &[f32], rows: &[u32], y: &[f32], cols: usize) {
+/// `out[i] = <x[rows[i]], y[i]>`. `y` may be bf16 (the expert outputs a `--bf16` layer keeps):
+/// each value is widened as it is read, so the sums are those of its f32 copy, bit for bit.
+pub fn rows_dot<'y>(
+    out: &mut [f32],
+    x: &[f32],
+    rows: &[u32],
+    y: impl Into<Operand<'y>>,
+    cols: usize,
+) {
     assert_eq!(out.len(), rows.len());
+    with_operand!(y.into(), |y| rows_dot_as(out, x, rows, y, cols))
+}
+
+fn rows_dot_as<T: Element>(out: &mut [f32], x: &[f32], rows: &[u32], y: &[T], cols: usize) {
     out.par_iter_mut().enumerate().for_each(|(i, o)| {
         let r = rows[i] as usize;
         *o = x[r * cols..(r + 1) * cols]
             .iter()
             .zip(&y[i * cols..(i + 1) * cols])
-            .map(|(a, b)| a * b)
+            .map(|(a, b)| a * b.to_f32())
             .sum();
     });
 }

@@ -115,6 +115,9 @@ impl<'a> From<&'a mut [bf16]> for OperandMut<'a> {
 
 /// An element type a row kernel reads its input from or writes its output to.
 pub trait Element: Copy + Send + Sync + 'static {
+    /// One value as f32 (widening is exact).
+    fn to_f32(self) -> f32;
+
     /// `x` as f32: itself, or widened into `scratch`.
     fn as_f32<'a>(x: &'a [Self], scratch: &'a mut Vec<f32>) -> &'a [f32];
 
@@ -124,6 +127,11 @@ pub trait Element: Copy + Send + Sync + 'static {
 }
 
 impl Element for f32 {
+    #[inline]
+    fn to_f32(self) -> f32 {
+        self
+    }
+
     #[inline]
     fn as_f32<'a>(x: &'a [f32], _: &'a mut Vec<f32>) -> &'a [f32] {
         x
@@ -136,6 +144,11 @@ impl Element for f32 {
 }
 
 impl Element for bf16 {
+    #[inline]
+    fn to_f32(self) -> f32 {
+        bf16::to_f32(self)
+    }
+
     fn as_f32<'a>(x: &'a [bf16], scratch: &'a mut Vec<f32>) -> &'a [f32] {
         let rows = scratch_of(scratch, x.len());
         bf16_to_f32(rows, x);
