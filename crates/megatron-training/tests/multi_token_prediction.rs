@@ -338,3 +338,33 @@ fn mtp_with_bf16_and_the_overlapped_parameter_gather_matches_one_rank() {
     );
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn mtp_kept_activations_match_the_formula_under_either_residual_stream() {
+    // Under --bf16 each depth's layer output is the bf16 residual stream; with
+    // --fp32-residual-connection it is f32: the engine formula counts either exactly.
+    for stream in [
+        &["--bf16"][..],
+        &["--bf16", "--fp32-residual-connection"][..],
+    ] {
+        let a = args(
+            &[
+                MTP,
+                stream,
+                &["--train-iters", "2", "--lr-warmup-iters", "0"],
+            ]
+            .concat(),
+        );
+        let cfg = a.validate(62).unwrap();
+        let s = pretrain(&a).unwrap();
+        let f = megatron_core::models::gpt::activation_bytes_formula(
+            &cfg.model,
+            cfg.args.micro_batch_size,
+            cfg.args.seq_length,
+            1,
+            false,
+            true,
+        );
+        assert_eq!(s.peak_activation_bytes, f, "{stream:?}");
+    }
+}

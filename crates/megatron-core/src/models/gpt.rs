@@ -264,13 +264,15 @@ pub fn activation_bytes_formula_with(
             r * input + (r..l).map(|i| bytes_of(i, layer)).sum::<usize>()
         }
     };
-    // Multi-token prediction, per depth: its layer (never fully recomputed) and, in f32, the
-    // shifted embedding, the previous hidden state, their concatenation, the layer output, the
-    // loss gradient of its hidden state, and three norms' statistics.
+    // Multi-token prediction, per depth: its layer (never fully recomputed); in f32 the
+    // shifted embedding, the previous hidden state, their concatenation and the loss gradient
+    // of its hidden state; the layer output in the residual stream's storage; and three
+    // norms' statistics.
+    let stream = cfg.residual.dtype().size_in_bytes();
     let mtp = cfg.mtp.map_or(0, |m| {
-        m.num_layers * (layer + rows * (4 * 6 * h + 6 * stats))
+        m.num_layers * (layer + rows * ((4 * 5 + stream) * h + 6 * stats))
     });
-    kept + rows * h * cfg.residual.dtype().size_in_bytes() + mtp
+    kept + rows * h * stream + mtp
 }
 
 /// The labels a loss counts (`mask`'s sum). Each context-parallel rank holds part of the
