@@ -417,22 +417,10 @@ pub fn attention_forward<'q>(
         });
         return;
     }
-    let qkv = widened(qkv);
+    let qkv = qkv.widened();
     (0..d.b * d.heads)
         .into_par_iter()
         .for_each(|i| forward_task(i, out_p, lse_p, &qkv, mask, d, key));
-}
-
-/// An operand as f32 rows for the f32 kernel: borrowed, or widened (exact) from bf16.
-fn widened(x: Operand<'_>) -> std::borrow::Cow<'_, [f32]> {
-    match x {
-        Operand::F32(x) => std::borrow::Cow::Borrowed(x),
-        Operand::BF16(x) => {
-            let mut w = vec![0.0f32; x.len()];
-            super::cast::bf16_to_f32_parallel(&mut w, x);
-            std::borrow::Cow::Owned(w)
-        }
-    }
 }
 
 multiversion! {
@@ -522,7 +510,7 @@ pub fn attention_backward<'q>(
         return;
     }
     // One task per (batch, query group): the group's heads all add into its dK and dV.
-    let qkv = widened(qkv);
+    let qkv = qkv.widened();
     (0..d.b * d.groups)
         .into_par_iter()
         .for_each(|i| backward_task(i, dq_p, dout, out, lse, &qkv, mask, d, key));
