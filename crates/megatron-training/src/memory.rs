@@ -362,10 +362,10 @@ pub fn predict_peak(
             base + 4 * tok * (ffn + fc1),
         )
     } else {
-        // Under `--fp16` the MLP's backward widens its saved fc1 output and the residuals it
-        // reads to f32 copies (`saved::readable`); in f32 it reads them as kept.
+        // Under `--fp16` the MLP's backward widens its saved fc1 output to an f32 copy
+        // (`saved::readable`; the residual it reads is kept in f32); in f32 it reads it as kept.
         let restored = match cfg.precision.half() {
-            Some(_) => rows * h + tok * fc1,
+            Some(_) => tok * fc1,
             None => 0,
         };
         let backward = 4 * (2 * rows * h + gathered + tok * (ffn + fc1) + restored);

@@ -159,7 +159,7 @@ impl ActivationSplit {
 
 /// [`activation_bytes_formula`] under activation recomputation: selective `core_attn` drops
 /// each layer's attention output and log-sum-exp, `mlp` its fc1 output; full recomputation
-/// keeps one layer input (16-bit under `--bf16`) per recomputed group instead of the groups'
+/// keeps one layer input (in the residual stream's storage) per recomputed group instead of the groups'
 /// layers (the transient activations of the one group being recomputed are not counted, as
 /// in Korthikanti et al.).
 pub fn activation_bytes_formula_with(
@@ -206,7 +206,9 @@ pub fn activation_bytes_formula_with(
     let latents = cfg
         .mla
         .map_or(0, |m| m.q_lora_rank.unwrap_or(0) + m.kv_lora_rank);
-    let mut layer = split + rows * (e * (2 * h + latents) + 4 * stats);
+    // The layer's input and mid residual are kept in the residual stream's storage.
+    let stream = cfg.residual.dtype().size_in_bytes();
+    let mut layer = split + rows * (e * latents + stream * 2 * h + 4 * stats);
     let dense_mlp = (tok / tp) * e * fc1;
     // A mixture-of-experts layer keeps, instead of the dense MLP's fc1 output: the router's f32
     // logits, each token's k choices (4 bytes) and probabilities (8), and on the experts' side
@@ -229,7 +231,7 @@ pub fn activation_bytes_formula_with(
         let experts = slots * e * (etp * h + gated * x.ffn_hidden_size + h);
         rows * x.num_experts * 4 + slots * 12 + experts + shared
     });
-    let input = rows * h * e;
+    let input = rows * h * stream;
     // Layer `i` of this stage, by its MLP.
     let bytes_of = |i: usize, layer: usize| {
         if cfg.is_moe_layer(i) {
@@ -268,7 +270,6 @@ pub fn activation_bytes_formula_with(
     // shifted embedding, the previous hidden state, their concatenation and the loss gradient
     // of its hidden state; the layer output in the residual stream's storage; and three
     // norms' statistics.
-    let stream = cfg.residual.dtype().size_in_bytes();
     let mtp = cfg.mtp.map_or(0, |m| {
         m.num_layers * (layer + rows * ((4 * 5 + stream) * h + 6 * stats))
     });

@@ -10,7 +10,7 @@
 use super::config::{AttnMaskType, TransformerConfig};
 use super::multi_latent_attention::{MLAProjection, MLASaved};
 use super::qk_norm::{QKNorm, QKNormSaved};
-use super::saved::{keep, readable, restore};
+use super::saved::{as_kept, keep, readable, restore};
 use super::step::StepContext;
 use crate::context_parallel::{
     heads_to_sequence, ring_attention_backward, ring_attention_forward, sequence_to_heads,
@@ -333,14 +333,17 @@ impl SelfAttention {
         let cp = tp.cp_layout();
         let mut starts = Vec::new();
         let mask = self.windowed(mask, b, t * cp.size, &mut starts);
+        // Attention reads QKV as backward keeps it (16-bit under `--bf16` / `--fp16`, as
+        // Megatron's QKV is), so an output recomputed in backward equals this one.
         let (qkv, attn, lse) = if ring(tp) {
-            let (attn, lse) = self.ring_attention(tp, &qkv, b, t, ctx, mask)?;
+            let qkv = keep(qkv);
+            let (attn, lse) = self.ring_attention(tp, &restore(&qkv), b, t, ctx, mask)?;
             (qkv, attn, lse)
         } else {
             // All-to-all (or no context parallelism): attention runs on the whole sequence and
             // this rank's share of the heads; what backward keeps is in that layout.
-            let qkv = self.to_heads(tp, qkv, b, cp)?;
-            let (attn_h, lse) = self.core_attention(&qkv, b, t * cp.size, ctx, mask, cp);
+            let qkv = keep(self.to_heads(tp, qkv, b, cp)?);
+            let (attn_h, lse) = self.core_attention(&readable(&qkv), b, t * cp.size, ctx, mask, cp);
             (qkv, self.to_sequence(tp, attn_h, b, cp)?, lse)
         };
         let attn = self.narrow(attn);
@@ -349,7 +352,7 @@ impl SelfAttention {
         Ok((
             out,
             SelfAttentionSaved {
-                qkv: keep(qkv),
+                qkv,
                 attn,
                 projection,
             },
@@ -428,7 +431,7 @@ impl SelfAttention {
                 Some((a, l)) => (restore(a).into_owned(), std::borrow::Cow::Borrowed(l)),
                 None => {
                     let (a, l) = self.ring_attention(tp, &qkv, b, t, ctx, mask)?;
-                    (self.narrow(a), std::borrow::Cow::Owned(l))
+                    (self.narrow(as_kept(a)), std::borrow::Cow::Owned(l))
                 }
             };
             let dattn = self.linear_proj.backward(params, grads, tp, &attn, dout)?;
@@ -454,6 +457,7 @@ impl SelfAttention {
             Some((a, l)) => (restore(a).into_owned(), None, std::borrow::Cow::Borrowed(l)),
             None => {
                 let (a_h, l) = self.core_attention(&qkv, b, tw, ctx, mask, cp);
+                let a_h = as_kept(a_h);
                 let l = std::borrow::Cow::Owned(l);
                 match tp.cp() {
                     Some(c) => (

@@ -4,13 +4,12 @@
 //! backward with the same dropout masks). Shared by every model built of transformer layers.
 
 use super::layer::{TransformerLayer, TransformerLayerSaved};
-use super::saved::{keep, restore};
 use super::step::{Recompute, RecomputeMethod, StepContext};
 use crate::params::{Grads, ParamId, Params};
 use crate::tensor_parallel::Tp;
 use megatron_comm::CommError;
 use megatron_tensor::cpu::AttentionMask;
-use megatron_tensor::{DType, Tensor};
+use megatron_tensor::Tensor;
 use std::ops::Range;
 
 /// What the block keeps of one micro-batch for backward.
@@ -44,21 +43,11 @@ impl SavedLayers {
     }
 }
 
-/// A copy of `x` as activations are kept (16-bit under `--bf16`).
-fn kept_copy(x: &Tensor) -> Tensor {
-    match x.dtype() {
-        DType::F32 => keep(x.clone()),
-        _ => x.clone(),
-    }
-}
-
-/// The block's input in the residual stream's storage: under a bf16 stream the embedding's
-/// output (or a received f32 activation) is rounded once here, as Megatron's embedding
-/// writes bf16, so forward and the norms recomputed in backward read the same values.
+/// The block's input in the residual stream's storage (see [`TransformerLayer::into_stream`]).
 fn into_residual_stream(layers: &[TransformerLayer], x: Tensor) -> Tensor {
     match layers.first() {
-        Some(l) if l.residual == DType::BF16 && x.dtype() == DType::F32 => x.to_dtype(DType::BF16),
-        _ => x,
+        Some(l) => l.into_stream(x),
+        None => x,
     }
 }
 
@@ -109,7 +98,7 @@ pub fn transformer_block_forward(
     let recompute = if keep { ctx.recompute } else { Recompute::None };
     for (range, again) in recompute_groups(layers.len(), recompute) {
         if !keep || again {
-            let input = keep.then(|| kept_copy(&x));
+            let input = keep.then(|| x.clone());
             for layer in &layers[range.clone()] {
                 x = layer.forward_no_grad(params, tp, x, b, t, ctx, mask)?;
             }
@@ -154,11 +143,8 @@ pub fn transformer_block_backward(
             SavedLayers::Recompute { input, layers: r } => {
                 // The group's forward again, from its input, with the same dropout masks.
                 let again = ctx.recomputing();
-                // A bf16 input is read as stored, as the first forward read it.
-                let mut x = match input.dtype() {
-                    DType::F16 => restore(&input).into_owned(),
-                    _ => input,
-                };
+                // The input as the stream stored it, so the forward reads what it first read.
+                let mut x = input;
                 let mut kept = Vec::with_capacity(r.len());
                 for layer in &layers[r.clone()] {
                     let (y, s) = layer.forward(params, tp, x, b, t, &again, mask)?;

@@ -13,7 +13,7 @@ use super::config::{LayerNormPlacement, TransformerConfig};
 use super::mlp::{MLPSaved, MLP};
 use super::moe::{MoELayer, MoESaved, TokenRows};
 pub use super::norm::{LayerNorm, LayerNormSaved, Norm, RMSNorm};
-use super::saved::{keep, linear_input_dtype, readable};
+use super::saved::{linear_input_dtype, readable};
 use super::step::StepContext;
 use crate::params::{Grads, Init, ParamId, Params};
 use crate::tensor_parallel::Tp;
@@ -41,6 +41,9 @@ pub struct TransformerLayer {
     pub(super) residual: DType,
 }
 
+/// The residual-stream tensors (input, sums) are kept as the stream stores them, never rounded
+/// to 16 bits when the stream is f32 (`--fp16`, `--fp32-residual-connection`, T5): backward's
+/// recomputed norms, and a recomputed forward, then read the values the forward read.
 pub struct TransformerLayerSaved {
     pub input: Tensor,
     pub ln1: LayerNormSaved,
@@ -142,6 +145,18 @@ impl TransformerLayer {
         }
     }
 
+    /// `x` in the residual stream's storage: under a bf16 stream an f32 input (the
+    /// embedding's output, a received activation, a multi-token-prediction projection) is
+    /// rounded once, as Megatron's bf16 modules write bf16, so forward, the norms recomputed in
+    /// backward and a recomputed forward all read the kept values.
+    pub fn into_stream(&self, x: Tensor) -> Tensor {
+        if x.dtype() == self.residual {
+            x
+        } else {
+            x.to_dtype(self.residual)
+        }
+    }
+
     #[allow(clippy::too_many_arguments)]
     pub fn forward(
         &self,
@@ -196,10 +211,10 @@ impl TransformerLayer {
         Ok((
             out,
             TransformerLayerSaved {
-                input: keep(x),
+                input: x,
                 ln1,
                 attn,
-                mid: keep(mid),
+                mid,
                 ln2,
                 mlp,
                 post: None,

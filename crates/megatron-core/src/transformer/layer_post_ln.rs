@@ -9,7 +9,7 @@ use super::layer::{
     SITE_MLP_RESIDUAL,
 };
 use super::moe::TokenRows;
-use super::saved::{keep, readable};
+use super::saved::readable;
 use super::step::StepContext;
 use crate::params::{Grads, Params};
 use crate::tensor_parallel::Tp;
@@ -55,13 +55,13 @@ impl TransformerLayer {
         Ok((
             out,
             TransformerLayerSaved {
-                input: keep(x),
+                input: x,
                 ln1,
                 attn,
-                mid: keep(mid_sum),
+                mid: mid_sum,
                 ln2,
                 mlp,
-                post: Some(keep(out_sum)),
+                post: Some(out_sum),
             },
         ))
     }

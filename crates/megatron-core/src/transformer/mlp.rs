@@ -5,7 +5,7 @@
 //! any) added in the GEMM. The fc2 bias is left to the layer's bias-dropout-add.
 
 use super::config::{Activation, TransformerConfig};
-use super::saved::{keep, linear_input_dtype, readable};
+use super::saved::{keep, linear_input_dtype, readable, recomputed};
 use super::step::StepContext;
 use crate::params::{Grads, Init, ParamId, Params};
 use crate::tensor_parallel::{ColumnParallelLinear, RowParallelLinear, Tp};
@@ -143,7 +143,7 @@ impl MLP {
     ) -> Result<Tensor, CommError> {
         let fc1_pre = match &saved.fc1_pre {
             Some(t) => readable(t),
-            None => std::borrow::Cow::Owned(self.linear_fc1.forward(params, tp, x)?),
+            None => std::borrow::Cow::Owned(recomputed(self.linear_fc1.forward(params, tp, x)?)),
         };
         let fc1_pre = &*fc1_pre;
         let n = fc1_pre.shape()[0];

@@ -279,6 +279,7 @@ impl MultiTokenPredictionLayer {
         } else {
             x
         };
+        let x = self.mtp_model_layer.into_stream(x);
         let (layer_out, layer) = self
             .mtp_model_layer
             .forward(params, tp, x, b, t, ctx, mask)?;

@@ -36,6 +36,23 @@ pub fn widened(t: Tensor) -> Tensor {
     }
 }
 
+/// A recomputed tensor with the values backward reads when it is kept instead: rounded to the
+/// kept storage type and widened back. Recomputation then trains bit-identically to keeping
+/// (under `--bf16` the kept attention output is bf16, and attention's backward reads it).
+pub fn as_kept(t: Tensor) -> Tensor {
+    widened(keep(t))
+}
+
+/// A recomputed tensor as backward reads the kept one ([`readable`] of [`keep`]): rounded to
+/// the kept storage type, so recomputation trains bit-identically to keeping.
+pub fn recomputed(t: Tensor) -> Tensor {
+    let kept = keep(t);
+    match kept.dtype() {
+        DType::F16 => kept.to_dtype(DType::F32),
+        _ => kept,
+    }
+}
+
 /// A kept tensor as the kernels read it: as stored when f32 or bf16 (they widen bf16 rows in
 /// cache), widened when f16 (no kernel reads f16 operands).
 pub fn readable(t: &Tensor) -> Cow<'_, Tensor> {
