@@ -122,6 +122,27 @@ impl<F: crate::family::TrainFamily> crate::training::Trainer<'_, F> {
         }
     }
 
+    /// Every rank checks at start-up that it can write its shards under `--save`, so a
+    /// directory that cannot be written stops the run before it trains, not at its first
+    /// save hours later (every rank writes its own shards; under MPI each may see another
+    /// file system).
+    pub(crate) fn check_save_dir(&mut self, dir: &Path) -> Result<(), TrainError> {
+        let rank = self.comms.world_rank;
+        let probe = dir.join(format!(".write_check.rank{rank}"));
+        let checked = std::fs::create_dir_all(dir)
+            .and_then(|()| std::fs::write(&probe, b"megatron-rs"))
+            .and_then(|()| std::fs::remove_file(&probe));
+        let failed = checked.as_ref().err().map(|e| e.to_string());
+        if self.comms.world_max(f32::from(failed.is_some()))? > 0.0 {
+            let why = failed.unwrap_or_else(|| "another rank cannot write there".into());
+            return Err(TrainError::Args(format!(
+                "--save {}: cannot write checkpoints there ({why}); nothing was trained",
+                dir.display()
+            )));
+        }
+        Ok(())
+    }
+
     /// Rank 0 prepares `iter_NNNNNNN.partial`, every rank learns whether it could.
     fn begin_save(&mut self, dir: &Path, iteration: u64) -> Result<PathBuf, TrainError> {
         let rank = self.comms.world_rank;

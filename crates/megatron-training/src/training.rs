@@ -335,6 +335,9 @@ fn run_family<F: TrainFamily>(
     let mut interval = Interval::default();
     let exits = ExitWatch::new(cfg)?;
     let save_dir = a.save.as_ref().map(PathBuf::from);
+    if let Some(dir) = save_dir.as_deref().filter(|_| !a.skip_train) {
+        tr.check_save_dir(dir)?;
+    }
     if a.skip_train {
         // Megatron's --skip-train: evaluate the loaded model on validation and test, train
         // nothing.
