@@ -4,7 +4,7 @@
 
 use super::super::config::TransformerConfig;
 use super::super::mlp::{MLPSaved, MLP};
-use super::super::saved::{keep, restore};
+use super::super::saved::{keep, readable};
 use crate::params::{Grads, Init, ParamId, Params, Sharding};
 use crate::tensor_parallel::Tp;
 use crate::transformer::step::StepContext;
@@ -112,10 +112,18 @@ impl SharedExpertMLP {
             dy.data_mut().copy_from_slice(dout.data());
             return self.mlp.backward(params, grads, tp, &saved.mlp, x, dy);
         };
-        let y = restore(y);
+        // The kept output as stored: bf16 is read in place.
+        let y = readable(y);
         let mut dy = Tensor::for_overwrite(&[n, h]);
         let mut dlogits = vec![0.0f32; n];
-        sigmoid_gate_backward(dy.data_mut(), &mut dlogits, dout.data(), gate, y.data(), h);
+        sigmoid_gate_backward(
+            dy.data_mut(),
+            &mut dlogits,
+            dout.data(),
+            gate,
+            y.operand(),
+            h,
+        );
         drop(y);
         let mut dx = self.mlp.backward(params, grads, tp, &saved.mlp, x, dy)?;
         // dWg += dlogits^T x; dx += dlogits Wg.

@@ -1,6 +1,7 @@
 //! The shared expert's sigmoid gate (Qwen2-MoE's `shared_expert_gate`, megatron-core's
 //! `moe_shared_expert_gate`): each token's shared-expert output scaled by `sigmoid(logit)`.
 
+use super::operand::{with_operand, Element, Operand};
 use rayon::prelude::*;
 
 fn sigmoid(x: f32) -> f32 {
@@ -27,15 +28,31 @@ pub fn sigmoid_gate_forward(
 }
 
 /// From `dout`: `dy[i] = gate[i] * dout[i]` and `dlogits[i] = <dout[i], y[i]> * g (1 - g)`.
-pub fn sigmoid_gate_backward(
+/// `y` is the kept shared-expert output, read as stored (bf16 under `--bf16`, widened in
+/// registers rather than through an f32 copy).
+pub fn sigmoid_gate_backward<'y>(
     dy: &mut [f32],
     dlogits: &mut [f32],
     dout: &[f32],
     gate: &[f32],
-    y: &[f32],
+    y: impl Into<Operand<'y>>,
     cols: usize,
 ) {
     assert_eq!(dy.len(), dout.len());
+    with_operand!(y.into(), |y| sigmoid_gate_backward_as(
+        dy, dlogits, dout, gate, y, cols
+    ))
+}
+
+fn sigmoid_gate_backward_as<T: Element>(
+    dy: &mut [f32],
+    dlogits: &mut [f32],
+    dout: &[f32],
+    gate: &[f32],
+    y: &[T],
+    cols: usize,
+) {
+    assert_eq!(y.len(), dout.len());
     dy.par_chunks_mut(cols.max(1))
         .zip(dlogits.par_iter_mut())
         .zip(dout.par_chunks(cols.max(1)).zip(y.par_chunks(cols.max(1))))
@@ -44,7 +61,7 @@ pub fn sigmoid_gate_backward(
             let mut dot = 0.0f32;
             for ((dv, gv), yv) in d.iter_mut().zip(go).zip(yr) {
                 *dv = g * gv;
-                dot += gv * yv;
+                dot += gv * yv.to_f32();
             }
             *dl = dot * g * (1.0 - g);
         });
