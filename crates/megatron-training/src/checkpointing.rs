@@ -100,6 +100,31 @@ pub struct CheckpointMeta {
     pub hf_buffers: Vec<HfBuffer>,
 }
 
+impl CheckpointMeta {
+    /// The tokenizer the run trained with, as its flags recorded it.
+    pub fn tokenizer_spec(&self) -> megatron_data::TokenizerSpec {
+        megatron_data::TokenizerSpec {
+            tokenizer_type: self.tokenizer_type.clone(),
+            vocab_file: self.vocab_file.clone(),
+            merge_file: self.merge_file.clone(),
+            tokenizer_model: self.tokenizer_model.clone(),
+            vocab_size: Some(self.vocab_size),
+            vocab_extra_ids: self.vocab_extra_ids,
+            tiktoken: self.tiktoken.clone(),
+        }
+    }
+
+    /// The model's real vocabulary rows (the rest of `padded_vocab_size` is padding): the
+    /// tokenizer's size where it can be built, which is not `vocab_size` everywhere — a
+    /// NullTokenizer's end-of-document id is one past the `--vocab-size` recorded, and a
+    /// `--vocab-size` given beside a tokenizer with its own vocabulary is recorded as given.
+    pub fn vocab_rows(&self) -> usize {
+        megatron_data::build_tokenizer_from(&self.tokenizer_spec())
+            .map_or(self.vocab_size, |t| t.vocab_size())
+            .min(self.model.padded_vocab_size)
+    }
+}
+
 /// An `I64` tensor of a Hugging Face file kept as it was.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub struct HfBuffer {
@@ -604,7 +629,11 @@ pub(crate) fn write_whole_checkpoint(
             .as_ref()
             .map_or("NullTokenizer", |t| t.tokenizer_type)
             .into(),
-        vocab_size,
+        // A NullTokenizer's `--vocab-size` leaves out its end-of-document id, the last row.
+        vocab_size: match tokenizer {
+            Some(_) => vocab_size,
+            None => vocab_size.saturating_sub(1),
+        },
         vocab_file: None,
         merge_file: None,
         tokenizer_model: tokenizer.map(|t| t.path),

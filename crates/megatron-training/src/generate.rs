@@ -6,7 +6,7 @@ use crate::TrainError;
 use megatron_core::inference::{decode_step, KVCache};
 use megatron_core::models::ModelFamily;
 use megatron_core::params::Params;
-use megatron_data::{build_tokenizer_from, SpecialToken, Tokenizer, TokenizerSpec};
+use megatron_data::{build_tokenizer_from, SpecialToken, Tokenizer};
 use megatron_tensor::RngKey;
 use std::path::Path;
 
@@ -161,15 +161,7 @@ pub fn generate(args: &GenerateArgs) -> Result<String, TrainError> {
             msg: "a BERT encoder does not generate text (use `megatron embed`)".into(),
         });
     }
-    let tok = build_tokenizer_from(&TokenizerSpec {
-        tokenizer_type: ck.meta.tokenizer_type.clone(),
-        vocab_file: ck.meta.vocab_file.clone(),
-        merge_file: ck.meta.merge_file.clone(),
-        tokenizer_model: ck.meta.tokenizer_model.clone(),
-        vocab_size: Some(ck.meta.vocab_size),
-        vocab_extra_ids: ck.meta.vocab_extra_ids,
-        tiktoken: ck.meta.tiktoken.clone(),
-    });
+    let tok = build_tokenizer_from(&ck.meta.tokenizer_spec());
     // Token ids need no tokenizer.
     let tok = match (tok, &args.prompt_ids) {
         (Ok(t), _) => Some(t),

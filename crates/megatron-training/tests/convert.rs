@@ -6,7 +6,7 @@
 mod common;
 
 use common::hf_fixtures::*;
-use common::{args, tmpdir, MOE, SMALL_RUN};
+use common::{args, tmpdir, LLAMA, MOE, SMALL_RUN};
 use megatron_training::checkpointing::load_checkpoint;
 use megatron_training::convert::{hf_to_megatron, megatron_to_hf};
 use safetensors::SafeTensors;
@@ -680,5 +680,51 @@ fn a_whitespace_collapsing_sentencepiece_model_is_refused_for_transformers() {
         .to_string();
     assert!(e.contains("remove_extra_whitespaces"), "{e}");
     assert!(!dir.join("hf").exists() && !dir.join("hf.partial").exists());
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A NullTokenizer's `--vocab-size V` has V + 1 ids (the end-of-document id is V), and the model
+/// trains that row: the export keeps it, and the import records the tokenizer that gives the
+/// same ids, so a round trip loses no row.
+#[test]
+fn a_null_tokenizer_models_end_of_document_row_survives_export_and_import() {
+    let dir = tmpdir("convert-null-tokenizer-rows");
+    let save = dir.join("m");
+    let v = [
+        LLAMA,
+        &[
+            "--make-vocab-size-divisible-by",
+            "1",
+            "--train-iters",
+            "2",
+            "--save",
+            save.to_str().unwrap(),
+        ],
+    ]
+    .concat();
+    megatron_training::pretrain(&args(&v)).unwrap();
+    let before = load_checkpoint(&save, None).unwrap();
+    // `args` trains with --vocab-size 61: 62 ids.
+    assert_eq!(before.meta.vocab_rows(), 62);
+    megatron_to_hf(&save, &dir.join("hf")).unwrap();
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("hf/config.json")).unwrap())
+            .unwrap();
+    assert_eq!(
+        config["vocab_size"], 62,
+        "the end-of-document row is exported"
+    );
+    hf_to_megatron(&dir.join("hf"), &dir.join("back"), 1).unwrap();
+    let after = load_checkpoint(&dir.join("back"), None).unwrap();
+    assert_eq!(after.meta.vocab_size, 61, "the tokenizer of 62 ids");
+    assert_eq!(after.meta.vocab_rows(), 62);
+    for name in ["embedding.word_embeddings.weight", "output_layer.weight"] {
+        let (a, b) = (&before.tensors[name], &after.tensors[name]);
+        assert_eq!(a.len(), 62 * 32, "{name}");
+        assert!(
+            a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()),
+            "{name} changed in the round trip"
+        );
+    }
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -369,7 +369,7 @@ fn checkpoint_as_hf(
         })
     };
     let (config, tensors) = fam
-        .to_hf(&cfg, &mut m, ck.meta.vocab_size)
+        .to_hf(&cfg, &mut m, ck.meta.vocab_rows())
         .map_err(|e| err(&ck.dir, e))?;
     if let Some(extra) = m.keys().next() {
         // E.g. a router's expert bias: the Hugging Face family has no place for it, and
