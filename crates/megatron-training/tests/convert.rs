@@ -315,7 +315,12 @@ fn an_activation_the_hugging_face_family_cannot_express_is_refused_by_name() {
             "rope",
             "--squared-relu",
             "Llama",
-            &["--position-embedding-type", "rope"][..],
+            &[
+                "--position-embedding-type",
+                "rope",
+                "--normalization",
+                "RMSNorm",
+            ][..],
         ),
         ("learned", "--quick-geglu", "GPT-2", &[][..]),
     ] {
@@ -725,6 +730,46 @@ fn a_null_tokenizer_models_end_of_document_row_survives_export_and_import() {
             a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()),
             "{name} changed in the round trip"
         );
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A model part the chosen Hugging Face family has no place for is refused by the flag that
+/// made it, not reported as a missing or misshapen tensor.
+#[test]
+fn a_part_the_hugging_face_family_cannot_hold_is_refused_by_its_flag() {
+    let dir = tmpdir("convert-refused-parts");
+    let rope = ["--position-embedding-type", "rope"];
+    let rms = ["--normalization", "RMSNorm"];
+    let cases: [(&str, Vec<&str>, &str); 6] = [
+        ("learned-rmsnorm", rms.to_vec(), "--normalization RMSNorm"),
+        (
+            "learned-gqa",
+            vec!["--group-query-attention", "--num-query-groups", "2"],
+            "--group-query-attention",
+        ),
+        (
+            "learned-nobias",
+            vec!["--disable-bias-linear"],
+            "--disable-bias-linear",
+        ),
+        ("learned-qknorm", vec!["--qk-layernorm"], "--qk-layernorm"),
+        ("rope-layernorm", rope.to_vec(), "--normalization LayerNorm"),
+        (
+            "rope-qknorm-biases",
+            [&rope[..], &rms[..], &["--qk-layernorm"][..]].concat(),
+            "without --disable-bias-linear",
+        ),
+    ];
+    for (name, extra, want) in cases {
+        let save = dir.join(name);
+        let s = save.to_str().unwrap();
+        let flags = [&["--train-iters", "2", "--save", s][..], &extra].concat();
+        megatron_training::pretrain(&common::args(&flags)).unwrap();
+        let out = dir.join(format!("{name}-hf"));
+        let e = megatron_to_hf(&save, &out).unwrap_err().to_string();
+        assert!(e.contains(want), "{name}: {e}");
+        assert!(!out.exists(), "{name}: nothing is written");
     }
     let _ = std::fs::remove_dir_all(dir);
 }

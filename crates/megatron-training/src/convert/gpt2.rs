@@ -3,7 +3,7 @@
 //! learned positions, LayerNorm, GELU(tanh), tied output layer.
 
 use super::{pad_rows, take, HfFamily, Tensors};
-use megatron_core::transformer::config::{Activation, GeluForm};
+use megatron_core::transformer::config::{Activation, GeluForm, Normalization};
 use megatron_core::TransformerConfig;
 use serde_json::{json, Value};
 
@@ -197,6 +197,7 @@ impl HfFamily for Gpt2 {
             cfg.ffn_hidden_size,
             cfg.num_attention_heads,
         );
+        refuse_what_gpt2_cannot_hold(cfg)?;
         let hd = h / heads;
         let activation_function = match cfg.activation {
             Activation::Gelu => match cfg.gelu {
@@ -336,4 +337,28 @@ impl HfFamily for Gpt2 {
         });
         Ok((config, t))
     }
+}
+
+/// A model with learned positions exports as GPT-2, whose blocks are fixed: the parts it cannot
+/// hold are named by their flag here, rather than as a missing or misshapen tensor later.
+fn refuse_what_gpt2_cannot_hold(cfg: &TransformerConfig) -> Result<(), String> {
+    let heads = cfg.num_attention_heads;
+    let why = if cfg.normalization != Normalization::LayerNorm {
+        "--normalization RMSNorm: GPT-2's norms are LayerNorms"
+    } else if cfg.query_groups() != heads {
+        "--group-query-attention: GPT-2 has one key and value head per query head"
+    } else if !cfg.add_bias_linear {
+        "--disable-bias-linear: GPT-2 has biases on every linear layer"
+    } else if cfg.qk_layernorm {
+        "--qk-layernorm: GPT-2 has no query/key norms"
+    } else if cfg.head_dim() * heads != cfg.hidden_size {
+        "--kv-channels: GPT-2's heads are hidden / heads wide"
+    } else if cfg.moe.is_some() {
+        "--num-experts: GPT-2 has no experts"
+    } else {
+        return Ok(());
+    };
+    Err(format!(
+        "{why} (a model with learned positions exports as GPT2LMHeadModel; RoPE models as Llama, Mistral or Qwen)"
+    ))
 }

@@ -333,6 +333,18 @@ fn checkpoint_as_hf(
         } else {
             "LlamaForCausalLM"
         };
+        if cfg.normalization != megatron_core::transformer::config::Normalization::RMSNorm {
+            return Err(err(
+                &ck.dir,
+                "--normalization LayerNorm: Llama, Mistral, Qwen and Mixtral have RMSNorms (a LayerNorm model exports with learned positions, as GPT-2)",
+            ));
+        }
+        if cfg.qk_layernorm && cfg.add_bias_linear {
+            return Err(err(
+                &ck.dir,
+                "--qk-layernorm with biases on every linear layer (trained without --disable-bias-linear) has no Hugging Face family (Qwen3, the one with query/key norms, has no MLP biases)",
+            ));
+        }
         if cfg.qk_layernorm && cfg.add_qkv_bias {
             return Err(err(
                 &ck.dir,
