@@ -741,7 +741,7 @@ fn a_part_the_hugging_face_family_cannot_hold_is_refused_by_its_flag() {
     let dir = tmpdir("convert-refused-parts");
     let rope = ["--position-embedding-type", "rope"];
     let rms = ["--normalization", "RMSNorm"];
-    let cases: [(&str, Vec<&str>, &str); 6] = [
+    let cases: [(&str, Vec<&str>, &str); 8] = [
         ("learned-rmsnorm", rms.to_vec(), "--normalization RMSNorm"),
         (
             "learned-gqa",
@@ -755,6 +755,16 @@ fn a_part_the_hugging_face_family_cannot_hold_is_refused_by_its_flag() {
         ),
         ("learned-qknorm", vec!["--qk-layernorm"], "--qk-layernorm"),
         ("rope-layernorm", rope.to_vec(), "--normalization LayerNorm"),
+        (
+            "rope-partial",
+            [&rope[..], &rms[..], &["--rotary-percent", "0.5"][..]].concat(),
+            "--rotary-percent 0.5",
+        ),
+        (
+            "rope-interleaved",
+            [&rope[..], &rms[..], &["--rotary-interleaved"][..]].concat(),
+            "--rotary-interleaved",
+        ),
         (
             "rope-qknorm-biases",
             [&rope[..], &rms[..], &["--qk-layernorm"][..]].concat(),

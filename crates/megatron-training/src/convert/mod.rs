@@ -339,6 +339,21 @@ fn checkpoint_as_hf(
                 "--normalization LayerNorm: Llama, Mistral, Qwen and Mixtral have RMSNorms (a LayerNorm model exports with learned positions, as GPT-2)",
             ));
         }
+        if cfg.rotary.percent < 1.0 {
+            return Err(err(
+                &ck.dir,
+                format!(
+                    "--rotary-percent {}: Llama, Mistral, Qwen and Mixtral rotate every feature of a head",
+                    cfg.rotary.percent
+                ),
+            ));
+        }
+        if cfg.rotary.interleaved {
+            return Err(err(
+                &ck.dir,
+                "--rotary-interleaved: Llama, Mistral, Qwen and Mixtral rotate the pairs (i, i + d/2) (rotate-half), not (2i, 2i + 1)",
+            ));
+        }
         if cfg.qk_layernorm && cfg.add_bias_linear {
             return Err(err(
                 &ck.dir,
