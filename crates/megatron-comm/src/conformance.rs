@@ -27,6 +27,10 @@ fn check<T: PartialEq + std::fmt::Debug>(
     }
 }
 
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
 fn ok<T>(r: Result<T, CommError>, what: &str) -> Result<T, String> {
     r.map_err(|e| format!("{what}: {e}"))
 }
@@ -96,6 +100,34 @@ pub fn collective_suite(c: &mut dyn Communicator) -> Result<usize, String> {
         true,
     )?;
     drop(v);
+    checks += 2;
+
+    // Sums are added in rank order, ((x0 + x1) + x2) + ..., on every backend, so runs give
+    // the same bits on rank threads and under any MPI library. These values tell the orders
+    // apart in f32: 1 + 1e8 rounds to 1e8, so the rank-order sum of [1, 1e8, -1e8, 1] is 1
+    // while pairwise ((1 + 1e8) + (-1e8 + 1)) gives 0.
+    let pattern = [1.0f32, 1e8, -1e8, 1.0, 3.0, -1e8, 1e8, 0.5];
+    let value =
+        |q: usize, i: usize| pattern[(q + i) % pattern.len()] * (1 + q / pattern.len()) as f32;
+    let width = 3 * n + 1;
+    let in_rank_order = |i: usize| (1..n).fold(value(0, i), |acc, q| acc + value(q, i));
+    let mut v: Vec<f32> = (0..width).map(|i| value(rank, i)).collect();
+    ok(c.all_reduce(&mut v, ReduceOp::Sum), "all_reduce rank order")?;
+    let want: Vec<f32> = (0..width).map(in_rank_order).collect();
+    check(c, "all_reduce sums in rank order", bits(&v), bits(&want))?;
+    let input: Vec<f32> = (0..3 * n).map(|i| value(rank, i)).collect();
+    let mut mine = vec![0.0; 3];
+    ok(
+        c.reduce_scatter(&input, &mut mine, ReduceOp::Sum),
+        "reduce_scatter rank order",
+    )?;
+    let want: Vec<f32> = (3 * rank..3 * rank + 3).map(in_rank_order).collect();
+    check(
+        c,
+        "reduce_scatter sums in rank order",
+        bits(&mine),
+        bits(&want),
+    )?;
     checks += 2;
 
     // all_gather: rank order.

@@ -108,6 +108,16 @@ fn count(n: usize) -> i32 {
     i32::try_from(n).expect("chunked below 2^31 elements")
 }
 
+/// `out` = the first of `blocks`' `out.len()`-element blocks plus each later one, in order
+/// (the blocks of ranks 0, 1, ...).
+fn add_blocks_in_rank_order(out: &mut [f32], blocks: &[f32]) {
+    let n = out.len();
+    out.copy_from_slice(&blocks[..n]);
+    for b in blocks.chunks_exact(n).skip(1) {
+        out.iter_mut().zip(b).for_each(|(a, x)| *a += x);
+    }
+}
+
 fn displacements(c: &[usize]) -> Vec<i32> {
     c.iter()
         .scan(0usize, |acc, &x| {
@@ -267,6 +277,61 @@ impl MpiCommunicator {
         });
     }
 
+    /// `chunk` summed over the group in rank order, `((x0 + x1) + x2) + ...` as the thread
+    /// backend adds, so a run gives the same bits under MPI as on rank threads and under any MPI
+    /// library (an Allreduce adds in an order of the library's choosing: pairwise, in a ring,
+    /// changing with the message size). An all-to-all of equal blocks, each rank's block summed
+    /// in rank order, and an all-gather of the sums: the bytes a ring all-reduce moves.
+    fn sum_in_rank_order(&mut self, chunk: &mut [f32]) -> Result<(), CommError> {
+        let p = self.size();
+        let blk = chunk.len().div_ceil(p);
+        self.begin(blk * p, blk * p);
+        self.staging.send[..chunk.len()].copy_from_slice(chunk);
+        self.all_to_all_staged("all_reduce", blk)?;
+        let Staging { send, recv, .. } = &mut self.staging;
+        add_blocks_in_rank_order(&mut send[..blk], recv);
+        // The all-gather counts as a collective of its own for the arrival notices.
+        self.seq += 1;
+        let mut req = unsafe { ffi::RSMPI_REQUEST_NULL };
+        // SAFETY: as in `all_reduce`: the staging buffers live until completion (or forever
+        // after a timeout); the send block and the receive buffer do not overlap.
+        unsafe {
+            ffi::MPI_Iallgather(
+                self.staging.send.as_ptr() as *const c_void,
+                count(blk),
+                float(),
+                self.staging.recv.as_mut_ptr() as *mut c_void,
+                count(blk),
+                float(),
+                self.raw(),
+                &mut req,
+            );
+        }
+        self.wait("all_reduce", req, None)?;
+        chunk.copy_from_slice(&self.staging.recv[..chunk.len()]);
+        Ok(())
+    }
+
+    /// An all-to-all of `blk` elements per rank from `staging.send` into `staging.recv`
+    /// (prepared by [`Self::begin`]).
+    fn all_to_all_staged(&mut self, op: &'static str, blk: usize) -> Result<(), CommError> {
+        let mut req = unsafe { ffi::RSMPI_REQUEST_NULL };
+        // SAFETY: as in `all_reduce`.
+        unsafe {
+            ffi::MPI_Ialltoall(
+                self.staging.send.as_ptr() as *const c_void,
+                count(blk),
+                float(),
+                self.staging.recv.as_mut_ptr() as *mut c_void,
+                count(blk),
+                float(),
+                self.raw(),
+                &mut req,
+            );
+        }
+        self.wait(op, req, None)
+    }
+
     /// Starts a collective: the next sequence number, and a staging area of the given sizes.
     fn begin(&mut self, send: usize, recv: usize) {
         self.seq += 1;
@@ -295,6 +360,10 @@ impl Communicator for MpiCommunicator {
     fn all_reduce(&mut self, buf: &mut [f32], op: ReduceOp) -> Result<(), CommError> {
         self.count("all_reduce", buf.len() * 4)?;
         for chunk in buf.chunks_mut(STAGE) {
+            if matches!(op, ReduceOp::Sum | ReduceOp::Avg) {
+                self.sum_in_rank_order(chunk)?;
+                continue;
+            }
             self.begin(chunk.len(), chunk.len());
             self.staging.send.copy_from_slice(chunk);
             let mut req = unsafe { ffi::RSMPI_REQUEST_NULL };
@@ -382,6 +451,19 @@ impl Communicator for MpiCommunicator {
             ));
         }
         self.count("reduce_scatter", input.len() * 4)?;
+        if matches!(op, ReduceOp::Sum | ReduceOp::Avg) {
+            if !out.is_empty() {
+                self.begin(input.len(), input.len());
+                self.staging.send.copy_from_slice(input);
+                self.all_to_all_staged("reduce_scatter", out.len())?;
+                add_blocks_in_rank_order(out, &self.staging.recv);
+            }
+            if op == ReduceOp::Avg {
+                let s = 1.0 / self.size() as f32;
+                out.iter_mut().for_each(|v| *v *= s);
+            }
+            return Ok(());
+        }
         self.begin(input.len(), out.len());
         self.staging.send.copy_from_slice(input);
         let mut req = unsafe { ffi::RSMPI_REQUEST_NULL };
