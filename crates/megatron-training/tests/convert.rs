@@ -741,7 +741,7 @@ fn a_part_the_hugging_face_family_cannot_hold_is_refused_by_its_flag() {
     let dir = tmpdir("convert-refused-parts");
     let rope = ["--position-embedding-type", "rope"];
     let rms = ["--normalization", "RMSNorm"];
-    let cases: [(&str, Vec<&str>, &str); 8] = [
+    let cases: [(&str, Vec<&str>, &str); 7] = [
         ("learned-rmsnorm", rms.to_vec(), "--normalization RMSNorm"),
         (
             "learned-gqa",
@@ -761,11 +761,6 @@ fn a_part_the_hugging_face_family_cannot_hold_is_refused_by_its_flag() {
             "--rotary-percent 0.5",
         ),
         (
-            "rope-interleaved",
-            [&rope[..], &rms[..], &["--rotary-interleaved"][..]].concat(),
-            "--rotary-interleaved",
-        ),
-        (
             "rope-qknorm-biases",
             [&rope[..], &rms[..], &["--qk-layernorm"][..]].concat(),
             "without --disable-bias-linear",
@@ -781,5 +776,50 @@ fn a_part_the_hugging_face_family_cannot_hold_is_refused_by_its_flag() {
         assert!(e.contains(want), "{name}: {e}");
         assert!(!out.exists(), "{name}: nothing is written");
     }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// An `--rotary-interleaved` model (pairs `(2i, 2i + 1)`) exports as the rotate-half model with
+/// the same scores (its query and key features permuted), with query/key norms and grouped
+/// queries; converted back it gives the original logits.
+#[test]
+fn an_interleaved_rotary_model_exports_as_the_rotate_half_model_with_its_logits() {
+    let dir = tmpdir("convert-interleaved-rotary");
+    let save = dir.join("m");
+    let v = [
+        LLAMA,
+        &[
+            "--rotary-interleaved",
+            "--qk-layernorm",
+            "--train-iters",
+            "2",
+            "--save",
+            save.to_str().unwrap(),
+        ],
+    ]
+    .concat();
+    megatron_training::pretrain(&args(&v)).unwrap();
+    megatron_to_hf(&save, &dir.join("hf")).unwrap();
+    hf_to_megatron(&dir.join("hf"), &dir.join("back"), 128).unwrap();
+    let back = load_checkpoint(&dir.join("back"), None).unwrap();
+    assert!(!back.meta.model.rotary.interleaved);
+    let (b, t, vocab) = (2, 8, 62);
+    let ids: Vec<i64> = (0..b * t).map(|i| (i * 7 % 61) as i64).collect();
+    let want = megatron_logits(&save, &ids, b, t, vocab);
+    let got = megatron_logits(&dir.join("back"), &ids, b, t, vocab);
+    let diff = want
+        .iter()
+        .zip(&got)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max);
+    eprintln!("interleaved -> rotate-half: max |logit difference| {diff:e}");
+    assert!(diff <= 1e-5, "logits differ by {diff}");
+    // The permutation is not the identity: the query rows moved.
+    let name = "decoder.layers.0.self_attention.linear_qkv.weight";
+    let (before, after) = (
+        &load_checkpoint(&save, None).unwrap().tensors[name],
+        &back.tensors[name],
+    );
+    assert_ne!(before, after);
     let _ = std::fs::remove_dir_all(dir);
 }

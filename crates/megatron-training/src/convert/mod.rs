@@ -15,6 +15,7 @@ mod llama;
 mod mixtral;
 pub mod pre_tokenizers;
 mod qwen2_moe;
+mod rotary_layout;
 mod sliding_window;
 pub use megatron_data::spm_vocab;
 mod t5;
@@ -301,7 +302,7 @@ fn checkpoint_as_hf(
     TrainError,
 > {
     let ck = load_checkpoint_weights(input)?;
-    let cfg = ck.meta.model.clone();
+    let mut cfg = ck.meta.model.clone();
     let mut m: Tensors = ck
         .tensors
         .into_iter()
@@ -348,12 +349,9 @@ fn checkpoint_as_hf(
                 ),
             ));
         }
-        if cfg.rotary.interleaved {
-            return Err(err(
-                &ck.dir,
-                "--rotary-interleaved: Llama, Mistral, Qwen and Mixtral rotate the pairs (i, i + d/2) (rotate-half), not (2i, 2i + 1)",
-            ));
-        }
+        // Llama, Mistral, Qwen and Mixtral rotate the pairs (i, i + d/2): an interleaved
+        // model is exported as the rotate-half model with the same scores.
+        rotary_layout::interleaved_to_rotate_half(&mut cfg, &mut m).map_err(|e| err(&ck.dir, e))?;
         if cfg.qk_layernorm && cfg.add_bias_linear {
             return Err(err(
                 &ck.dir,
