@@ -292,9 +292,16 @@ impl MpiCommunicator {
         add_blocks_in_rank_order(&mut send[..blk], recv);
         // The all-gather counts as a collective of its own for the arrival notices.
         self.seq += 1;
+        self.all_gather_staged("all_reduce", blk)?;
+        chunk.copy_from_slice(&self.staging.recv[..chunk.len()]);
+        Ok(())
+    }
+
+    /// An all-gather of the first `blk` elements of `staging.send` into `staging.recv`.
+    fn all_gather_staged(&mut self, op: &'static str, blk: usize) -> Result<(), CommError> {
         let mut req = unsafe { ffi::RSMPI_REQUEST_NULL };
-        // SAFETY: as in `all_reduce`: the staging buffers live until completion (or forever
-        // after a timeout); the send block and the receive buffer do not overlap.
+        // SAFETY: the staging buffers live until completion (or forever after a timeout), and
+        // the send block and the receive buffer do not overlap.
         unsafe {
             ffi::MPI_Iallgather(
                 self.staging.send.as_ptr() as *const c_void,
@@ -307,16 +314,14 @@ impl MpiCommunicator {
                 &mut req,
             );
         }
-        self.wait("all_reduce", req, None)?;
-        chunk.copy_from_slice(&self.staging.recv[..chunk.len()]);
-        Ok(())
+        self.wait(op, req, None)
     }
 
     /// An all-to-all of `blk` elements per rank from `staging.send` into `staging.recv`
     /// (prepared by [`Self::begin`]).
     fn all_to_all_staged(&mut self, op: &'static str, blk: usize) -> Result<(), CommError> {
         let mut req = unsafe { ffi::RSMPI_REQUEST_NULL };
-        // SAFETY: as in `all_reduce`.
+        // SAFETY: the staging buffers live until completion (or forever after a timeout).
         unsafe {
             ffi::MPI_Ialltoall(
                 self.staging.send.as_ptr() as *const c_void,
@@ -409,21 +414,7 @@ impl Communicator for MpiCommunicator {
         self.count("all_gather", out.len() * 4)?;
         self.begin(input.len(), out.len());
         self.staging.send.copy_from_slice(input);
-        let mut req = unsafe { ffi::RSMPI_REQUEST_NULL };
-        // SAFETY: as in `all_reduce`.
-        unsafe {
-            ffi::MPI_Iallgather(
-                self.staging.send.as_ptr() as *const c_void,
-                count(input.len()),
-                float(),
-                self.staging.recv.as_mut_ptr() as *mut c_void,
-                count(input.len()),
-                float(),
-                self.raw(),
-                &mut req,
-            );
-        }
-        self.wait("all_gather", req, None)?;
+        self.all_gather_staged("all_gather", input.len())?;
         out.copy_from_slice(&self.staging.recv);
         Ok(())
     }
@@ -533,22 +524,7 @@ impl Communicator for MpiCommunicator {
         self.count("all_to_all", input.len() * 4)?;
         self.begin(input.len(), out.len());
         self.staging.send.copy_from_slice(input);
-        let part = count(input.len() / self.size());
-        let mut req = unsafe { ffi::RSMPI_REQUEST_NULL };
-        // SAFETY: as in `all_reduce`.
-        unsafe {
-            ffi::MPI_Ialltoall(
-                self.staging.send.as_ptr() as *const c_void,
-                part,
-                float(),
-                self.staging.recv.as_mut_ptr() as *mut c_void,
-                part,
-                float(),
-                self.raw(),
-                &mut req,
-            );
-        }
-        self.wait("all_to_all", req, None)?;
+        self.all_to_all_staged("all_to_all", input.len() / self.size())?;
         out.copy_from_slice(&self.staging.recv);
         Ok(())
     }
