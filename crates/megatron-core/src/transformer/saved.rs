@@ -1,10 +1,13 @@
 //! How activations are kept between forward and backward. Under `--bf16` (`--fp16`) the large saved
-//! tensors (layer input, mid-layer residual, QKV, attention output, fc1 pre-activation) are
-//! stored in bf16 (f16), as Megatron keeps 16-bit activations, halving activation memory. Small
-//! statistics (LayerNorm mean/rstd, attention log-sum-exp) stay f32. Kernels read kept bf16
-//! tensors as they are (see `megatron_tensor::cpu::operand`: [`readable`]), widening rows in
-//! cache; f16 ones are widened to f32 copies. `restore` is for the few that read f32 only (the
-//! attention output the projection's backward reads, ring attention, the shared expert's gate).
+//! tensors (QKV, attention output, fc1 pre-activation) are stored in bf16 (f16), as Megatron keeps
+//! 16-bit activations, halving activation memory; the residual stream's own tensors (layer input,
+//! mid-layer residual) are kept as the stream stores them (bf16 under `--bf16`, f32 under `--fp16`
+//! and `--fp32-residual-connection`), so backward reads what forward read. Small statistics
+//! (LayerNorm mean/rstd, attention log-sum-exp) stay f32. Kernels read kept bf16 tensors as they
+//! are (see `megatron_tensor::cpu::operand`: [`readable`]), widening rows in cache; f16 ones are
+//! widened to f32 copies. `restore` is for the few that read f32 only (the attention output the
+//! projection's backward reads, ring attention). A tensor recomputed in backward is rounded as its
+//! kept copy would be ([`as_kept`], [`recomputed`]), so recomputation trains bit-identically.
 
 use megatron_tensor::{DType, Tensor};
 use std::borrow::Cow;
