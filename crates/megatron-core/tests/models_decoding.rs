@@ -29,23 +29,20 @@ fn combination(i: usize) -> (String, TransformerConfig) {
         ..Default::default()
     };
     let positions = [
-        (
-            "learned",
-            (PositionEmbeddingType::LearnedAbsolute, base.clone()),
-        ),
-        ("rope", rope(base.clone())),
+        ("learned", (PositionEmbeddingType::LearnedAbsolute, base)),
+        ("rope", rope(base)),
         (
             "rope interleaved",
             rope(RotaryConfig {
                 interleaved: true,
-                ..base.clone()
+                ..base
             }),
         ),
         (
             "rope 50 %",
             rope(RotaryConfig {
                 percent: 0.5,
-                ..base.clone()
+                ..base
             }),
         ),
         (
@@ -62,7 +59,7 @@ fn combination(i: usize) -> (String, TransformerConfig) {
                         mscale_all_dim: 0.0,
                         correction_range_round_to_int: true,
                     }),
-                    ..base.clone()
+                    ..base
                 },
             ),
         ),
