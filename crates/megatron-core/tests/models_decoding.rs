@@ -64,7 +64,7 @@ fn combination(i: usize) -> (String, TransformerConfig) {
             ),
         ),
     ];
-    let (pos_name, (position_embedding_type, rotary)) = positions[pick(4, 5)].clone();
+    let (pos_name, (position_embedding_type, rotary)) = positions[pick(4, 5)];
     let groups = [None, Some(2), Some(1)][pick(0, 3)];
     let kv_channels = [None, Some(6)][pick(1, 2)];
     let normalization = [Normalization::LayerNorm, Normalization::RMSNorm][pick(2, 2)];
