@@ -220,3 +220,75 @@ fn preprocess_reports_the_files_it_wrote() {
     assert!(!stdout.contains("<key>"), "{stdout}");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// A run that trains ends as Megatron's `pretrain` does: Megatron's end-of-training lines for
+/// the validation set (the last iteration's score: the split is read the same way every time)
+/// and then the test set, which log parsers look for. A run ended by an exit condition stops
+/// after its checkpoint and prints neither, as Megatron's exits.
+#[test]
+fn a_finished_run_prints_megatrons_end_of_training_lines_and_an_exited_one_does_not() {
+    let run = |extra: &[&str]| -> String {
+        let out = Command::new(env!("CARGO_BIN_EXE_megatron"))
+            .args([
+                "train",
+                "--mock-data",
+                "--tokenizer-type",
+                "NullTokenizer",
+                "--vocab-size",
+                "63",
+                "--num-layers",
+                "1",
+                "--hidden-size",
+                "16",
+                "--num-attention-heads",
+                "2",
+                "--seq-length",
+                "8",
+                "--micro-batch-size",
+                "2",
+                "--global-batch-size",
+                "4",
+                "--nproc-per-node",
+                "2",
+                "--eval-iters",
+                "1",
+                "--no-progress-bar",
+                "--num-threads",
+                "1",
+                "--peak-tflops",
+                "1",
+            ])
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{extra:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let out = run(&["--train-iters", "3", "--eval-interval", "2"]);
+    let value = |prefix: &str| {
+        out.lines()
+            .position(|l| l.trim_start().starts_with(prefix))
+            .map(|i| {
+                let v = out.lines().nth(i).unwrap().split("lm loss value: ").nth(1);
+                (i, v.unwrap().split(' ').next().unwrap().to_string())
+            })
+    };
+    let (_, last) = value("validation loss at iteration 3 |").expect("validation at the end");
+    let (at_val, end_val) =
+        value("validation loss at iteration 3 on validation set |").expect("validation line");
+    let (at_test, _) = value("validation loss at iteration 3 on test set |").expect("test line");
+    assert_eq!(
+        end_val, last,
+        "the end-of-training validation is the last score"
+    );
+    assert!(
+        at_val < at_test,
+        "validation, then test, as Megatron prints them"
+    );
+    let exited = run(&["--train-iters", "5", "--exit-interval", "2"]);
+    assert!(exited.contains("exiting after iteration 2"), "{exited}");
+    assert!(
+        !exited.contains("on validation set") && !exited.contains("on test set"),
+        "{exited}"
+    );
+}

@@ -354,6 +354,12 @@ fn run_family<F: TrainFamily>(
             summary.test_loss = test;
         }
     }
+    // The last validation score, on every rank: (iteration, loss).
+    let mut last_valid: Option<(u64, Option<f64>)> = None;
+    // An exit condition (--exit-interval, --exit-duration-in-mins, a signal) ends the run right
+    // after its checkpoint, as Megatron's does: no end-of-training evaluation (a preempted job
+    // has seconds to go).
+    let mut exited = false;
     while iteration < cfg.train_iters && !a.skip_train {
         let started = Instant::now();
         iteration += 1;
@@ -417,7 +423,9 @@ fn run_family<F: TrainFamily>(
         }
         if iteration.is_multiple_of(a.eval_interval) || iteration == cfg.train_iters {
             tr.finish_param_gather()?;
-            if let (Some(val), true) = (tr.evaluate(Split::Valid)?, lead) {
+            let scored = tr.evaluate(Split::Valid)?;
+            last_valid = Some((iteration, scored));
+            if let (Some(val), true) = (scored, lead) {
                 rep.line(&format!(" validation loss at iteration {iteration} | lm loss value: {val:.6E} | lm loss PPL: {:.3E}", val.exp()));
                 let ev = crate::logging::EvalMetrics {
                     iteration,
@@ -446,13 +454,22 @@ fn run_family<F: TrainFamily>(
         }
         if let Some(why) = exit {
             rep.line(&format!(" exiting after iteration {iteration}: {why}"));
+            exited = true;
             break;
         }
     }
     tr.finish_param_gather()?;
-    if !a.skip_train {
-        // Megatron's end of training scores the test split once (validation was scored at the
-        // last iteration above).
+    if !a.skip_train && !exited {
+        // Megatron's end of training scores validation, then test, with its own lines. The
+        // validation split is read the same way every time, so a score of this iteration
+        // above is the score (a run that exited early may have none yet).
+        let val = match last_valid {
+            Some((at, scored)) if at == iteration => scored,
+            _ => tr.evaluate(Split::Valid)?,
+        };
+        if let (Some(val), true) = (val, lead) {
+            rep.line(&end_of_training_line(iteration, "validation", val));
+        }
         if let (Some(test), true) = (tr.evaluate(Split::Test)?, lead) {
             rep.line(&end_of_training_line(iteration, "test", test));
             summary.test_loss = Some(test);
