@@ -292,3 +292,46 @@ fn a_finished_run_prints_megatrons_end_of_training_lines_and_an_exited_one_does_
         "{exited}"
     );
 }
+
+/// A prompt longer than the model's positions is cut to its most recent tokens, and `generate`
+/// says so on stderr instead of dropping the beginning silently.
+#[test]
+fn generate_says_when_it_cuts_a_prompt_longer_than_the_models_positions() {
+    let dir = std::env::temp_dir().join(format!("megatron-cli-cut-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let save = dir.join("ckpt");
+    let mut args = train_args(save.to_str().unwrap());
+    let iters = args.iter().position(|a| a == "--train-iters").unwrap();
+    args[iters + 1] = "1".into();
+    let out = Command::new(env!("CARGO_BIN_EXE_megatron"))
+        .args(&args)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    // --seq-length 8: 8 positions; a prompt of 10 keeps its last 7 and generates 1.
+    let out = Command::new(env!("CARGO_BIN_EXE_megatron"))
+        .args(["generate", "--load", save.to_str().unwrap(), "--greedy"])
+        .args([
+            "--prompt-ids",
+            "1 2 3 4 5 6 7 8 9 10",
+            "--max-new-tokens",
+            "3",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(
+        err.contains("the prompt's 10 tokens are cut to their last 7"),
+        "{err}"
+    );
+    assert_eq!(
+        String::from_utf8(out.stdout)
+            .unwrap()
+            .split_whitespace()
+            .count(),
+        1,
+        "one new token fits"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}

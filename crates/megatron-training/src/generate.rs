@@ -209,7 +209,14 @@ pub fn generate(args: &GenerateArgs) -> Result<String, TrainError> {
         )));
     }
     if prompt.len() >= max_pos {
-        // Keep the most recent context that leaves room for at least one new token.
+        // Keep the most recent context that leaves room for at least one new token, and say
+        // so: the model never sees the prompt's beginning.
+        eprintln!(
+            "the prompt's {} tokens are cut to their last {}: the model has {max_pos} positions \
+             and generates at least one token",
+            prompt.len(),
+            max_pos - 1
+        );
         prompt = prompt[prompt.len() - (max_pos - 1)..].to_vec();
     }
     let mut stop: Vec<u32> = tok.as_ref().map(|t| t.eod()).into_iter().collect();
