@@ -185,6 +185,32 @@ fn a_model_too_big_for_the_cluster_is_refused_with_what_it_needs() {
     assert!(smallest > 1.0e12 * 18.0 / 8.0, "{smallest}");
 }
 
+/// A fixed size that cannot split the devices is named, not reported as "nothing to try".
+#[test]
+fn a_fixed_size_that_cannot_split_the_devices_is_named() {
+    let r = &table1()[0];
+    let c = Cluster::dgx_a100(8);
+    for (pins, want) in [
+        (
+            Pins {
+                tp: Some(3),
+                ..Pins::default()
+            },
+            "--tensor-model-parallel-size 3 does not divide the 64 devices",
+        ),
+        (
+            Pins {
+                pp: Some(5),
+                ..Pins::default()
+            },
+            "--pipeline-model-parallel-size 5 does not divide",
+        ),
+    ] {
+        let e = plan(&flags(r), &c, &pins).unwrap_err().to_string();
+        assert!(e.contains(want), "{e}");
+    }
+}
+
 #[test]
 fn every_layout_keeps_tensor_parallelism_inside_a_node_and_uses_every_device() {
     let r = &table1()[6];

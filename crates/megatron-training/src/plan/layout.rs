@@ -287,5 +287,32 @@ pub fn enumerate(
             }
         }
     }
+    if out.is_empty() && first_refusal.is_none() {
+        first_refusal = Some(why_no_split(template, devices, pins));
+    }
     (out, first_refusal)
+}
+
+/// Why no tensor x pipeline x context x expert split reached the flag checks: a fixed size that
+/// does not divide what it must, or, with none fixed, the divisibility rules themselves.
+fn why_no_split(template: &TrainArgs, devices: usize, pins: &Pins) -> String {
+    let layers = template.num_layers;
+    match (pins.tp, pins.pp) {
+        (Some(tp), _) if !devices.is_multiple_of(tp) => {
+            format!("--tensor-model-parallel-size {tp} does not divide the {devices} devices")
+        }
+        (_, Some(pp)) if !layers.is_multiple_of(pp) => {
+            format!("--pipeline-model-parallel-size {pp} does not divide --num-layers {layers}")
+        }
+        (tp, Some(pp)) if !(devices / tp.unwrap_or(1)).is_multiple_of(pp) => format!(
+            "--pipeline-model-parallel-size {pp} does not divide the {} devices each tensor-parallel group leaves",
+            devices / tp.unwrap_or(1)
+        ),
+        _ => format!(
+            "no split of the {devices} devices passes the divisibility rules (tensor-parallel \
+             sizes within a node, pipeline stages dividing --num-layers {layers}, context \
+             parallelism up to 16 dividing --seq-length / 2, expert parallelism dividing \
+             --num-experts and data x context parallelism) with the sizes fixed by flags"
+        ),
+    }
 }
