@@ -64,7 +64,8 @@ fn output_piped_into_a_reader_that_closes_ends_without_a_panic() {
     );
 }
 
-fn train_args(save: &str) -> Vec<String> {
+/// A tiny GPT on mock data at two rank threads: the model of the tests below.
+fn tiny_train() -> Vec<String> {
     [
         "train",
         "--mock-data",
@@ -86,26 +87,37 @@ fn train_args(save: &str) -> Vec<String> {
         "4",
         "--nproc-per-node",
         "2",
-        "--train-iters",
-        "1000000",
-        "--log-interval",
-        "1",
-        "--eval-iters",
-        "0",
         "--no-progress-bar",
         "--num-threads",
         "1",
         "--peak-tflops",
         "1",
-        "--save",
-        save,
-        "--save-interval",
-        "1000000",
-        "--exit-signal-handler",
     ]
     .iter()
     .map(|s| s.to_string())
     .collect()
+}
+
+fn train_args(save: &str) -> Vec<String> {
+    let mut v = tiny_train();
+    v.extend(
+        [
+            "--train-iters",
+            "1000000",
+            "--log-interval",
+            "1",
+            "--eval-iters",
+            "0",
+            "--save",
+            save,
+            "--save-interval",
+            "1000000",
+            "--exit-signal-handler",
+        ]
+        .iter()
+        .map(|s| s.to_string()),
+    );
+    v
 }
 
 /// SIGTERM during training (`--exit-signal-handler`): the iteration finishes, a complete
@@ -229,35 +241,8 @@ fn preprocess_reports_the_files_it_wrote() {
 fn a_finished_run_prints_megatrons_end_of_training_lines_and_an_exited_one_does_not() {
     let run = |extra: &[&str]| -> String {
         let out = Command::new(env!("CARGO_BIN_EXE_megatron"))
-            .args([
-                "train",
-                "--mock-data",
-                "--tokenizer-type",
-                "NullTokenizer",
-                "--vocab-size",
-                "63",
-                "--num-layers",
-                "1",
-                "--hidden-size",
-                "16",
-                "--num-attention-heads",
-                "2",
-                "--seq-length",
-                "8",
-                "--micro-batch-size",
-                "2",
-                "--global-batch-size",
-                "4",
-                "--nproc-per-node",
-                "2",
-                "--eval-iters",
-                "1",
-                "--no-progress-bar",
-                "--num-threads",
-                "1",
-                "--peak-tflops",
-                "1",
-            ])
+            .args(tiny_train())
+            .args(["--eval-iters", "1"])
             .args(extra)
             .output()
             .unwrap();

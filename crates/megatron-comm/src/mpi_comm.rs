@@ -28,6 +28,18 @@ const CHUNK: usize = 1 << 30;
 const STAGE: usize = 1 << 22;
 const NOTICE_TAG: i32 = 7;
 
+/// MPI_Iallgather's and MPI_Ialltoall's shared signature.
+type StagedCollective = unsafe extern "C" fn(
+    *const c_void,
+    std::ffi::c_int,
+    ffi::MPI_Datatype,
+    *mut c_void,
+    std::ffi::c_int,
+    ffi::MPI_Datatype,
+    ffi::MPI_Comm,
+    *mut ffi::MPI_Request,
+) -> std::ffi::c_int;
+
 /// Memory an in-flight MPI operation reads or writes; leaked if the operation times out.
 #[derive(Default)]
 struct Staging {
@@ -299,31 +311,28 @@ impl MpiCommunicator {
 
     /// An all-gather of the first `blk` elements of `staging.send` into `staging.recv`.
     fn all_gather_staged(&mut self, op: &'static str, blk: usize) -> Result<(), CommError> {
-        let mut req = unsafe { ffi::RSMPI_REQUEST_NULL };
-        // SAFETY: the staging buffers live until completion (or forever after a timeout), and
-        // the send block and the receive buffer do not overlap.
-        unsafe {
-            ffi::MPI_Iallgather(
-                self.staging.send.as_ptr() as *const c_void,
-                count(blk),
-                float(),
-                self.staging.recv.as_mut_ptr() as *mut c_void,
-                count(blk),
-                float(),
-                self.raw(),
-                &mut req,
-            );
-        }
-        self.wait(op, req, None)
+        self.staged(op, blk, ffi::MPI_Iallgather)
     }
 
     /// An all-to-all of `blk` elements per rank from `staging.send` into `staging.recv`
     /// (prepared by [`Self::begin`]).
     fn all_to_all_staged(&mut self, op: &'static str, blk: usize) -> Result<(), CommError> {
+        self.staged(op, blk, ffi::MPI_Ialltoall)
+    }
+
+    /// `collective` (MPI's nonblocking all-gather or all-to-all, which take the same
+    /// arguments) of `blk` f32 per rank from `staging.send` into `staging.recv`.
+    fn staged(
+        &mut self,
+        op: &'static str,
+        blk: usize,
+        collective: StagedCollective,
+    ) -> Result<(), CommError> {
         let mut req = unsafe { ffi::RSMPI_REQUEST_NULL };
-        // SAFETY: the staging buffers live until completion (or forever after a timeout).
+        // SAFETY: the staging buffers live until completion (or forever after a timeout), and
+        // the send and receive buffers do not overlap.
         unsafe {
-            ffi::MPI_Ialltoall(
+            collective(
                 self.staging.send.as_ptr() as *const c_void,
                 count(blk),
                 float(),
