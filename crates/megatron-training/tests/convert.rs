@@ -688,26 +688,22 @@ fn a_whitespace_collapsing_sentencepiece_model_is_refused_for_transformers() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// [`LLAMA`] with `extra` trained 2 iterations and saved under `dir/m` (returned).
+fn train_llama(dir: &Path, extra: &[&str]) -> PathBuf {
+    let save = dir.join("m");
+    let s = save.to_str().unwrap();
+    let v = [LLAMA, extra, &["--train-iters", "2", "--save", s]].concat();
+    megatron_training::pretrain(&args(&v)).unwrap();
+    save
+}
+
 /// A NullTokenizer's `--vocab-size V` has V + 1 ids (the end-of-document id is V), and the model
 /// trains that row: the export keeps it, and the import records the tokenizer that gives the
 /// same ids, so a round trip loses no row.
 #[test]
 fn a_null_tokenizer_models_end_of_document_row_survives_export_and_import() {
     let dir = tmpdir("convert-null-tokenizer-rows");
-    let save = dir.join("m");
-    let v = [
-        LLAMA,
-        &[
-            "--make-vocab-size-divisible-by",
-            "1",
-            "--train-iters",
-            "2",
-            "--save",
-            save.to_str().unwrap(),
-        ],
-    ]
-    .concat();
-    megatron_training::pretrain(&args(&v)).unwrap();
+    let save = train_llama(&dir, &["--make-vocab-size-divisible-by", "1"]);
     let before = load_checkpoint(&save, None).unwrap();
     // `args` trains with --vocab-size 61: 62 ids.
     assert_eq!(before.meta.vocab_rows(), 62);
@@ -785,20 +781,7 @@ fn a_part_the_hugging_face_family_cannot_hold_is_refused_by_its_flag() {
 #[test]
 fn an_interleaved_rotary_model_exports_as_the_rotate_half_model_with_its_logits() {
     let dir = tmpdir("convert-interleaved-rotary");
-    let save = dir.join("m");
-    let v = [
-        LLAMA,
-        &[
-            "--rotary-interleaved",
-            "--qk-layernorm",
-            "--train-iters",
-            "2",
-            "--save",
-            save.to_str().unwrap(),
-        ],
-    ]
-    .concat();
-    megatron_training::pretrain(&args(&v)).unwrap();
+    let save = train_llama(&dir, &["--rotary-interleaved", "--qk-layernorm"]);
     megatron_to_hf(&save, &dir.join("hf")).unwrap();
     hf_to_megatron(&dir.join("hf"), &dir.join("back"), 128).unwrap();
     let back = load_checkpoint(&dir.join("back"), None).unwrap();
