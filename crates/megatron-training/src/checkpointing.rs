@@ -119,8 +119,13 @@ impl CheckpointMeta {
     /// NullTokenizer's end-of-document id is one past the `--vocab-size` recorded, and a
     /// `--vocab-size` given beside a tokenizer with its own vocabulary is recorded as given.
     pub fn vocab_rows(&self) -> usize {
-        megatron_data::build_tokenizer_from(&self.tokenizer_spec())
-            .map_or(self.vocab_size, |t| t.vocab_size())
+        let tok = megatron_data::build_tokenizer_from(&self.tokenizer_spec()).ok();
+        self.vocab_rows_of(tok.as_deref())
+    }
+
+    /// [`CheckpointMeta::vocab_rows`] with the tokenizer already built (`None`: it could not be).
+    pub fn vocab_rows_of(&self, tok: Option<&dyn megatron_data::Tokenizer>) -> usize {
+        tok.map_or(self.vocab_size, |t| t.vocab_size())
             .min(self.model.padded_vocab_size)
     }
 }

@@ -197,12 +197,7 @@ pub fn generate(args: &GenerateArgs) -> Result<String, TrainError> {
     }
     let max_pos = model.config.max_position_embeddings;
     let mut prompt = prompt_ids(args, tok.as_deref())?;
-    // The tokenizer's vocabulary where there is one: a NullTokenizer's end-of-document id is
-    // one past the `--vocab-size` the checkpoint records.
-    let vocab = tok
-        .as_ref()
-        .map_or(ck.meta.vocab_size, |t| t.vocab_size())
-        .min(model.config.padded_vocab_size);
+    let vocab = ck.meta.vocab_rows_of(tok.as_deref());
     if let Some(bad) = prompt.iter().find(|&&i| i as usize >= vocab) {
         return Err(TrainError::Args(format!(
             "prompt token id {bad} is outside the vocabulary ({vocab})"

@@ -5,25 +5,16 @@
 //! unchanged. The export applies it to the query and key rows of the fused QKV weight and bias
 //! and to the query/key norms' weights; values and the output projection do not move.
 
+use super::gguf::{rope_rows, Direction};
 use super::Tensors;
 use megatron_core::TransformerConfig;
 
-/// The feature order that turns interleaved pairs into rotate-half pairs: new `i` is old `2i`,
-/// new `i + d/2` is old `2i + 1`.
-fn rotate_half_order(hd: usize) -> Vec<usize> {
-    (0..hd / 2)
-        .map(|i| 2 * i)
-        .chain((0..hd / 2).map(|i| 2 * i + 1))
-        .collect()
-}
-
-/// Rows `row0..row0 + order.len()` of a matrix of `cols` columns, reordered by `order`.
-fn permute_rows(x: &mut [f32], row0: usize, cols: usize, order: &[usize]) {
-    let block = &mut x[row0 * cols..(row0 + order.len()) * cols];
-    let old = block.to_vec();
-    for (new, &o) in order.iter().enumerate() {
-        block[new * cols..(new + 1) * cols].copy_from_slice(&old[o * cols..(o + 1) * cols]);
-    }
+/// `heads` heads of `hd` rows (each `cols` wide) from `row0` on, interleaved pairs to
+/// rotate-half: the permutation llama.cpp's Llama files undo on import, the same one.
+fn to_rotate_half(x: &mut [f32], row0: usize, heads: usize, hd: usize, cols: usize) {
+    let rows = &mut x[row0 * cols..(row0 + heads * hd) * cols];
+    let moved = rope_rows(rows, heads, hd, cols, Direction::FromGguf);
+    rows.copy_from_slice(&moved);
 }
 
 /// An interleaved-rotary checkpoint's tensors as the rotate-half model that computes the same
@@ -44,7 +35,6 @@ pub(crate) fn interleaved_to_rotate_half(
     if hd % 2 != 0 {
         return Err(format!("--rotary-interleaved with an odd head size {hd}"));
     }
-    let order = rotate_half_order(hd);
     let per_group = heads / groups + 2;
     for l in 0..cfg.num_layers {
         let at = |name: &str| format!("decoder.layers.{l}.self_attention.{name}");
@@ -52,16 +42,15 @@ pub(crate) fn interleaved_to_rotate_half(
             let Some((_, x)) = m.get_mut(&at(name)) else {
                 continue;
             };
-            // Per query group: its query heads, then its key head (the value head stays).
+            // Per query group: its query heads, then its key head, side by side (the value
+            // head after them stays).
             for g in 0..groups {
-                for head in 0..per_group - 1 {
-                    permute_rows(x, (g * per_group + head) * hd, cols, &order);
-                }
+                to_rotate_half(x, g * per_group * hd, per_group - 1, hd, cols);
             }
         }
         for name in ["q_layernorm.weight", "k_layernorm.weight"] {
             if let Some((_, x)) = m.get_mut(&at(name)) {
-                permute_rows(x, 0, 1, &order);
+                to_rotate_half(x, 0, 1, hd, 1);
             }
         }
     }
