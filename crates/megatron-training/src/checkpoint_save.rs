@@ -92,6 +92,7 @@ impl<F: crate::family::TrainFamily> crate::training::Trainer<'_, F> {
             consumed_train_samples: self.consumed,
             scheduler: self.sched.clone(),
             optimizer_step: self.optimizer.step_count(),
+            grad_scaler: self.scaler.clone(),
             optimizer: self.optimizer.name().into(),
             adam_beta1: a.adam_beta1,
             adam_beta2: a.adam_beta2,

@@ -61,6 +61,23 @@ pub fn inspect(path: &Path) -> Result<String, TrainError> {
         "learning rate: {:e} -> {:e} ({:?}{wsd}), warm-up {} samples from {:e}, decay {} samples, at sample {}",
         sc.max_lr, sc.min_lr, sc.decay_style, sc.warmup_steps, sc.init_lr, sc.decay_steps, sc.num_steps
     );
+    match &m.grad_scaler {
+        Some(megatron_core::optimizer::GradScaler::Dynamic {
+            scale,
+            growth_tracker,
+            hysteresis_tracker,
+            ..
+        }) => {
+            let _ = writeln!(
+                s,
+                "loss scale: {scale} (dynamic; {growth_tracker} steps since the last change, {hysteresis_tracker} overflows left before backing off)"
+            );
+        }
+        Some(megatron_core::optimizer::GradScaler::Constant { scale }) => {
+            let _ = writeln!(s, "loss scale: {scale} (constant)");
+        }
+        None => {}
+    }
     match &m.layout {
         Some(l) => {
             let _ = writeln!(

@@ -54,6 +54,12 @@ pub struct CheckpointMeta {
     pub consumed_train_samples: u64,
     pub scheduler: OptimizerParamScheduler,
     pub optimizer_step: u64,
+    /// The loss scaler after the saved step (fp16 and `--loss-scale` runs): a dynamic
+    /// scaler's scale and trackers are optimizer state, as Megatron's `grad_scaler` entry is,
+    /// so a resumed fp16 run skips the steps the uninterrupted one skips. Older checkpoints
+    /// and bf16/fp32 runs have none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grad_scaler: Option<megatron_core::optimizer::GradScaler>,
     /// `--optimizer` of the run that saved it (megatron-core's name; older checkpoints: adam).
     #[serde(default = "adam")]
     pub optimizer: String,
@@ -468,6 +474,7 @@ pub(crate) fn load_into(
             consumed_samples: 0,
             scheduler_steps: 0,
             scheduler: None,
+            grad_scaler: None,
             dir,
         }
     } else {
@@ -478,6 +485,7 @@ pub(crate) fn load_into(
             consumed_samples: consumed,
             scheduler_steps: r.meta.scheduler.num_steps,
             scheduler: continued.then(|| r.meta.scheduler.clone()),
+            grad_scaler: continued.then(|| r.meta.grad_scaler.clone()),
             dir,
         }
     };
@@ -624,6 +632,7 @@ pub(crate) fn write_whole_checkpoint(
             num_steps: 0,
         },
         optimizer_step: 0,
+        grad_scaler: None,
         optimizer: adam(),
         adam_beta1: 0.9,
         adam_beta2: 0.999,

@@ -21,10 +21,14 @@ pub struct IterationMetrics {
     pub peak_mem_bytes: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub decoupled_lr: Option<f64>,
-    /// Loss scale (fp16 / `--loss-scale`), iterations skipped on overflow so far.
+    /// Loss scale (fp16 / `--loss-scale`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub loss_scale: Option<f32>,
+    /// Iterations of this log interval skipped for overflowing gradients, and those of them
+    /// whose loss was not finite: per interval, as Megatron's `training_log` counts them (the
+    /// run's total is `TrainSummary::skipped_iterations`).
     pub skipped_iterations: u64,
+    pub nan_iterations: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub num_zeros: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -77,8 +81,8 @@ impl IterationMetrics {
         }
         if let Some(x) = self.loss_scale {
             s += &format!(
-                " | loss scale: {x:.1} | number of skipped iterations: {}",
-                self.skipped_iterations
+                " | loss scale: {x:.1} | number of skipped iterations: {} | number of nan iterations: {}",
+                self.skipped_iterations, self.nan_iterations
             );
         }
         if let Some(z) = self.num_zeros {

@@ -197,6 +197,9 @@ pub(crate) struct Restored {
     /// The checkpoint's learning-rate schedule, where the run continues it (not under
     /// --finetune or --no-load-optim, nor from a converted checkpoint, which has none).
     pub scheduler: Option<megatron_core::optimizer::OptimizerParamScheduler>,
+    /// The checkpoint's loss scaler (itself `None` where it saved none), where the run
+    /// continues its optimizer state, as the schedule.
+    pub grad_scaler: Option<Option<GradScaler>>,
     /// The checkpoint directory, for errors.
     pub dir: String,
 }
@@ -442,6 +445,55 @@ pub(crate) fn scheduler(cfg: &TrainConfig) -> OptimizerParamScheduler {
         wsd_decay_style: cfg.lr_wsd_decay_style,
         num_steps: 0,
     }
+}
+
+/// The loss scaler a run starts with: the flags' ([`grad_scaler`]), continuing a resumed
+/// dynamic scaler's scale and trackers as Megatron's `DynamicGradScaler.load_state_dict` does
+/// (the window, hysteresis and bounds stay the flags'). A checkpoint that holds none (saved by
+/// a bf16/fp32 run, with a constant `--loss-scale`, or by an older megatron-rs) leaves the
+/// scale at `--initial-loss-scale`, and the lead rank says so.
+pub(crate) fn resumed_grad_scaler(
+    cfg: &TrainConfig,
+    restored: Option<&Restored>,
+    lead: bool,
+) -> Option<GradScaler> {
+    let mut scaler = grad_scaler(cfg);
+    let Some(GradScaler::Dynamic {
+        scale,
+        growth_tracker,
+        hysteresis_tracker,
+        ..
+    }) = scaler.as_mut()
+    else {
+        return scaler;
+    };
+    let Some(saved) = restored.and_then(|r| r.grad_scaler.as_ref().map(|s| (r, s))) else {
+        return scaler;
+    };
+    match saved {
+        (
+            _,
+            Some(GradScaler::Dynamic {
+                scale: s,
+                growth_tracker: g,
+                hysteresis_tracker: h,
+                ..
+            }),
+        ) => {
+            (*scale, *growth_tracker, *hysteresis_tracker) = (*s, *g, *h);
+        }
+        (r, _) => {
+            if lead {
+                println!(
+                    "checkpoint {} holds no dynamic loss-scaler state (saved without --fp16's \
+                     dynamic scaler, or by an older megatron-rs): the loss scale starts at \
+                     --initial-loss-scale {}",
+                    r.dir, scale
+                );
+            }
+        }
+    }
+    scaler
 }
 
 /// Loss scaling: a constant `--loss-scale`, Megatron's dynamic scaler under `--fp16`, or none.

@@ -7,7 +7,8 @@ use crate::family::TrainFamily;
 use crate::flops::peak_flops;
 use crate::logging::{peak_rss_bytes, IterationMetrics, MetricsFile, Reporter};
 use crate::setup::{
-    grad_scaler, resumed_scheduler, scheduler, set_precision, setup_model_and_optimizer, RankComms,
+    resumed_grad_scaler, resumed_scheduler, scheduler, set_precision, setup_model_and_optimizer,
+    RankComms,
 };
 use crate::TrainError;
 use megatron_comm::{Communicator, ThreadCommunicator};
@@ -202,7 +203,16 @@ impl<F: TrainFamily> Trainer<'_, F> {
 /// Running sums over a logging interval.
 #[derive(Default)]
 pub(crate) struct Interval {
+    /// The losses of the iterations that stepped (Megatron's "advanced" iterations: a step
+    /// skipped for overflowing gradients leaves the logged mean, as in `training_log`).
     pub loss: f64,
+    pub advanced: u64,
+    /// The losses of skipped iterations, the mean only where every iteration was skipped.
+    pub skipped_loss: f64,
+    /// Steps skipped for overflowing gradients, and those of them whose loss was not finite
+    /// (Megatron's per-interval `number of skipped/nan iterations`).
+    pub skipped: u64,
+    pub nan: u64,
     pub iters: u64,
     pub secs: f64,
     /// Samples trained (the global batch sizes, which ramp-up varies).
@@ -274,7 +284,7 @@ fn run_family<F: TrainFamily>(
         chunks: setup.chunks,
         chunk_params: setup.chunk_params,
         optimizer: setup.optimizer,
-        scaler: grad_scaler(cfg),
+        scaler: resumed_grad_scaler(cfg, setup.restored.as_ref(), lead),
         sched,
         busy: std::time::Duration::ZERO,
         straggler: a.log_straggler.then(|| {
@@ -388,18 +398,19 @@ fn run_family<F: TrainFamily>(
         interval.samples += step_samples;
         interval.last_batch = step_samples;
         summary.losses.push((iteration, step.loss));
-        interval.loss += step.loss;
+        if step.skipped {
+            interval.skipped += 1;
+            interval.nan += u64::from(!step.loss.is_finite());
+            interval.skipped_loss += step.loss;
+        } else {
+            interval.advanced += 1;
+            interval.loss += step.loss;
+        }
         interval.iters += 1;
         interval.secs += started.elapsed().as_secs_f64();
         rep.tick(iteration, step.loss);
         if iteration.is_multiple_of(a.log_interval) || iteration == cfg.train_iters {
-            let m = tr.log_metrics(
-                iteration,
-                &step,
-                &interval,
-                peak,
-                summary.skipped_iterations,
-            )?;
+            let m = tr.log_metrics(iteration, &step, &interval, peak)?;
             rep.line(&m.line(cfg.train_iters));
             let times = tr.log_timers(&rep, interval.iters);
             if let Some((bubble, _)) = times {
@@ -568,7 +579,6 @@ impl<F: TrainFamily> Trainer<'_, F> {
         step: &crate::train_step::StepOutcome,
         interval: &Interval,
         peak: f64,
-        skipped_iterations: u64,
     ) -> Result<IterationMetrics, TrainError> {
         let a = &self.cfg.args;
         let params_norm = if a.log_params_norm {
@@ -606,7 +616,10 @@ impl<F: TrainFamily> Trainer<'_, F> {
         Ok(IterationMetrics {
             iteration,
             consumed_samples: self.consumed,
-            lm_loss: interval.loss / interval.iters as f64,
+            lm_loss: match interval.advanced {
+                0 => interval.skipped_loss / interval.iters as f64,
+                n => interval.loss / n as f64,
+            },
             lr: step.lr,
             decoupled_lr: step.decoupled_lr,
             grad_norm: step.grad_norm,
@@ -621,7 +634,8 @@ impl<F: TrainFamily> Trainer<'_, F> {
             mfu: flops / per_iter / peak,
             peak_mem_bytes: peak_rss_bytes(),
             loss_scale: self.scaler.as_ref().map(|s| s.scale()),
-            skipped_iterations,
+            skipped_iterations: interval.skipped,
+            nan_iterations: interval.nan,
             num_zeros: step.num_zeros,
             params_norm,
             moe,
