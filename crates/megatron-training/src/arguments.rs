@@ -742,10 +742,14 @@ pub struct TrainArgs {
     pub log_interval: u64,
     #[arg(long)]
     pub metrics_file: Option<String>,
-    /// Write TensorBoard event files here (rank 0), flushed every log interval: loss, learning
-    /// rate, grad norm, loss scale, throughput, MFU, memory, validation loss.
+    /// Write TensorBoard event files here (rank 0): each iteration's loss, learning rate, grad
+    /// norm and loss scale every --tensorboard-log-interval iterations; throughput, MFU and
+    /// memory every log interval; validation loss.
     #[arg(long)]
     pub tensorboard_dir: Option<String>,
+    /// Iterations between TensorBoard's per-iteration scalars (Megatron's flag and default).
+    #[arg(long, default_value_t = 1)]
+    pub tensorboard_log_interval: u64,
     /// Also the per-stage timers (forward, backward, p2p wait, optimizer, iteration time).
     #[arg(long)]
     pub log_timers_to_tensorboard: bool,
@@ -1534,6 +1538,7 @@ impl TrainArgs {
         for (flag, v) in [
             ("--log-interval", self.log_interval),
             ("--eval-interval", self.eval_interval),
+            ("--tensorboard-log-interval", self.tensorboard_log_interval),
         ] {
             if v == 0 {
                 return Err(bad(format!("{flag} must be positive, got 0")));

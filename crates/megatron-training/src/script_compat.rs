@@ -80,9 +80,6 @@ pub struct ScriptCompatArgs {
     /// Data-loader worker processes: samples are read on the rank here.
     #[arg(long)]
     pub num_workers: Option<usize>,
-    /// TensorBoard scalars are written at every --log-interval here.
-    #[arg(long)]
-    pub tensorboard_log_interval: Option<u64>,
     #[arg(long)]
     pub use_mcore_models: bool,
     #[arg(long)]
@@ -188,10 +185,6 @@ impl ScriptCompatArgs {
             ("--distributed-backend", self.distributed_backend.is_some()),
             ("--dataloader-type", self.dataloader_type.is_some()),
             ("--num-workers", self.num_workers.is_some()),
-            (
-                "--tensorboard-log-interval",
-                self.tensorboard_log_interval.is_some(),
-            ),
             ("--use-mcore-models", self.use_mcore_models),
             ("--use-flash-attn", self.use_flash_attn),
             ("--log-throughput", self.log_throughput),

@@ -409,8 +409,32 @@ fn run_family<F: TrainFamily>(
         interval.iters += 1;
         interval.secs += started.elapsed().as_secs_f64();
         rep.tick(iteration, step.loss);
-        if iteration.is_multiple_of(a.log_interval) || iteration == cfg.train_iters {
-            let m = tr.log_metrics(iteration, &step, &interval, peak)?;
+        let log_due = iteration.is_multiple_of(a.log_interval) || iteration == cfg.train_iters;
+        // Every rank decides alike (the parameter norm is a collective); only the lead writes.
+        let tb_due =
+            a.tensorboard_dir.is_some() && iteration.is_multiple_of(a.tensorboard_log_interval);
+        let params_norm = match a.log_params_norm && (log_due || tb_due) {
+            true => Some(tr.params_norm()?),
+            false => None,
+        };
+        if let (true, Some(tb)) = (tb_due, &mut tensorboard) {
+            let x = crate::tensorboard::training_log::StepScalars {
+                iteration,
+                consumed_samples: tr.consumed,
+                lr: step.lr,
+                decoupled_lr: step.decoupled_lr,
+                batch_size: step_samples,
+                loss: step.loss,
+                loss_scale: tr.scaler.as_ref().map(|s| s.scale()),
+                world_size: cfg.world(),
+                grad_norm: (!step.skipped).then_some(step.grad_norm),
+                num_zeros: step.num_zeros,
+                params_norm,
+            };
+            tb.step(&x).map_err(tb_err)?;
+        }
+        if log_due {
+            let m = tr.log_metrics(iteration, &step, &interval, peak, params_norm)?;
             rep.line(&m.line(cfg.train_iters));
             let times = tr.log_timers(&rep, interval.iters);
             if let Some((bubble, _)) = times {
@@ -418,14 +442,8 @@ fn run_family<F: TrainFamily>(
             }
             metrics.write(&m).map_err(metrics_err)?;
             if let Some(tb) = &mut tensorboard {
-                let world = cfg.world();
-                tb.iteration(
-                    &m,
-                    interval.last_batch as usize,
-                    world,
-                    times.as_ref().map(|t| &t.1),
-                )
-                .map_err(tb_err)?;
+                tb.interval(&m, times.as_ref().map(|t| &t.1))
+                    .map_err(tb_err)?;
             }
             if let Some(moe) = &m.moe {
                 summary.moe.push((iteration, moe.clone()));
@@ -572,6 +590,12 @@ fn print_setup(
 }
 
 impl<F: TrainFamily> Trainer<'_, F> {
+    /// `--log-params-norm`: the norm of every parameter, once the parameters are gathered.
+    fn params_norm(&mut self) -> Result<f64, TrainError> {
+        self.finish_param_gather()?;
+        params_norm(&self.params, &mut self.comms.tp, &mut *self.comms.pp)
+    }
+
     /// The log line's figures over the interval just ended.
     fn log_metrics(
         &mut self,
@@ -579,18 +603,9 @@ impl<F: TrainFamily> Trainer<'_, F> {
         step: &crate::train_step::StepOutcome,
         interval: &Interval,
         peak: f64,
+        params_norm: Option<f64>,
     ) -> Result<IterationMetrics, TrainError> {
         let a = &self.cfg.args;
-        let params_norm = if a.log_params_norm {
-            self.finish_param_gather()?;
-            Some(params_norm(
-                &self.params,
-                &mut self.comms.tp,
-                &mut *self.comms.pp,
-            )?)
-        } else {
-            None
-        };
         let moe = crate::moe_logging::gather_moe_metrics(
             &self.chunks,
             &mut self.comms,

@@ -82,34 +82,43 @@ fn training_writes_megatrons_tags_with_the_logged_values() {
             .map(|x| (x.step, x.value))
             .collect()
     };
-    // Logged every 2 iterations: the interval's mean loss.
+    // Megatron's cadence: each iteration's own loss every --tensorboard-log-interval (default 1)
+    // iterations, whatever --log-interval.
     let loss = tag("lm loss");
-    assert_eq!(loss.iter().map(|x| x.0).collect::<Vec<_>>(), vec![2, 4, 6]);
-    for &(step, v) in &loss {
-        let mean = summary
-            .losses
-            .iter()
-            .filter(|(i, _)| *i as i64 > step - 2 && *i as i64 <= step)
-            .map(|x| x.1)
-            .sum::<f64>()
-            / 2.0;
-        assert!((v as f64 - mean).abs() < 1e-5 * mean.abs(), "{v} vs {mean}");
+    assert_eq!(
+        loss.iter().map(|x| x.0).collect::<Vec<_>>(),
+        vec![1, 2, 3, 4, 5, 6]
+    );
+    for (&(step, v), &(it, l)) in loss.iter().zip(&summary.losses) {
+        assert_eq!(step, it as i64);
+        assert!((v as f64 - l).abs() < 1e-6 * l.abs(), "{v} vs {l}");
     }
     // Against consumed samples too (4 per iteration).
     let vs = tag("lm loss vs samples");
-    assert_eq!(vs.iter().map(|x| x.0).collect::<Vec<_>>(), vec![8, 16, 24]);
+    assert_eq!(
+        vs.iter().map(|x| x.0).collect::<Vec<_>>(),
+        vec![4, 8, 12, 16, 20, 24]
+    );
+    for t in ["learning-rate", "grad-norm", "batch-size", "world-size"] {
+        assert_eq!(tag(t).len(), 6, "{t}");
+    }
+    for (&(step, g), &(it, n)) in tag("grad-norm").iter().zip(&summary.grad_norms) {
+        assert_eq!(step, it as i64);
+        assert!((g as f64 - n).abs() < 1e-6 * n.abs(), "{g} vs {n}");
+    }
+    // Measured over a log interval: every 2 iterations.
     for t in [
-        "learning-rate",
-        "grad-norm",
-        "batch-size",
-        "world-size",
         "throughput",
         "tokens-per-sec",
         "mfu",
         "iteration-time",
         "mem-peak-rss-bytes",
     ] {
-        assert_eq!(tag(t).len(), 3, "{t}");
+        assert_eq!(
+            tag(t).iter().map(|x| x.0).collect::<Vec<_>>(),
+            vec![2, 4, 6],
+            "{t}"
+        );
     }
     assert_eq!(tag("batch-size")[0].1, 4.0);
     let val = tag("lm loss validation");
@@ -123,5 +132,42 @@ fn training_writes_megatrons_tags_with_the_logged_values() {
         assert!((l as f64 - sl).abs() < 1e-5 * sl);
     }
     assert!(tag("loss-scale").is_empty(), "no loss scale without --fp16");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn tensorboard_log_interval_spaces_the_per_iteration_scalars() {
+    let dir = temp_dir("train-interval");
+    let d = dir.display().to_string();
+    let a = common::args(&[
+        "--train-iters",
+        "6",
+        "--log-interval",
+        "2",
+        "--tensorboard-dir",
+        &d,
+        "--tensorboard-log-interval",
+        "3",
+        "--log-params-norm",
+    ]);
+    let summary = megatron_training::pretrain(&a).unwrap();
+    let files: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().collect();
+    let s = read_scalars(&files[0].path()).unwrap();
+    let steps = |t: &str| -> Vec<i64> { s.iter().filter(|x| x.tag == t).map(|x| x.step).collect() };
+    for t in ["lm loss", "learning-rate", "grad-norm", "params-norm"] {
+        assert_eq!(steps(t), vec![3, 6], "{t}");
+    }
+    assert_eq!(steps("throughput"), vec![2, 4, 6]);
+    let third = s.iter().find(|x| x.tag == "lm loss").unwrap().value as f64;
+    assert!((third - summary.losses[2].1).abs() < 1e-6 * third.abs());
+    let bad = megatron_training::pretrain(&common::args(&[
+        "--train-iters",
+        "2",
+        "--tensorboard-log-interval",
+        "0",
+    ]))
+    .unwrap_err()
+    .to_string();
+    assert!(bad.contains("--tensorboard-log-interval"), "{bad}");
     std::fs::remove_dir_all(&dir).ok();
 }

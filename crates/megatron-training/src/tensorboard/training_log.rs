@@ -1,6 +1,9 @@
-//! What `megatron train --tensorboard-dir` writes each log interval, with Megatron's tag
-//! names (`training_log` in megatron/training/training.py): each scalar against the
-//! iteration, and the main ones also against consumed samples (`<tag> vs samples`).
+//! What `megatron train --tensorboard-dir` writes, with Megatron's tag names and cadence
+//! (`training_log` in megatron/training/training.py): the iteration's own loss, learning rate,
+//! batch size, loss scale, world size, grad norm, zeros and parameter norm every
+//! `--tensorboard-log-interval` iterations (Megatron's default 1, whatever `--log-interval`),
+//! each against the iteration and consumed samples (`<tag> vs samples`); throughput, MFU,
+//! memory and timers, which Megatron measures over a log interval, every log interval.
 
 use super::SummaryWriter;
 use crate::arguments::TrainArgs;
@@ -16,6 +19,25 @@ pub struct StageTimes {
     pub p2p_wait_ms: f64,
     pub optimizer_ms: f64,
     pub pipeline_ms: f64,
+}
+
+/// One iteration's figures, as Megatron's `training_log` writes them each
+/// `--tensorboard-log-interval`.
+#[derive(Clone, Copy, Debug)]
+pub struct StepScalars {
+    pub iteration: u64,
+    pub consumed_samples: u64,
+    pub lr: f64,
+    pub decoupled_lr: Option<f64>,
+    pub batch_size: u64,
+    /// The iteration's loss (the global batch's), not the interval's mean.
+    pub loss: f64,
+    pub loss_scale: Option<f32>,
+    pub world_size: usize,
+    /// `None` for a skipped step.
+    pub grad_norm: Option<f64>,
+    pub num_zeros: Option<u64>,
+    pub params_norm: Option<f64>,
 }
 
 /// Which optional scalars to write (Megatron's `--log-*-to-tensorboard` switches).
@@ -71,37 +93,48 @@ impl TensorboardLog {
             .add_scalar(&format!("{tag} vs samples"), v, samples)
     }
 
-    /// One log interval's scalars, flushed.
-    pub fn iteration(
+    /// One iteration's scalars (every `--tensorboard-log-interval` iterations), flushed.
+    pub fn step(&mut self, x: &StepScalars) -> std::io::Result<()> {
+        let (it, samples) = (x.iteration, x.consumed_samples);
+        if self.on.learning_rate {
+            self.both("learning-rate", x.lr, it, samples)?;
+            if let Some(d) = x.decoupled_lr {
+                self.writer.add_scalar("decoupled-learning-rate", d, it)?;
+            }
+        }
+        self.both("batch-size", x.batch_size as f64, it, samples)?;
+        self.both("lm loss", x.loss, it, samples)?;
+        if let (true, Some(s)) = (self.on.loss_scale, x.loss_scale) {
+            self.both("loss-scale", s as f64, it, samples)?;
+        }
+        if self.on.world_size {
+            self.both("world-size", x.world_size as f64, it, samples)?;
+        }
+        // A skipped step has no norm (Megatron's optimizer returns none).
+        if let Some(g) = x.grad_norm {
+            self.both("grad-norm", g, it, samples)?;
+        }
+        if let Some(z) = x.num_zeros {
+            self.both("num-zeros", z as f64, it, samples)?;
+        }
+        if let Some(p) = x.params_norm {
+            self.both("params-norm", p, it, samples)?;
+        }
+        self.writer.flush()
+    }
+
+    /// One log interval's measured scalars (throughput, MFU, memory, timers, MTP losses),
+    /// flushed.
+    pub fn interval(
         &mut self,
         m: &IterationMetrics,
-        batch_size: usize,
-        world_size: usize,
         timers: Option<&StageTimes>,
     ) -> std::io::Result<()> {
-        let (it, samples) = (m.iteration, m.consumed_samples);
-        if self.on.learning_rate {
-            self.both("learning-rate", m.lr, it, samples)?;
-        }
-        self.both("batch-size", batch_size as f64, it, samples)?;
-        self.both("lm loss", m.lm_loss, it, samples)?;
+        let it = m.iteration;
         for (k, l) in m.mtp_losses.iter().flatten().enumerate() {
             // megatron-core's `track_mtp_metrics` tags.
             self.writer
                 .add_scalar(&format!("mtp_{} loss", k + 1), *l, it)?;
-        }
-        if let (true, Some(s)) = (self.on.loss_scale, m.loss_scale) {
-            self.both("loss-scale", s as f64, it, samples)?;
-        }
-        if self.on.world_size {
-            self.both("world-size", world_size as f64, it, samples)?;
-        }
-        self.both("grad-norm", m.grad_norm, it, samples)?;
-        if let Some(z) = m.num_zeros {
-            self.both("num-zeros", z as f64, it, samples)?;
-        }
-        if let Some(p) = m.params_norm {
-            self.both("params-norm", p, it, samples)?;
         }
         self.writer.add_scalar("throughput", m.tflops, it)?;
         self.writer
