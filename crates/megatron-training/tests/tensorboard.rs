@@ -4,12 +4,40 @@
 
 mod common;
 
-use megatron_training::tensorboard::{read_scalars, record, SummaryWriter};
+use megatron_training::tensorboard::{read_scalars, record, Scalar, SummaryWriter};
 
 fn temp_dir(name: &str) -> std::path::PathBuf {
     let d = std::env::temp_dir().join(format!("megatron-tb-{name}-{}", std::process::id()));
     std::fs::remove_dir_all(&d).ok();
     d
+}
+
+/// Trains the tiny model for 6 iterations (log interval 2) with `--tensorboard-dir` and
+/// `extra`; returns the run and the scalars of its one event file.
+fn train_with_tensorboard(
+    name: &str,
+    extra: &[&str],
+) -> (megatron_training::TrainSummary, Vec<Scalar>) {
+    let dir = temp_dir(name);
+    let d = dir.display().to_string();
+    let flags = [
+        &[
+            "--train-iters",
+            "6",
+            "--log-interval",
+            "2",
+            "--tensorboard-dir",
+            &d,
+        ][..],
+        extra,
+    ]
+    .concat();
+    let summary = megatron_training::pretrain(&common::args(&flags)).unwrap();
+    let files: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().collect();
+    assert_eq!(files.len(), 1, "one event file");
+    let s = read_scalars(&files[0].path()).unwrap();
+    std::fs::remove_dir_all(&dir).ok();
+    (summary, s)
 }
 
 #[test]
@@ -56,26 +84,17 @@ fn scalars_round_trip_and_a_flipped_byte_is_caught() {
 
 #[test]
 fn training_writes_megatrons_tags_with_the_logged_values() {
-    let dir = temp_dir("train");
-    let d = dir.display().to_string();
-    let a = common::args(&[
-        "--train-iters",
-        "6",
-        "--log-interval",
-        "2",
-        "--eval-interval",
-        "3",
-        "--tensorboard-dir",
-        &d,
-        "--log-timers-to-tensorboard",
-        "--log-validation-ppl-to-tensorboard",
-        "--log-memory-to-tensorboard",
-        "--log-world-size-to-tensorboard",
-    ]);
-    let summary = megatron_training::pretrain(&a).unwrap();
-    let files: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().collect();
-    assert_eq!(files.len(), 1, "one event file");
-    let s = read_scalars(&files[0].path()).unwrap();
+    let (summary, s) = train_with_tensorboard(
+        "train",
+        &[
+            "--eval-interval",
+            "3",
+            "--log-timers-to-tensorboard",
+            "--log-validation-ppl-to-tensorboard",
+            "--log-memory-to-tensorboard",
+            "--log-world-size-to-tensorboard",
+        ],
+    );
     let tag = |t: &str| -> Vec<(i64, f32)> {
         s.iter()
             .filter(|x| x.tag == t)
@@ -132,27 +151,14 @@ fn training_writes_megatrons_tags_with_the_logged_values() {
         assert!((l as f64 - sl).abs() < 1e-5 * sl);
     }
     assert!(tag("loss-scale").is_empty(), "no loss scale without --fp16");
-    std::fs::remove_dir_all(&dir).ok();
 }
 
 #[test]
 fn tensorboard_log_interval_spaces_the_per_iteration_scalars() {
-    let dir = temp_dir("train-interval");
-    let d = dir.display().to_string();
-    let a = common::args(&[
-        "--train-iters",
-        "6",
-        "--log-interval",
-        "2",
-        "--tensorboard-dir",
-        &d,
-        "--tensorboard-log-interval",
-        "3",
-        "--log-params-norm",
-    ]);
-    let summary = megatron_training::pretrain(&a).unwrap();
-    let files: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().collect();
-    let s = read_scalars(&files[0].path()).unwrap();
+    let (summary, s) = train_with_tensorboard(
+        "train-interval",
+        &["--tensorboard-log-interval", "3", "--log-params-norm"],
+    );
     let steps = |t: &str| -> Vec<i64> { s.iter().filter(|x| x.tag == t).map(|x| x.step).collect() };
     for t in ["lm loss", "learning-rate", "grad-norm", "params-norm"] {
         assert_eq!(steps(t), vec![3, 6], "{t}");
@@ -169,5 +175,4 @@ fn tensorboard_log_interval_spaces_the_per_iteration_scalars() {
     .unwrap_err()
     .to_string();
     assert!(bad.contains("--tensorboard-log-interval"), "{bad}");
-    std::fs::remove_dir_all(&dir).ok();
 }
