@@ -6,10 +6,37 @@ use crate::family::{LossAveraging, TrainFamily};
 use crate::train_step::{loss_sums, sum_loss_sums};
 use crate::training::Trainer;
 use crate::TrainError;
+use megatron_core::models::LossPhase;
 use megatron_core::pipeline_parallel::executor::Stage;
 use megatron_core::pipeline_parallel::Op;
 use megatron_core::transformer::step::StepContext;
 use megatron_data::Split;
+
+/// An evaluation's score: the loss trained on, and a BERT's sentence-order part of it, which
+/// Megatron's log shows apart (`lm loss value` is then the masked-LM part alone).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct EvalLoss {
+    pub loss: f64,
+    pub sop: Option<f64>,
+}
+
+impl EvalLoss {
+    /// Megatron's `lm loss`: the loss without its sentence-order part.
+    pub fn lm(&self) -> f64 {
+        self.loss - self.sop.unwrap_or(0.0)
+    }
+
+    /// The values of Megatron's validation line: `lm loss value: ... | lm loss PPL: ...`, and
+    /// `sop loss value` / `sop loss PPL` where there is one.
+    pub fn values(&self) -> String {
+        let lm = self.lm();
+        let mut s = format!("lm loss value: {lm:.6E} | lm loss PPL: {:.3E}", lm.exp());
+        if let Some(l) = self.sop {
+            s += &format!(" | sop loss value: {l:.6E} | sop loss PPL: {:.3E}", l.exp());
+        }
+        s
+    }
+}
 
 impl<F: TrainFamily> Trainer<'_, F> {
     /// The mean loss over `--eval-iters` global batches of `split` (validation during
@@ -17,7 +44,7 @@ impl<F: TrainFamily> Trainer<'_, F> {
     /// curves are comparable, and the same samples for every layout: data-parallel rank r
     /// takes micro-batches r, r + d, ...; the sum is all-reduced over DP. Every rank calls it;
     /// `None` without samples in the split or with `--eval-iters 0`.
-    pub(crate) fn evaluate(&mut self, split: Split) -> Result<Option<f64>, TrainError> {
+    pub(crate) fn evaluate(&mut self, split: Split) -> Result<Option<EvalLoss>, TrainError> {
         let cfg = self.cfg;
         if F::num_samples(&self.data, split) == 0 || cfg.args.eval_iters == 0 {
             return Ok(None);
@@ -63,12 +90,23 @@ impl<F: TrainFamily> Trainer<'_, F> {
         if let Some(c) = self.comms.dp.as_deref_mut() {
             total = sum_loss_sums::<F>(c, total)?;
         }
-        Ok(Some(match F::loss_averaging() {
+        let loss = match F::loss_averaging() {
             // Every context-parallel rank holds its micro-batches' whole loss.
             LossAveraging::MicroBatches => total.0 / (global * cfg.cp) as f64,
             // Megatron's GPT: the summed loss over the counted tokens (context-parallel
             // copies in both).
             LossAveraging::Tokens => total.0 / total.1.max(1.0),
-        }))
+        };
+        let sop = match crate::training::logs_sop_apart::<F>(cfg) {
+            true => {
+                let local = crate::bert_logging::take_local(&self.chunks, LossPhase::Evaluation);
+                Some(crate::bert_logging::mean_over_ranks(
+                    &mut self.comms,
+                    local,
+                )?)
+            }
+            false => None,
+        };
+        Ok(Some(EvalLoss { loss, sop }))
     }
 }

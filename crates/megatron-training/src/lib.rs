@@ -2,6 +2,7 @@
 //! generation.
 
 pub mod arguments;
+mod bert_logging;
 mod checkpoint_save;
 pub mod checkpoint_tool;
 pub mod checkpointing;

@@ -21,6 +21,10 @@ pub struct IterationMetrics {
     pub peak_mem_bytes: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub decoupled_lr: Option<f64>,
+    /// A BERT's sentence-order loss over the interval (`lm_loss` is then the masked-LM part
+    /// alone), Megatron's `sop loss`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sop_loss: Option<f64>,
     /// Loss scale (fp16 / `--loss-scale`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub loss_scale: Option<f32>,
@@ -50,7 +54,11 @@ pub struct IterationMetrics {
 #[derive(Serialize, Clone, Debug)]
 pub struct EvalMetrics {
     pub iteration: u64,
+    /// Megatron's `lm loss value` (a BERT's without its sentence-order part).
     pub val_loss: f64,
+    /// A BERT's sentence-order loss (`sop loss value`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub val_sop_loss: Option<f64>,
 }
 
 impl IterationMetrics {
@@ -73,6 +81,9 @@ impl IterationMetrics {
 
     fn extras(&self) -> String {
         let mut s = String::new();
+        if let Some(l) = self.sop_loss {
+            s += &format!(" | sop loss: {l:.6E}");
+        }
         if let Some(lr) = self.decoupled_lr {
             s += &format!(" | decoupled learning rate: {lr:.6E}");
         }

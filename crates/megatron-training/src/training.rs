@@ -12,6 +12,7 @@ use crate::setup::{
 };
 use crate::TrainError;
 use megatron_comm::{Communicator, ThreadCommunicator};
+use megatron_core::models::LossPhase;
 use megatron_core::optimizer::{GradScaler, MegatronOptimizer, OptimizerParamScheduler};
 use megatron_core::params::ParamId;
 use megatron_core::pipeline_parallel::timers::Timers;
@@ -100,6 +101,16 @@ pub(crate) struct Trainer<'a, F: TrainFamily> {
     /// The model's buffers (router expert biases) as of the save being written, on the rank
     /// that writes them (the first tensor- and data-parallel rank of each stage).
     pub buffer_snapshot: Vec<(String, Vec<f32>)>,
+    /// A BERT's sentence-order losses of this rank over the log interval's steps taken (sum of
+    /// micro-batch means, micro-batches), logged apart as Megatron does.
+    pub sop_interval: (f64, f64),
+}
+
+/// Whether the family logs a sentence-order loss apart from `lm loss` (a BERT with its
+/// binary head); the same on every rank, so the gathers it asks for are collective.
+pub(crate) fn logs_sop_apart<F: TrainFamily>(cfg: &TrainConfig) -> bool {
+    F::bert_heads(cfg)
+        .is_some_and(|h| h.binary_head == megatron_core::models::bert::BinaryHead::SentenceOrder)
 }
 
 impl<F: TrainFamily> Trainer<'_, F> {
@@ -304,6 +315,7 @@ fn run_family<F: TrainFamily>(
         last_checkpoint: None,
         staging: Vec::new(),
         buffer_snapshot: Vec::new(),
+        sop_interval: (0.0, 0.0),
     };
     if a.async_save && a.save.is_some() {
         tr.prepare_async_staging();
@@ -356,16 +368,16 @@ fn run_family<F: TrainFamily>(
         if lead {
             for (name, loss) in [("validation", val), ("test", test)] {
                 match loss {
-                    Some(l) => rep.line(&end_of_training_line(iteration, name, l)),
+                    Some(l) => rep.line(&end_of_training_line(iteration, name, &l)),
                     None => rep.line(&format!(" no {name} samples (or --eval-iters 0)")),
                 }
             }
-            summary.val_losses.extend(val.map(|v| (iteration, v)));
-            summary.test_loss = test;
+            summary.val_losses.extend(val.map(|v| (iteration, v.loss)));
+            summary.test_loss = test.map(|t| t.loss);
         }
     }
     // The last validation score, on every rank: (iteration, loss).
-    let mut last_valid: Option<(u64, Option<f64>)> = None;
+    let mut last_valid: Option<(u64, Option<crate::evaluate::EvalLoss>)> = None;
     // An exit condition (--exit-interval, --exit-duration-in-mins, a signal) ends the run right
     // after its checkpoint, as Megatron's does: no end-of-training evaluation (a preempted job
     // has seconds to go).
@@ -409,12 +421,25 @@ fn run_family<F: TrainFamily>(
         interval.iters += 1;
         interval.secs += started.elapsed().as_secs_f64();
         rep.tick(iteration, step.loss);
+        let sop_apart = logs_sop_apart::<F>(cfg);
+        let step_sop = crate::bert_logging::take_local(&tr.chunks, LossPhase::Training);
+        if !step.skipped {
+            tr.sop_interval.0 += step_sop.0;
+            tr.sop_interval.1 += step_sop.1;
+        }
         let log_due = iteration.is_multiple_of(a.log_interval) || iteration == cfg.train_iters;
         // Every rank decides alike (the parameter norm is a collective); only the lead writes.
         let tb_due =
             a.tensorboard_dir.is_some() && iteration.is_multiple_of(a.tensorboard_log_interval);
         let params_norm = match a.log_params_norm && (log_due || tb_due) {
             true => Some(tr.params_norm()?),
+            false => None,
+        };
+        let sop_loss = match sop_apart && tb_due {
+            true => Some(crate::bert_logging::mean_over_ranks(
+                &mut tr.comms,
+                step_sop,
+            )?),
             false => None,
         };
         if let (true, Some(tb)) = (tb_due, &mut tensorboard) {
@@ -424,7 +449,8 @@ fn run_family<F: TrainFamily>(
                 lr: step.lr,
                 decoupled_lr: step.decoupled_lr,
                 batch_size: step_samples,
-                loss: step.loss,
+                loss: step.loss - sop_loss.unwrap_or(0.0),
+                sop_loss,
                 loss_scale: tr.scaler.as_ref().map(|s| s.scale()),
                 world_size: cfg.world(),
                 grad_norm: (!step.skipped).then_some(step.grad_norm),
@@ -455,16 +481,21 @@ fn run_family<F: TrainFamily>(
             let scored = tr.evaluate(Split::Valid)?;
             last_valid = Some((iteration, scored));
             if let (Some(val), true) = (scored, lead) {
-                rep.line(&format!(" validation loss at iteration {iteration} | lm loss value: {val:.6E} | lm loss PPL: {:.3E}", val.exp()));
+                rep.line(&format!(
+                    " validation loss at iteration {iteration} | {}",
+                    val.values()
+                ));
                 let ev = crate::logging::EvalMetrics {
                     iteration,
-                    val_loss: val,
+                    val_loss: val.lm(),
+                    val_sop_loss: val.sop,
                 };
                 metrics.write(&ev).map_err(metrics_err)?;
                 if let Some(tb) = &mut tensorboard {
-                    tb.validation(iteration, tr.consumed, val).map_err(tb_err)?;
+                    tb.validation(iteration, tr.consumed, val.lm(), val.sop)
+                        .map_err(tb_err)?;
                 }
-                summary.val_losses.push((iteration, val));
+                summary.val_losses.push((iteration, val.loss));
             }
         }
         let exit = tr.exit_requested(iteration, &exits)?;
@@ -497,11 +528,11 @@ fn run_family<F: TrainFamily>(
             _ => tr.evaluate(Split::Valid)?,
         };
         if let (Some(val), true) = (val, lead) {
-            rep.line(&end_of_training_line(iteration, "validation", val));
+            rep.line(&end_of_training_line(iteration, "validation", &val));
         }
         if let (Some(test), true) = (tr.evaluate(Split::Test)?, lead) {
-            rep.line(&end_of_training_line(iteration, "test", test));
-            summary.test_loss = Some(test);
+            rep.line(&end_of_training_line(iteration, "test", &test));
+            summary.test_loss = Some(test.loss);
         }
     }
     for line in tr.finish_pending_save(true)? {
@@ -523,10 +554,10 @@ fn run_family<F: TrainFamily>(
 
 /// Megatron's line for a split scored after training (or under `--skip-train`), which log
 /// parsers look for: `validation loss at iteration N on test set | ...`.
-fn end_of_training_line(iteration: u64, split: &str, loss: f64) -> String {
+fn end_of_training_line(iteration: u64, split: &str, loss: &crate::evaluate::EvalLoss) -> String {
     format!(
-        " validation loss at iteration {iteration} on {split} set | lm loss value: {loss:.6E} | lm loss PPL: {:.3E}",
-        loss.exp()
+        " validation loss at iteration {iteration} on {split} set | {}",
+        loss.values()
     )
 }
 
@@ -612,6 +643,16 @@ impl<F: TrainFamily> Trainer<'_, F> {
             self.cfg.model.num_layers + self.cfg.model.mtp.map_or(0, |m| m.num_layers),
             self.cfg.model.moe.as_ref().map(|m| m.num_experts),
         )?;
+        let sop_loss = match logs_sop_apart::<F>(self.cfg) {
+            true => {
+                let local = std::mem::take(&mut self.sop_interval);
+                Some(crate::bert_logging::mean_over_ranks(
+                    &mut self.comms,
+                    local,
+                )?)
+            }
+            false => None,
+        };
         let mtp_losses = crate::mtp_logging::gather_mtp_losses(
             &self.chunks,
             &mut self.comms,
@@ -631,10 +672,12 @@ impl<F: TrainFamily> Trainer<'_, F> {
         Ok(IterationMetrics {
             iteration,
             consumed_samples: self.consumed,
+            // Megatron's `lm loss`: without the sentence-order part, which has its own field.
             lm_loss: match interval.advanced {
                 0 => interval.skipped_loss / interval.iters as f64,
                 n => interval.loss / n as f64,
-            },
+            } - sop_loss.unwrap_or(0.0),
+            sop_loss,
             lr: step.lr,
             decoupled_lr: step.decoupled_lr,
             grad_norm: step.grad_norm,

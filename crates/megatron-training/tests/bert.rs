@@ -299,3 +299,107 @@ fn bert_trains_on_megatrons_sentencepiece_tokenizer_with_its_appended_specials()
     assert!(last < first - 0.5, "loss {first} -> {last}");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// The metrics file's rows of a BERT run at `layout`: training rows and evaluation rows.
+fn bert_metrics(
+    dir: &std::path::Path,
+    name: &str,
+    extra: &[&str],
+) -> (TrainSummary, Vec<serde_json::Value>, Vec<serde_json::Value>) {
+    let f = dir.join(format!("{name}.jsonl"));
+    let flags = [
+        &[
+            "--train-iters",
+            "4",
+            "--log-interval",
+            "1",
+            "--eval-interval",
+            "2",
+            "--metrics-file",
+            f.to_str().unwrap(),
+        ][..],
+        extra,
+    ]
+    .concat();
+    let s = pretrain(&bert_args(&flags)).unwrap();
+    let rows: Vec<serde_json::Value> = std::fs::read_to_string(&f)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let (train, eval) = rows.into_iter().partition(|r| r.get("lm_loss").is_some());
+    (s, train, eval)
+}
+
+#[test]
+fn the_log_shows_the_sentence_order_loss_apart_as_megatron_does() {
+    let dir = tmpdir("bert-sop-log");
+    for (name, layout) in [
+        ("serial", &[][..]),
+        (
+            "tp2-pp2",
+            &[
+                "--nproc-per-node",
+                "4",
+                "--tensor-model-parallel-size",
+                "2",
+                "--sequence-parallel",
+                "--pipeline-model-parallel-size",
+                "2",
+            ][..],
+        ),
+    ] {
+        let (s, train, eval) = bert_metrics(&dir, name, layout);
+        assert_eq!(train.len(), 4, "{name}");
+        for (row, &(it, total)) in train.iter().zip(&s.losses) {
+            assert_eq!(row["iteration"].as_u64().unwrap(), it);
+            let (lm, sop) = (
+                row["lm_loss"].as_f64().unwrap(),
+                row["sop_loss"].as_f64().unwrap(),
+            );
+            // Two classes: near ln 2 while untrained; the MLM part near ln(vocabulary).
+            assert!(
+                (0.4..1.0).contains(&sop),
+                "{name} iteration {it}: sop {sop}"
+            );
+            assert!(lm > 8.0, "{name} iteration {it}: lm {lm}");
+            assert!(
+                (lm + sop - total).abs() < 1e-6 * total,
+                "{name} iteration {it}: {lm} + {sop} vs {total}"
+            );
+        }
+        assert_eq!(eval.len(), s.val_losses.len());
+        for (row, &(_, total)) in eval.iter().zip(&s.val_losses) {
+            let (lm, sop) = (
+                row["val_loss"].as_f64().unwrap(),
+                row["val_sop_loss"].as_f64().unwrap(),
+            );
+            assert!((0.4..1.0).contains(&sop), "{name}: validation sop {sop}");
+            assert!(
+                (lm + sop - total).abs() < 1e-6 * total,
+                "{name}: validation"
+            );
+        }
+    }
+    // TensorBoard: Megatron's `sop loss` beside `lm loss`, each iteration and each validation.
+    let tb = dir.join("tb");
+    let (s, _, eval) = bert_metrics(&dir, "tb", &["--tensorboard-dir", tb.to_str().unwrap()]);
+    let file = std::fs::read_dir(&tb)
+        .unwrap()
+        .flatten()
+        .next()
+        .unwrap()
+        .path();
+    let scalars = megatron_training::tensorboard::read_scalars(&file).unwrap();
+    let tag = |t: &str| scalars.iter().filter(|x| x.tag == t).count();
+    assert_eq!(tag("sop loss"), 4);
+    assert_eq!(tag("sop loss validation"), eval.len());
+    let lm = scalars.iter().find(|x| x.tag == "lm loss").unwrap().value as f64;
+    let sop = scalars.iter().find(|x| x.tag == "sop loss").unwrap().value as f64;
+    assert!((lm + sop - s.losses[0].1).abs() < 1e-5 * s.losses[0].1);
+    let (s, train, eval) = bert_metrics(&dir, "no-binary-head", &["--bert-no-binary-head"]);
+    assert!(train.iter().all(|r| r.get("sop_loss").is_none()));
+    assert!(eval.iter().all(|r| r.get("val_sop_loss").is_none()));
+    assert_eq!(train[0]["lm_loss"].as_f64().unwrap(), s.losses[0].1);
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -5,4 +5,4 @@ pub mod model_chunk;
 pub mod t5;
 pub mod tabular;
 
-pub use model_chunk::{ChunkState, ModelChunk, ModelFamily, TiedParam};
+pub use model_chunk::{ChunkState, LossPhase, ModelChunk, ModelFamily, TiedParam};

@@ -29,6 +29,13 @@ pub trait ChunkState {
     fn loss(&self) -> Option<(f32, f32)>;
 }
 
+/// Which passes a logged loss comes from: training steps or evaluation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LossPhase {
+    Training,
+    Evaluation,
+}
+
 /// One pipeline chunk of a model: forward and backward of one micro-batch.
 pub trait ModelChunk: Send + Sync {
     /// One micro-batch as this model reads it.
@@ -107,6 +114,13 @@ pub trait ModelChunk: Send + Sync {
     /// micro-batches' mean losses and their number (none without `--mtp-num-layers`).
     fn take_mtp_losses(&self) -> Vec<(f64, f64)> {
         Vec::new()
+    }
+
+    /// A BERT's sentence-order loss over the micro-batches of `phase` since the last call: the
+    /// sum of their means and their number (none without the binary head or its stage), for a
+    /// log that shows it apart from the masked-LM loss, as Megatron's does.
+    fn take_sop_losses(&self, _phase: LossPhase) -> Option<(f64, f64)> {
+        None
     }
 
     /// Once per step after every micro-batch's backward, before the optimizer (Megatron's

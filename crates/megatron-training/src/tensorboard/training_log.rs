@@ -30,8 +30,10 @@ pub struct StepScalars {
     pub lr: f64,
     pub decoupled_lr: Option<f64>,
     pub batch_size: u64,
-    /// The iteration's loss (the global batch's), not the interval's mean.
+    /// The iteration's loss (the global batch's), not the interval's mean; a BERT's without
+    /// its sentence-order part, which is `sop_loss`.
     pub loss: f64,
+    pub sop_loss: Option<f64>,
     pub loss_scale: Option<f32>,
     pub world_size: usize,
     /// `None` for a skipped step.
@@ -104,6 +106,9 @@ impl TensorboardLog {
         }
         self.both("batch-size", x.batch_size as f64, it, samples)?;
         self.both("lm loss", x.loss, it, samples)?;
+        if let Some(l) = x.sop_loss {
+            self.both("sop loss", l, it, samples)?;
+        }
         if let (true, Some(s)) = (self.on.loss_scale, x.loss_scale) {
             self.both("loss-scale", s as f64, it, samples)?;
         }
@@ -173,10 +178,22 @@ impl TensorboardLog {
     }
 
     /// A validation loss (and perplexity with `--log-validation-ppl-to-tensorboard`), flushed.
-    pub fn validation(&mut self, iteration: u64, samples: u64, loss: f64) -> std::io::Result<()> {
+    pub fn validation(
+        &mut self,
+        iteration: u64,
+        samples: u64,
+        loss: f64,
+        sop: Option<f64>,
+    ) -> std::io::Result<()> {
         self.both("lm loss validation", loss, iteration, samples)?;
         if self.on.validation_ppl {
             self.both("lm loss validation ppl", loss.exp(), iteration, samples)?;
+        }
+        if let Some(l) = sop {
+            self.both("sop loss validation", l, iteration, samples)?;
+            if self.on.validation_ppl {
+                self.both("sop loss validation ppl", l.exp(), iteration, samples)?;
+            }
         }
         self.writer.flush()
     }

@@ -11,7 +11,7 @@
 
 use super::{BertBinaryHead, BertLMHead, HeadBackward, MaskedTokens};
 use crate::models::embedding::LanguageModelEmbedding;
-use crate::models::model_chunk::{ChunkState, ModelChunk, ModelFamily};
+use crate::models::model_chunk::{ChunkState, LossPhase, ModelChunk, ModelFamily};
 use crate::params::{Grads, Init, ParamId, Params};
 use crate::tensor_parallel::mappings::{
     gather_from_sequence_parallel_region_forward, scatter_to_sequence_parallel_region_forward,
@@ -149,6 +149,9 @@ pub struct BertModel {
     pub output_weight: Option<ParamId>,
     /// The first parameter registered after the layers (the last stage's head).
     tail_first: Option<ParamId>,
+    /// The sentence-order loss of each micro-batch since the last take, by [`LossPhase`]
+    /// (training, evaluation): the sum of the means and their number.
+    sop_logged: std::sync::Mutex<[(f64, f64); 2]>,
 }
 
 /// What a stage keeps of one micro-batch.
@@ -173,6 +176,15 @@ impl ChunkState for BertState {
 }
 
 impl BertModel {
+    /// Adds one micro-batch's sentence-order loss to the log of `phase` (with the binary head).
+    fn record_sop(&self, phase: LossPhase, sop: f64) {
+        if self.binary_head.as_ref().is_some_and(|h| h.has_head()) {
+            let mut l = self.sop_logged.lock().expect("sentence-order loss log");
+            l[phase as usize].0 += sop;
+            l[phase as usize].1 += 1.0;
+        }
+    }
+
     /// The stage's chunk: layers `layers` (global numbers), with the embeddings if
     /// `pre_process` and the heads if `post_process`.
     pub fn build_chunk(
@@ -231,6 +243,7 @@ impl BertModel {
             binary_head,
             output_weight,
             tail_first,
+            sop_logged: std::sync::Mutex::new([(0.0, 0.0); 2]),
         }
     }
 
@@ -346,6 +359,12 @@ impl ModelChunk for BertModel {
     type Batch<'b> = BertBatch<'b>;
     type State = BertState;
 
+    fn take_sop_losses(&self, phase: LossPhase) -> Option<(f64, f64)> {
+        self.binary_head.as_ref().filter(|h| h.has_head())?;
+        let mut l = self.sop_logged.lock().expect("sentence-order loss log");
+        Some(std::mem::take(&mut l[phase as usize]))
+    }
+
     fn pre_process(&self) -> bool {
         self.embedding.is_some()
     }
@@ -447,10 +466,12 @@ impl ModelChunk for BertModel {
                 };
                 let lnf = lnf.map(|(x, s)| (keep(x), s));
                 activation_bytes += lnf.as_ref().map_or(0, |(x, _)| x.size_in_bytes());
+                self.record_sop(LossPhase::Training, sop);
                 (lm + sop, Some((lnf, dxf)))
             }
             None => {
                 let (lm, sop) = self.heads(params, tp, &y, batch, None)?;
+                self.record_sop(LossPhase::Evaluation, sop);
                 (lm + sop, None)
             }
         };
