@@ -322,12 +322,7 @@ fn bert_metrics(
     ]
     .concat();
     let s = pretrain(&bert_args(&flags)).unwrap();
-    let rows: Vec<serde_json::Value> = std::fs::read_to_string(&f)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    let (train, eval) = rows.into_iter().partition(|r| r.get("lm_loss").is_some());
+    let (train, eval) = common::metrics_rows(&f);
     (s, train, eval)
 }
 

@@ -111,12 +111,7 @@ fn the_log_counts_skipped_steps_per_interval_and_averages_the_loss_over_steps_ta
         .concat(),
     ))
     .unwrap();
-    let rows: Vec<serde_json::Value> = std::fs::read_to_string(&f)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .filter(|r: &serde_json::Value| r.get("lm_loss").is_some())
-        .collect();
+    let (rows, _) = metrics_rows(&f);
     let all = skipped(&s, 0, 12);
     for row in &rows {
         let it = row["iteration"].as_u64().unwrap();

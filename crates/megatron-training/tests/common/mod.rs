@@ -490,6 +490,16 @@ pub fn assert_layouts_match_one_rank(
     serial
 }
 
+/// The records of a `--metrics-file`: the training lines' (with `lm_loss`), then the
+/// evaluations'.
+pub fn metrics_rows(metrics: &std::path::Path) -> (Vec<serde_json::Value>, Vec<serde_json::Value>) {
+    std::fs::read_to_string(metrics)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .partition(|r| r.get("lm_loss").is_some())
+}
+
 /// The `memory` object of the last metrics record that has one (`--log-memory`).
 pub fn last_memory_record(metrics: &std::path::Path) -> serde_json::Value {
     let text = std::fs::read_to_string(metrics).unwrap();
