@@ -24,11 +24,7 @@ pub(crate) fn mean_over_ranks(
     (sum, n): (f64, f64),
 ) -> Result<f64, TrainError> {
     let mut v = [sum as f32, n as f32];
-    comms.tp.comm.all_reduce(&mut v, ReduceOp::Sum)?;
-    comms.pp.all_reduce(&mut v, ReduceOp::Sum)?;
-    if let Some(dp) = comms.dp.as_deref_mut() {
-        dp.all_reduce(&mut v, ReduceOp::Sum)?;
-    }
+    comms.world_reduce(&mut v, ReduceOp::Sum)?;
     Ok(if v[1] > 0.0 {
         f64::from(v[0]) / f64::from(v[1])
     } else {

@@ -97,7 +97,7 @@ impl<F: TrainFamily> Trainer<'_, F> {
             // copies in both).
             LossAveraging::Tokens => total.0 / total.1.max(1.0),
         };
-        let sop = match crate::training::logs_sop_apart::<F>(cfg) {
+        let sop = match F::logs_sop_apart(cfg) {
             true => {
                 let local = crate::bert_logging::take_local(&self.chunks, LossPhase::Evaluation);
                 Some(crate::bert_logging::mean_over_ranks(

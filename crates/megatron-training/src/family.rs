@@ -71,6 +71,12 @@ pub(crate) trait TrainFamily: 'static {
     fn bert_heads(_cfg: &TrainConfig) -> Option<BertHeads> {
         None
     }
+    /// Whether the log shows a sentence-order loss apart from `lm loss` (a BERT with its
+    /// binary head, as Megatron's `pretrain_bert.py`); the same on every rank, so the gathers
+    /// it asks for are collective.
+    fn logs_sop_apart(_cfg: &TrainConfig) -> bool {
+        false
+    }
     /// A T5's stacks, recorded in checkpoints.
     fn t5_stacks(_cfg: &TrainConfig) -> Option<megatron_core::models::t5::T5Stacks> {
         None

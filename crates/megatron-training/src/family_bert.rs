@@ -93,6 +93,12 @@ impl TrainFamily for Bert {
         cfg.bert.map(|s| s.heads)
     }
 
+    fn logs_sop_apart(cfg: &TrainConfig) -> bool {
+        cfg.bert.is_some_and(|s| {
+            s.heads.binary_head == megatron_core::models::bert::BinaryHead::SentenceOrder
+        })
+    }
+
     fn build_data(
         cfg: &TrainConfig,
         tok: &dyn Tokenizer,

@@ -75,11 +75,7 @@ pub(crate) fn gather_moe_metrics(
             row[e + 4] = m.micro_batches as f32;
         }
     }
-    comms.tp.comm.all_reduce(&mut v, ReduceOp::Sum)?;
-    comms.pp.all_reduce(&mut v, ReduceOp::Sum)?;
-    if let Some(dp) = comms.dp.as_deref_mut() {
-        dp.all_reduce(&mut v, ReduceOp::Sum)?;
-    }
+    comms.world_reduce(&mut v, ReduceOp::Sum)?;
     // Every TP and CP rank counts each micro-batch (its share of the losses).
     let tp = (comms.tp.size() * comms.tp.cp_layout().size) as f64;
     let (mut lb, mut z, mut n) = (0.0f64, 0.0f64, 0usize);

@@ -25,11 +25,7 @@ pub(crate) fn gather_mtp_losses(
             v[2 * k + 1] += n as f32;
         }
     }
-    comms.tp.comm.all_reduce(&mut v, ReduceOp::Sum)?;
-    comms.pp.all_reduce(&mut v, ReduceOp::Sum)?;
-    if let Some(dp) = comms.dp.as_deref_mut() {
-        dp.all_reduce(&mut v, ReduceOp::Sum)?;
-    }
+    comms.world_reduce(&mut v, ReduceOp::Sum)?;
     Ok(Some(
         v.chunks(2)
             .map(|p| {

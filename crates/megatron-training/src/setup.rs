@@ -123,16 +123,22 @@ impl<'a> RankComms<'a> {
         self.tp.cp_layout()
     }
 
-    /// Max of a flag over the whole world: over TP, then PP (every rank with this DP index),
-    /// then DP.
+    /// Max of a flag over the whole world.
     pub fn world_max(&mut self, flag: f32) -> Result<f32, TrainError> {
         let mut v = [flag];
-        self.tp.comm.all_reduce(&mut v, ReduceOp::Max)?;
-        self.pp.all_reduce(&mut v, ReduceOp::Max)?;
-        if let Some(dp) = self.dp.as_deref_mut() {
-            dp.all_reduce(&mut v, ReduceOp::Max)?;
-        }
+        self.world_reduce(&mut v, ReduceOp::Max)?;
         Ok(v[0])
+    }
+
+    /// `v` reduced by `op` over the whole world: over TP, then PP (every rank with this DP
+    /// index), then DP (with CP); every rank calls it.
+    pub fn world_reduce(&mut self, v: &mut [f32], op: ReduceOp) -> Result<(), TrainError> {
+        self.tp.comm.all_reduce(v, op)?;
+        self.pp.all_reduce(v, op)?;
+        if let Some(dp) = self.dp.as_deref_mut() {
+            dp.all_reduce(v, op)?;
+        }
+        Ok(())
     }
 
     /// Rank 0 of the data-, tensor- and pipeline-parallel groups: it reports and saves.
@@ -467,31 +473,24 @@ pub(crate) fn resumed_grad_scaler(
     else {
         return scaler;
     };
-    let Some(saved) = restored.and_then(|r| r.grad_scaler.as_ref().map(|s| (r, s))) else {
+    // Only where the run continues the checkpoint's optimizer state.
+    let Some((r, saved)) = restored.and_then(|r| r.grad_scaler.as_ref().map(|s| (r, s))) else {
         return scaler;
     };
     match saved {
-        (
-            _,
-            Some(GradScaler::Dynamic {
-                scale: s,
-                growth_tracker: g,
-                hysteresis_tracker: h,
-                ..
-            }),
-        ) => {
-            (*scale, *growth_tracker, *hysteresis_tracker) = (*s, *g, *h);
-        }
-        (r, _) => {
-            if lead {
-                println!(
-                    "checkpoint {} holds no dynamic loss-scaler state (saved without --fp16's \
-                     dynamic scaler, or by an older megatron-rs): the loss scale starts at \
-                     --initial-loss-scale {}",
-                    r.dir, scale
-                );
-            }
-        }
+        Some(GradScaler::Dynamic {
+            scale: s,
+            growth_tracker: g,
+            hysteresis_tracker: h,
+            ..
+        }) => (*scale, *growth_tracker, *hysteresis_tracker) = (*s, *g, *h),
+        _ if lead => println!(
+            "checkpoint {} holds no dynamic loss-scaler state (saved without --fp16's dynamic \
+             scaler, or by an older megatron-rs): the loss scale starts at \
+             --initial-loss-scale {scale}",
+            r.dir
+        ),
+        _ => {}
     }
     scaler
 }

@@ -101,16 +101,6 @@ pub(crate) struct Trainer<'a, F: TrainFamily> {
     /// The model's buffers (router expert biases) as of the save being written, on the rank
     /// that writes them (the first tensor- and data-parallel rank of each stage).
     pub buffer_snapshot: Vec<(String, Vec<f32>)>,
-    /// A BERT's sentence-order losses of this rank over the log interval's steps taken (sum of
-    /// micro-batch means, micro-batches), logged apart as Megatron does.
-    pub sop_interval: (f64, f64),
-}
-
-/// Whether the family logs a sentence-order loss apart from `lm loss` (a BERT with its
-/// binary head); the same on every rank, so the gathers it asks for are collective.
-pub(crate) fn logs_sop_apart<F: TrainFamily>(cfg: &TrainConfig) -> bool {
-    F::bert_heads(cfg)
-        .is_some_and(|h| h.binary_head == megatron_core::models::bert::BinaryHead::SentenceOrder)
 }
 
 impl<F: TrainFamily> Trainer<'_, F> {
@@ -224,6 +214,9 @@ pub(crate) struct Interval {
     /// (Megatron's per-interval `number of skipped/nan iterations`).
     pub skipped: u64,
     pub nan: u64,
+    /// A BERT's sentence-order losses of this rank over the steps taken (sum of micro-batch
+    /// means, micro-batches), logged apart as Megatron does.
+    pub sop: (f64, f64),
     pub iters: u64,
     pub secs: f64,
     /// Samples trained (the global batch sizes, which ramp-up varies).
@@ -315,7 +308,6 @@ fn run_family<F: TrainFamily>(
         last_checkpoint: None,
         staging: Vec::new(),
         buffer_snapshot: Vec::new(),
-        sop_interval: (0.0, 0.0),
     };
     if a.async_save && a.save.is_some() {
         tr.prepare_async_staging();
@@ -421,11 +413,11 @@ fn run_family<F: TrainFamily>(
         interval.iters += 1;
         interval.secs += started.elapsed().as_secs_f64();
         rep.tick(iteration, step.loss);
-        let sop_apart = logs_sop_apart::<F>(cfg);
+        let sop_apart = F::logs_sop_apart(cfg);
         let step_sop = crate::bert_logging::take_local(&tr.chunks, LossPhase::Training);
         if !step.skipped {
-            tr.sop_interval.0 += step_sop.0;
-            tr.sop_interval.1 += step_sop.1;
+            interval.sop.0 += step_sop.0;
+            interval.sop.1 += step_sop.1;
         }
         let log_due = iteration.is_multiple_of(a.log_interval) || iteration == cfg.train_iters;
         // Every rank decides alike (the parameter norm is a collective); only the lead writes.
@@ -643,14 +635,11 @@ impl<F: TrainFamily> Trainer<'_, F> {
             self.cfg.model.num_layers + self.cfg.model.mtp.map_or(0, |m| m.num_layers),
             self.cfg.model.moe.as_ref().map(|m| m.num_experts),
         )?;
-        let sop_loss = match logs_sop_apart::<F>(self.cfg) {
-            true => {
-                let local = std::mem::take(&mut self.sop_interval);
-                Some(crate::bert_logging::mean_over_ranks(
-                    &mut self.comms,
-                    local,
-                )?)
-            }
+        let sop_loss = match F::logs_sop_apart(self.cfg) {
+            true => Some(crate::bert_logging::mean_over_ranks(
+                &mut self.comms,
+                interval.sop,
+            )?),
             false => None,
         };
         let mtp_losses = crate::mtp_logging::gather_mtp_losses(
