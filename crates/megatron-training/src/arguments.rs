@@ -12,6 +12,15 @@ use megatron_core::transformer::config::{
 use megatron_core::TransformerConfig;
 
 /// `--normalization`, spelled as Megatron spells it.
+/// `--non-persistent-ckpt-type` (Megatron's values).
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NonPersistentCkptTypeArg {
+    Global,
+    Local,
+    #[value(name = "in_memory")]
+    InMemory,
+}
+
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum NormalizationArg {
     #[value(name = "LayerNorm")]
@@ -781,6 +790,35 @@ pub struct TrainArgs {
     /// (continued pre-training or fine-tuning from a released model).
     #[arg(long)]
     pub finetune: bool,
+    /// Load iteration N from --load (its `iter_NNNNNNN`, which must be complete) instead of the
+    /// newest: a rollback, say past a loss spike.
+    #[arg(long)]
+    pub ckpt_step: Option<u64>,
+    /// Where --load holds no checkpoint (a first launch with --load = --save): start a new run
+    /// from the weights of this checkpoint directory, as --finetune does.
+    #[arg(long)]
+    pub pretrained_checkpoint: Option<String>,
+    /// Where --load holds no checkpoint, stop with an error instead of starting from random
+    /// initialization (a mistyped path).
+    #[arg(long)]
+    pub exit_on_missing_checkpoint: bool,
+    /// After each save under --save, delete the checkpoint before it unless its iteration is a
+    /// multiple of this (a multiple of --save-interval): the newest is always kept.
+    #[arg(long)]
+    pub save_retain_interval: Option<u64>,
+    /// Also save every N iterations (where --save-interval does not) into a non-persistent
+    /// directory that keeps only its newest checkpoint; --load resumes from it where it is at
+    /// least as new as the newest under --load.
+    #[arg(long)]
+    pub non_persistent_save_interval: Option<u64>,
+    /// Where non-persistent checkpoints go: `global` (a checkpoint directory like --save's;
+    /// the one implemented).
+    #[arg(long, value_enum)]
+    pub non_persistent_ckpt_type: Option<NonPersistentCkptTypeArg>,
+    /// The non-persistent checkpoints' directory (default: the `non_persistent` directory under
+    /// --save, or under --load for loading).
+    #[arg(long)]
+    pub non_persistent_global_ckpt_dir: Option<String>,
     /// Load the weights and the iteration but not the optimizer's moments.
     #[arg(long)]
     pub no_load_optim: bool,
@@ -1070,6 +1108,8 @@ pub struct GenerateArgs {
 #[derive(Clone, Debug)]
 pub struct TrainConfig {
     pub args: TrainArgs,
+    /// Where checkpoints are loaded from and saved to, and which are kept.
+    pub checkpoints: crate::checkpoint_policy::CheckpointSettings,
     pub model: TransformerConfig,
     pub precision: Precision,
     pub optimizer: OptimizerKind,
@@ -1466,8 +1506,9 @@ impl TrainArgs {
         }
         // --use-checkpoint-args: the checkpoint's model, read before the layout (its layers are
         // what the pipeline splits).
+        let checkpoints = crate::checkpoint_policy::CheckpointSettings::from_args(self)?;
         let ckpt_model = if self.use_checkpoint_args {
-            Some(self.checkpoint_model(self.tensor_model_parallel_size.max(1))?)
+            Some(self.checkpoint_model(&checkpoints, self.tensor_model_parallel_size.max(1))?)
         } else {
             None
         };
@@ -1544,12 +1585,6 @@ impl TrainArgs {
                 return Err(bad(format!("{flag} must be positive, got 0")));
             }
         }
-        if self.save_interval == Some(0) {
-            return Err(bad("--save-interval must be positive, got 0".into()));
-        }
-        if self.save_interval.is_some() && self.save.is_none() {
-            return Err(bad("--save-interval needs --save DIR".into()));
-        }
         if !self.mock_data && self.data_path.is_empty() && self.train_data_path.is_empty() {
             return Err(bad("give --data-path PREFIX|FILE|DIR ..., --train-data-path PREFIX ..., or --mock-data".into()));
         }
@@ -1623,6 +1658,7 @@ impl TrainArgs {
         let muon = self.muon(&model)?;
         Ok(TrainConfig {
             args,
+            checkpoints,
             model,
             precision: if self.bf16 {
                 Precision::BF16
@@ -2254,12 +2290,23 @@ impl TrainArgs {
 
     /// `--use-checkpoint-args`: the model of the checkpoint --load would resume from, trained at
     /// --seq-length.
-    fn checkpoint_model(&self, tp: usize) -> Result<TransformerConfig, TrainError> {
-        let load = self
+    fn checkpoint_model(
+        &self,
+        checkpoints: &crate::checkpoint_policy::CheckpointSettings,
+        tp: usize,
+    ) -> Result<TransformerConfig, TrainError> {
+        if !checkpoints.load.is_set() {
+            return Err(bad(
+                "--use-checkpoint-args needs --load DIR or --pretrained-checkpoint DIR".into(),
+            ));
+        }
+        let r = checkpoints
             .load
-            .as_deref()
-            .ok_or_else(|| bad("--use-checkpoint-args needs --load DIR".into()))?;
-        let r = crate::checkpointing::find_checkpoint(std::path::Path::new(load), false)?;
+            .resolve(false)?
+            .ok_or_else(|| {
+                bad("--use-checkpoint-args: there is no checkpoint under --load to take the model from".into())
+            })?
+            .reader;
         let mut model = r.meta.model.clone();
         model.seq_length = self.seq_length;
         model.validate()?;

@@ -3,6 +3,7 @@
 //! (`--async-save`), then rank 0 writes the manifest last and moves the checkpoint into place.
 
 use crate::arguments::OptimizerKind;
+use crate::checkpoint_policy::{Retention, SaveTarget};
 use crate::checkpointing::{
     ckpt_err, iteration_dir, partial_dir, write_synced, CheckpointMeta, FORMAT, MANIFEST, TRACKER,
 };
@@ -166,11 +167,12 @@ impl<F: crate::family::TrainFamily> crate::training::Trainer<'_, F> {
     }
 
     /// Once every rank has written (or failed to): rank 0 merges the fragments into the
-    /// manifest, renames the directory into place, updates the tracker and applies
-    /// `--ckpt-keep-last`. Every rank takes part; the directory is returned on rank 0.
+    /// manifest, renames the directory into place, updates the tracker and deletes what the
+    /// directory's [`Retention`] no longer keeps. Every rank takes part; the directory is
+    /// returned on rank 0.
     fn finish_save(
         &mut self,
-        dir: &Path,
+        target: SaveTarget<'_>,
         partial: &Path,
         meta: Option<CheckpointMeta>,
         written: Result<(), TrainError>,
@@ -191,9 +193,11 @@ impl<F: crate::family::TrainFamily> crate::training::Trainer<'_, F> {
         }
         let mut done = None;
         if let (0, Some(meta)) = (rank, meta) {
-            let keep = self.cfg.args.ckpt_keep_last;
-            match finalize(dir, partial, meta, world).and_then(|p| retain(dir, &p, keep).map(|_| p))
-            {
+            let (dir, iteration) = (target.dir, meta.iteration);
+            let previous = tracked_iteration(dir);
+            let done_and_retained = finalize(dir, partial, meta, world)
+                .and_then(|p| retain(dir, &p, iteration, previous, target.retention).map(|_| p));
+            match done_and_retained {
                 Ok(p) => done = Some(p),
                 Err(e) => failed = Some(e),
             }
@@ -209,13 +213,13 @@ impl<F: crate::family::TrainFamily> crate::training::Trainer<'_, F> {
     /// first: at most one at a time). Every rank takes part. Returns what to report.
     pub(crate) fn save_checkpoint(
         &mut self,
-        dir: &Path,
+        target: SaveTarget<'_>,
         iteration: u64,
         tok: &dyn megatron_data::Tokenizer,
     ) -> Result<Vec<String>, TrainError> {
         let mut report = self.finish_pending_save(true)?;
         let started = Instant::now();
-        let partial = self.begin_save(dir, iteration)?;
+        let partial = self.begin_save(target.dir, iteration)?;
         let meta = (self.comms.world_rank == 0).then(|| self.checkpoint_meta(iteration, tok));
         let rank = self.comms.world_rank;
         self.snapshot_buffers();
@@ -243,7 +247,8 @@ impl<F: crate::family::TrainFamily> crate::training::Trainer<'_, F> {
                 })
                 .map_err(|e| ckpt_err(&partial, format!("cannot start the writer thread: {e}")))?;
             self.pending_save = Some(PendingSave {
-                dir: dir.to_path_buf(),
+                dir: target.dir.to_path_buf(),
+                retention: target.retention,
                 partial,
                 iteration,
                 meta,
@@ -266,7 +271,7 @@ impl<F: crate::family::TrainFamily> crate::training::Trainer<'_, F> {
             .sum();
         let written = write_rank_shard(&partial, rank, &pieces);
         drop(pieces);
-        if let Some(path) = self.finish_save(dir, &partial, meta, written)? {
+        if let Some(path) = self.finish_save(target, &partial, meta, written)? {
             report.push(saved_line(iteration, &path, started, bytes));
             self.last_checkpoint = Some(path);
         }
@@ -307,7 +312,11 @@ impl<F: crate::family::TrainFamily> crate::training::Trainer<'_, F> {
             Ok(Err(e)) => Err(e),
             Err(_) => Err(ckpt_err(&p.partial, "the background writer panicked")),
         };
-        match self.finish_save(&p.dir, &p.partial, p.meta, written) {
+        let target = SaveTarget {
+            dir: &p.dir,
+            retention: p.retention,
+        };
+        match self.finish_save(target, &p.partial, p.meta, written) {
             Ok(Some(path)) => {
                 let line = saved_line(p.iteration, &path, p.started, p.bytes);
                 self.last_checkpoint = Some(path);
@@ -325,6 +334,7 @@ impl<F: crate::family::TrainFamily> crate::training::Trainer<'_, F> {
 /// A save whose pieces a background thread is writing (`--async-save`).
 pub(crate) struct PendingSave {
     dir: PathBuf,
+    retention: Retention,
     partial: PathBuf,
     iteration: u64,
     /// Rank 0: the manifest's contents as of the save.
@@ -383,13 +393,44 @@ pub(crate) fn publish(save: &Path, partial: &Path, iteration: u64) -> Result<Pat
     Ok(final_dir)
 }
 
-/// `--ckpt-keep-last N`: once `newest` is complete and verified, deletes complete checkpoints
-/// older than the N newest (incomplete directories are left for a person to look at).
-fn retain(save: &Path, newest: &Path, keep: usize) -> Result<(), TrainError> {
-    if keep == 0 {
+/// The iteration the tracker under `save` names, if any (before a save replaces it).
+fn tracked_iteration(save: &Path) -> Option<u64> {
+    std::fs::read_to_string(save.join(TRACKER))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// Once `newest` (iteration `iteration`) is complete and verified, deletes what `retention`
+/// no longer keeps: the checkpoint the tracker named before (`previous`) unless its iteration
+/// is a multiple of `--save-retain-interval` or it is a symbolic link (Megatron's rule), and
+/// complete checkpoints older than the `--ckpt-keep-last` newest. Incomplete directories are
+/// left for a person to look at.
+fn retain(
+    save: &Path,
+    newest: &Path,
+    iteration: u64,
+    previous: Option<u64>,
+    retention: Retention,
+) -> Result<(), TrainError> {
+    let stale = retention.retain_interval.and_then(|every| {
+        previous.filter(|&p| p > 0 && p != iteration && !p.is_multiple_of(every))
+    });
+    if retention.keep_last == 0 && stale.is_none() {
         return Ok(());
     }
     CheckpointReader::open(newest)?.verify()?;
+    if let Some(p) = stale {
+        let dir = iteration_dir(save, p);
+        let linked = std::fs::symlink_metadata(&dir).is_ok_and(|m| m.file_type().is_symlink());
+        if dir.exists() && !linked {
+            std::fs::remove_dir_all(&dir).map_err(io_err(&dir))?;
+        }
+    }
+    if retention.keep_last == 0 {
+        return Ok(());
+    }
     let mut complete: Vec<(u64, PathBuf)> = std::fs::read_dir(save)
         .map_err(io_err(save))?
         .filter_map(|e| e.ok())
@@ -400,7 +441,7 @@ fn retain(save: &Path, newest: &Path, keep: usize) -> Result<(), TrainError> {
         })
         .collect();
     complete.sort_unstable_by_key(|c| std::cmp::Reverse(c.0));
-    for (_, dir) in complete.into_iter().skip(keep) {
+    for (_, dir) in complete.into_iter().skip(retention.keep_last) {
         std::fs::remove_dir_all(&dir).map_err(io_err(&dir))?;
     }
     Ok(())

@@ -213,10 +213,25 @@ pub(crate) fn read_manifest(dir: &Path) -> Result<CheckpointMeta, TrainError> {
     }
 }
 
-/// The checkpoint `--load` resumes from: the newest complete one at or below the tracker's
-/// iteration (any, without a tracker). Incomplete or corrupt ones (no manifest, a missing file,
-/// a size or checksum mismatch) are skipped with a message naming them and why.
-pub fn find_checkpoint(load: &Path, report: bool) -> Result<CheckpointReader, TrainError> {
+/// What a checkpoint directory holds, for `--load`.
+pub enum Search {
+    /// The newest complete checkpoint at or below the tracker's iteration.
+    Found(Box<CheckpointReader>),
+    /// Nothing was ever published there: no directory, or no tracker and no `iter_*`
+    /// directory (a first save interrupted leaves only `iter_*.partial`). Why, in words.
+    Nothing(String),
+    /// Checkpoints were published there but none is complete now: each one's fault.
+    Broken(TrainError),
+}
+
+/// Searches `load` for the checkpoint to resume from: the newest complete one at or below the
+/// tracker's iteration (any, without a tracker). Incomplete or corrupt ones (no manifest, a
+/// missing file, a size or checksum mismatch) are skipped, with a message naming them and why
+/// where `report`.
+pub fn search_checkpoints(load: &Path, report: bool) -> Result<Search, TrainError> {
+    if !load.exists() {
+        return Ok(Search::Nothing("the directory does not exist".into()));
+    }
     let tracker = load.join(TRACKER);
     let bound = match std::fs::read_to_string(&tracker) {
         Ok(s) => Some(s.trim().parse::<u64>().map_err(|_| {
@@ -229,20 +244,34 @@ pub fn find_checkpoint(load: &Path, report: bool) -> Result<CheckpointReader, Tr
     };
     let entries = std::fs::read_dir(load)
         .map_err(|e| ckpt_err(load, format!("cannot read the checkpoint directory: {e}")))?;
-    let mut iterations: Vec<u64> = entries
+    let (mut all, mut partial) = (Vec::new(), 0usize);
+    for name in entries
         .filter_map(|e| e.ok())
-        .filter_map(|e| {
-            let name = e.file_name().into_string().ok()?;
-            name.strip_prefix("iter_")?.parse::<u64>().ok()
-        })
+        .filter_map(|e| e.file_name().into_string().ok())
+    {
+        match name.strip_prefix("iter_") {
+            Some(n) if n.ends_with(".partial") => partial += 1,
+            Some(n) => all.extend(n.parse::<u64>().ok()),
+            None => {}
+        }
+    }
+    if bound.is_none() && all.is_empty() {
+        let why = match partial {
+            0 => "no tracker file and no iter_* directory".to_string(),
+            n => format!("no tracker file and no complete iter_* directory ({n} interrupted save(s) left as iter_*.partial)"),
+        };
+        return Ok(Search::Nothing(why));
+    }
+    let mut iterations: Vec<u64> = all
+        .into_iter()
         .filter(|i| bound.is_none_or(|b| *i <= b))
         .collect();
     iterations.sort_unstable_by(|a, b| b.cmp(a));
     let mut skipped = Vec::new();
     for it in iterations {
         let dir = iteration_dir(load, it);
-        match CheckpointReader::open(&dir).and_then(|r| r.verify().map(|_| r)) {
-            Ok(r) => return Ok(r),
+        match open_verified(&dir) {
+            Ok(r) => return Ok(Search::Found(Box::new(r))),
             Err(e) => {
                 if report {
                     eprintln!("skipping checkpoint {}: {e}", dir.display());
@@ -254,15 +283,33 @@ pub fn find_checkpoint(load: &Path, report: bool) -> Result<CheckpointReader, Tr
     let why = if skipped.is_empty() {
         match bound {
             Some(b) => format!("no iter_* directory at or below the tracker's iteration {b}"),
-            None => "no tracker file and no iter_* directory".into(),
+            None => "no iter_* directory".into(),
         }
     } else {
         skipped.join("; ")
     };
-    Err(ckpt_err(
+    Ok(Search::Broken(ckpt_err(
         load,
         format!("no complete checkpoint to load: {why}"),
-    ))
+    )))
+}
+
+/// The checkpoint in `dir` (an `iter_NNNNNNN` directory), its files checked against the
+/// manifest.
+pub fn open_verified(dir: &Path) -> Result<CheckpointReader, TrainError> {
+    CheckpointReader::open(dir).and_then(|r| r.verify().map(|_| r))
+}
+
+/// The checkpoint `--load` resumes from ([`search_checkpoints`]); an error where there is none.
+pub fn find_checkpoint(load: &Path, report: bool) -> Result<CheckpointReader, TrainError> {
+    match search_checkpoints(load, report)? {
+        Search::Found(r) => Ok(*r),
+        Search::Nothing(why) => Err(ckpt_err(
+            load,
+            format!("no complete checkpoint to load: {why}"),
+        )),
+        Search::Broken(e) => Err(e),
+    }
 }
 
 pub struct LoadedCheckpoint {
@@ -426,16 +473,18 @@ pub(crate) fn config_differences(saved: &TransformerConfig, given: &TransformerC
     }
 }
 
-/// `--load`: picks the checkpoint (see [`find_checkpoint`]), refuses one saved for another
-/// model, and reads this rank's shards of the parameters. The optimizer's state is read later
-/// from the returned reader ([`load_optimizer_state`]), once the optimizer exists.
+/// `--load`: refuses a checkpoint (chosen by [`crate::checkpoint_policy::LoadSettings::resolve`])
+/// saved for another model, and reads this rank's shards of the parameters. The optimizer's
+/// state is read later from the returned reader ([`load_optimizer_state`]), once the optimizer
+/// exists.
 pub(crate) fn load_into(
     cfg: &TrainConfig,
-    dir: &str,
+    choice: crate::checkpoint_policy::LoadChoice,
     params: &mut Params,
     lead: bool,
 ) -> Result<(crate::setup::Restored, CheckpointReader), TrainError> {
-    let mut r = find_checkpoint(Path::new(dir), lead)?;
+    let finetune = choice.mode == crate::checkpoint_policy::LoadMode::Finetune;
+    let mut r = choice.reader;
     // The training sequence length and the residual stream's storage are the run's; the
     // model is the checkpoint's.
     let mut saved = r.meta.model.clone();
@@ -460,21 +509,22 @@ pub(crate) fn load_into(
         println!(
             "loaded checkpoint {} at iteration {iteration} ({consumed} consumed samples){}",
             r.dir.display(),
-            if cfg.args.finetune {
-                "; --finetune: weights only, starting at iteration 0"
+            if finetune {
+                "; weights only (--finetune), starting at iteration 0"
             } else {
                 ""
             }
         );
     }
     let dir = r.dir.display().to_string();
-    let restored = if cfg.args.finetune {
+    let restored = if finetune {
         crate::setup::Restored {
             iteration: 0,
             consumed_samples: 0,
             scheduler_steps: 0,
             scheduler: None,
             grad_scaler: None,
+            mode: choice_mode(finetune),
             dir,
         }
     } else {
@@ -486,10 +536,19 @@ pub(crate) fn load_into(
             scheduler_steps: r.meta.scheduler.num_steps,
             scheduler: continued.then(|| r.meta.scheduler.clone()),
             grad_scaler: continued.then(|| r.meta.grad_scaler.clone()),
+            mode: choice_mode(finetune),
             dir,
         }
     };
     Ok((restored, r))
+}
+
+fn choice_mode(finetune: bool) -> crate::checkpoint_policy::LoadMode {
+    if finetune {
+        crate::checkpoint_policy::LoadMode::Finetune
+    } else {
+        crate::checkpoint_policy::LoadMode::Resume
+    }
 }
 
 /// The moments this rank's optimizer holds, read from the checkpoint `load_into` opened.

@@ -3,6 +3,7 @@
 
 pub mod arguments;
 mod bert_logging;
+pub mod checkpoint_policy;
 mod checkpoint_save;
 pub mod checkpoint_tool;
 pub mod checkpointing;

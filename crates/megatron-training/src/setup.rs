@@ -206,6 +206,8 @@ pub(crate) struct Restored {
     /// The checkpoint's loss scaler (itself `None` where it saved none), where the run
     /// continues its optimizer state, as the schedule.
     pub grad_scaler: Option<Option<GradScaler>>,
+    /// Whether the run continues the checkpoint's or starts anew from its weights.
+    pub mode: crate::checkpoint_policy::LoadMode,
     /// The checkpoint directory, for errors.
     pub dir: String,
 }
@@ -273,9 +275,9 @@ pub(crate) fn setup_model_and_optimizer<F: ModelFamily>(
     // Parameters first (each rank reads its shards), then 16-bit copies and the optimizer,
     // which takes its fp32 mains from them and reads the moments it holds.
     let load_started = std::time::Instant::now();
-    let (restored, mut reader) = match &a.load {
-        Some(dir) => {
-            let (r, reader) = load_into(cfg, dir, &mut params, lead)?;
+    let (restored, mut reader) = match cfg.checkpoints.load.resolve(lead)? {
+        Some(choice) => {
+            let (r, reader) = load_into(cfg, choice, &mut params, lead)?;
             (Some(r), Some(reader))
         }
         None => (None, None),
@@ -342,7 +344,10 @@ pub(crate) fn setup_model_and_optimizer<F: ModelFamily>(
                 .with_moment_dtypes(cfg.moment_dtypes),
         ),
     };
-    if let Some(r) = reader.as_mut().filter(|_| !(a.finetune || a.no_load_optim)) {
+    let continues = restored
+        .as_ref()
+        .is_some_and(|r| r.mode == crate::checkpoint_policy::LoadMode::Resume);
+    if let Some(r) = reader.as_mut().filter(|_| continues && !a.no_load_optim) {
         load_optimizer_state(r, &params, optimizer.as_mut())?;
         if lead {
             // Values of this rank's shards plus the moments it holds, 4 bytes each.

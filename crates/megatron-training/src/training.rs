@@ -348,8 +348,8 @@ fn run_family<F: TrainFamily>(
     };
     let mut interval = Interval::default();
     let exits = ExitWatch::new(cfg)?;
-    let save_dir = a.save.as_ref().map(PathBuf::from);
-    if let Some(dir) = save_dir.as_deref().filter(|_| !a.skip_train) {
+    let save = cfg.checkpoints.save.as_ref().filter(|_| !a.skip_train);
+    for dir in save.iter().flat_map(|s| s.dirs()) {
         tr.check_save_dir(dir)?;
     }
     if a.skip_train {
@@ -491,12 +491,10 @@ fn run_family<F: TrainFamily>(
             }
         }
         let exit = tr.exit_requested(iteration, &exits)?;
-        let due = a.save_interval.is_some_and(|s| iteration.is_multiple_of(s))
-            || iteration == cfg.train_iters
-            || exit.is_some();
-        if let (Some(dir), true) = (&save_dir, due) {
+        let forced = iteration == cfg.train_iters || exit.is_some();
+        if let Some(target) = save.and_then(|s| s.target(iteration, forced)) {
             tr.finish_param_gather()?;
-            for line in tr.save_checkpoint(dir, iteration, tok)? {
+            for line in tr.save_checkpoint(target, iteration, tok)? {
                 rep.line(&line);
             }
         } else if tr.pending_save.is_some() {
