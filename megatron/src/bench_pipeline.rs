@@ -41,6 +41,7 @@ fn measure(
                 first: None,
                 last: None,
                 encoder: None,
+                ..Default::default()
             };
             let mut params = Params::for_tp_rank(0, 1);
             let mut inits = Vec::new();

@@ -668,6 +668,7 @@ mod whole_model {
                         layers: 2,
                         stages: split,
                     }),
+                    ..Default::default()
                 };
                 part.check().unwrap();
                 let mut params = Params::for_tp_rank(0, 1);

@@ -85,6 +85,7 @@ fn pipelined(p: usize, v: usize, m: usize) -> Vec<StageResult> {
             first: None,
             last: None,
             encoder: None,
+            ..Default::default()
         };
         let mut params = Params::for_tp_rank(0, 1);
         let mut inits = Vec::new();

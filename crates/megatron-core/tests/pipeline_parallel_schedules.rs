@@ -151,12 +151,60 @@ fn stage_partitions_split_layers_or_name_the_flag() {
         first: None,
         last: None,
         encoder: None,
+        ..Default::default()
     };
     even.check().unwrap();
     assert_eq!(
         (0..4).map(|r| even.layers(r, 0)).collect::<Vec<_>>(),
         vec![0..2, 2..4, 4..6, 6..8]
     );
+    // The embedding and the loss counted as layers (Megatron's account-for flags): 8 layers
+    // + 2 over 2 stages, then over 2 stages of 5 one-slot chunks.
+    let accounted = StagePartition {
+        p: 2,
+        account_for_embedding: true,
+        account_for_loss: true,
+        ..even
+    };
+    accounted.check().unwrap();
+    assert_eq!(
+        (accounted.layers(0, 0), accounted.layers(1, 0)),
+        (0..4, 4..8)
+    );
+    let chunks = StagePartition { v: 5, ..accounted };
+    chunks.check().unwrap();
+    assert_eq!(
+        (0..5)
+            .flat_map(|c| (0..2).map(move |r| chunks.layers(r, c)))
+            .collect::<Vec<_>>(),
+        vec![0..0, 0..1, 1..2, 2..3, 3..4, 4..5, 5..6, 6..7, 7..8, 8..8]
+    );
+    assert_eq!(
+        chunks.describe(),
+        "stage 0: [embedding] [layer 1] [layer 3] [layer 5] [layer 7] | stage 1: [layer 0] [layer 2] [layer 4] [layer 6] [loss]"
+    );
+    let embedding_only = StagePartition {
+        p: 3,
+        account_for_loss: false,
+        ..accounted
+    };
+    embedding_only.check().unwrap();
+    assert_eq!(
+        (0..3)
+            .map(|r| embedding_only.layers(r, 0))
+            .collect::<Vec<_>>(),
+        vec![0..2, 2..5, 5..8]
+    );
+    let odd = StagePartition {
+        p: 4,
+        ..embedding_only
+    };
+    assert!(odd.check().unwrap_err().contains("plus the 1 accounted"));
+    let mixed = StagePartition {
+        first: Some(1),
+        ..accounted
+    };
+    assert!(mixed.check().unwrap_err().contains("cannot be combined"));
     let virt = StagePartition { v: 2, ..even };
     virt.check().unwrap();
     // Virtual stage chunk * p + rank holds layers [vs, vs + 1).

@@ -909,6 +909,14 @@ pub struct TrainArgs {
     pub decoder_first_pipeline_num_layers: Option<usize>,
     #[arg(long)]
     pub decoder_last_pipeline_num_layers: Option<usize>,
+    /// Count the embedding as one layer of the first pipeline stage (its first virtual stage),
+    /// which then holds one transformer layer fewer: --num-layers + 1 must split evenly.
+    #[arg(long)]
+    pub account_for_embedding_in_pipeline_split: bool,
+    /// Count the output layer and loss as one layer of the last pipeline stage (its last
+    /// virtual stage), which then holds one transformer layer fewer.
+    #[arg(long)]
+    pub account_for_loss_in_pipeline_split: bool,
     /// ZeRO-1: shard Adam state (and fp32 main parameters) over the data-parallel ranks.
     #[arg(long)]
     pub use_distributed_optimizer: bool,
@@ -2209,6 +2217,8 @@ impl TrainArgs {
                 self.nproc_per_node
             )));
         }
+        let accounted = usize::from(self.account_for_embedding_in_pipeline_split)
+            + usize::from(self.account_for_loss_in_pipeline_split);
         let vp = match self.num_layers_per_virtual_pipeline_stage {
             None => 1,
             Some(0) => {
@@ -2221,10 +2231,17 @@ impl TrainArgs {
                     .into(),
             )),
             Some(lv) => {
-                if !num_layers.is_multiple_of(pp * lv) {
-                    return Err(bad(format!("--num-layers ({}) must be divisible by --pipeline-model-parallel-size ({pp}) x --num-layers-per-virtual-pipeline-stage ({lv})", num_layers)));
+                // Megatron counts the accounted embedding and loss as layers here too.
+                let slots = num_layers + accounted;
+                if !slots.is_multiple_of(pp * lv) {
+                    let with = if accounted > 0 {
+                        format!(" (+ {accounted} accounted for by --account-for-embedding/loss-in-pipeline-split)")
+                    } else {
+                        String::new()
+                    };
+                    return Err(bad(format!("--num-layers ({num_layers}){with} must be divisible by --pipeline-model-parallel-size ({pp}) x --num-layers-per-virtual-pipeline-stage ({lv})")));
                 }
-                num_layers / (pp * lv)
+                slots / (pp * lv)
             }
         };
         // A T5's pipeline splits its encoder's and its decoder's layers, in that order.
@@ -2249,6 +2266,8 @@ impl TrainArgs {
             first: self.decoder_first_pipeline_num_layers,
             last: self.decoder_last_pipeline_num_layers,
             encoder,
+            account_for_embedding: self.account_for_embedding_in_pipeline_split,
+            account_for_loss: self.account_for_loss_in_pipeline_split,
         };
         partition.check().map_err(bad)?;
         Ok((tp, pp, vp, partition))

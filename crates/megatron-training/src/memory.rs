@@ -321,7 +321,12 @@ pub fn predict_peak(
         ffn
     };
     let last = pp_rank + 1 == pp;
-    let layers = m.num_layers / (pp * cfg.partition.v);
+    // The most layers one of this stage's chunks holds (an uneven or accounted split gives
+    // the end stages fewer).
+    let layers = (0..cfg.partition.v)
+        .map(|c| cfg.partition.layers(pp_rank, c).len())
+        .max()
+        .unwrap_or(0);
     let per_mb = kept_activation_bytes(cfg, layers, cfg.recompute)
         + if last {
             rows * h * residual_bytes(cfg)

@@ -576,6 +576,9 @@ fn print_setup(
         threads,
         peak / 1e9
     );
+    if cfg.pp > 1 {
+        println!("pipeline split: {}", cfg.partition.describe());
+    }
     if let Some(r) = cfg.batches.rampup {
         println!(
             "batch size ramp-up: global batch {} growing by {} over the first {} samples to {} ({} iterations in all)",

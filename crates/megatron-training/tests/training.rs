@@ -215,12 +215,15 @@ fn a_nan_gradient_on_one_rank_stops_the_job_naming_the_rank_and_the_tensor() {
 #[test]
 fn missing_and_truncated_checkpoints_are_refused_with_their_path() {
     let dir = tmpdir("bad-ckpt");
+    // A --load with nothing there starts from random, as Megatron's does, unless asked to stop
+    // (tests/checkpoint_policy.rs); a published checkpoint that is damaged never does.
     let missing = dir.join("nothing-here");
     let e = pretrain(&args(&[
         "--train-iters",
         "2",
         "--load",
         missing.to_str().unwrap(),
+        "--exit-on-missing-checkpoint",
     ]))
     .unwrap_err();
     assert!(e.to_string().contains("nothing-here"), "{e}");
@@ -716,6 +719,65 @@ fn pipeline_parallel_1f1b_interleaved_and_with_tp_match_one_rank() {
         let run = pp_run(&dir, name, layout);
         assert_same_training(name, &serial, &run, 1e-5);
     }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn pipeline_splits_accounting_for_the_embedding_and_loss_match_one_rank() {
+    let dir = tmpdir("pp-accounted");
+    let serial = pp_run(&dir, "serial", &[]);
+    for (name, layout) in [
+        // 8 layers + the embedding over 3 stages: [embedding, 0, 1] [2-4] [5-7].
+        (
+            "pp3-embedding",
+            &[
+                "--nproc-per-node",
+                "3",
+                "--pipeline-model-parallel-size",
+                "3",
+                "--account-for-embedding-in-pipeline-split",
+            ][..],
+        ),
+        // 8 layers + both over 2 stages of 5 chunks of one slot: the first chunk holds only
+        // the embedding, the last only the loss.
+        (
+            "pp2v5-both",
+            &[
+                "--nproc-per-node",
+                "2",
+                "--pipeline-model-parallel-size",
+                "2",
+                "--num-layers-per-virtual-pipeline-stage",
+                "1",
+                "--account-for-embedding-in-pipeline-split",
+                "--account-for-loss-in-pipeline-split",
+            ][..],
+        ),
+    ] {
+        let run = pp_run(&dir, name, layout);
+        assert_same_training(name, &serial, &run, 1e-5);
+    }
+    let e = pretrain(&args(
+        &[
+            PP_MODEL,
+            &[
+                "--train-iters",
+                "1",
+                "--nproc-per-node",
+                "2",
+                "--pipeline-model-parallel-size",
+                "2",
+                "--account-for-loss-in-pipeline-split",
+            ],
+        ]
+        .concat(),
+    ))
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("--num-layers (8)") && e.contains("--account-for-embedding/loss"),
+        "{e}"
+    );
     let _ = std::fs::remove_dir_all(dir);
 }
 

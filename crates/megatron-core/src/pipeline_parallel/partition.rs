@@ -5,8 +5,12 @@ use std::ops::Range;
 /// How the layers are split: `p` stages, `v` chunks per stage; `first`/`last` override the
 /// layer counts of the first and last stage (Megatron's `--decoder-first-pipeline-num-layers`
 /// / `--decoder-last-pipeline-num-layers`, without interleaving); `encoder` puts an
-/// encoder-decoder's encoder layers on the first stages and its decoder's on the rest.
-#[derive(Clone, Copy, Debug)]
+/// encoder-decoder's encoder layers on the first stages and its decoder's on the rest;
+/// `account_for_embedding` / `account_for_loss` count the embedding (the loss) as one layer of
+/// the first (last) virtual stage, which then holds one transformer layer fewer (Megatron's
+/// `--account-for-embedding-in-pipeline-split` / `--account-for-loss-in-pipeline-split`, for
+/// vocabularies whose embedding or output layer costs as much as a layer).
+#[derive(Clone, Copy, Debug, Default)]
 pub struct StagePartition {
     pub num_layers: usize,
     pub p: usize,
@@ -14,6 +18,8 @@ pub struct StagePartition {
     pub first: Option<usize>,
     pub last: Option<usize>,
     pub encoder: Option<EncoderStages>,
+    pub account_for_embedding: bool,
+    pub account_for_loss: bool,
 }
 
 /// Megatron's encoder/decoder stage split (`--pipeline-model-parallel-split-rank`): the first
@@ -31,6 +37,11 @@ impl StagePartition {
         let (l, p, v) = (self.num_layers, self.p, self.v);
         if p == 0 || v == 0 {
             return Err("--pipeline-model-parallel-size must be positive".into());
+        }
+        let accounted = self.accounted();
+        if accounted > 0 && (self.encoder.is_some() || self.first.is_some() || self.last.is_some())
+        {
+            return Err("--account-for-embedding-in-pipeline-split / --account-for-loss-in-pipeline-split cannot be combined with --decoder-first/last-pipeline-num-layers or an encoder/decoder stage split (as in Megatron)".into());
         }
         if let Some(e) = self.encoder {
             if v > 1 || self.first.is_some() || self.last.is_some() {
@@ -71,6 +82,16 @@ impl StagePartition {
             if (middle == 0 && rest != 0) || (middle > 0 && !rest.is_multiple_of(middle)) {
                 return Err(format!(
                     "the {rest} layers left by --decoder-first/last-pipeline-num-layers do not divide over the {middle} middle stages"
+                ));
+            }
+            return Ok(());
+        }
+        if accounted > 0 {
+            let slots = l + accounted;
+            if !slots.is_multiple_of(p * v) {
+                return Err(format!(
+                    "--num-layers ({l}) plus the {accounted} accounted for by --account-for-embedding/loss-in-pipeline-split must be divisible by --pipeline-model-parallel-size ({p}){}",
+                    if v > 1 { format!(" x virtual stages ({v})") } else { String::new() }
                 ));
             }
             return Ok(());
@@ -117,9 +138,51 @@ impl StagePartition {
             let start: usize = (0..rank).map(count).sum();
             return start..start + count(rank);
         }
-        let per = l / (p * self.v);
+        // Virtual stage vs holds slots [vs * per, (vs + 1) * per) of the embedding (where
+        // accounted), the layers and the loss (where accounted).
+        let e = usize::from(self.account_for_embedding);
+        let per = (l + self.accounted()) / (p * self.v);
         let vs = chunk * p + rank;
-        vs * per..(vs + 1) * per
+        let start = (vs * per).saturating_sub(e).min(l);
+        let end = ((vs + 1) * per).saturating_sub(e).min(l);
+        start..end
+    }
+
+    /// Which layers each stage holds, for the start-up log: `stage 0: embedding + layers 0-1 |
+    /// stage 1: layers 2-3 + loss`, each virtual chunk in brackets under interleaving.
+    pub fn describe(&self) -> String {
+        let chunk = |rank: usize, c: usize| {
+            let r = self.layers(rank, c);
+            let mut parts = Vec::new();
+            if self.is_first(rank, c) {
+                parts.push("embedding".to_string());
+            }
+            match r.len() {
+                0 => {}
+                1 => parts.push(format!("layer {}", r.start)),
+                _ => parts.push(format!("layers {}-{}", r.start, r.end - 1)),
+            }
+            if self.is_last(rank, c) {
+                parts.push("loss".to_string());
+            }
+            parts.join(" + ")
+        };
+        (0..self.p)
+            .map(|rank| {
+                let chunks: Vec<String> = (0..self.v).map(|c| chunk(rank, c)).collect();
+                if self.v == 1 {
+                    format!("stage {rank}: {}", chunks[0])
+                } else {
+                    format!("stage {rank}: [{}]", chunks.join("] ["))
+                }
+            })
+            .collect::<Vec<_>>()
+            .join(" | ")
+    }
+
+    /// Pipeline slots the embedding and the loss take (0 to 2).
+    fn accounted(&self) -> usize {
+        usize::from(self.account_for_embedding) + usize::from(self.account_for_loss)
     }
 
     /// Whether chunk `chunk` of stage `rank` is the first (embedding) or last (loss) virtual stage.

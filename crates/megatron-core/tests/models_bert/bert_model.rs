@@ -340,6 +340,7 @@ fn pipelined_bert_gradients_equal_the_whole_model_gradients() {
             first: None,
             last: None,
             encoder: None,
+            ..Default::default()
         };
         let mut params = Params::for_tp_rank(0, 1);
         let mut inits = Vec::new();
