@@ -78,7 +78,7 @@ fn measure(
                 let mut timers = Timers::new(Instant::now(), false);
                 Stage {
                     chunks: &chunks,
-                    partition: part,
+                    partition: part.clone(),
                     rank,
                     pp: &mut *c,
                     tp: &mut tp,

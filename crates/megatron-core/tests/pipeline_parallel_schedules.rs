@@ -164,18 +164,22 @@ fn stage_partitions_split_layers_or_name_the_flag() {
         p: 2,
         account_for_embedding: true,
         account_for_loss: true,
-        ..even
+        ..even.clone()
     };
     accounted.check().unwrap();
     assert_eq!(
         (accounted.layers(0, 0), accounted.layers(1, 0)),
         (0..4, 4..8)
     );
-    let chunks = StagePartition { v: 5, ..accounted };
+    let chunks = StagePartition {
+        v: 5,
+        ..accounted.clone()
+    };
     chunks.check().unwrap();
     assert_eq!(
         (0..5)
-            .flat_map(|c| (0..2).map(move |r| chunks.layers(r, c)))
+            .flat_map(|c| (0..2).map(move |r| (c, r)))
+            .map(|(c, r)| chunks.layers(r, c))
             .collect::<Vec<_>>(),
         vec![0..0, 0..1, 1..2, 2..3, 3..4, 4..5, 5..6, 6..7, 7..8, 8..8]
     );
@@ -186,7 +190,7 @@ fn stage_partitions_split_layers_or_name_the_flag() {
     let embedding_only = StagePartition {
         p: 3,
         account_for_loss: false,
-        ..accounted
+        ..accounted.clone()
     };
     embedding_only.check().unwrap();
     assert_eq!(
@@ -197,15 +201,18 @@ fn stage_partitions_split_layers_or_name_the_flag() {
     );
     let odd = StagePartition {
         p: 4,
-        ..embedding_only
+        ..embedding_only.clone()
     };
     assert!(odd.check().unwrap_err().contains("plus the 1 accounted"));
     let mixed = StagePartition {
         first: Some(1),
-        ..accounted
+        ..accounted.clone()
     };
     assert!(mixed.check().unwrap_err().contains("cannot be combined"));
-    let virt = StagePartition { v: 2, ..even };
+    let virt = StagePartition {
+        v: 2,
+        ..even.clone()
+    };
     virt.check().unwrap();
     // Virtual stage chunk * p + rank holds layers [vs, vs + 1).
     assert_eq!(virt.layers(1, 0), 1..2);
@@ -216,7 +223,7 @@ fn stage_partitions_split_layers_or_name_the_flag() {
         first: Some(1),
         last: Some(2),
         encoder: None,
-        ..even
+        ..even.clone()
     };
     uneven.check().unwrap();
     assert_eq!(
@@ -231,7 +238,7 @@ fn stage_partitions_split_layers_or_name_the_flag() {
             layers: 2,
             stages: 1,
         }),
-        ..even
+        ..even.clone()
     };
     t5.check().unwrap();
     assert_eq!(
@@ -240,7 +247,7 @@ fn stage_partitions_split_layers_or_name_the_flag() {
     );
     let bad = StagePartition {
         num_layers: 5,
-        ..t5
+        ..t5.clone()
     };
     assert!(bad.check().unwrap_err().contains("decoder's 3 over its 2"));
     let bad = StagePartition {
@@ -248,24 +255,24 @@ fn stage_partitions_split_layers_or_name_the_flag() {
             layers: 2,
             stages: 3,
         }),
-        ..t5
+        ..t5.clone()
     };
     assert!(bad.check().unwrap_err().contains("split-rank (3)"));
     let bad = StagePartition {
         num_layers: 6,
-        ..even
+        ..even.clone()
     };
     assert!(bad.check().unwrap_err().contains("--num-layers (6)"));
     let bad = StagePartition {
         num_layers: 8,
         v: 3,
-        ..even
+        ..even.clone()
     };
     assert!(bad.check().unwrap_err().contains("virtual stages"));
     let bad = StagePartition {
         num_layers: 8,
         first: Some(3),
-        ..even
+        ..even.clone()
     };
     assert!(bad
         .check()

@@ -909,6 +909,12 @@ pub struct TrainArgs {
     pub decoder_first_pipeline_num_layers: Option<usize>,
     #[arg(long)]
     pub decoder_last_pipeline_num_layers: Option<usize>,
+    /// Megatron's flexible split: the layers of every virtual stage spelled out, e.g.
+    /// `Ett|tt|tt|ttL` (E embedding, t transformer layer, m multi-token prediction layer,
+    /// L loss, | between virtual stages in order, `X*n` / `(...)*n` repeat); the virtual
+    /// stages per rank are the stages / --pipeline-model-parallel-size.
+    #[arg(long)]
+    pub pipeline_model_parallel_layout: Option<String>,
     /// Count the embedding as one layer of the first pipeline stage (its first virtual stage),
     /// which then holds one transformer layer fewer: --num-layers + 1 must split evenly.
     #[arg(long)]
@@ -2219,7 +2225,18 @@ impl TrainArgs {
         }
         let accounted = usize::from(self.account_for_embedding_in_pipeline_split)
             + usize::from(self.account_for_loss_in_pipeline_split);
+        let layout = self
+            .pipeline_model_parallel_layout
+            .as_deref()
+            .map(|s| self.layer_layout(s, pp, num_layers))
+            .transpose()?;
         let vp = match self.num_layers_per_virtual_pipeline_stage {
+            None if layout.is_some() => layout.as_ref().map_or(1, |c| c.len() / pp),
+            Some(_) if layout.is_some() => {
+                return Err(bad(
+                    "give only one of --pipeline-model-parallel-layout and --num-layers-per-virtual-pipeline-stage".into(),
+                ))
+            }
             None => 1,
             Some(0) => {
                 return Err(bad(
@@ -2268,6 +2285,7 @@ impl TrainArgs {
             encoder,
             account_for_embedding: self.account_for_embedding_in_pipeline_split,
             account_for_loss: self.account_for_loss_in_pipeline_split,
+            layout,
         };
         partition.check().map_err(bad)?;
         Ok((tp, pp, vp, partition))
@@ -2305,6 +2323,27 @@ impl TrainArgs {
             ))),
             (None, None) => Ok((pp, None)),
         }
+    }
+
+    /// `--pipeline-model-parallel-layout`: the transformer layers of each virtual stage.
+    fn layer_layout(
+        &self,
+        s: &str,
+        pp: usize,
+        num_layers: usize,
+    ) -> Result<Vec<usize>, TrainError> {
+        use megatron_core::pipeline_parallel::layer_layout::PipelineParallelLayerLayout;
+        let flag = |e: String| bad(format!("--pipeline-model-parallel-layout '{s}': {e}"));
+        if self.model == ModelArg::T5 {
+            return Err(flag(
+                "an encoder-decoder splits its stacks with --pipeline-model-parallel-split-rank"
+                    .into(),
+            ));
+        }
+        PipelineParallelLayerLayout::parse(s)
+            .map_err(flag)?
+            .decoder_counts(pp, num_layers, self.mtp_num_layers.unwrap_or(0))
+            .map_err(flag)
     }
 
     /// `--use-checkpoint-args`: the model of the checkpoint --load would resume from, trained at

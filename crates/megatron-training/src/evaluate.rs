@@ -60,9 +60,10 @@ impl<F: TrainFamily> Trainer<'_, F> {
             F::fill(cfg, &self.data, mb, split, (g * b) as u64)?;
         }
         let batches: Vec<_> = mbs.iter().map(|x| F::batch(cfg, x)).collect();
-        let partition = cfg.partition;
+        let partition = cfg.partition.clone();
+        let chunks = partition.v;
         let ops: Vec<Op> = (0..count)
-            .flat_map(|mb| (0..partition.v).map(move |chunk| Op::Forward { chunk, mb }))
+            .flat_map(|mb| (0..chunks).map(move |chunk| Op::Forward { chunk, mb }))
             .collect();
         let ctxs = vec![StepContext::eval(); count];
         let pp = &mut *self.comms.pp;

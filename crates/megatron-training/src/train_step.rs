@@ -204,7 +204,7 @@ impl<F: TrainFamily> Trainer<'_, F> {
             }
             let r = Stage {
                 chunks,
-                partition: cfg.partition,
+                partition: cfg.partition.clone(),
                 rank: pp_rank,
                 pp: &mut *pp,
                 tp,

@@ -723,7 +723,7 @@ fn pipeline_parallel_1f1b_interleaved_and_with_tp_match_one_rank() {
 }
 
 #[test]
-fn pipeline_splits_accounting_for_the_embedding_and_loss_match_one_rank() {
+fn pipeline_splits_accounting_for_the_embedding_and_loss_or_laid_out_match_one_rank() {
     let dir = tmpdir("pp-accounted");
     let serial = pp_run(&dir, "serial", &[]);
     for (name, layout) in [
@@ -751,6 +751,30 @@ fn pipeline_splits_accounting_for_the_embedding_and_loss_match_one_rank() {
                 "1",
                 "--account-for-embedding-in-pipeline-split",
                 "--account-for-loss-in-pipeline-split",
+            ][..],
+        ),
+        // Megatron's flexible layout: uneven interleaved chunks, then chunks holding the
+        // embedding or the loss alone.
+        (
+            "pp2-layout",
+            &[
+                "--nproc-per-node",
+                "2",
+                "--pipeline-model-parallel-size",
+                "2",
+                "--pipeline-model-parallel-layout",
+                "Et|ttt|tt|ttL",
+            ][..],
+        ),
+        (
+            "pp2-layout-ends",
+            &[
+                "--nproc-per-node",
+                "2",
+                "--pipeline-model-parallel-size",
+                "2",
+                "--pipeline-model-parallel-layout",
+                "E|t*4|(tt)*2|L",
             ][..],
         ),
     ] {

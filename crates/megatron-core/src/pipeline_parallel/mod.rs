@@ -4,6 +4,7 @@
 
 pub mod executor;
 pub mod interleaved;
+pub mod layer_layout;
 pub mod no_pipelining;
 pub mod one_f_one_b;
 pub mod p2p;

@@ -10,7 +10,7 @@ use std::ops::Range;
 /// the first (last) virtual stage, which then holds one transformer layer fewer (Megatron's
 /// `--account-for-embedding-in-pipeline-split` / `--account-for-loss-in-pipeline-split`, for
 /// vocabularies whose embedding or output layer costs as much as a layer).
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct StagePartition {
     pub num_layers: usize,
     pub p: usize,
@@ -20,6 +20,9 @@ pub struct StagePartition {
     pub encoder: Option<EncoderStages>,
     pub account_for_embedding: bool,
     pub account_for_loss: bool,
+    /// `--pipeline-model-parallel-layout`: the transformer layers of each virtual stage, in
+    /// virtual-stage order (stage `chunk * p + rank`); overrides the rules above.
+    pub layout: Option<Vec<usize>>,
 }
 
 /// Megatron's encoder/decoder stage split (`--pipeline-model-parallel-split-rank`): the first
@@ -37,6 +40,23 @@ impl StagePartition {
         let (l, p, v) = (self.num_layers, self.p, self.v);
         if p == 0 || v == 0 {
             return Err("--pipeline-model-parallel-size must be positive".into());
+        }
+        if let Some(counts) = &self.layout {
+            let others = self.encoder.is_some()
+                || self.first.is_some()
+                || self.last.is_some()
+                || self.accounted() > 0;
+            if others {
+                return Err("--pipeline-model-parallel-layout cannot be combined with --decoder-first/last-pipeline-num-layers, --account-for-embedding/loss-in-pipeline-split or an encoder/decoder stage split (as in Megatron)".into());
+            }
+            let held: usize = counts.iter().sum();
+            if counts.len() != p * v || held != l {
+                return Err(format!(
+                    "--pipeline-model-parallel-layout: {} stages holding {held} layers, the model has {p} x {v} virtual stages and {l} layers",
+                    counts.len()
+                ));
+            }
+            return Ok(());
         }
         let accounted = self.accounted();
         if accounted > 0 && (self.encoder.is_some() || self.first.is_some() || self.last.is_some())
@@ -111,6 +131,11 @@ impl StagePartition {
     /// Layers of stage `rank`'s chunk `chunk` (global numbers); virtual stage `chunk * p + rank`.
     pub fn layers(&self, rank: usize, chunk: usize) -> Range<usize> {
         let (l, p) = (self.num_layers, self.p);
+        if let Some(counts) = &self.layout {
+            let vs = chunk * p + rank;
+            let start: usize = counts[..vs].iter().sum();
+            return start..start + counts[vs];
+        }
         if let Some(e) = self.encoder {
             if rank < e.stages {
                 let per = e.layers / e.stages;
