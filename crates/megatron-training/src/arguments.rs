@@ -743,10 +743,16 @@ pub struct TrainArgs {
     pub reset_attention_mask: bool,
 
     // Evaluation, logging, checkpoints.
+    /// Iterations between validations; each reads the next --eval-iters global batches of the
+    /// validation split, as Megatron's validation iterator does.
     #[arg(long, default_value_t = 1000)]
     pub eval_interval: u64,
     #[arg(long, default_value_t = 100)]
     pub eval_iters: u64,
+    /// Validate only from this iteration on (Megatron's flag; the validation split is sized
+    /// for the evaluations that remain).
+    #[arg(long)]
+    pub start_eval_at_iter: Option<u64>,
     #[arg(long, default_value_t = 100)]
     pub log_interval: u64,
     #[arg(long)]
@@ -1193,6 +1199,42 @@ impl TrainConfig {
         self.args
             .train_samples
             .unwrap_or(self.train_iters * self.global_batch_size as u64)
+    }
+
+    /// Samples one evaluation reads: `--eval-iters` global batches.
+    pub fn eval_samples(&self) -> u64 {
+        self.args.eval_iters * self.global_batch_size as u64
+    }
+
+    /// Whether validation runs after training iteration `iteration` (Megatron's condition:
+    /// every `--eval-interval`, from `--start-eval-at-iter` on).
+    pub fn validates_after(&self, iteration: u64) -> bool {
+        let a = &self.args;
+        iteration.is_multiple_of(a.eval_interval)
+            && a.start_eval_at_iter.is_none_or(|s| iteration >= s)
+    }
+
+    /// Samples of the validation and test splits to build, as Megatron's
+    /// `get_train_valid_test_num_samples` counts them: every evaluation point of the run plus
+    /// the one after training (one under `--skip-train`), one test pass. The validation split's
+    /// size sets its shuffle, so it must be Megatron's for the same samples.
+    pub fn eval_split_samples(&self) -> (u64, u64) {
+        let a = &self.args;
+        let eval = self.eval_samples();
+        if a.skip_train {
+            return (eval, eval);
+        }
+        let skipped = a.start_eval_at_iter.map_or(0, |s| s / a.eval_interval);
+        let points = (self.train_iters / a.eval_interval + 1).saturating_sub(skipped);
+        (points * eval, eval)
+    }
+
+    /// Validation samples the evaluations before resuming at `iteration` read, for a
+    /// checkpoint that does not record them (Megatron's fallback formula).
+    pub fn valid_samples_before(&self, iteration: u64) -> u64 {
+        let a = &self.args;
+        let skipped = a.start_eval_at_iter.map_or(0, |s| s / a.eval_interval);
+        (iteration / a.eval_interval).saturating_sub(skipped) * self.eval_samples()
     }
 
     /// Ranks of the job: data x tensor x pipeline x context parallel.

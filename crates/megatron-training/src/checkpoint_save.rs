@@ -91,6 +91,7 @@ impl<F: crate::family::TrainFamily> crate::training::Trainer<'_, F> {
             format: FORMAT.into(),
             iteration,
             consumed_train_samples: self.consumed,
+            consumed_valid_samples: Some(self.consumed_valid),
             scheduler: self.sched.clone(),
             optimizer_step: self.optimizer.step_count(),
             grad_scaler: self.scaler.clone(),

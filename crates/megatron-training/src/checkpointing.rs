@@ -52,6 +52,10 @@ pub struct CheckpointMeta {
     pub format: String,
     pub iteration: u64,
     pub consumed_train_samples: u64,
+    /// Validation samples the run's evaluations have read (Megatron's `consumed_valid_samples`):
+    /// each evaluation reads the next ones. Older checkpoints: computed from the iteration.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub consumed_valid_samples: Option<u64>,
     pub scheduler: OptimizerParamScheduler,
     pub optimizer_step: u64,
     /// The loss scaler after the saved step (fp16 and `--loss-scale` runs): a dynamic
@@ -521,6 +525,7 @@ pub(crate) fn load_into(
         crate::setup::Restored {
             iteration: 0,
             consumed_samples: 0,
+            consumed_valid_samples: 0,
             scheduler_steps: 0,
             scheduler: None,
             grad_scaler: None,
@@ -533,6 +538,10 @@ pub(crate) fn load_into(
         crate::setup::Restored {
             iteration,
             consumed_samples: consumed,
+            consumed_valid_samples: r
+                .meta
+                .consumed_valid_samples
+                .unwrap_or_else(|| cfg.valid_samples_before(iteration)),
             scheduler_steps: r.meta.scheduler.num_steps,
             scheduler: continued.then(|| r.meta.scheduler.clone()),
             grad_scaler: continued.then(|| r.meta.grad_scaler.clone()),
@@ -679,6 +688,7 @@ pub(crate) fn write_whole_checkpoint(
         format: FORMAT.into(),
         iteration: 0,
         consumed_train_samples: 0,
+        consumed_valid_samples: None,
         scheduler: OptimizerParamScheduler {
             init_lr: 0.0,
             max_lr: 0.0,

@@ -49,8 +49,7 @@ fn build_gpt_samples(
         }));
     }
     if !a.train_data_path.is_empty() || is_indexed_blend(&a.data_path) {
-        let gbs = cfg.global_batch_size as u64;
-        let eval = a.eval_iters * gbs;
+        let (valid, test) = cfg.eval_split_samples();
         let mcfg = MegatronDataConfig {
             data_path: a.data_path.clone(),
             per_split: [
@@ -62,11 +61,7 @@ fn build_gpt_samples(
             seq_length: a.seq_length,
             seed: a.seed,
             // Megatron's sizes: every training sample, every evaluation, one test pass.
-            num_samples: [
-                cfg.train_samples(),
-                (cfg.train_iters / a.eval_interval + 1) * eval,
-                eval,
-            ],
+            num_samples: [cfg.train_samples(), valid, test],
             data_cache_path: a.data_cache_path.clone(),
             tokenizer: format!("{}:{}", tok.name(), tok.vocab_size()),
             eod: tok.eod(),

@@ -39,11 +39,12 @@ impl EvalLoss {
 }
 
 impl<F: TrainFamily> Trainer<'_, F> {
-    /// The mean loss over `--eval-iters` global batches of `split` (validation during
-    /// training; validation and test under `--skip-train`). The same samples every time, so
-    /// curves are comparable, and the same samples for every layout: data-parallel rank r
-    /// takes micro-batches r, r + d, ...; the sum is all-reduced over DP. Every rank calls it;
-    /// `None` without samples in the split or with `--eval-iters 0`.
+    /// The mean loss over `--eval-iters` global batches of `split`. As Megatron's iterators:
+    /// each validation reads the next global batches of the validation split (from the
+    /// `consumed_valid` samples on, which it advances), the test split and `--skip-train`
+    /// read from the start. The same samples for every layout: data-parallel rank r takes
+    /// micro-batches r, r + d, ... of them; the sum is all-reduced over DP. Every rank calls
+    /// it; `None` without samples in the split or with `--eval-iters 0`.
     pub(crate) fn evaluate(&mut self, split: Split) -> Result<Option<EvalLoss>, TrainError> {
         let cfg = self.cfg;
         if F::num_samples(&self.data, split) == 0 || cfg.args.eval_iters == 0 {
@@ -52,12 +53,20 @@ impl<F: TrainFamily> Trainer<'_, F> {
         let b = cfg.args.micro_batch_size;
         let (dp_rank, dp_size) = self.comms.data_rank_size();
         let global = cfg.args.eval_iters as usize * cfg.global_batch_size / b;
+        let first = match split {
+            Split::Valid if !cfg.args.skip_train => {
+                let first = self.consumed_valid;
+                self.consumed_valid += cfg.eval_samples();
+                first
+            }
+            _ => 0,
+        };
         let mine: Vec<usize> = (dp_rank..global).step_by(dp_size).collect();
         let count = mine.len();
         let cp = self.comms.cp_layout();
         let mut mbs: Vec<F::MicroBatch> = (0..count).map(|_| F::micro_batch(cfg, cp)).collect();
         for (mb, &g) in mbs.iter_mut().zip(&mine) {
-            F::fill(cfg, &self.data, mb, split, (g * b) as u64)?;
+            F::fill(cfg, &self.data, mb, split, first + (g * b) as u64)?;
         }
         let batches: Vec<_> = mbs.iter().map(|x| F::batch(cfg, x)).collect();
         let partition = cfg.partition.clone();

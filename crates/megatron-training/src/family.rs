@@ -120,13 +120,8 @@ pub(crate) fn sentence_splits<D>(
     let ds = std::sync::Arc::new(megatron_data::indexed_dataset::IndexedDataset::open(
         prefix,
     )?);
-    let gbs = cfg.global_batch_size as u64;
-    let eval = a.eval_iters * gbs;
-    let want = [
-        cfg.train_samples(),
-        (cfg.train_iters / a.eval_interval + 1) * eval,
-        eval,
-    ];
+    let (valid, test) = cfg.eval_split_samples();
+    let want = [cfg.train_samples(), valid, test];
     let matrix = split_matrix(&megatron_data::text_dataset::parse_split(&a.split)?);
     let names = ["train", "validation", "test"];
     let mut splits: [Option<D>; 3] = [None, None, None];

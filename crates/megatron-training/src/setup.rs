@@ -199,6 +199,8 @@ pub(crate) fn set_precision(cfg: &TrainConfig, comms: &mut RankComms) -> Result<
 pub(crate) struct Restored {
     pub iteration: u64,
     pub consumed_samples: u64,
+    /// Validation samples read so far (the next evaluation reads on from here).
+    pub consumed_valid_samples: u64,
     pub scheduler_steps: u64,
     /// The checkpoint's learning-rate schedule, where the run continues it (not under
     /// --finetune or --no-load-optim, nor from a converted checkpoint, which has none).

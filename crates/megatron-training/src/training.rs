@@ -92,6 +92,8 @@ pub(crate) struct Trainer<'a, F: TrainFamily> {
     /// `--overlap-param-gather`: the last step's all-gather still runs (in the next forward).
     pub pending_gather: bool,
     pub consumed: u64,
+    /// Validation samples the evaluations have read (Megatron's `consumed_valid_samples`).
+    pub consumed_valid: u64,
     /// `--async-save`: the save a background thread is writing.
     pub pending_save: Option<crate::checkpoint_save::PendingSave>,
     /// The newest checkpoint this run completed (rank 0).
@@ -274,9 +276,14 @@ fn run_family<F: TrainFamily>(
     let data = F::build_data(cfg, tok, lead)?;
     // One origin for every rank thread of the process, so trace rows line up.
     static TRACE_ORIGIN: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
-    let (sched, mut iteration, consumed) = match &setup.restored {
-        Some(r) => (resumed_scheduler(cfg, r)?, r.iteration, r.consumed_samples),
-        None => (scheduler(cfg), 0, 0),
+    let (sched, mut iteration, consumed, consumed_valid) = match &setup.restored {
+        Some(r) => (
+            resumed_scheduler(cfg, r)?,
+            r.iteration,
+            r.consumed_samples,
+            r.consumed_valid_samples,
+        ),
+        None => (scheduler(cfg), 0, 0, 0),
     };
     let cp = comms.cp_layout();
     let mut tr = Trainer::<F> {
@@ -304,6 +311,7 @@ fn run_family<F: TrainFamily>(
             .collect(),
         pending_gather: false,
         consumed,
+        consumed_valid,
         pending_save: None,
         last_checkpoint: None,
         staging: Vec::new(),
@@ -368,8 +376,6 @@ fn run_family<F: TrainFamily>(
             summary.test_loss = test.map(|t| t.loss);
         }
     }
-    // The last validation score, on every rank: (iteration, loss).
-    let mut last_valid: Option<(u64, Option<crate::evaluate::EvalLoss>)> = None;
     // An exit condition (--exit-interval, --exit-duration-in-mins, a signal) ends the run right
     // after its checkpoint, as Megatron's does: no end-of-training evaluation (a preempted job
     // has seconds to go).
@@ -468,25 +474,20 @@ fn run_family<F: TrainFamily>(
             }
             interval = Interval::default();
         }
-        if iteration.is_multiple_of(a.eval_interval) || iteration == cfg.train_iters {
+        if cfg.validates_after(iteration) {
             tr.finish_param_gather()?;
-            let scored = tr.evaluate(Split::Valid)?;
-            last_valid = Some((iteration, scored));
-            if let (Some(val), true) = (scored, lead) {
+            if let (Some(val), true) = (tr.evaluate(Split::Valid)?, lead) {
                 rep.line(&format!(
                     " validation loss at iteration {iteration} | {}",
                     val.values()
                 ));
-                let ev = crate::logging::EvalMetrics {
-                    iteration,
-                    val_loss: val.lm(),
-                    val_sop_loss: val.sop,
-                };
-                metrics.write(&ev).map_err(metrics_err)?;
-                if let Some(tb) = &mut tensorboard {
-                    tb.validation(iteration, tr.consumed, val.lm(), val.sop)
-                        .map_err(tb_err)?;
-                }
+                record_validation(
+                    a,
+                    (iteration, tr.consumed),
+                    &val,
+                    &mut metrics,
+                    &mut tensorboard,
+                )?;
                 summary.val_losses.push((iteration, val.loss));
             }
         }
@@ -510,15 +511,18 @@ fn run_family<F: TrainFamily>(
     }
     tr.finish_param_gather()?;
     if !a.skip_train && !exited {
-        // Megatron's end of training scores validation, then test, with its own lines. The
-        // validation split is read the same way every time, so a score of this iteration
-        // above is the score (a run that exited early may have none yet).
-        let val = match last_valid {
-            Some((at, scored)) if at == iteration => scored,
-            _ => tr.evaluate(Split::Valid)?,
-        };
-        if let (Some(val), true) = (val, lead) {
+        // Megatron's end of training scores validation (on the next validation samples, as
+        // its iterator goes on), then test, with its own lines.
+        if let (Some(val), true) = (tr.evaluate(Split::Valid)?, lead) {
             rep.line(&end_of_training_line(iteration, "validation", &val));
+            record_validation(
+                a,
+                (iteration, tr.consumed),
+                &val,
+                &mut metrics,
+                &mut tensorboard,
+            )?;
+            summary.val_losses.push((iteration, val.loss));
         }
         if let (Some(test), true) = (tr.evaluate(Split::Test)?, lead) {
             rep.line(&end_of_training_line(iteration, "test", &test));
@@ -540,6 +544,34 @@ fn run_family<F: TrainFamily>(
         crate::logging::print_activations(cfg, &tr.comms.tp, &summary, formulas);
     }
     Ok(summary)
+}
+
+/// A validation score in the metrics file and TensorBoard (rank 0), at `(iteration, consumed
+/// training samples)`.
+fn record_validation(
+    a: &crate::arguments::TrainArgs,
+    (iteration, consumed): (u64, u64),
+    val: &crate::evaluate::EvalLoss,
+    metrics: &mut MetricsFile,
+    tensorboard: &mut Option<crate::tensorboard::training_log::TensorboardLog>,
+) -> Result<(), TrainError> {
+    let ev = crate::logging::EvalMetrics {
+        iteration,
+        val_loss: val.lm(),
+        val_sop_loss: val.sop,
+    };
+    metrics.write(&ev).map_err(|e| TrainError::Io {
+        path: a.metrics_file.clone().unwrap_or_default(),
+        source: e,
+    })?;
+    if let Some(tb) = tensorboard {
+        tb.validation(iteration, consumed, val.lm(), val.sop)
+            .map_err(|e| TrainError::Io {
+                path: a.tensorboard_dir.clone().unwrap_or_default(),
+                source: e,
+            })?;
+    }
+    Ok(())
 }
 
 /// Megatron's line for a split scored after training (or under `--skip-train`), which log
