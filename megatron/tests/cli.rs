@@ -233,10 +233,10 @@ fn preprocess_reports_the_files_it_wrote() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// A run that trains ends as Megatron's `pretrain` does: Megatron's end-of-training lines for
-/// the validation set (the last iteration's score: the split is read the same way every time)
-/// and then the test set, which log parsers look for. A run ended by an exit condition stops
-/// after its checkpoint and prints neither, as Megatron's exits.
+/// A run that trains ends as Megatron's `pretrain` does: validation every --eval-interval
+/// iterations only, then Megatron's end-of-training lines for the validation set (a new
+/// evaluation) and the test set, which log parsers look for. A run ended by an exit condition
+/// stops after its checkpoint and prints neither, as Megatron's exits.
 #[test]
 fn a_finished_run_prints_megatrons_end_of_training_lines_and_an_exited_one_does_not() {
     let run = |extra: &[&str]| -> String {
@@ -258,14 +258,15 @@ fn a_finished_run_prints_megatrons_end_of_training_lines_and_an_exited_one_does_
                 (i, v.unwrap().split(' ').next().unwrap().to_string())
             })
     };
-    let (_, last) = value("validation loss at iteration 3 |").expect("validation at the end");
-    let (at_val, end_val) =
+    let (at_2, _) = value("validation loss at iteration 2 |").expect("validation at 2");
+    assert!(
+        value("validation loss at iteration 3 |").is_none(),
+        "3 is not a multiple of --eval-interval: {out}"
+    );
+    let (at_val, _) =
         value("validation loss at iteration 3 on validation set |").expect("validation line");
     let (at_test, _) = value("validation loss at iteration 3 on test set |").expect("test line");
-    assert_eq!(
-        end_val, last,
-        "the end-of-training validation is the last score"
-    );
+    assert!(at_2 < at_val, "{out}");
     assert!(
         at_val < at_test,
         "validation, then test, as Megatron prints them"

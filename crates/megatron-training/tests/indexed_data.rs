@@ -237,8 +237,8 @@ fn trains_on_a_blend_of_indexed_datasets_with_cache_and_exact_resume() {
     assert_eq!(per_split.losses.len(), 3);
     assert_eq!(
         per_split.val_losses.len(),
-        1,
-        "validation ran on the --valid-data-path dataset"
+        2,
+        "validation ran on the --valid-data-path dataset (at iteration 3 and after training)"
     );
 
     // A new seed is a new description: new cache entries.

@@ -38,7 +38,8 @@ fn two_runs_become_one_png_with_both_colours() {
     let (a, b) = (train("a", "3e-3"), train("b", "1e-3"));
     let run = read_run(&a).unwrap();
     assert_eq!(run.loss.len(), 6);
-    assert_eq!(run.val_loss.len(), 3);
+    // Iterations 4, 8 and 12, then the end of training.
+    assert_eq!(run.val_loss.len(), 4);
     // Tokens: 4 samples of 16 tokens per iteration.
     assert!(
         (run.loss[0].0 - 2.0 * 64.0).abs() < 1.0,
