@@ -346,8 +346,10 @@ fn metrics_file_has_one_json_object_per_logged_iteration_and_evaluation() {
         .iter()
         .filter(|r| r.get("val_loss").is_some())
         .collect();
-    assert_eq!(evals.len(), 1);
-    assert_eq!(evals[0]["iteration"], 3);
+    // Iteration 3 (--eval-interval 3), then the end of training on the next samples.
+    assert_eq!(evals.len(), 2);
+    assert!(evals.iter().all(|e| e["iteration"] == 3));
+    assert_ne!(evals[0]["val_loss"], evals[1]["val_loss"]);
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -1777,13 +1779,14 @@ fn a_learning_rate_schedule_that_differs_from_the_checkpoints_is_refused_unless_
 
 #[test]
 fn skip_train_evaluates_the_loaded_model_on_validation_and_test_as_training_ended() {
-    // Megatron's --skip-train: the loaded model's validation loss is the one the training run
-    // logged at the same iteration (same samples, same parameters); the test split is scored too.
+    // Megatron's --skip-train: the validation split read from its start, so the loaded
+    // model's validation loss is the one the training run logged at iteration 3 (its first
+    // evaluation: the same samples, the same parameters); the test split is scored too.
     let dir = tmpdir("skip-train");
     let save = dir.join("ckpt");
     let s = save.to_str().unwrap();
     let trained = pretrain(&args(&["--train-iters", "3", "--save", s])).unwrap();
-    let last_val = *trained.val_losses.last().unwrap();
+    let last_val = trained.val_losses[0];
     assert_eq!(last_val.0, 3);
     let eval = pretrain(&args(&["--train-iters", "3", "--load", s, "--skip-train"])).unwrap();
     assert!(eval.losses.is_empty(), "{:?}", eval.losses);
