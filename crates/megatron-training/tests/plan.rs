@@ -442,3 +442,77 @@ fn recomputation_costs_at_most_a_third_of_the_throughput_at_a_small_batch() {
         "{with} vs {without}"
     );
 }
+
+/// Megatron's account-for flags and `--pipeline-model-parallel-layout` move layers off the last
+/// pipeline stage, which also runs the output layer: the planner times the slowest stage of the
+/// split as given, so a layer moved to the first stage helps where the output layer costs more
+/// than a layer (a large vocabulary) and hurts where it costs less.
+#[test]
+fn the_planner_times_the_slowest_stage_of_the_split_as_given() {
+    use megatron_training::plan::cost::predict;
+    let compute = |vocab: &str, extra: &[&str]| -> f64 {
+        let a = common::args(
+            &[
+                &[
+                    "--fp16",
+                    "--num-layers",
+                    "8",
+                    "--hidden-size",
+                    "1024",
+                    "--num-attention-heads",
+                    "16",
+                    "--seq-length",
+                    "2048",
+                    "--max-position-embeddings",
+                    "2048",
+                    "--vocab-size",
+                    vocab,
+                    "--micro-batch-size",
+                    "1",
+                    "--global-batch-size",
+                    "16",
+                    "--train-iters",
+                    "10",
+                    "--nproc-per-node",
+                    "2",
+                    "--pipeline-model-parallel-size",
+                    "2",
+                ][..],
+                extra,
+            ]
+            .concat(),
+        );
+        let cfg = a.validate(vocab.parse().unwrap()).unwrap();
+        predict(&cfg, &Cluster::dgx_a100(1)).unwrap().time.compute
+    };
+    for (vocab, moving_helps) in [("256000", true), ("1000", false)] {
+        let even = compute(vocab, &[]);
+        let spelled = compute(vocab, &["--pipeline-model-parallel-layout", "Etttt|ttttL"]);
+        assert_eq!(
+            spelled, even,
+            "vocabulary {vocab}: the even split spelled out"
+        );
+        let moved = compute(vocab, &["--pipeline-model-parallel-layout", "Ettttt|tttL"]);
+        assert_eq!(
+            moved < even,
+            moving_helps,
+            "vocabulary {vocab}: {moved} vs {even}"
+        );
+    }
+    // --account-for-loss-in-pipeline-split on 7 layers: [4 | 3 + loss], the layout above less
+    // the first stage's extra layer.
+    let accounted = compute(
+        "256000",
+        &["--num-layers", "7", "--account-for-loss-in-pipeline-split"],
+    );
+    let spelled = compute(
+        "256000",
+        &[
+            "--num-layers",
+            "7",
+            "--pipeline-model-parallel-layout",
+            "Etttt|tttL",
+        ],
+    );
+    assert_eq!(accounted, spelled);
+}

@@ -120,6 +120,14 @@ fn all_reduce(bytes: f64, n: usize, bw: f64) -> f64 {
     }
 }
 
+/// The layers pipeline stage `stage` holds over its chunks, as the run splits them (evenly,
+/// or by --decoder-first/last-pipeline-num-layers, the account-for flags or a layout).
+fn stage_layers(cfg: &TrainConfig, stage: usize) -> Vec<usize> {
+    (0..cfg.partition.v)
+        .flat_map(|c| cfg.partition.layers(stage, c))
+        .collect()
+}
+
 /// Parameters per rank on the first and on the last pipeline stage (the same with one stage).
 pub fn parameters_per_rank(cfg: &TrainConfig) -> (f64, f64) {
     let m = &cfg.model;
@@ -136,9 +144,9 @@ pub fn parameters_per_rank(cfg: &TrainConfig) -> (f64, f64) {
             .map_or(0.0, |f| h * f as f64 * gated / t);
         experts + shared + h * e.num_experts as f64
     });
-    let layers_per_stage = m.num_layers / cfg.pp;
     let stage = |s: usize| -> f64 {
-        (s * layers_per_stage..(s + 1) * layers_per_stage)
+        stage_layers(cfg, s)
+            .into_iter()
             .map(|l| {
                 attention
                     + if m.is_moe_layer(l) {
@@ -303,17 +311,22 @@ fn megatron_memory(
     let tok = (cfg.args.micro_batch_size * cfg.args.seq_length / cfg.cp) as f64;
     let h = m.hidden_size as f64;
     let e = cluster.activation_bytes;
-    let layers_per_stage = m.num_layers / p;
+    let first_layers = stage_layers(cfg, 0);
     let first_state = state_bytes(cfg, first_params, muon_share(cfg, 0).params);
     let last_state = state_bytes(cfg, last_params, muon_share(cfg, p - 1).params);
     let ops = megatron_core::pipeline_parallel::schedule(p, 0, cfg.num_microbatches(), v)?;
     let in_flight = megatron_core::pipeline_parallel::peak_in_flight(&ops);
     let per_layer: f64 = tok
-        * (0..layers_per_stage)
-            .map(|l| layer_activation_bytes_per_token(cfg, cluster, m.is_moe_layer(l)))
+        * first_layers
+            .iter()
+            .map(|&l| layer_activation_bytes_per_token(cfg, cluster, m.is_moe_layer(l)))
             .fold(0.0, f64::max);
     let sp = sequence_parallel_divisor(cfg);
-    let chunk_layers = (layers_per_stage / v) as f64;
+    // The first stage's largest chunk (its chunks are in flight alike).
+    let chunk_layers = (0..v)
+        .map(|c| cfg.partition.layers(0, c).len())
+        .max()
+        .unwrap_or(0) as f64;
     let kept_per_chunk = match cfg.recompute {
         // Each recomputed group keeps its input; one layer's activations live in its backward.
         Recompute::Full { num_layers, .. } => {
@@ -375,7 +388,6 @@ pub fn predict(cfg: &TrainConfig, cluster: &Cluster) -> Result<Prediction, Strin
     let mb = cfg.num_microbatches();
     let h = m.hidden_size as f64;
     let e = cluster.activation_bytes;
-    let layers_per_stage = m.num_layers / p;
     let node = cluster.gpus_per_node;
 
     let (first_params, last_params) = parameters_per_rank(cfg);
@@ -470,18 +482,34 @@ pub fn predict(cfg: &TrainConfig, cluster: &Cluster) -> Result<Prediction, Strin
             _ => 0.0,
         }
     };
-    let (mut compute, mut tp_time, mut cp_time, mut ep_time) = (0.0, 0.0, 0.0, 0.0);
-    for l in 0..layers_per_stage {
-        let moe = m.is_moe_layer(l);
-        compute += gemm(layer_flops(moe)) + layer_memory;
-        tp_time += tp_layer;
-        cp_time += cp_layer;
-        ep_time += ep_layer(moe);
-    }
     // The output layer and the cross entropy run on the last stage (forward and backward).
     let head = gemm(3.0 * 2.0 * tok * h * vocab / tf) + memory_bound(3.0 * 4.0 * tok * vocab / tf);
-    // Every stage waits for the slowest, the last (its layers and the head).
-    let stage_compute = compute + head;
+    // Every stage waits for the slowest: each stage's layers, the last's with the head (an
+    // even split makes the last the slowest; the account-for flags and layouts move layers
+    // off it).
+    let (stage_compute, tp_time, cp_time, ep_time) = (0..p)
+        .map(|r| {
+            let (mut compute, mut tp_time, mut cp_time, mut ep_time) = (0.0, 0.0, 0.0, 0.0);
+            for l in stage_layers(cfg, r) {
+                let moe = m.is_moe_layer(l);
+                compute += gemm(layer_flops(moe)) + layer_memory;
+                tp_time += tp_layer;
+                cp_time += cp_layer;
+                ep_time += ep_layer(moe);
+            }
+            if r == p - 1 {
+                compute += head;
+            }
+            (compute, tp_time, cp_time, ep_time)
+        })
+        .fold((0.0, 0.0, 0.0, 0.0), |slowest, x| {
+            let total = |y: (f64, f64, f64, f64)| y.0 + y.1 + y.2 + y.3;
+            if total(x) > total(slowest) {
+                x
+            } else {
+                slowest
+            }
+        });
     let stage = stage_compute + tp_time + cp_time + ep_time;
     let mbf = mb as f64;
     let bubble = if p > 1 {
