@@ -92,7 +92,8 @@ struct PlotArgs {
 
 #[derive(clap::Args)]
 struct ConvertArgs {
-    /// `hf` (a Hugging Face model directory), `gguf` (a llama.cpp file) or `megatron` (a --save
+    /// `hf` (a Hugging Face model directory), `gguf` (a llama.cpp file), `torch_dist` (a
+    /// checkpoint Megatron-LM saved with `--ckpt-format torch_dist`) or `megatron` (a --save
     /// directory).
     #[arg(long, default_value = "megatron")]
     from: String,
@@ -116,7 +117,7 @@ struct ConvertArgs {
 fn run_convert(a: &ConvertArgs) -> anyhow::Result<()> {
     use megatron_training::convert::gguf_export::GgufOutType;
     use megatron_training::convert::{
-        gguf_to_megatron, hf_to_megatron, megatron_to_gguf, megatron_to_hf,
+        gguf_to_megatron, hf_to_megatron, megatron_to_gguf, megatron_to_hf, torch_dist_to_megatron,
     };
     if a.outtype.is_some() && a.to != "gguf" {
         anyhow::bail!("--outtype chooses the tensor types of a GGUF: it goes with --to gguf");
@@ -124,6 +125,7 @@ fn run_convert(a: &ConvertArgs) -> anyhow::Result<()> {
     let out = match (a.from.as_str(), a.to.as_str()) {
         ("hf", "megatron") => hf_to_megatron(&a.input, &a.output, a.make_vocab_size_divisible_by)?,
         ("megatron", "hf") => megatron_to_hf(&a.input, &a.output)?,
+        ("torch_dist", "megatron") => torch_dist_to_megatron(&a.input, &a.output)?,
         ("megatron", "gguf") => {
             let outtype = a.outtype.unwrap_or(GgufOutType::F32);
             megatron_to_gguf(&a.input, &a.output, outtype)?
@@ -132,7 +134,7 @@ fn run_convert(a: &ConvertArgs) -> anyhow::Result<()> {
             gguf_to_megatron(&a.input, &a.output, a.make_vocab_size_divisible_by)?
         }
         (f, t) => anyhow::bail!(
-            "--from {f} --to {t}: expected --from hf or --from gguf (to megatron), or --to hf or --to gguf (from megatron)"
+            "--from {f} --to {t}: expected --from hf, --from gguf or --from torch_dist (to megatron), or --to hf or --to gguf (from megatron)"
         ),
     };
     println!("wrote {}", out.display());

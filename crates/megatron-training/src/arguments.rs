@@ -3021,3 +3021,28 @@ impl TrainTokenizerArgs {
         }
     }
 }
+
+/// `megatron train`'s model and tokenizer flags, parsed and checked as `megatron train` checks
+/// them, for a model described by flags rather than given on the command line (a Megatron-LM
+/// checkpoint's saved arguments, whose names are these flags'). The vocabulary is padded to
+/// `padded_vocab` rows, the checkpoint's.
+pub(crate) fn model_from_flags(
+    flags: &[String],
+    padded_vocab: usize,
+) -> Result<(TransformerConfig, megatron_data::TokenizerSpec), TrainError> {
+    #[derive(clap::Parser)]
+    #[command(no_binary_name = true, args_override_self = true)]
+    struct Flags {
+        #[command(flatten)]
+        args: TrainArgs,
+    }
+    let parsed = <Flags as clap::Parser>::try_parse_from(flags).map_err(|e| {
+        bad(format!(
+            "the saved arguments give flags this engine does not take: {}",
+            e.render().to_string().lines().next().unwrap_or_default()
+        ))
+    })?;
+    let mut model = parsed.args.model_config(padded_vocab, 1)?;
+    model.padded_vocab_size = padded_vocab;
+    Ok((model, parsed.args.tokenizer.spec()))
+}

@@ -655,6 +655,34 @@ pub(crate) fn write_whole_checkpoint(
     vocab_size: usize,
     tokenizer: Option<RecordedTokenizer>,
 ) -> Result<(), TrainError> {
+    let spec = megatron_data::TokenizerSpec {
+        tokenizer_type: tokenizer
+            .as_ref()
+            .map_or("NullTokenizer", |t| t.tokenizer_type)
+            .into(),
+        // A NullTokenizer's `--vocab-size` leaves out its end-of-document id, the last row.
+        vocab_size: Some(match tokenizer {
+            Some(_) => vocab_size,
+            None => vocab_size.saturating_sub(1),
+        }),
+        vocab_file: None,
+        merge_file: None,
+        tokenizer_model: tokenizer.map(|t| t.path),
+        vocab_extra_ids: 0,
+        tiktoken: None,
+    };
+    write_converted_checkpoint(save, model, extras, tensors, spec)
+}
+
+/// [`write_whole_checkpoint`] with the tokenizer as Megatron's flags give it (`vocab_size`
+/// is required: the recorded `--vocab-size`, or the tokenizer's size).
+pub(crate) fn write_converted_checkpoint(
+    save: &Path,
+    model: TransformerConfig,
+    extras: ConvertedExtras,
+    tensors: &crate::convert::Tensors,
+    tokenizer: megatron_data::TokenizerSpec,
+) -> Result<(), TrainError> {
     use crate::dist_checkpointing::{write_rank_shard, PieceSrc};
     use megatron_core::params::GlobalSegment;
     std::fs::create_dir_all(save).map_err(io_err(save))?;
@@ -708,20 +736,13 @@ pub(crate) fn write_whole_checkpoint(
         adam_eps: 1e-8,
         seed: 1234,
         model,
-        tokenizer_type: tokenizer
-            .as_ref()
-            .map_or("NullTokenizer", |t| t.tokenizer_type)
-            .into(),
-        // A NullTokenizer's `--vocab-size` leaves out its end-of-document id, the last row.
-        vocab_size: match tokenizer {
-            Some(_) => vocab_size,
-            None => vocab_size.saturating_sub(1),
-        },
-        vocab_file: None,
-        merge_file: None,
-        tokenizer_model: tokenizer.map(|t| t.path),
-        vocab_extra_ids: 0,
-        tiktoken: None,
+        tokenizer_type: tokenizer.tokenizer_type,
+        vocab_size: tokenizer.vocab_size.unwrap_or(0),
+        vocab_file: tokenizer.vocab_file,
+        merge_file: tokenizer.merge_file,
+        tokenizer_model: tokenizer.tokenizer_model,
+        vocab_extra_ids: tokenizer.vocab_extra_ids,
+        tiktoken: tokenizer.tiktoken,
         tensors: Vec::new(),
         shard_bytes: 0,
         files: Vec::new(),

@@ -12,13 +12,17 @@ pub mod gguf_writer;
 mod gpt2;
 mod k_quants;
 mod llama;
+mod megatron_lm;
 mod mixtral;
+pub mod pickle;
 pub mod pre_tokenizers;
 mod qwen2_moe;
 mod rotary_layout;
 mod sliding_window;
 pub use megatron_data::spm_vocab;
 mod t5;
+pub mod torch_dist;
+pub mod torch_save;
 mod yarn;
 
 use crate::checkpointing::{
@@ -27,6 +31,7 @@ use crate::checkpointing::{
 };
 use crate::TrainError;
 use megatron_core::TransformerConfig;
+pub use megatron_lm::torch_dist_to_megatron;
 use safetensors::tensor::{Dtype, TensorView};
 use safetensors::SafeTensors;
 use std::collections::{BTreeMap, HashMap};

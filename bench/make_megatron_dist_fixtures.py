@@ -1,0 +1,129 @@
+"""Writes the torch_dist checkpoints of tests/fixtures/megatron: what Megatron-LM's own
+`save_checkpoint` writes with `--ckpt-format torch_dist` (its `generate_state_dict`: args,
+checkpoint_version, iteration, the model's sharded state dict, saved by
+`dist_checkpointing.save` with `TorchDistSaveShardedStrategy`), for tiny GPT and Llama-style
+models built by Megatron-LM's argument parser and `gpt_builder`, on CPU ranks over gloo, at
+one rank and at TP 2 x PP 2. The reference logits come from megatron-core itself: the
+checkpoint loaded back at TP 1 x PP 1 with `dist_checkpointing.load` and run forward.
+
+Run (nothing here runs in CI; the outputs are committed):
+  PYTHONPATH=<a Megatron-LM checkout, HEAD d98e8a6> python bench/make_megatron_dist_fixtures.py OUT
+with torch (2.15.0, CPU), typing_extensions and Megatron-LM's requirements. On Python 3.11,
+Megatron-LM's `from typing import override` needs typing_extensions' instead.
+"""
+import contextlib
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+COMMON = [
+    "--seq-length", "16", "--max-position-embeddings", "16", "--micro-batch-size", "1",
+    "--global-batch-size", "1", "--train-iters", "10", "--lr", "1e-4",
+    "--tokenizer-type", "NullTokenizer", "--vocab-size", "100",
+    "--make-vocab-size-divisible-by", "32", "--ckpt-format", "torch_dist",
+    "--transformer-impl", "local", "--use-cpu-initialization", "--no-gradient-accumulation-fusion",
+    "--init-method-std", "0.2", "--seed", "5", "--no-persist-layer-norm",
+]
+MODELS = {
+    # Megatron's GPT: LayerNorm, GELU, learned positions, biases, tied output layer.
+    "gpt": (1, 1, ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4"], 1),
+    # Llama-style at TP 2 x PP 2: RMSNorm, SwiGLU, RoPE, 4 heads in 2 groups, no biases,
+    # query/key norms, untied output layer.
+    "llama_tp2_pp2": (2, 2, [
+        "--num-layers", "4", "--hidden-size", "32", "--num-attention-heads", "4",
+        "--group-query-attention", "--num-query-groups", "2", "--ffn-hidden-size", "48",
+        "--normalization", "RMSNorm", "--swiglu", "--position-embedding-type", "rope",
+        "--rotary-base", "10000", "--disable-bias-linear", "--untie-embeddings-and-output-weights",
+        "--qk-layernorm", "--norm-epsilon", "1e-6", "--no-rope-fusion",
+    ], 4),
+    # Megatron's GPT trained in bf16 (the parameters saved are bf16) at TP 2 x DP 2.
+    "gpt_bf16_tp2_dp2": (2, 1, ["--num-layers", "2", "--hidden-size", "32",
+                                "--num-attention-heads", "4", "--bf16",
+                                "--global-batch-size", "2"], 4),
+}
+
+
+def setup(rank, world, tp, pp, flags, port):
+    # CPU ranks: the writer's preload waits for CUDA copies (there are none), and its small
+    # control tensors (the failure flags all-reduced after the write) go to the current device.
+    torch.cuda.synchronize = lambda *a, **k: None
+    torch.cuda.current_device = lambda: "cpu"
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    sys.argv = ["pretrain_gpt.py"] + COMMON + flags + [
+        "--tensor-model-parallel-size", str(tp), "--pipeline-model-parallel-size", str(pp)]
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    from megatron.training.arguments import parse_args, validate_args
+    from megatron.training.global_vars import set_global_variables
+    from megatron.core import parallel_state as mpu
+    import megatron.training.arguments as arguments
+    # validate_args asks the GPU's architecture under TP (Hopper's rules: CUDA_DEVICE_MAX_CONNECTIONS=1).
+    arguments.get_device_arch_version = lambda: 9
+    os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
+    args = parse_args()
+    validate_args(args)
+    set_global_variables(args)
+    mpu.initialize_model_parallel(tp, pp)
+    torch.manual_seed(args.seed)
+    from gpt_builders import gpt_builder
+    model = gpt_builder(args, mpu.is_pipeline_first_stage(), mpu.is_pipeline_last_stage())
+    return args, model
+
+
+def save(rank, world, tp, pp, flags, out, port):
+    args, model = setup(rank, world, tp, pp, flags, port)
+    from megatron.core import dist_checkpointing
+    from megatron.core.dist_checkpointing.strategies.torch import TorchDistSaveShardedStrategy
+    from megatron.training.checkpointing import get_checkpoint_name
+    iteration = 10
+    state_dict = {"args": args, "checkpoint_version": 3.0, "iteration": iteration,
+                  "model": model.sharded_state_dict(),
+                  "num_floating_point_operations_so_far": 0}
+    name = get_checkpoint_name(out, iteration, release=False, return_base_dir=True)
+    if rank == 0:
+        os.makedirs(name, exist_ok=True)
+    dist.barrier()
+    dist_checkpointing.save(state_dict, name, TorchDistSaveShardedStrategy())
+    dist.barrier()
+    if rank == 0:
+        with open(os.path.join(out, "latest_checkpointed_iteration.txt"), "w") as f:
+            f.write(str(iteration))
+
+
+def reference(out, flags, port):
+    # An fp32 model: a bf16 checkpoint's values load widened, exactly.
+    args, model = setup(0, 1, 1, 1, [f for f in flags if f != "--bf16"], port)
+    from megatron.core import dist_checkpointing
+    from safetensors.torch import save_file
+    sd = dist_checkpointing.load({"model": model.sharded_state_dict()},
+                                 os.path.join(out, "iter_0000010"))
+    model.load_state_dict(sd["model"])
+    model.eval()
+    # Attention forks the CUDA RNG tracker for dropout, which eval mode does not draw from.
+    from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
+    get_cuda_rng_tracker().fork = lambda *a, **k: contextlib.nullcontext()
+    g = torch.Generator().manual_seed(7)
+    ids = torch.randint(0, 100, (2, 16), generator=g)
+    pos = torch.arange(16).unsqueeze(0).expand(2, 16)
+    mask = torch.triu(torch.ones(16, 16, dtype=torch.bool), 1).view(1, 1, 16, 16)
+    with torch.no_grad():
+        logits = model(ids, pos, mask)
+    # [b, s, padded vocab]; the reference keeps the tokenizer's 101 ids.
+    save_file({"input_ids": ids.contiguous(), "logits": logits[:, :, :101].float().contiguous()},
+              os.path.join(out, "reference.safetensors"))
+
+
+if __name__ == "__main__":
+    root = sys.argv[1]
+    port = 29600
+    for name, (tp, pp, flags, world) in MODELS.items():
+        out = os.path.join(root, name)
+        mp.spawn(save, args=(world, tp, pp, flags, out, port), nprocs=world)
+        port += 1
+        p = mp.Process(target=reference, args=(out, flags, port))
+        p.start(); p.join()
+        assert p.exitcode == 0
+        port += 1

@@ -1,0 +1,378 @@
+//! `megatron convert --from torch_dist`: a checkpoint Megatron-LM saved (`--ckpt-format
+//! torch_dist`, its default), at any TP/PP/DP layout, as a megatron-rs checkpoint of its
+//! weights. The model comes from the arguments Megatron-LM saved with it (the `args` Namespace
+//! of its common state): their names are Megatron's flags, which this engine takes too, so the
+//! model is built and checked by the same code as `megatron train`'s flags. Tensor names are
+//! megatron-core's sharded-state-dict keys, which are this engine's names but for two things:
+//! a homogeneous decoder stores each parameter once for all layers (`decoder.layers.<name>`,
+//! the layer as a leading dimension), and the pre-attention and pre-MLP norms are stored under
+//! Transformer Engine's fused names (`self_attention.linear_qkv.layer_norm_weight`,
+//! `mlp.linear_fc1.layer_norm_weight`) whichever layer spec saved them. Optimizer state, RNG
+//! state and `_extra_state`s are not read.
+
+use super::pickle::PyValue;
+use super::torch_dist::TorchDistCheckpoint;
+use super::torch_save::TorchArchive;
+use super::Tensors;
+use crate::checkpointing::{iteration_dir, write_converted_checkpoint, ConvertedExtras};
+use crate::TrainError;
+use megatron_core::models::ModelFamily;
+use megatron_core::params::Params;
+use std::path::{Path, PathBuf};
+
+/// How a saved argument becomes a flag.
+#[derive(Clone, Copy)]
+enum Flag {
+    /// `--flag VALUE` where the value is not None.
+    Value(&'static str),
+    /// `--flag` where the value is true.
+    Switch(&'static str),
+    /// `--flag` where the value is false.
+    Negated(&'static str),
+    /// `--flag V1 V2 ...` from a list.
+    Values(&'static str),
+}
+
+/// The saved arguments that make the model and its tokenizer.
+const MODEL_ARGS: &[(&str, Flag)] = &[
+    ("num_layers", Flag::Value("--num-layers")),
+    ("hidden_size", Flag::Value("--hidden-size")),
+    ("ffn_hidden_size", Flag::Value("--ffn-hidden-size")),
+    ("num_attention_heads", Flag::Value("--num-attention-heads")),
+    ("kv_channels", Flag::Value("--kv-channels")),
+    (
+        "group_query_attention",
+        Flag::Switch("--group-query-attention"),
+    ),
+    ("seq_length", Flag::Value("--seq-length")),
+    (
+        "max_position_embeddings",
+        Flag::Value("--max-position-embeddings"),
+    ),
+    (
+        "position_embedding_type",
+        Flag::Value("--position-embedding-type"),
+    ),
+    ("rotary_base", Flag::Value("--rotary-base")),
+    ("rotary_percent", Flag::Value("--rotary-percent")),
+    ("rotary_interleaved", Flag::Switch("--rotary-interleaved")),
+    (
+        "rotary_seq_len_interpolation_factor",
+        Flag::Value("--rotary-seq-len-interpolation-factor"),
+    ),
+    ("use_rope_scaling", Flag::Switch("--use-rope-scaling")),
+    ("rope_scaling_factor", Flag::Value("--rope-scaling-factor")),
+    ("normalization", Flag::Value("--normalization")),
+    // `--norm-epsilon`'s destination in Megatron-LM's parser.
+    ("layernorm_epsilon", Flag::Value("--norm-epsilon")),
+    ("norm_epsilon", Flag::Value("--norm-epsilon")),
+    ("swiglu", Flag::Switch("--swiglu")),
+    ("squared_relu", Flag::Switch("--squared-relu")),
+    ("quick_geglu", Flag::Switch("--quick-geglu")),
+    ("bias_gelu_fusion", Flag::Negated("--no-bias-gelu-fusion")),
+    (
+        "untie_embeddings_and_output_weights",
+        Flag::Switch("--untie-embeddings-and-output-weights"),
+    ),
+    ("add_bias_linear", Flag::Negated("--disable-bias-linear")),
+    ("add_qkv_bias", Flag::Switch("--add-qkv-bias")),
+    ("qk_layernorm", Flag::Switch("--qk-layernorm")),
+    ("hidden_dropout", Flag::Value("--hidden-dropout")),
+    ("attention_dropout", Flag::Value("--attention-dropout")),
+    ("init_method_std", Flag::Value("--init-method-std")),
+    ("tokenizer_type", Flag::Value("--tokenizer-type")),
+    ("vocab_size", Flag::Value("--vocab-size")),
+    ("vocab_file", Flag::Value("--vocab-file")),
+    ("merge_file", Flag::Value("--merge-file")),
+    ("tokenizer_model", Flag::Value("--tokenizer-model")),
+    ("vocab_extra_ids", Flag::Value("--vocab-extra-ids")),
+    ("tiktoken_pattern", Flag::Value("--tiktoken-pattern")),
+    (
+        "tiktoken_num_special_tokens",
+        Flag::Value("--tiktoken-num-special-tokens"),
+    ),
+    (
+        "tokenizer_special_tokens",
+        Flag::Values("--tokenizer-special-tokens"),
+    ),
+];
+
+/// Saved arguments that make a model this importer does not build: refused by name where set.
+const REFUSED: &[(&str, &str)] = &[
+    ("num_experts", "a mixture-of-experts model"),
+    ("multi_latent_attention", "multi-latent attention"),
+    ("mtp_num_layers", "multi-token prediction layers"),
+    (
+        "apply_residual_connection_post_layernorm",
+        "the residual taken after the norm",
+    ),
+    ("apply_layernorm_1p", "zero-centred norm weights"),
+    ("layernorm_zero_centered_gamma", "zero-centred norm weights"),
+    ("window_size", "sliding-window attention"),
+    ("heterogeneous_layers_config_path", "heterogeneous layers"),
+    (
+        "experimental_attention_variant",
+        "an experimental attention variant",
+    ),
+    ("hybrid_override_pattern", "a hybrid (Mamba) model"),
+    ("spec", "a custom layer spec"),
+    ("yaml_cfg", "a model configured by YAML"),
+    ("qk_l2_norm", "L2-normed queries and keys"),
+    ("attention_output_gate", "a gated attention output"),
+    ("no_rope_freq", "layers without rotary embeddings"),
+    ("mrope_section", "multimodal rotary embeddings"),
+];
+
+/// Whether a saved value counts as set (not None, not false, not an empty string or list).
+fn is_set(v: &PyValue) -> bool {
+    !matches!(v, PyValue::None | PyValue::Bool(false))
+        && v.as_str() != Some("")
+        && v.as_seq().is_none_or(|s| !s.is_empty())
+}
+
+fn text(v: &PyValue) -> Option<String> {
+    match v {
+        PyValue::Int(i) => Some(i.to_string()),
+        PyValue::Float(f) => Some(f.to_string()),
+        PyValue::Str(s) => Some(s.clone()),
+        _ => None,
+    }
+}
+
+/// The flags the saved arguments `args` (an `argparse.Namespace`) give.
+fn flags_of(args: &PyValue) -> Result<Vec<String>, String> {
+    for (name, what) in REFUSED {
+        if let Some(v) = args.attr(name).filter(|v| is_set(v)) {
+            return Err(format!(
+                "the checkpoint is {what} ({name} = {}), which this converter does not import",
+                text(v).unwrap_or_else(|| "set".into())
+            ));
+        }
+    }
+    if let Some(p) = args
+        .attr("position_embedding_type")
+        .and_then(|v| v.as_str())
+    {
+        if !matches!(p, "learned_absolute" | "rope" | "none") {
+            return Err(format!(
+                "position_embedding_type = {p}: this converter imports learned_absolute, rope and none"
+            ));
+        }
+    }
+    let mut flags = Vec::new();
+    for &(name, flag) in MODEL_ARGS {
+        let Some(v) = args.attr(name) else { continue };
+        match flag {
+            Flag::Value(f) if !matches!(v, PyValue::None) => {
+                let t = text(v).ok_or_else(|| format!("saved argument {name} is {v:?}"))?;
+                flags.extend([f.to_string(), t]);
+            }
+            Flag::Switch(f) if is_set(v) => flags.push(f.to_string()),
+            Flag::Negated(f) if matches!(v, PyValue::Bool(false)) => flags.push(f.to_string()),
+            Flag::Values(f) if is_set(v) => {
+                flags.push(f.to_string());
+                for x in v.as_seq().unwrap_or(&[]) {
+                    flags.push(text(x).ok_or_else(|| format!("saved argument {name}: {x:?}"))?);
+                }
+            }
+            _ => {}
+        }
+    }
+    if args.attr("group_query_attention").is_some_and(is_set) {
+        if let Some(g) = args.attr("num_query_groups").and_then(text) {
+            flags.extend(["--num-query-groups".to_string(), g]);
+        }
+    }
+    Ok(flags)
+}
+
+/// Megatron-core's key for this engine's layer parameter `rest`: the fused-norm name first.
+fn stored_names(rest: &str) -> Vec<String> {
+    let fused = match rest {
+        "input_layernorm.weight" => Some("self_attention.linear_qkv.layer_norm_weight"),
+        "input_layernorm.bias" => Some("self_attention.linear_qkv.layer_norm_bias"),
+        "pre_mlp_layernorm.weight" => Some("mlp.linear_fc1.layer_norm_weight"),
+        "pre_mlp_layernorm.bias" => Some("mlp.linear_fc1.layer_norm_bias"),
+        _ => None,
+    };
+    fused
+        .into_iter()
+        .map(String::from)
+        .chain([rest.to_string()])
+        .collect()
+}
+
+/// Where parameter `name` of shape `shape` is stored: key, region start and extent.
+fn locate(
+    ck: &TorchDistCheckpoint,
+    name: &str,
+    shape: &[usize],
+) -> Result<(String, Vec<usize>, Vec<usize>), String> {
+    let layer = name.strip_prefix("decoder.layers.").and_then(|r| {
+        let (l, rest) = r.split_once('.')?;
+        Some((l.parse::<usize>().ok()?, rest))
+    });
+    let Some((l, rest)) = layer else {
+        return match ck.sizes.get(name) {
+            Some(s) if s == shape => Ok((name.to_string(), vec![0; shape.len()], shape.to_vec())),
+            Some(s) => Err(format!(
+                "tensor {name} has size {s:?} in the checkpoint, the model's is {shape:?}"
+            )),
+            None => Err(format!("the checkpoint has no tensor {name}")),
+        };
+    };
+    for stored in stored_names(rest) {
+        // A heterogeneous decoder keeps each layer's own key.
+        let own = format!("decoder.layers.{l}.{stored}");
+        if let Some(s) = ck.sizes.get(&own) {
+            if s != shape {
+                return Err(format!(
+                    "tensor {own} has size {s:?} in the checkpoint, the model's {name} is {shape:?}"
+                ));
+            }
+            return Ok((own, vec![0; shape.len()], shape.to_vec()));
+        }
+        let stacked = format!("decoder.layers.{stored}");
+        if let Some(s) = ck.sizes.get(&stacked) {
+            if s.len() != shape.len() + 1 || s[1..] != *shape || l >= s[0] {
+                return Err(format!(
+                    "tensor {stacked} has size {s:?} in the checkpoint, the model's {name} is {shape:?} (layer {l})"
+                ));
+            }
+            let mut start = vec![0; s.len()];
+            start[0] = l;
+            let mut size = vec![1];
+            size.extend_from_slice(shape);
+            return Ok((stacked, start, size));
+        }
+    }
+    Err(format!(
+        "the checkpoint has no tensor for {name} (looked for decoder.layers.{}{rest})",
+        if stored_names(rest).len() > 1 {
+            format!("{} or decoder.layers.", stored_names(rest)[0])
+        } else {
+            String::new()
+        }
+    ))
+}
+
+/// The common state Megatron-LM saved beside the tensors (`args`, `iteration`, ...): the
+/// `common_state` item of the checkpoint, or `common.pt` where an older megatron-core wrote it.
+fn common_state(ck: &TorchDistCheckpoint) -> Result<PyValue, String> {
+    let file = ck.dir.join("common.pt");
+    if file.exists() {
+        let bytes = std::fs::read(&file).map_err(|e| format!("{}: {e}", file.display()))?;
+        return Ok(TorchArchive::read(&bytes)
+            .map_err(|e| format!("{}: {e}", file.display()))?
+            .object);
+    }
+    let key = ck
+        .keys()
+        .find(|k| k.starts_with("common_state"))
+        .cloned()
+        .ok_or_else(|| {
+            format!(
+                "{}: no common state (common.pt or a common_state item), where Megatron-LM keeps the run's arguments",
+                ck.dir.display()
+            )
+        })?;
+    // Saved as a sharded object of one shard: a list of the one dict.
+    match ck.object(&key)? {
+        PyValue::List(mut one) if one.len() == 1 => Ok(one.remove(0)),
+        other => Ok(other),
+    }
+}
+
+/// A tokenizer file of the saved arguments: absolute where it exists here; as saved (with a
+/// warning) where it does not, so the checkpoint still names what the run used.
+fn tokenizer_path(flag: &str, p: Option<String>) -> Option<String> {
+    let p = p?;
+    match std::fs::canonicalize(&p) {
+        Ok(abs) => Some(abs.display().to_string()),
+        Err(_) => {
+            eprintln!(
+                "WARNING: the run's {flag} {p} is not on this machine; the checkpoint records it as saved (give the file at that path, or pass {flag} to train and generate)"
+            );
+            Some(p)
+        }
+    }
+}
+
+/// Converts the torch_dist checkpoint `input` (a save directory or an iteration directory)
+/// into a megatron-rs checkpoint under `output` (iteration 0, weights only).
+pub fn torch_dist_to_megatron(input: &Path, output: &Path) -> Result<PathBuf, TrainError> {
+    let fail = |msg: String| TrainError::Checkpoint {
+        path: input.display().to_string(),
+        msg,
+    };
+    let ck = TorchDistCheckpoint::open(input).map_err(fail)?;
+    let fail = |msg: String| TrainError::Checkpoint {
+        path: ck.dir.display().to_string(),
+        msg,
+    };
+    let common = common_state(&ck).map_err(fail)?;
+    let args = common
+        .get("args")
+        .filter(|a| a.class_name().as_deref() == Some("argparse.Namespace"))
+        .ok_or_else(|| fail("the common state holds no args Namespace".into()))?;
+    let flags = flags_of(args).map_err(fail)?;
+    let rows = ck
+        .sizes
+        .get("embedding.word_embeddings.weight")
+        .map(|s| s[0])
+        .ok_or_else(|| {
+            fail("no embedding.word_embeddings.weight (a GPT checkpoint's first stage)".into())
+        })?;
+    let (cfg, mut tokenizer) = crate::arguments::model_from_flags(&flags, rows)
+        .map_err(|e| fail(format!("its saved arguments ({}): {e}", flags.join(" "))))?;
+    tokenizer.vocab_file = tokenizer_path("--vocab-file", tokenizer.vocab_file);
+    tokenizer.merge_file = tokenizer_path("--merge-file", tokenizer.merge_file);
+    tokenizer.tokenizer_model = tokenizer_path("--tokenizer-model", tokenizer.tokenizer_model);
+    if tokenizer.vocab_size.is_none() {
+        // A tokenizer with its own vocabulary: its size where it can be built here.
+        tokenizer.vocab_size = Some(
+            megatron_data::build_tokenizer_from(&tokenizer)
+                .map(|t| t.vocab_size())
+                .unwrap_or(rows),
+        );
+    }
+    let mut params = Params::default();
+    let layers = cfg.num_layers();
+    cfg.build_chunk(&mut params, &mut Vec::new(), 0..layers, true, true);
+    let mut tensors = Tensors::new();
+    let mut used = std::collections::HashSet::new();
+    for m in &params.metas {
+        let (key, start, size) = locate(&ck, &m.name, &m.shape).map_err(fail)?;
+        let values = ck.region(&key, &start, &size).map_err(fail)?;
+        used.insert(key);
+        tensors.insert(m.name.clone(), (m.shape.clone(), values));
+    }
+    let model_part = |k: &str| {
+        ["embedding.", "decoder.", "output_layer."]
+            .iter()
+            .any(|p| k.starts_with(p))
+    };
+    if let Some(extra) = ck
+        .sizes
+        .keys()
+        .find(|k| model_part(k) && !used.contains(*k))
+    {
+        return Err(fail(format!(
+            "the checkpoint holds {extra}, which the model of its saved arguments has no place for"
+        )));
+    }
+    let iteration = common.get("iteration").and_then(|i| i.as_int());
+    let layout = ["tensor_model_parallel_size", "pipeline_model_parallel_size"]
+        .map(|k| args.attr(k).and_then(|v| v.as_int()).unwrap_or(1));
+    eprintln!(
+        "read Megatron-LM's torch_dist checkpoint {} (iteration {}, saved at TP {} x PP {}): {} tensors, model flags: {}",
+        ck.dir.display(),
+        iteration.map_or("?".into(), |i| i.to_string()),
+        layout[0],
+        layout[1],
+        tensors.len(),
+        flags.join(" ")
+    );
+    write_converted_checkpoint(output, cfg, ConvertedExtras::default(), &tensors, tokenizer)?;
+    Ok(iteration_dir(output, 0))
+}

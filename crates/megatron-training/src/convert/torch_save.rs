@@ -1,0 +1,184 @@
+//! `torch.save` archives read without PyTorch: a zip (entries stored, not compressed) holding
+//! `<name>/data.pkl`, the pickled object, and `<name>/data/<key>`, one file per storage that a
+//! tensor in it views. A tensor is pickled as `torch._utils._rebuild_tensor_v2(storage,
+//! storage_offset, size, stride, ...)`, the storage as the persistent id `('storage',
+//! torch.<Type>Storage, key, location, numel)`.
+
+use super::pickle::{unpickle, PyValue};
+use std::collections::HashMap;
+use std::io::Read;
+
+/// A tensor read from an archive: its shape and values, widened to f32, row-major.
+#[derive(Clone, Debug)]
+pub struct TorchTensor {
+    pub shape: Vec<usize>,
+    pub values: Vec<f32>,
+}
+
+/// An opened archive: its pickled object and its storages' bytes.
+pub struct TorchArchive {
+    pub object: PyValue,
+    storages: HashMap<String, Vec<u8>>,
+}
+
+impl TorchArchive {
+    /// Reads the archive in `bytes` (a `.pt` file, or one item of a DCP `.distcp` file).
+    pub fn read(bytes: &[u8]) -> Result<TorchArchive, String> {
+        let mut zip = zip::ZipArchive::new(std::io::Cursor::new(bytes))
+            .map_err(|e| format!("not a torch.save archive (zip): {e}"))?;
+        let names: Vec<String> = zip
+            .file_names()
+            .map(|n| n.map(|n| n.into_owned()))
+            .collect::<Result<_, _>>()
+            .map_err(|e| format!("a torch.save archive entry name: {e}"))?;
+        let pkl = names
+            .iter()
+            .find(|n| n.ends_with("/data.pkl") || *n == "data.pkl")
+            .ok_or("a torch.save archive without data.pkl")?
+            .clone();
+        let prefix = pkl.trim_end_matches("data.pkl").to_string();
+        let mut read = |name: &str| -> Result<Vec<u8>, String> {
+            let mut f = zip
+                .by_name(name)
+                .map_err(|e| format!("archive entry {name}: {e}"))?;
+            let mut v = Vec::with_capacity(f.size() as usize);
+            f.read_to_end(&mut v)
+                .map_err(|e| format!("archive entry {name}: {e}"))?;
+            Ok(v)
+        };
+        let order = format!("{prefix}byteorder");
+        if names.contains(&order) && read(&order)? != b"little" {
+            return Err("a big-endian torch.save archive".into());
+        }
+        let object = unpickle(&read(&pkl)?)?;
+        let data = format!("{prefix}data/");
+        let mut storages = HashMap::new();
+        for n in names.iter().filter(|n| n.starts_with(&data)) {
+            storages.insert(n[data.len()..].to_string(), read(n)?);
+        }
+        Ok(TorchArchive { object, storages })
+    }
+
+    /// The tensor `v` rebuilds (`_rebuild_tensor_v2`, or a `Parameter` around one).
+    pub fn tensor(&self, v: &PyValue) -> Result<TorchTensor, String> {
+        let class = v.class_name().unwrap_or_default();
+        let args = v.args();
+        match class.as_str() {
+            "torch._utils._rebuild_parameter" | "torch._utils._rebuild_parameter_with_state" => {
+                self.tensor(args.first().ok_or("a parameter without its tensor")?)
+            }
+            "torch._utils._rebuild_tensor_v2" | "torch._utils._rebuild_tensor" => {
+                let [storage, offset, size, stride, ..] = args else {
+                    return Err(format!("{class} with {} arguments", args.len()));
+                };
+                let PyValue::Persistent(pid) = storage else {
+                    return Err("a tensor whose storage is not a persistent id".into());
+                };
+                let pid = pid.as_seq().ok_or("a storage id that is not a tuple")?;
+                let (Some(kind), Some(key)) = (
+                    pid.get(1).and_then(|k| k.class_name()),
+                    pid.get(2).and_then(|k| k.as_str()),
+                ) else {
+                    return Err("a storage id without its type and key".into());
+                };
+                let bytes = self
+                    .storages
+                    .get(key)
+                    .ok_or_else(|| format!("storage {key} is not in the archive"))?;
+                let shape = size
+                    .as_usizes()
+                    .ok_or("a tensor size that is not integers")?;
+                let stride = stride
+                    .as_usizes()
+                    .ok_or("a tensor stride that is not integers")?;
+                let offset = offset.as_int().unwrap_or(0) as usize;
+                let storage = widen(&kind, bytes)?;
+                Ok(TorchTensor {
+                    values: gather(&storage, offset, &shape, &stride)?,
+                    shape,
+                })
+            }
+            other => Err(format!("not a tensor: {other}")),
+        }
+    }
+}
+
+/// A storage's elements as f32 (the float types a checkpoint holds weights in).
+fn widen(kind: &str, b: &[u8]) -> Result<Vec<f32>, String> {
+    Ok(match kind {
+        "torch.FloatStorage" => b
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+        "torch.BFloat16Storage" => b
+            .chunks_exact(2)
+            .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect(),
+        "torch.HalfStorage" => b
+            .chunks_exact(2)
+            .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect(),
+        "torch.DoubleStorage" => b
+            .chunks_exact(8)
+            .map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")) as f32)
+            .collect(),
+        other => {
+            return Err(format!(
+                "a {other} tensor (expected float32, bfloat16, float16)"
+            ))
+        }
+    })
+}
+
+/// The elements a strided view selects, row-major.
+fn gather(
+    storage: &[f32],
+    offset: usize,
+    shape: &[usize],
+    stride: &[usize],
+) -> Result<Vec<f32>, String> {
+    if shape.len() != stride.len() {
+        return Err("a tensor whose size and stride differ in rank".into());
+    }
+    let n: usize = shape.iter().product();
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    let last = offset
+        + shape
+            .iter()
+            .zip(stride)
+            .map(|(&s, &st)| (s - 1) * st)
+            .sum::<usize>();
+    if last >= storage.len() {
+        return Err(format!(
+            "a tensor view reaches element {last} of a storage of {}",
+            storage.len()
+        ));
+    }
+    let mut row_major = vec![1usize; shape.len()];
+    for d in (0..shape.len().saturating_sub(1)).rev() {
+        row_major[d] = row_major[d + 1] * shape[d + 1];
+    }
+    let contiguous = shape
+        .iter()
+        .zip(stride.iter().zip(&row_major))
+        .all(|(&s, (a, b))| s == 1 || a == b);
+    if contiguous {
+        return Ok(storage[offset..offset + n].to_vec());
+    }
+    let mut out = Vec::with_capacity(n);
+    let mut idx = vec![0usize; shape.len()];
+    for _ in 0..n {
+        let at = offset + idx.iter().zip(stride).map(|(i, s)| i * s).sum::<usize>();
+        out.push(storage[at]);
+        for d in (0..shape.len()).rev() {
+            idx[d] += 1;
+            if idx[d] < shape[d] {
+                break;
+            }
+            idx[d] = 0;
+        }
+    }
+    Ok(out)
+}

@@ -1,0 +1,235 @@
+//! `megatron convert --from torch_dist` against the outside reference: checkpoints that
+//! Megatron-LM's own code saved (`bench/make_megatron_dist_fixtures.py`: its argument parser,
+//! `gpt_builder` and `dist_checkpointing.save`, on CPU ranks; committed with the logits
+//! megatron-core computes from them), converted, give megatron-core's logits and train in
+//! every layout as at one rank.
+
+mod common;
+
+use common::hf_fixtures::max_logit_difference;
+use common::tmpdir;
+use megatron_training::checkpointing::load_checkpoint;
+use megatron_training::convert::pickle::{unpickle, PyValue};
+use megatron_training::convert::torch_dist_to_megatron;
+use std::path::{Path, PathBuf};
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/megatron")
+        .join(name)
+}
+
+/// `name` converted under a directory of the calling test's own (`test`).
+fn converted(name: &str, test: &str) -> (PathBuf, PathBuf) {
+    let dir = tmpdir(&format!("torch-dist-{name}-{test}"));
+    let save = dir.join("converted");
+    torch_dist_to_megatron(&fixture(name), &save).unwrap();
+    (dir, save)
+}
+
+fn logits_match(name: &str) -> PathBuf {
+    let (dir, save) = converted(name, "logits");
+    let diff = max_logit_difference(
+        &save,
+        &fixture(name).join("reference.safetensors"),
+        "logits",
+    );
+    eprintln!("{name}: max |logit difference| against megatron-core {diff:e}");
+    assert!(diff <= 1e-5, "{name}: logits differ by {diff}");
+    let _ = std::fs::remove_dir_all(&dir);
+    save
+}
+
+#[test]
+fn a_megatron_lm_gpt_checkpoint_converts_to_megatron_cores_logits() {
+    // LayerNorm, GELU (the fused bias-GELU's tanh form, as the saved arguments say), learned
+    // positions, biases, tied output layer; one rank, layers stacked under one key each.
+    logits_match("gpt");
+}
+
+#[test]
+fn a_llama_checkpoint_saved_at_tp2_pp2_converts_to_megatron_cores_logits() {
+    // RMSNorm, SwiGLU (fc1's gate and up halves saved from each TP rank), RoPE, 4 heads in 2
+    // groups, query/key norms, no biases, untied output layer; chunks from 4 ranks' files.
+    logits_match("llama_tp2_pp2");
+}
+
+#[test]
+fn a_gpt_trained_in_bf16_at_tp2_dp2_converts_to_megatron_cores_logits() {
+    // bf16 parameters (widened exactly to f32: the reference loads them into an fp32 model),
+    // chunks written once over the data-parallel replicas.
+    logits_match("gpt_bf16_tp2_dp2");
+}
+
+#[test]
+fn the_model_and_tokenizer_come_from_the_saved_arguments() {
+    let (dir, save) = converted("llama_tp2_pp2", "arguments");
+    let ck = load_checkpoint(&save, None).unwrap();
+    let m = &ck.meta.model;
+    assert_eq!(
+        (
+            m.num_layers,
+            m.hidden_size,
+            m.ffn_hidden_size,
+            m.num_attention_heads
+        ),
+        (4, 32, 48, 4)
+    );
+    assert_eq!(m.num_query_groups, Some(2));
+    // Saved as layernorm_epsilon, the destination of Megatron-LM's --norm-epsilon.
+    assert_eq!(m.layernorm_epsilon, 1e-6);
+    assert!(m.qk_layernorm && m.untie_embeddings_and_output_weights && !m.add_bias_linear);
+    // Megatron padded 101 ids (NullTokenizer --vocab-size 100) to 32 x TP 2.
+    assert_eq!(m.padded_vocab_size, 128);
+    assert_eq!(
+        (ck.meta.tokenizer_type.as_str(), ck.meta.vocab_size),
+        ("NullTokenizer", 100)
+    );
+    assert_eq!(ck.meta.iteration, 0);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn a_converted_megatron_lm_checkpoint_trains_at_tp2_pp2_like_one_rank() {
+    // --lr 0: every step sees the converted weights, so every layout computes the same losses.
+    let (dir, save) = converted("llama_tp2_pp2", "trains");
+    let s = save.to_str().unwrap();
+    let run = |layout: &[&str]| {
+        let mut v = vec![
+            "--use-checkpoint-args",
+            "--load",
+            s,
+            "--finetune",
+            "--lr",
+            "0",
+            "--train-iters",
+            "2",
+            "--seq-length",
+            "16",
+            "--vocab-size",
+            "100",
+            "--global-batch-size",
+            "4",
+        ];
+        v.extend_from_slice(layout);
+        megatron_training::pretrain(&common::args(&v)).unwrap()
+    };
+    let one = run(&[]);
+    assert_eq!(one.losses.len(), 2);
+    assert!(one.losses.iter().all(|l| l.1.is_finite()));
+    let tp2pp2 = run(&[
+        "--nproc-per-node",
+        "4",
+        "--tensor-model-parallel-size",
+        "2",
+        "--pipeline-model-parallel-size",
+        "2",
+        "--micro-batch-size",
+        "1",
+    ]);
+    common::assert_losses_close("TP 2 x PP 2", &one.losses, &tp2pp2.losses, 1e-5);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let dst = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &dst);
+        } else {
+            std::fs::copy(e.path(), dst).unwrap();
+        }
+    }
+}
+
+#[test]
+fn a_damaged_or_other_format_checkpoint_is_refused_by_name() {
+    let dir = tmpdir("torch-dist-damaged");
+    let out = dir.join("out");
+    // A rank's file cut short: the key stored past its end is named.
+    let cut = dir.join("cut");
+    copy_dir(&fixture("llama_tp2_pp2"), &cut);
+    let f = cut.join("iter_0000010/__3_0.distcp");
+    let len = std::fs::metadata(&f).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&f)
+        .unwrap()
+        .set_len(len / 2)
+        .unwrap();
+    let e = torch_dist_to_megatron(&cut, &out).unwrap_err().to_string();
+    assert!(e.contains("past the end of __3_0.distcp"), "{e}");
+    // A rank's file missing.
+    std::fs::remove_file(&f).unwrap();
+    let e = torch_dist_to_megatron(&cut, &out).unwrap_err().to_string();
+    assert!(
+        e.contains("__3_0.distcp") && e.contains("cannot open"),
+        "{e}"
+    );
+    // A tracker naming an iteration that is not there.
+    std::fs::write(cut.join("latest_checkpointed_iteration.txt"), "20").unwrap();
+    let e = torch_dist_to_megatron(&cut, &out).unwrap_err().to_string();
+    assert!(e.contains("iter_0000020"), "{e}");
+    // Megatron's legacy format.
+    let legacy = dir.join("legacy");
+    std::fs::create_dir_all(legacy.join("iter_0000005/mp_rank_00")).unwrap();
+    std::fs::write(legacy.join("latest_checkpointed_iteration.txt"), "5").unwrap();
+    let e = torch_dist_to_megatron(&legacy, &out)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("--ckpt-format torch checkpoint"), "{e}");
+    // Nothing was written for any of them.
+    assert!(!out.join("latest_checkpointed_iteration.txt").exists());
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+fn hex(s: &str) -> Vec<u8> {
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+        .collect()
+}
+
+#[test]
+fn pickles_of_protocols_2_and_4_read_as_python_wrote_them() {
+    // Python 3.11: pickle.dumps({'a': [1, 2.5, 'x', None, True], 'b': (1, -300, 2**40),
+    // 'c': collections.OrderedDict([('k', b'by')])}, protocol=2 and 4).
+    let p2 = "80027d71002858010000006171015d7102284b0147400400000000000058010000007871034e886558010000006271044b014ad4feffff8a06000000000001877105580100000063710663636f6c6c656374696f6e730a4f726465726564446963740a71072952710858010000006b7109635f636f646563730a656e636f64650a710a58020000006279710b58060000006c6174696e31710c86710d52710e73752e";
+    let p4 = "80049562000000000000007d94288c0161945d94284b014740040000000000008c0178944e88658c0162944b014ad4feffff8a0600000000000187948c0163948c0b636f6c6c656374696f6e73948c0b4f726465726564446963749493942952948c016b94430262799473752e";
+    for (proto, bytes) in [(2, p2), (4, p4)] {
+        let v = unpickle(&hex(bytes)).unwrap();
+        assert_eq!(
+            v.get("a"),
+            Some(&PyValue::List(vec![
+                PyValue::Int(1),
+                PyValue::Float(2.5),
+                PyValue::Str("x".into()),
+                PyValue::None,
+                PyValue::Bool(true)
+            ])),
+            "protocol {proto}"
+        );
+        assert_eq!(
+            v.get("b").and_then(|b| b.as_seq()).map(|s| s.to_vec()),
+            Some(vec![
+                PyValue::Int(1),
+                PyValue::Int(-300),
+                PyValue::Int(1 << 40)
+            ]),
+            "protocol {proto}"
+        );
+        // An OrderedDict is a dict; protocol 2 pickles bytes as a call of _codecs.encode.
+        let c = v.get("c").and_then(|c| c.get("k")).unwrap();
+        match proto {
+            2 => assert_eq!(c.class_name().as_deref(), Some("_codecs.encode")),
+            _ => assert_eq!(c, &PyValue::Bytes(b"by".to_vec())),
+        }
+    }
+    // Cut short, or an opcode this reader does not know: an error, not a panic.
+    let e = unpickle(&hex(&p4[..60])).unwrap_err();
+    assert!(e.contains("ends inside"), "{e}");
+    let e = unpickle(&[0x80, 0x02, 0xff]).unwrap_err();
+    assert!(e.contains("opcode 0xff"), "{e}");
+}
