@@ -97,7 +97,7 @@ struct ConvertArgs {
     /// directory).
     #[arg(long, default_value = "megatron")]
     from: String,
-    /// `megatron`, `hf` or `gguf`.
+    /// `megatron`, `hf`, `gguf` or `torch_dist` (Megatron-LM's checkpoint format).
     #[arg(long, default_value = "megatron")]
     to: String,
     /// With `--to gguf`: the storage of the 2-D weights, as llama.cpp's converter's `--outtype`
@@ -117,7 +117,8 @@ struct ConvertArgs {
 fn run_convert(a: &ConvertArgs) -> anyhow::Result<()> {
     use megatron_training::convert::gguf_export::GgufOutType;
     use megatron_training::convert::{
-        gguf_to_megatron, hf_to_megatron, megatron_to_gguf, megatron_to_hf, torch_dist_to_megatron,
+        gguf_to_megatron, hf_to_megatron, megatron_to_gguf, megatron_to_hf, megatron_to_torch_dist,
+        torch_dist_to_megatron,
     };
     if a.outtype.is_some() && a.to != "gguf" {
         anyhow::bail!("--outtype chooses the tensor types of a GGUF: it goes with --to gguf");
@@ -126,6 +127,7 @@ fn run_convert(a: &ConvertArgs) -> anyhow::Result<()> {
         ("hf", "megatron") => hf_to_megatron(&a.input, &a.output, a.make_vocab_size_divisible_by)?,
         ("megatron", "hf") => megatron_to_hf(&a.input, &a.output)?,
         ("torch_dist", "megatron") => torch_dist_to_megatron(&a.input, &a.output)?,
+        ("megatron", "torch_dist") => megatron_to_torch_dist(&a.input, &a.output)?,
         ("megatron", "gguf") => {
             let outtype = a.outtype.unwrap_or(GgufOutType::F32);
             megatron_to_gguf(&a.input, &a.output, outtype)?
@@ -134,7 +136,7 @@ fn run_convert(a: &ConvertArgs) -> anyhow::Result<()> {
             gguf_to_megatron(&a.input, &a.output, a.make_vocab_size_divisible_by)?
         }
         (f, t) => anyhow::bail!(
-            "--from {f} --to {t}: expected --from hf, --from gguf or --from torch_dist (to megatron), or --to hf or --to gguf (from megatron)"
+            "--from {f} --to {t}: expected --from hf, --from gguf or --from torch_dist (to megatron), or --to hf, --to gguf or --to torch_dist (from megatron)"
         ),
     };
     println!("wrote {}", out.display());

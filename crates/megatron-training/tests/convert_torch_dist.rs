@@ -233,3 +233,77 @@ fn pickles_of_protocols_2_and_4_read_as_python_wrote_them() {
     let e = unpickle(&[0x80, 0x02, 0xff]).unwrap_err();
     assert!(e.contains("opcode 0xff"), "{e}");
 }
+
+/// Every parameter of two checkpoints, by name, as stored.
+fn parameters(save: &Path) -> Vec<(String, Vec<f32>)> {
+    let mut t: Vec<(String, Vec<f32>)> =
+        megatron_training::checkpointing::load_checkpoint_weights(save)
+            .unwrap()
+            .tensors
+            .into_iter()
+            .collect();
+    t.sort_by(|a, b| a.0.cmp(&b.0));
+    t
+}
+
+#[test]
+fn an_export_to_torch_dist_reads_back_bit_for_bit_as_a_release_checkpoint() {
+    // Megatron-LM's own load_checkpoint reading these exports at TP 1 and 2 gives the
+    // original's logits (bench/megatron_dist_export_check.py, which needs torch); here the
+    // format's own reading of it: the same tensors, bit for bit, and the same model.
+    for name in ["gpt", "llama_tp2_pp2", "gpt_bf16_tp2_dp2"] {
+        let (dir, first) = converted(name, "export");
+        let export = dir.join("export");
+        let release = megatron_training::convert::megatron_to_torch_dist(&first, &export).unwrap();
+        assert!(release.ends_with("release"));
+        assert_eq!(
+            std::fs::read_to_string(export.join("latest_checkpointed_iteration.txt")).unwrap(),
+            "release"
+        );
+        let back = dir.join("back");
+        torch_dist_to_megatron(&export, &back).unwrap();
+        assert_eq!(parameters(&first), parameters(&back), "{name}");
+        let (a, b) = (
+            load_checkpoint(&first, None).unwrap().meta,
+            load_checkpoint(&back, None).unwrap().meta,
+        );
+        assert_eq!(a.model, b.model, "{name}");
+        assert_eq!(
+            (a.tokenizer_type, a.vocab_size),
+            (b.tokenizer_type, b.vocab_size),
+            "{name}"
+        );
+        // An export never overwrites one.
+        let e = megatron_training::convert::megatron_to_torch_dist(&first, &export)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("already exists"), "{e}");
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
+#[test]
+fn a_model_megatron_lm_cannot_load_is_refused_for_export_by_name() {
+    let dir = tmpdir("torch-dist-export-moe");
+    let save = dir.join("moe");
+    let mut a = common::args(&[
+        "--num-experts",
+        "4",
+        "--moe-router-topk",
+        "2",
+        "--train-iters",
+        "2",
+        "--lr-warmup-iters",
+        "0",
+        "--save",
+        save.to_str().unwrap(),
+    ]);
+    a.save_interval = Some(1);
+    megatron_training::pretrain(&a).unwrap();
+    let e = megatron_training::convert::megatron_to_torch_dist(&save, &dir.join("out"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("mixture-of-experts"), "{e}");
+    assert!(!dir.join("out/release").exists());
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -1,4 +1,4 @@
-//! `megatron convert --from torch_dist`: a checkpoint Megatron-LM saved (`--ckpt-format
+//! `megatron convert --from torch_dist` and `--to torch_dist`. From: a checkpoint Megatron-LM saved (`--ckpt-format
 //! torch_dist`, its default), at any TP/PP/DP layout, as a megatron-rs checkpoint of its
 //! weights. The model comes from the arguments Megatron-LM saved with it (the `args` Namespace
 //! of its common state): their names are Megatron's flags, which this engine takes too, so the
@@ -11,13 +11,16 @@
 //! state and `_extra_state`s are not read.
 
 use super::pickle::PyValue;
+use super::pickle_writer::Pickle;
 use super::torch_dist::TorchDistCheckpoint;
+use super::torch_dist_writer::{write_torch_dist, Item};
 use super::torch_save::TorchArchive;
 use super::Tensors;
 use crate::checkpointing::{iteration_dir, write_converted_checkpoint, ConvertedExtras};
 use crate::TrainError;
 use megatron_core::models::ModelFamily;
 use megatron_core::params::Params;
+use megatron_core::TransformerConfig;
 use std::path::{Path, PathBuf};
 
 /// How a saved argument becomes a flag.
@@ -375,4 +378,258 @@ pub fn torch_dist_to_megatron(input: &Path, output: &Path) -> Result<PathBuf, Tr
     );
     write_converted_checkpoint(output, cfg, ConvertedExtras::default(), &tensors, tokenizer)?;
     Ok(iteration_dir(output, 0))
+}
+
+/// This engine's layer parameter `rest` under megatron-core's sharded key (fused norm names).
+fn stored_name(rest: &str) -> String {
+    stored_names(rest).remove(0)
+}
+
+/// The saved arguments Megatron-LM needs to rebuild and check `cfg` (the names of its flags),
+/// as `flags_of` reads them back.
+fn saved_args(
+    cfg: &TransformerConfig,
+    meta: &crate::checkpointing::CheckpointMeta,
+) -> Result<Pickle, String> {
+    use megatron_core::transformer::config::{
+        Activation, GeluForm, LayerNormPlacement, Normalization, PositionEmbeddingType,
+    };
+    let refuse = |what: &str| Err(format!("{what}, which this export does not write"));
+    if cfg.moe.is_some() {
+        return refuse("a mixture-of-experts model");
+    }
+    if cfg.mla.is_some() {
+        return refuse("multi-latent attention");
+    }
+    if cfg.mtp.is_some() {
+        return refuse("multi-token prediction layers");
+    }
+    if cfg.window.is_some() {
+        return refuse("sliding-window attention");
+    }
+    if cfg.rotary.yarn.is_some() {
+        return refuse("YaRN rotary scaling");
+    }
+    if meta.bert.is_some() || meta.t5.is_some() {
+        return refuse("a BERT or T5 model");
+    }
+    if cfg.layernorm_placement != LayerNormPlacement::default() {
+        return refuse("post-norm layers");
+    }
+    let (swiglu, squared_relu, quick_geglu) = match cfg.activation {
+        Activation::Gelu => (false, false, false),
+        Activation::SwiGLU => (true, false, false),
+        Activation::SquaredRelu => (false, true, false),
+        Activation::QuickGeGLU => (false, false, true),
+        other => return refuse(&format!("the {other:?} MLP activation")),
+    };
+    // Megatron's GELU is the tanh form only through its fused bias-GELU, which needs biases.
+    let bias_gelu_fusion = match (cfg.gelu, cfg.add_bias_linear) {
+        (GeluForm::Tanh, true) => true,
+        (GeluForm::Erf, _) => false,
+        (GeluForm::Tanh, false) if cfg.activation == Activation::Gelu => {
+            return refuse("a tanh GELU without biases (Megatron's unfused GELU is erf)")
+        }
+        (GeluForm::Tanh, false) => false,
+    };
+    let int = |v: usize| Pickle::Int(v as i64);
+    let float = |v: f32| Pickle::Float(super::decimal(v));
+    let opt_f = |v: Option<f64>| v.map_or(Pickle::None, Pickle::Float);
+    let opt_s = |v: &Option<String>| v.as_ref().map_or(Pickle::None, |s| Pickle::str(s.as_str()));
+    let base = if cfg.rotary.base.fract() == 0.0 {
+        Pickle::Int(cfg.rotary.base as i64)
+    } else {
+        Pickle::Float(cfg.rotary.base)
+    };
+    let tokenizer_vocab = match meta.tokenizer_type.as_str() {
+        "NullTokenizer" => int(meta.vocab_size),
+        _ => Pickle::None,
+    };
+    Ok(Pickle::New(
+        "argparse",
+        "Namespace",
+        Box::new(Pickle::dict([
+            ("num_layers", int(cfg.num_layers)),
+            ("hidden_size", int(cfg.hidden_size)),
+            ("ffn_hidden_size", int(cfg.ffn_hidden_size)),
+            ("num_attention_heads", int(cfg.num_attention_heads)),
+            ("kv_channels", int(cfg.head_dim())),
+            (
+                "group_query_attention",
+                Pickle::Bool(cfg.num_query_groups.is_some()),
+            ),
+            ("num_query_groups", int(cfg.query_groups())),
+            ("seq_length", int(cfg.seq_length)),
+            ("max_position_embeddings", int(cfg.max_position_embeddings)),
+            (
+                "position_embedding_type",
+                Pickle::str(match cfg.position_embedding_type {
+                    PositionEmbeddingType::LearnedAbsolute => "learned_absolute",
+                    PositionEmbeddingType::Rope => "rope",
+                    PositionEmbeddingType::None => "none",
+                }),
+            ),
+            ("add_position_embedding", Pickle::Bool(true)),
+            ("rotary_base", base),
+            ("rotary_percent", float(cfg.rotary.percent)),
+            ("rotary_interleaved", Pickle::Bool(cfg.rotary.interleaved)),
+            (
+                "rotary_seq_len_interpolation_factor",
+                opt_f(cfg.rotary.seq_len_interpolation_factor),
+            ),
+            (
+                "use_rope_scaling",
+                Pickle::Bool(cfg.rotary.scaling_factor.is_some()),
+            ),
+            (
+                "rope_scaling_factor",
+                Pickle::Float(cfg.rotary.scaling_factor.unwrap_or(8.0)),
+            ),
+            (
+                "normalization",
+                Pickle::str(match cfg.normalization {
+                    Normalization::LayerNorm => "LayerNorm",
+                    Normalization::RMSNorm => "RMSNorm",
+                }),
+            ),
+            ("layernorm_epsilon", float(cfg.layernorm_epsilon)),
+            ("swiglu", Pickle::Bool(swiglu)),
+            ("squared_relu", Pickle::Bool(squared_relu)),
+            ("quick_geglu", Pickle::Bool(quick_geglu)),
+            ("bias_gelu_fusion", Pickle::Bool(bias_gelu_fusion)),
+            (
+                "untie_embeddings_and_output_weights",
+                Pickle::Bool(cfg.untie_embeddings_and_output_weights),
+            ),
+            ("add_bias_linear", Pickle::Bool(cfg.add_bias_linear)),
+            ("add_qkv_bias", Pickle::Bool(cfg.add_qkv_bias)),
+            ("qk_layernorm", Pickle::Bool(cfg.qk_layernorm)),
+            ("hidden_dropout", float(cfg.hidden_dropout)),
+            ("attention_dropout", float(cfg.attention_dropout)),
+            ("init_method_std", float(cfg.init_method_std)),
+            ("padded_vocab_size", int(cfg.padded_vocab_size)),
+            ("make_vocab_size_divisible_by", int(128)),
+            ("tokenizer_type", Pickle::str(meta.tokenizer_type.as_str())),
+            ("vocab_size", tokenizer_vocab),
+            ("vocab_file", opt_s(&meta.vocab_file)),
+            ("merge_file", opt_s(&meta.merge_file)),
+            ("tokenizer_model", opt_s(&meta.tokenizer_model)),
+            ("vocab_extra_ids", int(meta.vocab_extra_ids)),
+            ("tensor_model_parallel_size", int(1)),
+            ("pipeline_model_parallel_size", int(1)),
+            ("ckpt_format", Pickle::str("torch_dist")),
+            // Weights only: Megatron-LM then loads neither optimizer nor RNG state.
+            ("no_save_optim", Pickle::Bool(true)),
+            ("no_save_rng", Pickle::Bool(true)),
+            (
+                "consumed_train_samples",
+                Pickle::Int(meta.consumed_train_samples as i64),
+            ),
+            ("consumed_valid_samples", int(0)),
+        ])),
+    ))
+}
+
+/// `megatron convert --to torch_dist`: the newest checkpoint under `input` (a megatron-rs save
+/// directory) as a Megatron-LM `--ckpt-format torch_dist` checkpoint of its weights under
+/// `output`: `release/` and a tracker naming it, Megatron's form for converted weights (its
+/// `--load` starts from them at iteration 0 without optimizer or RNG state), saved at TP 1 x
+/// PP 1, which megatron-core reshards to any layout when it loads.
+pub fn megatron_to_torch_dist(input: &Path, output: &Path) -> Result<PathBuf, TrainError> {
+    let ck = crate::checkpointing::load_checkpoint_weights(input)?;
+    let cfg = ck.meta.model.clone();
+    let fail = |msg: String| TrainError::Checkpoint {
+        path: input.display().to_string(),
+        msg,
+    };
+    let args = saved_args(&cfg, &ck.meta).map_err(fail)?;
+    let release = output.join("release");
+    if release.exists() {
+        return Err(TrainError::Checkpoint {
+            path: release.display().to_string(),
+            msg: "already exists (choose a new --output)".into(),
+        });
+    }
+    let layers = cfg.num_layers;
+    let shape_of = |name: &str| {
+        ck.meta
+            .tensors
+            .iter()
+            .find(|t| t.name == name)
+            .map(|t| t.shape.clone())
+            .unwrap_or_default()
+    };
+    let mut items = Vec::new();
+    for (name, values) in ck
+        .tensors
+        .iter()
+        .filter(|(n, _)| !n.starts_with("optimizer."))
+    {
+        let shape = shape_of(name);
+        let layer = name.strip_prefix("decoder.layers.").and_then(|r| {
+            let (l, rest) = r.split_once('.')?;
+            Some((l.parse::<usize>().ok()?, rest))
+        });
+        let item = match layer {
+            // A homogeneous decoder: one key per parameter, the layer as a leading dimension.
+            Some((l, rest)) => {
+                let mut size = vec![layers];
+                size.extend_from_slice(&shape);
+                let mut offset = vec![0; size.len()];
+                offset[0] = l;
+                let mut chunk = vec![1];
+                chunk.extend_from_slice(&shape);
+                Item::Tensor {
+                    key: format!("decoder.layers.{}", stored_name(rest)),
+                    size,
+                    offset,
+                    chunk,
+                    values,
+                }
+            }
+            None => Item::Tensor {
+                key: name.clone(),
+                offset: vec![0; shape.len()],
+                size: shape.clone(),
+                chunk: shape,
+                values,
+            },
+        };
+        items.push(item);
+    }
+    // The modules' extra states megatron-core asks for (fp8 metadata under Transformer
+    // Engine): none, as a run without fp8 saves them.
+    for module in [
+        "self_attention.linear_qkv",
+        "self_attention.linear_proj",
+        "self_attention.core_attention",
+        "mlp.linear_fc1",
+        "mlp.linear_fc2",
+    ] {
+        for l in 0..layers {
+            items.push(Item::Object {
+                key: format!("decoder.layers.{module}._extra_state/shard_{l}_{layers}"),
+                object: Pickle::List(vec![Pickle::None]),
+            });
+        }
+    }
+    items.push(Item::Object {
+        key: "common_state/shard_0_1".into(),
+        object: Pickle::List(vec![Pickle::dict([
+            ("args", args),
+            ("checkpoint_version", Pickle::Float(3.0)),
+            ("iteration", Pickle::Int(ck.meta.iteration as i64)),
+            ("num_floating_point_operations_so_far", Pickle::Int(0)),
+        ])]),
+    });
+    std::fs::create_dir_all(output).map_err(crate::io_err(output))?;
+    write_torch_dist(&release, &items).map_err(|msg| TrainError::Checkpoint {
+        path: release.display().to_string(),
+        msg,
+    })?;
+    let tracker = output.join("latest_checkpointed_iteration.txt");
+    let tmp = output.join("latest_checkpointed_iteration.txt.partial");
+    std::fs::write(&tmp, "release").map_err(crate::io_err(&tmp))?;
+    std::fs::rename(&tmp, &tracker).map_err(crate::io_err(&tracker))?;
+    Ok(release)
 }

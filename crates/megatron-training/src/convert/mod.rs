@@ -15,6 +15,7 @@ mod llama;
 mod megatron_lm;
 mod mixtral;
 pub mod pickle;
+pub mod pickle_writer;
 pub mod pre_tokenizers;
 mod qwen2_moe;
 mod rotary_layout;
@@ -22,6 +23,7 @@ mod sliding_window;
 pub use megatron_data::spm_vocab;
 mod t5;
 pub mod torch_dist;
+pub mod torch_dist_writer;
 pub mod torch_save;
 mod yarn;
 
@@ -31,7 +33,7 @@ use crate::checkpointing::{
 };
 use crate::TrainError;
 use megatron_core::TransformerConfig;
-pub use megatron_lm::torch_dist_to_megatron;
+pub use megatron_lm::{megatron_to_torch_dist, torch_dist_to_megatron};
 use safetensors::tensor::{Dtype, TensorView};
 use safetensors::SafeTensors;
 use std::collections::{BTreeMap, HashMap};

@@ -5,6 +5,7 @@
 //! torch.<Type>Storage, key, location, numel)`.
 
 use super::pickle::{unpickle, PyValue};
+use super::pickle_writer::{pickle, Pickle};
 use std::collections::HashMap;
 use std::io::Read;
 
@@ -181,4 +182,64 @@ fn gather(
         }
     }
     Ok(out)
+}
+
+/// The pickled call that rebuilds an f32 tensor of `shape` from storage `key` (contiguous),
+/// as `torch.save` writes it.
+pub fn f32_tensor_pickle(key: &str, shape: &[usize]) -> Pickle {
+    let mut stride = vec![1usize; shape.len()];
+    for d in (0..shape.len().saturating_sub(1)).rev() {
+        stride[d] = stride[d + 1] * shape[d + 1];
+    }
+    let ints = |v: &[usize]| Pickle::Tuple(v.iter().map(|&x| Pickle::Int(x as i64)).collect());
+    Pickle::Reduce(
+        Box::new(Pickle::Global("torch._utils", "_rebuild_tensor_v2")),
+        vec![
+            Pickle::Persistent(Box::new(Pickle::Tuple(vec![
+                Pickle::str("storage"),
+                Pickle::Global("torch", "FloatStorage"),
+                Pickle::str(key),
+                Pickle::str("cpu"),
+                Pickle::Int(shape.iter().product::<usize>() as i64),
+            ]))),
+            Pickle::Int(0),
+            ints(shape),
+            ints(&stride),
+            Pickle::Bool(false),
+            Pickle::Reduce(
+                Box::new(Pickle::Global("collections", "OrderedDict")),
+                vec![],
+            ),
+        ],
+    )
+}
+
+/// A `torch.save` archive of `object` with its storages (`data/<key>`), laid out as PyTorch
+/// lays it out: entries stored uncompressed under `archive/`, storages 64-byte aligned.
+pub fn save_archive(object: &Pickle, storages: &[(&str, &[u8])]) -> Result<Vec<u8>, String> {
+    use std::io::Write;
+    use zip::write::SimpleFileOptions;
+    let mut zip = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
+    let opts = |len: usize| {
+        SimpleFileOptions::default()
+            .compression_method(zip::CompressionMethod::Stored)
+            .large_file(len as u64 >= u64::from(u32::MAX))
+    };
+    let mut put = |name: String, bytes: &[u8], align: u16| -> Result<(), String> {
+        zip.start_file(name.clone(), opts(bytes.len()).with_alignment(align))
+            .and_then(|_| zip.write_all(bytes).map_err(zip::result::ZipError::Io))
+            .map_err(|e| format!("writing {name}: {e}"))
+    };
+    put("archive/data.pkl".into(), &pickle(object), 1)?;
+    put("archive/.format_version".into(), b"1", 1)?;
+    put("archive/.storage_alignment".into(), b"64", 1)?;
+    put("archive/byteorder".into(), b"little", 1)?;
+    for (key, bytes) in storages {
+        put(format!("archive/data/{key}"), bytes, 64)?;
+    }
+    put("archive/version".into(), b"3\n", 1)?;
+    Ok(zip
+        .finish()
+        .map_err(|e| format!("finishing a torch.save archive: {e}"))?
+        .into_inner())
 }
