@@ -43,6 +43,26 @@ MODELS = {
     "gpt_bf16_tp2_dp2": (2, 1, ["--num-layers", "2", "--hidden-size", "32",
                                 "--num-attention-heads", "4", "--bf16",
                                 "--global-batch-size", "2"], 4),
+    # Mixtral-style experts (4, top 2, SwiGLU) at expert-parallel 2.
+    "mixtral_ep2": (1, 1, [
+        "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
+        "--group-query-attention", "--num-query-groups", "2", "--normalization", "RMSNorm",
+        "--swiglu", "--position-embedding-type", "rope", "--disable-bias-linear",
+        "--untie-embeddings-and-output-weights", "--no-rope-fusion", "--num-experts", "4",
+        "--moe-router-topk", "2", "--moe-ffn-hidden-size", "16",
+        "--expert-model-parallel-size", "2", "--global-batch-size", "2",
+    ], 2),
+    # DeepSeek-style MoE at PP 2: a dense first layer, a shared expert, a sigmoid router with
+    # its expert bias and top-k scaling.
+    "deepseek_moe_pp2": (1, 2, [
+        "--num-layers", "4", "--hidden-size", "32", "--num-attention-heads", "4",
+        "--normalization", "RMSNorm", "--swiglu", "--position-embedding-type", "rope",
+        "--disable-bias-linear", "--untie-embeddings-and-output-weights", "--no-rope-fusion",
+        "--ffn-hidden-size", "64", "--num-experts", "4", "--moe-router-topk", "2",
+        "--moe-ffn-hidden-size", "16", "--moe-layer-freq", "[0]*1+[1]*3",
+        "--moe-shared-expert-intermediate-size", "32", "--moe-router-score-function", "sigmoid",
+        "--moe-router-enable-expert-bias", "--moe-router-topk-scaling-factor", "2.5",
+    ], 2),
 }
 
 
@@ -79,6 +99,10 @@ def save(rank, world, tp, pp, flags, out, port):
     from megatron.core.dist_checkpointing.strategies.torch import TorchDistSaveShardedStrategy
     from megatron.training.checkpointing import get_checkpoint_name
     iteration = 10
+    # A trained router's expert bias is not zero: give it values, the same on every rank.
+    for buf_name, buf in model.named_buffers():
+        if buf_name.endswith("expert_bias"):
+            buf.copy_(torch.linspace(-0.5, 0.5, buf.numel()).view_as(buf))
     state_dict = {"args": args, "checkpoint_version": 3.0, "iteration": iteration,
                   "model": model.sharded_state_dict(),
                   "num_floating_point_operations_so_far": 0}

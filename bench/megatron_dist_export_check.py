@@ -35,6 +35,13 @@ TRAINED = {
               "--normalization", "RMSNorm", "--swiglu", "--position-embedding-type", "rope",
               "--disable-bias-linear", "--untie-embeddings-and-output-weights", "--qk-layernorm",
               "--norm-epsilon", "1e-6", "--no-rope-fusion"],
+    "moe": ["--num-layers", "3", "--hidden-size", "32", "--num-attention-heads", "4",
+            "--normalization", "RMSNorm", "--swiglu", "--position-embedding-type", "rope",
+            "--disable-bias-linear", "--untie-embeddings-and-output-weights", "--no-rope-fusion",
+            "--ffn-hidden-size", "64", "--num-experts", "4", "--moe-router-topk", "2",
+            "--moe-ffn-hidden-size", "16", "--moe-layer-freq", "[0]*1+[1]*2",
+            "--moe-shared-expert-intermediate-size", "16", "--moe-router-score-function",
+            "sigmoid", "--moe-router-enable-expert-bias", "--moe-router-bias-update-rate", "0.1"],
 }
 TRAIN = ["--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "100",
          "--make-vocab-size-divisible-by", "32", "--seq-length", "16",
@@ -48,7 +55,11 @@ def check(rank, world, tp, flags, export, reference, port, results):
     make = torch.tensor
     torch.tensor = lambda *a, **k: make(*a, **{**k, "device": "cpu"} if str(
         k.get("device", "")).startswith("cuda") else k)
-    flags = [f for f in flags if f != "--bf16"] + ["--load", export]
+    # An fp32 model at this world's layout: no bf16, no expert parallelism beyond the world.
+    drop = {"--bf16"}
+    flags = [f for i, f in enumerate(flags)
+             if f not in drop and flags[i - 1 if i else 0] != "--expert-model-parallel-size"
+             and f != "--expert-model-parallel-size"] + ["--load", export]
     args, model = fx.setup(rank, world, tp, 1, flags, port)
     from megatron.training.checkpointing import load_checkpoint
     from megatron.core.tensor_parallel.random import get_cuda_rng_tracker

@@ -62,6 +62,21 @@ fn a_gpt_trained_in_bf16_at_tp2_dp2_converts_to_megatron_cores_logits() {
 }
 
 #[test]
+fn mixtral_style_experts_saved_at_expert_parallel_2_convert_to_megatron_cores_logits() {
+    // 4 SwiGLU experts, top 2, softmax router; the experts stored together under one key per
+    // weight (layer and expert leading), each expert-parallel rank's experts from its file.
+    logits_match("mixtral_ep2");
+}
+
+#[test]
+fn a_deepseek_style_moe_saved_at_pp2_converts_to_megatron_cores_logits() {
+    // A dense first layer (--moe-layer-freq [0,1,1,1], so megatron-core keeps per-layer keys),
+    // a shared expert, a sigmoid router with a non-zero expert bias (a buffer) and top-k
+    // scaling 2.5.
+    logits_match("deepseek_moe_pp2");
+}
+
+#[test]
 fn the_model_and_tokenizer_come_from_the_saved_arguments() {
     let (dir, save) = converted("llama_tp2_pp2", "arguments");
     let ck = load_checkpoint(&save, None).unwrap();
@@ -251,7 +266,13 @@ fn an_export_to_torch_dist_reads_back_bit_for_bit_as_a_release_checkpoint() {
     // Megatron-LM's own load_checkpoint reading these exports at TP 1 and 2 gives the
     // original's logits (bench/megatron_dist_export_check.py, which needs torch); here the
     // format's own reading of it: the same tensors, bit for bit, and the same model.
-    for name in ["gpt", "llama_tp2_pp2", "gpt_bf16_tp2_dp2"] {
+    for name in [
+        "gpt",
+        "llama_tp2_pp2",
+        "gpt_bf16_tp2_dp2",
+        "mixtral_ep2",
+        "deepseek_moe_pp2",
+    ] {
         let (dir, first) = converted(name, "export");
         let export = dir.join("export");
         let release = megatron_training::convert::megatron_to_torch_dist(&first, &export).unwrap();
@@ -284,13 +305,11 @@ fn an_export_to_torch_dist_reads_back_bit_for_bit_as_a_release_checkpoint() {
 
 #[test]
 fn a_model_megatron_lm_cannot_load_is_refused_for_export_by_name() {
-    let dir = tmpdir("torch-dist-export-moe");
-    let save = dir.join("moe");
+    let dir = tmpdir("torch-dist-export-mtp");
+    let save = dir.join("mtp");
     let mut a = common::args(&[
-        "--num-experts",
-        "4",
-        "--moe-router-topk",
-        "2",
+        "--mtp-num-layers",
+        "1",
         "--train-iters",
         "2",
         "--lr-warmup-iters",
@@ -303,7 +322,7 @@ fn a_model_megatron_lm_cannot_load_is_refused_for_export_by_name() {
     let e = megatron_training::convert::megatron_to_torch_dist(&save, &dir.join("out"))
         .unwrap_err()
         .to_string();
-    assert!(e.contains("mixture-of-experts"), "{e}");
+    assert!(e.contains("multi-token prediction"), "{e}");
     assert!(!dir.join("out/release").exists());
     let _ = std::fs::remove_dir_all(dir);
 }

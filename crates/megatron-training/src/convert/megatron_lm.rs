@@ -18,6 +18,7 @@ use super::torch_save::TorchArchive;
 use super::Tensors;
 use crate::checkpointing::{iteration_dir, write_converted_checkpoint, ConvertedExtras};
 use crate::TrainError;
+use megatron_core::models::model_chunk::ModelChunk;
 use megatron_core::models::ModelFamily;
 use megatron_core::params::Params;
 use megatron_core::TransformerConfig;
@@ -34,6 +35,11 @@ enum Flag {
     Negated(&'static str),
     /// `--flag V1 V2 ...` from a list.
     Values(&'static str),
+    /// `--flag N` or `--flag [a,b,...]` (Megatron's layer patterns, saved as an int or a list).
+    Pattern(&'static str),
+    /// `--flag VALUE` for a training-only setting (no effect on the weights or the forward
+    /// pass): passed where it is one of `accepted` (any scalar where empty), skipped otherwise.
+    Training(&'static str, &'static [&'static str]),
 }
 
 /// The saved arguments that make the model and its tokenizer.
@@ -83,6 +89,77 @@ const MODEL_ARGS: &[(&str, Flag)] = &[
     ("hidden_dropout", Flag::Value("--hidden-dropout")),
     ("attention_dropout", Flag::Value("--attention-dropout")),
     ("init_method_std", Flag::Value("--init-method-std")),
+    ("num_experts", Flag::Value("--num-experts")),
+    ("moe_ffn_hidden_size", Flag::Value("--moe-ffn-hidden-size")),
+    ("moe_router_topk", Flag::Value("--moe-router-topk")),
+    (
+        "moe_router_score_function",
+        Flag::Value("--moe-router-score-function"),
+    ),
+    (
+        "moe_router_pre_softmax",
+        Flag::Switch("--moe-router-pre-softmax"),
+    ),
+    (
+        "moe_router_topk_scaling_factor",
+        Flag::Value("--moe-router-topk-scaling-factor"),
+    ),
+    (
+        "moe_router_num_groups",
+        Flag::Value("--moe-router-num-groups"),
+    ),
+    (
+        "moe_router_group_topk",
+        Flag::Value("--moe-router-group-topk"),
+    ),
+    ("moe_layer_freq", Flag::Pattern("--moe-layer-freq")),
+    (
+        "moe_router_enable_expert_bias",
+        Flag::Switch("--moe-router-enable-expert-bias"),
+    ),
+    (
+        "moe_shared_expert_intermediate_size",
+        Flag::Value("--moe-shared-expert-intermediate-size"),
+    ),
+    (
+        "moe_shared_expert_gate",
+        Flag::Switch("--moe-shared-expert-gate"),
+    ),
+    (
+        "moe_expert_capacity_factor",
+        Flag::Value("--moe-expert-capacity-factor"),
+    ),
+    (
+        "moe_token_drop_policy",
+        Flag::Value("--moe-token-drop-policy"),
+    ),
+    (
+        "moe_pad_expert_input_to_capacity",
+        Flag::Switch("--moe-pad-expert-input-to-capacity"),
+    ),
+    (
+        "moe_aux_loss_coeff",
+        Flag::Training("--moe-aux-loss-coeff", &[]),
+    ),
+    (
+        "moe_z_loss_coeff",
+        Flag::Training("--moe-z-loss-coeff", &[]),
+    ),
+    (
+        "moe_router_bias_update_rate",
+        Flag::Training("--moe-router-bias-update-rate", &[]),
+    ),
+    (
+        "moe_router_load_balancing_type",
+        Flag::Training(
+            "--moe-router-load-balancing-type",
+            &["aux_loss", "seq_aux_loss", "none"],
+        ),
+    ),
+    (
+        "moe_token_dispatcher_type",
+        Flag::Training("--moe-token-dispatcher-type", &["allgather", "alltoall"]),
+    ),
     ("tokenizer_type", Flag::Value("--tokenizer-type")),
     ("vocab_size", Flag::Value("--vocab-size")),
     ("vocab_file", Flag::Value("--vocab-file")),
@@ -102,7 +179,6 @@ const MODEL_ARGS: &[(&str, Flag)] = &[
 
 /// Saved arguments that make a model this importer does not build: refused by name where set.
 const REFUSED: &[(&str, &str)] = &[
-    ("num_experts", "a mixture-of-experts model"),
     ("multi_latent_attention", "multi-latent attention"),
     ("mtp_num_layers", "multi-token prediction layers"),
     (
@@ -172,6 +248,28 @@ fn flags_of(args: &PyValue) -> Result<Vec<String>, String> {
             }
             Flag::Switch(f) if is_set(v) => flags.push(f.to_string()),
             Flag::Negated(f) if matches!(v, PyValue::Bool(false)) => flags.push(f.to_string()),
+            Flag::Pattern(f) => match v {
+                PyValue::Int(n) => flags.extend([f.to_string(), n.to_string()]),
+                PyValue::List(_) => {
+                    let items: Option<Vec<String>> = v
+                        .as_seq()
+                        .unwrap_or(&[])
+                        .iter()
+                        .map(|x| x.as_int().map(|i| i.to_string()))
+                        .collect();
+                    let items = items.ok_or_else(|| format!("saved argument {name}: {v:?}"))?;
+                    flags.extend([f.to_string(), format!("[{}]", items.join(","))]);
+                }
+                PyValue::Str(p) => flags.extend([f.to_string(), p.clone()]),
+                _ => {}
+            },
+            Flag::Training(f, accepted) => {
+                if let Some(t) =
+                    text(v).filter(|t| accepted.is_empty() || accepted.contains(&t.as_str()))
+                {
+                    flags.extend([f.to_string(), t]);
+                }
+            }
             Flag::Values(f) if is_set(v) => {
                 flags.push(f.to_string());
                 for x in v.as_seq().unwrap_or(&[]) {
@@ -205,6 +303,20 @@ fn stored_names(rest: &str) -> Vec<String> {
         .collect()
 }
 
+/// This engine's layer parameter `rest` split into megatron-core's name under the layer and
+/// the expert it belongs to: routed experts are stored together under
+/// `mlp.experts.experts.<name>`, the expert as a leading dimension.
+fn expert_of(rest: &str) -> (String, Option<usize>) {
+    if let Some(r) = rest.strip_prefix("mlp.experts.local_experts.") {
+        if let Some((e, name)) = r.split_once('.') {
+            if let Ok(e) = e.parse::<usize>() {
+                return (format!("mlp.experts.experts.{name}"), Some(e));
+            }
+        }
+    }
+    (rest.to_string(), None)
+}
+
 /// Where parameter `name` of shape `shape` is stored: key, region start and extent.
 fn locate(
     ck: &TorchDistCheckpoint,
@@ -224,38 +336,37 @@ fn locate(
             None => Err(format!("the checkpoint has no tensor {name}")),
         };
     };
-    for stored in stored_names(rest) {
-        // A heterogeneous decoder keeps each layer's own key.
-        let own = format!("decoder.layers.{l}.{stored}");
-        if let Some(s) = ck.sizes.get(&own) {
-            if s != shape {
+    let (rest, expert) = expert_of(rest);
+    let tried: Vec<String> = stored_names(&rest);
+    for stored in &tried {
+        // A heterogeneous decoder keeps each layer's own key; a homogeneous one stacks the
+        // layers in a leading dimension. Either way the expert, if any, comes next.
+        for (key, leading) in [
+            (format!("decoder.layers.{l}.{stored}"), vec![]),
+            (format!("decoder.layers.{stored}"), vec![l]),
+        ] {
+            let Some(s) = ck.sizes.get(&key) else {
+                continue;
+            };
+            let mut start = leading;
+            start.extend(expert);
+            let fits = s.len() == start.len() + shape.len()
+                && s[start.len()..] == *shape
+                && start.iter().zip(s).all(|(i, n)| i < n);
+            if !fits {
                 return Err(format!(
-                    "tensor {own} has size {s:?} in the checkpoint, the model's {name} is {shape:?}"
+                    "tensor {key} has size {s:?} in the checkpoint, the model's {name} is {shape:?}"
                 ));
             }
-            return Ok((own, vec![0; shape.len()], shape.to_vec()));
-        }
-        let stacked = format!("decoder.layers.{stored}");
-        if let Some(s) = ck.sizes.get(&stacked) {
-            if s.len() != shape.len() + 1 || s[1..] != *shape || l >= s[0] {
-                return Err(format!(
-                    "tensor {stacked} has size {s:?} in the checkpoint, the model's {name} is {shape:?} (layer {l})"
-                ));
-            }
-            let mut start = vec![0; s.len()];
-            start[0] = l;
-            let mut size = vec![1];
+            let mut size = vec![1; start.len()];
             size.extend_from_slice(shape);
-            return Ok((stacked, start, size));
+            start.extend(std::iter::repeat_n(0, shape.len()));
+            return Ok((key, start, size));
         }
     }
     Err(format!(
-        "the checkpoint has no tensor for {name} (looked for decoder.layers.{}{rest})",
-        if stored_names(rest).len() > 1 {
-            format!("{} or decoder.layers.", stored_names(rest)[0])
-        } else {
-            String::new()
-        }
+        "the checkpoint has no tensor for {name} (looked for decoder.layers[.{l}].{})",
+        tried.join(" or ")
     ))
 }
 
@@ -341,14 +452,25 @@ pub fn torch_dist_to_megatron(input: &Path, output: &Path) -> Result<PathBuf, Tr
     }
     let mut params = Params::default();
     let layers = cfg.num_layers();
-    cfg.build_chunk(&mut params, &mut Vec::new(), 0..layers, true, true);
+    let chunk = cfg.build_chunk(&mut params, &mut Vec::new(), 0..layers, true, true);
+    // Parameters, and the buffers a checkpoint keeps (a router's expert bias).
+    let wanted = params
+        .metas
+        .iter()
+        .map(|m| (m.name.clone(), m.shape.clone()))
+        .chain(
+            chunk
+                .buffers()
+                .into_iter()
+                .map(|(name, v)| (name, vec![v.len()])),
+        );
     let mut tensors = Tensors::new();
     let mut used = std::collections::HashSet::new();
-    for m in &params.metas {
-        let (key, start, size) = locate(&ck, &m.name, &m.shape).map_err(fail)?;
+    for (name, shape) in wanted {
+        let (key, start, size) = locate(&ck, &name, &shape).map_err(fail)?;
         let values = ck.region(&key, &start, &size).map_err(fail)?;
         used.insert(key);
-        tensors.insert(m.name.clone(), (m.shape.clone(), values));
+        tensors.insert(name, (shape, values));
     }
     let model_part = |k: &str| {
         ["embedding.", "decoder.", "output_layer."]
@@ -395,9 +517,6 @@ fn saved_args(
         Activation, GeluForm, LayerNormPlacement, Normalization, PositionEmbeddingType,
     };
     let refuse = |what: &str| Err(format!("{what}, which this export does not write"));
-    if cfg.moe.is_some() {
-        return refuse("a mixture-of-experts model");
-    }
     if cfg.mla.is_some() {
         return refuse("multi-latent attention");
     }
@@ -445,89 +564,183 @@ fn saved_args(
         "NullTokenizer" => int(meta.vocab_size),
         _ => Pickle::None,
     };
+    let mut entries = vec![
+        ("num_layers", int(cfg.num_layers)),
+        ("hidden_size", int(cfg.hidden_size)),
+        ("ffn_hidden_size", int(cfg.ffn_hidden_size)),
+        ("num_attention_heads", int(cfg.num_attention_heads)),
+        ("kv_channels", int(cfg.head_dim())),
+        (
+            "group_query_attention",
+            Pickle::Bool(cfg.num_query_groups.is_some()),
+        ),
+        ("num_query_groups", int(cfg.query_groups())),
+        ("seq_length", int(cfg.seq_length)),
+        ("max_position_embeddings", int(cfg.max_position_embeddings)),
+        (
+            "position_embedding_type",
+            Pickle::str(match cfg.position_embedding_type {
+                PositionEmbeddingType::LearnedAbsolute => "learned_absolute",
+                PositionEmbeddingType::Rope => "rope",
+                PositionEmbeddingType::None => "none",
+            }),
+        ),
+        ("add_position_embedding", Pickle::Bool(true)),
+        ("rotary_base", base),
+        ("rotary_percent", float(cfg.rotary.percent)),
+        ("rotary_interleaved", Pickle::Bool(cfg.rotary.interleaved)),
+        (
+            "rotary_seq_len_interpolation_factor",
+            opt_f(cfg.rotary.seq_len_interpolation_factor),
+        ),
+        (
+            "use_rope_scaling",
+            Pickle::Bool(cfg.rotary.scaling_factor.is_some()),
+        ),
+        (
+            "rope_scaling_factor",
+            Pickle::Float(cfg.rotary.scaling_factor.unwrap_or(8.0)),
+        ),
+        (
+            "normalization",
+            Pickle::str(match cfg.normalization {
+                Normalization::LayerNorm => "LayerNorm",
+                Normalization::RMSNorm => "RMSNorm",
+            }),
+        ),
+        ("layernorm_epsilon", float(cfg.layernorm_epsilon)),
+        ("swiglu", Pickle::Bool(swiglu)),
+        ("squared_relu", Pickle::Bool(squared_relu)),
+        ("quick_geglu", Pickle::Bool(quick_geglu)),
+        ("bias_gelu_fusion", Pickle::Bool(bias_gelu_fusion)),
+        (
+            "untie_embeddings_and_output_weights",
+            Pickle::Bool(cfg.untie_embeddings_and_output_weights),
+        ),
+        ("add_bias_linear", Pickle::Bool(cfg.add_bias_linear)),
+        ("add_qkv_bias", Pickle::Bool(cfg.add_qkv_bias)),
+        ("qk_layernorm", Pickle::Bool(cfg.qk_layernorm)),
+        ("hidden_dropout", float(cfg.hidden_dropout)),
+        ("attention_dropout", float(cfg.attention_dropout)),
+        ("init_method_std", float(cfg.init_method_std)),
+        ("padded_vocab_size", int(cfg.padded_vocab_size)),
+        ("make_vocab_size_divisible_by", int(128)),
+        ("tokenizer_type", Pickle::str(meta.tokenizer_type.as_str())),
+        ("vocab_size", tokenizer_vocab),
+        ("vocab_file", opt_s(&meta.vocab_file)),
+        ("merge_file", opt_s(&meta.merge_file)),
+        ("tokenizer_model", opt_s(&meta.tokenizer_model)),
+        ("vocab_extra_ids", int(meta.vocab_extra_ids)),
+        ("tensor_model_parallel_size", int(1)),
+        ("pipeline_model_parallel_size", int(1)),
+        ("ckpt_format", Pickle::str("torch_dist")),
+        // Weights only: Megatron-LM then loads neither optimizer nor RNG state.
+        ("no_save_optim", Pickle::Bool(true)),
+        ("no_save_rng", Pickle::Bool(true)),
+        (
+            "consumed_train_samples",
+            Pickle::Int(meta.consumed_train_samples as i64),
+        ),
+        ("consumed_valid_samples", int(0)),
+    ];
+    entries.extend(moe_args(cfg.moe.as_ref()));
     Ok(Pickle::New(
         "argparse",
         "Namespace",
-        Box::new(Pickle::dict([
-            ("num_layers", int(cfg.num_layers)),
-            ("hidden_size", int(cfg.hidden_size)),
-            ("ffn_hidden_size", int(cfg.ffn_hidden_size)),
-            ("num_attention_heads", int(cfg.num_attention_heads)),
-            ("kv_channels", int(cfg.head_dim())),
-            (
-                "group_query_attention",
-                Pickle::Bool(cfg.num_query_groups.is_some()),
-            ),
-            ("num_query_groups", int(cfg.query_groups())),
-            ("seq_length", int(cfg.seq_length)),
-            ("max_position_embeddings", int(cfg.max_position_embeddings)),
-            (
-                "position_embedding_type",
-                Pickle::str(match cfg.position_embedding_type {
-                    PositionEmbeddingType::LearnedAbsolute => "learned_absolute",
-                    PositionEmbeddingType::Rope => "rope",
-                    PositionEmbeddingType::None => "none",
-                }),
-            ),
-            ("add_position_embedding", Pickle::Bool(true)),
-            ("rotary_base", base),
-            ("rotary_percent", float(cfg.rotary.percent)),
-            ("rotary_interleaved", Pickle::Bool(cfg.rotary.interleaved)),
-            (
-                "rotary_seq_len_interpolation_factor",
-                opt_f(cfg.rotary.seq_len_interpolation_factor),
-            ),
-            (
-                "use_rope_scaling",
-                Pickle::Bool(cfg.rotary.scaling_factor.is_some()),
-            ),
-            (
-                "rope_scaling_factor",
-                Pickle::Float(cfg.rotary.scaling_factor.unwrap_or(8.0)),
-            ),
-            (
-                "normalization",
-                Pickle::str(match cfg.normalization {
-                    Normalization::LayerNorm => "LayerNorm",
-                    Normalization::RMSNorm => "RMSNorm",
-                }),
-            ),
-            ("layernorm_epsilon", float(cfg.layernorm_epsilon)),
-            ("swiglu", Pickle::Bool(swiglu)),
-            ("squared_relu", Pickle::Bool(squared_relu)),
-            ("quick_geglu", Pickle::Bool(quick_geglu)),
-            ("bias_gelu_fusion", Pickle::Bool(bias_gelu_fusion)),
-            (
-                "untie_embeddings_and_output_weights",
-                Pickle::Bool(cfg.untie_embeddings_and_output_weights),
-            ),
-            ("add_bias_linear", Pickle::Bool(cfg.add_bias_linear)),
-            ("add_qkv_bias", Pickle::Bool(cfg.add_qkv_bias)),
-            ("qk_layernorm", Pickle::Bool(cfg.qk_layernorm)),
-            ("hidden_dropout", float(cfg.hidden_dropout)),
-            ("attention_dropout", float(cfg.attention_dropout)),
-            ("init_method_std", float(cfg.init_method_std)),
-            ("padded_vocab_size", int(cfg.padded_vocab_size)),
-            ("make_vocab_size_divisible_by", int(128)),
-            ("tokenizer_type", Pickle::str(meta.tokenizer_type.as_str())),
-            ("vocab_size", tokenizer_vocab),
-            ("vocab_file", opt_s(&meta.vocab_file)),
-            ("merge_file", opt_s(&meta.merge_file)),
-            ("tokenizer_model", opt_s(&meta.tokenizer_model)),
-            ("vocab_extra_ids", int(meta.vocab_extra_ids)),
-            ("tensor_model_parallel_size", int(1)),
-            ("pipeline_model_parallel_size", int(1)),
-            ("ckpt_format", Pickle::str("torch_dist")),
-            // Weights only: Megatron-LM then loads neither optimizer nor RNG state.
-            ("no_save_optim", Pickle::Bool(true)),
-            ("no_save_rng", Pickle::Bool(true)),
-            (
-                "consumed_train_samples",
-                Pickle::Int(meta.consumed_train_samples as i64),
-            ),
-            ("consumed_valid_samples", int(0)),
-        ])),
+        Box::new(Pickle::dict(entries)),
     ))
+}
+
+/// The MoE part of the saved arguments (`num_experts` None for a dense model).
+fn moe_args(
+    moe: Option<&megatron_core::transformer::config::MoEConfig>,
+) -> Vec<(&'static str, Pickle)> {
+    use megatron_core::transformer::config::{
+        DropPolicy, LayerPattern, LoadBalancing, RouterScore, TokenDispatcherType,
+    };
+    let Some(m) = moe else {
+        return vec![("num_experts", Pickle::None)];
+    };
+    let int = |v: usize| Pickle::Int(v as i64);
+    let float = |v: f32| Pickle::Float(super::decimal(v));
+    let opt_f = |v: Option<f32>| v.map_or(Pickle::None, float);
+    vec![
+        ("num_experts", int(m.num_experts)),
+        ("moe_ffn_hidden_size", int(m.ffn_hidden_size)),
+        ("moe_router_topk", int(m.topk)),
+        (
+            "moe_router_score_function",
+            Pickle::str(match m.score {
+                RouterScore::Softmax => "softmax",
+                RouterScore::Sigmoid => "sigmoid",
+            }),
+        ),
+        ("moe_router_pre_softmax", Pickle::Bool(m.pre_softmax)),
+        (
+            "moe_router_topk_scaling_factor",
+            opt_f(m.topk_scaling_factor),
+        ),
+        (
+            "moe_router_num_groups",
+            m.router_groups.map_or(Pickle::None, |g| int(g.0)),
+        ),
+        (
+            "moe_router_group_topk",
+            m.router_groups.map_or(Pickle::None, |g| int(g.1)),
+        ),
+        ("moe_aux_loss_coeff", float(m.aux_loss_coeff)),
+        ("moe_z_loss_coeff", float(m.z_loss_coeff)),
+        (
+            "moe_layer_freq",
+            match &m.layers {
+                LayerPattern::Every(n) => int(*n),
+                LayerPattern::List(v) => {
+                    Pickle::List(v.iter().map(|&b| Pickle::Int(i64::from(b))).collect())
+                }
+            },
+        ),
+        (
+            "moe_token_dispatcher_type",
+            Pickle::str(match m.dispatcher {
+                TokenDispatcherType::AllGather => "allgather",
+                TokenDispatcherType::AllToAll => "alltoall",
+            }),
+        ),
+        (
+            "moe_router_load_balancing_type",
+            Pickle::str(match m.load_balancing {
+                LoadBalancing::AuxLoss => "aux_loss",
+                LoadBalancing::SeqAuxLoss => "seq_aux_loss",
+                LoadBalancing::None => "none",
+            }),
+        ),
+        (
+            "moe_router_enable_expert_bias",
+            Pickle::Bool(m.expert_bias_update_rate.is_some()),
+        ),
+        (
+            "moe_router_bias_update_rate",
+            float(m.expert_bias_update_rate.unwrap_or(1e-3)),
+        ),
+        ("moe_expert_capacity_factor", opt_f(m.capacity_factor)),
+        (
+            "moe_token_drop_policy",
+            Pickle::str(match m.drop_policy {
+                DropPolicy::Probs => "probs",
+                DropPolicy::Position => "position",
+            }),
+        ),
+        (
+            "moe_pad_expert_input_to_capacity",
+            Pickle::Bool(m.pad_to_capacity),
+        ),
+        (
+            "moe_shared_expert_intermediate_size",
+            m.shared_expert_ffn.map_or(Pickle::None, int),
+        ),
+        ("moe_shared_expert_gate", Pickle::Bool(m.shared_expert_gate)),
+        ("moe_grouped_gemm", Pickle::Bool(m.grouped_gemm)),
+    ]
 }
 
 /// `megatron convert --to torch_dist`: the newest checkpoint under `input` (a megatron-rs save
@@ -559,7 +772,17 @@ pub fn megatron_to_torch_dist(input: &Path, output: &Path) -> Result<PathBuf, Tr
             .map(|t| t.shape.clone())
             .unwrap_or_default()
     };
+    // megatron-core keeps each layer's own keys where its layers differ (MoE layers between
+    // dense ones), and stacks them in a leading dimension otherwise.
+    let per_layer = cfg.moe.as_ref().is_some_and(|m| {
+        !matches!(
+            m.layers,
+            megatron_core::transformer::config::LayerPattern::Every(1)
+        )
+    });
+    let experts = cfg.moe.as_ref().map_or(0, |m| m.num_experts);
     let mut items = Vec::new();
+    let mut modules = std::collections::BTreeSet::new();
     for (name, values) in ck
         .tensors
         .iter()
@@ -570,48 +793,75 @@ pub fn megatron_to_torch_dist(input: &Path, output: &Path) -> Result<PathBuf, Tr
             let (l, rest) = r.split_once('.')?;
             Some((l.parse::<usize>().ok()?, rest))
         });
-        let item = match layer {
-            // A homogeneous decoder: one key per parameter, the layer as a leading dimension.
-            Some((l, rest)) => {
-                let mut size = vec![layers];
-                size.extend_from_slice(&shape);
-                let mut offset = vec![0; size.len()];
-                offset[0] = l;
-                let mut chunk = vec![1];
-                chunk.extend_from_slice(&shape);
-                Item::Tensor {
-                    key: format!("decoder.layers.{}", stored_name(rest)),
-                    size,
-                    offset,
-                    chunk,
-                    values,
-                }
-            }
-            None => Item::Tensor {
+        let Some((l, rest)) = layer else {
+            items.push(Item::Tensor {
                 key: name.clone(),
                 offset: vec![0; shape.len()],
                 size: shape.clone(),
                 chunk: shape,
                 values,
-            },
-        };
-        items.push(item);
-    }
-    // The modules' extra states megatron-core asks for (fp8 metadata under Transformer
-    // Engine): none, as a run without fp8 saves them.
-    for module in [
-        "self_attention.linear_qkv",
-        "self_attention.linear_proj",
-        "self_attention.core_attention",
-        "mlp.linear_fc1",
-        "mlp.linear_fc2",
-    ] {
-        for l in 0..layers {
-            items.push(Item::Object {
-                key: format!("decoder.layers.{module}._extra_state/shard_{l}_{layers}"),
-                object: Pickle::List(vec![Pickle::None]),
             });
+            continue;
+        };
+        let (rest, expert) = expert_of(rest);
+        let stored = stored_name(&rest);
+        if let Some(module) = rest.strip_suffix(".weight").filter(|m| {
+            m.rsplit('.')
+                .next()
+                .is_some_and(|last| last.starts_with("linear_"))
+        }) {
+            modules.insert((l, module.to_string(), expert));
         }
+        let (key, mut leading) = if per_layer {
+            (format!("decoder.layers.{l}.{stored}"), vec![])
+        } else {
+            (format!("decoder.layers.{stored}"), vec![(l, layers)])
+        };
+        leading.extend(expert.map(|e| (e, experts)));
+        let mut size: Vec<usize> = leading.iter().map(|&(_, n)| n).collect();
+        size.extend_from_slice(&shape);
+        let mut offset: Vec<usize> = leading.iter().map(|&(i, _)| i).collect();
+        offset.extend(std::iter::repeat_n(0, shape.len()));
+        let mut chunk = vec![1; leading.len()];
+        chunk.extend_from_slice(&shape);
+        items.push(Item::Tensor {
+            key,
+            size,
+            offset,
+            chunk,
+            values,
+        });
+    }
+    // The linear modules' extra states megatron-core asks for (fp8 metadata under Transformer
+    // Engine, whose attention has one too): none, as a run without fp8 saves them, named as
+    // megatron-core names a sharded object (`/shard_<offsets>_<shape>`).
+    let attention: Vec<_> = (0..layers)
+        .map(|l| (l, "self_attention.core_attention".to_string(), None))
+        .collect();
+    for (l, module, expert) in modules.into_iter().chain(attention) {
+        let (prefix, mut at) = if per_layer {
+            (format!("decoder.layers.{l}."), vec![])
+        } else {
+            ("decoder.layers.".to_string(), vec![(l, layers)])
+        };
+        at.extend(expert.map(|e| (e, experts)));
+        if at.is_empty() {
+            at.push((0, 1));
+        }
+        let join = |f: fn(&(usize, usize)) -> usize| {
+            at.iter()
+                .map(|x| f(x).to_string())
+                .collect::<Vec<_>>()
+                .join(".")
+        };
+        items.push(Item::Object {
+            key: format!(
+                "{prefix}{module}._extra_state/shard_{}_{}",
+                join(|x| x.0),
+                join(|x| x.1)
+            ),
+            object: Pickle::List(vec![Pickle::None]),
+        });
     }
     items.push(Item::Object {
         key: "common_state/shard_0_1".into(),

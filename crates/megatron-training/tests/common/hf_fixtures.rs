@@ -4,7 +4,7 @@
 use megatron_core::inference::{decode_step, KVCache};
 use megatron_core::models::ModelFamily;
 use megatron_core::Params;
-use megatron_training::checkpointing::{load_checkpoint, restore};
+use megatron_training::checkpointing::{load_checkpoint, restore, restore_buffers};
 use megatron_training::convert::{hf_to_megatron, megatron_to_hf};
 use safetensors::SafeTensors;
 use std::path::{Path, PathBuf};
@@ -35,6 +35,8 @@ pub fn megatron_logits(save: &Path, ids: &[i64], b: usize, t: usize, vocab: usiz
         .build_chunk(&mut params, &mut Vec::new(), 0..layers, true, true);
     params.data = vec![0.0; params.numel()];
     restore(&ck, &mut params, None).unwrap();
+    // Buffers too (a router's expert bias), as generate restores them.
+    restore_buffers(&ck, &model);
     let vp = ck.meta.model.padded_vocab_size;
     let mut cache = KVCache::new(&model, b, t);
     let mut out = vec![0.0f32; b * t * vocab];
