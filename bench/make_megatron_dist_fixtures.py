@@ -86,11 +86,17 @@ def setup(rank, world, tp, pp, flags, port):
     args = parse_args()
     validate_args(args)
     set_global_variables(args)
-    mpu.initialize_model_parallel(tp, pp)
+    vp = args.virtual_pipeline_model_parallel_size
+    mpu.initialize_model_parallel(tp, pp, virtual_pipeline_model_parallel_size=vp,
+                                  expert_model_parallel_size=args.expert_model_parallel_size)
     torch.manual_seed(args.seed)
     from gpt_builders import gpt_builder
-    model = gpt_builder(args, mpu.is_pipeline_first_stage(), mpu.is_pipeline_last_stage())
-    return args, model
+    if vp is None:
+        return args, gpt_builder(args, mpu.is_pipeline_first_stage(), mpu.is_pipeline_last_stage())
+    # Interleaved stages: one model chunk per virtual stage.
+    return args, [gpt_builder(args, mpu.is_pipeline_first_stage(ignore_virtual=False, vp_stage=i),
+                              mpu.is_pipeline_last_stage(ignore_virtual=False, vp_stage=i),
+                              vp_stage=i) for i in range(vp)]
 
 
 def save(rank, world, tp, pp, flags, out, port):
@@ -117,9 +123,16 @@ def save(rank, world, tp, pp, flags, out, port):
             f.write(str(iteration))
 
 
+def one_rank(flags):
+    """The flags of the same model in fp32 at one rank (a bf16 checkpoint's values load widened,
+    exactly): no --bf16, no expert or virtual pipeline parallelism."""
+    layout = ("--expert-model-parallel-size", "--num-layers-per-virtual-pipeline-stage")
+    return [f for i, f in enumerate(flags)
+            if f != "--bf16" and f not in layout and (i == 0 or flags[i - 1] not in layout)]
+
+
 def reference(out, flags, port):
-    # An fp32 model: a bf16 checkpoint's values load widened, exactly.
-    args, model = setup(0, 1, 1, 1, [f for f in flags if f != "--bf16"], port)
+    args, model = setup(0, 1, 1, 1, one_rank(flags), port)
     from megatron.core import dist_checkpointing
     from safetensors.torch import save_file
     sd = dist_checkpointing.load({"model": model.sharded_state_dict()},

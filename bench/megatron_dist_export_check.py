@@ -55,11 +55,7 @@ def check(rank, world, tp, flags, export, reference, port, results):
     make = torch.tensor
     torch.tensor = lambda *a, **k: make(*a, **{**k, "device": "cpu"} if str(
         k.get("device", "")).startswith("cuda") else k)
-    # An fp32 model at this world's layout: no bf16, no expert parallelism beyond the world.
-    drop = {"--bf16"}
-    flags = [f for i, f in enumerate(flags)
-             if f not in drop and flags[i - 1 if i else 0] != "--expert-model-parallel-size"
-             and f != "--expert-model-parallel-size"] + ["--load", export]
+    flags = fx.one_rank(flags) + ["--load", export]
     args, model = fx.setup(rank, world, tp, 1, flags, port)
     from megatron.training.checkpointing import load_checkpoint
     from megatron.core.tensor_parallel.random import get_cuda_rng_tracker

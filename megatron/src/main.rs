@@ -92,9 +92,9 @@ struct PlotArgs {
 
 #[derive(clap::Args)]
 struct ConvertArgs {
-    /// `hf` (a Hugging Face model directory), `gguf` (a llama.cpp file), `torch_dist` (a
-    /// checkpoint Megatron-LM saved with `--ckpt-format torch_dist`) or `megatron` (a --save
-    /// directory).
+    /// `hf` (a Hugging Face model directory), `gguf` (a llama.cpp file), `torch_dist` or
+    /// `torch` (a checkpoint Megatron-LM saved with that `--ckpt-format`) or `megatron` (a
+    /// --save directory).
     #[arg(long, default_value = "megatron")]
     from: String,
     /// `megatron`, `hf`, `gguf` or `torch_dist` (Megatron-LM's checkpoint format).
@@ -118,7 +118,7 @@ fn run_convert(a: &ConvertArgs) -> anyhow::Result<()> {
     use megatron_training::convert::gguf_export::GgufOutType;
     use megatron_training::convert::{
         gguf_to_megatron, hf_to_megatron, megatron_to_gguf, megatron_to_hf, megatron_to_torch_dist,
-        torch_dist_to_megatron,
+        torch_dist_to_megatron, torch_to_megatron,
     };
     if a.outtype.is_some() && a.to != "gguf" {
         anyhow::bail!("--outtype chooses the tensor types of a GGUF: it goes with --to gguf");
@@ -127,6 +127,7 @@ fn run_convert(a: &ConvertArgs) -> anyhow::Result<()> {
         ("hf", "megatron") => hf_to_megatron(&a.input, &a.output, a.make_vocab_size_divisible_by)?,
         ("megatron", "hf") => megatron_to_hf(&a.input, &a.output)?,
         ("torch_dist", "megatron") => torch_dist_to_megatron(&a.input, &a.output)?,
+        ("torch", "megatron") => torch_to_megatron(&a.input, &a.output)?,
         ("megatron", "torch_dist") => megatron_to_torch_dist(&a.input, &a.output)?,
         ("megatron", "gguf") => {
             let outtype = a.outtype.unwrap_or(GgufOutType::F32);
@@ -136,7 +137,7 @@ fn run_convert(a: &ConvertArgs) -> anyhow::Result<()> {
             gguf_to_megatron(&a.input, &a.output, a.make_vocab_size_divisible_by)?
         }
         (f, t) => anyhow::bail!(
-            "--from {f} --to {t}: expected --from hf, --from gguf or --from torch_dist (to megatron), or --to hf, --to gguf or --to torch_dist (from megatron)"
+            "--from {f} --to {t}: expected --from hf, --from gguf, --from torch_dist or --from torch (to megatron), or --to hf, --to gguf or --to torch_dist (from megatron)"
         ),
     };
     println!("wrote {}", out.display());

@@ -238,9 +238,13 @@ fn flags_of(args: &PyValue) -> Result<Vec<String>, String> {
             ));
         }
     }
+    let moe = args.attr("num_experts").is_some_and(is_set);
     let mut flags = Vec::new();
     for &(name, flag) in MODEL_ARGS {
         let Some(v) = args.attr(name) else { continue };
+        if name.starts_with("moe_") && !moe {
+            continue; // a dense model's MoE defaults
+        }
         match flag {
             Flag::Value(f) if !matches!(v, PyValue::None) => {
                 let t = text(v).ok_or_else(|| format!("saved argument {name} is {v:?}"))?;
@@ -288,7 +292,7 @@ fn flags_of(args: &PyValue) -> Result<Vec<String>, String> {
 }
 
 /// Megatron-core's key for this engine's layer parameter `rest`: the fused-norm name first.
-fn stored_names(rest: &str) -> Vec<String> {
+pub(crate) fn stored_names(rest: &str) -> Vec<String> {
     let fused = match rest {
         "input_layernorm.weight" => Some("self_attention.linear_qkv.layer_norm_weight"),
         "input_layernorm.bias" => Some("self_attention.linear_qkv.layer_norm_bias"),
@@ -306,7 +310,7 @@ fn stored_names(rest: &str) -> Vec<String> {
 /// This engine's layer parameter `rest` split into megatron-core's name under the layer and
 /// the expert it belongs to: routed experts are stored together under
 /// `mlp.experts.experts.<name>`, the expert as a leading dimension.
-fn expert_of(rest: &str) -> (String, Option<usize>) {
+pub(crate) fn expert_of(rest: &str) -> (String, Option<usize>) {
     if let Some(r) = rest.strip_prefix("mlp.experts.local_experts.") {
         if let Some((e, name)) = r.split_once('.') {
             if let Ok(e) = e.parse::<usize>() {
@@ -429,7 +433,6 @@ pub fn torch_dist_to_megatron(input: &Path, output: &Path) -> Result<PathBuf, Tr
         .get("args")
         .filter(|a| a.class_name().as_deref() == Some("argparse.Namespace"))
         .ok_or_else(|| fail("the common state holds no args Namespace".into()))?;
-    let flags = flags_of(args).map_err(fail)?;
     let rows = ck
         .sizes
         .get("embedding.word_embeddings.weight")
@@ -437,36 +440,11 @@ pub fn torch_dist_to_megatron(input: &Path, output: &Path) -> Result<PathBuf, Tr
         .ok_or_else(|| {
             fail("no embedding.word_embeddings.weight (a GPT checkpoint's first stage)".into())
         })?;
-    let (cfg, mut tokenizer) = crate::arguments::model_from_flags(&flags, rows)
-        .map_err(|e| fail(format!("its saved arguments ({}): {e}", flags.join(" "))))?;
-    tokenizer.vocab_file = tokenizer_path("--vocab-file", tokenizer.vocab_file);
-    tokenizer.merge_file = tokenizer_path("--merge-file", tokenizer.merge_file);
-    tokenizer.tokenizer_model = tokenizer_path("--tokenizer-model", tokenizer.tokenizer_model);
-    if tokenizer.vocab_size.is_none() {
-        // A tokenizer with its own vocabulary: its size where it can be built here.
-        tokenizer.vocab_size = Some(
-            megatron_data::build_tokenizer_from(&tokenizer)
-                .map(|t| t.vocab_size())
-                .unwrap_or(rows),
-        );
-    }
-    let mut params = Params::default();
-    let layers = cfg.num_layers();
-    let chunk = cfg.build_chunk(&mut params, &mut Vec::new(), 0..layers, true, true);
-    // Parameters, and the buffers a checkpoint keeps (a router's expert bias).
-    let wanted = params
-        .metas
-        .iter()
-        .map(|m| (m.name.clone(), m.shape.clone()))
-        .chain(
-            chunk
-                .buffers()
-                .into_iter()
-                .map(|(name, v)| (name, vec![v.len()])),
-        );
+    let (cfg, tokenizer, flags) = model_of_args(args, rows).map_err(fail)?;
+    let wanted = wanted_tensors(&cfg);
     let mut tensors = Tensors::new();
     let mut used = std::collections::HashSet::new();
-    for (name, shape) in wanted {
+    for (name, shape, _) in wanted {
         let (key, start, size) = locate(&ck, &name, &shape).map_err(fail)?;
         let values = ck.region(&key, &start, &size).map_err(fail)?;
         used.insert(key);
@@ -487,11 +465,80 @@ pub fn torch_dist_to_megatron(input: &Path, output: &Path) -> Result<PathBuf, Tr
         )));
     }
     let iteration = common.get("iteration").and_then(|i| i.as_int());
+    finish(
+        (output, &ck.dir, "torch_dist"),
+        (args, iteration, &flags),
+        cfg,
+        tensors,
+        tokenizer,
+    )
+}
+
+/// The model and tokenizer of the saved arguments `args` (embedding rows `rows`), and the
+/// flags they were read as.
+pub(crate) fn model_of_args(
+    args: &PyValue,
+    rows: usize,
+) -> Result<(TransformerConfig, megatron_data::TokenizerSpec, Vec<String>), String> {
+    let flags = flags_of(args)?;
+    let (cfg, mut tokenizer) = crate::arguments::model_from_flags(&flags, rows)
+        .map_err(|e| format!("its saved arguments ({}): {e}", flags.join(" ")))?;
+    tokenizer.vocab_file = tokenizer_path("--vocab-file", tokenizer.vocab_file);
+    tokenizer.merge_file = tokenizer_path("--merge-file", tokenizer.merge_file);
+    tokenizer.tokenizer_model = tokenizer_path("--tokenizer-model", tokenizer.tokenizer_model);
+    if tokenizer.vocab_size.is_none() {
+        // A tokenizer with its own vocabulary: its size where it can be built here.
+        tokenizer.vocab_size = Some(
+            megatron_data::build_tokenizer_from(&tokenizer)
+                .map(|t| t.vocab_size())
+                .unwrap_or(rows),
+        );
+    }
+    Ok((cfg, tokenizer, flags))
+}
+
+/// How a tensor is split over tensor-parallel ranks: dimension and equal blocks each split on
+/// its own (`None`: the same on every rank).
+pub(crate) type TpSplit = Option<(usize, usize)>;
+
+/// Every tensor the model of `cfg` keeps: its parameters (with their tensor-parallel split) and
+/// the buffers a checkpoint keeps (a router's expert bias).
+pub(crate) fn wanted_tensors(cfg: &TransformerConfig) -> Vec<(String, Vec<usize>, TpSplit)> {
+    let mut params = Params::default();
+    let layers = cfg.num_layers();
+    let chunk = cfg.build_chunk(&mut params, &mut Vec::new(), 0..layers, true, true);
+    params
+        .metas
+        .iter()
+        .map(|m| {
+            (
+                m.name.clone(),
+                m.shape.clone(),
+                m.tp_split_dim.map(|d| (d, m.tp_chunks)),
+            )
+        })
+        .chain(
+            chunk
+                .buffers()
+                .into_iter()
+                .map(|(name, v)| (name, vec![v.len()], None)),
+        )
+        .collect()
+}
+
+/// Writes the converted checkpoint and says what was read.
+pub(crate) fn finish(
+    (output, read, format): (&Path, &Path, &str),
+    (args, iteration, flags): (&PyValue, Option<i64>, &[String]),
+    cfg: TransformerConfig,
+    tensors: Tensors,
+    tokenizer: megatron_data::TokenizerSpec,
+) -> Result<PathBuf, TrainError> {
     let layout = ["tensor_model_parallel_size", "pipeline_model_parallel_size"]
         .map(|k| args.attr(k).and_then(|v| v.as_int()).unwrap_or(1));
     eprintln!(
-        "read Megatron-LM's torch_dist checkpoint {} (iteration {}, saved at TP {} x PP {}): {} tensors, model flags: {}",
-        ck.dir.display(),
+        "read Megatron-LM's {format} checkpoint {} (iteration {}, saved at TP {} x PP {}): {} tensors, model flags: {}",
+        read.display(),
         iteration.map_or("?".into(), |i| i.to_string()),
         layout[0],
         layout[1],

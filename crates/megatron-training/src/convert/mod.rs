@@ -12,6 +12,7 @@ pub mod gguf_writer;
 mod gpt2;
 mod k_quants;
 mod llama;
+mod megatron_legacy;
 mod megatron_lm;
 mod mixtral;
 pub mod pickle;
@@ -33,6 +34,7 @@ use crate::checkpointing::{
 };
 use crate::TrainError;
 use megatron_core::TransformerConfig;
+pub use megatron_legacy::torch_to_megatron;
 pub use megatron_lm::{megatron_to_torch_dist, torch_dist_to_megatron};
 use safetensors::tensor::{Dtype, TensorView};
 use safetensors::SafeTensors;

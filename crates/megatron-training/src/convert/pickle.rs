@@ -497,16 +497,10 @@ impl Machine<'_> {
                     let t = self.top()?;
                     match &mut self.nodes[t] {
                         Node::Object { state: s, .. } => *s = Some(state),
-                        _ => {
-                            // BUILD on a dict (a dict subclass rebuilt as a dict) adds entries.
-                            if let Node::Dict(kv) = self.nodes[state].clone() {
-                                if let Node::Dict(v) = &mut self.nodes[t] {
-                                    v.extend(kv);
-                                    continue;
-                                }
-                            }
-                            return Err(format!("pickle builds a non-object at byte {at}"));
-                        }
+                        // A dict subclass kept as a dict (an `OrderedDict`): its state is
+                        // attributes (a state dict's `_metadata`), not items.
+                        Node::Dict(_) => {}
+                        _ => return Err(format!("pickle builds a non-object at byte {at}")),
                     }
                 }
                 b'p' => {

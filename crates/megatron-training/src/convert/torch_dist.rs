@@ -139,7 +139,7 @@ impl TorchDistCheckpoint {
         })
     }
 
-    fn item(&self, key: &str, s: &Stored) -> Result<TorchArchive, String> {
+    fn item(&self, key: &str, s: &Stored) -> Result<TorchArchive<'_>, String> {
         let map = &self.files[&s.file];
         let bytes = map.get(s.at..s.at + s.len).ok_or_else(|| {
             format!(
@@ -301,7 +301,7 @@ fn resolve(dir: &Path) -> Result<PathBuf, String> {
         Ok(d)
     } else if d.join("mp_rank_00").exists() || d.join("mp_rank_00_000").exists() {
         Err(format!(
-            "{}: a --ckpt-format torch checkpoint (mp_rank_* files); this reads torch_dist, the format Megatron-LM saves by default (its --ckpt-convert-format torch_dist converts one)",
+            "{}: a --ckpt-format torch checkpoint (mp_rank_* files): convert it with --from torch",
             d.display()
         ))
     } else {

@@ -6,7 +6,7 @@
 
 use super::pickle::{unpickle, PyValue};
 use super::pickle_writer::{pickle, Pickle};
-use std::collections::HashMap;
+use std::cell::RefCell;
 use std::io::Read;
 
 /// A tensor read from an archive: its shape and values, widened to f32, row-major.
@@ -16,15 +16,17 @@ pub struct TorchTensor {
     pub values: Vec<f32>,
 }
 
-/// An opened archive: its pickled object and its storages' bytes.
-pub struct TorchArchive {
+/// An opened archive: its pickled object; storages are read when a tensor asks for them (a
+/// training checkpoint's optimizer state need never be read).
+pub struct TorchArchive<'a> {
     pub object: PyValue,
-    storages: HashMap<String, Vec<u8>>,
+    zip: RefCell<zip::ZipArchive<std::io::Cursor<&'a [u8]>>>,
+    data: String,
 }
 
-impl TorchArchive {
+impl<'a> TorchArchive<'a> {
     /// Reads the archive in `bytes` (a `.pt` file, or one item of a DCP `.distcp` file).
-    pub fn read(bytes: &[u8]) -> Result<TorchArchive, String> {
+    pub fn read(bytes: &'a [u8]) -> Result<TorchArchive<'a>, String> {
         let mut zip = zip::ZipArchive::new(std::io::Cursor::new(bytes))
             .map_err(|e| format!("not a torch.save archive (zip): {e}"))?;
         let names: Vec<String> = zip
@@ -52,12 +54,24 @@ impl TorchArchive {
             return Err("a big-endian torch.save archive".into());
         }
         let object = unpickle(&read(&pkl)?)?;
-        let data = format!("{prefix}data/");
-        let mut storages = HashMap::new();
-        for n in names.iter().filter(|n| n.starts_with(&data)) {
-            storages.insert(n[data.len()..].to_string(), read(n)?);
-        }
-        Ok(TorchArchive { object, storages })
+        Ok(TorchArchive {
+            object,
+            zip: RefCell::new(zip),
+            data: format!("{prefix}data/"),
+        })
+    }
+
+    /// The bytes of storage `key`.
+    fn storage(&self, key: &str) -> Result<Vec<u8>, String> {
+        let name = format!("{}{key}", self.data);
+        let mut zip = self.zip.borrow_mut();
+        let mut f = zip
+            .by_name(&name)
+            .map_err(|_| format!("storage {key} is not in the archive"))?;
+        let mut v = Vec::with_capacity(f.size() as usize);
+        f.read_to_end(&mut v)
+            .map_err(|e| format!("archive entry {name}: {e}"))?;
+        Ok(v)
     }
 
     /// The tensor `v` rebuilds (`_rebuild_tensor_v2`, or a `Parameter` around one).
@@ -82,10 +96,7 @@ impl TorchArchive {
                 ) else {
                     return Err("a storage id without its type and key".into());
                 };
-                let bytes = self
-                    .storages
-                    .get(key)
-                    .ok_or_else(|| format!("storage {key} is not in the archive"))?;
+                let bytes = self.storage(key)?;
                 let shape = size
                     .as_usizes()
                     .ok_or("a tensor size that is not integers")?;
@@ -93,7 +104,7 @@ impl TorchArchive {
                     .as_usizes()
                     .ok_or("a tensor stride that is not integers")?;
                 let offset = offset.as_int().unwrap_or(0) as usize;
-                let storage = widen(&kind, bytes)?;
+                let storage = widen(&kind, &bytes)?;
                 Ok(TorchTensor {
                     values: gather(&storage, offset, &shape, &stride)?,
                     shape,
