@@ -66,6 +66,16 @@ MODELS = {
 }
 
 
+def cpu_device_tensors():
+    """CPU ranks: Megatron-LM's checkpointing makes a few small control tensors on the CUDA
+    device (the tracker's iteration, all-reduced) and reads the CUDA RNG state even with
+    --no-save-rng; both stay on the CPU here."""
+    make = torch.tensor
+    torch.tensor = lambda *a, **k: make(*a, **{**k, "device": "cpu"} if str(
+        k.get("device", "")).startswith("cuda") else k)
+    torch.cuda.get_rng_state = lambda *a, **k: torch.zeros(1, dtype=torch.uint8)
+
+
 def setup(rank, world, tp, pp, flags, port):
     # CPU ranks: the writer's preload waits for CUDA copies (there are none), and its small
     # control tensors (the failure flags all-reduced after the write) go to the current device.

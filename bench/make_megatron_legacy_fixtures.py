@@ -40,11 +40,7 @@ MODELS = {
 
 
 def save(rank, world, tp, pp, flags, out, port):
-    make = torch.tensor
-    torch.tensor = lambda *a, **k: make(*a, **{**k, "device": "cpu"} if str(
-        k.get("device", "")).startswith("cuda") else k)
-    # Megatron-LM's saver reads the CUDA RNG state even with --no-save-rng.
-    torch.cuda.get_rng_state = lambda *a, **k: torch.zeros(1, dtype=torch.uint8)
+    fx.cpu_device_tensors()
     legacy = os.path.join(out, "legacy")
     args, models = fx.setup(rank, world, tp, pp, flags + [
         "--ckpt-format", "torch", "--save", legacy, "--save-interval", "10",

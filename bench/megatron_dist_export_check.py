@@ -51,10 +51,7 @@ TRAIN = ["--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "10
 
 
 def check(rank, world, tp, flags, export, reference, port, results):
-    # CPU ranks: Megatron-LM's loader all-reduces the tracker's iteration from a CUDA tensor.
-    make = torch.tensor
-    torch.tensor = lambda *a, **k: make(*a, **{**k, "device": "cpu"} if str(
-        k.get("device", "")).startswith("cuda") else k)
+    fx.cpu_device_tensors()
     flags = fx.one_rank(flags) + ["--load", export]
     args, model = fx.setup(rank, world, tp, 1, flags, port)
     from megatron.training.checkpointing import load_checkpoint

@@ -6,18 +6,12 @@
 
 mod common;
 
-use common::hf_fixtures::max_logit_difference;
+use common::hf_fixtures::{megatron_fixture as fixture, megatron_fixture_gives_reference_logits};
 use common::tmpdir;
 use megatron_training::checkpointing::load_checkpoint;
 use megatron_training::convert::pickle::{unpickle, PyValue};
 use megatron_training::convert::torch_dist_to_megatron;
 use std::path::{Path, PathBuf};
-
-fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/megatron")
-        .join(name)
-}
 
 /// `name` converted under a directory of the calling test's own (`test`).
 fn converted(name: &str, test: &str) -> (PathBuf, PathBuf) {
@@ -27,17 +21,8 @@ fn converted(name: &str, test: &str) -> (PathBuf, PathBuf) {
     (dir, save)
 }
 
-fn logits_match(name: &str) -> PathBuf {
-    let (dir, save) = converted(name, "logits");
-    let diff = max_logit_difference(
-        &save,
-        &fixture(name).join("reference.safetensors"),
-        "logits",
-    );
-    eprintln!("{name}: max |logit difference| against megatron-core {diff:e}");
-    assert!(diff <= 1e-5, "{name}: logits differ by {diff}");
-    let _ = std::fs::remove_dir_all(&dir);
-    save
+fn logits_match(name: &str) {
+    megatron_fixture_gives_reference_logits(name, torch_dist_to_megatron);
 }
 
 #[test]
@@ -109,26 +94,7 @@ fn a_converted_megatron_lm_checkpoint_trains_at_tp2_pp2_like_one_rank() {
     // --lr 0: every step sees the converted weights, so every layout computes the same losses.
     let (dir, save) = converted("llama_tp2_pp2", "trains");
     let s = save.to_str().unwrap();
-    let run = |layout: &[&str]| {
-        let mut v = vec![
-            "--use-checkpoint-args",
-            "--load",
-            s,
-            "--finetune",
-            "--lr",
-            "0",
-            "--train-iters",
-            "2",
-            "--seq-length",
-            "16",
-            "--vocab-size",
-            "100",
-            "--global-batch-size",
-            "4",
-        ];
-        v.extend_from_slice(layout);
-        megatron_training::pretrain(&common::args(&v)).unwrap()
-    };
+    let run = |layout: &[&str]| common::hf_fixtures::train_converted_with_vocab(s, "100", layout);
     let one = run(&[]);
     assert_eq!(one.losses.len(), 2);
     assert!(one.losses.iter().all(|l| l.1.is_finite()));

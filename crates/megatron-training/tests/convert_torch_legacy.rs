@@ -5,29 +5,12 @@
 
 mod common;
 
-use common::hf_fixtures::max_logit_difference;
+use common::hf_fixtures::{megatron_fixture as fixture, megatron_fixture_gives_reference_logits};
 use common::tmpdir;
 use megatron_training::convert::torch_to_megatron;
-use std::path::PathBuf;
-
-fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/megatron")
-        .join(name)
-}
 
 fn logits_match(name: &str) {
-    let dir = tmpdir(&format!("torch-legacy-{name}"));
-    let save = dir.join("converted");
-    torch_to_megatron(&fixture(name), &save).unwrap();
-    let diff = max_logit_difference(
-        &save,
-        &fixture(name).join("reference.safetensors"),
-        "logits",
-    );
-    eprintln!("{name}: max |logit difference| against megatron-core {diff:e}");
-    assert!(diff <= 1e-5, "{name}: logits differ by {diff}");
-    let _ = std::fs::remove_dir_all(dir);
+    megatron_fixture_gives_reference_logits(name, torch_to_megatron);
 }
 
 #[test]

@@ -11,6 +11,7 @@
 
 use super::megatron_lm::{expert_of, finish, model_of_args, stored_names, wanted_tensors};
 use super::pickle::PyValue;
+use super::torch_dist::tracked_iteration;
 use super::torch_save::TorchArchive;
 use super::Tensors;
 use crate::TrainError;
@@ -37,25 +38,12 @@ fn resolve(dir: &Path) -> Result<PathBuf, String> {
     if has_ranks(dir) {
         return Ok(dir.to_path_buf());
     }
-    let tracker = dir.join("latest_checkpointed_iteration.txt");
-    let text = std::fs::read_to_string(&tracker).map_err(|_| {
+    let (d, sub) = tracked_iteration(dir, || {
         format!(
             "{}: neither a --ckpt-format torch iteration directory (no mp_rank_00*) nor a save directory (no latest_checkpointed_iteration.txt)",
             dir.display()
         )
     })?;
-    let it = text.trim();
-    let sub = match it {
-        "release" => "release".to_string(),
-        _ => format!(
-            "iter_{:07}",
-            it.parse::<u64>().map_err(|_| format!(
-                "{}: '{it}' is neither an iteration nor release",
-                tracker.display()
-            ))?
-        ),
-    };
-    let d = dir.join(&sub);
     if has_ranks(&d) {
         Ok(d)
     } else if d.join(".metadata").exists() {

@@ -272,18 +272,15 @@ fn copy_overlap(
     rows * row
 }
 
-/// The iteration directory of `dir`, as Megatron's `get_checkpoint_name` names it.
-fn resolve(dir: &Path) -> Result<PathBuf, String> {
-    if dir.join(".metadata").exists() {
-        return Ok(dir.to_path_buf());
-    }
+/// The iteration directory the tracker of save directory `dir` names, as Megatron's
+/// `get_checkpoint_name` names it (`iter_NNNNNNN`, or `release`), and that name; `neither`
+/// says what `dir` is not where it has no tracker.
+pub(crate) fn tracked_iteration(
+    dir: &Path,
+    neither: impl FnOnce() -> String,
+) -> Result<(PathBuf, String), String> {
     let tracker = dir.join("latest_checkpointed_iteration.txt");
-    let text = std::fs::read_to_string(&tracker).map_err(|_| {
-        format!(
-            "{}: neither a torch_dist checkpoint (no .metadata) nor a save directory (no latest_checkpointed_iteration.txt)",
-            dir.display()
-        )
-    })?;
+    let text = std::fs::read_to_string(&tracker).map_err(|_| neither())?;
     let it = text.trim();
     let sub = if it == "release" {
         "release".to_string()
@@ -296,7 +293,20 @@ fn resolve(dir: &Path) -> Result<PathBuf, String> {
         })?;
         format!("iter_{n:07}")
     };
-    let d = dir.join(&sub);
+    Ok((dir.join(&sub), sub))
+}
+
+/// The iteration directory of `dir`: itself, or the one its tracker names.
+fn resolve(dir: &Path) -> Result<PathBuf, String> {
+    if dir.join(".metadata").exists() {
+        return Ok(dir.to_path_buf());
+    }
+    let (d, sub) = tracked_iteration(dir, || {
+        format!(
+            "{}: neither a torch_dist checkpoint (no .metadata) nor a save directory (no latest_checkpointed_iteration.txt)",
+            dir.display()
+        )
+    })?;
     if d.join(".metadata").exists() {
         Ok(d)
     } else if d.join("mp_rank_00").exists() || d.join("mp_rank_00_000").exists() {

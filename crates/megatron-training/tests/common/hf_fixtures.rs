@@ -125,6 +125,15 @@ pub fn converted_and_exported(arch: &str) -> (megatron_core::TransformerConfig, 
 /// Trains a converted checkpoint 2 steps from its own config (`--use-checkpoint-args
 /// --finetune`) with `--lr 0`, so every layout computes its losses from the converted weights.
 pub fn train_converted(save: &str, layout: &[&str]) -> megatron_training::TrainSummary {
+    train_converted_with_vocab(save, "95", layout)
+}
+
+/// [`train_converted`] on mock data of `vocab` token ids.
+pub fn train_converted_with_vocab(
+    save: &str,
+    vocab: &str,
+    layout: &[&str],
+) -> megatron_training::TrainSummary {
     let mut v = vec![
         "--use-checkpoint-args",
         "--load",
@@ -137,10 +146,37 @@ pub fn train_converted(save: &str, layout: &[&str]) -> megatron_training::TrainS
         "--seq-length",
         "16",
         "--vocab-size",
-        "95",
+        vocab,
         "--global-batch-size",
         "4",
     ];
     v.extend_from_slice(layout);
     megatron_training::pretrain(&super::args(&v)).unwrap()
+}
+
+/// A checkpoint Megatron-LM saved (`tests/fixtures/megatron`, `bench/make_megatron_*_fixtures.py`).
+pub fn megatron_fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/megatron")
+        .join(name)
+}
+
+/// Converts Megatron-LM fixture `name` with `convert` and checks its logits against the
+/// fixture's megatron-core reference (within 1e-5); returns the converted checkpoint's
+/// directory's parent, for the caller to remove.
+pub fn megatron_fixture_gives_reference_logits(
+    name: &str,
+    convert: impl Fn(&Path, &Path) -> Result<PathBuf, megatron_training::TrainError>,
+) {
+    let dir = tmpdir(&format!("megatron-fixture-{name}"));
+    let save = dir.join("converted");
+    convert(&megatron_fixture(name), &save).unwrap();
+    let diff = max_logit_difference(
+        &save,
+        &megatron_fixture(name).join("reference.safetensors"),
+        "logits",
+    );
+    eprintln!("{name}: max |logit difference| against megatron-core {diff:e}");
+    assert!(diff <= 1e-5, "{name}: logits differ by {diff}");
+    let _ = std::fs::remove_dir_all(dir);
 }
