@@ -481,16 +481,7 @@ fn a_converted_llama_trains_from_its_own_config_and_matches_one_rank_at_tp2_pp2(
     assert_eq!((one.losses.len(), one.val_losses.len()), (2, 1));
     // With --lr 0 both steps see the converted weights.
     assert!(one.losses.iter().all(|l| l.1.is_finite()));
-    let tp2pp2 = run(&[
-        "--nproc-per-node",
-        "4",
-        "--tensor-model-parallel-size",
-        "2",
-        "--pipeline-model-parallel-size",
-        "2",
-        "--micro-batch-size",
-        "1",
-    ]);
+    let tp2pp2 = run(common::TP2_PP2);
     assert_eq!(tp2pp2.losses.len(), 2);
     common::assert_losses_close("TP 2 x PP 2", &one.losses, &tp2pp2.losses, 1e-5);
     common::assert_losses_close(

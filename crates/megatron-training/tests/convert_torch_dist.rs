@@ -98,16 +98,7 @@ fn a_converted_megatron_lm_checkpoint_trains_at_tp2_pp2_like_one_rank() {
     let one = run(&[]);
     assert_eq!(one.losses.len(), 2);
     assert!(one.losses.iter().all(|l| l.1.is_finite()));
-    let tp2pp2 = run(&[
-        "--nproc-per-node",
-        "4",
-        "--tensor-model-parallel-size",
-        "2",
-        "--pipeline-model-parallel-size",
-        "2",
-        "--micro-batch-size",
-        "1",
-    ]);
+    let tp2pp2 = run(common::TP2_PP2);
     common::assert_losses_close("TP 2 x PP 2", &one.losses, &tp2pp2.losses, 1e-5);
     let _ = std::fs::remove_dir_all(dir);
 }

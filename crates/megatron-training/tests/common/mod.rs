@@ -19,6 +19,19 @@ struct Wrap {
 /// The model and schedule of the tiny test runs (2 layers, hidden 32, 4 heads, seq 16, micro
 /// batch 2 of 4, lr 3e-3 with 2 warm-up iterations, evaluation every 3), 2 GEMM threads; the
 /// data and tokenizer flags come before them.
+/// Four rank threads as TP 2 x PP 2, one sample per micro-batch.
+#[allow(dead_code)]
+pub const TP2_PP2: &[&str] = &[
+    "--nproc-per-node",
+    "4",
+    "--tensor-model-parallel-size",
+    "2",
+    "--pipeline-model-parallel-size",
+    "2",
+    "--micro-batch-size",
+    "1",
+];
+
 pub const SMALL_RUN: &[&str] = &[
     "--num-layers",
     "2",
