@@ -54,7 +54,11 @@ fn write_raw(
     bytes.extend_from_slice(&(header.len() as u16).to_le_bytes());
     bytes.extend_from_slice(header.as_bytes());
     bytes.extend_from_slice(data);
-    let tmp = path.with_extension(format!("npy.tmp-{}", std::process::id()));
+    // One temporary name per write: rank threads of one process write the same cache entry
+    // at once, and a name shared between them would be renamed away under another's rename.
+    static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = path.with_extension(format!("npy.tmp-{}-{n}", std::process::id()));
     let mut f = std::fs::File::create(&tmp).map_err(io(&tmp))?;
     f.write_all(&bytes).map_err(io(&tmp))?;
     f.sync_all().map_err(io(&tmp))?;

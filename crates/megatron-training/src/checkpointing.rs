@@ -494,6 +494,15 @@ pub(crate) fn load_into(
     let mut saved = r.meta.model.clone();
     saved.seq_length = cfg.model.seq_length;
     saved.residual = cfg.model.residual;
+    // The GELU form means nothing to an MLP without GELU (Megatron-LM turns the bias-GELU fusion
+    // off under --swiglu, so its checkpoints record the other form than the flags give).
+    if !matches!(
+        cfg.model.activation,
+        megatron_core::transformer::config::Activation::Gelu
+            | megatron_core::transformer::config::Activation::GeGLU
+    ) {
+        saved.gelu = cfg.model.gelu;
+    }
     if saved != cfg.model {
         return Err(TrainError::Checkpoint {
             path: r.dir.display().to_string(),
@@ -674,6 +683,48 @@ pub(crate) fn write_whole_checkpoint(
     write_converted_checkpoint(save, model, extras, tensors, spec)
 }
 
+/// Where a converted checkpoint's run stands: a model alone starts at iteration 0 with no
+/// optimizer state; a run brought with its optimizer state (Megatron-LM's) continues where it
+/// stopped, its moments among the tensors as `optimizer.<moment>.<parameter>`.
+#[derive(Clone, Debug)]
+pub struct ConvertedRun {
+    pub iteration: u64,
+    pub consumed_train_samples: u64,
+    pub consumed_valid_samples: Option<u64>,
+    pub scheduler: OptimizerParamScheduler,
+    pub optimizer_step: u64,
+    pub adam_beta1: f32,
+    pub adam_beta2: f32,
+    pub adam_eps: f32,
+    pub seed: u64,
+}
+
+impl Default for ConvertedRun {
+    fn default() -> Self {
+        ConvertedRun {
+            iteration: 0,
+            consumed_train_samples: 0,
+            consumed_valid_samples: None,
+            scheduler: OptimizerParamScheduler {
+                init_lr: 0.0,
+                max_lr: 0.0,
+                min_lr: 0.0,
+                warmup_steps: 0,
+                decay_steps: 0,
+                decay_style: megatron_core::optimizer::LrDecayStyle::Constant,
+                wsd_decay_steps: 0,
+                wsd_decay_style: megatron_core::optimizer::WsdDecayStyle::Linear,
+                num_steps: 0,
+            },
+            optimizer_step: 0,
+            adam_beta1: 0.9,
+            adam_beta2: 0.999,
+            adam_eps: 1e-8,
+            seed: 1234,
+        }
+    }
+}
+
 /// [`write_whole_checkpoint`] with the tokenizer as Megatron's flags give it (`vocab_size`
 /// is required: the recorded `--vocab-size`, or the tokenizer's size).
 pub(crate) fn write_converted_checkpoint(
@@ -683,10 +734,24 @@ pub(crate) fn write_converted_checkpoint(
     tensors: &crate::convert::Tensors,
     tokenizer: megatron_data::TokenizerSpec,
 ) -> Result<(), TrainError> {
+    write_converted_run(save, model, extras, tensors, tokenizer, ConvertedRun::default())
+        .map(|_| ())
+}
+
+/// A converted checkpoint at `run`'s iteration, written by this one process in the sharded
+/// format, manifest last; its directory.
+pub(crate) fn write_converted_run(
+    save: &Path,
+    model: TransformerConfig,
+    extras: ConvertedExtras,
+    tensors: &crate::convert::Tensors,
+    tokenizer: megatron_data::TokenizerSpec,
+    run: ConvertedRun,
+) -> Result<PathBuf, TrainError> {
     use crate::dist_checkpointing::{write_rank_shard, PieceSrc};
     use megatron_core::params::GlobalSegment;
     std::fs::create_dir_all(save).map_err(io_err(save))?;
-    let partial = partial_dir(save, 0);
+    let partial = partial_dir(save, run.iteration);
     if partial.exists() {
         std::fs::remove_dir_all(&partial).map_err(io_err(&partial))?;
     }
@@ -714,27 +779,17 @@ pub(crate) fn write_converted_checkpoint(
     write_rank_shard(&partial, 0, &pieces)?;
     let meta = CheckpointMeta {
         format: FORMAT.into(),
-        iteration: 0,
-        consumed_train_samples: 0,
-        consumed_valid_samples: None,
-        scheduler: OptimizerParamScheduler {
-            init_lr: 0.0,
-            max_lr: 0.0,
-            min_lr: 0.0,
-            warmup_steps: 0,
-            decay_steps: 0,
-            decay_style: megatron_core::optimizer::LrDecayStyle::Constant,
-            wsd_decay_steps: 0,
-            wsd_decay_style: megatron_core::optimizer::WsdDecayStyle::Linear,
-            num_steps: 0,
-        },
-        optimizer_step: 0,
+        iteration: run.iteration,
+        consumed_train_samples: run.consumed_train_samples,
+        consumed_valid_samples: run.consumed_valid_samples,
+        scheduler: run.scheduler,
+        optimizer_step: run.optimizer_step,
         grad_scaler: None,
         optimizer: adam(),
-        adam_beta1: 0.9,
-        adam_beta2: 0.999,
-        adam_eps: 1e-8,
-        seed: 1234,
+        adam_beta1: run.adam_beta1,
+        adam_beta2: run.adam_beta2,
+        adam_eps: run.adam_eps,
+        seed: run.seed,
         model,
         tokenizer_type: tokenizer.tokenizer_type,
         vocab_size: tokenizer.vocab_size.unwrap_or(0),
@@ -751,6 +806,5 @@ pub(crate) fn write_converted_checkpoint(
         t5: extras.t5,
         hf_buffers: extras.hf_buffers,
     };
-    crate::checkpoint_save::finalize(save, &partial, meta, 1)?;
-    Ok(())
+    crate::checkpoint_save::finalize(save, &partial, meta, 1)
 }

@@ -209,7 +209,10 @@ pub fn torch_to_megatron(input: &Path, output: &Path) -> Result<PathBuf, TrainEr
     }
     let experts_per_rank = cfg.moe.as_ref().map_or(1, |m| m.num_experts / ep);
     let mut tensors = Tensors::new();
-    for (name, shape, split) in wanted_tensors(&cfg) {
+    for super::megatron_lm::WantedTensor {
+        name, shape, split, ..
+    } in wanted_tensors(&cfg)
+    {
         // Where the tensor lives: (stage, chunk), expert rank, and the local names to try.
         let layer = name.strip_prefix("decoder.layers.").and_then(|r| {
             let (l, rest) = r.split_once('.')?;
@@ -281,11 +284,18 @@ pub fn torch_to_megatron(input: &Path, output: &Path) -> Result<PathBuf, TrainEr
         tensors.insert(name, (shape, values));
     }
     let iteration = first.1.object.get("iteration").and_then(|i| i.as_int());
+    if first.1.object.get("optimizer").is_some() {
+        eprintln!(
+            "WARNING: the run's optimizer state is not imported from the legacy format (its \
+             state is by parameter index per rank). The converted checkpoint holds the weights \
+             alone, at iteration 0: train from it with --finetune"
+        );
+    }
     finish(
         (output, &dir, "--ckpt-format torch"),
         (args, iteration, &flags),
         cfg,
-        tensors,
+        (tensors, None),
         tokenizer,
     )
 }

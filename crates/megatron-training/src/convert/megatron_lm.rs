@@ -16,7 +16,8 @@ use super::torch_dist::TorchDistCheckpoint;
 use super::torch_dist_writer::{write_torch_dist, Item};
 use super::torch_save::TorchArchive;
 use super::Tensors;
-use crate::checkpointing::{iteration_dir, write_converted_checkpoint, ConvertedExtras};
+use super::megatron_lm_state::{read_run_state, RunState};
+use crate::checkpointing::{write_converted_run, ConvertedExtras, ConvertedRun};
 use crate::TrainError;
 use megatron_core::models::model_chunk::ModelChunk;
 use megatron_core::models::ModelFamily;
@@ -283,6 +284,20 @@ fn flags_of(args: &PyValue) -> Result<Vec<String>, String> {
             _ => {}
         }
     }
+    // Megatron's validate_args fills kv_channels in as hidden_size / num_attention_heads; a
+    // run that did not choose it is given the same flags as one that did not pass it.
+    let int = |k: &str| args.attr(k).and_then(|v| v.as_int());
+    if let (Some(kv), Some(h), Some(n)) = (
+        int("kv_channels"),
+        int("hidden_size"),
+        int("num_attention_heads"),
+    ) {
+        if n > 0 && kv * n == h {
+            if let Some(i) = flags.iter().position(|f| f == "--kv-channels") {
+                flags.drain(i..i + 2);
+            }
+        }
+    }
     if args.attr("group_query_attention").is_some_and(is_set) {
         if let Some(g) = args.attr("num_query_groups").and_then(text) {
             flags.extend(["--num-query-groups".to_string(), g]);
@@ -322,8 +337,9 @@ pub(crate) fn expert_of(rest: &str) -> (String, Option<usize>) {
 }
 
 /// Where parameter `name` of shape `shape` is stored: key, region start and extent.
-fn locate(
+pub(crate) fn locate(
     ck: &TorchDistCheckpoint,
+    prefix: &str,
     name: &str,
     shape: &[usize],
 ) -> Result<(String, Vec<usize>, Vec<usize>), String> {
@@ -332,12 +348,13 @@ fn locate(
         Some((l.parse::<usize>().ok()?, rest))
     });
     let Some((l, rest)) = layer else {
-        return match ck.sizes.get(name) {
-            Some(s) if s == shape => Ok((name.to_string(), vec![0; shape.len()], shape.to_vec())),
+        let key = format!("{prefix}{name}");
+        return match ck.sizes.get(&key) {
+            Some(s) if s == shape => Ok((key, vec![0; shape.len()], shape.to_vec())),
             Some(s) => Err(format!(
-                "tensor {name} has size {s:?} in the checkpoint, the model's is {shape:?}"
+                "tensor {key} has size {s:?} in the checkpoint, the model's is {shape:?}"
             )),
-            None => Err(format!("the checkpoint has no tensor {name}")),
+            None => Err(format!("the checkpoint has no tensor {key}")),
         };
     };
     let (rest, expert) = expert_of(rest);
@@ -346,8 +363,8 @@ fn locate(
         // A heterogeneous decoder keeps each layer's own key; a homogeneous one stacks the
         // layers in a leading dimension. Either way the expert, if any, comes next.
         for (key, leading) in [
-            (format!("decoder.layers.{l}.{stored}"), vec![]),
-            (format!("decoder.layers.{stored}"), vec![l]),
+            (format!("{prefix}decoder.layers.{l}.{stored}"), vec![]),
+            (format!("{prefix}decoder.layers.{stored}"), vec![l]),
         ] {
             let Some(s) = ck.sizes.get(&key) else {
                 continue;
@@ -369,20 +386,28 @@ fn locate(
         }
     }
     Err(format!(
-        "the checkpoint has no tensor for {name} (looked for decoder.layers[.{l}].{})",
+        "the checkpoint has no tensor for {name} (looked for {prefix}decoder.layers[.{l}].{})",
         tried.join(" or ")
     ))
 }
 
 /// The common state Megatron-LM saved beside the tensors (`args`, `iteration`, ...): the
 /// `common_state` item of the checkpoint, or `common.pt` where an older megatron-core wrote it.
-fn common_state(ck: &TorchDistCheckpoint) -> Result<PyValue, String> {
+pub(crate) fn common_state(ck: &TorchDistCheckpoint) -> Result<PyValue, String> {
+    with_common_state(ck, |v, _| Ok(v.clone()))
+}
+
+/// `f` on the common state and the archive holding the tensors inside it (the optimizer's
+/// step is one).
+pub(crate) fn with_common_state<T>(
+    ck: &TorchDistCheckpoint,
+    f: impl FnOnce(&PyValue, &TorchArchive) -> Result<T, String>,
+) -> Result<T, String> {
     let file = ck.dir.join("common.pt");
     if file.exists() {
         let bytes = std::fs::read(&file).map_err(|e| format!("{}: {e}", file.display()))?;
-        return Ok(TorchArchive::read(&bytes)
-            .map_err(|e| format!("{}: {e}", file.display()))?
-            .object);
+        let archive = TorchArchive::read(&bytes).map_err(|e| format!("{}: {e}", file.display()))?;
+        return f(&archive.object, &archive);
     }
     let key = ck
         .keys()
@@ -394,10 +419,11 @@ fn common_state(ck: &TorchDistCheckpoint) -> Result<PyValue, String> {
                 ck.dir.display()
             )
         })?;
+    let archive = ck.archive(&key)?;
     // Saved as a sharded object of one shard: a list of the one dict.
-    match ck.object(&key)? {
-        PyValue::List(mut one) if one.len() == 1 => Ok(one.remove(0)),
-        other => Ok(other),
+    match &archive.object {
+        PyValue::List(one) if one.len() == 1 => f(&one[0], &archive),
+        other => f(other, &archive),
     }
 }
 
@@ -444,11 +470,11 @@ pub fn torch_dist_to_megatron(input: &Path, output: &Path) -> Result<PathBuf, Tr
     let wanted = wanted_tensors(&cfg);
     let mut tensors = Tensors::new();
     let mut used = std::collections::HashSet::new();
-    for (name, shape, _) in wanted {
-        let (key, start, size) = locate(&ck, &name, &shape).map_err(fail)?;
+    for w in &wanted {
+        let (key, start, size) = locate(&ck, "", &w.name, &w.shape).map_err(fail)?;
         let values = ck.region(&key, &start, &size).map_err(fail)?;
         used.insert(key);
-        tensors.insert(name, (shape, values));
+        tensors.insert(w.name.clone(), (w.shape.clone(), values));
     }
     let model_part = |k: &str| {
         ["embedding.", "decoder.", "output_layer."]
@@ -465,11 +491,30 @@ pub fn torch_dist_to_megatron(input: &Path, output: &Path) -> Result<PathBuf, Tr
         )));
     }
     let iteration = common.get("iteration").and_then(|i| i.as_int());
+    let run = match read_run_state(&ck, &common, args, &wanted).map_err(fail)? {
+        RunState::NotSaved => None,
+        RunState::Unsupported(why) => {
+            eprintln!(
+                "WARNING: the run's optimizer state is not imported: {why}. The converted \
+                 checkpoint holds the weights alone, at iteration 0: train from it with --finetune"
+            );
+            None
+        }
+        RunState::Imported {
+            run,
+            optimizer,
+            main_params,
+        } => {
+            tensors.extend(main_params);
+            tensors.extend(optimizer);
+            Some(run)
+        }
+    };
     finish(
         (output, &ck.dir, "torch_dist"),
         (args, iteration, &flags),
         cfg,
-        tensors,
+        (tensors, run),
         tokenizer,
     )
 }
@@ -501,43 +546,70 @@ pub(crate) fn model_of_args(
 /// its own (`None`: the same on every rank).
 pub(crate) type TpSplit = Option<(usize, usize)>;
 
+/// Whether a tensor of the model is trained (and so has optimizer state) or a buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum TensorKind {
+    Parameter,
+    Buffer,
+}
+
+/// One tensor the model keeps.
+pub(crate) struct WantedTensor {
+    pub name: String,
+    pub shape: Vec<usize>,
+    pub split: TpSplit,
+    pub kind: TensorKind,
+}
+
 /// Every tensor the model of `cfg` keeps: its parameters (with their tensor-parallel split) and
 /// the buffers a checkpoint keeps (a router's expert bias).
-pub(crate) fn wanted_tensors(cfg: &TransformerConfig) -> Vec<(String, Vec<usize>, TpSplit)> {
+pub(crate) fn wanted_tensors(cfg: &TransformerConfig) -> Vec<WantedTensor> {
     let mut params = Params::default();
     let layers = cfg.num_layers();
     let chunk = cfg.build_chunk(&mut params, &mut Vec::new(), 0..layers, true, true);
     params
         .metas
         .iter()
-        .map(|m| {
-            (
-                m.name.clone(),
-                m.shape.clone(),
-                m.tp_split_dim.map(|d| (d, m.tp_chunks)),
-            )
+        .map(|m| WantedTensor {
+            name: m.name.clone(),
+            shape: m.shape.clone(),
+            split: m.tp_split_dim.map(|d| (d, m.tp_chunks)),
+            kind: TensorKind::Parameter,
         })
         .chain(
             chunk
                 .buffers()
                 .into_iter()
-                .map(|(name, v)| (name, vec![v.len()], None)),
+                .map(|(name, v)| WantedTensor {
+                    name,
+                    shape: vec![v.len()],
+                    split: None,
+                    kind: TensorKind::Buffer,
+                }),
         )
         .collect()
 }
 
-/// Writes the converted checkpoint and says what was read.
+/// Writes the converted checkpoint and says what was read: the weights alone at iteration 0,
+/// or with the run's optimizer state at the run's iteration.
 pub(crate) fn finish(
     (output, read, format): (&Path, &Path, &str),
     (args, iteration, flags): (&PyValue, Option<i64>, &[String]),
     cfg: TransformerConfig,
-    tensors: Tensors,
+    (tensors, run): (Tensors, Option<ConvertedRun>),
     tokenizer: megatron_data::TokenizerSpec,
 ) -> Result<PathBuf, TrainError> {
     let layout = ["tensor_model_parallel_size", "pipeline_model_parallel_size"]
         .map(|k| args.attr(k).and_then(|v| v.as_int()).unwrap_or(1));
+    let what = match &run {
+        Some(r) => format!(
+            "with its optimizer state (step {}, {} samples consumed)",
+            r.optimizer_step, r.consumed_train_samples
+        ),
+        None => "weights only".into(),
+    };
     eprintln!(
-        "read Megatron-LM's {format} checkpoint {} (iteration {}, saved at TP {} x PP {}): {} tensors, model flags: {}",
+        "read Megatron-LM's {format} checkpoint {} (iteration {}, saved at TP {} x PP {}): {} tensors, {what}, model flags: {}",
         read.display(),
         iteration.map_or("?".into(), |i| i.to_string()),
         layout[0],
@@ -545,8 +617,14 @@ pub(crate) fn finish(
         tensors.len(),
         flags.join(" ")
     );
-    write_converted_checkpoint(output, cfg, ConvertedExtras::default(), &tensors, tokenizer)?;
-    Ok(iteration_dir(output, 0))
+    write_converted_run(
+        output,
+        cfg,
+        ConvertedExtras::default(),
+        &tensors,
+        tokenizer,
+        run.unwrap_or_default(),
+    )
 }
 
 /// This engine's layer parameter `rest` under megatron-core's sharded key (fused norm names).

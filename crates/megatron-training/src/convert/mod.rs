@@ -14,6 +14,7 @@ mod k_quants;
 mod llama;
 mod megatron_legacy;
 mod megatron_lm;
+mod megatron_lm_state;
 mod mixtral;
 pub mod pickle;
 pub mod pickle_writer;

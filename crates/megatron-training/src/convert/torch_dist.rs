@@ -153,12 +153,17 @@ impl TorchDistCheckpoint {
 
     /// The object stored under `key` (a bytes item: `torch.save` of any object).
     pub fn object(&self, key: &str) -> Result<PyValue, String> {
+        Ok(self.archive(key)?.object)
+    }
+
+    /// The `torch.save` archive stored under `key`, for the tensors inside its object.
+    pub fn archive(&self, key: &str) -> Result<TorchArchive<'_>, String> {
         let s = self
             .stored
             .get(key)
             .and_then(|v| v.first())
             .ok_or_else(|| format!("{}: no item {key}", self.dir.display()))?;
-        Ok(self.item(key, s)?.object)
+        self.item(key, s)
     }
 
     /// Keys of the stored items (tensors and objects).

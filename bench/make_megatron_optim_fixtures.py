@@ -1,0 +1,184 @@
+"""Writes tests/fixtures/megatron_resume: Megatron-LM runs stopped mid-way, with what a resume
+needs — the weights, the optimizer's state (Adam's moments, the fp32 main parameters of a bf16
+run, the step), the learning-rate scheduler, the iteration and the samples consumed — saved by
+Megatron-LM's own `save_checkpoint` in `--ckpt-format torch_dist`, and the losses Megatron-LM
+logs for the iterations after the save when it simply goes on.
+
+Each run: Megatron-LM's parser, `gpt_builder`, `get_model` (DDP, Float16Module), the optimizer
+of `get_megatron_optimizer` (torch's AdamW here: no apex or Transformer Engine on CPU), its
+`OptimizerParamScheduler`, `forward_backward_func` with pretrain_gpt's `loss_func` and
+`finalize_model_grads`, and batches from megatron-core's own GPTDataset over a small
+`.bin/.idx` it writes with its `IndexedDatasetBuilder`, read in `MegatronPretrainingSampler`'s
+order. CPU ranks over gloo.
+
+Run (nothing here runs in CI; the outputs are committed):
+  PYTHONPATH=<Megatron-LM checkout, HEAD d98e8a6>:bench python bench/make_megatron_optim_fixtures.py OUT
+(the environment of bench/make_megatron_dist_fixtures.py, with megatron-core's compiled
+`helpers_cpp` beside Megatron-LM's `megatron/core/datasets/helpers.py`).
+"""
+import json
+import os
+import sys
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import make_megatron_dist_fixtures as fx
+
+SAVE_AT = 3
+TOTAL = 6
+DATA = [
+    "--split", "100,0,0", "--eval-iters", "0", "--train-iters", str(TOTAL),
+    "--micro-batch-size", "2", "--global-batch-size", "4", "--lr", "3e-3", "--min-lr", "3e-4",
+    "--lr-decay-style", "cosine", "--lr-warmup-iters", "2", "--weight-decay", "0.1",
+    "--clip-grad", "1.0", "--hidden-dropout", "0", "--attention-dropout", "0",
+    "--adam-beta2", "0.95", "--no-create-attention-mask-in-dataloader",
+]
+GPT = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4"]
+LLAMA = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
+         "--group-query-attention", "--num-query-groups", "2", "--ffn-hidden-size", "48",
+         "--normalization", "RMSNorm", "--swiglu", "--position-embedding-type", "rope",
+         "--disable-bias-linear", "--untie-embeddings-and-output-weights", "--norm-epsilon",
+         "1e-6", "--no-rope-fusion"]
+# name: (tp, pp, world, flags)
+RUNS = {
+    "gpt_adam": (1, 1, 1, GPT),
+    "gpt_bf16_adam": (1, 1, 1, GPT + ["--bf16"]),
+    "llama_distopt_tp2_dp2": (2, 1, 4, LLAMA + ["--use-distributed-optimizer",
+                                                "--dist-ckpt-optim-fully-reshardable"]),
+}
+
+
+def write_data(prefix):
+    """Documents of random token ids below the NullTokenizer's 100, ended by its EOD (100)."""
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+    rng = np.random.default_rng(11)
+    b = IndexedDatasetBuilder(prefix + ".bin", dtype=np.uint16)
+    for _ in range(40):
+        n = int(rng.integers(5, 40))
+        b.add_document(torch.from_numpy(np.append(rng.integers(0, 100, n), 100).astype(np.int64)),
+                       [n + 1])
+    b.finalize(prefix + ".idx")
+
+
+def cpu_model_wrapping():
+    """`get_model` moves chunks to the GPU and builds DDP on a side CUDA stream: here, no-ops."""
+    import contextlib
+    torch.nn.Module.cuda = lambda self, *a, **k: self
+    torch.Tensor.cuda = lambda self, *a, **k: self
+
+    class Stream:
+        def wait_stream(self, *a):
+            pass
+    torch.cuda.Stream = lambda *a, **k: Stream()
+    torch.cuda.current_stream = lambda *a, **k: Stream()
+    torch.cuda.stream = lambda *a, **k: contextlib.nullcontext()
+    # The optimizers assert that parameters and main grads are CUDA tensors by type name.
+    type_of = torch.Tensor.type
+    torch.Tensor.type = lambda self, *a, **k: (
+        type_of(self).replace("torch.", "torch.cuda.", 1) if not a and not k
+        else type_of(self, *a, **k))
+    # The schedules count tokens and sum losses in small tensors made on "cuda".
+    for name in ("zeros", "ones", "empty", "full"):
+        make = getattr(torch, name)
+        setattr(torch, name, lambda *a, _make=make, **k: _make(*a, **{
+            **k, "device": "cpu"} if str(k.get("device", "")).startswith("cuda") else k))
+
+
+def run(rank, world, tp, pp, flags, out, port):
+    fx.cpu_device_tensors()
+    prefix = os.path.join(out, "data", "tokens_text_document")
+    flags = flags + DATA + ["--data-path", prefix, "--data-cache-path",
+                            os.path.join(out, "cache"), "--save", out,
+                            "--save-interval", str(SAVE_AT)]
+    args, _ = fx.setup(rank, world, tp, pp, flags, port)
+    from functools import partial
+    from megatron.core import parallel_state as mpu
+    from megatron.core.datasets.blended_megatron_dataset_builder import \
+        BlendedMegatronDatasetBuilder
+    from megatron.core.datasets.gpt_dataset import GPTDataset
+    from megatron.core.distributed import finalize_model_grads
+    from megatron.core.enums import ModelType
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+    from megatron.core.utils import get_model_config
+    from megatron.training.checkpointing import save_checkpoint
+    from megatron.training.training import (get_megatron_optimizer_config, get_model,
+                                            get_optimizer_param_scheduler)
+    from megatron.core.optimizer import get_megatron_optimizer
+    from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
+    import contextlib
+    import pretrain_gpt
+    from gpt_builders import gpt_builder
+    get_cuda_rng_tracker().fork = lambda *a, **k: contextlib.nullcontext()
+    cpu_model_wrapping()
+
+    torch.manual_seed(args.seed)
+    model = get_model(partial(pretrain_gpt.model_provider, gpt_builder),
+                      ModelType.encoder_or_decoder)
+    opt_config, overrides = get_megatron_optimizer_config(args)
+    optimizer = get_megatron_optimizer(opt_config, model, config_overrides=overrides)
+    scheduler = get_optimizer_param_scheduler(optimizer)
+    config = get_model_config(model[0])
+    config.grad_scale_func = optimizer.scale_loss
+    config.finalize_model_grads_func = finalize_model_grads
+
+    ds_config = pretrain_gpt.core_gpt_dataset_config_from_args(args)
+    train_ds, _, _ = BlendedMegatronDatasetBuilder(
+        GPTDataset, [TOTAL * args.global_batch_size, 0, 0], lambda: True, ds_config).build()
+    dp, dp_rank = mpu.get_data_parallel_world_size(), mpu.get_data_parallel_rank()
+    mbs, gbs = args.micro_batch_size, args.global_batch_size
+    n_micro = gbs // (mbs * dp)
+
+    def batches(it):
+        # MegatronPretrainingSampler: each global batch's samples in order, DP rank r holding
+        # micro-batch rows r*mbs.. of each mbs*dp block.
+        start = it * gbs
+        for m in range(n_micro):
+            base = start + m * mbs * dp + dp_rank * mbs
+            rows = [train_ds[base + j] for j in range(mbs)]
+            yield {k: torch.stack([torch.as_tensor(r[k]) for r in rows]) for k in
+                   ("tokens", "labels", "loss_mask", "position_ids")}
+
+    def forward_step(data_iterator, model):
+        b = next(data_iterator)
+        output = model(b["tokens"], b["position_ids"], None, labels=b["labels"])
+        return output, partial(pretrain_gpt.loss_func, b["loss_mask"].float(), model=model)
+
+    losses = []
+    for it in range(TOTAL):
+        for m in model:
+            m.zero_grad_buffer()
+        optimizer.zero_grad()
+        reduced = get_forward_backward_func()(
+            forward_step_func=forward_step, data_iterator=batches(it), model=model,
+            num_microbatches=n_micro, seq_length=args.seq_length, micro_batch_size=mbs,
+            decoder_seq_length=args.seq_length, forward_only=False)
+        ok, grad_norm, _ = optimizer.step()
+        assert ok
+        scheduler.step(increment=gbs)
+        args.consumed_train_samples += gbs
+        if mpu.is_pipeline_last_stage():
+            s = torch.stack([r["lm loss"] for r in reduced]).sum(0)
+            dist.all_reduce(s, group=mpu.get_data_parallel_group())
+            losses.append({"iteration": it + 1, "lm_loss": (s[0] / s[1]).item(),
+                           "grad_norm": float(grad_norm)})
+        if it + 1 == SAVE_AT:
+            save_checkpoint(it + 1, model, optimizer, scheduler, 0)
+    if rank == world - 1:
+        with open(os.path.join(out, "losses.json"), "w") as f:
+            json.dump(losses, f, indent=1)
+
+
+if __name__ == "__main__":
+    root = sys.argv[1]
+    only = sys.argv[2:] or list(RUNS)
+    port = 29700
+    for name in only:
+        tp, pp, world, flags = RUNS[name]
+        out = os.path.join(root, name)
+        os.makedirs(os.path.join(out, "data"), exist_ok=True)
+        write_data(os.path.join(out, "data", "tokens_text_document"))
+        mp.spawn(run, args=(world, tp, pp, flags, out, port), nprocs=world)
+        port += 1

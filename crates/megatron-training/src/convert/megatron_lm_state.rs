@@ -1,0 +1,226 @@
+//! A Megatron-LM run's training state, read from its torch_dist checkpoint, so that `megatron
+//! train --load` goes on where Megatron-LM stopped: Adam's moments, the fp32 main parameters
+//! of a bf16 run, the optimizer's step, the learning-rate schedule, the iteration and the
+//! samples consumed (the data order is Megatron's, so the next batches are the ones Megatron-LM
+//! would have read).
+//!
+//! megatron-core keeps the per-parameter state under the model's own sharded keys —
+//! `optimizer.state.{exp_avg,exp_avg_sq}.<key>`, and the main parameters under
+//! `optimizer.state.fp32_param.<key>` (non-distributed mixed precision) or
+//! `optimizer.state.param.<key>` (the distributed optimizer's `fully_reshardable` form) — so
+//! they are found where the weights are, whatever TP/PP/DP layout saved them. The distributed
+//! optimizer's default form (`dp_reshardable`) stores its flat gradient-buffer buckets instead,
+//! whose layout is Megatron's bucketing of that exact model and DP size; it is not read here.
+
+use super::megatron_lm::{locate, with_common_state, TensorKind, WantedTensor};
+use super::pickle::PyValue;
+use super::torch_dist::TorchDistCheckpoint;
+use super::torch_save::TorchArchive;
+use super::Tensors;
+use crate::checkpointing::ConvertedRun;
+use megatron_core::optimizer::{LrDecayStyle, OptimizerParamScheduler, WsdDecayStyle};
+
+/// What a checkpoint holds of the run beyond its weights.
+pub(crate) enum RunState {
+    /// Saved with `--no-save-optim`, or by a script that saved the model alone.
+    NotSaved,
+    /// Saved, and not importable here, for the reason given.
+    Unsupported(String),
+    /// The run continues: its position, and its optimizer tensors by this engine's names
+    /// (`optimizer.exp_avg.<name>`, ...), and the main parameters that replace the weights.
+    Imported {
+        run: ConvertedRun,
+        optimizer: Tensors,
+        main_params: Tensors,
+    },
+}
+
+/// Reads the run's state from `ck` (common state `common`, saved arguments `args`) for the
+/// model's tensors `wanted`.
+pub(crate) fn read_run_state(
+    ck: &TorchDistCheckpoint,
+    common: &PyValue,
+    args: &PyValue,
+    wanted: &[WantedTensor],
+) -> Result<RunState, String> {
+    let Some(opt) = common.get("optimizer") else {
+        return Ok(RunState::NotSaved);
+    };
+    if let Some(why) = unsupported(ck, common, opt, args) {
+        return Ok(RunState::Unsupported(why));
+    }
+    let step = with_common_state(ck, optimizer_step)?;
+    let mut optimizer = Tensors::new();
+    let mut main_params = Tensors::new();
+    for w in wanted.iter().filter(|w| w.kind == TensorKind::Parameter) {
+        for moment in ["exp_avg", "exp_avg_sq"] {
+            let prefix = format!("optimizer.state.{moment}.");
+            let (key, start, size) = locate(ck, &prefix, &w.name, &w.shape)?;
+            optimizer.insert(
+                format!("optimizer.{moment}.{}", w.name),
+                (w.shape.clone(), ck.region(&key, &start, &size)?),
+            );
+        }
+        // The fp32 copy the optimizer steps (bf16/fp16 runs; the distributed optimizer keeps
+        // one for fp32 runs too, equal to the weights). An fp32 run's weights are its own.
+        for prefix in ["optimizer.state.fp32_param.", "optimizer.state.param."] {
+            if let Ok((key, start, size)) = locate(ck, prefix, &w.name, &w.shape) {
+                main_params.insert(
+                    w.name.clone(),
+                    (w.shape.clone(), ck.region(&key, &start, &size)?),
+                );
+                break;
+            }
+        }
+    }
+    let int = |name: &str| args.attr(name).and_then(|v| v.as_int());
+    let float = |name: &str| args.attr(name).and_then(number);
+    let need = |name: &str| {
+        float(name).ok_or_else(|| format!("the saved arguments hold no number {name}"))
+    };
+    let iteration = common
+        .get("iteration")
+        .and_then(|i| i.as_int())
+        .ok_or("the common state holds no iteration")?;
+    let run = ConvertedRun {
+        iteration: iteration as u64,
+        consumed_train_samples: int("consumed_train_samples").unwrap_or(0) as u64,
+        consumed_valid_samples: int("consumed_valid_samples").map(|v| v as u64),
+        scheduler: scheduler(common, args)?,
+        optimizer_step: step,
+        adam_beta1: need("adam_beta1")? as f32,
+        adam_beta2: need("adam_beta2")? as f32,
+        adam_eps: need("adam_eps")? as f32,
+        seed: int("seed").unwrap_or(1234) as u64,
+    };
+    Ok(RunState::Imported {
+        run,
+        optimizer,
+        main_params,
+    })
+}
+
+/// Why the saved optimizer state cannot be continued here, if it cannot.
+fn unsupported(
+    ck: &TorchDistCheckpoint,
+    common: &PyValue,
+    opt: &PyValue,
+    args: &PyValue,
+) -> Option<String> {
+    let arg = |name: &str| args.attr(name);
+    if let Some(o) = arg("optimizer").and_then(|v| v.as_str()) {
+        if o != "adam" {
+            return Some(format!(
+                "the run's optimizer is {o}; the state of --optimizer adam is what is imported"
+            ));
+        }
+    }
+    if matches!(arg("decoupled_weight_decay"), Some(PyValue::Bool(false))) {
+        return Some("the run used Adam with L2 weight decay (not decoupled), which this engine does not train".into());
+    }
+    if matches!(arg("fp16"), Some(PyValue::Bool(true))) {
+        return Some("an fp16 run: its loss scaler's state is not imported".into());
+    }
+    if let Some(t) = opt
+        .get("param_state_sharding_type")
+        .and_then(|v| v.as_str())
+        .filter(|t| *t != "fully_reshardable")
+    {
+        return Some(format!(
+            "the distributed optimizer's state is saved as {t} (its gradient buckets, in \
+             Megatron's layout for that model and data-parallel size); save the run once with \
+             Megatron-LM's --dist-ckpt-optim-fully-reshardable to bring its state"
+        ));
+    }
+    if ck.keys().any(|k| k.starts_with("chained_")) {
+        return Some("the state of several optimizers chained (expert parameters apart) is not imported".into());
+    }
+    if !ck.keys().any(|k| k.starts_with("optimizer.state.exp_avg.")) {
+        return Some("the checkpoint holds no Adam moments (optimizer.state.exp_avg.*)".into());
+    }
+    common.get("opt_param_scheduler").and_then(|s| {
+        let constant = s.get("wd_incr_style").and_then(|v| v.as_str()) == Some("constant");
+        let same = s.get("start_wd").and_then(number) == s.get("end_wd").and_then(number);
+        (!constant || !same).then(|| {
+            "the run's weight decay changes over training (--start-weight-decay/--end-weight-decay), which this engine does not schedule".to_string()
+        })
+    })
+}
+
+/// The optimizer's step count: one shared step (`state.common_step`, a tensor, of the
+/// non-distributed optimizers) or each parameter group's `step` (the distributed optimizer).
+fn optimizer_step(common: &PyValue, archive: &TorchArchive) -> Result<u64, String> {
+    let opt = common.get("optimizer").ok_or("no optimizer state")?;
+    // Mixed precision wraps the inner optimizer's state dict in another `optimizer`.
+    let inner = opt.get("optimizer").unwrap_or(opt);
+    let value = inner
+        .get("state")
+        .and_then(|s| s.get("common_step"))
+        .or_else(|| {
+            inner
+                .get("param_groups")
+                .and_then(|g| g.as_seq())
+                .and_then(|g| g.first())
+                .and_then(|g| g.get("step"))
+        })
+        .ok_or("the optimizer state holds no step (state.common_step or param_groups[0].step)")?;
+    let step = match number(value) {
+        Some(s) => s,
+        None => {
+            let t = archive.tensor(value)?;
+            *t.values.first().ok_or("an empty step tensor")? as f64
+        }
+    };
+    Ok(step.round() as u64)
+}
+
+/// The learning-rate schedule as the run left it: Megatron-LM's `opt_param_scheduler` state
+/// (in samples, as this engine's), with the warm-up start and the WSD decay from the saved
+/// arguments.
+fn scheduler(common: &PyValue, args: &PyValue) -> Result<OptimizerParamScheduler, String> {
+    let s = common
+        .get("opt_param_scheduler")
+        .ok_or("the common state holds no opt_param_scheduler")?;
+    let num = |k: &str| {
+        s.get(k)
+            .and_then(number)
+            .ok_or_else(|| format!("opt_param_scheduler holds no number {k}"))
+    };
+    let style = s
+        .get("lr_decay_style")
+        .and_then(|v| v.as_str())
+        .ok_or("opt_param_scheduler holds no lr_decay_style")?;
+    let decay_style = LrDecayStyle::parse(style)
+        .ok_or_else(|| format!("opt_param_scheduler's lr_decay_style {style} is not one this engine schedules"))?;
+    let arg_num = |k: &str| args.attr(k).and_then(number);
+    let gbs = arg_num("global_batch_size").unwrap_or(1.0);
+    let wsd_decay_steps = arg_num("lr_wsd_decay_samples")
+        .or_else(|| arg_num("lr_wsd_decay_iters").map(|i| i * gbs))
+        .unwrap_or(0.0);
+    let wsd = args
+        .attr("lr_wsd_decay_style")
+        .and_then(|v| v.as_str())
+        .unwrap_or("exponential");
+    let wsd_decay_style = WsdDecayStyle::parse(wsd)
+        .ok_or_else(|| format!("the saved lr_wsd_decay_style {wsd} is not one this engine schedules"))?;
+    Ok(OptimizerParamScheduler {
+        init_lr: arg_num("lr_warmup_init").unwrap_or(0.0),
+        max_lr: num("max_lr")?,
+        min_lr: num("min_lr")?,
+        warmup_steps: num("lr_warmup_steps")? as u64,
+        decay_steps: num("lr_decay_steps")? as u64,
+        decay_style,
+        wsd_decay_steps: wsd_decay_steps as u64,
+        wsd_decay_style,
+        num_steps: num("num_steps")? as u64,
+    })
+}
+
+/// A Python int or float.
+fn number(v: &PyValue) -> Option<f64> {
+    match v {
+        PyValue::Int(i) => Some(*i as f64),
+        PyValue::Float(f) => Some(*f),
+        _ => None,
+    }
+}
