@@ -48,6 +48,10 @@ RUNS = {
     "gpt_bf16_adam": (1, 1, 1, GPT + ["--bf16"]),
     "llama_distopt_tp2_dp2": (2, 1, 4, LLAMA + ["--use-distributed-optimizer",
                                                 "--dist-ckpt-optim-fully-reshardable"]),
+    # Pipeline stages holding the tied embedding twice (the last stage's output-layer copy).
+    "gpt_pp2": (1, 2, 2, GPT),
+    # The distributed optimizer's default checkpoint form (its gradient buckets): not imported.
+    "llama_distopt_dp_reshardable": (1, 1, 2, LLAMA + ["--use-distributed-optimizer"]),
 }
 
 
@@ -89,7 +93,11 @@ def cpu_model_wrapping():
 
 def run(rank, world, tp, pp, flags, out, port):
     fx.cpu_device_tensors()
-    prefix = os.path.join(out, "data", "tokens_text_document")
+    # Megatron-LM's modules first (their annotations use torch.cuda.Stream), then the CPU shims
+    # (the tied output layer of a last pipeline stage moves itself to the GPU when built).
+    import megatron.training.training  # noqa: F401
+    cpu_model_wrapping()
+    prefix = os.path.join(os.path.dirname(out), "data", "tokens_text_document")
     flags = flags + DATA + ["--data-path", prefix, "--data-cache-path",
                             os.path.join(out, "cache"), "--save", out,
                             "--save-interval", str(SAVE_AT)]
@@ -112,7 +120,6 @@ def run(rank, world, tp, pp, flags, out, port):
     import pretrain_gpt
     from gpt_builders import gpt_builder
     get_cuda_rng_tracker().fork = lambda *a, **k: contextlib.nullcontext()
-    cpu_model_wrapping()
 
     torch.manual_seed(args.seed)
     model = get_model(partial(pretrain_gpt.model_provider, gpt_builder),
@@ -175,10 +182,12 @@ if __name__ == "__main__":
     root = sys.argv[1]
     only = sys.argv[2:] or list(RUNS)
     port = 29700
+    # One dataset for every run.
+    os.makedirs(os.path.join(root, "data"), exist_ok=True)
+    write_data(os.path.join(root, "data", "tokens_text_document"))
     for name in only:
         tp, pp, world, flags = RUNS[name]
         out = os.path.join(root, name)
-        os.makedirs(os.path.join(out, "data"), exist_ok=True)
-        write_data(os.path.join(out, "data", "tokens_text_document"))
+        os.makedirs(out, exist_ok=True)
         mp.spawn(run, args=(world, tp, pp, flags, out, port), nprocs=world)
         port += 1

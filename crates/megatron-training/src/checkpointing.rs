@@ -734,8 +734,15 @@ pub(crate) fn write_converted_checkpoint(
     tensors: &crate::convert::Tensors,
     tokenizer: megatron_data::TokenizerSpec,
 ) -> Result<(), TrainError> {
-    write_converted_run(save, model, extras, tensors, tokenizer, ConvertedRun::default())
-        .map(|_| ())
+    write_converted_run(
+        save,
+        model,
+        extras,
+        tensors,
+        tokenizer,
+        ConvertedRun::default(),
+    )
+    .map(|_| ())
 }
 
 /// A converted checkpoint at `run`'s iteration, written by this one process in the sharded

@@ -10,13 +10,13 @@
 //! `mlp.linear_fc1.layer_norm_weight`) whichever layer spec saved them. Optimizer state, RNG
 //! state and `_extra_state`s are not read.
 
+use super::megatron_lm_state::{read_run_state, RunState};
 use super::pickle::PyValue;
 use super::pickle_writer::Pickle;
 use super::torch_dist::TorchDistCheckpoint;
 use super::torch_dist_writer::{write_torch_dist, Item};
 use super::torch_save::TorchArchive;
 use super::Tensors;
-use super::megatron_lm_state::{read_run_state, RunState};
 use crate::checkpointing::{write_converted_run, ConvertedExtras, ConvertedRun};
 use crate::TrainError;
 use megatron_core::models::model_chunk::ModelChunk;
@@ -576,17 +576,12 @@ pub(crate) fn wanted_tensors(cfg: &TransformerConfig) -> Vec<WantedTensor> {
             split: m.tp_split_dim.map(|d| (d, m.tp_chunks)),
             kind: TensorKind::Parameter,
         })
-        .chain(
-            chunk
-                .buffers()
-                .into_iter()
-                .map(|(name, v)| WantedTensor {
-                    name,
-                    shape: vec![v.len()],
-                    split: None,
-                    kind: TensorKind::Buffer,
-                }),
-        )
+        .chain(chunk.buffers().into_iter().map(|(name, v)| WantedTensor {
+            name,
+            shape: vec![v.len()],
+            split: None,
+            kind: TensorKind::Buffer,
+        }))
         .collect()
 }
 

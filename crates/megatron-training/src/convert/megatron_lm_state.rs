@@ -133,7 +133,10 @@ fn unsupported(
         ));
     }
     if ck.keys().any(|k| k.starts_with("chained_")) {
-        return Some("the state of several optimizers chained (expert parameters apart) is not imported".into());
+        return Some(
+            "the state of several optimizers chained (expert parameters apart) is not imported"
+                .into(),
+        );
     }
     if !ck.keys().any(|k| k.starts_with("optimizer.state.exp_avg.")) {
         return Some("the checkpoint holds no Adam moments (optimizer.state.exp_avg.*)".into());
@@ -190,8 +193,9 @@ fn scheduler(common: &PyValue, args: &PyValue) -> Result<OptimizerParamScheduler
         .get("lr_decay_style")
         .and_then(|v| v.as_str())
         .ok_or("opt_param_scheduler holds no lr_decay_style")?;
-    let decay_style = LrDecayStyle::parse(style)
-        .ok_or_else(|| format!("opt_param_scheduler's lr_decay_style {style} is not one this engine schedules"))?;
+    let decay_style = LrDecayStyle::parse(style).ok_or_else(|| {
+        format!("opt_param_scheduler's lr_decay_style {style} is not one this engine schedules")
+    })?;
     let arg_num = |k: &str| args.attr(k).and_then(number);
     let gbs = arg_num("global_batch_size").unwrap_or(1.0);
     let wsd_decay_steps = arg_num("lr_wsd_decay_samples")
@@ -201,8 +205,9 @@ fn scheduler(common: &PyValue, args: &PyValue) -> Result<OptimizerParamScheduler
         .attr("lr_wsd_decay_style")
         .and_then(|v| v.as_str())
         .unwrap_or("exponential");
-    let wsd_decay_style = WsdDecayStyle::parse(wsd)
-        .ok_or_else(|| format!("the saved lr_wsd_decay_style {wsd} is not one this engine schedules"))?;
+    let wsd_decay_style = WsdDecayStyle::parse(wsd).ok_or_else(|| {
+        format!("the saved lr_wsd_decay_style {wsd} is not one this engine schedules")
+    })?;
     Ok(OptimizerParamScheduler {
         init_lr: arg_num("lr_warmup_init").unwrap_or(0.0),
         max_lr: num("max_lr")?,

@@ -1,0 +1,256 @@
+//! A Megatron-LM run continued here: runs that Megatron-LM's own training code stopped at
+//! iteration 3 and saved with `save_checkpoint` (`bench/make_megatron_optim_fixtures.py`:
+//! its model, DDP, optimizer, scheduler and schedules on CPU ranks, its GPTDataset over a
+//! committed `.bin/.idx`), converted with their optimizer state and trained on by `megatron
+//! train --load` with the run's own flags, must log the losses and gradient norms Megatron-LM
+//! logged for iterations 4-6 when it simply went on.
+
+mod common;
+
+use common::{parse_train, tmpdir};
+use megatron_training::convert::torch_dist_to_megatron;
+use std::path::PathBuf;
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/megatron_resume")
+        .join(name)
+}
+
+const GPT: &[&str] = &[
+    "--num-layers",
+    "2",
+    "--hidden-size",
+    "32",
+    "--num-attention-heads",
+    "4",
+];
+const LLAMA: &[&str] = &[
+    "--num-layers",
+    "2",
+    "--hidden-size",
+    "32",
+    "--num-attention-heads",
+    "4",
+    "--group-query-attention",
+    "--num-query-groups",
+    "2",
+    "--ffn-hidden-size",
+    "48",
+    "--normalization",
+    "RMSNorm",
+    "--swiglu",
+    "--position-embedding-type",
+    "rope",
+    "--disable-bias-linear",
+    "--untie-embeddings-and-output-weights",
+    "--norm-epsilon",
+    "1e-6",
+    "--no-rope-fusion",
+];
+
+/// The flags the fixture script gave Megatron-LM (besides the model's and the layout's).
+const RUN: &[&str] = &[
+    "--tokenizer-type",
+    "NullTokenizer",
+    "--vocab-size",
+    "100",
+    "--make-vocab-size-divisible-by",
+    "32",
+    "--seq-length",
+    "16",
+    "--max-position-embeddings",
+    "16",
+    "--init-method-std",
+    "0.2",
+    "--seed",
+    "5",
+    "--split",
+    "100,0,0",
+    "--eval-iters",
+    "0",
+    "--train-iters",
+    "6",
+    "--micro-batch-size",
+    "2",
+    "--global-batch-size",
+    "4",
+    "--lr",
+    "3e-3",
+    "--min-lr",
+    "3e-4",
+    "--lr-decay-style",
+    "cosine",
+    "--lr-warmup-iters",
+    "2",
+    "--weight-decay",
+    "0.1",
+    "--clip-grad",
+    "1.0",
+    "--hidden-dropout",
+    "0",
+    "--attention-dropout",
+    "0",
+    "--adam-beta2",
+    "0.95",
+    "--no-progress-bar",
+    "--num-threads",
+    "1",
+];
+
+/// Megatron-LM's `(iteration, lm loss, grad norm)` after the save.
+fn megatron_lm_log(name: &str) -> Vec<(u64, f64, f64)> {
+    let text = std::fs::read_to_string(fixture(name).join("losses.json")).unwrap();
+    let rows: Vec<serde_json::Value> = serde_json::from_str(&text).unwrap();
+    rows.iter()
+        .map(|r| {
+            (
+                r["iteration"].as_u64().unwrap(),
+                r["lm_loss"].as_f64().unwrap(),
+                r["grad_norm"].as_f64().unwrap(),
+            )
+        })
+        .filter(|r| r.0 > 3)
+        .collect()
+}
+
+/// Converts fixture `name` and trains it to iteration 6 with the model's flags and `extra`
+/// (a layout, a precision); the log of iterations 4-6.
+fn continued(name: &str, test: &str, model: &[&str], extra: &[&str]) -> Vec<(u64, f64, f64)> {
+    let dir = tmpdir(&format!("mlm-resume-{name}-{test}"));
+    let save = dir.join("converted");
+    torch_dist_to_megatron(&fixture(name), &save).unwrap();
+    let data = fixture("data/tokens_text_document");
+    let cache = dir.join("cache");
+    let mut v = vec![
+        "megatron",
+        "--load",
+        save.to_str().unwrap(),
+        "--data-path",
+        data.to_str().unwrap(),
+        "--data-cache-path",
+        cache.to_str().unwrap(),
+    ];
+    v.extend_from_slice(RUN);
+    v.extend_from_slice(model);
+    v.extend_from_slice(extra);
+    let s = megatron_training::pretrain(&parse_train(&v)).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(
+        s.start_iteration, 3,
+        "{name}: the run continues at iteration 3"
+    );
+    s.losses
+        .iter()
+        .zip(&s.grad_norms)
+        .map(|(&(i, l), &(j, g))| {
+            assert_eq!(i, j);
+            (i, l, g)
+        })
+        .collect()
+}
+
+/// Ours follows Megatron-LM's log within `tol` (relative, for losses and gradient norms).
+fn assert_follows(what: &str, want: &[(u64, f64, f64)], got: &[(u64, f64, f64)], tol: f64) {
+    assert_eq!(want.len(), got.len(), "{what}: iterations {got:?}");
+    for (w, g) in want.iter().zip(got) {
+        assert_eq!(w.0, g.0, "{what}");
+        let close = |a: f64, b: f64| (a - b).abs() <= tol * a.abs();
+        assert!(
+            close(w.1, g.1) && close(w.2, g.2),
+            "{what} iteration {}: Megatron-LM logged loss {} grad norm {}, ours {} and {}",
+            w.0,
+            w.1,
+            w.2,
+            g.1,
+            g.2
+        );
+    }
+}
+
+#[test]
+fn a_megatron_lm_fp32_run_continues_with_the_losses_megatron_lm_logs() {
+    // The non-distributed fp32 optimizer: Adam's moments under the weights' own keys, the
+    // shared step in the common state; the schedule mid-warm-up-and-decay.
+    let want = megatron_lm_log("gpt_adam");
+    let got = continued("gpt_adam", "world1", GPT, &[]);
+    assert_follows("fp32 GPT", &want, &got, 2e-6);
+}
+
+#[test]
+fn without_its_optimizer_state_the_run_does_not_continue_megatron_lms_log() {
+    // The check above can fail: the same weights with Adam restarted from zero state (as a
+    // weights-only conversion would train) leave Megatron-LM's log at once.
+    let want = megatron_lm_log("gpt_adam");
+    let got = continued("gpt_adam", "no-optim", GPT, &["--no-load-optim"]);
+    let (w, g) = (want[1].1, got[1].1);
+    assert!(
+        (w - g).abs() > 1e-3,
+        "iteration 5 without the optimizer state: {g}, Megatron-LM's {w}"
+    );
+}
+
+#[test]
+fn a_distributed_optimizer_run_saved_at_tp2_dp2_continues_at_one_rank_and_at_tp2_pp2() {
+    // The distributed optimizer's fully_reshardable form: main parameters, moments and each
+    // group's step; a Llama-style model (RMSNorm, SwiGLU, RoPE, GQA, untied output).
+    let want = megatron_lm_log("llama_distopt_tp2_dp2");
+    let one = continued("llama_distopt_tp2_dp2", "world1", LLAMA, &[]);
+    assert_follows("Llama at one rank", &want, &one, 2e-6);
+    let layout = [
+        "--nproc-per-node",
+        "4",
+        "--tensor-model-parallel-size",
+        "2",
+        "--pipeline-model-parallel-size",
+        "2",
+        "--micro-batch-size",
+        "1",
+    ];
+    let split = continued("llama_distopt_tp2_dp2", "tp2pp2", LLAMA, &layout);
+    assert_follows("Llama at TP 2 x PP 2", &want, &split, 2e-6);
+}
+
+#[test]
+fn a_run_with_pipeline_stages_continues_with_the_losses_megatron_lm_logs() {
+    // Saved from 2 pipeline stages, the tied embedding's last-stage copy among them.
+    let want = megatron_lm_log("gpt_pp2");
+    let got = continued("gpt_pp2", "world1", GPT, &[]);
+    assert_follows("GPT from PP 2", &want, &got, 2e-6);
+}
+
+#[test]
+fn a_bf16_run_continues_from_its_fp32_main_parameters_within_bf16_tolerance() {
+    // bf16 weights, fp32 main parameters and moments: the continued losses differ only by the
+    // bf16 products each engine rounds (PyTorch's CPU bf16 GEMMs against ours).
+    let want = megatron_lm_log("gpt_bf16_adam");
+    let got = continued("gpt_bf16_adam", "world1", GPT, &["--bf16"]);
+    assert_follows("bf16 GPT", &want, &got, 2e-3);
+}
+
+#[test]
+fn the_distributed_optimizers_bucket_form_converts_to_weights_alone_with_a_warning() {
+    // dp_reshardable (the distributed optimizer's default): the state is skipped, the weights
+    // land at iteration 0, as a model-only checkpoint would.
+    let dir = tmpdir("mlm-resume-dp-reshardable");
+    let save = dir.join("converted");
+    let written = torch_dist_to_megatron(&fixture("llama_distopt_dp_reshardable"), &save).unwrap();
+    assert!(written.ends_with("iter_0000000"), "{}", written.display());
+    let tracker = std::fs::read_to_string(save.join("latest_checkpointed_iteration.txt")).unwrap();
+    assert_eq!(tracker.trim(), "0");
+    let meta: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(written.join("metadata.json")).unwrap())
+            .unwrap();
+    let names: Vec<&str> = meta["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert!(
+        names.iter().all(|n| !n.starts_with("optimizer.")),
+        "{names:?}"
+    );
+    assert!(names.contains(&"embedding.word_embeddings.weight"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
