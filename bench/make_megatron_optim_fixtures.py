@@ -91,7 +91,9 @@ def cpu_model_wrapping():
             **k, "device": "cpu"} if str(k.get("device", "")).startswith("cuda") else k))
 
 
-def run(rank, world, tp, pp, flags, out, port):
+def run(rank, world, tp, pp, flags, out, port, load=None):
+    """Trains to iteration TOTAL, saving at SAVE_AT; or, from checkpoint `load` (its own
+    iteration on), without saving. Iteration losses and gradient norms go to out/losses.json."""
     fx.cpu_device_tensors()
     # Megatron-LM's modules first (their annotations use torch.cuda.Stream), then the CPU shims
     # (the tied output layer of a last pipeline stage moves itself to the GPU when built).
@@ -99,8 +101,8 @@ def run(rank, world, tp, pp, flags, out, port):
     cpu_model_wrapping()
     prefix = os.path.join(os.path.dirname(out), "data", "tokens_text_document")
     flags = flags + DATA + ["--data-path", prefix, "--data-cache-path",
-                            os.path.join(out, "cache"), "--save", out,
-                            "--save-interval", str(SAVE_AT)]
+                            os.path.join(out, "cache")]
+    flags += ["--load", load] if load else ["--save", out, "--save-interval", str(SAVE_AT)]
     args, _ = fx.setup(rank, world, tp, pp, flags, port)
     from functools import partial
     from megatron.core import parallel_state as mpu
@@ -153,8 +155,42 @@ def run(rank, world, tp, pp, flags, out, port):
         output = model(b["tokens"], b["position_ids"], None, labels=b["labels"])
         return output, partial(pretrain_gpt.loss_func, b["loss_mask"].float(), model=model)
 
+    start = 0
+    if load:
+        from megatron.training.checkpointing import load_checkpoint
+        if args.use_distributed_optimizer:
+            # torch's Adam (no Transformer Engine or apex here) makes its state at the first
+            # step, and the distributed optimizer's state_dict reads the step from it before
+            # loading: give it zero state, which the load overwrites (TE's Adam keeps the step
+            # in its parameter groups instead).
+            for group in optimizer.optimizer.param_groups:
+                for p in group["params"]:
+                    optimizer.optimizer.state[p] = {
+                        "step": torch.tensor(0.0), "exp_avg": torch.zeros_like(p),
+                        "exp_avg_sq": torch.zeros_like(p)}
+            # The same: copying the loaded tensors in, it also looks for a loaded "step"
+            # tensor, which the fully_reshardable form keeps in the groups.
+            from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer as DO
+            set_states = DO._set_main_param_and_optimizer_states
+
+            def without_step(self, model_param, tensors):
+                g, o = self.model_param_group_index_map[model_param]
+                state = self.optimizer.state[self.optimizer.param_groups[g]["params"][o]]
+                step = state.pop("step", None)
+                set_states(self, model_param, tensors)
+                if step is not None:
+                    state["step"] = step
+            DO._set_main_param_and_optimizer_states = without_step
+        start, _ = load_checkpoint(model, optimizer, scheduler)
+        assert start > 0, "nothing loaded"
+        if args.use_distributed_optimizer:
+            # The torch-Adam path hands every parameter's state one shared step tensor, which
+            # torch's Adam then advances once per parameter: each its own, as a step kept per
+            # group (TE's Adam) behaves.
+            for state in optimizer.optimizer.state.values():
+                state["step"] = state["step"].clone()
     losses = []
-    for it in range(TOTAL):
+    for it in range(start, TOTAL):
         for m in model:
             m.zero_grad_buffer()
         optimizer.zero_grad()
@@ -171,7 +207,7 @@ def run(rank, world, tp, pp, flags, out, port):
             dist.all_reduce(s, group=mpu.get_data_parallel_group())
             losses.append({"iteration": it + 1, "lm_loss": (s[0] / s[1]).item(),
                            "grad_norm": float(grad_norm)})
-        if it + 1 == SAVE_AT:
+        if it + 1 == SAVE_AT and not load:
             save_checkpoint(it + 1, model, optimizer, scheduler, 0)
     if rank == world - 1:
         with open(os.path.join(out, "losses.json"), "w") as f:

@@ -112,14 +112,21 @@ struct ConvertArgs {
     /// Vocabulary padding of the converted model (Megatron's flag; the default is Megatron's).
     #[arg(long, default_value_t = 128)]
     make_vocab_size_divisible_by: usize,
+    /// With `--to torch_dist`: the weights alone (a release checkpoint), even where the
+    /// checkpoint holds the optimizer state a Megatron-LM run would continue from.
+    #[arg(long)]
+    no_save_optim: bool,
 }
 
 fn run_convert(a: &ConvertArgs) -> anyhow::Result<()> {
     use megatron_training::convert::gguf_export::GgufOutType;
     use megatron_training::convert::{
         gguf_to_megatron, hf_to_megatron, megatron_to_gguf, megatron_to_hf, megatron_to_torch_dist,
-        torch_dist_to_megatron, torch_to_megatron,
+        torch_dist_to_megatron, torch_to_megatron, OptimizerExport,
     };
+    if a.no_save_optim && a.to != "torch_dist" {
+        anyhow::bail!("--no-save-optim leaves the optimizer state out of a Megatron-LM export: it goes with --to torch_dist");
+    }
     if a.outtype.is_some() && a.to != "gguf" {
         anyhow::bail!("--outtype chooses the tensor types of a GGUF: it goes with --to gguf");
     }
@@ -128,7 +135,14 @@ fn run_convert(a: &ConvertArgs) -> anyhow::Result<()> {
         ("megatron", "hf") => megatron_to_hf(&a.input, &a.output)?,
         ("torch_dist", "megatron") => torch_dist_to_megatron(&a.input, &a.output)?,
         ("torch", "megatron") => torch_to_megatron(&a.input, &a.output)?,
-        ("megatron", "torch_dist") => megatron_to_torch_dist(&a.input, &a.output)?,
+        ("megatron", "torch_dist") => {
+            let optim = if a.no_save_optim {
+                OptimizerExport::WeightsOnly
+            } else {
+                OptimizerExport::IfSaved
+            };
+            megatron_to_torch_dist(&a.input, &a.output, optim)?
+        }
         ("megatron", "gguf") => {
             let outtype = a.outtype.unwrap_or(GgufOutType::F32);
             megatron_to_gguf(&a.input, &a.output, outtype)?

@@ -99,6 +99,7 @@ impl<F: crate::family::TrainFamily> crate::training::Trainer<'_, F> {
             adam_beta1: a.adam_beta1,
             adam_beta2: a.adam_beta2,
             adam_eps: a.adam_eps,
+            weight_decay: Some(a.weight_decay),
             seed: a.seed,
             model: cfg.model.clone(),
             tokenizer_type: tok.name().to_string(),

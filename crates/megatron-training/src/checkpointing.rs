@@ -70,6 +70,10 @@ pub struct CheckpointMeta {
     pub adam_beta1: f32,
     pub adam_beta2: f32,
     pub adam_eps: f32,
+    /// The run's `--weight-decay` (decoupled): an export of the optimizer state gives it to
+    /// Megatron-LM, whose scheduler checks it against its flags. Older checkpoints: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight_decay: Option<f32>,
     /// The run's seed: every random stream (dropout, data order) is counter-based, derived from
     /// it, the iteration and the global sample, so it is the whole RNG state of every rank and
     /// restores under any layout.
@@ -696,6 +700,7 @@ pub struct ConvertedRun {
     pub adam_beta1: f32,
     pub adam_beta2: f32,
     pub adam_eps: f32,
+    pub weight_decay: Option<f32>,
     pub seed: u64,
 }
 
@@ -720,6 +725,7 @@ impl Default for ConvertedRun {
             adam_beta1: 0.9,
             adam_beta2: 0.999,
             adam_eps: 1e-8,
+            weight_decay: None,
             seed: 1234,
         }
     }
@@ -796,6 +802,7 @@ pub(crate) fn write_converted_run(
         adam_beta1: run.adam_beta1,
         adam_beta2: run.adam_beta2,
         adam_eps: run.adam_eps,
+        weight_decay: run.weight_decay,
         seed: run.seed,
         model,
         tokenizer_type: tokenizer.tokenizer_type,

@@ -8,7 +8,8 @@
 mod common;
 
 use common::{parse_train, tmpdir};
-use megatron_training::convert::torch_dist_to_megatron;
+use megatron_training::checkpointing::load_checkpoint;
+use megatron_training::convert::{megatron_to_torch_dist, torch_dist_to_megatron, OptimizerExport};
 use std::path::PathBuf;
 
 fn fixture(name: &str) -> PathBuf {
@@ -252,5 +253,118 @@ fn the_distributed_optimizers_bucket_form_converts_to_weights_alone_with_a_warni
         "{names:?}"
     );
     assert!(names.contains(&"embedding.word_embeddings.weight"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Every tensor of a checkpoint by name (weights and optimizer state).
+fn all_tensors(save: &std::path::Path) -> std::collections::BTreeMap<String, Vec<f32>> {
+    megatron_training::checkpointing::load_checkpoint(save, None)
+        .unwrap()
+        .tensors
+        .into_iter()
+        .collect()
+}
+
+#[test]
+fn an_export_carries_the_run_so_megatron_lms_form_reads_back_bit_for_bit() {
+    // Megatron-LM's run, converted, exported (bench/megatron_resume_export_check.py has
+    // Megatron-LM itself load such exports and go on with our losses), converted again: the
+    // weights, moments, main parameters, step, schedule and position are the same.
+    for name in ["gpt_adam", "llama_distopt_tp2_dp2", "gpt_bf16_adam"] {
+        let dir = tmpdir(&format!("mlm-resume-export-{name}"));
+        let (first, export, back) = (dir.join("first"), dir.join("export"), dir.join("back"));
+        torch_dist_to_megatron(&fixture(name), &first).unwrap();
+        let written = megatron_to_torch_dist(&first, &export, OptimizerExport::IfSaved).unwrap();
+        // Megatron-LM loads optimizer state from an iteration's directory, not a release.
+        assert!(written.ends_with("iter_0000003"), "{}", written.display());
+        let tracker = export.join("latest_checkpointed_iteration.txt");
+        assert_eq!(std::fs::read_to_string(tracker).unwrap(), "3");
+        torch_dist_to_megatron(&export, &back).unwrap();
+        let (a, b) = (all_tensors(&first), all_tensors(&back));
+        assert!(
+            a.keys().any(|k| k.starts_with("optimizer.exp_avg_sq.")),
+            "{name}"
+        );
+        assert_eq!(a, b, "{name}");
+        let meta = |s: &std::path::Path| load_checkpoint(s, None).unwrap().meta;
+        let (ma, mb) = (meta(&first), meta(&back));
+        assert_eq!(
+            (
+                ma.iteration,
+                ma.consumed_train_samples,
+                ma.optimizer_step,
+                ma.seed
+            ),
+            (
+                mb.iteration,
+                mb.consumed_train_samples,
+                mb.optimizer_step,
+                mb.seed
+            ),
+            "{name}"
+        );
+        assert_eq!(ma.scheduler, mb.scheduler, "{name}");
+        assert_eq!(
+            (ma.adam_beta1, ma.adam_beta2, ma.adam_eps, ma.weight_decay),
+            (mb.adam_beta1, mb.adam_beta2, mb.adam_eps, mb.weight_decay),
+            "{name}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+#[test]
+fn an_export_without_the_optimizer_is_a_release_checkpoint_of_the_weights() {
+    let dir = tmpdir("mlm-resume-export-weights");
+    let (first, export, back) = (dir.join("first"), dir.join("export"), dir.join("back"));
+    torch_dist_to_megatron(&fixture("gpt_adam"), &first).unwrap();
+    let written = megatron_to_torch_dist(&first, &export, OptimizerExport::WeightsOnly).unwrap();
+    assert!(written.ends_with("release"), "{}", written.display());
+    torch_dist_to_megatron(&export, &back).unwrap();
+    let b = all_tensors(&back);
+    assert!(
+        b.keys().all(|k| !k.starts_with("optimizer.")),
+        "{:?}",
+        b.keys()
+    );
+    assert_eq!(load_checkpoint(&back, None).unwrap().meta.iteration, 0);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_run_trained_here_goes_on_the_same_after_a_round_trip_through_megatron_lms_form() {
+    // Ours, saved at iteration 3, exported and converted back, goes on to iteration 6 with
+    // the losses it has going on from its own checkpoint.
+    let dir = tmpdir("mlm-resume-ours");
+    let data = fixture("data/tokens_text_document");
+    let (save, export, back) = (dir.join("save"), dir.join("export"), dir.join("back"));
+    let run = |load: &std::path::Path, extra: &[&str]| {
+        let cache = dir.join("cache");
+        let mut v = vec![
+            "megatron",
+            "--data-path",
+            data.to_str().unwrap(),
+            "--data-cache-path",
+            cache.to_str().unwrap(),
+            "--load",
+            load.to_str().unwrap(),
+        ];
+        v.extend_from_slice(RUN);
+        v.extend_from_slice(LLAMA);
+        v.extend_from_slice(extra);
+        megatron_training::pretrain(&parse_train(&v)).unwrap()
+    };
+    let s = save.to_str().unwrap();
+    run(
+        &save,
+        &["--save", s, "--save-interval", "3", "--exit-interval", "3"],
+    );
+    megatron_to_torch_dist(&save, &export, OptimizerExport::IfSaved).unwrap();
+    torch_dist_to_megatron(&export, &back).unwrap();
+    let want = run(&save, &[]);
+    let got = run(&back, &[]);
+    assert_eq!(want.start_iteration, 3);
+    assert_eq!(want.losses, got.losses);
+    assert_eq!(want.grad_norms, got.grad_norms);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -10,7 +10,10 @@
 //! `mlp.linear_fc1.layer_norm_weight`) whichever layer spec saved them. Optimizer state, RNG
 //! state and `_extra_state`s are not read.
 
-use super::megatron_lm_state::{read_run_state, RunState};
+use super::megatron_lm_state::{
+    exported_common_state, exported_state_names, read_run_state, state_export, RunState,
+    StateExport,
+};
 use super::pickle::PyValue;
 use super::pickle_writer::Pickle;
 use super::torch_dist::TorchDistCheckpoint;
@@ -546,6 +549,15 @@ pub(crate) fn model_of_args(
 /// its own (`None`: the same on every rank).
 pub(crate) type TpSplit = Option<(usize, usize)>;
 
+/// Whether `convert --to torch_dist` carries the optimizer state a checkpoint holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OptimizerExport {
+    /// Where the checkpoint holds Adam's state past iteration 0 (Megatron's default).
+    IfSaved,
+    /// `--no-save-optim`: the weights alone, a release checkpoint.
+    WeightsOnly,
+}
+
 /// Whether a tensor of the model is trained (and so has optimizer state) or a buffer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum TensorKind {
@@ -632,7 +644,9 @@ fn stored_name(rest: &str) -> String {
 fn saved_args(
     cfg: &TransformerConfig,
     meta: &crate::checkpointing::CheckpointMeta,
+    state: &StateExport,
 ) -> Result<Pickle, String> {
+    let carried = matches!(state, StateExport::Carried);
     use megatron_core::transformer::config::{
         Activation, GeluForm, LayerNormPlacement, Normalization, PositionEmbeddingType,
     };
@@ -754,14 +768,43 @@ fn saved_args(
         ("tensor_model_parallel_size", int(1)),
         ("pipeline_model_parallel_size", int(1)),
         ("ckpt_format", Pickle::str("torch_dist")),
-        // Weights only: Megatron-LM then loads neither optimizer nor RNG state.
-        ("no_save_optim", Pickle::Bool(true)),
+        // No RNG state (this engine's streams are counter-based, not torch's): Megatron-LM
+        // then does not look for one. The optimizer state where it is carried.
+        ("no_save_optim", Pickle::Bool(!carried)),
         ("no_save_rng", Pickle::Bool(true)),
+        ("use_distributed_optimizer", Pickle::Bool(carried)),
+        ("optimizer", Pickle::str(meta.optimizer.as_str())),
+        ("adam_beta1", float(meta.adam_beta1)),
+        ("adam_beta2", float(meta.adam_beta2)),
+        ("adam_eps", float(meta.adam_eps)),
+        (
+            "weight_decay",
+            meta.weight_decay.map_or(Pickle::None, float),
+        ),
+        ("seed", Pickle::Int(meta.seed as i64)),
+        ("lr_warmup_init", Pickle::Float(meta.scheduler.init_lr)),
+        (
+            "lr_wsd_decay_samples",
+            Pickle::Int(meta.scheduler.wsd_decay_steps as i64),
+        ),
+        (
+            "lr_wsd_decay_style",
+            Pickle::str(match meta.scheduler.wsd_decay_style {
+                megatron_core::optimizer::WsdDecayStyle::Linear => "linear",
+                megatron_core::optimizer::WsdDecayStyle::Cosine => "cosine",
+                megatron_core::optimizer::WsdDecayStyle::Exponential => "exponential",
+                megatron_core::optimizer::WsdDecayStyle::MinusSqrt => "minus_sqrt",
+            }),
+        ),
+        ("dist_ckpt_optim_fully_reshardable", Pickle::Bool(carried)),
         (
             "consumed_train_samples",
             Pickle::Int(meta.consumed_train_samples as i64),
         ),
-        ("consumed_valid_samples", int(0)),
+        (
+            "consumed_valid_samples",
+            Pickle::Int(meta.consumed_valid_samples.unwrap_or(0) as i64),
+        ),
     ];
     entries.extend(moe_args(cfg.moe.as_ref()));
     Ok(Pickle::New(
@@ -868,15 +911,41 @@ fn moe_args(
 /// `output`: `release/` and a tracker naming it, Megatron's form for converted weights (its
 /// `--load` starts from them at iteration 0 without optimizer or RNG state), saved at TP 1 x
 /// PP 1, which megatron-core reshards to any layout when it loads.
-pub fn megatron_to_torch_dist(input: &Path, output: &Path) -> Result<PathBuf, TrainError> {
-    let ck = crate::checkpointing::load_checkpoint_weights(input)?;
+pub fn megatron_to_torch_dist(
+    input: &Path,
+    output: &Path,
+    optim: OptimizerExport,
+) -> Result<PathBuf, TrainError> {
+    let ck = match optim {
+        OptimizerExport::IfSaved => crate::checkpointing::load_checkpoint(input, None)?,
+        OptimizerExport::WeightsOnly => crate::checkpointing::load_checkpoint_weights(input)?,
+    };
     let cfg = ck.meta.model.clone();
     let fail = |msg: String| TrainError::Checkpoint {
         path: input.display().to_string(),
         msg,
     };
-    let args = saved_args(&cfg, &ck.meta).map_err(fail)?;
-    let release = output.join("release");
+    let state = match state_export(&ck.meta, &ck.tensors) {
+        StateExport::Refused(why) => {
+            eprintln!(
+                "WARNING: the optimizer state at iteration {} is not exported: {why}. The export \
+                 holds the weights alone, a release checkpoint Megatron-LM starts from",
+                ck.meta.iteration
+            );
+            StateExport::Nothing
+        }
+        other => other,
+    };
+    let carried = matches!(state, StateExport::Carried);
+    let args = saved_args(&cfg, &ck.meta, &state).map_err(fail)?;
+    // Megatron-LM loads optimizer state only from an iteration's directory, never a release.
+    let (dir_name, tracker_text) = if carried {
+        let i = ck.meta.iteration;
+        (format!("iter_{i:07}"), i.to_string())
+    } else {
+        ("release".to_string(), "release".to_string())
+    };
+    let release = output.join(dir_name);
     if release.exists() {
         return Err(TrainError::Checkpoint {
             path: release.display().to_string(),
@@ -913,14 +982,29 @@ pub fn megatron_to_torch_dist(input: &Path, output: &Path) -> Result<PathBuf, Tr
             let (l, rest) = r.split_once('.')?;
             Some((l.parse::<usize>().ok()?, rest))
         });
+        // The weights, then (a parameter of a carried run) its main copy and moments under
+        // the same sharded key and placement.
+        let mut push = |key: String, size: Vec<usize>, offset: Vec<usize>, chunk: Vec<usize>| {
+            let state = exported_state_names(name)
+                .into_iter()
+                .filter(|_| carried)
+                .filter_map(|(prefix, ours)| Some((prefix, ck.tensors.get(&ours)?)))
+                .filter(|_| {
+                    ck.tensors
+                        .contains_key(&format!("optimizer.exp_avg.{name}"))
+                });
+            for (prefix, values) in std::iter::once(("", values)).chain(state) {
+                items.push(Item::Tensor {
+                    key: format!("{prefix}{key}"),
+                    size: size.clone(),
+                    offset: offset.clone(),
+                    chunk: chunk.clone(),
+                    values,
+                });
+            }
+        };
         let Some((l, rest)) = layer else {
-            items.push(Item::Tensor {
-                key: name.clone(),
-                offset: vec![0; shape.len()],
-                size: shape.clone(),
-                chunk: shape,
-                values,
-            });
+            push(name.clone(), shape.clone(), vec![0; shape.len()], shape);
             continue;
         };
         let (rest, expert) = expert_of(rest);
@@ -944,13 +1028,7 @@ pub fn megatron_to_torch_dist(input: &Path, output: &Path) -> Result<PathBuf, Tr
         offset.extend(std::iter::repeat_n(0, shape.len()));
         let mut chunk = vec![1; leading.len()];
         chunk.extend_from_slice(&shape);
-        items.push(Item::Tensor {
-            key,
-            size,
-            offset,
-            chunk,
-            values,
-        });
+        push(key, size, offset, chunk);
     }
     // The linear modules' extra states megatron-core asks for (fp8 metadata under Transformer
     // Engine, whose attention has one too): none, as a run without fp8 saves them, named as
@@ -983,14 +1061,18 @@ pub fn megatron_to_torch_dist(input: &Path, output: &Path) -> Result<PathBuf, Tr
             object: Pickle::List(vec![Pickle::None]),
         });
     }
+    let mut common = vec![
+        ("args", args),
+        ("checkpoint_version", Pickle::Float(3.0)),
+        ("iteration", Pickle::Int(ck.meta.iteration as i64)),
+        ("num_floating_point_operations_so_far", Pickle::Int(0)),
+    ];
+    if carried {
+        common.extend(exported_common_state(&ck.meta));
+    }
     items.push(Item::Object {
         key: "common_state/shard_0_1".into(),
-        object: Pickle::List(vec![Pickle::dict([
-            ("args", args),
-            ("checkpoint_version", Pickle::Float(3.0)),
-            ("iteration", Pickle::Int(ck.meta.iteration as i64)),
-            ("num_floating_point_operations_so_far", Pickle::Int(0)),
-        ])]),
+        object: Pickle::List(vec![Pickle::dict(common)]),
     });
     std::fs::create_dir_all(output).map_err(crate::io_err(output))?;
     write_torch_dist(&release, &items).map_err(|msg| TrainError::Checkpoint {
@@ -999,7 +1081,7 @@ pub fn megatron_to_torch_dist(input: &Path, output: &Path) -> Result<PathBuf, Tr
     })?;
     let tracker = output.join("latest_checkpointed_iteration.txt");
     let tmp = output.join("latest_checkpointed_iteration.txt.partial");
-    std::fs::write(&tmp, "release").map_err(crate::io_err(&tmp))?;
+    std::fs::write(&tmp, tracker_text).map_err(crate::io_err(&tmp))?;
     std::fs::rename(&tmp, &tracker).map_err(crate::io_err(&tracker))?;
     Ok(release)
 }

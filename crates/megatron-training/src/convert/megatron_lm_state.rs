@@ -14,10 +14,11 @@
 
 use super::megatron_lm::{locate, with_common_state, TensorKind, WantedTensor};
 use super::pickle::PyValue;
+use super::pickle_writer::Pickle;
 use super::torch_dist::TorchDistCheckpoint;
 use super::torch_save::TorchArchive;
 use super::Tensors;
-use crate::checkpointing::ConvertedRun;
+use crate::checkpointing::{CheckpointMeta, ConvertedRun};
 use megatron_core::optimizer::{LrDecayStyle, OptimizerParamScheduler, WsdDecayStyle};
 
 /// What a checkpoint holds of the run beyond its weights.
@@ -91,6 +92,7 @@ pub(crate) fn read_run_state(
         adam_beta1: need("adam_beta1")? as f32,
         adam_beta2: need("adam_beta2")? as f32,
         adam_eps: need("adam_eps")? as f32,
+        weight_decay: float("weight_decay").map(|w| w as f32),
         seed: int("seed").unwrap_or(1234) as u64,
     };
     Ok(RunState::Imported {
@@ -142,7 +144,11 @@ fn unsupported(
         return Some("the checkpoint holds no Adam moments (optimizer.state.exp_avg.*)".into());
     }
     common.get("opt_param_scheduler").and_then(|s| {
-        let constant = s.get("wd_incr_style").and_then(|v| v.as_str()) == Some("constant");
+        // Absent (an older scheduler, or this engine's export): constant.
+        let constant = s
+            .get("wd_incr_style")
+            .and_then(|v| v.as_str())
+            .is_none_or(|v| v == "constant");
         let same = s.get("start_wd").and_then(number) == s.get("end_wd").and_then(number);
         (!constant || !same).then(|| {
             "the run's weight decay changes over training (--start-weight-decay/--end-weight-decay), which this engine does not schedule".to_string()
@@ -228,4 +234,151 @@ fn number(v: &PyValue) -> Option<f64> {
         PyValue::Float(f) => Some(*f),
         _ => None,
     }
+}
+
+/// Whether an export to Megatron-LM carries the run's optimizer state.
+pub(crate) enum StateExport {
+    /// The checkpoint holds none (a converted model, `--no-save-optim`, iteration 0).
+    Nothing,
+    /// It holds state Megatron-LM would not continue from, for the reason given.
+    Refused(String),
+    /// Adam's moments and the fp32 main parameters, in the distributed optimizer's
+    /// `fully_reshardable` form (model-space tensors any TP/PP/DP layout loads).
+    Carried,
+}
+
+/// What an export of checkpoint `meta` holding `tensors` can carry.
+pub(crate) fn state_export(
+    meta: &CheckpointMeta,
+    tensors: &std::collections::HashMap<String, Vec<f32>>,
+) -> StateExport {
+    if meta.iteration == 0 || !tensors.keys().any(|k| k.starts_with("optimizer.")) {
+        return StateExport::Nothing;
+    }
+    if meta.optimizer != "adam" {
+        return StateExport::Refused(format!(
+            "the state of --optimizer {} (the export carries Adam's)",
+            meta.optimizer
+        ));
+    }
+    if meta.grad_scaler.is_some() {
+        return StateExport::Refused(
+            "an fp16 run's loss scaler, which the export does not write".into(),
+        );
+    }
+    if meta.model.moe.is_some() {
+        return StateExport::Refused(
+            "experts: Megatron-LM keeps their state in a second, chained optimizer, which the export does not write"
+                .into(),
+        );
+    }
+    StateExport::Carried
+}
+
+/// The megatron-core keys of parameter `name`'s optimizer state (the parameter's own sharded
+/// key under each prefix) and this checkpoint's names of the same tensors: the main
+/// parameter is the weights themselves (this engine's checkpoints hold the fp32 copy).
+pub(crate) fn exported_state_names(name: &str) -> [(&'static str, String); 3] {
+    [
+        ("optimizer.state.param.", name.to_string()),
+        (
+            "optimizer.state.exp_avg.",
+            format!("optimizer.exp_avg.{name}"),
+        ),
+        (
+            "optimizer.state.exp_avg_sq.",
+            format!("optimizer.exp_avg_sq.{name}"),
+        ),
+    ]
+}
+
+/// The common-state entries that carry the run on: the distributed optimizer's parameter
+/// groups (decayed and not, matched by Megatron-LM on load by their `wd_mult`/`lr_mult`/
+/// `max_lr`/`min_lr`; each with the step), the scheduler's state and the sharding form.
+pub(crate) fn exported_common_state(meta: &CheckpointMeta) -> Vec<(&'static str, Pickle)> {
+    let s = &meta.scheduler;
+    // The scheduler sets every group's lr and weight decay again when it loads; these are
+    // the values the run stopped with.
+    let lr = s.get_lr();
+    let wd = meta.weight_decay.unwrap_or(0.0) as f64;
+    let group = |wd_mult: f64| {
+        Pickle::dict([
+            ("is_expert_parallel", Pickle::Bool(false)),
+            ("default_config", Pickle::Bool(true)),
+            ("wd_mult", Pickle::Float(wd_mult)),
+            ("lr_mult", Pickle::Float(1.0)),
+            ("is_decoupled_lr", Pickle::Bool(false)),
+            ("max_lr", Pickle::Float(s.max_lr)),
+            ("min_lr", Pickle::Float(s.min_lr)),
+            ("lr", Pickle::Float(lr)),
+            (
+                "betas",
+                Pickle::Tuple(vec![
+                    Pickle::Float(super::decimal(meta.adam_beta1)),
+                    Pickle::Float(super::decimal(meta.adam_beta2)),
+                ]),
+            ),
+            ("eps", Pickle::Float(super::decimal(meta.adam_eps))),
+            ("weight_decay", Pickle::Float(wd * wd_mult)),
+            ("amsgrad", Pickle::Bool(false)),
+            ("maximize", Pickle::Bool(false)),
+            ("foreach", Pickle::None),
+            ("capturable", Pickle::Bool(false)),
+            ("differentiable", Pickle::Bool(false)),
+            ("fused", Pickle::None),
+            ("decoupled_weight_decay", Pickle::Bool(true)),
+            ("step", Pickle::Float(meta.optimizer_step as f64)),
+        ])
+    };
+    let style = match s.decay_style {
+        LrDecayStyle::Constant => "constant",
+        LrDecayStyle::Linear => "linear",
+        LrDecayStyle::Cosine => "cosine",
+        LrDecayStyle::InverseSquareRoot => "inverse-square-root",
+        LrDecayStyle::WSD => "WSD",
+    };
+    let int = |v: u64| Pickle::Int(v as i64);
+    vec![
+        (
+            "optimizer",
+            Pickle::dict([
+                (
+                    "optimizer",
+                    Pickle::dict([("param_groups", Pickle::List(vec![group(1.0), group(0.0)]))]),
+                ),
+                (
+                    "param_state_sharding_type",
+                    Pickle::str("fully_reshardable"),
+                ),
+            ]),
+        ),
+        // Without start_wd and its kin: Megatron-LM checks those against totals (its
+        // --train-iters) this checkpoint does not record, and takes its flags' instead.
+        (
+            "opt_param_scheduler",
+            Pickle::dict([
+                ("max_lr", Pickle::Float(s.max_lr)),
+                ("lr_warmup_steps", int(s.warmup_steps)),
+                ("num_steps", int(s.num_steps)),
+                ("lr_decay_style", Pickle::str(style)),
+                ("lr_decay_steps", int(s.decay_steps)),
+                ("min_lr", Pickle::Float(s.min_lr)),
+            ]),
+        ),
+        (
+            "content_metadata",
+            Pickle::dict([
+                (
+                    "distrib_optim_sharding_type",
+                    Pickle::str("fully_reshardable"),
+                ),
+                (
+                    "distrib_optim_fully_reshardable_mem_efficient",
+                    Pickle::Bool(false),
+                ),
+                ("singleton_local_shards", Pickle::Bool(false)),
+                ("chained_optim_avoid_prefix", Pickle::Bool(true)),
+            ]),
+        ),
+    ]
 }

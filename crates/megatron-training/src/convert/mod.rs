@@ -36,7 +36,7 @@ use crate::checkpointing::{
 use crate::TrainError;
 use megatron_core::TransformerConfig;
 pub use megatron_legacy::torch_to_megatron;
-pub use megatron_lm::{megatron_to_torch_dist, torch_dist_to_megatron};
+pub use megatron_lm::{megatron_to_torch_dist, torch_dist_to_megatron, OptimizerExport};
 use safetensors::tensor::{Dtype, TensorView};
 use safetensors::SafeTensors;
 use std::collections::{BTreeMap, HashMap};
