@@ -50,8 +50,15 @@ RUNS = {
                                                 "--dist-ckpt-optim-fully-reshardable"]),
     # Pipeline stages holding the tied embedding twice (the last stage's output-layer copy).
     "gpt_pp2": (1, 2, 2, GPT),
-    # The distributed optimizer's default checkpoint form (its gradient buckets): not imported.
+    # The distributed optimizer's default checkpoint form (its gradient buckets).
     "llama_distopt_dp_reshardable": (1, 1, 2, LLAMA + ["--use-distributed-optimizer"]),
+    # An fp16 run (its loss scaler's state is not imported: weights alone), kept small.
+    "gpt_fp16_small": (1, 1, 1, ["--num-layers", "1", "--hidden-size", "16",
+                                 "--num-attention-heads", "2", "--fp16",
+                                 "--initial-loss-scale", "128"]),
+    # The same in bf16 at TP 2 x DP 2: a bucket per tensor-parallel rank, of TP shards.
+    "llama_bf16_distopt_dp_reshardable_tp2_dp2": (2, 1, 4, LLAMA + [
+        "--use-distributed-optimizer", "--bf16"]),
 }
 
 

@@ -702,6 +702,8 @@ pub struct ConvertedRun {
     pub adam_eps: f32,
     pub weight_decay: Option<f32>,
     pub seed: u64,
+    /// An fp16 run's loss scaler as it stopped.
+    pub grad_scaler: Option<megatron_core::optimizer::GradScaler>,
 }
 
 impl Default for ConvertedRun {
@@ -727,6 +729,7 @@ impl Default for ConvertedRun {
             adam_eps: 1e-8,
             weight_decay: None,
             seed: 1234,
+            grad_scaler: None,
         }
     }
 }
@@ -797,7 +800,7 @@ pub(crate) fn write_converted_run(
         consumed_valid_samples: run.consumed_valid_samples,
         scheduler: run.scheduler,
         optimizer_step: run.optimizer_step,
-        grad_scaler: None,
+        grad_scaler: run.grad_scaler,
         optimizer: adam(),
         adam_beta1: run.adam_beta1,
         adam_beta2: run.adam_beta2,

@@ -151,14 +151,24 @@ fn continued(name: &str, test: &str, model: &[&str], extra: &[&str]) -> Vec<(u64
         .collect()
 }
 
-/// Ours follows Megatron-LM's log within `tol` (relative, for losses and gradient norms).
-fn assert_follows(what: &str, want: &[(u64, f64, f64)], got: &[(u64, f64, f64)], tol: f64) {
+/// fp32: losses and gradient norms within 2e-6 (relative) of Megatron-LM's.
+const FP32: (f64, f64) = (2e-6, 2e-6);
+/// bf16: the products each engine rounds (PyTorch's CPU bf16 GEMMs against ours) move losses
+/// by a few 1e-4 and gradient norms by a few 1e-3, as much as Megatron-LM's own runs at TP 1
+/// and TP 2 differ (BENCHMARKS.md).
+const BF16: (f64, f64) = (1e-3, 1e-2);
+
+/// fp16 (loss scaling at 128): half-precision products round differently too, by less.
+const FP16: (f64, f64) = (1e-4, 1e-3);
+
+/// Ours follows Megatron-LM's log within `tol` (relative: losses, gradient norms).
+fn assert_follows(what: &str, want: &[(u64, f64, f64)], got: &[(u64, f64, f64)], tol: (f64, f64)) {
     assert_eq!(want.len(), got.len(), "{what}: iterations {got:?}");
     for (w, g) in want.iter().zip(got) {
         assert_eq!(w.0, g.0, "{what}");
-        let close = |a: f64, b: f64| (a - b).abs() <= tol * a.abs();
+        let close = |a: f64, b: f64, t: f64| (a - b).abs() <= t * a.abs();
         assert!(
-            close(w.1, g.1) && close(w.2, g.2),
+            close(w.1, g.1, tol.0) && close(w.2, g.2, tol.1),
             "{what} iteration {}: Megatron-LM logged loss {} grad norm {}, ours {} and {}",
             w.0,
             w.1,
@@ -175,7 +185,7 @@ fn a_megatron_lm_fp32_run_continues_with_the_losses_megatron_lm_logs() {
     // shared step in the common state; the schedule mid-warm-up-and-decay.
     let want = megatron_lm_log("gpt_adam");
     let got = continued("gpt_adam", "world1", GPT, &[]);
-    assert_follows("fp32 GPT", &want, &got, 2e-6);
+    assert_follows("fp32 GPT", &want, &got, FP32);
 }
 
 #[test]
@@ -197,7 +207,7 @@ fn a_distributed_optimizer_run_saved_at_tp2_dp2_continues_at_one_rank_and_at_tp2
     // group's step; a Llama-style model (RMSNorm, SwiGLU, RoPE, GQA, untied output).
     let want = megatron_lm_log("llama_distopt_tp2_dp2");
     let one = continued("llama_distopt_tp2_dp2", "world1", LLAMA, &[]);
-    assert_follows("Llama at one rank", &want, &one, 2e-6);
+    assert_follows("Llama at one rank", &want, &one, FP32);
     let layout = [
         "--nproc-per-node",
         "4",
@@ -209,7 +219,7 @@ fn a_distributed_optimizer_run_saved_at_tp2_dp2_continues_at_one_rank_and_at_tp2
         "1",
     ];
     let split = continued("llama_distopt_tp2_dp2", "tp2pp2", LLAMA, &layout);
-    assert_follows("Llama at TP 2 x PP 2", &want, &split, 2e-6);
+    assert_follows("Llama at TP 2 x PP 2", &want, &split, FP32);
 }
 
 #[test]
@@ -217,43 +227,46 @@ fn a_run_with_pipeline_stages_continues_with_the_losses_megatron_lm_logs() {
     // Saved from 2 pipeline stages, the tied embedding's last-stage copy among them.
     let want = megatron_lm_log("gpt_pp2");
     let got = continued("gpt_pp2", "world1", GPT, &[]);
-    assert_follows("GPT from PP 2", &want, &got, 2e-6);
+    assert_follows("GPT from PP 2", &want, &got, FP32);
 }
 
 #[test]
 fn a_bf16_run_continues_from_its_fp32_main_parameters_within_bf16_tolerance() {
-    // bf16 weights, fp32 main parameters and moments: the continued losses differ only by the
-    // bf16 products each engine rounds (PyTorch's CPU bf16 GEMMs against ours).
+    // bf16 weights, fp32 main parameters and moments.
     let want = megatron_lm_log("gpt_bf16_adam");
     let got = continued("gpt_bf16_adam", "world1", GPT, &["--bf16"]);
-    assert_follows("bf16 GPT", &want, &got, 2e-3);
+    assert_follows("bf16 GPT", &want, &got, BF16);
 }
 
 #[test]
-fn the_distributed_optimizers_bucket_form_converts_to_weights_alone_with_a_warning() {
-    // dp_reshardable (the distributed optimizer's default): the state is skipped, the weights
-    // land at iteration 0, as a model-only checkpoint would.
-    let dir = tmpdir("mlm-resume-dp-reshardable");
-    let save = dir.join("converted");
-    let written = torch_dist_to_megatron(&fixture("llama_distopt_dp_reshardable"), &save).unwrap();
-    assert!(written.ends_with("iter_0000000"), "{}", written.display());
-    let tracker = std::fs::read_to_string(save.join("latest_checkpointed_iteration.txt")).unwrap();
-    assert_eq!(tracker.trim(), "0");
-    let meta: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(written.join("metadata.json")).unwrap())
-            .unwrap();
-    let names: Vec<&str> = meta["tensors"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t["name"].as_str().unwrap())
-        .collect();
-    assert!(
-        names.iter().all(|n| !n.starts_with("optimizer.")),
-        "{names:?}"
-    );
-    assert!(names.contains(&"embedding.word_embeddings.weight"));
-    let _ = std::fs::remove_dir_all(&dir);
+fn an_fp16_run_continues_with_its_loss_scaler() {
+    // fp16 weights, fp32 main parameters, and the dynamic loss scaler's scale and trackers.
+    let want = megatron_lm_log("gpt_fp16_small");
+    let small = [
+        "--num-layers",
+        "1",
+        "--hidden-size",
+        "16",
+        "--num-attention-heads",
+        "2",
+    ];
+    let fp16 = ["--fp16", "--initial-loss-scale", "128"];
+    let got = continued("gpt_fp16_small", "world1", &small, &fp16);
+    assert_follows("fp16 GPT", &want, &got, FP16);
+}
+
+#[test]
+fn the_distributed_optimizers_bucket_form_continues_with_the_losses_megatron_lm_logs() {
+    // dp_reshardable, the distributed optimizer's default: flat buckets whose chunks are found
+    // by their main parameters. fp32 at DP 2; bf16 at TP 2 x DP 2 (a bucket per TP rank, of
+    // TP shards, the norms the same on both).
+    let want = megatron_lm_log("llama_distopt_dp_reshardable");
+    let got = continued("llama_distopt_dp_reshardable", "world1", LLAMA, &[]);
+    assert_follows("bucket form, fp32", &want, &got, FP32);
+    let name = "llama_bf16_distopt_dp_reshardable_tp2_dp2";
+    let want = megatron_lm_log(name);
+    let got = continued(name, "world1", LLAMA, &["--bf16"]);
+    assert_follows("bucket form, bf16 from TP 2", &want, &got, BF16);
 }
 
 /// Every tensor of a checkpoint by name (weights and optimizer state).

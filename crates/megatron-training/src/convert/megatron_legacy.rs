@@ -323,26 +323,16 @@ fn assemble(
     let mut local_shape = shape.to_vec();
     local_shape[d] /= ranks;
     for (local, t) in &pieces {
-        if t.shape != local_shape || !shape[d].is_multiple_of(ranks * c) {
+        if t.shape != local_shape || !super::tp_shards::splits_evenly(shape, (d, c), ranks) {
             return Err(format!(
                 "{local} has shape {:?}, one of {ranks} shards of the model's {name} {shape:?} is {local_shape:?}",
                 t.shape
             ));
         }
     }
-    // Rows of `inner` elements below dimension d; `outer` blocks above it.
-    let inner: usize = shape[d + 1..].iter().product();
-    let outer: usize = shape[..d].iter().product();
-    let part = shape[d] / (ranks * c); // one rank's rows of one block
     let mut out = vec![0.0f32; shape.iter().product()];
-    for o in 0..outer {
-        for b in 0..c {
-            for (r, (_, t)) in pieces.iter().enumerate() {
-                let src = (o * local_shape[d] + b * part) * inner;
-                let dst = (o * shape[d] + b * part * ranks + r * part) * inner;
-                out[dst..dst + part * inner].copy_from_slice(&t.values[src..src + part * inner]);
-            }
-        }
+    for (r, (_, t)) in pieces.iter().enumerate() {
+        super::tp_shards::place_shard(&mut out, shape, (d, c), ranks, r, &t.values);
     }
     Ok(out)
 }

@@ -207,7 +207,7 @@ const REFUSED: &[(&str, &str)] = &[
 ];
 
 /// Whether a saved value counts as set (not None, not false, not an empty string or list).
-fn is_set(v: &PyValue) -> bool {
+pub(crate) fn is_set(v: &PyValue) -> bool {
     !matches!(v, PyValue::None | PyValue::Bool(false))
         && v.as_str() != Some("")
         && v.as_seq().is_none_or(|s| !s.is_empty())
@@ -494,7 +494,7 @@ pub fn torch_dist_to_megatron(input: &Path, output: &Path) -> Result<PathBuf, Tr
         )));
     }
     let iteration = common.get("iteration").and_then(|i| i.as_int());
-    let run = match read_run_state(&ck, &common, args, &wanted).map_err(fail)? {
+    let run = match read_run_state(&ck, &common, args, &wanted, &tensors).map_err(fail)? {
         RunState::NotSaved => None,
         RunState::Unsupported(why) => {
             eprintln!(

@@ -9,17 +9,18 @@
 //! `optimizer.state.fp32_param.<key>` (non-distributed mixed precision) or
 //! `optimizer.state.param.<key>` (the distributed optimizer's `fully_reshardable` form) — so
 //! they are found where the weights are, whatever TP/PP/DP layout saved them. The distributed
-//! optimizer's default form (`dp_reshardable`) stores its flat gradient-buffer buckets instead,
-//! whose layout is Megatron's bucketing of that exact model and DP size; it is not read here.
+//! optimizer's default form (`dp_reshardable`) stores its gradient buckets instead; they are
+//! read by `megatron_lm_buckets`.
 
-use super::megatron_lm::{locate, with_common_state, TensorKind, WantedTensor};
+use super::megatron_lm::{is_set, locate, with_common_state, TensorKind, WantedTensor};
+use super::megatron_lm_buckets::{read_bucket_state, WeightsOf};
 use super::pickle::PyValue;
 use super::pickle_writer::Pickle;
 use super::torch_dist::TorchDistCheckpoint;
 use super::torch_save::TorchArchive;
 use super::Tensors;
 use crate::checkpointing::{CheckpointMeta, ConvertedRun};
-use megatron_core::optimizer::{LrDecayStyle, OptimizerParamScheduler, WsdDecayStyle};
+use megatron_core::optimizer::{GradScaler, LrDecayStyle, OptimizerParamScheduler, WsdDecayStyle};
 
 /// What a checkpoint holds of the run beyond its weights.
 pub(crate) enum RunState {
@@ -43,6 +44,7 @@ pub(crate) fn read_run_state(
     common: &PyValue,
     args: &PyValue,
     wanted: &[WantedTensor],
+    weights: &Tensors,
 ) -> Result<RunState, String> {
     let Some(opt) = common.get("optimizer") else {
         return Ok(RunState::NotSaved);
@@ -50,10 +52,39 @@ pub(crate) fn read_run_state(
     if let Some(why) = unsupported(ck, common, opt, args) {
         return Ok(RunState::Unsupported(why));
     }
-    let step = with_common_state(ck, optimizer_step)?;
+    let step = optimizer_step(ck)?;
     let mut optimizer = Tensors::new();
     let mut main_params = Tensors::new();
-    for w in wanted.iter().filter(|w| w.kind == TensorKind::Parameter) {
+    if opt
+        .get("param_state_sharding_type")
+        .and_then(|v| v.as_str())
+        == Some("dp_reshardable")
+    {
+        let tp = args
+            .attr("tensor_model_parallel_size")
+            .and_then(|v| v.as_int())
+            .unwrap_or(1) as usize;
+        let weights_of = if matches!(args.attr("bf16"), Some(PyValue::Bool(true))) {
+            WeightsOf::Bf16
+        } else {
+            WeightsOf::Fp32
+        };
+        match read_bucket_state(ck, wanted, weights, tp, weights_of) {
+            Ok((o, m)) => (optimizer, main_params) = (o, m),
+            Err(why) => {
+                return Ok(RunState::Unsupported(format!(
+                    "the distributed optimizer's bucket form (dp_reshardable): {why}; save the \
+                     run once with Megatron-LM's --dist-ckpt-optim-fully-reshardable to bring \
+                     its state"
+                )))
+            }
+        }
+    }
+    let per_parameter = optimizer.is_empty();
+    for w in wanted
+        .iter()
+        .filter(|w| per_parameter && w.kind == TensorKind::Parameter)
+    {
         for moment in ["exp_avg", "exp_avg_sq"] {
             let prefix = format!("optimizer.state.{moment}.");
             let (key, start, size) = locate(ck, &prefix, &w.name, &w.shape)?;
@@ -94,6 +125,7 @@ pub(crate) fn read_run_state(
         adam_eps: need("adam_eps")? as f32,
         weight_decay: float("weight_decay").map(|w| w as f32),
         seed: int("seed").unwrap_or(1234) as u64,
+        grad_scaler: with_common_state(ck, |c, archive| grad_scaler(c, args, archive))?,
     };
     Ok(RunState::Imported {
         run,
@@ -120,27 +152,25 @@ fn unsupported(
     if matches!(arg("decoupled_weight_decay"), Some(PyValue::Bool(false))) {
         return Some("the run used Adam with L2 weight decay (not decoupled), which this engine does not train".into());
     }
-    if matches!(arg("fp16"), Some(PyValue::Bool(true))) {
-        return Some("an fp16 run: its loss scaler's state is not imported".into());
-    }
     if let Some(t) = opt
         .get("param_state_sharding_type")
         .and_then(|v| v.as_str())
-        .filter(|t| *t != "fully_reshardable")
+        .filter(|t| !matches!(*t, "fully_reshardable" | "dp_reshardable"))
     {
         return Some(format!(
-            "the distributed optimizer's state is saved as {t} (its gradient buckets, in \
-             Megatron's layout for that model and data-parallel size); save the run once with \
-             Megatron-LM's --dist-ckpt-optim-fully-reshardable to bring its state"
+            "the distributed optimizer's state is saved as {t} (a deprecated form); save the \
+             run once with Megatron-LM's --dist-ckpt-optim-fully-reshardable to bring its state"
         ));
     }
-    if ck.keys().any(|k| k.starts_with("chained_")) {
+    if ck.keys().any(|k| k.starts_with("chained_")) || arg("num_experts").is_some_and(is_set) {
         return Some(
-            "the state of several optimizers chained (expert parameters apart) is not imported"
+            "a mixture of experts: Megatron-LM keeps the experts' state in a second, chained \
+             optimizer, which is not imported"
                 .into(),
         );
     }
-    if !ck.keys().any(|k| k.starts_with("optimizer.state.exp_avg.")) {
+    let moments = ["optimizer.state.exp_avg.", "optimizer.distributed."];
+    if !ck.keys().any(|k| moments.iter().any(|m| k.starts_with(m))) {
         return Some("the checkpoint holds no Adam moments (optimizer.state.exp_avg.*)".into());
     }
     common.get("opt_param_scheduler").and_then(|s| {
@@ -157,9 +187,35 @@ fn unsupported(
 }
 
 /// The optimizer's step count: one shared step (`state.common_step`, a tensor, of the
-/// non-distributed optimizers) or each parameter group's `step` (the distributed optimizer).
-fn optimizer_step(common: &PyValue, archive: &TorchArchive) -> Result<u64, String> {
-    let opt = common.get("optimizer").ok_or("no optimizer state")?;
+/// non-distributed optimizers) or each parameter group's `step` (the distributed optimizer's:
+/// in the common state, or per domain beside the buckets of its bucket form).
+fn optimizer_step(ck: &TorchDistCheckpoint) -> Result<u64, String> {
+    let in_common = with_common_state(ck, |common, archive| {
+        common
+            .get("optimizer")
+            .and_then(|o| step_in(o, archive))
+            .transpose()
+    })?;
+    if let Some(step) = in_common {
+        return Ok(step);
+    }
+    let key = ck
+        .keys()
+        .find(|k| k.starts_with("optimizer.distributed.") && k.contains(".optimizer/"))
+        .ok_or("the optimizer state holds no step (state.common_step or param_groups[0].step)")?
+        .clone();
+    let archive = ck.archive(&key)?;
+    let value = match &archive.object {
+        PyValue::List(one) if one.len() == 1 => &one[0],
+        other => other,
+    };
+    step_in(value, &archive)
+        .transpose()?
+        .ok_or_else(|| format!("{key} holds no param_groups[0].step"))
+}
+
+/// The step in an optimizer's state dict `opt`, if it holds one.
+fn step_in(opt: &PyValue, archive: &TorchArchive) -> Option<Result<u64, String>> {
     // Mixed precision wraps the inner optimizer's state dict in another `optimizer`.
     let inner = opt.get("optimizer").unwrap_or(opt);
     let value = inner
@@ -171,16 +227,68 @@ fn optimizer_step(common: &PyValue, archive: &TorchArchive) -> Result<u64, Strin
                 .and_then(|g| g.as_seq())
                 .and_then(|g| g.first())
                 .and_then(|g| g.get("step"))
-        })
-        .ok_or("the optimizer state holds no step (state.common_step or param_groups[0].step)")?;
+        })?;
     let step = match number(value) {
-        Some(s) => s,
-        None => {
-            let t = archive.tensor(value)?;
-            *t.values.first().ok_or("an empty step tensor")? as f64
-        }
+        Some(s) => Ok(s),
+        None => archive.tensor(value).and_then(|t| {
+            t.values
+                .first()
+                .map(|&v| v as f64)
+                .ok_or_else(|| "an empty step tensor".to_string())
+        }),
     };
-    Ok(step.round() as u64)
+    Some(step.map(|s| s.round() as u64))
+}
+
+/// An fp16 run's loss scaler: `--loss-scale`'s constant, or Megatron's dynamic scaler with the
+/// scale and trackers it saved (`optimizer.grad_scaler`) and the run's window, hysteresis and
+/// floor.
+fn grad_scaler(
+    common: &PyValue,
+    args: &PyValue,
+    archive: &TorchArchive,
+) -> Result<Option<GradScaler>, String> {
+    if !matches!(args.attr("fp16"), Some(PyValue::Bool(true))) {
+        return Ok(None);
+    }
+    if let Some(scale) = args.attr("loss_scale").and_then(number) {
+        return Ok(Some(GradScaler::Constant {
+            scale: scale as f32,
+        }));
+    }
+    let saved = common
+        .get("optimizer")
+        .and_then(|o| o.get("grad_scaler"))
+        .ok_or("an fp16 run without its loss scaler's state (optimizer.grad_scaler)")?;
+    let scale = match saved.get("scale") {
+        Some(v) => match number(v) {
+            Some(s) => s as f32,
+            None => *archive
+                .tensor(v)?
+                .values
+                .first()
+                .ok_or("an empty loss scale tensor")?,
+        },
+        None => return Err("optimizer.grad_scaler holds no scale".into()),
+    };
+    let count = |k: &str| saved.get(k).and_then(|v| v.as_int()).unwrap_or(0) as u32;
+    let arg = |k: &str, default: f64| args.attr(k).and_then(number).unwrap_or(default);
+    let mut s = GradScaler::dynamic(
+        scale,
+        arg("min_loss_scale", 1.0) as f32,
+        arg("loss_scale_window", 1000.0) as u32,
+        arg("hysteresis", 2.0) as u32,
+    );
+    if let GradScaler::Dynamic {
+        growth_tracker,
+        hysteresis_tracker,
+        ..
+    } = &mut s
+    {
+        *growth_tracker = count("growth_tracker");
+        *hysteresis_tracker = count("hysteresis_tracker");
+    }
+    Ok(Some(s))
 }
 
 /// The learning-rate schedule as the run left it: Megatron-LM's `opt_param_scheduler` state

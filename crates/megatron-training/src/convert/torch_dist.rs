@@ -166,6 +166,20 @@ impl TorchDistCheckpoint {
         self.item(key, s)
     }
 
+    /// The stored chunks of tensor `key`: each one's global offset and extent, by offset.
+    /// (The distributed optimizer's bucket form stores one chunk per parameter or padding.)
+    pub fn chunks(&self, key: &str) -> Vec<(Vec<usize>, Vec<usize>)> {
+        let mut c: Vec<_> = self
+            .stored
+            .get(key)
+            .into_iter()
+            .flatten()
+            .filter_map(|s| Some((s.offset.clone()?, s.extent.clone()?)))
+            .collect();
+        c.sort();
+        c
+    }
+
     /// Keys of the stored items (tensors and objects).
     pub fn keys(&self) -> impl Iterator<Item = &String> {
         self.stored.keys()

@@ -1,0 +1,221 @@
+//! The distributed optimizer's default checkpoint form, `dp_reshardable`: per tensor- and
+//! pipeline-parallel domain (`optimizer.distributed.dp_group_idx_K`), each gradient bucket's
+//! main parameters, `exp_avg` and `exp_avg_sq` as flat tensors, stored one chunk per parameter
+//! (or padding) of the domain's local shards, in Megatron's bucket order.
+//!
+//! Which parameter a chunk holds is not written down: it is Megatron's bucketing of that model
+//! (parameters in reverse registration order, 64-element starts, shared embeddings apart), which
+//! depends on the module tree of its spec and changes between Megatron-LM versions. So chunks
+//! are matched by value instead: a chunk's main parameters are the weights of exactly one local
+//! shard (equal for an fp32 run; rounding to them for a bf16 one). That needs no knowledge of
+//! the order, works for any spec, TP and PP, and checks itself: every local shard must be found
+//! exactly once. Shards whose values coincide (a bf16 run's norms, still near 1) are told
+//! apart by elimination, and then by Megatron's reverse order.
+
+use super::megatron_lm::{TensorKind, WantedTensor};
+use super::torch_dist::TorchDistCheckpoint;
+use super::tp_shards::{place_shard, shard_of};
+use super::Tensors;
+
+/// How a run's weights follow from its fp32 main parameters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum WeightsOf {
+    /// An fp32 run: the weights are the main parameters.
+    Fp32,
+    /// A bf16 run: the weights are the main parameters rounded to bf16.
+    Bf16,
+}
+
+impl WeightsOf {
+    fn matches(self, main: &[f32], weights: &[f32]) -> bool {
+        main.len() == weights.len()
+            && main.iter().zip(weights).all(|(&m, &w)| match self {
+                WeightsOf::Fp32 => m.to_bits() == w.to_bits(),
+                WeightsOf::Bf16 => half::bf16::from_f32(m).to_f32().to_bits() == w.to_bits(),
+            })
+    }
+}
+
+/// One class of interchangeable local shards: parameter `param`'s shard on the ranks in
+/// `ranks` (several where the parameter is the same on every tensor-parallel rank).
+struct Class {
+    param: usize,
+    ranks: Vec<usize>,
+    values: Vec<f32>,
+}
+
+/// The bucket form's main parameters and moments, by this engine's names (`optimizer.<moment>.
+/// <name>` and the parameter names), for the model's tensors `wanted` whose weights are
+/// `weights`, saved at tensor-parallel size `tp`.
+pub(crate) fn read_bucket_state(
+    ck: &TorchDistCheckpoint,
+    wanted: &[WantedTensor],
+    weights: &Tensors,
+    tp: usize,
+    weights_of: WeightsOf,
+) -> Result<(Tensors, Tensors), String> {
+    let params: Vec<&WantedTensor> = wanted
+        .iter()
+        .filter(|w| w.kind == TensorKind::Parameter)
+        .collect();
+    // The local shards, grouped where they are equal.
+    let mut classes: Vec<Class> = Vec::new();
+    for (i, w) in params.iter().enumerate() {
+        let (_, global) = weights
+            .get(&w.name)
+            .ok_or_else(|| format!("no weights for {}", w.name))?;
+        for r in 0..tp {
+            let values = match w.split {
+                Some(s) if tp > 1 => shard_of(global, &w.shape, s, tp, r),
+                _ => global.clone(),
+            };
+            match classes
+                .iter_mut()
+                .find(|c| c.param == i && c.values == values)
+            {
+                Some(c) => c.ranks.push(r),
+                None => classes.push(Class {
+                    param: i,
+                    ranks: vec![r],
+                    values,
+                }),
+            }
+        }
+    }
+    // Every bucket chunk and the classes its main parameters fit.
+    let buckets: Vec<String> = ck
+        .sizes
+        .keys()
+        .filter(|k| k.starts_with("optimizer.distributed.") && k.ends_with(".param"))
+        .cloned()
+        .collect();
+    if buckets.is_empty() {
+        return Err("no optimizer.distributed.*.param buckets".into());
+    }
+    struct Chunk {
+        bucket: usize,
+        start: usize,
+        len: usize,
+        fits: Vec<usize>,
+    }
+    let mut data = Vec::new();
+    let mut chunks = Vec::new();
+    for (b, key) in buckets.iter().enumerate() {
+        let n = ck.sizes[key][0];
+        let stem = key.strip_suffix(".param").expect("a .param key");
+        let read = |k: &str| ck.region(k, &[0], &[n]);
+        let main = read(key)?;
+        data.push([
+            read(&format!("{stem}.exp_avg"))?,
+            read(&format!("{stem}.exp_avg_sq"))?,
+            main,
+        ]);
+        for (off, ext) in ck.chunks(key) {
+            let (start, len) = (off[0], ext[0]);
+            let main = &data[b][2][start..start + len];
+            let fits: Vec<usize> = (0..classes.len())
+                .filter(|&c| weights_of.matches(main, &classes[c].values))
+                .collect();
+            chunks.push(Chunk {
+                bucket: b,
+                start,
+                len,
+                fits,
+            });
+        }
+    }
+    // Each class takes as many chunks as it has ranks: first the chunks only one class fits
+    // (repeatedly, as taking them settles others), then the rest in Megatron's order (a later
+    // parameter first in each bucket).
+    let mut left: Vec<usize> = classes.iter().map(|c| c.ranks.len()).collect();
+    let mut taken: Vec<Option<usize>> = vec![None; chunks.len()];
+    loop {
+        let mut progress = false;
+        for (i, ch) in chunks.iter().enumerate() {
+            if taken[i].is_some() {
+                continue;
+            }
+            let open: Vec<usize> = ch.fits.iter().copied().filter(|&c| left[c] > 0).collect();
+            if let [c] = open[..] {
+                taken[i] = Some(c);
+                left[c] -= 1;
+                progress = true;
+            }
+        }
+        if !progress {
+            break;
+        }
+    }
+    for (i, ch) in chunks.iter().enumerate() {
+        if taken[i].is_some() {
+            continue;
+        }
+        if let Some(&c) = ch
+            .fits
+            .iter()
+            .filter(|&&c| left[c] > 0)
+            .max_by_key(|&&c| classes[c].param)
+        {
+            taken[i] = Some(c);
+            left[c] -= 1;
+        }
+    }
+    if let Some(c) = left.iter().position(|&n| n > 0) {
+        return Err(format!(
+            "no bucket chunk holds {} (tensor-parallel rank {}): the buckets are not this model's",
+            params[classes[c].param].name, classes[c].ranks[0]
+        ));
+    }
+    if let Some(ch) = chunks
+        .iter()
+        .zip(&taken)
+        .find(|(ch, t)| t.is_none() && ch.len >= 64)
+    {
+        // Padding between parameters is shorter than their 64-element alignment.
+        return Err(format!(
+            "{} holds {} elements at {} that are no parameter of the model",
+            buckets[ch.0.bucket], ch.0.len, ch.0.start
+        ));
+    }
+    // Each class's chunks, in the order its ranks were listed.
+    let mut found: Vec<Vec<usize>> = vec![Vec::new(); classes.len()];
+    for (i, t) in taken.iter().enumerate() {
+        if let Some(c) = t {
+            found[*c].push(i);
+        }
+    }
+    let mut optimizer = Tensors::new();
+    let mut main_params = Tensors::new();
+    for (i, w) in params.iter().enumerate() {
+        let numel: usize = w.shape.iter().product();
+        let mut out = [
+            vec![0.0f32; numel],
+            vec![0.0f32; numel],
+            vec![0.0f32; numel],
+        ];
+        for (c, class) in classes.iter().enumerate().filter(|(_, c)| c.param == i) {
+            for (&r, &k) in class.ranks.iter().zip(&found[c]) {
+                let ch = &chunks[k];
+                for (o, src) in out.iter_mut().zip(&data[ch.bucket]) {
+                    let local = &src[ch.start..ch.start + ch.len];
+                    match w.split {
+                        Some(s) if tp > 1 => place_shard(o, &w.shape, s, tp, r, local),
+                        // The same on every rank: any one of them.
+                        _ => o.copy_from_slice(local),
+                    }
+                }
+            }
+        }
+        let [m, v, main] = out;
+        optimizer.insert(
+            format!("optimizer.exp_avg.{}", w.name),
+            (w.shape.clone(), m),
+        );
+        optimizer.insert(
+            format!("optimizer.exp_avg_sq.{}", w.name),
+            (w.shape.clone(), v),
+        );
+        main_params.insert(w.name.clone(), (w.shape.clone(), main));
+    }
+    Ok((optimizer, main_params))
+}
