@@ -161,6 +161,14 @@ const BF16: (f64, f64) = (1e-3, 1e-2);
 /// fp16 (loss scaling at 128): half-precision products round differently too, by less.
 const FP16: (f64, f64) = (1e-4, 1e-3);
 
+/// Fixture `name` continued here (the model's flags and `extra`) follows Megatron-LM's log
+/// within `tol`.
+fn follows_megatron_lm(name: &str, test: &str, model: &[&str], extra: &[&str], tol: (f64, f64)) {
+    let want = megatron_lm_log(name);
+    let got = continued(name, test, model, extra);
+    assert_follows(&format!("{name} ({test})"), &want, &got, tol);
+}
+
 /// Ours follows Megatron-LM's log within `tol` (relative: losses, gradient norms).
 fn assert_follows(what: &str, want: &[(u64, f64, f64)], got: &[(u64, f64, f64)], tol: (f64, f64)) {
     assert_eq!(want.len(), got.len(), "{what}: iterations {got:?}");
@@ -183,9 +191,7 @@ fn assert_follows(what: &str, want: &[(u64, f64, f64)], got: &[(u64, f64, f64)],
 fn a_megatron_lm_fp32_run_continues_with_the_losses_megatron_lm_logs() {
     // The non-distributed fp32 optimizer: Adam's moments under the weights' own keys, the
     // shared step in the common state; the schedule mid-warm-up-and-decay.
-    let want = megatron_lm_log("gpt_adam");
-    let got = continued("gpt_adam", "world1", GPT, &[]);
-    assert_follows("fp32 GPT", &want, &got, FP32);
+    follows_megatron_lm("gpt_adam", "world1", GPT, &[], FP32);
 }
 
 #[test]
@@ -205,9 +211,7 @@ fn without_its_optimizer_state_the_run_does_not_continue_megatron_lms_log() {
 fn a_distributed_optimizer_run_saved_at_tp2_dp2_continues_at_one_rank_and_at_tp2_pp2() {
     // The distributed optimizer's fully_reshardable form: main parameters, moments and each
     // group's step; a Llama-style model (RMSNorm, SwiGLU, RoPE, GQA, untied output).
-    let want = megatron_lm_log("llama_distopt_tp2_dp2");
-    let one = continued("llama_distopt_tp2_dp2", "world1", LLAMA, &[]);
-    assert_follows("Llama at one rank", &want, &one, FP32);
+    follows_megatron_lm("llama_distopt_tp2_dp2", "world1", LLAMA, &[], FP32);
     let layout = [
         "--nproc-per-node",
         "4",
@@ -218,30 +222,24 @@ fn a_distributed_optimizer_run_saved_at_tp2_dp2_continues_at_one_rank_and_at_tp2
         "--micro-batch-size",
         "1",
     ];
-    let split = continued("llama_distopt_tp2_dp2", "tp2pp2", LLAMA, &layout);
-    assert_follows("Llama at TP 2 x PP 2", &want, &split, FP32);
+    follows_megatron_lm("llama_distopt_tp2_dp2", "tp2pp2", LLAMA, &layout, FP32);
 }
 
 #[test]
 fn a_run_with_pipeline_stages_continues_with_the_losses_megatron_lm_logs() {
     // Saved from 2 pipeline stages, the tied embedding's last-stage copy among them.
-    let want = megatron_lm_log("gpt_pp2");
-    let got = continued("gpt_pp2", "world1", GPT, &[]);
-    assert_follows("GPT from PP 2", &want, &got, FP32);
+    follows_megatron_lm("gpt_pp2", "world1", GPT, &[], FP32);
 }
 
 #[test]
 fn a_bf16_run_continues_from_its_fp32_main_parameters_within_bf16_tolerance() {
     // bf16 weights, fp32 main parameters and moments.
-    let want = megatron_lm_log("gpt_bf16_adam");
-    let got = continued("gpt_bf16_adam", "world1", GPT, &["--bf16"]);
-    assert_follows("bf16 GPT", &want, &got, BF16);
+    follows_megatron_lm("gpt_bf16_adam", "world1", GPT, &["--bf16"], BF16);
 }
 
 #[test]
 fn an_fp16_run_continues_with_its_loss_scaler() {
     // fp16 weights, fp32 main parameters, and the dynamic loss scaler's scale and trackers.
-    let want = megatron_lm_log("gpt_fp16_small");
     let small = [
         "--num-layers",
         "1",
@@ -251,8 +249,7 @@ fn an_fp16_run_continues_with_its_loss_scaler() {
         "2",
     ];
     let fp16 = ["--fp16", "--initial-loss-scale", "128"];
-    let got = continued("gpt_fp16_small", "world1", &small, &fp16);
-    assert_follows("fp16 GPT", &want, &got, FP16);
+    follows_megatron_lm("gpt_fp16_small", "world1", &small, &fp16, FP16);
 }
 
 #[test]
@@ -260,13 +257,9 @@ fn the_distributed_optimizers_bucket_form_continues_with_the_losses_megatron_lm_
     // dp_reshardable, the distributed optimizer's default: flat buckets whose chunks are found
     // by their main parameters. fp32 at DP 2; bf16 at TP 2 x DP 2 (a bucket per TP rank, of
     // TP shards, the norms the same on both).
-    let want = megatron_lm_log("llama_distopt_dp_reshardable");
-    let got = continued("llama_distopt_dp_reshardable", "world1", LLAMA, &[]);
-    assert_follows("bucket form, fp32", &want, &got, FP32);
+    follows_megatron_lm("llama_distopt_dp_reshardable", "world1", LLAMA, &[], FP32);
     let name = "llama_bf16_distopt_dp_reshardable_tp2_dp2";
-    let want = megatron_lm_log(name);
-    let got = continued(name, "world1", LLAMA, &["--bf16"]);
-    assert_follows("bucket form, bf16 from TP 2", &want, &got, BF16);
+    follows_megatron_lm(name, "world1", LLAMA, &["--bf16"], BF16);
 }
 
 /// Every tensor of a checkpoint by name (weights and optimizer state).
