@@ -42,6 +42,7 @@ LLAMA = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4
          "--normalization", "RMSNorm", "--swiglu", "--position-embedding-type", "rope",
          "--disable-bias-linear", "--untie-embeddings-and-output-weights", "--norm-epsilon",
          "1e-6", "--no-rope-fusion"]
+MOE = ["--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "16"]
 # name: (tp, pp, world, flags)
 RUNS = {
     "gpt_adam": (1, 1, 1, GPT),
@@ -56,6 +57,13 @@ RUNS = {
     "gpt_fp16_small": (1, 1, 1, ["--num-layers", "1", "--hidden-size", "16",
                                  "--num-attention-heads", "2", "--fp16",
                                  "--initial-loss-scale", "128"]),
+    # Mixtral-style experts: Megatron-LM steps them with a second, chained optimizer.
+    "mixtral_adam": (1, 1, 1, LLAMA + MOE),
+    "mixtral_distopt_ep2": (1, 1, 2, LLAMA + MOE + ["--expert-model-parallel-size", "2",
+                                                   "--use-distributed-optimizer"]),
+    "mixtral_distopt_ep2_fully_reshardable": (1, 1, 2, LLAMA + MOE + [
+        "--expert-model-parallel-size", "2", "--use-distributed-optimizer",
+        "--dist-ckpt-optim-fully-reshardable"]),
     # The same in bf16 at TP 2 x DP 2: a bucket per tensor-parallel rank, of TP shards.
     "llama_bf16_distopt_dp_reshardable_tp2_dp2": (2, 1, 4, LLAMA + [
         "--use-distributed-optimizer", "--bf16"]),
@@ -170,9 +178,12 @@ def run(rank, world, tp, pp, flags, out, port, load=None):
             # step, and the distributed optimizer's state_dict reads the step from it before
             # loading: give it zero state, which the load overwrites (TE's Adam keeps the step
             # in its parameter groups instead).
-            for group in optimizer.optimizer.param_groups:
+            inner = [o.optimizer for o in getattr(optimizer, "chained_optimizers", [optimizer])]
+            for group in (g for o in inner for g in o.param_groups):
                 for p in group["params"]:
-                    optimizer.optimizer.state[p] = {
+                    state_of = next(o.state for o in inner if any(
+                        p is q for g in o.param_groups for q in g["params"]))
+                    state_of[p] = {
                         "step": torch.tensor(0.0), "exp_avg": torch.zeros_like(p),
                         "exp_avg_sq": torch.zeros_like(p)}
             # The same: copying the loaded tensors in, it also looks for a loaded "step"
@@ -194,8 +205,9 @@ def run(rank, world, tp, pp, flags, out, port, load=None):
             # The torch-Adam path hands every parameter's state one shared step tensor, which
             # torch's Adam then advances once per parameter: each its own, as a step kept per
             # group (TE's Adam) behaves.
-            for state in optimizer.optimizer.state.values():
-                state["step"] = state["step"].clone()
+            for o in getattr(optimizer, "chained_optimizers", [optimizer]):
+                for state in o.optimizer.state.values():
+                    state["step"] = state["step"].clone()
     losses = []
     for it in range(start, TOTAL):
         for m in model:

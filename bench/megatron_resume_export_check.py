@@ -22,9 +22,12 @@ import make_megatron_optim_fixtures as opt
 # name: (model flags, precision flags, [(tp, world), ...] Megatron-LM continues at, relative
 # tolerances of the losses and of the gradient norms). bf16: Megatron-LM's own runs at TP 1 and
 # TP 2 differ by as much (PyTorch's bf16 CPU GEMMs round per product tile, ours per panel).
+EP2 = ["--expert-model-parallel-size", "2"]
 CASES = {
-    "gpt_fp32": (opt.GPT, [], [(1, 1), (2, 2), (1, 2)], (2e-6, 2e-6)),
-    "llama_bf16": (opt.LLAMA, ["--bf16"], [(1, 1), (2, 4)], (1e-3, 1e-2)),
+    "gpt_fp32": (opt.GPT, [], [(1, 1, []), (2, 2, []), (1, 2, [])], (2e-6, 2e-6)),
+    "llama_bf16": (opt.LLAMA, ["--bf16"], [(1, 1, []), (2, 4, [])], (1e-3, 1e-2)),
+    # Experts: Megatron-LM's second, chained optimizer for them, at EP 1 and EP 2.
+    "mixtral_fp32": (opt.LLAMA + opt.MOE, [], [(1, 1, []), (1, 2, EP2)], (2e-6, 2e-6)),
 }
 OURS = [
     "--tokenizer-type", "NullTokenizer", "--vocab-size", "100", "--make-vocab-size-divisible-by",
@@ -45,6 +48,8 @@ def main(binary, fixtures):
     failures = 0
     port = 29800
     for name, (model, precision, layouts, tol) in CASES.items():
+        if len(sys.argv) > 3 and name not in sys.argv[3:]:
+            continue
         with tempfile.TemporaryDirectory() as tmp:
             base = (OURS + opt.DATA + model + precision
                     + ["--data-path", data, "--data-cache-path", os.path.join(tmp, "cache")])
@@ -56,13 +61,16 @@ def main(binary, fixtures):
                  ["--save", save, "--save-interval", str(opt.SAVE_AT),
                   "--exit-interval", str(opt.SAVE_AT)])
             want = ours(binary, base, os.path.join(tmp, "ours.jsonl"), ["--load", save])
-            export = os.path.join(tmp, "export")
-            subprocess.run([binary, "convert", "--from", "megatron", "--to", "torch_dist",
-                            "--input", save, "--output", export], check=True)
-            for tp, world in layouts:
+            for tp, world, layout in layouts:
+                # The export for the expert-parallel size Megatron-LM loads at.
+                export = os.path.join(tmp, f"export_tp{tp}_w{world}")
+                ep = layout[layout.index("--expert-model-parallel-size") + 1] if layout else "1"
+                subprocess.run([binary, "convert", "--from", "megatron", "--to", "torch_dist",
+                                "--input", save, "--output", export,
+                                "--expert-model-parallel-size", ep], check=True)
                 out = os.path.join(tmp, f"mlm_tp{tp}_w{world}")
                 os.makedirs(out)
-                flags = model + precision + ["--use-distributed-optimizer"]
+                flags = model + precision + layout + ["--use-distributed-optimizer"]
                 # The fixture script's flags, with Megatron-LM's own seed (the same as ours).
                 mp.spawn(opt.run, args=(world, tp, 1, flags, out, port, export), nprocs=world)
                 port += 1
@@ -72,7 +80,7 @@ def main(binary, fixtures):
                          for k in (0, 1)]
                 ok = sorted(got) == sorted(want) and all(w <= t for w, t in zip(worst, tol))
                 failures += not ok
-                print(f"{name} Megatron-LM at TP {tp}, {world} ranks: iterations "
+                print(f"{name} Megatron-LM at TP {tp}, {world} ranks {' '.join(layout)}: iterations "
                       f"{sorted(got)}, largest relative difference of the losses "
                       f"{worst[0]:.2e}, of the gradient norms {worst[1]:.2e} (tolerances "
                       f"{tol[0]:g}, {tol[1]:g}): {'ok' if ok else 'FAILED'}", flush=True)
@@ -83,4 +91,4 @@ def main(binary, fixtures):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(sys.argv[1], sys.argv[2])  # further arguments: only those cases

@@ -116,6 +116,11 @@ struct ConvertArgs {
     /// checkpoint holds the optimizer state a Megatron-LM run would continue from.
     #[arg(long)]
     no_save_optim: bool,
+    /// With `--to torch_dist` of an MoE run's optimizer state: the expert-parallel size
+    /// Megatron-LM will load it at (above 1 its optimizer chains a second one for the experts,
+    /// and the state is written in that shape).
+    #[arg(long, default_value_t = 1)]
+    expert_model_parallel_size: usize,
 }
 
 fn run_convert(a: &ConvertArgs) -> anyhow::Result<()> {
@@ -124,6 +129,12 @@ fn run_convert(a: &ConvertArgs) -> anyhow::Result<()> {
         gguf_to_megatron, hf_to_megatron, megatron_to_gguf, megatron_to_hf, megatron_to_torch_dist,
         torch_dist_to_megatron, torch_to_megatron, OptimizerExport,
     };
+    if a.expert_model_parallel_size != 1 && (a.to != "torch_dist" || a.no_save_optim) {
+        anyhow::bail!("--expert-model-parallel-size shapes the optimizer state of a Megatron-LM export: it goes with --to torch_dist (without --no-save-optim)");
+    }
+    if a.expert_model_parallel_size == 0 {
+        anyhow::bail!("--expert-model-parallel-size must be at least 1");
+    }
     if a.no_save_optim && a.to != "torch_dist" {
         anyhow::bail!("--no-save-optim leaves the optimizer state out of a Megatron-LM export: it goes with --to torch_dist");
     }
@@ -139,7 +150,9 @@ fn run_convert(a: &ConvertArgs) -> anyhow::Result<()> {
             let optim = if a.no_save_optim {
                 OptimizerExport::WeightsOnly
             } else {
-                OptimizerExport::IfSaved
+                OptimizerExport::IfSaved {
+                    expert_model_parallel_size: a.expert_model_parallel_size,
+                }
             };
             megatron_to_torch_dist(&a.input, &a.output, optim)?
         }

@@ -252,14 +252,35 @@ fn an_fp16_run_continues_with_its_loss_scaler() {
     follows_megatron_lm("gpt_fp16_small", "world1", &small, &fp16, FP16);
 }
 
+/// Mixtral-style: 4 SwiGLU experts, top 2.
+fn mixtral() -> Vec<&'static str> {
+    let moe = [
+        "--num-experts",
+        "4",
+        "--moe-router-topk",
+        "2",
+        "--moe-ffn-hidden-size",
+        "16",
+    ];
+    LLAMA.iter().chain(&moe).copied().collect()
+}
+
 #[test]
 fn the_distributed_optimizers_bucket_form_continues_with_the_losses_megatron_lm_logs() {
     // dp_reshardable, the distributed optimizer's default: flat buckets whose chunks are found
-    // by their main parameters. fp32 at DP 2; bf16 at TP 2 x DP 2 (a bucket per TP rank, of
-    // TP shards, the norms the same on both).
-    follows_megatron_lm("llama_distopt_dp_reshardable", "world1", LLAMA, &[], FP32);
+    // by their main parameters. bf16 at TP 2 x DP 2 (a bucket per TP rank, of TP shards, the
+    // norms the same on both); fp32 experts at EP 2 (a second, chained optimizer, a bucket
+    // per expert-parallel rank).
     let name = "llama_bf16_distopt_dp_reshardable_tp2_dp2";
     follows_megatron_lm(name, "world1", LLAMA, &["--bf16"], BF16);
+    follows_megatron_lm("mixtral_distopt_ep2", "world1", &mixtral(), &[], FP32);
+}
+
+#[test]
+fn a_mixture_of_experts_run_continues_with_the_losses_megatron_lm_logs() {
+    // The non-distributed optimizer: the experts' moments under their stacked keys
+    // (layer, expert leading), the router's too.
+    follows_megatron_lm("mixtral_adam", "world1", &mixtral(), &[], FP32);
 }
 
 /// Every tensor of a checkpoint by name (weights and optimizer state).
@@ -276,11 +297,16 @@ fn an_export_carries_the_run_so_megatron_lms_form_reads_back_bit_for_bit() {
     // Megatron-LM's run, converted, exported (bench/megatron_resume_export_check.py has
     // Megatron-LM itself load such exports and go on with our losses), converted again: the
     // weights, moments, main parameters, step, schedule and position are the same.
-    for name in ["gpt_adam", "llama_distopt_tp2_dp2", "gpt_bf16_adam"] {
+    for name in [
+        "gpt_adam",
+        "llama_distopt_tp2_dp2",
+        "gpt_bf16_adam",
+        "mixtral_distopt_ep2",
+    ] {
         let dir = tmpdir(&format!("mlm-resume-export-{name}"));
         let (first, export, back) = (dir.join("first"), dir.join("export"), dir.join("back"));
         torch_dist_to_megatron(&fixture(name), &first).unwrap();
-        let written = megatron_to_torch_dist(&first, &export, OptimizerExport::IfSaved).unwrap();
+        let written = megatron_to_torch_dist(&first, &export, OptimizerExport::default()).unwrap();
         // Megatron-LM loads optimizer state from an iteration's directory, not a release.
         assert!(written.ends_with("iter_0000003"), "{}", written.display());
         let tracker = export.join("latest_checkpointed_iteration.txt");
@@ -365,7 +391,7 @@ fn a_run_trained_here_goes_on_the_same_after_a_round_trip_through_megatron_lms_f
         &save,
         &["--save", s, "--save-interval", "3", "--exit-interval", "3"],
     );
-    megatron_to_torch_dist(&save, &export, OptimizerExport::IfSaved).unwrap();
+    megatron_to_torch_dist(&save, &export, OptimizerExport::default()).unwrap();
     torch_dist_to_megatron(&export, &back).unwrap();
     let want = run(&save, &[]);
     let got = run(&back, &[]);

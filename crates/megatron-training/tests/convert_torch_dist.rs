@@ -11,7 +11,7 @@ use common::tmpdir;
 use megatron_training::checkpointing::load_checkpoint;
 use megatron_training::convert::pickle::{unpickle, PyValue};
 use megatron_training::convert::torch_dist_to_megatron;
-use megatron_training::convert::OptimizerExport::IfSaved;
+use megatron_training::convert::OptimizerExport;
 use std::path::{Path, PathBuf};
 
 /// `name` converted under a directory of the calling test's own (`test`).
@@ -233,8 +233,12 @@ fn an_export_to_torch_dist_reads_back_bit_for_bit_as_a_release_checkpoint() {
     ] {
         let (dir, first) = converted(name, "export");
         let export = dir.join("export");
-        let release =
-            megatron_training::convert::megatron_to_torch_dist(&first, &export, IfSaved).unwrap();
+        let release = megatron_training::convert::megatron_to_torch_dist(
+            &first,
+            &export,
+            OptimizerExport::default(),
+        )
+        .unwrap();
         assert!(release.ends_with("release"));
         assert_eq!(
             std::fs::read_to_string(export.join("latest_checkpointed_iteration.txt")).unwrap(),
@@ -254,9 +258,13 @@ fn an_export_to_torch_dist_reads_back_bit_for_bit_as_a_release_checkpoint() {
             "{name}"
         );
         // An export never overwrites one.
-        let e = megatron_training::convert::megatron_to_torch_dist(&first, &export, IfSaved)
-            .unwrap_err()
-            .to_string();
+        let e = megatron_training::convert::megatron_to_torch_dist(
+            &first,
+            &export,
+            OptimizerExport::default(),
+        )
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("already exists"), "{e}");
         let _ = std::fs::remove_dir_all(dir);
     }
@@ -278,9 +286,13 @@ fn a_model_megatron_lm_cannot_load_is_refused_for_export_by_name() {
     ]);
     a.save_interval = Some(1);
     megatron_training::pretrain(&a).unwrap();
-    let e = megatron_training::convert::megatron_to_torch_dist(&save, &dir.join("out"), IfSaved)
-        .unwrap_err()
-        .to_string();
+    let e = megatron_training::convert::megatron_to_torch_dist(
+        &save,
+        &dir.join("out"),
+        OptimizerExport::default(),
+    )
+    .unwrap_err()
+    .to_string();
     assert!(e.contains("multi-token prediction"), "{e}");
     assert!(!dir.join("out/release").exists());
     let _ = std::fs::remove_dir_all(dir);

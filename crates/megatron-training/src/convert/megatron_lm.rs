@@ -11,8 +11,8 @@
 //! state and `_extra_state`s are not read.
 
 use super::megatron_lm_state::{
-    exported_common_state, exported_state_names, read_run_state, state_export, RunState,
-    StateExport,
+    exported_common_state, exported_state_names, read_run_state, state_export, ExpertOptimizer,
+    RunState, StateExport,
 };
 use super::pickle::PyValue;
 use super::pickle_writer::Pickle;
@@ -552,10 +552,20 @@ pub(crate) type TpSplit = Option<(usize, usize)>;
 /// Whether `convert --to torch_dist` carries the optimizer state a checkpoint holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OptimizerExport {
-    /// Where the checkpoint holds Adam's state past iteration 0 (Megatron's default).
-    IfSaved,
+    /// Where the checkpoint holds Adam's state past iteration 0 (Megatron's default), for
+    /// Megatron-LM to load at expert-parallel size `expert_model_parallel_size`: an MoE run's
+    /// optimizer there chains a second one for the experts where that is above 1.
+    IfSaved { expert_model_parallel_size: usize },
     /// `--no-save-optim`: the weights alone, a release checkpoint.
     WeightsOnly,
+}
+
+impl Default for OptimizerExport {
+    fn default() -> Self {
+        OptimizerExport::IfSaved {
+            expert_model_parallel_size: 1,
+        }
+    }
 }
 
 /// Whether a tensor of the model is trained (and so has optimizer state) or a buffer.
@@ -917,7 +927,7 @@ pub fn megatron_to_torch_dist(
     optim: OptimizerExport,
 ) -> Result<PathBuf, TrainError> {
     let ck = match optim {
-        OptimizerExport::IfSaved => crate::checkpointing::load_checkpoint(input, None)?,
+        OptimizerExport::IfSaved { .. } => crate::checkpointing::load_checkpoint(input, None)?,
         OptimizerExport::WeightsOnly => crate::checkpointing::load_checkpoint_weights(input)?,
     };
     let cfg = ck.meta.model.clone();
@@ -1068,7 +1078,13 @@ pub fn megatron_to_torch_dist(
         ("num_floating_point_operations_so_far", Pickle::Int(0)),
     ];
     if carried {
-        common.extend(exported_common_state(&ck.meta));
+        let experts = match optim {
+            OptimizerExport::IfSaved {
+                expert_model_parallel_size: ep,
+            } if ep > 1 => ExpertOptimizer::Chained,
+            _ => ExpertOptimizer::Shared,
+        };
+        common.extend(exported_common_state(&ck.meta, experts));
     }
     items.push(Item::Object {
         key: "common_state/shard_0_1".into(),

@@ -86,7 +86,8 @@ pub(crate) fn read_bucket_state(
     let buckets: Vec<String> = ck
         .sizes
         .keys()
-        .filter(|k| k.starts_with("optimizer.distributed.") && k.ends_with(".param"))
+        // Chained optimizers (experts apart) prefix theirs `chained_N.`.
+        .filter(|k| k.contains("optimizer.distributed.") && k.ends_with(".param"))
         .cloned()
         .collect();
     if buckets.is_empty() {

@@ -12,7 +12,7 @@
 //! optimizer's default form (`dp_reshardable`) stores its gradient buckets instead; they are
 //! read by `megatron_lm_buckets`.
 
-use super::megatron_lm::{is_set, locate, with_common_state, TensorKind, WantedTensor};
+use super::megatron_lm::{locate, with_common_state, TensorKind, WantedTensor};
 use super::megatron_lm_buckets::{read_bucket_state, WeightsOf};
 use super::pickle::PyValue;
 use super::pickle_writer::Pickle;
@@ -55,11 +55,7 @@ pub(crate) fn read_run_state(
     let step = optimizer_step(ck)?;
     let mut optimizer = Tensors::new();
     let mut main_params = Tensors::new();
-    if opt
-        .get("param_state_sharding_type")
-        .and_then(|v| v.as_str())
-        == Some("dp_reshardable")
-    {
+    if sharding_types(opt).contains(&"dp_reshardable") {
         let tp = args
             .attr("tensor_model_parallel_size")
             .and_then(|v| v.as_int())
@@ -152,25 +148,17 @@ fn unsupported(
     if matches!(arg("decoupled_weight_decay"), Some(PyValue::Bool(false))) {
         return Some("the run used Adam with L2 weight decay (not decoupled), which this engine does not train".into());
     }
-    if let Some(t) = opt
-        .get("param_state_sharding_type")
-        .and_then(|v| v.as_str())
-        .filter(|t| !matches!(*t, "fully_reshardable" | "dp_reshardable"))
+    if let Some(t) = sharding_types(opt)
+        .into_iter()
+        .find(|t| !matches!(*t, "fully_reshardable" | "dp_reshardable"))
     {
         return Some(format!(
             "the distributed optimizer's state is saved as {t} (a deprecated form); save the \
              run once with Megatron-LM's --dist-ckpt-optim-fully-reshardable to bring its state"
         ));
     }
-    if ck.keys().any(|k| k.starts_with("chained_")) || arg("num_experts").is_some_and(is_set) {
-        return Some(
-            "a mixture of experts: Megatron-LM keeps the experts' state in a second, chained \
-             optimizer, which is not imported"
-                .into(),
-        );
-    }
     let moments = ["optimizer.state.exp_avg.", "optimizer.distributed."];
-    if !ck.keys().any(|k| moments.iter().any(|m| k.starts_with(m))) {
+    if !ck.keys().any(|k| moments.iter().any(|m| k.contains(m))) {
         return Some("the checkpoint holds no Adam moments (optimizer.state.exp_avg.*)".into());
     }
     common.get("opt_param_scheduler").and_then(|s| {
@@ -186,6 +174,26 @@ fn unsupported(
     })
 }
 
+/// The optimizer's state dict and, where Megatron-LM chains several (experts apart: a dict by
+/// index), each one's.
+fn optimizers(opt: &PyValue) -> Vec<&PyValue> {
+    match opt {
+        PyValue::Dict(entries) if entries.iter().all(|(k, _)| matches!(k, PyValue::Int(_))) => {
+            entries.iter().map(|(_, v)| v).collect()
+        }
+        other => vec![other],
+    }
+}
+
+/// The distributed optimizer's checkpoint forms the state is saved in (none: the
+/// non-distributed optimizer's).
+fn sharding_types(opt: &PyValue) -> Vec<&str> {
+    optimizers(opt)
+        .into_iter()
+        .filter_map(|o| o.get("param_state_sharding_type").and_then(|v| v.as_str()))
+        .collect()
+}
+
 /// The optimizer's step count: one shared step (`state.common_step`, a tensor, of the
 /// non-distributed optimizers) or each parameter group's `step` (the distributed optimizer's:
 /// in the common state, or per domain beside the buckets of its bucket form).
@@ -193,7 +201,7 @@ fn optimizer_step(ck: &TorchDistCheckpoint) -> Result<u64, String> {
     let in_common = with_common_state(ck, |common, archive| {
         common
             .get("optimizer")
-            .and_then(|o| step_in(o, archive))
+            .and_then(|o| optimizers(o).into_iter().find_map(|o| step_in(o, archive)))
             .transpose()
     })?;
     if let Some(step) = in_common {
@@ -201,7 +209,7 @@ fn optimizer_step(ck: &TorchDistCheckpoint) -> Result<u64, String> {
     }
     let key = ck
         .keys()
-        .find(|k| k.starts_with("optimizer.distributed.") && k.contains(".optimizer/"))
+        .find(|k| k.contains("optimizer.distributed.") && k.contains(".optimizer/"))
         .ok_or("the optimizer state holds no step (state.common_step or param_groups[0].step)")?
         .clone();
     let archive = ck.archive(&key)?;
@@ -374,13 +382,15 @@ pub(crate) fn state_export(
             "an fp16 run's loss scaler, which the export does not write".into(),
         );
     }
-    if meta.model.moe.is_some() {
-        return StateExport::Refused(
-            "experts: Megatron-LM keeps their state in a second, chained optimizer, which the export does not write"
-                .into(),
-        );
-    }
     StateExport::Carried
+}
+
+/// Where Megatron-LM keeps an MoE run's expert state: in its one optimizer (expert-parallel
+/// size 1, expert TP equal to TP), or in a second one chained after it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ExpertOptimizer {
+    Shared,
+    Chained,
 }
 
 /// The megatron-core keys of parameter `name`'s optimizer state (the parameter's own sharded
@@ -403,15 +413,18 @@ pub(crate) fn exported_state_names(name: &str) -> [(&'static str, String); 3] {
 /// The common-state entries that carry the run on: the distributed optimizer's parameter
 /// groups (decayed and not, matched by Megatron-LM on load by their `wd_mult`/`lr_mult`/
 /// `max_lr`/`min_lr`; each with the step), the scheduler's state and the sharding form.
-pub(crate) fn exported_common_state(meta: &CheckpointMeta) -> Vec<(&'static str, Pickle)> {
+pub(crate) fn exported_common_state(
+    meta: &CheckpointMeta,
+    experts: ExpertOptimizer,
+) -> Vec<(&'static str, Pickle)> {
     let s = &meta.scheduler;
     // The scheduler sets every group's lr and weight decay again when it loads; these are
     // the values the run stopped with.
     let lr = s.get_lr();
     let wd = meta.weight_decay.unwrap_or(0.0) as f64;
-    let group = |wd_mult: f64| {
+    let group = |experts: bool, wd_mult: f64| {
         Pickle::dict([
-            ("is_expert_parallel", Pickle::Bool(false)),
+            ("is_expert_parallel", Pickle::Bool(experts)),
             ("default_config", Pickle::Bool(true)),
             ("wd_mult", Pickle::Float(wd_mult)),
             ("lr_mult", Pickle::Float(1.0)),
@@ -446,20 +459,35 @@ pub(crate) fn exported_common_state(meta: &CheckpointMeta) -> Vec<(&'static str,
         LrDecayStyle::WSD => "WSD",
     };
     let int = |v: u64| Pickle::Int(v as i64);
+    // One optimizer, holding both groups (decayed and not): the load looks up the groups the
+    // run has. An MoE run's experts have groups of their own in it, or, where Megatron-LM
+    // chains a second optimizer for them, that one's (a dict by index).
+    let entries = |groups: Vec<Pickle>| {
+        vec![
+            (
+                Pickle::str("optimizer"),
+                Pickle::dict([("param_groups", Pickle::List(groups))]),
+            ),
+            (
+                Pickle::str("param_state_sharding_type"),
+                Pickle::str("fully_reshardable"),
+            ),
+        ]
+    };
+    let dense = || vec![group(false, 1.0), group(false, 0.0)];
+    let expert_groups = || vec![group(true, 1.0), group(true, 0.0)];
+    let optimizers = match (meta.model.moe.is_some(), experts) {
+        (false, _) => Pickle::Dict(entries(dense())),
+        (true, ExpertOptimizer::Shared) => Pickle::Dict(entries(
+            dense().into_iter().chain(expert_groups()).collect(),
+        )),
+        (true, ExpertOptimizer::Chained) => Pickle::Dict(vec![
+            (Pickle::Int(0), Pickle::Dict(entries(dense()))),
+            (Pickle::Int(1), Pickle::Dict(entries(expert_groups()))),
+        ]),
+    };
     vec![
-        (
-            "optimizer",
-            Pickle::dict([
-                (
-                    "optimizer",
-                    Pickle::dict([("param_groups", Pickle::List(vec![group(1.0), group(0.0)]))]),
-                ),
-                (
-                    "param_state_sharding_type",
-                    Pickle::str("fully_reshardable"),
-                ),
-            ]),
-        ),
+        ("optimizer", optimizers),
         // Without start_wd and its kin: Megatron-LM checks those against totals (its
         // --train-iters) this checkpoint does not record, and takes its flags' instead.
         (
