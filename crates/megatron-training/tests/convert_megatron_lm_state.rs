@@ -297,16 +297,22 @@ fn an_export_carries_the_run_so_megatron_lms_form_reads_back_bit_for_bit() {
     // Megatron-LM's run, converted, exported (bench/megatron_resume_export_check.py has
     // Megatron-LM itself load such exports and go on with our losses), converted again: the
     // weights, moments, main parameters, step, schedule and position are the same.
-    for name in [
-        "gpt_adam",
-        "llama_distopt_tp2_dp2",
-        "gpt_bf16_adam",
-        "mixtral_distopt_ep2",
+    // An MoE run's state in both shapes: the experts in the one optimizer (EP 1) and in a
+    // chained second one (EP 2).
+    let ep = |n| OptimizerExport::IfSaved {
+        expert_model_parallel_size: n,
+    };
+    for (name, optim) in [
+        ("gpt_adam", ep(1)),
+        ("llama_distopt_tp2_dp2", ep(1)),
+        ("gpt_bf16_adam", ep(1)),
+        ("mixtral_distopt_ep2", ep(1)),
+        ("mixtral_distopt_ep2", ep(2)),
     ] {
         let dir = tmpdir(&format!("mlm-resume-export-{name}"));
         let (first, export, back) = (dir.join("first"), dir.join("export"), dir.join("back"));
         torch_dist_to_megatron(&fixture(name), &first).unwrap();
-        let written = megatron_to_torch_dist(&first, &export, OptimizerExport::default()).unwrap();
+        let written = megatron_to_torch_dist(&first, &export, optim).unwrap();
         // Megatron-LM loads optimizer state from an iteration's directory, not a release.
         assert!(written.ends_with("iter_0000003"), "{}", written.display());
         let tracker = export.join("latest_checkpointed_iteration.txt");
