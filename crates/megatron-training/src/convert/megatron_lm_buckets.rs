@@ -38,10 +38,11 @@ impl WeightsOf {
 
 /// One class of interchangeable local shards: parameter `param`'s shard on the ranks in
 /// `ranks` (several where the parameter is the same on every tensor-parallel rank).
-struct Class {
+struct Class<'a> {
     param: usize,
     ranks: Vec<usize>,
-    values: Vec<f32>,
+    /// The shard's weights (borrowed where it is the whole tensor).
+    values: std::borrow::Cow<'a, [f32]>,
 }
 
 /// The bucket form's main parameters and moments, by this engine's names (`optimizer.<moment>.
@@ -65,9 +66,9 @@ pub(crate) fn read_bucket_state(
             .get(&w.name)
             .ok_or_else(|| format!("no weights for {}", w.name))?;
         for r in 0..tp {
-            let values = match w.split {
-                Some(s) if tp > 1 => shard_of(global, &w.shape, s, tp, r),
-                _ => global.clone(),
+            let values: std::borrow::Cow<[f32]> = match w.split {
+                Some(s) if tp > 1 => shard_of(global, &w.shape, s, tp, r).into(),
+                _ => global.as_slice().into(),
             };
             match classes
                 .iter_mut()
