@@ -26,6 +26,9 @@ EP2 = ["--expert-model-parallel-size", "2"]
 CASES = {
     "gpt_fp32": (opt.GPT, [], [(1, 1, []), (2, 2, []), (1, 2, [])], (2e-6, 2e-6)),
     "llama_bf16": (opt.LLAMA, ["--bf16"], [(1, 1, []), (2, 4, [])], (1e-3, 1e-2)),
+    # fp16: the dynamic loss scaler's scale and trackers go too.
+    "gpt_fp16": (opt.GPT, ["--fp16", "--initial-loss-scale", "128"], [(1, 1, []), (2, 2, [])],
+                 (1e-4, 1e-3)),
     # Experts: Megatron-LM's second, chained optimizer for them, at EP 1 and EP 2.
     "mixtral_fp32": (opt.LLAMA + opt.MOE, [], [(1, 1, []), (1, 2, EP2)], (2e-6, 2e-6)),
 }

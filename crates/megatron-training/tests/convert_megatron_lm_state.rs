@@ -306,6 +306,7 @@ fn an_export_carries_the_run_so_megatron_lms_form_reads_back_bit_for_bit() {
         ("gpt_adam", ep(1)),
         ("llama_distopt_tp2_dp2", ep(1)),
         ("gpt_bf16_adam", ep(1)),
+        ("gpt_fp16_small", ep(1)),
         ("mixtral_distopt_ep2", ep(1)),
         ("mixtral_distopt_ep2", ep(2)),
     ] {
@@ -342,6 +343,7 @@ fn an_export_carries_the_run_so_megatron_lms_form_reads_back_bit_for_bit() {
             "{name}"
         );
         assert_eq!(ma.scheduler, mb.scheduler, "{name}");
+        assert_eq!(ma.grad_scaler, mb.grad_scaler, "{name}");
         assert_eq!(
             (ma.adam_beta1, ma.adam_beta2, ma.adam_eps, ma.weight_decay),
             (mb.adam_beta1, mb.adam_beta2, mb.adam_eps, mb.weight_decay),

@@ -783,6 +783,8 @@ fn saved_args(
         ("no_save_optim", Pickle::Bool(!carried)),
         ("no_save_rng", Pickle::Bool(true)),
         ("use_distributed_optimizer", Pickle::Bool(carried)),
+        // A loss scaler means an fp16 run here (bf16 and fp32 runs keep none).
+        ("fp16", Pickle::Bool(meta.grad_scaler.is_some())),
         ("optimizer", Pickle::str(meta.optimizer.as_str())),
         ("adam_beta1", float(meta.adam_beta1)),
         ("adam_beta2", float(meta.adam_beta2)),
@@ -817,11 +819,35 @@ fn saved_args(
         ),
     ];
     entries.extend(moe_args(cfg.moe.as_ref()));
+    entries.extend(loss_scale_args(meta.grad_scaler.as_ref()));
     Ok(Pickle::New(
         "argparse",
         "Namespace",
         Box::new(Pickle::dict(entries)),
     ))
+}
+
+/// An fp16 run's loss-scaling arguments (Megatron's names), as its scaler recorded them.
+fn loss_scale_args(
+    scaler: Option<&megatron_core::optimizer::GradScaler>,
+) -> Vec<(&'static str, Pickle)> {
+    use megatron_core::optimizer::GradScaler;
+    let float = |v: f32| Pickle::Float(super::decimal(v));
+    match scaler {
+        None => Vec::new(),
+        Some(GradScaler::Constant { scale }) => vec![("loss_scale", float(*scale))],
+        Some(GradScaler::Dynamic {
+            min_scale,
+            growth_interval,
+            hysteresis,
+            ..
+        }) => vec![
+            ("loss_scale", Pickle::None),
+            ("min_loss_scale", float(*min_scale)),
+            ("loss_scale_window", Pickle::Int(*growth_interval as i64)),
+            ("hysteresis", Pickle::Int(*hysteresis as i64)),
+        ],
+    }
 }
 
 /// The MoE part of the saved arguments (`num_experts` None for a dense model).
@@ -1069,6 +1095,7 @@ pub fn megatron_to_torch_dist(
                 join(|x| x.1)
             ),
             object: Pickle::List(vec![Pickle::None]),
+            storages: Vec::new(),
         });
     }
     let mut common = vec![
@@ -1077,6 +1104,7 @@ pub fn megatron_to_torch_dist(
         ("iteration", Pickle::Int(ck.meta.iteration as i64)),
         ("num_floating_point_operations_so_far", Pickle::Int(0)),
     ];
+    let mut storages = Vec::new();
     if carried {
         let experts = match optim {
             OptimizerExport::IfSaved {
@@ -1084,11 +1112,14 @@ pub fn megatron_to_torch_dist(
             } if ep > 1 => ExpertOptimizer::Chained,
             _ => ExpertOptimizer::Shared,
         };
-        common.extend(exported_common_state(&ck.meta, experts));
+        let (entries, tensors) = exported_common_state(&ck.meta, experts);
+        common.extend(entries);
+        storages = tensors;
     }
     items.push(Item::Object {
         key: "common_state/shard_0_1".into(),
         object: Pickle::List(vec![Pickle::dict(common)]),
+        storages,
     });
     std::fs::create_dir_all(output).map_err(crate::io_err(output))?;
     write_torch_dist(&release, &items).map_err(|msg| TrainError::Checkpoint {

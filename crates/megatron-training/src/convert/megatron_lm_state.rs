@@ -17,6 +17,7 @@ use super::megatron_lm_buckets::{read_bucket_state, WeightsOf};
 use super::pickle::PyValue;
 use super::pickle_writer::Pickle;
 use super::torch_dist::TorchDistCheckpoint;
+use super::torch_save::f32_tensor_pickle;
 use super::torch_save::TorchArchive;
 use super::Tensors;
 use crate::checkpointing::{CheckpointMeta, ConvertedRun};
@@ -266,7 +267,7 @@ fn grad_scaler(
     }
     let saved = common
         .get("optimizer")
-        .and_then(|o| o.get("grad_scaler"))
+        .and_then(|o| optimizers(o).into_iter().find_map(|o| o.get("grad_scaler")))
         .ok_or("an fp16 run without its loss scaler's state (optimizer.grad_scaler)")?;
     let scale = match saved.get("scale") {
         Some(v) => match number(v) {
@@ -377,11 +378,6 @@ pub(crate) fn state_export(
             meta.optimizer
         ));
     }
-    if meta.grad_scaler.is_some() {
-        return StateExport::Refused(
-            "an fp16 run's loss scaler, which the export does not write".into(),
-        );
-    }
     StateExport::Carried
 }
 
@@ -416,7 +412,7 @@ pub(crate) fn exported_state_names(name: &str) -> [(&'static str, String); 3] {
 pub(crate) fn exported_common_state(
     meta: &CheckpointMeta,
     experts: ExpertOptimizer,
-) -> Vec<(&'static str, Pickle)> {
+) -> (Vec<(&'static str, Pickle)>, Vec<(String, Vec<u8>)>) {
     let s = &meta.scheduler;
     // The scheduler sets every group's lr and weight decay again when it loads; these are
     // the values the run stopped with.
@@ -462,8 +458,31 @@ pub(crate) fn exported_common_state(
     // One optimizer, holding both groups (decayed and not): the load looks up the groups the
     // run has. An MoE run's experts have groups of their own in it, or, where Megatron-LM
     // chains a second optimizer for them, that one's (a dict by index).
+    // An fp16 run's loss scaler, in each optimizer (Megatron's `DynamicGradScaler` state: the
+    // scale a one-element tensor, the trackers ints; a constant scaler keeps none).
+    let scaler = meta.grad_scaler.as_ref().map(|g| match g {
+        GradScaler::Dynamic {
+            growth_tracker,
+            hysteresis_tracker,
+            ..
+        } => Pickle::dict([
+            ("scale", f32_tensor_pickle("scale", &[1])),
+            ("growth_tracker", Pickle::Int(*growth_tracker as i64)),
+            (
+                "hysteresis_tracker",
+                Pickle::Int(*hysteresis_tracker as i64),
+            ),
+        ]),
+        GradScaler::Constant { .. } => Pickle::dict([]),
+    });
+    let storages = match &meta.grad_scaler {
+        Some(g @ GradScaler::Dynamic { .. }) => {
+            vec![("scale".to_string(), g.scale().to_le_bytes().to_vec())]
+        }
+        _ => Vec::new(),
+    };
     let entries = |groups: Vec<Pickle>| {
-        vec![
+        let mut e = vec![
             (
                 Pickle::str("optimizer"),
                 Pickle::dict([("param_groups", Pickle::List(groups))]),
@@ -472,7 +491,9 @@ pub(crate) fn exported_common_state(
                 Pickle::str("param_state_sharding_type"),
                 Pickle::str("fully_reshardable"),
             ),
-        ]
+        ];
+        e.extend(scaler.clone().map(|s| (Pickle::str("grad_scaler"), s)));
+        e
     };
     let dense = || vec![group(false, 1.0), group(false, 0.0)];
     let expert_groups = || vec![group(true, 1.0), group(true, 0.0)];
@@ -486,7 +507,7 @@ pub(crate) fn exported_common_state(
             (Pickle::Int(1), Pickle::Dict(entries(expert_groups()))),
         ]),
     };
-    vec![
+    let entries = vec![
         ("optimizer", optimizers),
         // Without start_wd and its kin: Megatron-LM checks those against totals (its
         // --train-iters) this checkpoint does not record, and takes its flags' instead.
@@ -516,5 +537,6 @@ pub(crate) fn exported_common_state(
                 ("chained_optim_avoid_prefix", Pickle::Bool(true)),
             ]),
         ),
-    ]
+    ];
+    (entries, storages)
 }

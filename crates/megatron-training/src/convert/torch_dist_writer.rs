@@ -20,8 +20,13 @@ pub enum Item<'a> {
         chunk: Vec<usize>,
         values: &'a [f32],
     },
-    /// An object (megatron-core's `ShardedObject`s: the common state, `_extra_state`s).
-    Object { key: String, object: Pickle },
+    /// An object (megatron-core's `ShardedObject`s: the common state, `_extra_state`s), with
+    /// the storages of the tensors inside it (`f32_tensor_pickle`'s keys and their bytes).
+    Object {
+        key: String,
+        object: Pickle,
+        storages: Vec<(String, Vec<u8>)>,
+    },
 }
 
 const DCP: &str = "torch.distributed.checkpoint.metadata";
@@ -91,9 +96,17 @@ pub fn write_torch_dist(dir: &Path, items: &[Item]) -> Result<(), String> {
                 ));
                 (key, Some(offset), bytes)
             }
-            Item::Object { key, object } => {
+            Item::Object {
+                key,
+                object,
+                storages,
+            } => {
                 sizes.push((key.clone(), Pickle::None));
-                (key, None, save_archive(object, &[])?)
+                let storages: Vec<(&str, &[u8])> = storages
+                    .iter()
+                    .map(|(k, b)| (k.as_str(), b.as_slice()))
+                    .collect();
+                (key, None, save_archive(object, &storages)?)
             }
         };
         file.write_all(&bytes).map_err(io(&data))?;
