@@ -17,6 +17,7 @@ use super::megatron_lm_buckets::{read_bucket_state, WeightsOf};
 use super::pickle::PyValue;
 use super::pickle_writer::Pickle;
 use super::torch_dist::TorchDistCheckpoint;
+use super::torch_dist_writer::Storages;
 use super::torch_save::f32_tensor_pickle;
 use super::torch_save::TorchArchive;
 use super::Tensors;
@@ -412,7 +413,7 @@ pub(crate) fn exported_state_names(name: &str) -> [(&'static str, String); 3] {
 pub(crate) fn exported_common_state(
     meta: &CheckpointMeta,
     experts: ExpertOptimizer,
-) -> (Vec<(&'static str, Pickle)>, Vec<(String, Vec<u8>)>) {
+) -> (Vec<(&'static str, Pickle)>, Storages) {
     let s = &meta.scheduler;
     // The scheduler sets every group's lr and weight decay again when it loads; these are
     // the values the run stopped with.

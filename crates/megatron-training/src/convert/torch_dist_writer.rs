@@ -10,6 +10,9 @@ use super::torch_save::{f32_tensor_pickle, save_archive};
 use std::io::Write;
 use std::path::Path;
 
+/// Storages of the tensors inside an object: `f32_tensor_pickle`'s keys and their bytes.
+pub type Storages = Vec<(String, Vec<u8>)>;
+
 /// One item of the checkpoint.
 pub enum Item<'a> {
     /// A chunk of an f32 tensor of global `size`, at `offset`, of extent `chunk`.
@@ -25,7 +28,7 @@ pub enum Item<'a> {
     Object {
         key: String,
         object: Pickle,
-        storages: Vec<(String, Vec<u8>)>,
+        storages: Storages,
     },
 }
 
