@@ -10,7 +10,7 @@ mod common;
 use common::{parse_train, tmpdir};
 use megatron_training::checkpointing::load_checkpoint;
 use megatron_training::convert::{megatron_to_torch_dist, torch_dist_to_megatron, OptimizerExport};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -115,18 +115,20 @@ fn megatron_lm_log(name: &str) -> Vec<(u64, f64, f64)> {
         .collect()
 }
 
-/// Converts fixture `name` and trains it to iteration 6 with the model's flags and `extra`
-/// (a layout, a precision); the log of iterations 4-6.
-fn continued(name: &str, test: &str, model: &[&str], extra: &[&str]) -> Vec<(u64, f64, f64)> {
-    let dir = tmpdir(&format!("mlm-resume-{name}-{test}"));
-    let save = dir.join("converted");
-    torch_dist_to_megatron(&fixture(name), &save).unwrap();
+/// `megatron train` on the fixtures' dataset (its index cache under `dir`) with [`RUN`]'s
+/// flags, `--load load`, the model's flags and `extra`.
+fn train(
+    dir: &Path,
+    load: &Path,
+    model: &[&str],
+    extra: &[&str],
+) -> megatron_training::TrainSummary {
     let data = fixture("data/tokens_text_document");
     let cache = dir.join("cache");
     let mut v = vec![
         "megatron",
         "--load",
-        save.to_str().unwrap(),
+        load.to_str().unwrap(),
         "--data-path",
         data.to_str().unwrap(),
         "--data-cache-path",
@@ -135,7 +137,16 @@ fn continued(name: &str, test: &str, model: &[&str], extra: &[&str]) -> Vec<(u64
     v.extend_from_slice(RUN);
     v.extend_from_slice(model);
     v.extend_from_slice(extra);
-    let s = megatron_training::pretrain(&parse_train(&v)).unwrap();
+    megatron_training::pretrain(&parse_train(&v)).unwrap()
+}
+
+/// Converts fixture `name` and trains it to iteration 6 with the model's flags and `extra`
+/// (a layout, a precision); the log of iterations 4-6.
+fn continued(name: &str, test: &str, model: &[&str], extra: &[&str]) -> Vec<(u64, f64, f64)> {
+    let dir = tmpdir(&format!("mlm-resume-{name}-{test}"));
+    let save = dir.join("converted");
+    torch_dist_to_megatron(&fixture(name), &save).unwrap();
+    let s = train(&dir, &save, model, extra);
     let _ = std::fs::remove_dir_all(&dir);
     assert_eq!(
         s.start_iteration, 3,
@@ -284,7 +295,7 @@ fn a_mixture_of_experts_run_continues_with_the_losses_megatron_lm_logs() {
 }
 
 /// Every tensor of a checkpoint by name (weights and optimizer state).
-fn all_tensors(save: &std::path::Path) -> std::collections::BTreeMap<String, Vec<f32>> {
+fn all_tensors(save: &Path) -> std::collections::BTreeMap<String, Vec<f32>> {
     megatron_training::checkpointing::load_checkpoint(save, None)
         .unwrap()
         .tensors
@@ -325,7 +336,7 @@ fn an_export_carries_the_run_so_megatron_lms_form_reads_back_bit_for_bit() {
             "{name}"
         );
         assert_eq!(a, b, "{name}");
-        let meta = |s: &std::path::Path| load_checkpoint(s, None).unwrap().meta;
+        let meta = |s: &Path| load_checkpoint(s, None).unwrap().meta;
         let (ma, mb) = (meta(&first), meta(&back));
         assert_eq!(
             (
@@ -376,24 +387,8 @@ fn a_run_trained_here_goes_on_the_same_after_a_round_trip_through_megatron_lms_f
     // Ours, saved at iteration 3, exported and converted back, goes on to iteration 6 with
     // the losses it has going on from its own checkpoint.
     let dir = tmpdir("mlm-resume-ours");
-    let data = fixture("data/tokens_text_document");
     let (save, export, back) = (dir.join("save"), dir.join("export"), dir.join("back"));
-    let run = |load: &std::path::Path, extra: &[&str]| {
-        let cache = dir.join("cache");
-        let mut v = vec![
-            "megatron",
-            "--data-path",
-            data.to_str().unwrap(),
-            "--data-cache-path",
-            cache.to_str().unwrap(),
-            "--load",
-            load.to_str().unwrap(),
-        ];
-        v.extend_from_slice(RUN);
-        v.extend_from_slice(LLAMA);
-        v.extend_from_slice(extra);
-        megatron_training::pretrain(&parse_train(&v)).unwrap()
-    };
+    let run = |load: &Path, extra: &[&str]| train(&dir, load, LLAMA, extra);
     let s = save.to_str().unwrap();
     run(
         &save,
