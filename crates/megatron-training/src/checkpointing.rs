@@ -70,8 +70,8 @@ pub struct CheckpointMeta {
     pub adam_beta1: f32,
     pub adam_beta2: f32,
     pub adam_eps: f32,
-    /// The run's `--weight-decay` (decoupled): an export of the optimizer state gives it to
-    /// Megatron-LM, whose scheduler checks it against its flags. Older checkpoints: none.
+    /// The run's `--weight-decay` (decoupled): an export of the optimizer state writes it in
+    /// Megatron-LM's parameter groups, as Megatron-LM saves them. Older checkpoints: none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub weight_decay: Option<f32>,
     /// The run's seed: every random stream (dropout, data order) is counter-based, derived from

@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{parse_train, tmpdir};
+use common::{parse_train, tmpdir, TP2_PP2};
 use megatron_training::checkpointing::load_checkpoint;
 use megatron_training::convert::{megatron_to_torch_dist, torch_dist_to_megatron, OptimizerExport};
 use std::path::{Path, PathBuf};
@@ -223,17 +223,7 @@ fn a_distributed_optimizer_run_saved_at_tp2_dp2_continues_at_one_rank_and_at_tp2
     // The distributed optimizer's fully_reshardable form: main parameters, moments and each
     // group's step; a Llama-style model (RMSNorm, SwiGLU, RoPE, GQA, untied output).
     follows_megatron_lm("llama_distopt_tp2_dp2", "world1", LLAMA, &[], FP32);
-    let layout = [
-        "--nproc-per-node",
-        "4",
-        "--tensor-model-parallel-size",
-        "2",
-        "--pipeline-model-parallel-size",
-        "2",
-        "--micro-batch-size",
-        "1",
-    ];
-    follows_megatron_lm("llama_distopt_tp2_dp2", "tp2pp2", LLAMA, &layout, FP32);
+    follows_megatron_lm("llama_distopt_tp2_dp2", "tp2pp2", LLAMA, TP2_PP2, FP32);
 }
 
 #[test]

@@ -1020,16 +1020,17 @@ pub fn megatron_to_torch_dist(
         });
         // The weights, then (a parameter of a carried run) its main copy and moments under
         // the same sharded key and placement.
-        let mut push = |key: String, size: Vec<usize>, offset: Vec<usize>, chunk: Vec<usize>| {
-            let state = exported_state_names(name)
+        let state: Vec<(&str, &Vec<f32>)> = if carried {
+            exported_state_names(name)
                 .into_iter()
-                .filter(|_| carried)
-                .filter_map(|(prefix, ours)| Some((prefix, ck.tensors.get(&ours)?)))
-                .filter(|_| {
-                    ck.tensors
-                        .contains_key(&format!("optimizer.exp_avg.{name}"))
-                });
-            for (prefix, values) in std::iter::once(("", values)).chain(state) {
+                .map(|(prefix, ours)| ck.tensors.get(&ours).map(|v| (prefix, v)))
+                .collect::<Option<_>>()
+                .unwrap_or_default() // a buffer: no optimizer state
+        } else {
+            Vec::new()
+        };
+        let mut push = |key: String, size: Vec<usize>, offset: Vec<usize>, chunk: Vec<usize>| {
+            for &(prefix, values) in std::iter::once(&("", values)).chain(&state) {
                 items.push(Item::Tensor {
                     key: format!("{prefix}{key}"),
                     size: size.clone(),

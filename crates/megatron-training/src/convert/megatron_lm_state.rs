@@ -54,10 +54,19 @@ pub(crate) fn read_run_state(
     if let Some(why) = unsupported(ck, common, opt, args) {
         return Ok(RunState::Unsupported(why));
     }
-    let step = optimizer_step(ck)?;
-    let mut optimizer = Tensors::new();
-    let mut main_params = Tensors::new();
-    if sharding_types(opt).contains(&"dp_reshardable") {
+    // The step and the loss scale may be tensors: read with the archive that holds them.
+    let (step, grad_scaler) = with_common_state(ck, |c, archive| {
+        let step = c
+            .get("optimizer")
+            .and_then(|o| optimizers(o).into_iter().find_map(|o| step_in(o, archive)))
+            .transpose()?;
+        Ok((step, grad_scaler(c, args, archive)?))
+    })?;
+    let step = match step {
+        Some(s) => s,
+        None => step_beside_buckets(ck)?,
+    };
+    let (optimizer, main_params) = if sharding_types(opt).contains(&"dp_reshardable") {
         let tp = args
             .attr("tensor_model_parallel_size")
             .and_then(|v| v.as_int())
@@ -68,7 +77,7 @@ pub(crate) fn read_run_state(
             WeightsOf::Fp32
         };
         match read_bucket_state(ck, wanted, weights, tp, weights_of) {
-            Ok((o, m)) => (optimizer, main_params) = (o, m),
+            Ok(state) => state,
             Err(why) => {
                 return Ok(RunState::Unsupported(format!(
                     "the distributed optimizer's bucket form (dp_reshardable): {why}; save the \
@@ -77,32 +86,9 @@ pub(crate) fn read_run_state(
                 )))
             }
         }
-    }
-    let per_parameter = optimizer.is_empty();
-    for w in wanted
-        .iter()
-        .filter(|w| per_parameter && w.kind == TensorKind::Parameter)
-    {
-        for moment in ["exp_avg", "exp_avg_sq"] {
-            let prefix = format!("optimizer.state.{moment}.");
-            let (key, start, size) = locate(ck, &prefix, &w.name, &w.shape)?;
-            optimizer.insert(
-                format!("optimizer.{moment}.{}", w.name),
-                (w.shape.clone(), ck.region(&key, &start, &size)?),
-            );
-        }
-        // The fp32 copy the optimizer steps (bf16/fp16 runs; the distributed optimizer keeps
-        // one for fp32 runs too, equal to the weights). An fp32 run's weights are its own.
-        for prefix in ["optimizer.state.fp32_param.", "optimizer.state.param."] {
-            if let Ok((key, start, size)) = locate(ck, prefix, &w.name, &w.shape) {
-                main_params.insert(
-                    w.name.clone(),
-                    (w.shape.clone(), ck.region(&key, &start, &size)?),
-                );
-                break;
-            }
-        }
-    }
+    } else {
+        read_parameter_state(ck, wanted)?
+    };
     let int = |name: &str| args.attr(name).and_then(|v| v.as_int());
     let float = |name: &str| args.attr(name).and_then(number);
     let need = |name: &str| {
@@ -123,13 +109,45 @@ pub(crate) fn read_run_state(
         adam_eps: need("adam_eps")? as f32,
         weight_decay: float("weight_decay").map(|w| w as f32),
         seed: int("seed").unwrap_or(1234) as u64,
-        grad_scaler: with_common_state(ck, |c, archive| grad_scaler(c, args, archive))?,
+        grad_scaler,
     };
     Ok(RunState::Imported {
         run,
         optimizer,
         main_params,
     })
+}
+
+/// The moments and main parameters stored under each parameter's own sharded key (the
+/// non-distributed optimizer, the distributed one's `fully_reshardable` form).
+fn read_parameter_state(
+    ck: &TorchDistCheckpoint,
+    wanted: &[WantedTensor],
+) -> Result<(Tensors, Tensors), String> {
+    let mut optimizer = Tensors::new();
+    let mut main_params = Tensors::new();
+    for w in wanted.iter().filter(|w| w.kind == TensorKind::Parameter) {
+        for moment in ["exp_avg", "exp_avg_sq"] {
+            let prefix = format!("optimizer.state.{moment}.");
+            let (key, start, size) = locate(ck, &prefix, &w.name, &w.shape)?;
+            optimizer.insert(
+                format!("optimizer.{moment}.{}", w.name),
+                (w.shape.clone(), ck.region(&key, &start, &size)?),
+            );
+        }
+        // The fp32 copy the optimizer steps (bf16/fp16 runs; the distributed optimizer keeps
+        // one for fp32 runs too, equal to the weights). An fp32 run's weights are its own.
+        for prefix in ["optimizer.state.fp32_param.", "optimizer.state.param."] {
+            if let Ok((key, start, size)) = locate(ck, prefix, &w.name, &w.shape) {
+                main_params.insert(
+                    w.name.clone(),
+                    (w.shape.clone(), ck.region(&key, &start, &size)?),
+                );
+                break;
+            }
+        }
+    }
+    Ok((optimizer, main_params))
 }
 
 /// Why the saved optimizer state cannot be continued here, if it cannot.
@@ -196,19 +214,9 @@ fn sharding_types(opt: &PyValue) -> Vec<&str> {
         .collect()
 }
 
-/// The optimizer's step count: one shared step (`state.common_step`, a tensor, of the
-/// non-distributed optimizers) or each parameter group's `step` (the distributed optimizer's:
-/// in the common state, or per domain beside the buckets of its bucket form).
-fn optimizer_step(ck: &TorchDistCheckpoint) -> Result<u64, String> {
-    let in_common = with_common_state(ck, |common, archive| {
-        common
-            .get("optimizer")
-            .and_then(|o| optimizers(o).into_iter().find_map(|o| step_in(o, archive)))
-            .transpose()
-    })?;
-    if let Some(step) = in_common {
-        return Ok(step);
-    }
+/// The step of the bucket form, kept per domain beside its buckets (each parameter group's
+/// `step`), where the common state holds none.
+fn step_beside_buckets(ck: &TorchDistCheckpoint) -> Result<u64, String> {
     let key = ck
         .keys()
         .find(|k| k.contains("optimizer.distributed.") && k.contains(".optimizer/"))
@@ -224,7 +232,9 @@ fn optimizer_step(ck: &TorchDistCheckpoint) -> Result<u64, String> {
         .ok_or_else(|| format!("{key} holds no param_groups[0].step"))
 }
 
-/// The step in an optimizer's state dict `opt`, if it holds one.
+/// The step in an optimizer's state dict `opt`, if it holds one: one shared step
+/// (`state.common_step`, a tensor, of the non-distributed optimizers) or each parameter
+/// group's `step` (the distributed optimizer's).
 fn step_in(opt: &PyValue, archive: &TorchArchive) -> Option<Result<u64, String>> {
     // Mixed precision wraps the inner optimizer's state dict in another `optimizer`.
     let inner = opt.get("optimizer").unwrap_or(opt);

@@ -16,9 +16,6 @@ struct Wrap {
     args: TrainArgs,
 }
 
-/// The model and schedule of the tiny test runs (2 layers, hidden 32, 4 heads, seq 16, micro
-/// batch 2 of 4, lr 3e-3 with 2 warm-up iterations, evaluation every 3), 2 GEMM threads; the
-/// data and tokenizer flags come before them.
 /// Four rank threads as TP 2 x PP 2, one sample per micro-batch.
 #[allow(dead_code)]
 pub const TP2_PP2: &[&str] = &[
@@ -32,6 +29,9 @@ pub const TP2_PP2: &[&str] = &[
     "1",
 ];
 
+/// The model and schedule of the tiny test runs (2 layers, hidden 32, 4 heads, seq 16, micro
+/// batch 2 of 4, lr 3e-3 with 2 warm-up iterations, evaluation every 3), 2 GEMM threads; the
+/// data and tokenizer flags come before them.
 pub const SMALL_RUN: &[&str] = &[
     "--num-layers",
     "2",
