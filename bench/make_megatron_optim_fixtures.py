@@ -1,7 +1,8 @@
 """Writes tests/fixtures/megatron_resume: Megatron-LM runs stopped mid-way, with what a resume
 needs — the weights, the optimizer's state (Adam's moments, the fp32 main parameters of a bf16
 run, the step), the learning-rate scheduler, the iteration and the samples consumed — saved by
-Megatron-LM's own `save_checkpoint` in `--ckpt-format torch_dist`, and the losses Megatron-LM
+Megatron-LM's own `save_checkpoint` in `--ckpt-format torch_dist` (and, for the `legacy_`
+runs, `--ckpt-format torch`), and the losses Megatron-LM
 logs for the iterations after the save when it simply goes on.
 
 Each run: Megatron-LM's parser, `gpt_builder`, `get_model` (DDP, Float16Module), the optimizer
@@ -42,6 +43,7 @@ LLAMA = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4
          "--normalization", "RMSNorm", "--swiglu", "--position-embedding-type", "rope",
          "--disable-bias-linear", "--untie-embeddings-and-output-weights", "--norm-epsilon",
          "1e-6", "--no-rope-fusion"]
+LEGACY = ["--ckpt-format", "torch"]
 MOE = ["--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "16"]
 # name: (tp, pp, world, flags)
 RUNS = {
@@ -67,6 +69,17 @@ RUNS = {
     # The same in bf16 at TP 2 x DP 2: a bucket per tensor-parallel rank, of TP shards.
     "llama_bf16_distopt_dp_reshardable_tp2_dp2": (2, 1, 4, LLAMA + [
         "--use-distributed-optimizer", "--bf16"]),
+    # The legacy format (--ckpt-format torch): the non-distributed optimizer's state by
+    # parameter index in each rank's model_optim_rng.pt (bf16: its fp32 main copies by group),
+    # or the distributed optimizer's gathered buffers in distrib_optim.pt.
+    "legacy_gpt_bf16_tp2": (2, 1, 2, GPT + ["--bf16"] + LEGACY),
+    "legacy_gpt_pp2": (1, 2, 2, GPT + LEGACY),
+    "legacy_mixtral_adam": (1, 1, 1, LLAMA + MOE + LEGACY),
+    "legacy_llama_distopt_tp2_dp2": (2, 1, 4, LLAMA + ["--use-distributed-optimizer"] + LEGACY),
+    "legacy_llama_bf16_distopt_dp2": (1, 1, 2, LLAMA + ["--use-distributed-optimizer",
+                                                       "--bf16"] + LEGACY),
+    "legacy_mixtral_distopt_ep2": (1, 1, 2, LLAMA + MOE + [
+        "--expert-model-parallel-size", "2", "--use-distributed-optimizer"] + LEGACY),
 }
 
 

@@ -9,7 +9,9 @@
 //! `[gate_r; up_r]`), layers numbered by the order Megatron assigns them to stages and chunks,
 //! experts by their expert-parallel rank.
 
+use super::megatron_legacy_state::{read_legacy_run_state, Piece, Placed};
 use super::megatron_lm::{expert_of, finish, model_of_args, stored_names, wanted_tensors};
+use super::megatron_lm_state::continued_run;
 use super::pickle::PyValue;
 use super::torch_dist::tracked_iteration;
 use super::torch_save::TorchArchive;
@@ -67,7 +69,8 @@ fn arg(args: &PyValue, name: &str, default: usize) -> usize {
 }
 
 /// Converts the `--ckpt-format torch` checkpoint `input` (a save directory or an iteration
-/// directory) into a megatron-rs checkpoint under `output` (iteration 0, weights only).
+/// directory) into a megatron-rs checkpoint under `output`: the weights, and the run's optimizer
+/// state where it holds Adam's (`megatron_legacy_state`).
 pub fn torch_to_megatron(input: &Path, output: &Path) -> Result<PathBuf, TrainError> {
     let fail_in = |msg: String| TrainError::Checkpoint {
         path: input.display().to_string(),
@@ -209,10 +212,9 @@ pub fn torch_to_megatron(input: &Path, output: &Path) -> Result<PathBuf, TrainEr
     }
     let experts_per_rank = cfg.moe.as_ref().map_or(1, |m| m.num_experts / ep);
     let mut tensors = Tensors::new();
-    for super::megatron_lm::WantedTensor {
-        name, shape, split, ..
-    } in wanted_tensors(&cfg)
-    {
+    let mut placed = Vec::new();
+    for wanted in wanted_tensors(&cfg) {
+        let (name, shape, split) = (wanted.name.clone(), wanted.shape.clone(), wanted.split);
         // Where the tensor lives: (stage, chunk), expert rank, and the local names to try.
         let layer = name.strip_prefix("decoder.layers.").and_then(|r| {
             let (l, rest) = r.split_once('.')?;
@@ -261,6 +263,7 @@ pub fn torch_to_megatron(input: &Path, output: &Path) -> Result<PathBuf, TrainEr
         let split = if group == 1 { None } else { split };
         let ranks = if split.is_some() { group } else { 1 };
         let mut pieces = Vec::with_capacity(ranks);
+        let mut sources = Vec::with_capacity(ranks);
         for t in 0..ranks {
             let file = &by_rank[&(t, stage, e_rank)];
             let model = &stages[&(t, stage, e_rank)][chunk];
@@ -274,28 +277,32 @@ pub fn torch_to_megatron(input: &Path, output: &Path) -> Result<PathBuf, TrainEr
                         local_names.join(" or ")
                     ))
                 })?;
-            let t = file
+            let tensor = file
                 .1
                 .tensor(value)
                 .map_err(|e| fail(format!("{}: {local}: {e}", file.0.display())))?;
-            pieces.push((local.clone(), t));
+            sources.push(Piece {
+                rank: (t, stage, e_rank),
+                chunk,
+                local: local.clone(),
+            });
+            pieces.push((local.clone(), tensor));
         }
         let values = assemble(&name, &shape, split, pieces).map_err(fail)?;
         tensors.insert(name, (shape, values));
+        placed.push(Placed {
+            tensor: wanted,
+            pieces: sources,
+        });
     }
     let iteration = first.1.object.get("iteration").and_then(|i| i.as_int());
-    if first.1.object.get("optimizer").is_some() {
-        eprintln!(
-            "WARNING: the run's optimizer state is not imported from the legacy format (its \
-             state is by parameter index per rank). The converted checkpoint holds the weights \
-             alone, at iteration 0: train from it with --finetune"
-        );
-    }
+    let state = read_legacy_run_state(&by_rank, args, &placed).map_err(fail)?;
+    let run = continued_run(state, &mut tensors);
     finish(
         (output, &dir, "--ckpt-format torch"),
         (args, iteration, &flags),
         cfg,
-        (tensors, None),
+        (tensors, run),
         tokenizer,
     )
 }

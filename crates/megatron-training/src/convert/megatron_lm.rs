@@ -11,8 +11,8 @@
 //! state and `_extra_state`s are not read.
 
 use super::megatron_lm_state::{
-    exported_common_state, exported_state_names, read_run_state, state_export, ExpertOptimizer,
-    RunState, StateExport,
+    continued_run, exported_common_state, exported_state_names, read_run_state, state_export,
+    ExpertOptimizer, StateExport,
 };
 use super::pickle::PyValue;
 use super::pickle_writer::Pickle;
@@ -494,25 +494,8 @@ pub fn torch_dist_to_megatron(input: &Path, output: &Path) -> Result<PathBuf, Tr
         )));
     }
     let iteration = common.get("iteration").and_then(|i| i.as_int());
-    let run = match read_run_state(&ck, &common, args, &wanted, &tensors).map_err(fail)? {
-        RunState::NotSaved => None,
-        RunState::Unsupported(why) => {
-            eprintln!(
-                "WARNING: the run's optimizer state is not imported: {why}. The converted \
-                 checkpoint holds the weights alone, at iteration 0: train from it with --finetune"
-            );
-            None
-        }
-        RunState::Imported {
-            run,
-            optimizer,
-            main_params,
-        } => {
-            tensors.extend(main_params);
-            tensors.extend(optimizer);
-            Some(run)
-        }
-    };
+    let state = read_run_state(&ck, &common, args, &wanted, &tensors).map_err(fail)?;
+    let run = continued_run(state, &mut tensors);
     finish(
         (output, &ck.dir, "torch_dist"),
         (args, iteration, &flags),

@@ -24,15 +24,38 @@ pub(crate) enum WeightsOf {
     Fp32,
     /// A bf16 run: the weights are the main parameters rounded to bf16.
     Bf16,
+    /// An fp16 run: rounded to fp16.
+    Fp16,
 }
 
 impl WeightsOf {
-    fn matches(self, main: &[f32], weights: &[f32]) -> bool {
+    /// The precision of the weights of a run saved with arguments `args`.
+    pub(crate) fn of_args(args: &super::pickle::PyValue) -> WeightsOf {
+        let set = |k: &str| matches!(args.attr(k), Some(super::pickle::PyValue::Bool(true)));
+        if set("bf16") {
+            WeightsOf::Bf16
+        } else if set("fp16") {
+            WeightsOf::Fp16
+        } else {
+            WeightsOf::Fp32
+        }
+    }
+
+    /// The weight a main parameter `m` is kept as.
+    pub(crate) fn weight(self, m: f32) -> f32 {
+        match self {
+            WeightsOf::Fp32 => m,
+            WeightsOf::Bf16 => half::bf16::from_f32(m).to_f32(),
+            WeightsOf::Fp16 => half::f16::from_f32(m).to_f32(),
+        }
+    }
+
+    pub(crate) fn matches(self, main: &[f32], weights: &[f32]) -> bool {
         main.len() == weights.len()
-            && main.iter().zip(weights).all(|(&m, &w)| match self {
-                WeightsOf::Fp32 => m.to_bits() == w.to_bits(),
-                WeightsOf::Bf16 => half::bf16::from_f32(m).to_f32().to_bits() == w.to_bits(),
-            })
+            && main
+                .iter()
+                .zip(weights)
+                .all(|(&m, &w)| self.weight(m).to_bits() == w.to_bits())
     }
 }
 

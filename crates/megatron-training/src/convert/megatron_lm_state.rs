@@ -39,6 +39,31 @@ pub(crate) enum RunState {
     },
 }
 
+/// The run a converted checkpoint continues, its state's tensors added to `tensors` (the main
+/// parameters replacing the weights); where the state is not imported, a warning says why and
+/// the weights alone land at iteration 0.
+pub(crate) fn continued_run(state: RunState, tensors: &mut Tensors) -> Option<ConvertedRun> {
+    match state {
+        RunState::NotSaved => None,
+        RunState::Unsupported(why) => {
+            eprintln!(
+                "WARNING: the run's optimizer state is not imported: {why}. The converted \
+                 checkpoint holds the weights alone, at iteration 0: train from it with --finetune"
+            );
+            None
+        }
+        RunState::Imported {
+            run,
+            optimizer,
+            main_params,
+        } => {
+            tensors.extend(main_params);
+            tensors.extend(optimizer);
+            Some(run)
+        }
+    }
+}
+
 /// Reads the run's state from `ck` (common state `common`, saved arguments `args`) for the
 /// model's tensors `wanted`.
 pub(crate) fn read_run_state(
@@ -71,12 +96,7 @@ pub(crate) fn read_run_state(
             .attr("tensor_model_parallel_size")
             .and_then(|v| v.as_int())
             .unwrap_or(1) as usize;
-        let weights_of = if matches!(args.attr("bf16"), Some(PyValue::Bool(true))) {
-            WeightsOf::Bf16
-        } else {
-            WeightsOf::Fp32
-        };
-        match read_bucket_state(ck, wanted, weights, tp, weights_of) {
+        match read_bucket_state(ck, wanted, weights, tp, WeightsOf::of_args(args)) {
             Ok(state) => state,
             Err(why) => {
                 return Ok(RunState::Unsupported(format!(
@@ -89,6 +109,22 @@ pub(crate) fn read_run_state(
     } else {
         read_parameter_state(ck, wanted)?
     };
+    Ok(RunState::Imported {
+        run: converted_run(common, args, step, grad_scaler)?,
+        optimizer,
+        main_params,
+    })
+}
+
+/// The run's position and settings from a checkpoint's common state `common` (the torch_dist
+/// common state, or a legacy rank file's top level: both hold `iteration` and
+/// `opt_param_scheduler`) and saved arguments `args`.
+pub(crate) fn converted_run(
+    common: &PyValue,
+    args: &PyValue,
+    step: u64,
+    grad_scaler: Option<GradScaler>,
+) -> Result<ConvertedRun, String> {
     let int = |name: &str| args.attr(name).and_then(|v| v.as_int());
     let float = |name: &str| args.attr(name).and_then(number);
     let need = |name: &str| {
@@ -97,8 +133,8 @@ pub(crate) fn read_run_state(
     let iteration = common
         .get("iteration")
         .and_then(|i| i.as_int())
-        .ok_or("the common state holds no iteration")?;
-    let run = ConvertedRun {
+        .ok_or("the checkpoint holds no iteration")?;
+    Ok(ConvertedRun {
         iteration: iteration as u64,
         consumed_train_samples: int("consumed_train_samples").unwrap_or(0) as u64,
         consumed_valid_samples: int("consumed_valid_samples").map(|v| v as u64),
@@ -110,11 +146,6 @@ pub(crate) fn read_run_state(
         weight_decay: float("weight_decay").map(|w| w as f32),
         seed: int("seed").unwrap_or(1234) as u64,
         grad_scaler,
-    };
-    Ok(RunState::Imported {
-        run,
-        optimizer,
-        main_params,
     })
 }
 
@@ -157,16 +188,8 @@ fn unsupported(
     opt: &PyValue,
     args: &PyValue,
 ) -> Option<String> {
-    let arg = |name: &str| args.attr(name);
-    if let Some(o) = arg("optimizer").and_then(|v| v.as_str()) {
-        if o != "adam" {
-            return Some(format!(
-                "the run's optimizer is {o}; the state of --optimizer adam is what is imported"
-            ));
-        }
-    }
-    if matches!(arg("decoupled_weight_decay"), Some(PyValue::Bool(false))) {
-        return Some("the run used Adam with L2 weight decay (not decoupled), which this engine does not train".into());
+    if let Some(why) = unsupported_run(common, args) {
+        return Some(why);
     }
     if let Some(t) = sharding_types(opt)
         .into_iter()
@@ -180,6 +203,24 @@ fn unsupported(
     let moments = ["optimizer.state.exp_avg.", "optimizer.distributed."];
     if !ck.keys().any(|k| moments.iter().any(|m| k.contains(m))) {
         return Some("the checkpoint holds no Adam moments (optimizer.state.exp_avg.*)".into());
+    }
+    None
+}
+
+/// Why a run of arguments `args` and scheduler state (in `common`) cannot go on here with its
+/// optimizer state, whatever the format saved it: another optimizer than Adam, L2 weight
+/// decay, a weight-decay schedule.
+pub(crate) fn unsupported_run(common: &PyValue, args: &PyValue) -> Option<String> {
+    let arg = |name: &str| args.attr(name);
+    if let Some(o) = arg("optimizer").and_then(|v| v.as_str()) {
+        if o != "adam" {
+            return Some(format!(
+                "the run's optimizer is {o}; the state of --optimizer adam is what is imported"
+            ));
+        }
+    }
+    if matches!(arg("decoupled_weight_decay"), Some(PyValue::Bool(false))) {
+        return Some("the run used Adam with L2 weight decay (not decoupled), which this engine does not train".into());
     }
     common.get("opt_param_scheduler").and_then(|s| {
         // Absent (an older scheduler, or this engine's export): constant.
@@ -196,8 +237,10 @@ fn unsupported(
 
 /// The optimizer's state dict and, where Megatron-LM chains several (experts apart: a dict by
 /// index), each one's.
-fn optimizers(opt: &PyValue) -> Vec<&PyValue> {
+pub(crate) fn optimizers(opt: &PyValue) -> Vec<&PyValue> {
     match opt {
+        // The legacy format's ChainedOptimizer: a list.
+        PyValue::List(each) => each.iter().collect(),
         PyValue::Dict(entries) if entries.iter().all(|(k, _)| matches!(k, PyValue::Int(_))) => {
             entries.iter().map(|(_, v)| v).collect()
         }
@@ -233,9 +276,10 @@ fn step_beside_buckets(ck: &TorchDistCheckpoint) -> Result<u64, String> {
 }
 
 /// The step in an optimizer's state dict `opt`, if it holds one: one shared step
-/// (`state.common_step`, a tensor, of the non-distributed optimizers) or each parameter
-/// group's `step` (the distributed optimizer's).
-fn step_in(opt: &PyValue, archive: &TorchArchive) -> Option<Result<u64, String>> {
+/// (`state.common_step`, a tensor, of the non-distributed optimizers), each parameter
+/// group's `step` (the distributed optimizer's), or, in the legacy format, torch's Adam's own
+/// per-parameter `state[i].step` (the same for every parameter).
+pub(crate) fn step_in(opt: &PyValue, archive: &TorchArchive) -> Option<Result<u64, String>> {
     // Mixed precision wraps the inner optimizer's state dict in another `optimizer`.
     let inner = opt.get("optimizer").unwrap_or(opt);
     let value = inner
@@ -247,6 +291,10 @@ fn step_in(opt: &PyValue, archive: &TorchArchive) -> Option<Result<u64, String>>
                 .and_then(|g| g.as_seq())
                 .and_then(|g| g.first())
                 .and_then(|g| g.get("step"))
+        })
+        .or_else(|| match inner.get("state")? {
+            PyValue::Dict(by_index) => by_index.iter().find_map(|(_, s)| s.get("step")),
+            _ => None,
         })?;
     let step = match number(value) {
         Some(s) => Ok(s),
@@ -263,7 +311,7 @@ fn step_in(opt: &PyValue, archive: &TorchArchive) -> Option<Result<u64, String>>
 /// An fp16 run's loss scaler: `--loss-scale`'s constant, or Megatron's dynamic scaler with the
 /// scale and trackers it saved (`optimizer.grad_scaler`) and the run's window, hysteresis and
 /// floor.
-fn grad_scaler(
+pub(crate) fn grad_scaler(
     common: &PyValue,
     args: &PyValue,
     archive: &TorchArchive,
@@ -356,7 +404,7 @@ fn scheduler(common: &PyValue, args: &PyValue) -> Result<OptimizerParamScheduler
 }
 
 /// A Python int or float.
-fn number(v: &PyValue) -> Option<f64> {
+pub(crate) fn number(v: &PyValue) -> Option<f64> {
     match v {
         PyValue::Int(i) => Some(*i as f64),
         PyValue::Float(f) => Some(*f),

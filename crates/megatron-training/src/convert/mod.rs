@@ -13,6 +13,7 @@ mod gpt2;
 mod k_quants;
 mod llama;
 mod megatron_legacy;
+mod megatron_legacy_state;
 mod megatron_lm;
 mod megatron_lm_buckets;
 mod megatron_lm_state;

@@ -76,12 +76,24 @@ impl<'a> TorchArchive<'a> {
 
     /// The tensor `v` rebuilds (`_rebuild_tensor_v2`, or a `Parameter` around one).
     pub fn tensor(&self, v: &PyValue) -> Result<TorchTensor, String> {
-        let class = v.class_name().unwrap_or_default();
-        let args = v.args();
-        match class.as_str() {
+        self.rebuild(&v.class_name().unwrap_or_default(), v.args())
+    }
+
+    /// The tensor the pickled call `class(*args)` rebuilds.
+    fn rebuild(&self, class: &str, args: &[PyValue]) -> Result<TorchTensor, String> {
+        match class {
             "torch._utils._rebuild_parameter" | "torch._utils._rebuild_parameter_with_state" => {
                 self.tensor(args.first().ok_or("a parameter without its tensor")?)
             }
+            // A tensor subclass (a Parameter kept as a plain attribute, such as the fp32 main
+            // copies of Megatron's mixed-precision optimizer): `(func, type, func's args,
+            // state)`.
+            "torch._tensor._rebuild_from_type_v2" => match args {
+                [func, _, PyValue::Tuple(inner), ..] => {
+                    self.rebuild(&func.class_name().unwrap_or_default(), inner)
+                }
+                _ => Err("a _rebuild_from_type_v2 without its function and arguments".into()),
+            },
             "torch._utils._rebuild_tensor_v2" | "torch._utils._rebuild_tensor" => {
                 let [storage, offset, size, stride, ..] = args else {
                     return Err(format!("{class} with {} arguments", args.len()));
@@ -112,6 +124,20 @@ impl<'a> TorchArchive<'a> {
             }
             other => Err(format!("not a tensor: {other}")),
         }
+    }
+}
+
+/// The shape of the tensor `v` rebuilds, read from its pickled call without its storage.
+pub fn tensor_shape(v: &PyValue) -> Option<Vec<usize>> {
+    match v.class_name()?.as_str() {
+        "torch._utils._rebuild_parameter" | "torch._utils._rebuild_parameter_with_state" => {
+            tensor_shape(v.args().first()?)
+        }
+        "torch._utils._rebuild_tensor_v2" | "torch._utils._rebuild_tensor" => {
+            v.args().get(2)?.as_usizes()
+        }
+        "torch._tensor._rebuild_from_type_v2" => v.args().get(2)?.as_seq()?.get(2)?.as_usizes(),
+        _ => None,
     }
 }
 

@@ -3,6 +3,7 @@
 
 pub mod hf_fixtures;
 pub mod llama_cpp_spm;
+pub mod megatron_resume;
 
 use clap::Parser;
 use megatron_training::checkpointing::LoadedCheckpoint;
