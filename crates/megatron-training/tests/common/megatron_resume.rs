@@ -200,6 +200,14 @@ pub fn assert_follows(
     tol: (f64, f64),
 ) {
     assert_eq!(want.len(), got.len(), "{what}: iterations {got:?}");
+    let rel = |a: f64, b: f64| (a - b).abs() / a.abs();
+    let worst = want.iter().zip(got).fold((0.0f64, 0.0f64), |m, (w, g)| {
+        (m.0.max(rel(w.1, g.1)), m.1.max(rel(w.2, g.2)))
+    });
+    eprintln!(
+        "{what}: largest relative difference from Megatron-LM's log: loss {:.1e}, grad norm {:.1e}",
+        worst.0, worst.1
+    );
     for (w, g) in want.iter().zip(got) {
         assert_eq!(w.0, g.0, "{what}");
         let close = |a: f64, b: f64, t: f64| (a - b).abs() <= t * a.abs();
