@@ -186,3 +186,21 @@ fn a_run_trained_here_goes_on_the_same_after_a_round_trip_through_megatron_lms_f
     assert_eq!(want.grad_norms, got.grad_norms);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_megatron_core_0_12_distributed_optimizer_run_continues_from_its_flattened_shards() {
+    // megatron-core 0.9-0.12 saved the distributed optimizer's state as
+    // fully_sharded_model_space by default (--ckpt-fully-parallel-save): each TP shard
+    // flattened under a grid-shaped key, cut along the flat axis between DP ranks. Saved by
+    // Megatron-LM core_v0.12.0's own training code (bench/make_megatron_v012_optim_fixtures.py).
+    follows_megatron_lm("v012_llama_distopt_tp2_dp2", "world1", LLAMA, &[], FP32);
+    follows_megatron_lm("v012_gpt_distopt_pp2_dp2", "world1", GPT, &[], FP32);
+    follows_megatron_lm("v012_gpt_distopt_pp2_dp2", "tp2pp2", GPT, TP2_PP2, FP32);
+    follows_megatron_lm(
+        "v012_gpt_bf16_distopt_dp2",
+        "world1",
+        GPT,
+        &["--bf16"],
+        BF16,
+    );
+}

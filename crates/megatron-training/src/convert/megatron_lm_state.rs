@@ -106,8 +106,10 @@ pub(crate) fn read_run_state(
                 )))
             }
         }
+    } else if sharding_types(opt).contains(&"fully_sharded_model_space") {
+        read_parameter_state(ck, wanted, StateShape::FlatShards)?
     } else {
-        read_parameter_state(ck, wanted)?
+        read_parameter_state(ck, wanted, StateShape::Whole)?
     };
     Ok(RunState::Imported {
         run: converted_run(common, args, step, grad_scaler)?,
@@ -149,36 +151,150 @@ pub(crate) fn converted_run(
     })
 }
 
+/// How a parameter's optimizer state is stored under its own key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum StateShape {
+    /// In the parameter's own shape (the non-distributed optimizer, the distributed one's
+    /// `fully_reshardable` form).
+    Whole,
+    /// The distributed optimizer's `fully_sharded_model_space` form (megatron-core 0.9-0.12
+    /// wrote it by default): each tensor-parallel shard flattened, so a parameter of global
+    /// shape `[X, Y]` split into `[x, y]` shards is stored as `[X/x, Y/y, x*y]`, its last axis
+    /// cut where data-parallel ranks' shards of the flat buffer end.
+    FlatShards,
+}
+
 /// The moments and main parameters stored under each parameter's own sharded key (the
-/// non-distributed optimizer, the distributed one's `fully_reshardable` form).
+/// non-distributed optimizer, the distributed one's model-space forms).
 fn read_parameter_state(
     ck: &TorchDistCheckpoint,
     wanted: &[WantedTensor],
+    shape: StateShape,
 ) -> Result<(Tensors, Tensors), String> {
+    let read = |prefix: &str, w: &WantedTensor| match shape {
+        StateShape::Whole => {
+            let (key, start, size) = locate(ck, prefix, &w.name, &w.shape)?;
+            ck.region(&key, &start, &size)
+        }
+        StateShape::FlatShards => flat_shards_region(ck, prefix, w),
+    };
     let mut optimizer = Tensors::new();
     let mut main_params = Tensors::new();
     for w in wanted.iter().filter(|w| w.kind == TensorKind::Parameter) {
         for moment in ["exp_avg", "exp_avg_sq"] {
             let prefix = format!("optimizer.state.{moment}.");
-            let (key, start, size) = locate(ck, &prefix, &w.name, &w.shape)?;
             optimizer.insert(
                 format!("optimizer.{moment}.{}", w.name),
-                (w.shape.clone(), ck.region(&key, &start, &size)?),
+                (w.shape.clone(), read(&prefix, w)?),
             );
         }
         // The fp32 copy the optimizer steps (bf16/fp16 runs; the distributed optimizer keeps
         // one for fp32 runs too, equal to the weights). An fp32 run's weights are its own.
         for prefix in ["optimizer.state.fp32_param.", "optimizer.state.param."] {
-            if let Ok((key, start, size)) = locate(ck, prefix, &w.name, &w.shape) {
-                main_params.insert(
-                    w.name.clone(),
-                    (w.shape.clone(), ck.region(&key, &start, &size)?),
-                );
+            let stored = locate(ck, "", &w.name, &w.shape)
+                .is_ok_and(|(key, _, _)| ck.sizes.contains_key(&format!("{prefix}{key}")));
+            if stored {
+                main_params.insert(w.name.clone(), (w.shape.clone(), read(prefix, w)?));
                 break;
             }
         }
     }
     Ok((optimizer, main_params))
+}
+
+/// Parameter `w`'s state under `prefix` in the `fully_sharded_model_space` form: the region
+/// of the model's own key that `w` is (a layer of stacked layers, an expert), put together
+/// from the flattened shards of the grid cells it crosses.
+fn flat_shards_region(
+    ck: &TorchDistCheckpoint,
+    prefix: &str,
+    w: &WantedTensor,
+) -> Result<Vec<f32>, String> {
+    let (model_key, start, size) = locate(ck, "", &w.name, &w.shape)?;
+    let global = &ck.sizes[&model_key];
+    let key = format!("{prefix}{model_key}");
+    let stored = ck
+        .sizes
+        .get(&key)
+        .ok_or_else(|| format!("the checkpoint has no tensor {key}"))?;
+    let (grid, numel) = match stored.split_last() {
+        Some((&n, grid)) if grid.len() == global.len() => (grid, n),
+        _ => {
+            return Err(format!(
+            "tensor {key} has size {stored:?}, not the flattened shards of {model_key} {global:?}"
+        ))
+        }
+    };
+    let local: Vec<usize> = global
+        .iter()
+        .zip(grid)
+        .map(|(g, c)| g / c.max(&1))
+        .collect();
+    if global.iter().zip(grid).any(|(g, c)| *c == 0 || g % c != 0)
+        || local.iter().product::<usize>() != numel
+    {
+        return Err(format!(
+            "tensor {key} has size {stored:?}: {model_key} {global:?} is not a grid of shards of {numel} elements"
+        ));
+    }
+    let rank = global.len();
+    let mut out = vec![0.0f32; size.iter().product()];
+    // Every grid cell the region crosses, in row-major order.
+    let first: Vec<usize> = (0..rank).map(|d| start[d] / local[d]).collect();
+    let last: Vec<usize> = (0..rank)
+        .map(|d| (start[d] + size[d] - 1) / local[d])
+        .collect();
+    let mut cell = first.clone();
+    loop {
+        let mut at = cell.clone();
+        at.push(0);
+        let mut extent = vec![1; rank];
+        extent.push(numel);
+        let values = ck.region(&key, &at, &extent)?;
+        // The cell's elements inside the region, copied row by row of its last dimension.
+        let origin: Vec<usize> = (0..rank).map(|d| cell[d] * local[d]).collect();
+        let lo: Vec<usize> = (0..rank).map(|d| start[d].max(origin[d])).collect();
+        let hi: Vec<usize> = (0..rank)
+            .map(|d| (start[d] + size[d]).min(origin[d] + local[d]))
+            .collect();
+        let mut idx = lo.clone();
+        'rows: loop {
+            // Row-major offset of `idx` in a box at `base` of extent `dims`.
+            let offset = |base: &[usize], dims: &[usize]| {
+                (0..rank).fold(0, |acc, d| acc * dims[d] + idx[d] - base[d])
+            };
+            let src = offset(&origin, &local);
+            let dst = offset(&start, &size);
+            let run = hi[rank - 1] - lo[rank - 1];
+            out[dst..dst + run].copy_from_slice(&values[src..src + run]);
+            // Next row: advance every dimension but the last.
+            let mut d = rank - 1;
+            loop {
+                if d == 0 {
+                    break 'rows;
+                }
+                d -= 1;
+                idx[d] += 1;
+                if idx[d] < hi[d] {
+                    break;
+                }
+                idx[d] = lo[d];
+            }
+        }
+        // Next cell.
+        let mut d = rank;
+        loop {
+            if d == 0 {
+                return Ok(out);
+            }
+            d -= 1;
+            cell[d] += 1;
+            if cell[d] <= last[d] {
+                break;
+            }
+            cell[d] = first[d];
+        }
+    }
 }
 
 /// Why the saved optimizer state cannot be continued here, if it cannot.
@@ -191,10 +307,12 @@ fn unsupported(
     if let Some(why) = unsupported_run(common, args) {
         return Some(why);
     }
-    if let Some(t) = sharding_types(opt)
-        .into_iter()
-        .find(|t| !matches!(*t, "fully_reshardable" | "dp_reshardable"))
-    {
+    if let Some(t) = sharding_types(opt).into_iter().find(|t| {
+        !matches!(
+            *t,
+            "fully_reshardable" | "dp_reshardable" | "fully_sharded_model_space"
+        )
+    }) {
         return Some(format!(
             "the distributed optimizer's state is saved as {t} (a deprecated form); save the \
              run once with Megatron-LM's --dist-ckpt-optim-fully-reshardable to bring its state"
