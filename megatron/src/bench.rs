@@ -439,9 +439,17 @@ pub fn run(a: &BenchArgs) -> anyhow::Result<()> {
             "bf16 operands (no AVX512_BF16: f32 fallback)"
         }
     } else if a.gemm_impl == "versus" {
-        "engine matmul vs gemm crate (x86-v4), alternating"
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            "engine matmul vs gemm crate (its AVX-512 kernel), alternating"
+        } else {
+            "engine matmul vs gemm crate (its AVX2/FMA kernel), alternating"
+        }
     } else if use_crate {
-        "gemm crate (x86-v4)"
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            "gemm crate (its AVX-512 kernel)"
+        } else {
+            "gemm crate (its AVX2/FMA kernel)"
+        }
     } else {
         "engine matmul"
     };

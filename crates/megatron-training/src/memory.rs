@@ -408,7 +408,7 @@ pub fn predict_peak(
     // backward the output gradient, the activation and its gradient and fc1's output gradient
     // (and, under `--fp16`, the widened rows combine kept).
     let moe_layers = (0..layers).any(|l| m.is_moe_layer(l));
-    let (forward, backward_in_gemm, backward) = match m.moe.as_ref().filter(|_| moe_layers) {
+    let (moe_in_gemm, backward) = match m.moe.as_ref().filter(|_| moe_layers) {
         Some(x) => {
             let routed = rows * x.topk * cfg.etp;
             let f = x.ffn_hidden_size / cfg.etp;
@@ -429,12 +429,11 @@ pub fn predict_peak(
             let moe_forward = 4 * (rows * h + routed * (h + f1 + f)) + dispatched;
             let moe_backward = 4 * (2 * rows * h + routed * (h + f + f1) + widened);
             (
-                forward.max(moe_forward),
-                backward_in_gemm.max(moe_backward),
+                Some((moe_forward, moe_backward)),
                 backward.max(moe_backward),
             )
         }
-        None => (forward, backward_in_gemm, backward),
+        None => (None, backward),
     };
     // Ring attention's backward works on its own copies: queries and their gradient, the
     // incoming output gradient and the output, the fused query/key/value gradient it returns
@@ -492,7 +491,33 @@ pub fn predict_peak(
     } else {
         0
     };
-    let linears = linear_gemm_shapes(tok, &[(h, qw), (ow, h), (h, fc1), (ffn, h)]);
+    // The products the layers run: attention's, and the MLP's where a layer is dense; an MoE
+    // layer's shared expert on every token and each local expert on its share of the routed
+    // rows (one expert's block at a time, balanced routing).
+    let mut widths = vec![(tok, h, qw), (tok, ow, h)];
+    let moe = m.moe.as_ref().filter(|_| moe_layers);
+    if moe.is_none() || (0..layers).any(|l| !m.is_moe_layer(l)) {
+        widths.extend([(tok, h, fc1), (tok, ffn, h)]);
+    }
+    if let Some(x) = moe {
+        let gated = |f: usize| if m.activation.is_gated() { 2 * f } else { f };
+        if let Some(s) = x.shared_expert_ffn {
+            let s = s / tp;
+            widths.extend([(tok, h, gated(s)), (tok, s, h)]);
+        }
+    }
+    let expert_widths: Vec<(usize, usize, usize)> = moe
+        .map(|x| {
+            let f = x.ffn_hidden_size / cfg.etp;
+            let gated = if m.activation.is_gated() { 2 * f } else { f };
+            let local_experts = (x.num_experts / cfg.ep).max(1);
+            let per_expert = (rows * x.topk * cfg.etp).div_ceil(local_experts);
+            vec![(per_expert, h, gated), (per_expert, f, h)]
+        })
+        .unwrap_or_default();
+    let layer_linears = linear_gemm_shapes(&widths);
+    let expert_linears = linear_gemm_shapes(&expert_widths);
+    let linears = [&layer_linears[..], &expert_linears[..]].concat();
     let classifier = if !last {
         Vec::new()
     } else if packed_classifier {
@@ -529,31 +554,44 @@ pub fn predict_peak(
     let half_on_f32 = |d: MatmulDims| {
         cfg.precision.half().is_some() && product_block_kernel(precision, bf16_kernel, d).is_none()
     };
-    let products = in_layers.iter().zip(&linears).map(|(c, &d)| {
-        let copies = if half_on_f32(d) {
-            4 * (d.m * d.k + d.k * d.n)
-        } else {
-            0
-        };
-        (d, c.in_flight + copies)
-    });
-    let layer_packing = products.clone().map(|(_, b)| b).max().unwrap_or(0);
-    // Forward runs only the `x Wᵀ` products (the others belong to backward).
-    let forward_packing = products
-        .filter(|(d, _)| d.trans_b && !d.trans_a)
-        .map(|(_, b)| b)
-        .max()
-        .unwrap_or(0);
+    let products: Vec<(MatmulDims, usize)> = in_layers
+        .iter()
+        .zip(&linears)
+        .map(|(c, &d)| {
+            let copies = if half_on_f32(d) {
+                4 * (d.m * d.k + d.k * d.n)
+            } else {
+                0
+            };
+            (d, c.in_flight + copies)
+        })
+        .collect();
+    let (layer_products, expert_products) = products.split_at(layer_linears.len());
+    // The most a product holds: any, or only forward's `x Wᵀ` (the others belong to backward).
+    let most = |p: &[(MatmulDims, usize)], forward_only: bool| {
+        p.iter()
+            .filter(|(d, _)| !forward_only || (d.trans_b && !d.trans_a))
+            .map(|&(_, b)| b)
+            .max()
+            .unwrap_or(0)
+    };
+    let layer_packing = most(products.as_slice(), false);
+    // The layer phase with its GEMM buffers: a GEMM's packing (or rounded copies) is alive
+    // beside what forward holds and what backward holds during a product, not beside the
+    // MLP activation's backward between products. An MoE layer's routed working set is alive
+    // during its experts' products (the shared expert's run after it is freed).
+    let mut in_gemm = (forward + most(layer_products, true))
+        .max(recomputed + backward_in_gemm.max(ring_backward) + most(layer_products, false));
+    if let Some((moe_forward, moe_backward)) = moe_in_gemm {
+        in_gemm = in_gemm
+            .max(moe_forward + most(expert_products, true))
+            .max(recomputed + moe_backward + most(expert_products, false));
+    }
     // The slabs every thread keeps are there throughout; the packed operands of the products
     // in flight belong to the phase they run in: the layers' or the output layer's.
     let kept: usize = calls.iter().map(|c| c.kept).sum();
     let kept_by_caller: usize =
         calls.iter().map(|c| c.kept_by_caller).sum::<usize>() + classifier_kept;
-    // The layer phase with its GEMM buffers: a GEMM's packing (or rounded copies) is alive
-    // beside what forward holds and what backward holds during a product, not beside the
-    // MLP activation's backward between products.
-    let in_gemm = (forward + forward_packing)
-        .max(recomputed + backward_in_gemm.max(ring_backward) + layer_packing);
     let layers = in_gemm.max(recomputed + backward);
     let (transient, packed) = if output + packing(in_output) > layers {
         (output, packing(in_output))
@@ -571,14 +609,14 @@ pub fn predict_peak(
     }
 }
 
-/// The f32 products of one micro-batch's `tok` tokens through linear layers of (input, output)
-/// widths `linears` on this rank (forward `x Wᵀ`, input gradient `dy W`, weight gradient
-/// `dyᵀ x`): what the `gemm` crate sizes its workspace by.
-fn linear_gemm_shapes(tok: usize, linears: &[(usize, usize)]) -> Vec<MatmulDims> {
+/// The f32 products of linear layers of (rows, input, output) widths `linears` on this rank
+/// (forward `x Wᵀ`, input gradient `dy W`, weight gradient `dyᵀ x`): what the `gemm` crate
+/// sizes its workspace by.
+fn linear_gemm_shapes(linears: &[(usize, usize, usize)]) -> Vec<MatmulDims> {
     linears
         .iter()
-        .filter(|&&(i, o)| tok > 0 && i > 0 && o > 0)
-        .flat_map(|&(i, o)| {
+        .filter(|&&(tok, i, o)| tok > 0 && i > 0 && o > 0)
+        .flat_map(|&(tok, i, o)| {
             [
                 MatmulDims::new(tok, o, i).tb(),
                 MatmulDims::new(tok, i, o),

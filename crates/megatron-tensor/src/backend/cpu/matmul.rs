@@ -719,7 +719,7 @@ pub fn gemm_crate_workspace(shapes: &[MatmulDims]) -> Vec<GemmWorkspace> {
         .iter()
         .map(|&d| MatmulDims {
             m: d.m.min(PROBE_MAX_DIM),
-            n: d.n.min(PROBE_MAX_DIM),
+            n: d.n.min(probe_max_columns()),
             k: d.k.min(PROBE_MAX_DIM),
             ..d
         })
@@ -773,3 +773,27 @@ pub fn gemm_crate_workspace(shapes: &[MatmulDims]) -> Vec<GemmWorkspace> {
 /// The largest dimension [`gemm_workspace`] multiplies (products of at most 2 x 2048^3
 /// flops, a few tenths of a second each on one core).
 const PROBE_MAX_DIM: usize = 2048;
+
+/// The most output columns [`gemm_workspace`]'s probe multiplies: [`PROBE_MAX_DIM`], or one more
+/// than the `gemm` crate's packing line where that is higher.
+///
+/// Why: the crate works on the transposed product, so our columns are its rows, and it packs
+/// its right-hand operand only where it has more than `get_rhs_packing_threshold()` (128) times
+/// its f32 micro-kernel's rows: two vector registers, 16 under AVX2 (2048 columns), 32 under
+/// AVX-512 (4096). Beyond that line what it packs no longer depends on the column count
+/// (measured on Zen 3: the same 2.4 MB from 2496 to 16000 columns), but a probe clamped below
+/// it packs nothing (a 2500-column product's 2048-column probe on AVX2).
+fn probe_max_columns() -> usize {
+    // The f32 lanes of the crate's kernel: its AVX-512, FMA (AVX2) or scalar one.
+    #[cfg(target_arch = "x86_64")]
+    let lanes = if is_x86_feature_detected!("avx512f") {
+        16
+    } else if is_x86_feature_detected!("fma") {
+        8
+    } else {
+        1
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let lanes = 4;
+    PROBE_MAX_DIM.max(gemm::get_rhs_packing_threshold() * 2 * lanes + 1)
+}
