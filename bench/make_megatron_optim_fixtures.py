@@ -95,6 +95,18 @@ def write_data(prefix):
     b.finalize(prefix + ".idx")
 
 
+def sampler_batches(train_ds, it, gbs, mbs, dp, dp_rank):
+    """Iteration `it`'s micro-batches for DP rank `dp_rank`, as MegatronPretrainingSampler reads
+    them: each global batch's samples in order, DP rank r holding micro-batch rows r*mbs.. of
+    each mbs*dp block."""
+    start = it * gbs
+    for m in range(gbs // (mbs * dp)):
+        base = start + m * mbs * dp + dp_rank * mbs
+        rows = [train_ds[base + j] for j in range(mbs)]
+        yield {k: torch.stack([torch.as_tensor(r[k]) for r in rows]) for k in
+               ("tokens", "labels", "loss_mask", "position_ids")}
+
+
 def cpu_model_wrapping():
     """`get_model` moves chunks to the GPU and builds DDP on a side CUDA stream: here, no-ops."""
     import contextlib
@@ -169,14 +181,7 @@ def run(rank, world, tp, pp, flags, out, port, load=None):
     n_micro = gbs // (mbs * dp)
 
     def batches(it):
-        # MegatronPretrainingSampler: each global batch's samples in order, DP rank r holding
-        # micro-batch rows r*mbs.. of each mbs*dp block.
-        start = it * gbs
-        for m in range(n_micro):
-            base = start + m * mbs * dp + dp_rank * mbs
-            rows = [train_ds[base + j] for j in range(mbs)]
-            yield {k: torch.stack([torch.as_tensor(r[k]) for r in rows]) for k in
-                   ("tokens", "labels", "loss_mask", "position_ids")}
+        return sampler_batches(train_ds, it, gbs, mbs, dp, dp_rank)
 
     def forward_step(data_iterator, model):
         b = next(data_iterator)

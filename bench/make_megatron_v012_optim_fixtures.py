@@ -104,12 +104,7 @@ def run(rank, world, tp, pp, flags, out, port):
     n_micro = gbs // (mbs * dp)
 
     def batches(it):
-        start = it * gbs
-        for m in range(n_micro):
-            base = start + m * mbs * dp + dp_rank * mbs
-            rows = [train_ds[base + j] for j in range(mbs)]
-            yield {k: torch.stack([torch.as_tensor(r[k]) for r in rows]) for k in
-                   ("tokens", "labels", "loss_mask", "position_ids")}
+        return opt.sampler_batches(train_ds, it, gbs, mbs, dp, dp_rank)
 
     def forward_step(data_iterator, model):
         b = next(data_iterator)

@@ -23,11 +23,12 @@
 use super::megatron_lm::{TensorKind, WantedTensor};
 use super::megatron_lm_buckets::WeightsOf;
 use super::megatron_lm_state::{
-    converted_run, grad_scaler, number, optimizers, step_in, unsupported_run, RunState,
+    converted_run, grad_scaler, insert_moments, number, optimizers, step_in, unsupported_run,
+    RunState,
 };
 use super::pickle::PyValue;
 use super::torch_save::{tensor_shape, TorchArchive, TorchTensor};
-use super::tp_shards::place_shard;
+use super::tp_shards::place_piece;
 use super::Tensors;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
@@ -151,22 +152,13 @@ pub(crate) fn read_legacy_run_state(
             mains += usize::from(s.main.is_some());
             let sources = [Some(&s.exp_avg), Some(&s.exp_avg_sq), s.main.as_ref()];
             for (o, src) in out.iter_mut().zip(sources) {
-                let Some(src) = src else { continue };
-                match w.split {
-                    Some(split) if ranks > 1 => place_shard(o, &w.shape, split, ranks, r, src),
-                    _ => o.copy_from_slice(src),
+                if let Some(src) = src {
+                    place_piece(o, &w.shape, w.split, (ranks, r), src);
                 }
             }
         }
         let [m, v, main] = out;
-        optimizer.insert(
-            format!("optimizer.exp_avg.{}", w.name),
-            (w.shape.clone(), m),
-        );
-        optimizer.insert(
-            format!("optimizer.exp_avg_sq.{}", w.name),
-            (w.shape.clone(), v),
-        );
+        insert_moments(&mut optimizer, w, m, v);
         match mains {
             0 => {}
             n if n == ranks => {

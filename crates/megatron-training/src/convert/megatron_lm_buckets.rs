@@ -13,8 +13,9 @@
 //! apart by elimination, and then by Megatron's reverse order.
 
 use super::megatron_lm::{TensorKind, WantedTensor};
+use super::megatron_lm_state::insert_moments;
 use super::torch_dist::TorchDistCheckpoint;
-use super::tp_shards::{place_shard, shard_of};
+use super::tp_shards::{place_piece, shard_of};
 use super::Tensors;
 
 /// How a run's weights follow from its fp32 main parameters.
@@ -222,24 +223,14 @@ pub(crate) fn read_bucket_state(
             for (&r, &k) in class.ranks.iter().zip(&found[c]) {
                 let ch = &chunks[k];
                 for (o, src) in out.iter_mut().zip(&data[ch.bucket]) {
+                    // The same on every rank (no split): any one of them.
                     let local = &src[ch.start..ch.start + ch.len];
-                    match w.split {
-                        Some(s) if tp > 1 => place_shard(o, &w.shape, s, tp, r, local),
-                        // The same on every rank: any one of them.
-                        _ => o.copy_from_slice(local),
-                    }
+                    place_piece(o, &w.shape, w.split, (tp, r), local);
                 }
             }
         }
         let [m, v, main] = out;
-        optimizer.insert(
-            format!("optimizer.exp_avg.{}", w.name),
-            (w.shape.clone(), m),
-        );
-        optimizer.insert(
-            format!("optimizer.exp_avg_sq.{}", w.name),
-            (w.shape.clone(), v),
-        );
+        insert_moments(&mut optimizer, w, m, v);
         main_params.insert(w.name.clone(), (w.shape.clone(), main));
     }
     Ok((optimizer, main_params))

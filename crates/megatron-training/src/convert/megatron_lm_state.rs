@@ -39,6 +39,16 @@ pub(crate) enum RunState {
     },
 }
 
+/// Parameter `w`'s Adam moments `m` and `v` under this engine's names.
+pub(crate) fn insert_moments(optimizer: &mut Tensors, w: &WantedTensor, m: Vec<f32>, v: Vec<f32>) {
+    for (moment, values) in [("exp_avg", m), ("exp_avg_sq", v)] {
+        optimizer.insert(
+            format!("optimizer.{moment}.{}", w.name),
+            (w.shape.clone(), values),
+        );
+    }
+}
+
 /// The run a converted checkpoint continues, its state's tensors added to `tensors` (the main
 /// parameters replacing the weights); where the state is not imported, a warning says why and
 /// the weights alone land at iteration 0.
@@ -181,13 +191,9 @@ fn read_parameter_state(
     let mut optimizer = Tensors::new();
     let mut main_params = Tensors::new();
     for w in wanted.iter().filter(|w| w.kind == TensorKind::Parameter) {
-        for moment in ["exp_avg", "exp_avg_sq"] {
-            let prefix = format!("optimizer.state.{moment}.");
-            optimizer.insert(
-                format!("optimizer.{moment}.{}", w.name),
-                (w.shape.clone(), read(&prefix, w)?),
-            );
-        }
+        let m = read("optimizer.state.exp_avg.", w)?;
+        let v = read("optimizer.state.exp_avg_sq.", w)?;
+        insert_moments(&mut optimizer, w, m, v);
         // The fp32 copy the optimizer steps (bf16/fp16 runs; the distributed optimizer keeps
         // one for fp32 runs too, equal to the weights). An fp32 run's weights are its own.
         for prefix in ["optimizer.state.fp32_param.", "optimizer.state.param."] {

@@ -57,3 +57,19 @@ pub(crate) fn place_shard(
 pub(crate) fn splits_evenly(shape: &[usize], (d, c): (usize, usize), ranks: usize) -> bool {
     shape.get(d).is_some_and(|n| n.is_multiple_of(ranks * c))
 }
+
+/// Rank `r`'s piece `local` of a tensor of `shape` kept in `ranks` pieces split `split` (none,
+/// or one piece: the same on every rank, and `local` is the whole tensor), put in place in
+/// `out`.
+pub(crate) fn place_piece(
+    out: &mut [f32],
+    shape: &[usize],
+    split: Option<(usize, usize)>,
+    (ranks, r): (usize, usize),
+    local: &[f32],
+) {
+    match split {
+        Some(s) if ranks > 1 => place_shard(out, shape, s, ranks, r, local),
+        _ => out.copy_from_slice(local),
+    }
+}
