@@ -80,7 +80,15 @@ RUNS = {
                                                        "--bf16"] + LEGACY),
     "legacy_mixtral_distopt_ep2": (1, 1, 2, LLAMA + MOE + [
         "--expert-model-parallel-size", "2", "--use-distributed-optimizer"] + LEGACY),
+    # The distributed optimizer's dp_zero_gather_scatter form (megatron-core 0.7-0.12 wrote it
+    # where parallel save was off): each TP/PP domain's buffers gathered to DP rank 0 as one
+    # ShardedObject. HEAD still writes it when asked to (DPZERO below).
+    "dpzero_llama_tp2_dp2": (2, 1, 4, LLAMA + ["--use-distributed-optimizer"]),
+    "dpzero_gpt_bf16_pp2_dp2": (1, 2, 4, GPT + ["--use-distributed-optimizer", "--bf16"]),
+    "dpzero_mixtral_ep2": (1, 1, 2, LLAMA + MOE + ["--expert-model-parallel-size", "2",
+                                                  "--use-distributed-optimizer"]),
 }
+DPZERO = "dpzero_"
 
 
 def write_data(prefix):
@@ -154,6 +162,11 @@ def run(rank, world, tp, pp, flags, out, port, load=None):
     from megatron.core.pipeline_parallel import get_forward_backward_func
     from megatron.core.utils import get_model_config
     from megatron.training.checkpointing import save_checkpoint
+    if os.path.basename(out).startswith(DPZERO):
+        import megatron.training.checkpointing as ckpt
+        build = ckpt._build_sharded_state_dict_metadata
+        ckpt._build_sharded_state_dict_metadata = lambda *a, **k: {
+            **build(*a, **k), "distrib_optim_sharding_type": "dp_zero_gather_scatter"}
     from megatron.training.training import (get_megatron_optimizer_config, get_model,
                                             get_optimizer_param_scheduler)
     from megatron.core.optimizer import get_megatron_optimizer

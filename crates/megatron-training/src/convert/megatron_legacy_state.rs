@@ -21,7 +21,7 @@
 //!   fp16), and every parameter the model needs must be found.
 
 use super::megatron_lm::{TensorKind, WantedTensor};
-use super::megatron_lm_buckets::WeightsOf;
+use super::megatron_lm_buckets::{find_in_gathered_buffers, FoundState, WeightsOf};
 use super::megatron_lm_state::{
     converted_run, grad_scaler, insert_moments, number, optimizers, step_in, unsupported_run,
     RunState,
@@ -404,73 +404,31 @@ fn read_distrib_optim(
             .collect(),
         one => vec![one],
     };
-    // The parameters' weights, indexed by their first element.
     let weights: Vec<Vec<f32>> = params
         .iter()
         .map(|p| model.tensor(p.value).map(|t| t.values))
         .collect::<Result<_, _>>()?;
-    let mut by_first: HashMap<u32, Vec<usize>> = HashMap::new();
-    for (i, w) in weights.iter().enumerate() {
-        if let Some(v) = w.first() {
-            by_first.entry(v.to_bits()).or_default().push(i);
-        }
+    // Each local parameter its own candidate, found in any of the file's states.
+    let candidates: Vec<(usize, &[f32])> = weights
+        .iter()
+        .enumerate()
+        .map(|(i, w)| (i, w.as_slice()))
+        .collect();
+    let mut found: Vec<Option<FoundState>> = vec![None; params.len()];
+    for state in states {
+        find_in_gathered_buffers(state, &archive, &candidates, weights_of, &mut found)?;
     }
     let mut out = RankState::new();
-    for state in states {
-        if !matches!(state.get("buckets_coalesced"), Some(PyValue::Bool(true))) {
-            return Err(
-                "a distrib_optim.pt without buckets_coalesced (an older Megatron-LM's per-bucket layout), which is not read"
-                    .into(),
+    for (p, f) in params.iter().zip(found) {
+        if let Some([exp_avg, exp_avg_sq, main]) = f {
+            out.insert(
+                (p.chunk, p.name.clone()),
+                LocalState {
+                    exp_avg,
+                    exp_avg_sq,
+                    main: Some(main),
+                },
             );
-        }
-        let PyValue::Dict(buffers) = state else {
-            return Err("distrib_optim.pt holds no dict of buffers".into());
-        };
-        for (_, per_dtype) in buffers.iter().filter(|(k, _)| matches!(k, PyValue::Int(_))) {
-            let PyValue::Dict(per_dtype) = per_dtype else {
-                return Err("a gradient buffer's state is not a dict by dtype".into());
-            };
-            for (_, flat) in per_dtype {
-                let read = |k: &str| -> Result<Vec<f32>, String> {
-                    let v = flat.get(k).ok_or_else(|| format!("a buffer without {k}"))?;
-                    Ok(archive.tensor(v)?.values)
-                };
-                let (main, exp_avg, exp_avg_sq) =
-                    (read("param")?, read("exp_avg")?, read("exp_avg_sq")?);
-                if exp_avg.len() != main.len() || exp_avg_sq.len() != main.len() {
-                    return Err(
-                        "a buffer whose param, exp_avg and exp_avg_sq differ in length".into(),
-                    );
-                }
-                let mut pos = 0;
-                while pos < main.len() {
-                    let key = weights_of.weight(main[pos]).to_bits();
-                    // Megatron-LM lays parameters out in reverse order: where several fit (equal
-                    // weights), the later one.
-                    let found = by_first.get(&key).and_then(|c| {
-                        c.iter().rev().copied().find(|&i| {
-                            let n = weights[i].len();
-                            !out.contains_key(&(params[i].chunk, params[i].name.clone()))
-                                && pos + n <= main.len()
-                                && weights_of.matches(&main[pos..pos + n], &weights[i])
-                        })
-                    });
-                    let Some(i) = found else {
-                        pos += 1; // padding
-                        continue;
-                    };
-                    let r = pos..pos + weights[i].len();
-                    out.insert(
-                        (params[i].chunk, params[i].name.clone()),
-                        LocalState {
-                            exp_avg: exp_avg[r.clone()].to_vec(),
-                            exp_avg_sq: exp_avg_sq[r.clone()].to_vec(),
-                            main: Some(main[r.clone()].to_vec()),
-                        },
-                    );
-                    pos = r.end;
-                }
-            }
         }
     }
     Ok(out)

@@ -14,9 +14,12 @@
 
 use super::megatron_lm::{TensorKind, WantedTensor};
 use super::megatron_lm_state::insert_moments;
+use super::pickle::PyValue;
 use super::torch_dist::TorchDistCheckpoint;
+use super::torch_save::TorchArchive;
 use super::tp_shards::{place_piece, shard_of};
 use super::Tensors;
+use std::collections::{HashMap, HashSet};
 
 /// How a run's weights follow from its fp32 main parameters.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -31,8 +34,8 @@ pub(crate) enum WeightsOf {
 
 impl WeightsOf {
     /// The precision of the weights of a run saved with arguments `args`.
-    pub(crate) fn of_args(args: &super::pickle::PyValue) -> WeightsOf {
-        let set = |k: &str| matches!(args.attr(k), Some(super::pickle::PyValue::Bool(true)));
+    pub(crate) fn of_args(args: &PyValue) -> WeightsOf {
+        let set = |k: &str| matches!(args.attr(k), Some(PyValue::Bool(true)));
         if set("bf16") {
             WeightsOf::Bf16
         } else if set("fp16") {
@@ -69,21 +72,12 @@ struct Class<'a> {
     values: std::borrow::Cow<'a, [f32]>,
 }
 
-/// The bucket form's main parameters and moments, by this engine's names (`optimizer.<moment>.
-/// <name>` and the parameter names), for the model's tensors `wanted` whose weights are
-/// `weights`, saved at tensor-parallel size `tp`.
-pub(crate) fn read_bucket_state(
-    ck: &TorchDistCheckpoint,
-    wanted: &[WantedTensor],
-    weights: &Tensors,
+/// The parameters' local shards at tensor-parallel size `tp`, grouped where they are equal.
+fn classes_of<'a>(
+    params: &[&WantedTensor],
+    weights: &'a Tensors,
     tp: usize,
-    weights_of: WeightsOf,
-) -> Result<(Tensors, Tensors), String> {
-    let params: Vec<&WantedTensor> = wanted
-        .iter()
-        .filter(|w| w.kind == TensorKind::Parameter)
-        .collect();
-    // The local shards, grouped where they are equal.
+) -> Result<Vec<Class<'a>>, String> {
     let mut classes: Vec<Class> = Vec::new();
     for (i, w) in params.iter().enumerate() {
         let (_, global) = weights
@@ -107,6 +101,173 @@ pub(crate) fn read_bucket_state(
             }
         }
     }
+    Ok(classes)
+}
+
+/// One parameter's state found in gathered buffers: `[exp_avg, exp_avg_sq, main]`.
+pub(crate) type FoundState = [Vec<f32>; 3];
+
+/// Finds parameters in a state of gathered buffers (Megatron's `get_parameter_state_dp_zero`:
+/// `distrib_optim.pt` of the legacy format, the `param_state` objects of torch_dist's
+/// `dp_zero_gather_scatter` form): per gradient buffer and dtype, the main parameters,
+/// `exp_avg` and `exp_avg_sq` as flat tensors over every data-parallel rank, parameters at
+/// offsets the file does not record (bucket order, 64-element starts, padding between).
+///
+/// Candidate `c` is parameter `candidates[c].0` with weights `candidates[c].1`; it is found
+/// where the main parameters at an offset are its weights (`weights_of`), and `found[c]` gets
+/// its state once. One state holds a parameter once: where several candidates fit (equal
+/// weights), the later parameter not yet found in this state, as Megatron lays parameters out
+/// in reverse.
+pub(crate) fn find_in_gathered_buffers(
+    state: &PyValue,
+    archive: &TorchArchive,
+    candidates: &[(usize, &[f32])],
+    weights_of: WeightsOf,
+    found: &mut [Option<FoundState>],
+) -> Result<(), String> {
+    if !matches!(state.get("buckets_coalesced"), Some(PyValue::Bool(true))) {
+        return Err(
+            "gathered buffers without buckets_coalesced (an older Megatron-LM's per-bucket layout), which are not read"
+                .into(),
+        );
+    }
+    let PyValue::Dict(buffers) = state else {
+        return Err("the gathered state is not a dict of buffers".into());
+    };
+    let mut by_first: HashMap<u32, Vec<usize>> = HashMap::new();
+    for (c, (_, w)) in candidates.iter().enumerate() {
+        if let Some(v) = w.first() {
+            by_first.entry(v.to_bits()).or_default().push(c);
+        }
+    }
+    let mut here: HashSet<usize> = HashSet::new(); // parameters found in this state
+    for (_, per_dtype) in buffers.iter().filter(|(k, _)| matches!(k, PyValue::Int(_))) {
+        let PyValue::Dict(per_dtype) = per_dtype else {
+            return Err("a gradient buffer's state is not a dict by dtype".into());
+        };
+        for (_, flat) in per_dtype {
+            let read = |k: &str| -> Result<Vec<f32>, String> {
+                let v = flat.get(k).ok_or_else(|| format!("a buffer without {k}"))?;
+                Ok(archive.tensor(v)?.values)
+            };
+            let [exp_avg, exp_avg_sq, main] =
+                [read("exp_avg")?, read("exp_avg_sq")?, read("param")?];
+            if exp_avg.len() != main.len() || exp_avg_sq.len() != main.len() {
+                return Err("a buffer whose param, exp_avg and exp_avg_sq differ in length".into());
+            }
+            let mut pos = 0;
+            while pos < main.len() {
+                let key = weights_of.weight(main[pos]).to_bits();
+                let fits = |&c: &usize| {
+                    let (param, w) = candidates[c];
+                    found[c].is_none()
+                        && !here.contains(&param)
+                        && pos + w.len() <= main.len()
+                        && weights_of.matches(&main[pos..pos + w.len()], w)
+                };
+                let Some(c) = by_first.get(&key).and_then(|cs| {
+                    cs.iter()
+                        .copied()
+                        .filter(fits)
+                        .max_by_key(|&c| candidates[c].0)
+                }) else {
+                    pos += 1; // padding
+                    continue;
+                };
+                let r = pos..pos + candidates[c].1.len();
+                found[c] = Some([
+                    exp_avg[r.clone()].to_vec(),
+                    exp_avg_sq[r.clone()].to_vec(),
+                    main[r.clone()].to_vec(),
+                ]);
+                here.insert(candidates[c].0);
+                pos = r.end;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The distributed optimizer's `dp_zero_gather_scatter` form (megatron-core 0.7-0.12 with
+/// parallel save off): per tensor- and pipeline-parallel domain, one `param_state` object of
+/// buffers gathered to data-parallel rank 0 (chained optimizers prefix theirs `chained_N.`).
+/// Which domain is which rank is not written down either; every local shard is looked for in
+/// every domain, and each must be found.
+pub(crate) fn read_gathered_state(
+    ck: &TorchDistCheckpoint,
+    wanted: &[WantedTensor],
+    weights: &Tensors,
+    tp: usize,
+    weights_of: WeightsOf,
+) -> Result<(Tensors, Tensors), String> {
+    let params: Vec<&WantedTensor> = wanted
+        .iter()
+        .filter(|w| w.kind == TensorKind::Parameter)
+        .collect();
+    let classes = classes_of(&params, weights, tp)?;
+    let candidates: Vec<(usize, &[f32])> =
+        classes.iter().map(|c| (c.param, &c.values[..])).collect();
+    let mut found: Vec<Option<FoundState>> = vec![None; classes.len()];
+    let keys: Vec<&String> = ck
+        .keys()
+        .filter(|k| k.contains("optimizer.distributed.") && k.contains(".param_state/"))
+        .collect();
+    if keys.is_empty() {
+        return Err("no optimizer.distributed.*.param_state objects".into());
+    }
+    for key in keys {
+        let archive = ck.archive(key)?;
+        let state = match &archive.object {
+            PyValue::List(one) if one.len() == 1 => &one[0],
+            other => other,
+        };
+        find_in_gathered_buffers(state, &archive, &candidates, weights_of, &mut found)
+            .map_err(|e| format!("{key}: {e}"))?;
+    }
+    let mut optimizer = Tensors::new();
+    let mut main_params = Tensors::new();
+    for (i, w) in params.iter().enumerate() {
+        let numel: usize = w.shape.iter().product();
+        let mut out = [
+            vec![0.0f32; numel],
+            vec![0.0f32; numel],
+            vec![0.0f32; numel],
+        ];
+        for (c, class) in classes.iter().enumerate().filter(|(_, c)| c.param == i) {
+            let state = found[c].as_ref().ok_or_else(|| {
+                format!(
+                    "no gathered buffer holds {} (tensor-parallel rank {}): the buffers are not this model's",
+                    w.name, class.ranks[0]
+                )
+            })?;
+            for &r in &class.ranks {
+                for (o, src) in out.iter_mut().zip(state) {
+                    place_piece(o, &w.shape, w.split, (tp, r), src);
+                }
+            }
+        }
+        let [m, v, main] = out;
+        insert_moments(&mut optimizer, w, m, v);
+        main_params.insert(w.name.clone(), (w.shape.clone(), main));
+    }
+    Ok((optimizer, main_params))
+}
+
+/// The bucket form's main parameters and moments, by this engine's names (`optimizer.<moment>.
+/// <name>` and the parameter names), for the model's tensors `wanted` whose weights are
+/// `weights`, saved at tensor-parallel size `tp`.
+pub(crate) fn read_bucket_state(
+    ck: &TorchDistCheckpoint,
+    wanted: &[WantedTensor],
+    weights: &Tensors,
+    tp: usize,
+    weights_of: WeightsOf,
+) -> Result<(Tensors, Tensors), String> {
+    let params: Vec<&WantedTensor> = wanted
+        .iter()
+        .filter(|w| w.kind == TensorKind::Parameter)
+        .collect();
+    let classes = classes_of(&params, weights, tp)?;
     // Every bucket chunk and the classes its main parameters fit.
     let buckets: Vec<String> = ck
         .sizes

@@ -13,7 +13,7 @@
 //! read by `megatron_lm_buckets`.
 
 use super::megatron_lm::{locate, with_common_state, TensorKind, WantedTensor};
-use super::megatron_lm_buckets::{read_bucket_state, WeightsOf};
+use super::megatron_lm_buckets::{read_bucket_state, read_gathered_state, WeightsOf};
 use super::pickle::PyValue;
 use super::pickle_writer::Pickle;
 use super::torch_dist::TorchDistCheckpoint;
@@ -101,22 +101,36 @@ pub(crate) fn read_run_state(
         Some(s) => s,
         None => step_beside_buckets(ck)?,
     };
-    let (optimizer, main_params) = if sharding_types(opt).contains(&"dp_reshardable") {
-        let tp = args
-            .attr("tensor_model_parallel_size")
-            .and_then(|v| v.as_int())
-            .unwrap_or(1) as usize;
-        match read_bucket_state(ck, wanted, weights, tp, WeightsOf::of_args(args)) {
+    let tp = args
+        .attr("tensor_model_parallel_size")
+        .and_then(|v| v.as_int())
+        .unwrap_or(1) as usize;
+    let types = sharding_types(opt);
+    // The bucket forms: parameters found by value (`megatron_lm_buckets`).
+    let by_value = if types.contains(&"dp_reshardable") {
+        Some((
+            "bucket form (dp_reshardable)",
+            read_bucket_state as BucketReader,
+        ))
+    } else if types.contains(&"dp_zero_gather_scatter") {
+        Some((
+            "gathered form (dp_zero_gather_scatter)",
+            read_gathered_state as BucketReader,
+        ))
+    } else {
+        None
+    };
+    let (optimizer, main_params) = if let Some((form, read)) = by_value {
+        match read(ck, wanted, weights, tp, WeightsOf::of_args(args)) {
             Ok(state) => state,
             Err(why) => {
                 return Ok(RunState::Unsupported(format!(
-                    "the distributed optimizer's bucket form (dp_reshardable): {why}; save the \
-                     run once with Megatron-LM's --dist-ckpt-optim-fully-reshardable to bring \
-                     its state"
+                    "the distributed optimizer's {form}: {why}; save the run once with \
+                     Megatron-LM's --dist-ckpt-optim-fully-reshardable to bring its state"
                 )))
             }
         }
-    } else if sharding_types(opt).contains(&"fully_sharded_model_space") {
+    } else if types.contains(&"fully_sharded_model_space") {
         read_parameter_state(ck, wanted, StateShape::FlatShards)?
     } else {
         read_parameter_state(ck, wanted, StateShape::Whole)?
@@ -160,6 +174,16 @@ pub(crate) fn converted_run(
         grad_scaler,
     })
 }
+
+/// A reader of a bucket form's state: checkpoint, the model's tensors, their weights,
+/// tensor-parallel size, the weights' precision.
+type BucketReader = fn(
+    &TorchDistCheckpoint,
+    &[WantedTensor],
+    &Tensors,
+    usize,
+    WeightsOf,
+) -> Result<(Tensors, Tensors), String>;
 
 /// How a parameter's optimizer state is stored under its own key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -316,11 +340,14 @@ fn unsupported(
     if let Some(t) = sharding_types(opt).into_iter().find(|t| {
         !matches!(
             *t,
-            "fully_reshardable" | "dp_reshardable" | "fully_sharded_model_space"
+            "fully_reshardable"
+                | "dp_reshardable"
+                | "fully_sharded_model_space"
+                | "dp_zero_gather_scatter"
         )
     }) {
         return Some(format!(
-            "the distributed optimizer's state is saved as {t} (a deprecated form); save the \
+            "the distributed optimizer's state is saved as {t}, a form not read here; save the \
              run once with Megatron-LM's --dist-ckpt-optim-fully-reshardable to bring its state"
         ));
     }
