@@ -1,11 +1,15 @@
-"""A legacy `--ckpt-format torch` run moved to another layout through megatron-rs, checked by
-Megatron-LM itself: each `legacy_*` run of bench/make_megatron_optim_fixtures.py (stopped by
-Megatron-LM at iteration 3, its losses for 4-6 logged when it went on uninterrupted) is
-converted here with its optimizer state (`convert --from torch`), exported as torch_dist
-(`convert --to torch_dist`), and loaded by Megatron-LM's own `load_checkpoint` into its
-distributed optimizer at another TP/DP/EP layout than the one that saved it, which Megatron-LM
-cannot do with a legacy checkpoint's optimizer state; it trains on to iteration 6, and its
-losses must follow its own uninterrupted run's.
+"""A run saved in a form Megatron-LM cannot reshard, moved to another layout through
+megatron-rs, checked by Megatron-LM itself: each `legacy_*` run of
+bench/make_megatron_optim_fixtures.py (`--ckpt-format torch`), each `dpzero_*` run (the
+distributed optimizer's `dp_zero_gather_scatter` torch_dist form) and each `v012_*` run of
+bench/make_megatron_v012_optim_fixtures.py (megatron-core 0.12's `fully_sharded_model_space`),
+stopped at iteration 3 with its losses for 4-6 logged when it went on uninterrupted, is
+converted here with its optimizer state (`convert --from torch` / `--from torch_dist`),
+exported as torch_dist (`convert --to torch_dist`), and loaded by Megatron-LM's own
+`load_checkpoint` into its distributed optimizer at another TP/DP/EP layout than the one that
+saved it; it trains on to iteration 6, and its losses must follow its own uninterrupted run's.
+Megatron-LM itself refuses to change the layout of a legacy checkpoint's or a
+dp_zero_gather_scatter checkpoint's optimizer state.
 
   PYTHONPATH=<Megatron-LM checkout>:bench python bench/megatron_legacy_upgrade_check.py \\
       target/release/megatron crates/megatron-training/tests/fixtures/megatron_resume
@@ -20,6 +24,7 @@ import tempfile
 import torch.multiprocessing as mp
 
 import make_megatron_optim_fixtures as opt
+import make_megatron_v012_optim_fixtures as v012
 
 FP32, BF16 = (2e-6, 2e-6), (1e-3, 1e-2)
 EP2 = ["--expert-model-parallel-size", "2"]
@@ -33,14 +38,21 @@ CASES = {
     # (Megatron-LM wants sequence parallelism beside TP for MoE layers, which its local
     # spec's norms do not support: DP 2 with the experts in the one optimizer instead.)
     "legacy_mixtral_distopt_ep2": ([(1, 1, []), (1, 2, [])], FP32),
+    "dpzero_llama_tp2_dp2": ([(1, 2, [])], FP32),
+    "dpzero_gpt_bf16_pp2_dp2": ([(2, 2, [])], BF16),
+    "dpzero_mixtral_ep2": ([(1, 1, [])], FP32),
+    "v012_llama_distopt_tp2_dp2": ([(1, 1, [])], FP32),
+    "v012_gpt_distopt_pp2_dp2": ([(2, 2, [])], FP32),
+    "v012_gpt_bf16_distopt_dp2": ([(2, 2, [])], BF16),
 }
+RUNS = {**opt.RUNS, **v012.RUNS}
 SAVED_LAYOUT = {"--ckpt-format": 1, "--expert-model-parallel-size": 1,
                 "--use-distributed-optimizer": 0}
 
 
 def model_flags(name):
     """The run's flags without its checkpoint format, optimizer sharding and expert layout."""
-    flags, out, i = opt.RUNS[name][3], [], 0
+    flags, out, i = RUNS[name][3], [], 0
     while i < len(flags):
         if flags[i] in SAVED_LAYOUT:
             i += 1 + SAVED_LAYOUT[flags[i]]
@@ -62,7 +74,8 @@ def main(binary, fixtures):
         with tempfile.TemporaryDirectory() as tmp:
             os.symlink(os.path.join(fixtures, "data"), os.path.join(tmp, "data"))
             ours = os.path.join(tmp, "ours")
-            subprocess.run([binary, "convert", "--from", "torch", "--input",
+            fmt = "torch" if name.startswith("legacy_") else "torch_dist"
+            subprocess.run([binary, "convert", "--from", fmt, "--input",
                             os.path.join(fixtures, name), "--output", ours], check=True)
             for tp, world, layout in layouts:
                 ep = (layout[layout.index(EP2[0]) + 1] if EP2[0] in layout else "1")
@@ -82,7 +95,7 @@ def main(binary, fixtures):
                          for k in (0, 1)]
                 ok = sorted(got) == sorted(want) and all(w <= t for w, t in zip(worst, tol))
                 failures += not ok
-                tp_saved, pp_saved, world_saved = opt.RUNS[name][:3]
+                tp_saved, pp_saved, world_saved = RUNS[name][:3]
                 print(f"{name} (saved at TP {tp_saved} x PP {pp_saved}, {world_saved} ranks) -> "
                       f"Megatron-LM at TP {tp}, {world} ranks {' '.join(layout)}: largest "
                       f"relative difference from its uninterrupted run: losses {worst[0]:.2e}, "
