@@ -11,7 +11,7 @@ saved it; it trains on to iteration 6, and its losses must follow its own uninte
 Megatron-LM itself refuses to change the layout of a legacy checkpoint's or a
 dp_zero_gather_scatter checkpoint's optimizer state.
 
-  PYTHONPATH=<Megatron-LM checkout>:bench python bench/megatron_legacy_upgrade_check.py \\
+  PYTHONPATH=<Megatron-LM checkout>:bench python bench/megatron_upgrade_check.py \\
       target/release/megatron crates/megatron-training/tests/fixtures/megatron_resume
 (the environment of bench/make_megatron_optim_fixtures.py).
 """
