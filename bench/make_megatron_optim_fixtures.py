@@ -85,6 +85,8 @@ RUNS = {
     # ShardedObject. HEAD still writes it when asked to (DPZERO below).
     "dpzero_llama_tp2_dp2": (2, 1, 4, LLAMA + ["--use-distributed-optimizer"]),
     "dpzero_gpt_bf16_pp2_dp2": (1, 2, 4, GPT + ["--use-distributed-optimizer", "--bf16"]),
+    # bf16 norms, equal on both TP ranks and rounding alike: found by elimination and order.
+    "dpzero_llama_bf16_tp2_dp2": (2, 1, 4, LLAMA + ["--use-distributed-optimizer", "--bf16"]),
     "dpzero_mixtral_ep2": (1, 1, 2, LLAMA + MOE + ["--expert-model-parallel-size", "2",
                                                   "--use-distributed-optimizer"]),
 }

@@ -209,9 +209,12 @@ fn a_megatron_core_0_12_distributed_optimizer_run_continues_from_its_flattened_s
 fn the_distributed_optimizers_gathered_form_continues_with_the_losses_megatron_lm_logs() {
     // dp_zero_gather_scatter (megatron-core 0.7-0.12 with parallel save off): each TP/PP
     // domain's buffers gathered to DP rank 0 in one object, parameters found by value. fp32 at
-    // TP 2 x DP 2 (norms the same on both TP ranks), bf16 at PP 2 x DP 2, experts at EP 2 in a
+    // TP 2 x DP 2 (norms the same on both TP ranks), bf16 at PP 2 x DP 2 and TP 2 x DP 2, experts at EP 2 in a
     // chained optimizer.
     follows_megatron_lm("dpzero_llama_tp2_dp2", "world1", LLAMA, &[], FP32);
     follows_megatron_lm("dpzero_gpt_bf16_pp2_dp2", "world1", GPT, &["--bf16"], BF16);
+    // bf16 norms rounding alike, the same on both TP ranks.
+    let name = "dpzero_llama_bf16_tp2_dp2";
+    follows_megatron_lm(name, "world1", LLAMA, &["--bf16"], BF16);
     follows_megatron_lm("dpzero_mixtral_ep2", "world1", &mixtral(), &[], FP32);
 }
