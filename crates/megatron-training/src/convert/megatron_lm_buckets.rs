@@ -72,12 +72,17 @@ struct Class<'a> {
     values: std::borrow::Cow<'a, [f32]>,
 }
 
-/// The parameters' local shards at tensor-parallel size `tp`, grouped where they are equal.
-fn classes_of<'a>(
-    params: &[&WantedTensor],
+/// The model's parameters among `wanted`, and their local shards at tensor-parallel size
+/// `tp`, grouped where they are equal.
+fn classes_of<'a, 'w>(
+    wanted: &'w [WantedTensor],
     weights: &'a Tensors,
     tp: usize,
-) -> Result<Vec<Class<'a>>, String> {
+) -> Result<(Vec<&'w WantedTensor>, Vec<Class<'a>>), String> {
+    let params: Vec<&WantedTensor> = wanted
+        .iter()
+        .filter(|w| w.kind == TensorKind::Parameter)
+        .collect();
     let mut classes: Vec<Class> = Vec::new();
     for (i, w) in params.iter().enumerate() {
         let (_, global) = weights
@@ -101,7 +106,7 @@ fn classes_of<'a>(
             }
         }
     }
-    Ok(classes)
+    Ok((params, classes))
 }
 
 /// One parameter's state found in gathered buffers: `[exp_avg, exp_avg_sq, main]`.
@@ -200,11 +205,7 @@ pub(crate) fn read_gathered_state(
     tp: usize,
     weights_of: WeightsOf,
 ) -> Result<(Tensors, Tensors), String> {
-    let params: Vec<&WantedTensor> = wanted
-        .iter()
-        .filter(|w| w.kind == TensorKind::Parameter)
-        .collect();
-    let classes = classes_of(&params, weights, tp)?;
+    let (params, classes) = classes_of(wanted, weights, tp)?;
     let candidates: Vec<(usize, &[f32])> =
         classes.iter().map(|c| (c.param, &c.values[..])).collect();
     let mut found: Vec<Option<FoundState>> = vec![None; classes.len()];
@@ -224,6 +225,26 @@ pub(crate) fn read_gathered_state(
         find_in_gathered_buffers(state, &archive, &candidates, weights_of, &mut found)
             .map_err(|e| format!("{key}: {e}"))?;
     }
+    if let Some(c) = found.iter().position(|f| f.is_none()) {
+        return Err(format!(
+            "no gathered buffer holds {} (tensor-parallel rank {}): the buffers are not this model's",
+            params[classes[c].param].name, classes[c].ranks[0]
+        ));
+    }
+    Ok(assemble_state(&params, &classes, tp, |c, _| {
+        let [m, v, main] = found[c].as_ref().expect("every class found");
+        [m.as_slice(), v.as_slice(), main.as_slice()]
+    }))
+}
+
+/// Each parameter's moments and main parameters put together from its classes' pieces:
+/// `piece(c, j)` is `[exp_avg, exp_avg_sq, main]` of class `c` on its `j`-th rank.
+fn assemble_state<'s>(
+    params: &[&WantedTensor],
+    classes: &[Class],
+    tp: usize,
+    piece: impl Fn(usize, usize) -> [&'s [f32]; 3],
+) -> (Tensors, Tensors) {
     let mut optimizer = Tensors::new();
     let mut main_params = Tensors::new();
     for (i, w) in params.iter().enumerate() {
@@ -234,14 +255,9 @@ pub(crate) fn read_gathered_state(
             vec![0.0f32; numel],
         ];
         for (c, class) in classes.iter().enumerate().filter(|(_, c)| c.param == i) {
-            let state = found[c].as_ref().ok_or_else(|| {
-                format!(
-                    "no gathered buffer holds {} (tensor-parallel rank {}): the buffers are not this model's",
-                    w.name, class.ranks[0]
-                )
-            })?;
-            for &r in &class.ranks {
-                for (o, src) in out.iter_mut().zip(state) {
+            for (j, &r) in class.ranks.iter().enumerate() {
+                // The same on every rank (no split): any one of them.
+                for (o, src) in out.iter_mut().zip(piece(c, j)) {
                     place_piece(o, &w.shape, w.split, (tp, r), src);
                 }
             }
@@ -250,7 +266,7 @@ pub(crate) fn read_gathered_state(
         insert_moments(&mut optimizer, w, m, v);
         main_params.insert(w.name.clone(), (w.shape.clone(), main));
     }
-    Ok((optimizer, main_params))
+    (optimizer, main_params)
 }
 
 /// The bucket form's main parameters and moments, by this engine's names (`optimizer.<moment>.
@@ -263,11 +279,7 @@ pub(crate) fn read_bucket_state(
     tp: usize,
     weights_of: WeightsOf,
 ) -> Result<(Tensors, Tensors), String> {
-    let params: Vec<&WantedTensor> = wanted
-        .iter()
-        .filter(|w| w.kind == TensorKind::Parameter)
-        .collect();
-    let classes = classes_of(&params, weights, tp)?;
+    let (params, classes) = classes_of(wanted, weights, tp)?;
     // Every bucket chunk and the classes its main parameters fit.
     let buckets: Vec<String> = ck
         .sizes
@@ -371,28 +383,10 @@ pub(crate) fn read_bucket_state(
             found[*c].push(i);
         }
     }
-    let mut optimizer = Tensors::new();
-    let mut main_params = Tensors::new();
-    for (i, w) in params.iter().enumerate() {
-        let numel: usize = w.shape.iter().product();
-        let mut out = [
-            vec![0.0f32; numel],
-            vec![0.0f32; numel],
-            vec![0.0f32; numel],
-        ];
-        for (c, class) in classes.iter().enumerate().filter(|(_, c)| c.param == i) {
-            for (&r, &k) in class.ranks.iter().zip(&found[c]) {
-                let ch = &chunks[k];
-                for (o, src) in out.iter_mut().zip(&data[ch.bucket]) {
-                    // The same on every rank (no split): any one of them.
-                    let local = &src[ch.start..ch.start + ch.len];
-                    place_piece(o, &w.shape, w.split, (tp, r), local);
-                }
-            }
-        }
-        let [m, v, main] = out;
-        insert_moments(&mut optimizer, w, m, v);
-        main_params.insert(w.name.clone(), (w.shape.clone(), main));
-    }
-    Ok((optimizer, main_params))
+    Ok(assemble_state(&params, &classes, tp, |c, j| {
+        let ch = &chunks[found[c][j]];
+        data[ch.bucket]
+            .each_ref()
+            .map(|src| &src[ch.start..ch.start + ch.len])
+    }))
 }
