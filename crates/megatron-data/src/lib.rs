@@ -29,6 +29,7 @@ pub mod tables;
 pub mod text_dataset;
 pub mod tiktoken_tokenizer;
 pub mod tokenizer;
+pub mod torch_randperm;
 pub mod train_tokenizer;
 
 pub use mock_dataset::MockGPTDataset;
