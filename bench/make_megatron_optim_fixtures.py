@@ -45,6 +45,8 @@ LLAMA = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4
          "1e-6", "--no-rope-fusion"]
 LEGACY = ["--ckpt-format", "torch"]
 MOE = ["--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "16"]
+# Megatron's cyclic loader: batches from its own build_pretraining_data_loader under cyclic_iter.
+CYCLIC = ["--dataloader-type", "cyclic", "--num-workers", "0"]
 # name: (tp, pp, world, flags)
 RUNS = {
     "gpt_adam": (1, 1, 1, GPT),
@@ -89,6 +91,10 @@ RUNS = {
     "dpzero_llama_bf16_tp2_dp2": (2, 1, 4, LLAMA + ["--use-distributed-optimizer", "--bf16"]),
     "dpzero_mixtral_ep2": (1, 1, 2, LLAMA + MOE + ["--expert-model-parallel-size", "2",
                                                   "--use-distributed-optimizer"]),
+    # --dataloader-type cyclic at DP 2: each DP rank reads its own shuffled bucket (data
+    # sharding), or its stride of one shuffle of the whole dataset (--no-data-sharding).
+    "cyclic_gpt_dp2": (1, 1, 2, GPT + CYCLIC),
+    "cyclic_llama_no_sharding_tp2_dp2": (2, 1, 4, LLAMA + CYCLIC + ["--no-data-sharding"]),
 }
 DPZERO = "dpzero_"
 
@@ -195,7 +201,11 @@ def run(rank, world, tp, pp, flags, out, port, load=None):
     mbs, gbs = args.micro_batch_size, args.global_batch_size
     n_micro = gbs // (mbs * dp)
 
+    cyclic = None
+
     def batches(it):
+        if cyclic is not None:
+            return cyclic
         return sampler_batches(train_ds, it, gbs, mbs, dp, dp_rank)
 
     def forward_step(data_iterator, model):
@@ -241,6 +251,12 @@ def run(rank, world, tp, pp, flags, out, port, load=None):
             for o in getattr(optimizer, "chained_optimizers", [optimizer]):
                 for state in o.optimizer.state.values():
                     state["step"] = state["step"].clone()
+    if args.dataloader_type == "cyclic":
+        # Megatron-LM's own loader and iterator, from the consumed samples the load restored.
+        from megatron.training.datasets.data_samplers import build_pretraining_data_loader
+        from megatron.training.training import cyclic_iter
+        cyclic = iter(cyclic_iter(build_pretraining_data_loader(
+            train_ds, args.consumed_train_samples)))
     losses = []
     for it in range(start, TOTAL):
         for m in model:

@@ -741,6 +741,14 @@ pub struct TrainArgs {
     /// Let tokens attend only within their own document.
     #[arg(long)]
     pub reset_attention_mask: bool,
+    /// The sampler: `single` (consecutive samples, the default) or `cyclic` (reshuffled every
+    /// epoch by `torch.randperm`, as Megatron-LM).
+    #[arg(long, value_enum)]
+    pub dataloader_type: Option<crate::sample_order::DataloaderTypeArg>,
+    /// Under `cyclic`: one shuffle of the whole dataset strided over the data-parallel ranks,
+    /// instead of each rank shuffling its own contiguous part.
+    #[arg(long)]
+    pub no_data_sharding: bool,
 
     // Evaluation, logging, checkpoints.
     /// Iterations between validations; each reads the next --eval-iters global batches of the
@@ -1142,6 +1150,8 @@ pub struct TrainConfig {
     /// How the distributed optimizer stores Adam's moments (`--exp-avg-dtype`,
     /// `--exp-avg-sq-dtype`).
     pub moment_dtypes: megatron_core::optimizer::MomentDtypes,
+    /// `--dataloader-type` and `--no-data-sharding`.
+    pub sample_order: crate::sample_order::SampleOrder,
     /// `--calculate-per-token-loss`.
     pub loss_reduction: megatron_core::transformer::step::LossReduction,
     /// Megatron's `check_for_nan_in_loss_and_grad`: each rank checks its own loss and
@@ -1531,7 +1541,6 @@ impl TrainArgs {
         if self.straggler_patience == 0 {
             return Err(bad("--straggler-patience must be at least 1".into()));
         }
-        self.script_compat.check()?;
         if self.fp16 && self.bf16 {
             return Err(bad("give only one of --fp16 and --bf16".into()));
         }
@@ -1732,6 +1741,10 @@ impl TrainArgs {
             muon,
             no_weight_decay_cond: self.no_weight_decay_cond()?,
             moment_dtypes: self.moment_dtypes()?,
+            sample_order: crate::sample_order::SampleOrder::from_args(
+                self.dataloader_type,
+                self.no_data_sharding,
+            )?,
             loss_reduction: if self.calculate_per_token_loss {
                 megatron_core::transformer::step::LossReduction::TokenSum
             } else {

@@ -143,13 +143,12 @@ impl MicroBatch {
         &mut self,
         data: &dyn GPTSampleSource,
         split: Split,
-        first: u64,
-        b: usize,
+        samples: &[u64],
         t: usize,
         eod_mask: Option<u32>,
     ) -> Result<(), TrainError> {
-        for j in 0..b {
-            let index = first + j as u64;
+        let b = samples.len();
+        for (j, &index) in samples.iter().enumerate() {
             data.sample(split, index, &mut self.sample);
             check_token_ids(
                 &self.sample,
@@ -280,7 +279,8 @@ pub(crate) fn eod_mask(cfg: &TrainConfig, data: &dyn GPTSampleSource) -> Option<
 }
 
 /// Token ids of samples `start..start + count` of a split, in the order training consumes them
-/// (`megatron inspect-data`).
+/// (`megatron inspect-data`; under `--dataloader-type cyclic`, as one data-parallel rank with
+/// `--micro-batch-size` reads them).
 pub fn inspect_data(args: &crate::arguments::InspectArgs) -> Result<Vec<Vec<u32>>, TrainError> {
     let tok = build_tokenizer_from(&args.train.tokenizer.spec())?;
     let cfg = args.train.validate(tok.vocab_size())?;
@@ -302,11 +302,16 @@ pub fn inspect_data(args: &crate::arguments::InspectArgs) -> Result<Vec<Vec<u32>
             args.split_name
         )));
     }
+    // Under `cyclic`, the order of one data-parallel rank reading alone.
+    let b = cfg.args.micro_batch_size as u64;
+    let total = crate::sample_order::split_length(&cfg, n, split);
+    let mut sampler = crate::sample_order::RankSamplers::new(cfg.sample_order, b as usize, 0, 1);
     let mut buf = vec![0u32; cfg.args.seq_length + 1];
-    Ok((args.start..args.start + args.count)
+    (args.start..args.start + args.count)
         .map(|i| {
-            data.sample(split, i, &mut buf);
-            buf.clone()
+            let index = sampler.micro_batch(split, total, i / b * b)?[(i % b) as usize];
+            data.sample(split, index, &mut buf);
+            Ok(buf.clone())
         })
-        .collect())
+        .collect()
 }

@@ -42,8 +42,9 @@ impl<F: TrainFamily> Trainer<'_, F> {
     /// The mean loss over `--eval-iters` global batches of `split`. As Megatron's iterators:
     /// each validation reads the next global batches of the validation split (from the
     /// `consumed_valid` samples on, which it advances), the test split and `--skip-train`
-    /// read from the start. The same samples for every layout: data-parallel rank r takes
-    /// micro-batches r, r + d, ... of them; the sum is all-reduced over DP. Every rank calls
+    /// read from the start. Each rank's micro-batches come from its sampler, as the step's do
+    /// (under `single`, the same samples for every layout: data-parallel rank r takes
+    /// micro-batches r, r + d, ... of them); the sum is all-reduced over DP. Every rank calls
     /// it; `None` without samples in the split or with `--eval-iters 0`.
     pub(crate) fn evaluate(&mut self, split: Split) -> Result<Option<EvalLoss>, TrainError> {
         let cfg = self.cfg;
@@ -61,12 +62,14 @@ impl<F: TrainFamily> Trainer<'_, F> {
             }
             _ => 0,
         };
-        let mine: Vec<usize> = (dp_rank..global).step_by(dp_size).collect();
-        let count = mine.len();
+        let count = (dp_rank..global).step_by(dp_size).len();
         let cp = self.comms.cp_layout();
+        let total = self.split_samples(split);
         let mut mbs: Vec<F::MicroBatch> = (0..count).map(|_| F::micro_batch(cfg, cp)).collect();
-        for (mb, &g) in mbs.iter_mut().zip(&mine) {
-            F::fill(cfg, &self.data, mb, split, first + (g * b) as u64)?;
+        for (k, mb) in mbs.iter_mut().enumerate() {
+            let consumed = first + (k * dp_size * b) as u64;
+            let samples = self.samplers.micro_batch(split, total, consumed)?;
+            F::fill(cfg, &self.data, mb, split, &samples)?;
         }
         let batches: Vec<_> = mbs.iter().map(|x| F::batch(cfg, x)).collect();
         let partition = cfg.partition.clone();

@@ -39,13 +39,13 @@ pub(crate) trait TrainFamily: 'static {
     ) -> Result<Self::Data, TrainError>;
     fn num_samples(data: &Self::Data, split: Split) -> u64;
     fn micro_batch(cfg: &TrainConfig, cp: CpLayout) -> Self::MicroBatch;
-    /// Samples `first..first + micro_batch_size` of `split` into `mb`.
+    /// Samples `samples` (a micro-batch's worth, in the sampler's order) of `split` into `mb`.
     fn fill(
         cfg: &TrainConfig,
         data: &Self::Data,
         mb: &mut Self::MicroBatch,
         split: Split,
-        first: u64,
+        samples: &[u64],
     ) -> Result<(), TrainError>;
     fn batch<'m>(
         cfg: &TrainConfig,

@@ -150,16 +150,16 @@ impl TrainFamily for Bert {
         data: &BertData,
         mb: &mut BertMicroBatch,
         split: Split,
-        first: u64,
+        samples: &[u64],
     ) -> Result<(), TrainError> {
-        let (b, t) = (cfg.args.micro_batch_size, cfg.args.seq_length);
+        let t = cfg.args.seq_length;
         let ds = data.splits[split_index(split)]
             .as_ref()
             .expect("a split with samples");
         mb.rows.clear();
         mb.labels.clear();
-        for j in 0..b {
-            let index = (first + j as u64) % ds.len() as u64;
+        for (j, &index) in samples.iter().enumerate() {
+            let index = index % ds.len() as u64;
             let s = ds.sample(index as usize);
             check_token_ids(&s.tokens, cfg.vocab_size, || data_flags(cfg), split, index)?;
             mb.tokens[j * t..(j + 1) * t].copy_from_slice(&s.tokens);

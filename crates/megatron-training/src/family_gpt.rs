@@ -43,15 +43,13 @@ impl TrainFamily for Gpt {
         data: &Self::Data,
         mb: &mut MicroBatch,
         split: Split,
-        first: u64,
+        samples: &[u64],
     ) -> Result<(), TrainError> {
-        let (b, t) = (cfg.args.micro_batch_size, cfg.args.seq_length);
         mb.fill(
             data.as_ref(),
             split,
-            first,
-            b,
-            t,
+            samples,
+            cfg.args.seq_length,
             eod_mask(cfg, data.as_ref()),
         )
     }

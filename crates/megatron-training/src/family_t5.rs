@@ -152,18 +152,14 @@ impl TrainFamily for T5 {
         data: &T5Data,
         mb: &mut T5MicroBatch,
         split: Split,
-        first: u64,
+        samples: &[u64],
     ) -> Result<(), TrainError> {
-        let (b, te, td) = (
-            cfg.args.micro_batch_size,
-            cfg.args.seq_length,
-            settings(cfg).decoder_seq_length,
-        );
+        let (te, td) = (cfg.args.seq_length, settings(cfg).decoder_seq_length);
         let ds = data.splits[split_index(split)]
             .as_ref()
             .expect("a split with samples");
-        for j in 0..b {
-            let index = (first + j as u64) % ds.len() as u64;
+        for (j, &index) in samples.iter().enumerate() {
+            let index = index % ds.len() as u64;
             let s = ds.sample(index as usize);
             for ids in [&s.encoder_input, &s.decoder_input] {
                 check_token_ids(ids, cfg.vocab_size, || data_flags(cfg), split, index)?;

@@ -30,6 +30,7 @@ pub mod mtp_logging;
 pub mod num_microbatches;
 pub mod plan;
 pub mod plot;
+pub mod sample_order;
 pub mod script_compat;
 mod setup;
 pub mod straggler;

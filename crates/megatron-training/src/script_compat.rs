@@ -3,9 +3,8 @@
 //! named once at start-up as having no effect here. None of them changes what is computed
 //! (Megatron's fused and unfused paths compute the same function, except bias-GELU's: that
 //! flag, `--no-bias-gelu-fusion`, is a model flag here); flags that would change the model or
-//! the sample order are refused instead.
+//! the sample order are refused or implemented instead.
 
-use crate::TrainError;
 use clap::{Args, ValueEnum};
 
 /// `--attention-backend` (megatron-core's `AttnBackend`).
@@ -34,14 +33,6 @@ pub enum DistributedBackendArg {
     Nccl,
     Gloo,
     Ccl,
-}
-
-/// `--dataloader-type`: megatron-rs reads samples as Megatron's `single` sampler does.
-#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum DataloaderTypeArg {
-    Single,
-    Cyclic,
-    External,
 }
 
 /// `--ckpt-format`: checkpoints here are always megatron-rs's sharded safetensors with a
@@ -75,8 +66,6 @@ pub struct ScriptCompatArgs {
     pub transformer_impl: Option<TransformerImplArg>,
     #[arg(long, value_enum)]
     pub distributed_backend: Option<DistributedBackendArg>,
-    #[arg(long, value_enum)]
-    pub dataloader_type: Option<DataloaderTypeArg>,
     /// Data-loader worker processes: samples are read on the rank here.
     #[arg(long)]
     pub num_workers: Option<usize>,
@@ -161,29 +150,12 @@ pub struct ScriptCompatArgs {
 }
 
 impl ScriptCompatArgs {
-    /// Refuses the values whose meaning megatron-rs does not implement.
-    pub fn check(&self) -> Result<(), TrainError> {
-        match self.dataloader_type {
-            Some(DataloaderTypeArg::Cyclic) | Some(DataloaderTypeArg::External) => {
-                Err(TrainError::Args(format!(
-                    "--dataloader-type {}: megatron-rs reads samples in the order of Megatron's \
-                     `single` sampler (the default); cyclic and external loaders are not implemented",
-                    self.dataloader_type
-                        .and_then(|t| t.to_possible_value())
-                        .map_or_else(String::new, |v| v.get_name().to_string())
-                )))
-            }
-            _ => Ok(()),
-        }
-    }
-
     /// The flags given, as they were spelled, for the start-up note.
     pub fn given(&self) -> Vec<&'static str> {
         let options = [
             ("--attention-backend", self.attention_backend.is_some()),
             ("--transformer-impl", self.transformer_impl.is_some()),
             ("--distributed-backend", self.distributed_backend.is_some()),
-            ("--dataloader-type", self.dataloader_type.is_some()),
             ("--num-workers", self.num_workers.is_some()),
             ("--use-mcore-models", self.use_mcore_models),
             ("--use-flash-attn", self.use_flash_attn),

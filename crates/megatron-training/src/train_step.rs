@@ -17,7 +17,6 @@ use megatron_core::pipeline_parallel::executor::Stage;
 use megatron_core::pipeline_parallel::schedule;
 use megatron_core::tensor_parallel::{allreduce_sequence_parallel_grads, sum_f64};
 use megatron_core::transformer::step::{LossReduction, StepContext};
-use megatron_data::data_samplers::MegatronPretrainingSampler;
 use megatron_data::Split;
 use std::time::Instant;
 
@@ -84,8 +83,6 @@ impl<F: TrainFamily> Trainer<'_, F> {
         Ok(out)
     }
 
-    /// The start sample of each of this data-parallel rank's micro-batches, as Megatron's
-    /// pretraining sampler hands them out from the consumed-samples count.
     /// The factor of the loss gradient. Each micro-batch's mean: 1 / micro-batches.
     /// `--calculate-per-token-loss`: the data-and-context-parallel size over the global batch's
     /// counted tokens, since the reduction averages over that group and each rank's gradient
@@ -105,30 +102,30 @@ impl<F: TrainFamily> Trainer<'_, F> {
         Ok(loss_scale * group as f32 / tokens.max(1.0) as f32)
     }
 
-    /// This rank's micro-batches of the step, from the data.
+    /// This rank's micro-batches of the step, from the data, in the sampler's order: the
+    /// `m`-th of the step is the one Megatron's sampler hands this rank once the step's first
+    /// `m` data-parallel micro-batches are consumed.
     fn fill_micro_batches(&mut self) -> Result<(), TrainError> {
-        let starts = self.micro_batch_starts();
-        for (mb, &start) in self.mbs.iter_mut().zip(&starts) {
-            F::fill(self.cfg, &self.data, mb, Split::Train, start)?;
+        let (_, dp) = self.comms.data_rank_size();
+        let step = (self.cfg.args.micro_batch_size * dp) as u64;
+        let total = self.split_samples(Split::Train);
+        let m = self.cfg.batches.num_microbatches(self.consumed);
+        for (k, mb) in self.mbs[..m].iter_mut().enumerate() {
+            let consumed = self.consumed + k as u64 * step;
+            let samples = self.samplers.micro_batch(Split::Train, total, consumed)?;
+            F::fill(self.cfg, &self.data, mb, Split::Train, &samples)?;
         }
         Ok(())
     }
 
-    fn micro_batch_starts(&self) -> Vec<u64> {
+    /// Where each of this rank's micro-batches of the step starts in the order the data-
+    /// parallel ranks consume samples together (under `single`, its first sample). Dropout
+    /// draws are keyed by it, so they do not depend on the layout, nor repeat between rows.
+    fn micro_batch_positions(&self) -> Vec<u64> {
         let (dp_rank, dp) = self.comms.data_rank_size();
-        let mut sampler = MegatronPretrainingSampler {
-            total_samples: u64::MAX,
-            consumed_samples: self.consumed,
-            micro_batch_size: self.cfg.args.micro_batch_size as u64,
-            data_parallel_rank: dp_rank as u64,
-            data_parallel_size: dp as u64,
-        };
-        (0..self.cfg.batches.num_microbatches(self.consumed))
-            .map(|_| {
-                sampler
-                    .next_micro_batch()
-                    .expect("the sampler never runs dry")[0]
-            })
+        let b = self.cfg.args.micro_batch_size as u64;
+        (0..self.cfg.batches.num_microbatches(self.consumed) as u64)
+            .map(|k| self.consumed + k * b * dp as u64 + dp_rank as u64 * b)
             .collect()
     }
 
@@ -140,7 +137,7 @@ impl<F: TrainFamily> Trainer<'_, F> {
     fn forward_backward(&mut self, iteration: u64, grad_scale: f32) -> Result<Pass, TrainError> {
         let cfg = self.cfg;
         let a = &cfg.args;
-        let starts = self.micro_batch_starts();
+        let starts = self.micro_batch_positions();
         // Under batch-size ramp-up the buffers (sized for the final batch) are used in part.
         let batches: Vec<_> = self.mbs[..starts.len()]
             .iter()

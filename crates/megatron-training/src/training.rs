@@ -94,6 +94,8 @@ pub(crate) struct Trainer<'a, F: TrainFamily> {
     pub consumed: u64,
     /// Validation samples the evaluations have read (Megatron's `consumed_valid_samples`).
     pub consumed_valid: u64,
+    /// Which samples of each split this rank reads at a consumed count.
+    pub samplers: crate::sample_order::RankSamplers,
     /// `--async-save`: the save a background thread is writing.
     pub pending_save: Option<crate::checkpoint_save::PendingSave>,
     /// The newest checkpoint this run completed (rank 0).
@@ -106,6 +108,11 @@ pub(crate) struct Trainer<'a, F: TrainFamily> {
 }
 
 impl<F: TrainFamily> Trainer<'_, F> {
+    /// A split's length as the samplers see it.
+    pub fn split_samples(&self, split: Split) -> u64 {
+        crate::sample_order::split_length(self.cfg, F::num_samples(&self.data, split), split)
+    }
+
     /// Evaluation, checkpoints, the parameter norm and the end of training need every
     /// parameter: an all-gather still pending from `--overlap-param-gather` runs first.
     pub fn finish_param_gather(&mut self) -> Result<(), TrainError> {
@@ -286,6 +293,7 @@ fn run_family<F: TrainFamily>(
         None => (scheduler(cfg), 0, 0, 0),
     };
     let cp = comms.cp_layout();
+    let comms_dp = comms.data_rank_size();
     let mut tr = Trainer::<F> {
         cfg,
         comms,
@@ -312,6 +320,15 @@ fn run_family<F: TrainFamily>(
         pending_gather: false,
         consumed,
         consumed_valid,
+        samplers: {
+            let (dp_rank, dp) = comms_dp;
+            crate::sample_order::RankSamplers::new(
+                cfg.sample_order,
+                a.micro_batch_size,
+                dp_rank,
+                dp,
+            )
+        },
         pending_save: None,
         last_checkpoint: None,
         staging: Vec::new(),
