@@ -125,3 +125,39 @@ fn a_dataset_with_fewer_samples_than_one_micro_batch_per_rank_is_refused_by_flag
     );
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn inspect_data_under_cyclic_shows_the_dataset_in_torch_randperms_order() {
+    // One data-parallel rank with micro-batches of 2 over the fixtures' 51-sample training
+    // split: an epoch is 50 samples, epoch e reads them at torch.randperm(50) seeded with e,
+    // which torch 2.15 printed as [44, 39, 7, 6, ...] (epoch 0) and [45, 25, 14, 31, ...]
+    // (epoch 1); `single` reads the dataset's own order.
+    let dir = tmpdir("cyclic-inspect");
+    let data = fixture("data/tokens_text_document");
+    let cache = dir.join("cache");
+    let inspect = |extra: &[&str], start: u64, count: u64| {
+        let (s, c) = (start.to_string(), count.to_string());
+        let mut v = vec![
+            "megatron",
+            "--data-path",
+            data.to_str().unwrap(),
+            "--data-cache-path",
+            cache.to_str().unwrap(),
+        ];
+        v.extend_from_slice(RUN);
+        v.extend_from_slice(GPT);
+        v.extend_from_slice(extra);
+        v.extend_from_slice(&["--start", &s, "--count", &c]);
+        megatron_training::inspect_data(&common::parse_inspect(&v)).unwrap()
+    };
+    let single = inspect(&[], 0, 51);
+    let first = inspect(CYCLIC, 0, 4);
+    let next = inspect(CYCLIC, 50, 4);
+    let _ = std::fs::remove_dir_all(dir);
+    for (got, want) in first.iter().zip([44, 39, 7, 6]) {
+        assert_eq!(got, &single[want]);
+    }
+    for (got, want) in next.iter().zip([45, 25, 14, 31]) {
+        assert_eq!(got, &single[want]);
+    }
+}
