@@ -63,6 +63,26 @@ MODELS = {
         "--moe-shared-expert-intermediate-size", "32", "--moe-router-score-function", "sigmoid",
         "--moe-router-enable-expert-bias", "--moe-router-topk-scaling-factor", "2.5",
     ], 2),
+    # DeepSeek's multi-latent attention at TP 2 (the local spec's down projections are
+    # column-parallel there): query and key/value latents with their RMSNorms, YaRN.
+    "mla_yarn_tp2": (2, 1, [
+        "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
+        "--multi-latent-attention", "--q-lora-rank", "16", "--kv-lora-rank", "12",
+        "--qk-head-dim", "8", "--qk-pos-emb-head-dim", "4", "--v-head-dim", "6",
+        "--qk-layernorm", "--normalization", "RMSNorm", "--swiglu", "--ffn-hidden-size", "48",
+        "--position-embedding-type", "rope", "--rope-type", "yarn",
+        "--rotary-scaling-factor", "4", "--mscale", "0.7", "--mscale-all-dim", "0.5",
+        "--disable-bias-linear", "--untie-embeddings-and-output-weights", "--no-rope-fusion",
+    ], 2),
+    # MLA without a query latent or latent norms, plain RoPE, at PP 2.
+    "mla_rope_pp2": (1, 2, [
+        "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
+        "--multi-latent-attention", "--kv-lora-rank", "12", "--qk-head-dim", "8",
+        "--qk-pos-emb-head-dim", "4", "--v-head-dim", "8", "--normalization", "RMSNorm",
+        "--swiglu", "--position-embedding-type", "rope", "--rope-type", "rope",
+        "--rotary-base", "500", "--disable-bias-linear", "--no-rope-fusion",
+        "--untie-embeddings-and-output-weights",
+    ], 2),
 }
 
 
@@ -74,6 +94,28 @@ def cpu_device_tensors():
     torch.tensor = lambda *a, **k: make(*a, **{**k, "device": "cpu"} if str(
         k.get("device", "")).startswith("cuda") else k)
     torch.cuda.get_rng_state = lambda *a, **k: torch.zeros(1, dtype=torch.uint8)
+
+
+class MLACoreAttention(torch.nn.Module):
+    """Causal attention for the local spec's MLA: megatron-core's local DotProductAttention takes
+    no `k_channels`/`v_channels` at HEAD (its MLA layers do not build), and Transformer Engine's,
+    which MLA runs on, is not on CPU. The same computation: per head softmax(scale q kᵀ) v with
+    MLA's softmax scale, in fp32, [s, b, heads x v] out."""
+
+    def __init__(self, config, layer_number, attn_mask_type, attention_type, softmax_scale=None,
+                 k_channels=None, v_channels=None, cp_comm_type=None, pg_collection=None):
+        super().__init__()
+        self.scale = softmax_scale
+
+    def forward(self, query, key, value, attention_mask, attn_mask_type=None,
+                attention_bias=None, packed_seq_params=None):
+        q, k, v = (x.permute(1, 2, 0, 3).float() for x in (query, key, value))
+        s = q.shape[2]
+        scores = (q @ k.transpose(-1, -2)) * self.scale
+        scores = scores.masked_fill(torch.triu(torch.ones(s, s, dtype=torch.bool), 1),
+                                    float("-inf"))
+        out = scores.softmax(-1) @ v
+        return out.permute(2, 0, 1, 3).reshape(s, q.shape[0], -1).to(query.dtype)
 
 
 def setup(rank, world, tp, pp, flags, port):
@@ -100,6 +142,9 @@ def setup(rank, world, tp, pp, flags, port):
     mpu.initialize_model_parallel(tp, pp, virtual_pipeline_model_parallel_size=vp,
                                   expert_model_parallel_size=args.expert_model_parallel_size)
     torch.manual_seed(args.seed)
+    if args.multi_latent_attention:
+        from megatron.core.models.backends import LocalSpecProvider
+        LocalSpecProvider.core_attention = lambda self: MLACoreAttention
     from gpt_builders import gpt_builder
     if vp is None:
         return args, gpt_builder(args, mpu.is_pipeline_first_stage(), mpu.is_pipeline_last_stage())
@@ -166,7 +211,9 @@ def reference(out, flags, port):
 if __name__ == "__main__":
     root = sys.argv[1]
     port = 29600
-    for name, (tp, pp, flags, world) in MODELS.items():
+    only = sys.argv[2:] or list(MODELS)
+    for name in only:
+        tp, pp, flags, world = MODELS[name]
         out = os.path.join(root, name)
         mp.spawn(save, args=(world, tp, pp, flags, out, port), nprocs=world)
         port += 1

@@ -63,6 +63,20 @@ fn a_deepseek_style_moe_saved_at_pp2_converts_to_megatron_cores_logits() {
 }
 
 #[test]
+fn multi_latent_attention_saved_at_tp2_converts_to_megatron_cores_logits() {
+    // DeepSeek's MLA: query latent 16 and key/value latent 12 with their RMSNorms, heads of 8
+    // content + 4 rotary features and values of 6, YaRN (factor 4, mscale 0.7 over 0.5) from
+    // rope_type; the local spec's down projections split over the two TP ranks' files.
+    logits_match("mla_yarn_tp2");
+}
+
+#[test]
+fn multi_latent_attention_without_a_query_latent_saved_at_pp2_converts_to_megatron_cores_logits() {
+    // linear_q_proj, no latent norms, plain RoPE (base 500), over two pipeline stages.
+    logits_match("mla_rope_pp2");
+}
+
+#[test]
 fn the_model_and_tokenizer_come_from_the_saved_arguments() {
     let (dir, save) = converted("llama_tp2_pp2", "arguments");
     let ck = load_checkpoint(&save, None).unwrap();

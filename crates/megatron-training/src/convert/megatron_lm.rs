@@ -183,7 +183,6 @@ const MODEL_ARGS: &[(&str, Flag)] = &[
 
 /// Saved arguments that make a model this importer does not build: refused by name where set.
 const REFUSED: &[(&str, &str)] = &[
-    ("multi_latent_attention", "multi-latent attention"),
     ("mtp_num_layers", "multi-token prediction layers"),
     (
         "apply_residual_connection_post_layernorm",
@@ -306,7 +305,93 @@ fn flags_of(args: &PyValue) -> Result<Vec<String>, String> {
             flags.extend(["--num-query-groups".to_string(), g]);
         }
     }
+    if args.attr("multi_latent_attention").is_some_and(is_set) {
+        mla_flags(args, &mut flags)?;
+    }
     Ok(flags)
+}
+
+/// Multi-latent attention's flags. megatron-core's `MLATransformerConfig` takes the saved
+/// arguments of the same names; its rotary embedding is its own, of `rope_type` (YaRN where
+/// unset, the config's default) with YaRN's original context and betas at the config's defaults
+/// (4096, 32, 1: no saved argument has their names), whatever `position_embedding_type` says,
+/// which then only decides whether GPTModel adds learned positions as well.
+fn mla_flags(args: &PyValue, flags: &mut Vec<String>) -> Result<(), String> {
+    let value = |flags: &mut Vec<String>, name: &str, flag: &str| -> Result<(), String> {
+        match args.attr(name) {
+            None | Some(PyValue::None) => Ok(()),
+            Some(v) => {
+                let t = text(v).ok_or_else(|| format!("saved argument {name} is {v:?}"))?;
+                flags.extend([flag.to_string(), t]);
+                Ok(())
+            }
+        }
+    };
+    let drop_flag = |flags: &mut Vec<String>, flag: &str| {
+        if let Some(i) = flags.iter().position(|f| f == flag) {
+            flags.drain(i..i + 2);
+        }
+    };
+    let rope = match args.attr("rope_type").and_then(|v| v.as_str()) {
+        None => "yarn",
+        Some(r @ ("rope" | "yarn")) => r,
+        Some(other) => {
+            return Err(format!(
+                "rope_type = {other}: MLA's rotary embedding is rope or yarn"
+            ))
+        }
+    };
+    match args
+        .attr("position_embedding_type")
+        .and_then(|v| v.as_str())
+    {
+        Some("learned_absolute") => {
+            return Err(
+                "multi-latent attention with learned absolute positions as well as its rotary \
+                 embedding (position_embedding_type = learned_absolute), which this converter \
+                 does not import"
+                    .into(),
+            )
+        }
+        _ => drop_flag(flags, "--position-embedding-type"),
+    }
+    // MLA's head widths are its own; Megatron fills kv_channels in regardless.
+    drop_flag(flags, "--kv-channels");
+    flags.extend([
+        "--multi-latent-attention".to_string(),
+        "--position-embedding-type".to_string(),
+        rope.to_string(),
+    ]);
+    for (name, flag) in [
+        ("q_lora_rank", "--q-lora-rank"),
+        ("kv_lora_rank", "--kv-lora-rank"),
+        ("qk_head_dim", "--qk-head-dim"),
+        ("qk_pos_emb_head_dim", "--qk-pos-emb-head-dim"),
+        ("v_head_dim", "--v-head-dim"),
+    ] {
+        value(flags, name, flag)?;
+    }
+    if rope == "yarn" {
+        for (name, flag) in [
+            ("rotary_scaling_factor", "--rotary-scaling-factor"),
+            ("mscale", "--mscale"),
+            ("mscale_all_dim", "--mscale-all-dim"),
+        ] {
+            value(flags, name, flag)?;
+        }
+        flags.extend(
+            [
+                "--yarn-original-max-position-embeddings",
+                "4096",
+                "--yarn-beta-fast",
+                "32",
+                "--yarn-beta-slow",
+                "1",
+            ]
+            .map(String::from),
+        );
+    }
+    Ok(())
 }
 
 /// Megatron-core's key for this engine's layer parameter `rest`: the fused-norm name first.
@@ -318,10 +403,29 @@ pub(crate) fn stored_names(rest: &str) -> Vec<String> {
         "pre_mlp_layernorm.bias" => Some("mlp.linear_fc1.layer_norm_bias"),
         _ => None,
     };
+    // Multi-latent attention's latent norms, which Transformer Engine's layer spec fuses into
+    // the up projections after them: after the plain name, which the local spec and the
+    // other attention's query/key norms keep.
+    let fused_after = match rest {
+        "self_attention.q_layernorm.weight" => {
+            Some("self_attention.linear_q_up_proj.layer_norm_weight")
+        }
+        "self_attention.q_layernorm.bias" => {
+            Some("self_attention.linear_q_up_proj.layer_norm_bias")
+        }
+        "self_attention.kv_layernorm.weight" => {
+            Some("self_attention.linear_kv_up_proj.layer_norm_weight")
+        }
+        "self_attention.kv_layernorm.bias" => {
+            Some("self_attention.linear_kv_up_proj.layer_norm_bias")
+        }
+        _ => None,
+    };
     fused
         .into_iter()
         .map(String::from)
         .chain([rest.to_string()])
+        .chain(fused_after.map(String::from))
         .collect()
 }
 
