@@ -218,3 +218,72 @@ fn the_distributed_optimizers_gathered_form_continues_with_the_losses_megatron_l
     follows_megatron_lm(name, "world1", LLAMA, &["--bf16"], BF16);
     follows_megatron_lm("dpzero_mixtral_ep2", "world1", &mixtral(), &[], FP32);
 }
+
+/// The fixtures' multi-latent attention: latents with their norms, YaRN.
+const MLA: &[&str] = &[
+    "--num-layers",
+    "2",
+    "--hidden-size",
+    "32",
+    "--num-attention-heads",
+    "4",
+    "--multi-latent-attention",
+    "--q-lora-rank",
+    "16",
+    "--kv-lora-rank",
+    "12",
+    "--qk-head-dim",
+    "8",
+    "--qk-pos-emb-head-dim",
+    "4",
+    "--v-head-dim",
+    "6",
+    "--qk-layernorm",
+    "--normalization",
+    "RMSNorm",
+    "--swiglu",
+    "--ffn-hidden-size",
+    "48",
+    "--position-embedding-type",
+    "yarn",
+    "--rotary-scaling-factor",
+    "4",
+    "--mscale",
+    "0.7",
+    "--mscale-all-dim",
+    "0.5",
+    "--disable-bias-linear",
+    "--untie-embeddings-and-output-weights",
+];
+
+#[test]
+fn a_multi_latent_attention_run_continues_with_the_losses_megatron_lm_logs() {
+    // Saved at DP 2 with the distributed optimizer (its bucket form: each parameter found by
+    // value); continued at one rank and at TP 2 x PP 2.
+    follows_megatron_lm("mla_distopt_dp2", "world1", MLA, &[], FP32);
+    follows_megatron_lm("mla_distopt_dp2", "tp2pp2", MLA, TP2_PP2, FP32);
+}
+
+#[test]
+fn mla_down_projections_split_by_the_local_spec_bring_the_state_their_names_hold() {
+    // At TP 2 megatron-core's local spec holds the down projections in row blocks, one per TP
+    // rank: the bucket form, found by value as of that split, gives every tensor the run's
+    // by-name form (--dist-ckpt-optim-fully-reshardable) holds, bit for bit.
+    let dir = tmpdir("mla-local-split");
+    let (buckets, names) = (dir.join("buckets"), dir.join("names"));
+    convert(&fixture("mla_distopt_tp2_dp2"), &buckets).unwrap();
+    let by_name = fixture("mla_distopt_tp2_dp2_fully_reshardable");
+    convert(&by_name, &names).unwrap();
+    let (a, b) = (all_tensors(&buckets), all_tensors(&names));
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(a.len(), b.len());
+    assert!(
+        a.keys()
+            .any(|k| k.contains("linear_kv_down_proj") && k.contains("exp_avg_sq")),
+        "{:?}",
+        a.keys().collect::<Vec<_>>()
+    );
+    for (k, v) in &a {
+        assert!(b.get(k) == Some(v), "{k} differs between the two forms");
+    }
+}

@@ -574,7 +574,12 @@ pub fn torch_dist_to_megatron(input: &Path, output: &Path) -> Result<PathBuf, Tr
             fail("no embedding.word_embeddings.weight (a GPT checkpoint's first stage)".into())
         })?;
     let (cfg, tokenizer, flags) = model_of_args(args, rows).map_err(fail)?;
-    let wanted = wanted_tensors(&cfg);
+    let mut wanted = wanted_tensors(&cfg);
+    let tp = args
+        .attr("tensor_model_parallel_size")
+        .and_then(|v| v.as_int())
+        .unwrap_or(1) as usize;
+    adopt_saved_down_projection_split(&ck, &mut wanted, tp);
     let mut tensors = Tensors::new();
     let mut used = std::collections::HashSet::new();
     for w in &wanted {
@@ -607,6 +612,39 @@ pub fn torch_dist_to_megatron(input: &Path, output: &Path) -> Result<PathBuf, Tr
         (tensors, run),
         tokenizer,
     )
+}
+
+/// Multi-latent attention's down projections are duplicated on every tensor-parallel rank
+/// here and under Transformer Engine's layer spec, but column-parallel under megatron-core's
+/// local spec: where the checkpoint stores one in `tp` row blocks, the run held it split, and
+/// its optimizer state (per rank in the bucket forms) is read as of a split tensor.
+fn adopt_saved_down_projection_split(
+    ck: &TorchDistCheckpoint,
+    wanted: &mut [WantedTensor],
+    tp: usize,
+) {
+    if tp < 2 {
+        return;
+    }
+    for w in wanted.iter_mut().filter(|w| {
+        w.split.is_none()
+            && (w.name.ends_with("self_attention.linear_q_down_proj.weight")
+                || w.name
+                    .ends_with("self_attention.linear_kv_down_proj.weight"))
+    }) {
+        let Ok((key, start, _)) = locate(ck, "", &w.name, &w.shape) else {
+            continue;
+        };
+        let row = start.len() - w.shape.len();
+        let rows: std::collections::BTreeSet<usize> = ck
+            .chunks(&key)
+            .iter()
+            .map(|(offset, _)| offset[row])
+            .collect();
+        if rows.len() == tp {
+            w.split = Some((0, 1));
+        }
+    }
 }
 
 /// The model and tokenizer of the saved arguments `args` (embedding rows `rows`), and the
