@@ -121,13 +121,26 @@ struct ConvertArgs {
     /// and the state is written in that shape).
     #[arg(long, default_value_t = 1)]
     expert_model_parallel_size: usize,
+    /// With `--to torch_dist`: the layer spec of the Megatron-LM run that will load it,
+    /// `transformer_engine` (Megatron-LM's default) or `local`; they name an MoE layer's
+    /// pre-MLP norm and multi-latent attention's norms differently.
+    #[arg(long, value_enum)]
+    transformer_impl: Option<TransformerImpl>,
+}
+
+/// `convert --to torch_dist --transformer-impl`.
+#[derive(clap::ValueEnum, Clone, Copy)]
+enum TransformerImpl {
+    #[value(name = "transformer_engine")]
+    TransformerEngine,
+    Local,
 }
 
 fn run_convert(a: &ConvertArgs) -> anyhow::Result<()> {
     use megatron_training::convert::gguf_export::GgufOutType;
     use megatron_training::convert::{
         gguf_to_megatron, hf_to_megatron, megatron_to_gguf, megatron_to_hf, megatron_to_torch_dist,
-        torch_dist_to_megatron, torch_to_megatron, OptimizerExport,
+        torch_dist_to_megatron, torch_to_megatron, LayerSpec, OptimizerExport,
     };
     if a.expert_model_parallel_size != 1 && (a.to != "torch_dist" || a.no_save_optim) {
         anyhow::bail!("--expert-model-parallel-size shapes the optimizer state of a Megatron-LM export: it goes with --to torch_dist (without --no-save-optim)");
@@ -137,6 +150,9 @@ fn run_convert(a: &ConvertArgs) -> anyhow::Result<()> {
     }
     if a.no_save_optim && a.to != "torch_dist" {
         anyhow::bail!("--no-save-optim leaves the optimizer state out of a Megatron-LM export: it goes with --to torch_dist");
+    }
+    if a.transformer_impl.is_some() && a.to != "torch_dist" {
+        anyhow::bail!("--transformer-impl names the tensors of a Megatron-LM export for its layer spec: it goes with --to torch_dist");
     }
     if a.outtype.is_some() && a.to != "gguf" {
         anyhow::bail!("--outtype chooses the tensor types of a GGUF: it goes with --to gguf");
@@ -154,7 +170,11 @@ fn run_convert(a: &ConvertArgs) -> anyhow::Result<()> {
                     expert_model_parallel_size: a.expert_model_parallel_size,
                 }
             };
-            megatron_to_torch_dist(&a.input, &a.output, optim)?
+            let spec = match a.transformer_impl {
+                None | Some(TransformerImpl::TransformerEngine) => LayerSpec::TransformerEngine,
+                Some(TransformerImpl::Local) => LayerSpec::Local,
+            };
+            megatron_to_torch_dist(&a.input, &a.output, optim, spec)?
         }
         ("megatron", "gguf") => {
             let outtype = a.outtype.unwrap_or(GgufOutType::F32);

@@ -64,7 +64,13 @@ fn a_legacy_run_goes_back_to_megatron_lm_as_torch_dist_with_its_state() {
     let dir = tmpdir("mlm-legacy-to-dist");
     let (first, export, back) = (dir.join("first"), dir.join("export"), dir.join("back"));
     convert(&fixture("legacy_gpt_bf16_tp2"), &first).unwrap();
-    megatron_to_torch_dist(&first, &export, OptimizerExport::default()).unwrap();
+    megatron_to_torch_dist(
+        &first,
+        &export,
+        OptimizerExport::default(),
+        megatron_training::convert::LayerSpec::default(),
+    )
+    .unwrap();
     torch_dist_to_megatron(&export, &back).unwrap();
     let (a, b) = (all_tensors(&first), all_tensors(&back));
     assert!(a.keys().any(|k| k.starts_with("optimizer.exp_avg.")));

@@ -103,11 +103,18 @@ fn an_export_carries_the_run_so_megatron_lms_form_reads_back_bit_for_bit() {
         ("gpt_fp16_small", ep(1)),
         ("mixtral_distopt_ep2", ep(1)),
         ("mixtral_distopt_ep2", ep(2)),
+        ("mla_distopt_dp2", ep(1)),
     ] {
         let dir = tmpdir(&format!("mlm-resume-export-{name}"));
         let (first, export, back) = (dir.join("first"), dir.join("export"), dir.join("back"));
         torch_dist_to_megatron(&fixture(name), &first).unwrap();
-        let written = megatron_to_torch_dist(&first, &export, optim).unwrap();
+        let written = megatron_to_torch_dist(
+            &first,
+            &export,
+            optim,
+            megatron_training::convert::LayerSpec::default(),
+        )
+        .unwrap();
         // Megatron-LM loads optimizer state from an iteration's directory, not a release.
         assert!(written.ends_with("iter_0000003"), "{}", written.display());
         let tracker = export.join("latest_checkpointed_iteration.txt");
@@ -152,7 +159,13 @@ fn an_export_without_the_optimizer_is_a_release_checkpoint_of_the_weights() {
     let dir = tmpdir("mlm-resume-export-weights");
     let (first, export, back) = (dir.join("first"), dir.join("export"), dir.join("back"));
     torch_dist_to_megatron(&fixture("gpt_adam"), &first).unwrap();
-    let written = megatron_to_torch_dist(&first, &export, OptimizerExport::WeightsOnly).unwrap();
+    let written = megatron_to_torch_dist(
+        &first,
+        &export,
+        OptimizerExport::WeightsOnly,
+        megatron_training::convert::LayerSpec::default(),
+    )
+    .unwrap();
     assert!(written.ends_with("release"), "{}", written.display());
     torch_dist_to_megatron(&export, &back).unwrap();
     let b = all_tensors(&back);
@@ -177,7 +190,13 @@ fn a_run_trained_here_goes_on_the_same_after_a_round_trip_through_megatron_lms_f
         &save,
         &["--save", s, "--save-interval", "3", "--exit-interval", "3"],
     );
-    megatron_to_torch_dist(&save, &export, OptimizerExport::default()).unwrap();
+    megatron_to_torch_dist(
+        &save,
+        &export,
+        OptimizerExport::default(),
+        megatron_training::convert::LayerSpec::default(),
+    )
+    .unwrap();
     torch_dist_to_megatron(&export, &back).unwrap();
     let want = run(&save, &[]);
     let got = run(&back, &[]);

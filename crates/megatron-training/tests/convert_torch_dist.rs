@@ -251,6 +251,7 @@ fn an_export_to_torch_dist_reads_back_bit_for_bit_as_a_release_checkpoint() {
             &first,
             &export,
             OptimizerExport::default(),
+            megatron_training::convert::LayerSpec::default(),
         )
         .unwrap();
         assert!(release.ends_with("release"));
@@ -276,10 +277,87 @@ fn an_export_to_torch_dist_reads_back_bit_for_bit_as_a_release_checkpoint() {
             &first,
             &export,
             OptimizerExport::default(),
+            megatron_training::convert::LayerSpec::default(),
         )
         .unwrap_err()
         .to_string();
         assert!(e.contains("already exists"), "{e}");
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
+#[test]
+fn an_export_names_norms_for_the_layer_spec_that_will_load_it() {
+    // Transformer Engine (Megatron-LM's default) fuses MLA's latent norms into the up
+    // projections and keeps an MoE layer's pre-MLP norm apart; the local spec keeps MLA's
+    // norms under their own names and maps an MoE layer's onto linear_fc1's. Either export
+    // reads back bit for bit.
+    use megatron_training::convert::LayerSpec;
+    let cases: [(&str, LayerSpec, &[&str], &[&str]); 4] = [
+        (
+            "mla_yarn_tp2",
+            LayerSpec::TransformerEngine,
+            &[
+                "decoder.layers.self_attention.linear_q_up_proj.layer_norm_weight",
+                "decoder.layers.self_attention.linear_kv_up_proj.layer_norm_weight",
+                "decoder.layers.input_layernorm.weight",
+                "decoder.layers.mlp.linear_fc1.layer_norm_weight",
+            ],
+            &["decoder.layers.self_attention.q_layernorm.weight"],
+        ),
+        (
+            "mla_yarn_tp2",
+            LayerSpec::Local,
+            &[
+                "decoder.layers.self_attention.q_layernorm.weight",
+                "decoder.layers.self_attention.kv_layernorm.weight",
+                "decoder.layers.input_layernorm.weight",
+                "decoder.layers.pre_mlp_layernorm.weight",
+            ],
+            &["decoder.layers.self_attention.linear_q_up_proj.layer_norm_weight"],
+        ),
+        (
+            "mixtral_ep2",
+            LayerSpec::TransformerEngine,
+            &[
+                "decoder.layers.pre_mlp_layernorm.weight",
+                "decoder.layers.self_attention.linear_qkv.layer_norm_weight",
+            ],
+            &["decoder.layers.mlp.linear_fc1.layer_norm_weight"],
+        ),
+        (
+            "mixtral_ep2",
+            LayerSpec::Local,
+            &["decoder.layers.mlp.linear_fc1.layer_norm_weight"],
+            &["decoder.layers.pre_mlp_layernorm.weight"],
+        ),
+    ];
+    for (name, spec, present, absent) in cases {
+        let (dir, first) = converted(name, &format!("spec-{spec:?}"));
+        let export = dir.join("export");
+        megatron_training::convert::megatron_to_torch_dist(
+            &first,
+            &export,
+            OptimizerExport::default(),
+            spec,
+        )
+        .unwrap();
+        let ck = megatron_training::convert::torch_dist::TorchDistCheckpoint::open(&export)
+            .unwrap();
+        for key in present {
+            assert!(ck.sizes.contains_key(*key), "{name} {spec:?}: no {key}");
+        }
+        for key in absent {
+            assert!(!ck.sizes.contains_key(*key), "{name} {spec:?}: {key}");
+        }
+        let back = dir.join("back");
+        torch_dist_to_megatron(&export, &back).unwrap();
+        assert_eq!(parameters(&first), parameters(&back), "{name} {spec:?}");
+        assert_eq!(
+            load_checkpoint(&first, None).unwrap().meta.model,
+            load_checkpoint(&back, None).unwrap().meta.model,
+            "{name} {spec:?}"
+        );
         let _ = std::fs::remove_dir_all(dir);
     }
 }
@@ -304,6 +382,7 @@ fn a_model_megatron_lm_cannot_load_is_refused_for_export_by_name() {
         &save,
         &dir.join("out"),
         OptimizerExport::default(),
+        megatron_training::convert::LayerSpec::default(),
     )
     .unwrap_err()
     .to_string();

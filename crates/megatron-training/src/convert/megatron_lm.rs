@@ -769,9 +769,103 @@ pub(crate) fn finish(
     )
 }
 
-/// This engine's layer parameter `rest` under megatron-core's sharded key (fused norm names).
-fn stored_name(rest: &str) -> String {
-    stored_names(rest).remove(0)
+/// Which of megatron-core's layer specs an export names its tensors for (`convert --to
+/// torch_dist --transformer-impl`). They agree on dense layers of the usual attention (the
+/// local spec maps its norms onto Transformer Engine's fused names) and differ on an MoE
+/// layer's pre-MLP norm and on multi-latent attention's norms.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LayerSpec {
+    /// Megatron-LM's default `--transformer-impl transformer_engine`.
+    #[default]
+    TransformerEngine,
+    /// `--transformer-impl local`.
+    Local,
+}
+
+/// What a layer is made of, as the export names its norms.
+#[derive(Clone, Copy)]
+struct LayerKind {
+    mla: bool,
+    moe: bool,
+}
+
+/// This engine's layer parameter `rest` under megatron-core's sharded key for `spec`:
+/// - Transformer Engine fuses the pre-attention norm into `linear_qkv` (not into MLA's down
+///   projections: its MLA keeps `input_layernorm`), MLA's latent norms into the up projections
+///   after them, and a dense layer's pre-MLP norm into `linear_fc1` (an MoE layer keeps
+///   `pre_mlp_layernorm`);
+/// - the local spec maps `input_layernorm` and `pre_mlp_layernorm` onto those fused names
+///   (MoE layers too), except in MLA layers, whose spec maps no names.
+fn exported_name(rest: &str, spec: LayerSpec, kind: LayerKind) -> String {
+    let (module, param) = rest.rsplit_once('.').unwrap_or((rest, ""));
+    let fused = match (module, spec) {
+        ("input_layernorm", _) if !kind.mla => Some("self_attention.linear_qkv"),
+        ("pre_mlp_layernorm", LayerSpec::TransformerEngine) if !kind.moe => Some("mlp.linear_fc1"),
+        ("pre_mlp_layernorm", LayerSpec::Local) if !kind.mla => Some("mlp.linear_fc1"),
+        ("self_attention.q_layernorm", LayerSpec::TransformerEngine) if kind.mla => {
+            Some("self_attention.linear_q_up_proj")
+        }
+        ("self_attention.kv_layernorm", LayerSpec::TransformerEngine) if kind.mla => {
+            Some("self_attention.linear_kv_up_proj")
+        }
+        _ => None,
+    };
+    match fused {
+        Some(linear) => format!("{linear}.layer_norm_{param}"),
+        None => rest.to_string(),
+    }
+}
+
+/// MLA's rotary embedding as megatron-core's `MLATransformerConfig` takes it from saved
+/// arguments: `rope_type`, and under YaRN only the factor and the two mscales (its original
+/// context and betas are the config's defaults, which no argument names).
+fn mla_rope(
+    yarn: &Option<megatron_core::transformer::config::YarnConfig>,
+) -> Result<Option<megatron_core::transformer::config::YarnConfig>, String> {
+    let Some(y) = yarn else { return Ok(None) };
+    let at_defaults = y.original_max_position_embeddings == 4096
+        && y.beta_fast == 32.0
+        && y.beta_slow == 1.0
+        && y.correction_range_round_to_int;
+    if !at_defaults {
+        return Err(format!(
+            "multi-latent attention with YaRN's original context {}, betas {}/{}{}: megatron-core's MLA takes 4096, 32/1 and a rounded correction range, whatever the arguments say, which this export does not write",
+            y.original_max_position_embeddings,
+            y.beta_fast,
+            y.beta_slow,
+            if y.correction_range_round_to_int { "" } else { ", an unrounded correction range" }
+        ));
+    }
+    Ok(Some(*y))
+}
+
+/// The saved arguments of multi-latent attention, as `mla_flags` reads them back.
+fn mla_args(
+    m: &megatron_core::transformer::config::MLAConfig,
+    yarn: Option<megatron_core::transformer::config::YarnConfig>,
+) -> Vec<(&'static str, Pickle)> {
+    let int = |v: usize| Pickle::Int(v as i64);
+    vec![
+        ("multi_latent_attention", Pickle::Bool(true)),
+        ("q_lora_rank", m.q_lora_rank.map_or(Pickle::None, int)),
+        ("kv_lora_rank", int(m.kv_lora_rank)),
+        ("qk_head_dim", int(m.qk_head_dim)),
+        ("qk_pos_emb_head_dim", int(m.qk_pos_emb_head_dim)),
+        ("v_head_dim", int(m.v_head_dim)),
+        (
+            "rope_type",
+            Pickle::str(if yarn.is_some() { "yarn" } else { "rope" }),
+        ),
+        (
+            "rotary_scaling_factor",
+            Pickle::Float(yarn.map_or(1.0, |y| y.factor)),
+        ),
+        ("mscale", Pickle::Float(yarn.map_or(1.0, |y| y.mscale))),
+        (
+            "mscale_all_dim",
+            Pickle::Float(yarn.map_or(0.0, |y| y.mscale_all_dim)),
+        ),
+    ]
 }
 
 /// The saved arguments Megatron-LM needs to rebuild and check `cfg` (the names of its flags),
@@ -780,24 +874,24 @@ fn saved_args(
     cfg: &TransformerConfig,
     meta: &crate::checkpointing::CheckpointMeta,
     state: &StateExport,
+    spec: LayerSpec,
 ) -> Result<Pickle, String> {
     let carried = matches!(state, StateExport::Carried);
     use megatron_core::transformer::config::{
         Activation, GeluForm, LayerNormPlacement, Normalization, PositionEmbeddingType,
     };
     let refuse = |what: &str| Err(format!("{what}, which this export does not write"));
-    if cfg.mla.is_some() {
-        return refuse("multi-latent attention");
-    }
     if cfg.mtp.is_some() {
         return refuse("multi-token prediction layers");
     }
     if cfg.window.is_some() {
         return refuse("sliding-window attention");
     }
-    if cfg.rotary.yarn.is_some() {
-        return refuse("YaRN rotary scaling");
-    }
+    let mla = match (&cfg.mla, &cfg.rotary.yarn) {
+        (None, Some(_)) => return refuse("YaRN rotary scaling outside multi-latent attention"),
+        (Some(m), yarn) => Some((m, mla_rope(yarn)?)),
+        (None, None) => None,
+    };
     if meta.bert.is_some() || meta.t5.is_some() {
         return refuse("a BERT or T5 model");
     }
@@ -838,7 +932,14 @@ fn saved_args(
         ("hidden_size", int(cfg.hidden_size)),
         ("ffn_hidden_size", int(cfg.ffn_hidden_size)),
         ("num_attention_heads", int(cfg.num_attention_heads)),
-        ("kv_channels", int(cfg.head_dim())),
+        (
+            "kv_channels",
+            int(match mla {
+                // Megatron fills it in so, and MLA reads its own head widths instead.
+                Some(_) => cfg.hidden_size / cfg.num_attention_heads,
+                None => cfg.head_dim(),
+            }),
+        ),
         (
             "group_query_attention",
             Pickle::Bool(cfg.num_query_groups.is_some()),
@@ -903,6 +1004,13 @@ fn saved_args(
         ("tensor_model_parallel_size", int(1)),
         ("pipeline_model_parallel_size", int(1)),
         ("ckpt_format", Pickle::str("torch_dist")),
+        (
+            "transformer_impl",
+            Pickle::str(match spec {
+                LayerSpec::TransformerEngine => "transformer_engine",
+                LayerSpec::Local => "local",
+            }),
+        ),
         // No RNG state (this engine's streams are counter-based, not torch's): Megatron-LM
         // then does not look for one. The optimizer state where it is carried.
         ("no_save_optim", Pickle::Bool(!carried)),
@@ -945,6 +1053,9 @@ fn saved_args(
     ];
     entries.extend(moe_args(cfg.moe.as_ref()));
     entries.extend(loss_scale_args(meta.grad_scaler.as_ref()));
+    if let Some((m, rope)) = mla {
+        entries.extend(mla_args(m, rope));
+    }
     Ok(Pickle::New(
         "argparse",
         "Namespace",
@@ -1076,6 +1187,7 @@ pub fn megatron_to_torch_dist(
     input: &Path,
     output: &Path,
     optim: OptimizerExport,
+    spec: LayerSpec,
 ) -> Result<PathBuf, TrainError> {
     let ck = match optim {
         OptimizerExport::IfSaved { .. } => crate::checkpointing::load_checkpoint(input, None)?,
@@ -1098,7 +1210,7 @@ pub fn megatron_to_torch_dist(
         other => other,
     };
     let carried = matches!(state, StateExport::Carried);
-    let args = saved_args(&cfg, &ck.meta, &state).map_err(fail)?;
+    let args = saved_args(&cfg, &ck.meta, &state, spec).map_err(fail)?;
     // Megatron-LM loads optimizer state only from an iteration's directory, never a release.
     let (dir_name, tracker_text) = if carried {
         let i = ck.meta.iteration;
@@ -1170,7 +1282,11 @@ pub fn megatron_to_torch_dist(
             continue;
         };
         let (rest, expert) = expert_of(rest);
-        let stored = stored_name(&rest);
+        let kind = LayerKind {
+            mla: cfg.mla.is_some(),
+            moe: cfg.is_moe_layer(l),
+        };
+        let stored = exported_name(&rest, spec, kind);
         if let Some(module) = rest.strip_suffix(".weight").filter(|m| {
             m.rsplit('.')
                 .next()
