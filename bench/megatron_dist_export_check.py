@@ -85,8 +85,10 @@ def main():
             ours, export = os.path.join(tmp, "ours"), os.path.join(tmp, "export")
             subprocess.run([binary, "convert", "--from", "torch_dist", "--input", fixture,
                             "--output", ours], check=True, capture_output=True)
+            # Megatron-LM builds the local spec here (no Transformer Engine on CPU).
             subprocess.run([binary, "convert", "--to", "torch_dist", "--input", ours,
-                            "--output", export], check=True, capture_output=True)
+                            "--output", export, "--transformer-impl", "local"], check=True,
+                           capture_output=True)
             for tp in (1, 2):
                 q = mp.get_context("spawn").SimpleQueue()
                 mp.spawn(check, args=(tp, tp, flags, export,
@@ -105,7 +107,8 @@ def main():
             subprocess.run([binary, "train", *TRAIN, *model, "--save", save, "--save-interval",
                             "4"], check=True, capture_output=True)
             subprocess.run([binary, "convert", "--to", "torch_dist", "--input", save,
-                            "--output", export], check=True, capture_output=True)
+                            "--output", export, "--transformer-impl", "local"], check=True,
+                           capture_output=True)
             # 15 ids: generate keeps a position free for the token it generates.
             ids = torch.randint(0, 100, (1, 15), generator=torch.Generator().manual_seed(3))
             logits = os.path.join(tmp, "ours.safetensors")

@@ -70,7 +70,9 @@ def main(binary, fixtures):
                 ep = layout[layout.index("--expert-model-parallel-size") + 1] if layout else "1"
                 subprocess.run([binary, "convert", "--from", "megatron", "--to", "torch_dist",
                                 "--input", save, "--output", export,
-                                "--expert-model-parallel-size", ep], check=True)
+                                "--expert-model-parallel-size", ep,
+                                # Megatron-LM builds the local spec here.
+                                "--transformer-impl", "local"], check=True)
                 out = os.path.join(tmp, f"mlm_tp{tp}_w{world}")
                 os.makedirs(out)
                 flags = model + precision + layout + ["--use-distributed-optimizer"]
