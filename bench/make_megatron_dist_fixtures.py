@@ -145,6 +145,11 @@ def setup(rank, world, tp, pp, flags, port):
     if args.multi_latent_attention:
         from megatron.core.models.backends import LocalSpecProvider
         LocalSpecProvider.core_attention = lambda self: MLACoreAttention
+    if args.mtp_num_layers:
+        # Its check for Transformer Engine's inference linears asks isinstance of None
+        # without Transformer Engine: none here.
+        import megatron.core.transformer.multi_token_prediction as mtp
+        mtp.is_inference_column_parallel_linear = lambda module: False
     from gpt_builders import gpt_builder
     if vp is None:
         return args, gpt_builder(args, mpu.is_pipeline_first_stage(), mpu.is_pipeline_last_stage())

@@ -108,6 +108,9 @@ RUNS = {
     "mla_distopt_tp2_dp2": (2, 1, 4, MLA + ["--use-distributed-optimizer"]),
     "mla_distopt_tp2_dp2_fully_reshardable": (2, 1, 4, MLA + [
         "--use-distributed-optimizer", "--dist-ckpt-optim-fully-reshardable"]),
+    # Multi-token prediction (one depth, factor 0.3): the depth's gradient reaches the grad
+    # norm, so the continued log checks it.
+    "llama_mtp": (1, 1, 1, LLAMA + ["--mtp-num-layers", "1", "--mtp-loss-scaling-factor", "0.3"]),
     # --dataloader-type cyclic at DP 2: each DP rank reads its own shuffled bucket (data
     # sharding), or its stride of one shuffle of the whole dataset (--no-data-sharding).
     "cyclic_gpt_dp2": (1, 1, 2, GPT + CYCLIC),

@@ -306,3 +306,16 @@ fn mla_down_projections_split_by_the_local_spec_bring_the_state_their_names_hold
         assert!(b.get(k) == Some(v), "{k} differs between the two forms");
     }
 }
+
+#[test]
+fn a_multi_token_prediction_run_continues_with_the_losses_megatron_lm_logs() {
+    // One MTP depth (factor 0.3) on a Llama-style model: the depth's layer is read from
+    // mtp.layers.0.transformer_layer.*, and its gradient is part of every logged grad norm.
+    let mtp = [
+        LLAMA,
+        &["--mtp-num-layers", "1", "--mtp-loss-scaling-factor", "0.3"],
+    ]
+    .concat();
+    follows_megatron_lm("llama_mtp", "world1", &mtp, &[], FP32);
+    follows_megatron_lm("llama_mtp", "tp2pp2", &mtp, TP2_PP2, FP32);
+}

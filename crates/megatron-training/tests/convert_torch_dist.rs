@@ -342,8 +342,8 @@ fn an_export_names_norms_for_the_layer_spec_that_will_load_it() {
             spec,
         )
         .unwrap();
-        let ck = megatron_training::convert::torch_dist::TorchDistCheckpoint::open(&export)
-            .unwrap();
+        let ck =
+            megatron_training::convert::torch_dist::TorchDistCheckpoint::open(&export).unwrap();
         for key in present {
             assert!(ck.sizes.contains_key(*key), "{name} {spec:?}: no {key}");
         }

@@ -164,6 +164,11 @@ const MODEL_ARGS: &[(&str, Flag)] = &[
         "moe_token_dispatcher_type",
         Flag::Training("--moe-token-dispatcher-type", &["allgather", "alltoall"]),
     ),
+    ("mtp_num_layers", Flag::Value("--mtp-num-layers")),
+    (
+        "mtp_loss_scaling_factor",
+        Flag::Training("--mtp-loss-scaling-factor", &[]),
+    ),
     ("tokenizer_type", Flag::Value("--tokenizer-type")),
     ("vocab_size", Flag::Value("--vocab-size")),
     ("vocab_file", Flag::Value("--vocab-file")),
@@ -183,7 +188,6 @@ const MODEL_ARGS: &[(&str, Flag)] = &[
 
 /// Saved arguments that make a model this importer does not build: refused by name where set.
 const REFUSED: &[(&str, &str)] = &[
-    ("mtp_num_layers", "multi-token prediction layers"),
     (
         "apply_residual_connection_post_layernorm",
         "the residual taken after the norm",
@@ -450,6 +454,9 @@ pub(crate) fn locate(
     name: &str,
     shape: &[usize],
 ) -> Result<(String, Vec<usize>, Vec<usize>), String> {
+    if let Some((k, rest)) = mtp_layer_of(name) {
+        return locate_mtp_layer(ck, prefix, name, shape, k, rest);
+    }
     let layer = name.strip_prefix("decoder.layers.").and_then(|r| {
         let (l, rest) = r.split_once('.')?;
         Some((l.parse::<usize>().ok()?, rest))
@@ -494,6 +501,54 @@ pub(crate) fn locate(
     }
     Err(format!(
         "the checkpoint has no tensor for {name} (looked for {prefix}decoder.layers[.{l}].{})",
+        tried.join(" or ")
+    ))
+}
+
+/// A multi-token-prediction depth's transformer layer parameter: the depth and the name under
+/// the layer (`mtp.layers.{k}.mtp_model_layer.{rest}`).
+pub(crate) fn mtp_layer_of(name: &str) -> Option<(usize, &str)> {
+    let r = name.strip_prefix("mtp.layers.")?;
+    let (k, r) = r.split_once('.')?;
+    Some((k.parse().ok()?, r.strip_prefix("mtp_model_layer.")?))
+}
+
+/// Where an MTP depth's layer parameter lies: megatron-core keeps each depth's own keys (no
+/// stacking), its GPT depths' layer under `transformer_layer` (the name older checkpoints
+/// had; newer code maps `mtp_model_layer` back to it), with the layer spec's norm names.
+fn locate_mtp_layer(
+    ck: &TorchDistCheckpoint,
+    prefix: &str,
+    name: &str,
+    shape: &[usize],
+    k: usize,
+    rest: &str,
+) -> Result<(String, Vec<usize>, Vec<usize>), String> {
+    let (rest, expert) = expert_of(rest);
+    let tried = stored_names(&rest);
+    for inner in ["transformer_layer", "mtp_model_layer"] {
+        for stored in &tried {
+            let key = format!("{prefix}mtp.layers.{k}.{inner}.{stored}");
+            let Some(s) = ck.sizes.get(&key) else {
+                continue;
+            };
+            let mut start: Vec<usize> = expert.into_iter().collect();
+            let fits = s.len() == start.len() + shape.len()
+                && s[start.len()..] == *shape
+                && start.iter().zip(s).all(|(i, n)| i < n);
+            if !fits {
+                return Err(format!(
+                    "tensor {key} has size {s:?} in the checkpoint, the model's {name} is {shape:?}"
+                ));
+            }
+            let mut size = vec![1; start.len()];
+            size.extend_from_slice(shape);
+            start.extend(std::iter::repeat_n(0, shape.len()));
+            return Ok((key, start, size));
+        }
+    }
+    Err(format!(
+        "the checkpoint has no tensor for {name} (looked for {prefix}mtp.layers.{k}.transformer_layer.{})",
         tried.join(" or ")
     ))
 }
@@ -589,7 +644,7 @@ pub fn torch_dist_to_megatron(input: &Path, output: &Path) -> Result<PathBuf, Tr
         tensors.insert(w.name.clone(), (w.shape.clone(), values));
     }
     let model_part = |k: &str| {
-        ["embedding.", "decoder.", "output_layer."]
+        ["embedding.", "decoder.", "output_layer.", "mtp."]
             .iter()
             .any(|p| k.starts_with(p))
     };
