@@ -47,6 +47,8 @@ CASES = {
     # Multi-latent attention (saved at DP 2), exported with its state, continued at one rank
     # (not at TP 2: there the local spec's MLA logs other gradient norms than at TP 1).
     "mla_distopt_dp2": ([(1, 1, [])], FP32),
+    # One multi-token-prediction depth, continued by Megatron-LM at one rank and at TP 2.
+    "llama_mtp": ([(1, 1, []), (2, 2, [])], FP32),
 }
 RUNS = {**opt.RUNS, **v012.RUNS}
 SAVED_LAYOUT = {"--ckpt-format": 1, "--expert-model-parallel-size": 1,

@@ -104,6 +104,7 @@ fn an_export_carries_the_run_so_megatron_lms_form_reads_back_bit_for_bit() {
         ("mixtral_distopt_ep2", ep(1)),
         ("mixtral_distopt_ep2", ep(2)),
         ("mla_distopt_dp2", ep(1)),
+        ("llama_mtp", ep(1)),
     ] {
         let dir = tmpdir(&format!("mlm-resume-export-{name}"));
         let (first, export, back) = (dir.join("first"), dir.join("export"), dir.join("back"));

@@ -837,6 +837,16 @@ pub enum LayerSpec {
     Local,
 }
 
+/// The linear module a layer parameter belongs to (`self_attention.linear_qkv` of
+/// `self_attention.linear_qkv.weight`): each has an `_extra_state` megatron-core asks for.
+fn linear_module(rest: &str) -> Option<&str> {
+    rest.strip_suffix(".weight").filter(|m| {
+        m.rsplit('.')
+            .next()
+            .is_some_and(|last| last.starts_with("linear_"))
+    })
+}
+
 /// What a layer is made of, as the export names its norms.
 #[derive(Clone, Copy)]
 struct LayerKind {
@@ -936,8 +946,8 @@ fn saved_args(
         Activation, GeluForm, LayerNormPlacement, Normalization, PositionEmbeddingType,
     };
     let refuse = |what: &str| Err(format!("{what}, which this export does not write"));
-    if cfg.mtp.is_some() {
-        return refuse("multi-token prediction layers");
+    if cfg.mtp.is_some() && cfg.position_embedding_type == PositionEmbeddingType::LearnedAbsolute {
+        return refuse("multi-token prediction with learned absolute positions (Megatron-LM asserts rope or none for MTP)");
     }
     if cfg.window.is_some() {
         return refuse("sliding-window attention");
@@ -1110,6 +1120,12 @@ fn saved_args(
     entries.extend(loss_scale_args(meta.grad_scaler.as_ref()));
     if let Some((m, rope)) = mla {
         entries.extend(mla_args(m, rope));
+    }
+    if let Some(m) = &cfg.mtp {
+        entries.extend([
+            ("mtp_num_layers", int(m.num_layers)),
+            ("mtp_loss_scaling_factor", float(m.loss_scaling_factor)),
+        ]);
     }
     Ok(Pickle::New(
         "argparse",
@@ -1300,6 +1316,7 @@ pub fn megatron_to_torch_dist(
     let experts = cfg.moe.as_ref().map_or(0, |m| m.num_experts);
     let mut items = Vec::new();
     let mut modules = std::collections::BTreeSet::new();
+    let mut mtp_modules = std::collections::BTreeSet::new();
     for (name, values) in ck
         .tensors
         .iter()
@@ -1332,7 +1349,35 @@ pub fn megatron_to_torch_dist(
                 });
             }
         };
+        if let Some((k, rest)) = mtp_layer_of(name) {
+            // A depth's layer: its own keys under `transformer_layer`, the layer spec's names.
+            let (rest, expert) = expert_of(rest);
+            let kind = LayerKind {
+                mla: cfg.mla.is_some(),
+                moe: cfg.is_moe_layer(layers + k),
+            };
+            let module = format!("mtp.layers.{k}.transformer_layer");
+            let key = format!("{module}.{}", exported_name(&rest, spec, kind));
+            if let Some(m) = linear_module(&rest) {
+                mtp_modules.insert((format!("{module}.{m}"), expert));
+            }
+            let leading: Vec<usize> = expert.into_iter().collect();
+            let mut size = vec![experts; leading.len()];
+            size.extend_from_slice(&shape);
+            let mut offset = leading.clone();
+            offset.extend(std::iter::repeat_n(0, shape.len()));
+            let mut chunk = vec![1; leading.len()];
+            chunk.extend_from_slice(&shape);
+            push(key, size, offset, chunk);
+            continue;
+        }
         let Some((l, rest)) = layer else {
+            if let Some(m) = name
+                .strip_prefix("mtp.layers.")
+                .and_then(|r| r.strip_suffix(".eh_proj.weight"))
+            {
+                mtp_modules.insert((format!("mtp.layers.{m}.eh_proj"), None));
+            }
             push(name.clone(), shape.clone(), vec![0; shape.len()], shape);
             continue;
         };
@@ -1342,11 +1387,7 @@ pub fn megatron_to_torch_dist(
             moe: cfg.is_moe_layer(l),
         };
         let stored = exported_name(&rest, spec, kind);
-        if let Some(module) = rest.strip_suffix(".weight").filter(|m| {
-            m.rsplit('.')
-                .next()
-                .is_some_and(|last| last.starts_with("linear_"))
-        }) {
+        if let Some(module) = linear_module(&rest) {
             modules.insert((l, module.to_string(), expert));
         }
         let (key, mut leading) = if per_layer {
@@ -1391,6 +1432,25 @@ pub fn megatron_to_torch_dist(
                 join(|x| x.0),
                 join(|x| x.1)
             ),
+            object: Pickle::List(vec![Pickle::None]),
+            storages: Vec::new(),
+        });
+    }
+    // The MTP depths' linear modules and attention, each depth's own keys.
+    let depths = cfg.mtp.as_ref().map_or(0, |m| m.num_layers);
+    let mtp_attention = (0..depths).map(|k| {
+        (
+            format!("mtp.layers.{k}.transformer_layer.self_attention.core_attention"),
+            None,
+        )
+    });
+    for (module, expert) in mtp_modules.into_iter().chain(mtp_attention) {
+        let (offsets, shape) = match expert {
+            Some(e) => (e.to_string(), experts.to_string()),
+            None => ("0".to_string(), "1".to_string()),
+        };
+        items.push(Item::Object {
+            key: format!("{module}._extra_state/shard_{offsets}_{shape}"),
             object: Pickle::List(vec![Pickle::None]),
             storages: Vec::new(),
         });
