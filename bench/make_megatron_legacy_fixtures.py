@@ -36,6 +36,18 @@ MODELS = {
         "--moe-router-topk", "2", "--moe-ffn-hidden-size", "16",
         "--expert-model-parallel-size", "2", "--global-batch-size", "2",
     ], 4),
+    # Multi-latent attention (YaRN, latent norms) with one MTP depth at TP 2: the local spec
+    # splits the down projections over the TP ranks' files.
+    "legacy_mla_mtp_tp2": (2, 1, [
+        "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
+        "--multi-latent-attention", "--q-lora-rank", "16", "--kv-lora-rank", "12",
+        "--qk-head-dim", "8", "--qk-pos-emb-head-dim", "4", "--v-head-dim", "6",
+        "--qk-layernorm", "--normalization", "RMSNorm", "--swiglu", "--ffn-hidden-size", "48",
+        "--position-embedding-type", "rope", "--rope-type", "yarn",
+        "--rotary-scaling-factor", "4", "--mscale", "0.7", "--mscale-all-dim", "0.5",
+        "--disable-bias-linear", "--untie-embeddings-and-output-weights", "--no-rope-fusion",
+        "--mtp-num-layers", "1",
+    ], 2),
 }
 
 
@@ -68,7 +80,8 @@ def save(rank, world, tp, pp, flags, out, port):
 if __name__ == "__main__":
     root = sys.argv[1]
     port = 29800
-    for name, (tp, pp, flags, world) in MODELS.items():
+    for name in sys.argv[2:] or list(MODELS):
+        tp, pp, flags, world = MODELS[name]
         out = os.path.join(root, name)
         mp.spawn(save, args=(world, tp, pp, flags, out, port), nprocs=world)
         port += 1

@@ -28,6 +28,14 @@ fn experts_saved_at_tp2_ep2_convert_to_megatron_cores_logits() {
 }
 
 #[test]
+fn multi_latent_attention_with_an_mtp_depth_saved_at_tp2_converts_to_megatron_cores_logits() {
+    // MLA (latents with their norms, YaRN) and one MTP depth (its layer under
+    // mtp.layers.0.mtp_model_layer.*); the local spec's down projections split over the two
+    // TP ranks' files, joined by rows.
+    logits_match("legacy_mla_mtp_tp2");
+}
+
+#[test]
 fn a_missing_rank_file_or_the_other_format_is_refused_by_name() {
     let dir = tmpdir("torch-legacy-damaged");
     let copy = dir.join("copy/iter_0000010");

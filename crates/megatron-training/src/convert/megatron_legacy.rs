@@ -10,7 +10,10 @@
 //! experts by their expert-parallel rank.
 
 use super::megatron_legacy_state::{read_legacy_run_state, Piece, Placed};
-use super::megatron_lm::{expert_of, finish, model_of_args, stored_names, wanted_tensors};
+use super::megatron_lm::{
+    expert_of, finish, is_mla_down_projection, model_of_args, mtp_layer_of, stored_names,
+    wanted_tensors,
+};
 use super::megatron_lm_state::continued_run;
 use super::pickle::PyValue;
 use super::torch_dist::tracked_iteration;
@@ -213,16 +216,25 @@ pub fn torch_to_megatron(input: &Path, output: &Path) -> Result<PathBuf, TrainEr
     let experts_per_rank = cfg.moe.as_ref().map_or(1, |m| m.num_experts / ep);
     let mut tensors = Tensors::new();
     let mut placed = Vec::new();
-    for wanted in wanted_tensors(&cfg) {
-        let (name, shape, split) = (wanted.name.clone(), wanted.shape.clone(), wanted.split);
-        // Where the tensor lives: (stage, chunk), expert rank, and the local names to try.
-        let layer = name.strip_prefix("decoder.layers.").and_then(|r| {
-            let (l, rest) = r.split_once('.')?;
-            Some((l.parse::<usize>().ok()?, rest))
-        });
+    for mut wanted in wanted_tensors(&cfg) {
+        let (name, shape) = (wanted.name.clone(), wanted.shape.clone());
+        // Where the tensor lives: (stage, chunk), expert rank, and the local names to try. A
+        // decoder layer's parameters are under its stage-local number; an MTP depth's layer
+        // under `mtp.layers.{k}.mtp_model_layer.` of the last stage.
+        let layer = match mtp_layer_of(&name) {
+            Some((k, rest)) => Some((
+                (pp - 1, vp - 1),
+                format!("mtp.layers.{k}.mtp_model_layer."),
+                rest,
+            )),
+            None => name.strip_prefix("decoder.layers.").and_then(|r| {
+                let (l, rest) = r.split_once('.')?;
+                let (p, v, i) = *place.get(l.parse::<usize>().ok()?)?;
+                Some(((p, v), format!("decoder.layers.{i}."), rest))
+            }),
+        };
         let (stage, chunk, e_rank, local_names, expert) = match layer {
-            Some((l, rest)) => {
-                let (p, v, i) = place[l];
+            Some(((p, v), at, rest)) => {
                 let (stored, expert) = expert_of(rest);
                 let names: Vec<String> = match expert {
                     Some(e) => {
@@ -231,14 +243,14 @@ pub fn torch_to_megatron(input: &Path, output: &Path) -> Result<PathBuf, TrainEr
                         let (module, param) = tail.rsplit_once('.').unwrap_or((tail, ""));
                         vec![
                             // SequentialMLP, and Transformer Engine's grouped linear.
-                            format!("decoder.layers.{i}.mlp.experts.local_experts.{local}.{tail}"),
-                            format!("decoder.layers.{i}.mlp.experts.{module}.{param}{local}"),
+                            format!("{at}mlp.experts.local_experts.{local}.{tail}"),
+                            format!("{at}mlp.experts.{module}.{param}{local}"),
                         ]
                     }
                     None => stored_names(rest)
                         .into_iter()
                         .rev()
-                        .map(|s| format!("decoder.layers.{i}.{s}"))
+                        .map(|s| format!("{at}{s}"))
                         .collect(),
                 };
                 (
@@ -260,7 +272,21 @@ pub fn torch_to_megatron(input: &Path, output: &Path) -> Result<PathBuf, TrainEr
             }
         };
         let group = if expert { etp } else { tp };
-        let split = if group == 1 { None } else { split };
+        if is_mla_down_projection(&name) && group > 1 {
+            // Column-parallel under megatron-core's local spec, duplicated under Transformer
+            // Engine's: the first rank's rows say which.
+            let model = &stages[&(0, stage, e_rank)][chunk];
+            let file = &by_rank[&(0, stage, e_rank)];
+            let rows = local_names
+                .iter()
+                .find_map(|n| model.get(n))
+                .and_then(|v| file.1.tensor(v).ok())
+                .map(|t| t.shape[0]);
+            if rows.is_some_and(|r| r * group == shape[0]) {
+                wanted.split = Some((0, 1));
+            }
+        }
+        let split = if group == 1 { None } else { wanted.split };
         let ranks = if split.is_some() { group } else { 1 };
         let mut pieces = Vec::with_capacity(ranks);
         let mut sources = Vec::with_capacity(ranks);

@@ -681,12 +681,10 @@ fn adopt_saved_down_projection_split(
     if tp < 2 {
         return;
     }
-    for w in wanted.iter_mut().filter(|w| {
-        w.split.is_none()
-            && (w.name.ends_with("self_attention.linear_q_down_proj.weight")
-                || w.name
-                    .ends_with("self_attention.linear_kv_down_proj.weight"))
-    }) {
+    for w in wanted
+        .iter_mut()
+        .filter(|w| w.split.is_none() && is_mla_down_projection(&w.name))
+    {
         let Ok((key, start, _)) = locate(ck, "", &w.name, &w.shape) else {
             continue;
         };
@@ -700,6 +698,13 @@ fn adopt_saved_down_projection_split(
             w.split = Some((0, 1));
         }
     }
+}
+
+/// Multi-latent attention's down projections, whose tensor-parallel split depends on the
+/// layer spec that saved them.
+pub(crate) fn is_mla_down_projection(name: &str) -> bool {
+    name.ends_with("self_attention.linear_q_down_proj.weight")
+        || name.ends_with("self_attention.linear_kv_down_proj.weight")
 }
 
 /// The model and tokenizer of the saved arguments `args` (embedding rows `rows`), and the
