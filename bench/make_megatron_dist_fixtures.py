@@ -27,6 +27,17 @@ COMMON = [
     "--transformer-impl", "local", "--use-cpu-initialization", "--no-gradient-accumulation-fusion",
     "--init-method-std", "0.2", "--seed", "5", "--no-persist-layer-norm",
 ]
+# DeepSeek's multi-latent attention at toy size: query latent 16, key/value latent 12 with
+# their RMSNorms, heads of 8 + 4 rotary features, values of 6, YaRN from rope_type.
+MLA_YARN = [
+    "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
+    "--multi-latent-attention", "--q-lora-rank", "16", "--kv-lora-rank", "12",
+    "--qk-head-dim", "8", "--qk-pos-emb-head-dim", "4", "--v-head-dim", "6",
+    "--qk-layernorm", "--normalization", "RMSNorm", "--swiglu", "--ffn-hidden-size", "48",
+    "--position-embedding-type", "rope", "--rope-type", "yarn",
+    "--rotary-scaling-factor", "4", "--mscale", "0.7", "--mscale-all-dim", "0.5",
+    "--disable-bias-linear", "--untie-embeddings-and-output-weights", "--no-rope-fusion",
+]
 MODELS = {
     # Megatron's GPT: LayerNorm, GELU, learned positions, biases, tied output layer.
     "gpt": (1, 1, ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4"], 1),
@@ -65,15 +76,7 @@ MODELS = {
     ], 2),
     # DeepSeek's multi-latent attention at TP 2 (the local spec's down projections are
     # column-parallel there): query and key/value latents with their RMSNorms, YaRN.
-    "mla_yarn_tp2": (2, 1, [
-        "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
-        "--multi-latent-attention", "--q-lora-rank", "16", "--kv-lora-rank", "12",
-        "--qk-head-dim", "8", "--qk-pos-emb-head-dim", "4", "--v-head-dim", "6",
-        "--qk-layernorm", "--normalization", "RMSNorm", "--swiglu", "--ffn-hidden-size", "48",
-        "--position-embedding-type", "rope", "--rope-type", "yarn",
-        "--rotary-scaling-factor", "4", "--mscale", "0.7", "--mscale-all-dim", "0.5",
-        "--disable-bias-linear", "--untie-embeddings-and-output-weights", "--no-rope-fusion",
-    ], 2),
+    "mla_yarn_tp2": (2, 1, MLA_YARN, 2),
     # MLA without a query latent or latent norms, plain RoPE, at PP 2.
     "mla_rope_pp2": (1, 2, [
         "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",

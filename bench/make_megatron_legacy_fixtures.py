@@ -38,16 +38,7 @@ MODELS = {
     ], 4),
     # Multi-latent attention (YaRN, latent norms) with one MTP depth at TP 2: the local spec
     # splits the down projections over the TP ranks' files.
-    "legacy_mla_mtp_tp2": (2, 1, [
-        "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
-        "--multi-latent-attention", "--q-lora-rank", "16", "--kv-lora-rank", "12",
-        "--qk-head-dim", "8", "--qk-pos-emb-head-dim", "4", "--v-head-dim", "6",
-        "--qk-layernorm", "--normalization", "RMSNorm", "--swiglu", "--ffn-hidden-size", "48",
-        "--position-embedding-type", "rope", "--rope-type", "yarn",
-        "--rotary-scaling-factor", "4", "--mscale", "0.7", "--mscale-all-dim", "0.5",
-        "--disable-bias-linear", "--untie-embeddings-and-output-weights", "--no-rope-fusion",
-        "--mtp-num-layers", "1",
-    ], 2),
+    "legacy_mla_mtp_tp2": (2, 1, fx.MLA_YARN + ["--mtp-num-layers", "1"], 2),
 }
 
 

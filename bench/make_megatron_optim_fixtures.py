@@ -44,13 +44,7 @@ LLAMA = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4
          "--disable-bias-linear", "--untie-embeddings-and-output-weights", "--norm-epsilon",
          "1e-6", "--no-rope-fusion"]
 LEGACY = ["--ckpt-format", "torch"]
-MLA = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
-       "--multi-latent-attention", "--q-lora-rank", "16", "--kv-lora-rank", "12",
-       "--qk-head-dim", "8", "--qk-pos-emb-head-dim", "4", "--v-head-dim", "6", "--qk-layernorm",
-       "--normalization", "RMSNorm", "--swiglu", "--ffn-hidden-size", "48",
-       "--position-embedding-type", "rope", "--rope-type", "yarn", "--rotary-scaling-factor", "4",
-       "--mscale", "0.7", "--mscale-all-dim", "0.5", "--disable-bias-linear",
-       "--untie-embeddings-and-output-weights", "--no-rope-fusion"]
+MLA = fx.MLA_YARN
 MOE = ["--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "16"]
 # Megatron's cyclic loader: batches from its own build_pretraining_data_loader under cyclic_iter.
 CYCLIC = ["--dataloader-type", "cyclic", "--num-workers", "0"]

@@ -239,14 +239,9 @@ fn the_distributed_optimizers_gathered_form_continues_with_the_losses_megatron_l
     follows_megatron_lm("dpzero_mixtral_ep2", "world1", &mixtral(), &[], FP32);
 }
 
-/// The fixtures' multi-latent attention: latents with their norms, YaRN.
+/// The fixtures' multi-latent attention (after [`GPT`]'s sizes): latents with their norms,
+/// YaRN.
 const MLA: &[&str] = &[
-    "--num-layers",
-    "2",
-    "--hidden-size",
-    "32",
-    "--num-attention-heads",
-    "4",
     "--multi-latent-attention",
     "--q-lora-rank",
     "16",
@@ -280,8 +275,9 @@ const MLA: &[&str] = &[
 fn a_multi_latent_attention_run_continues_with_the_losses_megatron_lm_logs() {
     // Saved at DP 2 with the distributed optimizer (its bucket form: each parameter found by
     // value); continued at one rank and at TP 2 x PP 2.
-    follows_megatron_lm("mla_distopt_dp2", "world1", MLA, &[], FP32);
-    follows_megatron_lm("mla_distopt_dp2", "tp2pp2", MLA, TP2_PP2, FP32);
+    let mla = [GPT, MLA].concat();
+    follows_megatron_lm("mla_distopt_dp2", "world1", &mla, &[], FP32);
+    follows_megatron_lm("mla_distopt_dp2", "tp2pp2", &mla, TP2_PP2, FP32);
 }
 
 #[test]

@@ -56,18 +56,7 @@ fn a_cyclic_run_read_in_another_order_leaves_megatron_lms_log() {
 
 /// `megatron train` on the fixtures' dataset with [`RUN`]'s flags and `extra`, from scratch.
 fn fresh(dir: &std::path::Path, extra: &[&str]) -> Result<megatron_training::TrainSummary, String> {
-    let data = fixture("data/tokens_text_document");
-    let cache = dir.join("cache");
-    let mut v = vec![
-        "megatron",
-        "--data-path",
-        data.to_str().unwrap(),
-        "--data-cache-path",
-        cache.to_str().unwrap(),
-    ];
-    v.extend_from_slice(RUN);
-    v.extend_from_slice(extra);
-    pretrain(&common::parse_train(&v)).map_err(|e| e.to_string())
+    pretrain(&common::parse_train(&fixture_run(dir, extra))).map_err(|e| e.to_string())
 }
 
 #[test]
@@ -133,21 +122,10 @@ fn inspect_data_under_cyclic_shows_the_dataset_in_torch_randperms_order() {
     // which torch 2.15 printed as [44, 39, 7, 6, ...] (epoch 0) and [45, 25, 14, 31, ...]
     // (epoch 1); `single` reads the dataset's own order.
     let dir = tmpdir("cyclic-inspect");
-    let data = fixture("data/tokens_text_document");
-    let cache = dir.join("cache");
     let inspect = |extra: &[&str], start: u64, count: u64| {
         let (s, c) = (start.to_string(), count.to_string());
-        let mut v = vec![
-            "megatron",
-            "--data-path",
-            data.to_str().unwrap(),
-            "--data-cache-path",
-            cache.to_str().unwrap(),
-        ];
-        v.extend_from_slice(RUN);
-        v.extend_from_slice(GPT);
-        v.extend_from_slice(extra);
-        v.extend_from_slice(&["--start", &s, "--count", &c]);
+        let range = ["--start", &s, "--count", &c];
+        let v = fixture_run(&dir, &[GPT, extra, &range[..]].concat());
         megatron_training::inspect_data(&common::parse_inspect(&v)).unwrap()
     };
     let single = inspect(&[], 0, 51);

@@ -485,24 +485,36 @@ pub(crate) fn locate(
             };
             let mut start = leading;
             start.extend(expert);
-            let fits = s.len() == start.len() + shape.len()
-                && s[start.len()..] == *shape
-                && start.iter().zip(s).all(|(i, n)| i < n);
-            if !fits {
-                return Err(format!(
-                    "tensor {key} has size {s:?} in the checkpoint, the model's {name} is {shape:?}"
-                ));
-            }
-            let mut size = vec![1; start.len()];
-            size.extend_from_slice(shape);
-            start.extend(std::iter::repeat_n(0, shape.len()));
-            return Ok((key, start, size));
+            return region_under(key, s, start, shape, name);
         }
     }
     Err(format!(
         "the checkpoint has no tensor for {name} (looked for {prefix}decoder.layers[.{l}].{})",
         tried.join(" or ")
     ))
+}
+
+/// The region of stored tensor `key` (size `stored`) that holds the model's `name` of `shape`
+/// behind the leading indices `start` (layer, expert): key, start and extent.
+fn region_under(
+    key: String,
+    stored: &[usize],
+    mut start: Vec<usize>,
+    shape: &[usize],
+    name: &str,
+) -> Result<(String, Vec<usize>, Vec<usize>), String> {
+    let fits = stored.len() == start.len() + shape.len()
+        && stored[start.len()..] == *shape
+        && start.iter().zip(stored).all(|(i, n)| i < n);
+    if !fits {
+        return Err(format!(
+            "tensor {key} has size {stored:?} in the checkpoint, the model's {name} is {shape:?}"
+        ));
+    }
+    let mut size = vec![1; start.len()];
+    size.extend_from_slice(shape);
+    start.extend(std::iter::repeat_n(0, shape.len()));
+    Ok((key, start, size))
 }
 
 /// A multi-token-prediction depth's transformer layer parameter: the depth and the name under
@@ -532,19 +544,7 @@ fn locate_mtp_layer(
             let Some(s) = ck.sizes.get(&key) else {
                 continue;
             };
-            let mut start: Vec<usize> = expert.into_iter().collect();
-            let fits = s.len() == start.len() + shape.len()
-                && s[start.len()..] == *shape
-                && start.iter().zip(s).all(|(i, n)| i < n);
-            if !fits {
-                return Err(format!(
-                    "tensor {key} has size {s:?} in the checkpoint, the model's {name} is {shape:?}"
-                ));
-            }
-            let mut size = vec![1; start.len()];
-            size.extend_from_slice(shape);
-            start.extend(std::iter::repeat_n(0, shape.len()));
-            return Ok((key, start, size));
+            return region_under(key, s, expert.into_iter().collect(), shape, name);
         }
     }
     Err(format!(

@@ -108,6 +108,22 @@ pub fn megatron_lm_log(name: &str) -> Vec<(u64, f64, f64)> {
         .collect()
 }
 
+/// The command line of a run on the fixtures' dataset (its index cache under `dir`) with
+/// [`RUN`]'s flags and then `extra`.
+pub fn fixture_run(dir: &Path, extra: &[&str]) -> Vec<String> {
+    let data = fixture("data/tokens_text_document");
+    let cache = dir.join("cache");
+    let mut v: Vec<String> = vec![
+        "megatron".into(),
+        "--data-path".into(),
+        data.display().to_string(),
+        "--data-cache-path".into(),
+        cache.display().to_string(),
+    ];
+    v.extend(RUN.iter().chain(extra).map(|s| s.to_string()));
+    v
+}
+
 /// `megatron train` on the fixtures' dataset (its index cache under `dir`) with [`RUN`]'s
 /// flags, `--load load`, the model's flags and `extra`.
 pub fn train(
@@ -116,20 +132,8 @@ pub fn train(
     model: &[&str],
     extra: &[&str],
 ) -> megatron_training::TrainSummary {
-    let data = fixture("data/tokens_text_document");
-    let cache = dir.join("cache");
-    let mut v = vec![
-        "megatron",
-        "--load",
-        load.to_str().unwrap(),
-        "--data-path",
-        data.to_str().unwrap(),
-        "--data-cache-path",
-        cache.to_str().unwrap(),
-    ];
-    v.extend_from_slice(RUN);
-    v.extend_from_slice(model);
-    v.extend_from_slice(extra);
+    let load = ["--load", load.to_str().unwrap()];
+    let v = fixture_run(dir, &[&load[..], model, extra].concat());
     megatron_training::pretrain(&parse_train(&v)).unwrap()
 }
 
