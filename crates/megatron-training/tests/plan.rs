@@ -516,3 +516,81 @@ fn the_planner_times_the_slowest_stage_of_the_split_as_given() {
     );
     assert_eq!(accounted, spelled);
 }
+
+/// DeepSeek-style attention and prediction at toy size: MLA with both latents and their norms,
+/// one multi-token-prediction depth.
+const DEEPSEEK: &[&str] = &[
+    "--multi-latent-attention",
+    "--q-lora-rank",
+    "16",
+    "--kv-lora-rank",
+    "12",
+    "--qk-head-dim",
+    "8",
+    "--qk-pos-emb-head-dim",
+    "4",
+    "--v-head-dim",
+    "6",
+    "--qk-layernorm",
+    "--normalization",
+    "RMSNorm",
+    "--swiglu",
+    "--position-embedding-type",
+    "rope",
+    "--disable-bias-linear",
+    "--mtp-num-layers",
+    "1",
+];
+
+#[test]
+fn the_planned_parameters_of_mla_and_mtp_models_are_the_engines() {
+    // Per rank, as the engine registers them: the MLA projections split over TP but the down
+    // projections and latent norms whole on every rank, the MTP depth's layer, eh_proj and
+    // norms; with and without a query latent, tied and untied, at TP 1 and 2.
+    use megatron_core::models::ModelFamily;
+    let no_q_latent: Vec<&str> = DEEPSEEK
+        .iter()
+        .copied()
+        .filter(|f| !["--q-lora-rank", "16"].contains(f))
+        .collect();
+    let untied = [DEEPSEEK, &["--untie-embeddings-and-output-weights"]].concat();
+    for model in [DEEPSEEK, &no_q_latent[..], &untied[..]] {
+        for tp in [1usize, 2] {
+            let n = tp.to_string();
+            let layout = [
+                "--nproc-per-node",
+                &n,
+                "--tensor-model-parallel-size",
+                &n,
+                "--train-iters",
+                "4",
+            ];
+            let cfg = common::args(&[model, &layout[..]].concat())
+                .validate(62)
+                .expect("valid flags");
+            let (first, last) = megatron_training::plan::cost::parameters_per_rank(&cfg);
+            assert_eq!(first, last, "one stage");
+            let mut params = megatron_core::params::Params {
+                tp: (0, tp),
+                ..Default::default()
+            };
+            let layers = cfg.model.num_layers;
+            cfg.model
+                .build_chunk(&mut params, &mut Vec::new(), 0..layers, true, true);
+            let engine: usize = params.metas.iter().map(|m| m.numel).sum();
+            assert_eq!(first as usize, engine, "{model:?} at TP {tp}");
+        }
+    }
+}
+
+#[test]
+fn a_deepseek_style_model_with_mla_and_mtp_plans_its_layouts() {
+    // It was refused by name before the cost model counted MLA and MTP.
+    let a = common::args(&[DEEPSEEK, &["--global-batch-size", "8"]].concat());
+    let cluster = Cluster::dgx_a100(1);
+    let p = plan(&a, &cluster, &Pins::default()).expect("plans");
+    assert!(!p.fits.is_empty(), "{}", p.report(5));
+    for x in &p.fits {
+        assert!(x.prediction.tokens_per_second > 0.0 && x.prediction.memory.total() > 0.0);
+    }
+}

@@ -156,3 +156,88 @@ fn muons_peak_memory_is_predicted_within_5_percent_replicated_and_layer_wise() {
         assert!((0.95..=1.05).contains(&ratio), "{extra:?}: {ratio}");
     }
 }
+
+/// Multi-latent attention with a multi-token-prediction depth as the plan predicts this
+/// engine's peak (the down projections and latent norms whole on every TP rank, the depth on
+/// the stage with the output layer) against measured runs at TP 2 + SP and at DP 2.
+#[test]
+fn mla_and_mtp_peak_memory_is_predicted_within_5_percent() {
+    let _one_at_a_time = measuring();
+    use megatron_training::plan::cluster::{AttentionKernel, Cluster, Engine};
+    // Memory alone: the speeds below do not enter it.
+    let cluster = Cluster {
+        gpus_per_node: 2,
+        num_nodes: 1,
+        memory_per_gpu: 8e9,
+        reserved_memory: 0.0,
+        peak_flops: 1e11,
+        intra_node_bandwidth: 1e10,
+        inter_node_bandwidth: 1e10,
+        memory_bandwidth: 1e10,
+        gemm_efficiency: 1.0,
+        memory_efficiency: 1.0,
+        attention: AttentionKernel::Flash,
+        activation_bytes: 4.0,
+        engine: Engine::ThisEngine,
+        ring_exchange_latency: 0.0,
+        tp_collective_latency: 0.0,
+        optimizer_bytes_per_parameter: 36.0,
+    };
+    let model = [
+        "--nproc-per-node",
+        "2",
+        "--num-threads",
+        "2",
+        "--num-layers",
+        "4",
+        "--hidden-size",
+        "128",
+        "--num-attention-heads",
+        "4",
+        "--seq-length",
+        "128",
+        "--max-position-embeddings",
+        "128",
+        "--vocab-size",
+        "1000",
+        "--global-batch-size",
+        "8",
+        "--train-iters",
+        "3",
+        "--multi-latent-attention",
+        "--q-lora-rank",
+        "64",
+        "--kv-lora-rank",
+        "48",
+        "--qk-head-dim",
+        "32",
+        "--qk-pos-emb-head-dim",
+        "16",
+        "--v-head-dim",
+        "32",
+        "--qk-layernorm",
+        "--normalization",
+        "RMSNorm",
+        "--swiglu",
+        "--position-embedding-type",
+        "rope",
+        "--mtp-num-layers",
+        "1",
+    ];
+    let tp2: &[&str] = &["--tensor-model-parallel-size", "2", "--sequence-parallel"];
+    for layout in [tp2, &[][..]] {
+        let a = common::args(&[&model[..], layout].concat());
+        let cfg = a.validate(1001).expect("valid flags");
+        let predicted = megatron_training::plan::cost::predict(&cfg, &cluster)
+            .expect("predicts MLA and MTP")
+            .memory
+            .total();
+        let m = run_layout(&a, 3).expect("the layout runs");
+        let ratio = m.peak_bytes / predicted;
+        println!(
+            "MLA + MTP {layout:?}: peak {:.1} MiB predicted, ratio {ratio:.3}",
+            predicted / (1 << 20) as f64
+        );
+        assert!((0.95..=1.05).contains(&ratio), "{layout:?}: {ratio}");
+    }
+}

@@ -75,19 +75,65 @@ impl TimeCost {
     }
 }
 
-/// A layer's widths: query projection, key/value projection (grouped-query attention), and
-/// the MLP's matrices per FFN column (2, or 3 gated) — what every cost below multiplies.
+/// A layer's widths, what every cost below multiplies. The attention kernel's operands over
+/// all heads: queries and keys of `qk` features (keys `k` wide as kept: per query group),
+/// values `v`, the context `ctx`; the projections' multiply-adds per token, those split over
+/// tensor parallelism and those every rank runs whole on its rows (multi-latent attention's
+/// down projections), and the latents MLA keeps; the MLP's matrices per FFN column (2, or 3
+/// gated).
 struct Widths {
-    q: f64,
-    kv: f64,
+    qk: f64,
+    k: f64,
+    v: f64,
+    ctx: f64,
+    sharded: f64,
+    duplicated: f64,
+    latent: f64,
     gated: f64,
 }
 
 fn widths(m: &megatron_core::TransformerConfig) -> Widths {
-    Widths {
-        q: m.query_projection_size() as f64,
-        kv: (m.query_groups() * m.head_dim()) as f64,
-        gated: if m.activation.is_gated() { 3.0 } else { 2.0 },
+    let h = m.hidden_size as f64;
+    let gated = if m.activation.is_gated() { 3.0 } else { 2.0 };
+    match m.mla {
+        None => {
+            let q = m.query_projection_size() as f64;
+            let kv = (m.query_groups() * m.head_dim()) as f64;
+            Widths {
+                qk: q,
+                k: kv,
+                v: kv,
+                ctx: q,
+                sharded: h * (q + 2.0 * kv) + q * h,
+                duplicated: 0.0,
+                latent: 0.0,
+                gated,
+            }
+        }
+        Some(x) => {
+            let a = m.num_attention_heads as f64;
+            let (qk, pe, v) = (
+                x.qk_head_dim as f64,
+                x.qk_pos_emb_head_dim as f64,
+                x.v_head_dim as f64,
+            );
+            let kv_lora = x.kv_lora_rank as f64;
+            let q_lora = x.q_lora_rank.map_or(0.0, |r| r as f64);
+            let query = match x.q_lora_rank {
+                Some(r) => r as f64 * a * (qk + pe),
+                None => h * a * (qk + pe),
+            };
+            Widths {
+                qk: a * (qk + pe),
+                k: a * (qk + pe),
+                v: a * v,
+                ctx: a * v,
+                sharded: query + kv_lora * a * (qk + v) + a * v * h,
+                duplicated: h * q_lora + h * (kv_lora + pe),
+                latent: q_lora + kv_lora + pe,
+                gated,
+            }
+        }
     }
 }
 
@@ -132,9 +178,26 @@ fn stage_layers(cfg: &TrainConfig, stage: usize) -> Vec<usize> {
 pub fn parameters_per_rank(cfg: &TrainConfig) -> (f64, f64) {
     let m = &cfg.model;
     let (h, t) = (m.hidden_size as f64, cfg.tp as f64);
-    let Widths { q, kv, gated } = widths(m);
+    let w = widths(m);
+    let gated = w.gated;
     let bias = if m.add_bias_linear { 1.0 } else { 0.0 };
-    let attention = (h * (q + 2.0 * kv) + q * h) / t + bias * ((q + 2.0 * kv) / t + h) + 2.0 * h;
+    let attention = match m.mla {
+        None => w.sharded / t + bias * ((w.qk + w.k + w.v) / t + h) + 2.0 * h,
+        // MLA's projections have no biases but the output's; its latents' norms (under
+        // --qk-layernorm) sit on every rank with the down projections.
+        Some(x) => {
+            let norms = if m.qk_layernorm {
+                let per = match m.normalization {
+                    megatron_core::transformer::config::Normalization::LayerNorm => 2.0,
+                    megatron_core::transformer::config::Normalization::RMSNorm => 1.0,
+                };
+                per * (x.q_lora_rank.unwrap_or(0) + x.kv_lora_rank) as f64
+            } else {
+                0.0
+            };
+            w.sharded / t + w.duplicated + bias * h + 2.0 * h + norms
+        }
+    };
     let dense_mlp = h * m.ffn_hidden_size as f64 * gated / t;
     let moe_mlp = m.moe.as_ref().map_or(0.0, |e| {
         let local = e.num_experts as f64 / cfg.ep as f64;
@@ -169,9 +232,29 @@ pub fn parameters_per_rank(cfg: &TrainConfig) -> (f64, f64) {
     } else {
         0.0
     };
-    let last = stage(cfg.pp - 1) + output + h;
+    // Multi-token prediction's depths on the last stage: each a layer like the last decoder
+    // layer (numbered after it), `eh_proj` (column-parallel, 2h -> h) and three norms, and
+    // under pipeline parallelism a copy of the word embedding where the output layer is not one.
+    let depths = m.mtp.as_ref().map_or(0, |x| x.num_layers);
+    let mtp: f64 = (0..depths)
+        .map(|k| {
+            let layer = attention
+                + if m.is_moe_layer(m.num_layers + k) {
+                    moe_mlp
+                } else {
+                    dense_mlp
+                };
+            layer + 2.0 * h * h / t + 3.0 * h
+        })
+        .sum::<f64>()
+        + if depths > 0 && cfg.pp > 1 && m.untie_embeddings_and_output_weights {
+            v * h / t
+        } else {
+            0.0
+        };
+    let last = stage(cfg.pp - 1) + output + h + mtp;
     if cfg.pp == 1 {
-        let whole = stage(0) + embedding + output + h;
+        let whole = stage(0) + embedding + output + h + mtp;
         (whole, whole)
     } else {
         (stage(0) + embedding, last)
@@ -226,7 +309,8 @@ fn layer_activation_bytes_per_token(cfg: &TrainConfig, cluster: &Cluster, moe: b
     let m = &cfg.model;
     let e = cluster.activation_bytes;
     let (h, t) = (m.hidden_size as f64, cfg.tp as f64);
-    let Widths { q, kv, gated } = widths(m);
+    let w = widths(m);
+    let gated = w.gated;
     let sp = sequence_parallel_divisor(cfg);
     // fc1's output is 1 (or 2 gated) FFN widths.
     let fc1_factor = gated - 1.0;
@@ -241,7 +325,9 @@ fn layer_activation_bytes_per_token(cfg: &TrainConfig, cluster: &Cluster, moe: b
     // Per token: two norm inputs, the QKV input, the output projection's dropout mask (1 byte)
     // are h-wide and replicated (split by sequence parallelism).
     let replicated = (4.0 * h * e / 2.0 + e * h + h + e * h + h) / sp;
-    let attention = (e * (q + kv) + e * kv + e * q) / t + scores;
+    // Queries and keys (the scores' inputs), values, the context; MLA's latents before and
+    // after their norms, on this rank's rows.
+    let attention = (e * (w.qk + w.k) + e * w.v + e * w.ctx) / t + scores + 2.0 * e * w.latent / sp;
     let mlp = if moe {
         let x = m.moe.as_ref().expect("an expert layer has a MoE config");
         let f = x.ffn_hidden_size as f64;
@@ -340,17 +426,34 @@ fn megatron_memory(
     } else {
         0.0
     };
-    let activations = in_flight as f64 * kept_per_chunk + transient;
+    // Multi-token prediction's depths on the last stage keep their layers' activations (not
+    // recomputed) and the 2h-wide input of `eh_proj`, for the micro-batch the last chunk holds.
+    let depths = m.mtp.as_ref().map_or(0, |x| x.num_layers);
+    let mtp_kept: f64 = (0..depths)
+        .map(|k| {
+            let l = m.num_layers + k;
+            tok * (layer_activation_bytes_per_token(cfg, cluster, m.is_moe_layer(l))
+                + 2.0 * h * e / sp)
+        })
+        .sum();
+    let activations = in_flight as f64 * kept_per_chunk
+        + transient
+        + if p == 1 {
+            in_flight as f64 * mtp_kept
+        } else {
+            0.0
+        };
     let vocab = m.padded_vocab_size as f64;
-    // fp32 logits and their gradient for one micro-batch on the last stage.
-    let logits = 2.0 * 4.0 * tok * vocab / t as f64;
+    // fp32 logits and their gradient for one micro-batch on the last stage, once more per MTP
+    // depth.
+    let logits = 2.0 * 4.0 * tok * vocab / t as f64 * (1 + depths) as f64;
     let first = first_state + activations + if p == 1 { logits } else { 0.0 };
     let last = last_state
         + if p == 1 {
             activations
         } else {
             // The last stage keeps one micro-batch per chunk in flight at a time (1F1B).
-            v as f64 * kept_per_chunk + transient
+            v as f64 * kept_per_chunk + transient + mtp_kept
         }
         + logits;
     Ok(if first >= last {
@@ -375,12 +478,6 @@ fn megatron_memory(
 /// Predicts memory and time of `cfg` on `cluster`.
 pub fn predict(cfg: &TrainConfig, cluster: &Cluster) -> Result<Prediction, String> {
     let m = &cfg.model;
-    if m.mla.is_some() {
-        return Err("--multi-latent-attention: the cost model counts fused-QKV attention's parameters, FLOPs and activations; MLA's are not modelled".into());
-    }
-    if m.mtp.is_some() {
-        return Err("--mtp-num-layers: the cost model has no multi-token-prediction depths".into());
-    }
     let (t, p, v, cp, d) = (cfg.tp, cfg.pp, cfg.partition.v, cfg.cp, cfg.dp);
     let b = cfg.args.micro_batch_size;
     let s = cfg.args.seq_length;
@@ -400,13 +497,16 @@ pub fn predict(cfg: &TrainConfig, cluster: &Cluster) -> Result<Prediction, Strin
     // --- Time of one micro-batch through one pipeline stage.
     let gemm = |flops: f64| flops / (cluster.peak_flops * cluster.gemm_efficiency);
     let memory_bound = |bytes: f64| bytes / (cluster.memory_bandwidth * cluster.memory_efficiency);
-    let Widths { q, kv, gated } = widths(m);
+    let w = widths(m);
+    let gated = w.gated;
     let sp = sequence_parallel_divisor(cfg);
     let tf = t as f64;
     let (passes, attention_passes) = passes(cfg.recompute);
     let keys = attention_keys(cluster.attention, s as f64);
-    let projections = 2.0 * tok * (h * (q + 2.0 * kv) + q * h) / tf;
-    let core_attention = 2.0 * 2.0 * tok * keys * q / tf;
+    // MLA's down projections run whole on each rank's rows (its token block under sequence
+    // parallelism).
+    let projections = 2.0 * tok * (w.sharded / tf + w.duplicated / sp);
+    let core_attention = 2.0 * tok * keys * (w.qk + w.ctx) / tf;
     let mlp_flops = |moe: bool| -> f64 {
         if moe {
             let x = m.moe.as_ref().expect("MoE config");
@@ -431,7 +531,7 @@ pub fn predict(cfg: &TrainConfig, cluster: &Cluster) -> Result<Prediction, Strin
     let a = m.num_attention_heads as f64;
     let elementwise = tok
         * ((11.0 * h * e) / sp
-            + (e * (q + 2.0 * kv) + 2.0 * e * q) / tf
+            + (e * (w.qk + w.k + w.v) + 2.0 * e * w.ctx) / tf
             + fc1 * e * m.ffn_hidden_size as f64 / tf
             + match cluster.attention {
                 AttentionKernel::Dense => (4.0 * e + 1.0) * a * s as f64 / tf,
@@ -458,7 +558,7 @@ pub fn predict(cfg: &TrainConfig, cluster: &Cluster) -> Result<Prediction, Strin
     // Key/value ring: (cp - 1) blocks each way per forward, twice that in backward; hidden
     // behind the attention it feeds when that is longer.
     let cp_layer = if cp > 1 {
-        let ring = (cp - 1) as f64 * 2.0 * tok * kv * e / tf / cp_bw * passes;
+        let ring = (cp - 1) as f64 * tok * (w.k + w.v) * e / tf / cp_bw * passes;
         // Each exchange also waits for the peer: (cp - 1) per forward pass, cp per backward
         // (the gradients' last hop home).
         let exchanges = (passes - 2.0) * (cp - 1) as f64 + cp as f64;
@@ -499,6 +599,16 @@ pub fn predict(cfg: &TrainConfig, cluster: &Cluster) -> Result<Prediction, Strin
             }
             if r == p - 1 {
                 compute += head;
+                // Each MTP depth: its layer, `eh_proj` (2h -> h) and one more output layer.
+                for k in 0..m.mtp.as_ref().map_or(0, |x| x.num_layers) {
+                    let moe = m.is_moe_layer(m.num_layers + k);
+                    compute += gemm(layer_flops(moe) + passes * 2.0 * tok * 2.0 * h * h / tf)
+                        + layer_memory
+                        + head;
+                    tp_time += tp_layer;
+                    cp_time += cp_layer;
+                    ep_time += ep_layer(moe);
+                }
             }
             (compute, tp_time, cp_time, ep_time)
         })
@@ -601,7 +711,15 @@ pub fn executed_flops(cfg: &TrainConfig, attention: AttentionKernel) -> f64 {
     let m = &cfg.model;
     let (h, s) = (m.hidden_size as f64, cfg.args.seq_length as f64);
     let tokens = cfg.global_batch_size as f64 * s;
-    let Widths { q, kv, gated } = widths(m);
+    let w = widths(m);
+    let gated = w.gated;
+    // MLA's down projections run once per rank's rows: t times over without sequence
+    // parallelism.
+    let repeats = if cfg.args.sequence_parallel {
+        1.0
+    } else {
+        cfg.tp as f64
+    };
     let (passes, attention_passes) = passes(cfg.recompute);
     let keys = attention_keys(attention, s);
     let per_layer = |l: usize| -> f64 {
@@ -614,8 +732,14 @@ pub fn executed_flops(cfg: &TrainConfig, attention: AttentionKernel) -> f64 {
             }
             _ => h * gated * m.ffn_hidden_size as f64,
         };
-        passes * 2.0 * (h * (q + 2.0 * kv) + q * h + mlp) + attention_passes * 4.0 * keys * q
+        passes * 2.0 * (w.sharded + w.duplicated * repeats + mlp)
+            + attention_passes * 2.0 * keys * (w.qk + w.ctx)
     };
+    // Multi-token prediction's depths: a layer, `eh_proj` and an output layer each.
+    let depths = m.mtp.as_ref().map_or(0, |x| x.num_layers);
+    let mtp: f64 = (0..depths)
+        .map(|k| per_layer(m.num_layers + k) + passes * 2.0 * 2.0 * h * h)
+        .sum();
     let layers: f64 = (0..m.num_layers).map(per_layer).sum();
-    tokens * (layers + 6.0 * h * m.padded_vocab_size as f64)
+    tokens * (layers + mtp + 6.0 * h * m.padded_vocab_size as f64 * (1 + depths) as f64)
 }
