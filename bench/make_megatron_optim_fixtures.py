@@ -105,6 +105,13 @@ RUNS = {
     # Multi-token prediction (one depth, factor 0.3): the depth's gradient reaches the grad
     # norm, so the continued log checks it.
     "llama_mtp": (1, 1, 1, LLAMA + ["--mtp-num-layers", "1", "--mtp-loss-scaling-factor", "0.3"]),
+    # DeepSeek-V3's shape at toy size: MLA, a dense first layer then MoE (4 experts, top 2,
+    # a shared expert, a sigmoid router with its expert bias, top-k scaling 2.5), one MTP
+    # depth (an MoE layer, as the last decoder layer is).
+    "deepseek_mla_moe_mtp": (1, 1, 1, MLA + MOE + [
+        "--moe-layer-freq", "[0,1]", "--moe-shared-expert-intermediate-size", "32",
+        "--moe-router-score-function", "sigmoid", "--moe-router-enable-expert-bias",
+        "--moe-router-topk-scaling-factor", "2.5", "--mtp-num-layers", "1"]),
     # --dataloader-type cyclic at DP 2: each DP rank reads its own shuffled bucket (data
     # sharding), or its stride of one shuffle of the whole dataset (--no-data-sharding).
     "cyclic_gpt_dp2": (1, 1, 2, GPT + CYCLIC),

@@ -49,6 +49,9 @@ CASES = {
     "mla_distopt_dp2": ([(1, 1, [])], FP32),
     # One multi-token-prediction depth, continued by Megatron-LM at one rank and at TP 2.
     "llama_mtp": ([(1, 1, []), (2, 2, [])], FP32),
+    # DeepSeek-V3's shape (MLA, MoE with a shared expert and a sigmoid router's expert bias,
+    # an MTP depth): at one rank and at EP 2 (its chained expert optimizer).
+    "deepseek_mla_moe_mtp": ([(1, 1, []), (1, 2, EP2)], FP32),
 }
 RUNS = {**opt.RUNS, **v012.RUNS}
 SAVED_LAYOUT = {"--ckpt-format": 1, "--expert-model-parallel-size": 1,

@@ -105,6 +105,7 @@ fn an_export_carries_the_run_so_megatron_lms_form_reads_back_bit_for_bit() {
         ("mixtral_distopt_ep2", ep(2)),
         ("mla_distopt_dp2", ep(1)),
         ("llama_mtp", ep(1)),
+        ("deepseek_mla_moe_mtp", ep(2)),
     ] {
         let dir = tmpdir(&format!("mlm-resume-export-{name}"));
         let (first, export, back) = (dir.join("first"), dir.join("export"), dir.join("back"));
@@ -315,4 +316,42 @@ fn a_multi_token_prediction_run_continues_with_the_losses_megatron_lm_logs() {
     .concat();
     follows_megatron_lm("llama_mtp", "world1", &mtp, &[], FP32);
     follows_megatron_lm("llama_mtp", "tp2pp2", &mtp, TP2_PP2, FP32);
+}
+
+#[test]
+fn a_deepseek_v3_shaped_run_continues_with_the_losses_megatron_lm_logs() {
+    // MLA, a dense first layer then MoE (a shared expert, a sigmoid router whose expert bias
+    // Megatron-LM updates each step, top-k scaling 2.5), one MTP depth that is an MoE layer:
+    // continued at one rank, at expert-parallel 2 and at TP 2 x PP 2.
+    let moe = [
+        "--num-experts",
+        "4",
+        "--moe-router-topk",
+        "2",
+        "--moe-ffn-hidden-size",
+        "16",
+        "--moe-layer-freq",
+        "[0,1]",
+        "--moe-shared-expert-intermediate-size",
+        "32",
+        "--moe-router-score-function",
+        "sigmoid",
+        "--moe-router-enable-expert-bias",
+        "--moe-router-topk-scaling-factor",
+        "2.5",
+        "--mtp-num-layers",
+        "1",
+    ];
+    let model = [GPT, MLA, &moe[..]].concat();
+    let name = "deepseek_mla_moe_mtp";
+    follows_megatron_lm(name, "world1", &model, &[], FP32);
+    let ep2 = ["--nproc-per-node", "2", "--expert-model-parallel-size", "2"];
+    follows_megatron_lm(name, "ep2", &model, &ep2, FP32);
+    follows_megatron_lm(
+        name,
+        "tp2pp2",
+        &model,
+        &[TP2_PP2, &["--sequence-parallel"]].concat(),
+        FP32,
+    );
 }
