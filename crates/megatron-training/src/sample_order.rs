@@ -10,7 +10,9 @@
 
 use crate::TrainError;
 use clap::ValueEnum;
-use megatron_data::data_samplers::{DataSharding, MegatronPretrainingRandomSampler};
+use megatron_data::data_samplers::{
+    DataSharding, MegatronPretrainingRandomSampler, MegatronPretrainingSampler,
+};
 use megatron_data::Split;
 
 /// `--dataloader-type`.
@@ -111,8 +113,17 @@ impl RankSamplers {
             self.data_parallel_size,
         );
         let SampleOrder::Cyclic(sharding) = self.order else {
-            let start = consumed + rank * mbs;
-            return Ok((start..start + mbs).collect());
+            // The dataset is sized for the run (and indices past it wrap in the sources).
+            let mut single = MegatronPretrainingSampler {
+                total_samples: u64::MAX,
+                consumed_samples: consumed,
+                micro_batch_size: mbs,
+                data_parallel_rank: rank,
+                data_parallel_size: dp,
+            };
+            return Ok(single
+                .next_micro_batch()
+                .expect("an unbounded sampler has a next micro-batch"));
         };
         let slot = &mut self.cyclic[crate::family::split_index(split)];
         let sampler = match slot {
