@@ -53,6 +53,14 @@ CASES = {
     # an MTP depth): at one rank and at EP 2 (its chained expert optimizer).
     "deepseek_mla_moe_mtp": ([(1, 1, []), (1, 2, EP2)], FP32),
 }
+# Runs of Megatron-LM's non-distributed optimizer, exported in its form
+# (`--non-distributed-optimizer`) and continued by it at another layout.
+NON_DISTRIBUTED = {
+    "gpt_adam": ([(2, 2, [])], FP32),
+    "gpt_bf16_adam": ([(2, 2, [])], BF16),
+    "gpt_fp16_small": ([(2, 2, [])], (1e-4, 1e-3)),
+    "mixtral_adam": ([(1, 1, []), (1, 2, EP2)], FP32),
+}
 RUNS = {**opt.RUNS, **v012.RUNS}
 SAVED_LAYOUT = {"--ckpt-format": 1, "--expert-model-parallel-size": 1,
                 "--use-distributed-optimizer": 0}
@@ -73,8 +81,11 @@ def model_flags(name):
 def main(binary, fixtures):
     fixtures = os.path.abspath(fixtures)
     failures, port = 0, 29900
-    for name, (layouts, tol) in CASES.items():
-        if len(sys.argv) > 3 and name not in sys.argv[3:]:
+    cases = [(name, layouts, tol, False) for name, (layouts, tol) in CASES.items()]
+    cases += [(name, layouts, tol, True) for name, (layouts, tol) in NON_DISTRIBUTED.items()]
+    for name, layouts, tol, non_distributed in cases:
+        label = name + (" (non-distributed optimizer)" if non_distributed else "")
+        if len(sys.argv) > 3 and name not in sys.argv[3:] and label not in sys.argv[3:]:
             continue
         want = {r["iteration"]: (r["lm_loss"], r["grad_norm"])
                 for r in json.load(open(os.path.join(fixtures, name, "losses.json")))
@@ -92,11 +103,13 @@ def main(binary, fixtures):
                     subprocess.run([binary, "convert", "--to", "torch_dist", "--input", ours,
                                     "--output", export, "--expert-model-parallel-size", ep,
                                     # The fixtures' Megatron-LM runs build the local spec.
-                                    "--transformer-impl", "local"],
+                                    "--transformer-impl", "local"]
+                                   + (["--non-distributed-optimizer"] if non_distributed else []),
                                    check=True)
                 out = os.path.join(tmp, f"mlm_tp{tp}_w{world}")
                 os.makedirs(out)
-                flags = model_flags(name) + layout + ["--use-distributed-optimizer"]
+                flags = model_flags(name) + layout
+                flags += [] if non_distributed else ["--use-distributed-optimizer"]
                 mp.spawn(opt.run, args=(world, tp, 1, flags, out, port, export), nprocs=world)
                 port += 1
                 got = {r["iteration"]: (r["lm_loss"], r["grad_norm"])
@@ -106,7 +119,7 @@ def main(binary, fixtures):
                 ok = sorted(got) == sorted(want) and all(w <= t for w, t in zip(worst, tol))
                 failures += not ok
                 tp_saved, pp_saved, world_saved = RUNS[name][:3]
-                print(f"{name} (saved at TP {tp_saved} x PP {pp_saved}, {world_saved} ranks) -> "
+                print(f"{label} (saved at TP {tp_saved} x PP {pp_saved}, {world_saved} ranks) -> "
                       f"Megatron-LM at TP {tp}, {world} ranks {' '.join(layout)}: largest "
                       f"relative difference from its uninterrupted run: losses {worst[0]:.2e}, "
                       f"gradient norms {worst[1]:.2e} (tolerances {tol[0]:g}, {tol[1]:g}): "

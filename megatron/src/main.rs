@@ -121,6 +121,11 @@ struct ConvertArgs {
     /// and the state is written in that shape).
     #[arg(long, default_value_t = 1)]
     expert_model_parallel_size: usize,
+    /// With `--to torch_dist` of a run's optimizer state: in the form Megatron-LM's
+    /// non-distributed optimizer loads (a run without --use-distributed-optimizer), not the
+    /// distributed optimizer's.
+    #[arg(long)]
+    non_distributed_optimizer: bool,
     /// With `--to torch_dist`: the layer spec of the Megatron-LM run that will load it,
     /// `transformer_engine` (Megatron-LM's default) or `local`; they name an MoE layer's
     /// pre-MLP norm and multi-latent attention's norms differently.
@@ -140,13 +145,16 @@ fn run_convert(a: &ConvertArgs) -> anyhow::Result<()> {
     use megatron_training::convert::gguf_export::GgufOutType;
     use megatron_training::convert::{
         gguf_to_megatron, hf_to_megatron, megatron_to_gguf, megatron_to_hf, megatron_to_torch_dist,
-        torch_dist_to_megatron, torch_to_megatron, LayerSpec, OptimizerExport,
+        torch_dist_to_megatron, torch_to_megatron, LayerSpec, OptimizerExport, OptimizerForm,
     };
     if a.expert_model_parallel_size != 1 && (a.to != "torch_dist" || a.no_save_optim) {
         anyhow::bail!("--expert-model-parallel-size shapes the optimizer state of a Megatron-LM export: it goes with --to torch_dist (without --no-save-optim)");
     }
     if a.expert_model_parallel_size == 0 {
         anyhow::bail!("--expert-model-parallel-size must be at least 1");
+    }
+    if a.non_distributed_optimizer && (a.to != "torch_dist" || a.no_save_optim) {
+        anyhow::bail!("--non-distributed-optimizer shapes the optimizer state of a Megatron-LM export: it goes with --to torch_dist (without --no-save-optim)");
     }
     if a.no_save_optim && a.to != "torch_dist" {
         anyhow::bail!("--no-save-optim leaves the optimizer state out of a Megatron-LM export: it goes with --to torch_dist");
@@ -168,6 +176,11 @@ fn run_convert(a: &ConvertArgs) -> anyhow::Result<()> {
             } else {
                 OptimizerExport::IfSaved {
                     expert_model_parallel_size: a.expert_model_parallel_size,
+                    form: if a.non_distributed_optimizer {
+                        OptimizerForm::NonDistributed
+                    } else {
+                        OptimizerForm::Distributed
+                    },
                 }
             };
             let spec = match a.transformer_impl {

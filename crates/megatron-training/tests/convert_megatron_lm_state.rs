@@ -92,20 +92,29 @@ fn an_export_carries_the_run_so_megatron_lms_form_reads_back_bit_for_bit() {
     // Megatron-LM itself load such exports and go on with our losses), converted again: the
     // weights, moments, main parameters, step, schedule and position are the same.
     // An MoE run's state in both shapes: the experts in the one optimizer (EP 1) and in a
-    // chained second one (EP 2).
-    let ep = |n| OptimizerExport::IfSaved {
+    // chained second one (EP 2). The distributed optimizer's form, and the non-distributed
+    // one's (bench/megatron_upgrade_check.py: Megatron-LM's non-distributed optimizer goes on
+    // from it at another layout).
+    use megatron_training::convert::OptimizerForm::{Distributed, NonDistributed};
+    let ep = |n, form| OptimizerExport::IfSaved {
         expert_model_parallel_size: n,
+        form,
     };
     for (name, optim) in [
-        ("gpt_adam", ep(1)),
-        ("llama_distopt_tp2_dp2", ep(1)),
-        ("gpt_bf16_adam", ep(1)),
-        ("gpt_fp16_small", ep(1)),
-        ("mixtral_distopt_ep2", ep(1)),
-        ("mixtral_distopt_ep2", ep(2)),
-        ("mla_distopt_dp2", ep(1)),
-        ("llama_mtp", ep(1)),
-        ("deepseek_mla_moe_mtp", ep(2)),
+        ("gpt_adam", ep(1, Distributed)),
+        ("llama_distopt_tp2_dp2", ep(1, Distributed)),
+        ("gpt_bf16_adam", ep(1, Distributed)),
+        ("gpt_fp16_small", ep(1, Distributed)),
+        ("mixtral_distopt_ep2", ep(1, Distributed)),
+        ("mixtral_distopt_ep2", ep(2, Distributed)),
+        ("mla_distopt_dp2", ep(1, Distributed)),
+        ("llama_mtp", ep(1, Distributed)),
+        ("deepseek_mla_moe_mtp", ep(2, Distributed)),
+        ("gpt_adam", ep(1, NonDistributed)),
+        ("gpt_bf16_adam", ep(1, NonDistributed)),
+        ("gpt_fp16_small", ep(1, NonDistributed)),
+        ("mixtral_adam", ep(1, NonDistributed)),
+        ("mixtral_adam", ep(2, NonDistributed)),
     ] {
         let dir = tmpdir(&format!("mlm-resume-export-{name}"));
         let (first, export, back) = (dir.join("first"), dir.join("export"), dir.join("back"));

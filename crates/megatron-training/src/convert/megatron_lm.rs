@@ -12,7 +12,7 @@
 
 use super::megatron_lm_state::{
     continued_run, exported_common_state, exported_state_names, read_run_state, state_export,
-    ExpertOptimizer, StateExport,
+    ExpertOptimizer, GroupsPresent, StateExport,
 };
 use super::pickle::PyValue;
 use super::pickle_writer::Pickle;
@@ -740,15 +740,22 @@ pub enum OptimizerExport {
     /// Where the checkpoint holds Adam's state past iteration 0 (Megatron's default), for
     /// Megatron-LM to load at expert-parallel size `expert_model_parallel_size`: an MoE run's
     /// optimizer there chains a second one for the experts where that is above 1.
-    IfSaved { expert_model_parallel_size: usize },
+    /// `form` is the optimizer Megatron-LM will load it into.
+    IfSaved {
+        expert_model_parallel_size: usize,
+        form: OptimizerForm,
+    },
     /// `--no-save-optim`: the weights alone, a release checkpoint.
     WeightsOnly,
 }
+
+pub use super::megatron_lm_state::OptimizerForm;
 
 impl Default for OptimizerExport {
     fn default() -> Self {
         OptimizerExport::IfSaved {
             expert_model_parallel_size: 1,
+            form: OptimizerForm::Distributed,
         }
     }
 }
@@ -944,9 +951,10 @@ fn saved_args(
     cfg: &TransformerConfig,
     meta: &crate::checkpointing::CheckpointMeta,
     state: &StateExport,
-    spec: LayerSpec,
+    (spec, form): (LayerSpec, OptimizerForm),
 ) -> Result<Pickle, String> {
     let carried = matches!(state, StateExport::Carried);
+    let distributed = carried && form == OptimizerForm::Distributed;
     use megatron_core::transformer::config::{
         Activation, GeluForm, LayerNormPlacement, Normalization, PositionEmbeddingType,
     };
@@ -1085,7 +1093,7 @@ fn saved_args(
         // then does not look for one. The optimizer state where it is carried.
         ("no_save_optim", Pickle::Bool(!carried)),
         ("no_save_rng", Pickle::Bool(true)),
-        ("use_distributed_optimizer", Pickle::Bool(carried)),
+        ("use_distributed_optimizer", Pickle::Bool(distributed)),
         // A loss scaler means an fp16 run here (bf16 and fp32 runs keep none).
         ("fp16", Pickle::Bool(meta.grad_scaler.is_some())),
         ("optimizer", Pickle::str(meta.optimizer.as_str())),
@@ -1111,7 +1119,10 @@ fn saved_args(
                 megatron_core::optimizer::WsdDecayStyle::MinusSqrt => "minus_sqrt",
             }),
         ),
-        ("dist_ckpt_optim_fully_reshardable", Pickle::Bool(carried)),
+        (
+            "dist_ckpt_optim_fully_reshardable",
+            Pickle::Bool(distributed),
+        ),
         (
             "consumed_train_samples",
             Pickle::Int(meta.consumed_train_samples as i64),
@@ -1286,7 +1297,11 @@ pub fn megatron_to_torch_dist(
         other => other,
     };
     let carried = matches!(state, StateExport::Carried);
-    let args = saved_args(&cfg, &ck.meta, &state, spec).map_err(fail)?;
+    let form = match optim {
+        OptimizerExport::IfSaved { form, .. } => form,
+        OptimizerExport::WeightsOnly => OptimizerForm::Distributed,
+    };
+    let args = saved_args(&cfg, &ck.meta, &state, (spec, form)).map_err(fail)?;
     // Megatron-LM loads optimizer state only from an iteration's directory, never a release.
     let (dir_name, tracker_text) = if carried {
         let i = ck.meta.iteration;
@@ -1335,7 +1350,7 @@ pub fn megatron_to_torch_dist(
         // The weights, then (a parameter of a carried run) its main copy and moments under
         // the same sharded key and placement.
         let state: Vec<(&str, &Vec<f32>)> = if carried {
-            exported_state_names(name)
+            exported_state_names(name, form)
                 .into_iter()
                 .map(|(prefix, ours)| ck.tensors.get(&ours).map(|v| (prefix, v)))
                 .collect::<Option<_>>()
@@ -1471,10 +1486,18 @@ pub fn megatron_to_torch_dist(
         let experts = match optim {
             OptimizerExport::IfSaved {
                 expert_model_parallel_size: ep,
+                ..
             } if ep > 1 => ExpertOptimizer::Chained,
             _ => ExpertOptimizer::Shared,
         };
-        let (entries, tensors) = exported_common_state(&ck.meta, experts);
+        // The parameters: the tensors with moments (not the buffers).
+        let params = ck.meta.tensors.iter().filter_map(|t| {
+            ck.tensors
+                .contains_key(&format!("optimizer.exp_avg.{}", t.name))
+                .then_some((t.name.as_str(), t.shape.as_slice()))
+        });
+        let present = GroupsPresent::of(params, experts);
+        let (entries, tensors) = exported_common_state(&ck.meta, experts, (form, present));
         common.extend(entries);
         storages = tensors;
     }

@@ -599,12 +599,29 @@ pub(crate) enum ExpertOptimizer {
     Chained,
 }
 
+/// The optimizer a Megatron-LM run loads an export into (its `--use-distributed-optimizer`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OptimizerForm {
+    /// The distributed optimizer, from its `fully_reshardable` form.
+    #[default]
+    Distributed,
+    /// The non-distributed optimizers: `FP32Optimizer`, or under `--bf16`/`--fp16`
+    /// `Float16OptimizerWithFloat16Params` with its fp32 main copies (`fp32_param`).
+    NonDistributed,
+}
+
 /// The megatron-core keys of parameter `name`'s optimizer state (the parameter's own sharded
 /// key under each prefix) and this checkpoint's names of the same tensors: the main
-/// parameter is the weights themselves (this engine's checkpoints hold the fp32 copy).
-pub(crate) fn exported_state_names(name: &str) -> [(&'static str, String); 3] {
+/// parameter is the weights themselves (this engine's checkpoints hold the fp32 copy). The
+/// non-distributed form names the main copy `fp32_param`, which an fp32 run does not ask for
+/// (megatron-core then leaves the key unread).
+pub(crate) fn exported_state_names(name: &str, form: OptimizerForm) -> [(&'static str, String); 3] {
+    let main = match form {
+        OptimizerForm::Distributed => "optimizer.state.param.",
+        OptimizerForm::NonDistributed => "optimizer.state.fp32_param.",
+    };
     [
-        ("optimizer.state.param.", name.to_string()),
+        (main, name.to_string()),
         (
             "optimizer.state.exp_avg.",
             format!("optimizer.exp_avg.{name}"),
@@ -619,9 +636,43 @@ pub(crate) fn exported_state_names(name: &str) -> [(&'static str, String); 3] {
 /// The common-state entries that carry the run on: the distributed optimizer's parameter
 /// groups (decayed and not, matched by Megatron-LM on load by their `wd_mult`/`lr_mult`/
 /// `max_lr`/`min_lr`; each with the step), the scheduler's state and the sharding form.
+/// Which of an optimizer's two parameter groups (decayed, not decayed) have parameters: the
+/// non-distributed optimizer's state lists exactly those (megatron-core merges the saved list
+/// with the loading run's, which must be as long).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct GroupsPresent {
+    pub dense: [bool; 2],
+    pub experts: [bool; 2],
+}
+
+impl GroupsPresent {
+    /// From the parameters `(name, shape)` by Megatron's rule (biases and 1-D parameters are
+    /// not decayed), the experts apart where `experts` says they have their own optimizer.
+    pub(crate) fn of<'a>(
+        params: impl Iterator<Item = (&'a str, &'a [usize])>,
+        experts: ExpertOptimizer,
+    ) -> Self {
+        let mut g = GroupsPresent {
+            dense: [false; 2],
+            experts: [false; 2],
+        };
+        for (name, shape) in params {
+            let plain = usize::from(shape.len() == 1 || name.ends_with(".bias"));
+            let expert = experts == ExpertOptimizer::Chained && name.contains(".mlp.experts.");
+            if expert {
+                g.experts[plain] = true;
+            } else {
+                g.dense[plain] = true;
+            }
+        }
+        g
+    }
+}
+
 pub(crate) fn exported_common_state(
     meta: &CheckpointMeta,
     experts: ExpertOptimizer,
+    (form, present): (OptimizerForm, GroupsPresent),
 ) -> (Vec<(&'static str, Pickle)>, Storages) {
     let s = &meta.scheduler;
     // The scheduler sets every group's lr and weight decay again when it loads; these are
@@ -657,6 +708,15 @@ pub(crate) fn exported_common_state(
             ("step", Pickle::Float(meta.optimizer_step as f64)),
         ])
     };
+    // The non-distributed optimizers keep the step beside the state (`common_step`), not in
+    // the groups.
+    let group = |experts: bool, wd_mult: f64| match (group(experts, wd_mult), form) {
+        (Pickle::Dict(mut entries), OptimizerForm::NonDistributed) => {
+            entries.retain(|(k, _)| !matches!(k, Pickle::Str(s) if s == "step"));
+            Pickle::Dict(entries)
+        }
+        (g, _) => g,
+    };
     let style = match s.decay_style {
         LrDecayStyle::Constant => "constant",
         LrDecayStyle::Linear => "linear",
@@ -685,30 +745,76 @@ pub(crate) fn exported_common_state(
         ]),
         GradScaler::Constant { .. } => Pickle::dict([]),
     });
-    let storages = match &meta.grad_scaler {
+    let mut storages = match &meta.grad_scaler {
         Some(g @ GradScaler::Dynamic { .. }) => {
             vec![("scale".to_string(), g.scale().to_le_bytes().to_vec())]
         }
         _ => Vec::new(),
     };
+    if form == OptimizerForm::NonDistributed {
+        storages.push((
+            "common_step".to_string(),
+            (meta.optimizer_step as f32).to_le_bytes().to_vec(),
+        ));
+    }
     let entries = |groups: Vec<Pickle>| {
-        let mut e = vec![
-            (
-                Pickle::str("optimizer"),
-                Pickle::dict([("param_groups", Pickle::List(groups))]),
-            ),
-            (
-                Pickle::str("param_state_sharding_type"),
-                Pickle::str("fully_reshardable"),
-            ),
-        ];
+        let mut e = match form {
+            OptimizerForm::Distributed => vec![
+                (
+                    Pickle::str("optimizer"),
+                    Pickle::dict([("param_groups", Pickle::List(groups))]),
+                ),
+                (
+                    Pickle::str("param_state_sharding_type"),
+                    Pickle::str("fully_reshardable"),
+                ),
+            ],
+            // `FP32Optimizer` loads the torch optimizer's own dict; the mixed-precision one
+            // the same under `optimizer`: both are written, each reads its own.
+            OptimizerForm::NonDistributed => {
+                let inner = || {
+                    vec![
+                        (
+                            Pickle::str("state"),
+                            Pickle::dict([("common_step", f32_tensor_pickle("common_step", &[]))]),
+                        ),
+                        (Pickle::str("param_groups"), Pickle::List(groups.clone())),
+                    ]
+                };
+                let mut e = inner();
+                e.push((Pickle::str("optimizer"), Pickle::Dict(inner())));
+                e
+            }
+        };
         e.extend(scaler.clone().map(|s| (Pickle::str("grad_scaler"), s)));
         e
     };
-    let dense = || vec![group(false, 1.0), group(false, 0.0)];
-    let expert_groups = || vec![group(true, 1.0), group(true, 0.0)];
+    // Both groups of each optimizer for the distributed one (which pairs the groups it has
+    // with saved ones by their settings), those with parameters for the other.
+    let kept = |experts: bool, wd_mult: f64| {
+        let present = if experts {
+            present.experts
+        } else {
+            present.dense
+        };
+        form == OptimizerForm::Distributed || present[usize::from(wd_mult == 0.0)]
+    };
+    let groups_of = |experts: bool| -> Vec<Pickle> {
+        [1.0, 0.0]
+            .into_iter()
+            .filter(|&wd| kept(experts, wd))
+            .map(|wd| group(experts, wd))
+            .collect()
+    };
+    let dense = || groups_of(false);
+    let expert_groups = || groups_of(true);
     let optimizers = match (meta.model.moe.is_some(), experts) {
         (false, _) => Pickle::Dict(entries(dense())),
+        // The non-distributed optimizer keeps experts in the dense groups when they are not
+        // split apart (expert-parallel size 1).
+        (true, ExpertOptimizer::Shared) if form == OptimizerForm::NonDistributed => {
+            Pickle::Dict(entries(dense()))
+        }
         (true, ExpertOptimizer::Shared) => Pickle::Dict(entries(
             dense().into_iter().chain(expert_groups()).collect(),
         )),
@@ -734,18 +840,24 @@ pub(crate) fn exported_common_state(
         ),
         (
             "content_metadata",
-            Pickle::dict([
-                (
-                    "distrib_optim_sharding_type",
-                    Pickle::str("fully_reshardable"),
-                ),
-                (
-                    "distrib_optim_fully_reshardable_mem_efficient",
-                    Pickle::Bool(false),
-                ),
-                ("singleton_local_shards", Pickle::Bool(false)),
-                ("chained_optim_avoid_prefix", Pickle::Bool(true)),
-            ]),
+            match form {
+                OptimizerForm::Distributed => Pickle::dict([
+                    (
+                        "distrib_optim_sharding_type",
+                        Pickle::str("fully_reshardable"),
+                    ),
+                    (
+                        "distrib_optim_fully_reshardable_mem_efficient",
+                        Pickle::Bool(false),
+                    ),
+                    ("singleton_local_shards", Pickle::Bool(false)),
+                    ("chained_optim_avoid_prefix", Pickle::Bool(true)),
+                ]),
+                OptimizerForm::NonDistributed => Pickle::dict([
+                    ("singleton_local_shards", Pickle::Bool(false)),
+                    ("chained_optim_avoid_prefix", Pickle::Bool(true)),
+                ]),
+            },
         ),
     ];
     (entries, storages)

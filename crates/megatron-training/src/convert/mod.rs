@@ -39,7 +39,9 @@ use crate::checkpointing::{
 use crate::TrainError;
 use megatron_core::TransformerConfig;
 pub use megatron_legacy::torch_to_megatron;
-pub use megatron_lm::{megatron_to_torch_dist, torch_dist_to_megatron, LayerSpec, OptimizerExport};
+pub use megatron_lm::{
+    megatron_to_torch_dist, torch_dist_to_megatron, LayerSpec, OptimizerExport, OptimizerForm,
+};
 use safetensors::tensor::{Dtype, TensorView};
 use safetensors::SafeTensors;
 use std::collections::{BTreeMap, HashMap};
