@@ -83,15 +83,10 @@ fn this_machine_calibrates_and_predicts_each_measured_layouts_peak_memory_within
     assert_eq!(shapes.len(), 3);
 }
 
-/// Muon's memory as the plan predicts it for this engine (one momentum per Muon element, the
-/// scalar rule's moments for the rest; the layer-wise optimizer's 1/DP of them and its
-/// staging buffer) against a measured run at DP 2, replicated and layer-wise.
-#[test]
-fn muons_peak_memory_is_predicted_within_5_percent_replicated_and_layer_wise() {
-    let _one_at_a_time = measuring();
+/// Two devices of this engine for predicting memory alone: the speeds do not enter it.
+fn memory_only_cluster() -> megatron_training::plan::cluster::Cluster {
     use megatron_training::plan::cluster::{AttentionKernel, Cluster, Engine};
-    // Memory alone: the speeds below do not enter it.
-    let cluster = Cluster {
+    Cluster {
         gpus_per_node: 2,
         num_nodes: 1,
         memory_per_gpu: 8e9,
@@ -108,7 +103,16 @@ fn muons_peak_memory_is_predicted_within_5_percent_replicated_and_layer_wise() {
         ring_exchange_latency: 0.0,
         tp_collective_latency: 0.0,
         optimizer_bytes_per_parameter: 36.0,
-    };
+    }
+}
+
+/// Muon's memory as the plan predicts it for this engine (one momentum per Muon element, the
+/// scalar rule's moments for the rest; the layer-wise optimizer's 1/DP of them and its
+/// staging buffer) against a measured run at DP 2, replicated and layer-wise.
+#[test]
+fn muons_peak_memory_is_predicted_within_5_percent_replicated_and_layer_wise() {
+    let _one_at_a_time = measuring();
+    let cluster = memory_only_cluster();
     for extra in [&[][..], &["--use-distributed-optimizer"][..]] {
         let a = common::args(
             &[
@@ -163,26 +167,7 @@ fn muons_peak_memory_is_predicted_within_5_percent_replicated_and_layer_wise() {
 #[test]
 fn mla_and_mtp_peak_memory_is_predicted_within_5_percent() {
     let _one_at_a_time = measuring();
-    use megatron_training::plan::cluster::{AttentionKernel, Cluster, Engine};
-    // Memory alone: the speeds below do not enter it.
-    let cluster = Cluster {
-        gpus_per_node: 2,
-        num_nodes: 1,
-        memory_per_gpu: 8e9,
-        reserved_memory: 0.0,
-        peak_flops: 1e11,
-        intra_node_bandwidth: 1e10,
-        inter_node_bandwidth: 1e10,
-        memory_bandwidth: 1e10,
-        gemm_efficiency: 1.0,
-        memory_efficiency: 1.0,
-        attention: AttentionKernel::Flash,
-        activation_bytes: 4.0,
-        engine: Engine::ThisEngine,
-        ring_exchange_latency: 0.0,
-        tp_collective_latency: 0.0,
-        optimizer_bytes_per_parameter: 36.0,
-    };
+    let cluster = memory_only_cluster();
     let model = [
         "--nproc-per-node",
         "2",
