@@ -332,13 +332,7 @@ fn a_deepseek_v3_shaped_run_continues_with_the_losses_megatron_lm_logs() {
     // MLA, a dense first layer then MoE (a shared expert, a sigmoid router whose expert bias
     // Megatron-LM updates each step, top-k scaling 2.5), one MTP depth that is an MoE layer:
     // continued at one rank, at expert-parallel 2 and at TP 2 x PP 2.
-    let moe = [
-        "--num-experts",
-        "4",
-        "--moe-router-topk",
-        "2",
-        "--moe-ffn-hidden-size",
-        "16",
+    let deepseek = [
         "--moe-layer-freq",
         "[0,1]",
         "--moe-shared-expert-intermediate-size",
@@ -351,7 +345,7 @@ fn a_deepseek_v3_shaped_run_continues_with_the_losses_megatron_lm_logs() {
         "--mtp-num-layers",
         "1",
     ];
-    let model = [GPT, MLA, &moe[..]].concat();
+    let model = [GPT, MLA, MOE, &deepseek[..]].concat();
     let name = "deepseek_mla_moe_mtp";
     follows_megatron_lm(name, "world1", &model, &[], FP32);
     let ep2 = ["--nproc-per-node", "2", "--expert-model-parallel-size", "2"];

@@ -106,58 +106,58 @@ fn memory_only_cluster() -> megatron_training::plan::cluster::Cluster {
     }
 }
 
+/// The model of the memory checks below (2 rank threads, 4 layers, hidden 128, sequence 128,
+/// global batch 8, 3 iterations), before the feature a check adds.
+const MEASURED_MODEL: &[&str] = &[
+    "--nproc-per-node",
+    "2",
+    "--num-threads",
+    "2",
+    "--num-layers",
+    "4",
+    "--hidden-size",
+    "128",
+    "--num-attention-heads",
+    "4",
+    "--seq-length",
+    "128",
+    "--max-position-embeddings",
+    "128",
+    "--vocab-size",
+    "1000",
+    "--global-batch-size",
+    "8",
+    "--train-iters",
+    "3",
+];
+
+/// [`MEASURED_MODEL`] with `extra`: this engine's peak as the plan predicts it, within 5 % of
+/// a measured run's.
+fn assert_peak_predicted(what: &str, extra: &[&str]) {
+    let a = common::args(&[MEASURED_MODEL, extra].concat());
+    let cfg = a.validate(1001).expect("valid flags");
+    let predicted = megatron_training::plan::cost::predict(&cfg, &memory_only_cluster())
+        .expect("predicts")
+        .memory
+        .total();
+    let m = run_layout(&a, 3).expect("the layout runs");
+    let ratio = m.peak_bytes / predicted;
+    println!(
+        "{what} {extra:?}: peak {:.1} MiB predicted, ratio {ratio:.3}",
+        predicted / (1 << 20) as f64
+    );
+    assert!((0.95..=1.05).contains(&ratio), "{what} {extra:?}: {ratio}");
+}
+
 /// Muon's memory as the plan predicts it for this engine (one momentum per Muon element, the
 /// scalar rule's moments for the rest; the layer-wise optimizer's 1/DP of them and its
 /// staging buffer) against a measured run at DP 2, replicated and layer-wise.
 #[test]
 fn muons_peak_memory_is_predicted_within_5_percent_replicated_and_layer_wise() {
     let _one_at_a_time = measuring();
-    let cluster = memory_only_cluster();
+    let muon = ["--optimizer", "muon", "--muon-fp32-matmul-prec", "high"];
     for extra in [&[][..], &["--use-distributed-optimizer"][..]] {
-        let a = common::args(
-            &[
-                &[
-                    "--nproc-per-node",
-                    "2",
-                    "--num-threads",
-                    "2",
-                    "--num-layers",
-                    "4",
-                    "--hidden-size",
-                    "128",
-                    "--num-attention-heads",
-                    "4",
-                    "--seq-length",
-                    "128",
-                    "--max-position-embeddings",
-                    "128",
-                    "--vocab-size",
-                    "1000",
-                    "--global-batch-size",
-                    "8",
-                    "--train-iters",
-                    "3",
-                    "--optimizer",
-                    "muon",
-                    "--muon-fp32-matmul-prec",
-                    "high",
-                ][..],
-                extra,
-            ]
-            .concat(),
-        );
-        let cfg = a.validate(1001).expect("valid flags");
-        let predicted = megatron_training::plan::cost::predict(&cfg, &cluster)
-            .expect("predicts Muon")
-            .memory
-            .total();
-        let m = run_layout(&a, 3).expect("the layout runs");
-        let ratio = m.peak_bytes / predicted;
-        println!(
-            "muon {extra:?}: peak {:.1} MiB predicted, ratio {ratio:.3}",
-            predicted / (1 << 20) as f64
-        );
-        assert!((0.95..=1.05).contains(&ratio), "{extra:?}: {ratio}");
+        assert_peak_predicted("muon", &[&muon[..], extra].concat());
     }
 }
 
@@ -167,28 +167,7 @@ fn muons_peak_memory_is_predicted_within_5_percent_replicated_and_layer_wise() {
 #[test]
 fn mla_and_mtp_peak_memory_is_predicted_within_5_percent() {
     let _one_at_a_time = measuring();
-    let cluster = memory_only_cluster();
     let model = [
-        "--nproc-per-node",
-        "2",
-        "--num-threads",
-        "2",
-        "--num-layers",
-        "4",
-        "--hidden-size",
-        "128",
-        "--num-attention-heads",
-        "4",
-        "--seq-length",
-        "128",
-        "--max-position-embeddings",
-        "128",
-        "--vocab-size",
-        "1000",
-        "--global-batch-size",
-        "8",
-        "--train-iters",
-        "3",
         "--multi-latent-attention",
         "--q-lora-rank",
         "64",
@@ -211,18 +190,6 @@ fn mla_and_mtp_peak_memory_is_predicted_within_5_percent() {
     ];
     let tp2: &[&str] = &["--tensor-model-parallel-size", "2", "--sequence-parallel"];
     for layout in [tp2, &[][..]] {
-        let a = common::args(&[&model[..], layout].concat());
-        let cfg = a.validate(1001).expect("valid flags");
-        let predicted = megatron_training::plan::cost::predict(&cfg, &cluster)
-            .expect("predicts MLA and MTP")
-            .memory
-            .total();
-        let m = run_layout(&a, 3).expect("the layout runs");
-        let ratio = m.peak_bytes / predicted;
-        println!(
-            "MLA + MTP {layout:?}: peak {:.1} MiB predicted, ratio {ratio:.3}",
-            predicted / (1 << 20) as f64
-        );
-        assert!((0.95..=1.05).contains(&ratio), "{layout:?}: {ratio}");
+        assert_peak_predicted("MLA + MTP", &[&model[..], layout].concat());
     }
 }

@@ -17,7 +17,7 @@ use super::megatron_lm::{
 use super::megatron_lm_state::continued_run;
 use super::pickle::PyValue;
 use super::torch_dist::tracked_iteration;
-use super::torch_save::TorchArchive;
+use super::torch_save::{tensor_shape, TorchArchive};
 use super::Tensors;
 use crate::TrainError;
 use std::collections::{BTreeMap, BTreeSet};
@@ -276,12 +276,11 @@ pub fn torch_to_megatron(input: &Path, output: &Path) -> Result<PathBuf, TrainEr
             // Column-parallel under megatron-core's local spec, duplicated under Transformer
             // Engine's: the first rank's rows say which.
             let model = &stages[&(0, stage, e_rank)][chunk];
-            let file = &by_rank[&(0, stage, e_rank)];
             let rows = local_names
                 .iter()
                 .find_map(|n| model.get(n))
-                .and_then(|v| file.1.tensor(v).ok())
-                .map(|t| t.shape[0]);
+                .and_then(tensor_shape)
+                .and_then(|s| s.first().copied());
             if rows.is_some_and(|r| r * group == shape[0]) {
                 wanted.split = Some((0, 1));
             }

@@ -679,8 +679,10 @@ pub(crate) fn exported_common_state(
     // the values the run stopped with.
     let lr = s.get_lr();
     let wd = meta.weight_decay.unwrap_or(0.0) as f64;
+    // The distributed optimizer keeps the step in each group; the non-distributed ones beside
+    // the state (`common_step`).
     let group = |experts: bool, wd_mult: f64| {
-        Pickle::dict([
+        let mut entries = vec![
             ("is_expert_parallel", Pickle::Bool(experts)),
             ("default_config", Pickle::Bool(true)),
             ("wd_mult", Pickle::Float(wd_mult)),
@@ -705,17 +707,11 @@ pub(crate) fn exported_common_state(
             ("differentiable", Pickle::Bool(false)),
             ("fused", Pickle::None),
             ("decoupled_weight_decay", Pickle::Bool(true)),
-            ("step", Pickle::Float(meta.optimizer_step as f64)),
-        ])
-    };
-    // The non-distributed optimizers keep the step beside the state (`common_step`), not in
-    // the groups.
-    let group = |experts: bool, wd_mult: f64| match (group(experts, wd_mult), form) {
-        (Pickle::Dict(mut entries), OptimizerForm::NonDistributed) => {
-            entries.retain(|(k, _)| !matches!(k, Pickle::Str(s) if s == "step"));
-            Pickle::Dict(entries)
+        ];
+        if form == OptimizerForm::Distributed {
+            entries.push(("step", Pickle::Float(meta.optimizer_step as f64)));
         }
-        (g, _) => g,
+        Pickle::dict(entries)
     };
     let style = match s.decay_style {
         LrDecayStyle::Constant => "constant",

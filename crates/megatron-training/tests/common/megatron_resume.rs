@@ -227,17 +227,19 @@ pub fn assert_follows(
     }
 }
 
-/// Mixtral-style: 4 SwiGLU experts, top 2.
+/// The fixtures' experts: 4 SwiGLU experts of 16, top 2 (the script's `MOE`).
+pub const MOE: &[&str] = &[
+    "--num-experts",
+    "4",
+    "--moe-router-topk",
+    "2",
+    "--moe-ffn-hidden-size",
+    "16",
+];
+
+/// Mixtral-style: [`LLAMA`] with [`MOE`].
 pub fn mixtral() -> Vec<&'static str> {
-    let moe = [
-        "--num-experts",
-        "4",
-        "--moe-router-topk",
-        "2",
-        "--moe-ffn-hidden-size",
-        "16",
-    ];
-    LLAMA.iter().chain(&moe).copied().collect()
+    [LLAMA, MOE].concat()
 }
 
 /// Every tensor of a checkpoint by name (weights and optimizer state).
