@@ -97,7 +97,8 @@ struct ConvertArgs {
     /// --save directory).
     #[arg(long, default_value = "megatron")]
     from: String,
-    /// `megatron`, `hf`, `gguf` or `torch_dist` (Megatron-LM's checkpoint format).
+    /// `megatron`, `hf`, `gguf`, or a Megatron-LM checkpoint format: `torch_dist`, or `torch`
+    /// (the legacy per-rank files, written at the layout of the run that loads them).
     #[arg(long, default_value = "megatron")]
     to: String,
     /// With `--to gguf`: the storage of the 2-D weights, as llama.cpp's converter's `--outtype`
@@ -112,13 +113,23 @@ struct ConvertArgs {
     /// Vocabulary padding of the converted model (Megatron's flag; the default is Megatron's).
     #[arg(long, default_value_t = 128)]
     make_vocab_size_divisible_by: usize,
-    /// With `--to torch_dist`: the weights alone (a release checkpoint), even where the
+    /// With `--to torch`: the tensor-parallel size of the Megatron-LM run that loads it.
+    #[arg(long, default_value_t = 1)]
+    tensor_model_parallel_size: usize,
+    /// With `--to torch`: its pipeline-parallel size.
+    #[arg(long, default_value_t = 1)]
+    pipeline_model_parallel_size: usize,
+    /// With `--to torch`: its layers per virtual pipeline stage (interleaved stages).
+    #[arg(long)]
+    num_layers_per_virtual_pipeline_stage: Option<usize>,
+    /// With `--to torch_dist` or `--to torch`: the weights alone (a release checkpoint), even where the
     /// checkpoint holds the optimizer state a Megatron-LM run would continue from.
     #[arg(long)]
     no_save_optim: bool,
-    /// With `--to torch_dist` of an MoE run's optimizer state: the expert-parallel size
-    /// Megatron-LM will load it at (above 1 its optimizer chains a second one for the experts,
-    /// and the state is written in that shape).
+    /// With `--to torch_dist` of an MoE run's optimizer state, or `--to torch`: the
+    /// expert-parallel size Megatron-LM will load it at (above 1 its optimizer chains a second
+    /// one for the experts, and the state is written in that shape; the legacy format also
+    /// keeps each expert rank's experts in a file of its own).
     #[arg(long, default_value_t = 1)]
     expert_model_parallel_size: usize,
     /// With `--to torch_dist` of a run's optimizer state: in the form Megatron-LM's
@@ -144,11 +155,20 @@ enum TransformerImpl {
 fn run_convert(a: &ConvertArgs) -> anyhow::Result<()> {
     use megatron_training::convert::gguf_export::GgufOutType;
     use megatron_training::convert::{
-        gguf_to_megatron, hf_to_megatron, megatron_to_gguf, megatron_to_hf, megatron_to_torch_dist,
-        torch_dist_to_megatron, torch_to_megatron, LayerSpec, OptimizerExport, OptimizerForm,
+        gguf_to_megatron, hf_to_megatron, megatron_to_gguf, megatron_to_hf, megatron_to_torch,
+        megatron_to_torch_dist, torch_dist_to_megatron, torch_to_megatron, LayerSpec, LegacyLayout,
+        LegacyState, OptimizerExport, OptimizerForm,
     };
-    if a.expert_model_parallel_size != 1 && (a.to != "torch_dist" || a.no_save_optim) {
-        anyhow::bail!("--expert-model-parallel-size shapes the optimizer state of a Megatron-LM export: it goes with --to torch_dist (without --no-save-optim)");
+    let legacy_layout = a.tensor_model_parallel_size != 1
+        || a.pipeline_model_parallel_size != 1
+        || a.num_layers_per_virtual_pipeline_stage.is_some();
+    if legacy_layout && a.to != "torch" {
+        anyhow::bail!("--tensor-model-parallel-size, --pipeline-model-parallel-size and --num-layers-per-virtual-pipeline-stage lay out a legacy Megatron-LM export: they go with --to torch (torch_dist checkpoints load at any layout)");
+    }
+    if a.expert_model_parallel_size != 1
+        && !(a.to == "torch" || (a.to == "torch_dist" && !a.no_save_optim))
+    {
+        anyhow::bail!("--expert-model-parallel-size shapes a Megatron-LM export: it goes with --to torch, or --to torch_dist without --no-save-optim");
     }
     if a.expert_model_parallel_size == 0 {
         anyhow::bail!("--expert-model-parallel-size must be at least 1");
@@ -156,11 +176,14 @@ fn run_convert(a: &ConvertArgs) -> anyhow::Result<()> {
     if a.non_distributed_optimizer && (a.to != "torch_dist" || a.no_save_optim) {
         anyhow::bail!("--non-distributed-optimizer shapes the optimizer state of a Megatron-LM export: it goes with --to torch_dist (without --no-save-optim)");
     }
-    if a.no_save_optim && a.to != "torch_dist" {
-        anyhow::bail!("--no-save-optim leaves the optimizer state out of a Megatron-LM export: it goes with --to torch_dist");
+    if a.no_save_optim && a.to != "torch_dist" && a.to != "torch" {
+        anyhow::bail!("--no-save-optim leaves the optimizer state out of a Megatron-LM export: it goes with --to torch_dist or --to torch");
     }
-    if a.transformer_impl.is_some() && a.to != "torch_dist" {
-        anyhow::bail!("--transformer-impl names the tensors of a Megatron-LM export for its layer spec: it goes with --to torch_dist");
+    match (a.to.as_str(), a.transformer_impl) {
+        ("torch_dist", _) | ("torch", Some(TransformerImpl::Local)) => {}
+        ("torch", _) => anyhow::bail!("--to torch writes megatron-core's local layer spec (its module names and parameter order): give --transformer-impl local, and load it into a run with --transformer-impl local (or use --to torch_dist, which names tensors for either spec)"),
+        (_, Some(_)) => anyhow::bail!("--transformer-impl names the tensors of a Megatron-LM export for its layer spec: it goes with --to torch_dist or --to torch"),
+        (_, None) => {}
     }
     if a.outtype.is_some() && a.to != "gguf" {
         anyhow::bail!("--outtype chooses the tensor types of a GGUF: it goes with --to gguf");
@@ -189,6 +212,21 @@ fn run_convert(a: &ConvertArgs) -> anyhow::Result<()> {
             };
             megatron_to_torch_dist(&a.input, &a.output, optim, spec)?
         }
+        ("megatron", "torch") => {
+            let (tp, pp) = (a.tensor_model_parallel_size, a.pipeline_model_parallel_size);
+            let layout = LegacyLayout {
+                tp,
+                pp,
+                layers_per_virtual_stage: a.num_layers_per_virtual_pipeline_stage,
+                ep: a.expert_model_parallel_size,
+            };
+            let what = if a.no_save_optim {
+                LegacyState::WeightsOnly
+            } else {
+                LegacyState::IfSaved
+            };
+            megatron_to_torch(&a.input, &a.output, layout, what)?
+        }
         ("megatron", "gguf") => {
             let outtype = a.outtype.unwrap_or(GgufOutType::F32);
             megatron_to_gguf(&a.input, &a.output, outtype)?
@@ -197,7 +235,7 @@ fn run_convert(a: &ConvertArgs) -> anyhow::Result<()> {
             gguf_to_megatron(&a.input, &a.output, a.make_vocab_size_divisible_by)?
         }
         (f, t) => anyhow::bail!(
-            "--from {f} --to {t}: expected --from hf, --from gguf, --from torch_dist or --from torch (to megatron), or --to hf, --to gguf or --to torch_dist (from megatron)"
+            "--from {f} --to {t}: expected --from hf, --from gguf, --from torch_dist or --from torch (to megatron), or --to hf, --to gguf, --to torch_dist or --to torch (from megatron)"
         ),
     };
     println!("wrote {}", out.display());

@@ -947,11 +947,42 @@ fn mla_args(
 
 /// The saved arguments Megatron-LM needs to rebuild and check `cfg` (the names of its flags),
 /// as `flags_of` reads them back.
-fn saved_args(
+/// The layout and format an export's saved arguments record. Megatron-LM reshards a torch_dist
+/// checkpoint to any layout, and that export records TP 1 x PP 1; its legacy format is loaded
+/// only at the layout it records (`check_checkpoint_args`), and names its rank files by it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct SavedLayout {
+    pub tp: usize,
+    pub pp: usize,
+    /// Model chunks per pipeline stage (1: not interleaved).
+    pub vp: usize,
+    pub ep: usize,
+    pub format: CkptFormat,
+}
+
+/// Megatron-LM's `--ckpt-format` of an export.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum CkptFormat {
+    TorchDist,
+    Torch,
+}
+
+impl SavedLayout {
+    const TORCH_DIST: SavedLayout = SavedLayout {
+        tp: 1,
+        pp: 1,
+        vp: 1,
+        ep: 1,
+        format: CkptFormat::TorchDist,
+    };
+}
+
+pub(crate) fn saved_args(
     cfg: &TransformerConfig,
     meta: &crate::checkpointing::CheckpointMeta,
     state: &StateExport,
     (spec, form): (LayerSpec, OptimizerForm),
+    layout: SavedLayout,
 ) -> Result<Pickle, String> {
     let carried = matches!(state, StateExport::Carried);
     let distributed = carried && form == OptimizerForm::Distributed;
@@ -1079,9 +1110,15 @@ fn saved_args(
         ("merge_file", opt_s(&meta.merge_file)),
         ("tokenizer_model", opt_s(&meta.tokenizer_model)),
         ("vocab_extra_ids", int(meta.vocab_extra_ids)),
-        ("tensor_model_parallel_size", int(1)),
-        ("pipeline_model_parallel_size", int(1)),
-        ("ckpt_format", Pickle::str("torch_dist")),
+        ("tensor_model_parallel_size", int(layout.tp)),
+        ("pipeline_model_parallel_size", int(layout.pp)),
+        (
+            "ckpt_format",
+            Pickle::str(match layout.format {
+                CkptFormat::TorchDist => "torch_dist",
+                CkptFormat::Torch => "torch",
+            }),
+        ),
         (
             "transformer_impl",
             Pickle::str(match spec {
@@ -1132,6 +1169,19 @@ fn saved_args(
             Pickle::Int(meta.consumed_valid_samples.unwrap_or(0) as i64),
         ),
     ];
+    if layout.format == CkptFormat::Torch {
+        entries.extend([
+            ("expert_model_parallel_size", int(layout.ep)),
+            (
+                "virtual_pipeline_model_parallel_size",
+                if layout.vp > 1 {
+                    int(layout.vp)
+                } else {
+                    Pickle::None
+                },
+            ),
+        ]);
+    }
     entries.extend(moe_args(cfg.moe.as_ref()));
     entries.extend(loss_scale_args(meta.grad_scaler.as_ref()));
     if let Some((m, rope)) = mla {
@@ -1301,7 +1351,14 @@ pub fn megatron_to_torch_dist(
         OptimizerExport::IfSaved { form, .. } => form,
         OptimizerExport::WeightsOnly => OptimizerForm::Distributed,
     };
-    let args = saved_args(&cfg, &ck.meta, &state, (spec, form)).map_err(fail)?;
+    let args = saved_args(
+        &cfg,
+        &ck.meta,
+        &state,
+        (spec, form),
+        SavedLayout::TORCH_DIST,
+    )
+    .map_err(fail)?;
     // Megatron-LM loads optimizer state only from an iteration's directory, never a release.
     let (dir_name, tracker_text) = if carried {
         let i = ck.meta.iteration;

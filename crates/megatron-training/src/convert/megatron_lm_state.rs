@@ -669,50 +669,57 @@ impl GroupsPresent {
     }
 }
 
-pub(crate) fn exported_common_state(
+/// One of Megatron's parameter groups as its optimizer state lists it, without its
+/// parameters: decayed (`wd_mult` 1) or not (0), of the experts or not. The scheduler sets
+/// every group's lr and weight decay again when it loads; these are the values the run
+/// stopped with. The distributed optimizer keeps the step in each group, the non-distributed
+/// ones beside the state.
+pub(crate) fn param_group(
     meta: &CheckpointMeta,
-    experts: ExpertOptimizer,
-    (form, present): (OptimizerForm, GroupsPresent),
-) -> (Vec<(&'static str, Pickle)>, Storages) {
+    experts: bool,
+    wd_mult: f64,
+    form: OptimizerForm,
+) -> Vec<(&'static str, Pickle)> {
     let s = &meta.scheduler;
-    // The scheduler sets every group's lr and weight decay again when it loads; these are
-    // the values the run stopped with.
     let lr = s.get_lr();
-    let wd = meta.weight_decay.unwrap_or(0.0) as f64;
-    // The distributed optimizer keeps the step in each group; the non-distributed ones beside
-    // the state (`common_step`).
-    let group = |experts: bool, wd_mult: f64| {
-        let mut entries = vec![
-            ("is_expert_parallel", Pickle::Bool(experts)),
-            ("default_config", Pickle::Bool(true)),
-            ("wd_mult", Pickle::Float(wd_mult)),
-            ("lr_mult", Pickle::Float(1.0)),
-            ("is_decoupled_lr", Pickle::Bool(false)),
-            ("max_lr", Pickle::Float(s.max_lr)),
-            ("min_lr", Pickle::Float(s.min_lr)),
-            ("lr", Pickle::Float(lr)),
-            (
-                "betas",
-                Pickle::Tuple(vec![
-                    Pickle::Float(super::decimal(meta.adam_beta1)),
-                    Pickle::Float(super::decimal(meta.adam_beta2)),
-                ]),
-            ),
-            ("eps", Pickle::Float(super::decimal(meta.adam_eps))),
-            ("weight_decay", Pickle::Float(wd * wd_mult)),
-            ("amsgrad", Pickle::Bool(false)),
-            ("maximize", Pickle::Bool(false)),
-            ("foreach", Pickle::None),
-            ("capturable", Pickle::Bool(false)),
-            ("differentiable", Pickle::Bool(false)),
-            ("fused", Pickle::None),
-            ("decoupled_weight_decay", Pickle::Bool(true)),
-        ];
-        if form == OptimizerForm::Distributed {
-            entries.push(("step", Pickle::Float(meta.optimizer_step as f64)));
-        }
-        Pickle::dict(entries)
-    };
+    let wd = super::decimal(meta.weight_decay.unwrap_or(0.0));
+    let mut entries = vec![
+        ("is_expert_parallel", Pickle::Bool(experts)),
+        ("default_config", Pickle::Bool(true)),
+        ("wd_mult", Pickle::Float(wd_mult)),
+        ("lr_mult", Pickle::Float(1.0)),
+        ("is_decoupled_lr", Pickle::Bool(false)),
+        ("max_lr", Pickle::Float(s.max_lr)),
+        ("min_lr", Pickle::Float(s.min_lr)),
+        ("lr", Pickle::Float(lr)),
+        (
+            "betas",
+            Pickle::Tuple(vec![
+                Pickle::Float(super::decimal(meta.adam_beta1)),
+                Pickle::Float(super::decimal(meta.adam_beta2)),
+            ]),
+        ),
+        ("eps", Pickle::Float(super::decimal(meta.adam_eps))),
+        ("weight_decay", Pickle::Float(wd * wd_mult)),
+        ("amsgrad", Pickle::Bool(false)),
+        ("maximize", Pickle::Bool(false)),
+        ("foreach", Pickle::None),
+        ("capturable", Pickle::Bool(false)),
+        ("differentiable", Pickle::Bool(false)),
+        ("fused", Pickle::None),
+        ("decoupled_weight_decay", Pickle::Bool(true)),
+    ];
+    if form == OptimizerForm::Distributed {
+        entries.push(("step", Pickle::Float(meta.optimizer_step as f64)));
+    }
+    entries
+}
+
+/// The learning-rate scheduler's state. Without start_wd and its kin: Megatron-LM checks those
+/// against totals (its --train-iters) this checkpoint does not record, and takes its flags'
+/// instead.
+pub(crate) fn scheduler_state(meta: &CheckpointMeta) -> Pickle {
+    let s = &meta.scheduler;
     let style = match s.decay_style {
         LrDecayStyle::Constant => "constant",
         LrDecayStyle::Linear => "linear",
@@ -721,18 +728,30 @@ pub(crate) fn exported_common_state(
         LrDecayStyle::WSD => "WSD",
     };
     let int = |v: u64| Pickle::Int(v as i64);
-    // One optimizer, holding both groups (decayed and not): the load looks up the groups the
-    // run has. An MoE run's experts have groups of their own in it, or, where Megatron-LM
-    // chains a second optimizer for them, that one's (a dict by index).
-    // An fp16 run's loss scaler, in each optimizer (Megatron's `DynamicGradScaler` state: the
-    // scale a one-element tensor, the trackers ints; a constant scaler keeps none).
-    let scaler = meta.grad_scaler.as_ref().map(|g| match g {
+    Pickle::dict([
+        ("max_lr", Pickle::Float(s.max_lr)),
+        ("lr_warmup_steps", int(s.warmup_steps)),
+        ("num_steps", int(s.num_steps)),
+        ("lr_decay_style", Pickle::str(style)),
+        ("lr_decay_steps", int(s.decay_steps)),
+        ("min_lr", Pickle::Float(s.min_lr)),
+    ])
+}
+
+/// An fp16 run's loss scaler as each of its optimizers saves it (Megatron's
+/// `DynamicGradScaler` state: the scale a one-element tensor, made by `scale_tensor`, the
+/// trackers ints; a constant scaler keeps none).
+pub(crate) fn grad_scaler_state(
+    meta: &CheckpointMeta,
+    scale_tensor: impl FnOnce(f32) -> Pickle,
+) -> Option<Pickle> {
+    meta.grad_scaler.as_ref().map(|g| match g {
         GradScaler::Dynamic {
             growth_tracker,
             hysteresis_tracker,
             ..
         } => Pickle::dict([
-            ("scale", f32_tensor_pickle("scale", &[1])),
+            ("scale", scale_tensor(g.scale())),
             ("growth_tracker", Pickle::Int(*growth_tracker as i64)),
             (
                 "hysteresis_tracker",
@@ -740,13 +759,23 @@ pub(crate) fn exported_common_state(
             ),
         ]),
         GradScaler::Constant { .. } => Pickle::dict([]),
+    })
+}
+
+pub(crate) fn exported_common_state(
+    meta: &CheckpointMeta,
+    experts: ExpertOptimizer,
+    (form, present): (OptimizerForm, GroupsPresent),
+) -> (Vec<(&'static str, Pickle)>, Storages) {
+    // One optimizer, holding both groups (decayed and not): the load looks up the groups the
+    // run has. An MoE run's experts have groups of their own in it, or, where Megatron-LM
+    // chains a second optimizer for them, that one's (a dict by index). An fp16 run's loss
+    // scaler is in each optimizer.
+    let mut storages: Storages = Vec::new();
+    let scaler = grad_scaler_state(meta, |scale| {
+        storages.push(("scale".to_string(), scale.to_le_bytes().to_vec()));
+        f32_tensor_pickle("scale", &[1])
     });
-    let mut storages = match &meta.grad_scaler {
-        Some(g @ GradScaler::Dynamic { .. }) => {
-            vec![("scale".to_string(), g.scale().to_le_bytes().to_vec())]
-        }
-        _ => Vec::new(),
-    };
     if form == OptimizerForm::NonDistributed {
         storages.push((
             "common_step".to_string(),
@@ -799,7 +828,7 @@ pub(crate) fn exported_common_state(
         [1.0, 0.0]
             .into_iter()
             .filter(|&wd| kept(experts, wd))
-            .map(|wd| group(experts, wd))
+            .map(|wd| Pickle::dict(param_group(meta, experts, wd, form)))
             .collect()
     };
     let dense = || groups_of(false);
@@ -821,19 +850,7 @@ pub(crate) fn exported_common_state(
     };
     let entries = vec![
         ("optimizer", optimizers),
-        // Without start_wd and its kin: Megatron-LM checks those against totals (its
-        // --train-iters) this checkpoint does not record, and takes its flags' instead.
-        (
-            "opt_param_scheduler",
-            Pickle::dict([
-                ("max_lr", Pickle::Float(s.max_lr)),
-                ("lr_warmup_steps", int(s.warmup_steps)),
-                ("num_steps", int(s.num_steps)),
-                ("lr_decay_style", Pickle::str(style)),
-                ("lr_decay_steps", int(s.decay_steps)),
-                ("min_lr", Pickle::Float(s.min_lr)),
-            ]),
-        ),
+        ("opt_param_scheduler", scheduler_state(meta)),
         (
             "content_metadata",
             match form {

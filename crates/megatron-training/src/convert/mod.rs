@@ -13,6 +13,7 @@ mod gpt2;
 mod k_quants;
 mod llama;
 mod megatron_legacy;
+mod megatron_legacy_export;
 mod megatron_legacy_state;
 mod megatron_lm;
 mod megatron_lm_buckets;
@@ -39,6 +40,7 @@ use crate::checkpointing::{
 use crate::TrainError;
 use megatron_core::TransformerConfig;
 pub use megatron_legacy::torch_to_megatron;
+pub use megatron_legacy_export::{megatron_to_torch, LegacyLayout, LegacyState};
 pub use megatron_lm::{
     megatron_to_torch_dist, torch_dist_to_megatron, LayerSpec, OptimizerExport, OptimizerForm,
 };
