@@ -363,6 +363,13 @@ fn resolve_layout(
     if let Some((flag, _)) = flags.iter().find(|(_, n)| *n == 0) {
         return Err(format!("{flag} must be at least 1"));
     }
+    let groups = cfg.query_groups();
+    if !cfg.num_attention_heads.is_multiple_of(l.tp) || !groups.is_multiple_of(l.tp) {
+        return Err(format!(
+            "{} attention heads ({groups} query groups) do not divide over --tensor-model-parallel-size {}",
+            cfg.num_attention_heads, l.tp
+        ));
+    }
     if !cfg.num_layers.is_multiple_of(l.pp) {
         return Err(format!(
             "{} layers do not divide into --pipeline-model-parallel-size {} equal stages",
@@ -537,95 +544,103 @@ pub fn megatron_to_torch(
     if tmp.exists() {
         std::fs::remove_dir_all(&tmp).map_err(crate::io_err(&tmp))?;
     }
-    for t in 0..layout.tp {
-        for p in 0..layout.pp {
-            for e in 0..layout.ep {
-                let mut storages = Storages::default();
-                let mut object = vec![
-                    ("args", args.clone()),
-                    ("checkpoint_version", Pickle::Float(3.0)),
-                    ("iteration", Pickle::Int(ck.meta.iteration as i64)),
-                ];
-                let mut params: Vec<RankParam> = Vec::new();
-                let mut models = Vec::new();
-                for v in 0..layout.vp {
-                    let mut model = Vec::new();
-                    let entries = chunks.get(&(p, v)).map_or(&[][..], |c| c.as_slice());
-                    for entry in entries
-                        .iter()
-                        .filter(|x| x.expert_rank.is_none_or(|r| r == e))
-                    {
-                        let value = match &entry.what {
-                            EntryKind::ExtraState => Pickle::None,
-                            EntryKind::Tensor {
-                                source,
-                                split,
-                                kind,
-                            } => {
-                                let shape = shapes.get(source.as_str()).ok_or_else(|| {
-                                    fail(format!("the checkpoint has no tensor {source}"))
-                                })?;
-                                let values = &ck.tensors[source.as_str()];
-                                let (local_shape, shard) =
-                                    shard(values, shape, *split, (layout.tp, t));
-                                let tensor = storages.tensor(&shard, &local_shape);
-                                if *kind == TensorKind::Parameter {
-                                    params.push(RankParam {
-                                        local: &entry.local,
-                                        source,
-                                        shape: local_shape,
-                                        split: *split,
-                                        model: tensor.clone(),
-                                    });
+    let written = (|| -> Result<(), TrainError> {
+        for t in 0..layout.tp {
+            for p in 0..layout.pp {
+                for e in 0..layout.ep {
+                    let mut storages = Storages::default();
+                    let mut object = vec![
+                        ("args", args.clone()),
+                        ("checkpoint_version", Pickle::Float(3.0)),
+                        ("iteration", Pickle::Int(ck.meta.iteration as i64)),
+                    ];
+                    let mut params: Vec<RankParam> = Vec::new();
+                    let mut models = Vec::new();
+                    for v in 0..layout.vp {
+                        let mut model = Vec::new();
+                        let entries = chunks.get(&(p, v)).map_or(&[][..], |c| c.as_slice());
+                        for entry in entries
+                            .iter()
+                            .filter(|x| x.expert_rank.is_none_or(|r| r == e))
+                        {
+                            let value = match &entry.what {
+                                EntryKind::ExtraState => Pickle::None,
+                                EntryKind::Tensor {
+                                    source,
+                                    split,
+                                    kind,
+                                } => {
+                                    let shape = shapes.get(source.as_str()).ok_or_else(|| {
+                                        fail(format!("the checkpoint has no tensor {source}"))
+                                    })?;
+                                    let values = &ck.tensors[source.as_str()];
+                                    let (local_shape, shard) =
+                                        shard(values, shape, *split, (layout.tp, t));
+                                    let tensor = storages.tensor(&shard, &local_shape);
+                                    if *kind == TensorKind::Parameter {
+                                        params.push(RankParam {
+                                            local: &entry.local,
+                                            source,
+                                            shape: local_shape,
+                                            split: *split,
+                                            model: tensor.clone(),
+                                        });
+                                    }
+                                    tensor
                                 }
-                                tensor
-                            }
-                        };
-                        model.push((entry.local.as_str(), value));
+                            };
+                            model.push((entry.local.as_str(), value));
+                        }
+                        models.push(Pickle::dict(model));
                     }
-                    models.push(Pickle::dict(model));
-                }
-                let keys: Vec<String> = if layout.vp > 1 {
-                    (0..layout.vp).map(|v| format!("model{v}")).collect()
-                } else {
-                    vec!["model".into()]
-                };
-                let mut model_entries: Vec<(Pickle, Pickle)> =
-                    keys.into_iter().map(Pickle::str).zip(models).collect();
-                if carried {
-                    let optimizer = rank_optimizer(
-                        &ck,
-                        &params,
-                        (layout.tp, t),
-                        (experts, present),
-                        &mut storages,
-                    )
-                    .map_err(fail)?;
-                    model_entries.push((Pickle::str("optimizer"), optimizer));
-                    model_entries.push((
-                        Pickle::str("opt_param_scheduler"),
-                        scheduler_state(&ck.meta),
+                    let keys: Vec<String> = if layout.vp > 1 {
+                        (0..layout.vp).map(|v| format!("model{v}")).collect()
+                    } else {
+                        vec!["model".into()]
+                    };
+                    let mut model_entries: Vec<(Pickle, Pickle)> =
+                        keys.into_iter().map(Pickle::str).zip(models).collect();
+                    if carried {
+                        let optimizer = rank_optimizer(
+                            &ck,
+                            &params,
+                            (layout.tp, t),
+                            (experts, present),
+                            &mut storages,
+                        )
+                        .map_err(fail)?;
+                        model_entries.push((Pickle::str("optimizer"), optimizer));
+                        model_entries.push((
+                            Pickle::str("opt_param_scheduler"),
+                            scheduler_state(&ck.meta),
+                        ));
+                    }
+                    let mut top: Vec<(Pickle, Pickle)> =
+                        object.drain(..).map(|(k, v)| (Pickle::str(k), v)).collect();
+                    top.extend(model_entries);
+                    top.push((
+                        Pickle::str("num_floating_point_operations_so_far"),
+                        Pickle::Int(0),
                     ));
+                    let refs: Vec<(&str, &[u8])> = storages
+                        .entries
+                        .iter()
+                        .map(|(k, b)| (k.as_str(), b.as_slice()))
+                        .collect();
+                    let bytes = save_archive(&Pickle::Dict(top), &refs).map_err(fail)?;
+                    let rank = tmp.join(rank_dir(layout, (t, p, e)));
+                    std::fs::create_dir_all(&rank).map_err(crate::io_err(&rank))?;
+                    let file = rank.join("model_optim_rng.pt");
+                    std::fs::write(&file, bytes).map_err(crate::io_err(&file))?;
                 }
-                let mut top: Vec<(Pickle, Pickle)> =
-                    object.drain(..).map(|(k, v)| (Pickle::str(k), v)).collect();
-                top.extend(model_entries);
-                top.push((
-                    Pickle::str("num_floating_point_operations_so_far"),
-                    Pickle::Int(0),
-                ));
-                let refs: Vec<(&str, &[u8])> = storages
-                    .entries
-                    .iter()
-                    .map(|(k, b)| (k.as_str(), b.as_slice()))
-                    .collect();
-                let bytes = save_archive(&Pickle::Dict(top), &refs).map_err(fail)?;
-                let rank = tmp.join(rank_dir(layout, (t, p, e)));
-                std::fs::create_dir_all(&rank).map_err(crate::io_err(&rank))?;
-                let file = rank.join("model_optim_rng.pt");
-                std::fs::write(&file, bytes).map_err(crate::io_err(&file))?;
             }
         }
+        Ok(())
+    })();
+    if let Err(e) = written {
+        // Nothing half-written is left to look like a checkpoint.
+        let _ = std::fs::remove_dir_all(&tmp);
+        return Err(e);
     }
     std::fs::rename(&tmp, &dir).map_err(crate::io_err(&dir))?;
     let tracker = output.join("latest_checkpointed_iteration.txt");
