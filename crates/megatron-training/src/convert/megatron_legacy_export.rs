@@ -31,7 +31,7 @@ use super::pickle_writer::Pickle;
 use super::torch_save::{f32_tensor_pickle, save_archive};
 use super::tp_shards::{shard_of, splits_evenly};
 use crate::TrainError;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
 /// The layout of the Megatron-LM run that loads a legacy export, in its flags.
@@ -264,18 +264,20 @@ fn chunk_entries(
     }
     let experts_per_rank = cfg.moe.as_ref().map_or(1, |m| m.num_experts / layout.ep);
     let mut chunks: BTreeMap<(usize, usize), Vec<Entry>> = BTreeMap::new();
-    let mut linear: BTreeSet<((usize, usize), String, Vec<usize>, Option<usize>)> = BTreeSet::new();
+    // Each linear module's extra state, once, by (chunk, local name).
+    let mut linear: BTreeMap<((usize, usize), String), Entry> = BTreeMap::new();
     let mut push = |at: Placement, source: &str, split, kind| {
         if let Some((module, _)) = at.local.rsplit_once('.') {
             if is_linear(module) {
                 let mut key = at.key.clone();
                 *key.last_mut().expect("a key ends with the parameter") = 3;
-                linear.insert((
-                    at.chunk,
-                    format!("{module}._extra_state"),
+                let local = format!("{module}._extra_state");
+                linear.entry((at.chunk, local.clone())).or_insert(Entry {
+                    local,
                     key,
-                    at.expert_rank,
-                ));
+                    expert_rank: at.expert_rank,
+                    what: EntryKind::ExtraState,
+                });
             }
         }
         chunks.entry(at.chunk).or_default().push(Entry {
@@ -324,21 +326,20 @@ fn chunk_entries(
                 TensorKind::Parameter,
             );
         } else {
-            linear.insert((
-                output.chunk,
-                "output_layer._extra_state".into(),
-                vec![4, 0, 3],
-                None,
-            ));
+            let local = "output_layer._extra_state".to_string();
+            linear.insert(
+                (output.chunk, local.clone()),
+                Entry {
+                    local,
+                    key: vec![4, 0, 3],
+                    expert_rank: None,
+                    what: EntryKind::ExtraState,
+                },
+            );
         }
     }
-    for (chunk, local, key, expert_rank) in linear {
-        chunks.entry(chunk).or_default().push(Entry {
-            local,
-            key,
-            expert_rank,
-            what: EntryKind::ExtraState,
-        });
+    for ((chunk, _), entry) in linear {
+        chunks.entry(chunk).or_default().push(entry);
     }
     for entries in chunks.values_mut() {
         entries.sort_by(|a, b| a.key.cmp(&b.key));
