@@ -264,15 +264,18 @@ fn chunk_entries(
     }
     let experts_per_rank = cfg.moe.as_ref().map_or(1, |m| m.num_experts / layout.ep);
     let mut chunks: BTreeMap<(usize, usize), Vec<Entry>> = BTreeMap::new();
-    // Each linear module's extra state, once, by (chunk, local name).
-    let mut linear: BTreeMap<((usize, usize), String), Entry> = BTreeMap::new();
+    // Each linear module's extra state, once, by chunk, local name and expert rank (the
+    // expert ranks' files name their own experts alike).
+    type Where = ((usize, usize), String, Option<usize>);
+    let mut linear: BTreeMap<Where, Entry> = BTreeMap::new();
     let mut push = |at: Placement, source: &str, split, kind| {
         if let Some((module, _)) = at.local.rsplit_once('.') {
             if is_linear(module) {
                 let mut key = at.key.clone();
                 *key.last_mut().expect("a key ends with the parameter") = 3;
                 let local = format!("{module}._extra_state");
-                linear.entry((at.chunk, local.clone())).or_insert(Entry {
+                let at_key = (at.chunk, local.clone(), at.expert_rank);
+                linear.entry(at_key).or_insert(Entry {
                     local,
                     key,
                     expert_rank: at.expert_rank,
@@ -328,7 +331,7 @@ fn chunk_entries(
         } else {
             let local = "output_layer._extra_state".to_string();
             linear.insert(
-                (output.chunk, local.clone()),
+                (output.chunk, local.clone(), None),
                 Entry {
                     local,
                     key: vec![4, 0, 3],
@@ -338,7 +341,7 @@ fn chunk_entries(
             );
         }
     }
-    for ((chunk, _), entry) in linear {
+    for ((chunk, _, _), entry) in linear {
         chunks.entry(chunk).or_default().push(entry);
     }
     for entries in chunks.values_mut() {
