@@ -321,3 +321,26 @@ fn generate_says_when_it_cuts_a_prompt_longer_than_the_models_positions() {
     );
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// `convert`'s layout flags name what they go with, before anything is read.
+#[test]
+fn convert_refuses_legacy_layout_flags_where_they_mean_nothing() {
+    let run = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_megatron"))
+            .arg("convert")
+            .args(args)
+            .args(["--input", "/nonexistent/in", "--output", "/nonexistent/out"])
+            .output()
+            .expect("run megatron");
+        assert!(!out.status.success(), "{args:?} was accepted");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let e = run(&["--to", "torch"]);
+    assert!(e.contains("--transformer-impl local"), "{e}");
+    let e = run(&["--to", "torch_dist", "--tensor-model-parallel-size", "2"]);
+    assert!(e.contains("go with --to torch"), "{e}");
+    let e = run(&["--to", "hf", "--num-layers-per-virtual-pipeline-stage", "1"]);
+    assert!(e.contains("go with --to torch"), "{e}");
+    let e = run(&["--to", "hf", "--expert-model-parallel-size", "2"]);
+    assert!(e.contains("--expert-model-parallel-size"), "{e}");
+}

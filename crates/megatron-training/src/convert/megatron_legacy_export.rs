@@ -553,11 +553,6 @@ pub fn megatron_to_torch(
             for p in 0..layout.pp {
                 for e in 0..layout.ep {
                     let mut storages = Storages::default();
-                    let mut object = vec![
-                        ("args", args.clone()),
-                        ("checkpoint_version", Pickle::Float(3.0)),
-                        ("iteration", Pickle::Int(ck.meta.iteration as i64)),
-                    ];
                     let mut params: Vec<RankParam> = Vec::new();
                     let mut models = Vec::new();
                     for v in 0..layout.vp {
@@ -619,8 +614,15 @@ pub fn megatron_to_torch(
                             scheduler_state(&ck.meta),
                         ));
                     }
-                    let mut top: Vec<(Pickle, Pickle)> =
-                        object.drain(..).map(|(k, v)| (Pickle::str(k), v)).collect();
+                    // Megatron's `generate_state_dict` order.
+                    let mut top: Vec<(Pickle, Pickle)> = vec![
+                        (Pickle::str("args"), args.clone()),
+                        (Pickle::str("checkpoint_version"), Pickle::Float(3.0)),
+                        (
+                            Pickle::str("iteration"),
+                            Pickle::Int(ck.meta.iteration as i64),
+                        ),
+                    ];
                     top.extend(model_entries);
                     top.push((
                         Pickle::str("num_floating_point_operations_so_far"),
