@@ -757,6 +757,14 @@ pub struct TrainArgs {
     pub eval_interval: u64,
     #[arg(long, default_value_t = 100)]
     pub eval_iters: u64,
+    /// Samples per micro-batch of validation and test (Megatron's flag; default
+    /// --micro-batch-size): a forward-only pass can take larger micro-batches than training.
+    #[arg(long)]
+    pub eval_micro_batch_size: Option<usize>,
+    /// Samples per evaluation iteration (Megatron's flag; default --global-batch-size): each
+    /// evaluation reads --eval-iters of them.
+    #[arg(long)]
+    pub eval_global_batch_size: Option<usize>,
     /// Validate only from this iteration on (Megatron's flag; the validation split is sized
     /// for the evaluations that remain).
     #[arg(long)]
@@ -1158,6 +1166,9 @@ pub struct TrainConfig {
     /// gradients before they are reduced over data-parallel ranks.
     pub check_for_nan_in_loss_and_grad: bool,
     pub global_batch_size: usize,
+    /// Validation and test batches: `--eval-micro-batch-size`, `--eval-global-batch-size`.
+    pub eval_micro_batch_size: usize,
+    pub eval_global_batch_size: usize,
     /// Data-parallel size (ranks / model-parallel sizes).
     pub dp: usize,
     /// Tensor-parallel size.
@@ -1211,9 +1222,19 @@ impl TrainConfig {
             .unwrap_or(self.train_iters * self.global_batch_size as u64)
     }
 
-    /// Samples one evaluation reads: `--eval-iters` global batches.
+    /// Samples one evaluation reads: `--eval-iters` evaluation batches
+    /// (`--eval-global-batch-size`).
     pub fn eval_samples(&self) -> u64 {
-        self.args.eval_iters * self.global_batch_size as u64
+        self.args.eval_iters * self.eval_global_batch_size as u64
+    }
+
+    /// The configuration an evaluation's micro-batches are built with: the evaluation batch
+    /// sizes in place of training's (the families size their micro-batches from them).
+    pub fn for_evaluation(&self) -> TrainConfig {
+        let mut c = self.clone();
+        c.args.micro_batch_size = self.eval_micro_batch_size;
+        c.global_batch_size = self.eval_global_batch_size;
+        c
     }
 
     /// Whether validation runs after training iteration `iteration` (Megatron's condition:
@@ -1596,6 +1617,13 @@ impl TrainArgs {
                 self.micro_batch_size
             )));
         }
+        let eval_mbs = self.eval_micro_batch_size.unwrap_or(self.micro_batch_size);
+        let eval_gbs = self.eval_global_batch_size.unwrap_or(gbs);
+        if eval_mbs == 0 || eval_gbs == 0 || !eval_gbs.is_multiple_of(eval_mbs * dp) {
+            return Err(bad(format!(
+                "--eval-global-batch-size ({eval_gbs}) must be a positive multiple of --eval-micro-batch-size ({eval_mbs}) times the data-parallel size ({dp})"
+            )));
+        }
         let rampup = match self.rampup_batch_size.as_deref() {
             None => None,
             Some(&[start, increment, samples]) => Some(crate::num_microbatches::Rampup {
@@ -1755,6 +1783,8 @@ impl TrainArgs {
             check_for_nan_in_loss_and_grad: !(self.no_check_for_nan_in_loss_and_grad
                 || (self.fp16 && self.loss_scale.is_none())),
             global_batch_size: gbs,
+            eval_micro_batch_size: eval_mbs,
+            eval_global_batch_size: eval_gbs,
             dp,
             tp,
             pp,

@@ -303,9 +303,17 @@ pub fn inspect_data(args: &crate::arguments::InspectArgs) -> Result<Vec<Vec<u32>
         )));
     }
     // Under `cyclic`, the order of one data-parallel rank reading alone.
-    let b = cfg.args.micro_batch_size as u64;
+    let b = match split {
+        Split::Train => cfg.args.micro_batch_size,
+        _ => cfg.eval_micro_batch_size,
+    } as u64;
     let total = crate::sample_order::split_length(&cfg, n, split);
-    let mut sampler = crate::sample_order::RankSamplers::new(cfg.sample_order, b as usize, 0, 1);
+    let mut sampler = crate::sample_order::RankSamplers::new(
+        cfg.sample_order,
+        (cfg.args.micro_batch_size, cfg.eval_micro_batch_size),
+        0,
+        1,
+    );
     let mut buf = vec![0u32; cfg.args.seq_length + 1];
     (args.start..args.start + args.count)
         .map(|i| {

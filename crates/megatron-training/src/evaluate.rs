@@ -47,10 +47,12 @@ impl<F: TrainFamily> Trainer<'_, F> {
     /// micro-batches r, r + d, ... of them); the sum is all-reduced over DP. Every rank calls
     /// it; `None` without samples in the split or with `--eval-iters 0`.
     pub(crate) fn evaluate(&mut self, split: Split) -> Result<Option<EvalLoss>, TrainError> {
-        let cfg = self.cfg;
-        if F::num_samples(&self.data, split) == 0 || cfg.args.eval_iters == 0 {
+        if F::num_samples(&self.data, split) == 0 || self.cfg.args.eval_iters == 0 {
             return Ok(None);
         }
+        // Micro-batches of --eval-micro-batch-size, --eval-global-batch-size per iteration.
+        let eval_cfg = self.cfg.for_evaluation();
+        let cfg = &eval_cfg;
         let b = cfg.args.micro_batch_size;
         let (dp_rank, dp_size) = self.comms.data_rank_size();
         let global = cfg.args.eval_iters as usize * cfg.global_batch_size / b;

@@ -76,7 +76,8 @@ pub(crate) fn split_length(
 /// count, as Megatron builds a loader per split). The cyclic ones are built on first use.
 pub(crate) struct RankSamplers {
     order: SampleOrder,
-    micro_batch_size: u64,
+    /// Training's micro-batch size, and validation's and test's (`--eval-micro-batch-size`).
+    micro_batch_size: [u64; 3],
     data_parallel_rank: u64,
     data_parallel_size: u64,
     cyclic: [Option<MegatronPretrainingRandomSampler>; 3],
@@ -85,13 +86,14 @@ pub(crate) struct RankSamplers {
 impl RankSamplers {
     pub(crate) fn new(
         order: SampleOrder,
-        micro_batch_size: usize,
+        (train_mbs, eval_mbs): (usize, usize),
         data_parallel_rank: usize,
         data_parallel_size: usize,
     ) -> Self {
+        let (t, e) = (train_mbs as u64, eval_mbs as u64);
         RankSamplers {
             order,
-            micro_batch_size: micro_batch_size as u64,
+            micro_batch_size: [t, e, e],
             data_parallel_rank: data_parallel_rank as u64,
             data_parallel_size: data_parallel_size as u64,
             cyclic: [None, None, None],
@@ -108,7 +110,7 @@ impl RankSamplers {
         consumed: u64,
     ) -> Result<Vec<u64>, TrainError> {
         let (mbs, rank, dp) = (
-            self.micro_batch_size,
+            self.micro_batch_size[crate::family::split_index(split)],
             self.data_parallel_rank,
             self.data_parallel_size,
         );

@@ -324,7 +324,7 @@ fn run_family<F: TrainFamily>(
             let (dp_rank, dp) = comms_dp;
             crate::sample_order::RankSamplers::new(
                 cfg.sample_order,
-                a.micro_batch_size,
+                (a.micro_batch_size, cfg.eval_micro_batch_size),
                 dp_rank,
                 dp,
             )

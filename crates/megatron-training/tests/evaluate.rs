@@ -113,3 +113,140 @@ fn start_eval_at_iter_holds_validation_back() {
     let at: Vec<u64> = s.val_losses.iter().map(|v| v.0).collect();
     assert_eq!(at, [4, 6, 6]);
 }
+
+/// Validation losses of a frozen run of 4 iterations validating every 2 (`more` appended).
+fn frozen_validations(more: &[&str]) -> Vec<(u64, f64)> {
+    train(&[&["--train-iters", "4", "--eval-interval", "2"][..], more].concat()).val_losses
+}
+
+fn assert_close(a: &[(u64, f64)], b: &[(u64, f64)], what: &str) {
+    assert_eq!(a.len(), b.len(), "{what}: {a:?} against {b:?}");
+    for (x, y) in a.iter().zip(b) {
+        assert_eq!(x.0, y.0, "{what}");
+        assert!((x.1 - y.1).abs() < 1e-6, "{what}: {a:?} against {b:?}");
+    }
+}
+
+#[test]
+fn eval_batch_sizes_cut_the_same_validation_samples_into_other_batches() {
+    // Training's batches (micro-batch 2, global 4), 2 iterations per evaluation: 8 samples.
+    let base = frozen_validations(&["--eval-iters", "2"]);
+    assert_eq!(
+        base.iter().map(|v| v.0).collect::<Vec<_>>(),
+        [2, 4, 4],
+        "{base:?}"
+    );
+    // The same 8 samples in micro-batches of 1 or 4, in one iteration of 8, and over two
+    // data-parallel ranks: every token counts the same, so the same losses.
+    for (flags, what) in [
+        (
+            &["--eval-iters", "2", "--eval-micro-batch-size", "1"][..],
+            "micro-batches of 1",
+        ),
+        (
+            &["--eval-iters", "2", "--eval-micro-batch-size", "4"][..],
+            "micro-batches of 4",
+        ),
+        (
+            &["--eval-iters", "1", "--eval-global-batch-size", "8"][..],
+            "one iteration of 8",
+        ),
+        (
+            &[
+                "--eval-iters",
+                "1",
+                "--eval-global-batch-size",
+                "8",
+                "--eval-micro-batch-size",
+                "1",
+                "--nproc-per-node",
+                "2",
+            ][..],
+            "DP 2, micro-batches of 1",
+        ),
+    ] {
+        assert_close(&frozen_validations(flags), &base, what);
+    }
+    // Two evaluation batches of 8: each validation reads the next 16 samples, so the first
+    // scores what the first two validations of 8 did.
+    let wide = frozen_validations(&["--eval-iters", "2", "--eval-global-batch-size", "8"]);
+    let first_two = (base[0].1 + base[1].1) / 2.0;
+    assert!(
+        (wide[0].1 - first_two).abs() < 1e-6,
+        "{wide:?} against {base:?}"
+    );
+    assert!(
+        (wide[1].1 - base[1].1).abs() > 1e-4,
+        "{wide:?} against {base:?}"
+    );
+}
+
+#[test]
+fn eval_batch_sizes_that_do_not_divide_over_the_data_parallel_ranks_are_refused_by_name() {
+    for flags in [
+        &[
+            "--eval-global-batch-size",
+            "6",
+            "--eval-micro-batch-size",
+            "4",
+        ][..],
+        &["--eval-micro-batch-size", "0"][..],
+        &[
+            "--eval-global-batch-size",
+            "3",
+            "--nproc-per-node",
+            "2",
+            "--eval-micro-batch-size",
+            "1",
+        ][..],
+    ] {
+        let e = pretrain(&args(&[FROZEN, flags].concat()))
+            .map(|_| ())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("--eval-global-batch-size") && e.contains("--eval-micro-batch-size"),
+            "{flags:?}: {e}"
+        );
+    }
+}
+
+#[test]
+fn a_checkpoint_records_the_validation_samples_of_the_evaluation_batch_size() {
+    let dir = tmpdir("eval-batch-resume");
+    let ckpt = dir.join("ckpt");
+    let c = ckpt.to_str().unwrap();
+    let flags = [
+        "--train-iters",
+        "6",
+        "--eval-interval",
+        "2",
+        "--eval-iters",
+        "1",
+        "--eval-global-batch-size",
+        "8",
+        "--eval-micro-batch-size",
+        "4",
+        "--lr",
+        "1e-3",
+        "--lr-decay-iters",
+        "12",
+    ];
+    let straight = pretrain(&args(
+        &[&flags[..], &["--save", c, "--save-interval", "4"]].concat(),
+    ))
+    .unwrap();
+    let meta = ckpt.join("iter_0000004").join("metadata.json");
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&meta).unwrap()).unwrap();
+    assert_eq!(
+        v["consumed_valid_samples"], 16,
+        "2 evaluations of 1 batch of 8"
+    );
+    let resumed = pretrain(&args(
+        &[&flags[..], &["--load", c, "--ckpt-step", "4"]].concat(),
+    ))
+    .unwrap();
+    assert_eq!(resumed.val_losses, straight.val_losses[2..]);
+    let _ = std::fs::remove_dir_all(dir);
+}
