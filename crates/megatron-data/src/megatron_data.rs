@@ -22,8 +22,9 @@ pub struct MegatronDataConfig {
     pub split: String,
     pub seq_length: usize,
     pub seed: u64,
-    /// Samples each split must provide.
-    pub num_samples: [u64; 3],
+    /// Samples each split must provide; `None`: one epoch of the split's documents (Megatron's
+    /// `num_samples=None`, which `--full-validation` asks of the validation split).
+    pub num_samples: [Option<u64>; 3],
     pub data_cache_path: Option<String>,
     /// Identifies the tokenizer in the cache description.
     pub tokenizer: String,
@@ -87,14 +88,26 @@ impl MegatronGPTData {
             };
             let Some(bounds) = bounds else { continue };
             let size = cfg.num_samples[s];
-            if size == 0 {
+            if size == Some(0) {
                 continue;
             }
             let weights: Vec<f64> = blend.iter().map(|b| b.0).collect();
-            let want = if blend.len() == 1 {
-                vec![size]
-            } else {
-                per_dataset_samples(&weights, size as usize, SURPLUS)
+            let want: Vec<Option<u64>> = match size {
+                _ if blend.len() == 1 => vec![size],
+                Some(size) => per_dataset_samples(&weights, size as usize, SURPLUS)
+                    .into_iter()
+                    .map(Some)
+                    .collect(),
+                None => {
+                    return Err(DataError::Format {
+                        path: blend[0].1.clone(),
+                        msg: format!(
+                            "the {} split blends {} datasets, which need a sample count to be weighed (one epoch is read of a single dataset)",
+                            SPLIT_NAMES[s],
+                            blend.len()
+                        ),
+                    })
+                }
             };
             let mut parts = Vec::new();
             let mut empty = None;
@@ -133,8 +146,12 @@ impl MegatronGPTData {
                 report.push(format!("{msg}: skipped"));
                 continue;
             }
-            let blend_ix =
-                (parts.len() > 1).then(|| build_blending_indices(&weights, size as usize));
+            let blend_ix = match size {
+                Some(size) if parts.len() > 1 => {
+                    Some(build_blending_indices(&weights, size as usize))
+                }
+                _ => None,
+            };
             if let Some((di, si)) = &blend_ix {
                 for (d, part) in parts.iter().enumerate() {
                     let need = si
@@ -155,10 +172,9 @@ impl MegatronGPTData {
                     }
                 }
             }
-            let len = if blend_ix.is_some() {
-                size
-            } else {
-                parts[0].ix.len() as u64
+            let len = match (&blend_ix, size) {
+                (Some(_), Some(size)) => size,
+                _ => parts[0].ix.len() as u64,
             };
             splits[s] = Some(SplitData {
                 parts,
@@ -213,13 +229,13 @@ fn cached_indices(
     docs: &[i32],
     bounds: (f64, f64),
     split: usize,
-    num_samples: u64,
+    num_samples: Option<u64>,
 ) -> Result<(GPTDatasetIndices, &'static str), DataError> {
     let build = || {
         build_indices(
             &ds.lengths(),
             docs,
-            Some(num_samples),
+            num_samples,
             cfg.seq_length,
             cfg.seed as u32,
             1,

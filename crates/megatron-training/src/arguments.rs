@@ -765,6 +765,10 @@ pub struct TrainArgs {
     /// evaluation reads --eval-iters of them.
     #[arg(long)]
     pub eval_global_batch_size: Option<usize>,
+    /// Each validation scores the whole validation split, one epoch of it (Megatron's flag,
+    /// for GPT datasets), as Megatron's full-validation sampler reads it.
+    #[arg(long)]
+    pub full_validation: bool,
     /// Validate only from this iteration on (Megatron's flag; the validation split is sized
     /// for the evaluations that remain).
     #[arg(long)]
@@ -1169,6 +1173,8 @@ pub struct TrainConfig {
     /// Validation and test batches: `--eval-micro-batch-size`, `--eval-global-batch-size`.
     pub eval_micro_batch_size: usize,
     pub eval_global_batch_size: usize,
+    /// What a validation scores (`--full-validation`).
+    pub validation: ValidationScope,
     /// Data-parallel size (ranks / model-parallel sizes).
     pub dp: usize,
     /// Tensor-parallel size.
@@ -1205,6 +1211,15 @@ pub struct TrainConfig {
 
 fn bad(msg: String) -> TrainError {
     TrainError::Args(msg)
+}
+
+/// What each validation scores.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ValidationScope {
+    /// The next `--eval-iters` evaluation batches of the validation split.
+    EvalIters,
+    /// `--full-validation`: the whole split, one epoch built for it.
+    Full,
 }
 
 impl TrainConfig {
@@ -1249,15 +1264,21 @@ impl TrainConfig {
     /// `get_train_valid_test_num_samples` counts them: every evaluation point of the run plus
     /// the one after training (one under `--skip-train`), one test pass. The validation split's
     /// size sets its shuffle, so it must be Megatron's for the same samples.
-    pub fn eval_split_samples(&self) -> (u64, u64) {
+    /// Under `--full-validation` the validation split is one epoch (`None`), as Megatron
+    /// builds it then.
+    pub fn eval_split_samples(&self) -> (Option<u64>, u64) {
         let a = &self.args;
         let eval = self.eval_samples();
+        let valid = |n: u64| match self.validation {
+            ValidationScope::EvalIters => Some(n),
+            ValidationScope::Full => None,
+        };
         if a.skip_train {
-            return (eval, eval);
+            return (valid(eval), eval);
         }
         let skipped = a.start_eval_at_iter.map_or(0, |s| s / a.eval_interval);
         let points = (self.train_iters / a.eval_interval + 1).saturating_sub(skipped);
-        (points * eval, eval)
+        (valid(points * eval), eval)
     }
 
     /// Validation samples the evaluations before resuming at `iteration` read, for a
@@ -1325,6 +1346,29 @@ impl TrainArgs {
             exp_avg: moment(flags[0])?,
             exp_avg_sq: moment(flags[1])?,
         })
+    }
+
+    /// `--full-validation`, for what Megatron builds it for: a GPT's indexed validation split.
+    fn validation_scope(&self) -> Result<ValidationScope, TrainError> {
+        if !self.full_validation {
+            return Ok(ValidationScope::EvalIters);
+        }
+        if self.model != ModelArg::Gpt {
+            return Err(bad(format!(
+                "--full-validation reads GPT datasets (Megatron's works only for them), not --model {:?}",
+                self.model
+            )
+            .to_lowercase()));
+        }
+        let indexed = !self.train_data_path.is_empty()
+            || megatron_data::megatron_data::is_indexed_blend(&self.data_path);
+        if self.mock_data || !indexed {
+            return Err(bad(
+                "--full-validation scores one epoch of an indexed validation split (--data-path PREFIX with --split, or --valid-data-path PREFIX); mock data and raw text have no epoch to score"
+                    .into(),
+            ));
+        }
+        Ok(ValidationScope::Full)
     }
 
     /// `--apply-wd-to-qk-layernorm` (or its deprecated spelling), refused without the norms it
@@ -1785,6 +1829,7 @@ impl TrainArgs {
             global_batch_size: gbs,
             eval_micro_batch_size: eval_mbs,
             eval_global_batch_size: eval_gbs,
+            validation: self.validation_scope()?,
             dp,
             tp,
             pp,

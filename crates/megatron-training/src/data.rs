@@ -61,7 +61,7 @@ fn build_gpt_samples(
             seq_length: a.seq_length,
             seed: a.seed,
             // Megatron's sizes: every training sample, every evaluation, one test pass.
-            num_samples: [cfg.train_samples(), valid, test],
+            num_samples: [Some(cfg.train_samples()), valid, Some(test)],
             data_cache_path: a.data_cache_path.clone(),
             tokenizer: format!("{}:{}", tok.name(), tok.vocab_size()),
             eod: tok.eod(),

@@ -2,6 +2,7 @@
 //! batches, forward only, through the same pipeline executor as training (one stage runs the
 //! same way, with nothing to send).
 
+use crate::arguments::ValidationScope;
 use crate::family::{LossAveraging, TrainFamily};
 use crate::train_step::{loss_sums, sum_loss_sums};
 use crate::training::Trainer;
@@ -44,61 +45,62 @@ impl<F: TrainFamily> Trainer<'_, F> {
     /// `consumed_valid` samples on, which it advances), the test split and `--skip-train`
     /// read from the start. Each rank's micro-batches come from its sampler, as the step's do
     /// (under `single`, the same samples for every layout: data-parallel rank r takes
-    /// micro-batches r, r + d, ... of them); the sum is all-reduced over DP. Every rank calls
-    /// it; `None` without samples in the split or with `--eval-iters 0`.
+    /// micro-batches r, r + d, ... of them); the sum is all-reduced over DP. Under
+    /// `--full-validation` a validation reads the whole split instead ([`Self::full_pass`]).
+    /// Every rank calls it; `None` without samples in the split, or with `--eval-iters 0`
+    /// where it counts.
     pub(crate) fn evaluate(&mut self, split: Split) -> Result<Option<EvalLoss>, TrainError> {
-        if F::num_samples(&self.data, split) == 0 || self.cfg.args.eval_iters == 0 {
+        let full = split == Split::Valid && self.cfg.validation == ValidationScope::Full;
+        if F::num_samples(&self.data, split) == 0 || (self.cfg.args.eval_iters == 0 && !full) {
             return Ok(None);
         }
-        // Micro-batches of --eval-micro-batch-size, --eval-global-batch-size per iteration.
-        let eval_cfg = self.cfg.for_evaluation();
-        let cfg = &eval_cfg;
-        let b = cfg.args.micro_batch_size;
         let (dp_rank, dp_size) = self.comms.data_rank_size();
-        let global = cfg.args.eval_iters as usize * cfg.global_batch_size / b;
-        let first = match split {
-            Split::Valid if !cfg.args.skip_train => {
-                let first = self.consumed_valid;
-                self.consumed_valid += cfg.eval_samples();
-                first
+        let plan = if full {
+            self.full_pass(dp_rank, dp_size)?
+        } else {
+            // Micro-batches of --eval-micro-batch-size, --eval-global-batch-size per iteration.
+            let cfg = self.cfg.for_evaluation();
+            let b = cfg.args.micro_batch_size;
+            let global = cfg.args.eval_iters as usize * cfg.global_batch_size / b;
+            let first = match split {
+                Split::Valid if !cfg.args.skip_train => {
+                    let first = self.consumed_valid;
+                    self.consumed_valid += cfg.eval_samples();
+                    first
+                }
+                _ => 0,
+            };
+            let total = self.split_samples(split);
+            let samples = (0..global / dp_size)
+                .map(|k| {
+                    let consumed = first + (k * dp_size * b) as u64;
+                    self.samplers.micro_batch(split, total, consumed)
+                })
+                .collect::<Result<_, _>>()?;
+            EvalPlan {
+                per_iteration: cfg.global_batch_size / (b * dp_size),
+                global,
+                samples,
+                cfg,
             }
-            _ => 0,
         };
-        let count = (dp_rank..global).step_by(dp_size).len();
+        let cfg = &plan.cfg;
         let cp = self.comms.cp_layout();
-        let total = self.split_samples(split);
-        let mut mbs: Vec<F::MicroBatch> = (0..count).map(|_| F::micro_batch(cfg, cp)).collect();
-        for (k, mb) in mbs.iter_mut().enumerate() {
-            let consumed = first + (k * dp_size * b) as u64;
-            let samples = self.samplers.micro_batch(split, total, consumed)?;
-            F::fill(cfg, &self.data, mb, split, &samples)?;
+        let mut losses = Vec::with_capacity(plan.samples.len());
+        // One forward-only pass per evaluation iteration, as Megatron's `evaluate` calls its
+        // schedule (the micro-batches of one iteration are built at a time).
+        for step in plan.samples.chunks(plan.per_iteration.max(1)) {
+            let mut mbs: Vec<F::MicroBatch> =
+                (0..step.len()).map(|_| F::micro_batch(cfg, cp)).collect();
+            for (mb, samples) in mbs.iter_mut().zip(step) {
+                F::fill(cfg, &self.data, mb, split, samples)?;
+            }
+            losses.extend(self.forward_only(cfg, &mbs)?);
         }
-        let batches: Vec<_> = mbs.iter().map(|x| F::batch(cfg, x)).collect();
-        let partition = cfg.partition.clone();
-        let chunks = partition.v;
-        let ops: Vec<Op> = (0..count)
-            .flat_map(|mb| (0..chunks).map(move |chunk| Op::Forward { chunk, mb }))
-            .collect();
-        let ctxs = vec![StepContext::eval(); count];
-        let pp = &mut *self.comms.pp;
-        let r = Stage {
-            chunks: &self.chunks,
-            partition,
-            rank: pp.rank(),
-            pp: &mut *pp,
-            tp: &mut self.comms.tp,
-        }
-        .run(
-            &self.params,
-            None,
-            &ops,
-            &batches,
-            &ctxs,
-            1.0,
-            &mut self.timers,
-        )?;
+        let global = plan.global;
         // Only the last stage holds losses: the others add zeros.
-        let mut total = loss_sums::<F>(&r.losses);
+        let mut total = loss_sums::<F>(&losses);
+        let pp = &mut *self.comms.pp;
         if pp.size() > 1 {
             total = sum_loss_sums::<F>(pp, total)?;
         }
@@ -124,4 +126,89 @@ impl<F: TrainFamily> Trainer<'_, F> {
         };
         Ok(Some(EvalLoss { loss, sop }))
     }
+
+    /// The losses (per micro-batch: mean, tokens) of a forward-only pass over `mbs`, through
+    /// the pipeline executor as training's step (one stage runs the same way).
+    fn forward_only(
+        &mut self,
+        cfg: &crate::arguments::TrainConfig,
+        mbs: &[F::MicroBatch],
+    ) -> Result<Vec<(f32, f32)>, TrainError> {
+        let batches: Vec<_> = mbs.iter().map(|x| F::batch(cfg, x)).collect();
+        let partition = cfg.partition.clone();
+        let chunks = partition.v;
+        let ops: Vec<Op> = (0..mbs.len())
+            .flat_map(|mb| (0..chunks).map(move |chunk| Op::Forward { chunk, mb }))
+            .collect();
+        let ctxs = vec![StepContext::eval(); mbs.len()];
+        let pp = &mut *self.comms.pp;
+        let r = Stage {
+            chunks: &self.chunks,
+            partition,
+            rank: pp.rank(),
+            pp: &mut *pp,
+            tp: &mut self.comms.tp,
+        }
+        .run(
+            &self.params,
+            None,
+            &ops,
+            &batches,
+            &ctxs,
+            1.0,
+            &mut self.timers,
+        )?;
+        Ok(r.losses)
+    }
+
+    /// `--full-validation`: the micro-batches of one pass over the whole validation split as
+    /// Megatron reads it. Its `MegatronFullValidationSampler` hands data-parallel rank r the
+    /// samples r, r + d, ... one per micro-batch, and the run's evaluation iterations become
+    /// as many as the longest rank's list, each of `--eval-global-batch-size` /
+    /// (`--eval-micro-batch-size` x d) micro-batches drawn from that rank's list under a
+    /// cyclic iterator that goes on from one validation to the next. Where d divides the split
+    /// and one micro-batch makes an iteration, each pass reads every sample once; otherwise
+    /// it reads some twice, as Megatron does (and a resumed run starts its lists afresh, as
+    /// Megatron's rebuilt iterator does).
+    fn full_pass(&mut self, dp_rank: usize, dp_size: usize) -> Result<EvalPlan, TrainError> {
+        let n = F::num_samples(&self.data, Split::Valid);
+        let (rank, dp) = (dp_rank as u64, dp_size as u64);
+        if n < dp {
+            return Err(TrainError::Args(format!(
+                "--full-validation: the validation split has {n} samples, fewer than the {dp} data-parallel ranks that each read one (Megatron's iterator stops on an empty rank)"
+            )));
+        }
+        let own = (n - rank).div_ceil(dp);
+        let iterations = n.div_ceil(dp);
+        let c = self.cfg;
+        let per_iteration = c.eval_global_batch_size / (c.eval_micro_batch_size * dp_size);
+        let count = iterations * per_iteration as u64;
+        let cursor = self.full_valid_cursor;
+        let samples = (0..count)
+            .map(|k| vec![rank + dp * ((cursor + k) % own)])
+            .collect();
+        self.full_valid_cursor += count;
+        // Megatron's count of validation samples read: an evaluation batch per iteration.
+        self.consumed_valid += iterations * c.eval_global_batch_size as u64;
+        let mut cfg = c.for_evaluation();
+        cfg.args.micro_batch_size = 1;
+        Ok(EvalPlan {
+            per_iteration,
+            global: count as usize * dp_size,
+            samples,
+            cfg,
+        })
+    }
+}
+
+/// What one evaluation reads on this rank.
+struct EvalPlan {
+    /// Micro-batches per evaluation iteration on this rank.
+    per_iteration: usize,
+    /// Micro-batches over all data-parallel ranks (a mean of micro-batch losses divides by it).
+    global: usize,
+    /// This rank's micro-batches, each its sample indices.
+    samples: Vec<Vec<u64>>,
+    /// The configuration the micro-batches are built with (their size).
+    cfg: crate::arguments::TrainConfig,
 }

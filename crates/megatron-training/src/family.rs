@@ -121,7 +121,8 @@ pub(crate) fn sentence_splits<D>(
         prefix,
     )?);
     let (valid, test) = cfg.eval_split_samples();
-    let want = [cfg.train_samples(), valid, test];
+    // (`--full-validation` is refused for BERT and T5 with the flags.)
+    let want = [cfg.train_samples(), valid.unwrap_or(0), test];
     let matrix = split_matrix(&megatron_data::text_dataset::parse_split(&a.split)?);
     let names = ["train", "validation", "test"];
     let mut splits: [Option<D>; 3] = [None, None, None];

@@ -67,7 +67,8 @@ pub(crate) fn split_length(
     let (valid, test) = cfg.eval_split_samples();
     match split {
         Split::Train => cfg.train_samples(),
-        Split::Valid => valid,
+        // (`--full-validation`'s one epoch needs data with an end: never mock data.)
+        Split::Valid => valid.unwrap_or(num_samples),
         Split::Test => test,
     }
 }

@@ -94,6 +94,9 @@ pub(crate) struct Trainer<'a, F: TrainFamily> {
     pub consumed: u64,
     /// Validation samples the evaluations have read (Megatron's `consumed_valid_samples`).
     pub consumed_valid: u64,
+    /// `--full-validation`: micro-batches this rank has drawn from its cyclic list of the
+    /// validation split (not saved: Megatron's iterator starts afresh on resume).
+    pub full_valid_cursor: u64,
     /// Which samples of each split this rank reads at a consumed count.
     pub samplers: crate::sample_order::RankSamplers,
     /// `--async-save`: the save a background thread is writing.
@@ -320,6 +323,7 @@ fn run_family<F: TrainFamily>(
         pending_gather: false,
         consumed,
         consumed_valid,
+        full_valid_cursor: 0,
         samplers: {
             let (dp_rank, dp) = comms_dp;
             crate::sample_order::RankSamplers::new(
