@@ -250,3 +250,104 @@ fn a_checkpoint_records_the_validation_samples_of_the_evaluation_batch_size() {
     assert_eq!(resumed.val_losses, straight.val_losses[2..]);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// `--full-validation` against Megatron-LM's own (`bench/make_full_validation_fixture.py`): the
+/// `gpt_adam` run's weights scored on one epoch of a 70/30 split's validation part (15 samples)
+/// three times in a row, at DP 1 with two micro-batches per evaluation iteration (each pass
+/// reads every sample twice: equal losses), at DP 2 (8 and 7 samples: Megatron's cyclic
+/// iterators read one twice, and go on from one validation to the next) and at DP 2 with
+/// evaluation batch sizes of their own.
+#[test]
+fn full_validation_scores_what_megatron_lms_full_validation_scores() {
+    use common::megatron_resume::{convert, fixture, train, GPT};
+    let text = std::fs::read_to_string(fixture("full_validation.json")).unwrap();
+    let want: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let dir = tmpdir("full-validation");
+    let save = dir.join("gpt_adam");
+    convert(&fixture("gpt_adam"), &save).unwrap();
+    for (name, world, batches) in [
+        (
+            "dp1_two_micro_batches",
+            "1",
+            &["--micro-batch-size", "1", "--global-batch-size", "2"][..],
+        ),
+        (
+            "dp2",
+            "2",
+            &["--micro-batch-size", "1", "--global-batch-size", "2"][..],
+        ),
+        (
+            "dp2_eval_batches",
+            "2",
+            &[
+                "--micro-batch-size",
+                "2",
+                "--global-batch-size",
+                "4",
+                "--eval-micro-batch-size",
+                "1",
+                "--eval-global-batch-size",
+                "4",
+            ][..],
+        ),
+    ] {
+        let flags = [
+            batches,
+            &[
+                "--nproc-per-node",
+                world,
+                "--split",
+                "70,30,0",
+                "--full-validation",
+                "--eval-iters",
+                "1",
+                "--eval-interval",
+                "1",
+                "--train-iters",
+                "2",
+                "--lr",
+                "0",
+                "--min-lr",
+                "0",
+                "--finetune",
+            ][..],
+        ]
+        .concat();
+        let s = train(&dir.join(name), &save, GPT, &flags);
+        let theirs: Vec<f64> = want[name]["losses"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_f64().unwrap())
+            .collect();
+        let ours: Vec<f64> = s.val_losses.iter().map(|v| v.1).collect();
+        assert_eq!(ours.len(), 3, "{name}: {ours:?}");
+        for (a, b) in ours.iter().zip(&theirs) {
+            assert!(
+                (a - b).abs() <= 2e-6 * b.abs(),
+                "{name}: {ours:?} against Megatron-LM's {theirs:?}"
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn full_validation_is_refused_where_megatron_has_no_epoch_to_score() {
+    // Mock data has no end; BERT's datasets are not what Megatron's flag reads.
+    let e = pretrain(&args(
+        &[FROZEN, &["--full-validation", "--train-iters", "2"][..]].concat(),
+    ))
+    .map(|_| ())
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("--full-validation") && e.contains("mock data"),
+        "{e}"
+    );
+    let e = pretrain(&bert_args(&["--full-validation", "--train-iters", "2"]))
+        .map(|_| ())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("--full-validation") && e.contains("bert"), "{e}");
+}
