@@ -1,6 +1,7 @@
 """Writes tests/fixtures/megatron_resume/full_validation.json: Megatron-LM's `--full-validation`
 losses for the weights of the `gpt_adam` run (bench/make_megatron_optim_fixtures.py, loaded with
-`--finetune`), on the fixtures' dataset split 70/30/0, for three validations in a row. Each comes
+`--finetune`), on the fixtures' dataset split 70/30/0, for three validations in a row; and, with `--multiple-validation-sets`, two datasets of
+`--valid-data-path` (the fixtures' and a second one this script writes beside it) scored apart. Each comes
 from Megatron-LM's own `build_train_valid_test_data_iterators` (the one-epoch validation split,
 `MegatronFullValidationSampler`, its `cyclic_iter`, the evaluation-iteration count all-reduced
 over data-parallel ranks) and its own `evaluate`, at DP 1 and DP 2 and with evaluation batch
@@ -31,7 +32,25 @@ CASES = {
     "dp2": (2, ["--micro-batch-size", "1", "--global-batch-size", "2"]),
     "dp2_eval_batches": (2, ["--micro-batch-size", "2", "--global-batch-size", "4",
                              "--eval-micro-batch-size", "1", "--eval-global-batch-size", "4"]),
+    # --multiple-validation-sets: the two datasets of --valid-data-path scored apart, each with
+    # its own iterators (`validation-main`, `validation-other`).
+    "dp2_two_sets": (2, ["--micro-batch-size", "1", "--global-batch-size", "2",
+                         "--multiple-validation-sets", "--validation-set-names", "main", "other"]),
 }
+SECOND = "tokens_b_text_document"
+
+
+def write_second(prefix):
+    """A second small dataset for the sets: documents of random ids below 100, ended by 100."""
+    import numpy as np
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+    rng = np.random.default_rng(12)
+    b = IndexedDatasetBuilder(prefix + ".bin", dtype=np.uint16)
+    for _ in range(16):
+        n = int(rng.integers(5, 40))
+        b.add_document(torch.from_numpy(np.append(rng.integers(0, 100, n), 100).astype(np.int64)),
+                       [n + 1])
+    b.finalize(prefix + ".idx")
 FLAGS = ["--split", "70,30,0", "--eval-iters", "1", "--eval-interval", "1", "--lr", "0",
          "--min-lr", "0", "--full-validation", "--finetune", "--no-load-rng", "--num-workers", "0"]
 
@@ -41,9 +60,18 @@ def run(rank, world, flags, out, port, fixtures):
     import megatron.training.training  # noqa: F401
     opt.cpu_model_wrapping()
     prefix = os.path.join(fixtures, "data", "tokens_text_document")
-    flags = opt.GPT + opt.DATA + flags + FLAGS + [
-        "--data-path", prefix, "--data-cache-path", os.path.join(out, "cache"),
+    if "--multiple-validation-sets" in flags:
+        data = ["--train-data-path", prefix, "--valid-data-path", prefix,
+                os.path.join(fixtures, "data", SECOND)]
+    else:
+        data = ["--data-path", prefix]
+    flags = opt.GPT + opt.DATA + flags + FLAGS + data + [
+        "--data-cache-path", os.path.join(out, "cache"),
         "--load", os.path.join(fixtures, "gpt_adam")]
+    if "--train-data-path" in flags:
+        # Per-split paths take no --split (Megatron-LM asserts they are incompatible).
+        at = [i for i, f in enumerate(flags) if f == "--split"]
+        flags = [f for i, f in enumerate(flags) if i not in at and i - 1 not in at]
     args, _ = fx.setup(rank, world, 1, 1, flags, port)
     from megatron.core.enums import ModelType
     from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
@@ -69,9 +97,13 @@ def run(rank, world, flags, out, port, fixtures):
         return output, partial(pretrain_gpt.loss_func, b["loss_mask"].float(), model=model)
 
     losses = []
+    sets = valid if args.multiple_validation_sets else [valid]
+    eval_iters = args.eval_iters if args.multiple_validation_sets else [args.eval_iters]
     for _ in range(EVALUATIONS):
-        total, _, _ = evaluate(forward_step, valid, model, None, config)
-        losses.append(total["lm loss"].item())
+        # One validation: each set in order, as evaluate_and_print_results scores them.
+        for it, n in zip(sets, eval_iters):
+            total, _, _ = evaluate(forward_step, it, model, None, config, eval_iters=n)
+            losses.append(total["lm loss"].item())
     if rank == world - 1:
         with open(os.path.join(out, "losses.json"), "w") as f:
             json.dump({"losses": losses, "eval_iters": args.eval_iters}, f)
@@ -80,6 +112,9 @@ def run(rank, world, flags, out, port, fixtures):
 if __name__ == "__main__":
     import tempfile
     fixtures = os.path.abspath(sys.argv[1])
+    second = os.path.join(fixtures, "data", SECOND)
+    if not os.path.exists(second + ".idx"):
+        write_second(second)
     result, port = {}, 29980
     for name, (world, flags) in CASES.items():
         with tempfile.TemporaryDirectory() as out:

@@ -177,4 +177,7 @@ impl GPTSampleSource for GPTFIMDataset {
     fn eod(&self) -> Option<u32> {
         self.inner.eod()
     }
+    fn validation_sets(&self) -> Vec<u64> {
+        self.inner.validation_sets()
+    }
 }

@@ -93,4 +93,9 @@ pub trait GPTSampleSource: Send + Sync {
     fn sample(&self, split: Split, idx: u64, out: &mut [u32]);
     /// Id whose label is masked out of the loss (Megatron's `--eod-mask-loss`), if any.
     fn eod(&self) -> Option<u32>;
+    /// The validation split's sets, laid end to end in its sample indices: their lengths
+    /// (`--multiple-validation-sets` makes several; otherwise the split is one).
+    fn validation_sets(&self) -> Vec<u64> {
+        vec![self.num_samples(Split::Valid)]
+    }
 }

@@ -26,9 +26,23 @@ pub struct MegatronDataConfig {
     /// `num_samples=None`, which `--full-validation` asks of the validation split).
     pub num_samples: [Option<u64>; 3],
     pub data_cache_path: Option<String>,
+    /// How the validation split's datasets make it up (`--multiple-validation-sets`).
+    pub valid_split: ValidSplit,
     /// Identifies the tokenizer in the cache description.
     pub tokenizer: String,
     pub eod: u32,
+}
+
+/// How the validation split's datasets make it up.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ValidSplit {
+    /// One split: a blend of its datasets by weight, as the other splits.
+    #[default]
+    Blended,
+    /// `--multiple-validation-sets`: each dataset of `--valid-data-path` its own validation
+    /// set, one epoch each, scored apart (weights are not used), laid end to end in the
+    /// split's sample indices.
+    PerDataset,
 }
 
 const SURPLUS: f64 = 0.005;
@@ -41,8 +55,18 @@ struct Part {
 
 struct SplitData {
     parts: Vec<Part>,
-    blend: Option<(Vec<i16>, Vec<i64>)>,
+    index: PartIndex,
     len: u64,
+}
+
+/// Which part a split's sample comes from.
+enum PartIndex {
+    /// One dataset.
+    One,
+    /// Megatron's `BlendedDataset`: per sample, its dataset and its index there.
+    Blend(Vec<i16>, Vec<i64>),
+    /// Datasets end to end (`ValidSplit::PerDataset`): where each starts.
+    EndToEnd(Vec<u64>),
 }
 
 pub struct MegatronGPTData {
@@ -92,8 +116,11 @@ impl MegatronGPTData {
                 continue;
             }
             let weights: Vec<f64> = blend.iter().map(|b| b.0).collect();
+            // (As in Megatron-LM, only a per-split validation blend is split into sets: under
+            // --data-path the validation split is that blend's.)
+            let per_dataset = s == 1 && use_per_split && cfg.valid_split == ValidSplit::PerDataset;
             let want: Vec<Option<u64>> = match size {
-                _ if blend.len() == 1 => vec![size],
+                _ if blend.len() == 1 || per_dataset => vec![size; blend.len()],
                 Some(size) => per_dataset_samples(&weights, size as usize, SURPLUS)
                     .into_iter()
                     .map(Some)
@@ -147,7 +174,7 @@ impl MegatronGPTData {
                 continue;
             }
             let blend_ix = match size {
-                Some(size) if parts.len() > 1 => {
+                Some(size) if parts.len() > 1 && !per_dataset => {
                     Some(build_blending_indices(&weights, size as usize))
                 }
                 _ => None,
@@ -172,15 +199,20 @@ impl MegatronGPTData {
                     }
                 }
             }
-            let len = match (&blend_ix, size) {
-                (Some(_), Some(size)) => size,
-                _ => parts[0].ix.len() as u64,
+            let (index, len) = match (blend_ix, size) {
+                (Some((di, si)), Some(size)) => (PartIndex::Blend(di, si), size),
+                _ if per_dataset => {
+                    let mut starts = Vec::with_capacity(parts.len());
+                    let mut len = 0;
+                    for p in &parts {
+                        starts.push(len);
+                        len += p.ix.len() as u64;
+                    }
+                    (PartIndex::EndToEnd(starts), len)
+                }
+                _ => (PartIndex::One, parts[0].ix.len() as u64),
             };
-            splits[s] = Some(SplitData {
-                parts,
-                blend: blend_ix,
-                len,
-            });
+            splits[s] = Some(SplitData { parts, index, len });
         }
         if splits[0].is_none() {
             return Err(DataError::Format {
@@ -336,12 +368,16 @@ impl GPTSampleSource for MegatronGPTData {
             .as_ref()
             .expect("split has data");
         let idx = idx % sd.len;
-        let (part, j) = match &sd.blend {
-            Some((di, si)) => (
+        let (part, j) = match &sd.index {
+            PartIndex::Blend(di, si) => (
                 &sd.parts[di[idx as usize] as usize],
                 si[idx as usize] as usize,
             ),
-            None => (&sd.parts[0], idx as usize),
+            PartIndex::EndToEnd(starts) => {
+                let p = starts.partition_point(|&s| s <= idx) - 1;
+                (&sd.parts[p], (idx - starts[p]) as usize)
+            }
+            PartIndex::One => (&sd.parts[0], idx as usize),
         };
         let mut buf = Vec::with_capacity(out.len());
         read_sample(
@@ -356,5 +392,15 @@ impl GPTSampleSource for MegatronGPTData {
     }
     fn eod(&self) -> Option<u32> {
         Some(self.eod)
+    }
+    fn validation_sets(&self) -> Vec<u64> {
+        match &self.splits[1] {
+            Some(SplitData {
+                parts,
+                index: PartIndex::EndToEnd(_),
+                ..
+            }) => parts.iter().map(|p| p.ix.len() as u64).collect(),
+            _ => vec![self.num_samples(Split::Valid)],
+        }
     }
 }

@@ -769,6 +769,14 @@ pub struct TrainArgs {
     /// for GPT datasets), as Megatron's full-validation sampler reads it.
     #[arg(long)]
     pub full_validation: bool,
+    /// With --full-validation: each dataset of --valid-data-path scored apart, one epoch each,
+    /// logged as `validation-<i>` (Megatron's flag; weights are not used; under --data-path the
+    /// validation split is one set, as in Megatron-LM).
+    #[arg(long)]
+    pub multiple_validation_sets: bool,
+    /// Names for the sets of --multiple-validation-sets, in order (`validation-<name>`).
+    #[arg(long, num_args = 1..)]
+    pub validation_set_names: Vec<String>,
     /// Validate only from this iteration on (Megatron's flag; the validation split is sized
     /// for the evaluations that remain).
     #[arg(long)]
@@ -1173,7 +1181,7 @@ pub struct TrainConfig {
     /// Validation and test batches: `--eval-micro-batch-size`, `--eval-global-batch-size`.
     pub eval_micro_batch_size: usize,
     pub eval_global_batch_size: usize,
-    /// What a validation scores (`--full-validation`).
+    /// What a validation scores (`--full-validation`, `--multiple-validation-sets`).
     pub validation: ValidationScope,
     /// Data-parallel size (ranks / model-parallel sizes).
     pub dp: usize,
@@ -1214,12 +1222,15 @@ fn bad(msg: String) -> TrainError {
 }
 
 /// What each validation scores.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ValidationScope {
     /// The next `--eval-iters` evaluation batches of the validation split.
     EvalIters,
     /// `--full-validation`: the whole split, one epoch built for it.
     Full,
+    /// `--multiple-validation-sets`: each dataset's whole validation set apart, with its
+    /// name (`--validation-set-names`, else its position).
+    FullPerDataset { names: Vec<String> },
 }
 
 impl TrainConfig {
@@ -1271,7 +1282,7 @@ impl TrainConfig {
         let eval = self.eval_samples();
         let valid = |n: u64| match self.validation {
             ValidationScope::EvalIters => Some(n),
-            ValidationScope::Full => None,
+            ValidationScope::Full | ValidationScope::FullPerDataset { .. } => None,
         };
         if a.skip_train {
             return (valid(eval), eval);
@@ -1350,6 +1361,16 @@ impl TrainArgs {
 
     /// `--full-validation`, for what Megatron builds it for: a GPT's indexed validation split.
     fn validation_scope(&self) -> Result<ValidationScope, TrainError> {
+        if !self.validation_set_names.is_empty() && !self.multiple_validation_sets {
+            return Err(bad(
+                "--validation-set-names names the sets of --multiple-validation-sets".into(),
+            ));
+        }
+        if self.multiple_validation_sets && !self.full_validation {
+            return Err(bad(
+                "--multiple-validation-sets needs --full-validation (each set is scored whole, as in Megatron-LM)".into(),
+            ));
+        }
         if !self.full_validation {
             return Ok(ValidationScope::EvalIters);
         }
@@ -1368,7 +1389,12 @@ impl TrainArgs {
                     .into(),
             ));
         }
-        Ok(ValidationScope::Full)
+        Ok(match self.multiple_validation_sets {
+            true => ValidationScope::FullPerDataset {
+                names: self.validation_set_names.clone(),
+            },
+            false => ValidationScope::Full,
+        })
     }
 
     /// `--apply-wd-to-qk-layernorm` (or its deprecated spelling), refused without the norms it

@@ -63,6 +63,12 @@ fn build_gpt_samples(
             // Megatron's sizes: every training sample, every evaluation, one test pass.
             num_samples: [Some(cfg.train_samples()), valid, Some(test)],
             data_cache_path: a.data_cache_path.clone(),
+            valid_split: match cfg.validation {
+                crate::arguments::ValidationScope::FullPerDataset { .. } => {
+                    megatron_data::megatron_data::ValidSplit::PerDataset
+                }
+                _ => megatron_data::megatron_data::ValidSplit::Blended,
+            },
             tokenizer: format!("{}:{}", tok.name(), tok.vocab_size()),
             eod: tok.eod(),
         };

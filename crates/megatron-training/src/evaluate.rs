@@ -50,13 +50,59 @@ impl<F: TrainFamily> Trainer<'_, F> {
     /// Every rank calls it; `None` without samples in the split, or with `--eval-iters 0`
     /// where it counts.
     pub(crate) fn evaluate(&mut self, split: Split) -> Result<Option<EvalLoss>, TrainError> {
-        let full = split == Split::Valid && self.cfg.validation == ValidationScope::Full;
+        let full = split == Split::Valid && self.cfg.validation != ValidationScope::EvalIters;
+        if full {
+            let n = F::num_samples(&self.data, split);
+            return self.evaluate_set(split, (0, n, 0));
+        }
+        self.evaluate_set(split, (0, 0, 0))
+    }
+
+    /// One validation: each set's loss with the suffix Megatron's log gives it (`-<i>` or
+    /// `-<name>` under `--multiple-validation-sets`; none otherwise).
+    pub(crate) fn validate(&mut self) -> Result<Vec<(String, EvalLoss)>, TrainError> {
+        let ValidationScope::FullPerDataset { names } = &self.cfg.validation else {
+            return Ok(self
+                .evaluate(Split::Valid)?
+                .map(|l| (String::new(), l))
+                .into_iter()
+                .collect());
+        };
+        let sets = F::validation_sets(&self.data);
+        if !names.is_empty() && names.len() != sets.len() {
+            return Err(TrainError::Args(format!(
+                "--validation-set-names gives {} names, the validation split has {} datasets",
+                names.len(),
+                sets.len()
+            )));
+        }
+        let names = names.clone();
+        let mut out = Vec::with_capacity(sets.len());
+        let mut start = 0;
+        for (i, &len) in sets.iter().enumerate() {
+            let suffix = names.get(i).cloned().unwrap_or_else(|| i.to_string());
+            if let Some(l) = self.evaluate_set(Split::Valid, (start, len, i))? {
+                out.push((format!("-{suffix}"), l));
+            }
+            start += len;
+        }
+        Ok(out)
+    }
+
+    /// [`Self::evaluate`] of `split`; under `--full-validation` of its set `(start, len,
+    /// index)`.
+    fn evaluate_set(
+        &mut self,
+        split: Split,
+        set: (u64, u64, usize),
+    ) -> Result<Option<EvalLoss>, TrainError> {
+        let full = split == Split::Valid && self.cfg.validation != ValidationScope::EvalIters;
         if F::num_samples(&self.data, split) == 0 || (self.cfg.args.eval_iters == 0 && !full) {
             return Ok(None);
         }
         let (dp_rank, dp_size) = self.comms.data_rank_size();
         let plan = if full {
-            self.full_pass(dp_rank, dp_size)?
+            self.full_pass(dp_rank, dp_size, set)?
         } else {
             // Micro-batches of --eval-micro-batch-size, --eval-global-batch-size per iteration.
             let cfg = self.cfg.for_evaluation();
@@ -170,12 +216,18 @@ impl<F: TrainFamily> Trainer<'_, F> {
     /// and one micro-batch makes an iteration, each pass reads every sample once; otherwise
     /// it reads some twice, as Megatron does (and a resumed run starts its lists afresh, as
     /// Megatron's rebuilt iterator does).
-    fn full_pass(&mut self, dp_rank: usize, dp_size: usize) -> Result<EvalPlan, TrainError> {
-        let n = F::num_samples(&self.data, Split::Valid);
+    /// `set`: where the set lies in the split's sample indices (start, length) and its index
+    /// (each set has its own iterators).
+    fn full_pass(
+        &mut self,
+        dp_rank: usize,
+        dp_size: usize,
+        (start, n, set): (u64, u64, usize),
+    ) -> Result<EvalPlan, TrainError> {
         let (rank, dp) = (dp_rank as u64, dp_size as u64);
         if n < dp {
             return Err(TrainError::Args(format!(
-                "--full-validation: the validation split has {n} samples, fewer than the {dp} data-parallel ranks that each read one (Megatron's iterator stops on an empty rank)"
+                "--full-validation: validation set {set} has {n} samples, fewer than the {dp} data-parallel ranks that each read one (Megatron's iterator stops on an empty rank)"
             )));
         }
         let own = (n - rank).div_ceil(dp);
@@ -183,11 +235,14 @@ impl<F: TrainFamily> Trainer<'_, F> {
         let c = self.cfg;
         let per_iteration = c.eval_global_batch_size / (c.eval_micro_batch_size * dp_size);
         let count = iterations * per_iteration as u64;
-        let cursor = self.full_valid_cursor;
+        if self.full_valid_cursors.len() <= set {
+            self.full_valid_cursors.resize(set + 1, 0);
+        }
+        let cursor = self.full_valid_cursors[set];
         let samples = (0..count)
-            .map(|k| vec![rank + dp * ((cursor + k) % own)])
+            .map(|k| vec![start + rank + dp * ((cursor + k) % own)])
             .collect();
-        self.full_valid_cursor += count;
+        self.full_valid_cursors[set] += count;
         // Megatron's count of validation samples read: an evaluation batch per iteration.
         self.consumed_valid += iterations * c.eval_global_batch_size as u64;
         let mut cfg = c.for_evaluation();

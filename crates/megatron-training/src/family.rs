@@ -38,6 +38,10 @@ pub(crate) trait TrainFamily: 'static {
         lead: bool,
     ) -> Result<Self::Data, TrainError>;
     fn num_samples(data: &Self::Data, split: Split) -> u64;
+    /// The validation split's sets end to end (`--multiple-validation-sets`): their lengths.
+    fn validation_sets(data: &Self::Data) -> Vec<u64> {
+        vec![Self::num_samples(data, Split::Valid)]
+    }
     fn micro_batch(cfg: &TrainConfig, cp: CpLayout) -> Self::MicroBatch;
     /// Samples `samples` (a micro-batch's worth, in the sampler's order) of `split` into `mb`.
     fn fill(

@@ -33,6 +33,10 @@ impl TrainFamily for Gpt {
         data.num_samples(split)
     }
 
+    fn validation_sets(data: &Self::Data) -> Vec<u64> {
+        data.validation_sets()
+    }
+
     fn micro_batch(cfg: &TrainConfig, cp: CpLayout) -> MicroBatch {
         MicroBatch::new(cfg.args.micro_batch_size, cfg.args.seq_length, cfg)
             .on_context_parallel_rank(cp)

@@ -54,6 +54,9 @@ pub struct IterationMetrics {
 #[derive(Serialize, Clone, Debug)]
 pub struct EvalMetrics {
     pub iteration: u64,
+    /// The set of `--multiple-validation-sets` (its name, or its position).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub val_set: Option<String>,
     /// Megatron's `lm loss value` (a BERT's without its sentence-order part).
     pub val_loss: f64,
     /// A BERT's sentence-order loss (`sop loss value`).

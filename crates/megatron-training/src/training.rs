@@ -94,9 +94,9 @@ pub(crate) struct Trainer<'a, F: TrainFamily> {
     pub consumed: u64,
     /// Validation samples the evaluations have read (Megatron's `consumed_valid_samples`).
     pub consumed_valid: u64,
-    /// `--full-validation`: micro-batches this rank has drawn from its cyclic list of the
-    /// validation split (not saved: Megatron's iterator starts afresh on resume).
-    pub full_valid_cursor: u64,
+    /// `--full-validation`: micro-batches this rank has drawn from its cyclic list of each
+    /// validation set (not saved: Megatron's iterators start afresh on resume).
+    pub full_valid_cursors: Vec<u64>,
     /// Which samples of each split this rank reads at a consumed count.
     pub samplers: crate::sample_order::RankSamplers,
     /// `--async-save`: the save a background thread is writing.
@@ -323,7 +323,7 @@ fn run_family<F: TrainFamily>(
         pending_gather: false,
         consumed,
         consumed_valid,
-        full_valid_cursor: 0,
+        full_valid_cursors: Vec::new(),
         samplers: {
             let (dp_rank, dp) = comms_dp;
             crate::sample_order::RankSamplers::new(
@@ -385,15 +385,21 @@ fn run_family<F: TrainFamily>(
         // Megatron's --skip-train: evaluate the loaded model on validation and test, train
         // nothing.
         tr.finish_param_gather()?;
-        let (val, test) = (tr.evaluate(Split::Valid)?, tr.evaluate(Split::Test)?);
+        let (val, test) = (tr.validate()?, tr.evaluate(Split::Test)?);
         if lead {
-            for (name, loss) in [("validation", val), ("test", test)] {
-                match loss {
-                    Some(l) => rep.line(&end_of_training_line(iteration, name, &l)),
-                    None => rep.line(&format!(" no {name} samples (or --eval-iters 0)")),
-                }
+            if val.is_empty() {
+                rep.line(" no validation samples (or --eval-iters 0)");
             }
-            summary.val_losses.extend(val.map(|v| (iteration, v.loss)));
+            for (suffix, l) in &val {
+                rep.line(&end_of_training_line(iteration, (suffix, "validation"), l));
+            }
+            match &test {
+                Some(l) => rep.line(&end_of_training_line(iteration, ("", "test"), l)),
+                None => rep.line(" no test samples (or --eval-iters 0)"),
+            }
+            summary
+                .val_losses
+                .extend(val.iter().map(|(_, v)| (iteration, v.loss)));
             summary.test_loss = test.map(|t| t.loss);
         }
     }
@@ -497,15 +503,16 @@ fn run_family<F: TrainFamily>(
         }
         if cfg.validates_after(iteration) {
             tr.finish_param_gather()?;
-            if let (Some(val), true) = (tr.evaluate(Split::Valid)?, lead) {
+            let val = tr.validate()?;
+            for (suffix, val) in val.iter().filter(|_| lead) {
                 rep.line(&format!(
-                    " validation loss at iteration {iteration} | {}",
+                    " validation{suffix} loss at iteration {iteration} | {}",
                     val.values()
                 ));
                 record_validation(
                     a,
                     (iteration, tr.consumed),
-                    &val,
+                    (suffix, val),
                     &mut metrics,
                     &mut tensorboard,
                 )?;
@@ -534,19 +541,24 @@ fn run_family<F: TrainFamily>(
     if !a.skip_train && !exited {
         // Megatron's end of training scores validation (on the next validation samples, as
         // its iterator goes on), then test, with its own lines.
-        if let (Some(val), true) = (tr.evaluate(Split::Valid)?, lead) {
-            rep.line(&end_of_training_line(iteration, "validation", &val));
+        let val = tr.validate()?;
+        for (suffix, val) in val.iter().filter(|_| lead) {
+            rep.line(&end_of_training_line(
+                iteration,
+                (suffix, "validation"),
+                val,
+            ));
             record_validation(
                 a,
                 (iteration, tr.consumed),
-                &val,
+                (suffix, val),
                 &mut metrics,
                 &mut tensorboard,
             )?;
             summary.val_losses.push((iteration, val.loss));
         }
         if let (Some(test), true) = (tr.evaluate(Split::Test)?, lead) {
-            rep.line(&end_of_training_line(iteration, "test", &test));
+            rep.line(&end_of_training_line(iteration, ("", "test"), &test));
             summary.test_loss = Some(test.loss);
         }
     }
@@ -572,12 +584,13 @@ fn run_family<F: TrainFamily>(
 fn record_validation(
     a: &crate::arguments::TrainArgs,
     (iteration, consumed): (u64, u64),
-    val: &crate::evaluate::EvalLoss,
+    (suffix, val): (&str, &crate::evaluate::EvalLoss),
     metrics: &mut MetricsFile,
     tensorboard: &mut Option<crate::tensorboard::training_log::TensorboardLog>,
 ) -> Result<(), TrainError> {
     let ev = crate::logging::EvalMetrics {
         iteration,
+        val_set: suffix.strip_prefix('-').map(String::from),
         val_loss: val.lm(),
         val_sop_loss: val.sop,
     };
@@ -586,7 +599,7 @@ fn record_validation(
         source: e,
     })?;
     if let Some(tb) = tensorboard {
-        tb.validation(iteration, consumed, val.lm(), val.sop)
+        tb.validation((suffix, iteration, consumed), val.lm(), val.sop)
             .map_err(|e| TrainError::Io {
                 path: a.tensorboard_dir.clone().unwrap_or_default(),
                 source: e,
@@ -596,10 +609,15 @@ fn record_validation(
 }
 
 /// Megatron's line for a split scored after training (or under `--skip-train`), which log
-/// parsers look for: `validation loss at iteration N on test set | ...`.
-fn end_of_training_line(iteration: u64, split: &str, loss: &crate::evaluate::EvalLoss) -> String {
+/// parsers look for: `validation loss at iteration N on test set | ...` (`validation-<set>
+/// loss ...` for a set of `--multiple-validation-sets`).
+fn end_of_training_line(
+    iteration: u64,
+    (suffix, split): (&str, &str),
+    loss: &crate::evaluate::EvalLoss,
+) -> String {
     format!(
-        " validation loss at iteration {iteration} on {split} set | {}",
+        " validation{suffix} loss at iteration {iteration} on {split} set | {}",
         loss.values()
     )
 }

@@ -180,14 +180,15 @@ impl TensorboardLog {
     /// A validation loss (and perplexity with `--log-validation-ppl-to-tensorboard`), flushed.
     pub fn validation(
         &mut self,
-        iteration: u64,
-        samples: u64,
+        (suffix, iteration, samples): (&str, u64, u64),
         loss: f64,
         sop: Option<f64>,
     ) -> std::io::Result<()> {
-        self.both("lm loss validation", loss, iteration, samples)?;
+        // `lm loss validation-<set>` for a set of --multiple-validation-sets, as Megatron.
+        let lm = format!("lm loss validation{suffix}");
+        self.both(&lm, loss, iteration, samples)?;
         if self.on.validation_ppl {
-            self.both("lm loss validation ppl", loss.exp(), iteration, samples)?;
+            self.both(&format!("{lm} ppl"), loss.exp(), iteration, samples)?;
         }
         if let Some(l) = sop {
             self.both("sop loss validation", l, iteration, samples)?;
