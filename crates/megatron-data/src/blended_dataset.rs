@@ -25,6 +25,43 @@ pub fn build_blending_indices(weights: &[f64], size: usize) -> (Vec<i16>, Vec<i6
     (di, si)
 }
 
+/// Megatron's `build_exhaustive_blending_indices`: every sample of each dataset (`sizes`), in
+/// proportion to the sizes, for a blend without a size (an unweighted `--data-path` under
+/// `num_samples=None`); a dataset leaves the choice once it is spent.
+pub fn build_exhaustive_blending_indices(sizes: &[u64]) -> (Vec<i16>, Vec<i64>) {
+    let total: u64 = sizes.iter().sum();
+    let weights: Vec<f64> = sizes.iter().map(|&n| n as f64 / total as f64).collect();
+    let mut counts = vec![0u64; sizes.len()];
+    let mut di = Vec::with_capacity(total as usize);
+    let mut si = Vec::with_capacity(total as usize);
+    for i in 0..total {
+        let x = (i as f64).max(1.0);
+        let mut best = None;
+        let mut best_err = f64::NEG_INFINITY;
+        for (d, w) in weights.iter().enumerate() {
+            if counts[d] == sizes[d] {
+                continue;
+            }
+            let err = w * x - counts[d] as f64;
+            if err > best_err {
+                best_err = err;
+                best = Some(d);
+            }
+        }
+        let best = best.expect("a dataset with samples left while the total is not reached");
+        di.push(best as i16);
+        si.push(counts[best] as i64);
+        counts[best] += 1;
+    }
+    (di, si)
+}
+
+/// Whether a `--data-path`-style list gives weights (`w1 p1 w2 p2 ...`); Megatron infers an
+/// unweighted list's weights from the datasets' lengths.
+pub fn blend_is_weighted(args: &[String]) -> bool {
+    args.len().is_multiple_of(2) && args.first().is_some_and(|a| a.parse::<f64>().is_ok())
+}
+
 /// Samples each dataset must provide for a blend of `size`: `ceil(ceil(size * w) * (1 + surplus))`
 /// (Megatron's `--mid-level-dataset-surplus`, default 0.005).
 pub fn per_dataset_samples(weights: &[f64], size: usize, surplus: f64) -> Vec<u64> {

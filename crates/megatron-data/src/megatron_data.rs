@@ -2,7 +2,10 @@
 //! the blend (indices built as Megatron builds them, cached under `--data-cache-path`), and a
 //! `BlendedDataset` on top when several datasets are blended.
 
-use crate::blended_dataset::{build_blending_indices, parse_blend, per_dataset_samples};
+use crate::blended_dataset::{
+    blend_is_weighted, build_blending_indices, build_exhaustive_blending_indices, parse_blend,
+    per_dataset_samples,
+};
 use crate::gpt_dataset::{
     build_indices, read_sample, split_indices, split_matrix, GPTDatasetIndices,
 };
@@ -102,14 +105,15 @@ impl MegatronGPTData {
         let mut splits: [Option<SplitData>; 3] = [None, None, None];
         let mut report = Vec::new();
         for s in 0..3 {
-            let (blend, bounds) = if use_per_split {
+            let (list, bounds) = if use_per_split {
                 if cfg.per_split[s].is_empty() {
                     continue;
                 }
-                (parse_blend(&cfg.per_split[s])?, Some((0.0, 1.0)))
+                (&cfg.per_split[s], Some((0.0, 1.0)))
             } else {
-                (parse_blend(&cfg.data_path)?, matrix[s])
+                (&cfg.data_path, matrix[s])
             };
+            let blend = parse_blend(list)?;
             let Some(bounds) = bounds else { continue };
             let size = cfg.num_samples[s];
             if size == Some(0) {
@@ -119,7 +123,11 @@ impl MegatronGPTData {
             // (As in Megatron-LM, only a per-split validation blend is split into sets: under
             // --data-path the validation split is that blend's.)
             let per_dataset = s == 1 && use_per_split && cfg.valid_split == ValidSplit::PerDataset;
+            // An unweighted list of several datasets: Megatron builds one epoch of each and
+            // blends them in proportion to their lengths.
+            let by_length = blend.len() > 1 && !per_dataset && !blend_is_weighted(list);
             let want: Vec<Option<u64>> = match size {
+                _ if by_length => vec![None; blend.len()],
                 _ if blend.len() == 1 || per_dataset => vec![size; blend.len()],
                 Some(size) => per_dataset_samples(&weights, size as usize, SURPLUS)
                     .into_iter()
@@ -174,8 +182,33 @@ impl MegatronGPTData {
                 continue;
             }
             let blend_ix = match size {
+                _ if by_length => {
+                    let lengths: Vec<u64> = parts.iter().map(|p| p.ix.len() as u64).collect();
+                    let total: u64 = lengths.iter().sum();
+                    match size {
+                        // Megatron's `min(size, sum(lengths))`: one epoch of everything at most.
+                        Some(size) if size > total && s == 0 => {
+                            return Err(DataError::Format {
+                                path: blend[0].1.clone(),
+                                msg: format!(
+                                    "an unweighted --data-path blend holds {total} training samples (one epoch of each dataset, blended by length, as Megatron builds it), and the run reads {size}: give weights (W1 PREFIX1 W2 PREFIX2 ...) to read the datasets more than once"
+                                ),
+                            })
+                        }
+                        Some(size) => {
+                            let w: Vec<f64> =
+                                lengths.iter().map(|&n| n as f64 / total as f64).collect();
+                            Some(build_blending_indices(&w, size.min(total) as usize))
+                        }
+                        None => Some(build_exhaustive_blending_indices(&lengths)),
+                    }
+                }
+                // Megatron's blend is as long as its datasets' shares, each rounded up.
                 Some(size) if parts.len() > 1 && !per_dataset => {
-                    Some(build_blending_indices(&weights, size as usize))
+                    let shares: u64 = per_dataset_samples(&weights, size as usize, 0.0)
+                        .iter()
+                        .sum();
+                    Some(build_blending_indices(&weights, shares as usize))
                 }
                 _ => None,
             };
@@ -200,7 +233,10 @@ impl MegatronGPTData {
                 }
             }
             let (index, len) = match (blend_ix, size) {
-                (Some((di, si)), Some(size)) => (PartIndex::Blend(di, si), size),
+                (Some((di, si)), _) => {
+                    let len = di.len() as u64;
+                    (PartIndex::Blend(di, si), len)
+                }
                 _ if per_dataset => {
                     let mut starts = Vec::with_capacity(parts.len());
                     let mut len = 0;
