@@ -52,46 +52,58 @@ fn each_validation_reads_the_next_global_batches_of_the_split() {
     );
 }
 
+/// A run of `flags` validating every 2 iterations and saved at iteration 4 is resumed there:
+/// the checkpoint must record `consumed` validation samples (`what`), and the resumed run
+/// validate on the samples the uninterrupted one does. Returns the checkpoint's directory, the
+/// uninterrupted run and the flags, for more resumes; the caller removes `dir`.
+fn saved_and_resumed(
+    dir: &std::path::Path,
+    flags: &[&str],
+    (consumed, what): (u64, &str),
+) -> (std::path::PathBuf, TrainSummary) {
+    let ckpt = dir.join("ckpt");
+    let c = ckpt.to_str().unwrap();
+    let straight = pretrain(&args(
+        &[flags, &["--save", c, "--save-interval", "4"]].concat(),
+    ))
+    .unwrap();
+    let meta = ckpt.join("iter_0000004").join("metadata.json");
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&meta).unwrap()).unwrap();
+    assert_eq!(v["consumed_valid_samples"], consumed, "{what}");
+    let resumed = pretrain(&args(&[flags, &["--load", c, "--ckpt-step", "4"]].concat())).unwrap();
+    assert_eq!(resumed.val_losses, straight.val_losses[2..]);
+    (ckpt, straight)
+}
+
+const RESUMED: &[&str] = &[
+    "--train-iters",
+    "6",
+    "--eval-interval",
+    "2",
+    "--eval-iters",
+    "1",
+    "--lr",
+    "1e-3",
+    "--lr-decay-iters",
+    "12",
+];
+
 #[test]
 fn a_resumed_run_validates_on_the_samples_the_uninterrupted_run_does() {
     let dir = tmpdir("eval-resume");
-    let ckpt = dir.join("ckpt");
-    let c = ckpt.to_str().unwrap();
-    let flags = [
-        "--train-iters",
-        "6",
-        "--eval-interval",
-        "2",
-        "--eval-iters",
-        "1",
-        "--lr",
-        "1e-3",
-        "--lr-decay-iters",
-        "12",
-    ];
-    let straight = pretrain(&args(
-        &[&flags[..], &["--save", c, "--save-interval", "4"]].concat(),
-    ))
-    .unwrap();
-    let resumed = pretrain(&args(
-        &[&flags[..], &["--load", c, "--ckpt-step", "4"]].concat(),
-    ))
-    .unwrap();
-    assert_eq!(resumed.val_losses, straight.val_losses[2..]);
+    let (ckpt, straight) = saved_and_resumed(&dir, RESUMED, (8, "2 evaluations of 1 batch of 4"));
     // A checkpoint that does not record the samples read (an older one): counted from the
     // iteration, as Megatron does.
     let meta = ckpt.join("iter_0000004").join("metadata.json");
     let json = std::fs::read_to_string(&meta).unwrap();
     let mut v: serde_json::Value = serde_json::from_str(&json).unwrap();
-    assert_eq!(
-        v["consumed_valid_samples"], 8,
-        "2 evaluations of 1 batch of 4"
-    );
     v.as_object_mut().unwrap().remove("consumed_valid_samples");
     std::fs::write(&meta, serde_json::to_string(&v).unwrap()).unwrap();
     // The manifest's checksums cover the shards, not itself.
+    let c = ckpt.to_str().unwrap();
     let older = pretrain(&args(
-        &[&flags[..], &["--load", c, "--ckpt-step", "4"]].concat(),
+        &[RESUMED, &["--load", c, "--ckpt-step", "4"]].concat(),
     ))
     .unwrap();
     assert_eq!(older.val_losses, straight.val_losses[2..]);
@@ -214,40 +226,17 @@ fn eval_batch_sizes_that_do_not_divide_over_the_data_parallel_ranks_are_refused_
 #[test]
 fn a_checkpoint_records_the_validation_samples_of_the_evaluation_batch_size() {
     let dir = tmpdir("eval-batch-resume");
-    let ckpt = dir.join("ckpt");
-    let c = ckpt.to_str().unwrap();
     let flags = [
-        "--train-iters",
-        "6",
-        "--eval-interval",
-        "2",
-        "--eval-iters",
-        "1",
-        "--eval-global-batch-size",
-        "8",
-        "--eval-micro-batch-size",
-        "4",
-        "--lr",
-        "1e-3",
-        "--lr-decay-iters",
-        "12",
-    ];
-    let straight = pretrain(&args(
-        &[&flags[..], &["--save", c, "--save-interval", "4"]].concat(),
-    ))
-    .unwrap();
-    let meta = ckpt.join("iter_0000004").join("metadata.json");
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&meta).unwrap()).unwrap();
-    assert_eq!(
-        v["consumed_valid_samples"], 16,
-        "2 evaluations of 1 batch of 8"
-    );
-    let resumed = pretrain(&args(
-        &[&flags[..], &["--load", c, "--ckpt-step", "4"]].concat(),
-    ))
-    .unwrap();
-    assert_eq!(resumed.val_losses, straight.val_losses[2..]);
+        RESUMED,
+        &[
+            "--eval-global-batch-size",
+            "8",
+            "--eval-micro-batch-size",
+            "4",
+        ],
+    ]
+    .concat();
+    saved_and_resumed(&dir, &flags, (16, "2 evaluations of 1 batch of 8"));
     let _ = std::fs::remove_dir_all(dir);
 }
 

@@ -24,8 +24,8 @@ use super::megatron_lm::{
     SavedLayout, TensorKind,
 };
 use super::megatron_lm_state::{
-    grad_scaler_state, param_group, scheduler_state, state_export, ExpertOptimizer, GroupsPresent,
-    OptimizerForm, StateExport,
+    export_dir_name, exported_state, grad_scaler_state, param_group, scheduler_state,
+    write_tracker, ExpertOptimizer, GroupsPresent, OptimizerForm, StateExport,
 };
 use super::pickle_writer::Pickle;
 use super::torch_save::{f32_tensor_pickle, save_archive};
@@ -478,17 +478,7 @@ pub fn megatron_to_torch(
         msg,
     };
     let layout = resolve_layout(&cfg, layout).map_err(fail)?;
-    let state = match state_export(&ck.meta, &ck.tensors) {
-        StateExport::Refused(why) => {
-            eprintln!(
-                "WARNING: the optimizer state at iteration {} is not exported: {why}. The export \
-                 holds the weights alone, a release checkpoint Megatron-LM starts from",
-                ck.meta.iteration
-            );
-            StateExport::Nothing
-        }
-        other => other,
-    };
+    let state = exported_state(&ck.meta, &ck.tensors);
     let carried = matches!(state, StateExport::Carried);
     let saved = SavedLayout {
         tp: layout.tp,
@@ -506,12 +496,7 @@ pub fn megatron_to_torch(
     )
     .map_err(fail)?;
     let chunks = chunk_entries(&cfg, layout).map_err(fail)?;
-    let (dir_name, tracker_text) = if carried {
-        let i = ck.meta.iteration;
-        (format!("iter_{i:07}"), i.to_string())
-    } else {
-        ("release".to_string(), "release".to_string())
-    };
+    let (dir_name, tracker_text) = export_dir_name(&ck.meta, &state);
     let dir = output.join(&dir_name);
     let tmp = output.join(format!("{dir_name}.partial"));
     if dir.exists() {
@@ -649,10 +634,7 @@ pub fn megatron_to_torch(
         return Err(e);
     }
     std::fs::rename(&tmp, &dir).map_err(crate::io_err(&dir))?;
-    let tracker = output.join("latest_checkpointed_iteration.txt");
-    let partial = output.join("latest_checkpointed_iteration.txt.partial");
-    std::fs::write(&partial, tracker_text).map_err(crate::io_err(&partial))?;
-    std::fs::rename(&partial, &tracker).map_err(crate::io_err(&tracker))?;
+    write_tracker(output, &tracker_text)?;
     Ok(dir)
 }
 

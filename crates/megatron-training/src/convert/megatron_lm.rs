@@ -11,8 +11,8 @@
 //! state and `_extra_state`s are not read.
 
 use super::megatron_lm_state::{
-    continued_run, exported_common_state, exported_state_names, read_run_state, state_export,
-    ExpertOptimizer, GroupsPresent, StateExport,
+    continued_run, export_dir_name, exported_common_state, exported_state, exported_state_names,
+    read_run_state, write_tracker, ExpertOptimizer, GroupsPresent, StateExport,
 };
 use super::pickle::PyValue;
 use super::pickle_writer::Pickle;
@@ -1335,17 +1335,7 @@ pub fn megatron_to_torch_dist(
         path: input.display().to_string(),
         msg,
     };
-    let state = match state_export(&ck.meta, &ck.tensors) {
-        StateExport::Refused(why) => {
-            eprintln!(
-                "WARNING: the optimizer state at iteration {} is not exported: {why}. The export \
-                 holds the weights alone, a release checkpoint Megatron-LM starts from",
-                ck.meta.iteration
-            );
-            StateExport::Nothing
-        }
-        other => other,
-    };
+    let state = exported_state(&ck.meta, &ck.tensors);
     let carried = matches!(state, StateExport::Carried);
     let form = match optim {
         OptimizerExport::IfSaved { form, .. } => form,
@@ -1359,13 +1349,7 @@ pub fn megatron_to_torch_dist(
         SavedLayout::TORCH_DIST,
     )
     .map_err(fail)?;
-    // Megatron-LM loads optimizer state only from an iteration's directory, never a release.
-    let (dir_name, tracker_text) = if carried {
-        let i = ck.meta.iteration;
-        (format!("iter_{i:07}"), i.to_string())
-    } else {
-        ("release".to_string(), "release".to_string())
-    };
+    let (dir_name, tracker_text) = export_dir_name(&ck.meta, &state);
     let release = output.join(dir_name);
     if release.exists() {
         return Err(TrainError::Checkpoint {
@@ -1568,9 +1552,6 @@ pub fn megatron_to_torch_dist(
         path: release.display().to_string(),
         msg,
     })?;
-    let tracker = output.join("latest_checkpointed_iteration.txt");
-    let tmp = output.join("latest_checkpointed_iteration.txt.partial");
-    std::fs::write(&tmp, tracker_text).map_err(crate::io_err(&tmp))?;
-    std::fs::rename(&tmp, &tracker).map_err(crate::io_err(&tracker))?;
+    write_tracker(output, &tracker_text)?;
     Ok(release)
 }

@@ -591,6 +591,47 @@ pub(crate) fn state_export(
     StateExport::Carried
 }
 
+/// What an export of checkpoint `meta` carries, where a refused state is announced and the
+/// export holds the weights alone.
+pub(crate) fn exported_state(
+    meta: &CheckpointMeta,
+    tensors: &std::collections::HashMap<String, Vec<f32>>,
+) -> StateExport {
+    match state_export(meta, tensors) {
+        StateExport::Refused(why) => {
+            eprintln!(
+                "WARNING: the optimizer state at iteration {} is not exported: {why}. The export \
+                 holds the weights alone, a release checkpoint Megatron-LM starts from",
+                meta.iteration
+            );
+            StateExport::Nothing
+        }
+        other => other,
+    }
+}
+
+/// The directory an export is written to under its save directory and what the tracker says:
+/// the iteration's own where it carries the run's state (Megatron-LM loads optimizer state only
+/// from an iteration's directory), `release` for weights alone.
+pub(crate) fn export_dir_name(meta: &CheckpointMeta, state: &StateExport) -> (String, String) {
+    match state {
+        StateExport::Carried => (
+            format!("iter_{:07}", meta.iteration),
+            meta.iteration.to_string(),
+        ),
+        _ => ("release".to_string(), "release".to_string()),
+    }
+}
+
+/// Writes Megatron's tracker, `latest_checkpointed_iteration.txt`, under a temporary name and
+/// renames it: it goes last, naming a directory already complete.
+pub(crate) fn write_tracker(output: &std::path::Path, text: &str) -> Result<(), crate::TrainError> {
+    let tracker = output.join("latest_checkpointed_iteration.txt");
+    let tmp = output.join("latest_checkpointed_iteration.txt.partial");
+    std::fs::write(&tmp, text).map_err(crate::io_err(&tmp))?;
+    std::fs::rename(&tmp, &tracker).map_err(crate::io_err(&tracker))
+}
+
 /// Where Megatron-LM keeps an MoE run's expert state: in its one optimizer (expert-parallel
 /// size 1, expert TP equal to TP), or in a second one chained after it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
