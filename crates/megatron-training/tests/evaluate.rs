@@ -282,24 +282,8 @@ fn full_validation_scores_what_megatron_lms_full_validation_scores() {
     ] {
         let flags = [
             batches,
-            &[
-                "--nproc-per-node",
-                world,
-                "--split",
-                "70,30,0",
-                "--full-validation",
-                "--eval-iters",
-                "1",
-                "--eval-interval",
-                "1",
-                "--train-iters",
-                "2",
-                "--lr",
-                "0",
-                "--min-lr",
-                "0",
-                "--finetune",
-            ][..],
+            &["--nproc-per-node", world, "--split", "70,30,0"][..],
+            FULL_VALIDATION_RUN,
         ]
         .concat();
         let s = train(&dir.join(name), &save, GPT, &flags);
@@ -326,27 +310,33 @@ fn full_validation_scores_what_megatron_lms_full_validation_scores() {
         "1",
         "--global-batch-size",
         "2",
-        "--full-validation",
         "--multiple-validation-sets",
         "--validation-set-names",
         "main",
         "other",
-        "--eval-iters",
-        "1",
-        "--eval-interval",
-        "1",
-        "--train-iters",
-        "2",
-        "--lr",
-        "0",
-        "--min-lr",
-        "0",
-        "--finetune",
     ]);
+    v.extend(FULL_VALIDATION_RUN);
     let s = pretrain(&parse_train(&v)).unwrap();
     assert_follows_megatron_lm("dp2_two_sets", &s.val_losses, &want, 6);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// The fixture script's frozen run: the loaded weights (`--finetune`, lr 0) validated fully after
+/// each of 2 iterations and at the end, three validations in a row.
+const FULL_VALIDATION_RUN: &[&str] = &[
+    "--full-validation",
+    "--eval-iters",
+    "1",
+    "--eval-interval",
+    "1",
+    "--train-iters",
+    "2",
+    "--lr",
+    "0",
+    "--min-lr",
+    "0",
+    "--finetune",
+];
 
 /// Our first `n` validation losses against Megatron-LM's of fixture case `name`.
 fn assert_follows_megatron_lm(
