@@ -7,7 +7,7 @@ bench/make_full_validation_fixture.py writes), split 70/30/0, sequence length 16
   lengths (one epoch of each, blended in proportion, at most one epoch in all);
 - `unweighted_full_validation`: the same with the validation split unsized (`--full-validation`:
   every sample of both, exhaustively blended);
-- `weighted`: `--data-path 0.3 A 0.7 B`.
+- `weighted`: `--data-path 0.3 A 0.7 B`, and the same with `--mid-level-dataset-surplus 1.5`.
 
 Each case records the requested sizes and, per split, every sample's tokens.
 
@@ -33,11 +33,11 @@ class Tok:
     vocab_size = 101
 
 
-def samples(data, prefixes, weights, sizes):
+def samples(data, prefixes, weights, sizes, surplus=0.005):
     cfg = GPTDatasetConfig(random_seed=5, blend=(prefixes, weights), sequence_length=16,
                            split="70,30,0", tokenizer=Tok(), reset_position_ids=False,
                            reset_attention_mask=False, eod_mask_loss=False, path_to_cache=None,
-                           mid_level_dataset_surplus=0.005)
+                           mid_level_dataset_surplus=surplus)
     splits = BlendedMegatronDatasetBuilder(GPTDataset, sizes, lambda: True, cfg).build()
     out = {}
     for name, ds in zip(["train", "valid", "test"], splits):
@@ -54,6 +54,9 @@ def main(data, out):
         "unweighted": samples(data, [a, b], None, [40, 12, 0]),
         "unweighted_full_validation": samples(data, [a, b], None, [40, None, 0]),
         "weighted": samples(data, [a, b], [0.3, 0.7], [40, 12, 0]),
+        # --mid-level-dataset-surplus 1.5: each dataset built for 2.5 times its share, which
+        # changes its epochs and so its shuffle.
+        "weighted_surplus_1.5": samples(data, [a, b], [0.3, 0.7], [40, 12, 0], 1.5),
     }
     with open(out, "w") as f:
         json.dump(cases, f)

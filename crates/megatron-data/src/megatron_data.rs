@@ -31,6 +31,9 @@ pub struct MegatronDataConfig {
     pub data_cache_path: Option<String>,
     /// How the validation split's datasets make it up (`--multiple-validation-sets`).
     pub valid_split: ValidSplit,
+    /// The extra share of samples each dataset of a weighted blend is built with
+    /// (`--mid-level-dataset-surplus`; `None`: megatron-core's default, 0.005).
+    pub mid_level_dataset_surplus: Option<f64>,
     /// Identifies the tokenizer in the cache description.
     pub tokenizer: String,
     pub eod: u32,
@@ -48,7 +51,8 @@ pub enum ValidSplit {
     PerDataset,
 }
 
-const SURPLUS: f64 = 0.005;
+/// megatron-core's default `--mid-level-dataset-surplus`.
+pub const DEFAULT_SURPLUS: f64 = 0.005;
 const SPLIT_NAMES: [&str; 3] = ["train", "valid", "test"];
 
 struct Part {
@@ -129,7 +133,11 @@ impl MegatronGPTData {
             let want: Vec<Option<u64>> = match size {
                 _ if by_length => vec![None; blend.len()],
                 _ if blend.len() == 1 || per_dataset => vec![size; blend.len()],
-                Some(size) => per_dataset_samples(&weights, size as usize, SURPLUS)
+                Some(size) => per_dataset_samples(
+                    &weights,
+                    size as usize,
+                    cfg.mid_level_dataset_surplus.unwrap_or(DEFAULT_SURPLUS),
+                )
                     .into_iter()
                     .map(Some)
                     .collect(),

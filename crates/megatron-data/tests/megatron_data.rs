@@ -2,7 +2,8 @@
 //! (`bench/make_blend_fixture.py`, `tests/fixtures/blends.json`): every sample of every split, for
 //! an unweighted `--data-path A B` (weights from the datasets' lengths, one epoch at most), the
 //! same with the validation split unsized (`--full-validation`), and a weighted blend (as long as
-//! its datasets' rounded-up shares).
+//! its datasets' rounded-up shares), with megatron-core's `--mid-level-dataset-surplus` and
+//! another.
 
 use megatron_data::megatron_data::{MegatronDataConfig, MegatronGPTData};
 use megatron_data::{GPTSampleSource, Split};
@@ -35,13 +36,17 @@ fn blends_give_megatron_cores_samples_in_its_order() {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/blends.json");
     let cases: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     let (a, b) = (data("tokens_text_document"), data("tokens_b_text_document"));
-    for (name, list) in [
-        ("unweighted", vec![a.clone(), b.clone()]),
-        ("unweighted_full_validation", vec![a.clone(), b.clone()]),
+    let weighted = vec!["0.3".into(), a.clone(), "0.7".into(), b.clone()];
+    for (name, list, surplus) in [
+        ("unweighted", vec![a.clone(), b.clone()], None),
         (
-            "weighted",
-            vec!["0.3".into(), a.clone(), "0.7".into(), b.clone()],
+            "unweighted_full_validation",
+            vec![a.clone(), b.clone()],
+            None,
         ),
+        ("weighted", weighted.clone(), None),
+        // --mid-level-dataset-surplus: each dataset built for more than its share.
+        ("weighted_surplus_1.5", weighted.clone(), Some(1.5)),
     ] {
         let case = &cases[name];
         let sizes: Vec<Option<u64>> = case["sizes"]
@@ -50,7 +55,11 @@ fn blends_give_megatron_cores_samples_in_its_order() {
             .iter()
             .map(|v| v.as_u64())
             .collect();
-        let ds = MegatronGPTData::build(&config(&list, [sizes[0], sizes[1], sizes[2]])).unwrap();
+        let ds = MegatronGPTData::build(&MegatronDataConfig {
+            mid_level_dataset_surplus: surplus,
+            ..config(&list, [sizes[0], sizes[1], sizes[2]])
+        })
+        .unwrap();
         for (split, key) in [(Split::Train, "train"), (Split::Valid, "valid")] {
             let want: Vec<Vec<u32>> = case["samples"][key]
                 .as_array()

@@ -732,6 +732,10 @@ pub struct TrainArgs {
     /// Where GPTDataset indices are cached (named by a hash of their description).
     #[arg(long)]
     pub data_cache_path: Option<String>,
+    /// The extra share of samples each dataset of a weighted blend is built with, so that the
+    /// blend never runs short (Megatron's flag, default 0.005).
+    #[arg(long, default_value_t = megatron_data::megatron_data::DEFAULT_SURPLUS)]
+    pub mid_level_dataset_surplus: f64,
     /// Exclude end-of-document labels from the loss.
     #[arg(long)]
     pub eod_mask_loss: bool,
@@ -1685,6 +1689,12 @@ impl TrainArgs {
             return Err(bad(format!(
                 "--global-batch-size ({gbs}) must be a positive multiple of --micro-batch-size ({}) times the data-parallel size ({dp})",
                 self.micro_batch_size
+            )));
+        }
+        if !(self.mid_level_dataset_surplus >= 0.0 && self.mid_level_dataset_surplus.is_finite()) {
+            return Err(bad(format!(
+                "--mid-level-dataset-surplus ({}) must be a non-negative fraction",
+                self.mid_level_dataset_surplus
             )));
         }
         let eval_mbs = self.eval_micro_batch_size.unwrap_or(self.micro_batch_size);

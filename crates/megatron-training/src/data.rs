@@ -63,6 +63,7 @@ fn build_gpt_samples(
             // Megatron's sizes: every training sample, every evaluation, one test pass.
             num_samples: [Some(cfg.train_samples()), valid, Some(test)],
             data_cache_path: a.data_cache_path.clone(),
+            mid_level_dataset_surplus: Some(a.mid_level_dataset_surplus),
             valid_split: match cfg.validation {
                 crate::arguments::ValidationScope::FullPerDataset { .. } => {
                     megatron_data::megatron_data::ValidSplit::PerDataset

@@ -70,6 +70,18 @@ fn global_batch_not_divisible_by_micro_batch_is_refused() {
 }
 
 #[test]
+fn a_negative_mid_level_dataset_surplus_is_refused_by_name() {
+    let e = pretrain(&args(&[
+        "--train-iters",
+        "2",
+        "--mid-level-dataset-surplus",
+        "-0.1",
+    ]))
+    .unwrap_err();
+    assert!(e.to_string().contains("--mid-level-dataset-surplus"), "{e}");
+}
+
+#[test]
 fn heads_not_dividing_hidden_is_refused_before_work() {
     let e = pretrain(&args(&["--train-iters", "2", "--num-attention-heads", "5"])).unwrap_err();
     assert!(matches!(e, TrainError::Config(_)), "{e}");
