@@ -243,9 +243,9 @@ fn a_checkpoint_records_the_validation_samples_of_the_evaluation_batch_size() {
 /// `--full-validation` against Megatron-LM's own (`bench/make_full_validation_fixture.py`): the
 /// `gpt_adam` run's weights scored on one epoch of a 70/30 split's validation part (15 samples)
 /// three times in a row, at DP 1 with two micro-batches per evaluation iteration (each pass
-/// reads every sample twice: equal losses), at DP 2 (8 and 7 samples: Megatron's cyclic
-/// iterators read one twice, and go on from one validation to the next) and at DP 2 with
-/// evaluation batch sizes of their own.
+/// reads every sample twice: equal losses; also at TP 2 and PP 2), at DP 2 (8 and 7 samples:
+/// Megatron's cyclic iterators read one twice, and go on from one validation to the next) and
+/// at DP 2 with evaluation batch sizes of their own.
 #[test]
 fn full_validation_scores_what_megatron_lms_full_validation_scores() {
     use common::megatron_resume::{convert, fixture, train, GPT};
@@ -259,6 +259,31 @@ fn full_validation_scores_what_megatron_lms_full_validation_scores() {
             "dp1_two_micro_batches",
             "1",
             &["--micro-batch-size", "1", "--global-batch-size", "2"][..],
+        ),
+        // The same data-parallel rank over two tensor-parallel ranks or two pipeline stages.
+        (
+            "dp1_two_micro_batches",
+            "2",
+            &[
+                "--micro-batch-size",
+                "1",
+                "--global-batch-size",
+                "2",
+                "--tensor-model-parallel-size",
+                "2",
+            ][..],
+        ),
+        (
+            "dp1_two_micro_batches",
+            "2",
+            &[
+                "--micro-batch-size",
+                "1",
+                "--global-batch-size",
+                "2",
+                "--pipeline-model-parallel-size",
+                "2",
+            ][..],
         ),
         (
             "dp2",
@@ -286,7 +311,12 @@ fn full_validation_scores_what_megatron_lms_full_validation_scores() {
             FULL_VALIDATION_RUN,
         ]
         .concat();
-        let s = train(&dir.join(name), &save, GPT, &flags);
+        let s = train(
+            &dir.join(format!("{name}-{}", flags.join(""))),
+            &save,
+            GPT,
+            &flags,
+        );
         assert_follows_megatron_lm(name, &s.val_losses, &want, 3);
     }
     // --multiple-validation-sets: the two datasets of --valid-data-path scored apart, each
