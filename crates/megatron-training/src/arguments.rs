@@ -605,6 +605,13 @@ pub struct TrainArgs {
     /// --global-batch-size (with --train-samples, as in Megatron).
     #[arg(long, num_args = 3, value_names = ["START", "INCREMENT", "SAMPLES"])]
     pub rampup_batch_size: Option<Vec<u64>>,
+    /// `"THRESHOLD:BATCH_SIZE ..."`: the global batch size from each threshold of consumed
+    /// tokens on (K/M/B/T suffixes; the first at 0), megatron-core's replacement of
+    /// --rampup-batch-size. Without --global-batch-size, which Megatron then sets to
+    /// --micro-batch-size x DP for what it derives from it (iteration-based learning-rate
+    /// lengths, the evaluation batch, the training split's size).
+    #[arg(long, value_name = "SCHEDULE")]
+    pub step_batch_size_schedule: Option<String>,
 
     // Optimizer and schedule.
     #[arg(long, default_value_t = 1e-3)]
@@ -1238,10 +1245,11 @@ pub enum ValidationScope {
 }
 
 impl TrainConfig {
-    /// Micro-batches per data-parallel rank in an iteration at the final global batch size
+    /// Micro-batches per data-parallel rank in an iteration at the largest global batch size
     /// (the most any iteration runs; buffers and memory predictions are sized for it).
     pub fn num_microbatches(&self) -> usize {
-        self.batches.num_microbatches(u64::MAX)
+        let most = self.batches.batch_sizes().into_iter().max().unwrap_or(0);
+        (most / self.batches.micro_times_dp) as usize
     }
 
     /// Training samples the run reads (Megatron's first entry of `train_val_test_num_samples`):
@@ -1717,11 +1725,27 @@ impl TrainArgs {
                 )))
             }
         };
-        let batches = crate::num_microbatches::BatchSizeSchedule::new(
-            gbs as u64,
-            (self.micro_batch_size * dp) as u64,
-            rampup,
-        )?;
+        let batches = match &self.step_batch_size_schedule {
+            None => crate::num_microbatches::BatchSizeSchedule::new(
+                gbs as u64,
+                (self.micro_batch_size * dp) as u64,
+                rampup,
+            )?,
+            Some(_) if self.global_batch_size.is_some() => {
+                return Err(bad(
+                    "give only one of --step-batch-size-schedule and --global-batch-size (as Megatron-LM)".into(),
+                ))
+            }
+            Some(_) if rampup.is_some() => {
+                return Err(bad(
+                    "give only one of --step-batch-size-schedule and --rampup-batch-size (megatron-core replaced the ramp with the schedule and ignores it)".into(),
+                ))
+            }
+            Some(text) => crate::num_microbatches::BatchSizeSchedule::stepped(
+                crate::num_microbatches::parse_step_schedule(text, self.seq_length as u64)?,
+                (self.micro_batch_size * dp) as u64,
+            ),
+        };
         let train_iters = match (self.train_iters, self.train_samples) {
             (Some(_), Some(_)) => {
                 return Err(bad(
@@ -1812,8 +1836,13 @@ impl TrainArgs {
         }
         let recompute = self.recompute()?;
         if vp > 1 {
-            // Every iteration's count, the ramp's included.
-            for size in batches.batch_sizes() {
+            // Every iteration's count, the ramp's included (a stepped size that does not
+            // split into micro-batches is refused when reached).
+            for size in batches
+                .batch_sizes()
+                .into_iter()
+                .filter(|b| b.is_multiple_of(batches.micro_times_dp))
+            {
                 let m = size as usize / (self.micro_batch_size * dp);
                 megatron_core::pipeline_parallel::interleaved::check(pp, m, vp).map_err(|e| {
                     bad(format!(

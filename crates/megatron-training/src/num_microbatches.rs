@@ -1,7 +1,9 @@
-//! The global batch size of each iteration: constant, or ramped up over the first samples
-//! (`--rampup-batch-size START INCREMENT SAMPLES`), as megatron-core's
-//! `RampupBatchsizeNumMicroBatchesCalculator` computes it from the consumed-samples count, so a
-//! run resumed mid-ramp continues with the batch sizes of the uninterrupted run.
+//! The global batch size of each iteration: constant, ramped up over the first samples
+//! (`--rampup-batch-size START INCREMENT SAMPLES`, as megatron-core's
+//! `RampupBatchsizeNumMicroBatchesCalculator` computed it until it was replaced), or stepped by
+//! the samples consumed (`--step-batch-size-schedule`, megatron-core's
+//! `StepBatchsizeNumMicroBatchesCalculator`), always from the consumed-samples count, so a run
+//! resumed mid-ramp continues with the batch sizes of the uninterrupted run.
 
 use crate::TrainError;
 
@@ -14,13 +16,71 @@ pub struct Rampup {
 }
 
 /// The global batch size as a function of the samples consumed so far.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct BatchSizeSchedule {
     /// The final (and, without ramp-up, only) global batch size.
     pub global: u64,
     /// `--micro-batch-size` x data-parallel size: every global batch size is a multiple.
     pub micro_times_dp: u64,
     pub rampup: Option<Rampup>,
+    /// `--step-batch-size-schedule`: (from this many samples consumed, this global batch size),
+    /// by increasing threshold, the first at 0; empty without one.
+    pub steps: Vec<(u64, u64)>,
+}
+
+/// Parses `--step-batch-size-schedule` as megatron-core does: `THRESHOLD:BATCH_SIZE` entries
+/// separated by spaces or commas, numbers with an optional K/M/B/T suffix (read as a float,
+/// truncated), thresholds in tokens turned into samples by `// seq_length`, sorted; the first
+/// threshold must be 0 and they must increase strictly, and every batch size be positive.
+pub fn parse_step_schedule(text: &str, seq_length: u64) -> Result<Vec<(u64, u64)>, TrainError> {
+    let bad = |m: String| TrainError::Args(format!("--step-batch-size-schedule: {m}"));
+    let number = |v: &str| -> Result<u64, TrainError> {
+        let v = v.trim().to_uppercase();
+        let (digits, scale) = match v.chars().last() {
+            Some('T') => (&v[..v.len() - 1], 1e12),
+            Some('B') => (&v[..v.len() - 1], 1e9),
+            Some('M') => (&v[..v.len() - 1], 1e6),
+            Some('K') => (&v[..v.len() - 1], 1e3),
+            _ => (v.as_str(), 1.0),
+        };
+        let x: f64 = digits
+            .parse()
+            .map_err(|_| bad(format!("'{v}' is not a number (with an optional K/M/B/T)")))?;
+        let x = x * scale;
+        if !(x.is_finite() && x >= 0.0) {
+            return Err(bad(format!("'{v}' is not a non-negative number")));
+        }
+        Ok(x as u64)
+    };
+    let mut steps = Vec::new();
+    for entry in text.replace(',', " ").split_whitespace() {
+        let (t, b) = entry.split_once(':').ok_or_else(|| {
+            bad(format!(
+                "entry '{entry}' is not THRESHOLD:BATCH_SIZE (e.g. \"0:768 250B:1536\")"
+            ))
+        })?;
+        steps.push((number(t)? / seq_length.max(1), number(b)?));
+    }
+    steps.sort_by_key(|s| s.0);
+    match steps.first() {
+        None => return Err(bad("no entries".into())),
+        Some(&(t, _)) if t != 0 => {
+            return Err(bad(format!(
+                "the first threshold must be 0 (got {t} samples)"
+            )))
+        }
+        _ => {}
+    }
+    if let Some(w) = steps.windows(2).find(|w| w[0].0 == w[1].0) {
+        return Err(bad(format!(
+            "thresholds must increase strictly; two are {} samples",
+            w[0].0
+        )));
+    }
+    if let Some(&(t, _)) = steps.iter().find(|s| s.1 == 0) {
+        return Err(bad(format!("the batch size from {t} samples is 0")));
+    }
+    Ok(steps)
 }
 
 impl BatchSizeSchedule {
@@ -60,11 +120,43 @@ impl BatchSizeSchedule {
             global,
             micro_times_dp,
             rampup,
+            steps: Vec::new(),
         })
+    }
+
+    /// `--step-batch-size-schedule`'s parsed `steps`. The final batch size is the last entry's.
+    /// A batch size need not split into whole micro-batches until a run reaches it (a schedule
+    /// written for another data-parallel size): [`Self::check`] refuses it then.
+    pub fn stepped(steps: Vec<(u64, u64)>, micro_times_dp: u64) -> Self {
+        BatchSizeSchedule {
+            global: steps.last().map_or(0, |s| s.1),
+            micro_times_dp,
+            rampup: None,
+            steps,
+        }
+    }
+
+    /// Refuses the batch size of the iteration after `consumed` where it does not split into
+    /// whole micro-batches on every data-parallel rank (megatron-core's consistency check).
+    pub fn check(&self, consumed: u64) -> Result<(), TrainError> {
+        let b = self.global_batch_size(consumed);
+        if b.is_multiple_of(self.micro_times_dp) {
+            return Ok(());
+        }
+        Err(TrainError::Args(format!(
+            "the global batch size {b} (after {consumed} samples) is not a multiple of --micro-batch-size times the data-parallel size ({}); see --step-batch-size-schedule",
+            self.micro_times_dp
+        )))
     }
 
     /// Every global batch size an iteration may have, smallest first.
     pub fn batch_sizes(&self) -> Vec<u64> {
+        if !self.steps.is_empty() {
+            let mut v: Vec<u64> = self.steps.iter().map(|s| s.1).collect();
+            v.sort_unstable();
+            v.dedup();
+            return v;
+        }
         match self.rampup {
             Some(r) => (r.start..=self.global)
                 .step_by(r.increment as usize)
@@ -77,6 +169,9 @@ impl BatchSizeSchedule {
     /// size plus one increment per `samples / increments` consumed, the final size once more
     /// than the ramp's samples are consumed.
     pub fn global_batch_size(&self, consumed: u64) -> u64 {
+        if let Some(&(_, b)) = self.steps.iter().rev().find(|s| s.0 <= consumed) {
+            return b;
+        }
         match self.rampup {
             Some(r) if r.start < self.global && consumed <= r.samples => {
                 let increments = (self.global - r.start) / r.increment;
@@ -98,6 +193,15 @@ impl BatchSizeSchedule {
     /// batches; a partial last batch is not trained.
     pub fn train_iters(&self, train_samples: u64) -> u64 {
         let (mut iterations, mut consumed) = (0, 0);
+        if !self.steps.is_empty() {
+            // Megatron's loop under a step schedule: iterations until the samples are reached
+            // (the last batch may pass them).
+            while consumed < train_samples {
+                consumed += self.global_batch_size(consumed);
+                iterations += 1;
+            }
+            return iterations;
+        }
         if let Some(r) = self.rampup {
             while consumed <= r.samples && consumed <= train_samples {
                 consumed += self.global_batch_size(consumed);

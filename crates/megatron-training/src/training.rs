@@ -415,6 +415,10 @@ fn run_family<F: TrainFamily>(
                 std::thread::park();
             }
         }
+        // A stepped batch size must split into micro-batches once it is reached.
+        cfg.batches
+            .check(tr.consumed)
+            .inspect_err(|_| rep.finish())?;
         let step = tr.train_step(iteration).inspect_err(|_| rep.finish())?;
         if step.skipped {
             rep.line(&format!(
@@ -650,6 +654,19 @@ fn print_setup(
     if cfg.pp > 1 {
         println!("pipeline split: {}", cfg.partition.describe());
     }
+    if !cfg.batches.steps.is_empty() {
+        let steps: Vec<String> = cfg
+            .batches
+            .steps
+            .iter()
+            .map(|(t, b)| format!("{b} from {t} samples"))
+            .collect();
+        println!(
+            "step batch size schedule: global batch {} ({} iterations in all)",
+            steps.join(", "),
+            cfg.train_iters
+        );
+    }
     if let Some(r) = cfg.batches.rampup {
         println!(
             "batch size ramp-up: global batch {} growing by {} over the first {} samples to {} ({} iterations in all)",
@@ -744,11 +761,9 @@ impl<F: TrainFamily> Trainer<'_, F> {
             grad_norm: step.grad_norm,
             ms_per_iter: per_iter * 1e3,
             tokens_per_sec: (interval.samples as f64 * a.seq_length as f64) / interval.secs,
-            global_batch_size: self
-                .cfg
-                .batches
-                .rampup
-                .map(|_| interval.last_batch as usize),
+            global_batch_size: (self.cfg.batches.rampup.is_some()
+                || !self.cfg.batches.steps.is_empty())
+            .then_some(interval.last_batch as usize),
             tflops: flops / per_iter / 1e12,
             mfu: flops / per_iter / peak,
             peak_mem_bytes: peak_rss_bytes(),
