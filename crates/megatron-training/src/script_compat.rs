@@ -147,6 +147,31 @@ pub struct ScriptCompatArgs {
     pub wandb_exp_name: Option<String>,
     #[arg(long)]
     pub wandb_save_dir: Option<String>,
+    /// GPU profilers (nsys, the PyTorch profiler, CUDA memory history): `--profile-trace`
+    /// writes this engine's own trace.
+    #[arg(long)]
+    pub profile: bool,
+    #[arg(long)]
+    pub profile_step_start: Option<u64>,
+    #[arg(long)]
+    pub profile_step_end: Option<u64>,
+    #[arg(long, num_args = 1..)]
+    pub profile_ranks: Vec<usize>,
+    #[arg(long)]
+    pub use_pytorch_profiler: bool,
+    #[arg(long)]
+    pub record_memory_history: bool,
+    #[arg(long)]
+    pub memory_snapshot_path: Option<String>,
+    #[arg(long)]
+    pub nvtx_ranges: bool,
+    /// The fused MoE token permutation: the same permutation.
+    #[arg(long)]
+    pub moe_permute_fusion: bool,
+    /// cuBLAS's reduced-precision bf16 reductions, disabled: bf16 products here are always
+    /// summed in fp32, which is what the flag asks for.
+    #[arg(long)]
+    pub disable_bf16_reduced_precision_matmul: bool,
 }
 
 impl ScriptCompatArgs {
@@ -221,6 +246,19 @@ impl ScriptCompatArgs {
             ("--wandb-project", self.wandb_project.is_some()),
             ("--wandb-exp-name", self.wandb_exp_name.is_some()),
             ("--wandb-save-dir", self.wandb_save_dir.is_some()),
+            ("--profile", self.profile),
+            ("--profile-step-start", self.profile_step_start.is_some()),
+            ("--profile-step-end", self.profile_step_end.is_some()),
+            ("--profile-ranks", !self.profile_ranks.is_empty()),
+            ("--use-pytorch-profiler", self.use_pytorch_profiler),
+            ("--record-memory-history", self.record_memory_history),
+            ("--memory-snapshot-path", self.memory_snapshot_path.is_some()),
+            ("--nvtx-ranges", self.nvtx_ranges),
+            ("--moe-permute-fusion", self.moe_permute_fusion),
+            (
+                "--disable-bf16-reduced-precision-matmul",
+                self.disable_bf16_reduced_precision_matmul,
+            ),
         ];
         options
             .into_iter()
@@ -239,8 +277,9 @@ impl ScriptCompatArgs {
                  throughput always logged, every rank \
                  writes its own checkpoint shards in megatron-rs's format, random streams have \
                  no state to save, data is memory-mapped, a non-finite loss or gradient norm \
-                 always stops the run, and there is no Weights & Biases client: \
-                 --tensorboard-dir and --metrics-file log)",
+                 always stops the run, bf16 products are summed in fp32, there are no GPU \
+                 profilers (--profile-trace writes this engine's trace) and no Weights & Biases \
+                 client: --tensorboard-dir and --metrics-file log)",
                 given.join(", ")
             )
         })

@@ -1694,6 +1694,21 @@ fn megatron_script_kernel_flags_are_accepted_without_changing_training() {
         "--openai-gelu",
         "--fp32-residual-connection",
         "--muon-use-syrk",
+        "--profile",
+        "--profile-step-start",
+        "2",
+        "--profile-step-end",
+        "3",
+        "--profile-ranks",
+        "0",
+        "1",
+        "--use-pytorch-profiler",
+        "--record-memory-history",
+        "--memory-snapshot-path",
+        "s.pickle",
+        "--nvtx-ranges",
+        "--moe-permute-fusion",
+        "--disable-bf16-reduced-precision-matmul",
     ]))
     .unwrap();
     assert_eq!(plain.losses, script.losses);
