@@ -246,6 +246,13 @@ pub enum PositionEmbeddingArg {
     None,
 }
 
+/// `--rope-type`.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeTypeArg {
+    Rope,
+    Yarn,
+}
+
 /// `--model`: which model family `megatron train` builds.
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum ModelArg {
@@ -485,6 +492,11 @@ pub struct TrainArgs {
     /// latents, rotary embeddings on separate per-head features (needs RoPE or YaRN).
     #[arg(long)]
     pub multi_latent_attention: bool,
+    /// Multi-latent attention's rotary embedding, `yarn` (its default in megatron-core, with
+    /// --rotary-scaling-factor and the --yarn-*/--mscale* flags) or `rope`; other attention
+    /// takes `rope` only (Megatron's flag).
+    #[arg(long, value_enum)]
+    pub rope_type: Option<RopeTypeArg>,
     /// MLA: the query latent's width; without it the queries come straight from the hidden
     /// state (`linear_q_proj`).
     #[arg(long)]
@@ -2203,8 +2215,20 @@ impl TrainArgs {
     }
 
     /// `--position-embedding-type yarn` and its flags, checked.
+    /// Under `--multi-latent-attention` with `--position-embedding-type rope`, YaRN unless
+    /// `--rope-type rope`, as megatron-core's `MLATransformerConfig` defaults (at Megatron's
+    /// default --rotary-scaling-factor 1 it rotates as RoPE does).
     fn yarn(&self) -> Result<Option<megatron_core::transformer::config::YarnConfig>, TrainError> {
-        if self.position_embedding()? != PositionEmbeddingArg::Yarn {
+        let position = self.position_embedding()?;
+        if self.rope_type == Some(RopeTypeArg::Yarn) && !self.multi_latent_attention {
+            return Err(bad(
+                "--rope-type yarn is for --multi-latent-attention (Megatron: common attention only supports rope_type \"rope\"; use --position-embedding-type yarn)".into(),
+            ));
+        }
+        let mla_yarn = self.multi_latent_attention
+            && position == PositionEmbeddingArg::Rope
+            && self.rope_type != Some(RopeTypeArg::Rope);
+        if position != PositionEmbeddingArg::Yarn && !mla_yarn {
             return Ok(None);
         }
         if self.use_rope_scaling {

@@ -252,7 +252,10 @@ impl ScriptCompatArgs {
             ("--profile-ranks", !self.profile_ranks.is_empty()),
             ("--use-pytorch-profiler", self.use_pytorch_profiler),
             ("--record-memory-history", self.record_memory_history),
-            ("--memory-snapshot-path", self.memory_snapshot_path.is_some()),
+            (
+                "--memory-snapshot-path",
+                self.memory_snapshot_path.is_some(),
+            ),
             ("--nvtx-ranges", self.nvtx_ranges),
             ("--moe-permute-fusion", self.moe_permute_fusion),
             (

@@ -288,6 +288,30 @@ fn a_multi_latent_attention_run_continues_with_the_losses_megatron_lm_logs() {
     let mla = [GPT, MLA].concat();
     follows_megatron_lm("mla_distopt_dp2", "world1", &mla, &[], FP32);
     follows_megatron_lm("mla_distopt_dp2", "tp2pp2", &mla, TP2_PP2, FP32);
+    // Megatron-LM's own spelling (the fixture script's): RoPE positions, and MLA's rotary
+    // embedding YaRN by --rope-type, or by megatron-core's default without it.
+    let rope = ["--position-embedding-type", "rope"];
+    follows_megatron_lm(
+        "mla_distopt_dp2",
+        "rope-type",
+        &mla,
+        &[&rope[..], &["--rope-type", "yarn"]].concat(),
+        FP32,
+    );
+    follows_megatron_lm("mla_distopt_dp2", "rope-default", &mla, &rope, FP32);
+    // --rope-type rope is another model (no YaRN scaling): the checkpoint refuses it by name.
+    let dir = tmpdir("mla-rope-plain");
+    let save = dir.join("converted");
+    convert(&fixture("mla_distopt_dp2"), &save).unwrap();
+    let load = ["--load", save.to_str().unwrap()];
+    let plain = [&rope[..], &["--rope-type", "rope"]].concat();
+    let v = fixture_run(&dir, &[&load[..], &mla, &plain].concat());
+    let e = megatron_training::pretrain(&common::parse_train(&v))
+        .map(|_| ())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("rotary.yarn"), "{e}");
+    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[test]

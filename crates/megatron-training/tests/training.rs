@@ -82,6 +82,23 @@ fn a_negative_mid_level_dataset_surplus_is_refused_by_name() {
 }
 
 #[test]
+fn rope_type_yarn_without_multi_latent_attention_is_refused_as_megatron_refuses_it() {
+    let e = pretrain(&args(&[
+        "--train-iters",
+        "2",
+        "--position-embedding-type",
+        "rope",
+        "--rope-type",
+        "yarn",
+    ]))
+    .unwrap_err();
+    assert!(
+        e.to_string().contains("--rope-type yarn is for --multi-latent-attention"),
+        "{e}"
+    );
+}
+
+#[test]
 fn heads_not_dividing_hidden_is_refused_before_work() {
     let e = pretrain(&args(&["--train-iters", "2", "--num-attention-heads", "5"])).unwrap_err();
     assert!(matches!(e, TrainError::Config(_)), "{e}");
