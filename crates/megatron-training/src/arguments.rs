@@ -2225,9 +2225,11 @@ impl TrainArgs {
                 "--rope-type yarn is for --multi-latent-attention (Megatron: common attention only supports rope_type \"rope\"; use --position-embedding-type yarn)".into(),
             ));
         }
+        // (At factor 1 YaRN rotates as RoPE does: the model stays a RoPE one.)
         let mla_yarn = self.multi_latent_attention
             && position == PositionEmbeddingArg::Rope
-            && self.rope_type != Some(RopeTypeArg::Rope);
+            && self.rope_type != Some(RopeTypeArg::Rope)
+            && self.rotary_scaling_factor != 1.0;
         if position != PositionEmbeddingArg::Yarn && !mla_yarn {
             return Ok(None);
         }

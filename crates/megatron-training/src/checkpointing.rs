@@ -507,6 +507,16 @@ pub(crate) fn load_into(
     ) {
         saved.gelu = cfg.model.gelu;
     }
+    // YaRN at factor 1 rotates as RoPE does: a checkpoint of either is the same model (megatron-
+    // core's MLA takes YaRN by default, at Megatron's default factor 1).
+    let identity = |y: &Option<megatron_core::transformer::config::YarnConfig>| {
+        y.as_ref().is_some_and(|y| y.factor == 1.0)
+    };
+    if (identity(&saved.rotary.yarn) && cfg.model.rotary.yarn.is_none())
+        || (identity(&cfg.model.rotary.yarn) && saved.rotary.yarn.is_none())
+    {
+        saved.rotary.yarn = cfg.model.rotary.yarn;
+    }
     if saved != cfg.model {
         return Err(TrainError::Checkpoint {
             path: r.dir.display().to_string(),

@@ -179,3 +179,40 @@ fn the_layout_planner_counts_mla_with_its_own_widths() {
     let fused = megatron_training::plan::cost::parameters_per_rank(&fused).0;
     assert_ne!(mla, fused);
 }
+
+/// megatron-core's MLA takes YaRN unless `--rope-type rope`: at factor 1 that rotates as RoPE
+/// does, so a run saved with `--position-embedding-type yarn` at factor 1 goes on under `rope`
+/// (and the other way), bit for bit; at another factor `rope` with the YaRN flags is YaRN.
+#[test]
+fn mla_yarn_at_factor_one_is_rope_and_either_spelling_resumes_the_other() {
+    let dir = tmpdir("mla-yarn-one");
+    let save = dir.join("ckpt");
+    let s = save.to_str().unwrap();
+    let run = |extra: &[&str]| {
+        pretrain(&args(
+            &[MLA, &["--train-iters", "4", "--eval-iters", "0"], extra].concat(),
+        ))
+        .unwrap()
+    };
+    let yarn1 = ["--position-embedding-type", "yarn"];
+    let straight = run(&yarn1);
+    let rope = run(&[]);
+    assert_eq!(
+        straight.losses, rope.losses,
+        "YaRN at factor 1 against RoPE"
+    );
+    let mut first = vec!["--save", s, "--save-interval", "2", "--exit-interval", "2"];
+    first.extend(yarn1);
+    run(&first);
+    let resumed = run(&["--load", s]);
+    assert_eq!(resumed.losses, straight.losses[2..]);
+    // Factor 4 with `rope` and no --rope-type: YaRN, as under `yarn`; --rope-type rope: RoPE.
+    let f4 = ["--rotary-scaling-factor", "4"];
+    let default = run(&f4);
+    let explicit = run(&[&f4[..], &yarn1].concat());
+    assert_eq!(default.losses, explicit.losses);
+    let plain = run(&[&f4[..], &["--rope-type", "rope"]].concat());
+    assert_eq!(plain.losses, rope.losses);
+    assert_ne!(plain.losses, default.losses);
+    let _ = std::fs::remove_dir_all(dir);
+}

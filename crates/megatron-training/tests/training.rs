@@ -93,7 +93,8 @@ fn rope_type_yarn_without_multi_latent_attention_is_refused_as_megatron_refuses_
     ]))
     .unwrap_err();
     assert!(
-        e.to_string().contains("--rope-type yarn is for --multi-latent-attention"),
+        e.to_string()
+            .contains("--rope-type yarn is for --multi-latent-attention"),
         "{e}"
     );
 }
