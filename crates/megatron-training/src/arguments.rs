@@ -246,6 +246,13 @@ pub enum PositionEmbeddingArg {
     None,
 }
 
+/// `--moe-router-dtype`.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RouterDtypeArg {
+    Fp32,
+    Fp64,
+}
+
 /// `--rope-type`.
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RopeTypeArg {
@@ -538,6 +545,10 @@ pub struct TrainArgs {
     pub moe_router_topk: usize,
     #[arg(long, value_enum, default_value = "softmax")]
     pub moe_router_score_function: RouterScoreArg,
+    /// The router's precision (Megatron's flag): `fp32`, what the router computes in here
+    /// (its logits in fp32 from the 16-bit input and weights under --bf16); `fp64` is refused.
+    #[arg(long, value_enum)]
+    pub moe_router_dtype: Option<RouterDtypeArg>,
     /// Softmax over all experts before the top-k selection.
     #[arg(long)]
     pub moe_router_pre_softmax: bool,
@@ -2756,6 +2767,11 @@ impl TrainArgs {
         use megatron_core::transformer::config::{
             DropPolicy, LoadBalancing, MoEConfig, RouterScore, TokenDispatcherType,
         };
+        if self.moe_router_dtype == Some(RouterDtypeArg::Fp64) {
+            return Err(bad(
+                "--moe-router-dtype fp64 is not built: the router computes its logits and probabilities in fp32 (--moe-router-dtype fp32)".into(),
+            ));
+        }
         let Some(e) = self.num_experts else {
             return Ok(None);
         };

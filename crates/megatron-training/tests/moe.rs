@@ -254,6 +254,10 @@ fn a_moe_model_learns_on_mock_data_and_bad_flags_are_refused() {
             "--moe-shared-expert-intermediate-size",
         ),
         (&["--moe-ffn-hidden-size", "0"][..], "--moe-ffn-hidden-size"),
+        (
+            &["--moe-router-dtype", "fp64"][..],
+            "--moe-router-dtype fp64",
+        ),
     ] {
         let v = [PP_MODEL, MOE, &["--train-iters", "2"], extra].concat();
         let e = pretrain(&args(&v)).unwrap_err().to_string();
@@ -709,4 +713,19 @@ fn moe_bf16_expert_parallel_layouts_match_one_bf16_rank() {
         assert_same_training_within(name, &serial, &r, BF16_LOSS_TOL, BF16_PARAM_TOL);
     }
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// `--moe-router-dtype fp32` (Megatron's flag for an fp32 router) is what the router computes
+/// in here: the same model, bit for bit, in fp32 and under --bf16.
+#[test]
+fn moe_router_dtype_fp32_is_the_router_of_this_engine() {
+    for precision in [&[][..], &["--bf16"][..]] {
+        let base = [PP_MODEL, MOE, &["--train-iters", "2"], precision].concat();
+        let plain = pretrain(&args(&base)).unwrap();
+        let fp32 = pretrain(&args(
+            &[&base[..], &["--moe-router-dtype", "fp32"]].concat(),
+        ))
+        .unwrap();
+        assert_eq!(plain.losses, fp32.losses);
+    }
 }
