@@ -27,15 +27,23 @@ import make_megatron_optim_fixtures as opt
 
 EVALUATIONS = 3
 # name: (data-parallel size, batch flags)
+FULL = ["--full-validation"]
 CASES = {
-    "dp1_two_micro_batches": (1, ["--micro-batch-size", "1", "--global-batch-size", "2"]),
-    "dp2": (2, ["--micro-batch-size", "1", "--global-batch-size", "2"]),
-    "dp2_eval_batches": (2, ["--micro-batch-size", "2", "--global-batch-size", "4",
-                             "--eval-micro-batch-size", "1", "--eval-global-batch-size", "4"]),
+    "dp1_two_micro_batches": (1, FULL + ["--micro-batch-size", "1", "--global-batch-size", "2"]),
+    "dp2": (2, FULL + ["--micro-batch-size", "1", "--global-batch-size", "2"]),
+    "dp2_eval_batches": (2, FULL + ["--micro-batch-size", "2", "--global-batch-size", "4",
+                                    "--eval-micro-batch-size", "1",
+                                    "--eval-global-batch-size", "4"]),
     # --multiple-validation-sets: the two datasets of --valid-data-path scored apart, each with
     # its own iterators (`validation-main`, `validation-other`).
-    "dp2_two_sets": (2, ["--micro-batch-size", "1", "--global-batch-size", "2",
-                         "--multiple-validation-sets", "--validation-set-names", "main", "other"]),
+    "dp2_two_sets": (2, FULL + ["--micro-batch-size", "1", "--global-batch-size", "2",
+                                "--multiple-validation-sets", "--validation-set-names", "main",
+                                "other"]),
+    # Not full: --eval-iters 2 evaluation batches of 6 in micro-batches of 1, the validation
+    # iterator going on from one validation to the next (the split sized for them).
+    "dp2_eval_batches_not_full": (2, ["--micro-batch-size", "2", "--global-batch-size", "4",
+                                      "--eval-micro-batch-size", "1",
+                                      "--eval-global-batch-size", "6", "--eval-iters", "2"]),
 }
 SECOND = "tokens_b_text_document"
 
@@ -51,8 +59,8 @@ def write_second(prefix):
         b.add_document(torch.from_numpy(np.append(rng.integers(0, 100, n), 100).astype(np.int64)),
                        [n + 1])
     b.finalize(prefix + ".idx")
-FLAGS = ["--split", "70,30,0", "--eval-iters", "1", "--eval-interval", "1", "--lr", "0",
-         "--min-lr", "0", "--full-validation", "--finetune", "--no-load-rng", "--num-workers", "0"]
+FLAGS = ["--split", "70,30,0", "--eval-interval", "1", "--lr", "0", "--min-lr", "0",
+         "--train-iters", "2", "--finetune", "--no-load-rng", "--num-workers", "0"]
 
 
 def run(rank, world, flags, out, port, fixtures):
@@ -65,7 +73,7 @@ def run(rank, world, flags, out, port, fixtures):
                 os.path.join(fixtures, "data", SECOND)]
     else:
         data = ["--data-path", prefix]
-    flags = opt.GPT + opt.DATA + flags + FLAGS + data + [
+    flags = opt.GPT + opt.DATA + ["--eval-iters", "1"] + FLAGS + flags + data + [
         "--data-cache-path", os.path.join(out, "cache"),
         "--load", os.path.join(fixtures, "gpt_adam")]
     if "--train-data-path" in flags:

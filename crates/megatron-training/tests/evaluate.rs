@@ -254,61 +254,51 @@ fn full_validation_scores_what_megatron_lms_full_validation_scores() {
     let dir = tmpdir("full-validation");
     let save = dir.join("gpt_adam");
     convert(&fixture("gpt_adam"), &save).unwrap();
-    for (name, world, batches) in [
-        (
-            "dp1_two_micro_batches",
-            "1",
-            &["--micro-batch-size", "1", "--global-batch-size", "2"][..],
-        ),
+    let one_two = ["--micro-batch-size", "1", "--global-batch-size", "2"];
+    let eval_batches = [
+        "--micro-batch-size",
+        "2",
+        "--global-batch-size",
+        "4",
+        "--eval-micro-batch-size",
+        "1",
+    ];
+    let full = |v: &[&'static str]| [&["--full-validation"][..], v].concat();
+    let cases: [(&str, &str, Vec<&str>); 6] = [
+        ("dp1_two_micro_batches", "1", full(&one_two)),
         // The same data-parallel rank over two tensor-parallel ranks or two pipeline stages.
         (
             "dp1_two_micro_batches",
             "2",
-            &[
-                "--micro-batch-size",
-                "1",
-                "--global-batch-size",
-                "2",
-                "--tensor-model-parallel-size",
-                "2",
-            ][..],
+            full(&[&one_two[..], &["--tensor-model-parallel-size", "2"]].concat()),
         ),
         (
             "dp1_two_micro_batches",
             "2",
-            &[
-                "--micro-batch-size",
-                "1",
-                "--global-batch-size",
-                "2",
-                "--pipeline-model-parallel-size",
-                "2",
-            ][..],
+            full(&[&one_two[..], &["--pipeline-model-parallel-size", "2"]].concat()),
         ),
-        (
-            "dp2",
-            "2",
-            &["--micro-batch-size", "1", "--global-batch-size", "2"][..],
-        ),
+        ("dp2", "2", full(&one_two)),
         (
             "dp2_eval_batches",
             "2",
-            &[
-                "--micro-batch-size",
-                "2",
-                "--global-batch-size",
-                "4",
-                "--eval-micro-batch-size",
-                "1",
-                "--eval-global-batch-size",
-                "4",
-            ][..],
+            full(&[&eval_batches[..], &["--eval-global-batch-size", "4"]].concat()),
         ),
-    ] {
+        // Not full: 2 evaluation batches of 6 per validation, in micro-batches of 1.
+        (
+            "dp2_eval_batches_not_full",
+            "2",
+            [
+                &eval_batches[..],
+                &["--eval-global-batch-size", "6", "--eval-iters", "2"],
+            ]
+            .concat(),
+        ),
+    ];
+    for (name, world, batches) in cases {
         let flags = [
-            batches,
             &["--nproc-per-node", world, "--split", "70,30,0"][..],
-            FULL_VALIDATION_RUN,
+            FROZEN_VALIDATIONS,
+            &batches,
         ]
         .concat();
         let s = train(
@@ -345,16 +335,16 @@ fn full_validation_scores_what_megatron_lms_full_validation_scores() {
         "main",
         "other",
     ]);
-    v.extend(FULL_VALIDATION_RUN);
+    v.extend(FROZEN_VALIDATIONS);
+    v.push("--full-validation");
     let s = pretrain(&parse_train(&v)).unwrap();
     assert_follows_megatron_lm("dp2_two_sets", &s.val_losses, &want, 6);
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// The fixture script's frozen run: the loaded weights (`--finetune`, lr 0) validated fully after
-/// each of 2 iterations and at the end, three validations in a row.
-const FULL_VALIDATION_RUN: &[&str] = &[
-    "--full-validation",
+/// The fixture script's frozen run: the loaded weights (`--finetune`, lr 0) validated after each
+/// of 2 iterations and at the end, three validations in a row.
+const FROZEN_VALIDATIONS: &[&str] = &[
     "--eval-iters",
     "1",
     "--eval-interval",
