@@ -455,6 +455,8 @@ impl Storages {
 struct RankParam<'a> {
     local: &'a str,
     source: &'a str,
+    /// The source's whole shape, and this rank's shard's.
+    global_shape: &'a [usize],
     shape: Vec<usize>,
     split: Option<(usize, usize)>,
     model: Pickle,
@@ -565,6 +567,7 @@ pub fn megatron_to_torch(
                                         params.push(RankParam {
                                             local: &entry.local,
                                             source,
+                                            global_shape: shape,
                                             shape: local_shape,
                                             split: *split,
                                             model: tensor.clone(),
@@ -703,13 +706,7 @@ fn rank_optimizer(
                         .tensors
                         .get(&name)
                         .ok_or_else(|| format!("the checkpoint has no {name}"))?;
-                    let shape = &meta
-                        .tensors
-                        .iter()
-                        .find(|x| x.name == p.source)
-                        .ok_or_else(|| format!("the checkpoint has no tensor {}", p.source))?
-                        .shape;
-                    Ok(shard(v, shape, p.split, (tp, t)).1)
+                    Ok(shard(v, p.global_shape, p.split, (tp, t)).1)
                 };
                 let m = storages.tensor(&moment("exp_avg")?, &p.shape);
                 let v = storages.tensor(&moment("exp_avg_sq")?, &p.shape);
