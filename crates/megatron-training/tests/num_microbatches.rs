@@ -6,15 +6,13 @@ mod common;
 use common::{args, assert_losses_close, tmpdir};
 use megatron_training::{pretrain, TrainArgs, TrainSummary};
 
-/// Global batch 8 reached from 2 in steps of 2 over the first 24 samples (8 per step), 60
-/// samples in all: batches 2, 2, 2, 2, 4, 4, 6, 6 (28 samples, past the ramp) then 8 x 4.
-fn ramped(extra: &[&str]) -> TrainArgs {
+/// 60 samples of 4 layers at micro-batch 1 with dropout, the learning rate warmed up over 8
+/// samples: sample-based training, as Megatron requires for a ramp.
+fn sample_based(extra: &[&str]) -> TrainArgs {
     let flags = [
         &[
             "--micro-batch-size",
             "1",
-            "--global-batch-size",
-            "8",
             "--num-layers",
             "4",
             "--hidden-dropout",
@@ -24,10 +22,16 @@ fn ramped(extra: &[&str]) -> TrainArgs {
     ]
     .concat();
     let mut a = args(&flags);
-    // Sample-based training, as Megatron requires for a ramp.
     a.lr_warmup_iters = None;
     a.lr_warmup_samples = Some(8);
     a.train_samples = Some(60);
+    a
+}
+
+/// Global batch 8 reached from 2 in steps of 2 over the first 24 samples (8 per step), 60
+/// samples in all: batches 2, 2, 2, 2, 4, 4, 6, 6 (28 samples, past the ramp) then 8 x 4.
+fn ramped(extra: &[&str]) -> TrainArgs {
+    let mut a = sample_based(&[&["--global-batch-size", "8"][..], extra].concat());
     a.rampup_batch_size = Some(vec![2, 2, 24]);
     a
 }
@@ -173,23 +177,8 @@ fn a_step_schedule_gives_megatron_cores_batch_sizes() {
 /// A stepped run: batch 2 from the start, 4 from 64 tokens (4 samples of 16), 8 from 160 tokens
 /// (10 samples); 60 samples in all.
 fn stepped(extra: &[&str]) -> TrainArgs {
-    let flags = [
-        &[
-            "--micro-batch-size",
-            "1",
-            "--num-layers",
-            "4",
-            "--hidden-dropout",
-            "0.1",
-        ],
-        extra,
-    ]
-    .concat();
-    let mut a = args(&flags);
+    let mut a = sample_based(extra);
     a.global_batch_size = None;
-    a.lr_warmup_iters = None;
-    a.lr_warmup_samples = Some(8);
-    a.train_samples = Some(60);
     a.step_batch_size_schedule = Some("0:2 64:4 160:8".into());
     a
 }
