@@ -45,63 +45,70 @@ impl<F: TrainFamily> Trainer<'_, F> {
     /// `consumed_valid` samples on, which it advances), the test split and `--skip-train`
     /// read from the start. Each rank's micro-batches come from its sampler, as the step's do
     /// (under `single`, the same samples for every layout: data-parallel rank r takes
-    /// micro-batches r, r + d, ... of them); the sum is all-reduced over DP. Under
-    /// `--full-validation` a validation reads the whole split instead ([`Self::full_pass`]).
-    /// Every rank calls it; `None` without samples in the split, or with `--eval-iters 0`
-    /// where it counts.
+    /// micro-batches r, r + d, ... of them); the sum is all-reduced over DP (validations go
+    /// through [`Self::validate`], which reads whole sets under `--full-validation`). Every
+    /// rank calls it; `None` without samples in the split or with `--eval-iters 0`.
     pub(crate) fn evaluate(&mut self, split: Split) -> Result<Option<EvalLoss>, TrainError> {
-        let full = split == Split::Valid && self.cfg.validation != ValidationScope::EvalIters;
-        if full {
-            let n = F::num_samples(&self.data, split);
-            return self.evaluate_set(split, (0, n, 0));
-        }
-        self.evaluate_set(split, (0, 0, 0))
+        self.evaluate_set(split, None)
     }
 
     /// One validation: each set's loss with the suffix Megatron's log gives it (`-<i>` or
     /// `-<name>` under `--multiple-validation-sets`; none otherwise).
     pub(crate) fn validate(&mut self) -> Result<Vec<(String, EvalLoss)>, TrainError> {
-        let ValidationScope::FullPerDataset { names } = &self.cfg.validation else {
-            return Ok(self
-                .evaluate(Split::Valid)?
-                .map(|l| (String::new(), l))
-                .into_iter()
-                .collect());
+        let n = F::num_samples(&self.data, Split::Valid);
+        let names = match &self.cfg.validation {
+            ValidationScope::EvalIters => None,
+            ValidationScope::Full => Some(None),
+            ValidationScope::FullPerDataset { names } => Some(Some(names.clone())),
         };
-        let sets = F::validation_sets(&self.data);
-        if !names.is_empty() && names.len() != sets.len() {
+        let Some(names) = names else {
+            let l = self.evaluate_set(Split::Valid, None)?;
+            return Ok(l.map(|l| (String::new(), l)).into_iter().collect());
+        };
+        // Under --full-validation: the whole split, or each dataset's set apart.
+        let sets = match &names {
+            None => vec![n],
+            Some(_) => F::validation_sets(&self.data),
+        };
+        if let Some(names) = names
+            .as_ref()
+            .filter(|v| !v.is_empty() && v.len() != sets.len())
+        {
             return Err(TrainError::Args(format!(
                 "--validation-set-names gives {} names, the validation split has {} datasets",
                 names.len(),
                 sets.len()
             )));
         }
-        let names = names.clone();
         let mut out = Vec::with_capacity(sets.len());
         let mut start = 0;
         for (i, &len) in sets.iter().enumerate() {
-            let suffix = names.get(i).cloned().unwrap_or_else(|| i.to_string());
-            if let Some(l) = self.evaluate_set(Split::Valid, (start, len, i))? {
-                out.push((format!("-{suffix}"), l));
+            let suffix = match &names {
+                None => String::new(),
+                Some(v) => format!("-{}", v.get(i).cloned().unwrap_or_else(|| i.to_string())),
+            };
+            if let Some(l) = self.evaluate_set(Split::Valid, Some((start, len, i)))? {
+                out.push((suffix, l));
             }
             start += len;
         }
         Ok(out)
     }
 
-    /// [`Self::evaluate`] of `split`; under `--full-validation` of its set `(start, len,
-    /// index)`.
+    /// [`Self::evaluate`] of `split`, or under `--full-validation` one whole validation set
+    /// `(start, len, index)` ([`Self::full_pass`]).
     fn evaluate_set(
         &mut self,
         split: Split,
-        set: (u64, u64, usize),
+        full: Option<(u64, u64, usize)>,
     ) -> Result<Option<EvalLoss>, TrainError> {
-        let full = split == Split::Valid && self.cfg.validation != ValidationScope::EvalIters;
-        if F::num_samples(&self.data, split) == 0 || (self.cfg.args.eval_iters == 0 && !full) {
+        if F::num_samples(&self.data, split) == 0
+            || (self.cfg.args.eval_iters == 0 && full.is_none())
+        {
             return Ok(None);
         }
         let (dp_rank, dp_size) = self.comms.data_rank_size();
-        let plan = if full {
+        let plan = if let Some(set) = full {
             self.full_pass(dp_rank, dp_size, set)?
         } else {
             // Micro-batches of --eval-micro-batch-size, --eval-global-batch-size per iteration.

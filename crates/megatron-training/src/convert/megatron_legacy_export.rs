@@ -294,6 +294,7 @@ fn chunk_entries(
             },
         });
     };
+    let mut embedding_split = None;
     for w in wanted_tensors(cfg) {
         let at = placement(&w.name, layout, &place, experts_per_rank)?;
         // megatron-core's local spec splits MLA's down projections by rows over TP.
@@ -310,6 +311,9 @@ fn chunk_entries(
                 ));
             }
         }
+        if w.name == "embedding.word_embeddings.weight" {
+            embedding_split = split;
+        }
         push(at, &w.name, split, w.kind);
     }
     // The tied output layer: a copy of the embedding on the last stage where that is not the
@@ -318,14 +322,10 @@ fn chunk_entries(
     let output = placement("output_layer.weight", layout, &place, 1)?;
     if !cfg.untie_embeddings_and_output_weights {
         if layout.pp > 1 {
-            let split = wanted_tensors(cfg)
-                .into_iter()
-                .find(|w| w.name == "embedding.word_embeddings.weight")
-                .and_then(|w| w.split);
             push(
                 output,
                 "embedding.word_embeddings.weight",
-                split,
+                embedding_split,
                 TensorKind::Parameter,
             );
         } else {
