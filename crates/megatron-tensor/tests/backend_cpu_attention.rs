@@ -325,7 +325,7 @@ fn decode_matches_last_row(window: Option<usize>) {
         max_t,
     };
     let first = window.map_or(0, |w| t - 1 - w);
-    attention_decode_forward(&mut o, &q, &kc, &vc, dd, first..t);
+    attention_decode_forward(&mut o, &q, &kc, &vc, dd, first..t, None);
     for b in 0..d.b {
         let want = &out[(b * t + t - 1) * nh * hd..][..nh * hd];
         assert_close(
@@ -412,7 +412,7 @@ fn grouped_query_decode_matches_last_row_of_full_attention() {
         megatron_tensor::cpu::kv_cache_append(&mut kc, &mut vc, &mut q, &rows, dd, j);
     }
     let mut o = vec![0.0; d.b * nh * hd];
-    attention_decode_forward(&mut o, &q, &kc, &vc, dd, 0..t);
+    attention_decode_forward(&mut o, &q, &kc, &vc, dd, 0..t, None);
     for b in 0..d.b {
         let want = &out[(b * t + t - 1) * nh * hd..][..nh * hd];
         assert_close(

@@ -1,7 +1,7 @@
 mod common;
 use common::*;
 use megatron_tensor::cpu::{
-    mlp_activation_backward, mlp_activation_forward, GeluApprox, MlpActivation,
+    mlp_activation_backward, mlp_activation_forward, GeluApprox, GluLimits, MlpActivation,
 };
 
 /// The activation in f64 from its definition (GELU's tanh form or erf via libm).
@@ -17,14 +17,14 @@ fn naive(x: &[f32], f: usize, act: MlpActivation) -> Vec<f32> {
         MlpActivation::Relu => x.iter().map(|v| v.max(0.0)).collect(),
         MlpActivation::SquaredRelu => x.iter().map(|v| v.max(0.0).powi(2)).collect(),
         MlpActivation::Gelu(a) => x.iter().map(|&v| gelu(v as f64, a) as f32).collect(),
-        MlpActivation::SwiGLU | MlpActivation::GeGLU(_) | MlpActivation::QuickGeGLU => x
+        MlpActivation::SwiGLU(_) | MlpActivation::GeGLU(_) | MlpActivation::QuickGeGLU(_) => x
             .chunks(2 * f)
             .flat_map(|r| {
                 (0..f).map(move |j| {
                     let g = r[j] as f64;
                     let a = match act {
                         MlpActivation::GeGLU(a) => gelu(g, a),
-                        MlpActivation::QuickGeGLU => g / (1.0 + (-1.702 * g).exp()),
+                        MlpActivation::QuickGeGLU(_) => g / (1.0 + (-1.702 * g).exp()),
                         _ => g / (1.0 + (-g).exp()),
                     };
                     (a * r[f + j] as f64) as f32
@@ -37,9 +37,9 @@ fn naive(x: &[f32], f: usize, act: MlpActivation) -> Vec<f32> {
 const ALL: [MlpActivation; 7] = [
     MlpActivation::Relu,
     MlpActivation::SquaredRelu,
-    MlpActivation::QuickGeGLU,
+    MlpActivation::QuickGeGLU(GluLimits::NONE),
     MlpActivation::Gelu(GeluApprox::Tanh),
-    MlpActivation::SwiGLU,
+    MlpActivation::SwiGLU(GluLimits::NONE),
     MlpActivation::GeGLU(GeluApprox::Tanh),
     MlpActivation::GeGLU(GeluApprox::Erf),
 ];
@@ -92,9 +92,9 @@ fn mlp_activations_in_bf16_storage_match_the_f32_kernels_bit_for_bit() {
         MlpActivation::Gelu(GeluApprox::Erf),
         MlpActivation::Relu,
         MlpActivation::SquaredRelu,
-        MlpActivation::SwiGLU,
+        MlpActivation::SwiGLU(GluLimits::NONE),
         MlpActivation::GeGLU(GeluApprox::Tanh),
-        MlpActivation::QuickGeGLU,
+        MlpActivation::QuickGeGLU(GluLimits::NONE),
     ] {
         let w = f * act.fc1_factor();
         let x16 = to_bf16(&randn(rows * w, 41, 2.0));

@@ -6,8 +6,8 @@ use clap::{Args, ValueEnum};
 use megatron_core::optimizer::UpdateRule;
 use megatron_core::optimizer::{LrDecayStyle, WsdDecayStyle};
 use megatron_core::transformer::config::{
-    Activation, GeluForm, MLAConfig, MTPConfig, Normalization, PositionEmbeddingType,
-    ResidualPrecision, RotaryConfig, SlidingWindow,
+    Activation, GeluForm, GluConfig, MLAConfig, MTPConfig, Normalization, PositionEmbeddingType,
+    ResidualPrecision, RotaryConfig, SlidingWindow, SoftmaxType,
 };
 use megatron_core::TransformerConfig;
 
@@ -19,6 +19,15 @@ pub enum NonPersistentCkptTypeArg {
     Local,
     #[value(name = "in_memory")]
     InMemory,
+}
+
+/// `--softmax-type`, spelled as Megatron spells it.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SoftmaxTypeArg {
+    Vanilla,
+    #[value(name = "off-by-one")]
+    OffByOne,
+    Learnable,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -431,6 +440,18 @@ pub struct TrainArgs {
     /// Quick-GEGLU MLP: fused fc1 = [gate; up], gate * sigmoid(1.702 gate) * up.
     #[arg(long)]
     pub quick_geglu: bool,
+    /// gpt-oss's gated unit: `act(gate) * (up + offset)` (megatron-core's `glu_linear_offset`;
+    /// with --quick-geglu).
+    #[arg(long, default_value_t = 0.0)]
+    pub glu_linear_offset: f32,
+    /// gpt-oss's clamp of fc1's output: the gate at most V, the linear half within [-V, V]
+    /// (with --quick-geglu, or --swiglu on MoE models, as megatron-core allows).
+    #[arg(long)]
+    pub activation_func_clamp_value: Option<f32>,
+    /// Attention's softmax: `vanilla`, `off-by-one` (a zero logit in every denominator) or
+    /// `learnable` (a learned logit per head: gpt-oss's attention sinks).
+    #[arg(long, value_enum, default_value = "vanilla")]
+    pub softmax_type: SoftmaxTypeArg,
     #[arg(long, value_enum, default_value = "learned_absolute")]
     pub position_embedding_type: PositionEmbeddingArg,
     /// Megatron's legacy spelling of `--position-embedding-type rope`.
@@ -2003,6 +2024,11 @@ impl TrainArgs {
             "sliding-window T5 is not built",
         )?;
         refuse(
+            model.softmax_type != SoftmaxType::Vanilla,
+            "--softmax-type",
+            "T5 with attention sinks is not built",
+        )?;
+        refuse(
             model.mla.is_some(),
             "--multi-latent-attention",
             "T5's attention has its relative position bias, not rotary features",
@@ -2159,6 +2185,9 @@ impl TrainArgs {
         }
         if model.window.is_some() {
             return Err(bad("--model bert: --window-size is built for causal decoders (BERT's attention sees the whole sequence)".into()));
+        }
+        if model.softmax_type != SoftmaxType::Vanilla {
+            return Err(bad("--model bert: --softmax-type off-by-one/learnable is built for decoders (gpt-oss); BERT keeps the plain softmax".into()));
         }
         model.attn_mask_type = megatron_core::transformer::config::AttnMaskType::Padding;
         // A checkpoint's model (--use-checkpoint-args: a converted BERT is post-LN) keeps its
@@ -2323,6 +2352,50 @@ impl TrainArgs {
         }
     }
 
+    /// `--glu-linear-offset` and `--activation-func-clamp-value`, where megatron-core applies
+    /// them: Quick-GEGLU takes both; SwiGLU only the clamp, and only on MoE models.
+    fn glu_config(&self, activation: Activation) -> Result<GluConfig, TrainError> {
+        let glu = GluConfig {
+            linear_offset: self.glu_linear_offset,
+            clamp_value: self.activation_func_clamp_value,
+        };
+        if !self.glu_linear_offset.is_finite() {
+            return Err(bad(format!(
+                "--glu-linear-offset must be a finite number, got {}",
+                self.glu_linear_offset
+            )));
+        }
+        if let Some(c) = glu.clamp_value {
+            if !(c.is_finite() && c > 0.0) {
+                return Err(bad(format!(
+                    "--activation-func-clamp-value must be finite and greater than zero, got {c}"
+                )));
+            }
+        }
+        match activation {
+            _ if glu.is_default() => {}
+            Activation::QuickGeGLU => {}
+            Activation::SwiGLU if glu.linear_offset != 0.0 => {
+                return Err(bad("--glu-linear-offset is built for --quick-geglu (megatron-core fuses the offset only there, and wants it zero when SwiGLU is clamped)".into()));
+            }
+            Activation::SwiGLU if self.num_experts.is_none() => {
+                return Err(bad("--activation-func-clamp-value with --swiglu needs --num-experts (megatron-core: the SwiGLU clamp is only supported with MoE)".into()));
+            }
+            Activation::SwiGLU => {}
+            _ => {
+                let flag = if glu.linear_offset != 0.0 {
+                    "--glu-linear-offset"
+                } else {
+                    "--activation-func-clamp-value"
+                };
+                return Err(bad(format!(
+                    "{flag} acts on a gated unit: pass --quick-geglu (gpt-oss) or --swiglu"
+                )));
+            }
+        }
+        Ok(glu)
+    }
+
     /// `--window-size` and `--window-attn-skip-freq`.
     fn sliding_window(&self) -> Result<Option<SlidingWindow>, TrainError> {
         use crate::layer_pattern::{parse_layer_pattern, parse_window_size};
@@ -2405,6 +2478,12 @@ impl TrainArgs {
                 num_layers: n,
                 loss_scaling_factor: self.mtp_loss_scaling_factor,
             }),
+            glu: self.glu_config(activation)?,
+            softmax_type: match self.softmax_type {
+                SoftmaxTypeArg::Vanilla => SoftmaxType::Vanilla,
+                SoftmaxTypeArg::OffByOne => SoftmaxType::OffByOne,
+                SoftmaxTypeArg::Learnable => SoftmaxType::Learnable,
+            },
             residual: Default::default(),
         };
         model.validate()?;
@@ -2656,6 +2735,16 @@ impl TrainArgs {
             return Err(bad(format!(
                 "--expert-model-parallel-size ({ep}) x --expert-tensor-parallel-size ({etp}) x --pipeline-model-parallel-size ({pp}) must divide the {world} ranks"
             )));
+        }
+        if model.add_bias_linear && etp > 1 {
+            return Err(bad(format!(
+                "the experts have biases (megatron-core's default; gpt-oss has them) and those are built for --expert-tensor-parallel-size 1, which defaults to --tensor-model-parallel-size ({etp} here): pass --expert-tensor-parallel-size 1, or --disable-bias-linear"
+            )));
+        }
+        if model.add_bias_linear && moe.shared_expert_ffn.is_some() {
+            return Err(bad(
+                "--moe-shared-expert-intermediate-size: megatron-core's shared experts have no biases and refuse a model with them: pass --disable-bias-linear".into(),
+            ));
         }
         if let Some(f) = moe.shared_expert_ffn.filter(|f| !f.is_multiple_of(tp)) {
             return Err(bad(format!(

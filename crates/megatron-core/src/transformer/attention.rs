@@ -7,7 +7,7 @@
 //! fused QKV comes from MLA's low-rank projections instead (`multi_latent_attention.rs`) and
 //! the output projection reads each head's first `v_head_dim` features.
 
-use super::config::{AttnMaskType, TransformerConfig};
+use super::config::{AttnMaskType, SoftmaxType, TransformerConfig};
 use super::multi_latent_attention::{MLAProjection, MLASaved};
 use super::qk_norm::{QKNorm, QKNormSaved};
 use super::saved::{as_kept, keep, readable, restore};
@@ -20,10 +20,10 @@ use crate::params::{Grads, Init, ParamId, Params};
 use crate::tensor_parallel::{ColumnParallelLinear, RowParallelLinear, Tp};
 use megatron_comm::CommError;
 use megatron_tensor::cpu::{
-    attention_backward, attention_decode_forward, attention_forward, kv_cache_append,
-    mla_attn_narrow_backward, mla_attn_narrow_forward, rope_backward, rope_forward,
-    sliding_window_starts, AttentionDims, AttentionMask, DecodeDims, RopeDims, RopeStyle,
-    RopeTable,
+    attention_backward, attention_decode_forward, attention_forward, attention_sink_backward,
+    attention_sink_forward, kv_cache_append, mla_attn_narrow_backward, mla_attn_narrow_forward,
+    rope_backward, rope_forward, sliding_window_starts, AttentionDims, AttentionMask, DecodeDims,
+    RopeDims, RopeStyle, RopeTable, SinkDims,
 };
 use megatron_tensor::Tensor;
 use std::sync::Arc;
@@ -59,6 +59,16 @@ pub struct SelfAttention {
     causal: bool,
     /// `--window-size`: the keys before each query this layer sees, if windowed.
     pub window: Option<usize>,
+    /// `--softmax-type`: the extra logit in each head's softmax denominator, if any.
+    pub sink: Option<AttentionSink>,
+}
+
+/// The sink logit of `--softmax-type`: zero (`off-by-one`) or megatron-core's learned
+/// `core_attention.softmax_offset` (`learnable`, one per head, split over TP by heads).
+#[derive(Clone, Copy, Debug)]
+pub enum AttentionSink {
+    OffByOne,
+    Learnable(ParamId),
 }
 
 /// What the QKV projection keeps for backward.
@@ -149,6 +159,18 @@ impl SelfAttention {
                 }
             }
         };
+        let sink = match cfg.softmax_type {
+            SoftmaxType::Vanilla => None,
+            SoftmaxType::OffByOne => Some(AttentionSink::OffByOne),
+            SoftmaxType::Learnable => Some(AttentionSink::Learnable(params.add_sharded(
+                inits,
+                format!("{p}.core_attention.softmax_offset"),
+                &[cfg.num_attention_heads],
+                false,
+                Init::Normal(cfg.init_method_std),
+                crate::params::Sharding::Split(0),
+            ))),
+        };
         let linear_proj = RowParallelLinear::new(
             params,
             inits,
@@ -174,7 +196,71 @@ impl SelfAttention {
             rope,
             causal: cfg.attn_mask_type == AttnMaskType::Causal,
             window: cfg.attention_window(layer),
+            sink,
         }
+    }
+
+    /// The sink logits of `heads` of this rank's heads, from the `first`.
+    fn sink_logits(&self, params: &Params, first: usize, heads: usize) -> Option<Vec<f32>> {
+        Some(match self.sink? {
+            AttentionSink::OffByOne => vec![0.0; heads],
+            AttentionSink::Learnable(id) => params.get(id)[first..first + heads].to_vec(),
+        })
+    }
+
+    /// Moves a finished attention output (`[b * t, heads * head_dim]`, heads from this rank's
+    /// `first`) and its log-sum-exp to the sink's softmax.
+    #[allow(clippy::too_many_arguments)]
+    fn apply_sink(
+        &self,
+        params: &Params,
+        attn: &mut Tensor,
+        lse: &mut Tensor,
+        b: usize,
+        t: usize,
+        first: usize,
+        heads: usize,
+    ) {
+        if let Some(s) = self.sink_logits(params, first, heads) {
+            let d = SinkDims {
+                b,
+                t,
+                heads,
+                head_dim: self.head_dim,
+            };
+            attention_sink_forward(attn.data_mut(), lse.data_mut(), &s, d);
+        }
+    }
+
+    /// The learned sink's gradient from the sink output, its log-sum-exp and the output's
+    /// gradient (heads from this rank's `first`).
+    #[allow(clippy::too_many_arguments)]
+    fn sink_backward(
+        &self,
+        params: &Params,
+        grads: &mut Grads,
+        dattn: &Tensor,
+        attn: &Tensor,
+        lse: &Tensor,
+        b: usize,
+        t: usize,
+        first: usize,
+        heads: usize,
+    ) {
+        let Some(AttentionSink::Learnable(id)) = self.sink else {
+            return;
+        };
+        let s = self
+            .sink_logits(params, first, heads)
+            .expect("a learned sink has logits");
+        let d = SinkDims {
+            b,
+            t,
+            heads,
+            head_dim: self.head_dim,
+        };
+        let g = &mut grads.get_mut(id)[first..first + heads];
+        attention_sink_backward(g, dattn.data(), attn.data(), lse.data(), &s, d);
     }
 
     /// `mask` with this layer's sliding window folded into each query's first visible key
@@ -337,13 +423,14 @@ impl SelfAttention {
         // Megatron's QKV is), so an output recomputed in backward equals this one.
         let (qkv, attn, lse) = if ring(tp) {
             let qkv = keep(qkv);
-            let (attn, lse) = self.ring_attention(tp, &restore(&qkv), b, t, ctx, mask)?;
+            let (attn, lse) = self.ring_attention(params, tp, &restore(&qkv), b, t, ctx, mask)?;
             (qkv, attn, lse)
         } else {
             // All-to-all (or no context parallelism): attention runs on the whole sequence and
             // this rank's share of the heads; what backward keeps is in that layout.
             let qkv = keep(self.to_heads(tp, qkv, b, cp)?);
-            let (attn_h, lse) = self.core_attention(&readable(&qkv), b, t * cp.size, ctx, mask, cp);
+            let (attn_h, lse) =
+                self.core_attention(params, &readable(&qkv), b, t * cp.size, ctx, mask, cp);
             (qkv, self.to_sequence(tp, attn_h, b, cp)?, lse)
         };
         let attn = self.narrow(attn);
@@ -361,8 +448,10 @@ impl SelfAttention {
 
     /// The attention kernel on the (normed, rotated) QKV of `t` tokens per sequence and this
     /// rank's heads: output and log-sum-exp.
+    #[allow(clippy::too_many_arguments)]
     fn core_attention(
         &self,
+        params: &Params,
         qkv: &Tensor,
         b: usize,
         t: usize,
@@ -375,6 +464,8 @@ impl SelfAttention {
         let mut lse = Tensor::for_overwrite(&[b, d.heads, t]);
         let key = ctx.site_for(self.layer, SITE_ATTN_DROPOUT, self.total_heads * t * t);
         attention_forward(attn.data_mut(), lse.data_mut(), qkv.operand(), mask, d, key);
+        let first = cp.rank * d.heads;
+        self.apply_sink(params, &mut attn, &mut lse, b, t, first, d.heads);
         (attn, lse)
     }
 
@@ -430,7 +521,7 @@ impl SelfAttention {
             let (attn, lse) = match &saved.attn {
                 Some((a, l)) => (restore(a).into_owned(), std::borrow::Cow::Borrowed(l)),
                 None => {
-                    let (a, l) = self.ring_attention(tp, &qkv, b, t, ctx, mask)?;
+                    let (a, l) = self.ring_attention(params, tp, &qkv, b, t, ctx, mask)?;
                     (self.narrow(as_kept(a)), std::borrow::Cow::Owned(l))
                 }
             };
@@ -445,6 +536,7 @@ impl SelfAttention {
             let starts = mask.doc_start;
             let dqkv =
                 ring_attention_backward(&dattn, &attn, &lse, &qkv, b, cp, comm, d, starts, key)?;
+            self.sink_backward(params, grads, &dattn, &attn, &lse, b, t, 0, self.heads);
             return self.qkv_backward(params, grads, tp, saved, x, dqkv, t, cp);
         }
         let tw = t * cp.size;
@@ -456,7 +548,7 @@ impl SelfAttention {
         let (attn, attn_h, lse) = match &saved.attn {
             Some((a, l)) => (restore(a).into_owned(), None, std::borrow::Cow::Borrowed(l)),
             None => {
-                let (a_h, l) = self.core_attention(&qkv, b, tw, ctx, mask, cp);
+                let (a_h, l) = self.core_attention(params, &qkv, b, tw, ctx, mask, cp);
                 let a_h = as_kept(a_h);
                 let l = std::borrow::Cow::Owned(l);
                 match tp.cp() {
@@ -493,6 +585,18 @@ impl SelfAttention {
             mask,
             self.dims_of(b, tw, ctx, cp),
             key,
+        );
+        let heads = self.heads / cp.size;
+        self.sink_backward(
+            params,
+            grads,
+            &dattn,
+            &attn_h,
+            &lse,
+            b,
+            tw,
+            cp.rank * heads,
+            heads,
         );
         drop((dattn, attn_h, qkv));
         let dqkv = self.to_sequence(tp, dqkv, b, cp)?;
@@ -536,8 +640,10 @@ impl SelfAttention {
 
     /// Ring attention over the context-parallel group: this rank's queries against every
     /// rank's keys and values (`t` local rows per sequence).
+    #[allow(clippy::too_many_arguments)]
     fn ring_attention(
         &self,
+        params: &Params,
         tp: &mut Tp,
         qkv: &Tensor,
         b: usize,
@@ -552,7 +658,9 @@ impl SelfAttention {
         let comm = tp
             .cp()
             .expect("ring attention runs in a context-parallel group");
-        ring_attention_forward(qkv, b, cp, comm, d, mask.doc_start, key)
+        let (mut attn, mut lse) = ring_attention_forward(qkv, b, cp, comm, d, mask.doc_start, key)?;
+        self.apply_sink(params, &mut attn, &mut lse, b, t, 0, self.heads);
+        Ok((attn, lse))
     }
 
     /// One new token per sequence (`x` is `[b, h]`, normed) at position `pos` against this
@@ -580,6 +688,7 @@ impl SelfAttention {
         kv_cache_append(&mut cache.k, &mut cache.v, q.data_mut(), qkv.data(), d, pos);
         let mut attn = Tensor::for_overwrite(&[b, self.heads * self.head_dim]);
         let first = self.window.map_or(0, |left| pos.saturating_sub(left));
+        let sink = self.sink_logits(params, 0, self.heads);
         attention_decode_forward(
             attn.data_mut(),
             q.data(),
@@ -587,6 +696,7 @@ impl SelfAttention {
             &cache.v,
             d,
             first..pos + 1,
+            sink.as_deref(),
         );
         let attn = self.narrow(attn);
         self.linear_proj.forward(params, tp, &attn)

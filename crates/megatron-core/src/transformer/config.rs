@@ -1,3 +1,4 @@
+use megatron_tensor::cpu::GluLimits;
 use serde::{Deserialize, Serialize};
 
 /// A configuration the model cannot be built from. Each message names the flags at fault.
@@ -257,13 +258,38 @@ impl Activation {
         use megatron_tensor::cpu::MlpActivation as K;
         match self {
             Activation::Gelu => K::Gelu(gelu.kernel()),
-            Activation::SwiGLU => K::SwiGLU,
+            Activation::SwiGLU => K::SwiGLU(GluLimits::NONE),
             Activation::Relu => K::Relu,
             Activation::GeGLU => K::GeGLU(gelu.kernel()),
             Activation::SquaredRelu => K::SquaredRelu,
-            Activation::QuickGeGLU => K::QuickGeGLU,
+            Activation::QuickGeGLU => K::QuickGeGLU(GluLimits::NONE),
         }
     }
+}
+
+/// gpt-oss's gated unit (`--glu-linear-offset`, `--activation-func-clamp-value`): the gate
+/// clamped from above, the linear half clamped to `[-clamp, clamp]` and offset.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct GluConfig {
+    pub linear_offset: f32,
+    pub clamp_value: Option<f32>,
+}
+
+impl GluConfig {
+    pub fn is_default(&self) -> bool {
+        *self == GluConfig::default()
+    }
+}
+
+/// `--softmax-type`: attention's softmax plain, with a zero logit in the denominator
+/// (`off-by-one`, Miller's "attention is off by one"), or with a learned one per head
+/// (`learnable`, gpt-oss's attention sinks: `core_attention.softmax_offset`).
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub enum SoftmaxType {
+    #[default]
+    Vanilla,
+    OffByOne,
+    Learnable,
 }
 
 /// The GELU's form, where the MLP's activation (or BERT's LM head) is GELU: Megatron's fused
@@ -442,6 +468,12 @@ pub struct TransformerConfig {
     /// Multi-token prediction (`--mtp-num-layers`, DeepSeek-V3) after the decoder.
     #[serde(default)]
     pub mtp: Option<MTPConfig>,
+    /// The gated unit's clamp and offset (gpt-oss).
+    #[serde(default, skip_serializing_if = "GluConfig::is_default")]
+    pub glu: GluConfig,
+    /// Attention's softmax (`--softmax-type`).
+    #[serde(default, skip_serializing_if = "is_vanilla")]
+    pub softmax_type: SoftmaxType,
     /// How the residual stream between layers is stored: a setting of the run (`--bf16`
     /// without `--fp32-residual-connection`), not of the model, so checkpoints do not carry it.
     #[serde(skip)]
@@ -526,6 +558,20 @@ impl TransformerConfig {
     /// Whether layer `l` (global number) is an MoE layer. The multi-token-prediction layers
     /// (numbered from `num_layers` on) follow the last decoder layer, as megatron-core builds
     /// them from its spec.
+    /// The MLP's (and experts') activation kernel, with gpt-oss's clamp and offset.
+    pub fn activation_kernel(&self) -> megatron_tensor::cpu::MlpActivation {
+        use megatron_tensor::cpu::MlpActivation as K;
+        let limits = GluLimits {
+            linear_offset: self.glu.linear_offset,
+            clamp: self.glu.clamp_value,
+        };
+        match self.activation.kernel(self.gelu) {
+            K::SwiGLU(_) => K::SwiGLU(limits),
+            K::QuickGeGLU(_) => K::QuickGeGLU(limits),
+            k => k,
+        }
+    }
+
     pub fn is_moe_layer(&self, l: usize) -> bool {
         let l = self.pattern_layer(l);
         self.moe.as_ref().is_some_and(|m| match &m.layers {
@@ -741,7 +787,13 @@ impl Default for TransformerConfig {
             window: None,
             mla: None,
             mtp: None,
+            glu: GluConfig::default(),
+            softmax_type: SoftmaxType::Vanilla,
             residual: ResidualPrecision::F32,
         }
     }
+}
+
+fn is_vanilla(s: &SoftmaxType) -> bool {
+    *s == SoftmaxType::Vanilla
 }

@@ -97,7 +97,7 @@ impl MLP {
             fc2_weight: linear_fc2.weight,
             fc2_bias: linear_fc2.bias,
             activation: cfg.activation,
-            kernel: cfg.activation.kernel(cfg.gelu),
+            kernel: cfg.activation_kernel(),
             gelu: cfg.gelu.kernel(),
             ffn_local: linear_fc2.input_size_per_partition,
             linear_fc1,

@@ -82,6 +82,12 @@ const MODEL_ARGS: &[(&str, Flag)] = &[
     ("swiglu", Flag::Switch("--swiglu")),
     ("squared_relu", Flag::Switch("--squared-relu")),
     ("quick_geglu", Flag::Switch("--quick-geglu")),
+    ("glu_linear_offset", Flag::Value("--glu-linear-offset")),
+    (
+        "activation_func_clamp_value",
+        Flag::Value("--activation-func-clamp-value"),
+    ),
+    ("softmax_type", Flag::Value("--softmax-type")),
     ("bias_gelu_fusion", Flag::Negated("--no-bias-gelu-fusion")),
     (
         "untie_embeddings_and_output_weights",
@@ -1091,6 +1097,19 @@ pub(crate) fn saved_args(
         ("swiglu", Pickle::Bool(swiglu)),
         ("squared_relu", Pickle::Bool(squared_relu)),
         ("quick_geglu", Pickle::Bool(quick_geglu)),
+        ("glu_linear_offset", float(cfg.glu.linear_offset)),
+        (
+            "activation_func_clamp_value",
+            cfg.glu.clamp_value.map_or(Pickle::None, float),
+        ),
+        (
+            "softmax_type",
+            Pickle::str(match cfg.softmax_type {
+                megatron_core::transformer::config::SoftmaxType::Vanilla => "vanilla",
+                megatron_core::transformer::config::SoftmaxType::OffByOne => "off-by-one",
+                megatron_core::transformer::config::SoftmaxType::Learnable => "learnable",
+            }),
+        ),
         ("bias_gelu_fusion", Pickle::Bool(bias_gelu_fusion)),
         (
             "untie_embeddings_and_output_weights",

@@ -461,6 +461,7 @@ pub const MOE: &[&str] = &[
     "--moe-z-loss-coeff",
     "0.001",
     "--swiglu",
+    "--disable-bias-linear",
 ];
 
 /// [`PP_MODEL`] with `flags` trained 5 steps and saved under `dir/name`: the run's summary and

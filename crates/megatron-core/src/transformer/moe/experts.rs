@@ -9,8 +9,8 @@ use super::super::config::TransformerConfig;
 use super::super::saved::linear_input_dtype;
 use crate::params::{Grads, Init, ParamId, ParamOperand, Params, Sharding};
 use megatron_tensor::cpu::{
-    grouped_matmul, matmul_operands, mlp_activation_backward, mlp_activation_forward, GemmProblem,
-    MatmulDims, MlpActivation, Operand,
+    bias_backward, bias_rows_forward, grouped_matmul, matmul_operands, mlp_activation_backward,
+    mlp_activation_forward, GemmProblem, MatmulDims, MlpActivation, Operand,
 };
 use megatron_tensor::{DType, Tensor};
 use std::ops::Range;
@@ -18,6 +18,10 @@ use std::ops::Range;
 pub struct Expert {
     pub fc1: ParamId,
     pub fc2: ParamId,
+    /// The biases (megatron-core's experts have them unless `--disable-bias-linear`; gpt-oss's
+    /// do). fc2's joins the expert's output before the router's probability scales it.
+    pub fc1_bias: Option<ParamId>,
+    pub fc2_bias: Option<ParamId>,
 }
 
 pub struct GroupedMLP {
@@ -95,33 +99,62 @@ impl GroupedMLP {
         };
         let etp = params.experts.etp.max(1);
         let first = which.start;
+        assert!(
+            !cfg.add_bias_linear || etp == 1,
+            "expert biases are built for expert tensor parallelism 1"
+        );
         let experts = which
             .map(|e| {
                 let q = format!("{prefix}.mlp.experts.local_experts.{e}");
-                Expert {
-                    fc1: params.add_sharded(
+                // megatron-core's registration order: fc1's weight and bias, then fc2's.
+                let fc1 = params.add_sharded(
+                    inits,
+                    format!("{q}.linear_fc1.weight"),
+                    &[fc1_rows, h],
+                    true,
+                    Init::Normal(cfg.init_method_std),
+                    fc1_split,
+                );
+                let fc1_bias = cfg.add_bias_linear.then(|| {
+                    params.add_sharded(
                         inits,
-                        format!("{q}.linear_fc1.weight"),
-                        &[fc1_rows, h],
-                        true,
-                        Init::Normal(cfg.init_method_std),
+                        format!("{q}.linear_fc1.bias"),
+                        &[fc1_rows],
+                        false,
+                        Init::Const(0.0),
                         fc1_split,
-                    ),
-                    fc2: params.add_sharded(
+                    )
+                });
+                let fc2 = params.add_sharded(
+                    inits,
+                    format!("{q}.linear_fc2.weight"),
+                    &[h, f],
+                    true,
+                    Init::Normal(cfg.output_layer_init_std()),
+                    Sharding::ExpertSplit(1),
+                );
+                let fc2_bias = cfg.add_bias_linear.then(|| {
+                    params.add_sharded(
                         inits,
-                        format!("{q}.linear_fc2.weight"),
-                        &[h, f],
-                        true,
-                        Init::Normal(cfg.output_layer_init_std()),
-                        Sharding::ExpertSplit(1),
-                    ),
+                        format!("{q}.linear_fc2.bias"),
+                        &[h],
+                        false,
+                        Init::Const(0.0),
+                        Sharding::Expert,
+                    )
+                });
+                Expert {
+                    fc1,
+                    fc2,
+                    fc1_bias,
+                    fc2_bias,
                 }
             })
             .collect();
         GroupedMLP {
             experts,
             first,
-            activation: cfg.activation.kernel(cfg.gelu),
+            activation: cfg.activation_kernel(),
             hidden: h,
             ffn: f / etp,
             grouped: m.grouped_gemm,
@@ -189,6 +222,7 @@ impl GroupedMLP {
             self.weights(params, |e| e.fc2),
         );
         let mut h1 = Tensor::for_overwrite(&[n, f1]);
+        let b1 = self.start_at_biases(params, h1.data_mut(), &blocks, f1, |e| e.fc1_bias);
         // `x` as dispatched (bf16 under `--bf16`).
         let xs = x.operand();
         self.run(&mut products(
@@ -196,19 +230,56 @@ impl GroupedMLP {
             &blocks,
             |_, r| xs.slice(rows(r, h)),
             |l, _| w1[l].operand(),
-            |m| MatmulDims::new(m, f1, h).tb(),
+            |m| MatmulDims::new(m, f1, h).tb().acc_if(b1),
         ));
         let act = self.activate(&h1);
         let acts = act.operand();
         let mut y = Tensor::for_overwrite(&[n, h]);
+        let b2 = self.start_at_biases(params, y.data_mut(), &blocks, h, |e| e.fc2_bias);
         self.run(&mut products(
             row_blocks(y.data_mut(), &blocks, h),
             &blocks,
             |_, r| acts.slice(rows(r, f)),
             |l, _| w2[l].operand(),
-            |m| MatmulDims::new(m, h, f).tb(),
+            |m| MatmulDims::new(m, h, f).tb().acc_if(b2),
         ));
         (y, h1)
+    }
+
+    /// Sets each block's rows of `out` (`cols` wide) to its expert's bias, where the experts
+    /// have one; returns whether they do (the products then accumulate onto it).
+    fn start_at_biases(
+        &self,
+        params: &Params,
+        out: &mut [f32],
+        blocks: &[(usize, Range<usize>)],
+        cols: usize,
+        which: impl Fn(&Expert) -> Option<ParamId>,
+    ) -> bool {
+        if self.experts.iter().any(|e| which(e).is_none()) {
+            return false;
+        }
+        for (l, r) in blocks {
+            let b = which(&self.experts[*l]).expect("every expert has its bias");
+            bias_rows_forward(&mut out[rows(r, cols)], &params.get(b));
+        }
+        true
+    }
+
+    /// Each block's rows of `dout` (`cols` wide) summed into its expert's bias gradient.
+    fn bias_grads(
+        &self,
+        grads: &mut Grads,
+        dout: &[f32],
+        blocks: &[(usize, Range<usize>)],
+        cols: usize,
+        which: impl Fn(&Expert) -> Option<ParamId>,
+    ) {
+        for (l, r) in blocks {
+            if let Some(b) = which(&self.experts[*l]) {
+                bias_backward(grads.get_mut(b), &dout[rows(r, cols)], r.len(), cols);
+            }
+        }
     }
 
     /// Gradients of the experts' weights from `dy` (rows as in forward); returns `dx`.
@@ -234,6 +305,7 @@ impl GroupedMLP {
                 .map(|(l, _)| which(&self.experts[*l]))
                 .collect()
         };
+        self.bias_grads(grads, dy.data(), &blocks, h, |e| e.fc2_bias);
         let act = self.activate(h1);
         let acts = act.operand();
         // fc2: dW2 += dy^T act (each block its expert's gradient), dact = dy W2.
@@ -262,6 +334,7 @@ impl GroupedMLP {
         let (di, dy) = (dh1.data_mut(), dact.data());
         mlp_activation_backward(di, dy, h1.operand(), f, self.activation);
         drop(dact);
+        self.bias_grads(grads, dh1.data(), &blocks, f1, |e| e.fc1_bias);
         // fc1: dW1 += dh1^T x, dx = dh1 W1; `x` as kept (bf16 under `--bf16`).
         let xs = x.operand();
         self.run(&mut products(

@@ -25,7 +25,7 @@ use megatron_tensor::cpu::moe_router::{
     aux_loss, topk_router_backward, topk_router_forward, z_loss, GroupLimit, RouterDims,
     ScoreFunction,
 };
-use megatron_tensor::cpu::{matmul, matmul_forward, MatmulDims};
+use megatron_tensor::cpu::{bias_backward, matmul, matmul_forward, MatmulDims};
 use megatron_tensor::{DType, Tensor};
 use router::{assign, update_expert_bias, Capacity};
 use shared_experts::{SharedExpertMLP, SharedExpertSaved};
@@ -67,6 +67,9 @@ struct RouterState {
 
 pub struct MoELayer {
     pub router: ParamId,
+    /// The router's bias (megatron-core's `TopKRouter` has one unless `--disable-bias-linear`;
+    /// gpt-oss's does), initialized as its weight.
+    pub router_bias: Option<ParamId>,
     pub experts: GroupedMLP,
     pub shared_experts: Option<SharedExpertMLP>,
     /// Global layer number (the routing statistics').
@@ -125,6 +128,16 @@ impl MoELayer {
             Init::Normal(cfg.init_method_std),
             Sharding::ReplicatedSequenceParallel,
         );
+        let router_bias = cfg.add_bias_linear.then(|| {
+            params.add_sharded(
+                inits,
+                format!("{prefix}.mlp.router.bias"),
+                &[m.num_experts],
+                false,
+                Init::Normal(cfg.init_method_std),
+                Sharding::ReplicatedSequenceParallel,
+            )
+        });
         let which = params.experts.local_experts(m.num_experts);
         let experts = GroupedMLP::new(cfg, prefix, which, params, inits);
         let shared_experts = m
@@ -137,6 +150,7 @@ impl MoELayer {
         };
         MoELayer {
             router,
+            router_bias,
             experts,
             shared_experts,
             layer,
@@ -184,15 +198,17 @@ impl MoELayer {
         let (n, h) = (x.shape()[0], self.hidden);
         let (e, k) = (self.cfg.num_experts, self.cfg.topk);
         let mut logits = Tensor::for_overwrite(&[n, e]);
+        let bias = self.router_bias.map(|b| params.get(b));
         matmul_forward(
             logits.data_mut(),
             x.data(),
             params.operand(self.router).operand(),
-            None,
+            bias.as_deref(),
             n,
             h,
             e,
         );
+        drop(bias);
         let mut top_idx = vec![0u32; n * k];
         let mut probs = vec![0.0f32; n * k];
         let bias = self.state().expert_bias.clone();
@@ -317,7 +333,10 @@ impl MoELayer {
             st.metrics.load_balancing_loss += lb;
             st.metrics.z_loss += zl;
         }
-        // dWr += dlogits^T x; dx += dlogits Wr.
+        // dWr += dlogits^T x; dbr += column sums; dx += dlogits Wr.
+        if let Some(b) = self.router_bias {
+            bias_backward(grads.get_mut(b), &dlogits, n, e);
+        }
         matmul(
             grads.get_mut(self.router),
             &dlogits,

@@ -622,7 +622,8 @@ pub struct DecodeDims {
 /// `q` is `[b, heads, head_dim]`, `k_cache`/`v_cache` are `[b, groups, max_t, head_dim]`;
 /// the query sees cache positions `keys` (`0..len`, or a sliding window's last ones);
 /// `out` is `[b, heads, head_dim]`. Query head `h` reads the cache of group
-/// `h / (heads / groups)`.
+/// `h / (heads / groups)`. `sink` (one logit per head, `--softmax-type`) joins each head's
+/// softmax denominator.
 pub fn attention_decode_forward(
     out: &mut [f32],
     q: &[f32],
@@ -630,7 +631,11 @@ pub fn attention_decode_forward(
     v_cache: &[f32],
     d: DecodeDims,
     keys: std::ops::Range<usize>,
+    sink: Option<&[f32]>,
 ) {
+    if let Some(s) = sink {
+        assert_eq!(s.len(), d.heads);
+    }
     assert!(
         keys.end <= d.max_t && keys.start < keys.end,
         "decode keys {keys:?}"
@@ -654,9 +659,14 @@ pub fn attention_decode_forward(
                     qv.iter().zip(kr).map(|(a, b)| a * b).sum::<f32>() * scale
                 })
                 .collect();
-            let mx = scores.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+            let sink = sink.map(|s| s[h]);
+            let mx = scores
+                .iter()
+                .chain(&sink)
+                .cloned()
+                .fold(f32::NEG_INFINITY, f32::max);
             let e: Vec<f32> = scores.iter().map(|s| (s - mx).exp()).collect();
-            let sum: f32 = e.iter().sum();
+            let sum: f32 = e.iter().sum::<f32>() + sink.map_or(0.0, |s| (s - mx).exp());
             o.fill(0.0);
             for (j, w) in keys.clone().zip(&e) {
                 let vr = &vc[j * head_dim..(j + 1) * head_dim];

@@ -43,6 +43,11 @@ impl MatmulDims {
         self.accumulate = true;
         self
     }
+    /// Accumulates where `on` (onto a bias the output was set to).
+    pub fn acc_if(mut self, on: bool) -> Self {
+        self.accumulate |= on;
+        self
+    }
     /// Distance between stored rows of a dense `a`.
     pub fn lda(&self) -> usize {
         if self.trans_a {
@@ -504,6 +509,14 @@ pub fn gemm_crate(out: &mut [f32], a: &[f32], b: &[f32], d: MatmulDims, threads:
             );
         }
     }
+}
+
+/// Every row of `out` (rows of `bias.len()`) set to `bias`: where a product then accumulates
+/// onto its bias (a linear layer's bias, blockwise per expert).
+pub fn bias_rows_forward(out: &mut [f32], bias: &[f32]) {
+    assert!(!bias.is_empty() && out.len().is_multiple_of(bias.len()));
+    out.par_chunks_mut(bias.len())
+        .for_each(|row| row.copy_from_slice(bias));
 }
 
 /// `dbias[c] += Σ_rows dout[row, c]`, with a fixed row chunking so the sum is deterministic.

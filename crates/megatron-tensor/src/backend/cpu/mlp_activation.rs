@@ -2,10 +2,12 @@
 //! `DenseReluDense`), squared ReLU (megatron-core's `squared_relu`, `--squared-relu`; So et
 //! al.'s Primer, Nemotron), or a gated unit on megatron-core's fused `[gate | up]` rows —
 //! SwiGLU (`silu(gate) * up`, Llama), GeGLU (`gelu(gate) * up`, T5 v1.1 / Flan-T5's
-//! `"gated-gelu"`, Shazeer 2020) or Quick-GEGLU (`--quick-geglu`). Backward recomputes from fc1's output. The fused bias + GELU
+//! `"gated-gelu"`, Shazeer 2020) or Quick-GEGLU (`--quick-geglu`), the gated ones with gpt-oss's
+//! clamp and offset ([`GluLimits`]) where set. Backward recomputes from fc1's output. The fused bias + GELU
 //! of Megatron's GPT stays in [`super::gelu`].
 
 use super::gelu::{gelu, gelu_backward, gelu_forward, gelu_grad, GeluApprox};
+use super::glu_limits::{limited_glu_backward, limited_glu_forward, GateFunction, GluLimits};
 use super::operand::{staged_grad_rows, staged_rows, with_operands, Operand, OperandMut};
 use super::quick_geglu::{quick_geglu_backward, quick_geglu_forward};
 use super::simd::multiversion;
@@ -20,9 +22,11 @@ pub enum MlpActivation {
     Gelu(GeluApprox),
     Relu,
     SquaredRelu,
-    SwiGLU,
+    /// With gpt-oss's clamp (`--activation-func-clamp-value`), if any.
+    SwiGLU(GluLimits),
     GeGLU(GeluApprox),
-    QuickGeGLU,
+    /// With gpt-oss's clamp and linear offset, if any.
+    QuickGeGLU(GluLimits),
 }
 
 impl MlpActivation {
@@ -30,7 +34,7 @@ impl MlpActivation {
     pub fn fc1_factor(self) -> usize {
         match self {
             MlpActivation::Gelu(_) | MlpActivation::Relu | MlpActivation::SquaredRelu => 1,
-            MlpActivation::SwiGLU | MlpActivation::GeGLU(_) | MlpActivation::QuickGeGLU => 2,
+            MlpActivation::SwiGLU(_) | MlpActivation::GeGLU(_) | MlpActivation::QuickGeGLU(_) => 2,
         }
     }
 }
@@ -57,9 +61,13 @@ fn activation_forward_f32(out: &mut [f32], inp: &[f32], f: usize, act: MlpActiva
         MlpActivation::Gelu(a) => gelu_forward(out, inp, a),
         MlpActivation::Relu => relu_forward(out, inp),
         MlpActivation::SquaredRelu => squared_relu_forward(out, inp),
-        MlpActivation::SwiGLU => swiglu_forward(out, inp, f),
+        MlpActivation::SwiGLU(l) if l.is_none() => swiglu_forward(out, inp, f),
+        MlpActivation::SwiGLU(l) => limited_glu_forward(out, inp, f, GateFunction::Silu, l),
         MlpActivation::GeGLU(a) => geglu_forward(out, inp, f, a),
-        MlpActivation::QuickGeGLU => quick_geglu_forward(out, inp, f),
+        MlpActivation::QuickGeGLU(l) if l.is_none() => quick_geglu_forward(out, inp, f),
+        MlpActivation::QuickGeGLU(l) => {
+            limited_glu_forward(out, inp, f, GateFunction::QuickGelu, l)
+        }
     }
 }
 
@@ -92,9 +100,13 @@ fn activation_backward_f32(
         MlpActivation::Gelu(a) => gelu_backward(dinp, dout, inp, a),
         MlpActivation::Relu => relu_backward(dinp, dout, inp),
         MlpActivation::SquaredRelu => squared_relu_backward(dinp, dout, inp),
-        MlpActivation::SwiGLU => swiglu_backward(dinp, dout, inp, f),
+        MlpActivation::SwiGLU(l) if l.is_none() => swiglu_backward(dinp, dout, inp, f),
+        MlpActivation::SwiGLU(l) => limited_glu_backward(dinp, dout, inp, f, GateFunction::Silu, l),
         MlpActivation::GeGLU(a) => geglu_backward(dinp, dout, inp, f, a),
-        MlpActivation::QuickGeGLU => quick_geglu_backward(dinp, dout, inp, f),
+        MlpActivation::QuickGeGLU(l) if l.is_none() => quick_geglu_backward(dinp, dout, inp, f),
+        MlpActivation::QuickGeGLU(l) => {
+            limited_glu_backward(dinp, dout, inp, f, GateFunction::QuickGelu, l)
+        }
     }
 }
 

@@ -10,6 +10,7 @@ pub mod attention;
 pub mod attention_bias;
 #[cfg(target_arch = "x86_64")]
 mod attention_packed;
+pub mod attention_sink;
 mod attention_tile;
 pub mod cast;
 pub mod class_loss;
@@ -18,6 +19,7 @@ pub mod dispatch;
 pub mod dropout;
 pub mod embedding;
 pub mod gelu;
+pub mod glu_limits;
 pub mod layernorm;
 pub mod layout;
 pub mod lion;
@@ -55,6 +57,7 @@ pub use attention::{
     attention_backward, attention_decode_forward, attention_forward, kv_cache_append,
     sliding_window_starts, AttentionDims, AttentionMask, DecodeDims, RngBlock,
 };
+pub use attention_sink::{attention_sink_backward, attention_sink_forward, SinkDims};
 pub use class_loss::masked_cross_entropy;
 pub use cross_entropy::{
     fused_classifier, vocab_parallel_classifier, ClassifierBias, ClassifierDims, ClassifierReduce,
@@ -68,15 +71,16 @@ pub use embedding::{
     embedding_backward, embedding_forward, embedding_lookup_backward, embedding_lookup_forward,
 };
 pub use gelu::{bias_gelu_backward, bias_gelu_forward, gelu_backward, gelu_forward, GeluApprox};
+pub use glu_limits::{limited_glu_backward, limited_glu_forward, GateFunction, GluLimits};
 pub use layernorm::{layernorm_backward, layernorm_forward};
 pub use layout::{
     concat_columns, gather_group_blocks, scatter_group_blocks, split_columns, GroupBlocks,
 };
 pub use lion::{lion_update, LionParams};
 pub use matmul::{
-    bias_backward, grouped_matmul, matmul, matmul_backward, matmul_batched, matmul_forward,
-    matmul_operands, matmul_with_threads, syrk_with_threads, BatchStrides, GemmProblem, MatmulDims,
-    Operand,
+    bias_backward, bias_rows_forward, grouped_matmul, matmul, matmul_backward, matmul_batched,
+    matmul_forward, matmul_operands, matmul_with_threads, syrk_with_threads, BatchStrides,
+    GemmProblem, MatmulDims, Operand,
 };
 pub use mla::{
     mla_attn_narrow_backward, mla_attn_narrow_forward, mla_kv_split_backward, mla_kv_split_forward,
