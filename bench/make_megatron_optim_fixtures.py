@@ -46,6 +46,23 @@ LLAMA = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4
 LEGACY = ["--ckpt-format", "torch"]
 MLA = fx.MLA_YARN
 MOE = ["--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "16"]
+# gpt-oss's shape at toy size (megatron-core's gpt-oss flags, Megatron-LM's examples/gptoss):
+# learned attention sinks, Quick-GEGLU with the linear offset 1 and a clamp (at 1.0 here, so
+# it acts on a model this small), a 3-key sliding window on every other layer, YaRN, and
+# biases everywhere: q/k/v and output projections, router, experts. The unfused activation
+# (--no-bias-gelu-fusion, as the example passes) clamps after fc1's bias, as Hugging Face does.
+GPT_OSS = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
+           "--group-query-attention", "--num-query-groups", "2", "--ffn-hidden-size", "48",
+           "--normalization", "RMSNorm", "--quick-geglu", "--glu-linear-offset", "1.0",
+           "--activation-func-clamp-value", "1.0", "--no-bias-gelu-fusion",
+           "--softmax-type", "learnable", "--window-size", "3,0", "--window-attn-skip-freq", "2",
+           "--position-embedding-type", "yarn", "--rotary-base", "10000",
+           "--rotary-scaling-factor", "4", "--yarn-original-max-position-embeddings", "8",
+           "--yarn-beta-fast", "32", "--yarn-beta-slow", "1", "--mscale", "1.0",
+           "--mscale-all-dim", "0.0", "--no-yarn-correction-range-round-to-int",
+           "--untie-embeddings-and-output-weights", "--norm-epsilon", "1e-5", "--no-rope-fusion",
+           "--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "16",
+           "--moe-router-dtype", "fp32"]
 # Megatron's cyclic loader: batches from its own build_pretraining_data_loader under cyclic_iter.
 CYCLIC = ["--dataloader-type", "cyclic", "--num-workers", "0"]
 # name: (tp, pp, world, flags)
@@ -116,6 +133,13 @@ RUNS = {
     # sharding), or its stride of one shuffle of the whole dataset (--no-data-sharding).
     "cyclic_gpt_dp2": (1, 1, 2, GPT + CYCLIC),
     "cyclic_llama_no_sharding_tp2_dp2": (2, 1, 4, LLAMA + CYCLIC + ["--no-data-sharding"]),
+    # gpt-oss (above) at one rank, and at TP 2 with sequence parallelism x EP 2 (experts whole
+    # on each rank: megatron-core adds a bias on every expert-tensor-parallel rank before the
+    # reduction, so at ETP 2 it would count fc2's bias twice) with the distributed optimizer.
+    "gpt_oss_adam": (1, 1, 1, GPT_OSS),
+    "gpt_oss_distopt_tp2_sp_ep2": (2, 1, 2, GPT_OSS + [
+        "--sequence-parallel", "--expert-model-parallel-size", "2",
+        "--expert-tensor-parallel-size", "1", "--use-distributed-optimizer"]),
 }
 DPZERO = "dpzero_"
 
@@ -204,6 +228,13 @@ def run(rank, world, tp, pp, flags, out, port, load=None):
     import pretrain_gpt
     from gpt_builders import gpt_builder
     get_cuda_rng_tracker().fork = lambda *a, **k: contextlib.nullcontext()
+    # An expert with biases at one rank: megatron-core's MLP adds fc2's bias in place to what
+    # the single-rank all-reduce handed back as-is from its autograd Function, which autograd
+    # forbids; a copy of that output (the same values) lets the run go on.
+    import megatron.core.tensor_parallel.layers as tp_layers
+    reduce_tp = tp_layers.reduce_from_tensor_model_parallel_region
+    tp_layers.reduce_from_tensor_model_parallel_region = (
+        lambda x, *a, **k: reduce_tp(x, *a, **k).clone())
 
     torch.manual_seed(args.seed)
     model = get_model(partial(pretrain_gpt.model_provider, gpt_builder),

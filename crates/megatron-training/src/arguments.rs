@@ -2736,16 +2736,6 @@ impl TrainArgs {
                 "--expert-model-parallel-size ({ep}) x --expert-tensor-parallel-size ({etp}) x --pipeline-model-parallel-size ({pp}) must divide the {world} ranks"
             )));
         }
-        if model.add_bias_linear && etp > 1 {
-            return Err(bad(format!(
-                "the experts have biases (megatron-core's default; gpt-oss has them) and those are built for --expert-tensor-parallel-size 1, which defaults to --tensor-model-parallel-size ({etp} here): pass --expert-tensor-parallel-size 1, or --disable-bias-linear"
-            )));
-        }
-        if model.add_bias_linear && moe.shared_expert_ffn.is_some() {
-            return Err(bad(
-                "--moe-shared-expert-intermediate-size: megatron-core's shared experts have no biases and refuse a model with them: pass --disable-bias-linear".into(),
-            ));
-        }
         if let Some(f) = moe.shared_expert_ffn.filter(|f| !f.is_multiple_of(tp)) {
             return Err(bad(format!(
                 "--moe-shared-expert-intermediate-size ({f}) must be divisible by --tensor-model-parallel-size ({tp})"

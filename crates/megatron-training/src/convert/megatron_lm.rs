@@ -200,7 +200,6 @@ const REFUSED: &[(&str, &str)] = &[
     ),
     ("apply_layernorm_1p", "zero-centred norm weights"),
     ("layernorm_zero_centered_gamma", "zero-centred norm weights"),
-    ("window_size", "sliding-window attention"),
     ("heterogeneous_layers_config_path", "heterogeneous layers"),
     (
         "experimental_attention_variant",
@@ -245,9 +244,9 @@ fn flags_of(args: &PyValue) -> Result<Vec<String>, String> {
         .attr("position_embedding_type")
         .and_then(|v| v.as_str())
     {
-        if !matches!(p, "learned_absolute" | "rope" | "none") {
+        if !matches!(p, "learned_absolute" | "rope" | "yarn" | "none") {
             return Err(format!(
-                "position_embedding_type = {p}: this converter imports learned_absolute, rope and none"
+                "position_embedding_type = {p}: this converter imports learned_absolute, rope, yarn and none"
             ));
         }
     }
@@ -317,8 +316,75 @@ fn flags_of(args: &PyValue) -> Result<Vec<String>, String> {
     }
     if args.attr("multi_latent_attention").is_some_and(is_set) {
         mla_flags(args, &mut flags)?;
+    } else if args
+        .attr("position_embedding_type")
+        .and_then(|v| v.as_str())
+        == Some("yarn")
+    {
+        yarn_flags(args, &mut flags)?;
     }
+    window_flags(args, &mut flags)?;
     Ok(flags)
+}
+
+/// `--position-embedding-type yarn` outside MLA: megatron-core's `yarn_*` config values, from
+/// the saved arguments (`rotary_scaling_factor`, `mscale` and `mscale_all_dim` without the
+/// prefix), `None` standing for the config's defaults, which are ours.
+fn yarn_flags(args: &PyValue, flags: &mut Vec<String>) -> Result<(), String> {
+    for (name, flag) in [
+        ("rotary_scaling_factor", "--rotary-scaling-factor"),
+        (
+            "yarn_original_max_position_embeddings",
+            "--yarn-original-max-position-embeddings",
+        ),
+        ("yarn_beta_fast", "--yarn-beta-fast"),
+        ("yarn_beta_slow", "--yarn-beta-slow"),
+        ("mscale", "--mscale"),
+        ("mscale_all_dim", "--mscale-all-dim"),
+    ] {
+        match args.attr(name) {
+            None | Some(PyValue::None) => {}
+            Some(v) => {
+                let t = text(v).ok_or_else(|| format!("saved argument {name} is {v:?}"))?;
+                flags.extend([flag.to_string(), t]);
+            }
+        }
+    }
+    if matches!(
+        args.attr("yarn_correction_range_round_to_int"),
+        Some(PyValue::Bool(false))
+    ) {
+        flags.push("--no-yarn-correction-range-round-to-int".into());
+    }
+    Ok(())
+}
+
+/// Sliding-window attention: `window_size` (left, right) and the full layers of
+/// `window_attn_skip_freq` (every N-th, or a list of 1 windowed / 0 full per layer).
+fn window_flags(args: &PyValue, flags: &mut Vec<String>) -> Result<(), String> {
+    let Some(w) = args.attr("window_size").filter(|v| is_set(v)) else {
+        return Ok(());
+    };
+    let ints =
+        |v: &PyValue| -> Option<Vec<i64>> { v.as_seq()?.iter().map(|x| x.as_int()).collect() };
+    let pair = ints(w)
+        .filter(|p| p.len() == 2)
+        .ok_or_else(|| format!("saved argument window_size is {w:?}, not (left, right)"))?;
+    flags.extend(["--window-size".into(), format!("{},{}", pair[0], pair[1])]);
+    match args.attr("window_attn_skip_freq") {
+        None | Some(PyValue::None) => {}
+        Some(PyValue::Int(n)) => flags.extend(["--window-attn-skip-freq".into(), n.to_string()]),
+        Some(v) => {
+            let items =
+                ints(v).ok_or_else(|| format!("saved argument window_attn_skip_freq is {v:?}"))?;
+            let items: Vec<String> = items.iter().map(|i| i.to_string()).collect();
+            flags.extend([
+                "--window-attn-skip-freq".into(),
+                format!("[{}]", items.join(",")),
+            ]);
+        }
+    }
+    Ok(())
 }
 
 /// Multi-latent attention's flags. megatron-core's `MLATransformerConfig` takes the saved

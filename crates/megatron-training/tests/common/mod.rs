@@ -443,7 +443,6 @@ pub const MLA: &[&str] = &[
     "--normalization",
     "RMSNorm",
     "--swiglu",
-    "--disable-bias-linear",
 ];
 
 /// A small mixture of experts on top of [`PP_MODEL`]: 4 SwiGLU experts of width 64, top-2,

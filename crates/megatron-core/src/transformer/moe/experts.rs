@@ -8,6 +8,7 @@
 use super::super::config::TransformerConfig;
 use super::super::saved::linear_input_dtype;
 use crate::params::{Grads, Init, ParamId, ParamOperand, Params, Sharding};
+use megatron_tensor::cpu::reduce::add_inplace;
 use megatron_tensor::cpu::{
     bias_backward, bias_rows_forward, grouped_matmul, matmul_operands, mlp_activation_backward,
     mlp_activation_forward, GemmProblem, MatmulDims, MlpActivation, Operand,
@@ -34,6 +35,8 @@ pub struct GroupedMLP {
     /// This rank's slice of each expert's FFN width.
     ffn: usize,
     grouped: bool,
+    /// This rank's place among the expert-tensor-parallel ranks, which split fc2's bias.
+    etp_rank: usize,
 }
 
 /// Splits `buf` (rows of `cols`) into the non-empty blocks' slices.
@@ -99,10 +102,6 @@ impl GroupedMLP {
         };
         let etp = params.experts.etp.max(1);
         let first = which.start;
-        assert!(
-            !cfg.add_bias_linear || etp == 1,
-            "expert biases are built for expert tensor parallelism 1"
-        );
         let experts = which
             .map(|e| {
                 let q = format!("{prefix}.mlp.experts.local_experts.{e}");
@@ -133,6 +132,10 @@ impl GroupedMLP {
                     Init::Normal(cfg.output_layer_init_std()),
                     Sharding::ExpertSplit(1),
                 );
+                // fc2's output is a partial sum per expert-tensor-parallel rank until the
+                // dispatcher reduces it: each rank holds and adds its own block of the bias's
+                // features, so the sum has the bias once (megatron-core adds the whole bias on
+                // every such rank).
                 let fc2_bias = cfg.add_bias_linear.then(|| {
                     params.add_sharded(
                         inits,
@@ -140,7 +143,7 @@ impl GroupedMLP {
                         &[h],
                         false,
                         Init::Const(0.0),
-                        Sharding::Expert,
+                        Sharding::ExpertSplit(0),
                     )
                 });
                 Expert {
@@ -158,6 +161,7 @@ impl GroupedMLP {
             hidden: h,
             ffn: f / etp,
             grouped: m.grouped_gemm,
+            etp_rank: params.experts.etp_rank,
         }
     }
 
@@ -261,7 +265,16 @@ impl GroupedMLP {
         }
         for (l, r) in blocks {
             let b = which(&self.experts[*l]).expect("every expert has its bias");
-            bias_rows_forward(&mut out[rows(r, cols)], &params.get(b));
+            let b = params.get(b);
+            if b.len() == cols {
+                bias_rows_forward(&mut out[rows(r, cols)], &b);
+            } else {
+                // This rank's block of fc2's bias, zero elsewhere in the partial sum's row.
+                let mut row = vec![0.0f32; cols];
+                let at = self.etp_rank * b.len();
+                row[at..at + b.len()].copy_from_slice(&b);
+                bias_rows_forward(&mut out[rows(r, cols)], &row);
+            }
         }
         true
     }
@@ -276,8 +289,18 @@ impl GroupedMLP {
         which: impl Fn(&Expert) -> Option<ParamId>,
     ) {
         for (l, r) in blocks {
-            if let Some(b) = which(&self.experts[*l]) {
-                bias_backward(grads.get_mut(b), &dout[rows(r, cols)], r.len(), cols);
+            let Some(b) = which(&self.experts[*l]) else {
+                continue;
+            };
+            let g = grads.get_mut(b);
+            if g.len() == cols {
+                bias_backward(g, &dout[rows(r, cols)], r.len(), cols);
+            } else {
+                // fc2's bias block: the column sums of this rank's block of features.
+                let mut all = vec![0.0f32; cols];
+                bias_backward(&mut all, &dout[rows(r, cols)], r.len(), cols);
+                let at = self.etp_rank * g.len();
+                add_inplace(g, &all[at..at + g.len()]);
             }
         }
     }

@@ -46,7 +46,8 @@ impl SharedExpertMLP {
         inits: &mut Vec<Init>,
     ) -> Self {
         let p = format!("{prefix}.mlp.shared_experts");
-        // As megatron-core's MoE layers: no biases in the experts.
+        // No biases (megatron-core refuses shared experts with them; a model with
+        // biases elsewhere gets shared experts without).
         let mlp = MLP::new_named(cfg, &p, ffn, false, params, inits);
         let gate = gated.then(|| {
             params.add_sharded(
