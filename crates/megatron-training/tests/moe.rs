@@ -441,12 +441,10 @@ fn with_a_capacity_factor_drops_are_counted_and_match_one_rank_where_megatron_de
 }
 
 /// DeepSeek-V3's aux-loss-free balancing: with the expert bias (and no load-balancing loss)
-/// the expert load evens out over training, and ends more even than without it. (No linear
-/// biases, as in DeepSeek-V3: a learned router bias would balance too.)
+/// the expert load evens out over training, and ends more even than without it.
 #[test]
 fn the_expert_bias_evens_out_the_expert_load() {
     let base: &[&str] = &[
-        "--disable-bias-linear",
         "--num-layers",
         "2",
         "--num-experts",

@@ -443,6 +443,7 @@ pub const MLA: &[&str] = &[
     "--normalization",
     "RMSNorm",
     "--swiglu",
+    "--disable-bias-linear",
 ];
 
 /// A small mixture of experts on top of [`PP_MODEL`]: 4 SwiGLU experts of width 64, top-2,
@@ -460,7 +461,6 @@ pub const MOE: &[&str] = &[
     "--moe-z-loss-coeff",
     "0.001",
     "--swiglu",
-    "--disable-bias-linear",
 ];
 
 /// [`PP_MODEL`] with `flags` trained 5 steps and saved under `dir/name`: the run's summary and
