@@ -6,6 +6,7 @@
 mod common;
 
 use common::megatron_resume::*;
+use common::*;
 
 /// The fixture script's `GPT_OSS` (bench/make_megatron_optim_fixtures.py).
 const GPT_OSS: &[&str] = &[
@@ -68,4 +69,75 @@ const GPT_OSS: &[&str] = &[
 #[test]
 fn a_megatron_lm_gpt_oss_run_continues_with_the_losses_megatron_lm_logs() {
     follows_megatron_lm("gpt_oss_adam", "world1", GPT_OSS, &[], FP32);
+}
+
+/// Every layout trains the one-rank gpt-oss model: the sinks split with the heads over tensor
+/// parallelism (each rank's heads their own logits) and whole on every context-parallel rank,
+/// the experts' fc2 bias split over the expert-tensor-parallel ranks, the router's bias
+/// replicated with its weight.
+#[test]
+fn gpt_oss_layouts_match_one_rank() {
+    let dir = tmpdir("gpt-oss-layouts");
+    let n = |k: &'static str| ["--nproc-per-node", k];
+    let tp2_sp = [
+        &n("2")[..],
+        &["--tensor-model-parallel-size", "2", "--sequence-parallel"],
+    ]
+    .concat();
+    let pp2 = [&n("2")[..], &["--pipeline-model-parallel-size", "2"]].concat();
+    let cp2 = |t: &'static str| {
+        [
+            &n("2")[..],
+            &["--context-parallel-size", "2", "--cp-comm-type", t],
+        ]
+        .concat()
+    };
+    let (cp2_p2p, cp2_a2a) = (cp2("p2p"), cp2("a2a"));
+    let ep2_etp2 = [
+        &n("4")[..],
+        &[
+            "--tensor-model-parallel-size",
+            "2",
+            "--sequence-parallel",
+            "--expert-model-parallel-size",
+            "2",
+            "--expert-tensor-parallel-size",
+            "2",
+        ],
+    ]
+    .concat();
+    let ep2_etp1_allgather = [
+        &n("4")[..],
+        &[
+            "--tensor-model-parallel-size",
+            "2",
+            "--sequence-parallel",
+            "--expert-model-parallel-size",
+            "2",
+            "--expert-tensor-parallel-size",
+            "1",
+            "--moe-token-dispatcher-type",
+            "allgather",
+        ],
+    ]
+    .concat();
+    let dp2 = [&n("2")[..], &["--use-distributed-optimizer"]].concat();
+    let layouts: [(&str, &[&str]); 7] = [
+        ("tp2 + sp", &tp2_sp),
+        ("pp2", &pp2),
+        ("cp2 p2p", &cp2_p2p),
+        ("cp2 a2a", &cp2_a2a),
+        ("ep2 x tp2 (sp, etp2)", &ep2_etp2),
+        ("ep2 x tp2 (sp, etp1) allgather", &ep2_etp1_allgather),
+        ("dp2 distributed optimizer", &dp2),
+    ];
+    let serial = assert_layouts_match_one_rank(&dir, "gpt-oss", GPT_OSS, &layouts);
+    for name in [
+        "decoder.layers.0.self_attention.core_attention.softmax_offset",
+        "decoder.layers.1.mlp.router.bias",
+        "decoder.layers.1.mlp.experts.local_experts.3.linear_fc2.bias",
+    ] {
+        assert!(serial.1.tensors.contains_key(name), "{name} not saved");
+    }
+    let _ = std::fs::remove_dir_all(dir);
 }
