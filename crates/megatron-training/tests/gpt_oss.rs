@@ -141,3 +141,61 @@ fn gpt_oss_layouts_match_one_rank() {
     }
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// The gpt-oss flags are refused by name where megatron-core does not apply them, or where
+/// this engine does not build them.
+#[test]
+fn gpt_oss_flags_are_checked_by_name() {
+    let fails = |extra: &[&str], want: &str| {
+        let mut flags = vec!["--train-iters", "2"];
+        flags.extend_from_slice(extra);
+        let e = megatron_training::pretrain(&args(&flags))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(want), "{extra:?}: {e}");
+    };
+    fails(
+        &["--glu-linear-offset", "1.0", "--swiglu"],
+        "--glu-linear-offset is built for --quick-geglu",
+    );
+    fails(
+        &["--activation-func-clamp-value", "7", "--swiglu"],
+        "--activation-func-clamp-value with --swiglu needs --num-experts",
+    );
+    fails(
+        &["--activation-func-clamp-value", "7"],
+        "--activation-func-clamp-value acts on a gated unit",
+    );
+    fails(
+        &["--glu-linear-offset", "1.0", "--squared-relu"],
+        "--glu-linear-offset acts on a gated unit",
+    );
+    fails(
+        &["--quick-geglu", "--activation-func-clamp-value", "0"],
+        "--activation-func-clamp-value must be finite and greater than zero",
+    );
+    fails(
+        &["--quick-geglu", "--glu-linear-offset", "nan"],
+        "--glu-linear-offset must be a finite number",
+    );
+    let e = megatron_training::pretrain(&bert_args(&[
+        "--train-iters",
+        "2",
+        "--softmax-type",
+        "learnable",
+    ]))
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("--model bert: --softmax-type"), "{e}");
+    // The clamp is live: a clamped run trains a different model from the unclamped one.
+    let dir = tmpdir("gpt-oss-clamp");
+    let quick = ["--quick-geglu", "--glu-linear-offset", "1.0"];
+    let plain = train_and_load(&dir, "plain", &quick);
+    let clamped = train_and_load(
+        &dir,
+        "clamped",
+        &[&quick[..], &["--activation-func-clamp-value", "0.05"]].concat(),
+    );
+    assert_ne!(plain.0.losses, clamped.0.losses);
+    let _ = std::fs::remove_dir_all(dir);
+}
