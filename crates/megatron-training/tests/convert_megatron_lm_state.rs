@@ -115,6 +115,8 @@ fn an_export_carries_the_run_so_megatron_lms_form_reads_back_bit_for_bit() {
         ("gpt_fp16_small", ep(1, NonDistributed)),
         ("mixtral_adam", ep(1, NonDistributed)),
         ("mixtral_adam", ep(2, NonDistributed)),
+        ("gpt_oss_adam", ep(1, NonDistributed)),
+        ("gpt_oss_adam", ep(2, NonDistributed)),
     ] {
         let dir = tmpdir(&format!("mlm-resume-export-{name}"));
         let (first, export, back) = (dir.join("first"), dir.join("export"), dir.join("back"));
@@ -154,6 +156,7 @@ fn an_export_carries_the_run_so_megatron_lms_form_reads_back_bit_for_bit() {
             ),
             "{name}"
         );
+        assert_eq!(ma.model, mb.model, "{name}");
         assert_eq!(ma.scheduler, mb.scheduler, "{name}");
         assert_eq!(ma.grad_scaler, mb.grad_scaler, "{name}");
         assert_eq!(

@@ -988,6 +988,51 @@ fn mla_rope(
     Ok(Some(*y))
 }
 
+/// YaRN outside MLA as megatron-core's saved arguments name it, as `yarn_flags` reads them
+/// back.
+fn yarn_args(y: megatron_core::transformer::config::YarnConfig) -> Vec<(&'static str, Pickle)> {
+    vec![
+        ("rotary_scaling_factor", Pickle::Float(y.factor)),
+        (
+            "yarn_original_max_position_embeddings",
+            Pickle::Int(y.original_max_position_embeddings as i64),
+        ),
+        ("yarn_beta_fast", Pickle::Float(y.beta_fast)),
+        ("yarn_beta_slow", Pickle::Float(y.beta_slow)),
+        ("mscale", Pickle::Float(y.mscale)),
+        ("mscale_all_dim", Pickle::Float(y.mscale_all_dim)),
+        (
+            "yarn_correction_range_round_to_int",
+            Pickle::Bool(y.correction_range_round_to_int),
+        ),
+    ]
+}
+
+/// Sliding-window attention as Megatron-LM's saved arguments hold it: `window_size` as
+/// `(left, 0)` and `window_attn_skip_freq` as a number or a list of 1 (windowed) / 0 (full) per
+/// layer, as `window_flags` reads them back.
+fn window_args(
+    w: &megatron_core::transformer::config::SlidingWindow,
+) -> Vec<(&'static str, Pickle)> {
+    use megatron_core::transformer::config::LayerPattern;
+    vec![
+        (
+            "window_size",
+            Pickle::Tuple(vec![Pickle::Int(w.left as i64), Pickle::Int(0)]),
+        ),
+        (
+            "window_attn_skip_freq",
+            match &w.skip {
+                None => Pickle::None,
+                Some(LayerPattern::Every(n)) => Pickle::Int(*n as i64),
+                Some(LayerPattern::List(v)) => {
+                    Pickle::List(v.iter().map(|&b| Pickle::Int(b as i64)).collect())
+                }
+            },
+        ),
+    ]
+}
+
 /// The saved arguments of multi-latent attention, as `mla_flags` reads them back.
 fn mla_args(
     m: &megatron_core::transformer::config::MLAConfig,
@@ -1065,14 +1110,13 @@ pub(crate) fn saved_args(
     if cfg.mtp.is_some() && cfg.position_embedding_type == PositionEmbeddingType::LearnedAbsolute {
         return refuse("multi-token prediction with learned absolute positions (Megatron-LM asserts rope or none for MTP)");
     }
-    if cfg.window.is_some() {
-        return refuse("sliding-window attention");
-    }
     let mla = match (&cfg.mla, &cfg.rotary.yarn) {
-        (None, Some(_)) => return refuse("YaRN rotary scaling outside multi-latent attention"),
         (Some(m), yarn) => Some((m, mla_rope(yarn)?)),
-        (None, None) => None,
+        (None, _) => None,
     };
+    // Outside MLA, YaRN is megatron-core's `position_embedding_type = "yarn"` with its own
+    // `yarn_*` arguments (gpt-oss).
+    let yarn = cfg.rotary.yarn.filter(|_| mla.is_none());
     if meta.bert.is_some() || meta.t5.is_some() {
         return refuse("a BERT or T5 model");
     }
@@ -1132,6 +1176,7 @@ pub(crate) fn saved_args(
             "position_embedding_type",
             Pickle::str(match cfg.position_embedding_type {
                 PositionEmbeddingType::LearnedAbsolute => "learned_absolute",
+                PositionEmbeddingType::Rope if yarn.is_some() => "yarn",
                 PositionEmbeddingType::Rope => "rope",
                 PositionEmbeddingType::None => "none",
             }),
@@ -1271,6 +1316,12 @@ pub(crate) fn saved_args(
     entries.extend(loss_scale_args(meta.grad_scaler.as_ref()));
     if let Some((m, rope)) = mla {
         entries.extend(mla_args(m, rope));
+    }
+    if let Some(y) = yarn {
+        entries.extend(yarn_args(y));
+    }
+    if let Some(w) = &cfg.window {
+        entries.extend(window_args(w));
     }
     if let Some(m) = &cfg.mtp {
         entries.extend([
