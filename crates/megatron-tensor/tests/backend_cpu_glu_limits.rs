@@ -26,7 +26,10 @@ fn naive(x: &[f32], f: usize, alpha: f64, l: GluLimits) -> Vec<f64> {
         .collect()
 }
 
-const CASES: &[(f64, fn(GluLimits) -> MlpActivation)] = &[
+/// A gated unit by its gate's sigmoid slope (1 for SiLU, 1.702 for Quick-GELU).
+type GatedUnit = (f64, fn(GluLimits) -> MlpActivation);
+
+const CASES: &[GatedUnit] = &[
     (1.0, MlpActivation::SwiGLU),
     (1.702, MlpActivation::QuickGeGLU),
 ];
