@@ -77,6 +77,126 @@ fn sliding_window_mistral_and_qwen2_convert_to_transformers_logits_and_back() {
     }
 }
 
+/// gpt-oss (`bench/make_hf_gpt_oss_fixture.py`): attention sinks, q/k/v/o biases, a window
+/// on every other layer, YaRN, biased router and experts with the interleaved, clamped
+/// Quick-GEGLU (the clamp binding on 10-26 % of the activations); and back with the same
+/// config keys.
+#[test]
+fn gpt_oss_converts_to_transformers_logits_and_back() {
+    check("gpt_oss");
+    let (cfg, back) = converted_and_exported("gpt_oss");
+    assert_eq!(
+        cfg.softmax_type,
+        megatron_core::transformer::config::SoftmaxType::Learnable
+    );
+    assert_eq!(cfg.glu.clamp_value, Some(1.5));
+    assert_eq!(cfg.glu.linear_offset, 1.0);
+    assert!(cfg.add_bias_linear);
+    let orig: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(fixture("gpt_oss").join("config.json")).unwrap(),
+    )
+    .unwrap();
+    for key in [
+        "architectures",
+        "model_type",
+        "sliding_window",
+        "layer_types",
+        "swiglu_limit",
+        "swiglu_alpha",
+        "attention_bias",
+        "num_local_experts",
+        "num_experts_per_tok",
+        "intermediate_size",
+        "head_dim",
+    ] {
+        assert_eq!(orig[key], back[key], "gpt_oss: {key}");
+    }
+    // YaRN's settings as the fixture has them (ours adds transformers' defaults of the mscales).
+    for (k, v) in orig["rope_parameters"].as_object().unwrap() {
+        assert_eq!(
+            v, &back["rope_parameters"][k],
+            "gpt_oss: rope_parameters.{k}"
+        );
+    }
+}
+
+/// What gpt-oss's design needs and another model lacks is refused by name on export.
+#[test]
+fn a_model_with_part_of_gpt_osss_design_is_refused_for_export_by_name() {
+    let dir = tmpdir("convert-gpt-oss-partial");
+    for (name, flags, want) in [
+        (
+            "dense-sinks",
+            &[
+                "--softmax-type",
+                "learnable",
+                "--quick-geglu",
+                "--glu-linear-offset",
+                "1",
+                "--activation-func-clamp-value",
+                "7",
+                "--normalization",
+                "RMSNorm",
+                "--position-embedding-type",
+                "rope",
+            ][..],
+            "a dense MLP",
+        ),
+        (
+            "swiglu-sinks",
+            &[
+                "--softmax-type",
+                "learnable",
+                "--swiglu",
+                "--num-experts",
+                "4",
+                "--normalization",
+                "RMSNorm",
+                "--position-embedding-type",
+                "rope",
+            ][..],
+            "an MLP other than gpt-oss's",
+        ),
+        (
+            "off-by-one",
+            &[
+                "--softmax-type",
+                "off-by-one",
+                "--swiglu",
+                "--normalization",
+                "RMSNorm",
+                "--position-embedding-type",
+                "rope",
+            ][..],
+            "--softmax-type off-by-one",
+        ),
+    ] {
+        let save = dir.join(name);
+        let mut a = args(
+            &[
+                flags,
+                &[
+                    "--train-iters",
+                    "1",
+                    "--lr-warmup-iters",
+                    "0",
+                    "--save",
+                    save.to_str().unwrap(),
+                ],
+            ]
+            .concat(),
+        );
+        a.save_interval = Some(1);
+        megatron_training::pretrain(&a).unwrap();
+        let e = megatron_to_hf(&save, &dir.join(format!("{name}-hf")))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(want), "{name}: {e}");
+        assert!(!dir.join(format!("{name}-hf/model.safetensors")).exists());
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 #[test]
 fn qwen2_with_qkv_bias_and_tied_embeddings_converts_to_transformers_logits_and_back() {
     check("qwen2");

@@ -4,11 +4,12 @@
 //! fused QKV laid out per query group `[q heads of g, k_g, v_g]`, `gate_proj`/`up_proj` the
 //! fused `[gate; up]`. Qwen2 adds q/k/v biases; Qwen3 (`Qwen3ForCausalLM`, and Qwen3-MoE) adds
 //! per-head RMSNorms of the queries and keys before RoPE (`q_norm`/`k_norm`: megatron-core's
-//! `--qk-layernorm`, `q_layernorm`/`k_layernorm`).
+//! `--qk-layernorm`, `q_layernorm`/`k_layernorm`). gpt-oss (`gpt_oss.rs`) adds biases on every
+//! projection and learned attention sinks.
 
 use super::{pad_rows, take, HfFamily, Tensors};
 use megatron_core::transformer::config::{
-    Activation, Normalization, PositionEmbeddingType, RotaryConfig,
+    Activation, Normalization, PositionEmbeddingType, RotaryConfig, SoftmaxType,
 };
 use megatron_core::TransformerConfig;
 use serde_json::{json, Value};
@@ -23,6 +24,9 @@ fn hf_gated_act(a: Activation) -> Result<&'static str, String> {
         )),
     }
 }
+
+/// gpt-oss's attention sinks under a layer (transformers' `self_attn.sinks`).
+const SINKS: &str = "self_attention.core_attention.softmax_offset";
 
 pub(crate) struct Llama {
     pub arch: String,
@@ -376,7 +380,8 @@ impl HfFamily for Llama {
         let positions = num(hf, "max_position_embeddings")?;
         let rotary = rotary_from_hf(hf, positions)?;
         let qwen = self.qwen(hf);
-        if hf["attention_bias"].as_bool().unwrap_or(false) && !qwen {
+        let gpt_oss = self.arch == super::gpt_oss::ARCHITECTURE;
+        if hf["attention_bias"].as_bool().unwrap_or(false) && !qwen && !gpt_oss {
             return Err("attention_bias on q/k/v/o without MLP biases is not built".into());
         }
         if hf["mlp_bias"].as_bool().unwrap_or(false) {
@@ -497,6 +502,13 @@ impl HfFamily for Llama {
                     take(t, &format!("{src}.self_attn.o_proj.bias"), &[h])?,
                 );
             }
+            if cfg.softmax_type == SoftmaxType::Learnable {
+                put(
+                    format!("{dst}.{SINKS}"),
+                    vec![heads],
+                    take(t, &format!("{src}.self_attn.sinks"), &[heads])?,
+                );
+            }
             // An MoE model's dense layers (`--moe-layer-freq`; Qwen2-MoE's `mlp_only_layers`)
             // hold the plain Llama MLP, `intermediate_size` wide.
             let mlp: &dyn MlpMapping = if cfg.moe.is_none() || cfg.is_moe_layer(l) {
@@ -590,6 +602,20 @@ impl HfFamily for Llama {
                     &[h, heads * hd],
                 )?,
             );
+            if cfg.add_bias_linear {
+                put(
+                    format!("{dst}.self_attn.o_proj.bias"),
+                    vec![h],
+                    take(m, &format!("{src}.self_attention.linear_proj.bias"), &[h])?,
+                );
+            }
+            if cfg.softmax_type == SoftmaxType::Learnable {
+                put(
+                    format!("{dst}.self_attn.sinks"),
+                    vec![heads],
+                    take(m, &format!("{src}.{SINKS}"), &[heads])?,
+                );
+            }
             let mlp: &dyn MlpMapping = if cfg.moe.is_none() || cfg.is_moe_layer(l) {
                 self.mlp.as_ref()
             } else {
@@ -625,7 +651,7 @@ impl HfFamily for Llama {
                 c.insert(k.clone(), v.clone());
             }
         }
-        if cfg.add_qkv_bias {
+        if cfg.add_qkv_bias && !cfg.add_bias_linear {
             config["qkv_bias"] = json!(true);
         }
         super::sliding_window::window_to_hf(cfg, &mut config)?;

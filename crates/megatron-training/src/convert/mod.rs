@@ -10,6 +10,7 @@ pub mod gguf;
 pub mod gguf_export;
 pub mod gguf_writer;
 mod gpt2;
+mod gpt_oss;
 mod k_quants;
 mod llama;
 mod megatron_legacy;
@@ -94,6 +95,10 @@ fn family(arch: &str) -> Option<Box<dyn HfFamily>> {
         "Qwen2MoeForCausalLM" | "Qwen3MoeForCausalLM" => Some(Box::new(llama::Llama {
             arch: arch.to_string(),
             mlp: Box::new(qwen2_moe::Qwen2Moe),
+        })),
+        gpt_oss::ARCHITECTURE => Some(Box::new(llama::Llama {
+            arch: arch.to_string(),
+            mlp: Box::new(gpt_oss::GptOssMoe),
         })),
         _ => None,
     }
@@ -235,7 +240,7 @@ pub fn hf_to_megatron(
         Box::new(t)
     } else {
         family(&arch).ok_or_else(|| {
-            err(&cfg_path, format!("unknown architecture '{arch}' (known: GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, {}, {}, {}, {})", deepseek_v3::ARCHITECTURE_V2, deepseek_v3::ARCHITECTURE, bert::ARCHITECTURES.join(", "), t5::ARCHITECTURE))
+            err(&cfg_path, format!("unknown architecture '{arch}' (known: GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, {}, {}, {}, {}, {})", gpt_oss::ARCHITECTURE, deepseek_v3::ARCHITECTURE_V2, deepseek_v3::ARCHITECTURE, bert::ARCHITECTURES.join(", "), t5::ARCHITECTURE))
         })?
     };
     for b in buffers {
@@ -346,7 +351,10 @@ fn checkpoint_as_hf(
     {
         Box::new(gpt2::Gpt2)
     } else {
-        let arch = if cfg.add_qkv_bias && !cfg.add_bias_linear {
+        let gpt_oss = gpt_oss::GptOssMoe::fits(&cfg).map_err(|e| err(&ck.dir, e))?;
+        let arch = if gpt_oss {
+            gpt_oss::ARCHITECTURE
+        } else if cfg.add_qkv_bias && !cfg.add_bias_linear {
             "Qwen2ForCausalLM"
         } else {
             "LlamaForCausalLM"
@@ -388,6 +396,7 @@ fn checkpoint_as_hf(
             ));
         }
         let mlp: Box<dyn llama::MlpMapping> = match &cfg.moe {
+            Some(_) if gpt_oss => Box::new(gpt_oss::GptOssMoe),
             None => Box::new(llama::DenseMlp),
             Some(m) if cfg.qk_layernorm && m.shared_expert_ffn.is_some() => {
                 return Err(err(

@@ -2,7 +2,7 @@
 //! (`sliding_window`) lets query `i` see keys `j > i - W`, that is itself and `W - 1` earlier
 //! keys: megatron-core's `window_size = (W - 1, 0)`. Mistral and Mixtral window every layer;
 //! Qwen2 and Qwen3 window the layers `layer_types` marks `sliding_attention` (by default those from
-//! `max_window_layers` on, under `use_sliding_window`).
+//! `max_window_layers` on, under `use_sliding_window`); gpt-oss those `layer_types` marks.
 
 use megatron_core::transformer::config::{LayerPattern, SlidingWindow};
 use megatron_core::TransformerConfig;
@@ -64,6 +64,11 @@ pub(crate) fn window_from_hf(hf: &Value, layers: usize) -> Result<Option<Sliding
 /// becomes a Mistral (the same tensors).
 pub(crate) fn window_to_hf(cfg: &TransformerConfig, config: &mut Value) -> Result<(), String> {
     let Some(w) = &cfg.window else {
+        if config["model_type"] == "gpt_oss" {
+            // GptOssConfig's defaults window every other layer: say there is none.
+            config["sliding_window"] = Value::Null;
+            config["layer_types"] = json!(vec!["full_attention"; cfg.num_layers]);
+        }
         return Ok(());
     };
     let windowed: Vec<bool> = (0..cfg.num_layers)
@@ -78,6 +83,14 @@ pub(crate) fn window_to_hf(cfg: &TransformerConfig, config: &mut Value) -> Resul
             config["sliding_window"] = json!(hf_window);
         }
         Some("mixtral") if every => config["sliding_window"] = json!(hf_window),
+        Some("gpt_oss") => {
+            let types: Vec<&str> = windowed
+                .iter()
+                .map(|&x| if x { "sliding_attention" } else { "full_attention" })
+                .collect();
+            config["sliding_window"] = json!(hf_window);
+            config["layer_types"] = json!(types);
+        }
         Some("qwen2" | "qwen2_moe" | "qwen3" | "qwen3_moe") => {
             let types: Vec<&str> = windowed
                 .iter()

@@ -1,0 +1,245 @@
+//! `GptOssForCausalLM` <-> megatron-core's gpt-oss: the Llama attention with q/k/v/o biases and
+//! learned sinks (`self_attn.sinks`: megatron-core's `--softmax-type learnable`,
+//! `core_attention.softmax_offset`), windowed and full layers (`layer_types`), YaRN; in every
+//! layer a biased router (top-k of the logits, softmax over the k: megatron-core's softmax
+//! router) and experts whose fused `gate_up_proj` `[E, H, 2I]` interleaves the gate (even
+//! columns) and the linear half (odd), applied as `(clamp(up) + 1) * quick_gelu(clamp(gate))`:
+//! megatron-core's `--quick-geglu --glu-linear-offset 1 --activation-func-clamp-value
+//! swiglu_limit`.
+
+use super::llama::{move_tensor, num, MlpMapping};
+use super::{take, Tensors};
+use megatron_core::transformer::config::{Activation, GluConfig, SoftmaxType};
+use megatron_core::TransformerConfig;
+use serde_json::{json, Value};
+
+pub(crate) const ARCHITECTURE: &str = "GptOssForCausalLM";
+
+/// Quick-GELU's sigmoid gain, the only `swiglu_alpha` megatron-core's Quick-GEGLU has.
+const QUICK_GELU_ALPHA: f64 = 1.702;
+
+pub(crate) struct GptOssMoe;
+
+impl GptOssMoe {
+    /// Whether `cfg` is a gpt-oss model (what `megatron convert --to hf` exports as one), or
+    /// why not where it uses part of gpt-oss's design.
+    pub(crate) fn fits(cfg: &TransformerConfig) -> Result<bool, String> {
+        let uses = cfg.softmax_type != SoftmaxType::Vanilla || !cfg.glu.is_default();
+        if !uses {
+            return Ok(false);
+        }
+        let why = if cfg.softmax_type != SoftmaxType::Learnable {
+            Some(
+                "--softmax-type off-by-one (gpt-oss's sinks are learned: --softmax-type learnable)",
+            )
+        } else if cfg.activation != Activation::QuickGeGLU
+            || cfg.glu.linear_offset != 1.0
+            || cfg.glu.clamp_value.is_none()
+        {
+            Some("an MLP other than gpt-oss's (--quick-geglu --glu-linear-offset 1 --activation-func-clamp-value V)")
+        } else if !cfg.add_bias_linear || !cfg.add_qkv_bias {
+            Some("--disable-bias-linear (gpt-oss has biases on every linear layer and its router)")
+        } else if cfg.qk_layernorm {
+            Some("--qk-layernorm (gpt-oss has no query/key norms)")
+        } else {
+            match &cfg.moe {
+                None => Some("a dense MLP (gpt-oss's are experts: --num-experts)"),
+                Some(m) if m.shared_expert_ffn.is_some() => {
+                    Some("a shared expert (gpt-oss has none)")
+                }
+                Some(m)
+                    if m.pre_softmax
+                        || m.score != Default::default()
+                        || m.topk_scaling_factor.is_some()
+                        || m.router_groups.is_some() =>
+                {
+                    Some("a router other than the softmax over the top-k logits")
+                }
+                Some(m) if m.expert_bias_update_rate.is_some() => {
+                    Some("--moe-router-enable-expert-bias")
+                }
+                Some(_) if (0..cfg.num_layers).any(|l| !cfg.is_moe_layer(l)) => {
+                    Some("dense layers among the experts (gpt-oss has experts on every layer)")
+                }
+                Some(_) => None,
+            }
+        };
+        match why {
+            None => Ok(true),
+            Some(w) => Err(format!(
+                "attention sinks or gpt-oss's clamped MLP with {w}: no Hugging Face family holds it"
+            )),
+        }
+    }
+}
+
+impl MlpMapping for GptOssMoe {
+    /// gpt-oss's layers differ from Llama's in the experts and in the attention's biases and
+    /// sinks, all set here.
+    fn configure(&self, hf: &Value, cfg: &mut TransformerConfig) -> Result<(), String> {
+        let alpha = hf["swiglu_alpha"].as_f64().unwrap_or(QUICK_GELU_ALPHA);
+        if (alpha - QUICK_GELU_ALPHA).abs() > 1e-9 {
+            return Err(format!(
+                "swiglu_alpha {alpha}: megatron-core's Quick-GEGLU has the gain 1.702"
+            ));
+        }
+        if hf["attention_bias"].as_bool() == Some(false) {
+            return Err("attention_bias false: gpt-oss without biases is not built".into());
+        }
+        let limit = hf["swiglu_limit"].as_f64().unwrap_or(7.0);
+        if !(limit.is_finite() && limit > 0.0) {
+            return Err(format!("swiglu_limit {limit} is not a positive number"));
+        }
+        let experts = num(hf, "num_local_experts")?;
+        cfg.moe = Some(super::mixtral::moe_config(
+            hf,
+            experts,
+            cfg.ffn_hidden_size,
+            false,
+        )?);
+        cfg.activation = Activation::QuickGeGLU;
+        cfg.glu = GluConfig {
+            linear_offset: 1.0,
+            clamp_value: Some(limit as f32),
+        };
+        cfg.softmax_type = SoftmaxType::Learnable;
+        cfg.add_bias_linear = true;
+        cfg.add_qkv_bias = true;
+        Ok(())
+    }
+
+    fn to_megatron(
+        &self,
+        cfg: &TransformerConfig,
+        t: &mut Tensors,
+        m: &mut Tensors,
+        src: &str,
+        dst: &str,
+    ) -> Result<(), String> {
+        let moe = cfg.moe.as_ref().expect("configured");
+        let (h, f, e) = (cfg.hidden_size, moe.ffn_hidden_size, moe.num_experts);
+        let (s, d) = (format!("{src}.mlp"), format!("{dst}.mlp"));
+        move_tensor(
+            t,
+            m,
+            (&format!("{s}.router.weight"), &format!("{d}.router.weight")),
+            [e, h],
+        )?;
+        let b = take(t, &format!("{s}.router.bias"), &[e])?;
+        m.insert(format!("{d}.router.bias"), (vec![e], b));
+        let gate_up = take(t, &format!("{s}.experts.gate_up_proj"), &[e, h, 2 * f])?;
+        let gate_up_b = take(t, &format!("{s}.experts.gate_up_proj_bias"), &[e, 2 * f])?;
+        let down = take(t, &format!("{s}.experts.down_proj"), &[e, f, h])?;
+        let down_b = take(t, &format!("{s}.experts.down_proj_bias"), &[e, h])?;
+        for x in 0..e {
+            let q = format!("{d}.experts.local_experts.{x}");
+            let w = &gate_up[x * h * 2 * f..(x + 1) * h * 2 * f];
+            // fc1 = [gate; up]: row i of the gate is column 2i, of the linear half 2i + 1.
+            let mut fc1 = vec![0.0f32; 2 * f * h];
+            for (r, row) in fc1.chunks_exact_mut(h).enumerate() {
+                let col = if r < f { 2 * r } else { 2 * (r - f) + 1 };
+                for (k, v) in row.iter_mut().enumerate() {
+                    *v = w[k * 2 * f + col];
+                }
+            }
+            m.insert(format!("{q}.linear_fc1.weight"), (vec![2 * f, h], fc1));
+            let b = &gate_up_b[x * 2 * f..(x + 1) * 2 * f];
+            let fc1_b: Vec<f32> = (0..f)
+                .map(|i| b[2 * i])
+                .chain((0..f).map(|i| b[2 * i + 1]))
+                .collect();
+            m.insert(format!("{q}.linear_fc1.bias"), (vec![2 * f], fc1_b));
+            // fc2 [H, I] is down_proj [I, H] transposed.
+            let w = &down[x * f * h..(x + 1) * f * h];
+            let fc2: Vec<f32> = (0..h)
+                .flat_map(|o| (0..f).map(move |i| w[i * h + o]))
+                .collect();
+            m.insert(format!("{q}.linear_fc2.weight"), (vec![h, f], fc2));
+            let b = down_b[x * h..(x + 1) * h].to_vec();
+            m.insert(format!("{q}.linear_fc2.bias"), (vec![h], b));
+        }
+        Ok(())
+    }
+
+    fn to_hf(
+        &self,
+        cfg: &TransformerConfig,
+        m: &mut Tensors,
+        t: &mut Tensors,
+        dst: &str,
+        src: &str,
+    ) -> Result<(), String> {
+        let moe = cfg.moe.as_ref().expect("an MoE model");
+        let (h, f, e) = (cfg.hidden_size, moe.ffn_hidden_size, moe.num_experts);
+        let (s, d) = (format!("{src}.mlp"), format!("{dst}.mlp"));
+        move_tensor(
+            m,
+            t,
+            (&format!("{s}.router.weight"), &format!("{d}.router.weight")),
+            [e, h],
+        )?;
+        let b = take(m, &format!("{s}.router.bias"), &[e])?;
+        t.insert(format!("{d}.router.bias"), (vec![e], b));
+        let (mut gate_up, mut gate_up_b) = (vec![0.0f32; e * h * 2 * f], vec![0.0f32; e * 2 * f]);
+        let (mut down, mut down_b) = (vec![0.0f32; e * f * h], Vec::with_capacity(e * h));
+        for x in 0..e {
+            let q = format!("{s}.experts.local_experts.{x}");
+            let fc1 = take(m, &format!("{q}.linear_fc1.weight"), &[2 * f, h])?;
+            let w = &mut gate_up[x * h * 2 * f..(x + 1) * h * 2 * f];
+            for (r, row) in fc1.chunks_exact(h).enumerate() {
+                let col = if r < f { 2 * r } else { 2 * (r - f) + 1 };
+                for (k, v) in row.iter().enumerate() {
+                    w[k * 2 * f + col] = *v;
+                }
+            }
+            let b = take(m, &format!("{q}.linear_fc1.bias"), &[2 * f])?;
+            for i in 0..f {
+                gate_up_b[x * 2 * f + 2 * i] = b[i];
+                gate_up_b[x * 2 * f + 2 * i + 1] = b[f + i];
+            }
+            let fc2 = take(m, &format!("{q}.linear_fc2.weight"), &[h, f])?;
+            let w = &mut down[x * f * h..(x + 1) * f * h];
+            for o in 0..h {
+                for i in 0..f {
+                    w[i * h + o] = fc2[o * f + i];
+                }
+            }
+            down_b.extend(take(m, &format!("{q}.linear_fc2.bias"), &[h])?);
+        }
+        t.insert(
+            format!("{d}.experts.gate_up_proj"),
+            (vec![e, h, 2 * f], gate_up),
+        );
+        t.insert(
+            format!("{d}.experts.gate_up_proj_bias"),
+            (vec![e, 2 * f], gate_up_b),
+        );
+        t.insert(format!("{d}.experts.down_proj"), (vec![e, f, h], down));
+        t.insert(format!("{d}.experts.down_proj_bias"), (vec![e, h], down_b));
+        Ok(())
+    }
+
+    fn hf_config(
+        &self,
+        cfg: &TransformerConfig,
+        _qkv_bias: bool,
+    ) -> (&'static str, &'static str, Value) {
+        let moe = cfg.moe.as_ref().expect("an MoE model");
+        (
+            ARCHITECTURE,
+            "gpt_oss",
+            json!({
+                "num_local_experts": moe.num_experts,
+                "num_experts_per_tok": moe.topk,
+                "intermediate_size": moe.ffn_hidden_size,
+                "swiglu_alpha": QUICK_GELU_ALPHA,
+                "swiglu_limit": cfg.glu.clamp_value,
+                "output_router_logits": false,
+                "router_aux_loss_coef": moe.aux_loss_coeff,
+                // The experts' activation is fixed by swiglu_alpha and swiglu_limit; this
+                // key is transformers' default, which nothing in gpt-oss reads.
+                "hidden_act": "silu",
+            }),
+        )
+    }
+}
