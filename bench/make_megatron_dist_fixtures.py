@@ -143,7 +143,8 @@ def setup(rank, world, tp, pp, flags, port):
     set_global_variables(args)
     vp = args.virtual_pipeline_model_parallel_size
     mpu.initialize_model_parallel(tp, pp, virtual_pipeline_model_parallel_size=vp,
-                                  expert_model_parallel_size=args.expert_model_parallel_size)
+                                  expert_model_parallel_size=args.expert_model_parallel_size,
+                                  expert_tensor_parallel_size=args.expert_tensor_parallel_size)
     torch.manual_seed(args.seed)
     if args.multi_latent_attention:
         from megatron.core.models.backends import LocalSpecProvider

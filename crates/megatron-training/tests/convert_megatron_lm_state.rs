@@ -117,6 +117,7 @@ fn an_export_carries_the_run_so_megatron_lms_form_reads_back_bit_for_bit() {
         ("mixtral_adam", ep(2, NonDistributed)),
         ("gpt_oss_adam", ep(1, NonDistributed)),
         ("gpt_oss_adam", ep(2, NonDistributed)),
+        ("gpt_oss_distopt_ep2", ep(2, Distributed)),
     ] {
         let dir = tmpdir(&format!("mlm-resume-export-{name}"));
         let (first, export, back) = (dir.join("first"), dir.join("export"), dir.join("back"));

@@ -71,6 +71,29 @@ fn a_megatron_lm_gpt_oss_run_continues_with_the_losses_megatron_lm_logs() {
     follows_megatron_lm("gpt_oss_adam", "world1", GPT_OSS, &[], FP32);
 }
 
+/// Saved by Megatron-LM at EP 2 with the distributed optimizer (the experts' biases and the
+/// sinks among its buckets), continued at one rank, at EP 2, and at TP 2 + SP x EP 2 with the
+/// sinks split over the heads.
+#[test]
+fn a_megatron_lm_gpt_oss_run_at_ep2_continues_at_other_layouts() {
+    let name = "gpt_oss_distopt_ep2";
+    follows_megatron_lm(name, "world1", GPT_OSS, &[], FP32);
+    let ep2 = ["--nproc-per-node", "2", "--expert-model-parallel-size", "2"];
+    follows_megatron_lm(name, "ep2", GPT_OSS, &ep2, FP32);
+    let tp2_ep2 = [
+        "--nproc-per-node",
+        "4",
+        "--tensor-model-parallel-size",
+        "2",
+        "--sequence-parallel",
+        "--expert-model-parallel-size",
+        "2",
+        "--expert-tensor-parallel-size",
+        "1",
+    ];
+    follows_megatron_lm(name, "tp2sp-ep2", GPT_OSS, &tp2_ep2, FP32);
+}
+
 /// Every layout trains the one-rank gpt-oss model: the sinks split with the heads over tensor
 /// parallelism (each rank's heads their own logits) and whole on every context-parallel rank,
 /// the experts' fc2 bias split over the expert-tensor-parallel ranks, the router's bias
