@@ -31,6 +31,8 @@ CASES = {
                  (1e-4, 1e-3)),
     # Experts: Megatron-LM's second, chained optimizer for them, at EP 1 and EP 2.
     "mixtral_fp32": (opt.LLAMA + opt.MOE, [], [(1, 1, []), (1, 2, EP2)], (2e-6, 2e-6)),
+    # gpt-oss: sinks, clamped Quick-GEGLU, windows, YaRN, router and expert biases.
+    "gpt_oss_fp32": (opt.GPT_OSS, [], [(1, 1, []), (1, 2, EP2)], (2e-6, 2e-6)),
 }
 OURS = [
     "--tokenizer-type", "NullTokenizer", "--vocab-size", "100", "--make-vocab-size-divisible-by",
