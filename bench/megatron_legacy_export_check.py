@@ -40,6 +40,8 @@ CASES = {
     "llama_mtp": ([(2, 1, 1, 2)], FP32),
     # DeepSeek-V3's shape at EP 2 (MLA at TP 1: see megatron_upgrade_check.py).
     "deepseek_mla_moe_mtp": ([(1, 1, 2, 2)], FP32),
+    # gpt-oss saved at EP 2 by the distributed optimizer, to one rank and to EP 2.
+    "gpt_oss_distopt_ep2": ([(1, 1, 1, 1), (1, 1, 2, 2)], FP32),
 }
 
 
