@@ -7,7 +7,10 @@
 # against transformers' LlamaForCausalLM (bench/torch_llama.py). MLA: GPT M's size with DeepSeek-V3's
 # multi-latent attention (query latent 384, key/value latent 256, heads of 64 + 32 rotary features,
 # values 64), SwiGLU 2048, RMSNorm, untied, against transformers' DeepseekV3ForCausalLM, every layer
-# dense (bench/torch_deepseek.py). MUON=EO_DIR (GPT configs): both sides train with Muon,
+# dense (bench/torch_deepseek.py). GPTOSS: gpt-oss scaled down (8 layers, hidden 512, 8 heads of
+# 64 in 2 groups with learned sinks, a 128-token window on every other layer, YaRN, biases, 16
+# experts of 512 top-4 with the clamped Quick-GEGLU) against transformers' GptOssForCausalLM
+# (bench/torch_gpt_oss.py). MUON=EO_DIR (GPT configs): both sides train with Muon,
 # megatron-core's defaults, ours `--optimizer muon --muon-no-split-qkv`, PyTorch's NVIDIA
 # emerging-optimizers `Muon` unpacked in EO_DIR (bench/torch_gpt.py --muon; its fused QKV is not
 # split either); MUON_PREC=high runs both sides' Newton-Schulz products in f32 (default medium:
@@ -21,7 +24,8 @@ case "$CFG" in
   M) L=12; H=768; A=12; T=512; B=4; V=50304; WARM=2; STEPS=6 ;;
   LLAMA) L=30; H=576; A=9; T=512; B=4; V=49152; WARM=2; STEPS=4 ;;
   MLA) L=12; H=768; A=12; T=512; B=4; V=32768; WARM=2; STEPS=4 ;;
-  *) echo "config S, M, LLAMA or MLA" >&2; exit 2 ;;
+  GPTOSS) L=8; H=512; A=8; T=512; B=4; V=32768; WARM=2; STEPS=4 ;;
+  *) echo "config S, M, LLAMA, MLA or GPTOSS" >&2; exit 2 ;;
 esac
 MODEL_FLAGS=""
 TORCH_SCRIPT=(bench/torch_gpt.py --layers $L --hidden $H --heads $A --seq $T --batch $B --vocab $V)
@@ -39,6 +43,17 @@ if [ "$CFG" = MLA ]; then
     --disable-bias-linear --untie-embeddings-and-output-weights"
   TORCH_SCRIPT=(bench/torch_deepseek.py --layers $L --hidden $H --heads $A --ffn 2048 --q-lora 384
     --kv-lora 256 --qk-head-dim 64 --rope-head-dim 32 --v-head-dim 64 --seq $T --batch $B --vocab $V)
+fi
+if [ "$CFG" = GPTOSS ]; then
+  MODEL_FLAGS="--group-query-attention --num-query-groups 2 --kv-channels 64 --ffn-hidden-size 512
+    --normalization RMSNorm --norm-epsilon 1e-5 --quick-geglu --glu-linear-offset 1.0
+    --activation-func-clamp-value 7.0 --no-bias-gelu-fusion --softmax-type learnable
+    --window-size 127,0 --window-attn-skip-freq 2 --position-embedding-type yarn
+    --rotary-base 150000 --rotary-scaling-factor 32 --yarn-original-max-position-embeddings 4096
+    --no-yarn-correction-range-round-to-int --untie-embeddings-and-output-weights
+    --num-experts 16 --moe-router-topk 4 --moe-ffn-hidden-size 512 --moe-router-dtype fp32"
+  TORCH_SCRIPT=(bench/torch_gpt_oss.py --layers $L --hidden $H --heads $A --kv-heads 2
+    --experts 16 --topk 4 --ffn 512 --window 128 --seq $T --batch $B --vocab $V)
 fi
 MUON_FLAGS=""; TORCH_MUON=()
 if [ -n "${MUON:-}" ]; then

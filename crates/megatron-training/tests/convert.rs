@@ -120,6 +120,38 @@ fn gpt_oss_converts_to_transformers_logits_and_back() {
     }
 }
 
+/// The released gpt-oss checkpoints store their experts in MXFP4: refused by name, with the
+/// way to a dequantized copy.
+#[test]
+fn a_gpt_oss_with_mxfp4_experts_is_refused_by_name() {
+    let dir = tmpdir("convert-gpt-oss-mxfp4");
+    let hf = dir.join("hf");
+    std::fs::create_dir_all(&hf).unwrap();
+    let mut cfg: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(fixture("gpt_oss").join("config.json")).unwrap(),
+    )
+    .unwrap();
+    cfg["quantization_config"] = serde_json::json!({"quant_method": "mxfp4"});
+    std::fs::write(hf.join("config.json"), cfg.to_string()).unwrap();
+    std::fs::copy(
+        fixture("gpt_oss").join("model.safetensors"),
+        hf.join("model.safetensors"),
+    )
+    .unwrap();
+    let e = hf_to_megatron(&hf, &dir.join("m"), 128)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("quant_method 'mxfp4'") && e.contains("dequantize"),
+        "{e}"
+    );
+    assert!(!dir
+        .join("m")
+        .join("latest_checkpointed_iteration.txt")
+        .exists());
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// What gpt-oss's design needs and another model lacks is refused by name on export.
 #[test]
 fn a_model_with_part_of_gpt_osss_design_is_refused_for_export_by_name() {

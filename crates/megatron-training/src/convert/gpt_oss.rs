@@ -77,6 +77,11 @@ impl MlpMapping for GptOssMoe {
     /// gpt-oss's layers differ from Llama's in the experts and in the attention's biases and
     /// sinks, all set here.
     fn configure(&self, hf: &Value, cfg: &mut TransformerConfig) -> Result<(), String> {
+        if let Some(q) = hf["quantization_config"]["quant_method"].as_str() {
+            return Err(format!(
+                "quantization_config.quant_method '{q}': the experts are stored quantized (the released gpt-oss checkpoints' MXFP4 blocks and scales), which this converter does not read; dequantize first (transformers: from_pretrained with Mxfp4Config(dequantize=True), then save_pretrained)"
+            ));
+        }
         let alpha = hf["swiglu_alpha"].as_f64().unwrap_or(QUICK_GELU_ALPHA);
         if (alpha - QUICK_GELU_ALPHA).abs() > 1e-9 {
             return Err(format!(
