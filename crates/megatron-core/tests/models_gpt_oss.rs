@@ -45,7 +45,10 @@ fn tiny_gpt_oss() -> TransformerConfig {
         }),
         add_bias_linear: true,
         add_qkv_bias: true,
-        moe: Some(MoEConfig::new(4, 12, 4)),
+        moe: Some(MoEConfig {
+            biases: true,
+            ..MoEConfig::new(4, 12, 4)
+        }),
         ..Default::default()
     }
 }

@@ -2987,6 +2987,7 @@ impl TrainArgs {
             shared_expert_gate: self.moe_shared_expert_gate,
             grouped_gemm: self.moe_grouped_gemm,
             router_groups,
+            biases: !self.disable_bias_linear,
         }))
     }
 

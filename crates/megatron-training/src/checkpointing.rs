@@ -481,6 +481,19 @@ pub(crate) fn config_differences(saved: &TransformerConfig, given: &TransformerC
     }
 }
 
+/// Whether `saved` differs from `given` only in its experts' biases, which a checkpoint saved
+/// before this engine built them lacks on a model with linear biases.
+fn predates_moe_biases(saved: &TransformerConfig, given: &TransformerConfig) -> bool {
+    let mut old = saved.clone();
+    match (&mut old.moe, &given.moe) {
+        (Some(s), Some(g)) if !s.biases && g.biases && saved.add_bias_linear => {
+            s.biases = true;
+            old == *given
+        }
+        _ => false,
+    }
+}
+
 /// `--load`: refuses a checkpoint (chosen by [`crate::checkpoint_policy::LoadSettings::resolve`])
 /// saved for another model, and reads this rank's shards of the parameters. The optimizer's
 /// state is read later from the returned reader ([`load_optimizer_state`]), once the optimizer
@@ -516,6 +529,12 @@ pub(crate) fn load_into(
         || (identity(&cfg.model.rotary.yarn) && saved.rotary.yarn.is_none())
     {
         saved.rotary.yarn = cfg.model.rotary.yarn;
+    }
+    if saved != cfg.model && predates_moe_biases(&saved, &cfg.model) {
+        return Err(TrainError::Checkpoint {
+            path: r.dir.display().to_string(),
+            msg: "holds experts and a router without biases (saved before megatron-rs built megatron-core's MoE biases, which these flags ask for): resume it with --use-checkpoint-args, which builds the model it holds".into(),
+        });
     }
     if saved != cfg.model {
         return Err(TrainError::Checkpoint {

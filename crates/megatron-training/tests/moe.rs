@@ -729,3 +729,52 @@ fn moe_router_dtype_fp32_is_the_router_of_this_engine() {
         assert_eq!(plain.losses, fp32.losses);
     }
 }
+
+/// An MoE checkpoint saved before this engine built megatron-core's router and expert biases
+/// (its model records none, it holds no such tensors: made here by taking them out of a new
+/// checkpoint's index) resumes under `--use-checkpoint-args` as the model it holds and trains
+/// on; with flags that now ask for the biases it is refused by name instead of failing on a
+/// missing tensor, and so is its export to Megatron-LM.
+#[test]
+fn an_moe_checkpoint_saved_before_expert_biases_resumes_as_the_model_it_holds() {
+    let dir = tmpdir("moe-before-biases");
+    let save = dir.join("ckpt");
+    let s = save.to_str().unwrap();
+    let run = |extra: &[&str]| pretrain(&args(&[MOE, &["--train-iters", "6"][..], extra].concat()));
+    run(&["--save", s, "--save-interval", "3", "--exit-interval", "3"]).unwrap();
+    let meta = save.join("iter_0000003").join("metadata.json");
+    let mut m: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&meta).unwrap()).unwrap();
+    m["model"]["moe"].as_object_mut().unwrap().remove("biases");
+    let tensors = m["tensors"].as_array_mut().unwrap();
+    let before = tensors.len();
+    tensors.retain(|t| {
+        let n = t["name"].as_str().unwrap();
+        !(n.ends_with("mlp.router.bias") || (n.contains(".local_experts.") && n.ends_with(".bias")))
+    });
+    // Per layer: the router's and 4 experts' fc1 and fc2 biases, each with Adam's two moments.
+    assert_eq!(before - tensors.len(), 3 * 2 * (1 + 4 * 2));
+    std::fs::write(&meta, m.to_string()).unwrap();
+    let e = run(&["--load", s]).unwrap_err().to_string();
+    assert!(
+        e.contains("without biases") && e.contains("--use-checkpoint-args"),
+        "{e}"
+    );
+    // Megatron-LM would build the biases it lacks.
+    let e = megatron_training::convert::megatron_to_torch_dist(
+        &save,
+        &dir.join("mlm"),
+        megatron_training::convert::OptimizerExport::default(),
+        megatron_training::convert::LayerSpec::default(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("experts without biases"), "{e}");
+    let resumed = run(&["--load", s, "--use-checkpoint-args"]).unwrap();
+    assert_eq!(resumed.start_iteration, 3);
+    assert_eq!(resumed.losses.len(), 3);
+    let its: Vec<u64> = resumed.losses.iter().map(|l| l.0).collect();
+    assert_eq!(its, [4, 5, 6]);
+    assert!(resumed.losses.iter().all(|l| l.1.is_finite()));
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -594,3 +594,76 @@ fn a_deepseek_style_model_with_mla_and_mtp_plans_its_layouts() {
         assert!(x.prediction.tokens_per_second > 0.0 && x.prediction.memory.total() > 0.0);
     }
 }
+
+/// gpt-oss at toy size: sinks, biases everywhere, experts with biases.
+const GPT_OSS: &[&str] = &[
+    "--num-layers",
+    "2",
+    "--hidden-size",
+    "32",
+    "--num-attention-heads",
+    "4",
+    "--group-query-attention",
+    "--num-query-groups",
+    "2",
+    "--normalization",
+    "RMSNorm",
+    "--position-embedding-type",
+    "rope",
+    "--quick-geglu",
+    "--glu-linear-offset",
+    "1",
+    "--activation-func-clamp-value",
+    "7",
+    "--softmax-type",
+    "learnable",
+    "--num-experts",
+    "4",
+    "--moe-router-topk",
+    "2",
+    "--moe-ffn-hidden-size",
+    "16",
+    "--sequence-parallel",
+];
+
+#[test]
+fn the_planned_parameters_of_biased_dense_and_gpt_oss_models_are_the_engines() {
+    // Per rank, as the engine registers them: the dense MLP's biases (fc1's split over TP,
+    // fc2's whole), the sinks split with the heads, the router's bias whole and the experts'
+    // biases, at TP 1 and 2.
+    use megatron_core::models::ModelFamily;
+    let dense: &[&str] = &["--swiglu"];
+    for model in [dense, GPT_OSS] {
+        for tp in [1usize, 2] {
+            let n = tp.to_string();
+            let layout = [
+                "--nproc-per-node",
+                &n,
+                "--tensor-model-parallel-size",
+                &n,
+                "--train-iters",
+                "4",
+            ];
+            let cfg = common::args(&[model, &layout[..]].concat())
+                .validate(62)
+                .expect("valid flags");
+            let (first, last) = megatron_training::plan::cost::parameters_per_rank(&cfg);
+            assert_eq!(first, last, "one stage");
+            // The experts split over the expert-tensor-parallel ranks (--expert-tensor-parallel-size
+            // defaults to the tensor-parallel size).
+            let mut params = megatron_core::params::Params {
+                tp: (0, tp),
+                experts: megatron_core::params::ExpertLayout {
+                    etp: cfg.etp,
+                    ..Default::default()
+                },
+                ..Default::default()
+            };
+            let layers = cfg.model.num_layers;
+            cfg.model
+                .build_chunk(&mut params, &mut Vec::new(), 0..layers, true, true);
+            let engine: usize = params.metas.iter().map(|m| m.numel).sum();
+            assert_eq!(first as usize, engine, "{model:?} at TP {tp}");
+        }
+    }
+}

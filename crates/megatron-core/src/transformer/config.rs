@@ -163,6 +163,12 @@ pub struct MoEConfig {
     /// device- or node-limited routing, as (groups, groups each token picks).
     #[serde(default)]
     pub router_groups: Option<(usize, usize)>,
+    /// Biases on the router's logits and on the experts' fc1 and fc2 (megatron-core builds them
+    /// unless `--disable-bias-linear`; shared experts have none). A field of its own, not read
+    /// off `add_bias_linear`, because checkpoints saved before this engine built them hold
+    /// none: they read as `false` and keep loading as the model they are.
+    #[serde(default)]
+    pub biases: bool,
 }
 
 impl MoEConfig {
@@ -189,6 +195,7 @@ impl MoEConfig {
             shared_expert_gate: false,
             grouped_gemm: false,
             router_groups: None,
+            biases: false,
         }
     }
 }

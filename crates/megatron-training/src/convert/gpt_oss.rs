@@ -55,6 +55,9 @@ impl GptOssMoe {
                 {
                     Some("a router other than the softmax over the top-k logits")
                 }
+                Some(m) if !m.biases => {
+                    Some("experts without biases (saved before this engine built them)")
+                }
                 Some(m) if m.expert_bias_update_rate.is_some() => {
                     Some("--moe-router-enable-expert-bias")
                 }
@@ -96,12 +99,10 @@ impl MlpMapping for GptOssMoe {
             return Err(format!("swiglu_limit {limit} is not a positive number"));
         }
         let experts = num(hf, "num_local_experts")?;
-        cfg.moe = Some(super::mixtral::moe_config(
-            hf,
-            experts,
-            cfg.ffn_hidden_size,
-            false,
-        )?);
+        cfg.moe = Some(megatron_core::transformer::config::MoEConfig {
+            biases: true,
+            ..super::mixtral::moe_config(hf, experts, cfg.ffn_hidden_size, false)?
+        });
         cfg.activation = Activation::QuickGeGLU;
         cfg.glu = GluConfig {
             linear_offset: 1.0,

@@ -1120,6 +1120,14 @@ pub(crate) fn saved_args(
     if meta.bert.is_some() || meta.t5.is_some() {
         return refuse("a BERT or T5 model");
     }
+    if cfg
+        .moe
+        .as_ref()
+        .is_some_and(|m| m.biases != cfg.add_bias_linear)
+    {
+        // Megatron-LM builds the router's and the experts' biases from add_bias_linear alone.
+        return refuse("experts without biases on a model with linear biases (an MoE checkpoint saved before this engine built megatron-core's expert and router biases)");
+    }
     if cfg.layernorm_placement != LayerNormPlacement::default() {
         return refuse("post-norm layers");
     }

@@ -181,31 +181,53 @@ pub fn parameters_per_rank(cfg: &TrainConfig) -> (f64, f64) {
     let w = widths(m);
     let gated = w.gated;
     let bias = if m.add_bias_linear { 1.0 } else { 0.0 };
-    let attention = match m.mla {
-        None => w.sharded / t + bias * ((w.qk + w.k + w.v) / t + h) + 2.0 * h,
-        // MLA's projections have no biases but the output's; its latents' norms (under
-        // --qk-layernorm) sit on every rank with the down projections.
-        Some(x) => {
-            let norms = if m.qk_layernorm {
-                let per = match m.normalization {
-                    megatron_core::transformer::config::Normalization::LayerNorm => 2.0,
-                    megatron_core::transformer::config::Normalization::RMSNorm => 1.0,
-                };
-                per * (x.q_lora_rank.unwrap_or(0) + x.kv_lora_rank) as f64
-            } else {
-                0.0
-            };
-            w.sharded / t + w.duplicated + bias * h + 2.0 * h + norms
-        }
+    // A norm's parameters: its weight, and a LayerNorm's bias.
+    let norm = match m.normalization {
+        megatron_core::transformer::config::Normalization::LayerNorm => 2.0 * h,
+        megatron_core::transformer::config::Normalization::RMSNorm => h,
     };
-    let dense_mlp = h * m.ffn_hidden_size as f64 * gated / t;
+    // gpt-oss's learned sinks: one logit per head, split with the heads.
+    let sinks = match m.softmax_type {
+        megatron_core::transformer::config::SoftmaxType::Learnable => {
+            m.num_attention_heads as f64 / t
+        }
+        _ => 0.0,
+    };
+    let attention = sinks
+        + match m.mla {
+            None => w.sharded / t + bias * ((w.qk + w.k + w.v) / t + h) + 2.0 * norm,
+            // MLA's projections have no biases but the output's; its latents' norms (under
+            // --qk-layernorm) sit on every rank with the down projections.
+            Some(x) => {
+                let norms = if m.qk_layernorm {
+                    let per = match m.normalization {
+                        megatron_core::transformer::config::Normalization::LayerNorm => 2.0,
+                        megatron_core::transformer::config::Normalization::RMSNorm => 1.0,
+                    };
+                    per * (x.q_lora_rank.unwrap_or(0) + x.kv_lora_rank) as f64
+                } else {
+                    0.0
+                };
+                w.sharded / t + w.duplicated + bias * h + 2.0 * norm + norms
+            }
+        };
+    let ffn = m.ffn_hidden_size as f64;
+    let dense_mlp = h * ffn * gated / t + bias * (ffn * (gated - 1.0) / t + h);
     let moe_mlp = m.moe.as_ref().map_or(0.0, |e| {
         let local = e.num_experts as f64 / cfg.ep as f64;
         let experts = local * h * e.ffn_hidden_size as f64 * gated / cfg.etp as f64;
         let shared = e
             .shared_expert_ffn
             .map_or(0.0, |f| h * f as f64 * gated / t);
-        experts + shared + h * e.num_experts as f64
+        // The router's and the experts' biases: fc1's rows (gate and up where gated) and
+        // fc2's outputs, both split over the expert-tensor-parallel ranks.
+        let biases = if e.biases {
+            e.num_experts as f64
+                + local * (e.ffn_hidden_size as f64 * (gated - 1.0) + h) / cfg.etp as f64
+        } else {
+            0.0
+        };
+        experts + shared + h * e.num_experts as f64 + biases
     });
     let stage = |s: usize| -> f64 {
         stage_layers(cfg, s)
@@ -244,7 +266,7 @@ pub fn parameters_per_rank(cfg: &TrainConfig) -> (f64, f64) {
                 } else {
                     dense_mlp
                 };
-            layer + 2.0 * h * h / t + 3.0 * h
+            layer + 2.0 * h * h / t + 3.0 * norm
         })
         .sum::<f64>()
         + if depths > 0 && cfg.pp > 1 && m.untie_embeddings_and_output_weights {
@@ -252,9 +274,9 @@ pub fn parameters_per_rank(cfg: &TrainConfig) -> (f64, f64) {
         } else {
             0.0
         };
-    let last = stage(cfg.pp - 1) + output + h + mtp;
+    let last = stage(cfg.pp - 1) + output + norm + mtp;
     if cfg.pp == 1 {
-        let whole = stage(0) + embedding + output + h + mtp;
+        let whole = stage(0) + embedding + output + norm + mtp;
         (whole, whole)
     } else {
         (stage(0) + embedding, last)

@@ -114,7 +114,7 @@ impl GroupedMLP {
                     Init::Normal(cfg.init_method_std),
                     fc1_split,
                 );
-                let fc1_bias = cfg.add_bias_linear.then(|| {
+                let fc1_bias = m.biases.then(|| {
                     params.add_sharded(
                         inits,
                         format!("{q}.linear_fc1.bias"),
@@ -136,7 +136,7 @@ impl GroupedMLP {
                 // dispatcher reduces it: each rank holds and adds its own block of the bias's
                 // features, so the sum has the bias once (megatron-core adds the whole bias on
                 // every such rank).
-                let fc2_bias = cfg.add_bias_linear.then(|| {
+                let fc2_bias = m.biases.then(|| {
                     params.add_sharded(
                         inits,
                         format!("{q}.linear_fc2.bias"),

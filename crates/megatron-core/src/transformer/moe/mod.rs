@@ -128,7 +128,7 @@ impl MoELayer {
             Init::Normal(cfg.init_method_std),
             Sharding::ReplicatedSequenceParallel,
         );
-        let router_bias = cfg.add_bias_linear.then(|| {
+        let router_bias = m.biases.then(|| {
             params.add_sharded(
                 inits,
                 format!("{prefix}.mlp.router.bias"),
