@@ -7,7 +7,8 @@ groups with q/k/v/o biases and learned attention sinks, YaRN (factor 4 over 8 po
 unrounded correction range), 4 experts top-2 with router and expert biases, the clamped
 Quick-GEGLU (limit 1.5, chosen so that some but not all of the activations are clamped:
 the script prints the fractions), untied output layer.
-reference.safetensors holds input_ids (2 x 16) and the fp32 logits (eager attention).
+reference.safetensors holds input_ids (2 x 16), the fp32 logits (eager attention) and greedy
+(the first row's 5-token prompt and transformers' 11 greedy tokens after it).
 Usage: .venv-ref/bin/python bench/make_hf_gpt_oss_fixture.py [OUT_DIR]
 """
 import os, sys
@@ -57,10 +58,16 @@ ids = torch.randint(0, V, (2, 16), generator=g)
 with torch.no_grad():
     logits = model(input_ids=ids).logits.float().contiguous()
 print("clamped fractions (expert 0, all tokens):", {k: [round(x, 3) for x in v] for k, v in seen.items()})
+# Greedy decoding through transformers' KV cache: a 5-token prompt and 11 new tokens, past the
+# 4-token window.
+with torch.no_grad():
+    greedy = model.generate(ids[:1, :5], max_new_tokens=11, do_sample=False, min_new_tokens=11,
+                            pad_token_id=0)
 d = os.path.join(out, "gpt_oss")
 model.save_pretrained(d)
 p = os.path.join(d, "generation_config.json")
 if os.path.exists(p):
     os.remove(p)
-save_file({"input_ids": ids, "logits": logits}, os.path.join(d, "reference.safetensors"))
+save_file({"input_ids": ids, "logits": logits, "greedy": greedy.contiguous()},
+          os.path.join(d, "reference.safetensors"))
 print("gpt_oss", tuple(logits.shape), float(logits.abs().max()))

@@ -120,6 +120,50 @@ fn gpt_oss_converts_to_transformers_logits_and_back() {
     }
 }
 
+#[derive(clap::Parser)]
+struct GenWrap {
+    #[command(flatten)]
+    args: megatron_training::GenerateArgs,
+}
+
+/// `megatron generate` on the converted gpt-oss gives transformers' greedy tokens: the KV
+/// cache with the sinks, the window (4 tokens, passed by the 16 the decoding reaches) and
+/// YaRN's positions.
+#[test]
+fn a_converted_gpt_oss_decodes_transformers_greedy_tokens() {
+    use clap::Parser;
+    let dir = tmpdir("convert-gpt-oss-generate");
+    let save = dir.join("m");
+    hf_to_megatron(&fixture("gpt_oss"), &save, 128).unwrap();
+    let r = std::fs::read(fixture("gpt_oss").join("reference.safetensors")).unwrap();
+    let r = SafeTensors::deserialize(&r).unwrap();
+    let want: Vec<u32> = common::safetensor_i64(&r, "greedy")
+        .iter()
+        .map(|&x| x as u32)
+        .collect();
+    let prompt: Vec<String> = want[..5].iter().map(|t| t.to_string()).collect();
+    let g = GenWrap::try_parse_from([
+        "m",
+        "--load",
+        save.to_str().unwrap(),
+        "--prompt-ids",
+        &prompt.join(" "),
+        "--greedy",
+        "--max-new-tokens",
+        "11",
+        "--eos-id",
+        "100000",
+    ])
+    .unwrap();
+    let got: Vec<u32> = megatron_training::generate::generate(&g.args)
+        .unwrap()
+        .split_whitespace()
+        .map(|x| x.parse().unwrap())
+        .collect();
+    assert_eq!(got, want[5..], "megatron generate vs transformers' greedy");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// The released gpt-oss checkpoints store their experts in MXFP4: refused by name, with the
 /// way to a dequantized copy.
 #[test]
