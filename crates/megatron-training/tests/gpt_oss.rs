@@ -222,3 +222,52 @@ fn gpt_oss_flags_are_checked_by_name() {
     assert_ne!(plain.0.losses, clamped.0.losses);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// Recomputation reruns the sinks with the attention and the clamped unit with the MLP: every
+/// option trains the model bit for bit; under `--bf16` TP 2 + SP trains the one-rank bf16
+/// model within the bf16 tolerance.
+#[test]
+fn gpt_oss_recomputation_and_bf16_match() {
+    let dir = tmpdir("gpt-oss-recompute-bf16");
+    let plain = train_and_load(&dir, "plain", GPT_OSS);
+    for (name, extra) in [
+        ("selective", &["--recompute-activations"][..]),
+        (
+            "selective mlp",
+            &[
+                "--recompute-granularity",
+                "selective",
+                "--recompute-modules",
+                "core_attn",
+                "mlp",
+            ][..],
+        ),
+        ("full", &["--recompute-granularity", "full"][..]),
+    ] {
+        let run = train_and_load(&dir, &name.replace(' ', "_"), &[GPT_OSS, extra].concat());
+        assert_eq!(plain.0.losses, run.0.losses, "{name}");
+        assert_eq!(plain.1.tensors, run.1.tensors, "{name}");
+    }
+    let bf16 = [GPT_OSS, &["--bf16"]].concat();
+    let serial = train_and_load(&dir, "bf16-serial", &bf16);
+    let tp2_sp = [
+        &bf16[..],
+        &[
+            "--nproc-per-node",
+            "2",
+            "--tensor-model-parallel-size",
+            "2",
+            "--sequence-parallel",
+        ],
+    ]
+    .concat();
+    let run = train_and_load(&dir, "bf16-tp2-sp", &tp2_sp);
+    assert_same_training_within(
+        "gpt-oss bf16 tp2 + sp",
+        &serial,
+        &run,
+        BF16_LOSS_TOL,
+        BF16_PARAM_TOL,
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
