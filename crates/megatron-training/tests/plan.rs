@@ -547,7 +547,6 @@ fn the_planned_parameters_of_mla_and_mtp_models_are_the_engines() {
     // Per rank, as the engine registers them: the MLA projections split over TP but the down
     // projections and latent norms whole on every rank, the MTP depth's layer, eh_proj and
     // norms; with and without a query latent, tied and untied, at TP 1 and 2.
-    use megatron_core::models::ModelFamily;
     let no_q_latent: Vec<&str> = DEEPSEEK
         .iter()
         .copied()
@@ -556,29 +555,7 @@ fn the_planned_parameters_of_mla_and_mtp_models_are_the_engines() {
     let untied = [DEEPSEEK, &["--untie-embeddings-and-output-weights"]].concat();
     for model in [DEEPSEEK, &no_q_latent[..], &untied[..]] {
         for tp in [1usize, 2] {
-            let n = tp.to_string();
-            let layout = [
-                "--nproc-per-node",
-                &n,
-                "--tensor-model-parallel-size",
-                &n,
-                "--train-iters",
-                "4",
-            ];
-            let cfg = common::args(&[model, &layout[..]].concat())
-                .validate(62)
-                .expect("valid flags");
-            let (first, last) = megatron_training::plan::cost::parameters_per_rank(&cfg);
-            assert_eq!(first, last, "one stage");
-            let mut params = megatron_core::params::Params {
-                tp: (0, tp),
-                ..Default::default()
-            };
-            let layers = cfg.model.num_layers;
-            cfg.model
-                .build_chunk(&mut params, &mut Vec::new(), 0..layers, true, true);
-            let engine: usize = params.metas.iter().map(|m| m.numel).sum();
-            assert_eq!(first as usize, engine, "{model:?} at TP {tp}");
+            assert_planned_parameters_are_the_engines(model, tp);
         }
     }
 }
@@ -595,75 +572,48 @@ fn a_deepseek_style_model_with_mla_and_mtp_plans_its_layouts() {
     }
 }
 
-/// gpt-oss at toy size: sinks, biases everywhere, experts with biases.
-const GPT_OSS: &[&str] = &[
-    "--num-layers",
-    "2",
-    "--hidden-size",
-    "32",
-    "--num-attention-heads",
-    "4",
-    "--group-query-attention",
-    "--num-query-groups",
-    "2",
-    "--normalization",
-    "RMSNorm",
-    "--position-embedding-type",
-    "rope",
-    "--quick-geglu",
-    "--glu-linear-offset",
-    "1",
-    "--activation-func-clamp-value",
-    "7",
-    "--softmax-type",
-    "learnable",
-    "--num-experts",
-    "4",
-    "--moe-router-topk",
-    "2",
-    "--moe-ffn-hidden-size",
-    "16",
-    "--sequence-parallel",
-];
+/// `megatron plan`'s parameters per rank for `model` at TP `tp` (one pipeline stage), against
+/// the engine's: the chunk built as rank 0 of the layout registers them (the experts split over
+/// the expert-tensor-parallel ranks, whose size defaults to the tensor-parallel size).
+fn assert_planned_parameters_are_the_engines(model: &[&str], tp: usize) {
+    use megatron_core::models::ModelFamily;
+    let n = tp.to_string();
+    let layout = [
+        "--nproc-per-node",
+        &n,
+        "--tensor-model-parallel-size",
+        &n,
+        "--train-iters",
+        "4",
+    ];
+    let cfg = common::args(&[model, &layout[..]].concat())
+        .validate(62)
+        .expect("valid flags");
+    let (first, last) = megatron_training::plan::cost::parameters_per_rank(&cfg);
+    assert_eq!(first, last, "one stage");
+    let mut params = megatron_core::params::Params {
+        tp: (0, tp),
+        experts: megatron_core::params::ExpertLayout {
+            etp: cfg.etp,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let layers = cfg.model.num_layers;
+    cfg.model
+        .build_chunk(&mut params, &mut Vec::new(), 0..layers, true, true);
+    let engine: usize = params.metas.iter().map(|m| m.numel).sum();
+    assert_eq!(first as usize, engine, "{model:?} at TP {tp}");
+}
 
 #[test]
 fn the_planned_parameters_of_biased_dense_and_gpt_oss_models_are_the_engines() {
-    // Per rank, as the engine registers them: the dense MLP's biases (fc1's split over TP,
-    // fc2's whole), the sinks split with the heads, the router's bias whole and the experts'
-    // biases, at TP 1 and 2.
-    use megatron_core::models::ModelFamily;
-    let dense: &[&str] = &["--swiglu"];
-    for model in [dense, GPT_OSS] {
+    // The dense MLP's biases (fc1's split over TP, fc2's whole), LayerNorm's biases, the sinks
+    // split with the heads, the router's bias whole and the experts' biases, at TP 1 and 2.
+    let gpt_oss = [common::GPT_OSS, &["--sequence-parallel"]].concat();
+    for model in [&["--swiglu"][..], &gpt_oss] {
         for tp in [1usize, 2] {
-            let n = tp.to_string();
-            let layout = [
-                "--nproc-per-node",
-                &n,
-                "--tensor-model-parallel-size",
-                &n,
-                "--train-iters",
-                "4",
-            ];
-            let cfg = common::args(&[model, &layout[..]].concat())
-                .validate(62)
-                .expect("valid flags");
-            let (first, last) = megatron_training::plan::cost::parameters_per_rank(&cfg);
-            assert_eq!(first, last, "one stage");
-            // The experts split over the expert-tensor-parallel ranks (--expert-tensor-parallel-size
-            // defaults to the tensor-parallel size).
-            let mut params = megatron_core::params::Params {
-                tp: (0, tp),
-                experts: megatron_core::params::ExpertLayout {
-                    etp: cfg.etp,
-                    ..Default::default()
-                },
-                ..Default::default()
-            };
-            let layers = cfg.model.num_layers;
-            cfg.model
-                .build_chunk(&mut params, &mut Vec::new(), 0..layers, true, true);
-            let engine: usize = params.metas.iter().map(|m| m.numel).sum();
-            assert_eq!(first as usize, engine, "{model:?} at TP {tp}");
+            assert_planned_parameters_are_the_engines(model, tp);
         }
     }
 }
