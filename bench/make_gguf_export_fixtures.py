@@ -5,6 +5,8 @@
    tests convert the same fixture with `--from hf`, export it with `--to gguf` and must give
    the same tensors (names, ggml types, dims, bytes) and the same model metadata. The fixtures
    carry no tokenizer, so the converter's set_vocab is switched off (the tokenizer is checked by 2).
+   gpt_oss: the converter writes no clamp (llama.cpp's is 7, built in); the test exports the same
+   fixture with swiglu_limit 7, which gives these files, and refuses it at its own 1.5.
 2. A digest of llama.cpp's GPT-2 vocabulary GGUF (`models/ggml-vocab-gpt-2.gguf`): its tokenizer
    keys, and for the three large arrays their length and crc32c, for the test that exports
    Megatron's GPT2BPETokenizer (vocab.json + merges.txt, committed in megatron-data's fixtures).
@@ -27,14 +29,14 @@ lc = os.path.join(work, [d for d in os.listdir(work)][0], "vendor", "llama.cpp")
 sys.path.insert(0, lc); sys.path.insert(0, os.path.join(lc, "gguf-py"))
 import gguf  # llama.cpp's own gguf-py
 import convert_hf_to_gguf as converter
-from conversion import gpt2, llama, qwen
+from conversion import gpt2, gpt_oss, llama, qwen
 for cls in (llama.LlamaModel, qwen.Qwen2Model, qwen.Qwen3Model, qwen.Qwen2MoeModel,
-            qwen.Qwen3MoeModel, gpt2.GPT2Model):
+            qwen.Qwen3MoeModel, gpt2.GPT2Model, gpt_oss.GptOssModel):
     cls.set_vocab = lambda self: None
 
 CASES = [("llama", "f32"), ("llama", "q8_0"), ("llama_linear_rope", "f16"), ("qwen2", "bf16"),
          ("qwen3_yarn", "q8_0"), ("gpt2", "q8_0"), ("mixtral", "f32"), ("qwen2_moe", "bf16"),
-         ("qwen3_moe_all", "q8_0")]
+         ("qwen3_moe_all", "q8_0"), ("gpt_oss", "f32"), ("gpt_oss", "q8_0")]
 import shutil
 for fixture, outtype in CASES:
     dst = os.path.join(out, f"{fixture}-{outtype}.gguf")

@@ -149,6 +149,68 @@ fn gguf_export_matches_llama_cpps_converter_tensor_for_tensor() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// gpt-oss as llama.cpp's converter writes it (`gpt-oss`: experts split from the interleaved
+/// `gate_up_proj` and transposed, sinks, router and expert biases, the window, YaRN), at f32 and
+/// q8_0, from the fixture with llama.cpp's built-in clamp of 7; at the fixture's own clamp, with
+/// windows on other layers than every other one from the first, or with an unrounded YaRN range
+/// that llama.cpp's rounding would change, it is refused by name.
+#[test]
+fn gpt_oss_exports_as_llama_cpps_converter_writes_it_and_what_it_cannot_run_is_refused() {
+    let dir = tmpdir("gguf-export-gpt-oss");
+    let with_config = |name: &str, edit: &dyn Fn(&mut serde_json::Value)| -> PathBuf {
+        let hf = dir.join(format!("{name}-hf"));
+        std::fs::create_dir_all(&hf).unwrap();
+        let src = fixtures().join("hf/gpt_oss");
+        std::fs::copy(src.join("model.safetensors"), hf.join("model.safetensors")).unwrap();
+        let mut cfg: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap())
+                .unwrap();
+        edit(&mut cfg);
+        std::fs::write(hf.join("config.json"), cfg.to_string()).unwrap();
+        let save = dir.join(name);
+        hf_to_megatron(&hf, &save, 128).unwrap();
+        save
+    };
+    let limit7 = with_config("limit7", &|c| c["swiglu_limit"] = serde_json::json!(7.0));
+    for outtype in ["f32", "q8_0"] {
+        let out = dir.join(format!("gpt_oss-{outtype}.gguf"));
+        megatron_to_gguf(&limit7, &out, outtype.parse().unwrap()).unwrap();
+        let reference = fixtures().join(format!("gguf/export/gpt_oss-{outtype}.gguf"));
+        assert_same_gguf(&out, &reference);
+    }
+    let refused = |save: &Path, want: &str| {
+        let out = dir.join("refused.gguf");
+        let e = megatron_to_gguf(save, &out, "f32".parse().unwrap())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(want), "{e}");
+        assert!(!out.exists());
+    };
+    let own = with_config("limit1.5", &|_| {});
+    refused(&own, "swiglu_limit 1.5");
+    let full_first = with_config("full-first", &|c| {
+        c["swiglu_limit"] = serde_json::json!(7.0);
+        c["layer_types"] = serde_json::json!(["full_attention", "sliding_attention"]);
+    });
+    refused(&full_first, "layer_types");
+    // gpt-oss's own YaRN (rope base 150000, factor 32 over 4096, truncate false) on heads of 8:
+    // llama.cpp's rounded correction range moves one of the four frequencies by 66 %
+    // (transformers' `_compute_yarn_parameters` with truncate false and true agrees: 1 of 4,
+    // 65.7 %). The fixture's own YaRN (factor 4 over 8) is the same either way, and exports.
+    let real_yarn = with_config("real-yarn", &|c| {
+        c["swiglu_limit"] = serde_json::json!(7.0);
+        let r = &mut c["rope_parameters"];
+        r["rope_theta"] = serde_json::json!(150000.0);
+        r["factor"] = serde_json::json!(32.0);
+        r["original_max_position_embeddings"] = serde_json::json!(4096);
+    });
+    refused(
+        &real_yarn,
+        "moves 1 of this model's 4 rotary frequencies (up to 66 %)",
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 #[test]
 fn llama_cpps_files_import_and_export_back_to_the_same_tensors() {
     // Every reference file llama.cpp's converter wrote imported, then exported at its own type:

@@ -1,7 +1,7 @@
 //! A Hugging Face-style model (config.json values and tensors, as the families' `to_hf` give
 //! them) as a llama.cpp GGUF: what `convert_hf_to_gguf.py` writes for the same model, for the
 //! architectures llama.cpp runs that megatron-rs trains (gpt2, llama with or without experts,
-//! qwen2, qwen3, qwen2moe, qwen3moe). Whatever llama.cpp would not run the same way (another
+//! qwen2, qwen3, qwen2moe, qwen3moe, gpt-oss). Whatever llama.cpp would not run the same way (another
 //! activation, sliding windows, biases it does not load, routing it does not do) is refused by
 //! name rather than dropped.
 
@@ -84,8 +84,9 @@ fn gguf_architecture(class: &str) -> Result<(&'static str, bool), String> {
         "Qwen2MoeForCausalLM" => Ok(("qwen2moe", false)),
         "Qwen3MoeForCausalLM" => Ok(("qwen3moe", false)),
         "GPT2LMHeadModel" => Ok(("gpt2", false)),
+        "GptOssForCausalLM" => Ok(("gpt-oss", false)),
         other => Err(format!(
-            "{other}: GGUF export is built for GPT-2, Llama, Mixtral, Qwen2, Qwen3, Qwen2-MoE and Qwen3-MoE models (not BERT, T5 or DeepSeek-V3)"
+            "{other}: GGUF export is built for GPT-2, Llama, Mixtral, Qwen2, Qwen3, Qwen2-MoE, Qwen3-MoE and gpt-oss models (not BERT, T5 or DeepSeek-V3)"
         )),
     }
 }
@@ -153,7 +154,11 @@ pub(crate) fn gguf_of_hf(
         }
         let windowed = hf["sliding_window"].as_u64().is_some()
             && hf["use_sliding_window"].as_bool() != Some(false);
-        if windowed {
+        let gpt_oss = arch == "gpt-oss";
+        if gpt_oss {
+            let window = super::gguf_gpt_oss::check_config(hf)?;
+            w.meta(key("attention.sliding_window"), u32v(window));
+        } else if windowed {
             return Err(format!(
                 "sliding_window: llama.cpp's {arch} architecture attends to every earlier position"
             ));
@@ -194,7 +199,11 @@ pub(crate) fn gguf_of_hf(
         w.meta(key("vocab_size"), u32v(num(hf, "vocab_size")?));
         w.meta(key("rope.dimension_count"), u32v(hd));
         moe_metadata(hf, arch, &mut w)?;
-        stack_experts(arch, layers, t, &mut tensors)?;
+        if gpt_oss {
+            tensors.extend(super::gguf_gpt_oss::tensors(hf, t)?);
+        } else {
+            stack_experts(arch, layers, t, &mut tensors)?;
+        }
         let f = |k: &str| rope[k].as_f64();
         match rope["rope_type"].as_str().unwrap_or("default") {
             "default" => {}
@@ -206,11 +215,11 @@ pub(crate) fn gguf_of_hf(
             "yarn" => {
                 let plain =
                     f("mscale").unwrap_or(1.0) == 1.0 && f("mscale_all_dim").unwrap_or(0.0) == 0.0;
-                if !plain
-                    || rope["truncate"].as_bool() == Some(false)
-                    || rope.get("attention_factor").is_some()
-                {
-                    return Err("YaRN with mscale / mscale_all_dim / truncate false / attention_factor: llama.cpp's rope.scaling keys cannot say it".into());
+                if rope["truncate"].as_bool() == Some(false) {
+                    unrounded_yarn_check(rope, hd, base)?;
+                }
+                if !plain || rope.get("attention_factor").is_some() {
+                    return Err("YaRN with mscale / mscale_all_dim / attention_factor: llama.cpp's rope.scaling keys cannot say it".into());
                 }
                 w.meta(key("rope.scaling.type"), MetaValue::Str("yarn".into()));
                 let factor = f("factor").ok_or("rope_type yarn without factor")?;
@@ -222,12 +231,13 @@ pub(crate) fn gguf_of_hf(
                     key("rope.scaling.original_context_length"),
                     u32v(orig as usize),
                 );
-                // Written only where they differ from llama.cpp's defaults (32, 1).
+                // Written only where they differ from llama.cpp's defaults (32, 1); always for
+                // gpt-oss, whose converter copies them from every gpt-oss config.
                 for (k, g, default) in [
                     ("beta_fast", "yarn_beta_fast", 32.0),
                     ("beta_slow", "yarn_beta_slow", 1.0),
                 ] {
-                    if let Some(v) = f(k).filter(|v| *v != default) {
+                    if let Some(v) = f(k).filter(|v| *v != default || gpt_oss) {
                         w.meta(key(&format!("rope.scaling.{g}")), MetaValue::F32(v as f32));
                     }
                 }
@@ -291,6 +301,42 @@ pub(crate) fn gguf_of_hf(
     Ok(w)
 }
 
+/// llama.cpp's YaRN rounds the correction range outward whatever `truncate` says: a model with
+/// `truncate: false` (gpt-oss's) exports only where rounding leaves every rotary frequency as
+/// it is, else llama.cpp would rotate by other frequencies than the model was trained with.
+fn unrounded_yarn_check(rope: &Value, head_dim: usize, base: f64) -> Result<(), String> {
+    let f = |k: &str, d: f64| rope[k].as_f64().unwrap_or(d);
+    let yarn = |round_to_int| megatron_tensor::cpu::YarnScaling {
+        factor: f("factor", 1.0),
+        original_max_position: f("original_max_position_embeddings", 4096.0),
+        beta_fast: f("beta_fast", 32.0),
+        beta_slow: f("beta_slow", 1.0),
+        mscale: 1.0,
+        mscale_all_dim: 0.0,
+        round_to_int,
+    };
+    let (ours, llama_cpp) = (
+        yarn(false).frequencies(head_dim, base),
+        yarn(true).frequencies(head_dim, base),
+    );
+    let apart: Vec<f64> = ours
+        .iter()
+        .zip(&llama_cpp)
+        .map(|(a, b)| (a - b).abs() / b.abs())
+        .filter(|d| *d > 1e-12)
+        .collect();
+    if apart.is_empty() {
+        return Ok(());
+    }
+    let worst = apart.iter().cloned().fold(0.0, f64::max);
+    Err(format!(
+        "YaRN with truncate false (--no-yarn-correction-range-round-to-int): llama.cpp rounds the correction range, which moves {} of this model's {} rotary frequencies (up to {:.0} %); a model trained with the rounded range (megatron-core's default) exports",
+        apart.len(),
+        ours.len(),
+        worst * 100.0
+    ))
+}
+
 /// The expert keys, after checking that llama.cpp's graph for `arch` routes as the config says:
 /// softmax routers on every layer, top-k weights renormalized (Mixtral, Qwen3-MoE) or not
 /// (Qwen2-MoE), Qwen2-MoE's shared expert present.
@@ -333,7 +379,12 @@ fn moe_metadata(hf: &Value, arch: &str, w: &mut GgufWriter) -> Result<(), String
     let used = num(hf, "num_experts_per_tok")?;
     w.meta(key("expert_used_count"), MetaValue::U32(used as u32));
     if arch != "llama" {
-        let ffn = num(hf, "moe_intermediate_size")?;
+        // gpt-oss's experts are intermediate_size wide (it has no dense MLP).
+        let ffn = if arch == "gpt-oss" {
+            num(hf, "intermediate_size")?
+        } else {
+            num(hf, "moe_intermediate_size")?
+        };
         w.meta(
             key("expert_feed_forward_length"),
             MetaValue::U32(ffn as u32),

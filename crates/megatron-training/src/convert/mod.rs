@@ -8,6 +8,7 @@ mod bert;
 mod deepseek_v3;
 pub mod gguf;
 pub mod gguf_export;
+mod gguf_gpt_oss;
 pub mod gguf_writer;
 mod gpt2;
 mod gpt_oss;

@@ -74,6 +74,16 @@ impl YarnScaling {
         }
     }
 
+    /// The rotary frequencies of a `dim`-wide rotation at `base` under this scaling, as the
+    /// tables rotate by them (exporters compare two readings of a configuration with it).
+    pub fn frequencies(&self, dim: usize, base: f64) -> Vec<f64> {
+        let mut inv: Vec<f64> = (0..dim / 2)
+            .map(|i| base.powf(-((2 * i) as f64) / dim as f64))
+            .collect();
+        self.apply(&mut inv, dim, base);
+        inv
+    }
+
     fn correction_dim(&self, rotations: f64, dim: f64, base: f64) -> f64 {
         dim * (self.original_max_position / (rotations * 2.0 * std::f64::consts::PI)).ln()
             / (2.0 * base.ln())
