@@ -71,3 +71,66 @@ if os.path.exists(p):
 save_file({"input_ids": ids, "logits": logits, "greedy": greedy.contiguous()},
           os.path.join(d, "reference.safetensors"))
 print("gpt_oss", tuple(logits.shape), float(logits.abs().max()))
+
+# gpt_oss_mxfp4: the experts stored as the released checkpoints store them (MXFP4:
+# `*_blocks` of 32 four-bit E2M1 codes in 16 bytes, low nibble first, and `*_scales`, one E8M0
+# exponent per block, over the contraction dimension; intermediate_size 32 so that down_proj's
+# rows are whole blocks) and `quantization_config.quant_method: mxfp4`. The blocks and scales
+# come from rounding the perturbed f32 experts to the nearest code under a power-of-two scale;
+# the reference logits are transformers' own dequantized reading of them
+# (`Mxfp4Config(dequantize=True)`).
+from transformers import Mxfp4Config
+from safetensors.torch import load_file
+import json
+FP4 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
+                    -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
+
+
+def mxfp4(w):
+    """[E, rows, cols] (cols the contraction dimension) -> blocks [E, rows, cols/32, 16], scales."""
+    e_, r_, c_ = w.shape
+    b = w.reshape(e_, r_, c_ // 32, 32)
+    amax = b.abs().amax(-1).clamp_min(1e-30)
+    e = torch.floor(torch.log2(amax / 6.0)).clamp(-127, 127)
+    idx = ((b / torch.pow(2.0, e)[..., None])[..., None] - FP4).abs().argmin(-1).to(torch.uint8)
+    return (idx[..., 0::2] | (idx[..., 1::2] << 4)).contiguous(), (e + 127).to(torch.uint8).contiguous()
+
+
+cfg.intermediate_size = 32
+torch.manual_seed(2)
+model = GptOssForCausalLM(cfg).eval()
+with torch.no_grad():
+    for n, p in model.named_parameters():
+        p.add_(torch.randn_like(p) * 0.05)
+        if n.endswith("router.weight"):
+            p.mul_(20.0)
+        if n.endswith("gate_up_proj"):
+            p.mul_(4.0)
+        if n.endswith("down_proj"):
+            p.mul_(10.0)
+        if n.endswith("sinks"):
+            p.add_(torch.randn_like(p))
+d = os.path.join(out, "gpt_oss_mxfp4")
+model.save_pretrained(d)
+for extra in ("generation_config.json",):
+    if os.path.exists(os.path.join(d, extra)):
+        os.remove(os.path.join(d, extra))
+t = load_file(os.path.join(d, "model.safetensors"))
+packed = {}
+for k, v in t.items():
+    if k.endswith("experts.gate_up_proj") or k.endswith("experts.down_proj"):
+        # Stored [E, in, out]; the blocks run along `in` for each output row.
+        packed[k + "_blocks"], packed[k + "_scales"] = mxfp4(v.transpose(1, 2).contiguous())
+    else:
+        packed[k] = v
+save_file(packed, os.path.join(d, "model.safetensors"), metadata={"format": "pt"})
+c = json.load(open(os.path.join(d, "config.json")))
+c["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
+    "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+json.dump(c, open(os.path.join(d, "config.json"), "w"), indent=2)
+model = GptOssForCausalLM.from_pretrained(d, quantization_config=Mxfp4Config(dequantize=True),
+                                          dtype=torch.float32, attn_implementation="eager").eval()
+with torch.no_grad():
+    logits = model(input_ids=ids).logits.float().contiguous()
+save_file({"input_ids": ids, "logits": logits}, os.path.join(d, "reference.safetensors"))
+print("gpt_oss_mxfp4", tuple(logits.shape), float(logits.abs().max()))

@@ -164,34 +164,58 @@ fn a_converted_gpt_oss_decodes_transformers_greedy_tokens() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// The released gpt-oss checkpoints store their experts in MXFP4: refused by name, with the
-/// way to a dequantized copy.
+/// The released gpt-oss checkpoints store their experts in MXFP4 (`*_blocks`, `*_scales`,
+/// `quant_method: mxfp4`; `bench/make_hf_gpt_oss_fixture.py`'s `gpt_oss_mxfp4`): read and
+/// dequantized, they give transformers' logits from its own dequantization
+/// (`Mxfp4Config(dequantize=True)`), and export as the unquantized model. Another quantization
+/// is refused by name.
 #[test]
-fn a_gpt_oss_with_mxfp4_experts_is_refused_by_name() {
+fn a_gpt_oss_with_mxfp4_experts_converts_to_transformers_dequantized_logits() {
     let dir = tmpdir("convert-gpt-oss-mxfp4");
-    let hf = dir.join("hf");
+    let save = dir.join("m");
+    hf_to_megatron(&fixture("gpt_oss_mxfp4"), &save, 128).unwrap();
+    let diff = max_logit_difference(
+        &save,
+        &fixture("gpt_oss_mxfp4").join("reference.safetensors"),
+        "logits",
+    );
+    eprintln!("gpt_oss_mxfp4: max |logit difference| {diff:e}");
+    assert!(diff <= 1e-4, "logits differ by {diff}");
+    megatron_to_hf(&save, &dir.join("hf")).unwrap();
+    let cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("hf/config.json")).unwrap())
+            .unwrap();
+    assert!(cfg.get("quantization_config").is_none());
+    let bytes = std::fs::read(dir.join("hf/model.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let w = st
+        .tensor("model.layers.0.mlp.experts.gate_up_proj")
+        .unwrap();
+    assert_eq!(w.shape(), [4, 32, 64]);
+    assert!(st
+        .names()
+        .iter()
+        .all(|n| !n.ends_with("_blocks") && !n.ends_with("_scales")));
+    // Another quantization is refused by name, and nothing is written.
+    let hf = dir.join("gptq");
     std::fs::create_dir_all(&hf).unwrap();
-    let mut cfg: serde_json::Value = serde_json::from_str(
+    let mut c: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(fixture("gpt_oss").join("config.json")).unwrap(),
     )
     .unwrap();
-    cfg["quantization_config"] = serde_json::json!({"quant_method": "mxfp4"});
-    std::fs::write(hf.join("config.json"), cfg.to_string()).unwrap();
+    c["quantization_config"] = serde_json::json!({"quant_method": "gptq"});
+    std::fs::write(hf.join("config.json"), c.to_string()).unwrap();
     std::fs::copy(
         fixture("gpt_oss").join("model.safetensors"),
         hf.join("model.safetensors"),
     )
     .unwrap();
-    let e = hf_to_megatron(&hf, &dir.join("m"), 128)
+    let e = hf_to_megatron(&hf, &dir.join("gptq-m"), 128)
         .unwrap_err()
         .to_string();
-    assert!(
-        e.contains("quant_method 'mxfp4'") && e.contains("dequantize"),
-        "{e}"
-    );
+    assert!(e.contains("quant_method 'gptq'"), "{e}");
     assert!(!dir
-        .join("m")
-        .join("latest_checkpointed_iteration.txt")
+        .join("gptq-m/latest_checkpointed_iteration.txt")
         .exists());
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -20,6 +20,53 @@ const QUICK_GELU_ALPHA: f64 = 1.702;
 
 pub(crate) struct GptOssMoe;
 
+/// MXFP4's sixteen E2M1 codes (sign, two exponent bits, one mantissa bit).
+const FP4_VALUES: [f32; 16] = [
+    0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0,
+];
+
+/// An expert weight `name` as transformers' `GptOssExperts` holds it, `[experts, in, out]`:
+/// stored so, or in MXFP4 as the released checkpoints store it — `{name}_blocks`
+/// `[experts, out, in/32, 16]` bytes of two codes each (the low nibble first) and
+/// `{name}_scales` `[experts, out, in/32]`, one power of two `2^(s - 127)` per 32 codes —
+/// dequantized as transformers' `convert_moe_packed_tensors` does (then transposed to
+/// `[experts, in, out]`). Written by hand: no crate decodes MXFP4.
+fn expert_weight(
+    t: &mut Tensors,
+    name: &str,
+    (e, inp, out): (usize, usize, usize),
+) -> Result<Vec<f32>, String> {
+    let (bn, sn) = (format!("{name}_blocks"), format!("{name}_scales"));
+    if !t.contains_key(&bn) {
+        return take(t, name, &[e, inp, out]);
+    }
+    if !inp.is_multiple_of(32) {
+        return Err(format!(
+            "{bn}: MXFP4 blocks of 32 need a multiple of 32, not {inp}"
+        ));
+    }
+    let g = inp / 32;
+    let blocks = take(t, &bn, &[e, out, g, 16])?;
+    let scales = take(t, &sn, &[e, out, g])?;
+    let mut w = vec![0.0f32; e * inp * out];
+    for x in 0..e {
+        for r in 0..out {
+            for b in 0..g {
+                let at = (x * out + r) * g + b;
+                let scale = 2.0f32.powi(scales[at] as i32 - 127);
+                for (j, &byte) in blocks[at * 16..(at + 1) * 16].iter().enumerate() {
+                    let byte = byte as u8;
+                    for (k, code) in [byte & 0x0F, byte >> 4].into_iter().enumerate() {
+                        let c = b * 32 + 2 * j + k;
+                        w[(x * inp + c) * out + r] = FP4_VALUES[code as usize] * scale;
+                    }
+                }
+            }
+        }
+    }
+    Ok(w)
+}
+
 impl GptOssMoe {
     /// Whether `cfg` is a gpt-oss model (what `megatron convert --to hf` exports as one), or
     /// why not where it uses part of gpt-oss's design.
@@ -80,10 +127,13 @@ impl MlpMapping for GptOssMoe {
     /// gpt-oss's layers differ from Llama's in the experts and in the attention's biases and
     /// sinks, all set here.
     fn configure(&self, hf: &Value, cfg: &mut TransformerConfig) -> Result<(), String> {
-        if let Some(q) = hf["quantization_config"]["quant_method"].as_str() {
-            return Err(format!(
-                "quantization_config.quant_method '{q}': the experts are stored quantized (the released gpt-oss checkpoints' MXFP4 blocks and scales), which this converter does not read; dequantize first (transformers: from_pretrained with Mxfp4Config(dequantize=True), then save_pretrained)"
-            ));
+        match hf["quantization_config"]["quant_method"].as_str() {
+            None | Some("mxfp4") => {}
+            Some(q) => {
+                return Err(format!(
+                    "quantization_config.quant_method '{q}': this converter reads gpt-oss's experts unquantized or in MXFP4 (the released checkpoints'); dequantize first (transformers: from_pretrained with the quantizer's dequantize option, then save_pretrained)"
+                ))
+            }
         }
         let alpha = hf["swiglu_alpha"].as_f64().unwrap_or(QUICK_GELU_ALPHA);
         if (alpha - QUICK_GELU_ALPHA).abs() > 1e-9 {
@@ -133,9 +183,9 @@ impl MlpMapping for GptOssMoe {
         )?;
         let b = take(t, &format!("{s}.router.bias"), &[e])?;
         m.insert(format!("{d}.router.bias"), (vec![e], b));
-        let gate_up = take(t, &format!("{s}.experts.gate_up_proj"), &[e, h, 2 * f])?;
+        let gate_up = expert_weight(t, &format!("{s}.experts.gate_up_proj"), (e, h, 2 * f))?;
         let gate_up_b = take(t, &format!("{s}.experts.gate_up_proj_bias"), &[e, 2 * f])?;
-        let down = take(t, &format!("{s}.experts.down_proj"), &[e, f, h])?;
+        let down = expert_weight(t, &format!("{s}.experts.down_proj"), (e, f, h))?;
         let down_b = take(t, &format!("{s}.experts.down_proj_bias"), &[e, h])?;
         for x in 0..e {
             let q = format!("{d}.experts.local_experts.{x}");

@@ -179,6 +179,8 @@ fn read_hf_tensors(dir: &Path) -> Result<(Tensors, Vec<HfBuffer>), TrainError> {
                     .chunks_exact(2)
                     .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
                     .collect(),
+                // Bytes (gpt-oss's MXFP4 blocks and scales): each as its value, exact in f32.
+                Dtype::U8 => b.iter().map(|&x| x as f32).collect(),
                 Dtype::I64 => {
                     buffers.push(HfBuffer {
                         name,
