@@ -36,7 +36,9 @@ for cls in (llama.LlamaModel, qwen.Qwen2Model, qwen.Qwen3Model, qwen.Qwen2MoeMod
 
 CASES = [("llama", "f32"), ("llama", "q8_0"), ("llama_linear_rope", "f16"), ("qwen2", "bf16"),
          ("qwen3_yarn", "q8_0"), ("gpt2", "q8_0"), ("mixtral", "f32"), ("qwen2_moe", "bf16"),
-         ("qwen3_moe_all", "q8_0"), ("gpt_oss", "f32"), ("gpt_oss", "q8_0")]
+         ("qwen3_moe_all", "q8_0"), ("gpt_oss", "f32"), ("gpt_oss", "q8_0"),
+         # The MXFP4 fixture: llama.cpp's converter repacks its blocks as ggml MXFP4 experts.
+         ("gpt_oss_mxfp4", "f32")]
 import shutil
 for fixture, outtype in CASES:
     dst = os.path.join(out, f"{fixture}-{outtype}.gguf")

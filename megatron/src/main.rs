@@ -60,7 +60,8 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Convert checkpoints: `--from hf --input HF_DIR --output SAVE` (GPT-2, Llama, Mistral,
     /// Qwen2/3, Mixtral, Qwen2/3-MoE, gpt-oss, DeepSeek-V2/V3, BERT, T5), `--from gguf --input
-    /// FILE.gguf --output SAVE` (gpt2, llama, Mixtral, qwen2, qwen3, qwen2moe, qwen3moe), `--to
+    /// FILE.gguf --output SAVE` (gpt2, llama, Mixtral, qwen2, qwen3, qwen2moe, qwen3moe, gpt-oss),
+    /// `--to
     /// hf --input SAVE --output HF_DIR` or `--to gguf --input SAVE --output FILE.gguf [--outtype
     /// f32|f16|bf16|q8_0]` (GPT-2, Llama, Mixtral, Qwen2, Qwen3, Qwen2-MoE, Qwen3-MoE, gpt-oss).
     Convert(ConvertArgs),

@@ -7,6 +7,7 @@
 mod common;
 
 use common::tmpdir;
+use megatron_training::checkpointing::load_checkpoint;
 use megatron_training::convert::gguf::{Gguf, Value};
 use megatron_training::convert::gguf_export::{tokenizer_metadata, GgufOutType};
 use megatron_training::convert::gguf_writer::MetaValue;
@@ -208,6 +209,58 @@ fn gpt_oss_exports_as_llama_cpps_converter_writes_it_and_what_it_cannot_run_is_r
         &real_yarn,
         "moves 1 of this model's 4 rotary frequencies (up to 66 %)",
     );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A gpt-oss GGUF imports as the model llama.cpp runs: our export of the fixture reads back to
+/// the Hugging Face import's tensors exactly, and llama.cpp's converter's file of the MXFP4
+/// fixture (its experts repacked as ggml MXFP4 blocks, the released files' form) to the tensors
+/// of the Hugging Face MXFP4 import — two dequantizations of the same codes, bit for bit.
+#[test]
+fn gpt_oss_ggufs_import_to_the_tensors_of_the_hugging_face_import() {
+    let dir = tmpdir("gguf-import-gpt-oss");
+    let weights = |save: &Path| {
+        let mut t: Vec<(String, Vec<f32>)> =
+            megatron_training::checkpointing::load_checkpoint_weights(save)
+                .unwrap()
+                .tensors
+                .into_iter()
+                .collect();
+        t.sort_by(|a, b| a.0.cmp(&b.0));
+        t
+    };
+    let hf = dir.join("hf7");
+    std::fs::create_dir_all(&hf).unwrap();
+    let src = fixtures().join("hf/gpt_oss");
+    std::fs::copy(src.join("model.safetensors"), hf.join("model.safetensors")).unwrap();
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    cfg["swiglu_limit"] = serde_json::json!(7.0);
+    std::fs::write(hf.join("config.json"), cfg.to_string()).unwrap();
+    let from_hf = dir.join("from-hf");
+    hf_to_megatron(&hf, &from_hf, 128).unwrap();
+    let out = dir.join("gpt_oss.gguf");
+    megatron_to_gguf(&from_hf, &out, "f32".parse().unwrap()).unwrap();
+    let back = dir.join("back");
+    gguf_to_megatron(&out, &back, 128).unwrap();
+    assert_eq!(weights(&from_hf), weights(&back));
+    let model = |s: &Path| load_checkpoint(s, None).unwrap().meta.model;
+    let (a, b) = (model(&from_hf), model(&back));
+    assert_eq!(
+        (a.glu, a.softmax_type, &a.window),
+        (b.glu, b.softmax_type, &b.window)
+    );
+    assert_eq!(a.moe, b.moe);
+    let mx_hf = dir.join("mx-hf");
+    hf_to_megatron(&fixtures().join("hf/gpt_oss_mxfp4"), &mx_hf, 128).unwrap();
+    let mx_gguf = dir.join("mx-gguf");
+    gguf_to_megatron(
+        &fixtures().join("gguf/export/gpt_oss_mxfp4-f32.gguf"),
+        &mx_gguf,
+        128,
+    )
+    .unwrap();
+    assert_eq!(weights(&mx_hf), weights(&mx_gguf));
     let _ = std::fs::remove_dir_all(dir);
 }
 

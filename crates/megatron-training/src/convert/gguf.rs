@@ -135,6 +135,7 @@ fn block(ty: u32) -> Option<(usize, usize, &'static str)> {
         13 => (256, 176, "Q5_K"),
         14 => (256, 210, "Q6_K"),
         30 => (1, 2, "BF16"),
+        39 => (32, 17, "MXFP4"),
         _ => return None,
     })
 }
@@ -220,7 +221,7 @@ impl Gguf {
     pub fn dequantize(&self, t: &TensorInfo) -> Result<Vec<f32>, String> {
         let n: usize = t.dims.iter().product::<u64>() as usize;
         let (per, _, name) = block(t.ty).ok_or_else(|| {
-            format!("tensor {}: GGUF tensor type {} is not supported (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K-Q6_K are)", t.name, t.ty)
+            format!("tensor {}: GGUF tensor type {} is not supported (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K-Q6_K, MXFP4 are)", t.name, t.ty)
         })?;
         if !n.is_multiple_of(per) {
             return Err(format!(
@@ -240,6 +241,27 @@ impl Gguf {
                 d.chunks_exact(2)
                     .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32()),
             ),
+            39 => {
+                // ggml's MXFP4: an E8M0 byte, then 16 bytes whose low nibbles are the first 16
+                // values and high nibbles the next 16, codes doubled (`kvalues_mxfp4`) under
+                // half the block's power of two.
+                const KVALUES: [f32; 16] = [
+                    0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 0.0, -1.0, -2.0, -3.0, -4.0, -6.0,
+                    -8.0, -12.0,
+                ];
+                for blk in d.chunks_exact(17) {
+                    let e = blk[0] as u32;
+                    let bits = if e < 2 {
+                        0x0020_0000 << e
+                    } else {
+                        (e - 1) << 23
+                    };
+                    let s = f32::from_bits(bits);
+                    let qs = &blk[1..];
+                    out.extend(qs.iter().map(|&q| KVALUES[(q & 0x0F) as usize] * s));
+                    out.extend(qs.iter().map(|&q| KVALUES[(q >> 4) as usize] * s));
+                }
+            }
             8 => {
                 for blk in d.chunks_exact(34) {
                     let s = ggml_f16(&blk[..2]);
@@ -554,7 +576,7 @@ fn hf_architecture(arch: &str, experts: bool) -> Option<(&'static str, bool)> {
 /// interpolation as `{arch}.rope.scaling.*` keys, and Llama 3.1's scaling as a `rope_freqs`
 /// tensor of per-frequency divisors, which must then be Llama 3.1's for some factor (low 1,
 /// high 4, 8192 original positions): anything else would be dropped silently, so it is refused.
-fn rope_parameters(
+pub(crate) fn rope_parameters(
     g: &Gguf,
     arch: &str,
     rope_freqs: Option<&[f32]>,
@@ -656,9 +678,12 @@ pub(crate) fn hf_model_of(g: &Gguf) -> Result<(serde_json::Value, Tensors), Stri
     if arch == "gpt2" {
         return hf_gpt2_of(g);
     }
+    if arch == "gpt-oss" {
+        return super::gguf_gpt_oss::hf_of(g);
+    }
     let Some((class, permuted)) = hf_architecture(arch, experts > 0) else {
         return Err(format!(
-            "general.architecture '{arch}': only gpt2, llama (Mixtral included), qwen2, qwen3, qwen2moe and qwen3moe GGUFs are read"
+            "general.architecture '{arch}': only gpt2, llama (Mixtral included), qwen2, qwen3, qwen2moe, qwen3moe and gpt-oss GGUFs are read"
         ));
     };
     let num = |k: &str| {

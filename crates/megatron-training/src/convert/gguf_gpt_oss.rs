@@ -69,25 +69,7 @@ pub(crate) fn tensors(hf: &Value, t: &mut Tensors) -> Result<Vec<GgufTensor>, St
     }
     for l in 0..layers {
         let p = format!("model.layers.{l}");
-        for (hf_name, g) in [
-            ("input_layernorm.weight", "attn_norm.weight"),
-            (
-                "post_attention_layernorm.weight",
-                "post_attention_norm.weight",
-            ),
-            ("self_attn.q_proj.weight", "attn_q.weight"),
-            ("self_attn.q_proj.bias", "attn_q.bias"),
-            ("self_attn.k_proj.weight", "attn_k.weight"),
-            ("self_attn.k_proj.bias", "attn_k.bias"),
-            ("self_attn.v_proj.weight", "attn_v.weight"),
-            ("self_attn.v_proj.bias", "attn_v.bias"),
-            ("self_attn.o_proj.weight", "attn_output.weight"),
-            ("self_attn.o_proj.bias", "attn_output.bias"),
-            ("self_attn.sinks", "attn_sinks.weight"),
-            ("mlp.router.weight", "ffn_gate_inp.weight"),
-            ("mlp.router.bias", "ffn_gate_inp.bias"),
-            ("mlp.experts.down_proj_bias", "ffn_down_exps.bias"),
-        ] {
+        for (hf_name, g) in PAIRS {
             let (s, v) = take(&format!("{p}.{hf_name}"))?;
             out.push((format!("blk.{l}.{g}"), s, v));
         }
@@ -137,3 +119,193 @@ pub(crate) fn tensors(hf: &Value, t: &mut Tensors) -> Result<Vec<GgufTensor>, St
     }
     Ok(out)
 }
+
+/// The Hugging Face `GptOssForCausalLM` config.json and tensors of a llama.cpp `gpt-oss` GGUF:
+/// the inverse of [`tensors`] (experts of any type `Gguf::dequantize` reads, MXFP4 — the
+/// released files' — included), and the model llama.cpp runs: its clamp of 7, windows on every
+/// other layer from the first, YaRN with the correction range rounded (`truncate` left at its
+/// default, true).
+pub(crate) fn hf_of(g: &super::gguf::Gguf) -> Result<(Value, Tensors), String> {
+    use super::gguf::Value as Meta;
+    let key = |k: &str| format!("gpt-oss.{k}");
+    let num = |k: &str| {
+        g.meta
+            .get(&key(k))
+            .and_then(Meta::as_u64)
+            .map(|v| v as usize)
+            .ok_or_else(|| format!("metadata {} missing", key(k)))
+    };
+    let f = |k: &str, d: f64| g.meta.get(&key(k)).and_then(Meta::as_f64).unwrap_or(d);
+    if g.meta
+        .contains_key(&key("attention.sliding_window_pattern"))
+    {
+        return Err(format!(
+            "{}: windows other than every other layer are not read",
+            key("attention.sliding_window_pattern")
+        ));
+    }
+    let (layers, h, heads) = (
+        num("block_count")?,
+        num("embedding_length")?,
+        num("attention.head_count")?,
+    );
+    let groups = num("attention.head_count_kv").unwrap_or(heads);
+    let hd = num("attention.key_length").unwrap_or(h / heads);
+    let (experts, ffn) = (num("expert_count")?, num("expert_feed_forward_length")?);
+    let mut t = Tensors::new();
+    // Each layer's experts as llama.cpp splits them: gate and up (weights, biases), joined
+    // back into the interleaved gate_up_proj below.
+    let mut halves: std::collections::BTreeMap<(usize, &'static str), Vec<f32>> =
+        Default::default();
+    let mut vocab = None;
+    for info in &g.tensors {
+        let v = g.dequantize(info)?;
+        let shape: Vec<usize> = info.dims.iter().rev().map(|&d| d as usize).collect();
+        let name = info.name.as_str();
+        let hf = match name {
+            "token_embd.weight" => {
+                vocab = shape.first().copied();
+                "model.embed_tokens.weight".to_string()
+            }
+            "output_norm.weight" => "model.norm.weight".to_string(),
+            "output.weight" => "lm_head.weight".to_string(),
+            _ => {
+                let rest = name
+                    .strip_prefix("blk.")
+                    .ok_or_else(|| format!("tensor {name}: not part of a gpt-oss model"))?;
+                let (l, part) = rest
+                    .split_once('.')
+                    .ok_or_else(|| format!("tensor {name}: unexpected name"))?;
+                let l: usize = l
+                    .parse()
+                    .map_err(|_| format!("tensor {name}: unexpected name"))?;
+                let p = format!("model.layers.{l}");
+                match part {
+                    "ffn_gate_exps.weight"
+                    | "ffn_up_exps.weight"
+                    | "ffn_gate_exps.bias"
+                    | "ffn_up_exps.bias" => {
+                        let part: &'static str = [
+                            "ffn_gate_exps.weight",
+                            "ffn_up_exps.weight",
+                            "ffn_gate_exps.bias",
+                            "ffn_up_exps.bias",
+                        ]
+                        .into_iter()
+                        .find(|x| *x == part)
+                        .expect("matched");
+                        halves.insert((l, part), v);
+                        continue;
+                    }
+                    "ffn_down_exps.weight" => {
+                        // [E, H, I] -> down_proj [E, I, H].
+                        let mut w = Vec::with_capacity(v.len());
+                        for x in 0..experts {
+                            let m = &v[x * h * ffn..(x + 1) * h * ffn];
+                            for i in 0..ffn {
+                                w.extend((0..h).map(|o| m[o * ffn + i]));
+                            }
+                        }
+                        t.insert(
+                            format!("{p}.mlp.experts.down_proj"),
+                            (vec![experts, ffn, h], w),
+                        );
+                        continue;
+                    }
+                    _ => {}
+                }
+                let hf = PAIRS
+                    .iter()
+                    .find(|(_, gg)| *gg == part)
+                    .map(|(hf, _)| *hf)
+                    .ok_or_else(|| format!("tensor {name}: not part of a gpt-oss model"))?;
+                format!("{p}.{hf}")
+            }
+        };
+        t.insert(hf, (shape, v));
+    }
+    for l in 0..layers {
+        let mut half = |part: &'static str| {
+            halves
+                .remove(&(l, part))
+                .ok_or_else(|| format!("tensor blk.{l}.{part} missing"))
+        };
+        let (gate, up) = (half("ffn_gate_exps.weight")?, half("ffn_up_exps.weight")?);
+        let (gb, ub) = (half("ffn_gate_exps.bias")?, half("ffn_up_exps.bias")?);
+        // [E, I, H] gate and up -> [E, H, 2I], gate in the even columns.
+        let mut w = vec![0.0f32; experts * h * 2 * ffn];
+        let mut b = vec![0.0f32; experts * 2 * ffn];
+        for x in 0..experts {
+            for i in 0..ffn {
+                for k in 0..h {
+                    let at = (x * h + k) * 2 * ffn + 2 * i;
+                    w[at] = gate[(x * ffn + i) * h + k];
+                    w[at + 1] = up[(x * ffn + i) * h + k];
+                }
+                b[x * 2 * ffn + 2 * i] = gb[x * ffn + i];
+                b[x * 2 * ffn + 2 * i + 1] = ub[x * ffn + i];
+            }
+        }
+        let p = format!("model.layers.{l}.mlp.experts");
+        t.insert(format!("{p}.gate_up_proj"), (vec![experts, h, 2 * ffn], w));
+        t.insert(
+            format!("{p}.gate_up_proj_bias"),
+            (vec![experts, 2 * ffn], b),
+        );
+    }
+    let base = f("rope.freq_base", 150000.0);
+    let layer_types: Vec<&str> = (0..layers)
+        .map(|l| {
+            if l % 2 == 0 {
+                "sliding_attention"
+            } else {
+                "full_attention"
+            }
+        })
+        .collect();
+    let config = serde_json::json!({
+        "architectures": [super::gpt_oss::ARCHITECTURE],
+        "model_type": "gpt_oss",
+        "hidden_act": "silu",
+        "hidden_size": h,
+        "intermediate_size": ffn,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": groups,
+        "head_dim": hd,
+        "max_position_embeddings": num("context_length")?,
+        "rms_norm_eps": f("attention.layer_norm_rms_epsilon", 1e-5),
+        "rope_parameters": super::gguf::rope_parameters(g, "gpt-oss", None, hd, base)?,
+        "sliding_window": num("attention.sliding_window")?,
+        "layer_types": layer_types,
+        "num_local_experts": experts,
+        "num_experts_per_tok": num("expert_used_count")?,
+        "swiglu_alpha": LLAMA_CPP_ALPHA,
+        "swiglu_limit": LLAMA_CPP_LIMIT,
+        "attention_bias": true,
+        "tie_word_embeddings": false,
+        "vocab_size": vocab.ok_or("no token_embd.weight")?,
+    });
+    Ok((config, t))
+}
+
+/// Hugging Face names under a layer and llama.cpp's, for the tensors that map one to one.
+const PAIRS: [(&str, &str); 14] = [
+    ("input_layernorm.weight", "attn_norm.weight"),
+    (
+        "post_attention_layernorm.weight",
+        "post_attention_norm.weight",
+    ),
+    ("self_attn.q_proj.weight", "attn_q.weight"),
+    ("self_attn.q_proj.bias", "attn_q.bias"),
+    ("self_attn.k_proj.weight", "attn_k.weight"),
+    ("self_attn.k_proj.bias", "attn_k.bias"),
+    ("self_attn.v_proj.weight", "attn_v.weight"),
+    ("self_attn.v_proj.bias", "attn_v.bias"),
+    ("self_attn.o_proj.weight", "attn_output.weight"),
+    ("self_attn.o_proj.bias", "attn_output.bias"),
+    ("self_attn.sinks", "attn_sinks.weight"),
+    ("mlp.router.weight", "ffn_gate_inp.weight"),
+    ("mlp.router.bias", "ffn_gate_inp.bias"),
+    ("mlp.experts.down_proj_bias", "ffn_down_exps.bias"),
+];
