@@ -4,7 +4,7 @@ scaled-down gpt-oss shape: RMSNorm, grouped-query attention with learned sinks (
 implementation transformers has for sinks on CPU; it has no SDPA path for them), a 128-token
 window on every other layer, YaRN, biases on every projection, routed experts with the clamped,
 offset Quick-GEGLU and biases, untied output layer. AdamW (betas 0.9/0.95, wd 0.1 on matrices
-only), grad clipping 1.0, fp32 eager. Data: random token batches.
+only), grad clipping 1.0, fp32 eager, or bf16 autocast (--bf16). Data: random token batches.
 Prints one JSON line: median step seconds, tokens/s, peak RSS.
 """
 import argparse, json, resource, statistics, time
@@ -28,6 +28,7 @@ def main():
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--bf16", action="store_true", help="forward and loss under torch.autocast('cpu', bfloat16)")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
@@ -53,8 +54,9 @@ def main():
         data = torch.randint(0, a.vocab, (a.batch, a.seq + 1), generator=g)
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        logits = model(input_ids=data[:, :-1]).logits
-        loss = torch.nn.functional.cross_entropy(logits.float().view(-1, a.vocab), data[:, 1:].reshape(-1))
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.bf16):
+            logits = model(input_ids=data[:, :-1]).logits
+            loss = torch.nn.functional.cross_entropy(logits.float().view(-1, a.vocab), data[:, 1:].reshape(-1))
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -65,7 +67,7 @@ def main():
     med = statistics.median(times)
     import transformers
     print(json.dumps({
-        "impl": "pytorch-gpt-oss-eager", "step_s": med,
+        "impl": "pytorch-gpt-oss-eager" + ("-autocast-bf16" if a.bf16 else ""), "step_s": med,
         "tokens_per_sec": a.batch * a.seq / med,
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "first_loss": losses[0], "last_loss": losses[-1], "torch": torch.__version__,
