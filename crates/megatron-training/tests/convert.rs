@@ -197,19 +197,9 @@ fn a_gpt_oss_with_mxfp4_experts_converts_to_transformers_dequantized_logits() {
         .iter()
         .all(|n| !n.ends_with("_blocks") && !n.ends_with("_scales")));
     // Another quantization is refused by name, and nothing is written.
-    let hf = dir.join("gptq");
-    std::fs::create_dir_all(&hf).unwrap();
-    let mut c: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(fixture("gpt_oss").join("config.json")).unwrap(),
-    )
-    .unwrap();
-    c["quantization_config"] = serde_json::json!({"quant_method": "gptq"});
-    std::fs::write(hf.join("config.json"), c.to_string()).unwrap();
-    std::fs::copy(
-        fixture("gpt_oss").join("model.safetensors"),
-        hf.join("model.safetensors"),
-    )
-    .unwrap();
+    let hf = fixture_with_config("gpt_oss", &dir, "gptq", |c| {
+        c["quantization_config"] = serde_json::json!({"quant_method": "gptq"})
+    });
     let e = hf_to_megatron(&hf, &dir.join("gptq-m"), 128)
         .unwrap_err()
         .to_string();

@@ -6,6 +6,7 @@
 
 mod common;
 
+use common::hf_fixtures::fixture_with_config;
 use common::tmpdir;
 use megatron_training::checkpointing::load_checkpoint;
 use megatron_training::convert::gguf::{Gguf, Value};
@@ -159,15 +160,7 @@ fn gguf_export_matches_llama_cpps_converter_tensor_for_tensor() {
 fn gpt_oss_exports_as_llama_cpps_converter_writes_it_and_what_it_cannot_run_is_refused() {
     let dir = tmpdir("gguf-export-gpt-oss");
     let with_config = |name: &str, edit: &dyn Fn(&mut serde_json::Value)| -> PathBuf {
-        let hf = dir.join(format!("{name}-hf"));
-        std::fs::create_dir_all(&hf).unwrap();
-        let src = fixtures().join("hf/gpt_oss");
-        std::fs::copy(src.join("model.safetensors"), hf.join("model.safetensors")).unwrap();
-        let mut cfg: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap())
-                .unwrap();
-        edit(&mut cfg);
-        std::fs::write(hf.join("config.json"), cfg.to_string()).unwrap();
+        let hf = fixture_with_config("gpt_oss", &dir, &format!("{name}-hf"), edit);
         let save = dir.join(name);
         hf_to_megatron(&hf, &save, 128).unwrap();
         save
@@ -229,14 +222,9 @@ fn gpt_oss_ggufs_import_to_the_tensors_of_the_hugging_face_import() {
         t.sort_by(|a, b| a.0.cmp(&b.0));
         t
     };
-    let hf = dir.join("hf7");
-    std::fs::create_dir_all(&hf).unwrap();
-    let src = fixtures().join("hf/gpt_oss");
-    std::fs::copy(src.join("model.safetensors"), hf.join("model.safetensors")).unwrap();
-    let mut cfg: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
-    cfg["swiglu_limit"] = serde_json::json!(7.0);
-    std::fs::write(hf.join("config.json"), cfg.to_string()).unwrap();
+    let hf = fixture_with_config("gpt_oss", &dir, "hf7", |c| {
+        c["swiglu_limit"] = serde_json::json!(7.0)
+    });
     let from_hf = dir.join("from-hf");
     hf_to_megatron(&hf, &from_hf, 128).unwrap();
     let out = dir.join("gpt_oss.gguf");

@@ -10,6 +10,8 @@
 //! (the last by `gguf_export.rs` for every architecture, where rounding moves a frequency: it
 //! does for the released gpt-oss, whose `truncate` is false, in 9 of its 32 frequencies).
 
+use super::gpt2::transpose;
+use super::gpt_oss::{fc1_of_gate_up, gate_up_of_fc1};
 use super::llama::num;
 use super::Tensors;
 use serde_json::Value;
@@ -74,48 +76,33 @@ pub(crate) fn tensors(hf: &Value, t: &mut Tensors) -> Result<Vec<GgufTensor>, St
             out.push((format!("blk.{l}.{g}"), s, v));
         }
         let (s, gate_up) = take(&format!("{p}.mlp.experts.gate_up_proj"))?;
+        let (_, gate_up_b) = take(&format!("{p}.mlp.experts.gate_up_proj_bias"))?;
+        let (_, down) = take(&format!("{p}.mlp.experts.down_proj"))?;
         let (e, h, f2) = (s[0], s[1], s[2]);
         let f = f2 / 2;
-        // [E, H, 2I] -> gate and up [E, I, H]: column 2i (gate) or 2i + 1 (up) as row i.
-        let split = |odd: usize| -> Vec<f32> {
-            let mut w = Vec::with_capacity(e * f * h);
-            for x in 0..e {
-                let m = &gate_up[x * h * f2..(x + 1) * h * f2];
-                for i in 0..f {
-                    w.extend((0..h).map(|k| m[k * f2 + 2 * i + odd]));
-                }
-            }
-            w
-        };
-        out.push((
-            format!("blk.{l}.ffn_gate_exps.weight"),
-            vec![e, f, h],
-            split(0),
-        ));
-        out.push((
-            format!("blk.{l}.ffn_up_exps.weight"),
-            vec![e, f, h],
-            split(1),
-        ));
-        let (_, b) = take(&format!("{p}.mlp.experts.gate_up_proj_bias"))?;
-        let half = |odd: usize| -> Vec<f32> {
-            (0..e)
-                .flat_map(|x| (0..f).map(move |i| (x, i)))
-                .map(|(x, i)| b[x * f2 + 2 * i + odd])
-                .collect()
-        };
-        out.push((format!("blk.{l}.ffn_gate_exps.bias"), vec![e, f], half(0)));
-        out.push((format!("blk.{l}.ffn_up_exps.bias"), vec![e, f], half(1)));
-        // down_proj [E, I, H] -> [E, H, I].
-        let (_, down) = take(&format!("{p}.mlp.experts.down_proj"))?;
-        let mut w = Vec::with_capacity(e * h * f);
+        // Per expert, megatron-core's fc1 [gate; up] is llama.cpp's gate and up [I, H], one
+        // after the other; down_proj [I, H] transposed is its down [H, I].
+        let (mut gate, mut up) = (Vec::with_capacity(e * f * h), Vec::with_capacity(e * f * h));
+        let (mut gate_b, mut up_b) = (Vec::with_capacity(e * f), Vec::with_capacity(e * f));
+        let mut down_t = Vec::with_capacity(e * h * f);
         for x in 0..e {
-            let m = &down[x * f * h..(x + 1) * f * h];
-            for o in 0..h {
-                w.extend((0..f).map(|i| m[i * h + o]));
-            }
+            let (fc1, b) = fc1_of_gate_up(
+                &gate_up[x * h * f2..(x + 1) * h * f2],
+                &gate_up_b[x * f2..(x + 1) * f2],
+                h,
+            );
+            gate.extend_from_slice(&fc1[..f * h]);
+            up.extend_from_slice(&fc1[f * h..]);
+            gate_b.extend_from_slice(&b[..f]);
+            up_b.extend_from_slice(&b[f..]);
+            down_t.extend(transpose(&down[x * f * h..(x + 1) * f * h], f, h));
         }
-        out.push((format!("blk.{l}.ffn_down_exps.weight"), vec![e, h, f], w));
+        let blk = |g: &str| format!("blk.{l}.{g}");
+        out.push((blk("ffn_gate_exps.weight"), vec![e, f, h], gate));
+        out.push((blk("ffn_up_exps.weight"), vec![e, f, h], up));
+        out.push((blk("ffn_gate_exps.bias"), vec![e, f], gate_b));
+        out.push((blk("ffn_up_exps.bias"), vec![e, f], up_b));
+        out.push((blk("ffn_down_exps.weight"), vec![e, h, f], down_t));
     }
     Ok(out)
 }
@@ -153,10 +140,9 @@ pub(crate) fn hf_of(g: &super::gguf::Gguf) -> Result<(Value, Tensors), String> {
     let hd = num("attention.key_length").unwrap_or(h / heads);
     let (experts, ffn) = (num("expert_count")?, num("expert_feed_forward_length")?);
     let mut t = Tensors::new();
-    // Each layer's experts as llama.cpp splits them: gate and up (weights, biases), joined
-    // back into the interleaved gate_up_proj below.
-    let mut halves: std::collections::BTreeMap<(usize, &'static str), Vec<f32>> =
-        Default::default();
+    // Each layer's experts as llama.cpp stores them (gate, up, down and the gate and up
+    // biases), put back into Hugging Face's form below.
+    let mut experts_of: std::collections::BTreeMap<(usize, String), Vec<f32>> = Default::default();
     let mut vocab = None;
     for info in &g.tensors {
         let v = g.dequantize(info)?;
@@ -179,72 +165,38 @@ pub(crate) fn hf_of(g: &super::gguf::Gguf) -> Result<(Value, Tensors), String> {
                 let l: usize = l
                     .parse()
                     .map_err(|_| format!("tensor {name}: unexpected name"))?;
-                let p = format!("model.layers.{l}");
-                match part {
-                    "ffn_gate_exps.weight"
-                    | "ffn_up_exps.weight"
-                    | "ffn_gate_exps.bias"
-                    | "ffn_up_exps.bias" => {
-                        let part: &'static str = [
-                            "ffn_gate_exps.weight",
-                            "ffn_up_exps.weight",
-                            "ffn_gate_exps.bias",
-                            "ffn_up_exps.bias",
-                        ]
-                        .into_iter()
-                        .find(|x| *x == part)
-                        .expect("matched");
-                        halves.insert((l, part), v);
-                        continue;
-                    }
-                    "ffn_down_exps.weight" => {
-                        // [E, H, I] -> down_proj [E, I, H].
-                        let mut w = Vec::with_capacity(v.len());
-                        for x in 0..experts {
-                            let m = &v[x * h * ffn..(x + 1) * h * ffn];
-                            for i in 0..ffn {
-                                w.extend((0..h).map(|o| m[o * ffn + i]));
-                            }
-                        }
-                        t.insert(
-                            format!("{p}.mlp.experts.down_proj"),
-                            (vec![experts, ffn, h], w),
-                        );
-                        continue;
-                    }
-                    _ => {}
+                if EXPERT_PARTS.contains(&part) {
+                    experts_of.insert((l, part.to_string()), v);
+                    continue;
                 }
                 let hf = PAIRS
                     .iter()
                     .find(|(_, gg)| *gg == part)
                     .map(|(hf, _)| *hf)
                     .ok_or_else(|| format!("tensor {name}: not part of a gpt-oss model"))?;
-                format!("{p}.{hf}")
+                format!("model.layers.{l}.{hf}")
             }
         };
         t.insert(hf, (shape, v));
     }
     for l in 0..layers {
-        let mut half = |part: &'static str| {
-            halves
-                .remove(&(l, part))
-                .ok_or_else(|| format!("tensor blk.{l}.{part} missing"))
+        let mut part = |g: &str| {
+            experts_of
+                .remove(&(l, g.to_string()))
+                .ok_or_else(|| format!("tensor blk.{l}.{g} missing"))
         };
-        let (gate, up) = (half("ffn_gate_exps.weight")?, half("ffn_up_exps.weight")?);
-        let (gb, ub) = (half("ffn_gate_exps.bias")?, half("ffn_up_exps.bias")?);
-        // [E, I, H] gate and up -> [E, H, 2I], gate in the even columns.
-        let mut w = vec![0.0f32; experts * h * 2 * ffn];
-        let mut b = vec![0.0f32; experts * 2 * ffn];
+        let [gate, up, gate_b, up_b, down] = EXPERT_PARTS.map(&mut part);
+        let (gate, up, gate_b, up_b, down) = (gate?, up?, gate_b?, up_b?, down?);
+        let (mut w, mut b) = (Vec::with_capacity(gate.len() * 2), Vec::new());
+        let mut down_proj = Vec::with_capacity(down.len());
         for x in 0..experts {
-            for i in 0..ffn {
-                for k in 0..h {
-                    let at = (x * h + k) * 2 * ffn + 2 * i;
-                    w[at] = gate[(x * ffn + i) * h + k];
-                    w[at + 1] = up[(x * ffn + i) * h + k];
-                }
-                b[x * 2 * ffn + 2 * i] = gb[x * ffn + i];
-                b[x * 2 * ffn + 2 * i + 1] = ub[x * ffn + i];
-            }
+            let e = |v: &[f32], n: usize| v[x * n..(x + 1) * n].to_vec();
+            let fc1 = [e(&gate, ffn * h), e(&up, ffn * h)].concat();
+            let fc1_b = [e(&gate_b, ffn), e(&up_b, ffn)].concat();
+            let (wx, bx) = gate_up_of_fc1(&fc1, &fc1_b, h);
+            w.extend(wx);
+            b.extend(bx);
+            down_proj.extend(transpose(&down[x * h * ffn..(x + 1) * h * ffn], h, ffn));
         }
         let p = format!("model.layers.{l}.mlp.experts");
         t.insert(format!("{p}.gate_up_proj"), (vec![experts, h, 2 * ffn], w));
@@ -252,6 +204,7 @@ pub(crate) fn hf_of(g: &super::gguf::Gguf) -> Result<(Value, Tensors), String> {
             format!("{p}.gate_up_proj_bias"),
             (vec![experts, 2 * ffn], b),
         );
+        t.insert(format!("{p}.down_proj"), (vec![experts, ffn, h], down_proj));
     }
     let base = f("rope.freq_base", 150000.0);
     let layer_types: Vec<&str> = (0..layers)
@@ -288,6 +241,16 @@ pub(crate) fn hf_of(g: &super::gguf::Gguf) -> Result<(Value, Tensors), String> {
     });
     Ok((config, t))
 }
+
+/// llama.cpp's expert tensors that [`fc1_of_gate_up`] and a transposition make of Hugging Face's
+/// `gate_up_proj`, its bias and `down_proj`.
+const EXPERT_PARTS: [&str; 5] = [
+    "ffn_gate_exps.weight",
+    "ffn_up_exps.weight",
+    "ffn_gate_exps.bias",
+    "ffn_up_exps.bias",
+    "ffn_down_exps.weight",
+];
 
 /// Hugging Face names under a layer and llama.cpp's, for the tensors that map one to one.
 const PAIRS: [(&str, &str); 14] = [

@@ -7,6 +7,7 @@
 //! megatron-core's `--quick-geglu --glu-linear-offset 1 --activation-func-clamp-value
 //! swiglu_limit`.
 
+use super::gpt2::transpose;
 use super::llama::{move_tensor, num, MlpMapping};
 use super::{take, Tensors};
 use megatron_core::transformer::config::{Activation, GluConfig, SoftmaxType};
@@ -19,6 +20,48 @@ pub(crate) const ARCHITECTURE: &str = "GptOssForCausalLM";
 const QUICK_GELU_ALPHA: f64 = 1.702;
 
 pub(crate) struct GptOssMoe;
+
+/// One expert's `gate_up_proj` `[H, 2I]` (gate and linear columns interleaved: gate `i` is
+/// column `2i`) and its bias `[2I]` as megatron-core's fc1 `[2I, H]` = `[gate; up]` and bias.
+/// Shared with the GGUF files (`gguf_gpt_oss.rs`), whose `ffn_gate_exps` / `ffn_up_exps` are
+/// the two halves.
+pub(crate) fn fc1_of_gate_up(w: &[f32], b: &[f32], h: usize) -> (Vec<f32>, Vec<f32>) {
+    let f2 = b.len();
+    (
+        halves_of_pairs(&transpose(w, h, f2), f2, h),
+        halves_of_pairs(b, f2, 1),
+    )
+}
+
+/// The inverse of [`fc1_of_gate_up`].
+pub(crate) fn gate_up_of_fc1(fc1: &[f32], b: &[f32], h: usize) -> (Vec<f32>, Vec<f32>) {
+    let f2 = b.len();
+    (
+        transpose(&pairs_of_halves(fc1, f2, h), f2, h),
+        pairs_of_halves(b, f2, 1),
+    )
+}
+
+/// `rows` rows of `cols`, the even rows first, then the odd ones.
+fn halves_of_pairs(x: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    let row = |r: usize| &x[r * cols..(r + 1) * cols];
+    (0..rows)
+        .step_by(2)
+        .chain((1..rows).step_by(2))
+        .flat_map(row)
+        .copied()
+        .collect()
+}
+
+/// The inverse of [`halves_of_pairs`]: row `i` of each half to rows `2i` and `2i + 1`.
+fn pairs_of_halves(x: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    let half = rows / 2;
+    let row = |r: usize| &x[r * cols..(r + 1) * cols];
+    (0..half)
+        .flat_map(|i| row(i).iter().chain(row(half + i)))
+        .copied()
+        .collect()
+}
 
 /// MXFP4's sixteen E2M1 codes (sign, two exponent bits, one mantissa bit).
 const FP4_VALUES: [f32; 16] = [
@@ -189,27 +232,15 @@ impl MlpMapping for GptOssMoe {
         let down_b = take(t, &format!("{s}.experts.down_proj_bias"), &[e, h])?;
         for x in 0..e {
             let q = format!("{d}.experts.local_experts.{x}");
-            let w = &gate_up[x * h * 2 * f..(x + 1) * h * 2 * f];
-            // fc1 = [gate; up]: row i of the gate is column 2i, of the linear half 2i + 1.
-            let mut fc1 = vec![0.0f32; 2 * f * h];
-            for (r, row) in fc1.chunks_exact_mut(h).enumerate() {
-                let col = if r < f { 2 * r } else { 2 * (r - f) + 1 };
-                for (k, v) in row.iter_mut().enumerate() {
-                    *v = w[k * 2 * f + col];
-                }
-            }
+            let (fc1, fc1_b) = fc1_of_gate_up(
+                &gate_up[x * h * 2 * f..(x + 1) * h * 2 * f],
+                &gate_up_b[x * 2 * f..(x + 1) * 2 * f],
+                h,
+            );
             m.insert(format!("{q}.linear_fc1.weight"), (vec![2 * f, h], fc1));
-            let b = &gate_up_b[x * 2 * f..(x + 1) * 2 * f];
-            let fc1_b: Vec<f32> = (0..f)
-                .map(|i| b[2 * i])
-                .chain((0..f).map(|i| b[2 * i + 1]))
-                .collect();
             m.insert(format!("{q}.linear_fc1.bias"), (vec![2 * f], fc1_b));
             // fc2 [H, I] is down_proj [I, H] transposed.
-            let w = &down[x * f * h..(x + 1) * f * h];
-            let fc2: Vec<f32> = (0..h)
-                .flat_map(|o| (0..f).map(move |i| w[i * h + o]))
-                .collect();
+            let fc2 = transpose(&down[x * f * h..(x + 1) * f * h], f, h);
             m.insert(format!("{q}.linear_fc2.weight"), (vec![h, f], fc2));
             let b = down_b[x * h..(x + 1) * h].to_vec();
             m.insert(format!("{q}.linear_fc2.bias"), (vec![h], b));
@@ -236,30 +267,17 @@ impl MlpMapping for GptOssMoe {
         )?;
         let b = take(m, &format!("{s}.router.bias"), &[e])?;
         t.insert(format!("{d}.router.bias"), (vec![e], b));
-        let (mut gate_up, mut gate_up_b) = (vec![0.0f32; e * h * 2 * f], vec![0.0f32; e * 2 * f]);
-        let (mut down, mut down_b) = (vec![0.0f32; e * f * h], Vec::with_capacity(e * h));
+        let (mut gate_up, mut gate_up_b) = (Vec::with_capacity(e * h * 2 * f), Vec::new());
+        let (mut down, mut down_b) = (Vec::with_capacity(e * f * h), Vec::with_capacity(e * h));
         for x in 0..e {
             let q = format!("{s}.experts.local_experts.{x}");
             let fc1 = take(m, &format!("{q}.linear_fc1.weight"), &[2 * f, h])?;
-            let w = &mut gate_up[x * h * 2 * f..(x + 1) * h * 2 * f];
-            for (r, row) in fc1.chunks_exact(h).enumerate() {
-                let col = if r < f { 2 * r } else { 2 * (r - f) + 1 };
-                for (k, v) in row.iter().enumerate() {
-                    w[k * 2 * f + col] = *v;
-                }
-            }
             let b = take(m, &format!("{q}.linear_fc1.bias"), &[2 * f])?;
-            for i in 0..f {
-                gate_up_b[x * 2 * f + 2 * i] = b[i];
-                gate_up_b[x * 2 * f + 2 * i + 1] = b[f + i];
-            }
+            let (w, b) = gate_up_of_fc1(&fc1, &b, h);
+            gate_up.extend(w);
+            gate_up_b.extend(b);
             let fc2 = take(m, &format!("{q}.linear_fc2.weight"), &[h, f])?;
-            let w = &mut down[x * f * h..(x + 1) * f * h];
-            for o in 0..h {
-                for i in 0..f {
-                    w[i * h + o] = fc2[o * f + i];
-                }
-            }
+            down.extend(transpose(&fc2, h, f));
             down_b.extend(take(m, &format!("{q}.linear_fc2.bias"), &[h])?);
         }
         t.insert(

@@ -76,6 +76,16 @@ pub(crate) fn window_to_hf(cfg: &TransformerConfig, config: &mut Value) -> Resul
         .collect();
     let every = windowed.iter().all(|&x| x);
     let hf_window = w.left + 1;
+    let types: Vec<&str> = windowed
+        .iter()
+        .map(|&x| {
+            if x {
+                "sliding_attention"
+            } else {
+                "full_attention"
+            }
+        })
+        .collect();
     match config["model_type"].as_str() {
         Some("llama") if every => {
             config["architectures"] = json!(["MistralForCausalLM"]);
@@ -84,18 +94,10 @@ pub(crate) fn window_to_hf(cfg: &TransformerConfig, config: &mut Value) -> Resul
         }
         Some("mixtral") if every => config["sliding_window"] = json!(hf_window),
         Some("gpt_oss") => {
-            let types: Vec<&str> = windowed
-                .iter()
-                .map(|&x| if x { "sliding_attention" } else { "full_attention" })
-                .collect();
             config["sliding_window"] = json!(hf_window);
             config["layer_types"] = json!(types);
         }
         Some("qwen2" | "qwen2_moe" | "qwen3" | "qwen3_moe") => {
-            let types: Vec<&str> = windowed
-                .iter()
-                .map(|&x| if x { "sliding_attention" } else { "full_attention" })
-                .collect();
             config["use_sliding_window"] = json!(true);
             config["sliding_window"] = json!(hf_window);
             config["max_window_layers"] = json!(windowed.iter().position(|&x| x).unwrap_or(0));

@@ -17,6 +17,25 @@ pub fn fixture(arch: &str) -> PathBuf {
         .join(arch)
 }
 
+/// Fixture `arch`'s weights under `dir/name` with its config.json as `edit` leaves it: a variant
+/// the committed fixtures need not hold (another clamp, a quantization method).
+#[allow(dead_code)]
+pub fn fixture_with_config(
+    arch: &str,
+    dir: &Path,
+    name: &str,
+    edit: impl Fn(&mut serde_json::Value),
+) -> PathBuf {
+    let (src, out) = (fixture(arch), dir.join(name));
+    std::fs::create_dir_all(&out).unwrap();
+    std::fs::copy(src.join("model.safetensors"), out.join("model.safetensors")).unwrap();
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    edit(&mut cfg);
+    std::fs::write(out.join("config.json"), cfg.to_string()).unwrap();
+    out
+}
+
 pub fn f32s(b: &[u8]) -> Vec<f32> {
     b.chunks_exact(4)
         .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))

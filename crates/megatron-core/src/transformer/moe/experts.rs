@@ -263,14 +263,15 @@ impl GroupedMLP {
         if self.experts.iter().any(|e| which(e).is_none()) {
             return false;
         }
+        // This rank's block of fc2's bias, zero elsewhere in the partial sum's row.
+        let mut row = Vec::new();
         for (l, r) in blocks {
             let b = which(&self.experts[*l]).expect("every expert has its bias");
             let b = params.get(b);
             if b.len() == cols {
                 bias_rows_forward(&mut out[rows(r, cols)], &b);
             } else {
-                // This rank's block of fc2's bias, zero elsewhere in the partial sum's row.
-                let mut row = vec![0.0f32; cols];
+                row.resize(cols, 0.0);
                 let at = self.etp_rank * b.len();
                 row[at..at + b.len()].copy_from_slice(&b);
                 bias_rows_forward(&mut out[rows(r, cols)], &row);
@@ -288,6 +289,8 @@ impl GroupedMLP {
         cols: usize,
         which: impl Fn(&Expert) -> Option<ParamId>,
     ) {
+        // fc2's bias block: the column sums of this rank's block of features.
+        let mut all = Vec::new();
         for (l, r) in blocks {
             let Some(b) = which(&self.experts[*l]) else {
                 continue;
@@ -296,8 +299,8 @@ impl GroupedMLP {
             if g.len() == cols {
                 bias_backward(g, &dout[rows(r, cols)], r.len(), cols);
             } else {
-                // fc2's bias block: the column sums of this rank's block of features.
-                let mut all = vec![0.0f32; cols];
+                all.clear();
+                all.resize(cols, 0.0);
                 bias_backward(&mut all, &dout[rows(r, cols)], r.len(), cols);
                 let at = self.etp_rank * g.len();
                 add_inplace(g, &all[at..at + g.len()]);
